@@ -1,0 +1,176 @@
+//! meshwork's workflows, run as `cargo xtask <task>` (see `cargo xtask help`).
+//!
+//! This crate depends on no workspace crate, so it builds in seconds; it shells out to
+//! cargo for everything and checks the workspace's architecture rules itself.
+
+// xtask talks to a person on the terminal.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod deps;
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const HELP: &str = "\
+cargo xtask <task>
+
+tasks:
+  ci              everything CI checks: fmt, clippy, tests, docs, dependency edges, tidy,
+                  benchmarks compile
+  test            the README test command: cargo test --workspace
+  bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
+  docs            cargo doc --workspace --no-deps with warnings denied
+  deps            check the crate graph: siblings never depend on each other
+  tidy            source rules: no stub macros, no ignored or should-panic tests,
+                  every lib.rs opens with a //! doc
+  help            this text
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let rest = &args[args.len().min(1)..];
+    let result = match task {
+        "ci" => ci(),
+        "test" => test(),
+        "bench" => cargo(&[&["bench", "--workspace"], &strs(rest)[..]].concat()),
+        "docs" => docs(),
+        "deps" => deps_check(),
+        "tidy" => tidy_check(),
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => Err(format!("unknown task `{other}`\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask {task}: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T = (), E = String> = std::result::Result<T, E>;
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+fn ci() -> Result {
+    step("fmt", || cargo(&["fmt", "--all", "--check"]))?;
+    step("clippy", || {
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ])
+    })?;
+    step("test", test)?;
+    step("test (optional features)", || {
+        cargo(&["test", "-p", "meshwork-types", "--all-features"])
+    })?;
+    step("docs", docs)?;
+    step("deps", deps_check)?;
+    step("tidy", tidy_check)?;
+    step("benches compile", || {
+        cargo(&["bench", "--workspace", "--no-run"])
+    })?;
+    println!("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// The README's test command. Compiles first (`--no-run`) so a build failure and a test
+/// failure read differently in the log.
+fn test() -> Result {
+    cargo(&["test", "--workspace", "--no-run"])?;
+    cargo(&["test", "--workspace"])
+}
+
+fn docs() -> Result {
+    run(cargo_cmd(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))
+}
+
+fn deps_check() -> Result {
+    let output = cargo_cmd(&["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("cargo metadata printed invalid JSON: {e}"))?;
+    let violations = deps::check(&metadata)?;
+    if violations.is_empty() {
+        println!("deps: crate graph ok");
+        Ok(())
+    } else {
+        Err(format!(
+            "forbidden crate edges (an architecture change: update ARCHITECTURE.md and \
+             deps::ALLOWED first):\n  {}",
+            violations
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        ))
+    }
+}
+
+fn tidy_check() -> Result {
+    let problems = tidy::check(&workspace_root())?;
+    if problems.is_empty() {
+        println!("tidy: ok");
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        ))
+    }
+}
+
+fn step(name: &str, f: impl FnOnce() -> Result) -> Result {
+    println!("\n=== xtask ci: {name} ===");
+    f().map_err(|e| format!("step `{name}` failed: {e}"))
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/ sits directly under the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+fn cargo_cmd(args: &[&str]) -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}
+
+fn cargo(args: &[&str]) -> Result {
+    run(&mut cargo_cmd(args))
+}
+
+fn run(cmd: &mut Command) -> Result {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} exited with {status}"))
+    }
+}
