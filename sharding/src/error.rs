@@ -1,12 +1,202 @@
 //! The sharding crate's error type.
 
+use meshwork_types::DeviceId;
+
 /// Everything that can go wrong while building a sharding or moving shards.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A vocabulary value (dtype, shape, device id) in the input was invalid.
     #[error(transparent)]
     Types(#[from] meshwork_types::Error),
+
+    // ---- meshes -------------------------------------------------------------------
+    /// The mesh has a different number of axis names than axis sizes.
+    #[error("mesh has {names} axis names for {sizes} axis sizes")]
+    MeshAxisCount {
+        /// Number of axis names.
+        names: usize,
+        /// Number of axis sizes.
+        sizes: usize,
+    },
+    /// Two mesh axes have the same name.
+    #[error("mesh axis name `{name}` appears twice")]
+    DuplicateMeshAxis {
+        /// The repeated name.
+        name: String,
+    },
+    /// A mesh axis has size 0.
+    #[error("mesh axis `{name}` has size 0")]
+    EmptyMeshAxis {
+        /// The axis.
+        name: String,
+    },
+    /// The product of the mesh shape differs from the number of devices.
+    #[error("mesh shape {shape:?} holds {expected} devices but {actual} were given")]
+    MeshDeviceCount {
+        /// The mesh shape.
+        shape: Vec<usize>,
+        /// The product of the shape.
+        expected: usize,
+        /// The number of device ids given.
+        actual: usize,
+    },
+    /// A device appears twice in a mesh or device assignment.
+    #[error("device {device} appears twice in the device list")]
+    DuplicateDevice {
+        /// The repeated device.
+        device: DeviceId,
+    },
+
+    // ---- partition specs ------------------------------------------------------------
+    /// A mesh axis is used twice in one partition spec.
+    #[error("mesh axis `{axis}` is used more than once in the partition spec")]
+    DuplicateSpecAxis {
+        /// The repeated axis.
+        axis: String,
+    },
+    /// A partition spec names an axis the mesh does not have.
+    #[error(
+        "partition spec uses axis `{axis}`, which the mesh does not have (axes: {mesh_axes:?})"
+    )]
+    UnknownSpecAxis {
+        /// The unknown axis.
+        axis: String,
+        /// The mesh's axes.
+        mesh_axes: Vec<String>,
+    },
+    /// `unreduced` or `reduced` names an axis whose type is not Explicit.
+    #[error("axis `{axis}` is {axis_type} but unreduced/reduced axes must be Explicit")]
+    UnreducedAxisType {
+        /// The axis.
+        axis: String,
+        /// Its type.
+        axis_type: crate::AxisType,
+    },
+    /// A partition spec shards a dimension the tensor does not have.
+    #[error("partition spec entry {entry} shards over mesh axes but the tensor has rank {rank}")]
+    SpecLongerThanRank {
+        /// Index of the entry past the rank.
+        entry: usize,
+        /// The tensor's rank.
+        rank: usize,
+    },
+
+    // ---- text ----------------------------------------------------------------------
+    /// Text that does not parse.
+    #[error("cannot parse `{input}` at byte {position}: expected {expected}")]
+    Parse {
+        /// The whole input.
+        input: String,
+        /// Byte offset of the problem.
+        position: usize,
+        /// What the parser expected there.
+        expected: &'static str,
+    },
+
+    // ---- tile assignments ------------------------------------------------------------
+    /// The tile dims and the device list (or iota reshape) disagree in size.
+    #[error("tile assignment dims {dims:?} hold {expected} tiles but {actual} devices were given")]
+    TileCount {
+        /// The tile dims.
+        dims: Vec<usize>,
+        /// Their product.
+        expected: usize,
+        /// Devices (or iota elements) given.
+        actual: usize,
+    },
+    /// Tile dims that are empty or contain 0, or whose product overflows.
+    #[error(
+        "tile dims {dims:?} must be non-empty, positive, and their product must fit in a usize"
+    )]
+    BadTileDims {
+        /// The dims.
+        dims: Vec<usize>,
+    },
+    /// A tile-assignment list that is not a permutation of `0..n`.
+    #[error("tile assignment {devices:?} is not a permutation of 0..{}", devices.len())]
+    NotAPermutation {
+        /// The list.
+        devices: Vec<usize>,
+    },
+    /// A transpose permutation that is not a permutation of the dims.
+    #[error("transpose {perm:?} is not a permutation of 0..{rank}")]
+    BadTranspose {
+        /// The permutation.
+        perm: Vec<usize>,
+        /// The rank it should permute.
+        rank: usize,
+    },
+    /// More subgroup dims than tile dims.
+    #[error("{subgroups} subgroup types for a tile assignment of rank {rank}")]
+    TooManySubgroups {
+        /// Number of subgroup types.
+        subgroups: usize,
+        /// Tile-assignment rank.
+        rank: usize,
+    },
+
+    // ---- index maps -------------------------------------------------------------------
+    /// The sharding tiles a different number of dims than the tensor has.
+    #[error("sharding tiles {sharding_rank} dims but the tensor has rank {shape_rank}")]
+    RankMismatch {
+        /// Data dims tiled by the sharding.
+        sharding_rank: usize,
+        /// The tensor's rank.
+        shape_rank: usize,
+    },
+    /// A dim does not divide evenly (strict mode).
+    #[error(
+        "dimension {dim} of size {size} cannot be split evenly into {shards} shards (use uneven mode for XLA's padded layout)"
+    )]
+    Indivisible {
+        /// The dim.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// Number of shards along it.
+        shards: usize,
+    },
+    /// Index maps are not defined for an unreduced sharding (partial sums, not slices).
+    #[error("an unreduced sharding holds partial values, not slices: it has no index map")]
+    Unreduced,
+    /// Index maps are not defined for a manual sharding.
+    #[error("a manual sharding (or manual subgroup) has no index map")]
+    Manual,
+    /// A tuple sharding was used where one leaf is needed.
+    #[error("a tuple sharding ({leaves} leaves) has no single index map: pick one leaf")]
+    Tuple {
+        /// Number of leaves.
+        leaves: usize,
+    },
+    /// A tuple leaf index past the end.
+    #[error("tuple sharding has {leaves} leaves, no leaf {index}")]
+    NoSuchLeaf {
+        /// The index asked for.
+        index: usize,
+        /// Number of leaves.
+        leaves: usize,
+    },
+    /// The sharding's tile count differs from the device-assignment length.
+    #[error(
+        "the sharding tiles over {sharding_devices} devices but the device assignment has {assignment_devices}"
+    )]
+    DeviceCountMismatch {
+        /// Devices the sharding names.
+        sharding_devices: usize,
+        /// Devices in the assignment.
+        assignment_devices: usize,
+    },
+    /// A maximal sharding names a device past the device assignment.
+    #[error(
+        "maximal sharding names device {device} but the device assignment has {assignment_devices}"
+    )]
+    MaximalOutOfRange {
+        /// The logical device.
+        device: usize,
+        /// Devices in the assignment.
+        assignment_devices: usize,
+    },
 }
 
 /// `Result` with the sharding crate's [`Error`].

@@ -9,17 +9,32 @@
 //! It is **not** a compiler: it does not propagate shardings through a graph or partition
 //! programs, and it does not run collectives (that is `meshwork-executor`).
 //!
-//! The mesh, sharding and data APIs arrive with the sharding issue; so far the crate
-//! holds its error type:
-//!
 //! ```
-//! use meshwork_sharding::Error;
-//! use meshwork_types::Shape;
+//! use meshwork_sharding::{Mesh, Mode, NamedSharding};
 //!
-//! let err: Error = Shape::new(&[usize::MAX, 2]).unwrap_err().into();
-//! assert!(err.to_string().contains("more elements than fit"));
+//! let mesh = Mesh::iota(&[("a", 2), ("b", 4)])?;
+//! let named = NamedSharding::new(mesh, "P('a', 'b')".parse()?)?;
+//! let sharding = named.to_sharding(2)?;
+//! assert_eq!(sharding.hlo().to_string(), "{devices=[2,4]<=[8]}");
+//! assert_eq!(sharding.shard_shape(&[8, 8], Mode::Strict)?, [4, 2]);
+//! let map = sharding.index_map(&[8, 8], Mode::Strict)?;
+//! assert_eq!(map[5].ranges, [4..8, 2..4]);
+//! # Ok::<(), meshwork_sharding::Error>(())
 //! ```
 
 mod error;
+mod hlo;
+mod mesh;
+mod named;
+mod parse;
+mod sharding;
+mod spec;
+mod tile;
 
 pub use error::{Error, Result};
+pub use hlo::{HloSharding, SubgroupType, Tiled};
+pub use mesh::{AxisType, Mesh};
+pub use named::NamedSharding;
+pub use sharding::{Mode, ShardIndex, Sharding};
+pub use spec::{DimSpec, PartitionSpec};
+pub use tile::{Iota, TileAssignment};
