@@ -197,6 +197,40 @@ pub enum Error {
         /// Devices in the assignment.
         assignment_devices: usize,
     },
+
+    // ---- data ------------------------------------------------------------------------
+    /// An array whose shape differs from the one the operation was given.
+    #[error("array has shape {actual:?}, expected {expected:?}")]
+    ArrayShape {
+        /// The expected shape.
+        expected: Vec<usize>,
+        /// The array's shape.
+        actual: Vec<usize>,
+    },
+    /// A different number of shards (or buffers) than the sharding has.
+    #[error("{actual} shards given, the sharding has {expected}")]
+    ShardCount {
+        /// Shards the sharding has.
+        expected: usize,
+        /// Shards given.
+        actual: usize,
+    },
+    /// A shard (or buffer) whose shape differs from its region's.
+    #[error("shard for device {device} has shape {actual:?}, its region needs {expected:?}")]
+    ShardShape {
+        /// The device.
+        device: DeviceId,
+        /// The region's shape.
+        expected: Vec<usize>,
+        /// The shard's shape.
+        actual: Vec<usize>,
+    },
+    /// A caller-provided buffer that is not contiguous in row-major order.
+    #[error("buffer for device {device} is not contiguous in row-major order")]
+    NotContiguous {
+        /// The device.
+        device: DeviceId,
+    },
 }
 
 /// `Result` with the sharding crate's [`Error`].

@@ -201,6 +201,12 @@ impl HloSharding {
             merged_types.push(t);
         }
         perm.extend(removed);
+        if merged_dims.is_empty() {
+            // Rank-0 data and only trivial subgroups: one device holds everything. XLA
+            // would build a tile assignment with no dims (printed `{devices=[]0}`,
+            // which its own parser rejects); this is the replicated sharding.
+            return Ok(HloSharding::Replicated);
+        }
         let merged = tiles.transpose(&perm).reshape(merged_dims);
         Ok(create_sharding(merged, merged_types))
     }
@@ -260,8 +266,14 @@ fn create_sharding(tiles: TileAssignment, types: Vec<SubgroupType>) -> HloShardi
     if types == [SubgroupType::Replicated] {
         return HloSharding::partial_tile(tiles);
     }
-    if types == [SubgroupType::Manual] && tiles.num_elements() == *tiles.dims().last().unwrap() {
-        return HloSharding::Manual;
+    if let [only] = types[..]
+        && tiles.num_elements() == *tiles.dims().last().expect("non-empty dims")
+    {
+        // No data tiling left after merging. XLA collapses only the manual case here
+        // and would print `{devices=[2]0,1 last_tile_dims={unreduced}}`, which its own
+        // parser reads back as `{unreduced}`; collapsing every type keeps
+        // print→parse→print stable.
+        return collapsed(only);
     }
     if types.last() == Some(&SubgroupType::Replicated) {
         return match HloSharding::partial_tile(tiles) {

@@ -22,6 +22,7 @@
 //! # Ok::<(), meshwork_sharding::Error>(())
 //! ```
 
+mod data;
 mod error;
 mod hlo;
 mod mesh;
@@ -29,8 +30,13 @@ mod named;
 mod parse;
 mod sharding;
 mod spec;
+#[cfg(any(test, feature = "proptest"))]
+pub mod testing;
+#[cfg(test)]
+mod tests;
 mod tile;
 
+pub use data::{Shard, assemble, assemble_into, shard, shard_into};
 pub use error::{Error, Result};
 pub use hlo::{HloSharding, SubgroupType, Tiled};
 pub use mesh::{AxisType, Mesh};

@@ -1,0 +1,167 @@
+//! Properties of the whole crate: data roundtrips, coverage, text stability, and
+//! lowering against a direct model of JAX's rules.
+
+use std::ops::Range;
+
+use ndarray::{ArrayD, IxDyn};
+use proptest::prelude::*;
+
+use crate::testing::{any_shape, divisible_shape, hlo_sharding, named_sharding};
+use crate::{
+    HloSharding, Mode, NamedSharding, Sharding, TileAssignment, assemble, shard, shard_into,
+};
+
+fn iota_array(shape: &[usize]) -> ArrayD<i32> {
+    let n: usize = shape.iter().product();
+    ArrayD::from_shape_vec(IxDyn(shape), (0..n as i32).collect()).unwrap()
+}
+
+/// Named sharding of rank 0–3 plus a shape its strict mode accepts.
+fn strict_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
+    (0..=3usize)
+        .prop_flat_map(named_sharding)
+        .prop_flat_map(|named| {
+            let rank = named.spec().dims().len();
+            let tiles = match named.to_hlo(rank).unwrap() {
+                HloSharding::Tiled(t) => t.data_dims().to_vec(),
+                _ => vec![1; rank],
+            };
+            (Just(named), divisible_shape(tiles))
+        })
+}
+
+/// Named sharding of rank 0–3 plus any shape of that rank.
+fn uneven_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
+    (0..=3usize)
+        .prop_flat_map(named_sharding)
+        .prop_flat_map(|named| {
+            let rank = named.spec().dims().len();
+            (Just(named), any_shape(rank))
+        })
+}
+
+fn holders(sharding: &Sharding, shape: &[usize], mode: Mode) -> ArrayD<usize> {
+    let mut count = ArrayD::<usize>::zeros(IxDyn(shape));
+    for entry in sharding.index_map(shape, mode).unwrap() {
+        let slices: Vec<ndarray::SliceInfoElem> = entry
+            .ranges
+            .iter()
+            .map(|r| (r.start..r.end).into())
+            .collect();
+        count.slice_mut(slices.as_slice()).mapv_inplace(|c| c + 1);
+    }
+    count
+}
+
+proptest! {
+    #[test]
+    fn prop_shard_assemble_roundtrip_strict((named, shape) in strict_case()) {
+        let sharding = named.to_sharding(shape.len())?;
+        let global = iota_array(&shape);
+        let shards = shard(&global.view(), &sharding, Mode::Strict)?;
+        let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
+        prop_assert_eq!(&assemble(&views, &sharding, &shape, Mode::Strict)?, &global);
+        // Every shard has the strict shard shape.
+        let shard_shape = sharding.shard_shape(&shape, Mode::Strict)?;
+        for s in &shards {
+            prop_assert_eq!(s.data.shape(), shard_shape.as_slice());
+        }
+        // Into caller buffers: the same data.
+        let mut buffers: Vec<ArrayD<i32>> = shards.iter().map(|s| ArrayD::from_elem(s.data.raw_dim(), -1)).collect();
+        let mut views: Vec<_> = buffers.iter_mut().map(|b| b.view_mut()).collect();
+        shard_into(&global.view(), &sharding, Mode::Strict, &mut views)?;
+        for (s, b) in shards.iter().zip(&buffers) {
+            prop_assert_eq!(&s.data, b);
+        }
+    }
+
+    #[test]
+    fn prop_shard_assemble_roundtrip_uneven((named, shape) in uneven_case()) {
+        let sharding = named.to_sharding(shape.len())?;
+        let global = iota_array(&shape);
+        let shards = shard(&global.view(), &sharding, Mode::Uneven)?;
+        let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
+        prop_assert_eq!(&assemble(&views, &sharding, &shape, Mode::Uneven)?, &global);
+        // Every shard fits in the padded shard shape.
+        let padded = sharding.shard_shape(&shape, Mode::Uneven)?;
+        for s in &shards {
+            prop_assert!(s.data.shape().iter().zip(&padded).all(|(a, p)| a <= p));
+        }
+    }
+
+    /// Every element is held by exactly as many devices as the sharding replicates
+    /// over, and replica ids number each region's holders 0, 1, ….
+    #[test]
+    fn prop_every_element_held_num_replicas((named, shape) in uneven_case()) {
+        let sharding = named.to_sharding(shape.len())?;
+        let replicas = match sharding.hlo() {
+            HloSharding::Replicated => sharding.device_assignment().len(),
+            HloSharding::Tiled(t) => t.num_replicas(),
+            other => return Err(TestCaseError::fail(format!("unexpected {other}"))),
+        };
+        let count = holders(&sharding, &shape, Mode::Uneven);
+        prop_assert!(count.iter().all(|&c| c == replicas), "{count:?} vs {replicas}");
+        let map = sharding.index_map(&shape, Mode::Uneven)?;
+        for entry in &map {
+            let earlier = map.iter().take_while(|e| e.device != entry.device).filter(|e| e.ranges == entry.ranges).count();
+            prop_assert_eq!(entry.replica_id, earlier);
+        }
+    }
+
+    #[test]
+    fn prop_print_parse_print_is_stable(hlo in hlo_sharding()) {
+        let text = hlo.to_string();
+        let back: HloSharding = text.parse()?;
+        prop_assert_eq!(&back, &hlo);
+        prop_assert_eq!(back.to_string(), text);
+    }
+
+    /// An iota assignment equals the explicit list of the same devices; only the text
+    /// differs.
+    #[test]
+    fn prop_iota_equals_explicit(hlo in hlo_sharding()) {
+        if let HloSharding::Tiled(t) = &hlo {
+            let tiles = t.tiles();
+            let explicit = TileAssignment::explicit(tiles.dims().to_vec(), tiles.devices().to_vec())?;
+            prop_assert_eq!(&explicit, tiles);
+            prop_assert!(explicit.iota_form().is_none());
+            if let Some(iota) = tiles.iota_form() {
+                let again = TileAssignment::iota(tiles.dims().to_vec(), iota.reshape_dims(), iota.transpose_perm())?;
+                prop_assert_eq!(again.devices(), tiles.devices());
+                prop_assert_eq!(again.iota_form(), Some(iota));
+            }
+        }
+    }
+
+    /// Lowering agrees with a direct reading of JAX's rule: the device at mesh
+    /// coordinates `c` holds, along dim `d` sharded over axes `a1..ak` (major first),
+    /// tile `Σ c[ai] · Π_{j>i} size(aj)`.
+    #[test]
+    fn prop_lowering_matches_model((named, shape) in strict_case()) {
+        let sharding = named.to_sharding(shape.len())?;
+        let mesh = named.mesh();
+        let map = sharding.index_map(&shape, Mode::Strict)?;
+        prop_assert_eq!(map.len(), mesh.size());
+        for (flat, entry) in map.iter().enumerate() {
+            prop_assert_eq!(entry.device, mesh.devices()[flat]);
+            let mut coords = vec![0; mesh.shape().len()];
+            let mut rest = flat;
+            for i in (0..coords.len()).rev() {
+                coords[i] = rest % mesh.shape()[i];
+                rest /= mesh.shape()[i];
+            }
+            let expected: Vec<Range<usize>> = shape.iter().enumerate().map(|(d, &size)| {
+                let axes = named.spec().dims().get(d).map(|s| s.axes()).unwrap_or(&[]);
+                let (mut tile, mut count) = (0, 1);
+                for name in axes {
+                    let a = mesh.axis_index(name).unwrap();
+                    tile = tile * mesh.shape()[a] + coords[a];
+                    count *= mesh.shape()[a];
+                }
+                let len = size / count;
+                tile * len..(tile + 1) * len
+            }).collect();
+            prop_assert_eq!(&entry.ranges, &expected, "device {}", entry.device);
+        }
+    }
+}
