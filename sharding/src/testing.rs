@@ -110,12 +110,12 @@ pub fn hlo_sharding() -> impl Strategy<Value = HloSharding> {
 /// Ordered factorisations of `n` into factors ≥ 1 (size-1 factors included, as in
 /// non-canonical iota text).
 fn factorization(n: usize) -> impl Strategy<Value = Vec<usize>> {
-    let divisors: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+    let divisors: Vec<usize> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
     proptest::collection::vec(proptest::sample::select(divisors), 0..=3).prop_map(move |picks| {
         let mut rest = n;
         let mut out = Vec::new();
         for p in picks {
-            if rest % p == 0 {
+            if rest.is_multiple_of(p) {
                 out.push(p);
                 rest /= p;
             }
