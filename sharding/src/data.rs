@@ -203,11 +203,11 @@ fn starts(ranges: &[Range<usize>]) -> Vec<usize> {
     ranges.iter().map(|r| r.start).collect()
 }
 
-fn extent(ranges: &[Range<usize>]) -> Vec<usize> {
+pub(crate) fn extent(ranges: &[Range<usize>]) -> Vec<usize> {
     ranges.iter().map(Range::len).collect()
 }
 
-fn check_buffers<'a>(
+pub(crate) fn check_buffers<'a>(
     index: &[ShardIndex],
     shapes: impl ExactSizeIterator<Item = &'a [usize]>,
 ) -> Result<()> {

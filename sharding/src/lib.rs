@@ -28,6 +28,7 @@ mod hlo;
 mod mesh;
 mod named;
 mod parse;
+mod reshard;
 mod sharding;
 mod spec;
 #[cfg(any(test, feature = "proptest"))]
@@ -41,6 +42,7 @@ pub use error::{Error, Result};
 pub use hlo::{HloSharding, SubgroupType, Tiled};
 pub use mesh::{AxisType, Mesh};
 pub use named::NamedSharding;
+pub use reshard::{ReshardPlan, Transfer};
 pub use sharding::{Mode, ShardIndex, Sharding};
 pub use spec::{DimSpec, PartitionSpec};
 pub use tile::{Iota, TileAssignment};
