@@ -10,6 +10,7 @@ use std::ops::Range;
 use meshwork_types::DeviceId;
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, IxDyn};
 
+use crate::par::run_jobs;
 use crate::{Error, Mode, Result, ShardIndex, Sharding};
 
 /// One device's part of a sharded array.
@@ -73,7 +74,7 @@ pub fn shard<T: Copy>(
 /// Splits `global` into caller-provided buffers, one per entry of the index map in
 /// order, each shaped like its region and contiguous. Reusing buffers across steps
 /// avoids faulting in fresh memory every time.
-pub fn shard_into<T: Copy>(
+pub fn shard_into<T: Copy + Send + Sync>(
     global: &ArrayViewD<'_, T>,
     sharding: &Sharding,
     mode: Mode,
@@ -83,26 +84,32 @@ pub fn shard_into<T: Copy>(
     check_buffers(&index, out.iter().map(|b| b.shape()))?;
     let source = global.as_standard_layout();
     let src = source.as_slice().expect("standard layout is contiguous");
+    let mut jobs = Vec::with_capacity(index.len());
     for (entry, buffer) in index.iter().zip(out.iter_mut()) {
         let dst = buffer.as_slice_mut().ok_or(Error::NotContiguous {
             device: entry.device,
         })?;
+        jobs.push((size_of_val(dst), (entry, dst)));
+    }
+    let shape = global.shape();
+    run_jobs(jobs, &|(entry, dst): (&ShardIndex, &mut [T])| {
         let ext = extent(&entry.ranges);
-        let box_ = BoxCopy {
-            src_shape: global.shape(),
+        let zero = vec![0; ext.len()];
+        BoxCopy {
+            src_shape: shape,
             src_at: &starts(&entry.ranges),
             dst_shape: &ext,
-            dst_at: &vec![0; ext.len()],
+            dst_at: &zero,
             extent: &ext,
-        };
-        box_.copy(src, dst);
-    }
+        }
+        .copy(src, dst);
+    });
     Ok(())
 }
 
 /// Assembles the global array of `shape` from `shards` (index-map order, each shaped
 /// like its region). Each distinct region is read once, from its first holder.
-pub fn assemble<T: Copy + Default>(
+pub fn assemble<T: Copy + Default + Send + Sync>(
     shards: &[ArrayViewD<'_, T>],
     sharding: &Sharding,
     shape: &[usize],
@@ -114,7 +121,7 @@ pub fn assemble<T: Copy + Default>(
 }
 
 /// [`assemble`] into a caller-provided contiguous array of the global shape.
-pub fn assemble_into<T: Copy>(
+pub fn assemble_into<T: Copy + Send + Sync>(
     shards: &[ArrayViewD<'_, T>],
     sharding: &Sharding,
     mode: Mode,
@@ -128,22 +135,65 @@ pub fn assemble_into<T: Copy>(
             device: index.first().map_or(DeviceId(0), |e| e.device),
         });
     };
-    for (entry, shard) in index.iter().zip(shards) {
-        if entry.replica_id != 0 {
-            continue;
-        }
-        let local = shard.as_standard_layout();
-        let src = local.as_slice().expect("standard layout is contiguous");
-        let ext = extent(&entry.ranges);
-        let box_ = BoxCopy {
-            src_shape: &ext,
-            src_at: &vec![0; ext.len()],
-            dst_shape: &shape,
-            dst_at: &starts(&entry.ranges),
-            extent: &ext,
-        };
-        box_.copy(src, dst);
+    let sources: Vec<_> = index
+        .iter()
+        .zip(shards)
+        .filter(|(entry, _)| entry.replica_id == 0)
+        .map(|(entry, shard)| (entry, shard.as_standard_layout()))
+        .collect();
+    // Split the output into bands of whole outer rows, one job each; a band takes the
+    // part of every shard that falls in it.
+    let outer = shape.first().copied().unwrap_or(1).max(1);
+    let row: usize = shape.iter().skip(1).product();
+    let bands = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(outer);
+    let per_band = outer.div_ceil(bands);
+    // (A scalar is one band of one element.)
+    let mut jobs = Vec::with_capacity(bands);
+    let mut rest = dst;
+    let mut first_row = 0;
+    while first_row < outer && !rest.is_empty() {
+        let rows = per_band.min(outer - first_row);
+        let (band, tail) = rest.split_at_mut((rows * row).min(rest.len()));
+        jobs.push((size_of_val(band), (first_row..first_row + rows, band)));
+        rest = tail;
+        first_row += rows;
     }
+    run_jobs(jobs, &|(rows, band): (Range<usize>, &mut [T])| {
+        let mut band_shape = shape.clone();
+        if let Some(first) = band_shape.first_mut() {
+            *first = rows.len();
+        }
+        for (entry, local) in &sources {
+            let src = local.as_slice().expect("standard layout is contiguous");
+            let mut region = entry.ranges.clone();
+            if let Some(r0) = region.first_mut() {
+                *r0 = r0.start.max(rows.start)..r0.end.min(rows.end);
+                if r0.start >= r0.end {
+                    continue;
+                }
+            }
+            let ext = extent(&region);
+            let src_at: Vec<usize> = region
+                .iter()
+                .zip(&entry.ranges)
+                .map(|(r, o)| r.start - o.start)
+                .collect();
+            let mut dst_at = starts(&region);
+            if let Some(d0) = dst_at.first_mut() {
+                *d0 -= rows.start;
+            }
+            BoxCopy {
+                src_shape: &extent(&entry.ranges),
+                src_at: &src_at,
+                dst_shape: &band_shape,
+                dst_at: &dst_at,
+                extent: &ext,
+            }
+            .copy(src, band);
+        }
+    });
     Ok(())
 }
 

@@ -27,6 +27,7 @@ mod error;
 mod hlo;
 mod mesh;
 mod named;
+mod par;
 mod parse;
 mod reshard;
 mod sharding;

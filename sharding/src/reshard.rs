@@ -7,6 +7,7 @@ use meshwork_types::DeviceId;
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, IxDyn};
 
 use crate::data::{BoxCopy, check_buffers, extent};
+use crate::par::run_jobs;
 use crate::{Error, Mode, Result, ShardIndex, Sharding};
 
 /// One box copy of a reshard plan.
@@ -144,7 +145,10 @@ impl ReshardPlan {
     }
 
     /// Builds the destination shards from `src` (the source shards, index-map order).
-    pub fn apply<T: Copy + Default>(&self, src: &[ArrayViewD<'_, T>]) -> Result<Vec<ArrayD<T>>> {
+    pub fn apply<T: Copy + Default + Send + Sync>(
+        &self,
+        src: &[ArrayViewD<'_, T>],
+    ) -> Result<Vec<ArrayD<T>>> {
         let mut out: Vec<ArrayD<T>> = self
             .to
             .iter()
@@ -157,7 +161,7 @@ impl ReshardPlan {
 
     /// Writes the destination shards into caller buffers (index-map order, each shaped
     /// like its region and contiguous).
-    pub fn apply_into<T: Copy>(
+    pub fn apply_into<T: Copy + Send + Sync>(
         &self,
         src: &[ArrayViewD<'_, T>],
         dst: &mut [ArrayViewMutD<'_, T>],
@@ -165,39 +169,50 @@ impl ReshardPlan {
         check_buffers(&self.from, src.iter().map(|a| a.shape()))?;
         check_buffers(&self.to, dst.iter().map(|a| a.shape()))?;
         let sources: Vec<_> = src.iter().map(|a| a.as_standard_layout()).collect();
-        for t in &self.transfers {
-            let s = &self.from[t.src];
-            let d = &self.to[t.dst];
-            let src_data = sources[t.src]
-                .as_slice()
-                .expect("standard layout is contiguous");
-            let dst_data = dst[t.dst]
+        // One job per destination shard: its transfers write only its buffer.
+        let mut jobs = Vec::with_capacity(dst.len());
+        let mut transfers = self.transfers.as_slice();
+        for (d, buffer) in dst.iter_mut().enumerate() {
+            let device = self.to[d].device;
+            let data = buffer
                 .as_slice_mut()
-                .ok_or(Error::NotContiguous { device: d.device })?;
-            let src_shape = extent(&s.ranges);
-            let dst_shape = extent(&d.ranges);
-            let src_at: Vec<usize> = t
-                .region
-                .iter()
-                .zip(&s.ranges)
-                .map(|(r, o)| r.start - o.start)
-                .collect();
-            let dst_at: Vec<usize> = t
-                .region
-                .iter()
-                .zip(&d.ranges)
-                .map(|(r, o)| r.start - o.start)
-                .collect();
-            let ext = extent(&t.region);
-            BoxCopy {
-                src_shape: &src_shape,
-                src_at: &src_at,
-                dst_shape: &dst_shape,
-                dst_at: &dst_at,
-                extent: &ext,
-            }
-            .copy(src_data, dst_data);
+                .ok_or(Error::NotContiguous { device })?;
+            let count = transfers.iter().take_while(|t| t.dst == d).count();
+            let (mine, rest) = transfers.split_at(count);
+            transfers = rest;
+            jobs.push((size_of_val(data), (d, mine, data)));
         }
+        run_jobs(jobs, &|(d, mine, data): (usize, &[Transfer], &mut [T])| {
+            let target = &self.to[d];
+            let dst_shape = extent(&target.ranges);
+            for t in mine {
+                let source = &self.from[t.src];
+                let src_data = sources[t.src]
+                    .as_slice()
+                    .expect("standard layout is contiguous");
+                let src_at: Vec<usize> = t
+                    .region
+                    .iter()
+                    .zip(&source.ranges)
+                    .map(|(r, o)| r.start - o.start)
+                    .collect();
+                let dst_at: Vec<usize> = t
+                    .region
+                    .iter()
+                    .zip(&target.ranges)
+                    .map(|(r, o)| r.start - o.start)
+                    .collect();
+                let ext = extent(&t.region);
+                BoxCopy {
+                    src_shape: &extent(&source.ranges),
+                    src_at: &src_at,
+                    dst_shape: &dst_shape,
+                    dst_at: &dst_at,
+                    extent: &ext,
+                }
+                .copy(src_data, data);
+            }
+        });
         Ok(())
     }
 }

@@ -246,3 +246,61 @@ fn resharding_to_the_same_sharding_moves_nothing() {
     assert_eq!(swap.total_elements(), 64);
     assert_eq!(swap.elements_moved(), 48);
 }
+
+/// Arrays above the parallel threshold take the multi-threaded copy paths: the same
+/// results as the small arrays of the properties above.
+#[test]
+fn large_arrays_roundtrip_through_the_parallel_paths() {
+    let shape = [1030, 2050]; // 8.05 MiB of i32, uneven over every mesh below
+    let global = iota_array(&shape);
+    let mesh = crate::Mesh::new(
+        &[("a", 2), ("b", 4)],
+        [3, 1, 0, 2, 7, 5, 6, 4]
+            .map(meshwork_types::DeviceId)
+            .to_vec(),
+    )
+    .unwrap();
+    let specs = [
+        "P('a','b')",
+        "P('b','a')",
+        "P(('a','b'), None)",
+        "P(None, 'b')",
+        "P()",
+    ];
+    let shardings: Vec<Sharding> = specs
+        .iter()
+        .map(|s| {
+            NamedSharding::new(mesh.clone(), s.parse().unwrap())
+                .unwrap()
+                .to_sharding(2)
+                .unwrap()
+        })
+        .collect();
+    for (from, spec) in shardings.iter().zip(specs) {
+        let shards = shard(&global.view(), from, Mode::Uneven).unwrap();
+        let mut buffers: Vec<ArrayD<i32>> = shards
+            .iter()
+            .map(|s| ArrayD::from_elem(s.data.raw_dim(), -1))
+            .collect();
+        let mut views: Vec<_> = buffers.iter_mut().map(|b| b.view_mut()).collect();
+        shard_into(&global.view(), from, Mode::Uneven, &mut views).unwrap();
+        for (s, b) in shards.iter().zip(&buffers) {
+            assert_eq!(&s.data, b, "{spec}");
+        }
+        let views: Vec<_> = buffers.iter().map(|b| b.view()).collect();
+        assert_eq!(
+            assemble(&views, from, &shape, Mode::Uneven).unwrap(),
+            global,
+            "{spec}"
+        );
+        for to in &shardings {
+            let plan = crate::ReshardPlan::new(from, to, &shape, Mode::Uneven).unwrap();
+            let moved = plan.apply(&views).unwrap();
+            let expected = shard(&global.view(), to, Mode::Uneven).unwrap();
+            assert!(
+                moved.iter().zip(&expected).all(|(m, e)| *m == e.data),
+                "{spec}"
+            );
+        }
+    }
+}
