@@ -198,6 +198,50 @@ pub enum Error {
         assignment_devices: usize,
     },
 
+    // ---- logical devices (tf.distribute.TPUStrategy's wording) ------------------------
+    /// `split_to_logical_devices`: one split per dim is needed.
+    #[error(
+        "Length of `partition_dimensions` ({partition_dims}) must be equal to the rank of `x` ({rank})."
+    )]
+    SplitRank {
+        /// Number of partition dims given.
+        partition_dims: usize,
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// `split_to_logical_devices`: a dim does not divide by its split.
+    #[error(
+        "Tensor shape at dimension {dim} ({size}) must be divisible by corresponding value specified by `partition_dimensions` ({split})."
+    )]
+    SplitIndivisible {
+        /// The dim.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// Its split.
+        split: usize,
+    },
+    /// `split_to_logical_devices`: the splits must multiply to the logical devices.
+    #[error(
+        "Number of logical devices ({logical_devices}) does not match the number of partition splits specified ({splits})."
+    )]
+    SplitCount {
+        /// Logical devices per replica.
+        logical_devices: usize,
+        /// Product of the splits.
+        splits: usize,
+    },
+    /// `assign_to_logical_device`: the id must be below the logical-device count.
+    #[error(
+        "`logical_core_id` to assign must be lower then total number of logical devices per replica. Received logical device id {id} but there are only total of {logical_devices} logical devices in replica."
+    )]
+    LogicalDeviceOutOfRange {
+        /// The id given.
+        id: usize,
+        /// Logical devices per replica.
+        logical_devices: usize,
+    },
+
     // ---- data ------------------------------------------------------------------------
     /// An array whose shape differs from the one the operation was given.
     #[error("array has shape {actual:?}, expected {expected:?}")]

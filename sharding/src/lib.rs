@@ -25,6 +25,7 @@
 mod data;
 mod error;
 mod hlo;
+mod logical;
 mod mesh;
 mod named;
 mod par;
@@ -37,13 +38,18 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 mod tile;
+mod variable;
 
 pub use data::{Shard, assemble, assemble_into, shard, shard_into};
 pub use error::{Error, Result};
 pub use hlo::{HloSharding, SubgroupType, Tiled};
+pub use logical::{
+    assign_to_logical_device, replicate_to_logical_devices, split_to_logical_devices,
+};
 pub use mesh::{AxisType, Mesh};
 pub use named::NamedSharding;
 pub use reshard::{ReshardPlan, Transfer};
 pub use sharding::{Mode, ShardIndex, Sharding};
 pub use spec::{DimSpec, PartitionSpec};
 pub use tile::{Iota, TileAssignment};
+pub use variable::{ReshardableVariable, VariableFormat};

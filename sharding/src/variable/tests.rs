@@ -1,0 +1,88 @@
+use ndarray::IxDyn;
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Error, Mesh, NamedSharding};
+
+fn formats() -> Vec<VariableFormat> {
+    let mesh = Mesh::iota(&[("a", 2), ("b", 3)]).unwrap();
+    let mut out = vec![VariableFormat::Default];
+    for (key, spec) in [
+        ("ab", "P('a','b')"),
+        ("ba", "P('b','a')"),
+        ("rows", "P(('a','b'))"),
+        ("rep", "P()"),
+    ] {
+        let sharding = NamedSharding::new(mesh.clone(), spec.parse().unwrap())
+            .unwrap()
+            .to_sharding(2)
+            .unwrap();
+        out.push(VariableFormat::Sharded {
+            key: key.into(),
+            sharding,
+        });
+    }
+    out
+}
+
+fn value() -> ArrayD<i32> {
+    // 4x6 divides under P('a','b') (4/2, 6/3) but not under P('b','a') (4/3): in strict
+    // mode that format fails after its unshard step has run.
+    ArrayD::from_shape_vec(IxDyn(&[4, 6]), (0..24).collect()).unwrap()
+}
+
+#[test]
+fn a_failure_in_the_middle_leaves_the_old_format_and_data() {
+    let formats = formats();
+    let mut var = ReshardableVariable::new(value(), Mode::Strict);
+    assert_eq!(var.reshard(formats[1].clone()), Ok(true)); // ab: 4/2, 6/3
+    let before = var.clone();
+    // ba needs 4/3: unsharding succeeds, sharding fails.
+    let err = var.reshard(formats[2].clone()).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Indivisible {
+            dim: 0,
+            size: 4,
+            shards: 3
+        }
+    );
+    assert_eq!(var, before);
+    assert_eq!(var.value().unwrap(), value());
+}
+
+#[test]
+fn same_key_and_default_to_default_are_no_ops() {
+    let formats = formats();
+    let mut var = ReshardableVariable::new(value(), Mode::Strict);
+    assert_eq!(var.reshard(VariableFormat::Default), Ok(false));
+    assert_eq!(var.reshard(formats[1].clone()), Ok(true));
+    assert_eq!(var.reshard(formats[1].clone()), Ok(false));
+    assert_eq!(var.shards().unwrap().len(), 6);
+    assert_eq!(var.reshard(VariableFormat::Default), Ok(true));
+    assert!(var.shards().is_none());
+}
+
+proptest! {
+    /// Any sequence of reshards keeps the value; the format changes exactly on success.
+    #[test]
+    fn prop_reshard_sequences_keep_the_value(steps in proptest::collection::vec(0..5usize, 1..12), uneven in any::<bool>()) {
+        let formats = formats();
+        let mode = if uneven { Mode::Uneven } else { Mode::Strict };
+        let mut var = ReshardableVariable::new(value(), mode);
+        for step in steps {
+            let before = var.format().clone();
+            match var.reshard(formats[step].clone()) {
+                Ok(changed) => {
+                    prop_assert_eq!(var.format().key(), formats[step].key());
+                    prop_assert_eq!(changed, before.key() != formats[step].key());
+                }
+                Err(_) => {
+                    prop_assert!(!uneven, "uneven mode never fails here");
+                    prop_assert_eq!(var.format(), &before);
+                }
+            }
+            prop_assert_eq!(var.value()?, value());
+        }
+    }
+}
