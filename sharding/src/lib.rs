@@ -32,6 +32,7 @@ mod par;
 mod parse;
 mod reshard;
 mod sharding;
+mod show;
 mod spec;
 #[cfg(any(test, feature = "proptest"))]
 pub mod testing;
@@ -50,6 +51,7 @@ pub use mesh::{AxisType, Mesh};
 pub use named::NamedSharding;
 pub use reshard::{ReshardPlan, Transfer};
 pub use sharding::{Mode, ShardIndex, Sharding};
+pub use show::visualize;
 pub use spec::{DimSpec, PartitionSpec};
 pub use tile::{Iota, TileAssignment};
 pub use variable::{ReshardableVariable, VariableFormat};

@@ -304,3 +304,28 @@ fn large_arrays_roundtrip_through_the_parallel_paths() {
         }
     }
 }
+
+#[test]
+fn visualize_draws_1d_and_refuses_rank_3() {
+    let mesh = crate::Mesh::new(
+        &[("a", 2)],
+        vec![meshwork_types::DeviceId(5), meshwork_types::DeviceId(2)],
+    )
+    .unwrap();
+    let sharding = NamedSharding::new(mesh, "P('a')".parse().unwrap())
+        .unwrap()
+        .to_sharding(1)
+        .unwrap();
+    let picture = crate::visualize(&sharding, &[5], Mode::Uneven).unwrap();
+    assert_eq!(
+        picture,
+        "┌────────────┬────────────┐\n│ [0:3]      │ [3:5]      │\n│ devices 5  │ devices 2  │\n└────────────┴────────────┘\n"
+    );
+    assert_eq!(
+        crate::visualize(&sharding, &[2, 2, 2], Mode::Uneven),
+        Err(crate::Error::RankMismatch {
+            sharding_rank: 2,
+            shape_rank: 3
+        })
+    );
+}
