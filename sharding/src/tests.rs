@@ -329,3 +329,124 @@ fn visualize_draws_1d_and_refuses_rank_3() {
         })
     );
 }
+
+#[test]
+fn bad_meshes_and_specs_are_typed_errors() {
+    use crate::{Error, Mesh, PartitionSpec};
+    use meshwork_types::DeviceId;
+    let d = |ids: &[u32]| ids.iter().copied().map(DeviceId).collect::<Vec<_>>();
+    assert_eq!(
+        Mesh::new(&[("a", 2), ("a", 2)], d(&[0, 1, 2, 3])),
+        Err(Error::DuplicateMeshAxis { name: "a".into() })
+    );
+    assert_eq!(
+        Mesh::new(&[("a", 2)], d(&[1, 1])),
+        Err(Error::DuplicateDevice {
+            device: DeviceId(1)
+        })
+    );
+    assert_eq!(
+        Mesh::new(&[("a", 2), ("b", 2)], d(&[0, 1, 2])),
+        Err(Error::MeshDeviceCount {
+            shape: vec![2, 2],
+            expected: 4,
+            actual: 3
+        })
+    );
+    assert_eq!(
+        Mesh::new(&[("a", 0)], d(&[])),
+        Err(Error::EmptyMeshAxis { name: "a".into() })
+    );
+
+    let mesh = Mesh::iota(&[("a", 2), ("b", 2)]).unwrap();
+    let named =
+        |spec: &str| NamedSharding::new(mesh.clone(), spec.parse::<PartitionSpec>().unwrap());
+    assert_eq!(
+        named("P('a', ('b','a'))"),
+        Err(Error::DuplicateSpecAxis { axis: "a".into() })
+    );
+    assert_eq!(
+        named("P('x')"),
+        Err(Error::UnknownSpecAxis {
+            axis: "x".into(),
+            mesh_axes: vec!["a".into(), "b".into()]
+        })
+    );
+    assert_eq!(
+        named("P('a', unreduced={'b'})"),
+        Err(Error::UnreducedAxisType {
+            axis: "b".into(),
+            axis_type: crate::AxisType::Auto
+        })
+    );
+    assert_eq!(
+        named("P(None, None, 'a')").unwrap().to_hlo(2),
+        Err(Error::SpecLongerThanRank { entry: 2, rank: 2 })
+    );
+    let sharding = named("P('a','b')").unwrap().to_sharding(2).unwrap();
+    assert_eq!(
+        sharding.shard_shape(&[4], Mode::Strict),
+        Err(Error::RankMismatch {
+            sharding_rank: 2,
+            shape_rank: 1
+        })
+    );
+    assert_eq!(
+        sharding.shard_shape(&[4, 3], Mode::Strict),
+        Err(Error::Indivisible {
+            dim: 1,
+            size: 3,
+            shards: 2
+        })
+    );
+    assert_eq!(sharding.shard_shape(&[4, 3], Mode::Uneven), Ok(vec![2, 2]));
+    // Binding an HLO sharding to too few devices, or a maximal one past the end.
+    assert_eq!(
+        Sharding::new(sharding.hlo().clone(), d(&[0, 1])),
+        Err(Error::DeviceCountMismatch {
+            sharding_devices: 4,
+            assignment_devices: 2
+        })
+    );
+    assert_eq!(
+        Sharding::new(HloSharding::Maximal { device: 2 }, d(&[0, 1])),
+        Err(Error::MaximalOutOfRange {
+            device: 2,
+            assignment_devices: 2
+        })
+    );
+}
+
+#[test]
+fn partition_spec_text_roundtrips_and_reports_positions() {
+    use crate::{Error, PartitionSpec};
+    let spec: PartitionSpec =
+        "PartitionSpec(\"data\", ('x', 'y'), None, P.UNCONSTRAINED, ('z',), (), unreduced={'u'})"
+            .parse()
+            .unwrap();
+    assert_eq!(
+        spec.to_string(),
+        "P('data', ('x','y'), None, UNCONSTRAINED, 'z', None, unreduced={'u'})"
+    );
+    assert_eq!(spec.to_string().parse::<PartitionSpec>().unwrap(), spec);
+    assert_eq!(
+        "P()".parse::<PartitionSpec>().unwrap(),
+        PartitionSpec::replicated()
+    );
+    assert_eq!(
+        "P('a', b)".parse::<PartitionSpec>(),
+        Err(Error::Parse {
+            input: "P('a', b)".into(),
+            position: 7,
+            expected: "a quoted axis name, `None`, `UNCONSTRAINED` or a tuple"
+        })
+    );
+    assert_eq!(
+        "P('a'".parse::<PartitionSpec>(),
+        Err(Error::Parse {
+            input: "P('a'".into(),
+            position: 5,
+            expected: ","
+        })
+    );
+}
