@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// Always canonical, as XLA's `CanonicalizeIotaDims` leaves it: no size-1 reshape dims,
 /// and no two dims that are adjacent both in the reshape and in the permutation (they
 /// would merge). The canonical form of a device order is unique, so it is found from
-/// the materialised order itself ([`Iota::detect`]).
+/// the materialised order itself.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Iota {
     reshape_dims: Vec<usize>,
