@@ -11,7 +11,7 @@ impl FromStr for HloSharding {
 
     /// Parses XLA's text form. Errors carry the byte offset of the problem.
     fn from_str(s: &str) -> Result<HloSharding> {
-        let mut p = Parser { input: s, pos: 0 };
+        let mut p = Cursor { input: s, pos: 0 };
         let sharding = p.sharding()?;
         p.skip_space();
         if p.pos != s.len() {
@@ -21,13 +21,15 @@ impl FromStr for HloSharding {
     }
 }
 
-struct Parser<'a> {
-    input: &'a str,
-    pos: usize,
+/// A position in a text being parsed, with the token helpers both parsers (XLA
+/// shardings here, partition specs in `spec.rs`) share.
+pub(crate) struct Cursor<'a> {
+    pub(crate) input: &'a str,
+    pub(crate) pos: usize,
 }
 
-impl Parser<'_> {
-    fn error(&self, expected: &'static str) -> Error {
+impl Cursor<'_> {
+    pub(crate) fn error(&self, expected: &'static str) -> Error {
         Error::Parse {
             input: self.input.to_owned(),
             position: self.pos,
@@ -40,7 +42,7 @@ impl Parser<'_> {
     }
 
     /// Skips whitespace and `/* ... */` comments (XLA prints `/*index=5*/` in tuples).
-    fn skip_space(&mut self) {
+    pub(crate) fn skip_space(&mut self) {
         loop {
             let input = self.input;
             let trimmed = input[self.pos..].trim_start();
@@ -56,7 +58,7 @@ impl Parser<'_> {
         }
     }
 
-    fn eat(&mut self, token: &str) -> bool {
+    pub(crate) fn eat(&mut self, token: &str) -> bool {
         self.skip_space();
         if self.rest().starts_with(token) {
             self.pos += token.len();
@@ -66,7 +68,7 @@ impl Parser<'_> {
         }
     }
 
-    fn expect(&mut self, token: &'static str) -> Result<()> {
+    pub(crate) fn expect(&mut self, token: &'static str) -> Result<()> {
         if self.eat(token) {
             Ok(())
         } else {

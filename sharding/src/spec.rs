@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::parse::Cursor;
 use crate::{Error, Result};
 
 /// How one tensor dim is sharded.
@@ -144,7 +145,7 @@ impl FromStr for PartitionSpec {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<PartitionSpec> {
-        let mut p = SpecParser { input: s, pos: 0 };
+        let mut p = Cursor { input: s, pos: 0 };
         let spec = p.spec()?;
         p.skip_space();
         if p.pos != s.len() {
@@ -154,43 +155,7 @@ impl FromStr for PartitionSpec {
     }
 }
 
-struct SpecParser<'a> {
-    input: &'a str,
-    pos: usize,
-}
-
-impl SpecParser<'_> {
-    fn error(&self, expected: &'static str) -> Error {
-        Error::Parse {
-            input: self.input.to_owned(),
-            position: self.pos,
-            expected,
-        }
-    }
-
-    fn skip_space(&mut self) {
-        let rest = &self.input[self.pos..];
-        self.pos += rest.len() - rest.trim_start().len();
-    }
-
-    fn eat(&mut self, token: &str) -> bool {
-        self.skip_space();
-        if self.input[self.pos..].starts_with(token) {
-            self.pos += token.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, token: &'static str) -> Result<()> {
-        if self.eat(token) {
-            Ok(())
-        } else {
-            Err(self.error(token))
-        }
-    }
-
+impl Cursor<'_> {
     fn spec(&mut self) -> Result<PartitionSpec> {
         if !(self.eat("PartitionSpec(") || self.eat("P(")) {
             return Err(self.error("`P(` or `PartitionSpec(`"));
