@@ -85,6 +85,7 @@ impl Sharding {
     /// [`Mode::Uneven`] this is the padded shape `ceil(d / k)`; actual trailing shards
     /// may be shorter (see [`index_map`](Self::index_map)).
     pub fn shard_shape(&self, shape: &[usize], mode: Mode) -> Result<Vec<usize>> {
+        check_shape(shape)?;
         match &self.hlo {
             HloSharding::Replicated | HloSharding::Maximal { .. } | HloSharding::Unreduced => {
                 Ok(shape.to_vec())
@@ -139,6 +140,7 @@ impl Sharding {
     /// subgroups mean; a maximal sharding lists its owner, a replicated one every
     /// device. Replica ids count earlier devices with the same region.
     pub fn tile_regions(&self, shape: &[usize]) -> Result<Vec<ShardIndex>> {
+        check_shape(shape)?;
         let full = || shape.iter().map(|&d| 0..d).collect::<Vec<_>>();
         let regions: Vec<(DeviceId, Vec<Range<usize>>)> = match &self.hlo {
             HloSharding::Unreduced => return Err(Error::Unreduced),
@@ -198,6 +200,12 @@ impl Sharding {
             .zip(by_logical)
             .collect()
     }
+}
+
+/// A shape's element count must fit in a `usize` (so every region's does too).
+fn check_shape(shape: &[usize]) -> Result<()> {
+    meshwork_types::Shape::new(shape)?;
+    Ok(())
 }
 
 /// The data dims of `tiled`, checked against the tensor's rank.
