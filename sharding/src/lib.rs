@@ -6,6 +6,9 @@
 //! device; `ndarray` tensors split into shards, assembled back, and resharded with a
 //! plan that moves the fewest bytes; the variable-reshard state machine.
 //!
+//! With the `serde` feature, meshes, partition specs, named and bound shardings and
+//! `HloSharding` (as its XLA text) serialise; deserialising validates.
+//!
 //! It is **not** a compiler: it does not propagate shardings through a graph or partition
 //! programs, and it does not run collectives (that is `meshwork-executor`).
 //!
@@ -31,6 +34,8 @@ mod named;
 mod par;
 mod parse;
 mod reshard;
+#[cfg(feature = "serde")]
+mod serde_impls;
 mod sharding;
 mod show;
 mod spec;

@@ -402,10 +402,21 @@ fn bad_meshes_and_specs_are_typed_errors() {
     assert_eq!(sharding.shard_shape(&[4, 3], Mode::Uneven), Ok(vec![2, 2]));
     // Shapes whose element count overflows are refused before any arithmetic.
     let huge = [usize::MAX, 2];
-    let overflow = Error::Types(meshwork_types::Error::ElementCountOverflow { dims: huge.to_vec() });
-    assert_eq!(sharding.shard_shape(&huge, Mode::Uneven), Err(overflow.clone()));
-    assert_eq!(sharding.index_map(&huge, Mode::Uneven), Err(overflow.clone()));
-    assert_eq!(crate::ReshardPlan::new(&sharding, &sharding, &huge, Mode::Uneven), Err(overflow));
+    let overflow = Error::Types(meshwork_types::Error::ElementCountOverflow {
+        dims: huge.to_vec(),
+    });
+    assert_eq!(
+        sharding.shard_shape(&huge, Mode::Uneven),
+        Err(overflow.clone())
+    );
+    assert_eq!(
+        sharding.index_map(&huge, Mode::Uneven),
+        Err(overflow.clone())
+    );
+    assert_eq!(
+        crate::ReshardPlan::new(&sharding, &sharding, &huge, Mode::Uneven),
+        Err(overflow)
+    );
     // Binding an HLO sharding to too few devices, or a maximal one past the end.
     assert_eq!(
         Sharding::new(sharding.hlo().clone(), d(&[0, 1])),
