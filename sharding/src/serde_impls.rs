@@ -154,7 +154,7 @@ mod tests {
     use super::*;
     use crate::testing::{hlo_sharding, named_sharding};
 
-    fn roundtrip<T: Serialize + serde::de::DeserializeOwned + PartialEq + fmt::Debug>(
+    fn roundtrip<T: Serialize + de::DeserializeOwned + PartialEq + fmt::Debug>(
         value: &T,
     ) -> String {
         let json = serde_json::to_string(value).unwrap();
