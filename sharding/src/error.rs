@@ -105,10 +105,9 @@ pub enum Error {
         /// Devices (or iota elements) given.
         actual: usize,
     },
-    /// Tile dims that are empty or contain 0, or whose product overflows.
-    #[error(
-        "tile dims {dims:?} must be non-empty, positive, and their product must fit in a usize"
-    )]
+    /// Tile dims that are empty or contain 0, or whose product exceeds
+    /// [`MAX_TILES`](crate::MAX_TILES).
+    #[error("tile dims {dims:?} must be non-empty and positive, with at most 2^20 tiles in all")]
     BadTileDims {
         /// The dims.
         dims: Vec<usize>,

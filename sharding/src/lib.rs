@@ -58,5 +58,5 @@ pub use reshard::{ReshardPlan, Transfer};
 pub use sharding::{Mode, ShardIndex, Sharding};
 pub use show::visualize;
 pub use spec::{DimSpec, PartitionSpec};
-pub use tile::{Iota, TileAssignment};
+pub use tile::{Iota, MAX_TILES, TileAssignment};
 pub use variable::{ReshardableVariable, VariableFormat};

@@ -467,3 +467,49 @@ fn partition_spec_text_roundtrips_and_reports_positions() {
         })
     );
 }
+
+/// Text built from the grammar's own tokens, so that random strings get deep into the
+/// parsers rather than failing at the first byte.
+fn token_soup(tokens: &'static [&'static str]) -> impl Strategy<Value = String> {
+    proptest::collection::vec(proptest::sample::select(tokens), 0..24).prop_map(|parts| parts.concat())
+}
+
+const HLO_TOKENS: &[&str] = &[
+    "{", "}", "devices=", "[", "]", "<=", "T(", ")", ",", ", ", "0", "1", "2", "3", "4", "8", "16",
+    " last_tile_dim_replicate", " last_tile_dims=", "manual", "replicated", "unreduced", "maximal",
+    " device=", " ", "/*index=5*/", "99999999999999999999999",
+];
+const SPEC_TOKENS: &[&str] =
+    &["P(", "PartitionSpec(", ")", "(", ",", " ", "'a'", "\"b\"", "'", "None", "UNCONSTRAINED", "unreduced=", "{", "}"];
+
+fn check_parse<T>(text: &str) -> Result<(), TestCaseError>
+where
+    T: std::str::FromStr<Err = crate::Error> + std::fmt::Display + PartialEq + std::fmt::Debug,
+{
+    match text.parse::<T>() {
+        Ok(value) => {
+            let printed = value.to_string();
+            let back: T = printed.parse().map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
+            prop_assert_eq!(&back, &value);
+            prop_assert_eq!(back.to_string(), printed);
+        }
+        Err(crate::Error::Parse { input, position, .. }) => {
+            prop_assert_eq!(input, text);
+            prop_assert!(position <= text.len());
+        }
+        Err(other) => prop_assert!(false, "a parser returned a non-parse error: {other}"),
+    }
+    Ok(())
+}
+
+proptest! {
+    /// The text parsers never panic: every input either parses to a value whose text
+    /// parses back to it, or is a parse error at a position inside the input.
+    #[test]
+    fn prop_parsers_never_panic(hlo in token_soup(HLO_TOKENS), spec in token_soup(SPEC_TOKENS), noise in ".{0,40}") {
+        check_parse::<HloSharding>(&hlo)?;
+        check_parse::<HloSharding>(&noise)?;
+        check_parse::<crate::PartitionSpec>(&spec)?;
+        check_parse::<crate::PartitionSpec>(&noise)?;
+    }
+}

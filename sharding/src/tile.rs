@@ -274,11 +274,16 @@ pub(crate) fn join(values: &[usize]) -> String {
     out
 }
 
-/// The product of tile dims; every dim must be at least 1.
+/// The most tiles (devices) a tile assignment may have. Assignments are materialised,
+/// so this bounds the memory a parsed `{devices=[n]<=[n]}` can ask for (8 MiB).
+pub const MAX_TILES: usize = 1 << 20;
+
+/// The product of tile dims; every dim must be at least 1, the product at most
+/// [`MAX_TILES`].
 fn tile_count(dims: &[usize]) -> Result<usize> {
     let count = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     match count {
-        Some(n) if !dims.is_empty() && !dims.contains(&0) => Ok(n),
+        Some(n) if !dims.is_empty() && !dims.contains(&0) && n <= MAX_TILES => Ok(n),
         _ => Err(Error::BadTileDims {
             dims: dims.to_vec(),
         }),

@@ -92,6 +92,19 @@ fn bad_assignments_are_errors() {
             dims: vec![usize::MAX, 2]
         })
     );
+    // Assignments are materialised: their size is bounded before any allocation.
+    assert_eq!(
+        TileAssignment::identity(vec![MAX_TILES + 1]),
+        Err(Error::BadTileDims {
+            dims: vec![MAX_TILES + 1]
+        })
+    );
+    assert_eq!(
+        TileAssignment::iota(vec![2], &[1 << 40, 1 << 40], &[0, 1]),
+        Err(Error::BadTileDims {
+            dims: vec![1 << 40, 1 << 40]
+        })
+    );
     assert_eq!(
         TileAssignment::iota(vec![4], &[2, 2], &[0, 0]),
         Err(Error::BadTranspose {
