@@ -134,7 +134,8 @@ pub fn divisible_shape(tiles: Vec<usize>) -> impl Strategy<Value = Vec<usize>> {
         .collect::<Vec<_>>()
 }
 
-/// Any shape of `rank` with dims 0–9.
+/// Any shape of `rank` with dims 0–9 (0–3 above rank 3, to keep arrays small).
 pub fn any_shape(rank: usize) -> impl Strategy<Value = Vec<usize>> {
-    proptest::collection::vec(0..10usize, rank)
+    let max: usize = if rank > 3 { 4 } else { 10 };
+    proptest::collection::vec(0..max, rank)
 }

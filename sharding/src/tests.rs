@@ -16,9 +16,9 @@ fn iota_array(shape: &[usize]) -> ArrayD<i32> {
     ArrayD::from_shape_vec(IxDyn(shape), (0..n as i32).collect()).unwrap()
 }
 
-/// Named sharding of rank 0–3 plus a shape its strict mode accepts.
+/// Named sharding of rank 0–6 plus a shape its strict mode accepts.
 fn strict_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
-    (0..=3usize)
+    (0..=6usize)
         .prop_flat_map(named_sharding)
         .prop_flat_map(|named| {
             let rank = named.spec().dims().len();
@@ -30,14 +30,27 @@ fn strict_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
         })
 }
 
-/// Named sharding of rank 0–3 plus any shape of that rank.
+/// Named sharding of rank 0–6 plus any shape of that rank.
 fn uneven_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
-    (0..=3usize)
+    (0..=6usize)
         .prop_flat_map(named_sharding)
         .prop_flat_map(|named| {
             let rank = named.spec().dims().len();
             (Just(named), any_shape(rank))
         })
+}
+
+fn roundtrip_as<T>(global: &ArrayD<T>, sharding: &Sharding) -> Result<(), TestCaseError>
+where
+    T: Copy + Default + Send + Sync + PartialEq + std::fmt::Debug,
+{
+    let shards = shard(&global.view(), sharding, Mode::Uneven)?;
+    let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
+    prop_assert_eq!(
+        &assemble(&views, sharding, global.shape(), Mode::Uneven)?,
+        global
+    );
+    Ok(())
 }
 
 fn holders(sharding: &Sharding, shape: &[usize], mode: Mode) -> ArrayD<usize> {
@@ -82,6 +95,10 @@ proptest! {
         let shards = shard(&global.view(), &sharding, Mode::Uneven)?;
         let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
         prop_assert_eq!(&assemble(&views, &sharding, &shape, Mode::Uneven)?, &global);
+        // Other element types take the same paths.
+        roundtrip_as(&global.mapv(f64::from), &sharding)?;
+        roundtrip_as(&global.mapv(|v| v as u8), &sharding)?;
+        roundtrip_as(&global.mapv(|v| v % 3 == 0), &sharding)?;
         // Every shard fits in the padded shard shape.
         let padded = sharding.shard_shape(&shape, Mode::Uneven)?;
         for s in &shards {
@@ -471,16 +488,55 @@ fn partition_spec_text_roundtrips_and_reports_positions() {
 /// Text built from the grammar's own tokens, so that random strings get deep into the
 /// parsers rather than failing at the first byte.
 fn token_soup(tokens: &'static [&'static str]) -> impl Strategy<Value = String> {
-    proptest::collection::vec(proptest::sample::select(tokens), 0..24).prop_map(|parts| parts.concat())
+    proptest::collection::vec(proptest::sample::select(tokens), 0..24)
+        .prop_map(|parts| parts.concat())
 }
 
 const HLO_TOKENS: &[&str] = &[
-    "{", "}", "devices=", "[", "]", "<=", "T(", ")", ",", ", ", "0", "1", "2", "3", "4", "8", "16",
-    " last_tile_dim_replicate", " last_tile_dims=", "manual", "replicated", "unreduced", "maximal",
-    " device=", " ", "/*index=5*/", "99999999999999999999999",
+    "{",
+    "}",
+    "devices=",
+    "[",
+    "]",
+    "<=",
+    "T(",
+    ")",
+    ",",
+    ", ",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "8",
+    "16",
+    " last_tile_dim_replicate",
+    " last_tile_dims=",
+    "manual",
+    "replicated",
+    "unreduced",
+    "maximal",
+    " device=",
+    " ",
+    "/*index=5*/",
+    "99999999999999999999999",
 ];
-const SPEC_TOKENS: &[&str] =
-    &["P(", "PartitionSpec(", ")", "(", ",", " ", "'a'", "\"b\"", "'", "None", "UNCONSTRAINED", "unreduced=", "{", "}"];
+const SPEC_TOKENS: &[&str] = &[
+    "P(",
+    "PartitionSpec(",
+    ")",
+    "(",
+    ",",
+    " ",
+    "'a'",
+    "\"b\"",
+    "'",
+    "None",
+    "UNCONSTRAINED",
+    "unreduced=",
+    "{",
+    "}",
+];
 
 fn check_parse<T>(text: &str) -> Result<(), TestCaseError>
 where
@@ -489,11 +545,15 @@ where
     match text.parse::<T>() {
         Ok(value) => {
             let printed = value.to_string();
-            let back: T = printed.parse().map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
+            let back: T = printed
+                .parse()
+                .map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
             prop_assert_eq!(&back, &value);
             prop_assert_eq!(back.to_string(), printed);
         }
-        Err(crate::Error::Parse { input, position, .. }) => {
+        Err(crate::Error::Parse {
+            input, position, ..
+        }) => {
             prop_assert_eq!(input, text);
             prop_assert!(position <= text.len());
         }
