@@ -41,6 +41,12 @@ pub enum Error {
         /// The number of device ids given.
         actual: usize,
     },
+    /// A mesh with more devices than a sharding can tile over.
+    #[error("mesh shape {shape:?} has more than 2^20 devices")]
+    MeshTooLarge {
+        /// The mesh shape.
+        shape: Vec<usize>,
+    },
     /// A device appears twice in a mesh or device assignment.
     #[error("device {device} appears twice in the device list")]
     DuplicateDevice {

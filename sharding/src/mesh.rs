@@ -52,20 +52,10 @@ impl Mesh {
 
     /// A mesh over devices `0..n` in order.
     pub fn iota(axes: &[(&str, usize)]) -> Result<Mesh> {
-        let n = axes
-            .iter()
-            .try_fold(1usize, |acc, (_, s)| acc.checked_mul(*s));
-        let n = n.ok_or_else(|| Error::MeshDeviceCount {
-            shape: axes.iter().map(|(_, s)| *s).collect(),
-            expected: usize::MAX,
-            actual: 0,
-        })?;
-        let count = u32::try_from(n).map_err(|_| Error::MeshDeviceCount {
-            shape: axes.iter().map(|(_, s)| *s).collect(),
-            expected: n,
-            actual: u32::MAX as usize,
-        })?;
-        Mesh::new(axes, (0..count).map(DeviceId).collect())
+        let shape: Vec<usize> = axes.iter().map(|(_, s)| *s).collect();
+        let n = device_count(&shape)?;
+        let ids = (0..n).map(|i| DeviceId(u32::try_from(i).expect("MAX_TILES fits in u32")));
+        Mesh::new(axes, ids.collect())
     }
 
     /// The general constructor: names, sizes and types per axis.
@@ -155,6 +145,18 @@ impl fmt::Display for Mesh {
             write!(f, "'{name}': {size}")?;
         }
         f.write_str(")")
+    }
+}
+
+/// The number of devices of a mesh shape: at most [`MAX_TILES`](crate::MAX_TILES), the
+/// most devices a sharding can tile over.
+fn device_count(shape: &[usize]) -> Result<usize> {
+    let n = shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
+    match n {
+        Some(n) if n <= crate::MAX_TILES => Ok(n),
+        _ => Err(Error::MeshTooLarge {
+            shape: shape.to_vec(),
+        }),
     }
 }
 

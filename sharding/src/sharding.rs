@@ -1,5 +1,6 @@
 //! A sharding bound to devices (JAX's `GSPMDSharding`), and its index maps.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use meshwork_types::DeviceId;
@@ -161,9 +162,12 @@ impl Sharding {
                 self.tiled_regions(tiled, shape)
             }
         };
+        let mut holders: HashMap<Vec<Range<usize>>, usize> = HashMap::new();
         let mut out: Vec<ShardIndex> = Vec::with_capacity(regions.len());
         for (device, ranges) in regions {
-            let replica_id = out.iter().filter(|s| s.ranges == ranges).count();
+            let count = holders.entry(ranges.clone()).or_default();
+            let replica_id = *count;
+            *count += 1;
             out.push(ShardIndex {
                 device,
                 ranges,

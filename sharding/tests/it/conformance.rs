@@ -24,6 +24,7 @@ pub(crate) fn class(error: &Error) -> &'static str {
         | Error::DuplicateMeshAxis { .. }
         | Error::EmptyMeshAxis { .. }
         | Error::MeshDeviceCount { .. }
+        | Error::MeshTooLarge { .. }
         | Error::DuplicateDevice { .. } => "mesh_invalid",
         _ => "other",
     }
