@@ -115,6 +115,9 @@ pub fn assemble<T: Copy + Default + Send + Sync>(
     shape: &[usize],
     mode: Mode,
 ) -> Result<ArrayD<T>> {
+    // Check the shape (and the shards) before allocating the output.
+    let index = sharding.index_map(shape, mode)?;
+    check_buffers(&index, shards.iter().map(|s| s.shape()))?;
     let mut out = ArrayD::from_elem(IxDyn(shape), T::default());
     assemble_into(shards, sharding, mode, &mut out.view_mut())?;
     Ok(out)
@@ -130,11 +133,7 @@ pub fn assemble_into<T: Copy + Send + Sync>(
     let shape = out.shape().to_vec();
     let index = sharding.index_map(&shape, mode)?;
     check_buffers(&index, shards.iter().map(|s| s.shape()))?;
-    let Some(dst) = out.as_slice_mut() else {
-        return Err(Error::NotContiguous {
-            device: index.first().map_or(DeviceId(0), |e| e.device),
-        });
-    };
+    let dst = out.as_slice_mut().ok_or(Error::OutputNotContiguous)?;
     let sources: Vec<_> = index
         .iter()
         .zip(shards)

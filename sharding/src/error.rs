@@ -274,6 +274,9 @@ pub enum Error {
         /// The shard's shape.
         actual: Vec<usize>,
     },
+    /// The caller-provided output array of an assemble is not contiguous.
+    #[error("the output array is not contiguous in row-major order")]
+    OutputNotContiguous,
     /// A caller-provided buffer that is not contiguous in row-major order.
     #[error("buffer for device {device} is not contiguous in row-major order")]
     NotContiguous {

@@ -573,3 +573,74 @@ proptest! {
         check_parse::<crate::PartitionSpec>(&noise)?;
     }
 }
+
+#[test]
+fn bad_buffers_are_typed_errors() {
+    use crate::{Error, Mesh, assemble_into};
+    use meshwork_types::DeviceId;
+    let mesh = Mesh::iota(&[("a", 2)]).unwrap();
+    let sharding = NamedSharding::new(mesh, "P('a')".parse().unwrap())
+        .unwrap()
+        .to_sharding(2)
+        .unwrap();
+    let global = iota_array(&[4, 2]);
+    let mut one = ArrayD::<i32>::zeros(IxDyn(&[2, 2]));
+    let mut two = ArrayD::<i32>::zeros(IxDyn(&[2, 2]));
+    assert_eq!(
+        shard_into(
+            &global.view(),
+            &sharding,
+            Mode::Strict,
+            &mut [one.view_mut()]
+        ),
+        Err(Error::ShardCount {
+            expected: 2,
+            actual: 1
+        })
+    );
+    let mut wrong = ArrayD::<i32>::zeros(IxDyn(&[2, 3]));
+    assert_eq!(
+        shard_into(
+            &global.view(),
+            &sharding,
+            Mode::Strict,
+            &mut [one.view_mut(), wrong.view_mut()]
+        ),
+        Err(Error::ShardShape {
+            device: DeviceId(1),
+            expected: vec![2, 2],
+            actual: vec![2, 3]
+        })
+    );
+    // A transposed view has the right shape but is not row-major.
+    let transposed = two.view_mut().reversed_axes();
+    assert_eq!(
+        shard_into(
+            &global.view(),
+            &sharding,
+            Mode::Strict,
+            &mut [one.view_mut(), transposed]
+        ),
+        Err(Error::NotContiguous {
+            device: DeviceId(1)
+        })
+    );
+    let mut out = ArrayD::<i32>::zeros(IxDyn(&[2, 4]));
+    let shards = [one.view(), two.view()];
+    assert_eq!(
+        assemble_into(
+            &shards,
+            &sharding,
+            Mode::Strict,
+            &mut out.view_mut().reversed_axes()
+        ),
+        Err(Error::OutputNotContiguous)
+    );
+    assert_eq!(
+        assemble(&shards[..1], &sharding, &[4, 2], Mode::Strict),
+        Err(Error::ShardCount {
+            expected: 2,
+            actual: 1
+        })
+    );
+}
