@@ -21,6 +21,21 @@
 //! assert!(err.to_string().contains("dimension 1"));
 //! ```
 
+mod device;
 mod error;
+mod graph;
+mod json;
+mod name;
+mod place;
+mod registry;
 
-pub use error::{Error, Result};
+pub use device::{COMPOSITE, DEFAULT_TYPE_PRIORITIES, Device, DeviceSet};
+pub use error::{Constraint, Error, GroupMember, NameKind, Result};
+pub use graph::{Edge, Graph, Node, NodeId};
+pub use json::{
+    GraphJson, InputJson, NodeJson, OpJson, graph_from_json, placement_to_json,
+    registry_from_catalog,
+};
+pub use name::{DeviceName, MergeConflict, MergeMode, NameField, compare_full_names};
+pub use place::{LogEntry, Placement, PlacerOptions, Reason, place};
+pub use registry::{ArgKind, Kernel, OpDef, OpRegistry, Registry};

@@ -1,0 +1,1048 @@
+//! The placer: TF's `ColocationGraph` (union-find groups with merged device names and
+//! supported types) and `Placer::Run` (two passes with TF's heuristics).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::device::COMPOSITE;
+use crate::error::{Constraint, GroupMember, NameKind};
+use crate::{
+    ArgKind, DeviceName, DeviceSet, Edge, Error, Graph, MergeMode, NodeId, OpDef, OpRegistry,
+    Result,
+};
+
+/// Placement options (TF's `ConfigProto` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlacerOptions {
+    /// Let the placer relax a request's device type and id when nothing matches, and
+    /// drop colocations that cannot hold (TF's `allow_soft_placement`; off by default,
+    /// as in TF).
+    pub allow_soft_placement: bool,
+    /// Record why each node went where it did (TF's `log_device_placement`).
+    pub log_device_placement: bool,
+}
+
+/// How a node's device was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The framework had already assigned it.
+    PreAssigned,
+    /// The first of the candidate devices.
+    FirstCandidate,
+    /// A metadata op placed with its input.
+    FollowsInput,
+    /// An identity placed with its input (input and output request the same device).
+    IdentityFollowsInput,
+    /// A generator placed with all its consumers.
+    FollowsConsumers,
+}
+
+/// One line of the placement log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// The node.
+    pub node: NodeId,
+    /// Its device (index into the device set).
+    pub device: usize,
+    /// How it was chosen.
+    pub reason: Reason,
+    /// The candidates it was chosen from, best first.
+    pub candidates: Vec<usize>,
+}
+
+/// The outcome: a device per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    devices: Vec<usize>,
+    groups: Vec<u32>,
+    log: Vec<LogEntry>,
+}
+
+impl Placement {
+    /// The device (index into the device set) of every node, in node-id order.
+    pub fn devices(&self) -> &[usize] {
+        &self.devices
+    }
+
+    /// The device index of `node`.
+    pub fn device(&self, node: NodeId) -> usize {
+        self.devices[node.index()]
+    }
+
+    /// The colocation group of every node (the id of its group's root node).
+    pub fn groups(&self) -> &[u32] {
+        &self.groups
+    }
+
+    /// The placement log (empty unless `log_device_placement` was set).
+    pub fn log(&self) -> &[LogEntry] {
+        &self.log
+    }
+}
+
+/// Places every node of `graph` on a device of `devices`, exactly as TensorFlow 2.21's
+/// placer does.
+pub fn place(
+    graph: &Graph,
+    devices: &DeviceSet,
+    registry: &dyn OpRegistry,
+    options: PlacerOptions,
+) -> Result<Placement> {
+    if devices.devices().is_empty() {
+        return Err(Error::NoDevices);
+    }
+    let mut state = State::new(graph, devices, registry, options)?;
+    state.initialize()?;
+    state.run()
+}
+
+/// A prioritised device-type list: (type index, kernel priority).
+type Types = Vec<(u16, i32)>;
+
+#[derive(Debug, Clone, Default)]
+struct Names {
+    requested: DeviceName,
+    assigned: DeviceName,
+    resource: DeviceName,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    parent: u32,
+    rank: u32,
+    /// `None` while every name is empty (most members): no allocation.
+    names: Option<Box<Names>>,
+    /// The group's device once assigned; the names then hold it too, materialised
+    /// lazily (see [`State::names_mut`]).
+    pinned: Option<u32>,
+    /// Whether `names` already include the pinned device.
+    pinned_merged: bool,
+    supported: Rc<Types>,
+    possible: Option<Rc<[u32]>>,
+}
+
+struct State<'a> {
+    graph: &'a Graph,
+    set: &'a DeviceSet,
+    options: PlacerOptions,
+    ops: Vec<&'a OpDef>,
+    /// Device types in priority order, and per device its type index.
+    types: Vec<String>,
+    type_priority: Vec<i32>,
+    device_type: Vec<u16>,
+    composite: Vec<bool>,
+    local_address: DeviceName,
+    members: Vec<Member>,
+    /// Per node: data inputs (src, dst_input, kind) in input order, then control.
+    in_edges: Vec<Vec<(u32, Option<usize>)>>,
+    out_edges: Vec<Vec<u32>>,
+    /// Per node: pre-assigned device index.
+    assigned: Vec<Option<u32>>,
+    /// Cache of candidates for groups with no request, by supported-types list.
+    unconstrained: HashMap<Types, Rc<[u32]>>,
+}
+
+fn merge_err(
+    node: &str,
+    other: &str,
+    constraint: &Constraint,
+    conflict: crate::MergeConflict,
+) -> Error {
+    Error::CannotColocate {
+        node: node.to_owned(),
+        other: other.to_owned(),
+        constraint: Box::new(constraint.clone()),
+        conflict,
+    }
+}
+
+impl<'a> State<'a> {
+    fn new(
+        graph: &'a Graph,
+        set: &'a DeviceSet,
+        registry: &'a dyn OpRegistry,
+        options: PlacerOptions,
+    ) -> Result<State<'a>> {
+        let n = graph.len();
+        let mut ops = Vec::with_capacity(n);
+        let mut op_cache: HashMap<&str, &OpDef> = HashMap::new();
+        for (_, node) in graph.nodes() {
+            let op = match op_cache.get(node.op.as_str()) {
+                Some(op) => *op,
+                None => {
+                    let op = registry.op(&node.op).ok_or_else(|| Error::UnknownOp {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                    })?;
+                    op_cache.insert(&node.op, op);
+                    op
+                }
+            };
+            ops.push(op);
+        }
+        let types = set.prioritized_types();
+        let type_priority = types.iter().map(|t| set.type_priority(t)).collect();
+        let device_type = set
+            .devices()
+            .iter()
+            .map(|d| {
+                types
+                    .iter()
+                    .position(|t| t == d.device_type())
+                    .expect("every device's type is listed") as u16
+            })
+            .collect();
+        let composite = set
+            .devices()
+            .iter()
+            .map(|d| d.device_type() == COMPOSITE)
+            .collect();
+        let local_address = set
+            .default_local_device()
+            .map(|d| d.parsed().address_space())
+            .unwrap_or_default();
+        let mut state = State {
+            graph,
+            set,
+            options,
+            ops,
+            types,
+            type_priority,
+            device_type,
+            composite,
+            local_address,
+            members: Vec::with_capacity(n),
+            in_edges: vec![Vec::new(); n],
+            out_edges: vec![Vec::new(); n],
+            assigned: vec![None; n],
+            unconstrained: HashMap::new(),
+        };
+        state.index_edges()?;
+        Ok(state)
+    }
+
+    fn name(&self, i: u32) -> &'a str {
+        &self.graph.node(NodeId(i)).name
+    }
+
+    /// Validates edges against op signatures and builds per-node edge lists (data
+    /// inputs in input order first, as TF's `input_edge(k)`).
+    fn index_edges(&mut self) -> Result<()> {
+        let mut data_in: Vec<Vec<(usize, u32)>> = vec![Vec::new(); self.graph.len()];
+        let mut control_in: Vec<Vec<u32>> = vec![Vec::new(); self.graph.len()];
+        for (src, dst, edge) in self.graph.edges() {
+            let (s, d) = (src.0, dst.0);
+            if let Edge::Data {
+                src_output,
+                dst_input,
+            } = edge
+            {
+                let (dst_op, src_op) = (self.ops[d as usize], self.ops[s as usize]);
+                if dst_input >= dst_op.inputs.len() || src_output >= src_op.outputs.len() {
+                    let node = self.graph.node(dst);
+                    return Err(Error::BadEdge {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                        input: dst_input,
+                        inputs: dst_op.inputs.len(),
+                        src: self.name(s).to_owned(),
+                        src_output,
+                        outputs: src_op.outputs.len(),
+                    });
+                }
+                if data_in[d as usize].iter().any(|&(k, _)| k == dst_input) {
+                    return Err(Error::DuplicateInput {
+                        node: self.name(d).to_owned(),
+                        input: dst_input,
+                    });
+                }
+                data_in[d as usize].push((dst_input, s));
+            } else {
+                control_in[d as usize].push(s);
+            }
+            self.out_edges[s as usize].push(d);
+        }
+        for (i, (mut data, control)) in data_in.into_iter().zip(control_in).enumerate() {
+            data.sort_unstable_by_key(|&(k, _)| k);
+            let edges = &mut self.in_edges[i];
+            edges.extend(data.into_iter().map(|(k, s)| (s, Some(k))));
+            edges.extend(control.into_iter().map(|s| (s, None)));
+        }
+        if let Err(cycle) = petgraph::algo::toposort(self.graph.petgraph(), None) {
+            return Err(Error::Cycle {
+                node: self.graph.petgraph()[cycle.node_id()].name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- device types ------------------------------------------------------------------
+
+    /// TF's `SortPrioritizedDeviceTypeVector`: kernel priority, then type priority,
+    /// then type name. (`types` is already in type order, so the index breaks ties.)
+    fn sort_types(&self, v: &mut Types) {
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    }
+
+    /// TF's `SupportedDeviceTypesForNode`.
+    fn supported_for(&self, i: u32) -> Types {
+        let op = self.ops[i as usize];
+        let mut out: Types = Vec::new();
+        for (t, name) in self.types.iter().enumerate() {
+            if let Some(k) = op.kernels.iter().find(|k| &k.device_type == name) {
+                out.push((t as u16, k.priority));
+            }
+        }
+        if out.is_empty() && self.local_address.has_some_details() {
+            // No local kernel, but a request for another address space: assume the
+            // remote process has one.
+            let requested =
+                DeviceName::parse(&self.graph.node(NodeId(i)).requested_device).unwrap_or_default();
+            if self.local_address.is_different_address_space(&requested) {
+                out = (0..self.types.len()).map(|t| (t as u16, 0)).collect();
+            }
+        }
+        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out
+    }
+
+    /// TF's `Member::MergeSupportedDevices`.
+    fn merge_types(&self, target: &Types, other: &Types) -> Types {
+        let mut t_int: Types = Vec::new();
+        let mut o_int: Types = Vec::new();
+        for &(ty, p) in target {
+            if let Some(&o) = other.iter().find(|o| o.0 == ty) {
+                t_int.push((ty, p));
+                o_int.push(o);
+            }
+        }
+        self.sort_types(&mut t_int);
+        self.sort_types(&mut o_int);
+        let has = |v: &Types| v.iter().any(|&(_, p)| p != 0);
+        match (has(&t_int), has(&o_int)) {
+            (false, false) | (true, false) => t_int,
+            (false, true) => o_int,
+            (true, true) => {
+                if t_int.iter().map(|x| x.0).eq(o_int.iter().map(|x| x.0)) {
+                    t_int
+                } else {
+                    let mut reset: Types = t_int.into_iter().map(|(t, _)| (t, 0)).collect();
+                    self.sort_types(&mut reset);
+                    reset
+                }
+            }
+        }
+    }
+
+    fn type_names(&self, v: &Types) -> Vec<String> {
+        v.iter()
+            .map(|&(t, _)| self.types[t as usize].clone())
+            .collect()
+    }
+
+    // ---- union-find ----------------------------------------------------------------------
+
+    fn find(&mut self, i: u32) -> u32 {
+        let mut root = i;
+        while self.members[root as usize].parent != root {
+            root = self.members[root as usize].parent;
+        }
+        let mut cur = i;
+        while self.members[cur as usize].parent != root {
+            let next = self.members[cur as usize].parent;
+            self.members[cur as usize].parent = root;
+            cur = next;
+        }
+        root
+    }
+
+    /// The root's names, with a lazily pinned device merged in.
+    fn names_mut(&mut self, root: u32) -> &mut Names {
+        let m = &mut self.members[root as usize];
+        let names = m.names.get_or_insert_with(Box::default);
+        if let (Some(d), false) = (m.pinned, m.pinned_merged) {
+            let device = self.set.devices()[d as usize].parsed();
+            names.assigned = device.clone();
+            names.resource = device.clone();
+            names.requested = device.clone();
+            m.pinned_merged = true;
+        }
+        names
+    }
+
+    fn names(&mut self, root: u32) -> Names {
+        if self.members[root as usize].names.is_none()
+            && self.members[root as usize].pinned.is_none()
+        {
+            return Names::default();
+        }
+        self.names_mut(root).clone()
+    }
+
+    /// TF's `ColocateNodes(x, y)`.
+    fn colocate(&mut self, x: u32, y: u32, constraint: &Constraint) -> Result<()> {
+        let (xr, yr) = (self.find(x), self.find(y));
+        if xr == yr {
+            return Ok(());
+        }
+        let (new, old) = if self.members[xr as usize].rank < self.members[yr as usize].rank {
+            (yr, xr)
+        } else {
+            (xr, yr)
+        };
+        let (x_name, y_name) = (self.name(x), self.name(y));
+        if self.members[new as usize].names.is_some() || self.members[old as usize].names.is_some()
+        {
+            let mut merged = self.names(new);
+            let other = self.names(old);
+            let soft = if self.options.allow_soft_placement {
+                MergeMode::Soft
+            } else {
+                MergeMode::Hard
+            };
+            merged
+                .assigned
+                .merge(&other.assigned, MergeMode::Hard)
+                .map_err(|c| merge_err(x_name, y_name, constraint, c))?;
+            merged
+                .resource
+                .merge(&other.resource, MergeMode::Hard)
+                .map_err(|c| merge_err(x_name, y_name, constraint, c))?;
+            merged
+                .requested
+                .merge(&other.requested, soft)
+                .map_err(|c| merge_err(x_name, y_name, constraint, c))?;
+            let (assigned, resource) = (merged.assigned.clone(), merged.resource.clone());
+            merged.requested.ensure_specification(&assigned);
+            merged.requested.ensure_specification(&resource);
+            // TF writes the merged names before checking the types (and keeps them if
+            // that check fails).
+            self.members[new as usize].names = Some(Box::new(merged));
+        }
+        let (nt, ot) = (
+            self.members[new as usize].supported.clone(),
+            self.members[old as usize].supported.clone(),
+        );
+        let merged_types = if Rc::ptr_eq(&nt, &ot) {
+            nt
+        } else {
+            Rc::new(self.merge_types(&nt, &ot))
+        };
+        if merged_types.is_empty() {
+            let (xr_types, yr_types) = (
+                self.members[xr as usize].supported.clone(),
+                self.members[yr as usize].supported.clone(),
+            );
+            return Err(Error::NoCommonDeviceType {
+                node: x_name.to_owned(),
+                other: y_name.to_owned(),
+                constraint: Box::new(constraint.clone()),
+                node_types: self.type_names(&xr_types),
+                other_types: self.type_names(&yr_types),
+            });
+        }
+        self.members[new as usize].supported = merged_types;
+        // Union by rank; on a tie x's root wins.
+        let (rx, ry) = (
+            self.members[xr as usize].rank,
+            self.members[yr as usize].rank,
+        );
+        if rx < ry {
+            self.members[xr as usize].parent = yr;
+        } else {
+            self.members[yr as usize].parent = xr;
+            if rx == ry {
+                self.members[xr as usize].rank += 1;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- initialisation -------------------------------------------------------------------
+
+    fn initialize(&mut self) -> Result<()> {
+        self.initialize_members()?;
+        self.colocate_resource_and_ref_edges()?;
+        self.colocate_all_nodes()?;
+        for i in 0..self.members.len() as u32 {
+            let root = self.find(i);
+            self.maybe_exclude_xla(root);
+        }
+        Ok(())
+    }
+
+    fn initialize_members(&mut self) -> Result<()> {
+        let mut cache: HashMap<*const OpDef, Rc<Types>> = HashMap::new();
+        for i in 0..self.graph.len() as u32 {
+            let node = self.graph.node(NodeId(i));
+            let op = self.ops[i as usize];
+            let key: *const OpDef = op;
+            let supported = match cache.get(&key) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = Rc::new(self.supported_for(i));
+                    // The remote-address-space rule depends on the node's request; only
+                    // lists with a local kernel are shared.
+                    if !op.kernels.is_empty() {
+                        cache.insert(key, s.clone());
+                    }
+                    s
+                }
+            };
+            let mut member = Member {
+                parent: i,
+                rank: 0,
+                names: None,
+                pinned: None,
+                pinned_merged: false,
+                supported,
+                possible: None,
+            };
+            if let Some(assigned) = &node.assigned_device {
+                let parsed =
+                    DeviceName::parse(assigned).map_err(|_| Error::MalformedAssignedDevice {
+                        node: node.name.clone(),
+                        device: assigned.clone(),
+                    })?;
+                let index = self
+                    .set
+                    .devices()
+                    .iter()
+                    .position(|d| d.parsed() == &parsed)
+                    .ok_or_else(|| Error::AssignedDeviceNotFound {
+                        node: node.name.clone(),
+                        device: assigned.clone(),
+                        available: self
+                            .set
+                            .devices()
+                            .iter()
+                            .map(|d| d.name().to_owned())
+                            .collect(),
+                    })?;
+                let t = self.device_type[index];
+                if !self.composite[index] && !member.supported.iter().any(|&(s, _)| s == t) {
+                    return Err(Error::AssignedDeviceUnsupported {
+                        node: node.name.clone(),
+                        device: assigned.clone(),
+                        op: node.op.clone(),
+                    });
+                }
+                member.names = Some(Box::new(Names {
+                    requested: parsed.clone(),
+                    assigned: parsed,
+                    resource: DeviceName::default(),
+                }));
+                self.assigned[i as usize] = Some(index as u32);
+            } else {
+                if member.supported.is_empty() {
+                    return Err(Error::NoKernel {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                        device_types: {
+                            let mut t: Vec<String> = self.types.clone();
+                            t.sort();
+                            t
+                        },
+                    });
+                }
+                if !node.requested_device.is_empty() {
+                    let parsed = DeviceName::parse(&node.requested_device).map_err(|_| {
+                        Error::MalformedDeviceSpec {
+                            node: node.name.clone(),
+                            spec: node.requested_device.clone(),
+                        }
+                    })?;
+                    let names = if op.is_ref_or_resource_generator() {
+                        Names {
+                            requested: parsed.clone(),
+                            resource: parsed,
+                            assigned: DeviceName::default(),
+                        }
+                    } else {
+                        Names {
+                            requested: parsed,
+                            ..Names::default()
+                        }
+                    };
+                    member.names = Some(Box::new(names));
+                }
+            }
+            self.members.push(member);
+        }
+        Ok(())
+    }
+
+    fn colocate_resource_and_ref_edges(&mut self) -> Result<()> {
+        let graph = self.graph;
+        for (src, dst, edge) in graph.edges() {
+            let Edge::Data { dst_input, .. } = edge else {
+                continue;
+            };
+            let dst_op = self.ops[dst.index()];
+            if dst_op.inputs[dst_input] != ArgKind::Value && !dst_op.input_colocation_exempt {
+                self.colocate_resource_or_ref_edge(src.0, dst.0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// TF's `ColocateResourceOrRefEdge`.
+    fn colocate_resource_or_ref_edge(&mut self, src: u32, dst: u32) -> Result<()> {
+        let (sr, dr) = (self.find(src), self.find(dst));
+        let (s_names, mut d_names) = (self.names(sr), self.names(dr));
+        // A composite device's resource feeding a physical device: not colocated.
+        let composite_to_physical = |a: &DeviceName, b: &DeviceName| matches!((&a.device_type, &b.device_type), (Some(x), Some(y)) if x == COMPOSITE && y != COMPOSITE);
+        if composite_to_physical(&s_names.assigned, &d_names.assigned)
+            || composite_to_physical(&s_names.resource, &d_names.resource)
+            || composite_to_physical(&s_names.requested, &d_names.requested)
+        {
+            return Ok(());
+        }
+        let (src_name, dst_name) = (self.name(src), self.name(dst));
+        for (kind, a, b) in [
+            (NameKind::Assigned, &s_names.assigned, &d_names.assigned),
+            (NameKind::Resource, &s_names.resource, &d_names.resource),
+        ] {
+            if !a.is_compatible_with(b) {
+                return Err(Error::ResourceEdgeIncompatible {
+                    src: src_name.to_owned(),
+                    dst: dst_name.to_owned(),
+                    kind,
+                    src_device: a.to_string(),
+                    dst_device: b.to_string(),
+                });
+            }
+        }
+        if !s_names.requested.is_compatible_with(&d_names.requested) {
+            // The destination's request is silently replaced by the source's.
+            d_names.requested = s_names.requested.clone();
+            let (assigned, resource) = (d_names.assigned.clone(), d_names.resource.clone());
+            d_names.requested.ensure_specification(&assigned);
+            d_names.requested.ensure_specification(&resource);
+            self.members[dr as usize].names = Some(Box::new(d_names));
+        }
+        let constraint = Constraint::ResourceEdge {
+            src: src_name.to_owned(),
+            dst: dst_name.to_owned(),
+        };
+        self.colocate(src, dst, &constraint)
+            .map_err(|cause| Error::RefEdgeColocation {
+                src: src_name.to_owned(),
+                dst: dst_name.to_owned(),
+                cause: Box::new(cause),
+            })
+    }
+
+    /// TF's `ColocateAllNodes`: each `loc:@` entry, then the node's own name.
+    fn colocate_all_nodes(&mut self) -> Result<()> {
+        let graph = self.graph;
+        // Group anchors keyed by node id (names of nodes) or by name (ghost groups).
+        let mut anchor: Vec<Option<u32>> = vec![None; graph.len()];
+        let mut ghosts: HashMap<&str, u32> = HashMap::new();
+        for (id, node) in graph.nodes() {
+            let i = id.0;
+            for target in node
+                .colocation
+                .iter()
+                .map(String::as_str)
+                .chain(std::iter::once(node.name.as_str()))
+            {
+                let slot = match graph.id(target) {
+                    Some(t) => anchor[t.index()],
+                    None => ghosts.get(target).copied(),
+                };
+                let Some(root_node) = slot else {
+                    match graph.id(target) {
+                        Some(t) => anchor[t.index()] = Some(i),
+                        None => {
+                            ghosts.insert(target, i);
+                        }
+                    }
+                    continue;
+                };
+                let constraint = Constraint::Group {
+                    group: target.to_owned(),
+                };
+                if let Err(e) = self.colocate(i, root_node, &constraint)
+                    && !self.options.allow_soft_placement
+                {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_xla(t: &str) -> bool {
+        matches!(
+            t,
+            "XLA_CPU" | "XLA_GPU" | "TPU" | "XLA_CPU_JIT" | "XLA_GPU_JIT" | "XLA_TPU_JIT"
+        )
+    }
+
+    /// TF's `MaybeExcludeXlaDevices`.
+    fn maybe_exclude_xla(&mut self, root: u32) {
+        let supported = self.members[root as usize].supported.clone();
+        if !supported
+            .iter()
+            .any(|&(t, _)| Self::is_xla(&self.types[t as usize]))
+        {
+            return;
+        }
+        if let Some(names) = &self.members[root as usize].names {
+            for n in [&names.requested, &names.assigned, &names.resource] {
+                if n.device_type
+                    .as_deref()
+                    .is_some_and(|t| Self::is_xla(t) || t == COMPOSITE)
+                {
+                    return;
+                }
+            }
+        }
+        let non_xla: Types = supported
+            .iter()
+            .copied()
+            .filter(|&(t, _)| !Self::is_xla(&self.types[t as usize]))
+            .collect();
+        if !non_xla.is_empty() && non_xla.len() < supported.len() {
+            self.members[root as usize].supported = Rc::new(non_xla);
+        }
+    }
+
+    // ---- candidates -------------------------------------------------------------------------
+
+    /// TF's `FilterSupportedDevices`, sorted by `SortPrioritizedDeviceVector`; the
+    /// default local device first.
+    fn filter_supported(&self, devices: &[u32], supported: &Types) -> Vec<u32> {
+        let default = self.set.default_local_index().map(|d| d as u32);
+        let mut found_default = false;
+        let mut v: Vec<(u32, i32)> = Vec::new();
+        for &(t, prio) in supported {
+            for &d in devices {
+                if self.device_type[d as usize] == t || self.composite[d as usize] {
+                    if Some(d) == default {
+                        found_default = true;
+                    } else {
+                        v.push((d, prio));
+                    }
+                }
+            }
+        }
+        let all = self.set.devices();
+        v.sort_by(|a, b| {
+            let (da, db) = (&all[a.0 as usize], &all[b.0 as usize]);
+            b.1.cmp(&a.1)
+                .then_with(|| {
+                    self.type_priority[self.device_type[b.0 as usize] as usize]
+                        .cmp(&self.type_priority[self.device_type[a.0 as usize] as usize])
+                })
+                .then_with(|| db.is_local().cmp(&da.is_local()))
+                .then_with(|| da.name().cmp(db.name()))
+        });
+        let mut out = Vec::with_capacity(v.len() + 1);
+        if found_default {
+            out.push(default.expect("found"));
+        }
+        out.extend(v.into_iter().map(|(d, _)| d));
+        out.dedup();
+        out
+    }
+
+    fn matching(&self, pattern: &DeviceName) -> Vec<u32> {
+        (0..self.set.devices().len() as u32)
+            .filter(|&d| pattern.matches(self.set.devices()[d as usize].parsed()))
+            .collect()
+    }
+
+    /// TF's `GetDevicesForNode`.
+    fn devices_for(&mut self, i: u32) -> Result<Rc<[u32]>> {
+        let root = self.find(i);
+        if let Some(p) = &self.members[root as usize].possible {
+            return Ok(p.clone());
+        }
+        let supported = self.members[root as usize].supported.clone();
+        let has_names = self.members[root as usize].names.is_some()
+            || self.members[root as usize].pinned.is_some();
+        let names = if has_names {
+            self.names(root)
+        } else {
+            Names::default()
+        };
+        let devices: Rc<[u32]> = if names.requested.has_some_details() {
+            let mut devices = self.matching(&names.requested);
+            if !devices.is_empty() {
+                devices = self.filter_supported(&devices, &supported);
+            }
+            if devices.is_empty() && self.options.allow_soft_placement {
+                devices = self.soft_candidates(&names, &supported);
+            }
+            if devices.is_empty() {
+                return Err(self.no_candidates_error(i, root, &names));
+            }
+            devices.into()
+        } else {
+            match self.unconstrained.get(supported.as_ref()) {
+                Some(d) => d.clone(),
+                None => {
+                    let all: Vec<u32> = (0..self.set.devices().len() as u32).collect();
+                    let devices = self.filter_supported(&all, &supported);
+                    if devices.is_empty() {
+                        let node = self.graph.node(NodeId(i));
+                        return Err(Error::NoSupportedDevice {
+                            node: node.name.clone(),
+                            op: node.op.clone(),
+                        });
+                    }
+                    let devices: Rc<[u32]> = devices.into();
+                    self.unconstrained
+                        .insert(supported.as_ref().clone(), devices.clone());
+                    devices
+                }
+            }
+        };
+        self.members[root as usize].possible = Some(devices.clone());
+        Ok(devices)
+    }
+
+    /// TF's `GetSoftDeviceCandidates`: relax type and id unless assigned or resource
+    /// names pin them; then unless only the assigned name pins them (this may move a
+    /// resource). Job, replica and task are never relaxed.
+    fn soft_candidates(&self, names: &Names, supported: &Types) -> Vec<u32> {
+        for keep_resource in [true, false] {
+            let mut soft = names.requested.clone();
+            let pins_type = names.assigned.device_type.is_some()
+                || (keep_resource && names.resource.device_type.is_some());
+            let pins_id =
+                names.assigned.id.is_some() || (keep_resource && names.resource.id.is_some());
+            if !pins_type {
+                soft.device_type = None;
+            }
+            if !pins_id {
+                soft.id = None;
+            }
+            let devices = self.matching(&soft);
+            if !devices.is_empty() {
+                let devices = self.filter_supported(&devices, supported);
+                if !devices.is_empty() {
+                    return devices;
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    fn no_candidates_error(&mut self, i: u32, root: u32, names: &Names) -> Error {
+        let node = self.graph.node(NodeId(i));
+        let all = || {
+            self.set
+                .devices()
+                .iter()
+                .map(|d| d.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        match DeviceName::parse(&node.requested_device) {
+            Ok(spec) if spec == names.requested => {
+                if self.matching(&spec).is_empty() {
+                    let mut available = all();
+                    available.sort();
+                    Error::ExplicitDeviceNotFound {
+                        node: node.name.clone(),
+                        requested: node.requested_device.clone(),
+                        available,
+                    }
+                } else if let Some(t) = &spec.device_type {
+                    Error::NoKernelForRequestedType {
+                        node: node.name.clone(),
+                        requested: node.requested_device.clone(),
+                        device_type: t.clone(),
+                        op: node.op.clone(),
+                    }
+                } else {
+                    Error::CouldNotSatisfy {
+                        node: node.name.clone(),
+                        requested: node.requested_device.clone(),
+                    }
+                }
+            }
+            _ => {
+                let in_group: Vec<u32> = (0..self.graph.len() as u32)
+                    .filter(|&j| self.find(j) == root)
+                    .collect();
+                let group = in_group
+                    .into_iter()
+                    .map(|j| {
+                        let n = self.graph.node(NodeId(j));
+                        GroupMember {
+                            node: n.name.clone(),
+                            op: n.op.clone(),
+                            requested: n.requested_device.clone(),
+                            assigned: n.assigned_device.clone(),
+                        }
+                    })
+                    .collect();
+                Error::IncompatibleGroup {
+                    node: node.name.clone(),
+                    requested: node.requested_device.clone(),
+                    group_requested: names.requested.to_string(),
+                    available: all(),
+                    group,
+                }
+            }
+        }
+    }
+
+    // ---- assignment ---------------------------------------------------------------------------
+
+    /// TF's `Member::AssignDevice`: merges the device's full name into the group (hard
+    /// for assigned, override for resource and requested).
+    fn assign(&mut self, i: u32, device: u32) -> Result<()> {
+        let root = self.find(i);
+        let m = &self.members[root as usize];
+        if m.pinned == Some(device) {
+            return Ok(());
+        }
+        if m.names.is_none() && m.pinned.is_none() {
+            // Merging into empty names cannot fail: pin lazily, no allocation.
+            let m = &mut self.members[root as usize];
+            m.pinned = Some(device);
+            m.pinned_merged = false;
+            m.possible = None;
+            return Ok(());
+        }
+        let parsed = self.set.devices()[device as usize].parsed().clone();
+        let names = self.names_mut(root);
+        let group_device = names.assigned.to_string();
+        if names.assigned.merge(&parsed, MergeMode::Hard).is_err() {
+            let node = self.graph.node(NodeId(i));
+            return Err(Error::AssignedConflict {
+                node: node.name.clone(),
+                device: parsed.to_string(),
+                group_device,
+            });
+        }
+        names
+            .resource
+            .merge(&parsed, MergeMode::Override)
+            .expect("override merges of a full name only fail on the address space");
+        let _ = names.requested.merge(&parsed, MergeMode::Override);
+        let m = &mut self.members[root as usize];
+        m.pinned = Some(device);
+        m.pinned_merged = true;
+        m.possible = None;
+        Ok(())
+    }
+
+    fn requested(&self, j: Option<u32>) -> &str {
+        j.map_or("", |j| self.graph.node(NodeId(j)).requested_device.as_str())
+    }
+
+    /// TF's `MatchIdentityOperation`: an identity with one in-edge and one out-edge
+    /// (implicit source/sink edges count) whose input and output request the same
+    /// device string.
+    fn match_identity(&self, i: u32) -> bool {
+        let node = self.graph.node(NodeId(i));
+        if !self.ops[i as usize].is_identity
+            || node.assigned_device.is_some()
+            || !node.requested_device.is_empty()
+        {
+            return false;
+        }
+        let ins = &self.in_edges[i as usize];
+        let outs = &self.out_edges[i as usize];
+        if ins.len() > 1 || outs.len() > 1 {
+            return false;
+        }
+        self.requested(ins.first().map(|e| e.0)) == self.requested(outs.first().copied())
+    }
+
+    fn run(&mut self) -> Result<Placement> {
+        let n = self.graph.len();
+        let mut placed: Vec<Option<u32>> = vec![None; n];
+        let mut log = Vec::new();
+        let mut second = Vec::new();
+        let logging = self.options.log_device_placement;
+        for i in 0..n as u32 {
+            if let Some(d) = self.assigned[i as usize] {
+                self.assign(i, d)?;
+                placed[i as usize] = Some(d);
+                if logging {
+                    log.push(LogEntry {
+                        node: NodeId(i),
+                        device: d as usize,
+                        reason: Reason::PreAssigned,
+                        candidates: vec![d as usize],
+                    });
+                }
+                continue;
+            }
+            if self.ops[i as usize].is_generator() {
+                second.push(i);
+                continue;
+            }
+            let devices = self.devices_for(i)?;
+            let mut choice = None;
+            let op = self.ops[i as usize];
+            let identity = !op.is_metadata && self.match_identity(i);
+            if op.is_metadata || identity {
+                if let Some(&(src, _)) = self.in_edges[i as usize].first()
+                    && let Some(d) = placed[src as usize]
+                    && devices.contains(&d)
+                {
+                    choice = Some((
+                        d,
+                        if identity {
+                            Reason::IdentityFollowsInput
+                        } else {
+                            Reason::FollowsInput
+                        },
+                    ));
+                }
+            }
+            let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
+            self.assign(i, d)?;
+            placed[i as usize] = Some(d);
+            if logging {
+                log.push(LogEntry {
+                    node: NodeId(i),
+                    device: d as usize,
+                    reason,
+                    candidates: devices.iter().map(|&d| d as usize).collect(),
+                });
+            }
+        }
+        for i in second {
+            let devices = self.devices_for(i)?;
+            let outs = &self.out_edges[i as usize];
+            let mut choice = None;
+            if let Some(&first) = outs.first() {
+                let target = placed[first as usize];
+                if outs.iter().all(|&o| placed[o as usize] == target)
+                    && let Some(d) = target
+                    && devices.contains(&d)
+                {
+                    choice = Some((d, Reason::FollowsConsumers));
+                }
+            }
+            let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
+            self.assign(i, d)?;
+            placed[i as usize] = Some(d);
+            if logging {
+                log.push(LogEntry {
+                    node: NodeId(i),
+                    device: d as usize,
+                    reason,
+                    candidates: devices.iter().map(|&d| d as usize).collect(),
+                });
+            }
+        }
+        let groups = (0..n as u32).map(|i| self.find(i)).collect();
+        Ok(Placement {
+            devices: placed
+                .into_iter()
+                .map(|d| d.expect("every node placed") as usize)
+                .collect(),
+            groups,
+            log,
+        })
+    }
+}

@@ -1,0 +1,26 @@
+//! Public-API tests of meshwork-placer: the TensorFlow conformance suite.
+
+mod conformance;
+
+#[test]
+fn every_oracle_case_passes() {
+    let text = include_str!("../../testdata/oracle/cases.jsonl");
+    let mut lines = text.lines();
+    let registry = conformance::registry(lines.next().expect("header")).expect("valid header");
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for (n, line) in lines.enumerate() {
+        total += 1;
+        let bad = conformance::check(&registry, line);
+        if !bad.is_empty() {
+            failures.push(format!("case {n}: {}", bad.join("; ")));
+        }
+    }
+    assert_eq!(total, 300, "the vendored oracle has 300 cases");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
