@@ -302,7 +302,8 @@ impl<'a> State<'a> {
                 out = (0..self.types.len()).map(|t| (t as u16, 0)).collect();
             }
         }
-        out.sort_by(|a, b| b.1.cmp(&a.1));
+        // Stable: types keep their type order within one kernel priority.
+        out.sort_by_key(|&(_, p)| std::cmp::Reverse(p));
         out
     }
 
@@ -983,20 +984,17 @@ impl<'a> State<'a> {
             let mut choice = None;
             let op = self.ops[i as usize];
             let identity = !op.is_metadata && self.match_identity(i);
-            if op.is_metadata || identity {
-                if let Some(&(src, _)) = self.in_edges[i as usize].first()
-                    && let Some(d) = placed[src as usize]
-                    && devices.contains(&d)
-                {
-                    choice = Some((
-                        d,
-                        if identity {
-                            Reason::IdentityFollowsInput
-                        } else {
-                            Reason::FollowsInput
-                        },
-                    ));
-                }
+            if (op.is_metadata || identity)
+                && let Some(&(src, _)) = self.in_edges[i as usize].first()
+                && let Some(d) = placed[src as usize]
+                && devices.contains(&d)
+            {
+                let reason = if identity {
+                    Reason::IdentityFollowsInput
+                } else {
+                    Reason::FollowsInput
+                };
+                choice = Some((d, reason));
             }
             let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
             self.assign(i, d)?;
