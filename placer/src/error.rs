@@ -198,7 +198,7 @@ pub enum Error {
         device: String,
     },
     /// An assigned device that is not in the device set (partial names included).
-    #[error("Assigned device '{device}' of node {node} does not match any device; available devices are [{}]", available.join(", "))]
+    #[error("Assigned device '{device}' does not match any device (node {node}); available devices are [{}]", available.join(", "))]
     AssignedDeviceNotFound {
         /// The node.
         node: String,
@@ -231,7 +231,7 @@ pub enum Error {
     },
     /// Colocating two nodes would merge incompatible device requests.
     #[error(
-        "Cannot colocate nodes {{{{colocation_node {node}}}}} and {{{{colocation_node {other}}}}} ({constraint}): {conflict}"
+        "Cannot colocate nodes {{{{colocation_node {node}}}}} and {{{{colocation_node {other}}}}}: {conflict} (required by {constraint})"
     )]
     CannotColocate {
         /// The node being colocated.
@@ -244,7 +244,7 @@ pub enum Error {
         conflict: MergeConflict,
     },
     /// Colocating two nodes leaves no device type that supports both groups.
-    #[error("Cannot colocate nodes {{{{colocation_node {node}}}}} and {{{{colocation_node {other}}}}} ({constraint}) because no device type supports both of those nodes and the other nodes colocated with them: [{}] vs [{}]", node_types.join(", "), other_types.join(", "))]
+    #[error("Cannot colocate nodes {{{{colocation_node {node}}}}} and {{{{colocation_node {other}}}}} because no device type supports both of those nodes and the other nodes colocated with them. Supported types: [{}] vs [{}] (required by {constraint})", node_types.join(", "), other_types.join(", "))]
     NoCommonDeviceType {
         /// The node being colocated.
         node: String,
@@ -287,7 +287,7 @@ pub enum Error {
         cause: Box<Error>,
     },
     /// The node's own request matches no device.
-    #[error("Cannot assign a device for operation {node}: {{{{node {node}}}}} was explicitly assigned to {requested} but available devices are [ {} ]. Make sure the device specification refers to a valid device.", available.join(", "))]
+    #[error("Cannot assign a device for operation {node}: {{{{node {node}}}}} was explicitly assigned to {requested} but available devices are [ {} ]. Make sure the device specification refers to a valid device.{}", available.join(", "), if *looks_like_gpu { " The requested device appears to be a GPU, but no device of that type is registered (device types are case-sensitive)." } else { "" })]
     ExplicitDeviceNotFound {
         /// The node.
         node: String,
@@ -295,6 +295,8 @@ pub enum Error {
         requested: String,
         /// The device set, sorted.
         available: Vec<String>,
+        /// The request names a `gpu`-like type (any case) that no device has.
+        looks_like_gpu: bool,
     },
     /// The node's request matches devices, none of a type with a kernel.
     #[error(

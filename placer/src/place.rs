@@ -850,6 +850,10 @@ impl<'a> State<'a> {
                         node: node.name.clone(),
                         requested: node.requested_device.clone(),
                         available,
+                        looks_like_gpu: spec
+                            .device_type
+                            .as_deref()
+                            .is_some_and(|t| t.eq_ignore_ascii_case("gpu")),
                     }
                 } else if let Some(t) = &spec.device_type {
                     Error::NoKernelForRequestedType {

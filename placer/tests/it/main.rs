@@ -1,6 +1,7 @@
 //! Public-API tests of meshwork-placer: the TensorFlow conformance suite.
 
 mod conformance;
+mod tf_placer_test;
 
 #[test]
 fn every_oracle_case_passes() {
