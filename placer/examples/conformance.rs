@@ -44,9 +44,5 @@ fn main() -> ExitCode {
         }
     }
     println!("{passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

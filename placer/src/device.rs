@@ -30,10 +30,7 @@ impl Device {
 
     /// The device type.
     pub fn device_type(&self) -> &str {
-        self.parsed
-            .device_type
-            .as_deref()
-            .expect("device names are fully specified")
+        self.parsed.device_type.as_deref().expect("device names are fully specified")
     }
 
     /// Whether the device is in this process (preferred on ties).
@@ -85,19 +82,13 @@ impl DeviceSet {
     pub fn add(&mut self, name: &str, is_local: bool) -> Result<&mut DeviceSet> {
         let parsed = DeviceName::parse(name)?;
         if !parsed.is_fully_specified() {
-            return Err(Error::PartialDeviceName {
-                name: name.to_owned(),
-            });
+            return Err(Error::PartialDeviceName { name: name.to_owned() });
         }
         let canonical = parsed.to_string();
         if self.devices.iter().any(|d| d.name == canonical) {
             return Err(Error::DuplicateDevice { name: canonical });
         }
-        self.devices.push(Device {
-            name: canonical,
-            parsed,
-            is_local,
-        });
+        self.devices.push(Device { name: canonical, parsed, is_local });
         Ok(self)
     }
 
@@ -110,9 +101,8 @@ impl DeviceSet {
     /// Makes `name` the default local device: it comes first among candidates, and its
     /// address space is the local one (TF's `default_local_device`).
     pub fn with_default_local_device(mut self, name: &str) -> Result<DeviceSet> {
-        let index = self.find(name).ok_or_else(|| Error::UnknownDevice {
-            name: name.to_owned(),
-        })?;
+        let index =
+            self.find(name).ok_or_else(|| Error::UnknownDevice { name: name.to_owned() })?;
         self.default_local = Some(index);
         Ok(self)
     }
@@ -152,9 +142,7 @@ impl DeviceSet {
             }
         }
         types.sort_by(|a, b| {
-            self.type_priority(b)
-                .cmp(&self.type_priority(a))
-                .then_with(|| a.cmp(b))
+            self.type_priority(b).cmp(&self.type_priority(a)).then_with(|| a.cmp(b))
         });
         types
     }

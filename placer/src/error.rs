@@ -371,14 +371,12 @@ impl Error {
             Error::NoKernel { .. } => "no_kernel_registered",
             Error::CannotColocate { .. } => "cannot_colocate_merge",
             Error::NoCommonDeviceType { .. } => "cannot_colocate_no_common_type",
-            Error::ResourceEdgeIncompatible {
-                kind: NameKind::Assigned,
-                ..
-            } => "resource_edge_incompatible_assigned",
-            Error::ResourceEdgeIncompatible {
-                kind: NameKind::Resource,
-                ..
-            } => "resource_edge_incompatible_resource",
+            Error::ResourceEdgeIncompatible { kind: NameKind::Assigned, .. } => {
+                "resource_edge_incompatible_assigned"
+            }
+            Error::ResourceEdgeIncompatible { kind: NameKind::Resource, .. } => {
+                "resource_edge_incompatible_resource"
+            }
             Error::RefEdgeColocation { .. } => "ref_edge_colocation_failed",
             Error::ExplicitDeviceNotFound { .. } => "explicit_device_not_found",
             Error::NoKernelForRequestedType { .. } => "no_supported_kernel_for_requested_type",

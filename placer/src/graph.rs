@@ -25,11 +25,7 @@ pub struct Node {
 impl Node {
     /// A node with no device request and no colocation.
     pub fn new(name: &str, op: &str) -> Node {
-        Node {
-            name: name.to_owned(),
-            op: op.to_owned(),
-            ..Node::default()
-        }
+        Node { name: name.to_owned(), op: op.to_owned(), ..Node::default() }
     }
 
     /// This node with a device request.
@@ -46,8 +42,7 @@ impl Node {
 
     /// This node colocated with `targets` (`loc:@target` each).
     pub fn colocate_with(mut self, targets: &[&str]) -> Node {
-        self.colocation
-            .extend(targets.iter().map(|t| (*t).to_owned()));
+        self.colocation.extend(targets.iter().map(|t| (*t).to_owned()));
         self
     }
 }
@@ -111,14 +106,7 @@ impl Graph {
         dst_input: usize,
     ) -> Result<()> {
         let (s, d) = (self.lookup(src, dst)?, self.lookup(dst, src)?);
-        self.graph.add_edge(
-            s,
-            d,
-            Edge::Data {
-                src_output,
-                dst_input,
-            },
-        );
+        self.graph.add_edge(s, d, Edge::Data { src_output, dst_input });
         Ok(())
     }
 
@@ -130,13 +118,10 @@ impl Graph {
     }
 
     fn lookup(&self, name: &str, other_end: &str) -> Result<NodeIndex<u32>> {
-        self.by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::UnknownNode {
-                name: name.to_owned(),
-                referenced_by: other_end.to_owned(),
-            })
+        self.by_name.get(name).copied().ok_or_else(|| Error::UnknownNode {
+            name: name.to_owned(),
+            referenced_by: other_end.to_owned(),
+        })
     }
 
     /// Number of nodes.
@@ -161,9 +146,7 @@ impl Graph {
 
     /// The nodes with their ids, in id order.
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
-        self.graph
-            .node_indices()
-            .map(|i| (NodeId(i.index() as u32), &self.graph[i]))
+        self.graph.node_indices().map(|i| (NodeId(i.index() as u32), &self.graph[i]))
     }
 
     /// The edges `(src, dst, edge)`, in the order they were added.
@@ -173,11 +156,7 @@ impl Graph {
 
     fn edge(&self, e: EdgeIndex<u32>) -> (NodeId, NodeId, Edge) {
         let (s, d) = self.graph.edge_endpoints(e).expect("edge index in range");
-        (
-            NodeId(s.index() as u32),
-            NodeId(d.index() as u32),
-            self.graph[e],
-        )
+        (NodeId(s.index() as u32), NodeId(d.index() as u32), self.graph[e])
     }
 
     /// The underlying `petgraph` graph.

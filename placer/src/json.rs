@@ -91,16 +91,9 @@ impl GraphJson {
         for (src, dst, edge) in graph.edges() {
             let src_name = graph.node(src).name.clone();
             match edge {
-                crate::Edge::Data {
-                    src_output,
-                    dst_input,
-                } => data[dst.index()].push((
-                    dst_input,
-                    InputJson {
-                        src: src_name,
-                        src_output,
-                    },
-                )),
+                crate::Edge::Data { src_output, dst_input } => {
+                    data[dst.index()].push((dst_input, InputJson { src: src_name, src_output }))
+                }
                 crate::Edge::Control => nodes[dst.index()].control_inputs.push(src_name),
             }
         }
@@ -199,9 +192,5 @@ pub fn placement_to_json(
 }
 
 pub(crate) fn json_error(e: serde_json::Error) -> Error {
-    Error::Json {
-        line: e.line(),
-        column: e.column(),
-        message: e.to_string(),
-    }
+    Error::Json { line: e.line(), column: e.column(), message: e.to_string() }
 }

@@ -106,34 +106,22 @@ impl DeviceName {
 
     /// TF's `ParseFullName`. `"/"` and `""` parse to the empty name.
     pub fn parse(input: &str) -> Result<DeviceName> {
-        parse_full(input).ok_or_else(|| Error::MalformedDeviceName {
-            input: input.to_owned(),
-        })
+        parse_full(input).ok_or_else(|| Error::MalformedDeviceName { input: input.to_owned() })
     }
 
     /// TF's `ParseLocalName`: `TYPE:ID` (or `TYPE:*`) with no leading slash.
     pub fn parse_local(input: &str) -> Result<DeviceName> {
-        let malformed = || Error::MalformedDeviceName {
-            input: input.to_owned(),
-        };
+        let malformed = || Error::MalformedDeviceName { input: input.to_owned() };
         let mut cursor = Cursor(input);
         let device_type = cursor.ident(b":").ok_or_else(malformed)?;
         if !cursor.take(":") {
             return Err(malformed());
         }
-        let id = if cursor.take("*") {
-            None
-        } else {
-            Some(cursor.number().ok_or_else(malformed)?)
-        };
+        let id = if cursor.take("*") { None } else { Some(cursor.number().ok_or_else(malformed)?) };
         if !cursor.0.is_empty() {
             return Err(malformed());
         }
-        Ok(DeviceName {
-            device_type: Some(device_type),
-            id,
-            ..DeviceName::default()
-        })
+        Ok(DeviceName { device_type: Some(device_type), id, ..DeviceName::default() })
     }
 
     /// TF's `ParseFullOrLocalName`.
@@ -320,22 +308,15 @@ impl DeviceName {
 
     /// `LocalName`: `/device:TYPE:ID` (or `:*`), without the address space.
     pub fn local_name(&self) -> String {
-        DeviceName {
-            device_type: self.device_type.clone(),
-            id: self.id,
-            ..DeviceName::default()
-        }
-        .to_string()
+        DeviceName { device_type: self.device_type.clone(), id: self.id, ..DeviceName::default() }
+            .to_string()
     }
 
     /// `SplitDeviceName`: the address-space part (`/job:../replica:../task:..`) and
     /// `TYPE:ID`. Needs a type and an id.
     pub fn split(&self) -> Option<(String, String)> {
         let (device_type, id) = (self.device_type.as_ref()?, self.id?);
-        Some((
-            self.address_space().to_string(),
-            format!("{device_type}:{id}"),
-        ))
+        Some((self.address_space().to_string(), format!("{device_type}:{id}")))
     }
 
     /// `GetNamesForDeviceMappings`: the canonical name and the legacy lower-case one, for
@@ -347,10 +328,7 @@ impl DeviceName {
         let prefix = self.address_space().to_string();
         let device_type = self.device_type.as_deref().unwrap_or_default();
         let id = self.id.unwrap_or_default();
-        vec![
-            self.to_string(),
-            format!("{prefix}/{}:{id}", device_type.to_ascii_lowercase()),
-        ]
+        vec![self.to_string(), format!("{prefix}/{}:{id}", device_type.to_ascii_lowercase())]
     }
 
     /// `CanonicalizeDeviceName(name, basename)`: `name` (full, partial or local) with its
@@ -358,9 +336,7 @@ impl DeviceName {
     pub fn canonicalize(name: &str, basename: &str) -> Result<String> {
         let base = DeviceName::parse(basename)?;
         if !base.is_fully_specified() {
-            return Err(Error::MalformedDeviceName {
-                input: basename.to_owned(),
-            });
+            return Err(Error::MalformedDeviceName { input: basename.to_owned() });
         }
         let mut parsed = DeviceName::parse_full_or_local(name)?;
         parsed.merge_unset(&base);
@@ -444,16 +420,9 @@ impl Cursor<'_> {
         if !self.0.starts_with(|c: char| c.is_ascii_alphabetic()) {
             return None;
         }
-        let end = self
-            .0
-            .bytes()
-            .position(|b| terminators.contains(&b))
-            .unwrap_or(self.0.len());
+        let end = self.0.bytes().position(|b| terminators.contains(&b)).unwrap_or(self.0.len());
         let token = &self.0[..end];
-        if !token
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
+        if !token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return None;
         }
         self.0 = &self.0[end..];
@@ -471,11 +440,7 @@ fn parse_full(input: &str) -> Option<DeviceName> {
     while !c.0.is_empty() {
         let mut progress = false;
         if c.take("/job:") {
-            name.job = if c.take("*") {
-                None
-            } else {
-                Some(c.ident(b"/")?)
-            };
+            name.job = if c.take("*") { None } else { Some(c.ident(b"/")?) };
             progress = true;
         }
         if c.take("/replica:") {
@@ -487,24 +452,13 @@ fn parse_full(input: &str) -> Option<DeviceName> {
             progress = true;
         }
         if c.take("/device:") {
-            name.device_type = if c.take("*") {
-                None
-            } else {
-                Some(c.ident(b"/:")?)
-            };
-            name.id = if !c.take(":") || c.take("*") {
-                None
-            } else {
-                Some(c.number()?)
-            };
+            name.device_type = if c.take("*") { None } else { Some(c.ident(b"/:")?) };
+            name.id = if !c.take(":") || c.take("*") { None } else { Some(c.number()?) };
             progress = true;
         }
-        for (legacy, device_type) in [
-            ("/cpu:", "CPU"),
-            ("/CPU:", "CPU"),
-            ("/gpu:", "GPU"),
-            ("/GPU:", "GPU"),
-        ] {
+        for (legacy, device_type) in
+            [("/cpu:", "CPU"), ("/CPU:", "CPU"), ("/gpu:", "GPU"), ("/GPU:", "GPU")]
+        {
             if c.take(legacy) {
                 name.device_type = Some(device_type.to_owned());
                 name.id = if c.take("*") { None } else { Some(c.number()?) };

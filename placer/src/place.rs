@@ -192,15 +192,9 @@ impl<'a> State<'a> {
                     .expect("every device's type is listed") as u16
             })
             .collect();
-        let composite = set
-            .devices()
-            .iter()
-            .map(|d| d.device_type() == COMPOSITE)
-            .collect();
-        let local_address = set
-            .default_local_device()
-            .map(|d| d.parsed().address_space())
-            .unwrap_or_default();
+        let composite = set.devices().iter().map(|d| d.device_type() == COMPOSITE).collect();
+        let local_address =
+            set.default_local_device().map(|d| d.parsed().address_space()).unwrap_or_default();
         let mut state = State {
             graph,
             set,
@@ -232,11 +226,7 @@ impl<'a> State<'a> {
         let mut control_in: Vec<Vec<u32>> = vec![Vec::new(); self.graph.len()];
         for (src, dst, edge) in self.graph.edges() {
             let (s, d) = (src.0, dst.0);
-            if let Edge::Data {
-                src_output,
-                dst_input,
-            } = edge
-            {
+            if let Edge::Data { src_output, dst_input } = edge {
                 let (dst_op, src_op) = (self.ops[d as usize], self.ops[s as usize]);
                 if dst_input >= dst_op.inputs.len() || src_output >= src_op.outputs.len() {
                     let node = self.graph.node(dst);
@@ -269,9 +259,7 @@ impl<'a> State<'a> {
             edges.extend(control.into_iter().map(|s| (s, None)));
         }
         if let Err(cycle) = petgraph::algo::toposort(self.graph.petgraph(), None) {
-            return Err(Error::Cycle {
-                node: self.graph.petgraph()[cycle.node_id()].name.clone(),
-            });
+            return Err(Error::Cycle { node: self.graph.petgraph()[cycle.node_id()].name.clone() });
         }
         Ok(())
     }
@@ -336,9 +324,7 @@ impl<'a> State<'a> {
     }
 
     fn type_names(&self, v: &Types) -> Vec<String> {
-        v.iter()
-            .map(|&(t, _)| self.types[t as usize].clone())
-            .collect()
+        v.iter().map(|&(t, _)| self.types[t as usize].clone()).collect()
     }
 
     // ---- union-find ----------------------------------------------------------------------
@@ -396,11 +382,8 @@ impl<'a> State<'a> {
         {
             let mut merged = self.names(new);
             let other = self.names(old);
-            let soft = if self.options.allow_soft_placement {
-                MergeMode::Soft
-            } else {
-                MergeMode::Hard
-            };
+            let soft =
+                if self.options.allow_soft_placement { MergeMode::Soft } else { MergeMode::Hard };
             merged
                 .assigned
                 .merge(&other.assigned, MergeMode::Hard)
@@ -424,11 +407,8 @@ impl<'a> State<'a> {
             self.members[new as usize].supported.clone(),
             self.members[old as usize].supported.clone(),
         );
-        let merged_types = if Rc::ptr_eq(&nt, &ot) {
-            nt
-        } else {
-            Rc::new(self.merge_types(&nt, &ot))
-        };
+        let merged_types =
+            if Rc::ptr_eq(&nt, &ot) { nt } else { Rc::new(self.merge_types(&nt, &ot)) };
         if merged_types.is_empty() {
             let (xr_types, yr_types) = (
                 self.members[xr as usize].supported.clone(),
@@ -444,10 +424,7 @@ impl<'a> State<'a> {
         }
         self.members[new as usize].supported = merged_types;
         // Union by rank; on a tie x's root wins.
-        let (rx, ry) = (
-            self.members[xr as usize].rank,
-            self.members[yr as usize].rank,
-        );
+        let (rx, ry) = (self.members[xr as usize].rank, self.members[yr as usize].rank);
         if rx < ry {
             self.members[xr as usize].parent = yr;
         } else {
@@ -513,12 +490,7 @@ impl<'a> State<'a> {
                     .ok_or_else(|| Error::AssignedDeviceNotFound {
                         node: node.name.clone(),
                         device: assigned.clone(),
-                        available: self
-                            .set
-                            .devices()
-                            .iter()
-                            .map(|d| d.name().to_owned())
-                            .collect(),
+                        available: self.set.devices().iter().map(|d| d.name().to_owned()).collect(),
                     })?;
                 let t = self.device_type[index];
                 if !self.composite[index] && !member.supported.iter().any(|&(s, _)| s == t) {
@@ -560,10 +532,7 @@ impl<'a> State<'a> {
                             assigned: DeviceName::default(),
                         }
                     } else {
-                        Names {
-                            requested: parsed,
-                            ..Names::default()
-                        }
+                        Names { requested: parsed, ..Names::default() }
                     };
                     member.names = Some(Box::new(names));
                 }
@@ -622,16 +591,13 @@ impl<'a> State<'a> {
             d_names.requested.ensure_specification(&resource);
             self.members[dr as usize].names = Some(Box::new(d_names));
         }
-        let constraint = Constraint::ResourceEdge {
+        let constraint =
+            Constraint::ResourceEdge { src: src_name.to_owned(), dst: dst_name.to_owned() };
+        self.colocate(src, dst, &constraint).map_err(|cause| Error::RefEdgeColocation {
             src: src_name.to_owned(),
             dst: dst_name.to_owned(),
-        };
-        self.colocate(src, dst, &constraint)
-            .map_err(|cause| Error::RefEdgeColocation {
-                src: src_name.to_owned(),
-                dst: dst_name.to_owned(),
-                cause: Box::new(cause),
-            })
+            cause: Box::new(cause),
+        })
     }
 
     /// TF's `ColocateAllNodes`: each `loc:@` entry, then the node's own name.
@@ -661,9 +627,7 @@ impl<'a> State<'a> {
                     }
                     continue;
                 };
-                let constraint = Constraint::Group {
-                    group: target.to_owned(),
-                };
+                let constraint = Constraint::Group { group: target.to_owned() };
                 if let Err(e) = self.colocate(i, root_node, &constraint)
                     && !self.options.allow_soft_placement
                 {
@@ -675,27 +639,18 @@ impl<'a> State<'a> {
     }
 
     fn is_xla(t: &str) -> bool {
-        matches!(
-            t,
-            "XLA_CPU" | "XLA_GPU" | "TPU" | "XLA_CPU_JIT" | "XLA_GPU_JIT" | "XLA_TPU_JIT"
-        )
+        matches!(t, "XLA_CPU" | "XLA_GPU" | "TPU" | "XLA_CPU_JIT" | "XLA_GPU_JIT" | "XLA_TPU_JIT")
     }
 
     /// TF's `MaybeExcludeXlaDevices`.
     fn maybe_exclude_xla(&mut self, root: u32) {
         let supported = self.members[root as usize].supported.clone();
-        if !supported
-            .iter()
-            .any(|&(t, _)| Self::is_xla(&self.types[t as usize]))
-        {
+        if !supported.iter().any(|&(t, _)| Self::is_xla(&self.types[t as usize])) {
             return;
         }
         if let Some(names) = &self.members[root as usize].names {
             for n in [&names.requested, &names.assigned, &names.resource] {
-                if n.device_type
-                    .as_deref()
-                    .is_some_and(|t| Self::is_xla(t) || t == COMPOSITE)
-                {
+                if n.device_type.as_deref().is_some_and(|t| Self::is_xla(t) || t == COMPOSITE) {
                     return;
                 }
             }
@@ -764,11 +719,7 @@ impl<'a> State<'a> {
         let supported = self.members[root as usize].supported.clone();
         let has_names = self.members[root as usize].names.is_some()
             || self.members[root as usize].pinned.is_some();
-        let names = if has_names {
-            self.names(root)
-        } else {
-            Names::default()
-        };
+        let names = if has_names { self.names(root) } else { Names::default() };
         let devices: Rc<[u32]> = if names.requested.has_some_details() {
             let mut devices = self.matching(&names.requested);
             if !devices.is_empty() {
@@ -795,8 +746,7 @@ impl<'a> State<'a> {
                         });
                     }
                     let devices: Rc<[u32]> = devices.into();
-                    self.unconstrained
-                        .insert(supported.as_ref().clone(), devices.clone());
+                    self.unconstrained.insert(supported.as_ref().clone(), devices.clone());
                     devices
                 }
             }
@@ -834,13 +784,7 @@ impl<'a> State<'a> {
 
     fn no_candidates_error(&mut self, i: u32, root: u32, names: &Names) -> Error {
         let node = self.graph.node(NodeId(i));
-        let all = || {
-            self.set
-                .devices()
-                .iter()
-                .map(|d| d.name().to_owned())
-                .collect::<Vec<_>>()
-        };
+        let all = || self.set.devices().iter().map(|d| d.name().to_owned()).collect::<Vec<_>>();
         match DeviceName::parse(&node.requested_device) {
             Ok(spec) if spec == names.requested => {
                 if self.matching(&spec).is_empty() {
@@ -870,9 +814,8 @@ impl<'a> State<'a> {
                 }
             }
             _ => {
-                let in_group: Vec<u32> = (0..self.graph.len() as u32)
-                    .filter(|&j| self.find(j) == root)
-                    .collect();
+                let in_group: Vec<u32> =
+                    (0..self.graph.len() as u32).filter(|&j| self.find(j) == root).collect();
                 let group = in_group
                     .into_iter()
                     .map(|j| {
@@ -993,11 +936,8 @@ impl<'a> State<'a> {
                 && let Some(d) = placed[src as usize]
                 && devices.contains(&d)
             {
-                let reason = if identity {
-                    Reason::IdentityFollowsInput
-                } else {
-                    Reason::FollowsInput
-                };
+                let reason =
+                    if identity { Reason::IdentityFollowsInput } else { Reason::FollowsInput };
                 choice = Some((d, reason));
             }
             let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
@@ -1039,10 +979,7 @@ impl<'a> State<'a> {
         }
         let groups = (0..n as u32).map(|i| self.find(i)).collect();
         Ok(Placement {
-            devices: placed
-                .into_iter()
-                .map(|d| d.expect("every node placed") as usize)
-                .collect(),
+            devices: placed.into_iter().map(|d| d.expect("every node placed") as usize).collect(),
             groups,
             log,
         })

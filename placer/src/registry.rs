@@ -53,10 +53,7 @@ impl OpDef {
             outputs: outputs.to_vec(),
             kernels: device_types
                 .iter()
-                .map(|t| Kernel {
-                    device_type: (*t).to_owned(),
-                    priority: 0,
-                })
+                .map(|t| Kernel { device_type: (*t).to_owned(), priority: 0 })
                 .collect(),
             ..OpDef::default()
         }

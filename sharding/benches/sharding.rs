@@ -37,10 +37,7 @@ fn buffers(s: &Sharding) -> Vec<ArrayD<f32>> {
         .expect("divisible")
         .iter()
         .map(|e| {
-            ArrayD::from_elem(
-                IxDyn(&e.ranges.iter().map(|r| r.len()).collect::<Vec<_>>()),
-                0.0,
-            )
+            ArrayD::from_elem(IxDyn(&e.ranges.iter().map(|r| r.len()).collect::<Vec<_>>()), 0.0)
         })
         .collect()
 }
@@ -68,12 +65,10 @@ fn assemble(bencher: Bencher<'_, '_>, spec: &str) {
     let mut views: Vec<_> = shards.iter_mut().map(|b| b.view_mut()).collect();
     shard_into(&x.view(), &s, Mode::Strict, &mut views).expect("shards");
     let mut out = ArrayD::from_elem(IxDyn(&SHAPE), 0.0f32);
-    bencher
-        .counter(BytesCount::new(x.len() * 4))
-        .bench_local(|| {
-            let views: Vec<_> = shards.iter().map(|b| b.view()).collect();
-            assemble_into(&views, &s, Mode::Strict, &mut out.view_mut()).expect("assembles");
-        });
+    bencher.counter(BytesCount::new(x.len() * 4)).bench_local(|| {
+        let views: Vec<_> = shards.iter().map(|b| b.view()).collect();
+        assemble_into(&views, &s, Mode::Strict, &mut out.view_mut()).expect("assembles");
+    });
 }
 
 #[divan::bench]
@@ -85,13 +80,11 @@ fn reshard_ab_to_ba(bencher: Bencher<'_, '_>) {
     shard_into(&x.view(), &from, Mode::Strict, &mut views).expect("shards");
     let plan = ReshardPlan::new(&from, &to, &SHAPE, Mode::Strict).expect("plan");
     let mut dst = buffers(&to);
-    bencher
-        .counter(BytesCount::new(plan.bytes_moved(4)))
-        .bench_local(|| {
-            let src: Vec<_> = src.iter().map(|b| b.view()).collect();
-            let mut out: Vec<_> = dst.iter_mut().map(|b| b.view_mut()).collect();
-            plan.apply_into(&src, &mut out).expect("applies");
-        });
+    bencher.counter(BytesCount::new(plan.bytes_moved(4))).bench_local(|| {
+        let src: Vec<_> = src.iter().map(|b| b.view()).collect();
+        let mut out: Vec<_> = dst.iter_mut().map(|b| b.view_mut()).collect();
+        plan.apply_into(&src, &mut out).expect("applies");
+    });
 }
 
 #[divan::bench]
@@ -106,19 +99,13 @@ fn reshard_plan(bencher: Bencher<'_, '_>) {
     "{devices=[2,2,4]9,13,3,8,15,12,14,11,10,0,7,2,1,4,5,6 last_tile_dim_replicate}",
 ])]
 fn parse_and_print(text: &str) -> String {
-    divan::black_box(text)
-        .parse::<HloSharding>()
-        .expect("parses")
-        .to_string()
+    divan::black_box(text).parse::<HloSharding>().expect("parses").to_string()
 }
 
 #[divan::bench]
 fn lower_named_sharding(bencher: Bencher<'_, '_>) {
     let mesh = Mesh::iota(&[("a", 2), ("b", 2), ("c", 4)]).expect("mesh");
-    let named = NamedSharding::new(
-        mesh,
-        "P(('c','a'), None, unreduced={})".parse().expect("spec"),
-    )
-    .expect("named");
+    let named = NamedSharding::new(mesh, "P(('c','a'), None, unreduced={})".parse().expect("spec"))
+        .expect("named");
     bencher.bench(|| named.to_hlo(3).expect("lowers"));
 }

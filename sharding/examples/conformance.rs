@@ -36,20 +36,10 @@ fn main() -> ExitCode {
                 passed += 1;
             } else {
                 failed += 1;
-                println!(
-                    "FAIL {} ({}:{}): {}",
-                    rec["id"],
-                    path,
-                    n + 1,
-                    bad.join("; ")
-                );
+                println!("FAIL {} ({}:{}): {}", rec["id"], path, n + 1, bad.join("; "));
             }
         }
     }
     println!("{passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -48,19 +48,13 @@ fn buffers(sharding: &Sharding, shape: &[usize]) -> Vec<ArrayD<f32>> {
         .expect("divisible")
         .iter()
         .map(|e| {
-            ArrayD::from_elem(
-                IxDyn(&e.ranges.iter().map(|r| r.len()).collect::<Vec<_>>()),
-                0.0,
-            )
+            ArrayD::from_elem(IxDyn(&e.ranges.iter().map(|r| r.len()).collect::<Vec<_>>()), 0.0)
         })
         .collect()
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let runs = args.first().copied().unwrap_or(9).max(7);
     let mib = args.get(1).copied().unwrap_or(256);
     let elements = mib * (1 << 20) / 4;
@@ -93,22 +87,14 @@ fn main() {
             let mut views: Vec<_> = shards.iter_mut().map(|b| b.view_mut()).collect();
             shard_into(&global.view(), &s, Mode::Strict, &mut views).expect("shards");
         });
-        println!(
-            "  shard_into    {spec:<20} {:>8.1} ms  {:.2}x memcpy",
-            ms(t),
-            ratio(t, memcpy)
-        );
+        println!("  shard_into    {spec:<20} {:>8.1} ms  {:.2}x memcpy", ms(t), ratio(t, memcpy));
         let mut out = ArrayD::from_elem(IxDyn(&shape), 0.0f32);
         let t = time(runs, || {
             let views: Vec<_> = shards.iter().map(|b| b.view()).collect();
             assemble_into(&views, &s, Mode::Strict, &mut out.view_mut()).expect("assembles");
         });
         assert_eq!(out, global, "assemble(shard(x)) == x");
-        println!(
-            "  assemble_into {spec:<20} {:>8.1} ms  {:.2}x memcpy",
-            ms(t),
-            ratio(t, memcpy)
-        );
+        println!("  assemble_into {spec:<20} {:>8.1} ms  {:.2}x memcpy", ms(t), ratio(t, memcpy));
     }
 
     let from = sharding(&mesh, "P('a','b')");
@@ -128,9 +114,7 @@ fn main() {
     });
     // The anchor for a reshard: memcpy of the bytes it moves between devices.
     let moved_elems = moved / 4;
-    let anchor = time(runs, || {
-        copy[..moved_elems].copy_from_slice(&src[..moved_elems])
-    });
+    let anchor = time(runs, || copy[..moved_elems].copy_from_slice(&src[..moved_elems]));
     println!(
         "  reshard P('a','b') -> P('b','a')  {:>8.1} ms  moves {:.0} of {:.0} MiB; memcpy of those bytes {:.1} ms: {:.2}x",
         ms(t),

@@ -41,33 +41,22 @@ pub fn shard<T: Copy>(
     let shape = global.shape();
     Ok(index
         .into_iter()
-        .map(
-            |ShardIndex {
-                 device,
-                 ranges,
-                 replica_id,
-             }| {
-                let ext = extent(&ranges);
-                let mut data = Vec::with_capacity(ext.iter().product());
-                let box_ = BoxCopy {
-                    src_shape: shape,
-                    src_at: &starts(&ranges),
-                    dst_shape: &ext,
-                    dst_at: &vec![0; ext.len()],
-                    extent: &ext,
-                };
-                box_.for_each_row(|src_offset, _, len| {
-                    data.extend_from_slice(&src[src_offset..src_offset + len])
-                });
-                let data = ArrayD::from_shape_vec(IxDyn(&ext), data).expect("region-sized data");
-                Shard {
-                    device,
-                    ranges,
-                    replica_id,
-                    data,
-                }
-            },
-        )
+        .map(|ShardIndex { device, ranges, replica_id }| {
+            let ext = extent(&ranges);
+            let mut data = Vec::with_capacity(ext.iter().product());
+            let box_ = BoxCopy {
+                src_shape: shape,
+                src_at: &starts(&ranges),
+                dst_shape: &ext,
+                dst_at: &vec![0; ext.len()],
+                extent: &ext,
+            };
+            box_.for_each_row(|src_offset, _, len| {
+                data.extend_from_slice(&src[src_offset..src_offset + len])
+            });
+            let data = ArrayD::from_shape_vec(IxDyn(&ext), data).expect("region-sized data");
+            Shard { device, ranges, replica_id, data }
+        })
         .collect())
 }
 
@@ -86,9 +75,7 @@ pub fn shard_into<T: Copy + Send + Sync>(
     let src = source.as_slice().expect("standard layout is contiguous");
     let mut jobs = Vec::with_capacity(index.len());
     for (entry, buffer) in index.iter().zip(out.iter_mut()) {
-        let dst = buffer.as_slice_mut().ok_or(Error::NotContiguous {
-            device: entry.device,
-        })?;
+        let dst = buffer.as_slice_mut().ok_or(Error::NotContiguous { device: entry.device })?;
         jobs.push((size_of_val(dst), (entry, dst)));
     }
     let shape = global.shape();
@@ -144,9 +131,7 @@ pub fn assemble_into<T: Copy + Send + Sync>(
     // part of every shard that falls in it.
     let outer = shape.first().copied().unwrap_or(1).max(1);
     let row: usize = shape.iter().skip(1).product();
-    let bands = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(outer);
+    let bands = std::thread::available_parallelism().map_or(1, usize::from).min(outer);
     let per_band = outer.div_ceil(bands);
     // (A scalar is one band of one element.)
     let mut jobs = Vec::with_capacity(bands);
@@ -174,11 +159,8 @@ pub fn assemble_into<T: Copy + Send + Sync>(
                 }
             }
             let ext = extent(&region);
-            let src_at: Vec<usize> = region
-                .iter()
-                .zip(&entry.ranges)
-                .map(|(r, o)| r.start - o.start)
-                .collect();
+            let src_at: Vec<usize> =
+                region.iter().zip(&entry.ranges).map(|(r, o)| r.start - o.start).collect();
             let mut dst_at = starts(&region);
             if let Some(d0) = dst_at.first_mut() {
                 *d0 -= rows.start;
@@ -261,10 +243,7 @@ pub(crate) fn check_buffers<'a>(
     shapes: impl ExactSizeIterator<Item = &'a [usize]>,
 ) -> Result<()> {
     if shapes.len() != index.len() {
-        return Err(Error::ShardCount {
-            expected: index.len(),
-            actual: shapes.len(),
-        });
+        return Err(Error::ShardCount { expected: index.len(), actual: shapes.len() });
     }
     for (entry, actual) in index.iter().zip(shapes) {
         let expected = extent(&entry.ranges);

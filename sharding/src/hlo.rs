@@ -157,10 +157,7 @@ impl HloSharding {
     pub fn subgroup(tiles: TileAssignment, subgroup_types: &[SubgroupType]) -> Result<HloSharding> {
         let rank = tiles.dims().len();
         if subgroup_types.len() > rank {
-            return Err(Error::TooManySubgroups {
-                subgroups: subgroup_types.len(),
-                rank,
-            });
+            return Err(Error::TooManySubgroups { subgroups: subgroup_types.len(), rank });
         }
         if subgroup_types.is_empty() {
             return Ok(HloSharding::tile(tiles));
@@ -231,25 +228,16 @@ impl HloSharding {
     /// Leaf `index` of a tuple sharding.
     pub fn leaf(&self, index: usize) -> Result<&HloSharding> {
         let leaves = self.leaves();
-        leaves.get(index).ok_or(Error::NoSuchLeaf {
-            index,
-            leaves: leaves.len(),
-        })
+        leaves.get(index).ok_or(Error::NoSuchLeaf { index, leaves: leaves.len() })
     }
 }
 
 /// XLA's subgroup order after normalisation: manual, unreduced, then replicated last.
-const ORDERED_TYPES: [SubgroupType; 3] = [
-    SubgroupType::Manual,
-    SubgroupType::Unreduced,
-    SubgroupType::Replicated,
-];
+const ORDERED_TYPES: [SubgroupType; 3] =
+    [SubgroupType::Manual, SubgroupType::Unreduced, SubgroupType::Replicated];
 
 fn type_order(t: SubgroupType) -> usize {
-    ORDERED_TYPES
-        .iter()
-        .position(|&o| o == t)
-        .expect("every type is ordered")
+    ORDERED_TYPES.iter().position(|&o| o == t).expect("every type is ordered")
 }
 
 fn collapsed(t: SubgroupType) -> HloSharding {
@@ -285,11 +273,7 @@ fn create_sharding(tiles: TileAssignment, types: Vec<SubgroupType>) -> HloShardi
             other => unreachable!("merged subgroup dims are non-trivial, got {other}"),
         };
     }
-    HloSharding::Tiled(Tiled {
-        tiles,
-        replicate_on_last_tile_dim: false,
-        subgroup_types: types,
-    })
+    HloSharding::Tiled(Tiled { tiles, replicate_on_last_tile_dim: false, subgroup_types: types })
 }
 
 impl fmt::Display for HloSharding {

@@ -18,19 +18,14 @@ pub fn split_to_logical_devices(
     num_logical_devices: usize,
 ) -> Result<HloSharding> {
     if partition_dims.len() != shape.len() {
-        return Err(Error::SplitRank {
-            partition_dims: partition_dims.len(),
-            rank: shape.len(),
-        });
+        return Err(Error::SplitRank { partition_dims: partition_dims.len(), rank: shape.len() });
     }
     for (dim, (&size, &split)) in shape.iter().zip(partition_dims).enumerate() {
         if split == 0 || !size.is_multiple_of(split) {
             return Err(Error::SplitIndivisible { dim, size, split });
         }
     }
-    let splits = partition_dims
-        .iter()
-        .try_fold(1usize, |acc, &s| acc.checked_mul(s));
+    let splits = partition_dims.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
     if splits != Some(num_logical_devices) {
         return Err(Error::SplitCount {
             logical_devices: num_logical_devices,
@@ -41,9 +36,7 @@ pub fn split_to_logical_devices(
         // A scalar cannot be split; on one logical device it is simply replicated.
         return Ok(HloSharding::Replicated);
     }
-    Ok(HloSharding::tile(TileAssignment::identity(
-        partition_dims.to_vec(),
-    )?))
+    Ok(HloSharding::tile(TileAssignment::identity(partition_dims.to_vec())?))
 }
 
 /// `experimental_replicate_to_logical_devices`: every logical device holds the tensor.
@@ -55,10 +48,7 @@ pub fn replicate_to_logical_devices() -> HloSharding {
 /// (`{maximal device=id}`); `id` must be below `num_logical_devices`.
 pub fn assign_to_logical_device(id: usize, num_logical_devices: usize) -> Result<HloSharding> {
     if id >= num_logical_devices {
-        return Err(Error::LogicalDeviceOutOfRange {
-            id,
-            logical_devices: num_logical_devices,
-        });
+        return Err(Error::LogicalDeviceOutOfRange { id, logical_devices: num_logical_devices });
     }
     Ok(HloSharding::Maximal { device: id })
 }
@@ -87,24 +77,16 @@ mod tests {
             "Number of logical devices (4) does not match the number of partition splits specified (3)."
         );
         assert_eq!(
-            split_to_logical_devices(&[8, 6], &[2, 2], 4)
-                .unwrap()
-                .to_string(),
+            split_to_logical_devices(&[8, 6], &[2, 2], 4).unwrap().to_string(),
             "{devices=[2,2]<=[4]}"
         );
-        assert_eq!(
-            split_to_logical_devices(&[], &[], 1).unwrap(),
-            HloSharding::Replicated
-        );
+        assert_eq!(split_to_logical_devices(&[], &[], 1).unwrap(), HloSharding::Replicated);
     }
 
     #[test]
     fn replicate_and_assign() {
         assert_eq!(replicate_to_logical_devices().to_string(), "{replicated}");
-        assert_eq!(
-            assign_to_logical_device(3, 4).unwrap().to_string(),
-            "{maximal device=3}"
-        );
+        assert_eq!(assign_to_logical_device(3, 4).unwrap().to_string(), "{maximal device=3}");
         assert_eq!(
             assign_to_logical_device(4, 4).unwrap_err().to_string(),
             "`logical_core_id` to assign must be lower then total number of logical devices per replica. \

@@ -66,10 +66,7 @@ impl Mesh {
         devices: Vec<DeviceId>,
     ) -> Result<Mesh> {
         if axis_names.len() != axis_sizes.len() || axis_types.len() != axis_sizes.len() {
-            return Err(Error::MeshAxisCount {
-                names: axis_names.len(),
-                sizes: axis_sizes.len(),
-            });
+            return Err(Error::MeshAxisCount { names: axis_names.len(), sizes: axis_sizes.len() });
         }
         for (i, name) in axis_names.iter().enumerate() {
             if axis_names[..i].contains(name) {
@@ -79,9 +76,7 @@ impl Mesh {
                 return Err(Error::EmptyMeshAxis { name: name.clone() });
             }
         }
-        let expected = axis_sizes
-            .iter()
-            .try_fold(1usize, |acc, &s| acc.checked_mul(s));
+        let expected = axis_sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
         if expected != Some(devices.len()) {
             return Err(Error::MeshDeviceCount {
                 shape: axis_sizes,
@@ -90,12 +85,7 @@ impl Mesh {
             });
         }
         check_unique(&devices)?;
-        Ok(Mesh {
-            axis_names,
-            axis_sizes,
-            axis_types,
-            devices,
-        })
+        Ok(Mesh { axis_names, axis_sizes, axis_types, devices })
     }
 
     /// Axis names, major first.
@@ -154,9 +144,7 @@ fn device_count(shape: &[usize]) -> Result<usize> {
     let n = shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s));
     match n {
         Some(n) if n <= crate::MAX_TILES => Ok(n),
-        _ => Err(Error::MeshTooLarge {
-            shape: shape.to_vec(),
-        }),
+        _ => Err(Error::MeshTooLarge { shape: shape.to_vec() }),
     }
 }
 

@@ -21,9 +21,7 @@ impl NamedSharding {
         let used: Vec<&String> = spec.dims().iter().flat_map(DimSpec::axes).collect();
         for (i, axis) in used.iter().enumerate() {
             if used[..i].contains(axis) {
-                return Err(Error::DuplicateSpecAxis {
-                    axis: (*axis).clone(),
-                });
+                return Err(Error::DuplicateSpecAxis { axis: (*axis).clone() });
             }
         }
         let unknown = |axis: &String| Error::UnknownSpecAxis {
@@ -37,10 +35,7 @@ impl NamedSharding {
             let index = mesh.axis_index(axis).ok_or_else(|| unknown(axis))?;
             let axis_type = mesh.axis_types()[index];
             if axis_type != AxisType::Explicit {
-                return Err(Error::UnreducedAxisType {
-                    axis: axis.clone(),
-                    axis_type,
-                });
+                return Err(Error::UnreducedAxisType { axis: axis.clone(), axis_type });
             }
         }
         Ok(NamedSharding { mesh, spec })
@@ -67,9 +62,7 @@ impl NamedSharding {
     /// over a non-trivial axis.
     pub fn to_hlo(&self, rank: usize) -> Result<HloSharding> {
         let mesh = &self.mesh;
-        let keep: Vec<usize> = (0..mesh.shape().len())
-            .filter(|&i| mesh.shape()[i] != 1)
-            .collect();
+        let keep: Vec<usize> = (0..mesh.shape().len()).filter(|&i| mesh.shape()[i] != 1).collect();
         let position = |axis: usize| keep.iter().position(|&k| k == axis).expect("kept axis");
         // (mesh axis, tensor dim), dim-major, tuple order kept.
         let mut mapping = Vec::new();
@@ -94,11 +87,8 @@ impl NamedSharding {
                 None
             }
         };
-        let unused: Vec<usize> = keep
-            .iter()
-            .copied()
-            .filter(|a| !mapping.iter().any(|(m, _)| m == a))
-            .collect();
+        let unused: Vec<usize> =
+            keep.iter().copied().filter(|a| !mapping.iter().any(|(m, _)| m == a)).collect();
         if unused.len() == keep.len() && !unused.iter().any(|&a| special(a).is_some()) {
             return Ok(HloSharding::Replicated);
         }
@@ -109,11 +99,7 @@ impl NamedSharding {
             perm.push(position(axis));
         }
         let mut types = Vec::new();
-        for t in [
-            SubgroupType::Replicated,
-            SubgroupType::Manual,
-            SubgroupType::Unreduced,
-        ] {
+        for t in [SubgroupType::Replicated, SubgroupType::Manual, SubgroupType::Unreduced] {
             let axes: Vec<usize> = unused
                 .iter()
                 .copied()

@@ -11,9 +11,7 @@ const PARALLEL_MIN_BYTES: usize = 4 << 20;
 /// weight (bytes) is large. Jobs are assigned largest first to the least-loaded thread.
 pub(crate) fn run_jobs<J: Send>(jobs: Vec<(usize, J)>, f: &(dyn Fn(J) + Sync)) {
     let total: usize = jobs.iter().map(|(w, _)| w).sum();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(jobs.len());
+    let threads = std::thread::available_parallelism().map_or(1, usize::from).min(jobs.len());
     if threads <= 1 || total < PARALLEL_MIN_BYTES {
         jobs.into_iter().for_each(|(_, job)| f(job));
         return;
@@ -22,10 +20,7 @@ pub(crate) fn run_jobs<J: Send>(jobs: Vec<(usize, J)>, f: &(dyn Fn(J) + Sync)) {
     jobs.sort_by_key(|(w, _)| std::cmp::Reverse(*w));
     let mut groups: Vec<(usize, Vec<J>)> = (0..threads).map(|_| (0, Vec::new())).collect();
     for (weight, job) in jobs {
-        let least = groups
-            .iter_mut()
-            .min_by_key(|(load, _)| *load)
-            .expect("threads >= 1");
+        let least = groups.iter_mut().min_by_key(|(load, _)| *load).expect("threads >= 1");
         least.0 += weight;
         least.1.push(job);
     }

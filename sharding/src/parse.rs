@@ -30,11 +30,7 @@ pub(crate) struct Cursor<'a> {
 
 impl Cursor<'_> {
     pub(crate) fn error(&self, expected: &'static str) -> Error {
-        Error::Parse {
-            input: self.input.to_owned(),
-            position: self.pos,
-            expected,
-        }
+        Error::Parse { input: self.input.to_owned(), position: self.pos, expected }
     }
 
     fn rest(&self) -> &str {
@@ -69,11 +65,7 @@ impl Cursor<'_> {
     }
 
     pub(crate) fn expect(&mut self, token: &'static str) -> Result<()> {
-        if self.eat(token) {
-            Ok(())
-        } else {
-            Err(self.error(token))
-        }
+        if self.eat(token) { Ok(()) } else { Err(self.error(token)) }
     }
 
     fn peek(&mut self, token: &str) -> bool {
@@ -106,9 +98,7 @@ impl Cursor<'_> {
 
     /// Whether a `,` at the cursor is followed by an integer (not the next tuple leaf).
     fn comma_then_int(&self) -> bool {
-        self.rest()[1..]
-            .trim_start()
-            .starts_with(|c: char| c.is_ascii_digit())
+        self.rest()[1..].trim_start().starts_with(|c: char| c.is_ascii_digit())
     }
 
     /// `[i0,i1,...]`.
@@ -132,9 +122,7 @@ impl Cursor<'_> {
             HloSharding::Unreduced
         } else if self.eat("maximal") {
             self.expect("device=")?;
-            HloSharding::Maximal {
-                device: self.int()?,
-            }
+            HloSharding::Maximal { device: self.int()? }
         } else if self.eat("devices=") {
             self.tiled()?
         } else {
@@ -205,11 +193,7 @@ impl Cursor<'_> {
     }
 
     fn subgroup_type(&mut self) -> Result<SubgroupType> {
-        for t in [
-            SubgroupType::Manual,
-            SubgroupType::Unreduced,
-            SubgroupType::Replicated,
-        ] {
+        for t in [SubgroupType::Manual, SubgroupType::Unreduced, SubgroupType::Replicated] {
             if self.eat(t.name()) {
                 return Ok(t);
             }
@@ -228,10 +212,6 @@ impl Cursor<'_> {
             Error::TooManySubgroups { .. } => "no more subgroup types than tile dims",
             other => return other,
         };
-        Error::Parse {
-            input: self.input.to_owned(),
-            position: start,
-            expected,
-        }
+        Error::Parse { input: self.input.to_owned(), position: start, expected }
     }
 }

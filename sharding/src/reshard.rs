@@ -61,10 +61,7 @@ impl ReshardPlan {
         // Distinct source regions with their holders, in order of first appearance.
         let mut regions: Vec<(&[Range<usize>], Vec<usize>)> = Vec::new();
         for (i, entry) in from_index.iter().enumerate() {
-            match regions
-                .iter_mut()
-                .find(|(r, _)| *r == entry.ranges.as_slice())
-            {
+            match regions.iter_mut().find(|(r, _)| *r == entry.ranges.as_slice()) {
                 Some((_, holders)) => holders.push(i),
                 None => regions.push((&entry.ranges, vec![i])),
             }
@@ -76,15 +73,10 @@ impl ReshardPlan {
                 let Some(overlap) = intersect(region, &target.ranges) else {
                     continue;
                 };
-                let local = holders
-                    .iter()
-                    .copied()
-                    .find(|&h| from_index[h].device == target.device);
+                let local =
+                    holders.iter().copied().find(|&h| from_index[h].device == target.device);
                 let src = local.unwrap_or_else(|| {
-                    *holders
-                        .iter()
-                        .min_by_key(|&&h| sent[h])
-                        .expect("a region has a holder")
+                    *holders.iter().min_by_key(|&&h| sent[h]).expect("a region has a holder")
                 });
                 let transfer = Transfer {
                     src,
@@ -99,11 +91,7 @@ impl ReshardPlan {
                 transfers.push(transfer);
             }
         }
-        Ok(ReshardPlan {
-            from: from_index,
-            to: to_index,
-            transfers,
-        })
+        Ok(ReshardPlan { from: from_index, to: to_index, transfers })
     }
 
     /// The copies, grouped by destination shard.
@@ -123,11 +111,7 @@ impl ReshardPlan {
 
     /// Elements that cross from one device to another.
     pub fn elements_moved(&self) -> usize {
-        self.transfers
-            .iter()
-            .filter(|t| !t.is_local())
-            .map(Transfer::elements)
-            .sum()
+        self.transfers.iter().filter(|t| !t.is_local()).map(Transfer::elements).sum()
     }
 
     /// Bytes that cross devices, for elements of `element_size` bytes.
@@ -138,10 +122,7 @@ impl ReshardPlan {
     /// Elements in all destination shards together (what a plan that moved everything
     /// would move).
     pub fn total_elements(&self) -> usize {
-        self.to
-            .iter()
-            .map(|e| e.ranges.iter().map(Range::len).product::<usize>())
-            .sum()
+        self.to.iter().map(|e| e.ranges.iter().map(Range::len).product::<usize>()).sum()
     }
 
     /// Builds the destination shards from `src` (the source shards, index-map order).
@@ -174,9 +155,7 @@ impl ReshardPlan {
         let mut transfers = self.transfers.as_slice();
         for (d, buffer) in dst.iter_mut().enumerate() {
             let device = self.to[d].device;
-            let data = buffer
-                .as_slice_mut()
-                .ok_or(Error::NotContiguous { device })?;
+            let data = buffer.as_slice_mut().ok_or(Error::NotContiguous { device })?;
             let count = transfers.iter().take_while(|t| t.dst == d).count();
             let (mine, rest) = transfers.split_at(count);
             transfers = rest;
@@ -187,21 +166,11 @@ impl ReshardPlan {
             let dst_shape = extent(&target.ranges);
             for t in mine {
                 let source = &self.from[t.src];
-                let src_data = sources[t.src]
-                    .as_slice()
-                    .expect("standard layout is contiguous");
-                let src_at: Vec<usize> = t
-                    .region
-                    .iter()
-                    .zip(&source.ranges)
-                    .map(|(r, o)| r.start - o.start)
-                    .collect();
-                let dst_at: Vec<usize> = t
-                    .region
-                    .iter()
-                    .zip(&target.ranges)
-                    .map(|(r, o)| r.start - o.start)
-                    .collect();
+                let src_data = sources[t.src].as_slice().expect("standard layout is contiguous");
+                let src_at: Vec<usize> =
+                    t.region.iter().zip(&source.ranges).map(|(r, o)| r.start - o.start).collect();
+                let dst_at: Vec<usize> =
+                    t.region.iter().zip(&target.ranges).map(|(r, o)| r.start - o.start).collect();
                 let ext = extent(&t.region);
                 BoxCopy {
                     src_shape: &extent(&source.ranges),
@@ -220,14 +189,7 @@ impl ReshardPlan {
 /// The overlap of two boxes, or `None` if it holds no element. (A rank-0 box is the
 /// one scalar element, so two of them overlap.)
 fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Option<Vec<Range<usize>>> {
-    let overlap: Vec<Range<usize>> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.start.max(y.start)..x.end.min(y.end))
-        .collect();
-    if overlap.iter().all(|r| r.start < r.end) {
-        Some(overlap)
-    } else {
-        None
-    }
+    let overlap: Vec<Range<usize>> =
+        a.iter().zip(b).map(|(x, y)| x.start.max(y.start)..x.end.min(y.end)).collect();
+    if overlap.iter().all(|r| r.start < r.end) { Some(overlap) } else { None }
 }

@@ -60,10 +60,7 @@ impl<'de> Deserialize<'de> for AxisType {
             "Auto" => Ok(AxisType::Auto),
             "Explicit" => Ok(AxisType::Explicit),
             "Manual" => Ok(AxisType::Manual),
-            other => Err(de::Error::unknown_variant(
-                other,
-                &["Auto", "Explicit", "Manual"],
-            )),
+            other => Err(de::Error::unknown_variant(other, &["Auto", "Explicit", "Manual"])),
         }
     }
 }
@@ -93,9 +90,7 @@ impl<'de> Deserialize<'de> for Mesh {
     /// `axis_types` may be left out (every axis Auto).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let repr = MeshRepr::deserialize(deserializer)?;
-        let types = repr
-            .axis_types
-            .unwrap_or_else(|| vec![AxisType::Auto; repr.shape.len()]);
+        let types = repr.axis_types.unwrap_or_else(|| vec![AxisType::Auto; repr.shape.len()]);
         Mesh::with_types(repr.axis_names, repr.shape, types, repr.device_ids)
             .map_err(de::Error::custom)
     }
@@ -109,11 +104,7 @@ struct NamedRepr {
 
 impl Serialize for NamedSharding {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        NamedRepr {
-            mesh: self.mesh().clone(),
-            spec: self.spec().clone(),
-        }
-        .serialize(serializer)
+        NamedRepr { mesh: self.mesh().clone(), spec: self.spec().clone() }.serialize(serializer)
     }
 }
 

@@ -66,10 +66,7 @@ impl Sharding {
                 _ => {}
             }
         }
-        Ok(Sharding {
-            hlo,
-            device_assignment,
-        })
+        Ok(Sharding { hlo, device_assignment })
     }
 
     /// The XLA sharding.
@@ -92,9 +89,7 @@ impl Sharding {
                 Ok(shape.to_vec())
             }
             HloSharding::Manual => Err(Error::Manual),
-            HloSharding::Tuple(leaves) => Err(Error::Tuple {
-                leaves: leaves.len(),
-            }),
+            HloSharding::Tuple(leaves) => Err(Error::Tuple { leaves: leaves.len() }),
             HloSharding::Tiled(tiled) => {
                 if tiled.subgroup_types().contains(&SubgroupType::Manual) {
                     return Err(Error::Manual);
@@ -105,11 +100,9 @@ impl Sharding {
                     .zip(shards)
                     .enumerate()
                     .map(|(dim, (&size, &k))| match mode {
-                        Mode::Strict if size % k != 0 => Err(Error::Indivisible {
-                            dim,
-                            size,
-                            shards: k,
-                        }),
+                        Mode::Strict if size % k != 0 => {
+                            Err(Error::Indivisible { dim, size, shards: k })
+                        }
                         _ => Ok(size.div_ceil(k)),
                     })
                     .collect()
@@ -147,15 +140,11 @@ impl Sharding {
             HloSharding::Unreduced => return Err(Error::Unreduced),
             HloSharding::Manual => return Err(Error::Manual),
             HloSharding::Tuple(leaves) => {
-                return Err(Error::Tuple {
-                    leaves: leaves.len(),
-                });
+                return Err(Error::Tuple { leaves: leaves.len() });
             }
-            HloSharding::Replicated => self
-                .device_assignment
-                .iter()
-                .map(|&d| (d, full()))
-                .collect(),
+            HloSharding::Replicated => {
+                self.device_assignment.iter().map(|&d| (d, full())).collect()
+            }
             HloSharding::Maximal { device } => vec![(self.device_assignment[*device], full())],
             HloSharding::Tiled(tiled) => {
                 checked_data_dims(tiled, shape)?;
@@ -168,11 +157,7 @@ impl Sharding {
             let count = holders.entry(ranges.clone()).or_default();
             let replica_id = *count;
             *count += 1;
-            out.push(ShardIndex {
-                device,
-                ranges,
-                replica_id,
-            });
+            out.push(ShardIndex { device, ranges, replica_id });
         }
         Ok(out)
     }
@@ -180,11 +165,7 @@ impl Sharding {
     /// (device, region) in device-assignment order.
     fn tiled_regions(&self, tiled: &Tiled, shape: &[usize]) -> Vec<(DeviceId, Vec<Range<usize>>)> {
         let data = tiled.data_dims();
-        let chunk: Vec<usize> = shape
-            .iter()
-            .zip(data)
-            .map(|(&d, &k)| d.div_ceil(k))
-            .collect();
+        let chunk: Vec<usize> = shape.iter().zip(data).map(|(&d, &k)| d.div_ceil(k)).collect();
         let mut by_logical: Vec<Vec<Range<usize>>> = vec![Vec::new(); self.device_assignment.len()];
         let devices = tiled.tiles().devices();
         let mut flat = 0;
@@ -198,11 +179,7 @@ impl Sharding {
                 .collect();
             flat += 1;
         });
-        self.device_assignment
-            .iter()
-            .copied()
-            .zip(by_logical)
-            .collect()
+        self.device_assignment.iter().copied().zip(by_logical).collect()
     }
 }
 
@@ -216,10 +193,7 @@ fn check_shape(shape: &[usize]) -> Result<()> {
 fn checked_data_dims<'a>(tiled: &'a Tiled, shape: &[usize]) -> Result<&'a [usize]> {
     let data = tiled.data_dims();
     if data.len() != shape.len() {
-        return Err(Error::RankMismatch {
-            sharding_rank: data.len(),
-            shape_rank: shape.len(),
-        });
+        return Err(Error::RankMismatch { sharding_rank: data.len(), shape_rank: shape.len() });
     }
     Ok(data)
 }

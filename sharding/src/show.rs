@@ -31,10 +31,7 @@ pub fn visualize(sharding: &Sharding, shape: &[usize], mode: Mode) -> Result<Str
         [n] => (None, [1, *n]),
         [r, c] => (Some(()), [*r, *c]),
         _ => {
-            return Err(Error::RankMismatch {
-                sharding_rank: 2,
-                shape_rank: shape.len(),
-            });
+            return Err(Error::RankMismatch { sharding_rank: 2, shape_rank: shape.len() });
         }
     };
     let map = sharding.index_map(shape, mode)?;
@@ -53,10 +50,7 @@ pub fn visualize(sharding: &Sharding, shape: &[usize], mode: Mode) -> Result<Str
         }
         cuts.sort_unstable();
         cuts.dedup();
-        cuts.windows(2)
-            .map(|w| w[0]..w[1])
-            .filter(|r| !r.is_empty())
-            .collect::<Vec<_>>()
+        cuts.windows(2).map(|w| w[0]..w[1]).filter(|r| !r.is_empty()).collect::<Vec<_>>()
     };
     let (row_bands, col_bands) = (bounds(0), bounds(1));
     // Cell text: the block and its holders.
@@ -92,14 +86,7 @@ pub fn visualize(sharding: &Sharding, shape: &[usize], mode: Mode) -> Result<Str
                 .collect()
         })
         .collect();
-    let width = cells
-        .iter()
-        .flatten()
-        .flatten()
-        .map(|s| s.chars().count())
-        .max()
-        .unwrap_or(0)
-        + 2;
+    let width = cells.iter().flatten().flatten().map(|s| s.chars().count()).max().unwrap_or(0) + 2;
     let line = |left: &str, mid: &str, right: &str| {
         let seg = "─".repeat(width + 1);
         format!("{left}{}{right}\n", vec![seg; col_bands.len()].join(mid))

@@ -51,11 +51,7 @@ impl PartitionSpec {
                 other => other,
             })
             .collect();
-        PartitionSpec {
-            dims,
-            unreduced: Vec::new(),
-            reduced: Vec::new(),
-        }
+        PartitionSpec { dims, unreduced: Vec::new(), reduced: Vec::new() }
     }
 
     /// The fully replicated spec `P()`.
@@ -201,11 +197,7 @@ impl Cursor<'_> {
                     break;
                 }
             }
-            return Ok(if axes.is_empty() {
-                DimSpec::Replicated
-            } else {
-                DimSpec::Axes(axes)
-            });
+            return Ok(if axes.is_empty() { DimSpec::Replicated } else { DimSpec::Axes(axes) });
         }
         Ok(DimSpec::Axes(vec![self.name()?]))
     }

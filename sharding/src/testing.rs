@@ -14,15 +14,10 @@ const AXIS_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 /// random permutation of device ids `0..n`.
 pub fn mesh() -> impl Strategy<Value = Mesh> {
     proptest::collection::vec(1..=4usize, 1..=3)
-        .prop_filter("at most 16 devices", |sizes| {
-            sizes.iter().product::<usize>() <= 16
-        })
+        .prop_filter("at most 16 devices", |sizes| sizes.iter().product::<usize>() <= 16)
         .prop_flat_map(|sizes| {
             let n = sizes.iter().product::<usize>() as u32;
-            (
-                Just(sizes),
-                Just((0..n).map(DeviceId).collect::<Vec<_>>()).prop_shuffle(),
-            )
+            (Just(sizes), Just((0..n).map(DeviceId).collect::<Vec<_>>()).prop_shuffle())
         })
         .prop_map(|(sizes, devices)| {
             let axes: Vec<(&str, usize)> = AXIS_NAMES.iter().copied().zip(sizes).collect();
@@ -77,10 +72,7 @@ pub fn hlo_sharding() -> impl Strategy<Value = HloSharding> {
                 factorization(n)
                     .prop_flat_map(move |reshape| {
                         let len = reshape.len();
-                        (
-                            Just(reshape),
-                            Just((0..len).collect::<Vec<_>>()).prop_shuffle(),
-                        )
+                        (Just(reshape), Just((0..len).collect::<Vec<_>>()).prop_shuffle())
                     })
                     .prop_map({
                         let dims = dims.clone();
@@ -128,10 +120,7 @@ fn factorization(n: usize) -> impl Strategy<Value = Vec<usize>> {
 /// A shape of `rank` whose dims are multiples of `tiles` (so strict mode accepts it),
 /// each at most `tiles[i] * 3`, possibly 0.
 pub fn divisible_shape(tiles: Vec<usize>) -> impl Strategy<Value = Vec<usize>> {
-    tiles
-        .into_iter()
-        .map(|k| (0..=3usize).prop_map(move |m| m * k))
-        .collect::<Vec<_>>()
+    tiles.into_iter().map(|k| (0..=3usize).prop_map(move |m| m * k)).collect::<Vec<_>>()
 }
 
 /// Any shape of `rank` with dims 0–9 (0–3 above rank 3, to keep arrays small).

@@ -18,26 +18,22 @@ fn iota_array(shape: &[usize]) -> ArrayD<i32> {
 
 /// Named sharding of rank 0–6 plus a shape its strict mode accepts.
 fn strict_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
-    (0..=6usize)
-        .prop_flat_map(named_sharding)
-        .prop_flat_map(|named| {
-            let rank = named.spec().dims().len();
-            let tiles = match named.to_hlo(rank).unwrap() {
-                HloSharding::Tiled(t) => t.data_dims().to_vec(),
-                _ => vec![1; rank],
-            };
-            (Just(named), divisible_shape(tiles))
-        })
+    (0..=6usize).prop_flat_map(named_sharding).prop_flat_map(|named| {
+        let rank = named.spec().dims().len();
+        let tiles = match named.to_hlo(rank).unwrap() {
+            HloSharding::Tiled(t) => t.data_dims().to_vec(),
+            _ => vec![1; rank],
+        };
+        (Just(named), divisible_shape(tiles))
+    })
 }
 
 /// Named sharding of rank 0–6 plus any shape of that rank.
 fn uneven_case() -> impl Strategy<Value = (NamedSharding, Vec<usize>)> {
-    (0..=6usize)
-        .prop_flat_map(named_sharding)
-        .prop_flat_map(|named| {
-            let rank = named.spec().dims().len();
-            (Just(named), any_shape(rank))
-        })
+    (0..=6usize).prop_flat_map(named_sharding).prop_flat_map(|named| {
+        let rank = named.spec().dims().len();
+        (Just(named), any_shape(rank))
+    })
 }
 
 fn roundtrip_as<T>(global: &ArrayD<T>, sharding: &Sharding) -> Result<(), TestCaseError>
@@ -46,21 +42,15 @@ where
 {
     let shards = shard(&global.view(), sharding, Mode::Uneven)?;
     let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
-    prop_assert_eq!(
-        &assemble(&views, sharding, global.shape(), Mode::Uneven)?,
-        global
-    );
+    prop_assert_eq!(&assemble(&views, sharding, global.shape(), Mode::Uneven)?, global);
     Ok(())
 }
 
 fn holders(sharding: &Sharding, shape: &[usize], mode: Mode) -> ArrayD<usize> {
     let mut count = ArrayD::<usize>::zeros(IxDyn(shape));
     for entry in sharding.index_map(shape, mode).unwrap() {
-        let slices: Vec<ndarray::SliceInfoElem> = entry
-            .ranges
-            .iter()
-            .map(|r| (r.start..r.end).into())
-            .collect();
+        let slices: Vec<ndarray::SliceInfoElem> =
+            entry.ranges.iter().map(|r| (r.start..r.end).into()).collect();
         count.slice_mut(slices.as_slice()).mapv_inplace(|c| c + 1);
     }
     count
@@ -201,11 +191,7 @@ fn reshard_case() -> impl Strategy<Value = (Sharding, Sharding, Vec<usize>)> {
         })
         .prop_map(|(a, b, shape)| {
             let rank = shape.len();
-            (
-                a.to_sharding(rank).unwrap(),
-                b.to_sharding(rank).unwrap(),
-                shape,
-            )
+            (a.to_sharding(rank).unwrap(), b.to_sharding(rank).unwrap(), shape)
         })
 }
 
@@ -250,10 +236,8 @@ fn resharding_to_the_same_sharding_moves_nothing() {
         .unwrap()
         .to_sharding(2)
         .unwrap();
-    let ba = NamedSharding::new(mesh, "P('b','a')".parse().unwrap())
-        .unwrap()
-        .to_sharding(2)
-        .unwrap();
+    let ba =
+        NamedSharding::new(mesh, "P('b','a')".parse().unwrap()).unwrap().to_sharding(2).unwrap();
     let same = crate::ReshardPlan::new(&ab, &ab, &[8, 8], Mode::Strict).unwrap();
     assert_eq!(same.elements_moved(), 0);
     assert!(same.transfers().iter().all(|t| t.is_local()));
@@ -272,52 +256,32 @@ fn large_arrays_roundtrip_through_the_parallel_paths() {
     let global = iota_array(&shape);
     let mesh = crate::Mesh::new(
         &[("a", 2), ("b", 4)],
-        [3, 1, 0, 2, 7, 5, 6, 4]
-            .map(meshwork_types::DeviceId)
-            .to_vec(),
+        [3, 1, 0, 2, 7, 5, 6, 4].map(meshwork_types::DeviceId).to_vec(),
     )
     .unwrap();
-    let specs = [
-        "P('a','b')",
-        "P('b','a')",
-        "P(('a','b'), None)",
-        "P(None, 'b')",
-        "P()",
-    ];
+    let specs = ["P('a','b')", "P('b','a')", "P(('a','b'), None)", "P(None, 'b')", "P()"];
     let shardings: Vec<Sharding> = specs
         .iter()
         .map(|s| {
-            NamedSharding::new(mesh.clone(), s.parse().unwrap())
-                .unwrap()
-                .to_sharding(2)
-                .unwrap()
+            NamedSharding::new(mesh.clone(), s.parse().unwrap()).unwrap().to_sharding(2).unwrap()
         })
         .collect();
     for (from, spec) in shardings.iter().zip(specs) {
         let shards = shard(&global.view(), from, Mode::Uneven).unwrap();
-        let mut buffers: Vec<ArrayD<i32>> = shards
-            .iter()
-            .map(|s| ArrayD::from_elem(s.data.raw_dim(), -1))
-            .collect();
+        let mut buffers: Vec<ArrayD<i32>> =
+            shards.iter().map(|s| ArrayD::from_elem(s.data.raw_dim(), -1)).collect();
         let mut views: Vec<_> = buffers.iter_mut().map(|b| b.view_mut()).collect();
         shard_into(&global.view(), from, Mode::Uneven, &mut views).unwrap();
         for (s, b) in shards.iter().zip(&buffers) {
             assert_eq!(&s.data, b, "{spec}");
         }
         let views: Vec<_> = buffers.iter().map(|b| b.view()).collect();
-        assert_eq!(
-            assemble(&views, from, &shape, Mode::Uneven).unwrap(),
-            global,
-            "{spec}"
-        );
+        assert_eq!(assemble(&views, from, &shape, Mode::Uneven).unwrap(), global, "{spec}");
         for to in &shardings {
             let plan = crate::ReshardPlan::new(from, to, &shape, Mode::Uneven).unwrap();
             let moved = plan.apply(&views).unwrap();
             let expected = shard(&global.view(), to, Mode::Uneven).unwrap();
-            assert!(
-                moved.iter().zip(&expected).all(|(m, e)| *m == e.data),
-                "{spec}"
-            );
+            assert!(moved.iter().zip(&expected).all(|(m, e)| *m == e.data), "{spec}");
         }
     }
 }
@@ -329,10 +293,8 @@ fn visualize_draws_1d_and_refuses_rank_3() {
         vec![meshwork_types::DeviceId(5), meshwork_types::DeviceId(2)],
     )
     .unwrap();
-    let sharding = NamedSharding::new(mesh, "P('a')".parse().unwrap())
-        .unwrap()
-        .to_sharding(1)
-        .unwrap();
+    let sharding =
+        NamedSharding::new(mesh, "P('a')".parse().unwrap()).unwrap().to_sharding(1).unwrap();
     let picture = crate::visualize(&sharding, &[5], Mode::Uneven).unwrap();
     assert_eq!(
         picture,
@@ -340,10 +302,7 @@ fn visualize_draws_1d_and_refuses_rank_3() {
     );
     assert_eq!(
         crate::visualize(&sharding, &[2, 2, 2], Mode::Uneven),
-        Err(crate::Error::RankMismatch {
-            sharding_rank: 2,
-            shape_rank: 3
-        })
+        Err(crate::Error::RankMismatch { sharding_rank: 2, shape_rank: 3 })
     );
 }
 
@@ -358,43 +317,25 @@ fn bad_meshes_and_specs_are_typed_errors() {
     );
     assert_eq!(
         Mesh::new(&[("a", 2)], d(&[1, 1])),
-        Err(Error::DuplicateDevice {
-            device: DeviceId(1)
-        })
+        Err(Error::DuplicateDevice { device: DeviceId(1) })
     );
     assert_eq!(
         Mesh::new(&[("a", 2), ("b", 2)], d(&[0, 1, 2])),
-        Err(Error::MeshDeviceCount {
-            shape: vec![2, 2],
-            expected: 4,
-            actual: 3
-        })
+        Err(Error::MeshDeviceCount { shape: vec![2, 2], expected: 4, actual: 3 })
     );
-    assert_eq!(
-        Mesh::new(&[("a", 0)], d(&[])),
-        Err(Error::EmptyMeshAxis { name: "a".into() })
-    );
+    assert_eq!(Mesh::new(&[("a", 0)], d(&[])), Err(Error::EmptyMeshAxis { name: "a".into() }));
 
     let mesh = Mesh::iota(&[("a", 2), ("b", 2)]).unwrap();
     let named =
         |spec: &str| NamedSharding::new(mesh.clone(), spec.parse::<PartitionSpec>().unwrap());
-    assert_eq!(
-        named("P('a', ('b','a'))"),
-        Err(Error::DuplicateSpecAxis { axis: "a".into() })
-    );
+    assert_eq!(named("P('a', ('b','a'))"), Err(Error::DuplicateSpecAxis { axis: "a".into() }));
     assert_eq!(
         named("P('x')"),
-        Err(Error::UnknownSpecAxis {
-            axis: "x".into(),
-            mesh_axes: vec!["a".into(), "b".into()]
-        })
+        Err(Error::UnknownSpecAxis { axis: "x".into(), mesh_axes: vec!["a".into(), "b".into()] })
     );
     assert_eq!(
         named("P('a', unreduced={'b'})"),
-        Err(Error::UnreducedAxisType {
-            axis: "b".into(),
-            axis_type: crate::AxisType::Auto
-        })
+        Err(Error::UnreducedAxisType { axis: "b".into(), axis_type: crate::AxisType::Auto })
     );
     assert_eq!(
         named("P(None, None, 'a')").unwrap().to_hlo(2),
@@ -403,51 +344,28 @@ fn bad_meshes_and_specs_are_typed_errors() {
     let sharding = named("P('a','b')").unwrap().to_sharding(2).unwrap();
     assert_eq!(
         sharding.shard_shape(&[4], Mode::Strict),
-        Err(Error::RankMismatch {
-            sharding_rank: 2,
-            shape_rank: 1
-        })
+        Err(Error::RankMismatch { sharding_rank: 2, shape_rank: 1 })
     );
     assert_eq!(
         sharding.shard_shape(&[4, 3], Mode::Strict),
-        Err(Error::Indivisible {
-            dim: 1,
-            size: 3,
-            shards: 2
-        })
+        Err(Error::Indivisible { dim: 1, size: 3, shards: 2 })
     );
     assert_eq!(sharding.shard_shape(&[4, 3], Mode::Uneven), Ok(vec![2, 2]));
     // Shapes whose element count overflows are refused before any arithmetic.
     let huge = [usize::MAX, 2];
-    let overflow = Error::Types(meshwork_types::Error::ElementCountOverflow {
-        dims: huge.to_vec(),
-    });
-    assert_eq!(
-        sharding.shard_shape(&huge, Mode::Uneven),
-        Err(overflow.clone())
-    );
-    assert_eq!(
-        sharding.index_map(&huge, Mode::Uneven),
-        Err(overflow.clone())
-    );
-    assert_eq!(
-        crate::ReshardPlan::new(&sharding, &sharding, &huge, Mode::Uneven),
-        Err(overflow)
-    );
+    let overflow =
+        Error::Types(meshwork_types::Error::ElementCountOverflow { dims: huge.to_vec() });
+    assert_eq!(sharding.shard_shape(&huge, Mode::Uneven), Err(overflow.clone()));
+    assert_eq!(sharding.index_map(&huge, Mode::Uneven), Err(overflow.clone()));
+    assert_eq!(crate::ReshardPlan::new(&sharding, &sharding, &huge, Mode::Uneven), Err(overflow));
     // Binding an HLO sharding to too few devices, or a maximal one past the end.
     assert_eq!(
         Sharding::new(sharding.hlo().clone(), d(&[0, 1])),
-        Err(Error::DeviceCountMismatch {
-            sharding_devices: 4,
-            assignment_devices: 2
-        })
+        Err(Error::DeviceCountMismatch { sharding_devices: 4, assignment_devices: 2 })
     );
     assert_eq!(
         Sharding::new(HloSharding::Maximal { device: 2 }, d(&[0, 1])),
-        Err(Error::MaximalOutOfRange {
-            device: 2,
-            assignment_devices: 2
-        })
+        Err(Error::MaximalOutOfRange { device: 2, assignment_devices: 2 })
     );
 }
 
@@ -463,10 +381,7 @@ fn partition_spec_text_roundtrips_and_reports_positions() {
         "P('data', ('x','y'), None, UNCONSTRAINED, 'z', None, unreduced={'u'})"
     );
     assert_eq!(spec.to_string().parse::<PartitionSpec>().unwrap(), spec);
-    assert_eq!(
-        "P()".parse::<PartitionSpec>().unwrap(),
-        PartitionSpec::replicated()
-    );
+    assert_eq!("P()".parse::<PartitionSpec>().unwrap(), PartitionSpec::replicated());
     assert_eq!(
         "P('a', b)".parse::<PartitionSpec>(),
         Err(Error::Parse {
@@ -477,11 +392,7 @@ fn partition_spec_text_roundtrips_and_reports_positions() {
     );
     assert_eq!(
         "P('a'".parse::<PartitionSpec>(),
-        Err(Error::Parse {
-            input: "P('a'".into(),
-            position: 5,
-            expected: ","
-        })
+        Err(Error::Parse { input: "P('a'".into(), position: 5, expected: "," })
     );
 }
 
@@ -545,15 +456,12 @@ where
     match text.parse::<T>() {
         Ok(value) => {
             let printed = value.to_string();
-            let back: T = printed
-                .parse()
-                .map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
+            let back: T =
+                printed.parse().map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
             prop_assert_eq!(&back, &value);
             prop_assert_eq!(back.to_string(), printed);
         }
-        Err(crate::Error::Parse {
-            input, position, ..
-        }) => {
+        Err(crate::Error::Parse { input, position, .. }) => {
             prop_assert_eq!(input, text);
             prop_assert!(position <= text.len());
         }
@@ -579,24 +487,14 @@ fn bad_buffers_are_typed_errors() {
     use crate::{Error, Mesh, assemble_into};
     use meshwork_types::DeviceId;
     let mesh = Mesh::iota(&[("a", 2)]).unwrap();
-    let sharding = NamedSharding::new(mesh, "P('a')".parse().unwrap())
-        .unwrap()
-        .to_sharding(2)
-        .unwrap();
+    let sharding =
+        NamedSharding::new(mesh, "P('a')".parse().unwrap()).unwrap().to_sharding(2).unwrap();
     let global = iota_array(&[4, 2]);
     let mut one = ArrayD::<i32>::zeros(IxDyn(&[2, 2]));
     let mut two = ArrayD::<i32>::zeros(IxDyn(&[2, 2]));
     assert_eq!(
-        shard_into(
-            &global.view(),
-            &sharding,
-            Mode::Strict,
-            &mut [one.view_mut()]
-        ),
-        Err(Error::ShardCount {
-            expected: 2,
-            actual: 1
-        })
+        shard_into(&global.view(), &sharding, Mode::Strict, &mut [one.view_mut()]),
+        Err(Error::ShardCount { expected: 2, actual: 1 })
     );
     let mut wrong = ArrayD::<i32>::zeros(IxDyn(&[2, 3]));
     assert_eq!(
@@ -606,41 +504,22 @@ fn bad_buffers_are_typed_errors() {
             Mode::Strict,
             &mut [one.view_mut(), wrong.view_mut()]
         ),
-        Err(Error::ShardShape {
-            device: DeviceId(1),
-            expected: vec![2, 2],
-            actual: vec![2, 3]
-        })
+        Err(Error::ShardShape { device: DeviceId(1), expected: vec![2, 2], actual: vec![2, 3] })
     );
     // A transposed view has the right shape but is not row-major.
     let transposed = two.view_mut().reversed_axes();
     assert_eq!(
-        shard_into(
-            &global.view(),
-            &sharding,
-            Mode::Strict,
-            &mut [one.view_mut(), transposed]
-        ),
-        Err(Error::NotContiguous {
-            device: DeviceId(1)
-        })
+        shard_into(&global.view(), &sharding, Mode::Strict, &mut [one.view_mut(), transposed]),
+        Err(Error::NotContiguous { device: DeviceId(1) })
     );
     let mut out = ArrayD::<i32>::zeros(IxDyn(&[2, 4]));
     let shards = [one.view(), two.view()];
     assert_eq!(
-        assemble_into(
-            &shards,
-            &sharding,
-            Mode::Strict,
-            &mut out.view_mut().reversed_axes()
-        ),
+        assemble_into(&shards, &sharding, Mode::Strict, &mut out.view_mut().reversed_axes()),
         Err(Error::OutputNotContiguous)
     );
     assert_eq!(
         assemble(&shards[..1], &sharding, &[4, 2], Mode::Strict),
-        Err(Error::ShardCount {
-            expected: 2,
-            actual: 1
-        })
+        Err(Error::ShardCount { expected: 2, actual: 1 })
     );
 }

@@ -42,10 +42,7 @@ impl Iota {
             return None;
         }
         if n == 1 {
-            return Some(Iota {
-                reshape_dims: vec![1],
-                transpose_perm: vec![0],
-            });
+            return Some(Iota { reshape_dims: vec![1], transpose_perm: vec![0] });
         }
         // (length, stride), minor level first.
         let mut levels: Vec<(usize, usize)> = Vec::new();
@@ -90,14 +87,8 @@ impl Iota {
             rank
         };
         let reshape_dims = by_stride.iter().rev().map(|&i| levels[i].0).collect();
-        let transpose_perm = (0..levels.len())
-            .rev()
-            .map(|i| reshape_of_level[i])
-            .collect();
-        Some(Iota {
-            reshape_dims,
-            transpose_perm,
-        })
+        let transpose_perm = (0..levels.len()).rev().map(|i| reshape_of_level[i]).collect();
+        Some(Iota { reshape_dims, transpose_perm })
     }
 
     fn materialize(reshape_dims: &[usize], perm: &[usize]) -> Vec<usize> {
@@ -156,18 +147,10 @@ impl TileAssignment {
     pub fn explicit(dims: Vec<usize>, devices: Vec<usize>) -> Result<TileAssignment> {
         let expected = tile_count(&dims)?;
         if devices.len() != expected {
-            return Err(Error::TileCount {
-                dims,
-                expected,
-                actual: devices.len(),
-            });
+            return Err(Error::TileCount { dims, expected, actual: devices.len() });
         }
         check_permutation(&devices)?;
-        Ok(TileAssignment {
-            dims,
-            devices,
-            iota: None,
-        })
+        Ok(TileAssignment { dims, devices, iota: None })
     }
 
     /// The iota assignment `arange(n).reshape(reshape_dims).transpose(perm)` laid over
@@ -180,20 +163,12 @@ impl TileAssignment {
         let expected = tile_count(&dims)?;
         let actual = tile_count(reshape_dims)?;
         if actual != expected {
-            return Err(Error::TileCount {
-                dims,
-                expected,
-                actual,
-            });
+            return Err(Error::TileCount { dims, expected, actual });
         }
         check_transpose(perm, reshape_dims.len())?;
         let devices = Iota::materialize(reshape_dims, perm);
         let iota = Iota::detect(&devices).expect("a materialised iota is an iota");
-        Ok(TileAssignment {
-            dims,
-            devices,
-            iota: Some(iota),
-        })
+        Ok(TileAssignment { dims, devices, iota: Some(iota) })
     }
 
     /// The plain iota `0..n` over `dims` (XLA's `<=[n]`).
@@ -225,11 +200,7 @@ impl TileAssignment {
     /// Same devices, other dims with the same product (a reshape keeps the iota form).
     pub(crate) fn reshape(&self, dims: Vec<usize>) -> TileAssignment {
         debug_assert_eq!(dims.iter().product::<usize>(), self.devices.len());
-        TileAssignment {
-            dims,
-            devices: self.devices.clone(),
-            iota: self.iota.clone(),
-        }
+        TileAssignment { dims, devices: self.devices.clone(), iota: self.iota.clone() }
     }
 
     /// Transposes the tile dims by `perm`. An iota stays an iota when the result has an
@@ -244,11 +215,7 @@ impl TileAssignment {
     /// new order has an iota form, explicit otherwise.
     pub(crate) fn with_devices(&self, dims: Vec<usize>, devices: Vec<usize>) -> TileAssignment {
         let iota = self.iota.as_ref().and_then(|_| Iota::detect(&devices));
-        TileAssignment {
-            dims,
-            devices,
-            iota,
-        }
+        TileAssignment { dims, devices, iota }
     }
 }
 
@@ -284,9 +251,7 @@ fn tile_count(dims: &[usize]) -> Result<usize> {
     let count = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     match count {
         Some(n) if !dims.is_empty() && !dims.contains(&0) && n <= MAX_TILES => Ok(n),
-        _ => Err(Error::BadTileDims {
-            dims: dims.to_vec(),
-        }),
+        _ => Err(Error::BadTileDims { dims: dims.to_vec() }),
     }
 }
 
@@ -294,9 +259,7 @@ fn check_permutation(values: &[usize]) -> Result<()> {
     let mut seen = vec![false; values.len()];
     for &v in values {
         if v >= values.len() || std::mem::replace(&mut seen[v], true) {
-            return Err(Error::NotAPermutation {
-                devices: values.to_vec(),
-            });
+            return Err(Error::NotAPermutation { devices: values.to_vec() });
         }
     }
     Ok(())
@@ -305,17 +268,8 @@ fn check_permutation(values: &[usize]) -> Result<()> {
 pub(crate) fn check_transpose(perm: &[usize], rank: usize) -> Result<()> {
     let mut seen = vec![false; rank];
     let ok = perm.len() == rank
-        && perm
-            .iter()
-            .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::BadTranspose {
-            perm: perm.to_vec(),
-            rank,
-        })
-    }
+        && perm.iter().all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
+    if ok { Ok(()) } else { Err(Error::BadTranspose { perm: perm.to_vec(), rank }) }
 }
 
 pub(crate) fn row_major_strides(dims: &[usize]) -> Vec<usize> {
@@ -356,13 +310,7 @@ fn transpose_values(values: &[usize], dims: &[usize], perm: &[usize]) -> Vec<usi
     let new_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
     let mut out = Vec::with_capacity(values.len());
     for_each_index(&new_dims, |idx| {
-        out.push(
-            values[idx
-                .iter()
-                .zip(&new_strides)
-                .map(|(i, s)| i * s)
-                .sum::<usize>()],
-        );
+        out.push(values[idx.iter().zip(&new_strides).map(|(i, s)| i * s).sum::<usize>()]);
     });
     out
 }

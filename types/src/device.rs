@@ -37,14 +37,8 @@ impl FromStr for DeviceId {
     fn from_str(s: &str) -> Result<Self, Error> {
         // `u32::from_str` accepts a leading `+`; a device id is written without one.
         if s.starts_with('+') {
-            return Err(Error::InvalidDeviceId {
-                input: s.to_owned(),
-            });
+            return Err(Error::InvalidDeviceId { input: s.to_owned() });
         }
-        s.parse::<u32>()
-            .map(DeviceId)
-            .map_err(|_| Error::InvalidDeviceId {
-                input: s.to_owned(),
-            })
+        s.parse::<u32>().map(DeviceId).map_err(|_| Error::InvalidDeviceId { input: s.to_owned() })
     }
 }

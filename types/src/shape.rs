@@ -34,10 +34,7 @@ impl Shape {
 
     /// The rank-0 shape of a scalar.
     pub fn scalar() -> Shape {
-        Shape {
-            dims: Vec::new(),
-            num_elements: 1,
-        }
+        Shape { dims: Vec::new(), num_elements: 1 }
     }
 
     /// The dims, outermost first.
@@ -60,10 +57,7 @@ impl Shape {
     pub fn byte_size(&self, dtype: DType) -> Result<usize> {
         self.num_elements
             .checked_mul(dtype.size_in_bytes())
-            .ok_or_else(|| Error::ByteSizeOverflow {
-                shape: self.clone(),
-                dtype,
-            })
+            .ok_or_else(|| Error::ByteSizeOverflow { shape: self.clone(), dtype })
     }
 
     /// The dims as an owned vector.
@@ -123,10 +117,7 @@ impl FromStr for Shape {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Shape> {
-        let syntax = |reason| Error::InvalidShape {
-            input: s.to_owned(),
-            reason,
-        };
+        let syntax = |reason| Error::InvalidShape { input: s.to_owned(), reason };
         let inner = s
             .trim()
             .strip_prefix('[')
@@ -144,8 +135,7 @@ impl FromStr for Shape {
                 if part.starts_with('+') {
                     return Err(syntax(ShapeSyntax::BadDim { index }));
                 }
-                part.parse::<usize>()
-                    .map_err(|_| syntax(ShapeSyntax::BadDim { index }))
+                part.parse::<usize>().map_err(|_| syntax(ShapeSyntax::BadDim { index }))
             })
             .collect::<Result<Vec<_>>>()?;
         Shape::from_vec(dims)
@@ -187,13 +177,9 @@ impl FromStr for TensorSpec {
 
     fn from_str(s: &str) -> Result<TensorSpec> {
         let trimmed = s.trim();
-        let open = trimmed.find('[').ok_or_else(|| Error::InvalidTensorSpec {
-            input: s.to_owned(),
-        })?;
+        let open =
+            trimmed.find('[').ok_or_else(|| Error::InvalidTensorSpec { input: s.to_owned() })?;
         let (dtype, shape) = trimmed.split_at(open);
-        Ok(TensorSpec {
-            dtype: dtype.trim().parse()?,
-            shape: shape.parse()?,
-        })
+        Ok(TensorSpec { dtype: dtype.trim().parse()?, shape: shape.parse()? })
     }
 }

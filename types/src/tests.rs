@@ -10,9 +10,7 @@ where
     T: std::fmt::Display + std::str::FromStr<Err = Error> + PartialEq + std::fmt::Debug,
 {
     let text = value.to_string();
-    let back: T = text
-        .parse()
-        .unwrap_or_else(|e| panic!("`{text}` does not parse back: {e}"));
+    let back: T = text.parse().unwrap_or_else(|e| panic!("`{text}` does not parse back: {e}"));
     assert_eq!(&back, value, "`{text}`");
 }
 
@@ -126,16 +124,10 @@ fn dtype_sizes_and_aliases() {
 
 #[test]
 fn parse_errors_say_what_and_where() {
-    assert_eq!(
-        "f31".parse::<DType>(),
-        Err(Error::UnknownDType { name: "f31".into() })
-    );
+    assert_eq!("f31".parse::<DType>(), Err(Error::UnknownDType { name: "f31".into() }));
     assert_eq!(
         "2,3".parse::<Shape>(),
-        Err(Error::InvalidShape {
-            input: "2,3".into(),
-            reason: ShapeSyntax::MissingBrackets
-        })
+        Err(Error::InvalidShape { input: "2,3".into(), reason: ShapeSyntax::MissingBrackets })
     );
     assert_eq!(
         "[2,x,3]".parse::<Shape>(),
@@ -153,48 +145,24 @@ fn parse_errors_say_what_and_where() {
     );
     assert_eq!(
         "[+2]".parse::<Shape>(),
-        Err(Error::InvalidShape {
-            input: "[+2]".into(),
-            reason: ShapeSyntax::BadDim { index: 0 }
-        })
+        Err(Error::InvalidShape { input: "[+2]".into(), reason: ShapeSyntax::BadDim { index: 0 } })
     );
     assert_eq!(
         "[2,]".parse::<Shape>(),
-        Err(Error::InvalidShape {
-            input: "[2,]".into(),
-            reason: ShapeSyntax::BadDim { index: 1 }
-        })
+        Err(Error::InvalidShape { input: "[2,]".into(), reason: ShapeSyntax::BadDim { index: 1 } })
     );
-    assert_eq!(
-        "f32".parse::<TensorSpec>(),
-        Err(Error::InvalidTensorSpec {
-            input: "f32".into()
-        })
-    );
-    assert_eq!(
-        "q8[2]".parse::<TensorSpec>(),
-        Err(Error::UnknownDType { name: "q8".into() })
-    );
-    assert_eq!(
-        "-1".parse::<DeviceId>(),
-        Err(Error::InvalidDeviceId { input: "-1".into() })
-    );
+    assert_eq!("f32".parse::<TensorSpec>(), Err(Error::InvalidTensorSpec { input: "f32".into() }));
+    assert_eq!("q8[2]".parse::<TensorSpec>(), Err(Error::UnknownDType { name: "q8".into() }));
+    assert_eq!("-1".parse::<DeviceId>(), Err(Error::InvalidDeviceId { input: "-1".into() }));
     assert_eq!(
         "4294967296".parse::<DeviceId>(),
-        Err(Error::InvalidDeviceId {
-            input: "4294967296".into()
-        })
+        Err(Error::InvalidDeviceId { input: "4294967296".into() })
     );
-    assert_eq!(
-        "avg".parse::<ReduceOp>(),
-        Err(Error::UnknownReduceOp { name: "avg".into() })
-    );
+    assert_eq!("avg".parse::<ReduceOp>(), Err(Error::UnknownReduceOp { name: "avg".into() }));
     let huge = format!("[{},{}]", usize::MAX, 2);
     assert_eq!(
         huge.parse::<Shape>(),
-        Err(Error::ElementCountOverflow {
-            dims: vec![usize::MAX, 2]
-        })
+        Err(Error::ElementCountOverflow { dims: vec![usize::MAX, 2] })
     );
 }
 

@@ -14,12 +14,8 @@ use std::fmt;
 use serde_json::Value;
 
 /// The sibling crates, which may depend on `types` only.
-pub(crate) const SIBLINGS: [&str; 4] = [
-    "meshwork-placer",
-    "meshwork-sharding",
-    "meshwork-outfeed",
-    "meshwork-executor",
-];
+pub(crate) const SIBLINGS: [&str; 4] =
+    ["meshwork-placer", "meshwork-sharding", "meshwork-outfeed", "meshwork-executor"];
 const TYPES: &str = "meshwork-types";
 const FACADE: &str = "meshwork-strategy";
 const XTASK: &str = "xtask";
@@ -39,19 +35,14 @@ pub(crate) struct Violation {
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} -> {} ({} dependency): {}",
-            self.from, self.to, self.kind, self.rule
-        )
+        write!(f, "{} -> {} ({} dependency): {}", self.from, self.to, self.kind, self.rule)
     }
 }
 
 /// Checks `cargo metadata --format-version 1 --no-deps` output against the rules.
 pub(crate) fn check(metadata: &Value) -> Result<Vec<Violation>, String> {
-    let packages = metadata["packages"]
-        .as_array()
-        .ok_or("cargo metadata has no `packages` array")?;
+    let packages =
+        metadata["packages"].as_array().ok_or("cargo metadata has no `packages` array")?;
     let members: Vec<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
     let mut violations = Vec::new();
     for package in packages {
@@ -60,9 +51,7 @@ pub(crate) fn check(metadata: &Value) -> Result<Vec<Violation>, String> {
             .as_array()
             .ok_or_else(|| format!("package {from} has no `dependencies` array"))?;
         for dependency in dependencies {
-            let to = dependency["name"]
-                .as_str()
-                .ok_or("a dependency without a name")?;
+            let to = dependency["name"].as_str().ok_or("a dependency without a name")?;
             if !members.contains(&to) || ALLOWED.contains(&(from, to)) {
                 continue;
             }
@@ -79,12 +68,7 @@ pub(crate) fn check(metadata: &Value) -> Result<Vec<Violation>, String> {
                 None
             };
             if let Some(rule) = rule {
-                violations.push(Violation {
-                    from: from.to_owned(),
-                    to: to.to_owned(),
-                    kind,
-                    rule,
-                });
+                violations.push(Violation { from: from.to_owned(), to: to.to_owned(), kind, rule });
             }
         }
     }

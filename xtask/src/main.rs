@@ -62,15 +62,7 @@ fn strs(args: &[String]) -> Vec<&str> {
 fn ci() -> Result {
     step("fmt", || cargo(&["fmt", "--all", "--check"]))?;
     step("clippy", || {
-        cargo(&[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
-        ])
+        cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])
     })?;
     step("test", test)?;
     step("test (optional features)", || {
@@ -89,9 +81,7 @@ fn ci() -> Result {
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;
-    step("benches compile", || {
-        cargo(&["bench", "--workspace", "--no-run"])
-    })?;
+    step("benches compile", || cargo(&["bench", "--workspace", "--no-run"]))?;
     println!("xtask ci: all checks passed");
     Ok(())
 }
@@ -112,10 +102,7 @@ fn deps_check() -> Result {
         .output()
         .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
     if !output.status.success() {
-        return Err(format!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr)));
     }
     let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("cargo metadata printed invalid JSON: {e}"))?;
@@ -127,11 +114,7 @@ fn deps_check() -> Result {
         Err(format!(
             "forbidden crate edges (an architecture change: update ARCHITECTURE.md and \
              deps::ALLOWED first):\n  {}",
-            violations
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n  ")
+            violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
         ))
     }
 }
@@ -142,11 +125,7 @@ fn tidy_check() -> Result {
         println!("tidy: ok");
         Ok(())
     } else {
-        Err(format!(
-            "{} problem(s):\n  {}",
-            problems.len(),
-            problems.join("\n  ")
-        ))
+        Err(format!("{} problem(s):\n  {}", problems.len(), problems.join("\n  ")))
     }
 }
 
@@ -175,12 +154,6 @@ fn cargo(args: &[&str]) -> Result {
 }
 
 fn run(cmd: &mut Command) -> Result {
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{cmd:?} exited with {status}"))
-    }
+    let status = cmd.status().map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} exited with {status}")) }
 }

@@ -14,10 +14,7 @@ fn forbidden() -> [(String, &'static str); 4] {
         (["todo", "!("].concat(), "a stub is not done"),
         (["unimplemented", "!("].concat(), "a stub is not done"),
         (["#[", "ignore"].concat(), "an ignored test hides a failure"),
-        (
-            ["#[", "should_panic"].concat(),
-            "bad input gets a typed error, not a panic",
-        ),
+        (["#[", "should_panic"].concat(), "bad input gets a typed error, not a panic"),
     ]
 }
 
@@ -31,11 +28,7 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
     for file in &files {
         let text =
             fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
+        let shown = file.strip_prefix(root).unwrap_or(file).display().to_string();
         for (number, line) in text.lines().enumerate() {
             for (fragment, why) in &forbidden {
                 if line.contains(fragment.as_str()) {
@@ -60,9 +53,7 @@ fn collect_rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> 
         if name == "target" || name.to_string_lossy().starts_with('.') {
             continue;
         }
-        let file_type = entry
-            .file_type()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let file_type = entry.file_type().map_err(|e| format!("{}: {e}", path.display()))?;
         if file_type.is_dir() {
             collect_rust_files(&path, out)?;
         } else if path.extension().is_some_and(|ext| ext == "rs") {

@@ -38,9 +38,7 @@ fn check_inner(registry: &Registry, line: &str) -> Result<Vec<String>, String> {
         serde_json::from_value(case["devices"].clone()).map_err(|e| e.to_string())?;
     let devices = DeviceSet::new(&names).map_err(|e| format!("devices: {e}"))?;
     let options = PlacerOptions {
-        allow_soft_placement: case["config"]["allow_soft_placement"]
-            .as_bool()
-            .unwrap_or(false),
+        allow_soft_placement: case["config"]["allow_soft_placement"].as_bool().unwrap_or(false),
         log_device_placement: false,
     };
     let want = &case["result"];
@@ -65,18 +63,11 @@ fn check_inner(registry: &Registry, line: &str) -> Result<Vec<String>, String> {
         )),
         (_, Err(e)) => {
             if want["error_class"] != e.tf_class() {
-                bad.push(format!(
-                    "tf class {}, ours {} ({e})",
-                    want["error_class"],
-                    e.tf_class()
-                ));
+                bad.push(format!("tf class {}, ours {} ({e})", want["error_class"], e.tf_class()));
             }
             let tf_node = want["error_node"].as_str();
             if tf_node != e.node() {
-                bad.push(format!(
-                    "tf blames {tf_node:?}, we blame {:?} ({e})",
-                    e.node()
-                ));
+                bad.push(format!("tf blames {tf_node:?}, we blame {:?} ({e})", e.node()));
             }
         }
     }

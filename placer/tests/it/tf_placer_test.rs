@@ -21,10 +21,7 @@ fn op(inputs: &[ArgKind], outputs: &[ArgKind], kernels: &[(&str, i32)]) -> OpDef
         outputs: outputs.to_vec(),
         kernels: kernels
             .iter()
-            .map(|(t, p)| Kernel {
-                device_type: (*t).into(),
-                priority: *p,
-            })
+            .map(|(t, p)| Kernel { device_type: (*t).into(), priority: *p })
             .collect(),
         ..OpDef::default()
     }
@@ -52,41 +49,17 @@ fn registry() -> Registry {
         .insert("TestGPUOutput", op(&[], &[Value], &gpu))
         .insert("TestDevice", op(&[], &[Value, Value], &gpu))
         .insert("TestDeviceEnforce", op(&[Ref], &[Value], &both))
-        .insert(
-            "Shape",
-            OpDef {
-                is_metadata: true,
-                ..op(&[Value], &[Value], &both)
-            },
-        )
-        .insert(
-            "TestDatasetOp",
-            op(&[Value], &[Value], &[(CPU, 2), (GPU, 1)]),
-        )
-        .insert(
-            "TestXlaOp",
-            op(&[Value], &[Value], &[("XLA_CPU", 2), (CPU, 1)]),
-        )
+        .insert("Shape", OpDef { is_metadata: true, ..op(&[Value], &[Value], &both) })
+        .insert("TestDatasetOp", op(&[Value], &[Value], &[(CPU, 2), (GPU, 1)]))
+        .insert("TestXlaOp", op(&[Value], &[Value], &[("XLA_CPU", 2), (CPU, 1)]))
         .insert("CreateDatasetCPU", op(&[], &[Resource], &cpu))
         .insert("CreateDatasetGPU", op(&[], &[Resource], &gpu))
-        .insert(
-            "CreateDatasetSP",
-            op(&[], &[Resource], &[(CPU, 2), (GPU, 1)]),
-        )
-        .insert(
-            "CreateDatasetRP",
-            op(&[], &[Resource], &[(CPU, 1), (GPU, 2)]),
-        )
+        .insert("CreateDatasetSP", op(&[], &[Resource], &[(CPU, 2), (GPU, 1)]))
+        .insert("CreateDatasetRP", op(&[], &[Resource], &[(CPU, 1), (GPU, 2)]))
         .insert("CreateDatasetNP", op(&[], &[Resource], &both))
         .insert("IteratorNP", op(&[Resource], &[Value], &both))
-        .insert(
-            "IteratorSP",
-            op(&[Resource], &[Value], &[(CPU, 2), (GPU, 1)]),
-        )
-        .insert(
-            "IteratorRP",
-            op(&[Resource], &[Value], &[(CPU, 1), (GPU, 2)]),
-        )
+        .insert("IteratorSP", op(&[Resource], &[Value], &[(CPU, 2), (GPU, 1)]))
+        .insert("IteratorRP", op(&[Resource], &[Value], &[(CPU, 1), (GPU, 2)]))
         .insert("IteratorGPU", op(&[Resource], &[Value], &gpu))
         .insert("TestHandleVariable", op(&[], &[Resource], &both))
         .insert("HandleVariableCPU", op(&[], &[Resource], &cpu))
@@ -100,18 +73,9 @@ fn registry() -> Registry {
         .insert("_Arg", op(&[], &[Value], &both))
         .insert(
             "IdentityResource",
-            OpDef {
-                is_identity: true,
-                ..op(&[Resource], &[Resource], &both)
-            },
+            OpDef { is_identity: true, ..op(&[Resource], &[Resource], &both) },
         )
-        .insert(
-            "Identity",
-            OpDef {
-                is_identity: true,
-                ..op(&[Value], &[Value], &both)
-            },
-        )
+        .insert("Identity", OpDef { is_identity: true, ..op(&[Value], &[Value], &both) })
         .insert("Cast", op(&[Value], &[Value], &cpu))
         .insert("ConvertToListOfCooTensorsV2", op(&[Value], &[Value], &cpu));
     r
@@ -127,10 +91,7 @@ fn devices() -> DeviceSet {
     }
     names.push("/job:a/replica:0/task:0/device:XLA_CPU:0".into());
     names.push("/job:a/replica:0/task:0/device:COMPOSITE:0".into());
-    DeviceSet::new(&names)
-        .unwrap()
-        .with_type_priority(CPU, 50)
-        .with_type_priority(GPU, 51)
+    DeviceSet::new(&names).unwrap().with_type_priority(CPU, 50).with_type_priority(GPU, 51)
 }
 
 /// A graph built from `(name, op, request, inputs)`; inputs are `"src"` or `"src:k"`
@@ -146,9 +107,8 @@ fn graph(nodes: &[(&str, &str, &str, &[&str])]) -> Graph {
             if let Some(src) = input.strip_prefix('^') {
                 g.add_control_edge(src, name).unwrap();
             } else {
-                let (src, out) = input
-                    .split_once(':')
-                    .map_or((*input, 0), |(s, o)| (s, o.parse().unwrap()));
+                let (src, out) =
+                    input.split_once(':').map_or((*input, 0), |(s, o)| (s, o.parse().unwrap()));
                 g.add_edge(src, out, name, k).unwrap();
                 k += 1;
             }
@@ -167,15 +127,12 @@ fn edit(g: &Graph, f: impl Fn(&mut Node)) -> Graph {
     }
     for (s, d, e) in g.edges() {
         match e {
-            meshwork_placer::Edge::Data {
-                src_output,
-                dst_input,
-            } => out
-                .add_edge(&g.node(s).name, src_output, &g.node(d).name, dst_input)
-                .unwrap(),
-            meshwork_placer::Edge::Control => out
-                .add_control_edge(&g.node(s).name, &g.node(d).name)
-                .unwrap(),
+            meshwork_placer::Edge::Data { src_output, dst_input } => {
+                out.add_edge(&g.node(s).name, src_output, &g.node(d).name, dst_input).unwrap()
+            }
+            meshwork_placer::Edge::Control => {
+                out.add_control_edge(&g.node(s).name, &g.node(d).name).unwrap()
+            }
         }
     }
     out
@@ -200,16 +157,9 @@ impl Placed {
 }
 
 fn run_with(g: &Graph, set: DeviceSet, soft: bool) -> Result<Placed, Error> {
-    let options = PlacerOptions {
-        allow_soft_placement: soft,
-        log_device_placement: true,
-    };
+    let options = PlacerOptions { allow_soft_placement: soft, log_device_placement: true };
     let placement = place(g, &set, &registry(), options)?;
-    Ok(Placed {
-        graph: g.clone(),
-        set,
-        placement,
-    })
+    Ok(Placed { graph: g.clone(), set, placement })
 }
 
 /// TF's `Place(&g)`: soft placement on.
@@ -252,10 +202,7 @@ fn b02_prioritized_kernels_beat_type_priority() {
         ("n1", "TestDatasetOp", "", &["in:0"]),
         ("n2", "TestDatasetOp", "", &["in:1"]),
     ]));
-    assert_eq!(
-        (p.dev_type("in"), p.dev_type("n1"), p.dev_type("n2")),
-        (CPU, CPU, CPU)
-    );
+    assert_eq!((p.dev_type("in"), p.dev_type("n1"), p.dev_type("n2")), (CPU, CPU, CPU));
 }
 
 #[test]
@@ -265,20 +212,13 @@ fn b03_xla_types_dropped_unless_assigned() {
         ("n1", "TestXlaOp", "", &["in:0"]),
         ("n2", "TestXlaOp", "", &["in:1"]),
     ]);
-    let p = run(&assigned(
-        &g,
-        "n2",
-        "/job:a/replica:0/task:0/device:XLA_CPU:0",
-    ));
+    let p = run(&assigned(&g, "n2", "/job:a/replica:0/task:0/device:XLA_CPU:0"));
     assert_eq!((p.dev_type("n1"), p.dev_type("n2")), (CPU, "XLA_CPU"));
 }
 
 #[test]
 fn b04_gpu_input_into_prioritized_kernel() {
-    let p = run(&graph(&[
-        ("in", "TestGPUOutput", "", &[]),
-        ("n1", "TestDatasetOp", "", &["in"]),
-    ]));
+    let p = run(&graph(&[("in", "TestGPUOutput", "", &[]), ("n1", "TestDatasetOp", "", &["in"])]));
     assert_eq!((p.dev_type("in"), p.dev_type("n1")), (GPU, CPU));
 }
 
@@ -295,10 +235,7 @@ fn b05_gpu_input_colocated_with_prioritized_kernel() {
         }
     });
     let p = run(&g);
-    assert_eq!(
-        (p.dev_type("in"), p.dev_type("n1"), p.dev_type("n2")),
-        (GPU, GPU, CPU)
-    );
+    assert_eq!((p.dev_type("in"), p.dev_type("n1"), p.dev_type("n2")), (GPU, GPU, CPU));
 }
 
 #[test]
@@ -316,11 +253,7 @@ fn b06_to_b15_dataset_and_iterator_priorities() {
         ("CreateDatasetRP", "IteratorSP", GPU),
     ] {
         let p = run(&graph(&[("ds", ds, "", &[]), ("it", it, "", &["ds"])]));
-        assert_eq!(
-            (p.dev_type("ds"), p.dev_type("it")),
-            (want, want),
-            "{ds} -> {it}"
-        );
+        assert_eq!((p.dev_type("ds"), p.dev_type("it")), (want, want), "{ds} -> {it}");
     }
 }
 
@@ -386,10 +319,8 @@ fn b20_generator_heuristic_ignored_on_wrong_partial_device() {
 
 #[test]
 fn b21_partial_spec() {
-    let p = run(&graph(&[
-        ("in", "TestInput", "/job:a", &[]),
-        ("var", "TestVariable", "/job:a", &[]),
-    ]));
+    let p =
+        run(&graph(&[("in", "TestInput", "/job:a", &[]), ("var", "TestVariable", "/job:a", &[])]));
     assert_eq!((p.dev_type("in"), p.dev_type("var")), (CPU, GPU));
     assert!(p.dev("in").starts_with("/job:a/") && p.dev("var").starts_with("/job:a/"));
 }
@@ -397,30 +328,21 @@ fn b21_partial_spec() {
 #[test]
 fn b22_assigned_device_preserved() {
     let g = graph(&[("in", "TestInput", "", &[])]);
-    let p = run(&assigned(
-        &g,
-        "in",
-        "/job:a/replica:0/task:0/device:FakeCPU:7",
-    ));
+    let p = run(&assigned(&g, "in", "/job:a/replica:0/task:0/device:FakeCPU:7"));
     assert_eq!(p.dev("in"), "/job:a/replica:0/task:0/device:FakeCPU:7");
 }
 
 #[test]
 fn b23_partial_spec_gpu_to_cpu() {
-    let p = run(&graph(&[
-        ("in", "TestInput", K_GPU, &[]),
-        ("var", "TestVariable", K_GPU, &[]),
-    ]));
+    let p = run(&graph(&[("in", "TestInput", K_GPU, &[]), ("var", "TestVariable", K_GPU, &[])]));
     assert_eq!(p.dev_type("in"), CPU);
     assert_eq!(p.dev("var"), K_FULL_GPU);
 }
 
 #[test]
 fn b24_resource_move() {
-    let p = run(&graph(&[
-        ("ds", "CreateDatasetSP", K_CPU, &[]),
-        ("it", "IteratorGPU", "", &["ds"]),
-    ]));
+    let p =
+        run(&graph(&[("ds", "CreateDatasetSP", K_CPU, &[]), ("it", "IteratorGPU", "", &["ds"])]));
     assert_eq!((p.dev_type("ds"), p.dev_type("it")), (GPU, GPU));
 }
 
@@ -464,11 +386,7 @@ fn b26_reference_connection() {
             ]),
             true,
         );
-        assert!(
-            err.to_string()
-                .contains("no device type supports both of those nodes"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("no device type supports both of those nodes"), "{err}");
     }
 }
 
@@ -492,10 +410,9 @@ fn b27_resource_handle() {
         assert_eq!(p.dev_type("var"), want, "{v}/{a}");
         assert!(p.colocated("var", "assign"), "{v}/{a}");
     }
-    for (v, a) in [
-        ("HandleVariableGPU", "HandleAssignCPU"),
-        ("HandleVariableCPU", "HandleAssignGPU"),
-    ] {
+    for (v, a) in
+        [("HandleVariableGPU", "HandleAssignCPU"), ("HandleVariableCPU", "HandleAssignGPU")]
+    {
         let g = graph(&[
             ("in", "TestInput", "", &[]),
             ("var", v, "", &[]),
@@ -510,12 +427,7 @@ fn b28_resource_handles_on_different_devices_fail() {
     let g = graph(&[
         ("var_cpu", "TestHandleVariable", "", &[]),
         ("var_gpu", "TestHandleVariable", "", &[]),
-        (
-            "two_handles_in",
-            "TestTwoHandlesIn",
-            "",
-            &["var_cpu", "var_gpu"],
-        ),
+        ("two_handles_in", "TestTwoHandlesIn", "", &["var_cpu", "var_gpu"]),
     ]);
     for soft in [false, true] {
         let requested = edit(&g, |n| match n.name.as_str() {
@@ -540,12 +452,7 @@ fn b29_reference_connection_ignores_infeasible_request() {
     let g = graph(&[
         ("in", "TestDevice", gpu, &[]),
         ("var_0", "TestVariable", gpu, &[]),
-        (
-            "assign",
-            "TestAssign",
-            "/job:a/task:0/device:FakeCPU:0",
-            &["var_0", "in"],
-        ),
+        ("assign", "TestAssign", "/job:a/task:0/device:FakeCPU:0", &["var_0", "in"]),
     ]);
     let p = run_with(&g, devices(), false).unwrap();
     assert_eq!((p.dev_type("var_0"), p.dev_type("assign")), (GPU, GPU));
@@ -556,12 +463,7 @@ fn b30_more_specific_destination_refines() {
     let g = graph(&[
         ("in", "TestCPUGPUOutput", "/job:a/task:0", &[]),
         ("var_0", "TestVariable", "/job:a/task:0", &[]),
-        (
-            "assign",
-            "TestAssign",
-            "/job:a/task:0/device:FakeCPU:0",
-            &["var_0", "in"],
-        ),
+        ("assign", "TestAssign", "/job:a/task:0/device:FakeCPU:0", &["var_0", "in"]),
     ]);
     let p = run_with(&g, devices(), false).unwrap();
     assert_eq!((p.dev_type("var_0"), p.dev_type("assign")), (CPU, CPU));
@@ -572,12 +474,7 @@ fn b31_no_source_device() {
     let g = graph(&[
         ("in", "TestDevice", K_GPU, &[]),
         ("var_0", "TestVariable", "", &[]),
-        (
-            "assign",
-            "TestAssign",
-            "/job:a/task:0/device:FakeCPU:0",
-            &["var_0", "in"],
-        ),
+        ("assign", "TestAssign", "/job:a/task:0/device:FakeCPU:0", &["var_0", "in"]),
     ]);
     let p = run_with(&g, devices(), false).unwrap();
     assert_eq!((p.dev_type("var_0"), p.dev_type("assign")), (CPU, CPU));
@@ -618,15 +515,9 @@ fn b33_to_b35_colocation_groups() {
     let p = run(&with_groups(&base, &[("colocated_1", &["in"])]));
     assert!(p.colocated("in", "colocated_1") && !p.colocated("in", "foo"));
     assert_eq!(p.dev_type("foo"), GPU);
-    let p = run(&with_groups(
-        &base,
-        &[("colocated_1", &["in"]), ("foo", &["in", "colocated_1"])],
-    ));
+    let p = run(&with_groups(&base, &[("colocated_1", &["in"]), ("foo", &["in", "colocated_1"])]));
     assert!(p.colocated("in", "colocated_1") && p.colocated("in", "foo"));
-    let p = run(&with_groups(
-        &base,
-        &[("colocated_1", &["in"]), ("foo", &["colocated_1"])],
-    ));
+    let p = run(&with_groups(&base, &[("colocated_1", &["in"]), ("foo", &["colocated_1"])]));
     assert!(p.colocated("in", "colocated_1") && p.colocated("in", "foo"));
 }
 
@@ -637,19 +528,9 @@ fn b36_invalid_multiple_colocation_groups() {
         ("colocated_1", "ReluCPU", "", &["in"]),
         ("foo", "ReluGPU", "", &["in"]),
     ]);
-    let g = with_groups(
-        &g,
-        &[("colocated_1", &["in"]), ("foo", &["in", "colocated_1"])],
-    );
+    let g = with_groups(&g, &[("colocated_1", &["in"]), ("foo", &["in", "colocated_1"])]);
     let p = run(&g);
-    assert_eq!(
-        (
-            p.dev_type("in"),
-            p.dev_type("colocated_1"),
-            p.dev_type("foo")
-        ),
-        (CPU, CPU, GPU)
-    );
+    assert_eq!((p.dev_type("in"), p.dev_type("colocated_1"), p.dev_type("foo")), (CPU, CPU, GPU));
     let err = fail(&g, false);
     assert!(
         err.to_string().contains("Cannot colocate nodes {{colocation_node foo}} and {{colocation_node in}}") && err.to_string().contains("because no device type supports both of those nodes and the other nodes colocated with them"),
@@ -672,21 +553,13 @@ fn reference_groups(var3: &str, var3_request: &str, assign3_group: &str) -> Grap
     ]);
     with_groups(
         &g,
-        &[
-            ("assign1", &["var1"]),
-            ("assign2", &["var2"]),
-            ("assign3", &[assign3_group]),
-        ],
+        &[("assign1", &["var1"]), ("assign2", &["var2"]), ("assign3", &[assign3_group])],
     )
 }
 
 #[test]
 fn b37_colocation_group_with_reference_connections() {
-    let p = run(&reference_groups(
-        "VariableCPU",
-        "/device:COMPOSITE:0",
-        "var3",
-    ));
+    let p = run(&reference_groups("VariableCPU", "/device:COMPOSITE:0", "var3"));
     assert_eq!(p.dev_type("in"), CPU);
     for n in ["var1", "var2", "assign1", "assign2"] {
         assert!(p.colocated("in", n), "{n}");
@@ -712,10 +585,7 @@ fn b39_colocation_and_reference_connections() {
         let (vg, ag) = if i < 10 {
             (vec![], vec![])
         } else {
-            (
-                vec![format!("var_{}", i % 6)],
-                vec![format!("assign_{}", i % 3)],
-            )
+            (vec![format!("var_{}", i % 6)], vec![format!("assign_{}", i % 3)])
         };
         nodes.push((var.clone(), "TestVariable", vec![], vg));
         nodes.push((assign, "TestAssign", vec![var, "in".into()], ag));
@@ -735,19 +605,10 @@ fn b39_colocation_and_reference_connections() {
     }
     let p = run(&g);
     for i in 0..100 {
-        assert!(
-            p.colocated(&format!("var_{i}"), &format!("assign_{i}")),
-            "{i}"
-        );
+        assert!(p.colocated(&format!("var_{i}"), &format!("assign_{i}")), "{i}");
         if i >= 10 {
-            assert!(
-                p.colocated(&format!("var_{i}"), &format!("var_{}", i % 6)),
-                "{i}"
-            );
-            assert!(
-                p.colocated(&format!("assign_{i}"), &format!("assign_{}", i % 3)),
-                "{i}"
-            );
+            assert!(p.colocated(&format!("var_{i}"), &format!("var_{}", i % 6)), "{i}");
+            assert!(p.colocated(&format!("assign_{i}"), &format!("assign_{}", i % 3)), "{i}");
         }
     }
 }
@@ -787,9 +648,7 @@ fn b41_heterogeneous_device_set_failure() {
             .contains("colocated with a group of nodes that required incompatible device"),
         "{err}"
     );
-    let Error::IncompatibleGroup { group, .. } = &err else {
-        panic!("{err}")
-    };
+    let Error::IncompatibleGroup { group, .. } = &err else { panic!("{err}") };
     let ops: Vec<&str> = group.iter().map(|m| m.op.as_str()).collect();
     assert_eq!(ops, ["VariableGPU", "TestAssign"]);
 }
@@ -802,13 +661,9 @@ fn b42_to_b44_unknown_devices() {
             && err.to_string().contains("/job:foo"),
         "{err}"
     );
-    let err = fail(
-        &assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/job:foo"),
-        true,
-    );
+    let err = fail(&assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/job:foo"), true);
     assert!(
-        err.to_string()
-            .contains("Assigned device '/job:foo' does not match any device"),
+        err.to_string().contains("Assigned device '/job:foo' does not match any device"),
         "{err}"
     );
 }
@@ -833,12 +688,7 @@ fn b46_b47_no_kernels_local_and_remote() {
     .unwrap()
     .with_default_local_device("/job:b/replica:0/task:0/device:FakeCPU:0")
     .unwrap();
-    let g = graph(&[(
-        "var",
-        "VariableNoKernels",
-        "/job:b/replica:0/task:0/device:FakeGPU:0",
-        &[],
-    )]);
+    let g = graph(&[("var", "VariableNoKernels", "/job:b/replica:0/task:0/device:FakeGPU:0", &[])]);
     let err = run_with(&g, set, false).err().unwrap();
     assert!(
         err.to_string().contains(
@@ -848,17 +698,9 @@ fn b46_b47_no_kernels_local_and_remote() {
     );
 
     let mut set = DeviceSet::new(&["/job:b/replica:0/task:0/device:FakeCPU:0"]).unwrap();
-    set.add("/job:b/replica:0/task:1/device:FakeGPU:0", false)
-        .unwrap();
-    let set = set
-        .with_default_local_device("/job:b/replica:0/task:0/device:FakeCPU:0")
-        .unwrap();
-    let g = graph(&[(
-        "var",
-        "VariableNoKernels",
-        "/job:b/replica:0/task:1/device:FakeGPU:0",
-        &[],
-    )]);
+    set.add("/job:b/replica:0/task:1/device:FakeGPU:0", false).unwrap();
+    let set = set.with_default_local_device("/job:b/replica:0/task:0/device:FakeCPU:0").unwrap();
+    let g = graph(&[("var", "VariableNoKernels", "/job:b/replica:0/task:1/device:FakeGPU:0", &[])]);
     let p = run_with(&g, set, false).unwrap();
     assert_eq!(p.dev("var"), "/job:b/replica:0/task:1/device:FakeGPU:0");
 }
@@ -866,9 +708,7 @@ fn b46_b47_no_kernels_local_and_remote() {
 #[test]
 fn b48_no_devices_of_the_kernels_type() {
     let set = DeviceSet::new(&["/job:a/replica:0/task:0/device:FakeCPU:0"]).unwrap();
-    let err = run_with(&graph(&[("var", "VariableGPU", "", &[])]), set, true)
-        .err()
-        .unwrap();
+    let err = run_with(&graph(&[("var", "VariableGPU", "", &[])]), set, true).err().unwrap();
     assert!(
         err.to_string().contains(
             "No OpKernel was registered to support Op 'VariableGPU' used by {{node var}}"
@@ -881,27 +721,12 @@ fn b48_no_devices_of_the_kernels_type() {
 #[test]
 fn b49_to_b51_malformed_and_partial_names() {
     let err = fail(&graph(&[("in", "TestInput", "/foo:bar", &[])]), true);
+    assert!(err.to_string().contains("Malformed device specification '/foo:bar'"), "{err}");
+    let err = fail(&assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/foo:bar"), true);
+    assert!(err.to_string().contains("Malformed assigned device '/foo:bar'"), "{err}");
+    let err = fail(&assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/job:a"), true);
     assert!(
-        err.to_string()
-            .contains("Malformed device specification '/foo:bar'"),
-        "{err}"
-    );
-    let err = fail(
-        &assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/foo:bar"),
-        true,
-    );
-    assert!(
-        err.to_string()
-            .contains("Malformed assigned device '/foo:bar'"),
-        "{err}"
-    );
-    let err = fail(
-        &assigned(&graph(&[("in", "TestInput", "", &[])]), "in", "/job:a"),
-        true,
-    );
-    assert!(
-        err.to_string()
-            .contains("Assigned device '/job:a' does not match any device"),
+        err.to_string().contains("Assigned device '/job:a' does not match any device"),
         "{err}"
     );
 }
@@ -932,10 +757,7 @@ fn b55_unsupported_device() {
 
 #[test]
 fn b56_nonexistent_device() {
-    let err = fail(
-        &graph(&[("var", "VariableGPU", "/job:foo/replica:17", &[])]),
-        false,
-    );
+    let err = fail(&graph(&[("var", "VariableGPU", "/job:foo/replica:17", &[])]), false);
     let text = err.to_string();
     assert!(
         text.contains("was explicitly assigned to /job:foo/replica:17")
@@ -946,23 +768,13 @@ fn b56_nonexistent_device() {
 
 #[test]
 fn b57_lower_case_gpu_is_explained() {
-    let err = fail(
-        &graph(&[("var", "VariableGPU", "/device:gpu:0", &[])]),
-        false,
-    );
-    assert!(
-        err.to_string()
-            .contains("The requested device appears to be a GPU"),
-        "{err}"
-    );
+    let err = fail(&graph(&[("var", "VariableGPU", "/device:gpu:0", &[])]), false);
+    assert!(err.to_string().contains("The requested device appears to be a GPU"), "{err}");
 }
 
 #[test]
 fn b58_b59_soft_placement() {
-    assert_eq!(
-        run(&graph(&[("a", "TestInput", K_GPU, &[])])).dev_type("a"),
-        CPU
-    );
+    assert_eq!(run(&graph(&[("a", "TestInput", K_GPU, &[])])).dev_type("a"), CPU);
     let p = run(&graph(&[
         ("var_gpu", "VariableGPU", "", &[]),
         ("force_gpu", "TestDeviceEnforce", K_CPU, &["var_gpu"]),
@@ -1019,11 +831,7 @@ fn b61_generator_follows_consumers() {
 #[test]
 fn b62_generator_does_not_follow_disagreeing_consumers() {
     let g = assigned(
-        &assigned(
-            &two_variables(),
-            "var1_cpu",
-            "/job:a/replica:0/task:0/device:FakeCPU:1",
-        ),
+        &assigned(&two_variables(), "var1_cpu", "/job:a/replica:0/task:0/device:FakeCPU:1"),
         "var2_cpu",
         "/job:a/replica:0/task:0/device:FakeCPU:2",
     );
@@ -1046,12 +854,7 @@ fn arg_identities() -> Graph {
 fn b63_requested_device_on_resource_generator_is_treated_as_assigned() {
     let p = run(&arg_identities());
     assert_eq!(
-        (
-            p.dev_type("a"),
-            p.dev_type("id1"),
-            p.dev_type("b"),
-            p.dev_type("id2")
-        ),
+        (p.dev_type("a"), p.dev_type("id1"), p.dev_type("b"), p.dev_type("id2")),
         (GPU, GPU, CPU, CPU)
     );
     let err = fail(&arg_identities(), false);
@@ -1084,10 +887,7 @@ fn b64_requested_device_can_be_overridden() {
 #[test]
 fn b65_assigned_device_of_colocated_node_is_respected() {
     let g = assigned(
-        &graph(&[
-            ("a", "_ArgResource", "", &[]),
-            ("iter", "IteratorGPU", "", &["a"]),
-        ]),
+        &graph(&[("a", "_ArgResource", "", &[]), ("iter", "IteratorGPU", "", &["a"])]),
         "a",
         K_FULL_CPU,
     );
@@ -1109,14 +909,8 @@ fn b66_assigned_devices_are_not_overridden() {
         _ => {}
     });
     let p = run(&g);
-    assert_eq!(
-        (p.dev_type("a"), p.dev_type("id_a"), p.dev_type("id1")),
-        (GPU, GPU, GPU)
-    );
-    assert_eq!(
-        (p.dev_type("b"), p.dev_type("id_b"), p.dev_type("id2")),
-        (CPU, CPU, CPU)
-    );
+    assert_eq!((p.dev_type("a"), p.dev_type("id_a"), p.dev_type("id1")), (GPU, GPU, GPU));
+    assert_eq!((p.dev_type("b"), p.dev_type("id_b"), p.dev_type("id2")), (CPU, CPU, CPU));
     let err = fail(&g, false);
     assert!(err.to_string().contains("Cannot colocate nodes {{colocation_node id2}} and {{colocation_node id1}}: Cannot merge devices with incompatible types: '/job:a/replica:0/task:0/device:FakeCPU:0' and '/job:a/replica:0/task:0/device:FakeGPU:0'"), "{err}");
 }
@@ -1127,9 +921,7 @@ const TASK0: &str = "/job:b/replica:0/task:0/device:FakeCPU:0";
 const TASK1: &str = "/job:b/replica:0/task:1/device:FakeCPU:0";
 
 fn identity_chain(extra: bool, drop_tail: bool) -> Result<Placed, Error> {
-    let set = DeviceSet::new(&[TASK0, TASK1])
-        .unwrap()
-        .with_type_priority(CPU, 50);
+    let set = DeviceSet::new(&[TASK0, TASK1]).unwrap().with_type_priority(CPU, 50);
     let mut nodes: Vec<(&str, &str, &str, &[&str])> = vec![
         ("a", "_Arg", TASK1, &[]),
         ("identity1", "Identity", TASK1, &["a"]),
@@ -1147,10 +939,7 @@ fn identity_chain(extra: bool, drop_tail: bool) -> Result<Placed, Error> {
 
 #[test]
 fn b88_identity_matches_input_and_output_placement() {
-    assert_eq!(
-        identity_chain(false, false).unwrap().dev("identity2"),
-        TASK1
-    );
+    assert_eq!(identity_chain(false, false).unwrap().dev("identity2"), TASK1);
 }
 
 #[test]

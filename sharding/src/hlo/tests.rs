@@ -16,10 +16,7 @@ fn canonical_forms() {
     check("{ maximal  device=3 }", "{maximal device=3}");
     check("{devices=[2,2]<=[4]}", "{devices=[2,2]<=[4]}");
     // Iota canonicalisation.
-    check(
-        "{devices=[16]<=[8,1,2,1,1]T(2,3,4,0,1)}",
-        "{devices=[16]<=[8,2]T(1,0)}",
-    );
+    check("{devices=[16]<=[8,1,2,1,1]T(2,3,4,0,1)}", "{devices=[16]<=[8,2]T(1,0)}");
     // PartialTile sorts each replication group of an explicit list.
     check(
         "{devices=[2,2]3,1,0,2 last_tile_dim_replicate}",
@@ -30,23 +27,14 @@ fn canonical_forms() {
         "{devices=[2,2]<=[4] last_tile_dims={replicated}}",
         "{devices=[2,2]<=[4] last_tile_dim_replicate}",
     );
-    check(
-        "{devices=[2,1]<=[2] last_tile_dim_replicate}",
-        "{devices=[2]<=[2]}",
-    );
-    check(
-        "{devices=[1,4]<=[4] last_tile_dim_replicate}",
-        "{replicated}",
-    );
+    check("{devices=[2,1]<=[2] last_tile_dim_replicate}", "{devices=[2]<=[2]}");
+    check("{devices=[1,4]<=[4] last_tile_dim_replicate}", "{replicated}");
     // Subgroups sort manual, unreduced, replicated.
     check(
         "{devices=[2,2,2]<=[8] last_tile_dims={replicated, unreduced}}",
         "{devices=[2,2,2]<=[2,2,2]T(0,2,1) last_tile_dims={unreduced, replicated}}",
     );
-    check(
-        "{devices=[1,5]<=[5,1,1]T(1,2,0) last_tile_dims={manual}}",
-        "{manual}",
-    );
+    check("{devices=[1,5]<=[5,1,1]T(1,2,0) last_tile_dims={manual}}", "{manual}");
     // Tuples, with XLA's index comments every fifth leaf.
     check(
         "{{replicated}, {devices=[2]<=[2]}, {maximal device=0}}",
@@ -78,10 +66,7 @@ fn parse_errors_give_the_position() {
         "{tiled}",
         "error: cannot parse `{tiled}` at byte 1: expected `replicated`, `manual`, `unreduced`, `maximal` or `devices=`",
     );
-    check(
-        "{replicated",
-        "error: cannot parse `{replicated` at byte 11: expected }",
-    );
+    check("{replicated", "error: cannot parse `{replicated` at byte 11: expected }");
     check(
         "{replicated} x",
         "error: cannot parse `{replicated} x` at byte 13: expected end of input",
@@ -102,20 +87,11 @@ fn parse_errors_give_the_position() {
 
 #[test]
 fn leaves_and_replicas() {
-    let tuple: HloSharding = "{{replicated}, {devices=[2,2]<=[4] last_tile_dim_replicate}}"
-        .parse()
-        .unwrap();
+    let tuple: HloSharding =
+        "{{replicated}, {devices=[2,2]<=[4] last_tile_dim_replicate}}".parse().unwrap();
     assert_eq!(tuple.leaves().len(), 2);
-    assert_eq!(
-        tuple.leaf(2),
-        Err(Error::NoSuchLeaf {
-            index: 2,
-            leaves: 2
-        })
-    );
-    let HloSharding::Tiled(tiled) = tuple.leaf(1).unwrap() else {
-        panic!("tiled leaf")
-    };
+    assert_eq!(tuple.leaf(2), Err(Error::NoSuchLeaf { index: 2, leaves: 2 }));
+    let HloSharding::Tiled(tiled) = tuple.leaf(1).unwrap() else { panic!("tiled leaf") };
     assert_eq!((tiled.data_dims(), tiled.num_replicas()), (&[2][..], 2));
     assert!(!tuple.is_replicated());
 }

@@ -7,20 +7,14 @@ use crate::{Error, Mesh, NamedSharding};
 fn formats() -> Vec<VariableFormat> {
     let mesh = Mesh::iota(&[("a", 2), ("b", 3)]).unwrap();
     let mut out = vec![VariableFormat::Default];
-    for (key, spec) in [
-        ("ab", "P('a','b')"),
-        ("ba", "P('b','a')"),
-        ("rows", "P(('a','b'))"),
-        ("rep", "P()"),
-    ] {
+    for (key, spec) in
+        [("ab", "P('a','b')"), ("ba", "P('b','a')"), ("rows", "P(('a','b'))"), ("rep", "P()")]
+    {
         let sharding = NamedSharding::new(mesh.clone(), spec.parse().unwrap())
             .unwrap()
             .to_sharding(2)
             .unwrap();
-        out.push(VariableFormat::Sharded {
-            key: key.into(),
-            sharding,
-        });
+        out.push(VariableFormat::Sharded { key: key.into(), sharding });
     }
     out
 }
@@ -39,14 +33,7 @@ fn a_failure_in_the_middle_leaves_the_old_format_and_data() {
     let before = var.clone();
     // ba needs 4/3: unsharding succeeds, sharding fails.
     let err = var.reshard(formats[2].clone()).unwrap_err();
-    assert_eq!(
-        err,
-        Error::Indivisible {
-            dim: 0,
-            size: 4,
-            shards: 3
-        }
-    );
+    assert_eq!(err, Error::Indivisible { dim: 0, size: 4, shards: 3 });
     assert_eq!(var, before);
     assert_eq!(var.value().unwrap(), value());
 }

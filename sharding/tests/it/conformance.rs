@@ -42,22 +42,14 @@ pub(crate) fn check(rec: &Value) -> Vec<String> {
 type Res<T> = Result<T, String>;
 
 fn stage_error<'a>(rec: &'a Value, stage: &str) -> Option<&'a str> {
-    rec["errors"]
-        .as_array()?
-        .iter()
-        .find(|e| e["stage"] == stage)?["class"]
-        .as_str()
+    rec["errors"].as_array()?.iter().find(|e| e["stage"] == stage)?["class"].as_str()
 }
 
 fn usizes(v: &Value) -> Res<Vec<usize>> {
     v.as_array()
         .ok_or_else(|| format!("expected a list, got {v}"))?
         .iter()
-        .map(|x| {
-            x.as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| format!("not an int: {x}"))
-        })
+        .map(|x| x.as_u64().map(|x| x as usize).ok_or_else(|| format!("not an int: {x}")))
         .collect()
 }
 
@@ -65,11 +57,7 @@ fn strings(v: &Value) -> Res<Vec<String>> {
     v.as_array()
         .ok_or_else(|| format!("expected a list, got {v}"))?
         .iter()
-        .map(|x| {
-            x.as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("not a string: {x}"))
-        })
+        .map(|x| x.as_str().map(str::to_owned).ok_or_else(|| format!("not a string: {x}")))
         .collect()
 }
 
@@ -104,18 +92,12 @@ fn expect_stage<T>(
             None
         }
         (Err(e), None) => {
-            bad.push(format!(
-                "{stage}: we fail with {e} ({}), jax succeeds",
-                class(&e)
-            ));
+            bad.push(format!("{stage}: we fail with {e} ({}), jax succeeds", class(&e)));
             None
         }
         (Err(e), Some(cls)) => {
             if class(&e) != cls {
-                bad.push(format!(
-                    "{stage}: we fail with {} ({e}), jax with {cls}",
-                    class(&e)
-                ));
+                bad.push(format!("{stage}: we fail with {} ({e}), jax with {cls}", class(&e)));
             }
             None
         }
@@ -196,14 +178,10 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
             }),
             "replicated" => Ok(HloSharding::Replicated),
             "manual" => Ok(HloSharding::Manual),
-            "tuple_leaf" => rec["hlo_sharding"]["string"]
-                .as_str()
-                .ok_or("leaf without string")?
-                .parse(),
-            _ => rec["input_string"]
-                .as_str()
-                .ok_or("no input_string")?
-                .parse(),
+            "tuple_leaf" => {
+                rec["hlo_sharding"]["string"].as_str().ok_or("leaf without string")?.parse()
+            }
+            _ => rec["input_string"].as_str().ok_or("no input_string")?.parse(),
         };
         let Some(hlo) = expect_stage(rec, "hlo", built, bad) else {
             return Ok(());
@@ -216,15 +194,9 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
     };
     check_hlo(rec, &hlo, bad)?;
     if let HloSharding::Tuple(leaves) = &hlo {
-        let records = rec["tuple_leaves"]
-            .as_array()
-            .ok_or("tuple without tuple_leaves")?;
+        let records = rec["tuple_leaves"].as_array().ok_or("tuple without tuple_leaves")?;
         if records.len() != leaves.len() {
-            bad.push(format!(
-                "tuple has {} leaves, record {}",
-                leaves.len(),
-                records.len()
-            ));
+            bad.push(format!("tuple has {} leaves, record {}", leaves.len(), records.len()));
         }
         for (i, leaf) in records.iter().enumerate() {
             for b in check(leaf) {
@@ -240,10 +212,9 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
         // generator labels manual_or_subgroup_unsupported). We refuse such a binding up
         // front; check that JAX's map failed, and check the shard shape and XLA's
         // regions over the devices the tiles do name.
-        Err(Error::DeviceCountMismatch {
-            sharding_devices,
-            assignment_devices,
-        }) if sharding_devices < assignment_devices => {
+        Err(Error::DeviceCountMismatch { sharding_devices, assignment_devices })
+            if sharding_devices < assignment_devices =>
+        {
             if stage_error(rec, "devices_indices_map").is_none() {
                 bad.push("we refuse a tile/device count mismatch that jax maps".to_owned());
             }
@@ -320,12 +291,7 @@ fn check_shard_shape(rec: &Value, sharding: &Sharding, shape: &[usize], bad: &mu
 }
 
 fn ranges_json(s: &ShardIndex) -> Value {
-    Value::Array(
-        s.ranges
-            .iter()
-            .map(|r| serde_json::json!([r.start, r.end]))
-            .collect(),
-    )
+    Value::Array(s.ranges.iter().map(|r| serde_json::json!([r.start, r.end])).collect())
 }
 
 /// JAX's `devices_indices_map` list for our index map: JAX lists a maximal sharding as
@@ -350,9 +316,7 @@ fn jax_indices(sharding: &Sharding, shape: &[usize], map: &[ShardIndex]) -> Valu
 /// Rule 2: the printed string and the tile details.
 fn check_hlo(rec: &Value, hlo: &HloSharding, bad: &mut Vec<String>) -> Res<()> {
     let hd = &rec["hlo_sharding"];
-    let want = hd["string"]
-        .as_str()
-        .ok_or("record without hlo_sharding.string")?;
+    let want = hd["string"].as_str().ok_or("record without hlo_sharding.string")?;
     let printed = hlo.to_string();
     if printed != want {
         bad.push(format!("printed {printed}, xla {want}"));
@@ -380,10 +344,7 @@ fn check_hlo(rec: &Value, hlo: &HloSharding, bad: &mut Vec<String>) -> Res<()> {
         if types != tiled.subgroup_types()
             || hd["replicate_on_last_tile_dim"] != tiled.replicate_on_last_tile_dim()
         {
-            bad.push(format!(
-                "subgroups {:?}, xla {types:?}",
-                tiled.all_subgroup_types()
-            ));
+            bad.push(format!("subgroups {:?}, xla {types:?}", tiled.all_subgroup_types()));
         }
         if hd["is_tile_assignment_iota"] != tiled.tiles().iota_form().is_some() {
             bad.push("iota-ness differs".to_owned());

@@ -7,11 +7,7 @@ fn workspace_metadata() -> Value {
     let output = crate::cargo_cmd(&["metadata", "--format-version", "1", "--no-deps"])
         .output()
         .expect("cargo metadata runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON")
 }
 
@@ -46,11 +42,7 @@ fn every_sibling_edge_fails() {
                 let v = &violations[0];
                 assert_eq!((v.from.as_str(), v.to.as_str()), (from, to));
                 assert_eq!(v.kind, kind.as_str().unwrap_or("normal"));
-                assert!(
-                    v.to_string()
-                        .contains("siblings never depend on each other"),
-                    "{v}"
-                );
+                assert!(v.to_string().contains("siblings never depend on each other"), "{v}");
             }
         }
     }
@@ -59,21 +51,9 @@ fn every_sibling_edge_fails() {
 #[test]
 fn types_xtask_and_facade_edges_fail() {
     for (from, to, rule) in [
-        (
-            "meshwork-types",
-            "meshwork-sharding",
-            "types depends on no workspace crate",
-        ),
-        (
-            "xtask",
-            "meshwork-types",
-            "xtask depends on no workspace crate",
-        ),
-        (
-            "meshwork-placer",
-            "meshwork-strategy",
-            "nothing depends on the strategy façade",
-        ),
+        ("meshwork-types", "meshwork-sharding", "types depends on no workspace crate"),
+        ("xtask", "meshwork-types", "xtask depends on no workspace crate"),
+        ("meshwork-placer", "meshwork-strategy", "nothing depends on the strategy façade"),
     ] {
         let mut metadata = workspace_metadata();
         add_edge(&mut metadata, from, to, Value::Null);
@@ -86,18 +66,8 @@ fn types_xtask_and_facade_edges_fail() {
 #[test]
 fn allowed_edges_and_external_crates_pass() {
     let mut metadata = workspace_metadata();
-    add_edge(
-        &mut metadata,
-        "meshwork-strategy",
-        "meshwork-placer",
-        Value::Null,
-    );
-    add_edge(
-        &mut metadata,
-        "meshwork-placer",
-        "meshwork-types",
-        json!("dev"),
-    );
+    add_edge(&mut metadata, "meshwork-strategy", "meshwork-placer", Value::Null);
+    add_edge(&mut metadata, "meshwork-placer", "meshwork-types", json!("dev"));
     add_edge(&mut metadata, "meshwork-types", "serde", Value::Null);
     assert_eq!(check(&metadata).unwrap(), vec![]);
 }

@@ -11,21 +11,14 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn the_workspace_is_tidy() {
-    assert_eq!(
-        check(&crate::workspace_root()).unwrap(),
-        Vec::<String>::new()
-    );
+    assert_eq!(check(&crate::workspace_root()).unwrap(), Vec::<String>::new());
 }
 
 #[test]
 fn stubs_ignored_tests_and_undocumented_roots_are_reported() {
     let dir = scratch("bad");
     let stub = ["fn f() { ", "todo", "!() }\n"].concat();
-    fs::write(
-        dir.join("krate/src/lib.rs"),
-        ["pub mod m;\n", &stub].concat(),
-    )
-    .unwrap();
+    fs::write(dir.join("krate/src/lib.rs"), ["pub mod m;\n", &stub].concat()).unwrap();
     let ignored = ["#[test]\n#[", "ignore]\nfn t() {}\n"].concat();
     fs::write(dir.join("krate/src/m.rs"), ignored).unwrap();
     // Files under target/ and hidden folders are not read.
@@ -34,32 +27,16 @@ fn stubs_ignored_tests_and_undocumented_roots_are_reported() {
 
     let problems = check(&dir).unwrap();
     assert_eq!(problems.len(), 3, "{problems:#?}");
-    assert!(
-        problems[0].starts_with("krate/src/lib.rs:2:"),
-        "{}",
-        problems[0]
-    );
-    assert!(
-        problems[1].contains("opens with a `//!` doc"),
-        "{}",
-        problems[1]
-    );
-    assert!(
-        problems[2].starts_with("krate/src/m.rs:2:"),
-        "{}",
-        problems[2]
-    );
+    assert!(problems[0].starts_with("krate/src/lib.rs:2:"), "{}", problems[0]);
+    assert!(problems[1].contains("opens with a `//!` doc"), "{}", problems[1]);
+    assert!(problems[2].starts_with("krate/src/m.rs:2:"), "{}", problems[2]);
     fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn a_documented_root_without_stubs_passes() {
     let dir = scratch("good");
-    fs::write(
-        dir.join("krate/src/lib.rs"),
-        "//! A crate.\npub fn f() {}\n",
-    )
-    .unwrap();
+    fs::write(dir.join("krate/src/lib.rs"), "//! A crate.\npub fn f() {}\n").unwrap();
     assert_eq!(check(&dir).unwrap(), Vec::<String>::new());
     fs::remove_dir_all(dir).unwrap();
 }
