@@ -152,6 +152,16 @@ pub enum Error {
         /// Outputs the source's op has.
         outputs: usize,
     },
+    /// An op input that no edge feeds.
+    #[error("input {input} of node '{node}' (op '{op}') is not fed")]
+    MissingInput {
+        /// The node.
+        node: String,
+        /// Its op.
+        op: String,
+        /// The input.
+        input: usize,
+    },
     /// Two data edges into one input.
     #[error("input {input} of node '{node}' is fed twice")]
     DuplicateInput {
@@ -408,6 +418,7 @@ impl Error {
             | Error::UnknownOp { node, .. }
             | Error::BadEdge { node, .. }
             | Error::DuplicateInput { node, .. }
+            | Error::MissingInput { node, .. }
             | Error::Cycle { node } => Some(node),
             Error::RefEdgeColocation { dst, .. } => Some(dst),
             _ => None,

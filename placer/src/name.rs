@@ -5,6 +5,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::{Error, Result};
 
@@ -13,13 +14,13 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DeviceName {
     /// The job (`/job:worker`).
-    pub job: Option<String>,
+    pub job: Option<Arc<str>>,
     /// The replica (`/replica:0`).
     pub replica: Option<u32>,
     /// The task (`/task:1`).
     pub task: Option<u32>,
     /// The device type (`/device:GPU:0` → `GPU`), case kept.
-    pub device_type: Option<String>,
+    pub device_type: Option<Arc<str>>,
     /// The device id (`/device:GPU:0` → `0`).
     pub id: Option<u32>,
 }
@@ -96,10 +97,10 @@ impl DeviceName {
     /// A fully specified name.
     pub fn full(job: &str, replica: u32, task: u32, device_type: &str, id: u32) -> DeviceName {
         DeviceName {
-            job: Some(job.to_owned()),
+            job: Some(job.into()),
             replica: Some(replica),
             task: Some(task),
-            device_type: Some(device_type.to_owned()),
+            device_type: Some(device_type.into()),
             id: Some(id),
         }
     }
@@ -416,7 +417,7 @@ impl Cursor<'_> {
     }
 
     /// `[A-Za-z][A-Za-z0-9_]*`, ending at one of `terminators` or the end.
-    fn ident(&mut self, terminators: &[u8]) -> Option<String> {
+    fn ident(&mut self, terminators: &[u8]) -> Option<Arc<str>> {
         if !self.0.starts_with(|c: char| c.is_ascii_alphabetic()) {
             return None;
         }
@@ -426,7 +427,7 @@ impl Cursor<'_> {
             return None;
         }
         self.0 = &self.0[end..];
-        Some(token.to_owned())
+        Some(token.into())
     }
 }
 
@@ -460,7 +461,7 @@ fn parse_full(input: &str) -> Option<DeviceName> {
             [("/cpu:", "CPU"), ("/CPU:", "CPU"), ("/gpu:", "GPU"), ("/GPU:", "GPU")]
         {
             if c.take(legacy) {
-                name.device_type = Some(device_type.to_owned());
+                name.device_type = Some(device_type.into());
                 name.id = if c.take("*") { None } else { Some(c.number()?) };
                 progress = true;
                 break;

@@ -1,8 +1,10 @@
 //! The placer: TF's `ColocationGraph` (union-find groups with merged device names and
 //! supported types) and `Placer::Run` (two passes with TF's heuristics).
 
-use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
 
 use crate::device::COMPOSITE;
 use crate::error::{Constraint, GroupMember, NameKind};
@@ -111,7 +113,7 @@ struct Member {
     parent: u32,
     rank: u32,
     /// `None` while every name is empty (most members): no allocation.
-    names: Option<Box<Names>>,
+    names: Option<Rc<Names>>,
     /// The group's device once assigned; the names then hold it too, materialised
     /// lazily (see [`State::names_mut`]).
     pinned: Option<u32>,
@@ -133,25 +135,60 @@ struct State<'a> {
     composite: Vec<bool>,
     local_address: DeviceName,
     members: Vec<Member>,
-    /// Per node: data inputs (src, dst_input, kind) in input order, then control.
-    in_edges: Vec<Vec<(u32, Option<usize>)>>,
-    out_edges: Vec<Vec<u32>>,
+    /// In-edge sources per node (CSR): data inputs in input order, then control inputs.
+    in_start: Vec<u32>,
+    in_src: Vec<u32>,
+    /// Out-edge destinations per node (CSR), in edge order.
+    out_start: Vec<u32>,
+    out_dst: Vec<u32>,
     /// Per node: pre-assigned device index.
     assigned: Vec<Option<u32>>,
-    /// Cache of candidates for groups with no request, by supported-types list.
-    unconstrained: HashMap<Types, Rc<[u32]>>,
+    /// Every distinct supported-types list, shared: equal lists are one `Rc`, so the
+    /// caches below can key on its address.
+    type_lists: FxHashMap<Types, Rc<Types>>,
+    /// Candidates for groups with no request, by supported-types list.
+    unconstrained: FxHashMap<ByAddress<Types>, Rc<[u32]>>,
+    /// Candidates for requested groups, by (request, supported-types list).
+    constrained: FxHashMap<(DeviceName, ByAddress<Types>), Rc<[u32]>>,
+    /// Per device type: whether it is an XLA type.
+    xla_type: Vec<bool>,
+}
+
+/// An `Rc` compared and hashed by address. Holding it keeps the address from being
+/// reused, so it is a sound cache key for content that is never mutated in place (the
+/// `Rc`s here are only changed through `Rc::make_mut`, which copies a shared value).
+struct ByAddress<T>(Rc<T>);
+
+impl<T> Clone for ByAddress<T> {
+    fn clone(&self) -> Self {
+        ByAddress(self.0.clone())
+    }
+}
+
+impl<T> PartialEq for ByAddress<T> {
+    fn eq(&self, other: &Self) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl<T> Eq for ByAddress<T> {}
+
+impl<T> Hash for ByAddress<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Rc::as_ptr(&self.0).hash(state);
+    }
 }
 
 fn merge_err(
     node: &str,
     other: &str,
-    constraint: &Constraint,
+    constraint: &dyn Fn() -> Constraint,
     conflict: crate::MergeConflict,
 ) -> Error {
     Error::CannotColocate {
         node: node.to_owned(),
         other: other.to_owned(),
-        constraint: Box::new(constraint.clone()),
+        constraint: Box::new(constraint()),
         conflict,
     }
 }
@@ -165,7 +202,7 @@ impl<'a> State<'a> {
     ) -> Result<State<'a>> {
         let n = graph.len();
         let mut ops = Vec::with_capacity(n);
-        let mut op_cache: HashMap<&str, &OpDef> = HashMap::new();
+        let mut op_cache: FxHashMap<&str, &OpDef> = FxHashMap::default();
         for (_, node) in graph.nodes() {
             let op = match op_cache.get(node.op.as_str()) {
                 Some(op) => *op,
@@ -206,11 +243,17 @@ impl<'a> State<'a> {
             composite,
             local_address,
             members: Vec::with_capacity(n),
-            in_edges: vec![Vec::new(); n],
-            out_edges: vec![Vec::new(); n],
+            in_start: Vec::new(),
+            in_src: Vec::new(),
+            out_start: Vec::new(),
+            out_dst: Vec::new(),
             assigned: vec![None; n],
-            unconstrained: HashMap::new(),
+            type_lists: FxHashMap::default(),
+            unconstrained: FxHashMap::default(),
+            constrained: FxHashMap::default(),
+            xla_type: Vec::new(),
         };
+        state.xla_type = state.types.iter().map(|t| Self::is_xla(t)).collect();
         state.index_edges()?;
         Ok(state)
     }
@@ -219,49 +262,116 @@ impl<'a> State<'a> {
         &self.graph.node(NodeId(i)).name
     }
 
-    /// Validates edges against op signatures and builds per-node edge lists (data
-    /// inputs in input order first, as TF's `input_edge(k)`).
+    /// Validates edges against op signatures (every input of every op fed exactly
+    /// once) and builds the in/out edge lists (data inputs in input order first, as
+    /// TF's `input_edge(k)`), flat, one slice per node.
     fn index_edges(&mut self) -> Result<()> {
-        let mut data_in: Vec<Vec<(usize, u32)>> = vec![Vec::new(); self.graph.len()];
-        let mut control_in: Vec<Vec<u32>> = vec![Vec::new(); self.graph.len()];
+        const UNSET: u32 = u32::MAX;
+        let n = self.graph.len();
+        let mut in_count: Vec<u32> = self.ops.iter().map(|op| op.inputs.len() as u32).collect();
+        let mut out_count = vec![0u32; n];
         for (src, dst, edge) in self.graph.edges() {
-            let (s, d) = (src.0, dst.0);
-            if let Edge::Data { src_output, dst_input } = edge {
-                let (dst_op, src_op) = (self.ops[d as usize], self.ops[s as usize]);
-                if dst_input >= dst_op.inputs.len() || src_output >= src_op.outputs.len() {
-                    let node = self.graph.node(dst);
-                    return Err(Error::BadEdge {
-                        node: node.name.clone(),
-                        op: node.op.clone(),
-                        input: dst_input,
-                        inputs: dst_op.inputs.len(),
-                        src: self.name(s).to_owned(),
-                        src_output,
-                        outputs: src_op.outputs.len(),
-                    });
-                }
-                if data_in[d as usize].iter().any(|&(k, _)| k == dst_input) {
-                    return Err(Error::DuplicateInput {
-                        node: self.name(d).to_owned(),
-                        input: dst_input,
-                    });
-                }
-                data_in[d as usize].push((dst_input, s));
-            } else {
-                control_in[d as usize].push(s);
+            if edge == Edge::Control {
+                in_count[dst.index()] += 1;
             }
-            self.out_edges[s as usize].push(d);
+            out_count[src.index()] += 1;
         }
-        for (i, (mut data, control)) in data_in.into_iter().zip(control_in).enumerate() {
-            data.sort_unstable_by_key(|&(k, _)| k);
-            let edges = &mut self.in_edges[i];
-            edges.extend(data.into_iter().map(|(k, s)| (s, Some(k))));
-            edges.extend(control.into_iter().map(|s| (s, None)));
+        self.in_start = prefix_sums(&in_count);
+        self.out_start = prefix_sums(&out_count);
+        self.in_src = vec![UNSET; self.in_start[n] as usize];
+        self.out_dst = vec![0; self.out_start[n] as usize];
+        let mut next_control: Vec<u32> =
+            (0..n).map(|i| self.in_start[i] + self.ops[i].inputs.len() as u32).collect();
+        let mut next_out: Vec<u32> = self.out_start[..n].to_vec();
+        for (src, dst, edge) in self.graph.edges() {
+            let (s, d) = (src.index(), dst.index());
+            match edge {
+                Edge::Data { src_output, dst_input } => {
+                    let (dst_op, src_op) = (self.ops[d], self.ops[s]);
+                    if dst_input >= dst_op.inputs.len() || src_output >= src_op.outputs.len() {
+                        let node = self.graph.node(dst);
+                        return Err(Error::BadEdge {
+                            node: node.name.clone(),
+                            op: node.op.clone(),
+                            input: dst_input,
+                            inputs: dst_op.inputs.len(),
+                            src: self.name(src.0).to_owned(),
+                            src_output,
+                            outputs: src_op.outputs.len(),
+                        });
+                    }
+                    let slot = &mut self.in_src[self.in_start[d] as usize + dst_input];
+                    if *slot != UNSET {
+                        let node = self.name(dst.0).to_owned();
+                        return Err(Error::DuplicateInput { node, input: dst_input });
+                    }
+                    *slot = s as u32;
+                }
+                Edge::Control => {
+                    self.in_src[next_control[d] as usize] = s as u32;
+                    next_control[d] += 1;
+                }
+            }
+            self.out_dst[next_out[s] as usize] = d as u32;
+            next_out[s] += 1;
         }
-        if let Err(cycle) = petgraph::algo::toposort(self.graph.petgraph(), None) {
-            return Err(Error::Cycle { node: self.graph.petgraph()[cycle.node_id()].name.clone() });
+        for i in 0..n {
+            let start = self.in_start[i] as usize;
+            let inputs = &self.in_src[start..start + self.ops[i].inputs.len()];
+            if let Some(input) = inputs.iter().position(|&s| s == UNSET) {
+                let node = self.graph.node(NodeId(i as u32));
+                return Err(Error::MissingInput {
+                    node: node.name.clone(),
+                    op: node.op.clone(),
+                    input,
+                });
+            }
         }
-        Ok(())
+        self.check_acyclic()
+    }
+
+    /// Kahn's algorithm over the flat edge lists: a node never released lies on (or
+    /// behind) a cycle.
+    fn check_acyclic(&self) -> Result<()> {
+        let n = self.graph.len();
+        let mut indegree: Vec<u32> =
+            (0..n).map(|i| self.in_start[i + 1] - self.in_start[i]).collect();
+        let mut ready: Vec<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
+        let mut released = 0;
+        while let Some(i) = ready.pop() {
+            released += 1;
+            for &d in self.out_edges(i) {
+                indegree[d as usize] -= 1;
+                if indegree[d as usize] == 0 {
+                    ready.push(d);
+                }
+            }
+        }
+        if released == n {
+            return Ok(());
+        }
+        // Walk back along unreleased inputs until a node repeats: it is on a cycle.
+        let mut seen = vec![false; n];
+        let mut i = (0..n).find(|&i| indegree[i] > 0).expect("some node is unreleased") as u32;
+        while !seen[i as usize] {
+            seen[i as usize] = true;
+            i = *self
+                .in_edges(i)
+                .iter()
+                .find(|&&s| indegree[s as usize] > 0)
+                .expect("an unreleased input");
+        }
+        Err(Error::Cycle { node: self.name(i).to_owned() })
+    }
+
+    /// Sources of a node's in-edges: data inputs in input order, then control inputs.
+    fn in_edges(&self, i: u32) -> &[u32] {
+        &self.in_src[self.in_start[i as usize] as usize..self.in_start[i as usize + 1] as usize]
+    }
+
+    /// Destinations of a node's out-edges.
+    fn out_edges(&self, i: u32) -> &[u32] {
+        &self.out_dst[self.out_start[i as usize] as usize..self.out_start[i as usize + 1] as usize]
     }
 
     // ---- device types ------------------------------------------------------------------
@@ -323,6 +433,16 @@ impl<'a> State<'a> {
         }
     }
 
+    /// The shared `Rc` of a type list.
+    fn intern_types(&mut self, types: Types) -> Rc<Types> {
+        if let Some(rc) = self.type_lists.get(&types) {
+            return rc.clone();
+        }
+        let rc = Rc::new(types.clone());
+        self.type_lists.insert(types, rc.clone());
+        rc
+    }
+
     fn type_names(&self, v: &Types) -> Vec<String> {
         v.iter().map(|&(t, _)| self.types[t as usize].clone()).collect()
     }
@@ -346,7 +466,7 @@ impl<'a> State<'a> {
     /// The root's names, with a lazily pinned device merged in.
     fn names_mut(&mut self, root: u32) -> &mut Names {
         let m = &mut self.members[root as usize];
-        let names = m.names.get_or_insert_with(Box::default);
+        let names = Rc::make_mut(m.names.get_or_insert_with(Rc::default));
         if let (Some(d), false) = (m.pinned, m.pinned_merged) {
             let device = self.set.devices()[d as usize].parsed();
             names.assigned = device.clone();
@@ -357,17 +477,18 @@ impl<'a> State<'a> {
         names
     }
 
-    fn names(&mut self, root: u32) -> Names {
-        if self.members[root as usize].names.is_none()
-            && self.members[root as usize].pinned.is_none()
-        {
-            return Names::default();
+    /// The root's names (shared; cheap to clone).
+    fn names(&mut self, root: u32) -> Rc<Names> {
+        let m = &self.members[root as usize];
+        if m.pinned.is_some() && !m.pinned_merged {
+            self.names_mut(root);
         }
-        self.names_mut(root).clone()
+        self.members[root as usize].names.clone().unwrap_or_default()
     }
 
     /// TF's `ColocateNodes(x, y)`.
-    fn colocate(&mut self, x: u32, y: u32, constraint: &Constraint) -> Result<()> {
+    /// `constraint` says why (built only if the colocation fails).
+    fn colocate(&mut self, x: u32, y: u32, constraint: &dyn Fn() -> Constraint) -> Result<()> {
         let (xr, yr) = (self.find(x), self.find(y));
         if xr == yr {
             return Ok(());
@@ -380,7 +501,7 @@ impl<'a> State<'a> {
         let (x_name, y_name) = (self.name(x), self.name(y));
         if self.members[new as usize].names.is_some() || self.members[old as usize].names.is_some()
         {
-            let mut merged = self.names(new);
+            let mut merged = Names::clone(&self.names(new));
             let other = self.names(old);
             let soft =
                 if self.options.allow_soft_placement { MergeMode::Soft } else { MergeMode::Hard };
@@ -401,14 +522,14 @@ impl<'a> State<'a> {
             merged.requested.ensure_specification(&resource);
             // TF writes the merged names before checking the types (and keeps them if
             // that check fails).
-            self.members[new as usize].names = Some(Box::new(merged));
+            self.members[new as usize].names = Some(Rc::new(merged));
         }
         let (nt, ot) = (
             self.members[new as usize].supported.clone(),
             self.members[old as usize].supported.clone(),
         );
         let merged_types =
-            if Rc::ptr_eq(&nt, &ot) { nt } else { Rc::new(self.merge_types(&nt, &ot)) };
+            if Rc::ptr_eq(&nt, &ot) { nt } else { self.intern_types(self.merge_types(&nt, &ot)) };
         if merged_types.is_empty() {
             let (xr_types, yr_types) = (
                 self.members[xr as usize].supported.clone(),
@@ -417,7 +538,7 @@ impl<'a> State<'a> {
             return Err(Error::NoCommonDeviceType {
                 node: x_name.to_owned(),
                 other: y_name.to_owned(),
-                constraint: Box::new(constraint.clone()),
+                constraint: Box::new(constraint()),
                 node_types: self.type_names(&xr_types),
                 other_types: self.type_names(&yr_types),
             });
@@ -450,7 +571,9 @@ impl<'a> State<'a> {
     }
 
     fn initialize_members(&mut self) -> Result<()> {
-        let mut cache: HashMap<*const OpDef, Rc<Types>> = HashMap::new();
+        let mut cache: FxHashMap<*const OpDef, Rc<Types>> = FxHashMap::default();
+        // Identical requests share one `Rc<Names>` (per kind: plain, or resource generator).
+        let mut parsed_requests: FxHashMap<(&str, bool), Option<Rc<Names>>> = FxHashMap::default();
         for i in 0..self.graph.len() as u32 {
             let node = self.graph.node(NodeId(i));
             let op = self.ops[i as usize];
@@ -458,7 +581,7 @@ impl<'a> State<'a> {
             let supported = match cache.get(&key) {
                 Some(s) => s.clone(),
                 None => {
-                    let s = Rc::new(self.supported_for(i));
+                    let s = self.intern_types(self.supported_for(i));
                     // The remote-address-space rule depends on the node's request; only
                     // lists with a local kernel are shared.
                     if !op.kernels.is_empty() {
@@ -500,7 +623,7 @@ impl<'a> State<'a> {
                         op: node.op.clone(),
                     });
                 }
-                member.names = Some(Box::new(Names {
+                member.names = Some(Rc::new(Names {
                     requested: parsed.clone(),
                     assigned: parsed,
                     resource: DeviceName::default(),
@@ -519,22 +642,21 @@ impl<'a> State<'a> {
                     });
                 }
                 if !node.requested_device.is_empty() {
-                    let parsed = DeviceName::parse(&node.requested_device).map_err(|_| {
-                        Error::MalformedDeviceSpec {
+                    let generator = op.is_ref_or_resource_generator();
+                    let names = parsed_requests
+                        .entry((node.requested_device.as_str(), generator))
+                        .or_insert_with(|| {
+                            let parsed = DeviceName::parse(&node.requested_device).ok()?;
+                            let resource =
+                                if generator { parsed.clone() } else { DeviceName::default() };
+                            Some(Rc::new(Names { requested: parsed, resource, ..Names::default() }))
+                        })
+                        .clone()
+                        .ok_or_else(|| Error::MalformedDeviceSpec {
                             node: node.name.clone(),
                             spec: node.requested_device.clone(),
-                        }
-                    })?;
-                    let names = if op.is_ref_or_resource_generator() {
-                        Names {
-                            requested: parsed.clone(),
-                            resource: parsed,
-                            assigned: DeviceName::default(),
-                        }
-                    } else {
-                        Names { requested: parsed, ..Names::default() }
-                    };
-                    member.names = Some(Box::new(names));
+                        })?;
+                    member.names = Some(names);
                 }
             }
             self.members.push(member);
@@ -559,9 +681,9 @@ impl<'a> State<'a> {
     /// TF's `ColocateResourceOrRefEdge`.
     fn colocate_resource_or_ref_edge(&mut self, src: u32, dst: u32) -> Result<()> {
         let (sr, dr) = (self.find(src), self.find(dst));
-        let (s_names, mut d_names) = (self.names(sr), self.names(dr));
+        let (s_names, d_names) = (self.names(sr), self.names(dr));
         // A composite device's resource feeding a physical device: not colocated.
-        let composite_to_physical = |a: &DeviceName, b: &DeviceName| matches!((&a.device_type, &b.device_type), (Some(x), Some(y)) if x == COMPOSITE && y != COMPOSITE);
+        let composite_to_physical = |a: &DeviceName, b: &DeviceName| matches!((&a.device_type, &b.device_type), (Some(x), Some(y)) if &**x == COMPOSITE && &**y != COMPOSITE);
         if composite_to_physical(&s_names.assigned, &d_names.assigned)
             || composite_to_physical(&s_names.resource, &d_names.resource)
             || composite_to_physical(&s_names.requested, &d_names.requested)
@@ -585,14 +707,15 @@ impl<'a> State<'a> {
         }
         if !s_names.requested.is_compatible_with(&d_names.requested) {
             // The destination's request is silently replaced by the source's.
+            let mut d_names = Names::clone(&d_names);
             d_names.requested = s_names.requested.clone();
             let (assigned, resource) = (d_names.assigned.clone(), d_names.resource.clone());
             d_names.requested.ensure_specification(&assigned);
             d_names.requested.ensure_specification(&resource);
-            self.members[dr as usize].names = Some(Box::new(d_names));
+            self.members[dr as usize].names = Some(Rc::new(d_names));
         }
         let constraint =
-            Constraint::ResourceEdge { src: src_name.to_owned(), dst: dst_name.to_owned() };
+            || Constraint::ResourceEdge { src: src_name.to_owned(), dst: dst_name.to_owned() };
         self.colocate(src, dst, &constraint).map_err(|cause| Error::RefEdgeColocation {
             src: src_name.to_owned(),
             dst: dst_name.to_owned(),
@@ -603,31 +726,24 @@ impl<'a> State<'a> {
     /// TF's `ColocateAllNodes`: each `loc:@` entry, then the node's own name.
     fn colocate_all_nodes(&mut self) -> Result<()> {
         let graph = self.graph;
-        // Group anchors keyed by node id (names of nodes) or by name (ghost groups).
+        // Group anchors keyed by node id (groups named after a node) or by name (groups
+        // named after no node).
         let mut anchor: Vec<Option<u32>> = vec![None; graph.len()];
-        let mut ghosts: HashMap<&str, u32> = HashMap::new();
+        let mut ghosts: FxHashMap<&str, Option<u32>> = FxHashMap::default();
         for (id, node) in graph.nodes() {
             let i = id.0;
-            for target in node
-                .colocation
-                .iter()
-                .map(String::as_str)
-                .chain(std::iter::once(node.name.as_str()))
-            {
-                let slot = match graph.id(target) {
-                    Some(t) => anchor[t.index()],
-                    None => ghosts.get(target).copied(),
+            let listed = node.colocation.iter().map(|t| (t.as_str(), graph.id(t)));
+            let own = std::iter::once((node.name.as_str(), Some(id)));
+            for (target, target_id) in listed.chain(own) {
+                let slot = match target_id {
+                    Some(t) => &mut anchor[t.index()],
+                    None => ghosts.entry(target).or_insert(None),
                 };
-                let Some(root_node) = slot else {
-                    match graph.id(target) {
-                        Some(t) => anchor[t.index()] = Some(i),
-                        None => {
-                            ghosts.insert(target, i);
-                        }
-                    }
+                let Some(root_node) = *slot else {
+                    *slot = Some(i);
                     continue;
                 };
-                let constraint = Constraint::Group { group: target.to_owned() };
+                let constraint = || Constraint::Group { group: target.to_owned() };
                 if let Err(e) = self.colocate(i, root_node, &constraint)
                     && !self.options.allow_soft_placement
                 {
@@ -644,10 +760,11 @@ impl<'a> State<'a> {
 
     /// TF's `MaybeExcludeXlaDevices`.
     fn maybe_exclude_xla(&mut self, root: u32) {
-        let supported = self.members[root as usize].supported.clone();
-        if !supported.iter().any(|&(t, _)| Self::is_xla(&self.types[t as usize])) {
+        let supported = &self.members[root as usize].supported;
+        if !supported.iter().any(|&(t, _)| self.xla_type[t as usize]) {
             return;
         }
+        let supported = supported.clone();
         if let Some(names) = &self.members[root as usize].names {
             for n in [&names.requested, &names.assigned, &names.resource] {
                 if n.device_type.as_deref().is_some_and(|t| Self::is_xla(t) || t == COMPOSITE) {
@@ -655,13 +772,10 @@ impl<'a> State<'a> {
                 }
             }
         }
-        let non_xla: Types = supported
-            .iter()
-            .copied()
-            .filter(|&(t, _)| !Self::is_xla(&self.types[t as usize]))
-            .collect();
+        let non_xla: Types =
+            supported.iter().copied().filter(|&(t, _)| !self.xla_type[t as usize]).collect();
         if !non_xla.is_empty() && non_xla.len() < supported.len() {
-            self.members[root as usize].supported = Rc::new(non_xla);
+            self.members[root as usize].supported = self.intern_types(non_xla);
         }
     }
 
@@ -710,46 +824,52 @@ impl<'a> State<'a> {
             .collect()
     }
 
-    /// TF's `GetDevicesForNode`.
+    /// TF's `GetDevicesForNode`. Candidate lists are cached per root, and shared between
+    /// groups with the same request and supported types.
     fn devices_for(&mut self, i: u32) -> Result<Rc<[u32]>> {
         let root = self.find(i);
         if let Some(p) = &self.members[root as usize].possible {
             return Ok(p.clone());
         }
         let supported = self.members[root as usize].supported.clone();
-        let has_names = self.members[root as usize].names.is_some()
-            || self.members[root as usize].pinned.is_some();
-        let names = if has_names { self.names(root) } else { Names::default() };
-        let devices: Rc<[u32]> = if names.requested.has_some_details() {
-            let mut devices = self.matching(&names.requested);
-            if !devices.is_empty() {
-                devices = self.filter_supported(&devices, &supported);
-            }
-            if devices.is_empty() && self.options.allow_soft_placement {
-                devices = self.soft_candidates(&names, &supported);
-            }
-            if devices.is_empty() {
-                return Err(self.no_candidates_error(i, root, &names));
-            }
-            devices.into()
-        } else {
-            match self.unconstrained.get(supported.as_ref()) {
-                Some(d) => d.clone(),
-                None => {
-                    let all: Vec<u32> = (0..self.set.devices().len() as u32).collect();
-                    let devices = self.filter_supported(&all, &supported);
-                    if devices.is_empty() {
-                        let node = self.graph.node(NodeId(i));
-                        return Err(Error::NoSupportedDevice {
-                            node: node.name.clone(),
-                            op: node.op.clone(),
-                        });
-                    }
-                    let devices: Rc<[u32]> = devices.into();
-                    self.unconstrained.insert(supported.as_ref().clone(), devices.clone());
-                    devices
+        let member = &self.members[root as usize];
+        let constrained = member.pinned.is_some()
+            || member.names.as_ref().is_some_and(|n| n.requested.has_some_details());
+        let devices: Rc<[u32]> = if constrained {
+            let names = self.names(root);
+            let key = (names.requested.clone(), ByAddress(supported.clone()));
+            if let Some(d) = self.constrained.get(&key) {
+                d.clone()
+            } else {
+                let mut devices = self.matching(&names.requested);
+                if !devices.is_empty() {
+                    devices = self.filter_supported(&devices, &supported);
                 }
+                if devices.is_empty() && self.options.allow_soft_placement {
+                    devices = self.soft_candidates(&names, &supported);
+                }
+                if devices.is_empty() {
+                    return Err(self.no_candidates_error(i, root, &names));
+                }
+                let devices: Rc<[u32]> = devices.into();
+                self.constrained.insert(key, devices.clone());
+                devices
             }
+        } else if let Some(d) = self.unconstrained.get(&ByAddress(supported.clone())) {
+            d.clone()
+        } else {
+            let all: Vec<u32> = (0..self.set.devices().len() as u32).collect();
+            let devices = self.filter_supported(&all, &supported);
+            if devices.is_empty() {
+                let node = self.graph.node(NodeId(i));
+                return Err(Error::NoSupportedDevice {
+                    node: node.name.clone(),
+                    op: node.op.clone(),
+                });
+            }
+            let devices: Rc<[u32]> = devices.into();
+            self.unconstrained.insert(ByAddress(supported), devices.clone());
+            devices
         };
         self.members[root as usize].possible = Some(devices.clone());
         Ok(devices)
@@ -803,7 +923,7 @@ impl<'a> State<'a> {
                     Error::NoKernelForRequestedType {
                         node: node.name.clone(),
                         requested: node.requested_device.clone(),
-                        device_type: t.clone(),
+                        device_type: t.to_string(),
                         op: node.op.clone(),
                     }
                 } else {
@@ -843,39 +963,35 @@ impl<'a> State<'a> {
 
     /// TF's `Member::AssignDevice`: merges the device's full name into the group (hard
     /// for assigned, override for resource and requested).
-    fn assign(&mut self, i: u32, device: u32) -> Result<()> {
+    ///
+    /// A device chosen from the group's candidates matches every name of the group, so
+    /// the merge cannot fail and only leaves every name equal to the device's: it is
+    /// recorded as a pin and materialised when the names are next read. A framework
+    /// assignment (`checked`) may conflict with the group and is merged at once.
+    fn assign(&mut self, i: u32, device: u32, checked: bool) -> Result<()> {
         let root = self.find(i);
-        let m = &self.members[root as usize];
-        if m.pinned == Some(device) {
+        if self.members[root as usize].pinned == Some(device) {
             return Ok(());
         }
-        if m.names.is_none() && m.pinned.is_none() {
-            // Merging into empty names cannot fail: pin lazily, no allocation.
-            let m = &mut self.members[root as usize];
-            m.pinned = Some(device);
-            m.pinned_merged = false;
-            m.possible = None;
-            return Ok(());
+        if checked {
+            let parsed = self.set.devices()[device as usize].parsed().clone();
+            let names = self.names_mut(root);
+            let group_device = names.assigned.to_string();
+            let merged = names.assigned.merge(&parsed, MergeMode::Hard).is_ok()
+                && names.resource.merge(&parsed, MergeMode::Override).is_ok()
+                && names.requested.merge(&parsed, MergeMode::Override).is_ok();
+            if !merged {
+                let node = self.graph.node(NodeId(i));
+                return Err(Error::AssignedConflict {
+                    node: node.name.clone(),
+                    device: parsed.to_string(),
+                    group_device,
+                });
+            }
         }
-        let parsed = self.set.devices()[device as usize].parsed().clone();
-        let names = self.names_mut(root);
-        let group_device = names.assigned.to_string();
-        if names.assigned.merge(&parsed, MergeMode::Hard).is_err() {
-            let node = self.graph.node(NodeId(i));
-            return Err(Error::AssignedConflict {
-                node: node.name.clone(),
-                device: parsed.to_string(),
-                group_device,
-            });
-        }
-        names
-            .resource
-            .merge(&parsed, MergeMode::Override)
-            .expect("override merges of a full name only fail on the address space");
-        let _ = names.requested.merge(&parsed, MergeMode::Override);
         let m = &mut self.members[root as usize];
         m.pinned = Some(device);
-        m.pinned_merged = true;
+        m.pinned_merged = checked;
         m.possible = None;
         Ok(())
     }
@@ -895,12 +1011,11 @@ impl<'a> State<'a> {
         {
             return false;
         }
-        let ins = &self.in_edges[i as usize];
-        let outs = &self.out_edges[i as usize];
+        let (ins, outs) = (self.in_edges(i), self.out_edges(i));
         if ins.len() > 1 || outs.len() > 1 {
             return false;
         }
-        self.requested(ins.first().map(|e| e.0)) == self.requested(outs.first().copied())
+        self.requested(ins.first().copied()) == self.requested(outs.first().copied())
     }
 
     fn run(&mut self) -> Result<Placement> {
@@ -911,7 +1026,7 @@ impl<'a> State<'a> {
         let logging = self.options.log_device_placement;
         for i in 0..n as u32 {
             if let Some(d) = self.assigned[i as usize] {
-                self.assign(i, d)?;
+                self.assign(i, d, true)?;
                 placed[i as usize] = Some(d);
                 if logging {
                     log.push(LogEntry {
@@ -932,7 +1047,7 @@ impl<'a> State<'a> {
             let op = self.ops[i as usize];
             let identity = !op.is_metadata && self.match_identity(i);
             if (op.is_metadata || identity)
-                && let Some(&(src, _)) = self.in_edges[i as usize].first()
+                && let Some(&src) = self.in_edges(i).first()
                 && let Some(d) = placed[src as usize]
                 && devices.contains(&d)
             {
@@ -941,7 +1056,7 @@ impl<'a> State<'a> {
                 choice = Some((d, reason));
             }
             let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
-            self.assign(i, d)?;
+            self.assign(i, d, false)?;
             placed[i as usize] = Some(d);
             if logging {
                 log.push(LogEntry {
@@ -954,7 +1069,7 @@ impl<'a> State<'a> {
         }
         for i in second {
             let devices = self.devices_for(i)?;
-            let outs = &self.out_edges[i as usize];
+            let outs = self.out_edges(i);
             let mut choice = None;
             if let Some(&first) = outs.first() {
                 let target = placed[first as usize];
@@ -966,7 +1081,7 @@ impl<'a> State<'a> {
                 }
             }
             let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
-            self.assign(i, d)?;
+            self.assign(i, d, false)?;
             placed[i as usize] = Some(d);
             if logging {
                 log.push(LogEntry {
@@ -984,4 +1099,16 @@ impl<'a> State<'a> {
             log,
         })
     }
+}
+
+/// `[0, c0, c0+c1, ...]`: the start of each node's slice in a flat edge list.
+fn prefix_sums(counts: &[u32]) -> Vec<u32> {
+    let mut start = Vec::with_capacity(counts.len() + 1);
+    let mut acc = 0u32;
+    start.push(0);
+    for c in counts {
+        acc += c;
+        start.push(acc);
+    }
+    start
 }
