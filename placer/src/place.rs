@@ -1,9 +1,6 @@
 //! The placer: TF's `ColocationGraph` (union-find groups with merged device names and
 //! supported types) and `Placer::Run` (two passes with TF's heuristics).
 
-use std::hash::{Hash, Hasher};
-use std::rc::Rc;
-
 use rustc_hash::FxHashMap;
 
 use crate::device::COMPOSITE;
@@ -108,19 +105,26 @@ struct Names {
     resource: DeviceName,
 }
 
-#[derive(Debug, Clone)]
+/// "No value" for the `u32` indices below.
+const NONE: u32 = u32::MAX;
+
+/// A union-find node. Plain indices, no ownership: a million of them are 28 MB and
+/// dropping them is free.
+#[derive(Debug, Clone, Copy)]
 struct Member {
     parent: u32,
     rank: u32,
-    /// `None` while every name is empty (most members): no allocation.
-    names: Option<Rc<Names>>,
-    /// The group's device once assigned; the names then hold it too, materialised
-    /// lazily (see [`State::names_mut`]).
-    pinned: Option<u32>,
-    /// Whether `names` already include the pinned device.
+    /// Index into `State::names`; 0 is the empty entry. Entries are shared (identical
+    /// requests point at one) and never changed in place: a change adds an entry.
+    names: u32,
+    /// The group's device once assigned, or `NONE`. The names then hold it too: until
+    /// `pinned_merged`, only implicitly (see [`State::names_of`]).
+    pinned: u32,
     pinned_merged: bool,
-    supported: Rc<Types>,
-    possible: Option<Rc<[u32]>>,
+    /// Index into `State::type_lists`.
+    supported: u32,
+    /// Index into `State::candidates`, or `NONE` until computed.
+    possible: u32,
 }
 
 struct State<'a> {
@@ -133,6 +137,8 @@ struct State<'a> {
     type_priority: Vec<i32>,
     device_type: Vec<u16>,
     composite: Vec<bool>,
+    /// Per device type: whether it is an XLA type.
+    xla_type: Vec<bool>,
     local_address: DeviceName,
     members: Vec<Member>,
     /// In-edge sources per node (CSR): data inputs in input order, then control inputs.
@@ -143,40 +149,19 @@ struct State<'a> {
     out_dst: Vec<u32>,
     /// Per node: pre-assigned device index.
     assigned: Vec<Option<u32>>,
-    /// Every distinct supported-types list, shared: equal lists are one `Rc`, so the
-    /// caches below can key on its address.
-    type_lists: FxHashMap<Types, Rc<Types>>,
+    /// Group device names (entry 0: all empty).
+    names: Vec<Names>,
+    /// Per device: the `names` entry with every name equal to it, once made.
+    device_names: Vec<u32>,
+    /// Every distinct supported-types list, and the index of each.
+    type_lists: Vec<Types>,
+    type_ids: FxHashMap<Types, u32>,
+    /// Candidate-device lists, best first.
+    candidates: Vec<Vec<u32>>,
     /// Candidates for groups with no request, by supported-types list.
-    unconstrained: FxHashMap<ByAddress<Types>, Rc<[u32]>>,
+    unconstrained: Vec<u32>,
     /// Candidates for requested groups, by (request, supported-types list).
-    constrained: FxHashMap<(DeviceName, ByAddress<Types>), Rc<[u32]>>,
-    /// Per device type: whether it is an XLA type.
-    xla_type: Vec<bool>,
-}
-
-/// An `Rc` compared and hashed by address. Holding it keeps the address from being
-/// reused, so it is a sound cache key for content that is never mutated in place (the
-/// `Rc`s here are only changed through `Rc::make_mut`, which copies a shared value).
-struct ByAddress<T>(Rc<T>);
-
-impl<T> Clone for ByAddress<T> {
-    fn clone(&self) -> Self {
-        ByAddress(self.0.clone())
-    }
-}
-
-impl<T> PartialEq for ByAddress<T> {
-    fn eq(&self, other: &Self) -> bool {
-        Rc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl<T> Eq for ByAddress<T> {}
-
-impl<T> Hash for ByAddress<T> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        Rc::as_ptr(&self.0).hash(state);
-    }
+    constrained: FxHashMap<(DeviceName, u32), u32>,
 }
 
 fn merge_err(
@@ -248,8 +233,12 @@ impl<'a> State<'a> {
             out_start: Vec::new(),
             out_dst: Vec::new(),
             assigned: vec![None; n],
-            type_lists: FxHashMap::default(),
-            unconstrained: FxHashMap::default(),
+            names: vec![Names::default()],
+            device_names: vec![NONE; set.devices().len()],
+            type_lists: Vec::new(),
+            type_ids: FxHashMap::default(),
+            candidates: Vec::new(),
+            unconstrained: Vec::new(),
             constrained: FxHashMap::default(),
             xla_type: Vec::new(),
         };
@@ -433,14 +422,16 @@ impl<'a> State<'a> {
         }
     }
 
-    /// The shared `Rc` of a type list.
-    fn intern_types(&mut self, types: Types) -> Rc<Types> {
-        if let Some(rc) = self.type_lists.get(&types) {
-            return rc.clone();
+    /// The index of a type list (equal lists share one).
+    fn intern_types(&mut self, types: Types) -> u32 {
+        if let Some(&id) = self.type_ids.get(&types) {
+            return id;
         }
-        let rc = Rc::new(types.clone());
-        self.type_lists.insert(types, rc.clone());
-        rc
+        let id = self.type_lists.len() as u32;
+        self.type_lists.push(types.clone());
+        self.type_ids.insert(types, id);
+        self.unconstrained.push(NONE);
+        id
     }
 
     fn type_names(&self, v: &Types) -> Vec<String> {
@@ -463,27 +454,29 @@ impl<'a> State<'a> {
         root
     }
 
-    /// The root's names, with a lazily pinned device merged in.
-    fn names_mut(&mut self, root: u32) -> &mut Names {
-        let m = &mut self.members[root as usize];
-        let names = Rc::make_mut(m.names.get_or_insert_with(Rc::default));
-        if let (Some(d), false) = (m.pinned, m.pinned_merged) {
-            let device = self.set.devices()[d as usize].parsed();
-            names.assigned = device.clone();
-            names.resource = device.clone();
-            names.requested = device.clone();
+    /// The root's names entry, with a lazily pinned device merged in.
+    fn names_of(&mut self, root: u32) -> u32 {
+        let m = self.members[root as usize];
+        if m.pinned != NONE && !m.pinned_merged {
+            let d = m.pinned as usize;
+            if self.device_names[d] == NONE {
+                let device = self.set.devices()[d].parsed().clone();
+                self.device_names[d] = self.add_names(Names {
+                    requested: device.clone(),
+                    assigned: device.clone(),
+                    resource: device,
+                });
+            }
+            let m = &mut self.members[root as usize];
+            m.names = self.device_names[d];
             m.pinned_merged = true;
         }
-        names
+        self.members[root as usize].names
     }
 
-    /// The root's names (shared; cheap to clone).
-    fn names(&mut self, root: u32) -> Rc<Names> {
-        let m = &self.members[root as usize];
-        if m.pinned.is_some() && !m.pinned_merged {
-            self.names_mut(root);
-        }
-        self.members[root as usize].names.clone().unwrap_or_default()
+    fn add_names(&mut self, names: Names) -> u32 {
+        self.names.push(names);
+        (self.names.len() - 1) as u32
     }
 
     /// TF's `ColocateNodes(x, y)`.
@@ -499,10 +492,10 @@ impl<'a> State<'a> {
             (xr, yr)
         };
         let (x_name, y_name) = (self.name(x), self.name(y));
-        if self.members[new as usize].names.is_some() || self.members[old as usize].names.is_some()
-        {
-            let mut merged = Names::clone(&self.names(new));
-            let other = self.names(old);
+        let (new_names, old_names) = (self.names_of(new), self.names_of(old));
+        if new_names != 0 || old_names != 0 {
+            let mut merged = self.names[new_names as usize].clone();
+            let other = &self.names[old_names as usize];
             let soft =
                 if self.options.allow_soft_placement { MergeMode::Soft } else { MergeMode::Hard };
             merged
@@ -522,18 +515,20 @@ impl<'a> State<'a> {
             merged.requested.ensure_specification(&resource);
             // TF writes the merged names before checking the types (and keeps them if
             // that check fails).
-            self.members[new as usize].names = Some(Rc::new(merged));
+            self.members[new as usize].names = self.add_names(merged);
         }
-        let (nt, ot) = (
-            self.members[new as usize].supported.clone(),
-            self.members[old as usize].supported.clone(),
-        );
-        let merged_types =
-            if Rc::ptr_eq(&nt, &ot) { nt } else { self.intern_types(self.merge_types(&nt, &ot)) };
-        if merged_types.is_empty() {
+        let (nt, ot) = (self.members[new as usize].supported, self.members[old as usize].supported);
+        let merged_types = if nt == ot {
+            nt
+        } else {
+            let merged =
+                self.merge_types(&self.type_lists[nt as usize], &self.type_lists[ot as usize]);
+            self.intern_types(merged)
+        };
+        if self.type_lists[merged_types as usize].is_empty() {
             let (xr_types, yr_types) = (
-                self.members[xr as usize].supported.clone(),
-                self.members[yr as usize].supported.clone(),
+                self.type_lists[self.members[xr as usize].supported as usize].clone(),
+                self.type_lists[self.members[yr as usize].supported as usize].clone(),
             );
             return Err(Error::NoCommonDeviceType {
                 node: x_name.to_owned(),
@@ -571,21 +566,22 @@ impl<'a> State<'a> {
     }
 
     fn initialize_members(&mut self) -> Result<()> {
-        let mut cache: FxHashMap<*const OpDef, Rc<Types>> = FxHashMap::default();
-        // Identical requests share one `Rc<Names>` (per kind: plain, or resource generator).
-        let mut parsed_requests: FxHashMap<(&str, bool), Option<Rc<Names>>> = FxHashMap::default();
+        let mut cache: FxHashMap<*const OpDef, u32> = FxHashMap::default();
+        // Identical requests share one names entry (per kind: plain, or resource
+        // generator); `None` marks a malformed request.
+        let mut parsed_requests: FxHashMap<(&str, bool), Option<u32>> = FxHashMap::default();
         for i in 0..self.graph.len() as u32 {
             let node = self.graph.node(NodeId(i));
             let op = self.ops[i as usize];
             let key: *const OpDef = op;
             let supported = match cache.get(&key) {
-                Some(s) => s.clone(),
+                Some(&s) => s,
                 None => {
                     let s = self.intern_types(self.supported_for(i));
                     // The remote-address-space rule depends on the node's request; only
                     // lists with a local kernel are shared.
                     if !op.kernels.is_empty() {
-                        cache.insert(key, s.clone());
+                        cache.insert(key, s);
                     }
                     s
                 }
@@ -593,12 +589,13 @@ impl<'a> State<'a> {
             let mut member = Member {
                 parent: i,
                 rank: 0,
-                names: None,
-                pinned: None,
+                names: 0,
+                pinned: NONE,
                 pinned_merged: false,
                 supported,
-                possible: None,
+                possible: NONE,
             };
+            let supported_types = &self.type_lists[supported as usize];
             if let Some(assigned) = &node.assigned_device {
                 let parsed =
                     DeviceName::parse(assigned).map_err(|_| Error::MalformedAssignedDevice {
@@ -616,21 +613,21 @@ impl<'a> State<'a> {
                         available: self.set.devices().iter().map(|d| d.name().to_owned()).collect(),
                     })?;
                 let t = self.device_type[index];
-                if !self.composite[index] && !member.supported.iter().any(|&(s, _)| s == t) {
+                if !self.composite[index] && !supported_types.iter().any(|&(s, _)| s == t) {
                     return Err(Error::AssignedDeviceUnsupported {
                         node: node.name.clone(),
                         device: assigned.clone(),
                         op: node.op.clone(),
                     });
                 }
-                member.names = Some(Rc::new(Names {
+                member.names = self.add_names(Names {
                     requested: parsed.clone(),
                     assigned: parsed,
                     resource: DeviceName::default(),
-                }));
+                });
                 self.assigned[i as usize] = Some(index as u32);
             } else {
-                if member.supported.is_empty() {
+                if supported_types.is_empty() {
                     return Err(Error::NoKernel {
                         node: node.name.clone(),
                         op: node.op.clone(),
@@ -643,20 +640,31 @@ impl<'a> State<'a> {
                 }
                 if !node.requested_device.is_empty() {
                     let generator = op.is_ref_or_resource_generator();
-                    let names = parsed_requests
-                        .entry((node.requested_device.as_str(), generator))
-                        .or_insert_with(|| {
-                            let parsed = DeviceName::parse(&node.requested_device).ok()?;
-                            let resource =
-                                if generator { parsed.clone() } else { DeviceName::default() };
-                            Some(Rc::new(Names { requested: parsed, resource, ..Names::default() }))
-                        })
-                        .clone()
-                        .ok_or_else(|| Error::MalformedDeviceSpec {
-                            node: node.name.clone(),
-                            spec: node.requested_device.clone(),
-                        })?;
-                    member.names = Some(names);
+                    let key = (node.requested_device.as_str(), generator);
+                    let entry = match parsed_requests.get(&key) {
+                        Some(&entry) => entry,
+                        None => {
+                            let entry =
+                                DeviceName::parse(&node.requested_device).ok().map(|parsed| {
+                                    let resource = if generator {
+                                        parsed.clone()
+                                    } else {
+                                        DeviceName::default()
+                                    };
+                                    self.add_names(Names {
+                                        requested: parsed,
+                                        resource,
+                                        ..Names::default()
+                                    })
+                                });
+                            parsed_requests.insert(key, entry);
+                            entry
+                        }
+                    };
+                    member.names = entry.ok_or_else(|| Error::MalformedDeviceSpec {
+                        node: node.name.clone(),
+                        spec: node.requested_device.clone(),
+                    })?;
                 }
             }
             self.members.push(member);
@@ -681,7 +689,8 @@ impl<'a> State<'a> {
     /// TF's `ColocateResourceOrRefEdge`.
     fn colocate_resource_or_ref_edge(&mut self, src: u32, dst: u32) -> Result<()> {
         let (sr, dr) = (self.find(src), self.find(dst));
-        let (s_names, d_names) = (self.names(sr), self.names(dr));
+        let (s_index, d_index) = (self.names_of(sr), self.names_of(dr));
+        let (s_names, d_names) = (&self.names[s_index as usize], &self.names[d_index as usize]);
         // A composite device's resource feeding a physical device: not colocated.
         let composite_to_physical = |a: &DeviceName, b: &DeviceName| matches!((&a.device_type, &b.device_type), (Some(x), Some(y)) if &**x == COMPOSITE && &**y != COMPOSITE);
         if composite_to_physical(&s_names.assigned, &d_names.assigned)
@@ -707,12 +716,12 @@ impl<'a> State<'a> {
         }
         if !s_names.requested.is_compatible_with(&d_names.requested) {
             // The destination's request is silently replaced by the source's.
-            let mut d_names = Names::clone(&d_names);
+            let mut d_names = d_names.clone();
             d_names.requested = s_names.requested.clone();
             let (assigned, resource) = (d_names.assigned.clone(), d_names.resource.clone());
             d_names.requested.ensure_specification(&assigned);
             d_names.requested.ensure_specification(&resource);
-            self.members[dr as usize].names = Some(Rc::new(d_names));
+            self.members[dr as usize].names = self.add_names(d_names);
         }
         let constraint =
             || Constraint::ResourceEdge { src: src_name.to_owned(), dst: dst_name.to_owned() };
@@ -760,16 +769,14 @@ impl<'a> State<'a> {
 
     /// TF's `MaybeExcludeXlaDevices`.
     fn maybe_exclude_xla(&mut self, root: u32) {
-        let supported = &self.members[root as usize].supported;
+        let supported = &self.type_lists[self.members[root as usize].supported as usize];
         if !supported.iter().any(|&(t, _)| self.xla_type[t as usize]) {
             return;
         }
-        let supported = supported.clone();
-        if let Some(names) = &self.members[root as usize].names {
-            for n in [&names.requested, &names.assigned, &names.resource] {
-                if n.device_type.as_deref().is_some_and(|t| Self::is_xla(t) || t == COMPOSITE) {
-                    return;
-                }
+        let names = &self.names[self.members[root as usize].names as usize];
+        for n in [&names.requested, &names.assigned, &names.resource] {
+            if n.device_type.as_deref().is_some_and(|t| Self::is_xla(t) || t == COMPOSITE) {
+                return;
             }
         }
         let non_xla: Types =
@@ -826,40 +833,42 @@ impl<'a> State<'a> {
 
     /// TF's `GetDevicesForNode`. Candidate lists are cached per root, and shared between
     /// groups with the same request and supported types.
-    fn devices_for(&mut self, i: u32) -> Result<Rc<[u32]>> {
+    fn devices_for(&mut self, i: u32) -> Result<u32> {
         let root = self.find(i);
-        if let Some(p) = &self.members[root as usize].possible {
-            return Ok(p.clone());
+        let m = self.members[root as usize];
+        if m.possible != NONE {
+            return Ok(m.possible);
         }
-        let supported = self.members[root as usize].supported.clone();
-        let member = &self.members[root as usize];
-        let constrained = member.pinned.is_some()
-            || member.names.as_ref().is_some_and(|n| n.requested.has_some_details());
-        let devices: Rc<[u32]> = if constrained {
-            let names = self.names(root);
-            let key = (names.requested.clone(), ByAddress(supported.clone()));
-            if let Some(d) = self.constrained.get(&key) {
-                d.clone()
-            } else {
-                let mut devices = self.matching(&names.requested);
-                if !devices.is_empty() {
-                    devices = self.filter_supported(&devices, &supported);
+        let supported = m.supported;
+        let names_index = self.names_of(root);
+        let list = if self.names[names_index as usize].requested.has_some_details() {
+            let names = &self.names[names_index as usize];
+            let key = (names.requested.clone(), supported);
+            match self.constrained.get(&key) {
+                Some(&list) => list,
+                None => {
+                    let types = &self.type_lists[supported as usize];
+                    let mut devices = self.matching(&names.requested);
+                    if !devices.is_empty() {
+                        devices = self.filter_supported(&devices, types);
+                    }
+                    if devices.is_empty() && self.options.allow_soft_placement {
+                        devices = self.soft_candidates(names, types);
+                    }
+                    if devices.is_empty() {
+                        let names = names.clone();
+                        return Err(self.no_candidates_error(i, root, &names));
+                    }
+                    let list = self.add_candidates(devices);
+                    self.constrained.insert(key, list);
+                    list
                 }
-                if devices.is_empty() && self.options.allow_soft_placement {
-                    devices = self.soft_candidates(&names, &supported);
-                }
-                if devices.is_empty() {
-                    return Err(self.no_candidates_error(i, root, &names));
-                }
-                let devices: Rc<[u32]> = devices.into();
-                self.constrained.insert(key, devices.clone());
-                devices
             }
-        } else if let Some(d) = self.unconstrained.get(&ByAddress(supported.clone())) {
-            d.clone()
+        } else if self.unconstrained[supported as usize] != NONE {
+            self.unconstrained[supported as usize]
         } else {
             let all: Vec<u32> = (0..self.set.devices().len() as u32).collect();
-            let devices = self.filter_supported(&all, &supported);
+            let devices = self.filter_supported(&all, &self.type_lists[supported as usize]);
             if devices.is_empty() {
                 let node = self.graph.node(NodeId(i));
                 return Err(Error::NoSupportedDevice {
@@ -867,12 +876,17 @@ impl<'a> State<'a> {
                     op: node.op.clone(),
                 });
             }
-            let devices: Rc<[u32]> = devices.into();
-            self.unconstrained.insert(ByAddress(supported), devices.clone());
-            devices
+            let list = self.add_candidates(devices);
+            self.unconstrained[supported as usize] = list;
+            list
         };
-        self.members[root as usize].possible = Some(devices.clone());
-        Ok(devices)
+        self.members[root as usize].possible = list;
+        Ok(list)
+    }
+
+    fn add_candidates(&mut self, devices: Vec<u32>) -> u32 {
+        self.candidates.push(devices);
+        (self.candidates.len() - 1) as u32
     }
 
     /// TF's `GetSoftDeviceCandidates`: relax type and id unless assigned or resource
@@ -970,12 +984,13 @@ impl<'a> State<'a> {
     /// assignment (`checked`) may conflict with the group and is merged at once.
     fn assign(&mut self, i: u32, device: u32, checked: bool) -> Result<()> {
         let root = self.find(i);
-        if self.members[root as usize].pinned == Some(device) {
+        if self.members[root as usize].pinned == device {
             return Ok(());
         }
         if checked {
             let parsed = self.set.devices()[device as usize].parsed().clone();
-            let names = self.names_mut(root);
+            let index = self.names_of(root);
+            let mut names = self.names[index as usize].clone();
             let group_device = names.assigned.to_string();
             let merged = names.assigned.merge(&parsed, MergeMode::Hard).is_ok()
                 && names.resource.merge(&parsed, MergeMode::Override).is_ok()
@@ -988,11 +1003,12 @@ impl<'a> State<'a> {
                     group_device,
                 });
             }
+            self.members[root as usize].names = self.add_names(names);
         }
         let m = &mut self.members[root as usize];
-        m.pinned = Some(device);
+        m.pinned = device;
         m.pinned_merged = checked;
-        m.possible = None;
+        m.possible = NONE;
         Ok(())
     }
 
@@ -1020,20 +1036,21 @@ impl<'a> State<'a> {
 
     fn run(&mut self) -> Result<Placement> {
         let n = self.graph.len();
-        let mut placed: Vec<Option<u32>> = vec![None; n];
+        let mut placed: Vec<u32> = vec![NONE; n];
         let mut log = Vec::new();
         let mut second = Vec::new();
         let logging = self.options.log_device_placement;
         for i in 0..n as u32 {
             if let Some(d) = self.assigned[i as usize] {
                 self.assign(i, d, true)?;
-                placed[i as usize] = Some(d);
+                placed[i as usize] = d;
                 if logging {
+                    let candidates = vec![d as usize];
                     log.push(LogEntry {
                         node: NodeId(i),
                         device: d as usize,
                         reason: Reason::PreAssigned,
-                        candidates: vec![d as usize],
+                        candidates,
                     });
                 }
                 continue;
@@ -1042,62 +1059,52 @@ impl<'a> State<'a> {
                 second.push(i);
                 continue;
             }
-            let devices = self.devices_for(i)?;
-            let mut choice = None;
+            let list = self.devices_for(i)?;
             let op = self.ops[i as usize];
             let identity = !op.is_metadata && self.match_identity(i);
+            let devices = &self.candidates[list as usize];
+            let mut choice = (devices[0], Reason::FirstCandidate);
             if (op.is_metadata || identity)
                 && let Some(&src) = self.in_edges(i).first()
-                && let Some(d) = placed[src as usize]
-                && devices.contains(&d)
+                && placed[src as usize] != NONE
+                && devices.contains(&placed[src as usize])
             {
                 let reason =
                     if identity { Reason::IdentityFollowsInput } else { Reason::FollowsInput };
-                choice = Some((d, reason));
+                choice = (placed[src as usize], reason);
             }
-            let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
-            self.assign(i, d, false)?;
-            placed[i as usize] = Some(d);
+            let (d, reason) = choice;
             if logging {
-                log.push(LogEntry {
-                    node: NodeId(i),
-                    device: d as usize,
-                    reason,
-                    candidates: devices.iter().map(|&d| d as usize).collect(),
-                });
+                let candidates = devices.iter().map(|&d| d as usize).collect();
+                log.push(LogEntry { node: NodeId(i), device: d as usize, reason, candidates });
             }
+            self.assign(i, d, false)?;
+            placed[i as usize] = d;
         }
         for i in second {
-            let devices = self.devices_for(i)?;
+            let list = self.devices_for(i)?;
+            let devices = &self.candidates[list as usize];
             let outs = self.out_edges(i);
-            let mut choice = None;
+            let mut choice = (devices[0], Reason::FirstCandidate);
             if let Some(&first) = outs.first() {
                 let target = placed[first as usize];
-                if outs.iter().all(|&o| placed[o as usize] == target)
-                    && let Some(d) = target
-                    && devices.contains(&d)
+                if target != NONE
+                    && outs.iter().all(|&o| placed[o as usize] == target)
+                    && devices.contains(&target)
                 {
-                    choice = Some((d, Reason::FollowsConsumers));
+                    choice = (target, Reason::FollowsConsumers);
                 }
             }
-            let (d, reason) = choice.unwrap_or((devices[0], Reason::FirstCandidate));
-            self.assign(i, d, false)?;
-            placed[i as usize] = Some(d);
+            let (d, reason) = choice;
             if logging {
-                log.push(LogEntry {
-                    node: NodeId(i),
-                    device: d as usize,
-                    reason,
-                    candidates: devices.iter().map(|&d| d as usize).collect(),
-                });
+                let candidates = devices.iter().map(|&d| d as usize).collect();
+                log.push(LogEntry { node: NodeId(i), device: d as usize, reason, candidates });
             }
+            self.assign(i, d, false)?;
+            placed[i as usize] = d;
         }
         let groups = (0..n as u32).map(|i| self.find(i)).collect();
-        Ok(Placement {
-            devices: placed.into_iter().map(|d| d.expect("every node placed") as usize).collect(),
-            groups,
-            log,
-        })
+        Ok(Placement { devices: placed.into_iter().map(|d| d as usize).collect(), groups, log })
     }
 }
 
