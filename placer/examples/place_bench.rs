@@ -76,7 +76,24 @@ fn build(n: usize) -> Graph {
         names.push(name.clone());
         if op == "VarHandleOp" && names.len() < n {
             let read = format!("n{}", names.len());
-            g.add_node(Node::new(&read, "ReadVariableOp")).unwrap();
+            let request = if rng.below(10) < 3 {
+                format!("/device:CPU:{}", rng.below(8))
+            } else {
+                String::new()
+            };
+            let colocation: Vec<String> = if rng.below(10) == 0 {
+                vec![names[rng.below(names.len())].clone()]
+            } else {
+                Vec::new()
+            };
+            let node = Node {
+                name: read.clone(),
+                op: "ReadVariableOp".into(),
+                requested_device: request,
+                assigned_device: None,
+                colocation,
+            };
+            g.add_node(node).unwrap();
             g.add_edge(&name, 0, &read, 0).unwrap();
             names.push(read);
             last_value = Some(names.len() - 1);

@@ -1,7 +1,7 @@
 //! Dataflow graphs to place: named nodes with requested/assigned devices and colocation
 //! lists, data edges between numbered outputs and inputs, and control edges.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use petgraph::graph::{DiGraph, EdgeIndex, NodeIndex};
 
@@ -77,7 +77,13 @@ impl NodeId {
 #[derive(Debug, Clone, Default)]
 pub struct Graph {
     graph: DiGraph<Node, Edge, u32>,
-    by_name: HashMap<String, NodeIndex<u32>>,
+    by_name: FxHashMap<String, NodeIndex<u32>>,
+    /// Per node: its op and its request as indices into `strings` (the placer resolves
+    /// each distinct op and parses each distinct request once).
+    op_ids: Vec<u32>,
+    request_ids: Vec<u32>,
+    strings: Vec<String>,
+    string_ids: FxHashMap<String, u32>,
 }
 
 impl Graph {
@@ -92,6 +98,10 @@ impl Graph {
             return Err(Error::DuplicateNode { name: node.name });
         }
         let name = node.name.clone();
+        let op = self.intern(&node.op);
+        let request = self.intern(&node.requested_device);
+        self.op_ids.push(op);
+        self.request_ids.push(request);
         let index = self.graph.add_node(node);
         self.by_name.insert(name, index);
         Ok(NodeId(index.index() as u32))
@@ -115,6 +125,22 @@ impl Graph {
         let (s, d) = (self.lookup(src, dst)?, self.lookup(dst, src)?);
         self.graph.add_edge(s, d, Edge::Control);
         Ok(())
+    }
+
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), id);
+        id
+    }
+
+    /// The interned op of every node, the interned request of every node, and the
+    /// interned strings: equal strings have equal ids.
+    pub(crate) fn interned(&self) -> (&[u32], &[u32], &[String]) {
+        (&self.op_ids, &self.request_ids, &self.strings)
     }
 
     fn lookup(&self, name: &str, other_end: &str) -> Result<NodeIndex<u32>> {

@@ -160,8 +160,10 @@ struct State<'a> {
     candidates: Vec<Vec<u32>>,
     /// Candidates for groups with no request, by supported-types list.
     unconstrained: Vec<u32>,
-    /// Candidates for requested groups, by (request, supported-types list).
-    constrained: FxHashMap<(DeviceName, u32), u32>,
+    /// Candidates for requested groups, by (names entry, supported-types list), and by
+    /// (request, supported-types list) for entries with equal requests.
+    constrained: FxHashMap<(u32, u32), u32>,
+    constrained_by_request: FxHashMap<(DeviceName, u32), u32>,
 }
 
 fn merge_err(
@@ -186,21 +188,22 @@ impl<'a> State<'a> {
         options: PlacerOptions,
     ) -> Result<State<'a>> {
         let n = graph.len();
+        let (op_ids, _, strings) = graph.interned();
+        let mut resolved: Vec<Option<&OpDef>> = vec![None; strings.len()];
         let mut ops = Vec::with_capacity(n);
-        let mut op_cache: FxHashMap<&str, &OpDef> = FxHashMap::default();
-        for (_, node) in graph.nodes() {
-            let op = match op_cache.get(node.op.as_str()) {
-                Some(op) => *op,
+        for (i, &op) in op_ids.iter().enumerate() {
+            let def = match resolved[op as usize] {
+                Some(def) => def,
                 None => {
-                    let op = registry.op(&node.op).ok_or_else(|| Error::UnknownOp {
-                        node: node.name.clone(),
-                        op: node.op.clone(),
+                    let def = registry.op(&strings[op as usize]).ok_or_else(|| {
+                        let node = graph.node(NodeId(i as u32));
+                        Error::UnknownOp { node: node.name.clone(), op: node.op.clone() }
                     })?;
-                    op_cache.insert(&node.op, op);
-                    op
+                    resolved[op as usize] = Some(def);
+                    def
                 }
             };
-            ops.push(op);
+            ops.push(def);
         }
         let types = set.prioritized_types();
         let type_priority = types.iter().map(|t| set.type_priority(t)).collect();
@@ -240,6 +243,7 @@ impl<'a> State<'a> {
             candidates: Vec::new(),
             unconstrained: Vec::new(),
             constrained: FxHashMap::default(),
+            constrained_by_request: FxHashMap::default(),
             xla_type: Vec::new(),
         };
         state.xla_type = state.types.iter().map(|t| Self::is_xla(t)).collect();
@@ -558,9 +562,11 @@ impl<'a> State<'a> {
         self.initialize_members()?;
         self.colocate_resource_and_ref_edges()?;
         self.colocate_all_nodes()?;
-        for i in 0..self.members.len() as u32 {
-            let root = self.find(i);
-            self.maybe_exclude_xla(root);
+        if self.xla_type.contains(&true) {
+            for i in 0..self.members.len() as u32 {
+                let root = self.find(i);
+                self.maybe_exclude_xla(root);
+            }
         }
         Ok(())
     }
@@ -569,7 +575,8 @@ impl<'a> State<'a> {
         let mut cache: FxHashMap<*const OpDef, u32> = FxHashMap::default();
         // Identical requests share one names entry (per kind: plain, or resource
         // generator); `None` marks a malformed request.
-        let mut parsed_requests: FxHashMap<(&str, bool), Option<u32>> = FxHashMap::default();
+        let request_ids = self.graph.interned().1;
+        let mut parsed_requests: FxHashMap<(u32, bool), Option<u32>> = FxHashMap::default();
         for i in 0..self.graph.len() as u32 {
             let node = self.graph.node(NodeId(i));
             let op = self.ops[i as usize];
@@ -640,7 +647,7 @@ impl<'a> State<'a> {
                 }
                 if !node.requested_device.is_empty() {
                     let generator = op.is_ref_or_resource_generator();
-                    let key = (node.requested_device.as_str(), generator);
+                    let key = (request_ids[i as usize], generator);
                     let entry = match parsed_requests.get(&key) {
                         Some(&entry) => entry,
                         None => {
@@ -842,25 +849,32 @@ impl<'a> State<'a> {
         let supported = m.supported;
         let names_index = self.names_of(root);
         let list = if self.names[names_index as usize].requested.has_some_details() {
-            let names = &self.names[names_index as usize];
-            let key = (names.requested.clone(), supported);
-            match self.constrained.get(&key) {
+            match self.constrained.get(&(names_index, supported)) {
                 Some(&list) => list,
                 None => {
-                    let types = &self.type_lists[supported as usize];
-                    let mut devices = self.matching(&names.requested);
-                    if !devices.is_empty() {
-                        devices = self.filter_supported(&devices, types);
-                    }
-                    if devices.is_empty() && self.options.allow_soft_placement {
-                        devices = self.soft_candidates(names, types);
-                    }
-                    if devices.is_empty() {
-                        let names = names.clone();
-                        return Err(self.no_candidates_error(i, root, &names));
-                    }
-                    let list = self.add_candidates(devices);
-                    self.constrained.insert(key, list);
+                    let names = &self.names[names_index as usize];
+                    let by_request = (names.requested.clone(), supported);
+                    let list = match self.constrained_by_request.get(&by_request) {
+                        Some(&list) => list,
+                        None => {
+                            let types = &self.type_lists[supported as usize];
+                            let mut devices = self.matching(&names.requested);
+                            if !devices.is_empty() {
+                                devices = self.filter_supported(&devices, types);
+                            }
+                            if devices.is_empty() && self.options.allow_soft_placement {
+                                devices = self.soft_candidates(names, types);
+                            }
+                            if devices.is_empty() {
+                                let names = names.clone();
+                                return Err(self.no_candidates_error(i, root, &names));
+                            }
+                            let list = self.add_candidates(devices);
+                            self.constrained_by_request.insert(by_request, list);
+                            list
+                        }
+                    };
+                    self.constrained.insert((names_index, supported), list);
                     list
                 }
             }
