@@ -1,6 +1,8 @@
 //! Public-API tests of meshwork-placer: the TensorFlow conformance suite.
 
+mod bad_input;
 mod conformance;
+mod props;
 mod tf_placer_test;
 
 #[test]
