@@ -356,6 +356,16 @@ pub enum Error {
         /// Its op.
         op: String,
     },
+    /// Cost-aware placement: no allowed device has memory left for the group.
+    #[error("no device allowed for node {node}'s colocation group has {group_bytes} bytes of memory left (allowed: [{}])", devices.join(", "))]
+    MemoryCapExceeded {
+        /// A node of the group.
+        node: String,
+        /// Bytes the whole group needs.
+        group_bytes: u64,
+        /// The allowed devices.
+        devices: Vec<String>,
+    },
     /// A framework-assigned device conflicts with its group's assignment.
     #[error(
         "Constraining by assigned device should not cause an error: node {node} is assigned '{device}' but its group is pinned to '{group_device}'"
@@ -394,6 +404,7 @@ impl Error {
             Error::IncompatibleGroup { .. } => "colocated_with_incompatible_group",
             Error::NoSupportedDevice { .. } => "node_had_no_kernel",
             Error::AssignedConflict { .. } => "assigned_conflict",
+            Error::MemoryCapExceeded { .. } => "memory_cap_exceeded",
             Error::NoDevices => "no_devices",
             _ => "invalid_input",
         }
@@ -415,6 +426,7 @@ impl Error {
             | Error::IncompatibleGroup { node, .. }
             | Error::NoSupportedDevice { node, .. }
             | Error::AssignedConflict { node, .. }
+            | Error::MemoryCapExceeded { node, .. }
             | Error::UnknownOp { node, .. }
             | Error::BadEdge { node, .. }
             | Error::DuplicateInput { node, .. }

@@ -21,6 +21,7 @@
 //! assert!(err.to_string().contains("dimension 1"));
 //! ```
 
+mod cost;
 mod device;
 mod error;
 mod graph;
@@ -29,6 +30,7 @@ mod name;
 mod place;
 mod registry;
 
+pub use cost::{CostModel, CostPlacement, OpCost, TableCostModel, place_with_cost};
 pub use device::{COMPOSITE, DEFAULT_TYPE_PRIORITIES, Device, DeviceSet};
 pub use error::{Constraint, Error, GroupMember, NameKind, Result};
 pub use graph::{Edge, Graph, Node, NodeId};

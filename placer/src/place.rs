@@ -54,6 +54,9 @@ pub struct LogEntry {
 pub struct Placement {
     devices: Vec<usize>,
     groups: Vec<u32>,
+    /// Per group root: the candidate list its first member was placed from.
+    allowed: Vec<u32>,
+    lists: Vec<Vec<u32>>,
     log: Vec<LogEntry>,
 }
 
@@ -71,6 +74,14 @@ impl Placement {
     /// The colocation group of every node (the id of its group's root node).
     pub fn groups(&self) -> &[u32] {
         &self.groups
+    }
+
+    /// The devices the constraints allowed `node`'s colocation group, best first (TF
+    /// picks the first unless a heuristic applies). A pre-assigned group allows only its
+    /// device.
+    pub fn allowed(&self, node: NodeId) -> &[u32] {
+        let root = self.groups[node.index()] as usize;
+        &self.lists[self.allowed[root] as usize]
     }
 
     /// The placement log (empty unless `log_device_placement` was set).
@@ -1051,11 +1062,16 @@ impl<'a> State<'a> {
     fn run(&mut self) -> Result<Placement> {
         let n = self.graph.len();
         let mut placed: Vec<u32> = vec![NONE; n];
+        let mut allowed: Vec<u32> = vec![NONE; n];
         let mut log = Vec::new();
         let mut second = Vec::new();
         let logging = self.options.log_device_placement;
         for i in 0..n as u32 {
             if let Some(d) = self.assigned[i as usize] {
+                let root = self.find(i) as usize;
+                if allowed[root] == NONE {
+                    allowed[root] = self.add_candidates(vec![d]);
+                }
                 self.assign(i, d, true)?;
                 placed[i as usize] = d;
                 if logging {
@@ -1074,6 +1090,10 @@ impl<'a> State<'a> {
                 continue;
             }
             let list = self.devices_for(i)?;
+            let root = self.find(i) as usize;
+            if allowed[root] == NONE {
+                allowed[root] = list;
+            }
             let op = self.ops[i as usize];
             let identity = !op.is_metadata && self.match_identity(i);
             let devices = &self.candidates[list as usize];
@@ -1097,6 +1117,10 @@ impl<'a> State<'a> {
         }
         for i in second {
             let list = self.devices_for(i)?;
+            let root = self.find(i) as usize;
+            if allowed[root] == NONE {
+                allowed[root] = list;
+            }
             let devices = &self.candidates[list as usize];
             let outs = self.out_edges(i);
             let mut choice = (devices[0], Reason::FirstCandidate);
@@ -1118,7 +1142,9 @@ impl<'a> State<'a> {
             placed[i as usize] = d;
         }
         let groups = (0..n as u32).map(|i| self.find(i)).collect();
-        Ok(Placement { devices: placed.into_iter().map(|d| d as usize).collect(), groups, log })
+        let lists = std::mem::take(&mut self.candidates);
+        let devices = placed.into_iter().map(|d| d as usize).collect();
+        Ok(Placement { devices, groups, allowed, lists, log })
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod conformance;
+mod cost;
 mod props;
 mod tf_placer_test;
 
