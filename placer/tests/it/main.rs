@@ -4,6 +4,7 @@ mod bad_input;
 mod conformance;
 mod cost;
 mod props;
+mod report;
 mod tf_placer_test;
 
 #[test]
