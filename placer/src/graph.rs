@@ -74,16 +74,61 @@ impl NodeId {
 
 /// A dataflow graph in a `petgraph` `DiGraph`. Node and edge order is insertion order,
 /// which is the order TF processes them in.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Graph {
     graph: DiGraph<Node, Edge, u32>,
-    by_name: FxHashMap<String, NodeIndex<u32>>,
-    /// Per node: its op and its request as indices into `strings` (the placer resolves
-    /// each distinct op and parses each distinct request once).
-    op_ids: Vec<u32>,
-    request_ids: Vec<u32>,
+    /// Every distinct string of the graph (node names, ops, requests, colocation
+    /// targets), so the placer works on small integers: equal strings, equal ids. Id 0
+    /// is the empty string.
     strings: Vec<String>,
     string_ids: FxHashMap<String, u32>,
+    /// Per string: the node of that name, or `u32::MAX`.
+    node_of_string: Vec<u32>,
+    /// Per node: the string ids of its name, op and request.
+    name_ids: Vec<u32>,
+    op_ids: Vec<u32>,
+    request_ids: Vec<u32>,
+    /// Per node: the string ids of its colocation targets (flat, `coloc_start[i]..`).
+    coloc_start: Vec<u32>,
+    coloc_ids: Vec<u32>,
+}
+
+/// The interned view of a graph the placer works from.
+pub(crate) struct Interned<'a> {
+    pub(crate) strings: &'a [String],
+    pub(crate) name_ids: &'a [u32],
+    pub(crate) op_ids: &'a [u32],
+    pub(crate) request_ids: &'a [u32],
+    pub(crate) coloc_start: &'a [u32],
+    pub(crate) coloc_ids: &'a [u32],
+}
+
+impl Interned<'_> {
+    /// The string ids of node `i`'s colocation targets.
+    pub(crate) fn colocation(&self, i: usize) -> &[u32] {
+        &self.coloc_ids[self.coloc_start[i] as usize..self.coloc_start[i + 1] as usize]
+    }
+}
+
+/// The string id of `""`.
+pub(crate) const EMPTY: u32 = 0;
+
+impl Default for Graph {
+    fn default() -> Graph {
+        let mut string_ids = FxHashMap::default();
+        string_ids.insert(String::new(), EMPTY);
+        Graph {
+            graph: DiGraph::default(),
+            strings: vec![String::new()],
+            string_ids,
+            node_of_string: vec![u32::MAX],
+            name_ids: Vec::new(),
+            op_ids: Vec::new(),
+            request_ids: Vec::new(),
+            coloc_start: vec![0],
+            coloc_ids: Vec::new(),
+        }
+    }
 }
 
 impl Graph {
@@ -94,16 +139,22 @@ impl Graph {
 
     /// Adds a node; names must be unique.
     pub fn add_node(&mut self, node: Node) -> Result<NodeId> {
-        if self.by_name.contains_key(&node.name) {
+        let name = self.intern(&node.name);
+        if self.node_of_string[name as usize] != u32::MAX {
             return Err(Error::DuplicateNode { name: node.name });
         }
-        let name = node.name.clone();
         let op = self.intern(&node.op);
         let request = self.intern(&node.requested_device);
+        for target in &node.colocation {
+            let t = self.intern(target);
+            self.coloc_ids.push(t);
+        }
+        self.coloc_start.push(self.coloc_ids.len() as u32);
+        self.name_ids.push(name);
         self.op_ids.push(op);
         self.request_ids.push(request);
         let index = self.graph.add_node(node);
-        self.by_name.insert(name, index);
+        self.node_of_string[name as usize] = index.index() as u32;
         Ok(NodeId(index.index() as u32))
     }
 
@@ -134,17 +185,24 @@ impl Graph {
         let id = self.strings.len() as u32;
         self.strings.push(s.to_owned());
         self.string_ids.insert(s.to_owned(), id);
+        self.node_of_string.push(u32::MAX);
         id
     }
 
-    /// The interned op of every node, the interned request of every node, and the
-    /// interned strings: equal strings have equal ids.
-    pub(crate) fn interned(&self) -> (&[u32], &[u32], &[String]) {
-        (&self.op_ids, &self.request_ids, &self.strings)
+    /// The interned view (string ids per node).
+    pub(crate) fn interned(&self) -> Interned<'_> {
+        Interned {
+            strings: &self.strings,
+            name_ids: &self.name_ids,
+            op_ids: &self.op_ids,
+            request_ids: &self.request_ids,
+            coloc_start: &self.coloc_start,
+            coloc_ids: &self.coloc_ids,
+        }
     }
 
     fn lookup(&self, name: &str, other_end: &str) -> Result<NodeIndex<u32>> {
-        self.by_name.get(name).copied().ok_or_else(|| Error::UnknownNode {
+        self.id(name).map(|id| NodeIndex::new(id.index())).ok_or_else(|| Error::UnknownNode {
             name: name.to_owned(),
             referenced_by: other_end.to_owned(),
         })
@@ -167,7 +225,9 @@ impl Graph {
 
     /// The id of the node called `name`.
     pub fn id(&self, name: &str) -> Option<NodeId> {
-        self.by_name.get(name).map(|i| NodeId(i.index() as u32))
+        let s = *self.string_ids.get(name)?;
+        let node = self.node_of_string[s as usize];
+        (node != u32::MAX).then_some(NodeId(node))
     }
 
     /// The nodes with their ids, in id order.

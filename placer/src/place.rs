@@ -5,6 +5,7 @@ use rustc_hash::FxHashMap;
 
 use crate::device::COMPOSITE;
 use crate::error::{Constraint, GroupMember, NameKind};
+use crate::graph::EMPTY;
 use crate::{
     ArgKind, DeviceName, DeviceSet, Edge, Error, Graph, MergeMode, NodeId, OpDef, OpRegistry,
     Result,
@@ -199,7 +200,8 @@ impl<'a> State<'a> {
         options: PlacerOptions,
     ) -> Result<State<'a>> {
         let n = graph.len();
-        let (op_ids, _, strings) = graph.interned();
+        let interned = graph.interned();
+        let (op_ids, strings) = (interned.op_ids, interned.strings);
         let mut resolved: Vec<Option<&OpDef>> = vec![None; strings.len()];
         let mut ops = Vec::with_capacity(n);
         for (i, &op) in op_ids.iter().enumerate() {
@@ -586,7 +588,7 @@ impl<'a> State<'a> {
         let mut cache: FxHashMap<*const OpDef, u32> = FxHashMap::default();
         // Identical requests share one names entry (per kind: plain, or resource
         // generator); `None` marks a malformed request.
-        let request_ids = self.graph.interned().1;
+        let request_ids = self.graph.interned().request_ids;
         let mut parsed_requests: FxHashMap<(u32, bool), Option<u32>> = FxHashMap::default();
         for i in 0..self.graph.len() as u32 {
             let node = self.graph.node(NodeId(i));
@@ -753,25 +755,22 @@ impl<'a> State<'a> {
     /// TF's `ColocateAllNodes`: each `loc:@` entry, then the node's own name.
     fn colocate_all_nodes(&mut self) -> Result<()> {
         let graph = self.graph;
-        // Group anchors keyed by node id (groups named after a node) or by name (groups
-        // named after no node).
-        let mut anchor: Vec<Option<u32>> = vec![None; graph.len()];
-        let mut ghosts: FxHashMap<&str, Option<u32>> = FxHashMap::default();
-        for (id, node) in graph.nodes() {
-            let i = id.0;
-            let listed = node.colocation.iter().map(|t| (t.as_str(), graph.id(t)));
-            let own = std::iter::once((node.name.as_str(), Some(id)));
-            for (target, target_id) in listed.chain(own) {
-                let slot = match target_id {
-                    Some(t) => &mut anchor[t.index()],
-                    None => ghosts.entry(target).or_insert(None),
-                };
-                let Some(root_node) = *slot else {
-                    *slot = Some(i);
+        let interned = graph.interned();
+        // The anchor (first member) of every group, by the group's string id: a node's
+        // name, or a name no node has.
+        let mut anchor: Vec<u32> = vec![NONE; interned.strings.len()];
+        for i in 0..graph.len() as u32 {
+            let own = interned.name_ids[i as usize];
+            for &group in interned.colocation(i as usize).iter().chain(std::iter::once(&own)) {
+                let slot = &mut anchor[group as usize];
+                if *slot == NONE {
+                    *slot = i;
                     continue;
-                };
-                let constraint = || Constraint::Group { group: target.to_owned() };
-                if let Err(e) = self.colocate(i, root_node, &constraint)
+                }
+                let anchor_node = *slot;
+                let constraint =
+                    || Constraint::Group { group: interned.strings[group as usize].clone() };
+                if let Err(e) = self.colocate(i, anchor_node, &constraint)
                     && !self.options.allow_soft_placement
                 {
                     return Err(e);
@@ -1037,18 +1036,18 @@ impl<'a> State<'a> {
         Ok(())
     }
 
-    fn requested(&self, j: Option<u32>) -> &str {
-        j.map_or("", |j| self.graph.node(NodeId(j)).requested_device.as_str())
+    /// The request (as a string id) of a node, or of the implicit source/sink node.
+    fn requested(&self, j: Option<u32>) -> u32 {
+        j.map_or(EMPTY, |j| self.graph.interned().request_ids[j as usize])
     }
 
     /// TF's `MatchIdentityOperation`: an identity with one in-edge and one out-edge
     /// (implicit source/sink edges count) whose input and output request the same
     /// device string.
     fn match_identity(&self, i: u32) -> bool {
-        let node = self.graph.node(NodeId(i));
         if !self.ops[i as usize].is_identity
-            || node.assigned_device.is_some()
-            || !node.requested_device.is_empty()
+            || self.assigned[i as usize].is_some()
+            || self.requested(Some(i)) != EMPTY
         {
             return false;
         }
