@@ -3,6 +3,7 @@
 mod bad_input;
 mod conformance;
 mod cost;
+mod graphs;
 mod props;
 mod report;
 mod tf_placer_test;
