@@ -1,0 +1,368 @@
+//! The host side: one listener thread per source, callback workers, a byte budget, and
+//! a shutdown that delivers everything received.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel;
+use meshwork_types::TensorSpec;
+
+use crate::frame::{RawFrame, SHUTDOWN};
+use crate::tensor::{Tensor, decode_payload};
+use crate::transport::{Source, Stop};
+use crate::{Error, Registry};
+
+/// What a callback may return as an error.
+pub type CallbackError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The user's callback: one call per frame, in each source's order.
+pub type Callback = dyn Fn(&Delivery) -> Result<(), CallbackError> + Send + Sync;
+
+/// Called with every error as it happens (the errors are also in the shutdown report).
+pub type ErrorCallback = dyn Fn(&Error) + Send + Sync;
+
+/// One frame delivered to a callback.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The source (device) it came from: its index in the receiver's source list.
+    pub source: usize,
+    /// The consumer id.
+    pub consumer: u32,
+    /// The consumer's registered name.
+    pub name: Arc<str>,
+    specs: Arc<[TensorSpec]>,
+    payload: Vec<u8>,
+}
+
+impl Delivery {
+    /// The tensors, decoded per the consumer's spec.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        decode_payload(&self.specs, &self.payload)
+    }
+
+    /// The specs of the tensors.
+    pub fn specs(&self) -> &[TensorSpec] {
+        &self.specs
+    }
+
+    /// The raw payload (tensors back to back, little-endian).
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+/// Receiver settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Payload bytes that may wait for callbacks before listeners block (the seed's
+    /// `max_callback_queue_size_bytes`). The queue never holds more than this plus one
+    /// frame.
+    pub budget: usize,
+    /// Callback worker threads. Each source is served by one worker, so its frames are
+    /// delivered in order.
+    pub workers: usize,
+    /// The longest payload accepted; longer frames are refused before allocation.
+    pub max_payload: u32,
+    /// Stop every source at the first error (otherwise only the failing source stops,
+    /// and only when it cannot be resynchronised).
+    pub stop_on_error: bool,
+}
+
+impl Default for Config {
+    /// 4 MiB budget, 2 workers, 256 MiB frames, keep serving after errors.
+    fn default() -> Config {
+        Config { budget: 4 << 20, workers: 2, max_payload: 256 << 20, stop_on_error: false }
+    }
+}
+
+/// Counters of a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    /// (frames, payload bytes) delivered per (source, consumer).
+    pub delivered: BTreeMap<(usize, u32), (u64, u64)>,
+    /// The most payload bytes ever queued for callbacks at once.
+    pub queue_high_water: usize,
+    /// Time each listener spent blocked on the byte budget.
+    pub blocked: Vec<Duration>,
+}
+
+/// What `shutdown()` returns: every error seen, and the counters.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Errors in the order they happened.
+    pub errors: Vec<Error>,
+    /// Counters.
+    pub metrics: Metrics,
+}
+
+struct Budget {
+    limit: usize,
+    state: Mutex<BudgetState>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    queued: usize,
+    high_water: usize,
+}
+
+struct Shared {
+    registry: Registry,
+    callback: Arc<Callback>,
+    on_error: Option<Arc<ErrorCallback>>,
+    budget: Budget,
+    errors: Mutex<Vec<Error>>,
+    delivered: Mutex<BTreeMap<(usize, u32), (u64, u64)>>,
+    stopping: AtomicBool,
+    stoppers: Vec<Arc<dyn Stop>>,
+    stop_on_error: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking callback never holds these locks; recover the data regardless.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn report(&self, error: Error) {
+        if let Some(cb) = &self.on_error {
+            cb(&error);
+        }
+        lock(&self.errors).push(error);
+        if self.stop_on_error {
+            self.stop_all();
+        }
+    }
+
+    fn stop_all(&self) {
+        if !self.stopping.swap(true, Ordering::SeqCst) {
+            for s in &self.stoppers {
+                s.stop();
+            }
+        }
+    }
+}
+
+struct Job {
+    delivery: Delivery,
+}
+
+/// Receives frames from every source and delivers them to the callback.
+pub struct Receiver {
+    shared: Arc<Shared>,
+    listeners: Vec<JoinHandle<Duration>>,
+    workers: Vec<JoinHandle<()>>,
+    report: Option<Report>,
+}
+
+impl Receiver {
+    /// Starts one listener per source and `config.workers` callback workers.
+    pub fn start(
+        registry: Registry,
+        sources: Vec<Box<dyn Source>>,
+        callback: Arc<Callback>,
+        on_error: Option<Arc<ErrorCallback>>,
+        config: Config,
+    ) -> Receiver {
+        let stoppers = sources.iter().map(|s| s.stopper()).collect();
+        let shared = Arc::new(Shared {
+            registry,
+            callback,
+            on_error,
+            budget: Budget {
+                limit: config.budget,
+                state: Mutex::new(BudgetState::default()),
+                freed: Condvar::new(),
+            },
+            errors: Mutex::new(Vec::new()),
+            delivered: Mutex::new(BTreeMap::new()),
+            stopping: AtomicBool::new(false),
+            stoppers,
+            stop_on_error: config.stop_on_error,
+        });
+        let workers = config.workers.max(1).min(sources.len().max(1));
+        let mut queues = Vec::new();
+        let mut worker_handles = Vec::new();
+        for w in 0..workers {
+            let (tx, rx) = channel::unbounded::<Job>();
+            queues.push(tx);
+            let shared = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("outfeed-callback-{w}"))
+                .spawn(move || worker(&shared, &rx))
+                .expect("spawn a callback worker");
+            worker_handles.push(handle);
+        }
+        let listeners = sources
+            .into_iter()
+            .enumerate()
+            .map(|(index, source)| {
+                let shared = shared.clone();
+                let queue = queues[index % workers].clone();
+                let max_payload = config.max_payload;
+                std::thread::Builder::new()
+                    .name(format!("outfeed-listener-{index}"))
+                    .spawn(move || listen(&shared, index, source, &queue, max_payload))
+                    .expect("spawn a listener")
+            })
+            .collect();
+        drop(queues);
+        Receiver { shared, listeners, workers: worker_handles, report: None }
+    }
+
+    /// Stops every source (each gets the shutdown marker, or is closed), waits until
+    /// every frame received before is delivered, and returns the errors and counters.
+    /// Calling it again returns an empty report.
+    pub fn shutdown(&mut self) -> Report {
+        if let Some(report) = self.report.take() {
+            return report;
+        }
+        if self.listeners.is_empty() && self.workers.is_empty() {
+            return Report::default();
+        }
+        self.shared.stop_all();
+        self.finish()
+    }
+
+    /// Waits until every source has ended by itself (shutdown markers or end of
+    /// stream), then returns like [`shutdown`](Self::shutdown).
+    pub fn join(&mut self) -> Report {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Report {
+        let mut blocked = Vec::new();
+        for l in self.listeners.drain(..) {
+            blocked.push(l.join().unwrap_or_default());
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        let state = lock(&self.shared.budget.state);
+        let metrics = Metrics {
+            delivered: lock(&self.shared.delivered).clone(),
+            queue_high_water: state.high_water,
+            blocked,
+        };
+        drop(state);
+        Report { errors: std::mem::take(&mut *lock(&self.shared.errors)), metrics }
+    }
+}
+
+impl Drop for Receiver {
+    /// Shuts down (delivering everything received) if `shutdown` was not called.
+    fn drop(&mut self) {
+        if !self.listeners.is_empty() || !self.workers.is_empty() {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+/// A listener: reads frames, validates them, waits for budget, queues them in order.
+fn listen(
+    shared: &Shared,
+    index: usize,
+    mut source: Box<dyn Source>,
+    queue: &channel::Sender<Job>,
+    max_payload: u32,
+) -> Duration {
+    let mut blocked = Duration::ZERO;
+    loop {
+        let frame = match source.next_frame(index, max_payload) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                // A stream that lost its place cannot be read further.
+                shared.report(e);
+                break;
+            }
+        };
+        if frame.header.consumer == SHUTDOWN {
+            break;
+        }
+        let delivery = match validate(shared, index, frame) {
+            Ok(d) => d,
+            Err(e) => {
+                shared.report(e);
+                continue;
+            }
+        };
+        let len = delivery.payload.len();
+        {
+            let mut state = lock(&shared.budget.state);
+            if state.queued >= shared.budget.limit {
+                let start = Instant::now();
+                while state.queued >= shared.budget.limit {
+                    state = shared.budget.freed.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                blocked += start.elapsed();
+            }
+            state.queued += len;
+            state.high_water = state.high_water.max(state.queued);
+        }
+        if queue.send(Job { delivery }).is_err() {
+            break;
+        }
+    }
+    blocked
+}
+
+fn validate(shared: &Shared, index: usize, frame: RawFrame) -> Result<Delivery, Error> {
+    let consumer = frame.header.consumer;
+    let registered =
+        shared.registry.get(consumer).ok_or(Error::UnknownConsumer { stream: index, consumer })?;
+    frame.verify(index)?;
+    let expected = registered.payload_len()?;
+    if frame.payload.len() != expected {
+        return Err(Error::PayloadMismatch {
+            stream: index,
+            consumer,
+            len: frame.payload.len(),
+            expected,
+        });
+    }
+    Ok(Delivery {
+        source: index,
+        consumer,
+        name: registered.name.as_str().into(),
+        specs: registered.specs.clone().into(),
+        payload: frame.payload,
+    })
+}
+
+/// A callback worker: delivers jobs in queue order, reports failures, frees budget.
+fn worker(shared: &Shared, queue: &channel::Receiver<Job>) {
+    for Job { delivery } in queue.iter() {
+        let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
+        match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
+            Ok(Ok(())) => {
+                let mut d = lock(&shared.delivered);
+                let entry = d.entry((source, consumer)).or_default();
+                entry.0 += 1;
+                entry.1 += len as u64;
+            }
+            Ok(Err(e)) => {
+                shared.report(Error::Callback { stream: source, consumer, message: e.to_string() })
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_owned());
+                shared.report(Error::CallbackPanicked { stream: source, consumer, message });
+            }
+        }
+        let mut state = lock(&shared.budget.state);
+        let was_full = state.queued >= shared.budget.limit;
+        state.queued -= len;
+        if was_full && state.queued < shared.budget.limit {
+            shared.budget.freed.notify_all();
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Transports: where frames come from and go to. In-memory channels between device
+//! threads and the host, byte streams (TCP, Unix sockets, anything `Read`/`Write`), and
+//! files to record a run and replay it.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crossbeam::channel;
+
+use crate::frame::{Header, RawFrame, read_frame};
+use crate::{Error, Result};
+
+/// Makes a source's `next_frame` return soon (the seed's "send the shutdown header to
+/// every device"): a channel gets the shutdown marker, a socket is closed for reading.
+pub trait Stop: Send + Sync {
+    /// Asks the source to end.
+    fn stop(&self);
+}
+
+/// Where one device's frames come from.
+pub trait Source: Send {
+    /// The next frame; `Ok(None)` once the source has ended. `stream` is the source's
+    /// index (for errors); frames longer than `max_payload` are refused before any
+    /// allocation.
+    fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>>;
+
+    /// A handle that ends this source.
+    fn stopper(&self) -> Arc<dyn Stop>;
+}
+
+/// Where a device writes its frames.
+pub trait Sink: Send {
+    /// Sends one frame. The payload is taken by value: a channel moves it to the host
+    /// without copying; a stream writes it after the header and hands the buffer back
+    /// (so the sender can reuse it).
+    fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>>;
+}
+
+impl<S: Sink + ?Sized> Sink for Box<S> {
+    fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        (**self).send(header, payload)
+    }
+}
+
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        (**self).next_frame(stream, max_payload)
+    }
+
+    fn stopper(&self) -> Arc<dyn Stop> {
+        (**self).stopper()
+    }
+}
+
+// ---- in memory ------------------------------------------------------------------------
+
+/// An in-memory link from a device thread to the receiver, holding at most `frames`
+/// frames in flight (the receiver's byte budget bounds what is queued behind it).
+pub fn channel(frames: usize) -> (ChannelSink, ChannelSource) {
+    let (tx, rx) = channel::bounded(frames.max(1));
+    (ChannelSink { tx: tx.clone() }, ChannelSource { rx, stop: Arc::new(ChannelStop { tx }) })
+}
+
+/// The device end of [`channel`].
+#[derive(Debug, Clone)]
+pub struct ChannelSink {
+    tx: channel::Sender<RawFrame>,
+}
+
+impl Sink for ChannelSink {
+    fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        self.tx.send(RawFrame { header, payload }).map_err(|_| Error::Closed)?;
+        Ok(None)
+    }
+}
+
+/// The host end of [`channel`]: ends when every sink is dropped, or at a shutdown marker.
+#[derive(Debug)]
+pub struct ChannelSource {
+    rx: channel::Receiver<RawFrame>,
+    stop: Arc<ChannelStop>,
+}
+
+#[derive(Debug)]
+struct ChannelStop {
+    tx: channel::Sender<RawFrame>,
+}
+
+impl Stop for ChannelStop {
+    fn stop(&self) {
+        // The receiver keeps draining this channel, so the marker gets through.
+        let _ = self.tx.send(RawFrame { header: Header::shutdown(), payload: Vec::new() });
+    }
+}
+
+impl Source for ChannelSource {
+    fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        match self.rx.recv() {
+            Ok(frame) if frame.header.len > max_payload => Err(Error::FrameTooLong {
+                stream,
+                consumer: frame.header.consumer,
+                len: frame.header.len as u64,
+                cap: max_payload as u64,
+            }),
+            Ok(frame) => Ok(Some(frame)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn stopper(&self) -> Arc<dyn Stop> {
+        self.stop.clone()
+    }
+}
+
+// ---- byte streams ------------------------------------------------------------------------
+
+/// Frames read from any byte stream (a socket, a file, a pipe).
+pub struct StreamSource {
+    reader: Box<dyn Read + Send>,
+    stop: Arc<dyn Stop>,
+}
+
+struct NoStop;
+
+impl Stop for NoStop {
+    fn stop(&self) {}
+}
+
+struct TcpStop(Mutex<Option<TcpStream>>);
+
+impl Stop for TcpStop {
+    fn stop(&self) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = s.shutdown(Shutdown::Read);
+        }
+    }
+}
+
+#[cfg(unix)]
+struct UnixStop(Mutex<Option<std::os::unix::net::UnixStream>>);
+
+#[cfg(unix)]
+impl Stop for UnixStop {
+    fn stop(&self) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = s.shutdown(Shutdown::Read);
+        }
+    }
+}
+
+impl StreamSource {
+    /// Frames from `reader`; it ends at end of stream (or a shutdown marker). Nothing can
+    /// stop it early: use this for streams that end by themselves.
+    pub fn new(reader: impl Read + Send + 'static) -> StreamSource {
+        StreamSource { reader: Box::new(BufReader::new(reader)), stop: Arc::new(NoStop) }
+    }
+
+    /// Frames from a TCP connection; stopping closes it for reading.
+    pub fn tcp(stream: TcpStream) -> io::Result<StreamSource> {
+        let stop = Arc::new(TcpStop(Mutex::new(Some(stream.try_clone()?))));
+        Ok(StreamSource { reader: Box::new(BufReader::new(stream)), stop })
+    }
+
+    /// Frames from a Unix-socket connection; stopping closes it for reading.
+    #[cfg(unix)]
+    pub fn unix(stream: std::os::unix::net::UnixStream) -> io::Result<StreamSource> {
+        let stop = Arc::new(UnixStop(Mutex::new(Some(stream.try_clone()?))));
+        Ok(StreamSource { reader: Box::new(BufReader::new(stream)), stop })
+    }
+
+    /// Replays the frames recorded in a file.
+    pub fn file(path: impl AsRef<Path>) -> io::Result<StreamSource> {
+        Ok(StreamSource::new(File::open(path)?))
+    }
+}
+
+impl Source for StreamSource {
+    fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        read_frame(&mut self.reader, stream, max_payload)
+    }
+
+    fn stopper(&self) -> Arc<dyn Stop> {
+        self.stop.clone()
+    }
+}
+
+/// Frames written to any byte stream: the header, then the payload, in one vectored
+/// write where the stream supports it (no copy into a frame buffer).
+pub struct StreamSink<W: Write + Send> {
+    writer: W,
+}
+
+impl<W: Write + Send> StreamSink<W> {
+    /// A sink over `writer` (wrap files and sockets in a `BufWriter` for small frames).
+    pub fn new(writer: W) -> StreamSink<W> {
+        StreamSink { writer }
+    }
+
+    /// Flushes buffered frames.
+    pub fn flush(&mut self) -> Result<()> {
+        self.writer.flush().map_err(|error| Error::Io { stream: 0, error })
+    }
+
+    /// The writer back.
+    pub fn into_inner(self) -> W {
+        self.writer
+    }
+}
+
+impl StreamSink<BufWriter<TcpStream>> {
+    /// A sink over a TCP connection.
+    pub fn tcp(stream: TcpStream) -> StreamSink<BufWriter<TcpStream>> {
+        let _ = stream.set_nodelay(true);
+        StreamSink::new(BufWriter::with_capacity(64 << 10, stream))
+    }
+}
+
+impl<W: Write + Send> Sink for StreamSink<W> {
+    fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        let head = header.encode();
+        write_all_vectored(&mut self.writer, &head, &payload)
+            .map_err(|error| Error::Io { stream: 0, error })?;
+        if header.consumer == crate::frame::SHUTDOWN {
+            self.writer.flush().map_err(|error| Error::Io { stream: 0, error })?;
+        }
+        Ok(Some(payload))
+    }
+}
+
+fn write_all_vectored(w: &mut dyn Write, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let (mut head, mut body) = (head, body);
+    while !head.is_empty() || !body.is_empty() {
+        let n = w.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
+    }
+    Ok(())
+}
+
+// ---- record and replay --------------------------------------------------------------------
+
+/// A source that writes every frame it yields to a file (replay it with
+/// [`StreamSource::file`]).
+pub struct Recording<S: Source> {
+    inner: S,
+    file: BufWriter<File>,
+}
+
+impl<S: Source> Recording<S> {
+    /// Records `inner`'s frames to a new file at `path`.
+    pub fn new(inner: S, path: impl AsRef<Path>) -> io::Result<Recording<S>> {
+        Ok(Recording { inner, file: BufWriter::new(File::create(path)?) })
+    }
+}
+
+impl<S: Source> Source for Recording<S> {
+    fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        let frame = self.inner.next_frame(stream, max_payload)?;
+        let io = |error| Error::Io { stream, error };
+        match &frame {
+            Some(f) => {
+                write_all_vectored(&mut self.file, &f.header.encode(), &f.payload).map_err(io)?;
+                if f.header.consumer == crate::frame::SHUTDOWN {
+                    self.file.flush().map_err(io)?;
+                }
+            }
+            None => self.file.flush().map_err(io)?,
+        }
+        Ok(frame)
+    }
+
+    fn stopper(&self) -> Arc<dyn Stop> {
+        self.inner.stopper()
+    }
+}
