@@ -1,0 +1,198 @@
+//! Faults are reported, never aborts or hangs: failing and panicking callbacks, sources
+//! that die mid-frame, corrupted streams, oversized frames.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use meshwork_outfeed::frame::{HEADER_LEN, Header};
+use meshwork_outfeed::{
+    Config, Delivery, Error, Receiver, Registry, Sender, StreamSink, StreamSource, channel,
+};
+
+use crate::common::{iota_u32, recorder};
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register(5, "a", vec!["u32[16]".parse().unwrap()]).unwrap();
+    r
+}
+
+/// The bytes of `n` frames for consumer 5, each u32[16] starting at 100·k.
+fn stream_bytes(n: u32) -> Vec<u8> {
+    let mut sender = Sender::new(registry(), StreamSink::new(Vec::new()));
+    for k in 0..n {
+        sender.send(5, &[iota_u32(16, 100 * k)]).unwrap();
+    }
+    sender.into_sink().into_inner()
+}
+
+#[test]
+fn failing_and_panicking_callbacks_are_reported_and_the_rest_is_delivered() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let cb = move |_: &Delivery| match counter.fetch_add(1, Ordering::SeqCst) {
+        1 => Err("disk full".into()),
+        2 => panic!("callback bug"),
+        _ => Ok(()),
+    };
+    let seen = Arc::new(AtomicUsize::new(0));
+    let errors_seen = seen.clone();
+    let on_error = move |_: &Error| {
+        errors_seen.fetch_add(1, Ordering::SeqCst);
+    };
+    let (sink, source) = channel(4);
+    let mut receiver = Receiver::start(
+        registry(),
+        vec![Box::new(source)],
+        Arc::new(cb),
+        Some(Arc::new(on_error)),
+        Config { budget: 128, ..Config::default() },
+    );
+    let mut device = Sender::new(registry(), sink);
+    for k in 0..5 {
+        device.send(5, &[iota_u32(16, k)]).unwrap();
+    }
+    let report = receiver.shutdown();
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert!(
+        matches!(&report.errors[0], Error::Callback { stream: 0, consumer: 5, message } if message == "disk full")
+    );
+    assert!(
+        matches!(&report.errors[1], Error::CallbackPanicked { stream: 0, consumer: 5, message } if message == "callback bug")
+    );
+    assert_eq!(report.metrics.delivered[&(0, 5)], (3, 3 * 64));
+    // Shutting down again is harmless.
+    assert!(receiver.shutdown().errors.is_empty());
+}
+
+#[test]
+fn a_source_that_dies_mid_frame_is_reported_after_its_whole_frames() {
+    let mut bytes = stream_bytes(3);
+    bytes.truncate(bytes.len() - 10);
+    let (log, cb) = recorder();
+    let mut receiver = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::new(std::io::Cursor::new(bytes)))],
+        cb,
+        None,
+        Config::default(),
+    );
+    let report = receiver.join();
+    assert_eq!(log.lock().unwrap().len(), 2);
+    let frame = HEADER_LEN + 64;
+    assert!(
+        matches!(report.errors.as_slice(), [Error::Truncated { stream: 0, got, needed }] if *got == frame - 10 && *needed == frame),
+        "{:?}",
+        report.errors
+    );
+}
+
+#[test]
+fn corrupted_streams_are_reported() {
+    // A flipped payload byte: checksum error, the stream stays in sync.
+    let mut bytes = stream_bytes(3);
+    bytes[HEADER_LEN + 5] ^= 0xff;
+    let (log, cb) = recorder();
+    let report = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::new(std::io::Cursor::new(bytes)))],
+        cb,
+        None,
+        Config::default(),
+    )
+    .join();
+    assert!(
+        matches!(report.errors.as_slice(), [Error::Checksum { stream: 0, consumer: 5, .. }]),
+        "{:?}",
+        report.errors
+    );
+    let delivered: Vec<u32> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, t)| match &t[0] {
+            meshwork_outfeed::Tensor::U32(a) => a[[0]],
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(delivered, [100, 200]);
+
+    // A flipped magic: the stream cannot be read further.
+    let mut bytes = stream_bytes(3);
+    bytes[HEADER_LEN + 64] ^= 0x01;
+    let (log, cb) = recorder();
+    let report = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::new(std::io::Cursor::new(bytes)))],
+        cb,
+        None,
+        Config::default(),
+    )
+    .join();
+    assert!(
+        matches!(report.errors.as_slice(), [Error::BadMagic { stream: 0, .. }]),
+        "{:?}",
+        report.errors
+    );
+    assert_eq!(log.lock().unwrap().len(), 1);
+
+    // Garbage.
+    let (_, cb) = recorder();
+    let report = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::new(std::io::Cursor::new(
+            b"not an outfeed stream at all".to_vec(),
+        )))],
+        cb,
+        None,
+        Config::default(),
+    )
+    .join();
+    assert!(matches!(report.errors.as_slice(), [Error::BadMagic { .. }]), "{:?}", report.errors);
+}
+
+#[test]
+fn oversized_frames_are_refused_before_allocation() {
+    // A header announcing 4 GiB - 1 bytes, then nothing.
+    let header = Header { consumer: 5, len: u32::MAX, crc: 0 }.encode().to_vec();
+    let (_, cb) = recorder();
+    let config = Config { max_payload: 1 << 20, ..Config::default() };
+    let report = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::new(std::io::Cursor::new(header)))],
+        cb,
+        None,
+        config,
+    )
+    .join();
+    assert!(
+        matches!(report.errors.as_slice(), [Error::FrameTooLong { stream: 0, consumer: 5, len, cap }] if *len == u32::MAX as u64 && *cap == 1 << 20),
+        "{:?}",
+        report.errors
+    );
+}
+
+#[test]
+fn payload_spec_mismatch_and_stop_on_error() {
+    let mut wrong = Registry::new();
+    wrong.register(5, "a", vec!["u32[8]".parse().unwrap()]).unwrap();
+    let (sink_a, source_a) = channel(4);
+    let (sink_b, source_b) = channel(4);
+    let (log, cb) = recorder();
+    let config = Config { stop_on_error: true, ..Config::default() };
+    let mut receiver =
+        Receiver::start(registry(), vec![Box::new(source_a), Box::new(source_b)], cb, None, config);
+    Sender::new(wrong, sink_a).send(5, &[iota_u32(8, 0)]).unwrap();
+    let report = receiver.join();
+    assert!(
+        matches!(
+            report.errors.as_slice(),
+            [Error::PayloadMismatch { stream: 0, consumer: 5, len: 32, expected: 64 }]
+        ),
+        "{:?}",
+        report.errors
+    );
+    assert!(log.lock().unwrap().is_empty());
+    drop(sink_b);
+}

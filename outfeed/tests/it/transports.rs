@@ -1,0 +1,136 @@
+//! TCP and Unix sockets, and record/replay through a file.
+
+use std::net::TcpListener;
+
+use meshwork_outfeed::{
+    Config, Receiver, Recording, Registry, Sender, Source, StreamSink, StreamSource, channel,
+};
+
+use crate::common::{iota_u32, recorder};
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register(5, "a", vec!["u32[16]".parse().unwrap()]).unwrap();
+    r.register(6, "b", vec!["u32[1024]".parse().unwrap()]).unwrap();
+    r
+}
+
+#[test]
+fn tcp_loopback_from_two_devices_keeps_each_devices_order() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let devices: Vec<_> = (0..2u32)
+        .map(|d| {
+            std::thread::spawn(move || {
+                let stream = std::net::TcpStream::connect(addr).unwrap();
+                let mut sender = Sender::new(registry(), StreamSink::tcp(stream));
+                for k in 0..50 {
+                    sender.send(5, &[iota_u32(16, d * 1000 + k)]).unwrap();
+                    sender.send(6, &[iota_u32(1024, k)]).unwrap();
+                }
+                sender.shutdown().unwrap();
+            })
+        })
+        .collect();
+    let sources: Vec<Box<dyn Source>> = (0..2)
+        .map(|_| {
+            Box::new(StreamSource::tcp(listener.accept().unwrap().0).unwrap()) as Box<dyn Source>
+        })
+        .collect();
+    let (log, cb) = recorder();
+    let mut receiver = Receiver::start(
+        registry(),
+        sources,
+        cb,
+        None,
+        Config { budget: 8 << 10, ..Config::default() },
+    );
+    for d in devices {
+        d.join().unwrap();
+    }
+    let report = receiver.join();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 200);
+    for source in 0..2 {
+        let firsts: Vec<u32> = log
+            .iter()
+            .filter(|(s, c, _)| *s == source && *c == 5)
+            .map(|(_, _, t)| match &t[0] {
+                meshwork_outfeed::Tensor::U32(a) => a[[0]] % 1000,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(firsts, (0..50).collect::<Vec<_>>(), "source {source} out of order");
+    }
+}
+
+#[test]
+fn shutdown_stops_a_silent_tcp_source() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let source = StreamSource::tcp(listener.accept().unwrap().0).unwrap();
+    let (_, cb) = recorder();
+    let mut receiver =
+        Receiver::start(registry(), vec![Box::new(source)], cb, None, Config::default());
+    // The device never sends anything and never closes: shutdown must still return.
+    let report = receiver.shutdown();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    drop(client);
+}
+
+#[cfg(unix)]
+#[test]
+fn unix_socket() {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (log, cb) = recorder();
+    let mut receiver = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::unix(b).unwrap())],
+        cb,
+        None,
+        Config::default(),
+    );
+    let mut sender = Sender::new(registry(), StreamSink::new(a));
+    sender.send(5, &[iota_u32(16, 3)]).unwrap();
+    sender.shutdown().unwrap();
+    assert!(receiver.join().errors.is_empty());
+    assert_eq!(*log.lock().unwrap(), vec![(0, 5, vec![iota_u32(16, 3)])]);
+}
+
+#[test]
+fn record_then_replay_delivers_the_same_frames() {
+    let dir = std::env::temp_dir().join(format!("outfeed-record-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("run.outfeed");
+    let (sink, source) = channel(8);
+    let (live, cb) = recorder();
+    let mut receiver = Receiver::start(
+        registry(),
+        vec![Box::new(Recording::new(source, &path).unwrap())],
+        cb,
+        None,
+        Config::default(),
+    );
+    let mut device = Sender::new(registry(), sink);
+    for k in 0..10 {
+        device.send(5, &[iota_u32(16, k)]).unwrap();
+    }
+    device.send(6, &[iota_u32(1024, 0)]).unwrap();
+    device.shutdown().unwrap();
+    assert!(receiver.join().errors.is_empty());
+
+    let (replayed, cb) = recorder();
+    let report = Receiver::start(
+        registry(),
+        vec![Box::new(StreamSource::file(&path).unwrap())],
+        cb,
+        None,
+        Config::default(),
+    )
+    .join();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(*replayed.lock().unwrap(), *live.lock().unwrap());
+    assert_eq!(replayed.lock().unwrap().len(), 11);
+    std::fs::remove_dir_all(dir).unwrap();
+}
