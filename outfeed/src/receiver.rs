@@ -111,8 +111,17 @@ struct BudgetState {
     high_water: usize,
 }
 
+/// A registered consumer as the receiver uses it: shared name and specs (cloned into
+/// every delivery without allocating) and the payload length (`usize::MAX` if the spec's
+/// size overflows, which a registry built by `register` never has).
+struct Entry {
+    name: Arc<str>,
+    specs: Arc<[TensorSpec]>,
+    len: usize,
+}
+
 struct Shared {
-    registry: Registry,
+    consumers: BTreeMap<u32, Entry>,
     callback: Arc<Callback>,
     on_error: Option<Arc<ErrorCallback>>,
     budget: Budget,
@@ -170,8 +179,15 @@ impl Receiver {
         config: Config,
     ) -> Receiver {
         let stoppers = sources.iter().map(|s| s.stopper()).collect();
+        let consumers = registry
+            .consumers()
+            .map(|(id, c)| {
+                let len = c.payload_len().unwrap_or(usize::MAX);
+                (id, Entry { name: c.name.as_str().into(), specs: c.specs.clone().into(), len })
+            })
+            .collect();
         let shared = Arc::new(Shared {
-            registry,
+            consumers,
             callback,
             on_error,
             budget: Budget {
@@ -314,25 +330,17 @@ fn listen(
 
 fn validate(shared: &Shared, index: usize, frame: RawFrame) -> Result<Delivery, Error> {
     let consumer = frame.header.consumer;
-    let registered =
-        shared.registry.get(consumer).ok_or(Error::UnknownConsumer { stream: index, consumer })?;
+    let entry = shared
+        .consumers
+        .get(&consumer)
+        .ok_or(Error::UnknownConsumer { stream: index, consumer })?;
     frame.verify(index)?;
-    let expected = registered.payload_len()?;
-    if frame.payload.len() != expected {
-        return Err(Error::PayloadMismatch {
-            stream: index,
-            consumer,
-            len: frame.payload.len(),
-            expected,
-        });
+    let (len, expected) = (frame.payload.len(), entry.len);
+    if len != expected {
+        return Err(Error::PayloadMismatch { stream: index, consumer, len, expected });
     }
-    Ok(Delivery {
-        source: index,
-        consumer,
-        name: registered.name.as_str().into(),
-        specs: registered.specs.clone().into(),
-        payload: frame.payload,
-    })
+    let (name, specs) = (entry.name.clone(), entry.specs.clone());
+    Ok(Delivery { source: index, consumer, name, specs, payload: frame.payload })
 }
 
 /// A callback worker: delivers jobs in queue order, reports failures, frees budget.
