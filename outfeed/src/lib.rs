@@ -60,5 +60,6 @@ pub use registry::{Consumer, Registry};
 pub use sender::Sender;
 pub use tensor::{Tensor, decode_payload, encode_payload};
 pub use transport::{
-    ChannelSink, ChannelSource, Recording, Sink, Source, Stop, StreamSink, StreamSource, channel,
+    ChannelSink, ChannelSource, Recording, Sink, Source, Stop, StreamSink, StreamSource,
+    TcpSources, channel,
 };

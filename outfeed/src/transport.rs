@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -184,6 +184,30 @@ impl Source for StreamSource {
 
     fn stopper(&self) -> Arc<dyn Stop> {
         self.stop.clone()
+    }
+}
+
+/// A TCP listener for device connections, each one a [`StreamSource`].
+pub struct TcpSources {
+    listener: TcpListener,
+}
+
+impl TcpSources {
+    /// Listens on `addr`, or on a free loopback port when `None`: nothing outside this
+    /// machine can connect unless an address says so.
+    pub fn bind(addr: Option<SocketAddr>) -> io::Result<TcpSources> {
+        let addr = addr.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+        Ok(TcpSources { listener: TcpListener::bind(addr)? })
+    }
+
+    /// The address devices connect to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts `n` device connections, in order.
+    pub fn accept(&self, n: usize) -> io::Result<Vec<StreamSource>> {
+        (0..n).map(|_| StreamSource::tcp(self.listener.accept()?.0)).collect()
     }
 }
 

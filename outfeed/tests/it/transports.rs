@@ -66,6 +66,34 @@ fn tcp_loopback_from_two_devices_keeps_each_devices_order() {
 }
 
 #[test]
+fn tcp_sources_bind_to_loopback_by_default() {
+    let sources = meshwork_outfeed::TcpSources::bind(None).unwrap();
+    let addr = sources.local_addr().unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let device = std::thread::spawn(move || {
+        let mut sender =
+            Sender::new(registry(), StreamSink::tcp(std::net::TcpStream::connect(addr).unwrap()));
+        sender.send(5, &[iota_u32(16, 1)]).unwrap();
+        sender.shutdown().unwrap();
+    });
+    let accepted: Vec<Box<dyn Source>> =
+        sources.accept(1).unwrap().into_iter().map(|s| Box::new(s) as Box<dyn Source>).collect();
+    let (log, cb) = recorder();
+    let report = Receiver::start(registry(), accepted, cb, None, Config::default()).join();
+    device.join().unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(log.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn registries_travel_as_json() {
+    let json = serde_json::to_string(&registry()).unwrap();
+    let back: Registry = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, registry());
+    assert!(json.contains("\"u32[16]\""), "{json}");
+}
+
+#[test]
 fn shutdown_stops_a_silent_tcp_source() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
