@@ -64,7 +64,7 @@ pub fn channel(frames: usize) -> (ChannelSink, ChannelSource) {
     (ChannelSink { tx: tx.clone() }, ChannelSource { rx, stop: Arc::new(ChannelStop { tx }) })
 }
 
-/// The device end of [`channel`].
+/// The device end of [`channel()`].
 #[derive(Debug, Clone)]
 pub struct ChannelSink {
     tx: channel::Sender<RawFrame>,
@@ -77,7 +77,7 @@ impl Sink for ChannelSink {
     }
 }
 
-/// The host end of [`channel`]: ends when every sink is dropped, or at a shutdown marker.
+/// The host end of [`channel()`]: ends when every sink is dropped, or at a shutdown marker.
 #[derive(Debug)]
 pub struct ChannelSource {
     rx: channel::Receiver<RawFrame>,
