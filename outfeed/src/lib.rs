@@ -49,6 +49,7 @@ pub mod frame;
 mod receiver;
 mod registry;
 mod sender;
+mod sync;
 mod tensor;
 mod transport;
 

@@ -3,15 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel;
 use meshwork_types::TensorSpec;
 
 use crate::frame::{RawFrame, SHUTDOWN};
+use crate::sync::{self, AtomicBool, Condvar, JoinHandle, Mutex, MutexGuard};
 use crate::tensor::{Tensor, decode_payload};
 use crate::transport::{Source, Stop};
 use crate::{Error, Registry};
@@ -205,13 +204,10 @@ impl Receiver {
         let mut queues = Vec::new();
         let mut worker_handles = Vec::new();
         for w in 0..workers {
-            let (tx, rx) = channel::unbounded::<Job>();
+            let (tx, rx) = sync::unbounded::<Job>();
             queues.push(tx);
             let shared = shared.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("outfeed-callback-{w}"))
-                .spawn(move || worker(&shared, &rx))
-                .expect("spawn a callback worker");
+            let handle = sync::spawn(format!("outfeed-callback-{w}"), move || worker(&shared, &rx));
             worker_handles.push(handle);
         }
         let listeners = sources
@@ -221,10 +217,9 @@ impl Receiver {
                 let shared = shared.clone();
                 let queue = queues[index % workers].clone();
                 let max_payload = config.max_payload;
-                std::thread::Builder::new()
-                    .name(format!("outfeed-listener-{index}"))
-                    .spawn(move || listen(&shared, index, source, &queue, max_payload))
-                    .expect("spawn a listener")
+                sync::spawn(format!("outfeed-listener-{index}"), move || {
+                    listen(&shared, index, source, &queue, max_payload)
+                })
             })
             .collect();
         drop(queues);
@@ -284,7 +279,7 @@ fn listen(
     shared: &Shared,
     index: usize,
     mut source: Box<dyn Source>,
-    queue: &channel::Sender<Job>,
+    queue: &sync::Sender<Job>,
     max_payload: u32,
 ) -> Duration {
     let mut blocked = Duration::ZERO;
@@ -344,7 +339,7 @@ fn validate(shared: &Shared, index: usize, frame: RawFrame) -> Result<Delivery, 
 }
 
 /// A callback worker: delivers jobs in queue order, reports failures, frees budget.
-fn worker(shared: &Shared, queue: &channel::Receiver<Job>) {
+fn worker(shared: &Shared, queue: &sync::Receiver<Job>) {
     for Job { delivery } in queue.iter() {
         let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
         match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
@@ -374,3 +369,6 @@ fn worker(shared: &Shared, queue: &channel::Receiver<Job>) {
         }
     }
 }
+
+#[cfg(all(test, shuttle))]
+mod model;

@@ -16,8 +16,9 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
-  ci              everything CI checks: fmt, clippy, tests, docs, dependency edges, tidy,
-                  benchmarks compile
+  ci              everything CI checks: fmt, clippy, tests, the outfeed model check,
+                  docs, dependency edges, tidy, benchmarks compile
+  model           the outfeed receiver's shuttle model check
   test            the README test command: cargo test --workspace
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         "test" => test(),
         "bench" => cargo(&[&["bench", "--workspace"], &strs(rest)[..]].concat()),
         "docs" => docs(),
+        "model" => model_check(),
         "deps" => deps_check(),
         "tidy" => tidy_check(),
         "help" | "--help" | "-h" => {
@@ -78,6 +80,7 @@ fn ci() -> Result {
             "--lib",
         ])
     })?;
+    step("model check (shuttle)", model_check)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;
@@ -91,6 +94,16 @@ fn ci() -> Result {
 fn test() -> Result {
     cargo(&["test", "--workspace", "--no-run"])?;
     cargo(&["test", "--workspace"])
+}
+
+/// The outfeed receiver's model check: its threads, locks and channels swapped for
+/// shuttle's (`--cfg shuttle`), in a target directory of its own so the normal build
+/// is not invalidated.
+fn model_check() -> Result {
+    let target = workspace_root().join("target").join("shuttle");
+    run(cargo_cmd(&["test", "-p", "meshwork-outfeed", "--lib", "model"])
+        .env("RUSTFLAGS", "--cfg shuttle")
+        .env("CARGO_TARGET_DIR", target))
 }
 
 fn docs() -> Result {
