@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use meshwork_types::TensorSpec;
 
 use crate::frame::{RawFrame, SHUTDOWN};
-use crate::sync::{self, AtomicBool, Condvar, JoinHandle, Mutex, MutexGuard};
+use crate::sync::{self, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, MutexGuard};
 use crate::tensor::{Tensor, decode_payload};
 use crate::transport::{Source, Stop};
 use crate::{Error, Registry};
@@ -82,7 +82,7 @@ impl Default for Config {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
     /// (frames, payload bytes) delivered per (source, consumer).
-    pub delivered: BTreeMap<(usize, u32), (u64, u64)>,
+    pub delivered: Delivered,
     /// The most payload bytes ever queued for callbacks at once.
     pub queue_high_water: usize,
     /// Time each listener spent blocked on the byte budget.
@@ -98,16 +98,61 @@ pub struct Report {
     pub metrics: Metrics,
 }
 
+/// The byte budget. `queued` is atomic so the common case (room left) takes no lock; a
+/// listener that finds the budget full waits on `freed` under `wait_lock`, and a worker
+/// that frees room below the limit takes that lock before notifying, so no wake-up is
+/// lost.
 struct Budget {
     limit: usize,
-    state: Mutex<BudgetState>,
+    queued: AtomicUsize,
+    high_water: AtomicUsize,
+    wait_lock: Mutex<()>,
     freed: Condvar,
 }
 
-#[derive(Default)]
-struct BudgetState {
-    queued: usize,
-    high_water: usize,
+impl Budget {
+    /// Waits while the queue is at or over the limit, then adds `len`; returns the time
+    /// spent waiting.
+    fn acquire(&self, len: usize) -> Duration {
+        let mut waited = Duration::ZERO;
+        let mut current = self.queued.load(Ordering::Acquire);
+        loop {
+            if current >= self.limit {
+                let start = Instant::now();
+                let mut guard = lock(&self.wait_lock);
+                while self.queued.load(Ordering::Acquire) >= self.limit {
+                    guard = self.freed.wait(guard).unwrap_or_else(|e| e.into_inner());
+                }
+                drop(guard);
+                waited += start.elapsed();
+                current = self.queued.load(Ordering::Acquire);
+                continue;
+            }
+            // Add only if the queue is still under the limit at this instant: it then
+            // holds less than `limit` before and at most `limit - 1 + len` after, so it
+            // never exceeds the budget plus one frame, however many listeners race.
+            match self.queued.compare_exchange_weak(
+                current,
+                current + len,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        self.high_water.fetch_max(current + len, Ordering::Relaxed);
+        waited
+    }
+
+    /// Removes `len`, waking waiting listeners if that makes room.
+    fn release(&self, len: usize) {
+        let before = self.queued.fetch_sub(len, Ordering::AcqRel);
+        if before >= self.limit && before - len < self.limit {
+            let _guard = lock(&self.wait_lock);
+            self.freed.notify_all();
+        }
+    }
 }
 
 /// A registered consumer as the receiver uses it: shared name and specs (cloned into
@@ -125,7 +170,6 @@ struct Shared {
     on_error: Option<Arc<ErrorCallback>>,
     budget: Budget,
     errors: Mutex<Vec<Error>>,
-    delivered: Mutex<BTreeMap<(usize, u32), (u64, u64)>>,
     stopping: AtomicBool,
     stoppers: Vec<Arc<dyn Stop>>,
     stop_on_error: bool,
@@ -156,6 +200,9 @@ impl Shared {
     }
 }
 
+/// (frames, payload bytes) delivered per (source, consumer).
+type Delivered = BTreeMap<(usize, u32), (u64, u64)>;
+
 struct Job {
     delivery: Delivery,
 }
@@ -164,7 +211,7 @@ struct Job {
 pub struct Receiver {
     shared: Arc<Shared>,
     listeners: Vec<JoinHandle<Duration>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Vec<JoinHandle<Delivered>>,
     report: Option<Report>,
 }
 
@@ -191,11 +238,12 @@ impl Receiver {
             on_error,
             budget: Budget {
                 limit: config.budget,
-                state: Mutex::new(BudgetState::default()),
+                queued: AtomicUsize::new(0),
+                high_water: AtomicUsize::new(0),
+                wait_lock: Mutex::new(()),
                 freed: Condvar::new(),
             },
             errors: Mutex::new(Vec::new()),
-            delivered: Mutex::new(BTreeMap::new()),
             stopping: AtomicBool::new(false),
             stoppers,
             stop_on_error: config.stop_on_error,
@@ -251,16 +299,13 @@ impl Receiver {
         for l in self.listeners.drain(..) {
             blocked.push(l.join().unwrap_or_default());
         }
+        let mut delivered = Delivered::new();
         for w in self.workers.drain(..) {
-            let _ = w.join();
+            // Each source is served by one worker: the maps are disjoint.
+            delivered.extend(w.join().unwrap_or_default());
         }
-        let state = lock(&self.shared.budget.state);
-        let metrics = Metrics {
-            delivered: lock(&self.shared.delivered).clone(),
-            queue_high_water: state.high_water,
-            blocked,
-        };
-        drop(state);
+        let queue_high_water = self.shared.budget.high_water.load(Ordering::Relaxed);
+        let metrics = Metrics { delivered, queue_high_water, blocked };
         Report { errors: std::mem::take(&mut *lock(&self.shared.errors)), metrics }
     }
 }
@@ -304,18 +349,7 @@ fn listen(
             }
         };
         let len = delivery.payload.len();
-        {
-            let mut state = lock(&shared.budget.state);
-            if state.queued >= shared.budget.limit {
-                let start = Instant::now();
-                while state.queued >= shared.budget.limit {
-                    state = shared.budget.freed.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-                blocked += start.elapsed();
-            }
-            state.queued += len;
-            state.high_water = state.high_water.max(state.queued);
-        }
+        blocked += shared.budget.acquire(len);
         if queue.send(Job { delivery }).is_err() {
             break;
         }
@@ -339,13 +373,13 @@ fn validate(shared: &Shared, index: usize, frame: RawFrame) -> Result<Delivery, 
 }
 
 /// A callback worker: delivers jobs in queue order, reports failures, frees budget.
-fn worker(shared: &Shared, queue: &sync::Receiver<Job>) {
+fn worker(shared: &Shared, queue: &sync::Receiver<Job>) -> Delivered {
+    let mut delivered = Delivered::new();
     for Job { delivery } in queue.iter() {
         let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
         match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
             Ok(Ok(())) => {
-                let mut d = lock(&shared.delivered);
-                let entry = d.entry((source, consumer)).or_default();
+                let entry = delivered.entry((source, consumer)).or_default();
                 entry.0 += 1;
                 entry.1 += len as u64;
             }
@@ -361,13 +395,9 @@ fn worker(shared: &Shared, queue: &sync::Receiver<Job>) {
                 shared.report(Error::CallbackPanicked { stream: source, consumer, message });
             }
         }
-        let mut state = lock(&shared.budget.state);
-        let was_full = state.queued >= shared.budget.limit;
-        state.queued -= len;
-        if was_full && state.queued < shared.budget.limit {
-            shared.budget.freed.notify_all();
-        }
+        shared.budget.release(len);
     }
+    delivered
 }
 
 #[cfg(all(test, shuttle))]

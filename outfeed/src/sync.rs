@@ -2,12 +2,18 @@
 //! under `--cfg shuttle`, so the model check controls every interleaving.
 
 #[cfg(not(shuttle))]
-pub(crate) use std::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicBool};
+pub(crate) use std::sync::{
+    Condvar, Mutex, MutexGuard,
+    atomic::{AtomicBool, AtomicUsize},
+};
 #[cfg(not(shuttle))]
 pub(crate) use std::thread::JoinHandle;
 
 #[cfg(shuttle)]
-pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard, atomic::AtomicBool};
+pub(crate) use shuttle::sync::{
+    Condvar, Mutex, MutexGuard,
+    atomic::{AtomicBool, AtomicUsize},
+};
 #[cfg(shuttle)]
 pub(crate) use shuttle::thread::JoinHandle;
 
