@@ -5,23 +5,39 @@
 //! (SPMD) with a context that knows its replica id and offers all-reduce, all-gather,
 //! reduce-scatter, all-to-all, broadcast, collective-permute and barrier over replica
 //! groups. A failing replica poisons its group, so peers get an error, never a hang.
-//! Across machines the same API runs over MPI (feature `mpi`).
 //!
 //! It is **not** a placer or a sharding library: it runs what it is given on the devices
 //! it is told, and moves tensors only through collectives. It does not know the outfeed
 //! wire format; programs stream data out through a sink trait this crate owns.
 //!
-//! The runtime and collectives arrive with the executor issue; so far the crate holds
-//! its error type:
+//! Across machines (the `mpi` feature) is not built yet; so far the runtime is one
+//! process with one thread per device.
 //!
 //! ```
-//! use meshwork_executor::Error;
-//! use meshwork_types::DeviceId;
+//! use std::sync::Arc;
+//! use meshwork_executor::{Program, Runtime, Tensor};
+//! use meshwork_types::ReduceOp;
+//! use ndarray::arr1;
 //!
-//! let err: Error = "-1".parse::<DeviceId>().unwrap_err().into();
-//! assert!(err.to_string().contains("invalid device id"));
+//! let runtime = Runtime::new(4)?;
+//! let program: Arc<Program> = Arc::new(|ctx, inputs| {
+//!     let sum = ctx.all_reduce(ReduceOp::Sum, inputs[0].clone())?;
+//!     Ok(vec![sum])
+//! });
+//! let inputs = (0..4).map(|r| vec![Tensor::F32(arr1(&[r as f32, 1.0]).into_dyn())]).collect();
+//! let out = runtime.run(program, inputs)?;
+//! assert!(out.iter().all(|o| o[0] == Tensor::F32(arr1(&[6.0, 4.0]).into_dyn())));
+//! # Ok::<(), meshwork_executor::Error>(())
 //! ```
 
+mod context;
 mod error;
+mod hub;
+mod runtime;
+mod tensor;
 
+pub use context::ReplicaContext;
 pub use error::{Error, Result};
+pub use hub::ReplicaGroups;
+pub use runtime::{Program, ProgramError, Runtime};
+pub use tensor::Tensor;

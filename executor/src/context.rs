@@ -1,0 +1,238 @@
+//! What a program sees on one replica: its id and the collectives.
+
+use std::sync::Arc;
+
+use meshwork_types::ReduceOp;
+use ndarray::ArrayD;
+
+use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
+use crate::tensor::{Tensor, fold};
+use crate::{Error, Result};
+
+/// One replica's view of a run: who it is, and the collectives over its peers.
+///
+/// Every collective is a rendezvous: all replicas of the group must call the same
+/// collective with the same dtype, shape and arguments, or all of them get
+/// [`Error::Mismatch`]. Results are deterministic: reductions fold in rank order, so
+/// every replica gets bit-identical values, run after run.
+pub struct ReplicaContext {
+    replica: usize,
+    hub: Arc<Hub>,
+    all: ReplicaGroups,
+}
+
+impl ReplicaContext {
+    pub(crate) fn new(replica: usize, hub: Arc<Hub>) -> ReplicaContext {
+        let all = ReplicaGroups::all(hub.replicas());
+        ReplicaContext { replica, hub, all }
+    }
+
+    /// This replica's id, `0..num_replicas()`.
+    pub fn replica_id(&self) -> usize {
+        self.replica
+    }
+
+    /// How many replicas run the program.
+    pub fn num_replicas(&self) -> usize {
+        self.hub.replicas()
+    }
+
+    /// Replica groups over this run's replicas (validated against its replica count).
+    pub fn groups(&self, groups: Vec<Vec<usize>>) -> Result<ReplicaGroups> {
+        ReplicaGroups::new(groups, self.num_replicas())
+    }
+
+    fn meet(
+        &self,
+        groups: &ReplicaGroups,
+        op: &'static str,
+        args: String,
+        t: Tensor,
+    ) -> Result<(Gathered, usize)> {
+        if groups.groups().iter().flatten().count() != self.num_replicas() {
+            return Err(Error::BadGroups {
+                groups: groups.groups().to_vec(),
+                replicas: self.num_replicas(),
+            });
+        }
+        let signature = format!("{args} {}{:?}", t.dtype(), t.shape());
+        let (_, rank) = self.hub.group_of(groups, self.replica);
+        let parts = self.hub.exchange(
+            groups,
+            self.replica,
+            Offer { op, signature, tensor: Arc::new(t.standard()) },
+        )?;
+        Ok((parts, rank))
+    }
+
+    fn bad(&self, op: &'static str, problem: String) -> Error {
+        Error::BadArgument { op, replica: self.replica, problem }
+    }
+
+    fn check_axis(&self, op: &'static str, t: &Tensor, axis: usize) -> Result<()> {
+        if axis >= t.shape().len() {
+            return Err(
+                self.bad(op, format!("axis {axis} is past the rank of shape {:?}", t.shape()))
+            );
+        }
+        Ok(())
+    }
+
+    /// Element-wise reduction over all replicas; every replica gets the result.
+    pub fn all_reduce(&self, op: ReduceOp, t: Tensor) -> Result<Tensor> {
+        self.all_reduce_in(&self.all.clone(), op, t)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) within each of `groups`.
+    pub fn all_reduce_in(&self, groups: &ReplicaGroups, op: ReduceOp, t: Tensor) -> Result<Tensor> {
+        let (parts, _) = self.meet(groups, "all_reduce", format!("{op:?}"), t)?;
+        Ok(reduce(&parts, op))
+    }
+
+    /// Concatenates every replica's tensor along `axis`, in replica order.
+    pub fn all_gather(&self, axis: usize, t: Tensor) -> Result<Tensor> {
+        self.all_gather_in(&self.all.clone(), axis, t)
+    }
+
+    /// [`all_gather`](Self::all_gather) within each of `groups`, in group rank order.
+    pub fn all_gather_in(&self, groups: &ReplicaGroups, axis: usize, t: Tensor) -> Result<Tensor> {
+        self.check_axis("all_gather", &t, axis)?;
+        let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
+        let refs: Vec<&Tensor> = parts.iter().map(|p| &**p).collect();
+        Ok(Tensor::concat(&refs, axis))
+    }
+
+    /// Reduces over all replicas, then gives replica `k` the `k`-th of equal pieces
+    /// along `axis` (whose length must divide by the group size).
+    pub fn reduce_scatter(&self, op: ReduceOp, axis: usize, t: Tensor) -> Result<Tensor> {
+        self.reduce_scatter_in(&self.all.clone(), op, axis, t)
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) within each of `groups`.
+    pub fn reduce_scatter_in(
+        &self,
+        groups: &ReplicaGroups,
+        op: ReduceOp,
+        axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "reduce_scatter";
+        self.check_axis(OP, &t, axis)?;
+        let (members, _) = self.hub.group_of(groups, self.replica);
+        if !t.shape()[axis].is_multiple_of(members.len()) {
+            return Err(self.bad(
+                OP,
+                format!(
+                    "axis {axis} of shape {:?} does not divide into {} pieces",
+                    t.shape(),
+                    members.len()
+                ),
+            ));
+        }
+        let (parts, rank) = self.meet(groups, OP, format!("{op:?} axis={axis}"), t)?;
+        Ok(reduce(&parts, op).split(axis, members.len()).swap_remove(rank))
+    }
+
+    /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to
+    /// rank `k`, and concatenates what arrives along `concat_axis` in rank order.
+    pub fn all_to_all(&self, split_axis: usize, concat_axis: usize, t: Tensor) -> Result<Tensor> {
+        self.all_to_all_in(&self.all.clone(), split_axis, concat_axis, t)
+    }
+
+    /// [`all_to_all`](Self::all_to_all) within each of `groups`.
+    pub fn all_to_all_in(
+        &self,
+        groups: &ReplicaGroups,
+        split_axis: usize,
+        concat_axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "all_to_all";
+        self.check_axis(OP, &t, split_axis)?;
+        self.check_axis(OP, &t, concat_axis)?;
+        let (members, _) = self.hub.group_of(groups, self.replica);
+        let n = members.len();
+        if !t.shape()[split_axis].is_multiple_of(n) {
+            return Err(self.bad(
+                OP,
+                format!(
+                    "axis {split_axis} of shape {:?} does not divide into {n} pieces",
+                    t.shape()
+                ),
+            ));
+        }
+        let (parts, rank) =
+            self.meet(groups, OP, format!("split={split_axis} concat={concat_axis}"), t)?;
+        let mine: Vec<Tensor> =
+            parts.iter().map(|p| p.split(split_axis, n).swap_remove(rank)).collect();
+        let refs: Vec<&Tensor> = mine.iter().collect();
+        Ok(Tensor::concat(&refs, concat_axis))
+    }
+
+    /// Every replica gets the tensor of replica `root`.
+    pub fn broadcast(&self, root: usize, t: Tensor) -> Result<Tensor> {
+        if root >= self.num_replicas() {
+            return Err(self.bad(
+                "broadcast",
+                format!("root {root} is not one of {} replicas", self.num_replicas()),
+            ));
+        }
+        let (parts, _) = self.meet(&self.all.clone(), "broadcast", format!("root={root}"), t)?;
+        Ok((*parts[root]).clone())
+    }
+
+    /// Sends the tensor along `(source, target)` pairs of replicas; a replica that is
+    /// no pair's target gets zeros of its own tensor's shape. Sources and targets must
+    /// each be distinct.
+    pub fn collective_permute(&self, pairs: &[(usize, usize)], t: Tensor) -> Result<Tensor> {
+        const OP: &str = "collective_permute";
+        let n = self.num_replicas();
+        let (mut src, mut dst) = (vec![false; n], vec![false; n]);
+        for &(s, d) in pairs {
+            if s >= n
+                || d >= n
+                || std::mem::replace(&mut src[s], true)
+                || std::mem::replace(&mut dst[d], true)
+            {
+                return Err(self.bad(
+                    OP,
+                    format!("pairs {pairs:?} need distinct sources and targets among {n} replicas"),
+                ));
+            }
+        }
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
+        let (parts, _) = self.meet(&self.all.clone(), OP, format!("{pairs:?}"), t)?;
+        match pairs.iter().find(|&&(_, d)| d == self.replica) {
+            Some(&(s, _)) => Ok((*parts[s]).clone()),
+            None => Tensor::zeros(dtype, &shape),
+        }
+    }
+
+    /// Waits until every replica reaches the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        let empty = Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0])));
+        self.meet(&self.all.clone(), "barrier", String::new(), empty).map(|_| ())
+    }
+}
+
+/// Folds same-dtype, same-shape standard-layout tensors in order.
+fn reduce(parts: &[Arc<Tensor>], op: ReduceOp) -> Tensor {
+    macro_rules! red {
+        ($v:ident, $a:ident) => {{
+            let slices: Vec<&[_]> = parts
+                .iter()
+                .map(|p| match &**p {
+                    Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
+                    _ => unreachable!("dtypes checked at the rendezvous"),
+                })
+                .collect();
+            ArrayD::from_shape_vec($a.raw_dim(), fold(&slices, 0..$a.len(), op)).expect("same shape")
+        }};
+    }
+    match &*parts[0] {
+        Tensor::F32(a) => Tensor::F32(red!(F32, a)),
+        Tensor::F64(a) => Tensor::F64(red!(F64, a)),
+        Tensor::I32(a) => Tensor::I32(red!(I32, a)),
+        Tensor::I64(a) => Tensor::I64(red!(I64, a)),
+    }
+}

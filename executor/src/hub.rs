@@ -1,0 +1,251 @@
+//! The rendezvous: replicas of a group meet, each leaves with every member's tensor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result, Tensor};
+
+/// Replica groups: every replica of a run in exactly one group, members in rank order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReplicaGroups {
+    groups: Vec<Vec<usize>>,
+}
+
+impl ReplicaGroups {
+    /// Validates that `groups` hold each of `0..replicas` exactly once.
+    pub fn new(groups: Vec<Vec<usize>>, replicas: usize) -> Result<ReplicaGroups> {
+        let mut seen = vec![false; replicas];
+        let ok = groups.iter().all(|g| !g.is_empty())
+            && groups
+                .iter()
+                .flatten()
+                .all(|&r| r < replicas && !std::mem::replace(&mut seen[r], true))
+            && seen.iter().all(|&s| s);
+        if ok { Ok(ReplicaGroups { groups }) } else { Err(Error::BadGroups { groups, replicas }) }
+    }
+
+    /// One group of all `replicas`.
+    pub fn all(replicas: usize) -> ReplicaGroups {
+        ReplicaGroups { groups: vec![(0..replicas).collect()] }
+    }
+
+    /// The groups.
+    pub fn groups(&self) -> &[Vec<usize>] {
+        &self.groups
+    }
+}
+
+/// What a participant brings: its tensor and a signature the others must share.
+pub(crate) struct Offer {
+    pub(crate) op: &'static str,
+    pub(crate) signature: String,
+    pub(crate) tensor: Arc<Tensor>,
+}
+
+/// What every participant leaves with: all members' tensors in rank order.
+pub(crate) type Gathered = Arc<Vec<Arc<Tensor>>>;
+
+struct Group {
+    members: Vec<usize>,
+    state: Mutex<GroupState>,
+    arrived: Condvar,
+}
+
+struct GroupState {
+    round: u64,
+    offers: Vec<Option<Offer>>,
+    count: usize,
+    done: Option<(u64, Result<Gathered>)>,
+    aborted: Option<Error>,
+}
+
+struct GroupSet {
+    groups: Vec<Arc<Group>>,
+    /// Per replica: (group, rank in it).
+    place: Vec<(usize, usize)>,
+}
+
+/// The rendezvous of one run.
+pub(crate) struct Hub {
+    replicas: usize,
+    timeout: Duration,
+    sets: Mutex<HashMap<ReplicaGroups, Arc<GroupSet>>>,
+    failed: Mutex<Option<usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Hub {
+    pub(crate) fn new(replicas: usize, timeout: Duration) -> Hub {
+        Hub { replicas, timeout, sets: Mutex::new(HashMap::new()), failed: Mutex::new(None) }
+    }
+
+    pub(crate) fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    fn set(&self, groups: &ReplicaGroups) -> Arc<GroupSet> {
+        let mut sets = lock(&self.sets);
+        sets.entry(groups.clone())
+            .or_insert_with(|| {
+                let mut place = vec![(0, 0); self.replicas];
+                let groups = groups
+                    .groups()
+                    .iter()
+                    .enumerate()
+                    .map(|(g, members)| {
+                        for (rank, &r) in members.iter().enumerate() {
+                            place[r] = (g, rank);
+                        }
+                        let state = GroupState {
+                            round: 0,
+                            offers: (0..members.len()).map(|_| None).collect(),
+                            count: 0,
+                            done: None,
+                            aborted: None,
+                        };
+                        Arc::new(Group {
+                            members: members.clone(),
+                            state: Mutex::new(state),
+                            arrived: Condvar::new(),
+                        })
+                    })
+                    .collect();
+                let set = Arc::new(GroupSet { groups, place });
+                if let Some(f) = *lock(&self.failed) {
+                    set.poison(f);
+                }
+                set
+            })
+            .clone()
+    }
+
+    /// The members of `replica`'s group and its rank there.
+    pub(crate) fn group_of(&self, groups: &ReplicaGroups, replica: usize) -> (Vec<usize>, usize) {
+        let set = self.set(groups);
+        let (g, rank) = set.place[replica];
+        (set.groups[g].members.clone(), rank)
+    }
+
+    /// Meets the other members of `replica`'s group: returns every member's tensor once
+    /// all have arrived with the same op and signature. Fails if a peer failed, the
+    /// signatures differ, or the timeout passes.
+    pub(crate) fn exchange(
+        &self,
+        groups: &ReplicaGroups,
+        replica: usize,
+        offer: Offer,
+    ) -> Result<Gathered> {
+        let set = self.set(groups);
+        let (g, rank) = set.place[replica];
+        let group = &set.groups[g];
+        let op = offer.op;
+        let mut st = lock(&group.state);
+        if let Some(e) = &st.aborted {
+            return Err(for_replica(e, replica, op));
+        }
+        let round = st.round;
+        st.offers[rank] = Some(offer);
+        st.count += 1;
+        if st.count == group.members.len() {
+            let offers: Vec<Offer> =
+                st.offers.iter_mut().map(|o| o.take().expect("all arrived")).collect();
+            let result = check(&group.members, &offers)
+                .map(|()| Arc::new(offers.into_iter().map(|o| o.tensor).collect::<Vec<_>>()));
+            st.done = Some((round, result));
+            st.round += 1;
+            st.count = 0;
+            group.arrived.notify_all();
+        } else {
+            let deadline = Instant::now() + self.timeout;
+            while st.round == round {
+                if let Some(e) = &st.aborted {
+                    return Err(for_replica(e, replica, op));
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let missing = st
+                        .offers
+                        .iter()
+                        .zip(&group.members)
+                        .filter(|(o, _)| o.is_none())
+                        .map(|(_, &m)| m)
+                        .collect();
+                    let e = Error::Timeout {
+                        op,
+                        group: group.members.clone(),
+                        missing,
+                        timeout: self.timeout,
+                    };
+                    st.aborted = Some(e.clone());
+                    group.arrived.notify_all();
+                    return Err(e);
+                }
+                st = group
+                    .arrived
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        match &st.done {
+            Some((r, result)) if *r == round => result.clone(),
+            _ => unreachable!(
+                "a round completes only with every member, so its result is still there"
+            ),
+        }
+    }
+
+    /// Marks `replica` as failed: every peer waiting (now or later) gets an error.
+    pub(crate) fn poison(&self, replica: usize) {
+        let mut failed = lock(&self.failed);
+        if failed.is_none() {
+            *failed = Some(replica);
+        }
+        drop(failed);
+        for set in lock(&self.sets).values() {
+            set.poison(replica);
+        }
+    }
+}
+
+impl GroupSet {
+    fn poison(&self, replica: usize) {
+        for group in &self.groups {
+            let mut st = lock(&group.state);
+            if st.aborted.is_none() {
+                st.aborted =
+                    Some(Error::PeerFailed { failed: replica, replica: usize::MAX, op: "" });
+            }
+            group.arrived.notify_all();
+        }
+    }
+}
+
+/// The stored abort error as seen by `replica` in `op`.
+fn for_replica(e: &Error, replica: usize, op: &'static str) -> Error {
+    match e {
+        Error::PeerFailed { failed, .. } => Error::PeerFailed { failed: *failed, replica, op },
+        other => other.clone(),
+    }
+}
+
+fn check(members: &[usize], offers: &[Offer]) -> Result<()> {
+    let first = &offers[0];
+    for (rank, o) in offers.iter().enumerate().skip(1) {
+        if o.op != first.op || o.signature != first.signature {
+            return Err(Error::Mismatch {
+                op: first.op,
+                group: members.to_vec(),
+                first: members[0],
+                expected: format!("{} {}", first.op, first.signature),
+                replica: members[rank],
+                actual: format!("{} {}", o.op, o.signature),
+            });
+        }
+    }
+    Ok(())
+}

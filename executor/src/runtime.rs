@@ -1,0 +1,150 @@
+//! Devices as worker threads, and running one program on many of them.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::{Sender, unbounded};
+
+use crate::context::ReplicaContext;
+use crate::hub::Hub;
+use crate::{Error, Result, Tensor};
+
+/// The error a program may return: any error, converted back to [`Error`] when it is one.
+pub type ProgramError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A program run once per replica: its context and its inputs in, its outputs out.
+pub type Program = dyn Fn(&ReplicaContext, Vec<Tensor>) -> std::result::Result<Vec<Tensor>, ProgramError>
+    + Send
+    + Sync;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A set of devices, each a long-lived worker thread, that runs SPMD programs.
+///
+/// A runtime is reusable: a failed run leaves the devices ready for the next one.
+pub struct Runtime {
+    devices: Vec<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    timeout: Duration,
+}
+
+impl Runtime {
+    /// The default time a replica waits for its peers at a collective.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Starts `devices` device threads (`cpu:0`, `cpu:1`, ...).
+    pub fn new(devices: usize) -> Result<Runtime> {
+        if devices == 0 {
+            return Err(Error::NoDevices);
+        }
+        let mut senders = Vec::with_capacity(devices);
+        let mut threads = Vec::with_capacity(devices);
+        for d in 0..devices {
+            let (tx, rx) = unbounded::<Job>();
+            let thread = std::thread::Builder::new()
+                .name(format!("meshwork-cpu:{d}"))
+                .spawn(move || rx.iter().for_each(|job| job()))
+                .map_err(|e| Error::ReplicaFailed {
+                    replica: d,
+                    message: format!("cannot start device thread: {e}"),
+                })?;
+            senders.push(tx);
+            threads.push(thread);
+        }
+        Ok(Runtime { devices: senders, threads, timeout: Runtime::DEFAULT_TIMEOUT })
+    }
+
+    /// Sets how long a replica waits for its peers at a collective before the
+    /// collective fails with [`Error::Timeout`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Runtime {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The number of devices.
+    pub fn devices(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Runs `program` on `inputs.len()` replicas, replica `r` on device `r` with
+    /// `inputs[r]`, and returns every replica's outputs in replica order.
+    ///
+    /// If any replica fails (an error, a panic, a collective that cannot complete),
+    /// its peers are released with [`Error::PeerFailed`] rather than left waiting, and
+    /// the run returns the first failure's own error (the lowest replica among those
+    /// that did not merely see a peer fail).
+    pub fn run(&self, program: Arc<Program>, inputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
+        let replicas = inputs.len();
+        if replicas == 0 || replicas > self.devices.len() {
+            return Err(Error::ReplicaCount { replicas, devices: self.devices.len() });
+        }
+        let hub = Arc::new(Hub::new(replicas, self.timeout));
+        let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
+        for (r, input) in inputs.into_iter().enumerate() {
+            let (job_hub, program, done) = (hub.clone(), program.clone(), done_tx.clone());
+            let job: Job = Box::new(move || {
+                let hub = job_hub;
+                let ctx = ReplicaContext::new(r, hub.clone());
+                let result = match catch_unwind(AssertUnwindSafe(|| program(&ctx, input))) {
+                    Ok(Ok(out)) => Ok(out),
+                    Ok(Err(e)) => Err(match e.downcast::<Error>() {
+                        Ok(e) => *e,
+                        Err(e) => Error::ReplicaFailed { replica: r, message: e.to_string() },
+                    }),
+                    Err(panic) => {
+                        Err(Error::ReplicaPanicked { replica: r, message: panic_message(&*panic) })
+                    }
+                };
+                if result.is_err() {
+                    hub.poison(r);
+                }
+                // The receiver lives until every replica has reported.
+                let _ = done.send((r, result));
+            });
+            if self.devices[r].send(job).is_err() {
+                hub.poison(r);
+                let _ = done_tx.send((
+                    r,
+                    Err(Error::ReplicaFailed {
+                        replica: r,
+                        message: "device thread is gone".into(),
+                    }),
+                ));
+            }
+        }
+        drop(done_tx);
+        let mut outputs: Vec<Option<Vec<Tensor>>> = vec![None; replicas];
+        let mut errors: Vec<(usize, Error)> = Vec::new();
+        for (r, result) in done_rx.iter() {
+            match result {
+                Ok(out) => outputs[r] = Some(out),
+                Err(e) => errors.push((r, e)),
+            }
+        }
+        if !errors.is_empty() {
+            errors.sort_by_key(|(r, e)| (matches!(e, Error::PeerFailed { .. }), *r));
+            return Err(errors.swap_remove(0).1);
+        }
+        Ok(outputs.into_iter().map(|o| o.expect("every replica reported")).collect())
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.devices.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}

@@ -1,0 +1,176 @@
+//! A dtype-erased tensor over `ndarray` arrays, with the element-wise reductions
+//! collectives need.
+
+use meshwork_types::{DType, ReduceOp};
+use ndarray::{ArrayD, Axis, IxDyn};
+
+use crate::{Error, Result};
+
+/// A tensor of one of the dtypes a training step needs.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Tensor {
+    /// `f32`.
+    F32(ArrayD<f32>),
+    /// `f64`.
+    F64(ArrayD<f64>),
+    /// `i32`.
+    I32(ArrayD<i32>),
+    /// `i64`.
+    I64(ArrayD<i64>),
+}
+
+/// Applies `$body` to the array in any variant, re-wrapping a returned array.
+macro_rules! map {
+    ($t:expr, $a:ident => $body:expr) => {
+        match $t {
+            Tensor::F32($a) => Tensor::F32($body),
+            Tensor::F64($a) => Tensor::F64($body),
+            Tensor::I32($a) => Tensor::I32($body),
+            Tensor::I64($a) => Tensor::I64($body),
+        }
+    };
+}
+
+/// Applies `$body` to the array in any variant.
+macro_rules! each {
+    ($t:expr, $a:ident => $body:expr) => {
+        match $t {
+            Tensor::F32($a) => $body,
+            Tensor::F64($a) => $body,
+            Tensor::I32($a) => $body,
+            Tensor::I64($a) => $body,
+        }
+    };
+}
+
+/// Element types with the four reductions.
+pub(crate) trait Element: Copy + PartialOrd + std::ops::Add<Output = Self> {
+    fn mean(sum: Self, n: usize) -> Self;
+    fn min(a: Self, b: Self) -> Self {
+        if b < a { b } else { a }
+    }
+    fn max(a: Self, b: Self) -> Self {
+        if b > a { b } else { a }
+    }
+}
+
+impl Element for f32 {
+    fn mean(sum: f32, n: usize) -> f32 {
+        sum / n as f32
+    }
+}
+impl Element for f64 {
+    fn mean(sum: f64, n: usize) -> f64 {
+        sum / n as f64
+    }
+}
+impl Element for i32 {
+    /// Integer mean truncates toward zero.
+    fn mean(sum: i32, n: usize) -> i32 {
+        sum / n as i32
+    }
+}
+impl Element for i64 {
+    fn mean(sum: i64, n: usize) -> i64 {
+        sum / n as i64
+    }
+}
+
+/// Folds `inputs[..][range]` element-wise in input order into a new vector.
+pub(crate) fn fold<T: Element>(
+    inputs: &[&[T]],
+    range: std::ops::Range<usize>,
+    op: ReduceOp,
+) -> Vec<T> {
+    let mut out: Vec<T> = inputs[0][range.clone()].to_vec();
+    for input in &inputs[1..] {
+        let src = &input[range.clone()];
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => {
+                out.iter_mut().zip(src).for_each(|(o, &x)| *o = *o + x)
+            }
+            ReduceOp::Min => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::min(*o, x)),
+            ReduceOp::Max => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::max(*o, x)),
+        }
+    }
+    if op == ReduceOp::Mean {
+        let n = inputs.len();
+        out.iter_mut().for_each(|o| *o = T::mean(*o, n));
+    }
+    out
+}
+
+impl Tensor {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::F64(_) => DType::F64,
+            Tensor::I32(_) => DType::I32,
+            Tensor::I64(_) => DType::I64,
+        }
+    }
+
+    /// The dims.
+    pub fn shape(&self) -> &[usize] {
+        each!(self, a => a.shape())
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        each!(self, a => a.len())
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same data in standard (row-major, contiguous) layout.
+    pub(crate) fn standard(self) -> Tensor {
+        map!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })
+    }
+
+    /// A zero-filled tensor of a dtype and shape.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let s = IxDyn(shape);
+        Ok(match dtype {
+            DType::F32 => Tensor::F32(ArrayD::zeros(s)),
+            DType::F64 => Tensor::F64(ArrayD::zeros(s)),
+            DType::I32 => Tensor::I32(ArrayD::zeros(s)),
+            DType::I64 => Tensor::I64(ArrayD::zeros(s)),
+            other => return Err(Error::UnsupportedDType { dtype: other }),
+        })
+    }
+
+    /// Concatenates `parts` (same dtype) along `axis`.
+    pub(crate) fn concat(parts: &[&Tensor], axis: usize) -> Tensor {
+        macro_rules! cat {
+            ($v:ident) => {{
+                let views: Vec<_> = parts
+                    .iter()
+                    .map(|t| match t {
+                        Tensor::$v(a) => a.view(),
+                        _ => unreachable!("checked at the rendezvous"),
+                    })
+                    .collect();
+                Tensor::$v(ndarray::concatenate(Axis(axis), &views).expect("checked at the rendezvous"))
+            }};
+        }
+        match parts[0] {
+            Tensor::F32(_) => cat!(F32),
+            Tensor::F64(_) => cat!(F64),
+            Tensor::I32(_) => cat!(I32),
+            Tensor::I64(_) => cat!(I64),
+        }
+    }
+
+    /// Splits into `n` equal parts along `axis` (the length must divide).
+    pub(crate) fn split(&self, axis: usize, n: usize) -> Vec<Tensor> {
+        let len = self.shape()[axis] / n;
+        (0..n)
+            .map(|k| map!(self, a => a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len)).to_owned()))
+            .collect()
+    }
+}

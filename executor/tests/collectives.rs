@@ -1,0 +1,255 @@
+//! Collectives against a sequential model, and what happens when replicas fail.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_types::ReduceOp;
+use ndarray::{ArrayD, Axis, IxDyn};
+use proptest::prelude::*;
+
+fn t(shape: &[usize], data: Vec<i64>) -> Tensor {
+    Tensor::I64(ArrayD::from_shape_vec(IxDyn(shape), data).unwrap())
+}
+
+fn arr(t: &Tensor) -> ArrayD<i64> {
+    match t {
+        Tensor::I64(a) => a.clone(),
+        other => panic!("expected i64, got {other:?}"),
+    }
+}
+
+/// `replicas` tensors of one shape (rows divisible by the replica count), random data.
+fn inputs() -> impl Strategy<Value = (usize, Vec<usize>, Vec<Vec<i64>>)> {
+    (1usize..6, 1usize..3, 1usize..4).prop_flat_map(|(n, k, cols)| {
+        let shape = vec![n * k, cols];
+        let len = n * k * cols;
+        (Just(n), Just(shape), prop::collection::vec(prop::collection::vec(-1000i64..1000, len), n))
+    })
+}
+
+fn run(n: usize, shape: &[usize], data: &[Vec<i64>], program: Arc<Program>) -> Vec<ArrayD<i64>> {
+    let rt = Runtime::new(n).unwrap();
+    let ins = data.iter().map(|d| vec![t(shape, d.clone())]).collect();
+    rt.run(program, ins).unwrap().into_iter().map(|o| arr(&o[0])).collect()
+}
+
+fn model_reduce(arrays: &[ArrayD<i64>], op: ReduceOp) -> ArrayD<i64> {
+    let mut acc = arrays[0].clone();
+    for a in &arrays[1..] {
+        acc.zip_mut_with(a, |x, &y| {
+            *x = match op {
+                ReduceOp::Sum | ReduceOp::Mean => *x + y,
+                ReduceOp::Min => (*x).min(y),
+                ReduceOp::Max => (*x).max(y),
+            }
+        });
+    }
+    if op == ReduceOp::Mean {
+        acc.mapv_inplace(|x| x / arrays.len() as i64);
+    }
+    acc
+}
+
+fn arrays(shape: &[usize], data: &[Vec<i64>]) -> Vec<ArrayD<i64>> {
+    data.iter().map(|d| arr(&t(shape, d.clone()))).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn all_reduce_matches_sequential_fold((n, shape, data) in inputs(), op in prop::sample::select(ReduceOp::ALL.to_vec())) {
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.all_reduce(op, i[0].clone())?])));
+        let want = model_reduce(&arrays(&shape, &data), op);
+        for o in out { prop_assert_eq!(o, want.clone()); }
+    }
+
+    #[test]
+    fn all_gather_concatenates_in_replica_order((n, shape, data) in inputs(), axis in 0usize..2) {
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.all_gather(axis, i[0].clone())?])));
+        let a = arrays(&shape, &data);
+        let views: Vec<_> = a.iter().map(|x| x.view()).collect();
+        let want = ndarray::concatenate(Axis(axis), &views).unwrap();
+        for o in out { prop_assert_eq!(o, want.clone()); }
+    }
+
+    #[test]
+    fn reduce_scatter_is_a_slice_of_all_reduce((n, shape, data) in inputs()) {
+        let out = run(n, &shape, &data, Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?])));
+        let sum = model_reduce(&arrays(&shape, &data), ReduceOp::Sum);
+        let rows = shape[0] / n;
+        for (r, o) in out.into_iter().enumerate() {
+            let want = sum.slice_axis(Axis(0), ndarray::Slice::from(r * rows..(r + 1) * rows)).to_owned();
+            prop_assert_eq!(o, want);
+        }
+    }
+
+    #[test]
+    fn all_to_all_transposes_pieces((n, shape, data) in inputs(), concat in 0usize..2) {
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.all_to_all(0, concat, i[0].clone())?])));
+        let a = arrays(&shape, &data);
+        let rows = shape[0] / n;
+        for (r, o) in out.into_iter().enumerate() {
+            let pieces: Vec<_> = a.iter().map(|x| x.slice_axis(Axis(0), ndarray::Slice::from(r * rows..(r + 1) * rows))).collect();
+            prop_assert_eq!(o, ndarray::concatenate(Axis(concat), &pieces).unwrap());
+        }
+    }
+
+    #[test]
+    fn broadcast_and_permute_move_whole_tensors((n, shape, data) in inputs(), root in 0usize..6, shift in 1usize..6) {
+        let root = root % n;
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.broadcast(root, i[0].clone())?])));
+        let a = arrays(&shape, &data);
+        for o in out { prop_assert_eq!(o, a[root].clone()); }
+        // A ring shift, missing the pair into replica 0 so one target gets zeros.
+        let pairs: Vec<(usize, usize)> = (0..n).map(|s| (s, (s + shift) % n)).filter(|&(_, d)| d != 0).collect();
+        let p = pairs.clone();
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.collective_permute(&p, i[0].clone())?])));
+        for (r, o) in out.into_iter().enumerate() {
+            let want = match pairs.iter().find(|&&(_, d)| d == r) {
+                Some(&(s, _)) => a[s].clone(),
+                None => ArrayD::zeros(IxDyn(&shape)),
+            };
+            prop_assert_eq!(o, want);
+        }
+    }
+
+    #[test]
+    fn grouped_all_reduce_reduces_within_each_group((n, shape, data) in inputs()) {
+        // Even and odd replicas form two groups.
+        let groups: Vec<Vec<usize>> = [0, 1].iter().map(|&p| (0..n).filter(|r| r % 2 == p).collect::<Vec<_>>()).filter(|g| !g.is_empty()).collect();
+        let g = groups.clone();
+        let out = run(n, &shape, &data, Arc::new(move |ctx, i| {
+            let groups = ctx.groups(g.clone())?;
+            Ok(vec![ctx.all_reduce_in(&groups, ReduceOp::Sum, i[0].clone())?])
+        }));
+        let a = arrays(&shape, &data);
+        for (r, o) in out.into_iter().enumerate() {
+            let members: Vec<_> = groups.iter().find(|g| g.contains(&r)).unwrap().iter().map(|&m| a[m].clone()).collect();
+            prop_assert_eq!(o, model_reduce(&members, ReduceOp::Sum));
+        }
+    }
+}
+
+#[test]
+fn float_reductions_are_bit_identical_on_every_replica_and_run() {
+    let rt = Runtime::new(4).unwrap();
+    let program: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Mean, i[0].clone())?]));
+    let ins = || {
+        (0..4)
+            .map(|r| {
+                vec![Tensor::F32(ArrayD::from_shape_fn(IxDyn(&[64]), |i| {
+                    (i[0] as f32 + 0.1) / (r as f32 + 3.0)
+                }))]
+            })
+            .collect()
+    };
+    let first = rt.run(program.clone(), ins()).unwrap();
+    assert!(first.iter().all(|o| o == &first[0]));
+    for _ in 0..5 {
+        assert_eq!(rt.run(program.clone(), ins()).unwrap(), first);
+    }
+}
+
+fn ones(n: usize) -> Vec<Vec<Tensor>> {
+    (0..n).map(|_| vec![t(&[2], vec![1, 1])]).collect()
+}
+
+#[test]
+fn a_failing_replica_releases_its_peers_and_the_runtime_stays_usable() {
+    let rt = Runtime::new(3).unwrap();
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        if ctx.replica_id() == 1 {
+            return Err("out of memory".into());
+        }
+        Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])
+    });
+    let err = rt.run(program, ones(3)).unwrap_err();
+    assert_eq!(err, Error::ReplicaFailed { replica: 1, message: "out of memory".into() });
+    let ok: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
+    assert_eq!(rt.run(ok, ones(3)).unwrap()[2][0], t(&[2], vec![3, 3]));
+}
+
+#[test]
+fn a_panicking_replica_is_reported_not_propagated() {
+    let rt = Runtime::new(2).unwrap();
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        ctx.barrier()?;
+        if ctx.replica_id() == 0 {
+            panic!("kernel bug");
+        }
+        Ok(vec![ctx.all_gather(0, i[0].clone())?])
+    });
+    let err = rt.run(program, ones(2)).unwrap_err();
+    assert_eq!(err, Error::ReplicaPanicked { replica: 0, message: "kernel bug".into() });
+}
+
+#[test]
+fn mismatched_shapes_fail_every_replica_with_both_sides_named() {
+    let rt = Runtime::new(2).unwrap();
+    let program: Arc<Program> = Arc::new(|ctx, _| {
+        let len = 2 + ctx.replica_id();
+        Ok(vec![ctx.all_reduce(ReduceOp::Sum, t(&[len], vec![0; len]))?])
+    });
+    match rt.run(program, ones(2)).unwrap_err() {
+        Error::Mismatch { op, group, first, replica, expected, actual } => {
+            assert_eq!((op, group, first, replica), ("all_reduce", vec![0, 1], 0, 1));
+            assert!(expected.contains("[2]") && actual.contains("[3]"), "{expected} / {actual}");
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+}
+
+#[test]
+fn a_replica_that_skips_a_collective_times_out_naming_it() {
+    let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_millis(200));
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        if ctx.replica_id() == 2 {
+            return Ok(i);
+        }
+        Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])
+    });
+    match rt.run(program, ones(3)).unwrap_err() {
+        Error::Timeout { op, group, missing, .. } => {
+            assert_eq!((op, group, missing), ("all_reduce", vec![0, 1, 2], vec![2]));
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    assert_eq!(Runtime::new(0).err(), Some(Error::NoDevices));
+    let rt = Runtime::new(2).unwrap();
+    let noop: Arc<Program> = Arc::new(|_, i| Ok(i));
+    assert_eq!(
+        rt.run(noop.clone(), ones(3)).unwrap_err(),
+        Error::ReplicaCount { replicas: 3, devices: 2 }
+    );
+    assert_eq!(rt.run(noop, vec![]).unwrap_err(), Error::ReplicaCount { replicas: 0, devices: 2 });
+    let scatter: Arc<Program> = Arc::new(|ctx, _| {
+        Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, t(&[3], vec![1, 2, 3]))?])
+    });
+    assert!(matches!(
+        rt.run(scatter, ones(2)).unwrap_err(),
+        Error::BadArgument { op: "reduce_scatter", .. }
+    ));
+    let axis: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(1, i[0].clone())?]));
+    assert!(matches!(
+        rt.run(axis, ones(2)).unwrap_err(),
+        Error::BadArgument { op: "all_gather", .. }
+    ));
+    let groups: Arc<Program> = Arc::new(|ctx, _| {
+        Ok(vec![ctx.groups(vec![vec![0], vec![0, 1]]).map(|_| t(&[0], vec![]))?])
+    });
+    assert!(matches!(rt.run(groups, ones(2)).unwrap_err(), Error::BadGroups { .. }));
+    let perm: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.collective_permute(&[(0, 1), (1, 1)], i[0].clone())?]));
+    assert!(matches!(
+        rt.run(perm, ones(2)).unwrap_err(),
+        Error::BadArgument { op: "collective_permute", .. }
+    ));
+}
