@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use meshwork_types::ReduceOp;
+use meshwork_types::{DeviceId, ReduceOp};
 use ndarray::ArrayD;
 
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
+use crate::sink::OutfeedSink;
 use crate::tensor::{Tensor, fold};
 use crate::{Error, Result};
 
@@ -19,12 +20,31 @@ pub struct ReplicaContext {
     replica: usize,
     hub: Arc<Hub>,
     all: ReplicaGroups,
+    sink: Option<Arc<dyn OutfeedSink>>,
 }
 
 impl ReplicaContext {
-    pub(crate) fn new(replica: usize, hub: Arc<Hub>) -> ReplicaContext {
+    pub(crate) fn new(
+        replica: usize,
+        hub: Arc<Hub>,
+        sink: Option<Arc<dyn OutfeedSink>>,
+    ) -> ReplicaContext {
         let all = ReplicaGroups::all(hub.replicas());
-        ReplicaContext { replica, hub, all }
+        ReplicaContext { replica, hub, all, sink }
+    }
+
+    /// The device this replica runs on (replica `r` runs on local device `r`).
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.replica as u32)
+    }
+
+    /// Streams `tensors` to the run's [`OutfeedSink`] under `consumer_id`.
+    pub fn emit(&self, consumer_id: u32, tensors: &[Tensor]) -> Result<()> {
+        let outfeed = |message: String| Error::Outfeed { replica: self.replica, message };
+        let sink =
+            self.sink.as_ref().ok_or_else(|| outfeed("the runtime has no outfeed sink".into()))?;
+        sink.emit(self.replica, consumer_id, tensors)
+            .map_err(|e| outfeed(format!("consumer {consumer_id}: {e}")))
     }
 
     /// This replica's id, `0..num_replicas()`.

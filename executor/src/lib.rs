@@ -34,10 +34,12 @@ mod context;
 mod error;
 mod hub;
 mod runtime;
+mod sink;
 mod tensor;
 
 pub use context::ReplicaContext;
 pub use error::{Error, Result};
 pub use hub::ReplicaGroups;
 pub use runtime::{Program, ProgramError, Runtime};
+pub use sink::OutfeedSink;
 pub use tensor::Tensor;

@@ -10,6 +10,7 @@ use crossbeam::channel::{Sender, unbounded};
 
 use crate::context::ReplicaContext;
 use crate::hub::Hub;
+use crate::sink::OutfeedSink;
 use crate::{Error, Result, Tensor};
 
 /// The error a program may return: any error, converted back to [`Error`] when it is one.
@@ -29,6 +30,7 @@ pub struct Runtime {
     devices: Vec<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
+    sink: Option<Arc<dyn OutfeedSink>>,
 }
 
 impl Runtime {
@@ -54,13 +56,19 @@ impl Runtime {
             senders.push(tx);
             threads.push(thread);
         }
-        Ok(Runtime { devices: senders, threads, timeout: Runtime::DEFAULT_TIMEOUT })
+        Ok(Runtime { devices: senders, threads, timeout: Runtime::DEFAULT_TIMEOUT, sink: None })
     }
 
     /// Sets how long a replica waits for its peers at a collective before the
     /// collective fails with [`Error::Timeout`].
     pub fn with_timeout(mut self, timeout: Duration) -> Runtime {
         self.timeout = timeout;
+        self
+    }
+
+    /// Attaches the sink that [`ReplicaContext::emit`] streams to.
+    pub fn with_sink(mut self, sink: Arc<dyn OutfeedSink>) -> Runtime {
+        self.sink = Some(sink);
         self
     }
 
@@ -84,10 +92,11 @@ impl Runtime {
         let hub = Arc::new(Hub::new(replicas, self.timeout));
         let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
         for (r, input) in inputs.into_iter().enumerate() {
-            let (job_hub, program, done) = (hub.clone(), program.clone(), done_tx.clone());
+            let (job_hub, program, done, sink) =
+                (hub.clone(), program.clone(), done_tx.clone(), self.sink.clone());
             let job: Job = Box::new(move || {
                 let hub = job_hub;
-                let ctx = ReplicaContext::new(r, hub.clone());
+                let ctx = ReplicaContext::new(r, hub.clone(), sink);
                 let result = match catch_unwind(AssertUnwindSafe(|| program(&ctx, input))) {
                     Ok(Ok(out)) => Ok(out),
                     Ok(Err(e)) => Err(match e.downcast::<Error>() {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshwork_executor::{Error, Program, Runtime, Tensor};
-use meshwork_types::ReduceOp;
+use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 
@@ -21,7 +21,7 @@ fn arr(t: &Tensor) -> ArrayD<i64> {
 
 /// `replicas` tensors of one shape (rows divisible by the replica count), random data.
 fn inputs() -> impl Strategy<Value = (usize, Vec<usize>, Vec<Vec<i64>>)> {
-    (1usize..6, 1usize..3, 1usize..4).prop_flat_map(|(n, k, cols)| {
+    (1usize..=16, 1usize..3, 1usize..4).prop_flat_map(|(n, k, cols)| {
         let shape = vec![n * k, cols];
         let len = n * k * cols;
         (Just(n), Just(shape), prop::collection::vec(prop::collection::vec(-1000i64..1000, len), n))
@@ -97,7 +97,7 @@ proptest! {
     }
 
     #[test]
-    fn broadcast_and_permute_move_whole_tensors((n, shape, data) in inputs(), root in 0usize..6, shift in 1usize..6) {
+    fn broadcast_and_permute_move_whole_tensors((n, shape, data) in inputs(), root in 0usize..16, shift in 1usize..16) {
         let root = root % n;
         let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.broadcast(root, i[0].clone())?])));
         let a = arrays(&shape, &data);
@@ -251,5 +251,144 @@ fn bad_arguments_are_typed_errors() {
     assert!(matches!(
         rt.run(perm, ones(2)).unwrap_err(),
         Error::BadArgument { op: "collective_permute", .. }
+    ));
+}
+
+fn typed(dtype: DType, shape: &[usize], data: &[i64]) -> Tensor {
+    let a = ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap();
+    match dtype {
+        DType::F32 => Tensor::F32(a.mapv(|x| x as f32)),
+        DType::F64 => Tensor::F64(a.mapv(|x| x as f64)),
+        DType::I32 => Tensor::I32(a.mapv(|x| x as i32)),
+        _ => Tensor::I64(a),
+    }
+}
+
+fn as_f64(t: &Tensor) -> ArrayD<f64> {
+    match t {
+        Tensor::F32(a) => a.mapv(f64::from),
+        Tensor::F64(a) => a.clone(),
+        Tensor::I32(a) => a.mapv(f64::from),
+        Tensor::I64(a) => a.mapv(|x| x as f64),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The sequential fold in f64 (exact for these small integers), with each dtype's mean.
+fn model_typed(dtype: DType, parts: &[ArrayD<f64>], op: ReduceOp) -> ArrayD<f64> {
+    let mut acc = parts[0].clone();
+    for p in &parts[1..] {
+        acc.zip_mut_with(p, |x, &y| {
+            *x = match op {
+                ReduceOp::Sum | ReduceOp::Mean => *x + y,
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+            }
+        });
+    }
+    let n = parts.len();
+    if op == ReduceOp::Mean {
+        acc.mapv_inplace(|s| match dtype {
+            DType::F32 => f64::from(s as f32 / n as f32),
+            DType::F64 => s / n as f64,
+            _ => ((s as i64) / n as i64) as f64,
+        });
+    }
+    acc
+}
+
+/// 1–16 replicas split into random equal groups, a dtype, a shape and data.
+fn grouped() -> impl Strategy<Value = (usize, Vec<Vec<usize>>, DType, Vec<usize>, Vec<Vec<i64>>)> {
+    (1usize..=16, 1usize..=16, 1usize..4, 1usize..4).prop_flat_map(|(n, g, rows, cols)| {
+        let divisors: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+        let size = divisors[g % divisors.len()];
+        let perm = Just((0..n).collect::<Vec<_>>()).prop_shuffle();
+        let groups = perm.prop_map(move |p| p.chunks(size).map(|c| c.to_vec()).collect::<Vec<_>>());
+        let dtype = prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64]);
+        let data = prop::collection::vec(prop::collection::vec(-1000i64..1000, rows * cols), n);
+        (Just(n), groups, dtype, Just(vec![rows, cols]), data)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn grouped_collectives_of_every_dtype_match_the_model(
+        (n, groups, dtype, shape, data) in grouped(),
+        op in prop::sample::select(ReduceOp::ALL.to_vec()),
+    ) {
+        let rt = Runtime::new(n).unwrap();
+        let g = groups.clone();
+        let program: Arc<Program> = Arc::new(move |ctx, i| {
+            let groups = ctx.groups(g.clone())?;
+            let reduced = ctx.all_reduce_in(&groups, op, i[0].clone())?;
+            let gathered = ctx.all_gather_in(&groups, 1, i[0].clone())?;
+            Ok(vec![reduced, gathered])
+        });
+        let ins = data.iter().map(|d| vec![typed(dtype, &shape, d)]).collect();
+        let out = rt.run(program, ins).unwrap();
+        let first_of_group: Vec<&Vec<Tensor>> = groups.iter().map(|g| &out[g[0]]).collect();
+        for (group, first) in groups.iter().zip(first_of_group) {
+            let parts: Vec<ArrayD<f64>> = group.iter().map(|&m| as_f64(&typed(dtype, &shape, &data[m]))).collect();
+            let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+            let gathered = ndarray::concatenate(Axis(1), &views).unwrap();
+            for &m in group {
+                prop_assert_eq!(out[m][0].dtype(), dtype);
+                // Bit-identical across the group, and equal to the model.
+                prop_assert_eq!(&out[m], first);
+                prop_assert_eq!(as_f64(&out[m][0]), model_typed(dtype, &parts, op));
+                prop_assert_eq!(as_f64(&out[m][1]), gathered.clone());
+            }
+        }
+    }
+}
+
+#[test]
+fn emit_reaches_the_sink_in_each_replicas_order() {
+    use meshwork_executor::{OutfeedSink, ProgramError};
+    use std::sync::Mutex;
+    #[derive(Default)]
+    struct Record(Mutex<Vec<(usize, u32, i64)>>);
+    impl OutfeedSink for Record {
+        fn emit(
+            &self,
+            replica: usize,
+            consumer_id: u32,
+            tensors: &[Tensor],
+        ) -> Result<(), ProgramError> {
+            if consumer_id == 0 {
+                return Err("consumer 0 is the shutdown marker".into());
+            }
+            self.0.lock().unwrap().push((replica, consumer_id, arr(&tensors[0])[[0]]));
+            Ok(())
+        }
+    }
+    let sink = Arc::new(Record::default());
+    let rt = Runtime::new(3).unwrap().with_sink(sink.clone());
+    let program: Arc<Program> = Arc::new(|ctx, _| {
+        for step in 0..4 {
+            ctx.emit(7, &[t(&[1], vec![step * 10 + ctx.replica_id() as i64])])?;
+        }
+        assert_eq!(ctx.device().0 as usize, ctx.replica_id());
+        Ok(vec![])
+    });
+    rt.run(program, vec![vec![]; 3]).unwrap();
+    let got = sink.0.lock().unwrap().clone();
+    for r in 0..3 {
+        let mine: Vec<i64> = got.iter().filter(|e| e.0 == r && e.1 == 7).map(|e| e.2).collect();
+        assert_eq!(mine, (0..4).map(|s| s * 10 + r as i64).collect::<Vec<_>>());
+    }
+    let bad: Arc<Program> = Arc::new(|ctx, _| Ok(ctx.emit(0, &[]).map(|()| vec![])?));
+    match rt.run(bad, vec![vec![]; 1]).unwrap_err() {
+        Error::Outfeed { replica: 0, message } => {
+            assert!(message.contains("shutdown marker"), "{message}")
+        }
+        other => panic!("expected an outfeed error, got {other}"),
+    }
+    let no_sink: Arc<Program> = Arc::new(|ctx, _| Ok(ctx.emit(1, &[]).map(|()| vec![])?));
+    assert!(matches!(
+        Runtime::new(1).unwrap().run(no_sink, vec![vec![]]).unwrap_err(),
+        Error::Outfeed { replica: 0, .. }
     ));
 }
