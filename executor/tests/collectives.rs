@@ -297,8 +297,11 @@ fn model_typed(dtype: DType, parts: &[ArrayD<f64>], op: ReduceOp) -> ArrayD<f64>
     acc
 }
 
+/// Replica count, groups, dtype, shape, per-replica data.
+type GroupedCase = (usize, Vec<Vec<usize>>, DType, Vec<usize>, Vec<Vec<i64>>);
+
 /// 1–16 replicas split into random equal groups, a dtype, a shape and data.
-fn grouped() -> impl Strategy<Value = (usize, Vec<Vec<usize>>, DType, Vec<usize>, Vec<Vec<i64>>)> {
+fn grouped() -> impl Strategy<Value = GroupedCase> {
     (1usize..=16, 1usize..=16, 1usize..4, 1usize..4).prop_flat_map(|(n, g, rows, cols)| {
         let divisors: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
         let size = divisors[g % divisors.len()];
