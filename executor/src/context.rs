@@ -7,7 +7,7 @@ use ndarray::ArrayD;
 
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
 use crate::sink::OutfeedSink;
-use crate::tensor::{Tensor, fold};
+use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// One replica's view of a run: who it is, and the collectives over its peers.
@@ -105,8 +105,20 @@ impl ReplicaContext {
 
     /// [`all_reduce`](Self::all_reduce) within each of `groups`.
     pub fn all_reduce_in(&self, groups: &ReplicaGroups, op: ReduceOp, t: Tensor) -> Result<Tensor> {
-        let (parts, _) = self.meet(groups, "all_reduce", format!("{op:?}"), t)?;
-        Ok(reduce(&parts, op))
+        const OP: &str = "all_reduce";
+        let shape = t.shape().to_vec();
+        let (parts, rank) = self.meet(groups, OP, format!("{op:?}"), t)?;
+        // Each rank folds one contiguous chunk of every input (so each input element is
+        // read once in all), then every rank assembles the chunks (each output written
+        // once). The fold order is rank order, whoever does it.
+        let (members, len) = (parts.len(), parts[0].len());
+        let chunk =
+            Tensor::fold_range(&parts, op, rank * len / members..(rank + 1) * len / members);
+        drop(parts);
+        let offer = Offer { op: OP, signature: "reduced chunk".into(), tensor: Arc::new(chunk) };
+        let chunks = self.hub.exchange(groups, self.replica, offer)?;
+        let refs: Vec<&Tensor> = chunks.iter().map(|c| &**c).collect();
+        Ok(Tensor::concat(&refs, 0).reshape(&shape))
     }
 
     /// Concatenates every replica's tensor along `axis`, in replica order.
@@ -150,7 +162,9 @@ impl ReplicaContext {
             ));
         }
         let (parts, rank) = self.meet(groups, OP, format!("{op:?} axis={axis}"), t)?;
-        Ok(reduce(&parts, op).split(axis, members.len()).swap_remove(rank))
+        let len = parts[0].len();
+        let whole = Tensor::fold_range(&parts, op, 0..len).reshape(parts[0].shape());
+        Ok(whole.split(axis, members.len()).swap_remove(rank))
     }
 
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to
@@ -232,27 +246,5 @@ impl ReplicaContext {
     pub fn barrier(&self) -> Result<()> {
         let empty = Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0])));
         self.meet(&self.all.clone(), "barrier", String::new(), empty).map(|_| ())
-    }
-}
-
-/// Folds same-dtype, same-shape standard-layout tensors in order.
-fn reduce(parts: &[Arc<Tensor>], op: ReduceOp) -> Tensor {
-    macro_rules! red {
-        ($v:ident, $a:ident) => {{
-            let slices: Vec<&[_]> = parts
-                .iter()
-                .map(|p| match &**p {
-                    Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
-                    _ => unreachable!("dtypes checked at the rendezvous"),
-                })
-                .collect();
-            ArrayD::from_shape_vec($a.raw_dim(), fold(&slices, 0..$a.len(), op)).expect("same shape")
-        }};
-    }
-    match &*parts[0] {
-        Tensor::F32(a) => Tensor::F32(red!(F32, a)),
-        Tensor::F64(a) => Tensor::F64(red!(F64, a)),
-        Tensor::I32(a) => Tensor::I32(red!(I32, a)),
-        Tensor::I64(a) => Tensor::I64(red!(I64, a)),
     }
 }

@@ -173,4 +173,36 @@ impl Tensor {
             .map(|k| map!(self, a => a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len)).to_owned()))
             .collect()
     }
+
+    /// Folds `range` of the flattened, same-dtype, standard-layout `parts` in order into a
+    /// 1-D tensor.
+    pub(crate) fn fold_range(
+        parts: &[std::sync::Arc<Tensor>],
+        op: ReduceOp,
+        range: std::ops::Range<usize>,
+    ) -> Tensor {
+        macro_rules! red {
+            ($v:ident) => {{
+                let slices: Vec<&[_]> = parts
+                    .iter()
+                    .map(|p| match &**p {
+                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
+                        _ => unreachable!("dtypes checked at the rendezvous"),
+                    })
+                    .collect();
+                Tensor::$v(ndarray::Array1::from(fold(&slices, range, op)).into_dyn())
+            }};
+        }
+        match &*parts[0] {
+            Tensor::F32(_) => red!(F32),
+            Tensor::F64(_) => red!(F64),
+            Tensor::I32(_) => red!(I32),
+            Tensor::I64(_) => red!(I64),
+        }
+    }
+
+    /// The same elements in row-major order under `shape` (same element count).
+    pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
+        map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
+    }
 }
