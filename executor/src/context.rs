@@ -162,9 +162,20 @@ impl ReplicaContext {
             ));
         }
         let (parts, rank) = self.meet(groups, OP, format!("{op:?} axis={axis}"), t)?;
-        let len = parts[0].len();
-        let whole = Tensor::fold_range(&parts, op, 0..len).reshape(parts[0].shape());
-        Ok(whole.split(axis, members.len()).swap_remove(rank))
+        let n = members.len();
+        let mut shape = parts[0].shape().to_vec();
+        shape[axis] /= n;
+        // Fold only this rank's piece: along axis 0 it is a contiguous range of every
+        // input; along another axis, copy each input's piece out first.
+        let piece = if axis == 0 {
+            let len = parts[0].len() / n;
+            Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len)
+        } else {
+            let pieces: Vec<Arc<Tensor>> =
+                parts.iter().map(|p| Arc::new(p.piece(axis, n, rank))).collect();
+            Tensor::fold_range(&pieces, op, 0..pieces[0].len())
+        };
+        Ok(piece.reshape(&shape))
     }
 
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to
@@ -197,10 +208,7 @@ impl ReplicaContext {
         }
         let (parts, rank) =
             self.meet(groups, OP, format!("split={split_axis} concat={concat_axis}"), t)?;
-        let mine: Vec<Tensor> =
-            parts.iter().map(|p| p.split(split_axis, n).swap_remove(rank)).collect();
-        let refs: Vec<&Tensor> = mine.iter().collect();
-        Ok(Tensor::concat(&refs, concat_axis))
+        Ok(Tensor::concat_pieces(&parts, split_axis, rank, concat_axis))
     }
 
     /// Every replica gets the tensor of replica `root`.

@@ -166,14 +166,6 @@ impl Tensor {
         }
     }
 
-    /// Splits into `n` equal parts along `axis` (the length must divide).
-    pub(crate) fn split(&self, axis: usize, n: usize) -> Vec<Tensor> {
-        let len = self.shape()[axis] / n;
-        (0..n)
-            .map(|k| map!(self, a => a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len)).to_owned()))
-            .collect()
-    }
-
     /// Folds `range` of the flattened, same-dtype, standard-layout `parts` in order into a
     /// 1-D tensor.
     pub(crate) fn fold_range(
@@ -204,5 +196,42 @@ impl Tensor {
     /// The same elements in row-major order under `shape` (same element count).
     pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
+    }
+
+    /// Piece `k` of `n` equal pieces along `axis`, copied into standard layout.
+    pub(crate) fn piece(&self, axis: usize, n: usize, k: usize) -> Tensor {
+        let len = self.shape()[axis] / n;
+        map!(self, a => a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len)).as_standard_layout().into_owned())
+    }
+
+    /// Piece `k` of `n` along `split_axis` of every part, concatenated along
+    /// `concat_axis` straight from the parts (one read and one write per element).
+    pub(crate) fn concat_pieces(
+        parts: &[std::sync::Arc<Tensor>],
+        split_axis: usize,
+        k: usize,
+        concat_axis: usize,
+    ) -> Tensor {
+        let n = parts.len();
+        let len = parts[0].shape()[split_axis] / n;
+        let range = ndarray::Slice::from(k * len..(k + 1) * len);
+        macro_rules! cat {
+            ($v:ident) => {{
+                let views: Vec<_> = parts
+                    .iter()
+                    .map(|t| match &**t {
+                        Tensor::$v(a) => a.slice_axis(Axis(split_axis), range),
+                        _ => unreachable!("checked at the rendezvous"),
+                    })
+                    .collect();
+                Tensor::$v(ndarray::concatenate(Axis(concat_axis), &views).expect("checked at the rendezvous"))
+            }};
+        }
+        match &*parts[0] {
+            Tensor::F32(_) => cat!(F32),
+            Tensor::F64(_) => cat!(F64),
+            Tensor::I32(_) => cat!(I32),
+            Tensor::I64(_) => cat!(I64),
+        }
     }
 }

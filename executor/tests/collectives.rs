@@ -83,6 +83,14 @@ proptest! {
             let want = sum.slice_axis(Axis(0), ndarray::Slice::from(r * rows..(r + 1) * rows)).to_owned();
             prop_assert_eq!(o, want);
         }
+        // The same along axis 1 of the transposed (non-standard layout) inputs.
+        let rt = Runtime::new(n).unwrap();
+        let ins = data.iter().map(|d| vec![Tensor::I64(arr(&t(&shape, d.clone())).reversed_axes())]).collect();
+        let scatter: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 1, i[0].clone())?]));
+        for (r, o) in rt.run(scatter, ins).unwrap().into_iter().enumerate() {
+            let want = sum.slice_axis(Axis(0), ndarray::Slice::from(r * rows..(r + 1) * rows)).reversed_axes();
+            prop_assert_eq!(arr(&o[0]), want);
+        }
     }
 
     #[test]
