@@ -1,0 +1,143 @@
+//! All-reduce, all-gather, reduce-scatter and all-to-all of f32 across 8 devices, each
+//! beside the memory-traffic bound: the bytes the collective must read and write, at
+//! the memcpy bandwidth measured in the same run.
+//!
+//! `cargo run --release -p meshwork-executor --example collectives_bench [-- RUNS MIB...]`
+//! (defaults: 5 runs, 8 and 64 MiB per replica). Prints medians, algorithm and bus
+//! bandwidth (nccl-tests definitions) and the ratio to the bound.
+
+#![allow(clippy::print_stdout, missing_docs)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meshwork_executor::{Program, Runtime, Tensor};
+use meshwork_types::ReduceOp;
+use ndarray::{ArrayD, IxDyn};
+
+const DEVICES: usize = 8;
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Bytes per second of a memcpy of `bytes`, split over the cores as the devices are.
+fn memcpy_bandwidth(bytes: usize, runs: usize) -> f64 {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let chunk = bytes.div_ceil(threads);
+    let mut copy = || {
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        })
+    };
+    copy();
+    let t = median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                copy();
+                start.elapsed()
+            })
+            .collect(),
+    );
+    std::hint::black_box(&dst);
+    bytes as f64 / t.as_secs_f64()
+}
+
+struct Case {
+    name: &'static str,
+    program: Arc<Program>,
+    /// Bytes read plus written, over all replicas, as a multiple of one input.
+    traffic: fn(n: f64) -> f64,
+    /// (bytes nccl-tests counts, as a multiple of one input; bus-bandwidth factor).
+    nccl: fn(n: f64) -> (f64, f64),
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let runs = args.first().copied().unwrap_or(5).max(5);
+    let sizes: Vec<usize> = if args.len() > 1 { args[1..].to_vec() } else { vec![8, 64] };
+    let rt = Runtime::new(DEVICES).expect("devices");
+    let cases = [
+        Case {
+            name: "all_reduce",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.all_reduce(ReduceOp::Sum, i.into_iter().next().unwrap())?])
+            }),
+            traffic: |n| 2.0 * n,
+            nccl: |n| (1.0, 2.0 * (n - 1.0) / n),
+        },
+        Case {
+            name: "all_gather",
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i.into_iter().next().unwrap())?])),
+            traffic: |n| 2.0 * n * n,
+            nccl: |n| (n, (n - 1.0) / n),
+        },
+        Case {
+            name: "reduce_scatter",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i.into_iter().next().unwrap())?])
+            }),
+            traffic: |n| n + 1.0,
+            nccl: |n| (1.0, (n - 1.0) / n),
+        },
+        Case {
+            name: "all_to_all",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.all_to_all(0, 0, i.into_iter().next().unwrap())?])
+            }),
+            traffic: |n| 2.0 * n,
+            nccl: |n| (1.0, (n - 1.0) / n),
+        },
+    ];
+    for mib in sizes {
+        let bytes = mib << 20;
+        let elements = bytes / 4;
+        let copy_bw = memcpy_bandwidth(bytes, runs);
+        println!(
+            "{DEVICES} × {mib} MiB f32 per replica; memcpy {:.2} GB/s ({} threads), medians of {runs}",
+            copy_bw / 1e9,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+        println!(
+            "  {:<15} {:>10} {:>12} {:>12} {:>12} {:>8}",
+            "collective", "time ms", "algbw GB/s", "busbw GB/s", "bound ms", "ratio"
+        );
+        let inputs = (0..DEVICES)
+            .map(|r| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[elements]), r as f32))])
+            .collect::<Vec<_>>();
+        for case in &cases {
+            let mut times = Vec::with_capacity(runs);
+            for i in 0..=runs {
+                let ins = inputs.clone();
+                let start = Instant::now();
+                let out = rt.run(case.program.clone(), ins).expect("runs");
+                let t = start.elapsed();
+                drop(out);
+                if i > 0 {
+                    times.push(t); // the first run faults pages in
+                }
+            }
+            let t = median(times).as_secs_f64();
+            let n = DEVICES as f64;
+            // A memcpy of B bytes reads and writes B each, so traffic T takes T/2 copies.
+            let bound = (case.traffic)(n) * bytes as f64 / 2.0 / copy_bw;
+            let (counted, factor) = (case.nccl)(n);
+            let algbw = counted * bytes as f64 / t;
+            println!(
+                "  {:<15} {:>10.1} {:>12.2} {:>12.2} {:>12.1} {:>7.2}×",
+                case.name,
+                t * 1e3,
+                algbw / 1e9,
+                algbw * factor / 1e9,
+                bound * 1e3,
+                t / bound
+            );
+        }
+    }
+}
