@@ -100,7 +100,7 @@ impl ReplicaContext {
 
     /// Element-wise reduction over all replicas; every replica gets the result.
     pub fn all_reduce(&self, op: ReduceOp, t: Tensor) -> Result<Tensor> {
-        self.all_reduce_in(&self.all.clone(), op, t)
+        self.all_reduce_in(&self.all, op, t)
     }
 
     /// [`all_reduce`](Self::all_reduce) within each of `groups`.
@@ -132,7 +132,7 @@ impl ReplicaContext {
 
     /// Concatenates every replica's tensor along `axis`, in replica order.
     pub fn all_gather(&self, axis: usize, t: Tensor) -> Result<Tensor> {
-        self.all_gather_in(&self.all.clone(), axis, t)
+        self.all_gather_in(&self.all, axis, t)
     }
 
     /// [`all_gather`](Self::all_gather) within each of `groups`, in group rank order.
@@ -146,7 +146,7 @@ impl ReplicaContext {
     /// Reduces over all replicas, then gives replica `k` the `k`-th of equal pieces
     /// along `axis` (whose length must divide by the group size).
     pub fn reduce_scatter(&self, op: ReduceOp, axis: usize, t: Tensor) -> Result<Tensor> {
-        self.reduce_scatter_in(&self.all.clone(), op, axis, t)
+        self.reduce_scatter_in(&self.all, op, axis, t)
     }
 
     /// [`reduce_scatter`](Self::reduce_scatter) within each of `groups`.
@@ -190,7 +190,7 @@ impl ReplicaContext {
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to
     /// rank `k`, and concatenates what arrives along `concat_axis` in rank order.
     pub fn all_to_all(&self, split_axis: usize, concat_axis: usize, t: Tensor) -> Result<Tensor> {
-        self.all_to_all_in(&self.all.clone(), split_axis, concat_axis, t)
+        self.all_to_all_in(&self.all, split_axis, concat_axis, t)
     }
 
     /// [`all_to_all`](Self::all_to_all) within each of `groups`.
@@ -228,7 +228,7 @@ impl ReplicaContext {
                 format!("root {root} is not one of {} replicas", self.num_replicas()),
             ));
         }
-        let (parts, _) = self.meet(&self.all.clone(), "broadcast", format!("root={root}"), t)?;
+        let (parts, _) = self.meet(&self.all, "broadcast", format!("root={root}"), t)?;
         Ok((*parts[root]).clone())
     }
 
@@ -252,7 +252,7 @@ impl ReplicaContext {
             }
         }
         let (dtype, shape) = (t.dtype(), t.shape().to_vec());
-        let (parts, _) = self.meet(&self.all.clone(), OP, format!("{pairs:?}"), t)?;
+        let (parts, _) = self.meet(&self.all, OP, format!("{pairs:?}"), t)?;
         match pairs.iter().find(|&&(_, d)| d == self.replica) {
             Some(&(s, _)) => Ok((*parts[s]).clone()),
             None => Tensor::zeros(dtype, &shape),
@@ -262,6 +262,6 @@ impl ReplicaContext {
     /// Waits until every replica reaches the barrier.
     pub fn barrier(&self) -> Result<()> {
         let empty = Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0])));
-        self.meet(&self.all.clone(), "barrier", String::new(), empty).map(|_| ())
+        self.meet(&self.all, "barrier", String::new(), empty).map(|_| ())
     }
 }

@@ -89,6 +89,9 @@ impl Hub {
 
     fn set(&self, groups: &ReplicaGroups) -> Arc<GroupSet> {
         let mut sets = lock(&self.sets);
+        if let Some(set) = sets.get(groups) {
+            return set.clone();
+        }
         sets.entry(groups.clone())
             .or_insert_with(|| {
                 let mut place = vec![(0, 0); self.replicas];
