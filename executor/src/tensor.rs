@@ -55,27 +55,19 @@ pub(crate) trait Element: Copy + PartialOrd + std::ops::Add<Output = Self> {
     }
 }
 
-impl Element for f32 {
-    fn mean(sum: f32, n: usize) -> f32 {
-        sum / n as f32
-    }
+/// The mean is the sum divided by the count in the element type (integers truncate
+/// toward zero).
+macro_rules! element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            fn mean(sum: $t, n: usize) -> $t {
+                sum / n as $t
+            }
+        }
+    )*};
 }
-impl Element for f64 {
-    fn mean(sum: f64, n: usize) -> f64 {
-        sum / n as f64
-    }
-}
-impl Element for i32 {
-    /// Integer mean truncates toward zero.
-    fn mean(sum: i32, n: usize) -> i32 {
-        sum / n as i32
-    }
-}
-impl Element for i64 {
-    fn mean(sum: i64, n: usize) -> i64 {
-        sum / n as i64
-    }
-}
+
+element!(f32, f64, i32, i64);
 
 /// Folds `inputs[..][range]` element-wise in input order into a new vector.
 pub(crate) fn fold<T: Element>(
