@@ -6,6 +6,7 @@ use meshwork_types::{DeviceId, ReduceOp};
 use ndarray::ArrayD;
 
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
+use crate::net::Net;
 use crate::sink::OutfeedSink;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -18,19 +19,31 @@ use crate::{Error, Result};
 /// every replica gets bit-identical values, run after run.
 pub struct ReplicaContext {
     replica: usize,
+    replicas: usize,
+    /// This replica in its process's hub (equal to `replica` in a one-process run).
+    local: usize,
     hub: Arc<Hub>,
     all: ReplicaGroups,
+    local_all: ReplicaGroups,
     sink: Option<Arc<dyn OutfeedSink>>,
+    net: Option<Arc<Net>>,
 }
 
 impl ReplicaContext {
+    /// Local replica `local` of a run whose other processes (if any) `net` reaches.
     pub(crate) fn new(
-        replica: usize,
+        local: usize,
         hub: Arc<Hub>,
         sink: Option<Arc<dyn OutfeedSink>>,
+        net: Option<Arc<Net>>,
     ) -> ReplicaContext {
-        let all = ReplicaGroups::all(hub.replicas());
-        ReplicaContext { replica, hub, all, sink }
+        let (replica, replicas) = match &net {
+            Some(net) => (net.base() + local, net.replicas()),
+            None => (local, hub.replicas()),
+        };
+        let local_all = ReplicaGroups::all(hub.replicas());
+        let all = ReplicaGroups::all(replicas);
+        ReplicaContext { replica, replicas, local, hub, all, local_all, sink, net }
     }
 
     /// The device this replica runs on (replica `r` runs on local device `r`).
@@ -54,7 +67,7 @@ impl ReplicaContext {
 
     /// How many replicas run the program.
     pub fn num_replicas(&self) -> usize {
-        self.hub.replicas()
+        self.replicas
     }
 
     /// Replica groups over this run's replicas (validated against its replica count).
@@ -69,20 +82,31 @@ impl ReplicaContext {
         args: String,
         t: Tensor,
     ) -> Result<(Gathered, usize)> {
-        if groups.groups().iter().flatten().count() != self.num_replicas() {
-            return Err(Error::BadGroups {
-                groups: groups.groups().to_vec(),
-                replicas: self.num_replicas(),
-            });
-        }
+        let (members, rank) = self.place(groups)?;
         let signature = format!("{args} {}{:?}", t.dtype(), t.shape());
-        let (_, rank) = self.hub.group_of(groups, self.replica);
-        let parts = self.hub.exchange(
-            groups,
-            self.replica,
-            Offer { op, signature, tensor: Arc::new(t.standard()) },
-        )?;
-        Ok((parts, rank))
+        let tensor = Arc::new(t.standard());
+        let Some(net) = &self.net else {
+            let parts = self.hub.exchange(groups, self.replica, Offer { op, signature, tensor })?;
+            return Ok((parts, rank));
+        };
+        // Across processes: meet the local replicas, agree with the other processes,
+        // gather every replica's tensor everywhere, then keep this group's.
+        let signature = format!("{signature} in {:?}", groups.groups());
+        let offer = Offer { op, signature: signature.clone(), tensor };
+        let everyone = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(op, &signature, self.replica)?;
+            net.gather_all(&local)
+        })?;
+        Ok((Arc::new(members.iter().map(|&m| everyone[m].clone()).collect()), rank))
+    }
+
+    /// The members of this replica's group among `groups` and its rank there.
+    fn place<'g>(&self, groups: &'g ReplicaGroups) -> Result<(&'g [usize], usize)> {
+        let bad = || Error::BadGroups { groups: groups.groups().to_vec(), replicas: self.replicas };
+        if groups.groups().iter().map(Vec::len).sum::<usize>() != self.replicas {
+            return Err(bad());
+        }
+        groups.place(self.replica).ok_or_else(bad)
     }
 
     fn bad(&self, op: &'static str, problem: String) -> Error {
@@ -107,6 +131,9 @@ impl ReplicaContext {
     pub fn all_reduce_in(&self, groups: &ReplicaGroups, op: ReduceOp, t: Tensor) -> Result<Tensor> {
         const OP: &str = "all_reduce";
         let shape = t.shape().to_vec();
+        if let Some(net) = &self.net {
+            return self.all_reduce_across(net, groups, op, t);
+        }
         let (parts, rank) = self.meet(groups, OP, format!("{op:?}"), t)?;
         // Each rank folds one contiguous chunk of every input (so each input element is
         // read once in all), then every rank assembles the chunks (each output written
@@ -128,6 +155,41 @@ impl ReplicaContext {
                 Ok(Tensor::concat(&refs, 0).reshape(&shape))
             }
         }
+    }
+
+    /// All-reduce in a multi-process run. Over all replicas it is hierarchical: the
+    /// local replicas are folded in rank order, the processes' folds are reduced
+    /// across processes (each process folds one chunk of all of them, in process
+    /// order), and every local replica gets a copy. Any other groups gather their
+    /// inputs and fold them in rank order, exactly as one process would.
+    fn all_reduce_across(
+        &self,
+        net: &Net,
+        groups: &ReplicaGroups,
+        op: ReduceOp,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "all_reduce";
+        let shape = t.shape().to_vec();
+        if *groups != self.all {
+            let (parts, _) = self.meet(groups, OP, format!("{op:?}"), t)?;
+            return Ok(Tensor::fold_range(&parts, op, 0..parts[0].len()).reshape(&shape));
+        }
+        self.place(groups)?;
+        let signature = format!("{op:?} {}{:?} in all", t.dtype(), t.shape());
+        let offer = Offer { op: OP, signature: signature.clone(), tensor: Arc::new(t.standard()) };
+        let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(OP, &signature, self.replica)?;
+            let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+            let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
+            drop(local);
+            let mut total = net.reduce(partial, op)?;
+            if op == ReduceOp::Mean {
+                total = total.mean_of(self.replicas);
+            }
+            Ok(Arc::new(vec![Arc::new(total)]))
+        })?;
+        Ok((*total[0]).clone().reshape(&shape))
     }
 
     /// Concatenates every replica's tensor along `axis`, in replica order.
@@ -159,7 +221,7 @@ impl ReplicaContext {
     ) -> Result<Tensor> {
         const OP: &str = "reduce_scatter";
         self.check_axis(OP, &t, axis)?;
-        let (members, _) = self.hub.group_of(groups, self.replica);
+        let (members, _) = self.place(groups)?;
         if !t.shape()[axis].is_multiple_of(members.len()) {
             return Err(self.bad(
                 OP,
@@ -204,8 +266,7 @@ impl ReplicaContext {
         const OP: &str = "all_to_all";
         self.check_axis(OP, &t, split_axis)?;
         self.check_axis(OP, &t, concat_axis)?;
-        let (members, _) = self.hub.group_of(groups, self.replica);
-        let n = members.len();
+        let n = self.place(groups)?.0.len();
         if !t.shape()[split_axis].is_multiple_of(n) {
             return Err(self.bad(
                 OP,

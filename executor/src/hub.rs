@@ -34,6 +34,14 @@ impl ReplicaGroups {
     pub fn groups(&self) -> &[Vec<usize>] {
         &self.groups
     }
+
+    /// The members of `replica`'s group and its rank there (`None` for a replica in
+    /// no group).
+    pub fn place(&self, replica: usize) -> Option<(&[usize], usize)> {
+        self.groups
+            .iter()
+            .find_map(|g| g.iter().position(|&r| r == replica).map(|rank| (&g[..], rank)))
+    }
 }
 
 /// What a participant brings: its tensor and a signature the others must share.
@@ -69,6 +77,9 @@ struct GroupSet {
 /// The rendezvous of one run.
 pub(crate) struct Hub {
     replicas: usize,
+    /// What errors add to a member index to name a replica (the first replica of this
+    /// process in a multi-process run).
+    base: usize,
     timeout: Duration,
     sets: Mutex<HashMap<ReplicaGroups, Arc<GroupSet>>>,
     failed: Mutex<Option<usize>>,
@@ -80,7 +91,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Hub {
     pub(crate) fn new(replicas: usize, timeout: Duration) -> Hub {
-        Hub { replicas, timeout, sets: Mutex::new(HashMap::new()), failed: Mutex::new(None) }
+        Hub {
+            replicas,
+            base: 0,
+            timeout,
+            sets: Mutex::new(HashMap::new()),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// A hub whose errors name member `i` as replica `base + i`.
+    pub(crate) fn with_base(mut self, base: usize) -> Hub {
+        self.base = base;
+        self
+    }
+
+    fn global(&self, members: &[usize]) -> Vec<usize> {
+        members.iter().map(|&m| m + self.base).collect()
     }
 
     pub(crate) fn replicas(&self) -> usize {
@@ -126,13 +153,6 @@ impl Hub {
             .clone()
     }
 
-    /// The members of `replica`'s group and its rank there.
-    pub(crate) fn group_of(&self, groups: &ReplicaGroups, replica: usize) -> (Vec<usize>, usize) {
-        let set = self.set(groups);
-        let (g, rank) = set.place[replica];
-        (set.groups[g].members.clone(), rank)
-    }
-
     /// Meets the other members of `replica`'s group: returns every member's tensor once
     /// all have arrived with the same op and signature. Fails if a peer failed, the
     /// signatures differ, or the timeout passes.
@@ -142,13 +162,27 @@ impl Hub {
         replica: usize,
         offer: Offer,
     ) -> Result<Gathered> {
+        self.exchange_then(groups, replica, offer, |tensors| Ok(Arc::new(tensors)))
+    }
+
+    /// [`exchange`](Self::exchange), but the member that completes the round turns the
+    /// tensors into the round's result with `finish` (the other members' `finish` are
+    /// dropped unused). `finish` runs under the group's lock, so peers see its result
+    /// or its error, never a timeout while it runs.
+    pub(crate) fn exchange_then(
+        &self,
+        groups: &ReplicaGroups,
+        replica: usize,
+        offer: Offer,
+        finish: impl FnOnce(Vec<Arc<Tensor>>) -> Result<Gathered>,
+    ) -> Result<Gathered> {
         let set = self.set(groups);
         let (g, rank) = set.place[replica];
         let group = &set.groups[g];
         let op = offer.op;
         let mut st = lock(&group.state);
         if let Some(e) = &st.aborted {
-            return Err(for_replica(e, replica, op));
+            return Err(for_replica(e, replica + self.base, op));
         }
         let round = st.round;
         st.offers[rank] = Some(offer);
@@ -156,8 +190,8 @@ impl Hub {
         if st.count == group.members.len() {
             let offers: Vec<Offer> =
                 st.offers.iter_mut().map(|o| o.take().expect("all arrived")).collect();
-            let result = check(&group.members, &offers)
-                .map(|()| Arc::new(offers.into_iter().map(|o| o.tensor).collect::<Vec<_>>()));
+            let result = check(&self.global(&group.members), &offers)
+                .and_then(|()| finish(offers.into_iter().map(|o| o.tensor).collect()));
             st.done = Some((round, result));
             st.round += 1;
             st.count = 0;
@@ -166,7 +200,7 @@ impl Hub {
             let deadline = Instant::now() + self.timeout;
             while st.round == round {
                 if let Some(e) = &st.aborted {
-                    return Err(for_replica(e, replica, op));
+                    return Err(for_replica(e, replica + self.base, op));
                 }
                 let now = Instant::now();
                 if now >= deadline {
@@ -175,11 +209,11 @@ impl Hub {
                         .iter()
                         .zip(&group.members)
                         .filter(|(o, _)| o.is_none())
-                        .map(|(_, &m)| m)
+                        .map(|(_, &m)| m + self.base)
                         .collect();
                     let e = Error::Timeout {
                         op,
-                        group: group.members.clone(),
+                        group: self.global(&group.members),
                         missing,
                         timeout: self.timeout,
                     };

@@ -33,6 +33,7 @@
 mod context;
 mod error;
 mod hub;
+mod net;
 mod runtime;
 mod sink;
 mod tensor;
@@ -40,6 +41,7 @@ mod tensor;
 pub use context::ReplicaContext;
 pub use error::{Error, Result};
 pub use hub::ReplicaGroups;
+pub use net::{Interconnect, LoopbackInterconnect};
 pub use runtime::{Program, ProgramError, Runtime};
 pub use sink::OutfeedSink;
 pub use tensor::Tensor;

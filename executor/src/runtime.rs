@@ -10,6 +10,7 @@ use crossbeam::channel::{Sender, unbounded};
 
 use crate::context::ReplicaContext;
 use crate::hub::Hub;
+use crate::net::{Interconnect, Net};
 use crate::sink::OutfeedSink;
 use crate::{Error, Result, Tensor};
 
@@ -31,6 +32,7 @@ pub struct Runtime {
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
     sink: Option<Arc<dyn OutfeedSink>>,
+    link: Option<Arc<dyn Interconnect>>,
 }
 
 impl Runtime {
@@ -56,7 +58,13 @@ impl Runtime {
             senders.push(tx);
             threads.push(thread);
         }
-        Ok(Runtime { devices: senders, threads, timeout: Runtime::DEFAULT_TIMEOUT, sink: None })
+        Ok(Runtime {
+            devices: senders,
+            threads,
+            timeout: Runtime::DEFAULT_TIMEOUT,
+            sink: None,
+            link: None,
+        })
     }
 
     /// Sets how long a replica waits for its peers at a collective before the
@@ -72,6 +80,27 @@ impl Runtime {
         self
     }
 
+    /// Joins this runtime to the same program's runtimes in other processes: a run
+    /// then spans every device of every process, as replicas
+    /// `process * devices .. (process + 1) * devices` here, and collectives over all
+    /// replicas are hierarchical (in this process first, then across processes, then
+    /// back). Every process must run the same sequence of collectives (SPMD) with the
+    /// same number of devices.
+    pub fn with_interconnect(mut self, link: Arc<dyn Interconnect>) -> Runtime {
+        self.link = Some(link);
+        self
+    }
+
+    /// How many replicas a run spans: this runtime's devices in every process.
+    pub fn replicas(&self) -> usize {
+        self.devices.len() * self.link.as_ref().map_or(1, |l| l.processes())
+    }
+
+    /// The global id of this process's first replica.
+    pub fn first_replica(&self) -> usize {
+        self.devices.len() * self.link.as_ref().map_or(0, |l| l.process())
+    }
+
     /// The number of devices.
     pub fn devices(&self) -> usize {
         self.devices.len()
@@ -80,45 +109,55 @@ impl Runtime {
     /// Runs `program` on `inputs.len()` replicas, replica `r` on device `r` with
     /// `inputs[r]`, and returns every replica's outputs in replica order.
     ///
+    /// With an [interconnect](Self::with_interconnect), `inputs` are this process's
+    /// replicas (one per device) and so are the outputs; every process calls `run`.
+    ///
     /// If any replica fails (an error, a panic, a collective that cannot complete),
     /// its peers are released with [`Error::PeerFailed`] rather than left waiting, and
     /// the run returns the first failure's own error (the lowest replica among those
     /// that did not merely see a peer fail).
     pub fn run(&self, program: Arc<Program>, inputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
         let replicas = inputs.len();
-        if replicas == 0 || replicas > self.devices.len() {
-            return Err(Error::ReplicaCount { replicas, devices: self.devices.len() });
+        let devices = self.devices.len();
+        if replicas == 0 || replicas > devices || (self.link.is_some() && replicas != devices) {
+            return Err(Error::ReplicaCount { replicas, devices });
         }
-        let hub = Arc::new(Hub::new(replicas, self.timeout));
+        // Processes that wait on each other also wait out each other's local timeouts.
+        let net =
+            self.link.clone().map(|link| Arc::new(Net::new(link, replicas, self.timeout * 2)));
+        let base = net.as_ref().map_or(0, |n| n.base());
+        let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base));
         let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
         for (r, input) in inputs.into_iter().enumerate() {
-            let (job_hub, program, done, sink) =
-                (hub.clone(), program.clone(), done_tx.clone(), self.sink.clone());
+            let (job_hub, program, done, sink, net) =
+                (hub.clone(), program.clone(), done_tx.clone(), self.sink.clone(), net.clone());
             let job: Job = Box::new(move || {
                 let hub = job_hub;
-                let ctx = ReplicaContext::new(r, hub.clone(), sink);
+                let ctx = ReplicaContext::new(r, hub.clone(), sink, net);
+                let id = ctx.replica_id();
                 let result = match catch_unwind(AssertUnwindSafe(|| program(&ctx, input))) {
                     Ok(Ok(out)) => Ok(out),
                     Ok(Err(e)) => Err(match e.downcast::<Error>() {
                         Ok(e) => *e,
-                        Err(e) => Error::ReplicaFailed { replica: r, message: e.to_string() },
+                        Err(e) => Error::ReplicaFailed { replica: id, message: e.to_string() },
                     }),
                     Err(panic) => {
-                        Err(Error::ReplicaPanicked { replica: r, message: panic_message(&*panic) })
+                        Err(Error::ReplicaPanicked { replica: id, message: panic_message(&*panic) })
                     }
                 };
+                drop(ctx);
                 if result.is_err() {
-                    hub.poison(r);
+                    hub.poison(id);
                 }
                 // The receiver lives until every replica has reported.
                 let _ = done.send((r, result));
             });
             if self.devices[r].send(job).is_err() {
-                hub.poison(r);
+                hub.poison(base + r);
                 let _ = done_tx.send((
                     r,
                     Err(Error::ReplicaFailed {
-                        replica: r,
+                        replica: base + r,
                         message: "device thread is gone".into(),
                     }),
                 ));
@@ -133,8 +172,19 @@ impl Runtime {
                 Err(e) => errors.push((r, e)),
             }
         }
+        errors.sort_by_key(|(r, e)| (matches!(e, Error::PeerFailed { .. }), *r));
+        if let Some(net) = &net {
+            // Tell the other processes how this one ended, so none waits for it.
+            let failed = errors.first().map(|(r, e)| match e {
+                Error::PeerFailed { failed, .. } => *failed,
+                _ => base + r,
+            });
+            let ended = net.finish(failed);
+            if errors.is_empty() {
+                ended?;
+            }
+        }
         if !errors.is_empty() {
-            errors.sort_by_key(|(r, e)| (matches!(e, Error::PeerFailed { .. }), *r));
             return Err(errors.swap_remove(0).1);
         }
         Ok(outputs.into_iter().map(|o| o.expect("every replica reported")).collect())

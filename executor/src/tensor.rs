@@ -69,6 +69,23 @@ macro_rules! element {
 
 element!(f32, f64, i32, i64);
 
+/// Element types a [`Tensor`] can be built from.
+pub(crate) trait Wrap: Sized {
+    fn wrap(a: ArrayD<Self>) -> Tensor;
+}
+
+macro_rules! wrap {
+    ($($t:ty => $v:ident),*) => {$(
+        impl Wrap for $t {
+            fn wrap(a: ArrayD<$t>) -> Tensor {
+                Tensor::$v(a)
+            }
+        }
+    )*};
+}
+
+wrap!(f32 => F32, f64 => F64, i32 => I32, i64 => I64);
+
 /// Folds `inputs[..][range]` element-wise in input order into a new vector.
 pub(crate) fn fold<T: Element>(
     inputs: &[&[T]],
@@ -185,6 +202,11 @@ impl Tensor {
         }
     }
 
+    /// A 1-D tensor of `v`.
+    pub(crate) fn from_vec<T: Wrap>(v: Vec<T>) -> Tensor {
+        T::wrap(ndarray::Array1::from(v).into_dyn())
+    }
+
     /// The same elements in row-major order under `shape` (same element count).
     pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
@@ -225,6 +247,63 @@ impl Tensor {
             Tensor::I32(_) => cat!(I32),
             Tensor::I64(_) => cat!(I64),
         }
+    }
+
+    /// The elements of `parts` (one dtype), each in row-major order, end to end in one
+    /// 1-D tensor.
+    pub(crate) fn flatten(parts: &[std::sync::Arc<Tensor>]) -> Tensor {
+        macro_rules! flat {
+            ($v:ident) => {{
+                let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+                for p in parts {
+                    let Tensor::$v(a) = &**p else { unreachable!("one dtype") };
+                    match a.as_slice() {
+                        Some(s) => out.extend_from_slice(s),
+                        None => out.extend(a.iter().copied()),
+                    }
+                }
+                Tensor::$v(ndarray::Array1::from(out).into_dyn())
+            }};
+        }
+        match &*parts[0] {
+            Tensor::F32(_) => flat!(F32),
+            Tensor::F64(_) => flat!(F64),
+            Tensor::I32(_) => flat!(I32),
+            Tensor::I64(_) => flat!(I64),
+        }
+    }
+
+    /// This 1-D tensor cut into `n` tensors of `shape`, in order.
+    pub(crate) fn split_flat(&self, n: usize, shape: &[usize]) -> Vec<Tensor> {
+        let len: usize = shape.iter().product();
+        (0..n).map(|k| self.slice_flat(k * len..(k + 1) * len).reshape(shape)).collect()
+    }
+
+    /// Elements `range` of this tensor's row-major order, as a new 1-D tensor.
+    pub(crate) fn slice_flat(&self, range: std::ops::Range<usize>) -> Tensor {
+        each!(self, a => {
+            let v = match a.as_slice() {
+                Some(s) => s[range].to_vec(),
+                None => a.iter().skip(range.start).take(range.len()).copied().collect(),
+            };
+            Tensor::from_vec(v)
+        })
+    }
+
+    /// Folds the `n` equal consecutive chunks of this standard-layout tensor in order
+    /// into one 1-D tensor of a chunk's length.
+    pub(crate) fn fold_chunks(&self, n: usize, op: ReduceOp) -> Tensor {
+        let chunk = self.len() / n;
+        each!(self, a => {
+            let s = a.as_slice().expect("built 1-D");
+            let slices: Vec<&[_]> = (0..n).map(|k| &s[k * chunk..(k + 1) * chunk]).collect();
+            Tensor::from_vec(fold(&slices, 0..chunk, op))
+        })
+    }
+
+    /// Every element divided by `n`, as the mean of `n` values whose sum this is.
+    pub(crate) fn mean_of(self, n: usize) -> Tensor {
+        map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
     }
 
     /// Overwrites this standard-layout tensor's elements, in order, with the 1-D

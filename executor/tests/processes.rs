@@ -1,0 +1,267 @@
+//! Several processes (one runtime each, joined by the loopback interconnect) against
+//! one process with as many devices: the same program gives the same results, and a
+//! failure in one process ends the run in every process with an error naming it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meshwork_executor::{Error, LoopbackInterconnect, Program, Runtime, Tensor};
+use meshwork_types::ReduceOp;
+use ndarray::{ArrayD, IxDyn};
+use proptest::prelude::*;
+
+/// Runs `program` on `processes` runtimes of `devices` devices each, one thread per
+/// process; returns each process's result.
+fn run_processes(
+    processes: usize,
+    devices: usize,
+    timeout: Duration,
+    program: Arc<Program>,
+    inputs: &[Vec<Tensor>],
+) -> Vec<Result<Vec<Vec<Tensor>>, Error>> {
+    let links = LoopbackInterconnect::group(processes);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .map(|(p, link)| {
+                let program = program.clone();
+                let mine = inputs[p * devices..(p + 1) * devices].to_vec();
+                s.spawn(move || {
+                    let rt = Runtime::new(devices)?.with_timeout(timeout).with_interconnect(link);
+                    assert_eq!(rt.first_replica(), p * devices);
+                    rt.run(program, mine)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a process thread panicked")).collect()
+    })
+}
+
+fn run_one(devices: usize, program: Arc<Program>, inputs: &[Vec<Tensor>]) -> Vec<Vec<Tensor>> {
+    Runtime::new(devices).unwrap().run(program, inputs.to_vec()).unwrap()
+}
+
+/// The collectives under test, each a step of the program.
+#[derive(Debug, Clone)]
+enum Step {
+    AllReduce(ReduceOp),
+    AllReduceInGroups(ReduceOp, usize),
+    AllGather(usize),
+    ReduceScatter(ReduceOp),
+    AllToAll(usize),
+    Broadcast(usize),
+    Permute(usize),
+    Barrier,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let op = prop::sample::select(ReduceOp::ALL.to_vec());
+    prop_oneof![
+        op.clone().prop_map(Step::AllReduce),
+        (op.clone(), 1usize..4).prop_map(|(o, g)| Step::AllReduceInGroups(o, g)),
+        (0usize..2).prop_map(Step::AllGather),
+        op.prop_map(Step::ReduceScatter),
+        (0usize..2).prop_map(Step::AllToAll),
+        (0usize..64).prop_map(Step::Broadcast),
+        (1usize..64).prop_map(Step::Permute),
+        Just(Step::Barrier),
+    ]
+}
+
+/// A program that applies `steps` to its input, keeping every intermediate result.
+fn program(steps: Vec<Step>) -> Arc<Program> {
+    Arc::new(move |ctx, inputs| {
+        let n = ctx.num_replicas();
+        let x = inputs[0].clone();
+        let mut out = Vec::new();
+        for s in &steps {
+            let y = match *s {
+                Step::AllReduce(op) => ctx.all_reduce(op, x.clone())?,
+                Step::AllReduceInGroups(op, g) => {
+                    // Strided groups, so that groups straddle processes.
+                    let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
+                    let groups = (0..g).map(|k| (k..n).step_by(g).collect()).collect();
+                    ctx.all_reduce_in(&ctx.groups(groups)?, op, x.clone())?
+                }
+                Step::AllGather(axis) => ctx.all_gather(axis, x.clone())?,
+                Step::ReduceScatter(op) => ctx.reduce_scatter(op, 0, x.clone())?,
+                Step::AllToAll(concat) => ctx.all_to_all(0, concat, x.clone())?,
+                Step::Broadcast(root) => ctx.broadcast(root % n, x.clone())?,
+                Step::Permute(shift) => {
+                    let pairs: Vec<_> = (0..n).map(|r| (r, (r + shift) % n)).collect();
+                    ctx.collective_permute(&pairs, x.clone())?
+                }
+                Step::Barrier => {
+                    ctx.barrier()?;
+                    x.clone()
+                }
+            };
+            out.push(y);
+        }
+        Ok(out)
+    })
+}
+
+/// Integer-valued data in every dtype, so sums are exact in any order.
+fn tensor(dtype: usize, shape: &[usize], data: &[i64]) -> Tensor {
+    let s = IxDyn(shape);
+    match dtype {
+        0 => Tensor::F32(
+            ArrayD::from_shape_vec(s, data.iter().map(|&x| x as f32).collect()).unwrap(),
+        ),
+        1 => Tensor::F64(
+            ArrayD::from_shape_vec(s, data.iter().map(|&x| x as f64).collect()).unwrap(),
+        ),
+        2 => Tensor::I32(
+            ArrayD::from_shape_vec(s, data.iter().map(|&x| x as i32).collect()).unwrap(),
+        ),
+        _ => Tensor::I64(ArrayD::from_shape_vec(s, data.to_vec()).unwrap()),
+    }
+}
+
+type Case = (usize, usize, usize, Vec<usize>, Vec<Vec<i64>>);
+
+/// Processes, devices per process, dtype, shape (rows divisible by the replica count)
+/// and each replica's data.
+fn case() -> impl Strategy<Value = Case> {
+    (1usize..=3, 1usize..=3, 0usize..4, 1usize..3, 1usize..4).prop_flat_map(
+        |(p, d, dtype, k, cols)| {
+            let n = p * d;
+            let shape = vec![n * k, cols];
+            let data =
+                prop::collection::vec(prop::collection::vec(-1000i64..1000, n * k * cols), n);
+            (Just(p), Just(d), Just(dtype), Just(shape), data)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn many_processes_compute_what_one_process_computes(
+        (p, d, dtype, shape, data) in case(),
+        steps in prop::collection::vec(step(), 1..5),
+    ) {
+        let inputs: Vec<Vec<Tensor>> = data.iter().map(|x| vec![tensor(dtype, &shape, x)]).collect();
+        let program = program(steps);
+        let want = run_one(p * d, program.clone(), &inputs);
+        let got = run_processes(p, d, Duration::from_secs(20), program, &inputs);
+        for (proc, result) in got.into_iter().enumerate() {
+            let result = result.unwrap();
+            prop_assert_eq!(&result[..], &want[proc * d..(proc + 1) * d]);
+        }
+    }
+}
+
+/// Floats whose sums round: over all replicas, the processes fold their own replicas
+/// first and then each other's folds, in process order. Every replica gets the same
+/// bits, and they equal that model.
+#[test]
+fn float_all_reduce_across_processes_is_a_fixed_fold_with_identical_bits() {
+    let (p, d, len) = (3, 2, 1001);
+    let inputs: Vec<Vec<Tensor>> = (0..p * d)
+        .map(|r| {
+            let v: Vec<f32> =
+                (0..len).map(|i| ((r * 7919 + i * 104729) % 1000) as f32 * 0.1 + 1e-3).collect();
+            vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
+        })
+        .collect();
+    let program: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
+    let f = |t: &Tensor| match t {
+        Tensor::F32(a) => a.iter().copied().collect::<Vec<f32>>(),
+        _ => unreachable!(),
+    };
+    let model: Vec<f32> = (0..len)
+        .map(|i| {
+            let local = |q: usize| {
+                (1..d).fold(f(&inputs[q * d][0])[i], |acc, k| acc + f(&inputs[q * d + k][0])[i])
+            };
+            (1..p).fold(local(0), |acc, q| acc + local(q))
+        })
+        .collect();
+    for _ in 0..3 {
+        for result in run_processes(p, d, Duration::from_secs(20), program.clone(), &inputs) {
+            for out in result.unwrap() {
+                let bits: Vec<u32> = f(&out[0]).iter().map(|x| x.to_bits()).collect();
+                let want: Vec<u32> = model.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(bits, want);
+            }
+        }
+    }
+}
+
+/// A replica that fails in one process, before or after a collective: every process's
+/// run ends promptly, and each names the failed replica.
+#[test]
+fn a_failure_in_one_process_ends_the_run_everywhere() {
+    let (p, d) = (3, 2);
+    for failing in 0..p * d {
+        for at in 0..3 {
+            let program: Arc<Program> = Arc::new(move |ctx, i| {
+                let mut x = i[0].clone();
+                for step in 0..2 {
+                    if ctx.replica_id() == failing && step == at {
+                        return Err(format!("replica {failing} gives up at step {at}").into());
+                    }
+                    x = ctx.all_reduce(ReduceOp::Sum, x)?;
+                    x = ctx.all_gather(0, x)?;
+                }
+                if ctx.replica_id() == failing && at == 2 {
+                    return Err("gives up at the end".into());
+                }
+                Ok(vec![x])
+            });
+            let inputs: Vec<Vec<Tensor>> = (0..p * d)
+                .map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[2]), r as i64))])
+                .collect();
+            let start = Instant::now();
+            let results = run_processes(p, d, Duration::from_secs(20), program, &inputs);
+            assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+            for (proc, result) in results.into_iter().enumerate() {
+                match result {
+                    Err(Error::ReplicaFailed { replica, .. }) => {
+                        assert_eq!(replica, failing, "process {proc}")
+                    }
+                    Err(Error::PeerFailed { failed, .. }) => {
+                        assert_eq!(failed, failing, "process {proc}")
+                    }
+                    other => panic!("process {proc}: replica {failing} at {at}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// Processes whose programs diverge (one does an extra collective) all get an error.
+#[test]
+fn diverging_processes_all_get_a_mismatch() {
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        let x = ctx.all_reduce(ReduceOp::Sum, i[0].clone())?;
+        if ctx.replica_id() >= 2 {
+            return Ok(vec![ctx.all_gather(0, x)?]);
+        }
+        Ok(vec![x])
+    });
+    let inputs: Vec<Vec<Tensor>> =
+        (0..4).map(|_| vec![Tensor::I32(ArrayD::zeros(IxDyn(&[3])))]).collect();
+    for (proc, result) in
+        run_processes(2, 2, Duration::from_secs(20), program, &inputs).into_iter().enumerate()
+    {
+        assert!(matches!(result, Err(Error::Mismatch { .. })), "process {proc}: {result:?}");
+    }
+}
+
+#[test]
+fn the_loopback_links_number_their_processes() {
+    let links = LoopbackInterconnect::group(3);
+    let ids: Vec<(usize, usize)> = links.iter().map(|l| (l.process(), l.processes())).collect();
+    assert_eq!(ids, vec![(0, 3), (1, 3), (2, 3)]);
+    let err = Runtime::new(2)
+        .unwrap()
+        .with_interconnect(links[0].clone())
+        .run(Arc::new(|_, _| Ok(vec![])), vec![vec![]]);
+    assert!(matches!(err, Err(Error::ReplicaCount { replicas: 1, devices: 2 })), "{err:?}");
+}
