@@ -181,15 +181,23 @@ impl ReplicaContext {
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
             let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
-            let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
-            drop(local);
-            let mut total = net.reduce(partial, op)?;
+            // One local replica: its own input is the partial (it owns it by now).
+            let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
+                Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
+                Err(local) => Tensor::fold_range(&local, fold, 0..local[0].len()),
+            };
+            let mut total = partial;
+            net.reduce(&mut total, op)?;
             if op == ReduceOp::Mean {
                 total = total.mean_of(self.replicas);
             }
             Ok(Arc::new(vec![Arc::new(total)]))
         })?;
-        Ok((*total[0]).clone().reshape(&shape))
+        // The last local replica to read the result owns it outright: no copy for it.
+        let total = Arc::try_unwrap(total)
+            .map(|mut v| v.pop().expect("one total"))
+            .unwrap_or_else(|shared| shared[0].clone());
+        Ok(Arc::try_unwrap(total).unwrap_or_else(|shared| (*shared).clone()).reshape(&shape))
     }
 
     /// Concatenates every replica's tensor along `axis`, in replica order.

@@ -105,6 +105,27 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// MPI could not be set up as meshwork needs it.
+    #[error("MPI: {message}")]
+    Mpi {
+        /// What was wrong.
+        message: String,
+    },
+    /// The MPI job has a different number of processes than expected: typically a
+    /// binary linked against one MPI started by another MPI's launcher, which runs
+    /// separate one-process jobs.
+    #[error(
+        "the MPI job has {actual} processes but {expected_by} expects {expected}; is the binary \
+         started by the launcher of the MPI it is linked against?"
+    )]
+    WorldSize {
+        /// Processes expected.
+        expected: usize,
+        /// Processes in the job.
+        actual: usize,
+        /// Who expected them: the caller or a launcher environment variable.
+        expected_by: &'static str,
+    },
     /// The outfeed sink refused data.
     #[error("replica {replica}: outfeed sink failed: {message}")]
     Outfeed {

@@ -65,6 +65,9 @@ struct GroupState {
     offers: Vec<Option<Offer>>,
     count: usize,
     done: Option<(u64, Result<Gathered>)>,
+    /// Members that have not yet read `done`; the last one moves it out, so a result
+    /// that is not shared ends up owned by one member alone.
+    unread: usize,
     aborted: Option<Error>,
 }
 
@@ -135,6 +138,7 @@ impl Hub {
                             offers: (0..members.len()).map(|_| None).collect(),
                             count: 0,
                             done: None,
+                            unread: 0,
                             aborted: None,
                         };
                         Arc::new(Group {
@@ -193,6 +197,7 @@ impl Hub {
             let result = check(&self.global(&group.members), &offers)
                 .and_then(|()| finish(offers.into_iter().map(|o| o.tensor).collect()));
             st.done = Some((round, result));
+            st.unread = group.members.len();
             st.round += 1;
             st.count = 0;
             group.arrived.notify_all();
@@ -228,11 +233,19 @@ impl Hub {
                     .0;
             }
         }
-        match &st.done {
-            Some((r, result)) if *r == round => result.clone(),
-            _ => unreachable!(
-                "a round completes only with every member, so its result is still there"
-            ),
+        // A round completes only with every member, and no member can start the next
+        // one before all have read this one's result, so it is still there.
+        st.unread -= 1;
+        if st.unread == 0 {
+            match st.done.take() {
+                Some((r, result)) if r == round => result,
+                _ => unreachable!("this round's result is kept until its last reader"),
+            }
+        } else {
+            match &st.done {
+                Some((r, result)) if *r == round => result.clone(),
+                _ => unreachable!("this round's result is kept until its last reader"),
+            }
         }
     }
 

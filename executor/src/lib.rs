@@ -33,6 +33,8 @@
 mod context;
 mod error;
 mod hub;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod net;
 mod runtime;
 mod sink;

@@ -2,6 +2,7 @@
 //! collective starts with, and an in-memory transport for tests.
 
 use std::hash::{Hash, Hasher};
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -30,19 +31,22 @@ pub trait Interconnect: Send + Sync {
     /// then must end the job rather than wait forever.
     fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>>;
 
-    /// Every process's `mine` concatenated in process order; `counts[p]` is process
-    /// `p`'s length.
-    fn all_gather(&self, mine: &Tensor, counts: &[usize]) -> Result<Tensor>;
-
-    /// Sends the `p`-th run of `send_counts[p]` consecutive elements of `send` to
-    /// process `p`, and returns what every process sent here (`recv_counts[p]`
-    /// elements from process `p`) concatenated in process order.
-    fn all_to_all(
+    /// Sends elements `send[p]` of `from` to each process `p`, and receives what
+    /// process `p` sends here into elements `recv[p]` of `into` (empty ranges send or
+    /// receive nothing; the lengths must match pairwise). `from` and `into` have one
+    /// dtype and are standard layout.
+    fn all_to_all_into(
         &self,
-        send: &Tensor,
-        send_counts: &[usize],
-        recv_counts: &[usize],
-    ) -> Result<Tensor>;
+        from: &Tensor,
+        send: &[Range<usize>],
+        into: &mut Tensor,
+        recv: &[Range<usize>],
+    ) -> Result<()>;
+
+    /// On entry, elements `chunks[process()]` of `buf` hold this process's part; on
+    /// return every `chunks[p]` holds process `p`'s part (the chunks are disjoint and
+    /// the same on every process).
+    fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()>;
 }
 
 const STEP: i64 = 1;
@@ -132,23 +136,50 @@ impl Net {
     /// global replica order.
     pub(crate) fn gather_all(&self, local: &[Arc<Tensor>]) -> Result<Gathered> {
         let shape = local[0].shape().to_vec();
+        let (p, n) = (self.link.process(), self.link.processes());
         let mine = Tensor::flatten(local);
-        let counts = vec![mine.len(); self.link.processes()];
-        let all = self.link.all_gather(&mine, &counts)?;
+        let len = mine.len();
+        let mut all = Tensor::zeros(mine.dtype(), &[len * n])?;
+        all.write_flat(p * len, &mine);
+        drop(mine);
+        let chunks: Vec<Range<usize>> = (0..n).map(|q| q * len..(q + 1) * len).collect();
+        self.link.all_gather_in_place(&mut all, &chunks)?;
         Ok(Arc::new(all.split_flat(self.replicas(), &shape).into_iter().map(Arc::new).collect()))
     }
 
-    /// Reduces each process's 1-D `partial` (a fold of its local replicas) across the
-    /// processes: process `p` folds the `p`-th chunk of every partial in process order,
-    /// then the chunks are gathered. Every process gets the same bits.
-    pub(crate) fn reduce(&self, partial: Tensor, op: ReduceOp) -> Result<Tensor> {
+    /// Reduces each process's `partial` (a fold of its local replicas, standard
+    /// layout) across the processes, in place: process `p` folds the `p`-th chunk of
+    /// every partial in process order, segment by segment through a small buffer, then
+    /// the chunks are gathered. Every process gets the same bits. A mean is folded as
+    /// a sum (the caller divides).
+    pub(crate) fn reduce(&self, partial: &mut Tensor, op: ReduceOp) -> Result<()> {
+        /// Elements per segment and sender: a segment's buffer stays in cache.
+        const SEGMENT: usize = 1 << 16;
         let (p, n, len) = (self.link.process(), self.link.processes(), partial.len());
-        let counts: Vec<usize> = (0..n).map(|q| (q + 1) * len / n - q * len / n).collect();
-        let chunks = self.link.all_to_all(&partial, &counts, &vec![counts[p]; n])?;
-        drop(partial);
+        let chunk = |q: usize| q * len / n..(q + 1) * len / n;
+        let chunks: Vec<Range<usize>> = (0..n).map(chunk).collect();
         let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
-        let mine = chunks.fold_chunks(n, fold);
-        self.link.all_gather(&mine, &counts)
+        let longest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+        let segment = |c: &Range<usize>, s: usize| {
+            let start = (c.start + s * SEGMENT).min(c.end);
+            start..(start + SEGMENT).min(c.end)
+        };
+        let mut others = Tensor::zeros(partial.dtype(), &[SEGMENT.min(len) * (n - 1)])?;
+        for s in 0..longest.div_ceil(SEGMENT) {
+            let mine = segment(&chunks[p], s);
+            let send: Vec<Range<usize>> =
+                (0..n).map(|q| if q == p { 0..0 } else { segment(&chunks[q], s) }).collect();
+            let recv: Vec<Range<usize>> = (0..n)
+                .map(|q| match q.cmp(&p) {
+                    std::cmp::Ordering::Equal => 0..0,
+                    std::cmp::Ordering::Less => q * mine.len()..(q + 1) * mine.len(),
+                    std::cmp::Ordering::Greater => (q - 1) * mine.len()..q * mine.len(),
+                })
+                .collect();
+            self.link.all_to_all_into(partial, &send, &mut others, &recv)?;
+            partial.fold_in_place(mine.clone(), &others, p, n, fold);
+        }
+        self.link.all_gather_in_place(partial, &chunks)
     }
 }
 
@@ -200,40 +231,37 @@ impl Interconnect for LoopbackInterconnect {
             .collect())
     }
 
-    fn all_gather(&self, mine: &Tensor, _counts: &[usize]) -> Result<Tensor> {
-        let all = self.exchange("all_gather", mine.clone())?;
-        Ok(Tensor::flatten(&all))
+    fn all_to_all_into(
+        &self,
+        from: &Tensor,
+        send: &[Range<usize>],
+        into: &mut Tensor,
+        recv: &[Range<usize>],
+    ) -> Result<()> {
+        // Each process also needs the ranges every sender picked for it.
+        let ranges: Vec<i64> = send.iter().flat_map(|r| [r.start as i64, r.end as i64]).collect();
+        let ranges = self.handshake(&ranges, Duration::ZERO)?;
+        let all = self.exchange("all_to_all", from.clone())?;
+        for (q, to) in recv.iter().enumerate() {
+            let at = 2 * (q * self.processes() + self.process);
+            let run = all[q].slice_flat(ranges[at] as usize..ranges[at + 1] as usize);
+            if run.len() != to.len() {
+                return Err(Error::BadArgument {
+                    op: "all_to_all_into",
+                    replica: self.process,
+                    problem: format!("process {q} sends {} elements for {to:?}", run.len()),
+                });
+            }
+            into.write_flat(to.start, &run);
+        }
+        Ok(())
     }
 
-    fn all_to_all(
-        &self,
-        send: &Tensor,
-        send_counts: &[usize],
-        _recv_counts: &[usize],
-    ) -> Result<Tensor> {
-        // Each process also needs where its run starts in every sender's buffer.
-        let offsets: Vec<i64> = send_counts
-            .iter()
-            .scan(0, |at, &c| {
-                *at += c;
-                Some((*at - c) as i64)
-            })
-            .collect();
-        let starts = self.handshake(&offsets, Duration::ZERO)?;
-        let all = self.exchange("all_to_all", send.clone())?;
-        let n = self.processes();
-        let runs: Vec<Tensor> = (0..n)
-            .map(|q| {
-                let start = starts[q * n + self.process] as usize;
-                let end = if self.process + 1 < n {
-                    starts[q * n + self.process + 1] as usize
-                } else {
-                    all[q].len()
-                };
-                all[q].slice_flat(start..end)
-            })
-            .collect();
-        let runs: Vec<Arc<Tensor>> = runs.into_iter().map(Arc::new).collect();
-        Ok(Tensor::flatten(&runs))
+    fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
+        let all = self.exchange("all_gather", buf.slice_flat(chunks[self.process].clone()))?;
+        for (q, c) in chunks.iter().enumerate() {
+            buf.write_flat(c.start, &all[q]);
+        }
+        Ok(())
     }
 }

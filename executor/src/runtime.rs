@@ -135,7 +135,10 @@ impl Runtime {
                 let hub = job_hub;
                 let ctx = ReplicaContext::new(r, hub.clone(), sink, net);
                 let id = ctx.replica_id();
-                let result = match catch_unwind(AssertUnwindSafe(|| program(&ctx, input))) {
+                IN_REPLICA.set(true);
+                let result = catch_unwind(AssertUnwindSafe(|| program(&ctx, input)));
+                IN_REPLICA.set(false);
+                let result = match result {
                     Ok(Ok(out)) => Ok(out),
                     Ok(Err(e)) => Err(match e.downcast::<Error>() {
                         Ok(e) => *e,
@@ -198,6 +201,17 @@ impl Drop for Runtime {
             let _ = t.join();
         }
     }
+}
+
+thread_local! {
+    static IN_REPLICA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is running a replica's program, whose panics the runtime
+/// catches and reports (so a panic hook need not end the process).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn in_replica() -> bool {
+    IN_REPLICA.get()
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

@@ -110,6 +110,39 @@ pub(crate) fn fold<T: Element>(
     out
 }
 
+/// `own[i] = src_0[i] ∘ src_1[i] ∘ ...` over `sources` sources in order, where source
+/// `me` is `own` itself and the others are `others`' consecutive runs of `own.len()`. Works in
+/// blocks that stay in cache, so each source is read once and `own` written once.
+fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize, op: ReduceOp) {
+    const BLOCK: usize = 4096;
+    let len = own.len();
+    let mut acc: Vec<T> = Vec::with_capacity(BLOCK.min(len));
+    for start in (0..len).step_by(BLOCK) {
+        let end = (start + BLOCK).min(len);
+        acc.clear();
+        for q in 0..sources {
+            let block: &[T] = if q == me {
+                &own[start..end]
+            } else {
+                let k = if q < me { q } else { q - 1 };
+                &others[k * len + start..k * len + end]
+            };
+            if q == 0 {
+                acc.extend_from_slice(block);
+                continue;
+            }
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => {
+                    acc.iter_mut().zip(block).for_each(|(a, &x)| *a = *a + x)
+                }
+                ReduceOp::Min => acc.iter_mut().zip(block).for_each(|(a, &x)| *a = T::min(*a, x)),
+                ReduceOp::Max => acc.iter_mut().zip(block).for_each(|(a, &x)| *a = T::max(*a, x)),
+            }
+        }
+        own[start..end].copy_from_slice(&acc);
+    }
+}
+
 impl Tensor {
     /// The element type.
     pub fn dtype(&self) -> DType {
@@ -290,15 +323,52 @@ impl Tensor {
         })
     }
 
-    /// Folds the `n` equal consecutive chunks of this standard-layout tensor in order
-    /// into one 1-D tensor of a chunk's length.
-    pub(crate) fn fold_chunks(&self, n: usize, op: ReduceOp) -> Tensor {
-        let chunk = self.len() / n;
-        each!(self, a => {
-            let s = a.as_slice().expect("built 1-D");
-            let slices: Vec<&[_]> = (0..n).map(|k| &s[k * chunk..(k + 1) * chunk]).collect();
-            Tensor::from_vec(fold(&slices, 0..chunk, op))
-        })
+    /// Overwrites elements `at..at + src.len()` of this standard-layout tensor with
+    /// `src`'s elements in row-major order (same dtype).
+    pub(crate) fn write_flat(&mut self, at: usize, src: &Tensor) {
+        macro_rules! go {
+            ($v:ident, $a:ident) => {{
+                let Tensor::$v(src) = src else { unreachable!("one dtype") };
+                let dst = &mut $a.as_slice_mut().expect("standard layout")[at..at + src.len()];
+                match src.as_slice() {
+                    Some(s) => dst.copy_from_slice(s),
+                    None => dst.iter_mut().zip(src.iter()).for_each(|(d, &s)| *d = s),
+                }
+            }};
+        }
+        match self {
+            Tensor::F32(a) => go!(F32, a),
+            Tensor::F64(a) => go!(F64, a),
+            Tensor::I32(a) => go!(I32, a),
+            Tensor::I64(a) => go!(I64, a),
+        }
+    }
+
+    /// Folds, in order, `n` equal chunks into elements `own` of this 1-D
+    /// standard-layout tensor: chunk `me` is those elements themselves, the others are
+    /// `others`' consecutive runs of `own.len()` (same dtype), in order.
+    pub(crate) fn fold_in_place(
+        &mut self,
+        own: std::ops::Range<usize>,
+        others: &Tensor,
+        me: usize,
+        n: usize,
+        op: ReduceOp,
+    ) {
+        macro_rules! go {
+            ($v:ident, $a:ident) => {{
+                let Tensor::$v(o) = others else { unreachable!("one dtype") };
+                let o = o.as_slice().expect("built 1-D");
+                let dst = &mut $a.as_slice_mut().expect("standard layout")[own.clone()];
+                fold_into(dst, o, me, n, op)
+            }};
+        }
+        match self {
+            Tensor::F32(a) => go!(F32, a),
+            Tensor::F64(a) => go!(F64, a),
+            Tensor::I32(a) => go!(I32, a),
+            Tensor::I64(a) => go!(I64, a),
+        }
     }
 
     /// Every element divided by `n`, as the mean of `n` values whose sum this is.

@@ -265,3 +265,29 @@ fn the_loopback_links_number_their_processes() {
         .run(Arc::new(|_, _| Ok(vec![])), vec![vec![]]);
     assert!(matches!(err, Err(Error::ReplicaCount { replicas: 1, devices: 2 })), "{err:?}");
 }
+
+/// Tensors longer than the reduction's segment, split unevenly over 3 processes: every
+/// reduction equals one process's (integer-valued data, so exact in any order).
+#[test]
+fn long_all_reduces_cross_segments_and_uneven_chunks() {
+    let (p, d, len) = (3, 1, 2 * 65536 + 7);
+    let inputs: Vec<Vec<Tensor>> = (0..p * d)
+        .map(|r| {
+            let v: Vec<f32> =
+                (0..len).map(|i| ((r * 7919 + i * 31) % 2001) as f32 - 1000.0).collect();
+            vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
+        })
+        .collect();
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        ReduceOp::ALL
+            .iter()
+            .map(|&op| ctx.all_reduce(op, i[0].clone()).map_err(Into::into))
+            .collect()
+    });
+    let want = run_one(p * d, program.clone(), &inputs);
+    for (proc, result) in
+        run_processes(p, d, Duration::from_secs(20), program, &inputs).into_iter().enumerate()
+    {
+        assert_eq!(result.unwrap(), want[proc * d..(proc + 1) * d], "process {proc}");
+    }
+}

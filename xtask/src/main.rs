@@ -7,6 +7,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod deps;
+mod mpi;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -16,9 +17,13 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
-  ci              everything CI checks: fmt, clippy, tests, the outfeed model check,
-                  docs, dependency edges, tidy, benchmarks compile
-  model           the outfeed receiver's shuttle model check
+  ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
+                  the model checks, the MPI test, docs, dependency edges, tidy,
+                  benchmarks compile
+  model           the shuttle model checks (outfeed receiver, executor rendezvous)
+  mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, and
+                  a dying process that must abort the job (needs openmpi-bin,
+                  libopenmpi-dev and libclang-dev)
   test            the README test command: cargo test --workspace
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
@@ -38,6 +43,7 @@ fn main() -> ExitCode {
         "bench" => cargo(&[&["bench", "--workspace"], &strs(rest)[..]].concat()),
         "docs" => docs(),
         "model" => model_check(),
+        "mpi-test" => mpi::mpi_test(),
         "deps" => deps_check(),
         "tidy" => tidy_check(),
         "help" | "--help" | "-h" => {
@@ -81,6 +87,7 @@ fn ci() -> Result {
         ])
     })?;
     step("model check (shuttle)", model_check)?;
+    step("mpi test", mpi::mpi_test)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;

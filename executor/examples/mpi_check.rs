@@ -1,0 +1,163 @@
+//! The MPI test (`cargo xtask mpi-test`): run under `mpirun -np 2`, each process with
+//! 2 devices. Every collective over the 4 replicas must give what one process with 4
+//! devices gives (each process computes that reference itself), and a replica failing
+//! in one process must end the run in both with an error naming it. Exits non-zero,
+//! naming the first difference, otherwise.
+//!
+//! With an argument it checks that a dying process cannot hang the job instead:
+//! `panic` — process 1 panics outside any replica while process 0 waits in a
+//! collective, and the panic hook must abort the job; `absent` — process 1 never runs
+//! the program, and process 0's handshake must abort the job after its timeout. Both
+//! must end the job (non-zero) within seconds; `cargo xtask mpi-test` times them.
+//!
+//! ```text
+//! mpirun -np 2 target/debug/examples/mpi_check [panic|absent]
+//! ```
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use meshwork_executor::mpi::Mpi;
+use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_types::ReduceOp;
+use ndarray::{ArrayD, IxDyn};
+
+const DEVICES: usize = 2;
+const PROCESSES: usize = 2;
+
+fn main() -> ExitCode {
+    let result = match std::env::args().nth(1).as_deref() {
+        None => check(),
+        Some(mode @ ("panic" | "absent")) => die(mode),
+        Some(other) => Err(format!("unknown mode {other}; want panic or absent")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("mpi_check: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Replica `r`'s input: f32, f64, i32 and i64 tensors of shape [4, 3], the floats
+/// halves and quarters of small integers.
+fn input(r: usize) -> Vec<Tensor> {
+    let n = 4 * 3;
+    let v = |k: usize| ((r * 31 + k * 17) % 23) as i64 - 11;
+    let s = IxDyn(&[4, 3]);
+    vec![
+        Tensor::F32(
+            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as f32 * 0.5).collect()).unwrap(),
+        ),
+        Tensor::F64(
+            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as f64 * 0.25).collect())
+                .unwrap(),
+        ),
+        Tensor::I32(
+            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as i32).collect()).unwrap(),
+        ),
+        Tensor::I64(ArrayD::from_shape_vec(s, (0..n).map(v).collect()).unwrap()),
+    ]
+}
+
+/// Every collective on every input; the outputs in a fixed order. Halves and quarters
+/// of small integers add exactly, so every reduction order gives the same bits.
+fn program() -> Arc<Program> {
+    Arc::new(|ctx, inputs| {
+        let n = ctx.num_replicas();
+        let halves = ctx.groups(vec![vec![0, 2], vec![1, 3]])?;
+        let mut out = Vec::new();
+        for x in inputs {
+            for op in ReduceOp::ALL {
+                out.push(ctx.all_reduce(op, x.clone())?);
+                out.push(ctx.all_reduce_in(&halves, op, x.clone())?);
+            }
+            out.push(ctx.all_gather(0, x.clone())?);
+            out.push(ctx.all_gather(1, x.clone())?);
+            out.push(ctx.all_gather_in(&halves, 1, x.clone())?);
+            out.push(ctx.reduce_scatter(ReduceOp::Sum, 0, x.clone())?);
+            out.push(ctx.all_to_all(0, 1, x.clone())?);
+            out.push(ctx.broadcast(n - 1, x.clone())?);
+            out.push(ctx.collective_permute(&[(0, 3), (3, 1), (1, 0)], x.clone())?);
+            ctx.barrier()?;
+        }
+        Ok(out)
+    })
+}
+
+/// Process 1 dies (`panic`) or stays away (`absent`) while process 0 waits for it
+/// in a collective; returning at all is a failure of the check.
+fn die(mode: &str) -> Result<(), String> {
+    let mpi = Mpi::init(Some(PROCESSES)).map_err(|e| e.to_string())?;
+    let runtime = Runtime::new(DEVICES)
+        .map_err(|e| e.to_string())?
+        .with_timeout(std::time::Duration::from_millis(500))
+        .with_interconnect(mpi.interconnect());
+    if mpi.process() == 1 {
+        if mode == "panic" {
+            panic!("process 1 dies outside any replica");
+        }
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return Err("process 1 slept for a minute and the job was not ended".into());
+    }
+    let inputs = (0..DEVICES).map(input).collect();
+    let result = runtime.run(program(), inputs);
+    Err(format!("process 0's run returned {result:?} instead of the job being ended"))
+}
+
+fn check() -> Result<(), String> {
+    let mpi = Mpi::init(Some(PROCESSES)).map_err(|e| e.to_string())?;
+    let (p, e) = (mpi.process(), |e: Error| e.to_string());
+    let runtime = Runtime::new(DEVICES).map_err(e)?.with_interconnect(mpi.interconnect());
+    let first = runtime.first_replica();
+    let inputs = (first..first + DEVICES).map(input).collect();
+    let got = runtime.run(program(), inputs).map_err(e)?;
+
+    let reference = Runtime::new(PROCESSES * DEVICES).map_err(e)?;
+    let want =
+        reference.run(program(), (0..PROCESSES * DEVICES).map(input).collect()).map_err(e)?;
+    for (k, outputs) in got.iter().enumerate() {
+        let r = first + k;
+        for (i, (g, w)) in outputs.iter().zip(&want[r]).enumerate() {
+            if g != w {
+                return Err(format!("replica {r}, output {i}: got {g:?}, one process gives {w:?}"));
+            }
+        }
+        if outputs.len() != want[r].len() {
+            return Err(format!("replica {r}: {} outputs, want {}", outputs.len(), want[r].len()));
+        }
+    }
+    println!(
+        "process {p}: {} outputs of replicas {first}..{} equal 4 local devices",
+        got.len() * got[0].len(),
+        first + DEVICES
+    );
+
+    // Replica 3 (in process 1) fails after one collective: both processes must end
+    // the run with an error naming it, and the runtime must stay usable.
+    let failing: Arc<Program> = Arc::new(|ctx, i| {
+        let x = ctx.all_reduce(ReduceOp::Sum, i[0].clone())?;
+        if ctx.replica_id() == 3 {
+            return Err("replica 3 gives up".into());
+        }
+        Ok(vec![ctx.all_gather(0, x)?])
+    });
+    let inputs = (first..first + DEVICES).map(input).collect();
+    match runtime.run(failing, inputs) {
+        Err(Error::ReplicaFailed { replica: 3, .. }) | Err(Error::PeerFailed { failed: 3, .. }) => {
+        }
+        other => return Err(format!("process {p}: a failing replica 3 gave {other:?}")),
+    }
+    let inputs = (first..first + DEVICES).map(input).collect();
+    let again = runtime.run(program(), inputs).map_err(e)?;
+    if again != got {
+        return Err(format!("process {p}: a run after a failed one differs"));
+    }
+    println!(
+        "process {p}: a failure in process 1 ended the run in process {p} with an error naming replica 3"
+    );
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! Processes over MPI (the `mpi` feature): one process per host holds that host's
+//! devices, and runtimes in the processes of one MPI job run one program together.
+//!
+//! MPI itself has no timeouts and no error returns (its default handler aborts the
+//! job), and a rank that dies without telling the others leaves them waiting forever.
+//! So [`Mpi::init`] checks the world size the launcher promised, installs a panic hook
+//! that aborts the whole job when a panic would end this process, and every
+//! cross-process collective starts with a handshake that ends the job if the other
+//! processes do not arrive within the runtime's timeout.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::CommunicatorCollectives;
+use mpi::{Count, Rank, Threading};
+
+use crate::net::Interconnect;
+use crate::{Error, Result, Tensor};
+
+/// Whether MPI is initialised and not yet finalised (the panic hook may abort then).
+static LIVE: AtomicBool = AtomicBool::new(false);
+
+/// An initialised MPI job: this process's place in it, and the [`Interconnect`] its
+/// runtimes use. Dropping it finalises MPI, so keep it alive (on the thread that
+/// created it) for as long as any runtime uses its interconnect.
+pub struct Mpi {
+    link: Arc<MpiLink>,
+    // Last: finalises MPI after everything above is gone.
+    _universe: Universe,
+}
+
+impl Mpi {
+    /// Initialises MPI for threads that call it one at a time, and checks that the job
+    /// has `expected` processes — or, if `None`, as many as the launcher's environment
+    /// says (`OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `PMIX_SIZE`). A binary started by
+    /// another MPI's launcher otherwise runs as separate one-process jobs without any
+    /// error.
+    pub fn init(expected: Option<usize>) -> Result<Mpi> {
+        let fail = |message: String| Error::Mpi { message };
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or_else(|| fail("MPI is already initialised in this process".into()))?;
+        if !matches!(threading, Threading::Serialized | Threading::Multiple) {
+            return Err(fail(format!(
+                "the MPI library gives thread level {threading:?}; meshwork needs Serialized"
+            )));
+        }
+        let world = universe.world();
+        let (process, processes) = (world.rank() as usize, world.size() as usize);
+        let (expected, source) = match expected {
+            Some(n) => (Some(n), "the caller"),
+            None => launcher_size(),
+        };
+        if let Some(expected) = expected
+            && expected != processes
+        {
+            return Err(Error::WorldSize { expected, actual: processes, expected_by: source });
+        }
+        LIVE.store(true, Ordering::SeqCst);
+        abort_on_panic();
+        let link = MpiLink { world: Mutex::new(World(world)), process, processes };
+        Ok(Mpi { link: Arc::new(link), _universe: universe })
+    }
+
+    /// This process's rank.
+    pub fn process(&self) -> usize {
+        self.link.process
+    }
+
+    /// The number of processes in the job.
+    pub fn processes(&self) -> usize {
+        self.link.processes
+    }
+
+    /// The link for [`Runtime::with_interconnect`](crate::Runtime::with_interconnect).
+    pub fn interconnect(&self) -> Arc<dyn Interconnect> {
+        self.link.clone()
+    }
+
+    /// Ends the whole MPI job (every process) with `code`.
+    pub fn abort(&self, code: i32) -> ! {
+        let world = self.link.world.lock().unwrap_or_else(|e| e.into_inner());
+        world.0.abort(code)
+    }
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        LIVE.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The job size the launcher announced, and which variable said so.
+fn launcher_size() -> (Option<usize>, &'static str) {
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"] {
+        if let Some(n) = std::env::var(var).ok().and_then(|v| v.parse().ok()) {
+            return (Some(n), var);
+        }
+    }
+    (None, "nothing")
+}
+
+/// A panic that would end this process ends the MPI job instead, so no other rank
+/// waits forever for it. Panics inside a replica's program are caught by the runtime
+/// and reported to every process through the handshake, so they do not abort.
+fn abort_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if LIVE.load(Ordering::SeqCst) && !crate::runtime::in_replica() {
+            #[allow(clippy::print_stderr)] // the last word of a dying process
+            {
+                eprintln!("meshwork: a panic ends this process; aborting the MPI job");
+            }
+            SimpleCommunicator::world().abort(101);
+        }
+    }));
+}
+
+/// The world communicator, used by one thread at a time.
+struct World(SimpleCommunicator);
+
+// SAFETY: under Open MPI a communicator handle is a raw pointer, so rsmpi's
+// communicator is not `Send`. MPI is initialised at thread level Serialized (or
+// Multiple): any thread may call it as long as calls do not overlap, and every use of
+// this handle goes through the mutex in `MpiLink`.
+#[allow(unsafe_code)]
+unsafe impl Send for World {}
+
+struct MpiLink {
+    world: Mutex<World>,
+    process: usize,
+    processes: usize,
+}
+
+impl MpiLink {
+    fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A count or displacement as MPI's `int`.
+fn count(n: usize) -> Result<Count> {
+    Count::try_from(n)
+        .map_err(|_| Error::Mpi { message: format!("{n} elements exceed MPI's int range") })
+}
+
+fn all_to_all_typed<T: Equivalence>(
+    world: &SimpleCommunicator,
+    from: &[T],
+    send: &[Range<usize>],
+    into: &mut [T],
+    recv: &[Range<usize>],
+) -> Result<()> {
+    let counts = |r: &[Range<usize>]| r.iter().map(|r| count(r.len())).collect::<Result<Vec<_>>>();
+    let displs = |r: &[Range<usize>]| r.iter().map(|r| count(r.start)).collect::<Result<Vec<_>>>();
+    let send = Partition::new(from, counts(send)?, displs(send)?);
+    let mut recv = PartitionMut::new(into, counts(recv)?, displs(recv)?);
+    world.all_to_all_varcount_into(&send, &mut recv);
+    Ok(())
+}
+
+/// In `p - 1` rounds of paired send-receive, process `p` sends its chunk to
+/// `p + k` and receives `p - k`'s chunk (mod the process count) straight into place.
+fn all_gather_in_place_typed<T: Equivalence>(
+    world: &SimpleCommunicator,
+    buf: &mut [T],
+    chunks: &[Range<usize>],
+    me: usize,
+) {
+    let n = chunks.len();
+    for k in 1..n {
+        let (to, from) = ((me + k) % n, (me + n - k) % n);
+        let (mine, theirs) = disjoint(buf, chunks[me].clone(), chunks[from].clone());
+        mpi::point_to_point::send_receive_into_with_tags(
+            mine,
+            &world.process_at_rank(to as Rank),
+            TAG,
+            theirs,
+            &world.process_at_rank(from as Rank),
+            TAG,
+        );
+    }
+}
+
+/// Point-to-point messages of meshwork on the world communicator carry this tag.
+const TAG: mpi::Tag = 0x6d77;
+
+/// `buf[a]` to read and `buf[b]` to write, for disjoint `a` and `b`.
+fn disjoint<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    if a.end <= b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.len()])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.len()], &mut lo[b])
+    }
+}
+
+/// Applies `$body` to the elements of two standard-layout tensors of one dtype, as
+/// slices `$a` and `$b` (the second mutable).
+macro_rules! typed2 {
+    ($x:expr, $y:expr, $a:ident, $b:ident => $body:expr) => {
+        match ($x, $y) {
+            (Tensor::F32(x), Tensor::F32(y)) => {
+                let ($a, $b) =
+                    (x.as_slice().expect("standard"), y.as_slice_mut().expect("standard"));
+                $body
+            }
+            (Tensor::F64(x), Tensor::F64(y)) => {
+                let ($a, $b) =
+                    (x.as_slice().expect("standard"), y.as_slice_mut().expect("standard"));
+                $body
+            }
+            (Tensor::I32(x), Tensor::I32(y)) => {
+                let ($a, $b) =
+                    (x.as_slice().expect("standard"), y.as_slice_mut().expect("standard"));
+                $body
+            }
+            (Tensor::I64(x), Tensor::I64(y)) => {
+                let ($a, $b) =
+                    (x.as_slice().expect("standard"), y.as_slice_mut().expect("standard"));
+                $body
+            }
+            (x, y) => Err(Error::Mpi {
+                message: format!("all_to_all from {} into {}", x.dtype(), y.dtype()),
+            }),
+        }
+    };
+}
+
+impl Interconnect for MpiLink {
+    fn process(&self) -> usize {
+        self.process
+    }
+
+    fn processes(&self) -> usize {
+        self.processes
+    }
+
+    fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>> {
+        let world = self.world();
+        let mut all = vec![0i64; header.len() * self.processes];
+        let deadline = Instant::now() + timeout;
+        mpi::request::scope(|scope| {
+            let mut request = world.0.immediate_all_gather_into(scope, header, &mut all[..]);
+            loop {
+                match request.test() {
+                    Ok(_) => return,
+                    Err(pending) if Instant::now() < deadline => {
+                        request = pending;
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    // A collective request cannot be cancelled, and waiting longer
+                    // could be forever: end the job.
+                    Err(_) => {
+                        #[allow(clippy::print_stderr)] // the last word of a dying process
+                        {
+                            eprintln!(
+                                "meshwork: process {} waited {timeout:?} for the other \
+                                 processes at a collective; aborting the MPI job",
+                                self.process
+                            );
+                        }
+                        world.0.abort(124);
+                    }
+                }
+            }
+        });
+        Ok(all)
+    }
+
+    fn all_to_all_into(
+        &self,
+        from: &Tensor,
+        send: &[Range<usize>],
+        into: &mut Tensor,
+        recv: &[Range<usize>],
+    ) -> Result<()> {
+        let world = self.world();
+        typed2!(from, into, f, i => all_to_all_typed(&world.0, f, send, i, recv))
+    }
+
+    fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
+        let world = self.world();
+        let me = self.process;
+        match buf {
+            Tensor::F32(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
+            Tensor::F64(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
+            Tensor::I32(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
+            Tensor::I64(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
+        }
+        Ok(())
+    }
+}
+
+fn slice<T>(a: &mut ndarray::ArrayD<T>) -> Result<&mut [T]> {
+    a.as_slice_mut().ok_or_else(|| Error::Mpi { message: "a tensor not in standard layout".into() })
+}
