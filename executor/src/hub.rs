@@ -1,9 +1,10 @@
 //! The rendezvous: replicas of a group meet, each leaves with every member's tensor.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Error, Result, Tensor};
 
 /// Replica groups: every replica of a run in exactly one group, members in rank order.
@@ -299,3 +300,6 @@ fn check(members: &[usize], offers: &[Offer]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(all(test, shuttle))]
+mod model;

@@ -38,6 +38,7 @@ pub mod mpi;
 mod net;
 mod runtime;
 mod sink;
+mod sync;
 mod tensor;
 
 pub use context::ReplicaContext;

@@ -103,14 +103,17 @@ fn test() -> Result {
     cargo(&["test", "--workspace"])
 }
 
-/// The outfeed receiver's model check: its threads, locks and channels swapped for
-/// shuttle's (`--cfg shuttle`), in a target directory of its own so the normal build
-/// is not invalidated.
+/// The model checks of the outfeed receiver and the executor's rendezvous: their
+/// threads, locks and channels swapped for shuttle's (`--cfg shuttle`), in a target
+/// directory of its own so the normal build is not invalidated.
 fn model_check() -> Result {
     let target = workspace_root().join("target").join("shuttle");
-    run(cargo_cmd(&["test", "-p", "meshwork-outfeed", "--lib", "model"])
-        .env("RUSTFLAGS", "--cfg shuttle")
-        .env("CARGO_TARGET_DIR", target))
+    for package in ["meshwork-outfeed", "meshwork-executor"] {
+        run(cargo_cmd(&["test", "-p", package, "--lib", "model"])
+            .env("RUSTFLAGS", "--cfg shuttle")
+            .env("CARGO_TARGET_DIR", &target))?;
+    }
+    Ok(())
 }
 
 fn docs() -> Result {

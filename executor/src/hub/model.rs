@@ -1,0 +1,140 @@
+//! Model check of the rendezvous under shuttle's schedulers
+//! (`RUSTFLAGS="--cfg shuttle" cargo test -p meshwork-executor --lib model`): the real
+//! hub, with shuttle's locks and condition variables, and replicas as shuttle threads.
+//! Shuttle's condition variables never time out, so these schedules check rounds,
+//! results, poisoning and signature checks, not the timeout path.
+
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+
+use super::{Hub, Offer, ReplicaGroups};
+use crate::{Error, Tensor};
+
+const REPLICAS: usize = 3;
+const ROUNDS: usize = 3;
+
+fn tensor(replica: usize, round: usize) -> Tensor {
+    Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), (10 * round + replica) as i64))
+}
+
+fn offer(replica: usize, round: usize, signature: &str) -> Offer {
+    Offer { op: "op", signature: signature.into(), tensor: Arc::new(tensor(replica, round)) }
+}
+
+/// Three replicas meet for three rounds, alternating plain exchanges and exchanges
+/// whose completer builds the result. Every replica leaves every round with every
+/// member's tensor of that round, in rank order; the completer runs once per round;
+/// the hub keeps no result once every member has read it; nothing deadlocks.
+fn rounds() {
+    let hub = Arc::new(Hub::new(REPLICAS, std::time::Duration::from_secs(3600)));
+    let finishes = Arc::new(shuttle::sync::Mutex::new(0usize));
+    let replicas: Vec<_> = (0..REPLICAS)
+        .map(|r| {
+            let (hub, finishes) = (hub.clone(), finishes.clone());
+            shuttle::thread::spawn(move || {
+                let all = ReplicaGroups::all(REPLICAS);
+                for round in 0..ROUNDS {
+                    let got = if round % 2 == 0 {
+                        hub.exchange(&all, r, offer(r, round, "")).unwrap()
+                    } else {
+                        hub.exchange_then(&all, r, offer(r, round, ""), |tensors| {
+                            *finishes.lock().unwrap() += 1;
+                            Ok(Arc::new(tensors))
+                        })
+                        .unwrap()
+                    };
+                    let want: Vec<Tensor> = (0..REPLICAS).map(|m| tensor(m, round)).collect();
+                    assert_eq!(got.iter().map(|t| (**t).clone()).collect::<Vec<_>>(), want);
+                }
+            })
+        })
+        .collect();
+    for h in replicas {
+        h.join().unwrap();
+    }
+    assert_eq!(*finishes.lock().unwrap(), ROUNDS / 2, "one completer per round");
+    let sets = super::lock(&hub.sets);
+    for group in sets.values().flat_map(|set| &set.groups) {
+        let st = super::lock(&group.state);
+        assert!(st.done.is_none() && st.unread == 0, "the hub kept a read result");
+        assert_eq!(st.round, ROUNDS as u64);
+    }
+}
+
+/// Replica 2 fails (poisons the hub) at an arbitrary point instead of joining the
+/// second round; the other two must leave that round with an error naming it, never
+/// hang, and a round that did complete must have given everyone the same tensors.
+fn poison() {
+    let hub = Arc::new(Hub::new(REPLICAS, std::time::Duration::from_secs(3600)));
+    let replicas: Vec<_> = (0..REPLICAS)
+        .map(|r| {
+            let hub = hub.clone();
+            shuttle::thread::spawn(move || {
+                let all = ReplicaGroups::all(REPLICAS);
+                let first = hub.exchange(&all, r, offer(r, 0, ""));
+                if r == 2 {
+                    hub.poison(2);
+                    return first.map(|_| ());
+                }
+                let first = first?;
+                assert_eq!(first.len(), REPLICAS);
+                hub.exchange(&all, r, offer(r, 1, "")).map(|_| ())
+            })
+        })
+        .collect();
+    let results: Vec<_> = replicas.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, result) in results.iter().enumerate().take(2) {
+        match result {
+            Err(Error::PeerFailed { failed: 2, replica, .. }) => assert_eq!(*replica, r),
+            other => panic!("replica {r}: {other:?}"),
+        }
+    }
+}
+
+/// Two groups meet at the same time, and one member of the second group brings a
+/// different signature: the first group completes, every member of the second gets
+/// the same mismatch naming both sides.
+fn groups_and_mismatch() {
+    let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(3600)));
+    let groups = ReplicaGroups::new(vec![vec![0, 1], vec![3, 2]], 4).unwrap();
+    let replicas: Vec<_> = (0..4)
+        .map(|r| {
+            let (hub, groups) = (hub.clone(), groups.clone());
+            shuttle::thread::spawn(move || {
+                let signature = if r == 2 { "f32[2]" } else { "f32[1]" };
+                hub.exchange(&groups, r, offer(r, 0, signature))
+            })
+        })
+        .collect();
+    let results: Vec<_> = replicas.into_iter().map(|h| h.join().unwrap()).collect();
+    for r in 0..2 {
+        let got = results[r].as_ref().unwrap();
+        assert_eq!((*got[0]).clone(), tensor(0, 0));
+        assert_eq!((*got[1]).clone(), tensor(1, 0));
+    }
+    for r in 2..4 {
+        match &results[r] {
+            Err(Error::Mismatch { first: 3, replica: 2, .. }) => {}
+            other => panic!("replica {r}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn model_rounds() {
+    shuttle::check_random(rounds, 1000);
+    shuttle::check_pct(rounds, 1000, 3);
+}
+
+#[test]
+fn model_poison() {
+    shuttle::check_random(poison, 1000);
+    shuttle::check_pct(poison, 1000, 3);
+}
+
+#[test]
+fn model_groups_and_mismatch() {
+    shuttle::check_random(groups_and_mismatch, 1000);
+    shuttle::check_pct(groups_and_mismatch, 1000, 3);
+}

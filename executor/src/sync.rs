@@ -1,0 +1,8 @@
+//! The rendezvous' locks: std's normally; shuttle's under `--cfg shuttle`, so the model
+//! check (`cargo xtask model`) controls every interleaving of the replicas.
+
+#[cfg(not(shuttle))]
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+
+#[cfg(shuttle)]
+pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard};
