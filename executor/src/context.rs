@@ -5,7 +5,8 @@ use std::sync::Arc;
 use meshwork_types::{DeviceId, ReduceOp};
 use ndarray::ArrayD;
 
-use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
+use crate::direct;
+use crate::hub::{Gathered, Hub, Offer, ReplicaGroups, Round};
 use crate::net::Net;
 use crate::sink::OutfeedSink;
 use crate::tensor::Tensor;
@@ -86,18 +87,19 @@ impl ReplicaContext {
         let signature = format!("{args} {}{:?}", t.dtype(), t.shape());
         let tensor = Arc::new(t.standard());
         let Some(net) = &self.net else {
-            let parts = self.hub.exchange(groups, self.replica, Offer { op, signature, tensor })?;
+            let parts =
+                self.hub.exchange(groups, self.replica, Offer::new(op, signature, tensor))?;
             return Ok((parts, rank));
         };
         // Across processes: meet the local replicas, agree with the other processes,
         // gather every replica's tensor everywhere, then keep this group's.
         let signature = format!("{signature} in {:?}", groups.groups());
-        let offer = Offer { op, signature: signature.clone(), tensor };
+        let offer = Offer::new(op, signature.clone(), tensor);
         let everyone = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(op, &signature, self.replica)?;
             net.gather_all(&local)
         })?;
-        Ok((Arc::new(members.iter().map(|&m| everyone[m].clone()).collect()), rank))
+        Ok((Round::new(members.iter().map(|&m| everyone[m].clone()).collect()), rank))
     }
 
     /// The members of this replica's group among `groups` and its rank there.
@@ -134,27 +136,22 @@ impl ReplicaContext {
         if let Some(net) = &self.net {
             return self.all_reduce_across(net, groups, op, t);
         }
-        let (parts, rank) = self.meet(groups, OP, format!("{op:?}"), t)?;
-        // Each rank folds one contiguous chunk of every input (so each input element is
-        // read once in all), then every rank assembles the chunks (each output written
-        // once). The fold order is rank order, whoever does it.
-        let (members, len) = (parts.len(), parts[0].len());
-        let chunk =
-            Tensor::fold_range(&parts, op, rank * len / members..(rank + 1) * len / members);
-        let mine = parts[rank].clone();
-        drop(parts);
-        let offer = Offer { op: OP, signature: "reduced chunk".into(), tensor: Arc::new(chunk) };
-        let chunks = self.hub.exchange(groups, self.replica, offer)?;
-        // Every member dropped the inputs before offering its chunk, and the hub keeps
-        // only the latest round, so this replica's input is normally its own again: the
-        // result goes into its buffer, with no allocation and no page faults.
-        match Arc::try_unwrap(mine) {
-            Ok(input) => Ok(input.overwrite(&chunks)),
-            Err(_) => {
-                let refs: Vec<&Tensor> = chunks.iter().map(|c| &**c).collect();
-                Ok(Tensor::concat(&refs, 0).reshape(&shape))
-            }
-        }
+        // Every member lends its buffer; each rank folds one region of all of them
+        // and writes the result into that region of each (see `direct`).
+        let (_, rank) = self.place(groups)?;
+        let mut t = t.standard();
+        let dtype = t.dtype();
+        let lent = direct::Lent::of(&mut t);
+        let nothing = Arc::new(Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0]))));
+        let offer = Offer {
+            op: OP,
+            signature: format!("{op:?} {dtype}{shape:?}"),
+            tensor: nothing,
+            lent: Some(lent),
+        };
+        let round = self.hub.exchange(groups, self.replica, offer)?;
+        direct::all_reduce(&round, rank, dtype, op);
+        Ok(t)
     }
 
     /// All-reduce in a multi-process run. Over all replicas it is hierarchical: the
@@ -177,7 +174,7 @@ impl ReplicaContext {
         }
         self.place(groups)?;
         let signature = format!("{op:?} {}{:?} in all", t.dtype(), t.shape());
-        let offer = Offer { op: OP, signature: signature.clone(), tensor: Arc::new(t.standard()) };
+        let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
             let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
@@ -191,11 +188,11 @@ impl ReplicaContext {
             if op == ReduceOp::Mean {
                 total = total.mean_of(self.replicas);
             }
-            Ok(Arc::new(vec![Arc::new(total)]))
+            Ok(vec![Arc::new(total)])
         })?;
         // The last local replica to read the result owns it outright: no copy for it.
         let total = Arc::try_unwrap(total)
-            .map(|mut v| v.pop().expect("one total"))
+            .map(|round| round.into_tensors().pop().expect("one total"))
             .unwrap_or_else(|shared| shared[0].clone());
         Ok(Arc::try_unwrap(total).unwrap_or_else(|shared| (*shared).clone()).reshape(&shape))
     }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::direct::Lent;
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Error, Result, Tensor};
 
@@ -50,10 +51,85 @@ pub(crate) struct Offer {
     pub(crate) op: &'static str,
     pub(crate) signature: String,
     pub(crate) tensor: Arc<Tensor>,
+    /// A buffer lent to the other members for the round (see `direct`).
+    pub(crate) lent: Option<Lent>,
 }
 
-/// What every participant leaves with: all members' tensors in rank order.
-pub(crate) type Gathered = Arc<Vec<Arc<Tensor>>>;
+impl Offer {
+    /// An offer of `tensor` under `op` and `signature`, lending nothing.
+    pub(crate) fn new(op: &'static str, signature: String, tensor: Arc<Tensor>) -> Offer {
+        Offer { op, signature, tensor, lent: None }
+    }
+}
+
+/// What every participant leaves with: all members' tensors in rank order, and a
+/// countdown for members that go on working on each other's buffers after the round.
+pub(crate) struct Round {
+    tensors: Vec<Arc<Tensor>>,
+    /// The buffers members lent, in rank order (empty if none did).
+    pub(crate) lent: Vec<Option<Lent>>,
+    /// Members still at work on the round's buffers (see [`Countdown`]).
+    pub(crate) working: Countdown,
+}
+
+/// A shared round result.
+pub(crate) type Gathered = Arc<Round>;
+
+impl Round {
+    /// A round of `tensors`, one per member.
+    pub(crate) fn new(tensors: Vec<Arc<Tensor>>) -> Gathered {
+        Round::lending(tensors, Vec::new())
+    }
+
+    fn lending(tensors: Vec<Arc<Tensor>>, lent: Vec<Option<Lent>>) -> Gathered {
+        let working = Countdown::new(tensors.len());
+        Arc::new(Round { tensors, lent, working })
+    }
+
+    /// The tensors.
+    pub(crate) fn into_tensors(self) -> Vec<Arc<Tensor>> {
+        self.tensors
+    }
+}
+
+impl std::ops::Deref for Round {
+    type Target = [Arc<Tensor>];
+    fn deref(&self) -> &[Arc<Tensor>] {
+        &self.tensors
+    }
+}
+
+/// Counts members down to zero. Unlike a rendezvous it cannot be poisoned and never
+/// times out: it waits only for work that cannot block (each member's share of a
+/// computation), and it must outlast a failing peer, whose buffer others may still be
+/// touching.
+pub(crate) struct Countdown {
+    left: Mutex<usize>,
+    zero: Condvar,
+}
+
+impl Countdown {
+    fn new(n: usize) -> Countdown {
+        Countdown { left: Mutex::new(n), zero: Condvar::new() }
+    }
+
+    /// One member's work is done.
+    pub(crate) fn done(&self) {
+        let mut left = lock(&self.left);
+        *left -= 1;
+        if *left == 0 {
+            self.zero.notify_all();
+        }
+    }
+
+    /// Waits until every member's work is done.
+    pub(crate) fn wait(&self) {
+        let mut left = lock(&self.left);
+        while *left > 0 {
+            left = self.zero.wait(left).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
 
 struct Group {
     members: Vec<usize>,
@@ -167,7 +243,7 @@ impl Hub {
         replica: usize,
         offer: Offer,
     ) -> Result<Gathered> {
-        self.exchange_then(groups, replica, offer, |tensors| Ok(Arc::new(tensors)))
+        self.exchange_then(groups, replica, offer, Ok)
     }
 
     /// [`exchange`](Self::exchange), but the member that completes the round turns the
@@ -179,7 +255,7 @@ impl Hub {
         groups: &ReplicaGroups,
         replica: usize,
         offer: Offer,
-        finish: impl FnOnce(Vec<Arc<Tensor>>) -> Result<Gathered>,
+        finish: impl FnOnce(Vec<Arc<Tensor>>) -> Result<Vec<Arc<Tensor>>>,
     ) -> Result<Gathered> {
         let set = self.set(groups);
         let (g, rank) = set.place[replica];
@@ -195,8 +271,11 @@ impl Hub {
         if st.count == group.members.len() {
             let offers: Vec<Offer> =
                 st.offers.iter_mut().map(|o| o.take().expect("all arrived")).collect();
-            let result = check(&self.global(&group.members), &offers)
-                .and_then(|()| finish(offers.into_iter().map(|o| o.tensor).collect()));
+            let result = check(&self.global(&group.members), &offers).and_then(|()| {
+                let lent = offers.iter().map(|o| o.lent).collect();
+                let tensors = finish(offers.into_iter().map(|o| o.tensor).collect())?;
+                Ok(Round::lending(tensors, lent))
+            });
             st.done = Some((round, result));
             st.unread = group.members.len();
             st.round += 1;

@@ -10,8 +10,13 @@
 //! it is told, and moves tensors only through collectives. It does not know the outfeed
 //! wire format; programs stream data out through a sink trait this crate owns.
 //!
-//! Across machines (the `mpi` feature) is not built yet; so far the runtime is one
-//! process with one thread per device.
+//! Across processes, runtimes join through an [`Interconnect`]: replica ids run over
+//! all processes, collectives over all replicas are hierarchical (in-process first,
+//! then across processes, then back), and every cross-process step starts with a
+//! handshake so a failure or a diverging program ends the run in every process with
+//! the same error. The `mpi` feature provides the MPI interconnect (`mpi::Mpi`, over
+//! rsmpi and Open MPI or MPICH); [`LoopbackInterconnect`] runs several "processes" in
+//! one address space for tests.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -31,6 +36,7 @@
 //! ```
 
 mod context;
+mod direct;
 mod error;
 mod hub;
 #[cfg(feature = "mpi")]

@@ -134,7 +134,7 @@ impl Net {
 
     /// Every process's `local` tensors (all of one dtype and shape), as one list in
     /// global replica order.
-    pub(crate) fn gather_all(&self, local: &[Arc<Tensor>]) -> Result<Gathered> {
+    pub(crate) fn gather_all(&self, local: &[Arc<Tensor>]) -> Result<Vec<Arc<Tensor>>> {
         let shape = local[0].shape().to_vec();
         let (p, n) = (self.link.process(), self.link.processes());
         let mine = Tensor::flatten(local);
@@ -144,7 +144,7 @@ impl Net {
         drop(mine);
         let chunks: Vec<Range<usize>> = (0..n).map(|q| q * len..(q + 1) * len).collect();
         self.link.all_gather_in_place(&mut all, &chunks)?;
-        Ok(Arc::new(all.split_flat(self.replicas(), &shape).into_iter().map(Arc::new).collect()))
+        Ok(all.split_flat(self.replicas(), &shape).into_iter().map(Arc::new).collect())
     }
 
     /// Reduces each process's `partial` (a fold of its local replicas, standard
@@ -205,7 +205,7 @@ impl LoopbackInterconnect {
 
     fn exchange(&self, op: &'static str, t: Tensor) -> Result<Gathered> {
         let all = ReplicaGroups::all(self.hub.replicas());
-        let offer = Offer { op, signature: String::new(), tensor: Arc::new(t) };
+        let offer = Offer::new(op, String::new(), Arc::new(t));
         self.hub.exchange(&all, self.process, offer)
     }
 }

@@ -375,28 +375,4 @@ impl Tensor {
     pub(crate) fn mean_of(self, n: usize) -> Tensor {
         map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
     }
-
-    /// Overwrites this standard-layout tensor's elements, in order, with the 1-D
-    /// `chunks` (same dtype, lengths summing to its length).
-    pub(crate) fn overwrite(mut self, chunks: &[std::sync::Arc<Tensor>]) -> Tensor {
-        macro_rules! fill {
-            ($v:ident, $a:ident) => {{
-                let dst = $a.as_slice_mut().expect("offered in standard layout");
-                let mut at = 0;
-                for c in chunks {
-                    let Tensor::$v(c) = &**c else { unreachable!("dtypes checked at the rendezvous") };
-                    let src = c.as_slice().expect("a fold result is standard");
-                    dst[at..at + src.len()].copy_from_slice(src);
-                    at += src.len();
-                }
-            }};
-        }
-        match &mut self {
-            Tensor::F32(a) => fill!(F32, a),
-            Tensor::F64(a) => fill!(F64, a),
-            Tensor::I32(a) => fill!(I32, a),
-            Tensor::I64(a) => fill!(I64, a),
-        }
-        self
-    }
 }

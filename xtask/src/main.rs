@@ -18,9 +18,11 @@ cargo xtask <task>
 
 tasks:
   ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
-                  the model checks, the MPI test, docs, dependency edges, tidy,
+                  the model checks, Miri, the MPI test, docs, dependency edges, tidy,
                   benchmarks compile
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
+  miri            the executor's one unsafe module (direct all-reduce) under Miri
+                  (needs `rustup toolchain install nightly --component miri`)
   mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, and
                   a dying process that must abort the job (needs openmpi-bin,
                   libopenmpi-dev and libclang-dev)
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         "docs" => docs(),
         "model" => model_check(),
         "mpi-test" => mpi::mpi_test(),
+        "miri" => miri(),
         "deps" => deps_check(),
         "tidy" => tidy_check(),
         "help" | "--help" | "-h" => {
@@ -87,6 +90,7 @@ fn ci() -> Result {
         ])
     })?;
     step("model check (shuttle)", model_check)?;
+    step("miri (executor's unsafe code)", miri)?;
     step("mpi test", mpi::mpi_test)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
@@ -114,6 +118,20 @@ fn model_check() -> Result {
             .env("CARGO_TARGET_DIR", &target))?;
     }
     Ok(())
+}
+
+/// The executor's direct all-reduce, where threads write each other's buffers, under
+/// Miri with strict provenance and several thread schedules. Its own target
+/// directory, as Miri builds a different standard library.
+fn miri() -> Result {
+    let target = workspace_root().join("target").join("miri");
+    let mut cmd = Command::new("cargo");
+    cmd.args(["+nightly", "miri", "test", "-p", "meshwork-executor", "--lib", "direct"])
+        .env("MIRIFLAGS", "-Zmiri-strict-provenance -Zmiri-many-seeds=0..8")
+        .env("CARGO_TARGET_DIR", target)
+        .env_remove("RUSTC")
+        .current_dir(workspace_root());
+    run(&mut cmd)
 }
 
 fn docs() -> Result {

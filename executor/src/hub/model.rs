@@ -9,6 +9,8 @@ use std::sync::Arc;
 use ndarray::{ArrayD, IxDyn};
 
 use super::{Hub, Offer, ReplicaGroups};
+use meshwork_types::ReduceOp;
+
 use crate::{Error, Tensor};
 
 const REPLICAS: usize = 3;
@@ -19,7 +21,7 @@ fn tensor(replica: usize, round: usize) -> Tensor {
 }
 
 fn offer(replica: usize, round: usize, signature: &str) -> Offer {
-    Offer { op: "op", signature: signature.into(), tensor: Arc::new(tensor(replica, round)) }
+    Offer::new("op", signature.into(), Arc::new(tensor(replica, round)))
 }
 
 /// Three replicas meet for three rounds, alternating plain exchanges and exchanges
@@ -40,7 +42,7 @@ fn rounds() {
                     } else {
                         hub.exchange_then(&all, r, offer(r, round, ""), |tensors| {
                             *finishes.lock().unwrap() += 1;
-                            Ok(Arc::new(tensors))
+                            Ok(tensors)
                         })
                         .unwrap()
                     };
@@ -116,9 +118,50 @@ fn groups_and_mismatch() {
     for r in 2..4 {
         match &results[r] {
             Err(Error::Mismatch { first: 3, replica: 2, .. }) => {}
-            other => panic!("replica {r}: {other:?}"),
+            other => panic!("replica {r}: {:?}", other.as_ref().map(|round| round.len())),
         }
     }
+}
+
+/// Three members lend their buffers for a direct all-reduce while a fourth replica
+/// (in no group with them) fails: the members finish, each with the full sum, and the
+/// failure reaches none of them mid-round, since the round's countdown cannot be
+/// poisoned.
+fn direct_all_reduce() {
+    let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(3600)));
+    let groups = ReplicaGroups::new(vec![vec![0, 1, 2], vec![3]], 4).unwrap();
+    let replicas: Vec<_> = (0..4)
+        .map(|r| {
+            let (hub, groups) = (hub.clone(), groups.clone());
+            shuttle::thread::spawn(move || {
+                if r == 3 {
+                    hub.poison(3);
+                    return None;
+                }
+                let mut t = Tensor::I64(ArrayD::from_elem(IxDyn(&[5]), 1 << (8 * r)));
+                let offer = Offer {
+                    op: "all_reduce",
+                    signature: "i64[5]".into(),
+                    tensor: Arc::new(Tensor::I32(ArrayD::zeros(IxDyn(&[0])))),
+                    lent: Some(crate::direct::Lent::of(&mut t)),
+                };
+                let round = hub.exchange(&groups, r, offer).ok()?;
+                crate::direct::all_reduce(&round, r, meshwork_types::DType::I64, ReduceOp::Sum);
+                Some(t)
+            })
+        })
+        .collect();
+    for h in replicas {
+        if let Some(t) = h.join().unwrap() {
+            assert_eq!(t, Tensor::I64(ArrayD::from_elem(IxDyn(&[5]), 0x010101)));
+        }
+    }
+}
+
+#[test]
+fn model_direct_all_reduce() {
+    shuttle::check_random(direct_all_reduce, 1000);
+    shuttle::check_pct(direct_all_reduce, 1000, 3);
 }
 
 #[test]
