@@ -1,5 +1,5 @@
 //! The placer conformance runner: replays TF oracle cases (see
-//! `testdata/oracle/README.md`). Shared by the `conformance` example and the tests.
+//! `testdata/oracle/README.md`). Shared by the `placer_conformance` example and the tests.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! The sharding conformance runner: applies the oracle's pass rules (see
-//! `testdata/oracle/README.md`) to one JSON record. Shared by the `conformance` example
+//! `testdata/oracle/README.md`) to one JSON record. Shared by the `sharding_conformance` example
 //! and the integration test.
 
 use meshwork_sharding::{

@@ -1,6 +1,7 @@
-//! Runs the sharding conformance rules over oracle files:
-//! `cargo run --release -p meshwork-sharding --example conformance -- FILE.jsonl...`
-//! Prints each failing case, then `N passed, M failed`; exits 1 if any failed.
+//! Replays TF placer oracle cases:
+//! `cargo run --release -p meshwork-placer --example placer_conformance -- FILE.jsonl...`
+//! (default: the vendored oracle). Prints each failing case, then `N passed, M failed`;
+//! exits 1 if any failed.
 
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
@@ -23,20 +24,22 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        for (n, line) in text.lines().enumerate() {
-            let rec: serde_json::Value = match serde_json::from_str(line) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("conformance: {path}:{}: invalid JSON: {e}", n + 1);
-                    return ExitCode::from(2);
-                }
-            };
-            let bad = conformance::check(&rec);
+        let mut lines = text.lines();
+        let registry = match lines.next().map(conformance::registry) {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                eprintln!("conformance: {path}: {e}");
+                return ExitCode::from(2);
+            }
+            None => continue,
+        };
+        for (n, line) in lines.enumerate() {
+            let bad = conformance::check(&registry, line);
             if bad.is_empty() {
                 passed += 1;
             } else {
                 failed += 1;
-                println!("FAIL {} ({}:{}): {}", rec["id"], path, n + 1, bad.join("; "));
+                println!("FAIL {path}:{}: {}", n + 2, bad.join("; "));
             }
         }
     }
