@@ -241,17 +241,14 @@ impl ReplicaContext {
         let n = members.len();
         let mut shape = parts[0].shape().to_vec();
         shape[axis] /= n;
-        // Fold only this rank's piece: along axis 0 it is a contiguous range of every
-        // input; along another axis, copy each input's piece out first.
-        let piece = if axis == 0 {
+        // Fold only this rank's piece, straight from the inputs: along axis 0 it is a
+        // contiguous range of every input, along another axis a strided view.
+        if axis == 0 {
             let len = parts[0].len() / n;
-            Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len)
+            Ok(Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape))
         } else {
-            let pieces: Vec<Arc<Tensor>> =
-                parts.iter().map(|p| Arc::new(p.piece(axis, n, rank))).collect();
-            Tensor::fold_range(&pieces, op, 0..pieces[0].len())
-        };
-        Ok(piece.reshape(&shape))
+            Ok(Tensor::fold_pieces(&parts, axis, n, rank, op))
+        }
     }
 
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to

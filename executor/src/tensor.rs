@@ -143,6 +143,22 @@ fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize,
     }
 }
 
+/// Folds same-shape views element-wise in order into a new standard-layout array.
+fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) -> ArrayD<T> {
+    let mut acc = views[0].as_standard_layout().into_owned();
+    for v in &views[1..] {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => acc.zip_mut_with(v, |a, &x| *a = *a + x),
+            ReduceOp::Min => acc.zip_mut_with(v, |a, &x| *a = T::min(*a, x)),
+            ReduceOp::Max => acc.zip_mut_with(v, |a, &x| *a = T::max(*a, x)),
+        }
+    }
+    if op == ReduceOp::Mean {
+        acc.mapv_inplace(|a| T::mean(a, views.len()));
+    }
+    acc
+}
+
 impl Tensor {
     /// The element type.
     pub fn dtype(&self) -> DType {
@@ -245,10 +261,35 @@ impl Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
     }
 
-    /// Piece `k` of `n` equal pieces along `axis`, copied into standard layout.
-    pub(crate) fn piece(&self, axis: usize, n: usize, k: usize) -> Tensor {
-        let len = self.shape()[axis] / n;
-        map!(self, a => a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len)).as_standard_layout().into_owned())
+    /// Folds piece `k` of `n` equal pieces along `axis` of every part (one dtype and
+    /// shape) in order, reading the pieces in place.
+    pub(crate) fn fold_pieces(
+        parts: &[std::sync::Arc<Tensor>],
+        axis: usize,
+        n: usize,
+        k: usize,
+        op: ReduceOp,
+    ) -> Tensor {
+        let len = parts[0].shape()[axis] / n;
+        let range = ndarray::Slice::from(k * len..(k + 1) * len);
+        macro_rules! red {
+            ($v:ident) => {{
+                let views: Vec<_> = parts
+                    .iter()
+                    .map(|p| match &**p {
+                        Tensor::$v(a) => a.slice_axis(Axis(axis), range),
+                        _ => unreachable!("dtypes checked at the rendezvous"),
+                    })
+                    .collect();
+                Tensor::$v(fold_views(&views, op))
+            }};
+        }
+        match &*parts[0] {
+            Tensor::F32(_) => red!(F32),
+            Tensor::F64(_) => red!(F64),
+            Tensor::I32(_) => red!(I32),
+            Tensor::I64(_) => red!(I64),
+        }
     }
 
     /// Piece `k` of `n` along `split_axis` of every part, concatenated along
