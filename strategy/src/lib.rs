@@ -3,29 +3,74 @@
 //!
 //! It is the only crate that sees all four siblings (placer, sharding, outfeed,
 //! executor): it re-exports them and writes the small adapters where two of them meet
-//! (the executor's outfeed sink onto the outfeed crate, the executor's kernels onto the
-//! placer's op registry).
+//! (the executor's outfeed sink onto the outfeed crate, sharding's layouts onto the
+//! executor's replicas).
 //!
 //! It is **not** where semantics live: sharding rules, placement rules, wire formats and
 //! collective algorithms belong to the sibling crates, and this crate only composes them.
+//! Nor is it an autodiff or layers library: a replica's function is plain Rust over
+//! `ndarray` tensors, with the collectives it needs.
 //!
-//! The strategy API and the training CLI arrive with the strategy and CLI issues; so far
-//! the crate re-exports its siblings and wraps their errors:
+//! - [`DeviceAssignment`] places replicas and their logical devices on a [`Topology`];
+//!   [`Strategy`] runs a function once per replica (and logical device) on an executor
+//!   runtime, with a [`StrategyContext`] that offers the replica's id, collectives over
+//!   replicas and over logical devices, `merge_call`, variable reads and aggregated
+//!   updates, the logical-device helpers (the seed's checks and wording), and a metrics
+//!   stream to the host through the outfeed crate.
+//! - Host side: `reduce` (MEAN over an axis weighs replicas by their rows), `gather`,
+//!   datasets split over replicas or built per host, `run_steps` loops, the seed's
+//!   variable-reshard state machine, and sharded checkpoints (safetensors files and a
+//!   JSON index) that restore onto another mesh.
+//! - A run is all or nothing: a failing replica, or replicas whose updates would make
+//!   mirrored copies diverge, leave every variable as it was.
 //!
 //! ```
-//! use meshwork_strategy::{Error, sharding};
-//! use meshwork_types::Shape;
+//! use meshwork_strategy::{Aggregation, Arg, PerReplica, ReduceOp, Strategy, Tensor, VariableOptions};
+//! use ndarray::arr1;
 //!
-//! let inner: sharding::Error = Shape::new(&[usize::MAX, 2]).unwrap_err().into();
-//! let err: Error = inner.into();
-//! assert!(matches!(err, Error::Sharding(_)));
+//! let strategy = Strategy::data_parallel(4)?;
+//! let sum = VariableOptions { aggregation: Aggregation::Sum, ..Default::default() };
+//! let total = strategy.create_variable("total", Tensor::F32(arr1(&[0.0]).into_dyn()), sum)?;
+//! let t = total.clone();
+//! let shards = PerReplica::new((0..4).map(|r| Tensor::F32(arr1(&[r as f32]).into_dyn())).collect());
+//! let out = strategy.run(
+//!     move |ctx, args| {
+//!         ctx.assign_add(&t, args[0].clone())?;
+//!         Ok(vec![ctx.all_reduce(ReduceOp::Sum, args[0].clone())?])
+//!     },
+//!     &[Arg::PerReplica(shards)],
+//! )?;
+//! assert_eq!(out.values()[3][0], Tensor::F32(arr1(&[6.0]).into_dyn()));
+//! assert_eq!(strategy.read_variable(&total)?, Tensor::F32(arr1(&[6.0]).into_dyn()));
+//! # Ok::<(), meshwork_strategy::Error>(())
 //! ```
 
+mod assignment;
+mod checkpoint;
+mod context;
+mod dataset;
 mod error;
+mod metrics;
+mod ops;
+mod strategy;
+mod values;
+mod variable;
 
+pub use assignment::{DeviceAssignment, Topology};
+pub use context::StrategyContext;
+pub use dataset::{
+    DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,
+    Remainder,
+};
 pub use error::{Error, Result};
 pub use meshwork_executor as executor;
+pub use meshwork_executor::Tensor;
 pub use meshwork_outfeed as outfeed;
 pub use meshwork_placer as placer;
 pub use meshwork_sharding as sharding;
 pub use meshwork_types as types;
+pub use meshwork_types::ReduceOp;
+pub use metrics::{MetricCallback, MetricEvent, MetricSpec};
+pub use strategy::{ReplicaFn, Strategy};
+pub use values::{Arg, PerReplica};
+pub use variable::{Aggregation, Format, Layout, Synchronization, Variable, VariableOptions};

@@ -1,0 +1,368 @@
+//! Sharded checkpoints: every variable's distinct shards in safetensors files (one per
+//! logical device), and a JSON index with the mesh, each variable's sharding and shard
+//! regions, and CRC32C checksums of every file. A checkpoint appears only when complete
+//! (written aside, then renamed into place), and restoring verifies sizes, checksums,
+//! dtypes and shapes before any variable changes, then lays the values out in the
+//! strategy's current sharding — which may differ from the saved one.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use meshwork_executor::Tensor;
+use meshwork_sharding::{HloSharding, Mode};
+use meshwork_types::DType;
+use ndarray::{ArrayD, IxDyn, Slice};
+use safetensors::tensor::TensorView;
+use serde_json::{Value, json};
+
+use crate::strategy::Strategy;
+use crate::variable::{Aggregation, Synchronization, VarState, logical_sharding};
+use crate::{Error, Result, ops};
+
+const FORMAT: &str = "meshwork-checkpoint";
+const VERSION: u64 = 1;
+const INDEX: &str = "index.json";
+
+fn io(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Checkpoint { path: path.to_path_buf(), problem: e.to_string() }
+}
+
+fn corrupt(path: &Path, problem: impl Into<String>) -> Error {
+    Error::Checkpoint { path: path.to_path_buf(), problem: problem.into() }
+}
+
+fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F64 => safetensors::Dtype::F64,
+        DType::I32 => safetensors::Dtype::I32,
+        _ => safetensors::Dtype::I64,
+    }
+}
+
+/// Writes `bytes` to `path` and syncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| io(path, e))?;
+    f.write_all(bytes).map_err(|e| io(path, e))?;
+    f.sync_all().map_err(|e| io(path, e))
+}
+
+fn sync_dir(path: &Path) {
+    // Directory fsync makes the renames durable where the platform supports it.
+    if let Ok(d) = File::open(path) {
+        let _ = d.sync_all();
+    }
+}
+
+/// The value a checkpoint keeps of a variable: the synchronised value of a
+/// sync-on-write variable, the aggregated read of a sync-on-read one (replica 0's copy
+/// when it has no aggregation).
+fn saved_value(s: &VarState) -> Result<Tensor> {
+    if s.sync == Synchronization::OnRead && s.aggregation == Aggregation::None {
+        s.value_of(0)
+    } else {
+        s.read()
+    }
+}
+
+impl Strategy {
+    /// Saves every variable to the checkpoint directory `dir` (replacing a previous
+    /// checkpoint there only once the new one is complete).
+    pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        save(self, dir.as_ref())
+    }
+
+    /// Restores every variable of this strategy from `dir`, resharding each onto the
+    /// strategy's current layout. Refuses (changing nothing) a missing index, a file
+    /// whose size or checksum differs from the index, or a variable that is missing or
+    /// has another dtype or shape.
+    pub fn restore_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        restore(self, dir.as_ref())
+    }
+}
+
+/// A shard on its way to a file.
+#[derive(Clone)]
+struct Saved {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+fn save(strategy: &Strategy, dir: &Path) -> Result<()> {
+    let logical = strategy.num_logical_devices();
+    let name = dir
+        .file_name()
+        .ok_or_else(|| corrupt(dir, "not a directory name"))?
+        .to_string_lossy()
+        .to_string();
+    let parent = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+    let parent = if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = parent.join(format!(".{name}.partial-{}-{stamp}", std::process::id()));
+    fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    let result = (|| {
+        // Per logical device: its tensors.
+        let mut files: Vec<Vec<Saved>> = vec![Vec::new(); logical];
+        let mut variables = Vec::new();
+        for s in strategy.states().iter() {
+            let value = saved_value(s)?;
+            let shards = ops::shard(&value, &s.sharding)?;
+            let mut entries = Vec::new();
+            for (k, (index, shard)) in s.index.iter().zip(&shards).enumerate() {
+                if index.replica_id != 0 {
+                    continue;
+                }
+                let device = index.device.0 as usize;
+                let tensor = format!("{}/{k}", s.name);
+                let bytes = ops::to_le_bytes(shard);
+                entries.push(json!({
+                    "file": format!("shard-{device}.safetensors"),
+                    "tensor": tensor,
+                    "ranges": index.ranges.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+                    "crc32c": crc32c::crc32c(&bytes),
+                }));
+                files[device].push(Saved {
+                    name: tensor,
+                    dtype: s.dtype,
+                    shape: shard.shape().to_vec(),
+                    bytes,
+                });
+            }
+            variables.push(json!({
+                "name": s.name,
+                "dtype": s.dtype.to_string(),
+                "shape": s.shape,
+                "sharding": s.sharding.hlo().to_string(),
+                "shards": entries,
+            }));
+        }
+        let mut listed = Vec::new();
+        for (device, tensors) in files.iter().enumerate() {
+            let views = tensors
+                .iter()
+                .map(|t| {
+                    TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes)
+                        .map(|v| (t.name.clone(), v))
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| io(&tmp, e))?;
+            let bytes = safetensors::serialize(views, None).map_err(|e| io(&tmp, e))?;
+            let file = format!("shard-{device}.safetensors");
+            write_synced(&tmp.join(&file), &bytes)?;
+            listed.push(
+                json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
+            );
+        }
+        let index = json!({
+            "format": FORMAT,
+            "version": VERSION,
+            "replicas": strategy.num_replicas_in_sync(),
+            "logical_devices": logical,
+            "variables": variables,
+            "files": listed,
+        });
+        let text = serde_json::to_vec_pretty(&index).map_err(|e| io(&tmp, e))?;
+        // The index goes last: a directory without it is not a checkpoint.
+        write_synced(&tmp.join(INDEX), &text)?;
+        sync_dir(&tmp);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let old = parent.join(format!(".{name}.old-{}-{stamp}", std::process::id()));
+    let had_old = dir.exists();
+    if had_old {
+        fs::rename(dir, &old).map_err(|e| io(dir, e))?;
+    }
+    fs::rename(&tmp, dir).map_err(|e| io(dir, e))?;
+    sync_dir(&parent);
+    if had_old {
+        let _ = fs::remove_dir_all(&old);
+    }
+    Ok(())
+}
+
+fn field<'a>(v: &'a Value, key: &str, path: &Path) -> Result<&'a Value> {
+    v.get(key).ok_or_else(|| corrupt(path, format!("the index has no `{key}`")))
+}
+
+fn usize_of(v: &Value, path: &Path) -> Result<usize> {
+    v.as_u64().map(|n| n as usize).ok_or_else(|| corrupt(path, format!("{v} is not a count")))
+}
+
+fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
+    let index_path = dir.join(INDEX);
+    let text = fs::read(&index_path).map_err(|e| {
+        corrupt(&index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
+    })?;
+    let index: Value = serde_json::from_slice(&text)
+        .map_err(|e| corrupt(&index_path, format!("bad JSON: {e}")))?;
+    if field(&index, "format", &index_path)?.as_str() != Some(FORMAT) {
+        return Err(corrupt(&index_path, "not a meshwork checkpoint index"));
+    }
+    if field(&index, "version", &index_path)?.as_u64() != Some(VERSION) {
+        return Err(corrupt(
+            &index_path,
+            format!("unsupported version (this build reads {VERSION})"),
+        ));
+    }
+    let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
+    // Every file: present, of the recorded size and checksum.
+    let mut contents = std::collections::HashMap::new();
+    for f in field(&index, "files", &index_path)?.as_array().into_iter().flatten() {
+        let name = field(f, "name", &index_path)?
+            .as_str()
+            .ok_or_else(|| corrupt(&index_path, "a file without a name"))?;
+        if name.contains('/') || name.contains("..") {
+            return Err(corrupt(&index_path, format!("file name {name:?} leaves the checkpoint")));
+        }
+        let path = dir.join(name);
+        let bytes = fs::read(&path).map_err(|e| io(&path, e))?;
+        let want = usize_of(field(f, "bytes", &index_path)?, &index_path)?;
+        if bytes.len() != want {
+            return Err(corrupt(
+                &path,
+                format!("{} bytes, the index says {want}: cut short or changed", bytes.len()),
+            ));
+        }
+        if Some(u64::from(crc32c::crc32c(&bytes))) != field(f, "crc32c", &index_path)?.as_u64() {
+            return Err(corrupt(&path, "checksum mismatch"));
+        }
+        contents.insert(name.to_string(), bytes);
+    }
+    let parsed: std::collections::HashMap<&str, safetensors::SafeTensors<'_>> = contents
+        .iter()
+        .map(|(n, b)| {
+            safetensors::SafeTensors::deserialize(b)
+                .map(|st| (n.as_str(), st))
+                .map_err(|e| corrupt(&dir.join(n), e.to_string()))
+        })
+        .collect::<Result<_>>()?;
+    let saved = field(&index, "variables", &index_path)?.as_array().cloned().unwrap_or_default();
+    let mismatch = |variable: &str, problem: String| Error::CheckpointMismatch {
+        path: dir.to_path_buf(),
+        variable: variable.into(),
+        problem,
+    };
+    // Build every variable's global value before changing any.
+    let mut values = Vec::new();
+    for s in strategy.states().iter() {
+        let entry = saved
+            .iter()
+            .find(|v| v.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
+            .ok_or_else(|| mismatch(&s.name, "not in the checkpoint".into()))?;
+        let dtype: DType = field(entry, "dtype", &index_path)?
+            .as_str()
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| corrupt(&index_path, format!("variable {}: bad dtype", s.name)))?;
+        let shape: Vec<usize> = field(entry, "shape", &index_path)?
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| usize_of(d, &index_path))
+            .collect::<Result<_>>()?;
+        if dtype != s.dtype || shape != s.shape {
+            return Err(mismatch(
+                &s.name,
+                format!(
+                    "saved as {}, the strategy has {}",
+                    crate::variable::spec(dtype, &shape),
+                    crate::variable::spec(s.dtype, &s.shape)
+                ),
+            ));
+        }
+        let hlo: HloSharding = field(entry, "sharding", &index_path)?
+            .as_str()
+            .and_then(|h| h.parse().ok())
+            .ok_or_else(|| corrupt(&index_path, format!("variable {}: bad sharding", s.name)))?;
+        // The saved regions must tile the value exactly as the saved sharding says.
+        let saved_sharding = logical_sharding(hlo, saved_logical)?;
+        let regions: Vec<_> = saved_sharding
+            .index_map(&shape, Mode::Strict)?
+            .into_iter()
+            .filter(|i| i.replica_id == 0)
+            .map(|i| i.ranges)
+            .collect();
+        let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
+        if shards.len() != regions.len() {
+            return Err(corrupt(
+                &index_path,
+                format!(
+                    "variable {}: {} shards for {} regions",
+                    s.name,
+                    shards.len(),
+                    regions.len()
+                ),
+            ));
+        }
+        let mut global = Tensor::zeros(dtype, &shape)?;
+        for (shard, region) in shards.iter().zip(&regions) {
+            let file = field(shard, "file", &index_path)?.as_str().unwrap_or_default();
+            let tensor = field(shard, "tensor", &index_path)?.as_str().unwrap_or_default();
+            let ranges: Vec<std::ops::Range<usize>> = field(shard, "ranges", &index_path)?
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| Ok(usize_of(&r[0], &index_path)?..usize_of(&r[1], &index_path)?))
+                .collect::<Result<_>>()?;
+            if &ranges != region {
+                return Err(corrupt(
+                    &index_path,
+                    format!(
+                        "variable {}: shard {tensor} covers {ranges:?}, the sharding says {region:?}",
+                        s.name
+                    ),
+                ));
+            }
+            let st = parsed.get(file).ok_or_else(|| {
+                corrupt(&index_path, format!("variable {}: unknown file {file}", s.name))
+            })?;
+            let view = st.tensor(tensor).map_err(|e| corrupt(&dir.join(file), e.to_string()))?;
+            if Some(u64::from(crc32c::crc32c(view.data())))
+                != field(shard, "crc32c", &index_path)?.as_u64()
+            {
+                return Err(corrupt(
+                    &dir.join(file),
+                    format!("tensor {tensor}: checksum mismatch"),
+                ));
+            }
+            let extent: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+            let data = ops::from_le_bytes(dtype, &extent, view.data()).ok_or_else(|| {
+                corrupt(
+                    &dir.join(file),
+                    format!("tensor {tensor}: {} bytes for {extent:?}", view.data().len()),
+                )
+            })?;
+            place(&mut global, &data, &ranges);
+        }
+        values.push(global);
+    }
+    let variables = strategy.variables();
+    for (v, value) in variables.iter().zip(&values) {
+        strategy.assign_variable(v, value)?;
+    }
+    Ok(())
+}
+
+/// Copies `shard` into `global` at `ranges`.
+fn place(global: &mut Tensor, shard: &Tensor, ranges: &[std::ops::Range<usize>]) {
+    fn go<T: Clone>(g: &mut ArrayD<T>, s: &ArrayD<T>, ranges: &[std::ops::Range<usize>]) {
+        let mut view = g.slice_each_axis_mut(|ax| Slice::from(ranges[ax.axis.index()].clone()));
+        let shape = view.shape().to_vec();
+        view.assign(&s.view().into_shape_with_order(IxDyn(&shape)).expect("same extent"));
+    }
+    match (global, shard) {
+        (Tensor::F32(g), Tensor::F32(s)) => go(g, s, ranges),
+        (Tensor::F64(g), Tensor::F64(s)) => go(g, s, ranges),
+        (Tensor::I32(g), Tensor::I32(s)) => go(g, s, ranges),
+        (Tensor::I64(g), Tensor::I64(s)) => go(g, s, ranges),
+        _ => unreachable!("one dtype"),
+    }
+}

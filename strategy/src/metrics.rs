@@ -1,0 +1,185 @@
+//! Per-step metrics from replicas to a host callback through the outfeed crate: the
+//! executor's sink adapted onto outfeed senders, one in-memory stream per device.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use meshwork_executor::{OutfeedSink, ProgramError, Tensor};
+use meshwork_outfeed as outfeed;
+use meshwork_types::{Shape, TensorSpec};
+
+use crate::{Error, Result};
+
+/// One metrics record as the host sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricEvent {
+    /// The step the replica tagged it with.
+    pub step: u64,
+    /// The replica that sent it.
+    pub replica: usize,
+    /// The consumer id it was sent to.
+    pub consumer: u32,
+    /// The consumer's name.
+    pub name: String,
+    /// The tensors.
+    pub tensors: Vec<Tensor>,
+}
+
+/// A metrics consumer: an id, a name and the specs of its tensors (the step tag is
+/// added in front by the strategy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricSpec {
+    /// The consumer id (not 0, which the outfeed reserves).
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// The tensors each record carries.
+    pub specs: Vec<TensorSpec>,
+}
+
+/// The host's callback for metrics records.
+pub type MetricCallback = dyn Fn(&MetricEvent) + Send + Sync;
+
+/// Sends each device's emits down its own outfeed stream.
+pub(crate) struct Streams {
+    senders: Vec<Mutex<outfeed::Sender<outfeed::ChannelSink>>>,
+    receiver: Mutex<outfeed::Receiver>,
+    sent: AtomicU64,
+    delivered: Arc<AtomicU64>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Streams {
+    pub(crate) fn start(
+        devices: usize,
+        logical: usize,
+        consumers: &[MetricSpec],
+        callback: Arc<MetricCallback>,
+    ) -> Result<Streams> {
+        let mut registry = outfeed::Registry::new();
+        let step = TensorSpec::new(meshwork_types::DType::I64, Shape::new(&[])?);
+        for c in consumers {
+            let mut specs = vec![step.clone()];
+            specs.extend(c.specs.iter().cloned());
+            registry.register(c.id, &c.name, specs)?;
+        }
+        let (sinks, sources): (Vec<_>, Vec<_>) =
+            (0..devices).map(|_| outfeed::channel(1024)).unzip();
+        let delivered = Arc::new(AtomicU64::new(0));
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let counter = delivered.clone();
+        let on_delivery = move |d: &outfeed::Delivery| {
+            let mut tensors = d.tensors().into_iter();
+            let step = match tensors.next() {
+                Some(outfeed::Tensor::I64(a)) => a.iter().next().copied().unwrap_or(0) as u64,
+                _ => 0,
+            };
+            let event = MetricEvent {
+                step,
+                replica: d.source / logical,
+                consumer: d.consumer,
+                name: d.name.to_string(),
+                tensors: tensors.filter_map(from_outfeed).collect(),
+            };
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
+            counter.fetch_add(1, Ordering::SeqCst);
+            result.map_err(|_| outfeed::CallbackError::from("the metrics callback panicked"))
+        };
+        let log = errors.clone();
+        let on_error = move |e: &outfeed::Error| {
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+        };
+        let receiver = outfeed::Receiver::start(
+            registry.clone(),
+            sources.into_iter().map(|s| Box::new(s) as Box<dyn outfeed::Source>).collect(),
+            Arc::new(on_delivery),
+            Some(Arc::new(on_error)),
+            outfeed::Config::default(),
+        );
+        Ok(Streams {
+            senders: sinks
+                .into_iter()
+                .map(|s| Mutex::new(outfeed::Sender::new(registry.clone(), s)))
+                .collect(),
+            receiver: Mutex::new(receiver),
+            sent: AtomicU64::new(0),
+            delivered,
+            errors,
+        })
+    }
+
+    /// Waits until every record sent so far reached the callback (or `timeout`).
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = errors.first() {
+                return Err(Error::Metrics { problem: e.clone() });
+            }
+            drop(errors);
+            let (sent, delivered) =
+                (self.sent.load(Ordering::SeqCst), self.delivered.load(Ordering::SeqCst));
+            if delivered >= sent {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Metrics {
+                    problem: format!(
+                        "{} of {sent} records undelivered after {timeout:?}",
+                        sent - delivered
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for s in &self.senders {
+            let _ = s.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+        }
+        self.receiver.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+    }
+}
+
+/// The executor's sink: device `e`'s emits go down stream `e`.
+pub(crate) struct Sink(pub(crate) Arc<Streams>);
+
+impl OutfeedSink for Sink {
+    fn emit(
+        &self,
+        replica: usize,
+        consumer_id: u32,
+        tensors: &[Tensor],
+    ) -> std::result::Result<(), ProgramError> {
+        let sender = self.0.senders.get(replica).ok_or("no metrics stream for this device")?;
+        let tensors: Vec<outfeed::Tensor> = tensors.iter().map(to_outfeed).collect();
+        sender.lock().unwrap_or_else(|p| p.into_inner()).send(consumer_id, &tensors)?;
+        self.0.sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn to_outfeed(t: &Tensor) -> outfeed::Tensor {
+    match t {
+        Tensor::F32(a) => outfeed::Tensor::F32(a.clone()),
+        Tensor::F64(a) => outfeed::Tensor::F64(a.clone()),
+        Tensor::I32(a) => outfeed::Tensor::I32(a.clone()),
+        Tensor::I64(a) => outfeed::Tensor::I64(a.clone()),
+        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
+    }
+}
+
+fn from_outfeed(t: outfeed::Tensor) -> Option<Tensor> {
+    Some(match t {
+        outfeed::Tensor::F32(a) => Tensor::F32(a),
+        outfeed::Tensor::F64(a) => Tensor::F64(a),
+        outfeed::Tensor::I32(a) => Tensor::I32(a),
+        outfeed::Tensor::I64(a) => Tensor::I64(a),
+        _ => return None,
+    })
+}

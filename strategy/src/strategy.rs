@@ -1,0 +1,629 @@
+//! The strategy: replicas on an executor runtime, the host side of reductions, and the
+//! variables.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use meshwork_executor::{Program, ProgramError, Runtime, Tensor};
+use meshwork_types::ReduceOp;
+
+use crate::assignment::DeviceAssignment;
+use crate::context::{RunInfo, StrategyContext, VarMeta};
+use crate::values::{Arg, PerReplica};
+use crate::variable::{Aggregation, Layout, Synchronization, VarState, Variable, VariableOptions};
+use crate::{Error, Result, ops};
+
+/// A function run on every replica: its context and its arguments in, its outputs out.
+pub type ReplicaFn = dyn Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync;
+
+/// `tf.distribute.TPUStrategy` for meshwork: replicas (each with its logical devices)
+/// on an executor runtime, mirrored variables, and the host-side reductions.
+///
+/// A run is all or nothing: variable updates made during [`run`](Self::run) are kept
+/// only if every replica succeeds (and, under aggregation NONE, agrees).
+pub struct Strategy {
+    runtime: Runtime,
+    assignment: DeviceAssignment,
+    vars: Mutex<Vec<VarState>>,
+    /// The logical device variables are created on (`experimental_logical_device`).
+    scope: Mutex<Vec<usize>>,
+    metrics: Option<Arc<crate::metrics::Streams>>,
+}
+
+/// Marks a replica error the strategy keeps typed beside the executor's report.
+#[derive(Debug)]
+struct Stashed;
+
+impl std::fmt::Display for Stashed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the replica's function failed")
+    }
+}
+
+impl std::error::Error for Stashed {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Strategy {
+    /// A strategy over `assignment`, with one executor device per replica and logical
+    /// device.
+    pub fn new(assignment: DeviceAssignment) -> Result<Strategy> {
+        let devices = assignment.num_replicas() * assignment.num_logical_devices();
+        Ok(Strategy {
+            runtime: Runtime::new(devices)?,
+            assignment,
+            vars: Mutex::new(Vec::new()),
+            scope: Mutex::new(Vec::new()),
+            metrics: None,
+        })
+    }
+
+    /// `replicas` replicas of one logical device each.
+    pub fn data_parallel(replicas: usize) -> Result<Strategy> {
+        Strategy::new(DeviceAssignment::default_for(replicas)?)
+    }
+
+    /// Replaces the executor runtime (for a timeout, an outfeed sink, or an
+    /// interconnect to other processes); it must have one device per replica and
+    /// logical device.
+    pub fn with_runtime(mut self, runtime: Runtime) -> Result<Strategy> {
+        let want = self.assignment.num_replicas() * self.assignment.num_logical_devices();
+        if runtime.devices() != want {
+            return Err(meshwork_executor::Error::ReplicaCount {
+                replicas: want,
+                devices: runtime.devices(),
+            }
+            .into());
+        }
+        self.runtime = runtime;
+        Ok(self)
+    }
+
+    /// Streams what replicas [`emit`](StrategyContext::emit) to `callback`, through
+    /// the outfeed crate (one stream per device, records tagged with step and replica),
+    /// for the consumers in `consumers`.
+    pub fn with_metrics(
+        self,
+        consumers: &[crate::MetricSpec],
+        callback: Arc<crate::MetricCallback>,
+    ) -> Result<Strategy> {
+        let devices = self.runtime.devices();
+        let streams = Arc::new(crate::metrics::Streams::start(
+            devices,
+            self.num_logical_devices(),
+            consumers,
+            callback,
+        )?);
+        let sink = Arc::new(crate::metrics::Sink(streams.clone()));
+        Ok(Strategy { runtime: self.runtime.with_sink(sink), metrics: Some(streams), ..self })
+    }
+
+    /// Waits (up to `timeout`) until every metrics record emitted so far has reached
+    /// the callback.
+    pub fn flush_metrics(&self, timeout: std::time::Duration) -> Result<()> {
+        match &self.metrics {
+            Some(m) => m.flush(timeout),
+            None => Ok(()),
+        }
+    }
+
+    /// The device assignment.
+    pub fn assignment(&self) -> &DeviceAssignment {
+        &self.assignment
+    }
+
+    /// Replicas in sync.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.assignment.num_replicas()
+    }
+
+    /// Logical devices per replica.
+    pub fn num_logical_devices(&self) -> usize {
+        self.assignment.num_logical_devices()
+    }
+
+    /// Runs `f` with variables created on logical device `id`
+    /// (`extended.experimental_logical_device`; the seed's range check and wording).
+    pub fn logical_device_scope<T>(&self, id: usize, f: impl FnOnce(&Strategy) -> T) -> Result<T> {
+        let logical = self.num_logical_devices();
+        if id >= logical {
+            return Err(Error::LogicalDeviceScope { id, logical_devices: logical });
+        }
+        lock(&self.scope).push(id);
+        let out = f(self);
+        lock(&self.scope).pop();
+        Ok(out)
+    }
+
+    /// Creates a variable from `initial` (computed once, by the caller, and copied to
+    /// every replica), laid out as `options` say.
+    pub fn create_variable(
+        &self,
+        name: &str,
+        initial: Tensor,
+        options: VariableOptions,
+    ) -> Result<Variable> {
+        let mut options = options;
+        if options.layout == Layout::Replicated
+            && let Some(&id) = lock(&self.scope).last()
+        {
+            options.layout = Layout::OnDevice(id);
+        }
+        let mut vars = lock(&self.vars);
+        if vars.iter().any(|v| v.name == name) {
+            return Err(Error::Variable {
+                variable: name.into(),
+                problem: "a variable of this name exists".into(),
+            });
+        }
+        let state = VarState::new(
+            name,
+            &options,
+            initial,
+            self.num_replicas_in_sync(),
+            self.num_logical_devices(),
+        )?;
+        vars.push(state);
+        Ok(Variable { id: vars.len() - 1, name: name.into() })
+    }
+
+    pub(crate) fn with_var<T>(
+        &self,
+        v: &Variable,
+        f: impl FnOnce(&mut VarState) -> Result<T>,
+    ) -> Result<T> {
+        let mut vars = lock(&self.vars);
+        let state =
+            vars.get_mut(v.id).filter(|s| s.name == v.name).ok_or_else(|| Error::Variable {
+                variable: v.name.clone(),
+                problem: "not a variable of this strategy".into(),
+            })?;
+        f(state)
+    }
+
+    /// The variables, in creation order.
+    pub fn variables(&self) -> Vec<Variable> {
+        lock(&self.vars)
+            .iter()
+            .enumerate()
+            .map(|(id, v)| Variable { id, name: v.name.clone() })
+            .collect()
+    }
+
+    pub(crate) fn states(&self) -> MutexGuard<'_, Vec<VarState>> {
+        lock(&self.vars)
+    }
+
+    /// The variable's value in cross-replica context: the whole (assembled) value of a
+    /// sync-on-write variable; for sync-on-read, its replicas' copies aggregated (SUM,
+    /// MEAN) or replica 0's (ONLY_FIRST_REPLICA).
+    pub fn read_variable(&self, v: &Variable) -> Result<Tensor> {
+        self.with_var(v, |s| s.read())
+    }
+
+    /// Every replica's whole copy of `v`.
+    pub fn local_variable_values(&self, v: &Variable) -> Result<PerReplica<Tensor>> {
+        self.with_var(v, |s| {
+            (0..s.values.len())
+                .map(|r| s.value_of(r))
+                .collect::<Result<Vec<_>>>()
+                .map(PerReplica::new)
+        })
+    }
+
+    /// Assigns `value` in cross-replica context: every copy becomes `value`, except a
+    /// SUM sync-on-read variable, whose copies become `value / replicas` so that its
+    /// read (the sum) is `value`.
+    pub fn assign_variable(&self, v: &Variable, value: &Tensor) -> Result<()> {
+        let n = self.num_replicas_in_sync();
+        self.with_var(v, |s| {
+            if s.sync == Synchronization::OnRead && s.aggregation == Aggregation::Sum {
+                s.check(value)?;
+                s.set_all(&ops::divide(value, n as f64))
+            } else {
+                s.set_all(value)
+            }
+        })
+    }
+
+    /// Adds `delta` in cross-replica context (refused for SUM sync-on-read variables,
+    /// as in TF).
+    pub fn assign_add_variable(&self, v: &Variable, delta: &Tensor) -> Result<()> {
+        self.with_var(v, |s| {
+            if s.sync == Synchronization::OnRead && s.aggregation == Aggregation::Sum {
+                return Err(Error::SyncOnReadAssignAdd { variable: s.name.clone() });
+            }
+            let value = ops::add(&s.read()?, delta)?;
+            s.set_all(&value)
+        })
+    }
+
+    /// The seed's `TPUReshardVariables`: moves `vars` to `format`. Nothing happens when
+    /// the variables are in the default format and `format` is the default, or when
+    /// they are already in a format with `format`'s key; otherwise each variable is
+    /// unsharded from its current (non-default) format, then sharded into the new
+    /// (non-default) one, through the sharding crate's plans, and only then is its
+    /// format recorded. All or nothing: if any variable cannot move, none does.
+    /// Returns whether anything moved.
+    pub fn reshard_variables(&self, vars: &[Variable], format: &crate::Format) -> Result<bool> {
+        let key = match format {
+            crate::Format::Default => None,
+            crate::Format::Sharded { key, .. } if key.is_empty() => {
+                return Err(Error::Variable {
+                    variable: vars.first().map(|v| v.name.clone()).unwrap_or_default(),
+                    problem: "a format key must not be empty".into(),
+                });
+            }
+            crate::Format::Sharded { key, .. } => Some(key.clone()),
+        };
+        let logical = self.num_logical_devices();
+        let mut all = lock(&self.vars);
+        let mut moved = Vec::new();
+        for v in vars {
+            let s = all.get(v.id).filter(|s| s.name == v.name).ok_or_else(|| Error::Variable {
+                variable: v.name.clone(),
+                problem: "not a variable of this strategy".into(),
+            })?;
+            if s.format == key {
+                continue;
+            }
+            let mut next = s.clone();
+            if next.format.is_some() {
+                next.relayout(crate::variable::layout_sharding(
+                    &Layout::Replicated,
+                    &next.shape,
+                    logical,
+                )?)?;
+            }
+            if let crate::Format::Sharded { layout, .. } = format {
+                next.relayout(crate::variable::layout_sharding(layout, &next.shape, logical)?)?;
+            }
+            next.format = key.clone();
+            moved.push((v.id, next));
+        }
+        let changed = !moved.is_empty();
+        for (id, next) in moved {
+            all[id] = next;
+        }
+        Ok(changed)
+    }
+
+    /// The format key of `v`'s current layout (`None` for the default).
+    pub fn variable_format(&self, v: &Variable) -> Result<Option<String>> {
+        self.with_var(v, |s| Ok(s.format.clone()))
+    }
+
+    /// Runs `f` once per replica (and logical device), each with its replica's
+    /// arguments; returns every replica's outputs (those of its logical device 0).
+    ///
+    /// If any replica fails, `run` returns that replica's error and no variable
+    /// changes; the strategy stays usable.
+    pub fn run(
+        &self,
+        f: impl Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+        args: &[Arg],
+    ) -> Result<PerReplica<Vec<Tensor>>> {
+        let f: Arc<ReplicaFn> = Arc::new(f);
+        let steps = vec![args.to_vec()];
+        self.run_inner(f, &steps).map(|mut last| last.pop().expect("one step"))
+    }
+
+    /// `steps_per_run`: runs `f` for `steps.len()` steps in one host call, step `s`
+    /// with arguments `steps[s]` ([`StrategyContext::step`] tells which), and returns
+    /// the last step's outputs per replica.
+    pub fn run_steps(
+        &self,
+        f: impl Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+        steps: &[Vec<Arg>],
+    ) -> Result<PerReplica<Vec<Tensor>>> {
+        if steps.is_empty() {
+            return Err(Error::Empty { what: "run_steps" });
+        }
+        let f: Arc<ReplicaFn> = Arc::new(f);
+        self.run_inner(f, steps).map(|mut last| last.pop().expect("one step"))
+    }
+
+    /// [`run_steps`](Self::run_steps), with the last step's outputs reduced across
+    /// replicas by `op` (`None` along no axis).
+    pub fn run_steps_reduced(
+        &self,
+        f: impl Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+        steps: &[Vec<Arg>],
+        op: ReduceOp,
+    ) -> Result<Vec<Tensor>> {
+        let last = self.run_steps(f, steps)?;
+        let outputs = last.values().first().map_or(0, Vec::len);
+        (0..outputs)
+            .map(|k| {
+                let values = PerReplica::new(last.values().iter().map(|o| o[k].clone()).collect());
+                self.reduce(op, &values, None)
+            })
+            .collect()
+    }
+
+    fn run_inner(
+        &self,
+        f: Arc<ReplicaFn>,
+        steps: &[Vec<Arg>],
+    ) -> Result<Vec<PerReplica<Vec<Tensor>>>> {
+        let (replicas, logical) = (self.num_replicas_in_sync(), self.num_logical_devices());
+        for args in steps {
+            for a in args {
+                if let Arg::PerReplica(p) = a
+                    && p.len() != replicas
+                {
+                    return Err(Error::PerReplicaCount {
+                        what: "run argument",
+                        expected: replicas,
+                        actual: p.len(),
+                    });
+                }
+            }
+        }
+        // The variables' working copies, per device: (replica, logical) -> copies.
+        let (metas, copies): (Vec<VarMeta>, Vec<Vec<Tensor>>) = {
+            let vars = lock(&self.vars);
+            let metas = vars
+                .iter()
+                .map(|s| VarMeta {
+                    name: s.name.clone(),
+                    sync: s.sync,
+                    aggregation: s.aggregation,
+                    dtype: s.dtype,
+                    shard_shapes: (0..logical)
+                        .map(|l| s.shard_of(l).map(|k| s.values[0][k].shape().to_vec()))
+                        .collect(),
+                })
+                .collect();
+            let copies = (0..replicas * logical)
+                .map(|e| {
+                    let (r, l) = (e / logical, e % logical);
+                    vars.iter()
+                        .map(|s| match s.shard_of(l) {
+                            Some(k) => s.values[r][k].clone(),
+                            None => Tensor::I32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0]))),
+                        })
+                        .collect()
+                })
+                .collect();
+            (metas, copies)
+        };
+        let nvars = metas.len();
+        let info = Arc::new(RunInfo::new(self.assignment.clone(), metas)?);
+        let per_step: Vec<usize> = steps.iter().map(Vec::len).collect();
+        let inputs: Vec<Vec<Tensor>> = copies
+            .into_iter()
+            .enumerate()
+            .map(|(e, vars)| {
+                let r = e / logical;
+                let mut input: Vec<Tensor> = steps
+                    .iter()
+                    .flat_map(|args| args.iter().map(|a| a.for_replica(r).clone()))
+                    .collect();
+                input.extend(vars);
+                input
+            })
+            .collect();
+        let stash: Arc<Mutex<Vec<(usize, Error)>>> = Arc::default();
+        let program: Arc<Program> = {
+            let (info, stash) = (info.clone(), stash.clone());
+            Arc::new(move |ectx, inputs| {
+                let e = ectx.replica_id();
+                let (r, l) = (e / logical, e % logical);
+                let total_args: usize = per_step.iter().sum();
+                let (args, vars) = inputs.split_at(total_args);
+                let mut ctx = StrategyContext {
+                    inner: ectx,
+                    run: &info,
+                    replica: r,
+                    logical: l,
+                    step: 0,
+                    vars: RefCell::new(vars.to_vec()),
+                };
+                let mut outputs = Vec::new();
+                let mut at = 0;
+                for (s, &n) in per_step.iter().enumerate() {
+                    ctx.step = s;
+                    match f(&ctx, &args[at..at + n]) {
+                        Ok(out) => outputs.push(out),
+                        Err(Error::Executor(err)) => return Err(Box::new(err) as ProgramError),
+                        Err(err) => {
+                            lock(&stash).push((e, err));
+                            return Err(Box::new(Stashed) as ProgramError);
+                        }
+                    }
+                    at += n;
+                }
+                // Outputs of every step, then the variables, then each step's count.
+                let counts: Vec<i64> = outputs.iter().map(|o| o.len() as i64).collect();
+                let mut flat: Vec<Tensor> = outputs.into_iter().flatten().collect();
+                flat.extend(ctx.vars.into_inner());
+                flat.push(Tensor::I64(ndarray::Array1::from(counts).into_dyn()));
+                Ok(flat)
+            })
+        };
+        let outputs = match self.runtime.run(program, inputs) {
+            Ok(o) => o,
+            Err(err) => {
+                let failed = match &err {
+                    meshwork_executor::Error::ReplicaFailed { replica, .. } => Some(*replica),
+                    _ => None,
+                };
+                let mut stash = lock(&stash);
+                if let Some(i) = stash.iter().position(|(e, _)| Some(*e) == failed) {
+                    return Err(stash.swap_remove(i).1);
+                }
+                stash.sort_by_key(|(e, _)| *e);
+                if let Some((_, first)) = stash.drain(..).next() {
+                    return Err(first);
+                }
+                return Err(err.into());
+            }
+        };
+        // Split each device's outputs into steps, variables.
+        let mut steps_out: Vec<Vec<Vec<Tensor>>> = vec![Vec::new(); steps.len()];
+        let mut new_vars: Vec<Vec<Tensor>> = Vec::with_capacity(outputs.len());
+        for (e, mut out) in outputs.into_iter().enumerate() {
+            let counts: Vec<usize> = match out.pop() {
+                Some(Tensor::I64(c)) => c.iter().map(|&x| x as usize).collect(),
+                _ => unreachable!("the program ends its outputs with the step counts"),
+            };
+            let vars = out.split_off(out.len() - nvars);
+            new_vars.push(vars);
+            if e % logical == 0 {
+                let mut rest = out.into_iter();
+                for (s, &n) in counts.iter().enumerate() {
+                    steps_out[s].push(rest.by_ref().take(n).collect());
+                }
+            }
+        }
+        self.commit(new_vars)?;
+        Ok(steps_out.into_iter().map(PerReplica::new).collect())
+    }
+
+    /// Keeps a successful run's variable copies, unless a NONE-aggregated sync-on-write
+    /// variable's copies differ across replicas (then nothing changes).
+    fn commit(&self, new_vars: Vec<Vec<Tensor>>) -> Result<()> {
+        let (replicas, logical) = (self.num_replicas_in_sync(), self.num_logical_devices());
+        let mut vars = lock(&self.vars);
+        for (id, s) in vars.iter().enumerate() {
+            if s.sync != Synchronization::OnWrite {
+                continue;
+            }
+            for l in (0..logical).filter(|&l| s.shard_of(l).is_some()) {
+                let first = &new_vars[l][id];
+                if let Some(r) =
+                    (1..replicas).find(|&r| !ops::same_bits(&new_vars[r * logical + l][id], first))
+                {
+                    return Err(Error::DivergingUpdate {
+                        variable: s.name.clone(),
+                        replica: r,
+                        logical: l,
+                    });
+                }
+            }
+        }
+        for (id, s) in vars.iter_mut().enumerate() {
+            for r in 0..replicas {
+                for l in 0..logical {
+                    if let Some(k) = s.shard_of(l) {
+                        s.values[r][k] = new_vars[r * logical + l][id].clone();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces a per-replica value in cross-replica context. With `axis`, each
+    /// replica's value is first reduced along it, and MEAN divides the sum by the
+    /// total count along the axis (so replicas with different row counts weigh by
+    /// their rows, as TF does); without, values combine element-wise.
+    pub fn reduce(
+        &self,
+        op: ReduceOp,
+        value: &PerReplica<Tensor>,
+        axis: Option<usize>,
+    ) -> Result<Tensor> {
+        let values = value.values();
+        let first = values.first().ok_or(Error::Empty { what: "reduce" })?;
+        let Some(axis) = axis else {
+            let refs: Vec<&Tensor> = values.iter().collect();
+            return fold(op, &refs, values.len());
+        };
+        let rank = first.shape().len();
+        if let Some(v) = values.iter().find(|v| axis >= v.shape().len()) {
+            return Err(Error::AxisOutOfRange { axis, rank: v.shape().len() });
+        }
+        let _ = rank;
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => {
+                let sums: Vec<Tensor> = values.iter().map(|v| ops::sum_axis(v, axis)).collect();
+                let refs: Vec<&Tensor> = sums.iter().collect();
+                let total = fold(ReduceOp::Sum, &refs, 1)?;
+                let count: usize = values.iter().map(|v| v.shape()[axis]).sum();
+                Ok(if op == ReduceOp::Mean { ops::divide(&total, count as f64) } else { total })
+            }
+            ReduceOp::Min | ReduceOp::Max => {
+                let all = self.gather(value, axis)?;
+                Ok(ops::map!(&all, a => if op == ReduceOp::Min {
+                    a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x < m { x } else { m }))
+                } else {
+                    a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x > m { x } else { m }))
+                }))
+            }
+        }
+    }
+
+    /// Distributes an iterator of global batches (each a list of tensors with the batch
+    /// along axis 0): every batch is split by rows over the replicas. The first
+    /// batch's size must divide by the replicas (TF's error otherwise); a smaller final
+    /// batch is dropped or served ragged, as `remainder` says.
+    pub fn distribute_dataset<I: IntoIterator<Item = Vec<Tensor>>>(
+        &self,
+        batches: I,
+        remainder: crate::Remainder,
+    ) -> crate::DistributedDataset<I::IntoIter> {
+        crate::DistributedDataset::new(batches.into_iter(), self.num_replicas_in_sync(), remainder)
+    }
+
+    /// One input pipeline per host: `f` is called once per host with its
+    /// [`InputContext`](crate::InputContext) and returns that host's batches, which are
+    /// split over the host's replicas.
+    pub fn distribute_datasets_from_function(
+        &self,
+        f: &crate::dataset::PipelineFn,
+        remainder: crate::Remainder,
+    ) -> crate::PerHostDataset {
+        let hosts = self.assignment.replicas_by_host();
+        let pipelines = hosts
+            .iter()
+            .enumerate()
+            .map(|(id, (_, replicas))| {
+                let ctx = crate::InputContext {
+                    num_input_pipelines: hosts.len(),
+                    input_pipeline_id: id,
+                    num_replicas_in_sync: self.num_replicas_in_sync(),
+                };
+                (replicas.clone(), f(&ctx))
+            })
+            .collect();
+        crate::PerHostDataset::new(pipelines, self.num_replicas_in_sync(), remainder)
+    }
+
+    /// Concatenates a per-replica value along `axis` in replica order (shapes may
+    /// differ only along `axis`).
+    pub fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor> {
+        let refs: Vec<&Tensor> = value.values().iter().collect();
+        let first = refs.first().ok_or(Error::Empty { what: "gather" })?;
+        if first.shape().is_empty() {
+            return Err(Error::GatherScalar);
+        }
+        ops::concat("gather", &refs, axis)
+    }
+}
+
+/// Folds `values` element-wise in order; MEAN divides by `n`.
+fn fold(op: ReduceOp, values: &[&Tensor], n: usize) -> Result<Tensor> {
+    let mut acc = values[0].clone();
+    for v in &values[1..] {
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Mean => ops::add(&acc, v)?,
+            ReduceOp::Min | ReduceOp::Max => {
+                if acc.shape() != v.shape() {
+                    return Err(Error::ShapeMismatch {
+                        what: "reduce",
+                        expected: acc.shape().to_vec(),
+                        actual: v.shape().to_vec(),
+                        axis: None,
+                    });
+                }
+                let min = op == ReduceOp::Min;
+                ops::zip!(&acc, *v, a, b => ndarray::Zip::from(a).and(b).map_collect(|&x, &y| if (y < x) == min && y != x { y } else { x }), Error::DTypeMismatch { what: "reduce", expected: acc.dtype(), actual: v.dtype() })?
+            }
+        };
+    }
+    Ok(if op == ReduceOp::Mean { ops::divide(&acc, n as f64) } else { acc })
+}
