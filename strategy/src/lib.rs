@@ -51,6 +51,7 @@ mod context;
 mod dataset;
 mod error;
 mod metrics;
+pub mod mlp;
 mod ops;
 mod strategy;
 mod values;

@@ -505,12 +505,11 @@ impl Strategy {
                 }
             }
         }
-        for (id, s) in vars.iter_mut().enumerate() {
-            for r in 0..replicas {
-                for l in 0..logical {
-                    if let Some(k) = s.shard_of(l) {
-                        s.values[r][k] = new_vars[r * logical + l][id].clone();
-                    }
+        for (e, copies) in new_vars.into_iter().enumerate() {
+            let (r, l) = (e / logical, e % logical);
+            for (s, copy) in vars.iter_mut().zip(copies) {
+                if let Some(k) = s.shard_of(l) {
+                    s.values[r][k] = copy;
                 }
             }
         }
