@@ -32,6 +32,10 @@ fn losses(dir: &Path, name: &str, args: &[&str]) -> Vec<f64> {
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }
 
+fn bytes_of(path: &str) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
 fn assert_close(a: &[f64], b: &[f64], rel: f64, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}");
     for (k, (x, y)) in a.iter().zip(b).enumerate() {
@@ -222,6 +226,37 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
             "--data-x", &x, "--data-y", &y, "--init", &init, "--batch", "16", "--hidden", "4",
         ]),
         "--hidden 4 disagrees with --init",
+    );
+    // Safetensors files with the wrong names, and with shapes the data cannot use.
+    let renamed = d("renamed.safetensors");
+    let bytes = std::fs::read(&init).unwrap();
+    let at = bytes.windows(4).position(|w| w == b"\"w1\"").unwrap();
+    let mut other = bytes.clone();
+    other.splice(at..at + 4, b"\"W1\"".iter().copied());
+    std::fs::write(&renamed, other).unwrap();
+    refused(
+        &train(&["--data-x", &x, "--data-y", &y, "--init", &renamed, "--batch", "16"]),
+        "has no tensor \"w1\" (want w1, b1, w2, b2)",
+    );
+    refused(
+        &train(&["--data-x", &wide, "--data-y", &d("y24.npy"), "--init", &init, "--batch", "16"]),
+        "--data-y: cannot read",
+    );
+    let x3 = d("x3.npy");
+    let at = bytes_of(&x).windows(7).position(|w| w == b"(48, 5)").unwrap();
+    let mut narrow = bytes_of(&x);
+    // 48 x 5 → 80 x 3: the init's w1 has 5 rows, the data 3 features.
+    narrow.splice(at..at + 7, b"(80, 3)".iter().copied());
+    std::fs::write(&x3, narrow).unwrap();
+    let y80 = d("y80.npy");
+    let mut ys = bytes_of(&y);
+    let at = ys.windows(5).position(|w| w == b"(48,)").unwrap();
+    ys.splice(at..at + 5, b"(80,)".iter().copied());
+    ys.extend(std::iter::repeat_n(0u8, 32 * 8));
+    std::fs::write(&y80, ys).unwrap();
+    refused(
+        &train(&["--data-x", &x3, "--data-y", &y80, "--init", &init, "--batch", "16"]),
+        "--init: w1 has shape [5, 8]; the data (3 features, 3 classes) needs [3, 8]",
     );
     refused(&train(&["--resume", &d("nowhere")]), "--resume: ");
     refused(&train(&["--checkpoint-every", "5"]), "--checkpoint-every needs --checkpoint-dir");
