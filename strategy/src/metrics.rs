@@ -2,7 +2,7 @@
 //! executor's sink adapted onto outfeed senders, one in-memory stream per device.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use meshwork_executor::{OutfeedSink, ProgramError, Tensor};
@@ -46,8 +46,22 @@ pub(crate) struct Streams {
     senders: Vec<Mutex<outfeed::Sender<outfeed::ChannelSink>>>,
     receiver: Mutex<outfeed::Receiver>,
     sent: AtomicU64,
-    delivered: Arc<AtomicU64>,
+    delivered: Arc<Delivered>,
     errors: Arc<Mutex<Vec<String>>>,
+}
+
+/// Records delivered so far, with a condition variable to wait on.
+#[derive(Default)]
+struct Delivered {
+    count: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Delivered {
+    fn add(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.changed.notify_all();
+    }
 }
 
 impl Streams {
@@ -66,7 +80,7 @@ impl Streams {
         }
         let (sinks, sources): (Vec<_>, Vec<_>) =
             (0..devices).map(|_| outfeed::channel(1024)).unzip();
-        let delivered = Arc::new(AtomicU64::new(0));
+        let delivered = Arc::new(Delivered::default());
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let counter = delivered.clone();
         let on_delivery = move |d: &outfeed::Delivery| {
@@ -84,12 +98,13 @@ impl Streams {
             };
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
-            counter.fetch_add(1, Ordering::SeqCst);
+            counter.add();
             result.map_err(|_| outfeed::CallbackError::from("the metrics callback panicked"))
         };
-        let log = errors.clone();
+        let (log, wake) = (errors.clone(), delivered.clone());
         let on_error = move |e: &outfeed::Error| {
             log.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+            wake.changed.notify_all();
         };
         let receiver = outfeed::Receiver::start(
             registry.clone(),
@@ -113,26 +128,30 @@ impl Streams {
     /// Waits until every record sent so far reached the callback (or `timeout`).
     pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let sent = self.sent.load(Ordering::SeqCst);
+        let mut delivered = self.delivered.count.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(e) = errors.first() {
+            if let Some(e) = self.errors.lock().unwrap_or_else(|p| p.into_inner()).first() {
                 return Err(Error::Metrics { problem: e.clone() });
             }
-            drop(errors);
-            let (sent, delivered) =
-                (self.sent.load(Ordering::SeqCst), self.delivered.load(Ordering::SeqCst));
-            if delivered >= sent {
+            if *delivered >= sent {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(Error::Metrics {
                     problem: format!(
                         "{} of {sent} records undelivered after {timeout:?}",
-                        sent - delivered
+                        sent - *delivered
                     ),
                 });
             }
-            std::thread::sleep(Duration::from_millis(1));
+            delivered = self
+                .delivered
+                .changed
+                .wait_timeout(delivered, (deadline - now).min(Duration::from_millis(50)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 }

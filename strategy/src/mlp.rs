@@ -235,7 +235,7 @@ fn permutation(seed: u64, epoch: usize, n: usize) -> Vec<usize> {
 /// Element types the model trains in.
 trait Real: NdFloat {
     fn tensor(a: ArrayD<Self>) -> Tensor;
-    fn array(t: &Tensor) -> Option<ArrayD<Self>>;
+    fn array(t: Tensor) -> Option<ArrayD<Self>>;
     fn of(x: f64) -> Self;
     fn f64(self) -> f64;
 }
@@ -246,9 +246,9 @@ macro_rules! real {
             fn tensor(a: ArrayD<$t>) -> Tensor {
                 Tensor::$v(a)
             }
-            fn array(t: &Tensor) -> Option<ArrayD<$t>> {
+            fn array(t: Tensor) -> Option<ArrayD<$t>> {
                 match t {
-                    Tensor::$v(a) => Some(a.clone()),
+                    Tensor::$v(a) => Some(a),
                     _ => None,
                 }
             }
@@ -269,11 +269,11 @@ fn bad(what: &str) -> Error {
     Error::Variable { variable: what.into(), problem: "has an unexpected dtype or rank".into() }
 }
 
-fn mat<T: Real>(t: &Tensor, what: &str) -> Result<Array2<T>> {
+fn mat<T: Real>(t: Tensor, what: &str) -> Result<Array2<T>> {
     T::array(t).and_then(|a| a.into_dimensionality::<Ix2>().ok()).ok_or_else(|| bad(what))
 }
 
-fn vec1<T: Real>(t: &Tensor, what: &str) -> Result<Array1<T>> {
+fn vec1<T: Real>(t: Tensor, what: &str) -> Result<Array1<T>> {
     T::array(t).and_then(|a| a.into_dimensionality::<Ix1>().ok()).ok_or_else(|| bad(what))
 }
 
@@ -300,15 +300,15 @@ fn step<T: Real>(
     lr: f64,
     batch: usize,
 ) -> Result<Vec<Tensor>> {
-    let x: Array2<T> = mat(&args[0], "x")?;
-    let y: Array2<T> = mat(&args[1], "y")?;
-    let (w1, b1) = (mat::<T>(&ctx.read(&v.w1)?, "w1")?, vec1::<T>(&ctx.read(&v.b1)?, "b1")?);
-    let (w2, b2) = (mat::<T>(&ctx.read(&v.w2)?, "w2")?, vec1::<T>(&ctx.read(&v.b2)?, "b2")?);
+    let x: Array2<T> = mat(args[0].clone(), "x")?;
+    let y: Array2<T> = mat(args[1].clone(), "y")?;
+    let (w1, b1) = (mat::<T>(ctx.read(&v.w1)?, "w1")?, vec1::<T>(ctx.read(&v.b1)?, "b1")?);
+    let (w2, b2) = (mat::<T>(ctx.read(&v.w2)?, "w2")?, vec1::<T>(ctx.read(&v.b2)?, "b2")?);
     let zero = T::zero();
     let pre = x.dot(&w1) + &b1;
     let h = pre.mapv(|a| a.max(zero));
     let partial = T::tensor(h.dot(&w2).into_dyn());
-    let z = mat::<T>(&ctx.all_reduce_logical(ReduceOp::Sum, partial)?, "z")? + &b2;
+    let z = mat::<T>(ctx.all_reduce_logical(ReduceOp::Sum, partial)?, "z")? + &b2;
     // log-softmax by rows.
     let max = z.map_axis(Axis(1), |r| r.iter().fold(T::neg_infinity(), |m, &a| m.max(a)));
     let shifted = &z - &max.insert_axis(Axis(1));
@@ -328,17 +328,22 @@ fn step<T: Real>(
     let dpre = dh * &pre.mapv(|a| if a > zero { T::one() } else { zero });
     let dw1 = x.t().dot(&dpre);
     let db1 = dpre.sum_axis(Axis(0));
-    let sum = |g: ArrayD<T>| -> Result<ArrayD<T>> {
-        T::array(&ctx.all_reduce(ReduceOp::Sum, T::tensor(g))?).ok_or_else(|| bad("gradient"))
-    };
     let lr = T::of(lr);
-    let update = |var: &Variable, value: ArrayD<T>, grad: ArrayD<T>| {
-        ctx.assign(var, T::tensor(value - grad * lr))
-    };
-    update(&v.w1, w1.into_dyn(), sum(dw1.into_dyn())?)?;
-    update(&v.b1, b1.into_dyn(), sum(db1.into_dyn())?)?;
-    update(&v.w2, w2.into_dyn(), sum(dw2.into_dyn())?)?;
-    update(&v.b2, b2.into_dyn(), sum(db2.into_dyn())?)?;
+    // Sum each gradient over the replicas, then step; in static dims (fast loops).
+    macro_rules! sgd {
+        ($var:expr, $value:expr, $grad:expr) => {{
+            let mut value = $value;
+            let summed = T::array(ctx.all_reduce(ReduceOp::Sum, T::tensor($grad.into_dyn()))?)
+                .and_then(|g| g.into_shape_with_order(value.raw_dim()).ok())
+                .ok_or_else(|| bad("gradient"))?;
+            value.zip_mut_with(&summed, |w, &g| *w = *w - g * lr);
+            ctx.assign($var, T::tensor(value.into_dyn()))?;
+        }};
+    }
+    sgd!(&v.w1, w1, dw1);
+    sgd!(&v.b1, b1, db1);
+    sgd!(&v.w2, w2, dw2);
+    sgd!(&v.b2, b2, db2);
     ctx.assign_add(&v.step, Tensor::I64(ndarray::arr0(1i64).into_dyn()))?;
     Ok(vec![Tensor::F64(ndarray::arr0(loss.f64()).into_dyn())])
 }

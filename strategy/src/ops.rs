@@ -123,14 +123,21 @@ pub(crate) fn divide(x: &Tensor, n: f64) -> Tensor {
 
 /// Whether two tensors hold the same dtype, shape and bits.
 pub(crate) fn same_bits(x: &Tensor, y: &Tensor) -> bool {
+    fn bits<T: Copy, B: PartialEq>(a: &ArrayD<T>, b: &ArrayD<T>, f: impl Fn(T) -> B) -> bool {
+        if a.shape() != b.shape() {
+            return false;
+        }
+        match (a.as_slice(), b.as_slice()) {
+            (Some(p), Some(q)) => p.iter().zip(q).all(|(&u, &v)| f(u) == f(v)),
+            _ => a.iter().zip(b).all(|(&u, &v)| f(u) == f(v)),
+        }
+    }
     match (x, y) {
-        (Tensor::F32(a), Tensor::F32(b)) => {
-            a.shape() == b.shape() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-        }
-        (Tensor::F64(a), Tensor::F64(b)) => {
-            a.shape() == b.shape() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-        }
-        _ => x == y,
+        (Tensor::F32(a), Tensor::F32(b)) => bits(a, b, f32::to_bits),
+        (Tensor::F64(a), Tensor::F64(b)) => bits(a, b, f64::to_bits),
+        (Tensor::I32(a), Tensor::I32(b)) => bits(a, b, |v| v),
+        (Tensor::I64(a), Tensor::I64(b)) => bits(a, b, |v| v),
+        _ => false,
     }
 }
 
