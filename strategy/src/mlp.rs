@@ -336,7 +336,7 @@ fn step<T: Real>(
             let summed = T::array(ctx.all_reduce(ReduceOp::Sum, T::tensor($grad.into_dyn()))?)
                 .and_then(|g| g.into_shape_with_order(value.raw_dim()).ok())
                 .ok_or_else(|| bad("gradient"))?;
-            value.zip_mut_with(&summed, |w, &g| *w = *w - g * lr);
+            value.zip_mut_with(&summed, |w, &g| *w -= g * lr);
             ctx.assign($var, T::tensor(value.into_dyn()))?;
         }};
     }
