@@ -69,8 +69,25 @@ fn saved_value(s: &VarState) -> Result<Tensor> {
 impl Strategy {
     /// Saves every variable to the checkpoint directory `dir` (replacing a previous
     /// checkpoint there only once the new one is complete).
+    ///
+    /// With several processes every process calls it: process 0 writes (every
+    /// process holds the same sync-on-write values) and all return once it has.
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
-        save(self, dir.as_ref())
+        if !self.is_multi_process() {
+            return save(self, dir.as_ref());
+        }
+        if let Some(s) = self.states().iter().find(|s| s.sync == Synchronization::OnRead) {
+            return Err(Error::Variable {
+                variable: s.name.clone(),
+                problem: "is synchronised on read, and other processes hold some of its copies: \
+                          a multi-process checkpoint cannot save it"
+                    .into(),
+            });
+        }
+        let written =
+            if self.local_replicas().start == 0 { save(self, dir.as_ref()) } else { Ok(()) };
+        self.sync()?;
+        written
     }
 
     /// Restores every variable of this strategy from `dir`, resharding each onto the

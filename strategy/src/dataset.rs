@@ -21,13 +21,14 @@ pub enum Remainder {
 /// One step's input: every tensor of the batch split by rows over the replicas.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DistributedBatch {
-    /// One per-replica argument per input tensor.
+    /// One per-replica argument per input tensor (this process's replicas).
     pub args: Vec<Arg>,
-    /// Rows each replica got.
+    /// Rows each (of this process's) replicas got.
     pub rows: Vec<usize>,
 }
 
-/// Where an input pipeline runs (`tf.distribute.InputContext`).
+/// Where an input pipeline runs (`tf.distribute.InputContext`). With several processes,
+/// each process runs the pipelines of the hosts whose replicas it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InputContext {
     /// Pipelines (hosts) in all.
@@ -92,6 +93,8 @@ fn cut(batch: &[Tensor], counts: &[usize]) -> Vec<Vec<Tensor>> {
 pub struct DistributedDataset<I> {
     batches: I,
     replicas: usize,
+    /// This process's replicas: the ones whose pieces are kept.
+    local: std::ops::Range<usize>,
     remainder: Remainder,
     batch_size: Option<usize>,
     index: usize,
@@ -99,8 +102,21 @@ pub struct DistributedDataset<I> {
 }
 
 impl<I: Iterator<Item = Vec<Tensor>>> DistributedDataset<I> {
-    pub(crate) fn new(batches: I, replicas: usize, remainder: Remainder) -> Self {
-        DistributedDataset { batches, replicas, remainder, batch_size: None, index: 0, done: false }
+    pub(crate) fn new(
+        batches: I,
+        replicas: usize,
+        local: std::ops::Range<usize>,
+        remainder: Remainder,
+    ) -> Self {
+        DistributedDataset {
+            batches,
+            replicas,
+            local,
+            remainder,
+            batch_size: None,
+            index: 0,
+            done: false,
+        }
     }
 
     fn split(&mut self, batch: Vec<Tensor>) -> Result<Option<DistributedBatch>> {
@@ -113,9 +129,12 @@ impl<I: Iterator<Item = Vec<Tensor>>> DistributedDataset<I> {
         } else {
             split_rows(rows, self.replicas)
         };
-        let args =
-            cut(&batch, &counts).into_iter().map(|v| Arg::PerReplica(PerReplica::new(v))).collect();
-        Ok(Some(DistributedBatch { args, rows: counts }))
+        let local = self.local.clone();
+        let args = cut(&batch, &counts)
+            .into_iter()
+            .map(|v| Arg::PerReplica(PerReplica::new(v[local.clone()].to_vec())))
+            .collect();
+        Ok(Some(DistributedBatch { args, rows: counts[local].to_vec() }))
     }
 }
 
@@ -154,6 +173,7 @@ pub type PipelineFn = dyn Fn(&InputContext) -> Pipeline;
 pub struct PerHostDataset {
     pipelines: Vec<(Vec<usize>, Pipeline)>,
     replicas: usize,
+    local: std::ops::Range<usize>,
     remainder: Remainder,
     index: usize,
     done: bool,
@@ -163,9 +183,10 @@ impl PerHostDataset {
     pub(crate) fn new(
         pipelines: Vec<(Vec<usize>, Pipeline)>,
         replicas: usize,
+        local: std::ops::Range<usize>,
         remainder: Remainder,
     ) -> PerHostDataset {
-        PerHostDataset { pipelines, replicas, remainder, index: 0, done: false }
+        PerHostDataset { pipelines, replicas, local, remainder, index: 0, done: false }
     }
 
     fn step(&mut self) -> Option<Result<DistributedBatch>> {
@@ -190,8 +211,11 @@ impl PerHostDataset {
                 rows[r] = counts[k];
             }
         }
-        let per_replica: Vec<Vec<Tensor>> =
-            per_replica_args.into_iter().map(|a| a.unwrap_or_default()).collect();
+        let per_replica: Vec<Vec<Tensor>> = per_replica_args[self.local.clone()]
+            .iter()
+            .map(|a| a.clone().unwrap_or_default())
+            .collect();
+        let rows = rows[self.local.clone()].to_vec();
         let inputs = per_replica.first().map_or(0, Vec::len);
         if let Some((r, _)) = per_replica.iter().enumerate().find(|(_, a)| a.len() != inputs) {
             return Some(Err(Error::BatchRows {

@@ -121,23 +121,22 @@ pub(crate) fn divide(x: &Tensor, n: f64) -> Tensor {
     }
 }
 
-/// Whether two tensors hold the same dtype, shape and bits.
-pub(crate) fn same_bits(x: &Tensor, y: &Tensor) -> bool {
-    fn bits<T: Copy, B: PartialEq>(a: &ArrayD<T>, b: &ArrayD<T>, f: impl Fn(T) -> B) -> bool {
-        if a.shape() != b.shape() {
-            return false;
-        }
-        match (a.as_slice(), b.as_slice()) {
-            (Some(p), Some(q)) => p.iter().zip(q).all(|(&u, &v)| f(u) == f(v)),
-            _ => a.iter().zip(b).all(|(&u, &v)| f(u) == f(v)),
+/// Feeds the tensor's dtype, shape and element bits to `h`.
+pub(crate) fn hash_bits(t: &Tensor, h: &mut impl std::hash::Hasher) {
+    h.write_u8(t.dtype() as u8);
+    t.shape().iter().for_each(|&d| h.write_usize(d));
+    fn each<T: Copy>(a: &ArrayD<T>, mut f: impl FnMut(T)) {
+        match a.as_slice() {
+            Some(s) => s.iter().for_each(|&v| f(v)),
+            None => a.iter().for_each(|&v| f(v)),
         }
     }
-    match (x, y) {
-        (Tensor::F32(a), Tensor::F32(b)) => bits(a, b, f32::to_bits),
-        (Tensor::F64(a), Tensor::F64(b)) => bits(a, b, f64::to_bits),
-        (Tensor::I32(a), Tensor::I32(b)) => bits(a, b, |v| v),
-        (Tensor::I64(a), Tensor::I64(b)) => bits(a, b, |v| v),
-        _ => false,
+    match t {
+        Tensor::F32(a) => each(a, |v| h.write_u32(v.to_bits())),
+        Tensor::F64(a) => each(a, |v| h.write_u64(v.to_bits())),
+        Tensor::I32(a) => each(a, |v| h.write_i32(v)),
+        Tensor::I64(a) => each(a, |v| h.write_i64(v)),
+        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
     }
 }
 

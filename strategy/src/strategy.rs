@@ -28,6 +28,8 @@ pub struct Strategy {
     /// The logical device variables are created on (`experimental_logical_device`).
     scope: Mutex<Vec<usize>>,
     metrics: Option<Arc<crate::metrics::Streams>>,
+    /// The executor replicas (`replica * L + logical`) this process runs.
+    local: std::ops::Range<usize>,
 }
 
 /// Marks a replica error the strategy keeps typed beside the executor's report.
@@ -46,6 +48,47 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Refuses, on every replica alike, a run after which a NONE-aggregated sync-on-write
+/// variable's copies differ across replicas: every device gathers a hash of each such
+/// copy it holds from its counterparts on the other replicas, and all compare the same
+/// hashes.
+fn check_mirrored(ctx: &StrategyContext<'_>) -> Result<()> {
+    use std::hash::Hasher;
+    let watched: Vec<usize> = (0..ctx.run.vars.len())
+        .filter(|&id| {
+            let m = &ctx.run.vars[id];
+            m.sync == Synchronization::OnWrite && m.aggregation == Aggregation::None
+        })
+        .collect();
+    if watched.is_empty() || ctx.num_replicas_in_sync() == 1 {
+        return Ok(());
+    }
+    let vars = ctx.vars.borrow();
+    let hashes: Vec<i64> = watched
+        .iter()
+        .map(|&id| {
+            let mut h = rustc_hash::FxHasher::default();
+            ops::hash_bits(&vars[id], &mut h);
+            h.finish() as i64
+        })
+        .collect();
+    drop(vars);
+    let n = hashes.len();
+    let all = ctx.all_gather(Tensor::I64(ndarray::Array1::from(hashes).into_dyn()), 0)?;
+    let Tensor::I64(all) = all else { unreachable!("gathered i64") };
+    let all = all.as_slice().expect("gathered contiguous").to_vec();
+    for (k, &id) in watched.iter().enumerate() {
+        if let Some(r) = (1..ctx.num_replicas_in_sync()).find(|&r| all[r * n + k] != all[k]) {
+            return Err(Error::DivergingUpdate {
+                variable: ctx.run.vars[id].name.clone(),
+                replica: r,
+                logical: ctx.logical,
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Strategy {
     /// A strategy over `assignment`, with one executor device per replica and logical
     /// device.
@@ -57,6 +100,7 @@ impl Strategy {
             vars: Mutex::new(Vec::new()),
             scope: Mutex::new(Vec::new()),
             metrics: None,
+            local: 0..devices,
         })
     }
 
@@ -66,19 +110,38 @@ impl Strategy {
     }
 
     /// Replaces the executor runtime (for a timeout, an outfeed sink, or an
-    /// interconnect to other processes); it must have one device per replica and
-    /// logical device.
+    /// interconnect to other processes). It must run one replica per replica and
+    /// logical device — across all its processes, each holding whole replicas.
+    ///
+    /// With several processes every process builds the same strategy and makes the
+    /// same calls (SPMD): `run`, `reduce`, `gather` and the datasets then work on this
+    /// process's replicas ([`local_replicas`](Self::local_replicas)), and per-replica
+    /// values hold only theirs; a checkpoint is written by process 0 alone.
     pub fn with_runtime(mut self, runtime: Runtime) -> Result<Strategy> {
-        let want = self.assignment.num_replicas() * self.assignment.num_logical_devices();
-        if runtime.devices() != want {
+        let logical = self.assignment.num_logical_devices();
+        let want = self.assignment.num_replicas() * logical;
+        if runtime.replicas() != want || !runtime.devices().is_multiple_of(logical) {
             return Err(meshwork_executor::Error::ReplicaCount {
                 replicas: want,
-                devices: runtime.devices(),
+                devices: runtime.replicas(),
             }
             .into());
         }
+        let first = runtime.first_replica();
+        self.local = first..first + runtime.devices();
         self.runtime = runtime;
         Ok(self)
+    }
+
+    /// The replicas this process runs (all of them in a one-process strategy).
+    pub fn local_replicas(&self) -> std::ops::Range<usize> {
+        let l = self.num_logical_devices();
+        self.local.start / l..self.local.end / l
+    }
+
+    /// Whether other processes run some of the replicas.
+    pub fn is_multi_process(&self) -> bool {
+        self.local.len() != self.num_replicas_in_sync() * self.num_logical_devices()
     }
 
     /// Streams what replicas [`emit`](StrategyContext::emit) to `callback`, through
@@ -200,16 +263,26 @@ impl Strategy {
     /// sync-on-write variable; for sync-on-read, its replicas' copies aggregated (SUM,
     /// MEAN) or replica 0's (ONLY_FIRST_REPLICA).
     pub fn read_variable(&self, v: &Variable) -> Result<Tensor> {
-        self.with_var(v, |s| s.read())
+        let multi = self.is_multi_process();
+        self.with_var(v, |s| {
+            if multi && s.sync == Synchronization::OnRead {
+                return Err(Error::Variable {
+                    variable: s.name.clone(),
+                    problem:
+                        "is synchronised on read and other processes hold some of its copies; \
+                              aggregate it inside a run (all_reduce) instead"
+                            .into(),
+                });
+            }
+            s.read()
+        })
     }
 
     /// Every replica's whole copy of `v`.
     pub fn local_variable_values(&self, v: &Variable) -> Result<PerReplica<Tensor>> {
+        let local = self.local_replicas();
         self.with_var(v, |s| {
-            (0..s.values.len())
-                .map(|r| s.value_of(r))
-                .collect::<Result<Vec<_>>>()
-                .map(PerReplica::new)
+            local.map(|r| s.value_of(r)).collect::<Result<Vec<_>>>().map(PerReplica::new)
         })
     }
 
@@ -348,21 +421,22 @@ impl Strategy {
         f: Arc<ReplicaFn>,
         steps: &[Vec<Arg>],
     ) -> Result<Vec<PerReplica<Vec<Tensor>>>> {
-        let (replicas, logical) = (self.num_replicas_in_sync(), self.num_logical_devices());
+        let logical = self.num_logical_devices();
+        let local = self.local_replicas();
         for args in steps {
             for a in args {
                 if let Arg::PerReplica(p) = a
-                    && p.len() != replicas
+                    && p.len() != local.len()
                 {
                     return Err(Error::PerReplicaCount {
                         what: "run argument",
-                        expected: replicas,
+                        expected: local.len(),
                         actual: p.len(),
                     });
                 }
             }
         }
-        // The variables' working copies, per device: (replica, logical) -> copies.
+        // The variables' working copies, per local device.
         let (metas, copies): (Vec<VarMeta>, Vec<Vec<Tensor>>) = {
             let vars = lock(&self.vars);
             let metas = vars
@@ -377,7 +451,9 @@ impl Strategy {
                         .collect(),
                 })
                 .collect();
-            let copies = (0..replicas * logical)
+            let copies = self
+                .local
+                .clone()
                 .map(|e| {
                     let (r, l) = (e / logical, e % logical);
                     vars.iter()
@@ -395,12 +471,12 @@ impl Strategy {
         let per_step: Vec<usize> = steps.iter().map(Vec::len).collect();
         let inputs: Vec<Vec<Tensor>> = copies
             .into_iter()
-            .enumerate()
-            .map(|(e, vars)| {
-                let r = e / logical;
+            .zip(self.local.clone())
+            .map(|(vars, e)| {
+                let k = e / logical - local.start;
                 let mut input: Vec<Tensor> = steps
                     .iter()
-                    .flat_map(|args| args.iter().map(|a| a.for_replica(r).clone()))
+                    .flat_map(|args| args.iter().map(|a| a.for_replica(k).clone()))
                     .collect();
                 input.extend(vars);
                 input
@@ -422,20 +498,23 @@ impl Strategy {
                     step: 0,
                     vars: RefCell::new(vars.to_vec()),
                 };
+                let fail = |err: Error| -> ProgramError {
+                    match err {
+                        Error::Executor(err) => Box::new(err),
+                        err => {
+                            lock(&stash).push((e, err));
+                            Box::new(Stashed)
+                        }
+                    }
+                };
                 let mut outputs = Vec::new();
                 let mut at = 0;
                 for (s, &n) in per_step.iter().enumerate() {
                     ctx.step = s;
-                    match f(&ctx, &args[at..at + n]) {
-                        Ok(out) => outputs.push(out),
-                        Err(Error::Executor(err)) => return Err(Box::new(err) as ProgramError),
-                        Err(err) => {
-                            lock(&stash).push((e, err));
-                            return Err(Box::new(Stashed) as ProgramError);
-                        }
-                    }
+                    outputs.push(f(&ctx, &args[at..at + n]).map_err(fail)?);
                     at += n;
                 }
+                check_mirrored(&ctx).map_err(fail)?;
                 // Outputs of every step, then the variables, then each step's count.
                 let counts: Vec<i64> = outputs.iter().map(|o| o.len() as i64).collect();
                 let mut flat: Vec<Tensor> = outputs.into_iter().flatten().collect();
@@ -465,7 +544,7 @@ impl Strategy {
         // Split each device's outputs into steps, variables.
         let mut steps_out: Vec<Vec<Vec<Tensor>>> = vec![Vec::new(); steps.len()];
         let mut new_vars: Vec<Vec<Tensor>> = Vec::with_capacity(outputs.len());
-        for (e, mut out) in outputs.into_iter().enumerate() {
+        for (e, mut out) in self.local.clone().zip(outputs) {
             let counts: Vec<usize> = match out.pop() {
                 Some(Tensor::I64(c)) => c.iter().map(|&x| x as usize).collect(),
                 _ => unreachable!("the program ends its outputs with the step counts"),
@@ -479,41 +558,31 @@ impl Strategy {
                 }
             }
         }
-        self.commit(new_vars)?;
+        self.commit(new_vars);
         Ok(steps_out.into_iter().map(PerReplica::new).collect())
     }
 
-    /// Keeps a successful run's variable copies, unless a NONE-aggregated sync-on-write
-    /// variable's copies differ across replicas (then nothing changes).
-    fn commit(&self, new_vars: Vec<Vec<Tensor>>) -> Result<()> {
+    /// Keeps a successful run's variable copies (the program has checked that the
+    /// mirrored ones agree across replicas). A sync-on-write variable's copy is the same
+    /// on every replica, so it is kept for the replicas of other processes too.
+    fn commit(&self, new_vars: Vec<Vec<Tensor>>) {
         let (replicas, logical) = (self.num_replicas_in_sync(), self.num_logical_devices());
         let mut vars = lock(&self.vars);
-        for (id, s) in vars.iter().enumerate() {
-            if s.sync != Synchronization::OnWrite {
-                continue;
-            }
-            for l in (0..logical).filter(|&l| s.shard_of(l).is_some()) {
-                let first = &new_vars[l][id];
-                if let Some(r) =
-                    (1..replicas).find(|&r| !ops::same_bits(&new_vars[r * logical + l][id], first))
-                {
-                    return Err(Error::DivergingUpdate {
-                        variable: s.name.clone(),
-                        replica: r,
-                        logical: l,
-                    });
-                }
-            }
-        }
-        for (e, copies) in new_vars.into_iter().enumerate() {
+        for (e, copies) in self.local.clone().zip(new_vars) {
             let (r, l) = (e / logical, e % logical);
             for (s, copy) in vars.iter_mut().zip(copies) {
                 if let Some(k) = s.shard_of(l) {
+                    if s.sync == Synchronization::OnWrite && r == self.local.start / logical {
+                        for q in (0..replicas).filter(|q| {
+                            !(self.local.start / logical..self.local.end / logical).contains(q)
+                        }) {
+                            s.values[q][k] = copy.clone();
+                        }
+                    }
                     s.values[r][k] = copy;
                 }
             }
         }
-        Ok(())
     }
 
     /// Reduces a per-replica value in cross-replica context. With `axis`, each
@@ -526,6 +595,9 @@ impl Strategy {
         value: &PerReplica<Tensor>,
         axis: Option<usize>,
     ) -> Result<Tensor> {
+        if self.is_multi_process() {
+            return self.reduce_across(op, value, axis);
+        }
         let values = value.values();
         let first = values.first().ok_or(Error::Empty { what: "reduce" })?;
         let Some(axis) = axis else {
@@ -565,7 +637,12 @@ impl Strategy {
         batches: I,
         remainder: crate::Remainder,
     ) -> crate::DistributedDataset<I::IntoIter> {
-        crate::DistributedDataset::new(batches.into_iter(), self.num_replicas_in_sync(), remainder)
+        crate::DistributedDataset::new(
+            batches.into_iter(),
+            self.num_replicas_in_sync(),
+            self.local_replicas(),
+            remainder,
+        )
     }
 
     /// One input pipeline per host: `f` is called once per host with its
@@ -577,9 +654,11 @@ impl Strategy {
         remainder: crate::Remainder,
     ) -> crate::PerHostDataset {
         let hosts = self.assignment.replicas_by_host();
+        let local = self.local_replicas();
         let pipelines = hosts
             .iter()
             .enumerate()
+            .filter(|(_, (_, replicas))| replicas.iter().any(|r| local.contains(r)))
             .map(|(id, (_, replicas))| {
                 let ctx = crate::InputContext {
                     num_input_pipelines: hosts.len(),
@@ -589,12 +668,28 @@ impl Strategy {
                 (replicas.clone(), f(&ctx))
             })
             .collect();
-        crate::PerHostDataset::new(pipelines, self.num_replicas_in_sync(), remainder)
+        crate::PerHostDataset::new(pipelines, self.num_replicas_in_sync(), local, remainder)
     }
 
     /// Concatenates a per-replica value along `axis` in replica order (shapes may
     /// differ only along `axis`).
     pub fn gather(&self, value: &PerReplica<Tensor>, axis: usize) -> Result<Tensor> {
+        if self.is_multi_process() {
+            // Every process's replicas gather together (shapes must then agree).
+            let out = self.run(
+                move |ctx, a| {
+                    if a[0].shape().is_empty() {
+                        return Err(Error::GatherScalar);
+                    }
+                    if axis >= a[0].shape().len() {
+                        return Err(Error::AxisOutOfRange { axis, rank: a[0].shape().len() });
+                    }
+                    Ok(vec![ctx.all_gather(a[0].clone(), axis)?])
+                },
+                &[Arg::PerReplica(value.clone())],
+            )?;
+            return Ok(out.values()[0][0].clone());
+        }
         let refs: Vec<&Tensor> = value.values().iter().collect();
         let first = refs.first().ok_or(Error::Empty { what: "gather" })?;
         if first.shape().is_empty() {
@@ -602,6 +697,69 @@ impl Strategy {
         }
         ops::concat("gather", &refs, axis)
     }
+}
+
+impl Strategy {
+    /// `reduce` when other processes hold some replicas: the replicas reduce together.
+    fn reduce_across(
+        &self,
+        op: ReduceOp,
+        value: &PerReplica<Tensor>,
+        axis: Option<usize>,
+    ) -> Result<Tensor> {
+        let out = self.run(
+            move |ctx, a| {
+                let t = a[0].clone();
+                let Some(axis) = axis else {
+                    return Ok(vec![ctx.all_reduce(op, t)?]);
+                };
+                if axis >= t.shape().len() {
+                    return Err(Error::AxisOutOfRange { axis, rank: t.shape().len() });
+                }
+                match op {
+                    ReduceOp::Sum | ReduceOp::Mean => {
+                        let rows = t.shape()[axis] as f64;
+                        let total = ctx.all_reduce(ReduceOp::Sum, ops::sum_axis(&t, axis))?;
+                        if op == ReduceOp::Sum {
+                            return Ok(vec![total]);
+                        }
+                        let count = ctx.all_reduce(
+                            ReduceOp::Sum,
+                            Tensor::F64(ndarray::arr0(rows).into_dyn()),
+                        )?;
+                        let Tensor::F64(count) = count else { unreachable!("an f64 sum") };
+                        Ok(vec![ops::divide(&total, count.iter().next().copied().unwrap_or(1.0))])
+                    }
+                    ReduceOp::Min | ReduceOp::Max => {
+                        let local = extreme(op, &t, axis);
+                        Ok(vec![ctx.all_reduce(op, local)?])
+                    }
+                }
+            },
+            &[Arg::PerReplica(value.clone())],
+        )?;
+        Ok(out.values()[0][0].clone())
+    }
+
+    /// Waits until every process reaches this point.
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.run(
+            |ctx, _| {
+                Ok(vec![ctx.all_reduce(ReduceOp::Sum, Tensor::I32(ndarray::arr0(0).into_dyn()))?])
+            },
+            &[],
+        )
+        .map(|_| ())
+    }
+}
+
+/// The minimum or maximum of `t` along `axis`.
+fn extreme(op: ReduceOp, t: &Tensor, axis: usize) -> Tensor {
+    ops::map!(t, a => if op == ReduceOp::Min {
+        a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x < m { x } else { m }))
+    } else {
+        a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x > m { x } else { m }))
+    })
 }
 
 /// Folds `values` element-wise in order; MEAN divides by `n`.

@@ -3,6 +3,7 @@
 
 mod api;
 mod checkpoints;
+mod processes;
 mod properties;
 mod seed;
 
