@@ -4,14 +4,16 @@
 //!
 //! `cargo run --release -p meshwork-executor --example collectives_bench [-- RUNS MIB...]`
 //! (defaults: 5 runs, 8 and 64 MiB per replica). Prints medians, algorithm and bus
-//! bandwidth (nccl-tests definitions) and the ratio to the bound.
+//! bandwidth (nccl-tests definitions) and the ratio to the bound. The `*_into` rows
+//! gather into the previous run's output, as a training loop would, so they pay no
+//! fresh pages.
 
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Program, Runtime, Tensor};
+use meshwork_executor::{Program, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 
@@ -56,6 +58,8 @@ struct Case {
     traffic: fn(n: f64) -> f64,
     /// (bytes nccl-tests counts, as a multiple of one input; bus-bandwidth factor).
     nccl: fn(n: f64) -> (f64, f64),
+    /// The program takes the previous run's output as its output buffer (`*_into`).
+    reuse: bool,
 }
 
 fn main() {
@@ -71,12 +75,26 @@ fn main() {
             }),
             traffic: |n| 2.0 * n,
             nccl: |n| (1.0, 2.0 * (n - 1.0) / n),
+            reuse: false,
         },
         Case {
             name: "all_gather",
             program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i.into_iter().next().unwrap())?])),
             traffic: |n| 2.0 * n * n,
             nccl: |n| (n, (n - 1.0) / n),
+            reuse: false,
+        },
+        Case {
+            name: "all_gather_into",
+            program: Arc::new(|ctx, i| {
+                let all = ReplicaGroups::all(ctx.num_replicas());
+                let mut i = i.into_iter();
+                let (x, out) = (i.next().unwrap(), i.next().unwrap());
+                Ok(vec![ctx.all_gather_into(&all, 0, x, out)?])
+            }),
+            traffic: |n| 2.0 * n * n,
+            nccl: |n| (n, (n - 1.0) / n),
+            reuse: true,
         },
         Case {
             name: "reduce_scatter",
@@ -85,6 +103,7 @@ fn main() {
             }),
             traffic: |n| n + 1.0,
             nccl: |n| (1.0, (n - 1.0) / n),
+            reuse: false,
         },
         Case {
             name: "all_to_all",
@@ -93,6 +112,19 @@ fn main() {
             }),
             traffic: |n| 2.0 * n,
             nccl: |n| (1.0, (n - 1.0) / n),
+            reuse: false,
+        },
+        Case {
+            name: "all_to_all_into",
+            program: Arc::new(|ctx, i| {
+                let all = ReplicaGroups::all(ctx.num_replicas());
+                let mut i = i.into_iter();
+                let (x, out) = (i.next().unwrap(), i.next().unwrap());
+                Ok(vec![ctx.all_to_all_into(&all, 0, 0, x, out)?])
+            }),
+            traffic: |n| 2.0 * n,
+            nccl: |n| (1.0, (n - 1.0) / n),
+            reuse: true,
         },
     ];
     for mib in sizes {
@@ -113,12 +145,31 @@ fn main() {
             .collect::<Vec<_>>();
         for case in &cases {
             let mut times = Vec::with_capacity(runs);
+            let mut previous: Option<Vec<Vec<Tensor>>> = None;
             for i in 0..=runs {
-                let ins = inputs.clone();
+                let mut ins = inputs.clone();
+                if case.reuse {
+                    let result_len = if case.name.starts_with("all_gather") {
+                        elements * DEVICES
+                    } else {
+                        elements
+                    };
+                    for (r, input) in ins.iter_mut().enumerate() {
+                        let buffer = match previous.as_mut() {
+                            Some(p) => p[r].pop().expect("one output"),
+                            None => Tensor::F32(ArrayD::zeros(IxDyn(&[result_len]))),
+                        };
+                        input.push(buffer);
+                    }
+                }
                 let start = Instant::now();
                 let out = rt.run(case.program.clone(), ins).expect("runs");
                 let t = start.elapsed();
-                drop(out);
+                if case.reuse {
+                    previous = Some(out);
+                } else {
+                    drop(out);
+                }
                 if i > 0 {
                     times.push(t); // the first run faults pages in
                 }

@@ -224,6 +224,68 @@ impl Tensor {
         }
     }
 
+    /// Writes `parts` (one dtype) end to end along `axis` into `out`, whose shape is
+    /// theirs with `axis` summed.
+    pub(crate) fn concat_into(parts: &[std::sync::Arc<Tensor>], axis: usize, out: &mut Tensor) {
+        macro_rules! go {
+            ($v:ident, $o:ident) => {{
+                let mut at = 0;
+                for p in parts {
+                    let Tensor::$v(a) = &**p else { unreachable!("one dtype") };
+                    let len = a.shape()[axis];
+                    let mut dst = $o.slice_axis_mut(Axis(axis), ndarray::Slice::from(at..at + len));
+                    match (dst.as_slice_mut(), a.as_slice()) {
+                        (Some(d), Some(s)) => d.copy_from_slice(s),
+                        _ => dst.assign(a),
+                    }
+                    at += len;
+                }
+            }};
+        }
+        match out {
+            Tensor::F32(o) => go!(F32, o),
+            Tensor::F64(o) => go!(F64, o),
+            Tensor::I32(o) => go!(I32, o),
+            Tensor::I64(o) => go!(I64, o),
+        }
+    }
+
+    /// [`concat_pieces`](Self::concat_pieces) into `out`.
+    pub(crate) fn concat_pieces_into(
+        parts: &[std::sync::Arc<Tensor>],
+        split_axis: usize,
+        k: usize,
+        concat_axis: usize,
+        out: &mut Tensor,
+    ) {
+        let n = parts.len();
+        let len = parts[0].shape()[split_axis] / n;
+        let range = ndarray::Slice::from(k * len..(k + 1) * len);
+        macro_rules! go {
+            ($v:ident, $o:ident) => {{
+                let mut at = 0;
+                for p in parts {
+                    let Tensor::$v(a) = &**p else { unreachable!("one dtype") };
+                    let piece = a.slice_axis(Axis(split_axis), range);
+                    let width = piece.shape()[concat_axis];
+                    let mut dst =
+                        $o.slice_axis_mut(Axis(concat_axis), ndarray::Slice::from(at..at + width));
+                    match (dst.as_slice_mut(), piece.as_slice()) {
+                        (Some(d), Some(s)) => d.copy_from_slice(s),
+                        _ => dst.assign(&piece),
+                    }
+                    at += width;
+                }
+            }};
+        }
+        match out {
+            Tensor::F32(o) => go!(F32, o),
+            Tensor::F64(o) => go!(F64, o),
+            Tensor::I32(o) => go!(I32, o),
+            Tensor::I64(o) => go!(I64, o),
+        }
+    }
+
     /// Folds `range` of the flattened, same-dtype, standard-layout `parts` in order into a
     /// 1-D tensor.
     pub(crate) fn fold_range(

@@ -105,6 +105,30 @@ proptest! {
     }
 
     #[test]
+    fn gathers_into_reused_buffers_equal_fresh_ones((n, shape, data) in inputs(), axis in 0usize..2, concat in 0usize..2) {
+        // Each replica gathers twice, the second time into its first result (and an
+        // all-to-all into a buffer of garbage): both equal the fresh results.
+        let program: Arc<Program> = Arc::new(move |ctx, i| {
+            let all = ctx.groups(vec![(0..ctx.num_replicas()).collect()])?;
+            let fresh = ctx.all_gather(axis, i[0].clone())?;
+            let again = ctx.all_gather_into(&all, axis, i[0].clone(), fresh.clone())?;
+            let a2a = ctx.all_to_all(0, concat, i[0].clone())?;
+            let garbage = match &a2a {
+                Tensor::I64(a) => Tensor::I64(a.mapv(|_| -7)),
+                other => other.clone(),
+            };
+            let a2a_into = ctx.all_to_all_into(&all, 0, concat, i[0].clone(), garbage)?;
+            Ok(vec![fresh, again, a2a, a2a_into])
+        });
+        let rt = Runtime::new(n).unwrap();
+        let ins = data.iter().map(|d| vec![t(&shape, d.clone())]).collect();
+        for out in rt.run(program, ins).unwrap() {
+            prop_assert_eq!(&out[0], &out[1]);
+            prop_assert_eq!(&out[2], &out[3]);
+        }
+    }
+
+    #[test]
     fn broadcast_and_permute_move_whole_tensors((n, shape, data) in inputs(), root in 0usize..16, shift in 1usize..16) {
         let root = root % n;
         let out = run(n, &shape, &data, Arc::new(move |ctx, i| Ok(vec![ctx.broadcast(root, i[0].clone())?])));
@@ -260,6 +284,18 @@ fn bad_arguments_are_typed_errors() {
         rt.run(perm, ones(2)).unwrap_err(),
         Error::BadArgument { op: "collective_permute", .. }
     ));
+    // An output buffer of the wrong shape or dtype names both.
+    let into: Arc<Program> = Arc::new(|ctx, i| {
+        let all = ctx.groups(vec![vec![0, 1]])?;
+        Ok(vec![ctx.all_gather_into(&all, 0, i[0].clone(), t(&[3], vec![0, 0, 0]))?])
+    });
+    match rt.run(into, ones(2)).unwrap_err() {
+        Error::BadArgument { op: "all_gather", problem, .. } => assert!(
+            problem.contains("the output buffer is i64[3], the result is i64[4]"),
+            "{problem}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 fn typed(dtype: DType, shape: &[usize], data: &[i64]) -> Tensor {
