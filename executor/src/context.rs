@@ -303,21 +303,9 @@ impl ReplicaContext {
         concat_axis: usize,
         t: Tensor,
     ) -> Result<Tensor> {
-        const OP: &str = "all_to_all";
-        self.check_axis(OP, &t, split_axis)?;
-        self.check_axis(OP, &t, concat_axis)?;
-        let n = self.place(groups)?.0.len();
-        if !t.shape()[split_axis].is_multiple_of(n) {
-            return Err(self.bad(
-                OP,
-                format!(
-                    "axis {split_axis} of shape {:?} does not divide into {n} pieces",
-                    t.shape()
-                ),
-            ));
-        }
+        self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
         let (parts, rank) =
-            self.meet(groups, OP, format!("split={split_axis} concat={concat_axis}"), t)?;
+            self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
         Ok(Tensor::concat_pieces(&parts, split_axis, rank, concat_axis))
     }
 
@@ -331,9 +319,26 @@ impl ReplicaContext {
         t: Tensor,
         out: Tensor,
     ) -> Result<Tensor> {
+        let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
+        self.check_out("all_to_all", &t, &want, &out)?;
+        let (parts, rank) =
+            self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
+        let mut out = out;
+        Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
+        Ok(out)
+    }
+
+    /// Checks an all-to-all's axes and split; returns the result's shape.
+    fn check_all_to_all(
+        &self,
+        groups: &ReplicaGroups,
+        split_axis: usize,
+        concat_axis: usize,
+        t: &Tensor,
+    ) -> Result<Vec<usize>> {
         const OP: &str = "all_to_all";
-        self.check_axis(OP, &t, split_axis)?;
-        self.check_axis(OP, &t, concat_axis)?;
+        self.check_axis(OP, t, split_axis)?;
+        self.check_axis(OP, t, concat_axis)?;
         let n = self.place(groups)?.0.len();
         if !t.shape()[split_axis].is_multiple_of(n) {
             return Err(self.bad(
@@ -347,12 +352,7 @@ impl ReplicaContext {
         let mut want = t.shape().to_vec();
         want[split_axis] /= n;
         want[concat_axis] *= n;
-        self.check_out(OP, &t, &want, &out)?;
-        let (parts, rank) =
-            self.meet(groups, OP, format!("split={split_axis} concat={concat_axis}"), t)?;
-        let mut out = out;
-        Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
-        Ok(out)
+        Ok(want)
     }
 
     /// Every replica gets the tensor of replica `root`.
