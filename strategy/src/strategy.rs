@@ -599,16 +599,16 @@ impl Strategy {
             return self.reduce_across(op, value, axis);
         }
         let values = value.values();
-        let first = values.first().ok_or(Error::Empty { what: "reduce" })?;
+        if values.is_empty() {
+            return Err(Error::Empty { what: "reduce" });
+        }
         let Some(axis) = axis else {
             let refs: Vec<&Tensor> = values.iter().collect();
             return fold(op, &refs, values.len());
         };
-        let rank = first.shape().len();
         if let Some(v) = values.iter().find(|v| axis >= v.shape().len()) {
             return Err(Error::AxisOutOfRange { axis, rank: v.shape().len() });
         }
-        let _ = rank;
         match op {
             ReduceOp::Sum | ReduceOp::Mean => {
                 let sums: Vec<Tensor> = values.iter().map(|v| ops::sum_axis(v, axis)).collect();
@@ -617,14 +617,7 @@ impl Strategy {
                 let count: usize = values.iter().map(|v| v.shape()[axis]).sum();
                 Ok(if op == ReduceOp::Mean { ops::divide(&total, count as f64) } else { total })
             }
-            ReduceOp::Min | ReduceOp::Max => {
-                let all = self.gather(value, axis)?;
-                Ok(ops::map!(&all, a => if op == ReduceOp::Min {
-                    a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x < m { x } else { m }))
-                } else {
-                    a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x > m { x } else { m }))
-                }))
-            }
+            ReduceOp::Min | ReduceOp::Max => extreme(op, &self.gather(value, axis)?, axis),
         }
     }
 
@@ -731,7 +724,7 @@ impl Strategy {
                         Ok(vec![ops::divide(&total, count.iter().next().copied().unwrap_or(1.0))])
                     }
                     ReduceOp::Min | ReduceOp::Max => {
-                        let local = extreme(op, &t, axis);
+                        let local = extreme(op, &t, axis)?;
                         Ok(vec![ctx.all_reduce(op, local)?])
                     }
                 }
@@ -753,13 +746,16 @@ impl Strategy {
     }
 }
 
-/// The minimum or maximum of `t` along `axis`.
-fn extreme(op: ReduceOp, t: &Tensor, axis: usize) -> Tensor {
-    ops::map!(t, a => if op == ReduceOp::Min {
+/// The minimum or maximum of `t` along `axis` (which must not be empty).
+fn extreme(op: ReduceOp, t: &Tensor, axis: usize) -> Result<Tensor> {
+    if t.shape()[axis] == 0 {
+        return Err(Error::Empty { what: "a minimum or maximum over an empty axis" });
+    }
+    Ok(ops::map!(t, a => if op == ReduceOp::Min {
         a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x < m { x } else { m }))
     } else {
         a.map_axis(ndarray::Axis(axis), |l| l.iter().copied().fold(l[0], |m, x| if x > m { x } else { m }))
-    })
+    }))
 }
 
 /// Folds `values` element-wise in order; MEAN divides by `n`.
