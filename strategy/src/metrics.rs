@@ -41,8 +41,10 @@ pub struct MetricSpec {
 /// The host's callback for metrics records.
 pub type MetricCallback = dyn Fn(&MetricEvent) + Send + Sync;
 
-/// Sends each device's emits down its own outfeed stream.
+/// Sends each (local) device's emits down its own outfeed stream.
 pub(crate) struct Streams {
+    /// The first executor replica whose stream is `senders[0]`.
+    first: usize,
     senders: Vec<Mutex<outfeed::Sender<outfeed::ChannelSink>>>,
     receiver: Mutex<outfeed::Receiver>,
     sent: AtomicU64,
@@ -65,8 +67,10 @@ impl Delivered {
 }
 
 impl Streams {
+    /// Streams for the executor replicas `devices` (this process's), whose replicas
+    /// have `logical` logical devices each.
     pub(crate) fn start(
-        devices: usize,
+        devices: std::ops::Range<usize>,
         logical: usize,
         consumers: &[MetricSpec],
         callback: Arc<MetricCallback>,
@@ -78,8 +82,8 @@ impl Streams {
             specs.extend(c.specs.iter().cloned());
             registry.register(c.id, &c.name, specs)?;
         }
-        let (sinks, sources): (Vec<_>, Vec<_>) =
-            (0..devices).map(|_| outfeed::channel(1024)).unzip();
+        let first = devices.start;
+        let (sinks, sources): (Vec<_>, Vec<_>) = devices.map(|_| outfeed::channel(1024)).unzip();
         let delivered = Arc::new(Delivered::default());
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let counter = delivered.clone();
@@ -91,7 +95,7 @@ impl Streams {
             };
             let event = MetricEvent {
                 step,
-                replica: d.source / logical,
+                replica: (first + d.source) / logical,
                 consumer: d.consumer,
                 name: d.name.to_string(),
                 tensors: tensors.filter_map(from_outfeed).collect(),
@@ -114,6 +118,7 @@ impl Streams {
             outfeed::Config::default(),
         );
         Ok(Streams {
+            first,
             senders: sinks
                 .into_iter()
                 .map(|s| Mutex::new(outfeed::Sender::new(registry.clone(), s)))
@@ -175,7 +180,10 @@ impl OutfeedSink for Sink {
         consumer_id: u32,
         tensors: &[Tensor],
     ) -> std::result::Result<(), ProgramError> {
-        let sender = self.0.senders.get(replica).ok_or("no metrics stream for this device")?;
+        let sender = replica
+            .checked_sub(self.0.first)
+            .and_then(|k| self.0.senders.get(k))
+            .ok_or("no metrics stream for this device")?;
         let tensors: Vec<outfeed::Tensor> = tensors.iter().map(to_outfeed).collect();
         sender.lock().unwrap_or_else(|p| p.into_inner()).send(consumer_id, &tensors)?;
         self.0.sent.fetch_add(1, Ordering::SeqCst);

@@ -117,7 +117,17 @@ impl Strategy {
     /// same calls (SPMD): `run`, `reduce`, `gather` and the datasets then work on this
     /// process's replicas ([`local_replicas`](Self::local_replicas)), and per-replica
     /// values hold only theirs; a checkpoint is written by process 0 alone.
+    ///
+    /// Call it before [`with_metrics`](Self::with_metrics), which attaches to the
+    /// runtime in place.
     pub fn with_runtime(mut self, runtime: Runtime) -> Result<Strategy> {
+        if self.metrics.is_some() {
+            return Err(Error::Metrics {
+                problem: "with_runtime after with_metrics would lose the metrics stream; \
+                          call with_runtime first"
+                    .into(),
+            });
+        }
         let logical = self.assignment.num_logical_devices();
         let want = self.assignment.num_replicas() * logical;
         if runtime.replicas() != want || !runtime.devices().is_multiple_of(logical) {
@@ -152,9 +162,8 @@ impl Strategy {
         consumers: &[crate::MetricSpec],
         callback: Arc<crate::MetricCallback>,
     ) -> Result<Strategy> {
-        let devices = self.runtime.devices();
         let streams = Arc::new(crate::metrics::Streams::start(
-            devices,
+            self.local.clone(),
             self.num_logical_devices(),
             consumers,
             callback,

@@ -212,3 +212,39 @@ fn a_checkpoint_saved_by_process_zero_restores_in_every_process() {
     });
     assert!(err.iter().all(|e| e.contains("4 per-replica values for 2 replicas")), "{err:?}");
 }
+
+#[test]
+fn each_process_streams_its_replicas_metrics() {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use meshwork_strategy::{MetricEvent, MetricSpec};
+    let seen = in_processes(|_, s| {
+        let log: Arc<Mutex<Vec<(u64, usize)>>> = Arc::default();
+        let sink = log.clone();
+        let spec = MetricSpec { id: 3, name: "loss".into(), specs: vec!["f64[]".parse().unwrap()] };
+        let s = s
+            .with_metrics(
+                &[spec],
+                Arc::new(move |e: &MetricEvent| sink.lock().unwrap().push((e.step, e.replica))),
+            )
+            .unwrap();
+        s.run(
+            |ctx, _| {
+                let r = ctx.replica_id_in_sync_group() as f64;
+                ctx.emit(3, 9, &[Tensor::F64(ndarray::arr0(r).into_dyn())])?;
+                Ok(vec![])
+            },
+            &[],
+        )
+        .unwrap();
+        s.flush_metrics(Duration::from_secs(10)).unwrap();
+        let mut got = log.lock().unwrap().clone();
+        got.sort();
+        got
+    });
+    assert_eq!(seen, vec![vec![(9, 0), (9, 1)], vec![(9, 2), (9, 3)]]);
+    // Attaching a runtime after the metrics would lose them: refused.
+    let s = strategy(None).with_metrics(&[], Arc::new(|_: &MetricEvent| {})).unwrap();
+    assert!(s.with_runtime(Runtime::new(REPLICAS).unwrap()).is_err());
+}
