@@ -211,13 +211,20 @@ const LOSS: u32 = 1;
 
 /// The rows of step `s`.
 fn step_rows(s: usize, batch: usize, rows: usize, shuffle: Option<u64>) -> Vec<usize> {
+    // A step spans at most a few epochs; draw each one's permutation once.
+    let mut drawn: Vec<(usize, Vec<usize>)> = Vec::new();
     (0..batch)
         .map(|i| {
             let k = s * batch + i;
             let (epoch, at) = (k / rows, k % rows);
             match shuffle {
                 None => at,
-                Some(seed) => permutation(seed, epoch, rows)[at],
+                Some(seed) => {
+                    if !drawn.iter().any(|(e, _)| *e == epoch) {
+                        drawn.push((epoch, permutation(seed, epoch, rows)));
+                    }
+                    drawn.iter().find(|(e, _)| *e == epoch).map_or(at, |(_, p)| p[at])
+                }
             }
         })
         .collect()
