@@ -82,9 +82,10 @@ impl Mpi {
     }
 
     /// Ends the whole MPI job (every process) with `code`.
+    /// It does not wait for a collective in flight on another thread: ending the job
+    /// is what ends that collective.
     pub fn abort(&self, code: i32) -> ! {
-        let world = self.link.world.lock().unwrap_or_else(|e| e.into_inner());
-        world.0.abort(code)
+        SimpleCommunicator::world().abort(code)
     }
 }
 
