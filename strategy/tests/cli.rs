@@ -261,6 +261,11 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
     refused(&train(&["--resume", &d("nowhere")]), "--resume: ");
     refused(&train(&["--checkpoint-every", "5"]), "--checkpoint-every needs --checkpoint-dir");
     refused(&["frobnicate"], "unknown command");
+    let help = meshwork(&["train", "--help"]);
+    assert!(
+        help.status.success()
+            && String::from_utf8_lossy(&help.stdout).contains("--checkpoint-every N")
+    );
     // A checkpoint of another model size is refused on resume, naming the variable.
     let ckpt = d("ckpt");
     let out = meshwork(&["train", "--steps", "2", "--no-check", "--checkpoint-dir", &ckpt]);

@@ -40,7 +40,16 @@ fn main() -> ExitCode {
         Some((c, rest)) => (c.as_str(), rest),
         None => ("help", &[][..]),
     };
+    let wants_help = rest.iter().any(|a| a == "--help" || a == "-h");
     let result = match command {
+        "train" if wants_help => {
+            print!("{}", train::HELP);
+            Ok(())
+        }
+        "shard" | "reshard" | "place" if wants_help => {
+            print!("{}", inspect::HELP);
+            Ok(())
+        }
         "train" => train::run(rest),
         "shard" => inspect::shard(rest),
         "reshard" => inspect::reshard(rest),
