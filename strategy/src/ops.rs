@@ -48,10 +48,50 @@ fn one_dtype(what: &'static str, parts: &[&Tensor]) -> Result<DType> {
     Ok(dtype)
 }
 
+/// The array views of `parts`, all of variant `$v`.
+macro_rules! views {
+    ($parts:expr, $v:ident) => {
+        $parts
+            .iter()
+            .map(|t| match t {
+                Tensor::$v(a) => a.view(),
+                _ => unreachable!("one dtype, checked"),
+            })
+            .collect::<Vec<_>>()
+    };
+}
+
+/// Checks that `parts` (`&[&Tensor]`) share one dtype, then evaluates `$body` with
+/// `$views` their array views and `$wrap` the variant's constructor.
+macro_rules! with_views {
+    ($what:expr, $parts:expr, |$views:ident, $wrap:ident| $body:expr) => {{
+        let parts: &[&Tensor] = $parts;
+        one_dtype($what, parts)?;
+        match parts[0] {
+            Tensor::F32(_) => {
+                let ($views, $wrap) = (views!(parts, F32), Tensor::F32);
+                $body
+            }
+            Tensor::F64(_) => {
+                let ($views, $wrap) = (views!(parts, F64), Tensor::F64);
+                $body
+            }
+            Tensor::I32(_) => {
+                let ($views, $wrap) = (views!(parts, I32), Tensor::I32);
+                $body
+            }
+            Tensor::I64(_) => {
+                let ($views, $wrap) = (views!(parts, I64), Tensor::I64);
+                $body
+            }
+            other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
+        }
+    }};
+}
+
 /// Concatenates `parts` along `axis` (shapes may differ only there).
 pub(crate) fn concat(what: &'static str, parts: &[&Tensor], axis: usize) -> Result<Tensor> {
-    one_dtype(what, parts)?;
-    let rank = parts[0].shape().len();
+    let rank = parts.first().ok_or(Error::Empty { what })?.shape().len();
     if axis >= rank {
         return Err(Error::AxisOutOfRange { axis, rank });
     }
@@ -66,25 +106,9 @@ pub(crate) fn concat(what: &'static str, parts: &[&Tensor], axis: usize) -> Resu
             });
         }
     }
-    macro_rules! cat {
-        ($v:ident) => {{
-            let views: Vec<_> = parts
-                .iter()
-                .map(|t| match t {
-                    Tensor::$v(a) => a.view(),
-                    _ => unreachable!("one dtype"),
-                })
-                .collect();
-            Tensor::$v(ndarray::concatenate(Axis(axis), &views).expect("shapes checked"))
-        }};
-    }
-    Ok(match parts[0] {
-        Tensor::F32(_) => cat!(F32),
-        Tensor::F64(_) => cat!(F64),
-        Tensor::I32(_) => cat!(I32),
-        Tensor::I64(_) => cat!(I64),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    })
+    Ok(with_views!(what, parts, |views, wrap| {
+        wrap(ndarray::concatenate(Axis(axis), &views).expect("shapes checked"))
+    }))
 }
 
 /// Rows `range` of `t` (along axis 0), copied.
@@ -167,26 +191,9 @@ pub(crate) fn shard(t: &Tensor, sharding: &Sharding) -> Result<Vec<Tensor>> {
 /// The global tensor of `shape` from `shards` under `sharding`.
 pub(crate) fn assemble(shards: &[Tensor], sharding: &Sharding, shape: &[usize]) -> Result<Tensor> {
     let refs: Vec<&Tensor> = shards.iter().collect();
-    one_dtype("shards", &refs)?;
-    macro_rules! go {
-        ($v:ident) => {{
-            let views: Vec<_> = shards
-                .iter()
-                .map(|s| match s {
-                    Tensor::$v(a) => a.view(),
-                    _ => unreachable!("one dtype"),
-                })
-                .collect();
-            Tensor::$v(meshwork_sharding::assemble(&views, sharding, shape, Mode::Strict)?)
-        }};
-    }
-    Ok(match &shards[0] {
-        Tensor::F32(_) => go!(F32),
-        Tensor::F64(_) => go!(F64),
-        Tensor::I32(_) => go!(I32),
-        Tensor::I64(_) => go!(I64),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    })
+    Ok(with_views!("shards", &refs, |views, wrap| {
+        wrap(meshwork_sharding::assemble(&views, sharding, shape, Mode::Strict)?)
+    }))
 }
 
 /// A tensor of `dtype` and `shape` from little-endian bytes.
@@ -236,24 +243,7 @@ pub(crate) fn apply_plan(
     shards: &[Tensor],
 ) -> Result<Vec<Tensor>> {
     let refs: Vec<&Tensor> = shards.iter().collect();
-    one_dtype("shards", &refs)?;
-    macro_rules! go {
-        ($v:ident) => {{
-            let views: Vec<_> = shards
-                .iter()
-                .map(|s| match s {
-                    Tensor::$v(a) => a.view(),
-                    _ => unreachable!("one dtype"),
-                })
-                .collect();
-            plan.apply(&views)?.into_iter().map(Tensor::$v).collect()
-        }};
-    }
-    Ok(match &shards[0] {
-        Tensor::F32(_) => go!(F32),
-        Tensor::F64(_) => go!(F64),
-        Tensor::I32(_) => go!(I32),
-        Tensor::I64(_) => go!(I64),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    })
+    Ok(with_views!("shards", &refs, |views, wrap| {
+        plan.apply(&views)?.into_iter().map(wrap).collect()
+    }))
 }
