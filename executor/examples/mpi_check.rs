@@ -42,20 +42,31 @@ fn main() -> ExitCode {
     }
 }
 
-/// Replica `r`'s input: f32, f64, i32 and i64 tensors of shape [4, 3], the floats
-/// halves and quarters of small integers.
+/// A float with a full random mantissa, a random sign and an exponent in 2^-8..2^8
+/// (SplitMix64 of `seed`), so sums round and their order shows in the bits.
+fn random_float(seed: u64) -> f64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let mantissa = 1.0 + (z >> 11) as f64 / (1u64 << 53) as f64;
+    let exponent = (z % 17) as i32 - 8;
+    let sign = if z & (1 << 10) == 0 { 1.0 } else { -1.0 };
+    sign * mantissa * 2f64.powi(exponent)
+}
+
+/// Replica `r`'s input: f32, f64, i32 and i64 tensors of shape [4, 3]; the floats
+/// random (see [`random_float`]), the integers small.
 fn input(r: usize) -> Vec<Tensor> {
     let n = 4 * 3;
     let v = |k: usize| ((r * 31 + k * 17) % 23) as i64 - 11;
+    let x = |k: usize| random_float((r * 1000 + k) as u64);
     let s = IxDyn(&[4, 3]);
     vec![
         Tensor::F32(
-            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as f32 * 0.5).collect()).unwrap(),
+            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| x(k) as f32).collect()).unwrap(),
         ),
-        Tensor::F64(
-            ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as f64 * 0.25).collect())
-                .unwrap(),
-        ),
+        Tensor::F64(ArrayD::from_shape_vec(s.clone(), (0..n).map(x).collect()).unwrap()),
         Tensor::I32(
             ArrayD::from_shape_vec(s.clone(), (0..n).map(|k| v(k) as i32).collect()).unwrap(),
         ),
@@ -63,8 +74,45 @@ fn input(r: usize) -> Vec<Tensor> {
     ]
 }
 
-/// Every collective on every input; the outputs in a fixed order. Halves and quarters
-/// of small integers add exactly, so every reduction order gives the same bits.
+/// The documented order of a sum or mean over all replicas across processes: each
+/// process folds its own replicas in rank order, then the processes' folds are added
+/// in process order (and a mean divides that by the replica count).
+fn documented_all_reduce(inputs: &[Tensor], op: ReduceOp) -> Tensor {
+    fn go<T>(xs: Vec<&ArrayD<T>>, mean: bool) -> ArrayD<T>
+    where
+        T: Clone + std::ops::Add<Output = T> + std::ops::Div<Output = T> + From<u8>,
+    {
+        let n = xs.len();
+        let local = |q: usize| {
+            (1..DEVICES).fold(xs[q * DEVICES].clone(), |acc, k| acc + xs[q * DEVICES + k])
+        };
+        let total = (1..PROCESSES).fold(local(0), |acc, q| acc + local(q));
+        if mean { total.mapv(|v| v / T::from(n as u8)) } else { total }
+    }
+    let mean = op == ReduceOp::Mean;
+    match &inputs[0] {
+        Tensor::F32(_) => Tensor::F32(go(
+            inputs
+                .iter()
+                .map(|t| if let Tensor::F32(a) = t { a } else { unreachable!() })
+                .collect(),
+            mean,
+        )),
+        Tensor::F64(_) => Tensor::F64(go(
+            inputs
+                .iter()
+                .map(|t| if let Tensor::F64(a) = t { a } else { unreachable!() })
+                .collect(),
+            mean,
+        )),
+        _ => unreachable!("floats only"),
+    }
+}
+
+/// Every collective on every input; the outputs in a fixed order. A float sum or mean
+/// over all replicas follows [`documented_all_reduce`]'s order (not one process's plain
+/// rank order, so the check compares it with that model); every other output equals
+/// what one process computes, bit for bit.
 fn program() -> Arc<Program> {
     Arc::new(|ctx, inputs| {
         let n = ctx.num_replicas();
@@ -117,8 +165,29 @@ fn check() -> Result<(), String> {
     let got = runtime.run(program(), inputs).map_err(e)?;
 
     let reference = Runtime::new(PROCESSES * DEVICES).map_err(e)?;
-    let want =
+    let mut want =
         reference.run(program(), (0..PROCESSES * DEVICES).map(input).collect()).map_err(e)?;
+    // Outputs 0, 2 (sum, mean over all replicas) of the f32 and f64 inputs (0 and 1):
+    // the documented cross-process order instead of one process's rank order.
+    let per_input = want[0].len() / 4;
+    let mut reordered = 0;
+    for x in 0..2 {
+        let all: Vec<Tensor> = (0..PROCESSES * DEVICES).map(|r| input(r)[x].clone()).collect();
+        for (k, op) in [(0, ReduceOp::Sum), (2, ReduceOp::Mean)] {
+            let model = documented_all_reduce(&all, op);
+            for w in want.iter_mut() {
+                if w[x * per_input + k] != model {
+                    reordered += 1;
+                }
+                w[x * per_input + k] = model.clone();
+            }
+        }
+    }
+    if reordered == 0 {
+        return Err(
+            "the random floats sum alike in every order: the check cannot tell orders apart".into(),
+        );
+    }
     for (k, outputs) in got.iter().enumerate() {
         let r = first + k;
         for (i, (g, w)) in outputs.iter().zip(&want[r]).enumerate() {

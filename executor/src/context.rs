@@ -138,7 +138,7 @@ impl ReplicaContext {
         }
         // Every member lends its buffer; each rank folds one region of all of them
         // and writes the result into that region of each (see `direct`).
-        let (_, rank) = self.place(groups)?;
+        let (members, rank) = self.place(groups)?;
         let mut t = t.standard();
         let dtype = t.dtype();
         let lent = direct::Lent::of(&mut t);
@@ -150,7 +150,11 @@ impl ReplicaContext {
             lent: Some(lent),
         };
         let round = self.hub.exchange(groups, self.replica, offer)?;
-        direct::all_reduce(&round, rank, dtype, op);
+        direct::all_reduce(&round, rank, dtype, op).map_err(|k| Error::PeerFailed {
+            failed: members[k],
+            replica: self.replica,
+            op: OP,
+        })?;
         Ok(t)
     }
 

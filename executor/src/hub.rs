@@ -104,30 +104,44 @@ impl std::ops::Deref for Round {
 /// computation), and it must outlast a failing peer, whose buffer others may still be
 /// touching.
 pub(crate) struct Countdown {
-    left: Mutex<usize>,
+    left: Mutex<Left>,
     zero: Condvar,
+}
+
+struct Left {
+    members: usize,
+    /// The first member whose work failed (unwound), if any.
+    failed: Option<usize>,
 }
 
 impl Countdown {
     fn new(n: usize) -> Countdown {
-        Countdown { left: Mutex::new(n), zero: Condvar::new() }
+        Countdown { left: Mutex::new(Left { members: n, failed: None }), zero: Condvar::new() }
     }
 
-    /// One member's work is done.
-    pub(crate) fn done(&self) {
+    /// One member's work is over: finished, or failed when `failed` names the member.
+    pub(crate) fn done(&self, failed: Option<usize>) {
         let mut left = lock(&self.left);
-        *left -= 1;
-        if *left == 0 {
+        left.members -= 1;
+        if left.failed.is_none() {
+            left.failed = failed;
+        }
+        if left.members == 0 {
             self.zero.notify_all();
         }
     }
 
-    /// Waits until every member's work is done.
+    /// Waits until every member's work is over.
     pub(crate) fn wait(&self) {
         let mut left = lock(&self.left);
-        while *left > 0 {
+        while left.members > 0 {
             left = self.zero.wait(left).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// The first member whose work failed, once every member is done.
+    pub(crate) fn failed(&self) -> Option<usize> {
+        lock(&self.left).failed
     }
 }
 
@@ -149,6 +163,8 @@ struct GroupState {
 }
 
 struct GroupSet {
+    /// The replica groups this set is for.
+    key: ReplicaGroups,
     groups: Vec<Arc<Group>>,
     /// Per replica: (group, rank in it).
     place: Vec<(usize, usize)>,
@@ -163,6 +179,21 @@ pub(crate) struct Hub {
     timeout: Duration,
     sets: Mutex<HashMap<ReplicaGroups, Arc<GroupSet>>>,
     failed: Mutex<Option<usize>>,
+    /// Per member: where it is blocked, or that its run has ended — what the
+    /// rendezvous needs to see that members wait for each other in different groups
+    /// (or for a member that will never come) and fail at once instead of timing out.
+    waits: Mutex<Vec<Wait>>,
+}
+
+/// What a member is doing, as far as the rendezvous can tell.
+#[derive(Clone)]
+enum Wait {
+    /// Running its program (or between collectives).
+    Running,
+    /// Blocked in group `group` of `set`, offering `op` with `signature`.
+    Blocked { set: Arc<GroupSet>, group: usize, op: &'static str, signature: String },
+    /// Its run is over: it will offer nothing more.
+    Ended,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,6 +208,7 @@ impl Hub {
             timeout,
             sets: Mutex::new(HashMap::new()),
             failed: Mutex::new(None),
+            waits: Mutex::new(vec![Wait::Running; replicas]),
         }
     }
 
@@ -202,7 +234,7 @@ impl Hub {
         sets.entry(groups.clone())
             .or_insert_with(|| {
                 let mut place = vec![(0, 0); self.replicas];
-                let groups = groups
+                let members = groups
                     .groups()
                     .iter()
                     .enumerate()
@@ -225,7 +257,7 @@ impl Hub {
                         })
                     })
                     .collect();
-                let set = Arc::new(GroupSet { groups, place });
+                let set = Arc::new(GroupSet { key: groups.clone(), groups: members, place });
                 if let Some(f) = *lock(&self.failed) {
                     set.poison(f);
                 }
@@ -276,15 +308,29 @@ impl Hub {
                 let tensors = finish(offers.into_iter().map(|o| o.tensor).collect())?;
                 Ok(Round::lending(tensors, lent))
             });
+            {
+                let mut waits = lock(&self.waits);
+                for &m in &group.members {
+                    waits[m] = Wait::Running;
+                }
+            }
             st.done = Some((round, result));
             st.unread = group.members.len();
             st.round += 1;
             st.count = 0;
             group.arrived.notify_all();
         } else {
+            let signature = st.offers[rank].as_ref().map_or("", |o| o.signature.as_str());
+            if let Some(e) = self.block(&set, g, replica, op, signature) {
+                // Waiting would never end: fail the round for every member now.
+                st.aborted = Some(e.clone());
+                group.arrived.notify_all();
+                return Err(e);
+            }
             let deadline = Instant::now() + self.timeout;
             while st.round == round {
                 if let Some(e) = &st.aborted {
+                    self.unblock(replica);
                     return Err(for_replica(e, replica + self.base, op));
                 }
                 let now = Instant::now();
@@ -304,6 +350,7 @@ impl Hub {
                     };
                     st.aborted = Some(e.clone());
                     group.arrived.notify_all();
+                    self.unblock(replica);
                     return Err(e);
                 }
                 st = group
@@ -325,6 +372,123 @@ impl Hub {
             match &st.done {
                 Some((r, result)) if *r == round => result.clone(),
                 _ => unreachable!("this round's result is kept until its last reader"),
+            }
+        }
+    }
+
+    /// Records that `replica` (a member index) is about to wait in group `g` of `set`
+    /// (its offer is in, the group's lock held), and returns the error to fail with
+    /// instead if the wait could never end: a member it waits for has ended its run,
+    /// or waits — directly or through others — for it in another set of groups (the
+    /// replicas called one collective with different replica groups). Each member of a
+    /// set's group is in that group alone, so a member blocked in another set is one
+    /// that has not arrived here, and a chain of such waits that comes back is a
+    /// deadlock.
+    fn block(
+        &self,
+        set: &Arc<GroupSet>,
+        g: usize,
+        replica: usize,
+        op: &'static str,
+        signature: &str,
+    ) -> Option<Error> {
+        let group = &set.groups[g];
+        let mut waits = lock(&self.waits);
+        waits[replica] =
+            Wait::Blocked { set: set.clone(), group: g, op, signature: signature.into() };
+        // Depth-first over "waits for": from each blocked member to the members of its
+        // group that are blocked in another set.
+        let mut seen = vec![false; waits.len()];
+        let mut stack: Vec<(usize, usize)> = Vec::new(); // (member, first hop from `replica`)
+        for &m in &group.members {
+            match &waits[m] {
+                Wait::Ended => {
+                    return Some(Error::Mismatch {
+                        op,
+                        group: self.global(&group.members),
+                        first: replica + self.base,
+                        expected: format!("{op} {signature} in groups {:?}", set.key.groups()),
+                        replica: m + self.base,
+                        actual: "the end of its run".into(),
+                    });
+                }
+                Wait::Blocked { set: other, .. } if !Arc::ptr_eq(other, set) => {
+                    stack.push((m, m));
+                }
+                _ => {}
+            }
+        }
+        while let Some((x, hop)) = stack.pop() {
+            if std::mem::replace(&mut seen[x], true) {
+                continue;
+            }
+            let Wait::Blocked { set: xs, group: xg, .. } = &waits[x] else { continue };
+            for &m in &xs.groups[*xg].members {
+                if m == replica {
+                    let Wait::Blocked { set: hs, op: hop_op, signature: hop_sig, .. } = &waits[hop]
+                    else {
+                        unreachable!("only blocked members are pushed")
+                    };
+                    return Some(Error::Mismatch {
+                        op,
+                        group: self.global(&group.members),
+                        first: replica + self.base,
+                        expected: format!("{op} {signature} in groups {:?}", set.key.groups()),
+                        replica: hop + self.base,
+                        actual: format!("{hop_op} {hop_sig} in groups {:?}", hs.key.groups()),
+                    });
+                }
+                if let Wait::Blocked { set: ms, .. } = &waits[m]
+                    && !Arc::ptr_eq(ms, xs)
+                {
+                    stack.push((m, hop));
+                }
+            }
+        }
+        None
+    }
+
+    /// `replica` no longer waits.
+    fn unblock(&self, replica: usize) {
+        let mut waits = lock(&self.waits);
+        if matches!(waits[replica], Wait::Blocked { .. }) {
+            waits[replica] = Wait::Running;
+        }
+    }
+
+    /// Records that member `replica`'s run is over: it will offer nothing more, so
+    /// every group waiting for it fails now (with `Mismatch`: the members did not make
+    /// the same collectives) rather than at the timeout.
+    pub(crate) fn end(&self, replica: usize) {
+        let stuck: Vec<(Arc<GroupSet>, usize, usize, &'static str, String)> = {
+            let mut waits = lock(&self.waits);
+            waits[replica] = Wait::Ended;
+            waits
+                .iter()
+                .enumerate()
+                .filter_map(|(x, w)| match w {
+                    Wait::Blocked { set, group, op, signature }
+                        if set.groups[*group].members.contains(&replica) =>
+                    {
+                        Some((set.clone(), *group, x, *op, signature.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        for (set, g, x, op, signature) in stuck {
+            let group = &set.groups[g];
+            let mut st = lock(&group.state);
+            if st.aborted.is_none() && st.offers[set.place[replica].1].is_none() {
+                st.aborted = Some(Error::Mismatch {
+                    op,
+                    group: self.global(&group.members),
+                    first: x + self.base,
+                    expected: format!("{op} {signature} in groups {:?}", set.key.groups()),
+                    replica: replica + self.base,
+                    actual: "the end of its run".into(),
+                });
+                group.arrived.notify_all();
             }
         }
     }

@@ -151,6 +151,9 @@ impl Runtime {
                 drop(ctx);
                 if result.is_err() {
                     hub.poison(id);
+                } else {
+                    // Peers still waiting for this replica in a collective fail now.
+                    hub.end(r);
                 }
                 // The receiver lives until every replica has reported.
                 let _ = done.send((r, result));

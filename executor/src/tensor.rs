@@ -45,7 +45,12 @@ macro_rules! each {
 }
 
 /// Element types with the four reductions.
-pub(crate) trait Element: Copy + PartialOrd + std::ops::Add<Output = Self> {
+pub(crate) trait Element: Copy + PartialOrd {
+    /// The sum reductions use: IEEE addition for floats, two's-complement wrapping
+    /// addition for integers (as XLA's integer `add`), so an overflowing integer
+    /// all-reduce gives the same wrapped result on every replica in every build
+    /// profile instead of a debug-build panic.
+    fn add(a: Self, b: Self) -> Self;
     fn mean(sum: Self, n: usize) -> Self;
     fn min(a: Self, b: Self) -> Self {
         if b < a { b } else { a }
@@ -57,9 +62,12 @@ pub(crate) trait Element: Copy + PartialOrd + std::ops::Add<Output = Self> {
 
 /// The mean is the sum divided by the count in the element type (integers truncate
 /// toward zero).
-macro_rules! element {
+macro_rules! float_element {
     ($($t:ty),*) => {$(
         impl Element for $t {
+            fn add(a: $t, b: $t) -> $t {
+                a + b
+            }
             fn mean(sum: $t, n: usize) -> $t {
                 sum / n as $t
             }
@@ -67,7 +75,22 @@ macro_rules! element {
     )*};
 }
 
-element!(f32, f64, i32, i64);
+macro_rules! int_element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            fn add(a: $t, b: $t) -> $t {
+                a.wrapping_add(b)
+            }
+            fn mean(sum: $t, n: usize) -> $t {
+                // A replica count beyond the type's range divides to zero.
+                <$t>::try_from(n).map_or(0, |n| sum.wrapping_div(n))
+            }
+        }
+    )*};
+}
+
+float_element!(f32, f64);
+int_element!(i32, i64);
 
 /// Element types a [`Tensor`] can be built from.
 pub(crate) trait Wrap: Sized {
@@ -97,7 +120,7 @@ pub(crate) fn fold<T: Element>(
         let src = &input[range.clone()];
         match op {
             ReduceOp::Sum | ReduceOp::Mean => {
-                out.iter_mut().zip(src).for_each(|(o, &x)| *o = *o + x)
+                out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::add(*o, x))
             }
             ReduceOp::Min => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::min(*o, x)),
             ReduceOp::Max => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::max(*o, x)),
@@ -133,7 +156,7 @@ fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize,
             }
             match op {
                 ReduceOp::Sum | ReduceOp::Mean => {
-                    acc.iter_mut().zip(block).for_each(|(a, &x)| *a = *a + x)
+                    acc.iter_mut().zip(block).for_each(|(a, &x)| *a = T::add(*a, x))
                 }
                 ReduceOp::Min => acc.iter_mut().zip(block).for_each(|(a, &x)| *a = T::min(*a, x)),
                 ReduceOp::Max => acc.iter_mut().zip(block).for_each(|(a, &x)| *a = T::max(*a, x)),
@@ -148,7 +171,7 @@ fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) ->
     let mut acc = views[0].as_standard_layout().into_owned();
     for v in &views[1..] {
         match op {
-            ReduceOp::Sum | ReduceOp::Mean => acc.zip_mut_with(v, |a, &x| *a = *a + x),
+            ReduceOp::Sum | ReduceOp::Mean => acc.zip_mut_with(v, |a, &x| *a = T::add(*a, x)),
             ReduceOp::Min => acc.zip_mut_with(v, |a, &x| *a = T::min(*a, x)),
             ReduceOp::Max => acc.zip_mut_with(v, |a, &x| *a = T::max(*a, x)),
         }

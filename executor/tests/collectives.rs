@@ -236,11 +236,31 @@ fn mismatched_shapes_fail_every_replica_with_both_sides_named() {
 }
 
 #[test]
-fn a_replica_that_skips_a_collective_times_out_naming_it() {
-    let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_millis(200));
+fn a_replica_that_ends_its_run_without_a_collective_is_a_mismatch_naming_it() {
+    let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_secs(60));
     let program: Arc<Program> = Arc::new(|ctx, i| {
         if ctx.replica_id() == 2 {
             return Ok(i);
+        }
+        Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])
+    });
+    let start = std::time::Instant::now();
+    match rt.run(program, ones(3)).unwrap_err() {
+        Error::Mismatch { op, group, replica, actual, .. } => {
+            assert_eq!((op, group, replica), ("all_reduce", vec![0, 1, 2], 2));
+            assert_eq!(actual, "the end of its run");
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(30), "waited for the timeout");
+}
+
+#[test]
+fn a_replica_that_is_late_for_a_collective_times_out_naming_it() {
+    let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_millis(200));
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        if ctx.replica_id() == 2 {
+            std::thread::sleep(Duration::from_millis(600));
         }
         Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])
     });

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_executor::{Error, Program, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
@@ -70,4 +70,67 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
             .all(|o| o[0] == Tensor::I32(ArrayD::from_elem(IxDyn(&[1]), 7)))
     );
     drop(rt); // joins every device thread: a blocked one would hang here
+}
+
+/// Replicas that call one collective with different replica groups (or where one never
+/// comes) get `Mismatch` at once, not after the timeout. Cases (4 replicas), each a
+/// deadlock the rendezvous must see:
+/// - replica 0 with `[[0, 1], [2, 3]]`, the others with one group of all four;
+/// - replicas 0, 1 with `[[0, 1], [2, 3]]` (they complete), 2 and 3 with
+///   `[[0, 2], [1, 3]]`, and 0 and 1 end their runs without coming;
+/// - the same groups everywhere but replica 3 skips the collective and ends its run;
+/// - two rounds with the same groups, then replica 1 alone uses other groups.
+#[test]
+fn replicas_calling_a_collective_with_different_groups_get_mismatch_at_once() {
+    let timeout = Duration::from_secs(30);
+    let rt = Runtime::new(4).unwrap().with_timeout(timeout);
+    let g = |groups: Vec<Vec<usize>>| ReplicaGroups::new(groups, 4).unwrap();
+    type Choose = fn(usize, usize) -> Option<Vec<Vec<usize>>>;
+    let cases: [(&str, usize, Choose); 4] = [
+        ("one replica with pairs", 1, |r, _| {
+            Some(if r == 0 { vec![vec![0, 1], vec![2, 3]] } else { vec![vec![0, 1, 2, 3]] })
+        }),
+        ("pairs vs crossed pairs", 1, |r, _| {
+            Some(if r < 2 { vec![vec![0, 1], vec![2, 3]] } else { vec![vec![0, 2], vec![1, 3]] })
+        }),
+        ("one replica skips", 1, |r, _| (r != 3).then(|| vec![vec![0, 1, 2, 3]])),
+        ("diverging in round 3", 3, |r, round| {
+            Some(if r == 1 && round == 2 {
+                vec![vec![0, 2], vec![1, 3]]
+            } else {
+                vec![vec![0, 1], vec![2, 3]]
+            })
+        }),
+    ];
+    for (name, rounds, choose) in cases {
+        let program: Arc<Program> = Arc::new(move |ctx, i| {
+            let mut t = i[0].clone();
+            for round in 0..rounds {
+                if let Some(groups) = choose(ctx.replica_id(), round) {
+                    t = ctx.all_reduce_in(&g(groups), ReduceOp::Sum, t)?;
+                }
+            }
+            Ok(vec![t])
+        });
+        let inputs = (0..4).map(|_| vec![Tensor::F32(ArrayD::ones(IxDyn(&[3])))]).collect();
+        let start = Instant::now();
+        let err = rt.run(program, inputs).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{name}: took {:?} (the timeout is {timeout:?})",
+            start.elapsed()
+        );
+        assert!(matches!(err, Error::Mismatch { .. }), "{name}: {err}");
+    }
+    // The runtime is usable afterwards, and pairs that agree complete.
+    let program: Arc<Program> = Arc::new(move |ctx, i| {
+        Ok(vec![ctx.all_reduce_in(
+            &g(vec![vec![0, 1], vec![2, 3]]),
+            ReduceOp::Sum,
+            i[0].clone(),
+        )?])
+    });
+    let inputs = (0..4).map(|_| vec![Tensor::F32(ArrayD::ones(IxDyn(&[3])))]).collect();
+    let out = rt.run(program, inputs).unwrap();
+    assert!(out.iter().all(|o| o[0] == Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), 2.0))));
 }

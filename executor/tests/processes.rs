@@ -155,6 +155,132 @@ proptest! {
     }
 }
 
+/// A random float: any sign, a full mantissa and exponents over a wide range, and
+/// now and then a signed zero, so sums round and their order shows in the bits.
+fn float() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        10 => (any::<bool>(), 1.0f64..2.0, -30i32..30)
+            .prop_map(|(neg, m, e)| if neg { -m } else { m } * 2f64.powi(e)),
+        1 => prop::sample::select(vec![0.0, -0.0]),
+    ]
+}
+
+/// Processes, devices per process, f32 or f64, shape (rows divisible by the replica
+/// count) and each replica's random floats.
+fn float_case() -> impl Strategy<Value = (usize, usize, bool, Vec<usize>, Vec<Vec<f64>>)> {
+    (1usize..=3, 1usize..=3, any::<bool>(), 1usize..3, 1usize..4).prop_flat_map(
+        |(p, d, f64s, k, cols)| {
+            let n = p * d;
+            let data = prop::collection::vec(prop::collection::vec(float(), n * k * cols), n);
+            (Just(p), Just(d), Just(f64s), Just(vec![n * k, cols]), data)
+        },
+    )
+}
+
+fn floats(f64s: bool, shape: &[usize], data: &[f64]) -> Tensor {
+    let s = IxDyn(shape);
+    if f64s {
+        Tensor::F64(ArrayD::from_shape_vec(s, data.to_vec()).unwrap())
+    } else {
+        Tensor::F32(ArrayD::from_shape_vec(s, data.iter().map(|&x| x as f32).collect()).unwrap())
+    }
+}
+
+/// The documented order of a sum or mean over all replicas of `p` processes with `d`
+/// devices each: every process folds its replicas in rank order, the processes' folds
+/// are added in process order, a mean divides by the replica count. Written over
+/// plain vectors, independently of the executor's folds.
+fn documented_sum(inputs: &[Tensor], p: usize, d: usize, mean: bool) -> Tensor {
+    fn go<T: Copy + std::ops::Add<Output = T> + std::ops::Div<Output = T>>(
+        xs: &[Vec<T>],
+        p: usize,
+        d: usize,
+        n: T,
+        mean: bool,
+    ) -> Vec<T> {
+        (0..xs[0].len())
+            .map(|i| {
+                let local = |q: usize| (1..d).fold(xs[q * d][i], |acc, k| acc + xs[q * d + k][i]);
+                let total = (1..p).fold(local(0), |acc, q| acc + local(q));
+                if mean { total / n } else { total }
+            })
+            .collect()
+    }
+    let shape = inputs[0].shape().to_vec();
+    match &inputs[0] {
+        Tensor::F32(_) => {
+            let xs: Vec<Vec<f32>> = inputs
+                .iter()
+                .map(|t| match t {
+                    Tensor::F32(a) => a.iter().copied().collect(),
+                    _ => unreachable!(),
+                })
+                .collect();
+            let v = go(&xs, p, d, (p * d) as f32, mean);
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
+        }
+        _ => {
+            let xs: Vec<Vec<f64>> = inputs
+                .iter()
+                .map(|t| match t {
+                    Tensor::F64(a) => a.iter().copied().collect(),
+                    _ => unreachable!(),
+                })
+                .collect();
+            let v = go(&xs, p, d, (p * d) as f64, mean);
+            Tensor::F64(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
+        }
+    }
+}
+
+/// Bit patterns, so that -0.0 and 0.0 differ and NaNs compare.
+fn bits(t: &Tensor) -> Vec<u64> {
+    match t {
+        Tensor::F32(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Tensor::F64(a) => a.iter().map(|x| x.to_bits()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// Random floats through random collectives across processes: a sum or mean over
+    /// all replicas equals the documented order bit for bit (and one process's run
+    /// where the two orders coincide: one process, or one device per process); every
+    /// other collective equals one process's run bit for bit.
+    #[test]
+    fn random_floats_across_processes_follow_the_documented_order(
+        (p, d, f64s, shape, data) in float_case(),
+        steps in prop::collection::vec(step(), 1..5),
+    ) {
+        let inputs: Vec<Vec<Tensor>> = data.iter().map(|x| vec![floats(f64s, &shape, x)]).collect();
+        let program = program(steps.clone());
+        let one = run_one(p * d, program.clone(), &inputs);
+        let got = run_processes(p, d, Duration::from_secs(20), program, &inputs);
+        let all: Vec<Tensor> = inputs.iter().map(|i| i[0].clone()).collect();
+        for (proc, result) in got.into_iter().enumerate() {
+            let result = result.unwrap();
+            for (k, outputs) in result.iter().enumerate() {
+                let r = proc * d + k;
+                for (s, (out, step)) in outputs.iter().zip(&steps).enumerate() {
+                    let want = match step {
+                        Step::AllReduce(op @ (ReduceOp::Sum | ReduceOp::Mean)) => {
+                            let model = documented_sum(&all, p, d, *op == ReduceOp::Mean);
+                            if p == 1 || d == 1 {
+                                prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
+                            }
+                            model
+                        }
+                        _ => one[r][s].clone(),
+                    };
+                    prop_assert_eq!(bits(out), bits(&want), "replica {} step {} {:?}", r, s, step);
+                }
+            }
+        }
+    }
+}
+
 /// Floats whose sums round: over all replicas, the processes fold their own replicas
 /// first and then each other's folds, in process order. Every replica gets the same
 /// bits, and they equal that model.

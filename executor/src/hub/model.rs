@@ -123,11 +123,13 @@ fn groups_and_mismatch() {
     }
 }
 
-/// Three members lend their buffers for a direct all-reduce while a fourth replica
-/// (in no group with them) fails: the members finish, each with the full sum, and the
-/// failure reaches none of them mid-round, since the round's countdown cannot be
-/// poisoned.
-fn direct_all_reduce() {
+/// The direct all-reduce of replicas 0–2 (group `[0, 1, 2]`) while replica 3 fails
+/// and poisons the hub, optionally with member `panics` panicking mid-fold. Every
+/// schedule must end in one of the outcomes a collective allows: every member of the
+/// group gets the full result, or every member gets the failure — replica 3's, or the
+/// panicking member's (which itself unwinds, after the others are done with its
+/// buffer).
+fn direct_all_reduce(panics: Option<usize>) {
     let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(3600)));
     let groups = ReplicaGroups::new(vec![vec![0, 1, 2], vec![3]], 4).unwrap();
     let replicas: Vec<_> = (0..4)
@@ -145,23 +147,57 @@ fn direct_all_reduce() {
                     tensor: Arc::new(Tensor::I32(ArrayD::zeros(IxDyn(&[0])))),
                     lent: Some(crate::direct::Lent::of(&mut t)),
                 };
-                let round = hub.exchange(&groups, r, offer).ok()?;
-                crate::direct::all_reduce(&round, r, meshwork_types::DType::I64, ReduceOp::Sum);
-                Some(t)
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let round = hub.exchange(&groups, r, offer)?;
+                    let inject = if panics == Some(r) {
+                        crate::direct::Inject::PanicMidFold
+                    } else {
+                        crate::direct::Inject::Nothing
+                    };
+                    let dtype = meshwork_types::DType::I64;
+                    crate::direct::all_reduce_injected(&round, r, dtype, ReduceOp::Sum, inject)
+                        .map_err(|k| Error::PeerFailed { failed: k, replica: r, op: "all_reduce" })
+                }));
+                Some(match outcome {
+                    Ok(Ok(())) => Ok(t),
+                    Ok(Err(e)) => Err(Some(e)),
+                    Err(_panic) => Err(None),
+                })
             })
         })
         .collect();
-    for h in replicas {
-        if let Some(t) = h.join().unwrap() {
-            assert_eq!(t, Tensor::I64(ArrayD::from_elem(IxDyn(&[5]), 0x010101)));
-        }
-    }
+    let outcomes: Vec<_> = replicas.into_iter().filter_map(|h| h.join().unwrap()).collect();
+    assert_eq!(outcomes.len(), 3);
+    let want = Tensor::I64(ArrayD::from_elem(IxDyn(&[5]), 0x010101));
+    let all_ok = outcomes.iter().all(|o| o.as_ref().is_ok_and(|t| *t == want));
+    let poisoned = outcomes.iter().enumerate().all(|(r, o)| {
+        matches!(o, Err(Some(Error::PeerFailed { failed: 3, replica, .. })) if *replica == r)
+    });
+    let panicked = panics.is_some_and(|p| {
+        outcomes.iter().enumerate().all(|(r, o)| match o {
+            Err(None) => r == p,
+            Err(Some(Error::PeerFailed { failed, replica, .. })) => *failed == p && *replica == r,
+            _ => false,
+        })
+    });
+    assert!(
+        all_ok && panics.is_none() || poisoned || panicked,
+        "members of one all-reduce disagree on its outcome: {outcomes:?}"
+    );
 }
 
 #[test]
 fn model_direct_all_reduce() {
-    shuttle::check_random(direct_all_reduce, 1000);
-    shuttle::check_pct(direct_all_reduce, 1000, 3);
+    shuttle::check_random(|| direct_all_reduce(None), 1000);
+    shuttle::check_pct(|| direct_all_reduce(None), 1000, 3);
+}
+
+#[test]
+fn model_direct_all_reduce_with_a_panicking_member() {
+    for p in 0..3 {
+        shuttle::check_random(move || direct_all_reduce(Some(p)), 300);
+        shuttle::check_pct(move || direct_all_reduce(Some(p)), 300, 3);
+    }
 }
 
 #[test]
