@@ -237,7 +237,9 @@ impl Receiver {
             callback,
             on_error,
             budget: Budget {
-                limit: config.budget,
+                // "Less than the budget" must be reachable: an empty queue admits a frame
+                // even under a budget of 0, so listeners always make progress.
+                limit: config.budget.max(1),
                 queued: AtomicUsize::new(0),
                 high_water: AtomicUsize::new(0),
                 wait_lock: Mutex::new(()),

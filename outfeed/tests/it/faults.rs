@@ -196,3 +196,42 @@ fn payload_spec_mismatch_and_stop_on_error() {
     assert!(log.lock().unwrap().is_empty());
     drop(sink_b);
 }
+
+/// Budgets smaller than one frame, 0 included, still deliver everything: a frame is
+/// admitted alone once the queue is empty, and `shutdown` returns. (A budget of 0 used
+/// to block the listener for ever.) Run on a watchdog thread so a regression fails
+/// instead of hanging the suite.
+#[test]
+fn budgets_below_one_frame_make_progress() {
+    for budget in [0, 1, 63] {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let delivered = Arc::new(AtomicUsize::new(0));
+            let count = delivered.clone();
+            let cb = move |_: &Delivery| {
+                count.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            };
+            let (sink, source) = channel(1);
+            let mut receiver = Receiver::start(
+                registry(),
+                vec![Box::new(source)],
+                Arc::new(cb),
+                None,
+                Config { budget, workers: 1, ..Config::default() },
+            );
+            let mut device = Sender::new(registry(), sink);
+            for k in 0..20 {
+                device.send(5, &[iota_u32(16, k)]).unwrap();
+            }
+            let report = receiver.shutdown();
+            let _ = done_tx.send((delivered.load(Ordering::SeqCst), report));
+        });
+        let (delivered, report) = done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("budget {budget}: the receiver hung"));
+        assert_eq!(delivered, 20, "budget {budget}");
+        assert!(report.errors.is_empty(), "budget {budget}: {:?}", report.errors);
+        assert!(report.metrics.queue_high_water <= budget + 64, "budget {budget}");
+    }
+}

@@ -42,7 +42,7 @@ proptest! {
     #[test]
     fn prop_exactly_once_in_order_within_budget(
         plan in proptest::collection::vec(proptest::collection::vec(1u32..4, 0..40), 1..5),
-        budget in 1usize..20_000,
+        budget in prop_oneof![0usize..16, 0usize..20_000],
         workers in 1usize..4,
         slow in any::<bool>(),
     ) {
@@ -96,6 +96,7 @@ proptest! {
     fn prop_shutdown_at_random_moments_loses_nothing_received(
         counts in proptest::collection::vec(0usize..60, 1..4),
         cut in 0usize..60,
+        budget in prop_oneof![0usize..16, 0usize..2048],
     ) {
         let delivered: Tagged = Arc::default();
         let log = delivered.clone();
@@ -110,7 +111,7 @@ proptest! {
             senders.push(Sender::new(registry(), sink));
             sources.push(Box::new(source));
         }
-        let mut receiver = Receiver::start(registry(), sources, Arc::new(cb), None, Config { budget: 512, ..Config::default() });
+        let mut receiver = Receiver::start(registry(), sources, Arc::new(cb), None, Config { budget, ..Config::default() });
         // Send `cut` frames per source, shut down, then keep sending (those may be lost).
         let mut sent_before = vec![0usize; counts.len()];
         for (s, sender) in senders.iter_mut().enumerate() {
