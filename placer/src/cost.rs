@@ -3,10 +3,12 @@
 //! of Baechi's m-ETF (earliest finish time with per-device memory caps, colocation
 //! groups placed as units).
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::{
-    Device, DeviceSet, Edge, Error, Graph, NodeId, OpRegistry, PlacerOptions, Result, place,
+    Device, DeviceSet, Edge, Error, Graph, NodeId, OpRegistry, Placement, PlacerOptions, Result,
+    place,
 };
 
 /// What the cost-aware pass needs to know: per-op time and memory, per-edge bytes,
@@ -113,12 +115,29 @@ pub struct CostPlacement {
     pub memory: Vec<u64>,
 }
 
-/// Places `graph` as TF would constrain it, then chooses devices by cost: nodes in
-/// order of upward rank (longest remaining path, HEFT's priority), each colocation group
-/// on the allowed device that finishes its first member earliest among those with
-/// memory left for the whole group. Never breaks a constraint (only allowed devices,
-/// one device per group) or a memory cap (an error if no allowed device has room);
-/// falls back to TF's choice when that is estimated faster and fits.
+/// Places `graph` as TF would constrain it, then chooses devices by cost.
+///
+/// **Estimated makespan.** Every placement (the chosen one and TF's) is estimated by
+/// one list schedule. Nodes are taken in *priority order*: repeatedly, of the nodes
+/// whose predecessors have all been taken, the one with the highest upward rank (HEFT's
+/// priority: a node's mean compute over its allowed devices plus the largest, over its
+/// successors, of the successor's rank plus one transfer of the edge's bytes between
+/// the first two devices of the set, none with one device), then the least depth (edges
+/// on the longest path from a source), then the lowest node id. Each device runs its
+/// nodes one at a time in that order; a node starts when its device is free and every
+/// predecessor's output has arrived (the predecessor's finish plus
+/// [`CostModel::transfer`] of its [`output_bytes`](CostModel::output_bytes) for a data
+/// edge, of zero bytes for a control edge), and runs for [`CostModel::compute`] on its
+/// device. The makespan is the latest finish.
+///
+/// **Choice.** Groups are placed greedily in priority order: each colocation group
+/// (when its first member comes up) goes to the allowed device that finishes that
+/// member earliest among those with memory left for the whole group. TF's choice is
+/// returned instead whenever it fits every memory cap and either the greedy pass found
+/// no device with room for some group or TF's choice is estimated no slower. The result
+/// never breaks a constraint (only allowed devices, one device per group) or a memory
+/// cap; it is [`Error::MemoryCapExceeded`] only when neither the greedy pass nor TF's
+/// choice fits.
 pub fn place_with_cost(
     graph: &Graph,
     devices: &DeviceSet,
@@ -127,46 +146,60 @@ pub fn place_with_cost(
     model: &dyn CostModel,
 ) -> Result<CostPlacement> {
     let tf = place(graph, devices, registry, options)?;
-    let n = graph.len();
     let all = devices.devices();
-    let (preds, succs) = adjacency(graph);
-    let order = topological(n, &preds, &succs);
+    let preds = predecessors(graph, model);
+    let priority = priority(graph, model, all, &tf, &preds);
+
+    // TF's choice under the same model and order.
+    let tf_devices: Vec<usize> = tf.devices().to_vec();
+    let tf_memory = resident(graph, model, all.len(), &tf_devices);
+    let tf_fits = tf_memory.iter().zip(all).all(|(&m, d)| m <= model.capacity(d));
+    let tf_makespan = tf_fits.then(|| {
+        let mut schedule = Schedule::new(graph.len(), all.len());
+        for &v in &priority {
+            schedule.commit(model, graph, all, &preds, &tf_devices, v, tf_devices[v as usize]);
+        }
+        schedule.makespan()
+    });
+    let tf_choice = |tf_makespan: f64| CostPlacement {
+        devices: tf_devices.clone(),
+        makespan: tf_makespan,
+        tf_makespan: Some(tf_makespan),
+        memory: tf_memory.clone(),
+    };
+
+    match greedy(graph, model, all, &tf, &preds, &priority) {
+        Ok(greedy) => Ok(match tf_makespan {
+            Some(t) if t <= greedy.makespan => tf_choice(t),
+            _ => CostPlacement { tf_makespan, ..greedy },
+        }),
+        Err(error) => tf_makespan.map(tf_choice).ok_or(error),
+    }
+}
+
+/// Memory-capped earliest-finish list scheduling in `priority` order, each colocation
+/// group placed as a unit when its first member comes up.
+fn greedy(
+    graph: &Graph,
+    model: &dyn CostModel,
+    all: &[Device],
+    tf: &Placement,
+    preds: &[Vec<(u32, u64)>],
+    priority: &[u32],
+) -> Result<CostPlacement> {
+    let n = graph.len();
     let groups = tf.groups();
     let mut group_memory = vec![0u64; n];
-    for i in 0..n {
-        group_memory[groups[i] as usize] += model.memory(graph, NodeId(i as u32));
+    for (i, &root) in groups.iter().enumerate() {
+        let root = root as usize;
+        group_memory[root] =
+            group_memory[root].saturating_add(model.memory(graph, NodeId(i as u32)));
     }
-    // Upward rank with mean compute over the allowed devices and device-free transfer
-    // estimates (one hop between distinct devices).
-    let mut rank = vec![0f64; n];
-    let hop =
-        |bytes: u64| if all.len() > 1 { model.transfer(bytes, &all[0], &all[1]) } else { 0.0 };
-    for &v in order.iter().rev() {
-        let id = NodeId(v);
-        let allowed = tf.allowed(id);
-        let mean = allowed.iter().map(|&d| model.compute(graph, id, &all[d as usize])).sum::<f64>()
-            / allowed.len() as f64;
-        let out = model.output_bytes(graph, id);
-        let tail =
-            succs[v as usize].iter().map(|&s| hop(out) + rank[s as usize]).fold(0.0, f64::max);
-        rank[v as usize] = mean + tail;
-    }
-    let mut position = vec![0usize; n];
-    for (k, &v) in order.iter().enumerate() {
-        position[v as usize] = k;
-    }
-    let mut priority: Vec<u32> = (0..n as u32).collect();
-    priority.sort_by(|&a, &b| {
-        rank[b as usize]
-            .total_cmp(&rank[a as usize])
-            .then(position[a as usize].cmp(&position[b as usize]))
-    });
-
     let mut chosen = vec![usize::MAX; n];
     let mut group_device = vec![usize::MAX; n];
     let mut memory = vec![0u64; all.len()];
     let mut schedule = Schedule::new(n, all.len());
-    for &v in &priority {
+    for &v in priority {
         let id = NodeId(v);
         let root = groups[v as usize] as usize;
         let device = if group_device[root] != usize::MAX {
@@ -179,7 +212,7 @@ pub fn place_with_cost(
                 if memory[d].checked_add(need).is_none_or(|m| m > model.capacity(&all[d])) {
                     continue;
                 }
-                let finish = schedule.finish_on(graph, model, all, &preds, &chosen, v, d);
+                let finish = schedule.finish_on(model, graph, all, preds, &chosen, v, d);
                 if best.is_none_or(|(f, _)| finish < f) {
                     best = Some((finish, d));
                 }
@@ -197,68 +230,135 @@ pub fn place_with_cost(
             group_device[root] = d;
             d
         };
-        schedule.commit(graph, model, all, &preds, &chosen, v, device);
+        schedule.commit(model, graph, all, preds, &chosen, v, device);
         chosen[v as usize] = device;
     }
-    let makespan = schedule.makespan();
-
-    // TF's choice under the same model and order.
-    let tf_devices: Vec<usize> = tf.devices().to_vec();
-    let mut tf_memory = vec![0u64; all.len()];
-    for i in 0..n {
-        tf_memory[tf_devices[i]] += model.memory(graph, NodeId(i as u32));
-    }
-    let tf_fits = tf_memory.iter().zip(all).all(|(&m, d)| m <= model.capacity(d));
-    let mut tf_schedule = Schedule::new(n, all.len());
-    let mut placed = vec![usize::MAX; n];
-    for &v in &priority {
-        tf_schedule.commit(graph, model, all, &preds, &placed, v, tf_devices[v as usize]);
-        placed[v as usize] = tf_devices[v as usize];
-    }
-    let tf_makespan = tf_fits.then(|| tf_schedule.makespan());
-    if let Some(t) = tf_makespan
-        && t <= makespan
-    {
-        return Ok(CostPlacement {
-            devices: tf_devices,
-            makespan: t,
-            tf_makespan,
-            memory: tf_memory,
-        });
-    }
-    Ok(CostPlacement { devices: chosen, makespan, tf_makespan, memory })
+    Ok(CostPlacement { devices: chosen, makespan: schedule.makespan(), tf_makespan: None, memory })
 }
 
-/// Data predecessors (with the bytes they send) and successors of every node.
-fn adjacency(graph: &Graph) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+/// Bytes resident on each device under `placed`.
+fn resident(graph: &Graph, model: &dyn CostModel, devices: usize, placed: &[usize]) -> Vec<u64> {
+    let mut memory = vec![0u64; devices];
+    for (i, &d) in placed.iter().enumerate() {
+        memory[d] = memory[d].saturating_add(model.memory(graph, NodeId(i as u32)));
+    }
+    memory
+}
+
+/// Every node's predecessors along data and control edges, each with the bytes the
+/// edge carries (the source's output bytes for data, none for control).
+fn predecessors(graph: &Graph, model: &dyn CostModel) -> Vec<Vec<(u32, u64)>> {
     let mut preds = vec![Vec::new(); graph.len()];
-    let mut succs = vec![Vec::new(); graph.len()];
     for (src, dst, edge) in graph.edges() {
-        if matches!(edge, Edge::Data { .. } | Edge::Control) {
-            preds[dst.index()].push(src.0);
-            succs[src.index()].push(dst.0);
+        let bytes = match edge {
+            Edge::Data { .. } => model.output_bytes(graph, src),
+            Edge::Control => 0,
+        };
+        preds[dst.index()].push((src.0, bytes));
+    }
+    preds
+}
+
+/// The priority order (see [`place_with_cost`]). `graph` is acyclic ([`place`] checked
+/// it).
+fn priority(
+    graph: &Graph,
+    model: &dyn CostModel,
+    all: &[Device],
+    tf: &Placement,
+    preds: &[Vec<(u32, u64)>],
+) -> Vec<u32> {
+    let n = graph.len();
+    let mut succs: Vec<Vec<(u32, u64)>> = vec![Vec::new(); n];
+    for (v, list) in preds.iter().enumerate() {
+        for &(p, bytes) in list {
+            succs[p as usize].push((v as u32, bytes));
         }
     }
-    (preds, succs)
-}
-
-fn topological(n: usize, preds: &[Vec<u32>], succs: &[Vec<u32>]) -> Vec<u32> {
+    // Kahn's algorithm; depth is the longest path from a source.
     let mut indegree: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut ready: Vec<u32> = (0..n as u32).rev().filter(|&i| indegree[i as usize] == 0).collect();
+    let mut ready: Vec<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
     let mut order = Vec::with_capacity(n);
+    let mut depth = vec![0u32; n];
     while let Some(v) = ready.pop() {
         order.push(v);
-        for &s in succs[v as usize].iter().rev() {
+        for &(s, _) in &succs[v as usize] {
+            depth[s as usize] = depth[s as usize].max(depth[v as usize] + 1);
             indegree[s as usize] -= 1;
             if indegree[s as usize] == 0 {
                 ready.push(s);
             }
         }
     }
-    order
+    debug_assert_eq!(order.len(), n, "place rejects cycles");
+    let hop =
+        |bytes: u64| if all.len() > 1 { model.transfer(bytes, &all[0], &all[1]) } else { 0.0 };
+    let mut rank = vec![0f64; n];
+    for &v in order.iter().rev() {
+        let id = NodeId(v);
+        let allowed = tf.allowed(id);
+        let mean = allowed.iter().map(|&d| model.compute(graph, id, &all[d as usize])).sum::<f64>()
+            / allowed.len() as f64;
+        let tail = succs[v as usize]
+            .iter()
+            .map(|&(s, bytes)| hop(bytes) + rank[s as usize])
+            .fold(0.0, f64::max);
+        rank[v as usize] = mean + tail;
+    }
+    // Highest rank first, then least depth, then lowest id, among the nodes whose
+    // predecessors are all taken (with ranks that never grow along an edge, as
+    // non-negative costs give, this is simply the sorted order).
+    let mut indegree: Vec<usize> = preds.iter().map(Vec::len).collect();
+    let mut ready: BinaryHeap<Ready> = (0..n as u32)
+        .filter(|&i| indegree[i as usize] == 0)
+        .map(|i| Ready { rank: rank[i as usize], depth: depth[i as usize], node: i })
+        .collect();
+    let mut priority = Vec::with_capacity(n);
+    while let Some(Ready { node: v, .. }) = ready.pop() {
+        priority.push(v);
+        for &(s, _) in &succs[v as usize] {
+            indegree[s as usize] -= 1;
+            if indegree[s as usize] == 0 {
+                ready.push(Ready { rank: rank[s as usize], depth: depth[s as usize], node: s });
+            }
+        }
+    }
+    priority
 }
 
-/// A simple list schedule: each device runs one node at a time, in commit order.
+/// A node ready to be taken, ordered so that the max-heap pops the highest rank, then
+/// the least depth, then the lowest id.
+struct Ready {
+    rank: f64,
+    depth: u32,
+    node: u32,
+}
+
+impl Ord for Ready {
+    fn cmp(&self, other: &Ready) -> Ordering {
+        self.rank
+            .total_cmp(&other.rank)
+            .then(other.depth.cmp(&self.depth))
+            .then(other.node.cmp(&self.node))
+    }
+}
+
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Ready) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ready {
+    fn eq(&self, other: &Ready) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Ready {}
+
+/// A list schedule: each device runs one node at a time, in commit order; nodes are
+/// committed after their predecessors.
 struct Schedule {
     finish: Vec<f64>,
     device_free: Vec<f64>,
@@ -269,44 +369,40 @@ impl Schedule {
         Schedule { finish: vec![0.0; nodes], device_free: vec![0.0; devices] }
     }
 
-    /// When `v` would finish on device `d`.
+    /// When `v` would finish on device `d`, its predecessors being on `placed`.
     #[allow(clippy::too_many_arguments)]
     fn finish_on(
         &self,
-        graph: &Graph,
         model: &dyn CostModel,
+        graph: &Graph,
         all: &[Device],
-        preds: &[Vec<u32>],
+        preds: &[Vec<(u32, u64)>],
         placed: &[usize],
         v: u32,
         d: usize,
     ) -> f64 {
         let mut start = self.device_free[d];
-        for &p in &preds[v as usize] {
+        for &(p, bytes) in &preds[v as usize] {
             let from = placed[p as usize];
-            let arrival = self.finish[p as usize]
-                + if from == usize::MAX {
-                    0.0
-                } else {
-                    model.transfer(model.output_bytes(graph, NodeId(p)), &all[from], &all[d])
-                };
+            let arrival = self.finish[p as usize] + model.transfer(bytes, &all[from], &all[d]);
             start = start.max(arrival);
         }
         start + model.compute(graph, NodeId(v), &all[d])
     }
 
+    /// Runs `v` on device `d`.
     #[allow(clippy::too_many_arguments)]
     fn commit(
         &mut self,
-        graph: &Graph,
         model: &dyn CostModel,
+        graph: &Graph,
         all: &[Device],
-        preds: &[Vec<u32>],
+        preds: &[Vec<(u32, u64)>],
         placed: &[usize],
         v: u32,
         d: usize,
     ) {
-        let finish = self.finish_on(graph, model, all, preds, placed, v, d);
+        let finish = self.finish_on(model, graph, all, preds, placed, v, d);
         self.finish[v as usize] = finish;
         self.device_free[d] = finish;
     }

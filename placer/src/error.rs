@@ -436,6 +436,30 @@ impl Error {
             _ => None,
         }
     }
+
+    /// The two nodes an error about a pair of nodes names, in TF's order: the nodes of
+    /// `Cannot colocate nodes A and B` (also when that is the cause of a failed
+    /// ref/resource edge: its source, then its destination), or a ref/resource edge's
+    /// source and destination.
+    pub fn node_pair(&self) -> Option<(&str, &str)> {
+        match self {
+            Error::CannotColocate { node, other, .. }
+            | Error::NoCommonDeviceType { node, other, .. } => Some((node, other)),
+            Error::RefEdgeColocation { cause, .. } => cause.node_pair(),
+            Error::ResourceEdgeIncompatible { src, dst, .. } => Some((src, dst)),
+            _ => None,
+        }
+    }
+
+    /// The two device names whose merge failed (TF's `Cannot merge devices with
+    /// incompatible ...`), also when that is the cause of a failed ref/resource edge.
+    pub fn merge_conflict(&self) -> Option<&MergeConflict> {
+        match self {
+            Error::CannotColocate { conflict, .. } => Some(conflict),
+            Error::RefEdgeColocation { cause, .. } => cause.merge_conflict(),
+            _ => None,
+        }
+    }
 }
 
 /// `Result` with the placer's [`Error`].

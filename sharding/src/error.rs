@@ -88,6 +88,26 @@ pub enum Error {
         rank: usize,
     },
 
+    /// Data was placed with a partition spec longer than the array's rank (JAX's
+    /// `check_compatible_aval`: a spec applies only to arrays of at least its length,
+    /// even when the extra entries are `None`).
+    #[error(
+        "a partition spec of {entries} entries is only valid for arrays of rank at least {entries}, not rank {rank}"
+    )]
+    SpecTooLong {
+        /// Entries in the spec.
+        entries: usize,
+        /// The array's rank.
+        rank: usize,
+    },
+    /// Data was placed with an `UNCONSTRAINED` spec entry, which only a sharding
+    /// constraint inside a compiled program may use (JAX's `device_put` refuses it).
+    #[error("partition spec entry {entry} is UNCONSTRAINED: data cannot be placed with it")]
+    UnconstrainedEntry {
+        /// Index of the entry.
+        entry: usize,
+    },
+
     // ---- text ----------------------------------------------------------------------
     /// Text that does not parse.
     #[error("cannot parse `{input}` at byte {position}: expected {expected}")]

@@ -208,12 +208,59 @@ impl HloSharding {
         Ok(create_sharding(merged, merged_types))
     }
 
-    /// Whether every device holds the whole array.
+    /// Whether every device holds the whole array (XLA's `IsReplicated`; a tuple when
+    /// every leaf is).
     pub fn is_replicated(&self) -> bool {
+        self.all_leaves(|leaf| matches!(leaf, HloSharding::Replicated))
+    }
+
+    /// Whether one device, or every device, holds the whole array: replicated or
+    /// maximal (XLA's `IsTileMaximal`; a tuple when every leaf is).
+    pub fn is_tile_maximal(&self) -> bool {
+        self.all_leaves(|leaf| {
+            matches!(leaf, HloSharding::Replicated | HloSharding::Maximal { .. })
+        })
+    }
+
+    /// Whether this is `{manual}` (XLA's `IsManual`; a tiled sharding with manual
+    /// subgroups is not; a tuple when every leaf is).
+    pub fn is_manual(&self) -> bool {
+        self.all_leaves(|leaf| matches!(leaf, HloSharding::Manual))
+    }
+
+    /// Whether this is `{unreduced}` (XLA's `IsUnreduced`; a tiled sharding with
+    /// unreduced subgroups is not; a tuple when every leaf is).
+    pub fn is_unreduced(&self) -> bool {
+        self.all_leaves(|leaf| matches!(leaf, HloSharding::Unreduced))
+    }
+
+    /// Whether this is tiled, whatever its subgroups (XLA's `IsTiled`: neither tile
+    /// maximal, manual nor unreduced; a tuple when every leaf is).
+    pub fn is_tiled(&self) -> bool {
+        self.all_leaves(|leaf| matches!(leaf, HloSharding::Tiled(_)))
+    }
+
+    /// Whether this is a tuple sharding.
+    pub fn is_tuple(&self) -> bool {
+        matches!(self, HloSharding::Tuple(_))
+    }
+
+    /// How many devices XLA's tile assignment names (XLA's `num_devices`): the tiles of
+    /// a tiled sharding, 1 for a maximal one, 0 for replicated, manual, unreduced and
+    /// tuple shardings, which have no tile assignment.
+    pub fn num_devices(&self) -> usize {
         match self {
-            HloSharding::Replicated => true,
-            HloSharding::Tuple(leaves) => leaves.iter().all(HloSharding::is_replicated),
-            _ => false,
+            HloSharding::Tiled(tiled) => tiled.tiles.num_elements(),
+            HloSharding::Maximal { .. } => 1,
+            _ => 0,
+        }
+    }
+
+    /// `test` holds for this sharding, or for every leaf of a tuple.
+    fn all_leaves(&self, test: fn(&HloSharding) -> bool) -> bool {
+        match self {
+            HloSharding::Tuple(leaves) => leaves.iter().all(|leaf| leaf.all_leaves(test)),
+            leaf => test(leaf),
         }
     }
 

@@ -117,8 +117,37 @@ impl NamedSharding {
         HloSharding::subgroup(tiles, &types)
     }
 
-    /// The sharding of a rank-`rank` array over the mesh's devices.
+    /// The sharding of a rank-`rank` array over the mesh's devices, to place data with.
+    ///
+    /// Refuses what JAX's `device_put` refuses: an `UNCONSTRAINED` entry
+    /// ([`Error::UnconstrainedEntry`]), then a spec longer than `rank`
+    /// ([`Error::SpecTooLong`], even when the extra entries are `None`, which
+    /// [`to_hlo`](Self::to_hlo) accepts).
     pub fn to_sharding(&self, rank: usize) -> Result<Sharding> {
+        let dims = self.spec.dims();
+        if let Some(entry) = dims.iter().position(|d| *d == DimSpec::Unconstrained) {
+            return Err(Error::UnconstrainedEntry { entry });
+        }
+        if dims.len() > rank {
+            return Err(Error::SpecTooLong { entries: dims.len(), rank });
+        }
         Sharding::new(self.to_hlo(rank)?, self.mesh.devices().to_vec())
+    }
+
+    /// Whether every device holds the whole array (JAX's
+    /// `NamedSharding.is_fully_replicated`): a one-device mesh always does; otherwise
+    /// nothing may be unreduced and the axes the spec shards over must all have size 1.
+    pub fn is_fully_replicated(&self) -> bool {
+        if self.mesh.size() == 1 {
+            return true;
+        }
+        if !self.spec.unreduced().is_empty() {
+            return false;
+        }
+        self.spec
+            .dims()
+            .iter()
+            .flat_map(DimSpec::axes)
+            .all(|axis| self.mesh.axis_size(axis) == Some(1))
     }
 }

@@ -79,6 +79,13 @@ impl Sharding {
         &self.device_assignment
     }
 
+    /// Whether every device holds the whole array (JAX's
+    /// `GSPMDSharding.is_fully_replicated`): the sharding is replicated, or its tile
+    /// assignment names a single device (maximal, or tiled over one device).
+    pub fn is_fully_replicated(&self) -> bool {
+        self.hlo.num_devices() == 1 || self.hlo.is_replicated()
+    }
+
     /// The shape of every shard of an array of `shape` (JAX's `shard_shape`). In
     /// [`Mode::Uneven`] this is the padded shape `ceil(d / k)`; actual trailing shards
     /// may be shorter (see [`index_map`](Self::index_map)).

@@ -14,7 +14,9 @@ pub enum DimSpec {
     /// Sharded over these mesh axes, major first (`'a'` or `('a', 'b')`). Never empty:
     /// an empty tuple is [`DimSpec::Replicated`], as in JAX.
     Axes(Vec<String>),
-    /// Left to the compiler (`P.UNCONSTRAINED`); lowers as not sharded.
+    /// Left to the compiler (`P.UNCONSTRAINED`); lowers as not sharded, but data cannot
+    /// be placed with it ([`NamedSharding::to_sharding`](crate::NamedSharding::to_sharding)
+    /// refuses it, as JAX's `device_put` does).
     Unconstrained,
 }
 

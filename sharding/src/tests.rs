@@ -341,6 +341,16 @@ fn bad_meshes_and_specs_are_typed_errors() {
         named("P(None, None, 'a')").unwrap().to_hlo(2),
         Err(Error::SpecLongerThanRank { entry: 2, rank: 2 })
     );
+    // Placing data refuses what JAX's device_put refuses, though the HLO lowers.
+    assert!(named("P('a', None, None)").unwrap().to_hlo(2).is_ok());
+    assert_eq!(
+        named("P('a', None, None)").unwrap().to_sharding(2),
+        Err(Error::SpecTooLong { entries: 3, rank: 2 })
+    );
+    assert_eq!(
+        named("P(None, UNCONSTRAINED, None)").unwrap().to_sharding(2),
+        Err(Error::UnconstrainedEntry { entry: 1 })
+    );
     let sharding = named("P('a','b')").unwrap().to_sharding(2).unwrap();
     assert_eq!(
         sharding.shard_shape(&[4], Mode::Strict),

@@ -1,12 +1,15 @@
 //! The sharding conformance runner: applies the oracle's pass rules (see
 //! `testdata/oracle/README.md`) to one JSON record. Shared by the `sharding_conformance` example
-//! and the integration test.
+//! and the integration test. Beyond the oracle's own rules 1–6 it checks XLA's predicates,
+//! `num_devices` and `is_fully_replicated` (rule 7), and shards a real array against the
+//! record's index map and `device_put` outcome (rule 8).
 
 use meshwork_sharding::{
     AxisType, DimSpec, Error, HloSharding, Mesh, Mode, NamedSharding, PartitionSpec, ShardIndex,
-    Sharding, SubgroupType, TileAssignment,
+    Sharding, SubgroupType, TileAssignment, assemble, shard,
 };
 use meshwork_types::DeviceId;
+use ndarray::{ArrayD, IxDyn, Slice};
 use serde_json::Value;
 
 /// The oracle's normalised class for one of our errors.
@@ -15,7 +18,10 @@ pub(crate) fn class(error: &Error) -> &'static str {
         Error::DuplicateSpecAxis { .. } => "duplicate_axis",
         Error::UnknownSpecAxis { .. } => "unknown_axis",
         Error::UnreducedAxisType { .. } => "unreduced_axis_type",
-        Error::SpecLongerThanRank { .. } | Error::RankMismatch { .. } => "rank_mismatch",
+        Error::SpecLongerThanRank { .. }
+        | Error::SpecTooLong { .. }
+        | Error::RankMismatch { .. } => "rank_mismatch",
+        Error::UnconstrainedEntry { .. } => "unconstrained_unsupported",
         Error::Indivisible { .. } => "indivisible",
         Error::Unreduced => "unreduced_unsupported",
         Error::Manual => "manual_or_subgroup_unsupported",
@@ -106,7 +112,7 @@ fn expect_stage<T>(
 
 fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
     let shape = usizes(&rec["global_shape"])?;
-    let (hlo, mut assignment) = if rec["kind"] == "named" {
+    let (hlo, mut assignment, named) = if rec["kind"] == "named" {
         let m = &rec["mesh"];
         let types = strings(&m["axis_types"])?
             .iter()
@@ -149,10 +155,11 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
         else {
             return Ok(());
         };
+        check_fully_replicated(rec, named.is_fully_replicated(), bad);
         let Some(hlo) = expect_stage(rec, "hlo", named.to_hlo(shape.len()), bad) else {
             return Ok(());
         };
-        (hlo, mesh.devices().to_vec())
+        (hlo, mesh.devices().to_vec(), Some(named))
     } else {
         let built: Result<HloSharding, Error> = match rec["subkind"].as_str().unwrap_or("") {
             "iota" => TileAssignment::iota(
@@ -190,7 +197,7 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
             Value::Null => devices(&rec["device_ids"])?,
             list => devices(list)?,
         };
-        (hlo, assignment)
+        (hlo, assignment, None)
     };
     check_hlo(rec, &hlo, bad)?;
     if let HloSharding::Tuple(leaves) = &hlo {
@@ -220,8 +227,12 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
             }
             assignment.truncate(sharding_devices);
             let named_devices = Sharding::new(hlo, assignment).map_err(|e| e.to_string())?;
+            check_fully_replicated(rec, named_devices.is_fully_replicated(), bad);
             check_shard_shape(rec, &named_devices, &shape, bad);
             check_formula(rec, &named_devices, &shape, bad)?;
+            if !rec["device_put"].is_null() {
+                bad.push("jax puts data on a tile/device count mismatch".to_owned());
+            }
             return Ok(());
         }
         Err(e) => {
@@ -229,6 +240,9 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
             return Ok(());
         }
     };
+    if named.is_none() {
+        check_fully_replicated(rec, sharding.is_fully_replicated(), bad);
+    }
     check_shard_shape(rec, &sharding, &shape, bad);
     let map = sharding.index_map(&shape, Mode::Strict);
     if let Some(map) = expect_stage(rec, "devices_indices_map", map, bad) {
@@ -236,8 +250,150 @@ fn check_inner(rec: &Value, bad: &mut Vec<String>) -> Res<()> {
         if rec["indices"] != ours {
             bad.push(format!("indices differ: ours {ours}"));
         }
+        // What placing data takes: a NamedSharding bound for the array's rank (which
+        // refuses what JAX's device_put refuses), or the GSPMD sharding itself.
+        let placed = match &named {
+            Some(named) => named.to_sharding(shape.len()),
+            None => Ok(sharding.clone()),
+        };
+        check_data(rec, &sharding, placed, &shape, bad)?;
+    } else if !rec["device_put"].is_null() {
+        bad.push("jax cross-checks device_put where we have no index map".to_owned());
     }
     check_formula(rec, &sharding, &shape, bad)
+}
+
+/// `is_fully_replicated`, where the record has it.
+fn check_fully_replicated(rec: &Value, ours: bool, bad: &mut Vec<String>) {
+    if let Some(jax) = rec["is_fully_replicated"].as_bool()
+        && jax != ours
+    {
+        bad.push(format!("is_fully_replicated: jax {jax}, ours {ours}"));
+    }
+}
+
+/// The outcome of sharding a real array (`0..n` in the global shape) with the crate's
+/// `shard` and assembling it back, in the terms of the record's `device_put`.
+#[derive(Debug, PartialEq)]
+struct Put {
+    /// Shards placed; a maximal sharding counts every device of the assignment, as JAX
+    /// puts the whole array on each.
+    num_shards: usize,
+    /// Every shard's device and region are the ones the record's `indices` list.
+    matches_indices_map: bool,
+    /// Every shard's data is the slice of the array that the record's `indices` name for
+    /// its device.
+    all_data_ok: bool,
+    /// Assembling the shards gives the array back.
+    reassembled_ok: bool,
+}
+
+/// Rule 8: shards a real array and checks every device's block against the slice the
+/// record's index map names for that device, and assembles it back. Where the record
+/// cross-checked JAX's `device_put`, placing data must succeed or fail as it did (with
+/// its error class), and the outcome must equal JAX's flags and shard count; where it
+/// did not, every check must simply hold.
+fn check_data(
+    rec: &Value,
+    sharding: &Sharding,
+    placed: Result<Sharding, Error>,
+    shape: &[usize],
+    bad: &mut Vec<String>,
+) -> Res<()> {
+    let ours = put_real_array(rec, sharding, shape)?;
+    let put = &rec["device_put"];
+    match (put["ok"].as_bool(), placed) {
+        (None, _) => {
+            let all_ok = Put { num_shards: ours.num_shards, ..put_ok() };
+            if ours != all_ok {
+                bad.push(format!("sharding a real array: {ours:?}"));
+            }
+        }
+        (Some(true), Ok(placed)) => {
+            if &placed != sharding {
+                bad.push(format!("data is placed by {placed:?}, indexed by {sharding:?}"));
+            }
+            let jax = Put {
+                num_shards: put["num_shards"].as_u64().ok_or("device_put.num_shards")? as usize,
+                matches_indices_map: put["matches_indices_map"] == true,
+                all_data_ok: put["all_data_ok"] == true,
+                reassembled_ok: put["reassembled_ok"] == true,
+            };
+            if ours != jax {
+                bad.push(format!("device_put: jax {jax:?}, ours {ours:?}"));
+            }
+        }
+        (Some(true), Err(e)) => {
+            bad.push(format!("device_put: jax places the data, we fail with {e}"));
+        }
+        (Some(false), Ok(_)) => bad.push(format!(
+            "device_put: jax fails with {}, we place the data",
+            put["error"]["class"]
+        )),
+        (Some(false), Err(e)) => {
+            if put["error"]["class"] != class(&e) {
+                bad.push(format!(
+                    "device_put: jax fails with {}, we with {} ({e})",
+                    put["error"]["class"],
+                    class(&e)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn put_ok() -> Put {
+    Put { num_shards: 0, matches_indices_map: true, all_data_ok: true, reassembled_ok: true }
+}
+
+/// Shards `0..n` laid out in `shape` with the crate's `shard`, compares each shard with
+/// the record's `indices`, and assembles the shards back with the crate's `assemble`.
+fn put_real_array(rec: &Value, sharding: &Sharding, shape: &[usize]) -> Res<Put> {
+    let n: usize = shape.iter().product();
+    let global =
+        ArrayD::from_shape_vec(IxDyn(shape), (0..n as u64).collect()).map_err(|e| e.to_string())?;
+    let shards = shard(&global.view(), sharding, Mode::Strict).map_err(|e| e.to_string())?;
+    let indices = rec["indices"].as_array().ok_or("record without indices")?;
+    let jax_region = |device: DeviceId| -> Res<Option<Vec<std::ops::Range<usize>>>> {
+        let Some(entry) = indices.iter().find(|e| e["device"] == device.0) else {
+            return Ok(None);
+        };
+        let ranges = entry["index"].as_array().ok_or("index is not a list")?;
+        let ranges = ranges
+            .iter()
+            .map(|r| match usizes(r)?[..] {
+                [start, stop] => Ok(start..stop),
+                _ => Err(format!("not a [start, stop] pair: {r}")),
+            })
+            .collect::<Res<Vec<_>>>()?;
+        Ok(Some(ranges))
+    };
+    let mut put = Put {
+        num_shards: if matches!(sharding.hlo(), HloSharding::Maximal { .. }) {
+            sharding.device_assignment().len()
+        } else {
+            shards.len()
+        },
+        ..put_ok()
+    };
+    if put.num_shards != indices.len() {
+        put.matches_indices_map = false;
+    }
+    for s in &shards {
+        let Some(region) = jax_region(s.device)? else {
+            put.matches_indices_map = false;
+            put.all_data_ok = false;
+            continue;
+        };
+        put.matches_indices_map &= s.ranges == region;
+        let want = global.slice_each_axis(|axis| Slice::from(region[axis.axis.index()].clone()));
+        put.all_data_ok &= s.data == want;
+    }
+    let views: Vec<_> = shards.iter().map(|s| s.data.view()).collect();
+    put.reassembled_ok =
+        assemble(&views, sharding, shape, Mode::Strict).is_ok_and(|back| back == global);
+    Ok(put)
 }
 
 /// Rule 5: XLA's ceil-division regions, for every device the record lists.
@@ -324,6 +480,46 @@ fn check_hlo(rec: &Value, hlo: &HloSharding, bad: &mut Vec<String>) -> Res<()> {
     match hlo.to_string().parse::<HloSharding>() {
         Ok(back) if back == *hlo && back.to_string() == printed => {}
         other => bad.push(format!("print→parse of {printed} gives {other:?}")),
+    }
+    // XLA's predicates and device count (a tuple record has only `is_tuple`).
+    let flags: [(&str, Value); 7] = [
+        ("is_tuple", hlo.is_tuple().into()),
+        ("is_replicated", hlo.is_replicated().into()),
+        ("is_maximal", hlo.is_tile_maximal().into()),
+        ("is_manual", hlo.is_manual().into()),
+        ("is_tiled", hlo.is_tiled().into()),
+        ("is_unreduced", hlo.is_unreduced().into()),
+        ("num_devices", hlo.num_devices().into()),
+    ];
+    for (field, ours) in flags {
+        if !hd[field].is_null() && hd[field] != ours {
+            bad.push(format!("{field}: xla {}, ours {ours}", hd[field]));
+        }
+    }
+    if hd["is_tuple"] == false {
+        for field in ["is_replicated", "is_maximal", "num_devices"] {
+            if hd[field].is_null() {
+                bad.push(format!("record without hlo_sharding.{field}"));
+            }
+        }
+    }
+    // Without tiles, XLA's tile assignment is `[0]` and empty, or `[1]` naming the
+    // maximal device.
+    let untiled = match hlo {
+        HloSharding::Maximal { device } => Some((vec![1], vec![*device])),
+        HloSharding::Replicated | HloSharding::Manual | HloSharding::Unreduced => {
+            Some((vec![0], vec![]))
+        }
+        _ => None,
+    };
+    if let Some((dims, devices)) = untiled
+        && (hd["tile_assignment_dimensions"] != serde_json::json!(dims)
+            || hd["tile_assignment_devices"] != serde_json::json!(devices))
+    {
+        bad.push(format!(
+            "tile assignment {dims:?} {devices:?}, xla {} {}",
+            hd["tile_assignment_dimensions"], hd["tile_assignment_devices"]
+        ));
     }
     if let HloSharding::Tiled(tiled) = hlo {
         if hd["tile_assignment_dimensions"] != serde_json::json!(tiled.tiles().dims()) {
