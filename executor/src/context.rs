@@ -23,6 +23,8 @@ pub struct ReplicaContext {
     replicas: usize,
     /// This replica in its process's hub (equal to `replica` in a one-process run).
     local: usize,
+    /// The device (thread) of this process's runtime the replica runs on.
+    device: usize,
     hub: Arc<Hub>,
     all: ReplicaGroups,
     local_all: ReplicaGroups,
@@ -34,6 +36,7 @@ impl ReplicaContext {
     /// Local replica `local` of a run whose other processes (if any) `net` reaches.
     pub(crate) fn new(
         local: usize,
+        device: usize,
         hub: Arc<Hub>,
         sink: Option<Arc<dyn OutfeedSink>>,
         net: Option<Arc<Net>>,
@@ -44,12 +47,14 @@ impl ReplicaContext {
         };
         let local_all = ReplicaGroups::all(hub.replicas());
         let all = ReplicaGroups::all(replicas);
-        ReplicaContext { replica, replicas, local, hub, all, local_all, sink, net }
+        ReplicaContext { replica, replicas, local, device, hub, all, local_all, sink, net }
     }
 
-    /// The device this replica runs on (replica `r` runs on local device `r`).
+    /// The device (of this process's runtime) this replica runs on: local device `r`
+    /// for replica `r` under [`Runtime::run`](crate::Runtime::run), the placement's
+    /// device under [`Runtime::run_on`](crate::Runtime::run_on).
     pub fn device(&self) -> DeviceId {
-        DeviceId(self.replica as u32)
+        DeviceId(self.device as u32)
     }
 
     /// Streams `tensors` to the run's [`OutfeedSink`] under `consumer_id`.

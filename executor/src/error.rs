@@ -28,6 +28,15 @@ pub enum Error {
         /// Devices available.
         devices: usize,
     },
+    /// A placement of replicas on devices that is not one distinct device of the
+    /// runtime per replica.
+    #[error("placement {placement:?} must give each replica a distinct device of 0..{devices}")]
+    Placement {
+        /// The placement.
+        placement: Vec<usize>,
+        /// Devices in the runtime.
+        devices: usize,
+    },
     /// Replica groups that do not cover every replica exactly once.
     #[error("replica groups {groups:?} must hold each of replicas 0..{replicas} exactly once")]
     BadGroups {

@@ -117,10 +117,31 @@ impl Runtime {
     /// the run returns the first failure's own error (the lowest replica among those
     /// that did not merely see a peer fail).
     pub fn run(&self, program: Arc<Program>, inputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
+        let placement: Vec<usize> = (0..inputs.len()).collect();
+        self.run_on(program, inputs, &placement)
+    }
+
+    /// [`run`](Self::run), with replica `r` on device `placement[r]` (distinct devices
+    /// of this runtime): what a device assignment that is not the identity needs. The
+    /// replica's [`ReplicaContext::device`] names that device; replica ids, groups and
+    /// outputs stay in replica order. With an interconnect, `placement` maps this
+    /// process's replicas onto its devices.
+    pub fn run_on(
+        &self,
+        program: Arc<Program>,
+        inputs: Vec<Vec<Tensor>>,
+        placement: &[usize],
+    ) -> Result<Vec<Vec<Tensor>>> {
         let replicas = inputs.len();
         let devices = self.devices.len();
         if replicas == 0 || replicas > devices || (self.link.is_some() && replicas != devices) {
             return Err(Error::ReplicaCount { replicas, devices });
+        }
+        let mut taken = vec![false; devices];
+        if placement.len() != replicas
+            || placement.iter().any(|&d| d >= devices || std::mem::replace(&mut taken[d], true))
+        {
+            return Err(Error::Placement { placement: placement.to_vec(), devices });
         }
         // Processes that wait on each other also wait out each other's local timeouts.
         let net =
@@ -129,11 +150,12 @@ impl Runtime {
         let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base));
         let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
         for (r, input) in inputs.into_iter().enumerate() {
+            let device = placement[r];
             let (job_hub, program, done, sink, net) =
                 (hub.clone(), program.clone(), done_tx.clone(), self.sink.clone(), net.clone());
             let job: Job = Box::new(move || {
                 let hub = job_hub;
-                let ctx = ReplicaContext::new(r, hub.clone(), sink, net);
+                let ctx = ReplicaContext::new(r, device, hub.clone(), sink, net);
                 let id = ctx.replica_id();
                 IN_REPLICA.set(true);
                 let result = catch_unwind(AssertUnwindSafe(|| program(&ctx, input)));
@@ -158,7 +180,7 @@ impl Runtime {
                 // The receiver lives until every replica has reported.
                 let _ = done.send((r, result));
             });
-            if self.devices[r].send(job).is_err() {
+            if self.devices[device].send(job).is_err() {
                 hub.poison(base + r);
                 let _ = done_tx.send((
                     r,

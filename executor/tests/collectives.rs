@@ -459,3 +459,29 @@ fn emit_reaches_the_sink_in_each_replicas_order() {
         Error::Outfeed { replica: 0, .. }
     ));
 }
+
+/// `run_on` puts replica `r` on device `placement[r]`: its context and its thread say
+/// so, collectives still go by replica order, and a placement that reuses or invents a
+/// device is refused.
+#[test]
+fn run_on_places_replicas_on_the_devices_named() {
+    let rt = Runtime::new(4).unwrap();
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        let thread = std::thread::current().name().unwrap_or_default().to_string();
+        let want = format!("meshwork-cpu:{}", ctx.device().0);
+        assert_eq!(thread, want, "replica {} runs on its device's thread", ctx.replica_id());
+        let device = Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), i64::from(ctx.device().0)));
+        Ok(vec![device, ctx.all_gather(0, i[0].clone())?])
+    });
+    let placement = [3, 0, 2];
+    let inputs = (0..3).map(|r| vec![t(&[1], vec![r as i64])]).collect();
+    let out = rt.run_on(program.clone(), inputs, &placement).unwrap();
+    for (r, o) in out.iter().enumerate() {
+        assert_eq!(o[0], Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), placement[r] as i64)));
+        assert_eq!(o[1], t(&[3], vec![0, 1, 2]));
+    }
+    for bad in [&[0, 0, 1][..], &[0, 1, 4], &[0, 1]] {
+        let inputs = (0..3).map(|r| vec![t(&[1], vec![r as i64])]).collect();
+        assert!(matches!(rt.run_on(program.clone(), inputs, bad), Err(Error::Placement { .. })));
+    }
+}

@@ -1,9 +1,14 @@
 //! Sharded checkpoints: every variable's distinct shards in safetensors files (one per
 //! logical device), and a JSON index with the mesh, each variable's sharding and shard
-//! regions, and CRC32C checksums of every file. A checkpoint appears only when complete
-//! (written aside, then renamed into place), and restoring verifies sizes, checksums,
-//! dtypes and shapes before any variable changes, then lays the values out in the
-//! strategy's current sharding — which may differ from the saved one.
+//! regions, CRC32C checksums of every file and optional run metadata. The index is
+//! written last, so a directory without it is not a checkpoint; restoring verifies
+//! sizes, checksums, dtypes and shapes before any variable changes, then lays the
+//! values out in the strategy's current sharding — which may differ from the saved one.
+//!
+//! Writing never replaces or deletes anything it did not create: a checkpoint goes into
+//! a new (or empty) directory. Rolling checkpoints of a training run, each written aside
+//! and renamed into place, live in a [`CheckpointManager`](crate::CheckpointManager)'s
+//! directory.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -41,15 +46,52 @@ fn st_dtype(d: DType) -> safetensors::Dtype {
     }
 }
 
-/// Writes `bytes` to `path` and syncs it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| io(path, e))?;
-    f.write_all(bytes).map_err(|e| io(path, e))?;
-    f.sync_all().map_err(|e| io(path, e))
+/// The file-system operations of a save, counted so a test can stop the save after
+/// any one of them as a crash would (nothing cleaned up).
+pub(crate) struct Ops {
+    /// Operations still allowed before the simulated crash (`None`: no crash).
+    pub(crate) left: Option<usize>,
+    /// Set once the simulated crash happened.
+    pub(crate) crashed: bool,
 }
 
-fn sync_dir(path: &Path) {
-    // Directory fsync makes the renames durable where the platform supports it.
+impl Ops {
+    /// No simulated crash.
+    pub(crate) fn real() -> Ops {
+        Ops { left: None, crashed: false }
+    }
+
+    /// One operation (`what`, on `path`) is done; fails as a crash would once the
+    /// allowance is used up.
+    pub(crate) fn did(&mut self, what: &str, path: &Path) -> Result<()> {
+        match &mut self.left {
+            Some(0) => {
+                self.crashed = true;
+                Err(io(path, format!("simulated crash after {what}")))
+            }
+            Some(n) => {
+                *n -= 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes `bytes` to a new file `path` and syncs it.
+fn write_synced(path: &Path, bytes: &[u8], ops: &mut Ops) -> Result<()> {
+    let mut f =
+        fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| io(path, e))?;
+    ops.did("create", path)?;
+    f.write_all(bytes).map_err(|e| io(path, e))?;
+    ops.did("write", path)?;
+    f.sync_all().map_err(|e| io(path, e))?;
+    ops.did("fsync", path)
+}
+
+/// Syncs a directory, making the entries created or renamed in it durable (where the
+/// platform supports directory fsync).
+pub(crate) fn sync_dir(path: &Path) {
     if let Ok(d) = File::open(path) {
         let _ = d.sync_all();
     }
@@ -67,14 +109,37 @@ fn saved_value(s: &VarState) -> Result<Tensor> {
 }
 
 impl Strategy {
-    /// Saves every variable to the checkpoint directory `dir` (replacing a previous
-    /// checkpoint there only once the new one is complete).
+    /// Saves every variable as a new checkpoint in `dir`: created if absent, or an
+    /// existing empty directory. Anything else at `dir` is refused and left alone —
+    /// this never replaces or deletes what it did not write. The index is written last,
+    /// so a save cut short leaves no directory that restores. For rolling checkpoints
+    /// of a training run use a [`CheckpointManager`](crate::CheckpointManager).
     ///
     /// With several processes every process calls it: process 0 writes (every
     /// process holds the same sync-on-write values) and all return once it has.
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        self.save_checkpoint_with(dir.as_ref(), None, &mut Ops::real())
+    }
+
+    /// [`save_checkpoint`](Self::save_checkpoint) with `metadata` (any JSON: a run's
+    /// configuration, say) kept in the index, where
+    /// [`checkpoint_metadata`](crate::checkpoint_metadata) reads it back.
+    pub fn save_checkpoint_with_metadata(
+        &self,
+        dir: impl AsRef<Path>,
+        metadata: &Value,
+    ) -> Result<()> {
+        self.save_checkpoint_with(dir.as_ref(), Some(metadata), &mut Ops::real())
+    }
+
+    pub(crate) fn save_checkpoint_with(
+        &self,
+        dir: &Path,
+        metadata: Option<&Value>,
+        ops: &mut Ops,
+    ) -> Result<()> {
         if !self.is_multi_process() {
-            return save(self, dir.as_ref());
+            return save(self, dir, metadata, ops);
         }
         if let Some(s) = self.states().iter().find(|s| s.sync == Synchronization::OnRead) {
             return Err(Error::Variable {
@@ -85,7 +150,7 @@ impl Strategy {
             });
         }
         let written =
-            if self.local_replicas().start == 0 { save(self, dir.as_ref()) } else { Ok(()) };
+            if self.local_replicas().start == 0 { save(self, dir, metadata, ops) } else { Ok(()) };
         self.sync()?;
         written
     }
@@ -99,6 +164,52 @@ impl Strategy {
     }
 }
 
+/// The metadata a checkpoint was saved with
+/// ([`Strategy::save_checkpoint_with_metadata`]), `None` if it has none. Reads only the
+/// index; [`Strategy::restore_checkpoint`] verifies the rest.
+pub fn checkpoint_metadata(dir: impl AsRef<Path>) -> Result<Option<Value>> {
+    let index_path = dir.as_ref().join(INDEX);
+    let index = read_index(&index_path)?;
+    Ok(index.get("metadata").cloned())
+}
+
+fn read_index(index_path: &Path) -> Result<Value> {
+    // An index is a few kilobytes per variable; refuse to read a huge file into memory.
+    const MAX_INDEX: u64 = 256 << 20;
+    let len = fs::metadata(index_path)
+        .map_err(|e| {
+            corrupt(index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
+        })?
+        .len();
+    if len > MAX_INDEX {
+        return Err(corrupt(
+            index_path,
+            format!("the index is {len} bytes: not a checkpoint index"),
+        ));
+    }
+    let text = fs::read(index_path).map_err(|e| {
+        corrupt(index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
+    })?;
+    let index: Value =
+        serde_json::from_slice(&text).map_err(|e| corrupt(index_path, format!("bad JSON: {e}")))?;
+    if field(&index, "format", index_path)?.as_str() != Some(FORMAT) {
+        return Err(corrupt(index_path, "not a meshwork checkpoint index"));
+    }
+    if field(&index, "version", index_path)?.as_u64() != Some(VERSION) {
+        return Err(corrupt(
+            index_path,
+            format!("unsupported version (this build reads {VERSION})"),
+        ));
+    }
+    Ok(index)
+}
+
+/// Whether `dir` holds a meshwork checkpoint index (a complete checkpoint, unless its
+/// files were damaged since).
+pub(crate) fn is_checkpoint(dir: &Path) -> bool {
+    read_index(&dir.join(INDEX)).is_ok()
+}
+
 /// A shard on its way to a file.
 #[derive(Clone)]
 struct Saved {
@@ -108,20 +219,33 @@ struct Saved {
     bytes: Vec<u8>,
 }
 
-fn save(strategy: &Strategy, dir: &Path) -> Result<()> {
+fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops) -> Result<()> {
     let logical = strategy.num_logical_devices();
-    let name = dir
-        .file_name()
-        .ok_or_else(|| corrupt(dir, "not a directory name"))?
-        .to_string_lossy()
-        .to_string();
-    let parent = dir.parent().map(Path::to_path_buf).unwrap_or_default();
-    let parent = if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent };
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let tmp = parent.join(format!(".{name}.partial-{}-{stamp}", std::process::id()));
-    fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    // A new directory (its missing parents made too), or an existing empty one;
+    // anything else is not ours to write in.
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+    }
+    let created = match fs::create_dir(dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = fs::symlink_metadata(dir).map_err(|e| io(dir, e))?;
+            let empty =
+                meta.is_dir() && fs::read_dir(dir).map_err(|e| io(dir, e))?.next().is_none();
+            if !empty {
+                return Err(io(
+                    dir,
+                    "already exists and is not an empty directory; a checkpoint is saved \
+                     into a new directory and never replaces anything",
+                ));
+            }
+            false
+        }
+        Err(e) => return Err(io(dir, e)),
+    };
+    ops.did("mkdir", dir)?;
+    let tmp = dir;
+    let mut written: Vec<PathBuf> = Vec::new();
     let result = (|| {
         // Per logical device: its tensors.
         let mut files: Vec<Vec<Saved>> = vec![Vec::new(); logical];
@@ -170,7 +294,8 @@ fn save(strategy: &Strategy, dir: &Path) -> Result<()> {
                 .map_err(|e| io(&tmp, e))?;
             let bytes = safetensors::serialize(views, None).map_err(|e| io(&tmp, e))?;
             let file = format!("shard-{device}.safetensors");
-            write_synced(&tmp.join(&file), &bytes)?;
+            written.push(tmp.join(&file));
+            write_synced(&tmp.join(&file), &bytes, ops)?;
             listed.push(
                 json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
             );
@@ -183,25 +308,28 @@ fn save(strategy: &Strategy, dir: &Path) -> Result<()> {
             "variables": variables,
             "files": listed,
         });
-        let text = serde_json::to_vec_pretty(&index).map_err(|e| io(&tmp, e))?;
+        let mut index = index;
+        if let Some(m) = metadata {
+            index["metadata"] = m.clone();
+        }
+        let text = serde_json::to_vec_pretty(&index).map_err(|e| io(tmp, e))?;
         // The index goes last: a directory without it is not a checkpoint.
-        write_synced(&tmp.join(INDEX), &text)?;
-        sync_dir(&tmp);
-        Ok(())
+        written.push(tmp.join(INDEX));
+        write_synced(&tmp.join(INDEX), &text, ops)?;
+        sync_dir(tmp);
+        ops.did("fsync", tmp)
     })();
     if let Err(e) = result {
-        let _ = fs::remove_dir_all(&tmp);
+        if !ops.crashed {
+            // Remove what this save wrote, and nothing else.
+            for f in written.iter().rev() {
+                let _ = fs::remove_file(f);
+            }
+            if created {
+                let _ = fs::remove_dir(dir);
+            }
+        }
         return Err(e);
-    }
-    let old = parent.join(format!(".{name}.old-{}-{stamp}", std::process::id()));
-    let had_old = dir.exists();
-    if had_old {
-        fs::rename(dir, &old).map_err(|e| io(dir, e))?;
-    }
-    fs::rename(&tmp, dir).map_err(|e| io(dir, e))?;
-    sync_dir(&parent);
-    if had_old {
-        let _ = fs::remove_dir_all(&old);
     }
     Ok(())
 }
@@ -216,20 +344,7 @@ fn usize_of(v: &Value, path: &Path) -> Result<usize> {
 
 fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
     let index_path = dir.join(INDEX);
-    let text = fs::read(&index_path).map_err(|e| {
-        corrupt(&index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
-    })?;
-    let index: Value = serde_json::from_slice(&text)
-        .map_err(|e| corrupt(&index_path, format!("bad JSON: {e}")))?;
-    if field(&index, "format", &index_path)?.as_str() != Some(FORMAT) {
-        return Err(corrupt(&index_path, "not a meshwork checkpoint index"));
-    }
-    if field(&index, "version", &index_path)?.as_u64() != Some(VERSION) {
-        return Err(corrupt(
-            &index_path,
-            format!("unsupported version (this build reads {VERSION})"),
-        ));
-    }
+    let index = read_index(&index_path)?;
     let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
     // Every file: present, of the recorded size and checksum.
     let mut contents = std::collections::HashMap::new();
@@ -241,8 +356,16 @@ fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
             return Err(corrupt(&index_path, format!("file name {name:?} leaves the checkpoint")));
         }
         let path = dir.join(name);
-        let bytes = fs::read(&path).map_err(|e| io(&path, e))?;
         let want = usize_of(field(f, "bytes", &index_path)?, &index_path)?;
+        // The size first, so a damaged index cannot make us read a huge file.
+        let on_disk = fs::metadata(&path).map_err(|e| io(&path, e))?.len();
+        if on_disk != want as u64 {
+            return Err(corrupt(
+                &path,
+                format!("{on_disk} bytes, the index says {want}: cut short or changed"),
+            ));
+        }
+        let bytes = fs::read(&path).map_err(|e| io(&path, e))?;
         if bytes.len() != want {
             return Err(corrupt(
                 &path,

@@ -207,6 +207,25 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A checkpoint directory meshwork will not use (a file, a symbolic link, a device,
+    /// a non-empty directory that is not meshwork's, one another run holds), or a
+    /// managed save it refuses (a step that exists).
+    #[error("checkpoint directory {}: {problem}", path.display())]
+    CheckpointDir {
+        /// The directory (or the entry in it).
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Training produced a loss that is not a finite number (it diverged, or the
+    /// inputs or weights held NaN or infinity).
+    #[error("step {step}: the loss is {loss}, not a finite number; training stopped there")]
+    NonFiniteLoss {
+        /// The step (counted from 0).
+        step: usize,
+        /// The loss.
+        loss: f64,
+    },
     /// A checkpoint whose variables do not match the strategy's.
     #[error("checkpoint {}: variable {variable}: {problem}", path.display())]
     CheckpointMismatch {

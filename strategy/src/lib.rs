@@ -50,6 +50,7 @@ mod checkpoint;
 mod context;
 mod dataset;
 mod error;
+mod manager;
 mod metrics;
 pub mod mlp;
 mod ops;
@@ -58,12 +59,14 @@ mod values;
 mod variable;
 
 pub use assignment::{DeviceAssignment, Topology};
+pub use checkpoint::checkpoint_metadata;
 pub use context::StrategyContext;
 pub use dataset::{
     DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,
     Remainder,
 };
 pub use error::{Error, Result};
+pub use manager::{CheckpointManager, MARKER as CHECKPOINT_MARKER, find_checkpoint, step_name};
 pub use meshwork_executor as executor;
 pub use meshwork_executor::Tensor;
 pub use meshwork_outfeed as outfeed;

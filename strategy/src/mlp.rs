@@ -8,6 +8,7 @@
 //! (the sums only group differently).
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,9 +17,11 @@ use meshwork_executor::Tensor;
 use meshwork_types::{DType, ReduceOp};
 use ndarray::{Array1, Array2, ArrayD, Axis, Ix1, Ix2, NdFloat};
 
+use serde_json::{Value, json};
+
 use crate::{
-    Arg, DeviceAssignment, Error, Layout, MetricEvent, MetricSpec, Result, Strategy,
-    StrategyContext, Topology, Variable, VariableOptions,
+    Arg, CheckpointManager, DeviceAssignment, Error, Layout, MetricEvent, MetricSpec, Result,
+    Strategy, StrategyContext, Topology, Variable, VariableOptions,
 };
 
 /// A classification dataset: rows of features and their class ids.
@@ -155,12 +158,19 @@ pub struct TrainConfig {
     pub shuffle: Option<u64>,
     /// Steps per host call.
     pub steps_per_run: usize,
-    /// Save a checkpoint here every `checkpoint_every` steps and at the end.
+    /// A checkpoint directory meshwork owns (see [`CheckpointManager`]): one step saved
+    /// every `checkpoint_every` steps, at the end and when the run is stopped. Opened
+    /// (created, checked and locked) before the first step.
     pub checkpoint_dir: Option<PathBuf>,
     /// Steps between checkpoints (0: only at the end).
     pub checkpoint_every: usize,
-    /// Resume from this checkpoint (any mesh).
+    /// How many of the newest steps `checkpoint_dir` keeps (at least 1).
+    pub keep: usize,
+    /// Resume from this checkpoint (any mesh): a checkpoint directory (its newest
+    /// complete step), a `step-…` directory in one, or a plain checkpoint.
     pub resume: Option<PathBuf>,
+    /// The seed the data and initial weights were drawn from (recorded in checkpoints).
+    pub seed: u64,
 }
 
 impl Default for TrainConfig {
@@ -176,7 +186,9 @@ impl Default for TrainConfig {
             steps_per_run: 1,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            keep: 3,
             resume: None,
+            seed: 0,
         }
     }
 }
@@ -192,6 +204,10 @@ pub struct TrainReport {
     pub params: Params,
     /// Wall time of the steps.
     pub elapsed: Duration,
+    /// Whether `progress` stopped the run before its last step.
+    pub stopped: bool,
+    /// The last checkpoint this run saved.
+    pub saved: Option<PathBuf>,
 }
 
 /// One progress report: after the host call that ended with `step`.
@@ -381,12 +397,14 @@ pub fn check_mesh(config: &TrainConfig, hidden: usize) -> Result<()> {
 }
 
 /// Trains on `data` from `init` (or the checkpoint in `config.resume`), calling
-/// `progress` after every host call.
+/// `progress` after every host call; `progress` returning `Break` stops the run after
+/// that call (a checkpoint is saved if `config.checkpoint_dir` is set). A step whose
+/// loss is not finite ends the run with [`Error::NonFiniteLoss`].
 pub fn train(
     config: &TrainConfig,
     data: &Dataset,
     init: &Params,
-    progress: &mut dyn FnMut(Progress),
+    progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<TrainReport> {
     match config.dtype {
         DType::F32 => train_as::<f32>(config, data, init, progress),
@@ -397,18 +415,60 @@ pub fn train(
     }
 }
 
+/// A fingerprint of `data` (CRC32C of its shape, values and labels), recorded in
+/// checkpoints so a resume can tell when the data changed.
+pub fn fingerprint(data: &Dataset) -> u32 {
+    let mut crc = crc32c::crc32c(&(data.rows() as u64).to_le_bytes());
+    crc = crc32c::crc32c_append(crc, &(data.features() as u64).to_le_bytes());
+    for v in &data.x {
+        crc = crc32c::crc32c_append(crc, &v.to_le_bytes());
+    }
+    for &l in &data.labels {
+        crc = crc32c::crc32c_append(crc, &(l as u64).to_le_bytes());
+    }
+    crc
+}
+
+/// The run configuration a checkpoint of step `step` records (in its index's
+/// metadata): model sizes, dtype, learning rate, batch, data shape and fingerprint,
+/// seed, shuffling and mesh.
+pub fn run_metadata(config: &TrainConfig, data: &Dataset, hidden: usize, step: usize) -> Value {
+    json!({
+        "kind": "meshwork-mlp",
+        "step": step,
+        "model": { "features": data.features(), "hidden": hidden, "classes": data.classes },
+        "dtype": config.dtype.to_string(),
+        "lr": config.lr,
+        "batch": config.batch,
+        "data": { "rows": data.rows(), "features": data.features(), "fingerprint": fingerprint(data) },
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+        "mesh": [config.data, config.model],
+    })
+}
+
 fn train_as<T: Real>(
     config: &TrainConfig,
     data: &Dataset,
     init: &Params,
-    progress: &mut dyn FnMut(Progress),
+    progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<TrainReport> {
     check_mesh(config, init.hidden())?;
+    // The output directory is checked (created, marked, locked) before any work.
+    let mut checkpoints = match &config.checkpoint_dir {
+        Some(dir) => Some(CheckpointManager::open(dir, config.keep)?),
+        None => None,
+    };
+    let resume = match &config.resume {
+        Some(path) => Some(crate::find_checkpoint(path)?.0),
+        None => None,
+    };
     let (d, m) = (config.data, config.model);
     let topology = Topology::new(vec![d * m], m)?;
     let assignment = DeviceAssignment::build(&topology, &[m], None)?;
-    // Per step: the sum of the replicas' loss sums, and how many reported.
-    let losses: Arc<Mutex<BTreeMap<u64, (f64, usize)>>> = Arc::default();
+    // Per step: each replica's loss sum, kept by replica so the global loss is summed
+    // in replica order (bit-reproducible whatever order the streams arrive in).
+    let losses: Arc<Mutex<Losses>> = Arc::default();
     let log = losses.clone();
     let spec = MetricSpec { id: LOSS, name: "loss".into(), specs: vec!["f64[]".parse()?] };
     let strategy = Strategy::new(assignment)?.with_metrics(
@@ -416,9 +476,10 @@ fn train_as<T: Real>(
         Arc::new(move |e: &MetricEvent| {
             if let Some(Tensor::F64(a)) = e.tensors.first() {
                 let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-                let entry = l.entry(e.step).or_insert((0.0, 0));
-                entry.0 += a.iter().next().copied().unwrap_or(f64::NAN);
-                entry.1 += 1;
+                let entry = l.entry(e.step).or_insert_with(|| vec![None; d]);
+                if let Some(slot) = entry.get_mut(e.replica) {
+                    *slot = Some(a.iter().next().copied().unwrap_or(f64::NAN));
+                }
             }
         }),
     )?;
@@ -435,12 +496,35 @@ fn train_as<T: Real>(
             VariableOptions::default(),
         )?,
     };
-    if let Some(dir) = &config.resume {
+    if let Some(dir) = &resume {
         strategy.restore_checkpoint(dir)?;
     }
     let first = match strategy.read_variable(&vars.step)? {
         Tensor::I64(a) => a.iter().next().copied().unwrap_or(0).max(0) as usize,
         _ => 0,
+    };
+    if let Some(m) = &checkpoints
+        && let Some(&newest) = m.steps()?.last()
+        && newest > first
+    {
+        return Err(Error::CheckpointDir {
+            path: m.root().to_path_buf(),
+            problem: format!(
+                "already holds checkpoints up to {}, which this run (starting at step \
+                 {first}) would not continue; resume from it, or give another directory",
+                crate::step_name(newest)
+            ),
+        });
+    }
+    let hidden = init.hidden();
+    let mut saved = None;
+    let mut save = |strategy: &Strategy, step: usize| -> Result<()> {
+        if let Some(m) = &mut checkpoints
+            && m.steps()?.last() != Some(&step)
+        {
+            saved = Some(m.save(strategy, step, &run_metadata(config, data, hidden, step))?);
+        }
+        Ok(())
     };
     let (batch, lr) = (config.batch, config.lr);
     let onehot = |rows: &[usize]| {
@@ -468,26 +552,34 @@ fn train_as<T: Real>(
         strategy.run_steps(move |ctx, args| step::<T>(ctx, args, &v, lr, batch), &steps)?;
         strategy.flush_metrics(Duration::from_secs(60))?;
         s += n;
-        if let Some(dir) = &config.checkpoint_dir
-            && config.checkpoint_every > 0
-            && s.is_multiple_of(config.checkpoint_every)
-        {
-            strategy.save_checkpoint(dir)?;
+        for k in s - n..s {
+            let loss = global_loss(&losses, k as u64, d, batch)?;
+            if !loss.is_finite() {
+                return Err(Error::NonFiniteLoss { step: k, loss });
+            }
+        }
+        if config.checkpoint_every > 0 && s.is_multiple_of(config.checkpoint_every) {
+            save(&strategy, s)?;
         }
         let loss = global_loss(&losses, s as u64 - 1, d, batch)?;
         let secs = started.elapsed().as_secs_f64().max(1e-9);
-        progress(Progress {
+        let flow = progress(Progress {
             done: s,
             total: config.steps,
             loss,
             samples_per_sec: ((s - first) * batch) as f64 / secs,
         });
+        if flow.is_break() {
+            break;
+        }
     }
     let elapsed = started.elapsed();
-    if let Some(dir) = &config.checkpoint_dir {
-        strategy.save_checkpoint(dir)?;
+    let stopped = s < config.steps;
+    if s > first {
+        save(&strategy, s)?;
     }
-    let losses = (first as u64..config.steps.max(first) as u64)
+    let last = s.max(first);
+    let losses = (first as u64..last as u64)
         .map(|k| global_loss(&losses, k, d, batch))
         .collect::<Result<Vec<_>>>()?;
     let read = |v: &Variable| -> Result<ArrayD<f64>> {
@@ -505,23 +597,25 @@ fn train_as<T: Real>(
         w2: two(read(&vars.w2)?, "w2")?,
         b2: one(read(&vars.b2)?, "b2")?,
     };
-    Ok(TrainReport { first_step: first, losses, params, elapsed })
+    Ok(TrainReport { first_step: first, losses, params, elapsed, stopped, saved })
 }
 
-/// The global loss of step `k`, from the replicas' streamed loss sums.
-fn global_loss(
-    losses: &Mutex<BTreeMap<u64, (f64, usize)>>,
-    k: u64,
-    replicas: usize,
-    batch: usize,
-) -> Result<f64> {
+/// Per step, each replica's loss sum (`None` until it arrives).
+type Losses = BTreeMap<u64, Vec<Option<f64>>>;
+
+/// The global loss of step `k`, from the replicas' streamed loss sums, added in replica
+/// order.
+fn global_loss(losses: &Mutex<Losses>, k: u64, replicas: usize, batch: usize) -> Result<f64> {
     let l = losses.lock().unwrap_or_else(|p| p.into_inner());
-    match l.get(&k) {
-        Some(&(sum, n)) if n == replicas => Ok(sum / batch as f64),
+    let sums = l.get(&k).map(|v| v.iter().flatten().copied().collect::<Vec<f64>>());
+    match sums {
+        Some(sums) if sums.len() == replicas => {
+            Ok(sums.iter().fold(0.0, |acc, &x| acc + x) / batch as f64)
+        }
         other => Err(Error::Metrics {
             problem: format!(
                 "step {k}: {} of {replicas} replica losses arrived",
-                other.map_or(0, |o| o.1)
+                other.map_or(0, |o| o.len())
             ),
         }),
     }

@@ -116,12 +116,19 @@ pub(crate) fn rows(t: &Tensor, range: Range<usize>) -> Tensor {
     map!(t, a => a.slice_axis(Axis(0), Slice::from(range)).to_owned())
 }
 
-/// The sum over `axis`, keeping the other dims.
+/// The sum over `axis`, keeping the other dims; integers wrap on overflow (as the
+/// executor's reductions do), in every build profile.
 pub(crate) fn sum_axis(t: &Tensor, axis: usize) -> Tensor {
-    map!(t, a => a.sum_axis(Axis(axis)))
+    match t {
+        Tensor::F32(a) => Tensor::F32(a.sum_axis(Axis(axis))),
+        Tensor::F64(a) => Tensor::F64(a.sum_axis(Axis(axis))),
+        Tensor::I32(a) => Tensor::I32(a.fold_axis(Axis(axis), 0, |&s, &x| s.wrapping_add(x))),
+        Tensor::I64(a) => Tensor::I64(a.fold_axis(Axis(axis), 0, |&s, &x| s.wrapping_add(x))),
+        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
+    }
 }
 
-/// Element-wise `x + y`.
+/// Element-wise `x + y`; integers wrap on overflow.
 pub(crate) fn add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     if x.shape() != y.shape() {
         return Err(Error::ShapeMismatch {
@@ -131,35 +138,60 @@ pub(crate) fn add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
             axis: None,
         });
     }
-    zip!(x, y, a, b => a + b, Error::DTypeMismatch { what: "addition", expected: x.dtype(), actual: y.dtype() })
+    match (x, y) {
+        (Tensor::F32(a), Tensor::F32(b)) => Ok(Tensor::F32(a + b)),
+        (Tensor::F64(a), Tensor::F64(b)) => Ok(Tensor::F64(a + b)),
+        (Tensor::I32(a), Tensor::I32(b)) => {
+            Ok(Tensor::I32(ndarray::Zip::from(a).and(b).map_collect(|&p, &q| p.wrapping_add(q))))
+        }
+        (Tensor::I64(a), Tensor::I64(b)) => {
+            Ok(Tensor::I64(ndarray::Zip::from(a).and(b).map_collect(|&p, &q| p.wrapping_add(q))))
+        }
+        _ => Err(Error::DTypeMismatch { what: "addition", expected: x.dtype(), actual: y.dtype() }),
+    }
 }
 
-/// Element-wise `x / n` in the element type (integers truncate toward zero).
-pub(crate) fn divide(x: &Tensor, n: f64) -> Tensor {
-    match x {
+/// Element-wise `x / n` in the element type (integers truncate toward zero). A float
+/// divided by 0 gives NaN or infinity as IEEE says; an integer tensor divided by 0 —
+/// a MEAN over no rows — has no value to give and is an error.
+pub(crate) fn divide(x: &Tensor, n: f64) -> Result<Tensor> {
+    let int = |n: f64| -> Result<i64> {
+        if n == 0.0 {
+            Err(Error::Empty { what: "a MEAN of an integer tensor over zero rows" })
+        } else {
+            Ok(n as i64)
+        }
+    };
+    Ok(match x {
         Tensor::F32(a) => Tensor::F32(a.mapv(|v| v / n as f32)),
         Tensor::F64(a) => Tensor::F64(a.mapv(|v| v / n)),
-        Tensor::I32(a) => Tensor::I32(a.mapv(|v| v / n as i32)),
-        Tensor::I64(a) => Tensor::I64(a.mapv(|v| v / n as i64)),
+        Tensor::I32(a) => {
+            let n = int(n)?;
+            Tensor::I32(a.mapv(|v| (i64::from(v) / n) as i32))
+        }
+        Tensor::I64(a) => {
+            let n = int(n)?;
+            Tensor::I64(a.mapv(|v| v.wrapping_div(n)))
+        }
         other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    }
+    })
 }
 
-/// Feeds the tensor's dtype, shape and element bits to `h`.
-pub(crate) fn hash_bits(t: &Tensor, h: &mut impl std::hash::Hasher) {
-    h.write_u8(t.dtype() as u8);
-    t.shape().iter().for_each(|&d| h.write_usize(d));
-    fn each<T: Copy>(a: &ArrayD<T>, mut f: impl FnMut(T)) {
-        match a.as_slice() {
-            Some(s) => s.iter().for_each(|&v| f(v)),
-            None => a.iter().for_each(|&v| f(v)),
-        }
+/// The first `r > 0` whose row `t[r]` differs from row `t[0]` in any bit (so NaNs
+/// with equal bits are equal and `-0.0` differs from `0.0`), if any.
+pub(crate) fn first_differing_row(t: &Tensor) -> Option<usize> {
+    fn go<T: Copy, B: PartialEq>(a: &ArrayD<T>, bits: impl Fn(T) -> B) -> Option<usize> {
+        let rows = a.shape().first().copied().unwrap_or(0);
+        let first = a.index_axis(Axis(0), 0);
+        (1..rows).find(|&r| {
+            a.index_axis(Axis(0), r).iter().zip(first.iter()).any(|(&x, &y)| bits(x) != bits(y))
+        })
     }
     match t {
-        Tensor::F32(a) => each(a, |v| h.write_u32(v.to_bits())),
-        Tensor::F64(a) => each(a, |v| h.write_u64(v.to_bits())),
-        Tensor::I32(a) => each(a, |v| h.write_i32(v)),
-        Tensor::I64(a) => each(a, |v| h.write_i64(v)),
+        Tensor::F32(a) => go(a, f32::to_bits),
+        Tensor::F64(a) => go(a, f64::to_bits),
+        Tensor::I32(a) => go(a, |v| v),
+        Tensor::I64(a) => go(a, |v| v),
         other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
     }
 }

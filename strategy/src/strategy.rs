@@ -44,41 +44,35 @@ impl std::fmt::Display for Stashed {
 
 impl std::error::Error for Stashed {}
 
+/// A replica's outputs of its logical device 0.
+fn first_logical(mut per_logical: Vec<Vec<Tensor>>) -> Vec<Tensor> {
+    per_logical.swap_remove(0)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Refuses, on every replica alike, a run after which a NONE-aggregated sync-on-write
-/// variable's copies differ across replicas: every device gathers a hash of each such
-/// copy it holds from its counterparts on the other replicas, and all compare the same
-/// hashes.
+/// variable's copies differ across replicas: every device gathers each such copy it
+/// holds from its counterparts on the other replicas and compares them bit for bit
+/// (exactly: a hash could collide and let a diverging update through), and all reach
+/// the same verdict from the same gathered copies.
 fn check_mirrored(ctx: &StrategyContext<'_>) -> Result<()> {
-    use std::hash::Hasher;
     let watched: Vec<usize> = (0..ctx.run.vars.len())
         .filter(|&id| {
             let m = &ctx.run.vars[id];
             m.sync == Synchronization::OnWrite && m.aggregation == Aggregation::None
         })
         .collect();
-    if watched.is_empty() || ctx.num_replicas_in_sync() == 1 {
+    let replicas = ctx.num_replicas_in_sync();
+    if watched.is_empty() || replicas == 1 {
         return Ok(());
     }
-    let vars = ctx.vars.borrow();
-    let hashes: Vec<i64> = watched
-        .iter()
-        .map(|&id| {
-            let mut h = rustc_hash::FxHasher::default();
-            ops::hash_bits(&vars[id], &mut h);
-            h.finish() as i64
-        })
-        .collect();
-    drop(vars);
-    let n = hashes.len();
-    let all = ctx.all_gather(Tensor::I64(ndarray::Array1::from(hashes).into_dyn()), 0)?;
-    let Tensor::I64(all) = all else { unreachable!("gathered i64") };
-    let all = all.as_slice().expect("gathered contiguous").to_vec();
-    for (k, &id) in watched.iter().enumerate() {
-        if let Some(r) = (1..ctx.num_replicas_in_sync()).find(|&r| all[r * n + k] != all[k]) {
+    for id in watched {
+        let copy = ops::expand(&ctx.vars.borrow()[id]);
+        let all = ctx.all_gather(copy, 0)?;
+        if let Some(r) = ops::first_differing_row(&all) {
             return Err(Error::DivergingUpdate {
                 variable: ctx.run.vars[id].name.clone(),
                 replica: r,
@@ -90,12 +84,13 @@ fn check_mirrored(ctx: &StrategyContext<'_>) -> Result<()> {
 }
 
 impl Strategy {
-    /// A strategy over `assignment`, with one executor device per replica and logical
-    /// device.
+    /// A strategy over `assignment`, with one executor device per device of its
+    /// topology: replica `r`'s logical device `l` runs on the executor device (thread
+    /// `meshwork-cpu:N`) that [`DeviceAssignment::device`] names.
     pub fn new(assignment: DeviceAssignment) -> Result<Strategy> {
         let devices = assignment.num_replicas() * assignment.num_logical_devices();
         Ok(Strategy {
-            runtime: Runtime::new(devices)?,
+            runtime: Runtime::new(assignment.num_devices().max(devices))?,
             assignment,
             vars: Mutex::new(Vec::new()),
             scope: Mutex::new(Vec::new()),
@@ -303,7 +298,7 @@ impl Strategy {
         self.with_var(v, |s| {
             if s.sync == Synchronization::OnRead && s.aggregation == Aggregation::Sum {
                 s.check(value)?;
-                s.set_all(&ops::divide(value, n as f64))
+                s.set_all(&ops::divide(value, n as f64)?)
             } else {
                 s.set_all(value)
             }
@@ -387,6 +382,19 @@ impl Strategy {
         f: impl Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
         args: &[Arg],
     ) -> Result<PerReplica<Vec<Tensor>>> {
+        self.run_logical(f, args).map(|all| all.map(first_logical))
+    }
+
+    /// [`run`](Self::run), returning the outputs of every logical device of every
+    /// replica (`values()[r][l]`). `run` returns each replica's logical device 0
+    /// outputs: TF's rule, where a model-parallel replica's outputs are its
+    /// computation's, which the function gathers or reduces onto every logical device
+    /// (as `all_reduce_logical` and `all_gather_logical` do) — this shows them all.
+    pub fn run_logical(
+        &self,
+        f: impl Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+        args: &[Arg],
+    ) -> Result<PerReplica<Vec<Vec<Tensor>>>> {
         let f: Arc<ReplicaFn> = Arc::new(f);
         let steps = vec![args.to_vec()];
         self.run_inner(f, &steps).map(|mut last| last.pop().expect("one step"))
@@ -404,7 +412,7 @@ impl Strategy {
             return Err(Error::Empty { what: "run_steps" });
         }
         let f: Arc<ReplicaFn> = Arc::new(f);
-        self.run_inner(f, steps).map(|mut last| last.pop().expect("one step"))
+        self.run_inner(f, steps).map(|mut last| last.pop().expect("one step").map(first_logical))
     }
 
     /// [`run_steps`](Self::run_steps), with the last step's outputs reduced across
@@ -429,7 +437,7 @@ impl Strategy {
         &self,
         f: Arc<ReplicaFn>,
         steps: &[Vec<Arg>],
-    ) -> Result<Vec<PerReplica<Vec<Tensor>>>> {
+    ) -> Result<Vec<PerReplica<Vec<Vec<Tensor>>>>> {
         let logical = self.num_logical_devices();
         let local = self.local_replicas();
         for args in steps {
@@ -532,7 +540,20 @@ impl Strategy {
                 Ok(flat)
             })
         };
-        let outputs = match self.runtime.run(program, inputs) {
+        // Each replica's logical device on the device the assignment names; a runtime
+        // given by `with_runtime` (or one spanning processes) runs executor replica
+        // `r * L + l` on its device `r * L + l` of this process.
+        let placement: Vec<usize> = if !self.is_multi_process()
+            && self.runtime.devices() >= self.assignment.num_devices()
+        {
+            self.local
+                .clone()
+                .map(|e| self.assignment.device(e / logical, e % logical).0 as usize)
+                .collect()
+        } else {
+            (0..self.local.len()).collect()
+        };
+        let outputs = match self.runtime.run_on(program, inputs, &placement) {
             Ok(o) => o,
             Err(err) => {
                 let failed = match &err {
@@ -551,7 +572,7 @@ impl Strategy {
             }
         };
         // Split each device's outputs into steps, variables.
-        let mut steps_out: Vec<Vec<Vec<Tensor>>> = vec![Vec::new(); steps.len()];
+        let mut steps_out: Vec<Vec<Vec<Vec<Tensor>>>> = vec![Vec::new(); steps.len()];
         let mut new_vars: Vec<Vec<Tensor>> = Vec::with_capacity(outputs.len());
         for (e, mut out) in self.local.clone().zip(outputs) {
             let counts: Vec<usize> = match out.pop() {
@@ -560,11 +581,13 @@ impl Strategy {
             };
             let vars = out.split_off(out.len() - nvars);
             new_vars.push(vars);
-            if e % logical == 0 {
-                let mut rest = out.into_iter();
-                for (s, &n) in counts.iter().enumerate() {
-                    steps_out[s].push(rest.by_ref().take(n).collect());
+            let mut rest = out.into_iter();
+            for (s, &n) in counts.iter().enumerate() {
+                if e % logical == 0 {
+                    steps_out[s].push(Vec::with_capacity(logical));
                 }
+                let replica = steps_out[s].last_mut().expect("logical device 0 comes first");
+                replica.push(rest.by_ref().take(n).collect());
             }
         }
         self.commit(new_vars);
@@ -624,7 +647,7 @@ impl Strategy {
                 let refs: Vec<&Tensor> = sums.iter().collect();
                 let total = fold(ReduceOp::Sum, &refs, 1)?;
                 let count: usize = values.iter().map(|v| v.shape()[axis]).sum();
-                Ok(if op == ReduceOp::Mean { ops::divide(&total, count as f64) } else { total })
+                if op == ReduceOp::Mean { ops::divide(&total, count as f64) } else { Ok(total) }
             }
             ReduceOp::Min | ReduceOp::Max => extreme(op, &self.gather(value, axis)?, axis),
         }
@@ -730,7 +753,7 @@ impl Strategy {
                             Tensor::F64(ndarray::arr0(rows).into_dyn()),
                         )?;
                         let Tensor::F64(count) = count else { unreachable!("an f64 sum") };
-                        Ok(vec![ops::divide(&total, count.iter().next().copied().unwrap_or(1.0))])
+                        Ok(vec![ops::divide(&total, count.iter().next().copied().unwrap_or(1.0))?])
                     }
                     ReduceOp::Min | ReduceOp::Max => {
                         let local = extreme(op, &t, axis)?;
@@ -787,5 +810,5 @@ fn fold(op: ReduceOp, values: &[&Tensor], n: usize) -> Result<Tensor> {
             }
         };
     }
-    Ok(if op == ReduceOp::Mean { ops::divide(&acc, n as f64) } else { acc })
+    if op == ReduceOp::Mean { ops::divide(&acc, n as f64) } else { Ok(acc) }
 }

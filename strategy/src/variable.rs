@@ -171,7 +171,7 @@ impl VarState {
                     acc = ops::add(&acc, &self.value_of(r)?)?;
                 }
                 Ok(if self.aggregation == Aggregation::Mean {
-                    ops::divide(&acc, n as f64)
+                    ops::divide(&acc, n as f64)?
                 } else {
                     acc
                 })

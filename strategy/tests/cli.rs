@@ -131,21 +131,28 @@ fn resuming_on_another_mesh_continues_the_uninterrupted_run() {
         .concat(),
     );
     assert_close(&first, &whole, 1e-12, "first part");
-    // The checkpoint holds step 24 (the end); save one at step 10 instead.
-    let part = losses(
-        &dir,
-        "part",
-        &[&common[..], &["--mesh", "2x2", "--steps", "10", "--checkpoint-dir", ckpt]].concat(),
-    );
-    assert_close(&part, &whole[..10], 1e-12, "to step 10");
+    // The directory keeps the newest three steps: 10, 20 and 24; resume from 10.
+    let names: Vec<String> = std::fs::read_dir(ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["step-00000010", "step-00000020", "step-00000024"]);
+    let ten = format!("{ckpt}/step-00000010");
     for mesh in ["4x1", "1x2"] {
         let rest = losses(
             &dir,
             mesh,
-            &[&common[..], &["--mesh", mesh, "--steps", "24", "--resume", ckpt]].concat(),
+            &[&common[..], &["--mesh", mesh, "--steps", "24", "--resume", &ten]].concat(),
         );
         assert_close(&rest, &whole[10..], 1e-12, mesh);
     }
+    // Resuming the directory itself takes its latest step (24): already there.
+    let out = meshwork(&[&common[..], &["--steps", "24", "--resume", ckpt]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already at --steps 24"));
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -266,11 +273,14 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
         help.status.success()
             && String::from_utf8_lossy(&help.stdout).contains("--checkpoint-every N")
     );
-    // A checkpoint of another model size is refused on resume, naming the variable.
+    // A checkpoint of another model size is refused on resume, naming both sizes.
     let ckpt = d("ckpt");
     let out = meshwork(&["train", "--steps", "2", "--no-check", "--checkpoint-dir", &ckpt]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    refused(&train(&["--resume", &ckpt, "--hidden", "16"]), "variable w1");
+    refused(
+        &["train", "--steps", "4", "--resume", &ckpt, "--hidden", "16"],
+        "holds a model with hidden 32; --hidden is 16",
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

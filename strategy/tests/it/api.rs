@@ -321,3 +321,87 @@ fn resharding_follows_the_seeds_state_machine() {
     assert_eq!(s.variable_format(&v).unwrap(), None);
     assert_eq!(s.read_variable(&v).unwrap(), value);
 }
+
+/// A device assignment that is not `r * L + l`: a 2x4 topology cut into 2x1 blocks, so
+/// replica `r`'s logical device `l` is device `4l + r`. Each runs on that device's
+/// thread, `device()` says so, `run_logical` returns every logical device's outputs and
+/// `run` the first's.
+#[test]
+fn each_logical_device_runs_on_the_device_its_assignment_names() {
+    use meshwork_strategy::{DeviceAssignment, Topology};
+    let topology = Topology::new(vec![2, 4], 8).unwrap();
+    let assignment = DeviceAssignment::build(&topology, &[2, 1], None).unwrap();
+    assert_eq!(assignment.num_replicas(), 4);
+    assert_eq!(assignment.device(1, 1).0, 5);
+    let s = Strategy::new(assignment.clone()).unwrap();
+    let f = |ctx: &meshwork_strategy::StrategyContext<'_>, _: &[Tensor]| {
+        let thread = std::thread::current().name().unwrap_or_default().to_string();
+        let device = ctx.device().0;
+        assert_eq!(thread, format!("meshwork-cpu:{device}"));
+        let me = Tensor::I64(ndarray::arr1(&[i64::from(device)]).into_dyn());
+        // Model-parallel: the replica's logical devices sum their device ids.
+        Ok(vec![me, ctx.all_reduce_logical(ReduceOp::Sum, ctx_id(ctx))?])
+    };
+    fn ctx_id(ctx: &meshwork_strategy::StrategyContext<'_>) -> Tensor {
+        Tensor::I64(ndarray::arr1(&[i64::from(ctx.device().0)]).into_dyn())
+    }
+    let all = s.run_logical(f, &[]).unwrap();
+    for (r, per_logical) in all.values().iter().enumerate() {
+        assert_eq!(per_logical.len(), 2);
+        for (l, out) in per_logical.iter().enumerate() {
+            let want = i64::from(assignment.device(r, l).0);
+            assert_eq!(
+                out[0],
+                Tensor::I64(ndarray::arr1(&[want]).into_dyn()),
+                "replica {r} logical {l}"
+            );
+            assert_eq!(out[1], Tensor::I64(ndarray::arr1(&[(r + 4 + r) as i64]).into_dyn()));
+        }
+    }
+    let first = s.run(f, &[]).unwrap();
+    for (r, out) in first.values().iter().enumerate() {
+        assert_eq!(out[0], Tensor::I64(ndarray::arr1(&[r as i64]).into_dyn()));
+    }
+}
+
+/// MEAN over an axis of integer values with no rows anywhere is a typed error, not a
+/// division by zero; over floats it is NaN, as IEEE says.
+#[test]
+fn an_integer_mean_over_zero_rows_is_an_error() {
+    let s = Strategy::data_parallel(2).unwrap();
+    let ints = PerReplica::new(
+        (0..2).map(|_| Tensor::I32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0, 3])))).collect(),
+    );
+    let err = s.reduce(ReduceOp::Mean, &ints, Some(0)).unwrap_err();
+    assert!(matches!(err, Error::Empty { .. }), "{err}");
+    let floats = PerReplica::new((0..2).map(|_| f32s(&[0, 3], vec![])).collect());
+    let mean = s.reduce(ReduceOp::Mean, &floats, Some(0)).unwrap();
+    assert!(as_f64(&mean).iter().all(|v| v.is_nan()));
+}
+
+/// Two copies of a NONE-aggregated variable whose bits differ but whose 64-bit FxHash
+/// values collide — `[a, b]` and `[a + 1, b - K]` in f64 bits, for FxHash's multiplier
+/// `K` — are still refused as diverging: the guard compares the copies themselves.
+/// (With the hashes it used to compare, this update went through.)
+#[test]
+fn a_diverging_update_is_refused_even_when_hashes_would_collide() {
+    const K: u64 = 0xf135_7aea_2e62_a9c5;
+    let (a, b) = (1.5f64.to_bits(), 2.5f64.to_bits());
+    let mine = [f64::from_bits(a), f64::from_bits(b)];
+    let theirs = [f64::from_bits(a + 1), f64::from_bits(b.wrapping_sub(K))];
+    let s = Strategy::data_parallel(2).unwrap();
+    let v = s.create_variable("w", f64s(&[2], vec![0.0, 0.0]), VariableOptions::default()).unwrap();
+    let w = v.clone();
+    let err = s
+        .run(
+            move |ctx, _| {
+                let value = if ctx.replica_id_in_sync_group() == 0 { mine } else { theirs };
+                ctx.assign(&w, f64s(&[2], value.to_vec()))?;
+                Ok(vec![])
+            },
+            &[],
+        )
+        .unwrap_err();
+    assert!(matches!(&err, Error::DivergingUpdate { replica: 1, .. }), "{err}");
+    assert_eq!(s.read_variable(&v).unwrap(), f64s(&[2], vec![0.0, 0.0]), "nothing committed");
+}

@@ -6,6 +6,60 @@ use std::collections::BTreeMap;
 #[derive(Debug)]
 pub(crate) struct Usage(pub(crate) String);
 
+/// How a command ends when it does not simply succeed.
+#[derive(Debug)]
+pub(crate) enum Exit {
+    /// Bad input (or output that cannot be written): one line, status 2.
+    Usage(String),
+    /// The job ran and failed (a loss that is not finite, a failed check): one line,
+    /// status 1.
+    Failed(String),
+    /// Stopped by SIGINT or SIGTERM after saving what it could: status 130.
+    Interrupted,
+    /// Standard output was closed by its reader (`meshwork ... | head`): end quietly,
+    /// status 0, as `ls | head` does.
+    Closed,
+}
+
+impl From<Usage> for Exit {
+    fn from(u: Usage) -> Exit {
+        Exit::Usage(u.0)
+    }
+}
+
+/// Writes to standard output and flushes: a reader that went away is [`Exit::Closed`],
+/// any other failure (a full disk) a one-line [`Exit::Usage`] — never a panic.
+pub(crate) fn out(text: std::fmt::Arguments<'_>) -> Result<(), Exit> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_fmt(text).and_then(|()| stdout.flush()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Exit::Closed
+        } else {
+            Exit::Usage(format!("cannot write to standard output: {e}"))
+        }
+    })
+}
+
+/// A line on standard error; if standard error itself cannot be written there is no
+/// one left to tell, so the failure is ignored (the exit status still says it).
+pub(crate) fn note(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_fmt(text).and_then(|()| stderr.write_all(b"\n"));
+}
+
+/// `println!` through [`out`], returning from the function on failure.
+macro_rules! outln {
+    () => {
+        $crate::args::out(format_args!("\n"))?
+    };
+    ($($arg:tt)*) => {
+        $crate::args::out(format_args!("{}\n", format_args!($($arg)*)))?
+    };
+}
+pub(crate) use outln;
+
 /// Parsed flags and positional arguments.
 pub(crate) struct Args {
     values: BTreeMap<String, String>,
@@ -25,9 +79,17 @@ impl Args {
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let Some(flag) = a.strip_prefix("--") else {
+                if a.len() > 1 && a.starts_with('-') && a.parse::<f64>().is_err() {
+                    return Err(Usage(format!(
+                        "unknown flag {a:?}: flags are spelled with two dashes (--name)"
+                    )));
+                }
                 out.positional.push(a.clone());
                 continue;
             };
+            if flag.is_empty() {
+                return Err(Usage("a bare \"--\" is not an argument meshwork takes".into()));
+            }
             let (name, inline) = match flag.split_once('=') {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (flag, None),
@@ -40,10 +102,15 @@ impl Args {
             } else if valued.contains(&name) {
                 let value = match inline {
                     Some(v) => v,
-                    None => it
-                        .next()
-                        .cloned()
-                        .ok_or_else(|| Usage(format!("--{name} needs a value")))?,
+                    None => match it.next() {
+                        Some(v) if v.starts_with("--") => {
+                            return Err(Usage(format!(
+                                "--{name} needs a value, but the next argument is the flag {v}"
+                            )));
+                        }
+                        Some(v) => v.clone(),
+                        None => return Err(Usage(format!("--{name} needs a value"))),
+                    },
                 };
                 if out.values.insert(name.into(), value).is_some() {
                     return Err(Usage(format!("--{name} is given twice")));

@@ -7,7 +7,9 @@
 //! meshwork place GRAPH.json --devices CPU:0,CPU:1 [--dot] [--explain NODE]
 //! ```
 //!
-//! Errors are one line on stderr naming the flag and the problem, with exit status 2.
+//! Errors are one line on stderr naming the flag and the problem, with exit status 2
+//! (bad input), 1 (a training run that failed) or 130 (interrupted); a reader that
+//! closes standard output ends the command quietly.
 
 // The command line talks to a person.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -19,7 +21,7 @@ mod train;
 
 use std::process::ExitCode;
 
-use args::Usage;
+use args::{Exit, note, out};
 
 const HELP: &str = "\
 meshwork — run one model on many devices
@@ -30,45 +32,77 @@ usage:
   meshwork reshard [flags]    the transfer plan between two shardings
   meshwork place GRAPH.json   place a dataflow graph's ops on devices (TensorFlow's rules)
   meshwork help [COMMAND]     this text, or a command's flags
+  meshwork --version          the version
 
-Errors exit with status 2 and one line naming the problem and the flag.
+Bad input exits with status 2 and one line naming the problem and the flag; a failed
+training run exits with 1, an interrupted one (Ctrl-C, SIGTERM) with 130.
 ";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = arguments().and_then(|args| dispatch(&args));
+    match result {
+        Ok(()) | Err(Exit::Closed) => ExitCode::SUCCESS,
+        Err(Exit::Usage(message)) => {
+            note(format_args!("meshwork: error: {message}"));
+            ExitCode::from(2)
+        }
+        Err(Exit::Failed(message)) => {
+            note(format_args!("meshwork: error: {message}"));
+            ExitCode::from(1)
+        }
+        Err(Exit::Interrupted) => ExitCode::from(130),
+    }
+}
+
+/// The arguments after the program name; each must be UTF-8.
+fn arguments() -> Result<Vec<String>, Exit> {
+    std::env::args_os()
+        .skip(1)
+        .enumerate()
+        .map(|(k, a)| {
+            a.into_string().map_err(|a| {
+                Exit::Usage(format!(
+                    "argument {} ({:?}) is not valid UTF-8; meshwork takes UTF-8 arguments and paths",
+                    k + 1,
+                    a.to_string_lossy()
+                ))
+            })
+        })
+        .collect()
+}
+
+fn dispatch(args: &[String]) -> Result<(), Exit> {
     let (command, rest) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
         None => ("help", &[][..]),
     };
     let wants_help = rest.iter().any(|a| a == "--help" || a == "-h");
-    let result = match command {
-        "train" if wants_help => {
-            print!("{}", train::HELP);
-            Ok(())
-        }
-        "shard" | "reshard" | "place" if wants_help => {
-            print!("{}", inspect::HELP);
-            Ok(())
-        }
+    match command {
+        "train" if wants_help => out(format_args!("{}", train::HELP)),
+        "shard" | "reshard" | "place" if wants_help => out(format_args!("{}", inspect::HELP)),
         "train" => train::run(rest),
         "shard" => inspect::shard(rest),
         "reshard" => inspect::reshard(rest),
         "place" => inspect::place(rest),
-        "help" | "--help" | "-h" => {
-            match rest.first().map(String::as_str) {
-                Some("train") => print!("{}", train::HELP),
-                Some("shard" | "reshard" | "place") => print!("{}", inspect::HELP),
-                _ => print!("{HELP}"),
+        "--version" | "-V" | "version" => {
+            if let Some(extra) = rest.first() {
+                return Err(Exit::Usage(format!("version takes no argument ({extra:?})")));
             }
-            Ok(())
+            out(format_args!("meshwork {}\n", env!("CARGO_PKG_VERSION")))
         }
-        other => Err(Usage(format!("unknown command {other:?}; try `meshwork help`"))),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Usage(message)) => {
-            eprintln!("meshwork: error: {message}");
-            ExitCode::from(2)
-        }
+        "help" | "--help" | "-h" => match rest {
+            [] => out(format_args!("{HELP}")),
+            [topic] => match topic.as_str() {
+                "train" => out(format_args!("{}", train::HELP)),
+                "shard" | "reshard" | "place" => out(format_args!("{}", inspect::HELP)),
+                other => Err(Exit::Usage(format!(
+                    "no help on {other:?}; the commands are train, shard, reshard and place"
+                ))),
+            },
+            [_, extra, ..] => {
+                Err(Exit::Usage(format!("help takes one command ({extra:?} is extra)")))
+            }
+        },
+        other => Err(Exit::Usage(format!("unknown command {other:?}; try `meshwork help`"))),
     }
 }

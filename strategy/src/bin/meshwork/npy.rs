@@ -3,24 +3,88 @@
 
 use ndarray::{ArrayD, IxDyn};
 
-/// A `.npy` file's shape and values as f64, or what is wrong with it.
-pub(crate) fn read(path: &str) -> Result<ArrayD<f64>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    parse(&bytes).map_err(|e| format!("{path} is not a readable .npy file: {e}"))
+/// A `.npy` file's shape and values as f64, or what is wrong with it. Reads only the
+/// bytes the header declares, refuses a header that declares more than the file holds
+/// (where its size is known) or more than `limit` bytes of data, so a huge or endless
+/// input (`/dev/zero`) cannot exhaust memory.
+pub(crate) fn read(path: &str, limit: u64) -> Result<ArrayD<f64>, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {path}: {e}");
+    let mut file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if meta.is_dir() {
+        return Err(format!("{path} is a directory, not a .npy file"));
+    }
+    let size = meta.is_file().then(|| meta.len());
+    let bad = |e: String| format!("{path} is not a readable .npy file: {e}");
+    // Magic, version and header length.
+    let mut head = [0u8; 12];
+    let got = read_up_to(&mut file, &mut head).map_err(cannot)?;
+    if got < 10 || &head[..6] != b"\x93NUMPY" {
+        return Err(bad("no NumPy magic".into()));
+    }
+    let (len, start) = match head[6] {
+        1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
+        2 | 3 if got == 12 => {
+            (u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize, 12)
+        }
+        v => return Err(bad(format!("unsupported format version {v}"))),
+    };
+    // Headers are a short dict padded to 64 bytes; a megabyte is far beyond any.
+    if len > 1 << 20 || size.is_some_and(|s| (start + len) as u64 > s) {
+        return Err(bad(format!("its header claims {len} bytes, more than the file holds")));
+    }
+    let mut bytes = head[..got].to_vec();
+    bytes.resize(start + len, 0);
+    // (Version 1: `head` may already hold the header's first two bytes.)
+    file.read_exact(&mut bytes[got..]).map_err(|e| bad(format!("header cut short ({e})")))?;
+    let header = parse_header(&bytes[start..start + len]).map_err(bad)?;
+    let want = header.count.checked_mul(header.size).filter(|&b| (b as u64) <= limit).ok_or_else(
+        || {
+            bad(format!(
+                "its shape {:?} of {} needs more than the {limit}-byte limit (--max-memory)",
+                header.shape, header.descr
+            ))
+        },
+    )?;
+    if let Some(s) = size {
+        let have = s - (start + len) as u64;
+        if have != want as u64 {
+            return Err(bad(format!(
+                "the header declares {want} data bytes (shape {:?} of {}), the file holds {have}",
+                header.shape, header.descr
+            )));
+        }
+    }
+    let mut data = vec![0u8; want];
+    file.read_exact(&mut data)
+        .map_err(|e| bad(format!("{want} data bytes declared, fewer present ({e})")))?;
+    decode(&header, &data).map_err(bad)
 }
 
-fn parse(bytes: &[u8]) -> Result<ArrayD<f64>, String> {
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err("no NumPy magic".into());
-    }
-    let (len, start) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => {
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_up_to(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        v => return Err(format!("unsupported format version {v}")),
-    };
-    let header = bytes.get(start..start + len).ok_or("header cut short")?;
+    }
+    Ok(got)
+}
+
+/// What a header says.
+struct Header {
+    descr: String,
+    shape: Vec<usize>,
+    count: usize,
+    size: usize,
+}
+
+fn parse_header(header: &[u8]) -> Result<Header, String> {
     let header = std::str::from_utf8(header).map_err(|_| "header is not text")?;
     let descr = value(header, "descr").ok_or("no descr in the header")?;
     let quote =
@@ -32,15 +96,35 @@ fn parse(bytes: &[u8]) -> Result<ArrayD<f64>, String> {
     }
     let shape_text = value(header, "shape").ok_or("no shape in the header")?;
     let inner = shape_text.trim_start_matches('(');
-    let inner = &inner[..inner.find(')').ok_or("bad shape")?];
+    let close = inner.find(')').ok_or("the header's shape has no closing parenthesis")?;
+    let inner = &inner[..close];
     let shape: Vec<usize> = inner
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| format!("bad shape {shape_text}")))
+        .map(|s| s.parse().map_err(|_| format!("bad shape ({inner})")))
         .collect::<Result<_, _>>()?;
-    let data = &bytes[start + len..];
-    let n: usize = shape.iter().product();
+    let count = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("shape ({inner}) has more elements than memory can address"))?;
+    let size = match descr {
+        "<f8" | "<i8" | "<u8" => 8,
+        "<f4" | "<i4" | "<u4" => 4,
+        "<i2" | "<u2" => 2,
+        "|i1" | "|u1" | "|b1" => 1,
+        other => {
+            return Err(format!(
+                "unsupported dtype {other:?} (want little-endian floats or integers)"
+            ));
+        }
+    };
+    Ok(Header { descr: descr.to_string(), shape, count, size })
+}
+
+fn decode(header: &Header, data: &[u8]) -> Result<ArrayD<f64>, String> {
+    let (shape, descr) = (&header.shape, header.descr.as_str());
+    let n = header.count;
     macro_rules! read {
         ($t:ty) => {{
             let size = std::mem::size_of::<$t>();
@@ -69,7 +153,7 @@ fn parse(bytes: &[u8]) -> Result<ArrayD<f64>, String> {
             ));
         }
     };
-    ArrayD::from_shape_vec(IxDyn(&shape), values).map_err(|e| e.to_string())
+    ArrayD::from_shape_vec(IxDyn(shape), values).map_err(|e| e.to_string())
 }
 
 /// The text after `'key':` in a header dict, up to the end.
@@ -104,13 +188,31 @@ mod tests {
     #[test]
     fn reads_what_numpy_writes_and_refuses_the_rest() {
         let a = ndarray::Array2::from_shape_fn((3, 2), |(i, j)| (i * 2 + j) as f64 * 0.5);
-        let path = std::env::temp_dir().join(format!("meshwork-npy-{}.npy", std::process::id()));
-        write_f64(path.to_str().unwrap(), &a).unwrap();
-        assert_eq!(read(path.to_str().unwrap()).unwrap(), a.into_dyn());
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes.pop();
-        assert!(parse(&bytes).unwrap_err().contains("data bytes"));
-        assert!(parse(b"not numpy at all").unwrap_err().contains("magic"));
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("meshwork-npy-{}.npy", std::process::id()));
+        let p = path.to_str().unwrap();
+        write_f64(p, &a).unwrap();
+        assert_eq!(read(p, 1 << 30).unwrap(), a.clone().into_dyn());
+        // Over the byte limit: refused before reading the data.
+        assert!(read(p, 47).unwrap_err().contains("limit"), "{}", read(p, 47).unwrap_err());
+        let good = std::fs::read(&path).unwrap();
+        // Cut short, or with bytes beyond what the header declares.
+        std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+        assert!(read(p, 1 << 30).unwrap_err().contains("data bytes"));
+        std::fs::write(&path, [&good[..], &[0u8; 8]].concat()).unwrap();
+        assert!(read(p, 1 << 30).unwrap_err().contains("data bytes"));
+        // A header that claims a huge shape: refused without allocating it.
+        let huge = String::from_utf8_lossy(&good).replace("(3, 2)", "(300000000000, 2)");
+        let mut bytes = good[..10].to_vec();
+        bytes.extend(huge.as_bytes()[10..].iter().take(good.len() - 10 - 48 + 6));
+        std::fs::write(&path, &bytes).unwrap();
+        let e = read(p, 1 << 30).unwrap_err();
+        assert!(e.contains("limit") || e.contains("header"), "{e}");
+        // Not NumPy at all, an endless device, a directory.
+        std::fs::write(&path, b"not numpy at all").unwrap();
+        assert!(read(p, 1 << 30).unwrap_err().contains("magic"));
+        assert!(read("/dev/zero", 1 << 30).unwrap_err().contains("magic"));
+        assert!(read(dir.to_str().unwrap(), 1 << 30).unwrap_err().contains("directory"));
         std::fs::remove_file(path).unwrap();
     }
 }

@@ -2,13 +2,18 @@
 //! against one device.
 
 use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use meshwork_strategy::mlp::{self, Dataset, Params, Progress, TrainConfig};
 use meshwork_strategy::types::DType;
-use ndarray::{Array1, Array2, Ix1, Ix2};
+use meshwork_strategy::{CheckpointManager, Error as StrategyError};
+use ndarray::{Array1, Array2, Ix2};
+use serde_json::Value;
 
-use crate::args::{self, Args, Usage};
+use crate::args::{self, Args, Exit, Usage, note, outln};
 use crate::npy;
 
 pub(crate) const HELP: &str = "\
@@ -30,12 +35,28 @@ flags:
   --data-y Y.npy        labels: class ids [rows] or one-hot [rows, classes]
   --init INIT.safetensors   initial w1 [features, hidden], b1 [hidden], w2 [hidden, classes],
                         b2 [classes] (f32 or f64)
-  --losses-json FILE    write every step's global loss as a JSON list
-  --checkpoint-dir DIR  save a sharded checkpoint there at the end (and every N steps)
+  --classes N           the number of classes (default: the largest label + 1, which
+                        may be at most twice the number of rows)
+  --losses-json FILE    write every step's global loss as a JSON list (also when the
+                        run is interrupted)
+  --checkpoint-dir DIR  a checkpoint directory meshwork owns: created if absent, or an
+                        empty or earlier meshwork checkpoint directory (anything else is
+                        refused, never changed); one step-NNNNNNNN/ per saved step and a
+                        `latest` pointer; saved at the end and every N steps
   --checkpoint-every N
-  --resume DIR          continue from a checkpoint, on any mesh (resharded on load)
+  --keep N              checkpoints kept in --checkpoint-dir, newest first (default 3)
+  --resume PATH         continue from a checkpoint directory (its latest complete step)
+                        or one step-NNNNNNNN/ in it, on any mesh (resharded on load);
+                        the model sizes and dtype come from the checkpoint
   --steps-per-run N     steps per host call (default 1)
+  --max-memory SIZE     refuse a run whose estimated memory exceeds SIZE (default 8G;
+                        suffixes K, M, G, T)
   --no-check            skip the comparison with a one-device run of the same steps
+
+Ctrl-C (SIGINT) or SIGTERM finishes the current host call, saves a checkpoint if
+--checkpoint-dir is given, writes --losses-json and exits with status 130; a second
+Ctrl-C exits at once. A loss that is not finite stops the run with status 1, and so
+does a one-device check that fails.
 ";
 
 const VALUED: &[&str] = &[
@@ -52,8 +73,11 @@ const VALUED: &[&str] = &[
     "losses-json",
     "checkpoint-dir",
     "checkpoint-every",
+    "keep",
     "resume",
     "steps-per-run",
+    "classes",
+    "max-memory",
 ];
 const SWITCHES: &[&str] = &["shuffle", "no-check"];
 
@@ -66,39 +90,58 @@ fn usage(flag: &str, e: impl std::fmt::Display) -> Usage {
     Usage(format!("--{flag}: {e}"))
 }
 
-/// Loads `--data-x`/`--data-y`, or makes the built-in data.
-fn dataset(a: &Args, seed: u64) -> Result<Dataset, Usage> {
+/// Loads `--data-x`/`--data-y`, or makes the built-in data. `limit` bounds the bytes
+/// read; `classes` is `--classes`.
+fn dataset(a: &Args, seed: u64, limit: u64, classes: Option<usize>) -> Result<Dataset, Usage> {
     let (xp, yp) = match (a.get("data-x"), a.get("data-y")) {
-        (None, None) => return Ok(Dataset::synthetic(seed, ROWS, FEATURES, CLASSES)),
+        (None, None) => {
+            if let Some(c) = classes
+                && c != CLASSES
+            {
+                return Err(Usage(format!(
+                    "--classes {c}: the built-in data has {CLASSES} classes (give --data-x and --data-y for other data)"
+                )));
+            }
+            return Ok(Dataset::synthetic(seed, ROWS, FEATURES, CLASSES));
+        }
         (Some(x), Some(y)) => (x, y),
         (Some(_), None) => return Err(Usage("--data-x needs --data-y (the labels)".into())),
         (None, Some(_)) => return Err(Usage("--data-y needs --data-x (the features)".into())),
     };
-    let x = npy::read(xp).map_err(|e| usage("data-x", e))?;
-    let x: Array2<f64> = x
-        .into_dimensionality::<Ix2>()
-        .map_err(|e| usage("data-x", format!("{xp} must be [rows, features]: {e}")))?;
+    let x = npy::read(xp, limit).map_err(|e| usage("data-x", e))?;
+    if x.ndim() != 2 {
+        return Err(usage(
+            "data-x",
+            format!("{xp} has shape {:?}; want [rows, features]", x.shape()),
+        ));
+    }
+    let x: Array2<f64> = x.into_dimensionality::<Ix2>().expect("rank 2");
     if x.nrows() == 0 || x.ncols() == 0 {
-        return Err(usage("data-x", format!("{xp} holds no data")));
+        return Err(usage("data-x", format!("{xp} holds no data (shape {:?})", x.shape())));
     }
     if x.iter().any(|v| !v.is_finite()) {
         return Err(usage("data-x", format!("{xp} holds NaN or infinite values")));
     }
-    let y = npy::read(yp).map_err(|e| usage("data-y", e))?;
-    let (labels, classes) = match y.ndim() {
-        1 => {
-            let ids = y.into_dimensionality::<Ix1>().expect("rank 1");
-            let labels = ids
-                .iter()
-                .map(|&v| (v >= 0.0 && v.fract() == 0.0 && v < 1e9).then_some(v as usize))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    usage("data-y", format!("{yp}: class ids must be whole numbers ≥ 0"))
-                })?;
-            let classes = labels.iter().max().map_or(0, |m| m + 1);
-            (labels, classes)
+    let y = npy::read(yp, limit).map_err(|e| usage("data-y", e))?;
+    let ids = |y: ndarray::ArrayD<f64>| -> Result<Vec<usize>, Usage> {
+        y.iter()
+            .map(|&v| (v >= 0.0 && v.fract() == 0.0 && v < 1e15).then_some(v as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| usage("data-y", format!("{yp}: class ids must be whole numbers ≥ 0")))
+    };
+    let (labels, found) = match y.shape() {
+        [_] => {
+            let labels = ids(y)?;
+            let found = labels.iter().max().map_or(0, |m| m + 1);
+            (labels, found)
         }
-        2 => {
+        // A column of class ids, as `y.reshape(-1, 1)` saves them.
+        [_, 1] => {
+            let labels = ids(y)?;
+            let found = labels.iter().max().map_or(0, |m| m + 1);
+            (labels, found)
+        }
+        [_, _] => {
             let onehot = y.into_dimensionality::<Ix2>().expect("rank 2");
             let labels = onehot
                 .outer_iter()
@@ -117,10 +160,12 @@ fn dataset(a: &Args, seed: u64) -> Result<Dataset, Usage> {
                 })?;
             (labels, onehot.ncols())
         }
-        n => {
+        other => {
             return Err(usage(
                 "data-y",
-                format!("{yp} has rank {n}; want class ids [rows] or one-hot [rows, classes]"),
+                format!(
+                    "{yp} has shape {other:?}; want class ids [rows] or [rows, 1], or one-hot [rows, classes]"
+                ),
             ));
         }
     };
@@ -130,14 +175,47 @@ fn dataset(a: &Args, seed: u64) -> Result<Dataset, Usage> {
             format!("{} labels for {} rows of --data-x", labels.len(), x.nrows()),
         ));
     }
+    let classes = match classes {
+        Some(c) if c < found => {
+            return Err(usage(
+                "classes",
+                format!("{c} classes, but {yp} holds class {} (ids count from 0)", found - 1),
+            ));
+        }
+        Some(c) => c,
+        // Without --classes the largest label sets the output layer; a label far beyond
+        // the data (a stray id) would silently build a huge layer, so it must be asked for.
+        None if found > 2 * labels.len() => {
+            return Err(usage(
+                "data-y",
+                format!(
+                    "{yp} holds class {} but only {} rows: give --classes N if the model really has {found} classes",
+                    found - 1,
+                    labels.len()
+                ),
+            ));
+        }
+        None => found,
+    };
     if classes < 2 {
         return Err(usage("data-y", format!("{yp} has {classes} class; need at least 2")));
     }
     Ok(Dataset { x, labels, classes })
 }
 
-/// Loads `--init`, checking names and shapes against the data.
-fn init_file(path: &str, data: &Dataset) -> Result<Params, Usage> {
+/// Loads `--init`, checking names, shapes and values against the data.
+fn init_file(path: &str, data: &Dataset, limit: u64) -> Result<Params, Usage> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| usage("init", format!("cannot read {path}: {e}")))?;
+    if !meta.is_file() {
+        return Err(usage("init", format!("{path} is not a regular file")));
+    }
+    if meta.len() > limit {
+        return Err(usage(
+            "init",
+            format!("{path} is {} bytes, over the {limit}-byte limit (--max-memory)", meta.len()),
+        ));
+    }
     let bytes =
         std::fs::read(path).map_err(|e| usage("init", format!("cannot read {path}: {e}")))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
@@ -165,6 +243,15 @@ fn init_file(path: &str, data: &Dataset) -> Result<Params, Usage> {
                 .collect(),
             other => return Err(usage("init", format!("{name} is {other:?}; want F32 or F64"))),
         };
+        if let Some(k) = values.iter().position(|v| !v.is_finite()) {
+            return Err(usage(
+                "init",
+                format!(
+                    "{path}: {name} holds {} at element {k}; weights must be finite",
+                    values[k]
+                ),
+            ));
+        }
         Ok((t.shape().to_vec(), values))
     };
     let (s1, w1) = get("w1", 2)?;
@@ -198,23 +285,102 @@ fn init_file(path: &str, data: &Dataset) -> Result<Params, Usage> {
     })
 }
 
-/// The parent directory of an output path must exist before training starts.
-fn writable_parent(flag: &str, path: &str) -> Result<(), Usage> {
-    let parent =
-        Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+/// `16G`, `512M`, `1T`, `4096` → bytes.
+fn bytes_flag(flag: &str, text: &str) -> Result<u64, Usage> {
+    let bad = || Usage(format!("--{flag} {text:?} is not a size like 8G, 512M or 4096"));
+    let t = text.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((at, 'K' | 'k')) => (&t[..at], 10),
+        Some((at, 'M' | 'm')) => (&t[..at], 20),
+        Some((at, 'G' | 'g')) => (&t[..at], 30),
+        Some((at, 'T' | 't')) => (&t[..at], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(bad)
+}
+
+/// What a run will hold at once, roughly, in bytes: the weights on every device with
+/// their working copies and gradients, a host call's batches, the activations of a
+/// step, and the one-device check's copy. Computed in f64 so no size overflows.
+fn memory_estimate(config: &TrainConfig, data: &Dataset, hidden: usize, check: bool) -> f64 {
+    let size = config.dtype.size_in_bytes() as f64;
+    let (f, h, c) = (data.features() as f64, hidden as f64, data.classes as f64);
+    let (d, m, b) = (config.data as f64, config.model as f64, config.batch as f64);
+    let params = f * h + h + h * c + c;
+    // Per replica: the weights (split over its model devices, b2 on each), read,
+    // gradient and update copies; the host keeps f64 copies (init, result, check).
+    let weights =
+        (d * 4.0 + if check { 4.0 } else { 0.0 }) * (params + c * m) * size + 3.0 * params * 8.0;
+    // A host call's global batches, as f64 and in the dtype.
+    let spr = config.steps_per_run.min(config.steps.max(1)) as f64;
+    let inputs = spr * b * (f + c) * (8.0 + size);
+    // A step: inputs and one-hot on every model device, hidden activations (pre, h,
+    // their gradients), scores and their gradients.
+    let acts = (b * (f + c) * m * 2.0 + b * h * 4.0 + b * c * m * 4.0) * size;
+    weights + inputs + acts * if check { 2.0 } else { 1.0 }
+}
+
+/// Checks, before training, that `--losses-json` can be written: its directory exists
+/// and takes a new file, and the path is not a directory, device or link. Nothing at
+/// the path is touched.
+fn check_output_file(flag: &str, path: &str) -> Result<(), Usage> {
+    let p = Path::new(path);
+    let parent = p.parent().filter(|q| !q.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !parent.is_dir() {
         return Err(usage(flag, format!("directory {} does not exist", parent.display())));
     }
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if !m.is_file() => {
+            return Err(usage(
+                flag,
+                format!(
+                    "{path} exists and is not a regular file; meshwork replaces only regular files"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let probe = temp_beside(p);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| usage(flag, format!("cannot write in {}: {e}", parent.display())))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
-/// Writes `text` to `path` whole or not at all.
+/// A temporary name beside `path` that meshwork alone makes.
+fn temp_beside(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.meshwork-tmp-{}", std::process::id()))
+}
+
+/// Writes `text` to `path` whole or not at all (a temporary file beside it, then a
+/// rename); the temporary file is removed on failure.
 fn write_atomic(path: &str, text: &str) -> std::io::Result<()> {
-    let tmp = format!("{path}.partial-{}", std::process::id());
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let tmp = temp_beside(Path::new(path));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
-    })
+    }
+    result
+}
+
+/// A loss for people: fixed-point in the usual range, scientific beyond it.
+fn loss_text(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) { format!("{x:.6}") } else { format!("{x:.6e}") }
+}
+
+/// "1 step", "2 steps".
+fn steps_text(n: usize) -> String {
+    if n == 1 { "1 step".into() } else { format!("{n} steps") }
 }
 
 /// A progress line on stderr: redrawn on a terminal, every tenth of the run otherwise.
@@ -228,12 +394,12 @@ impl Bar {
         let width = 24;
         let filled = (p.done * width).checked_div(p.total).unwrap_or(width).min(width);
         let line = format!(
-            "step {:>5}/{} [{}{}] loss {:.6}  {:.0} samples/s",
+            "step {:>5}/{} [{}{}] loss {}  {:.0} samples/s",
             p.done,
             p.total,
             "=".repeat(filled),
             " ".repeat(width - filled),
-            p.loss,
+            loss_text(p.loss),
             p.samples_per_sec
         );
         let mut err = std::io::stderr();
@@ -253,71 +419,238 @@ impl Bar {
     }
 }
 
-pub(crate) fn run(argv: &[String]) -> Result<(), Usage> {
+/// Most devices a CPU mesh may have: each is a thread.
+const MAX_DEVICES: usize = 1024;
+
+/// What a checkpoint says about the run that saved it (its index's metadata).
+struct Saved {
+    dir: PathBuf,
+    step: Option<usize>,
+    meta: Option<Value>,
+}
+
+impl Saved {
+    fn get(&self, path: &[&str]) -> Option<&Value> {
+        path.iter().try_fold(self.meta.as_ref()?, |v, k| v.get(k))
+    }
+
+    fn usize(&self, path: &[&str]) -> Option<usize> {
+        self.get(path).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok())
+    }
+}
+
+/// `--resume`: the checkpoint and its metadata.
+fn saved_run(path: &str) -> Result<Saved, Usage> {
+    let (dir, step) = meshwork_strategy::find_checkpoint(path).map_err(|e| usage("resume", e))?;
+    let meta = meshwork_strategy::checkpoint_metadata(&dir).map_err(|e| usage("resume", e))?;
+    let mut saved = Saved { dir, step, meta };
+    if let Some(s) = saved.usize(&["step"]) {
+        saved.step = Some(s);
+    }
+    Ok(saved)
+}
+
+/// Installs SIGINT/SIGTERM handlers: the first sets the returned flag (the run stops
+/// after its current host call), a second SIGINT exits at once with status 130.
+fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    let install = || -> std::io::Result<()> {
+        for signal in [SIGINT, SIGTERM] {
+            signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
+            signal_hook::flag::register(signal, stop.clone())?;
+        }
+        Ok(())
+    };
+    install().map_err(|e| Usage(format!("cannot install the signal handlers: {e}")))?;
+    Ok(stop)
+}
+
+/// The strategy's error as one line for a user, naming the flag it concerns.
+fn strategy_error(e: StrategyError, config: &TrainConfig) -> Exit {
+    match &e {
+        StrategyError::NonFiniteLoss { .. } => Exit::Failed(format!("training diverged: {e}")),
+        StrategyError::CheckpointDir { .. } if config.checkpoint_dir.is_some() => {
+            Exit::Usage(format!("--checkpoint-dir: {e}"))
+        }
+        StrategyError::Checkpoint { .. }
+        | StrategyError::CheckpointMismatch { .. }
+        | StrategyError::CheckpointDir { .. }
+            if config.resume.is_some() =>
+        {
+            Exit::Usage(format!("--resume: {e}"))
+        }
+        _ => Exit::Failed(e.to_string()),
+    }
+}
+
+pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let a = Args::parse(argv, VALUED, SWITCHES)?;
     if let Some(p) = a.positional.first() {
         return Err(Usage(format!(
             "train takes no positional argument ({p:?}); see `meshwork help train`"
-        )));
+        ))
+        .into());
     }
     let (data_axis, model_axis) = args::mesh("mesh", a.get("mesh").unwrap_or("2x2"))?;
+    if data_axis.checked_mul(model_axis).is_none_or(|n| n > MAX_DEVICES) {
+        return Err(Usage(format!(
+            "--mesh {data_axis}x{model_axis} has more than {MAX_DEVICES} devices; each device of a CPU mesh is a thread"
+        ))
+        .into());
+    }
     let steps: usize = a.parse_or("steps", 200, "a step count")?;
     let batch: usize = a.parse_or("batch", 64, "a batch size")?;
     let lr: f64 = a.parse_or("lr", 0.5, "a learning rate")?;
     if !(lr.is_finite() && lr > 0.0) {
-        return Err(Usage(format!("--lr {lr} must be a positive number")));
+        return Err(Usage(format!("--lr {lr} must be a positive number")).into());
     }
     let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
-    let dtype = match a.get("dtype").unwrap_or("f64") {
-        "f32" => DType::F32,
-        "f64" => DType::F64,
-        other => return Err(Usage(format!("--dtype {other:?} is not f32 or f64"))),
+    let dtype_flag = match a.get("dtype") {
+        None => None,
+        Some("f32") => Some(DType::F32),
+        Some("f64") => Some(DType::F64),
+        Some(other) => return Err(Usage(format!("--dtype {other:?} is not f32 or f64")).into()),
     };
     let steps_per_run: usize = a.parse_or("steps-per-run", 1, "a step count")?;
     if steps_per_run == 0 {
-        return Err(Usage("--steps-per-run must be at least 1".into()));
+        return Err(Usage("--steps-per-run must be at least 1".into()).into());
+    }
+    let checkpoint_dir = a.get("checkpoint-dir");
+    for flag in ["checkpoint-every", "keep"] {
+        if a.get(flag).is_some() && checkpoint_dir.is_none() {
+            return Err(Usage(format!("--{flag} needs --checkpoint-dir")).into());
+        }
     }
     let checkpoint_every: usize = a.parse_or("checkpoint-every", 0, "a step count")?;
-    if checkpoint_every > 0 && a.get("checkpoint-dir").is_none() {
-        return Err(Usage("--checkpoint-every needs --checkpoint-dir".into()));
+    let keep: usize = a.parse_or("keep", 3, "a number of checkpoints")?;
+    if keep == 0 {
+        return Err(Usage("--keep must be at least 1 (the newest checkpoint)".into()).into());
     }
     if batch == 0 {
-        return Err(Usage("--batch must be at least 1".into()));
+        return Err(Usage("--batch must be at least 1".into()).into());
     }
     if !batch.is_multiple_of(data_axis) {
         return Err(Usage(format!(
             "--batch {batch} does not split over the {data_axis} data replicas of --mesh {data_axis}x{model_axis}"
-        )));
+        ))
+        .into());
     }
+    let classes: Option<usize> = match a.get("classes") {
+        None => None,
+        Some(_) => {
+            let c: usize = a.parse_or("classes", 0, "a number of classes")?;
+            if c < 2 {
+                return Err(Usage(format!("--classes {c}: need at least 2")).into());
+            }
+            Some(c)
+        }
+    };
+    let limit = match a.get("max-memory") {
+        Some(t) => bytes_flag("max-memory", t)?,
+        None => 8 << 30,
+    };
+    if a.get("init").is_some() && a.get("resume").is_some() {
+        return Err(Usage(
+            "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint)"
+                .into(),
+        )
+        .into());
+    }
+    // Outputs first: no work is done before they are known to be writable.
     if let Some(p) = a.get("losses-json") {
-        writable_parent("losses-json", p)?;
+        check_output_file("losses-json", p)?;
     }
-    if let Some(p) = a.get("checkpoint-dir") {
-        writable_parent("checkpoint-dir", p)?;
+    let saved = a.get("resume").map(saved_run).transpose()?;
+    let data = dataset(&a, seed, limit, classes)?;
+    // With --resume the model's sizes and dtype come from the checkpoint; a flag that
+    // disagrees is an error naming both.
+    let hidden_flag: Option<usize> = match a.get("hidden") {
+        None => None,
+        Some(_) => Some(a.parse_or("hidden", 32, "a number of hidden units")?),
+    };
+    let mut dtype = dtype_flag.unwrap_or(DType::F64);
+    let mut hidden = hidden_flag.unwrap_or(32);
+    if let Some(saved) = &saved {
+        let dir = saved.dir.display();
+        for (what, flag, ours) in
+            [("features", "data-x", data.features()), ("classes", "data-y", data.classes)]
+        {
+            if let Some(theirs) = saved.usize(&["model", what])
+                && theirs != ours
+            {
+                return Err(usage(
+                    "resume",
+                    format!("{dir} holds a model with {theirs} {what}; --{flag} gives {ours}"),
+                )
+                .into());
+            }
+        }
+        if let Some(theirs) = saved.usize(&["model", "hidden"]) {
+            match hidden_flag {
+                Some(h) if h != theirs => {
+                    return Err(usage(
+                        "resume",
+                        format!("{dir} holds a model with hidden {theirs}; --hidden is {h}"),
+                    )
+                    .into());
+                }
+                _ => hidden = theirs,
+            }
+        }
+        if let Some(theirs) =
+            saved.get(&["dtype"]).and_then(Value::as_str).and_then(|d| d.parse::<DType>().ok())
+        {
+            match dtype_flag {
+                Some(d) if d != theirs => {
+                    return Err(usage(
+                        "resume",
+                        format!("{dir} was trained in {theirs}; --dtype is {d}"),
+                    )
+                    .into());
+                }
+                _ => dtype = theirs,
+            }
+        }
+        if let Some(step) = saved.step
+            && step >= steps
+        {
+            outln!(
+                "meshwork train: the checkpoint {dir} is at step {step}, already at --steps {steps}: nothing to train"
+            );
+            return Ok(());
+        }
     }
-    if let Some(dir) = a.get("resume")
-        && !Path::new(dir).join("index.json").is_file()
-    {
-        return Err(usage("resume", format!("{dir} holds no complete checkpoint (no index.json)")));
-    }
-    let data = dataset(&a, seed)?;
     let init = match a.get("init") {
         Some(path) => {
-            let p = init_file(path, &data)?;
-            if let Some(h) = a.get("hidden")
-                && h.parse::<usize>().ok() != Some(p.hidden())
+            let p = init_file(path, &data, limit)?;
+            if let Some(h) = hidden_flag
+                && h != p.hidden()
             {
                 return Err(Usage(format!(
                     "--hidden {h} disagrees with --init, whose w1 has {} hidden units",
                     p.hidden()
-                )));
+                ))
+                .into());
             }
             p
         }
         None => {
-            let hidden: usize = a.parse_or("hidden", 32, "a number of hidden units")?;
             if hidden == 0 {
-                return Err(Usage("--hidden must be at least 1".into()));
+                return Err(Usage("--hidden must be at least 1".into()).into());
+            }
+            let probe = TrainConfig {
+                data: data_axis,
+                model: model_axis,
+                steps,
+                batch,
+                dtype,
+                steps_per_run,
+                ..TrainConfig::default()
+            };
+            let need = memory_estimate(&probe, &data, hidden, !a.on("no-check"));
+            if need > limit as f64 {
+                return Err(memory_error(need, limit, hidden, &data).into());
             }
             Params::init(seed, data.features(), hidden, data.classes)
         }
@@ -326,7 +659,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Usage> {
         return Err(Usage(format!(
             "--hidden {} does not split over the {model_axis} model devices of --mesh {data_axis}x{model_axis}",
             init.hidden()
-        )));
+        ))
+        .into());
     }
     let config = TrainConfig {
         data: data_axis,
@@ -337,63 +671,99 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Usage> {
         dtype,
         shuffle: a.on("shuffle").then_some(seed),
         steps_per_run,
-        checkpoint_dir: a.get("checkpoint-dir").map(PathBuf::from),
+        checkpoint_dir: checkpoint_dir.map(PathBuf::from),
         checkpoint_every,
-        resume: a.get("resume").map(PathBuf::from),
+        keep,
+        resume: saved.as_ref().map(|s| s.dir.clone()),
+        seed,
     };
-    eprintln!(
+    let need = memory_estimate(&config, &data, init.hidden(), !a.on("no-check"));
+    if need > limit as f64 {
+        return Err(memory_error(need, limit, init.hidden(), &data).into());
+    }
+    if let Some(dir) = checkpoint_dir {
+        // Created, checked and locked now (then released for the run to take), so a
+        // directory that cannot be used fails before any step.
+        let m = CheckpointManager::open(dir, keep).map_err(|e| usage("checkpoint-dir", e))?;
+        let start = saved.as_ref().and_then(|s| s.step).unwrap_or(0);
+        if let Some(&newest) = m.steps().map_err(|e| usage("checkpoint-dir", e))?.last()
+            && newest > start
+        {
+            return Err(usage(
+                "checkpoint-dir",
+                format!(
+                    "{dir} already holds checkpoints up to {}, which this run (starting at step {start}) would not continue; resume from it with --resume {dir}, or give another directory",
+                    meshwork_strategy::step_name(newest)
+                ),
+            )
+            .into());
+        }
+    }
+    if let Some(saved) = &saved {
+        warn_differences(saved, &config, &data);
+    }
+    note(format_args!(
         "meshwork train: {data_axis}x{model_axis} mesh ({data_axis} data x {model_axis} model devices), {dtype}, \
-         {steps} steps of {batch} rows, hidden {}, lr {lr}, {} rows x {} features, {} classes",
+         {} of {batch} rows, hidden {}, lr {lr}, {} rows x {} features, {} classes",
+        steps_text(steps),
         init.hidden(),
         data.rows(),
         data.features(),
         data.classes
-    );
+    ));
+    let stop = stop_flag()?;
     let mut bar = Bar { tty: std::io::stderr().is_terminal(), last_line: usize::MAX };
-    let report =
-        mlp::train(&config, &data, &init, &mut |p| bar.show(p)).map_err(|e| {
-            match &config.resume {
-                Some(dir)
-                    if matches!(
-                        e,
-                        meshwork_strategy::Error::Checkpoint { .. }
-                            | meshwork_strategy::Error::CheckpointMismatch { .. }
-                    ) =>
-                {
-                    usage("resume", format!("{}: {e}", dir.display()))
-                }
-                _ => Usage(e.to_string()),
-            }
-        })?;
+    let report = mlp::train(&config, &data, &init, &mut |p| {
+        bar.show(p);
+        if stop.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    })
+    .map_err(|e| strategy_error(e, &config))?;
     if let Some(path) = a.get("losses-json") {
         let text = serde_json::to_string(&report.losses).map_err(|e| usage("losses-json", e))?;
         write_atomic(path, &text)
             .map_err(|e| usage("losses-json", format!("cannot write {path}: {e}")))?;
     }
     let made = report.losses.len();
-    println!(
+    if report.first_step >= steps && made == 0 {
+        outln!(
+            "meshwork train: the checkpoint is at step {}, already at --steps {steps}: nothing to train",
+            report.first_step
+        );
+        return Ok(());
+    }
+    outln!(
         "meshwork train: {data_axis}x{model_axis} mesh, {dtype}, steps {}..{}",
         report.first_step,
         report.first_step + made
     );
     match (report.losses.first(), report.losses.last()) {
-        (Some(first), Some(last)) => println!("  final loss   {last:.6}  (first {first:.6})"),
-        _ => println!("  final loss   -  (no steps left to run)"),
+        (Some(first), Some(last)) => {
+            outln!("  final loss   {}  (first {})", loss_text(*last), loss_text(*first))
+        }
+        _ => outln!("  final loss   -  (no steps left to run)"),
     }
-    println!(
-        "  accuracy     {:.1}% of {} rows",
-        100.0 * report.params.accuracy(&data),
-        data.rows()
-    );
+    outln!("  accuracy     {:.1}% of {} rows", 100.0 * report.params.accuracy(&data), data.rows());
     let secs = report.elapsed.as_secs_f64();
-    println!(
-        "  throughput   {:.0} samples/s ({made} steps in {secs:.2} s)",
-        (made * batch) as f64 / secs.max(1e-9)
+    outln!(
+        "  throughput   {:.0} samples/s ({} in {secs:.2} s)",
+        (made * batch) as f64 / secs.max(1e-9),
+        steps_text(made)
     );
+    if let Some(dir) = &report.saved {
+        outln!("  checkpoint   {}", dir.display());
+    }
+    if report.stopped {
+        outln!(
+            "  stopped      by a signal after step {}{}",
+            report.first_step + made,
+            if report.saved.is_some() { "; resume with --resume" } else { "" }
+        );
+        return Err(Exit::Interrupted);
+    }
     if a.on("no-check") || made == 0 {
-        println!("  check        skipped");
+        outln!("  check        skipped");
     } else if data_axis * model_axis == 1 {
-        println!("  check        this run is the one-device run");
+        outln!("  check        this run is the one-device run");
     } else {
         let single = TrainConfig {
             data: 1,
@@ -403,16 +773,94 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Usage> {
             checkpoint_every: 0,
             ..config.clone()
         };
-        let one = mlp::train(&single, &data, &init, &mut |_| {})
-            .map_err(|e| Usage(format!("the one-device check failed: {e}")))?;
-        let (mut abs, mut rel) = (0.0f64, 0.0f64);
-        for (a, b) in report.losses.iter().zip(&one.losses) {
-            abs = abs.max((a - b).abs());
-            rel = rel.max((a - b).abs() / b.abs().max(f64::MIN_POSITIVE));
+        let one = mlp::train(&single, &data, &init, &mut |_| {
+            if stop.load(Ordering::SeqCst) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .map_err(|e| Exit::Failed(format!("the one-device check failed: {e}")))?;
+        if one.stopped {
+            outln!("  check        stopped by a signal");
+            return Err(Exit::Interrupted);
         }
-        println!(
-            "  check        max |loss - 1x1 loss| = {abs:.1e} over {made} steps (relative {rel:.1e})"
+        // A mesh groups the sums differently from one device, so losses differ by
+        // rounding; anything beyond this is a real difference. NaN never passes.
+        let tolerance = if dtype == DType::F32 { 1e-3 } else { 1e-9 };
+        let (mut abs, mut rel, mut worst) = (0.0f64, 0.0f64, None);
+        for (k, (a, b)) in report.losses.iter().zip(&one.losses).enumerate() {
+            let r = (a - b).abs() / b.abs().max(f64::MIN_POSITIVE);
+            if !(r <= tolerance) && worst.is_none() {
+                worst = Some((report.first_step + k, *a, *b));
+            }
+            abs = abs.max((a - b).abs());
+            rel = rel.max(r);
+        }
+        if one.losses.len() != made {
+            return Err(Exit::Failed(format!(
+                "the one-device check made {} of {made} steps",
+                one.losses.len()
+            )));
+        }
+        if let Some((step, a, b)) = worst {
+            return Err(Exit::Failed(format!(
+                "the one-device check failed at step {step}: loss {a} on {data_axis}x{model_axis}, {b} on one device (relative tolerance {tolerance:e})"
+            )));
+        }
+        outln!(
+            "  check        max |loss - 1x1 loss| = {abs:.1e} over {} (relative {rel:.1e})",
+            steps_text(made)
         );
     }
     Ok(())
+}
+
+fn memory_error(need: f64, limit: u64, hidden: usize, data: &Dataset) -> Usage {
+    Usage(format!(
+        "this run needs about {:.1} GiB (hidden {hidden}, {} features, {} classes), over the {:.1} GiB limit; lower --batch, --hidden, --steps-per-run or --mesh, or raise --max-memory",
+        need / (1u64 << 30) as f64,
+        data.features(),
+        data.classes,
+        limit as f64 / (1u64 << 30) as f64
+    ))
+}
+
+/// Warns (one line each) where the resumed checkpoint's run differs from this one in
+/// what may legitimately change: learning rate, batch, data, seed, shuffling.
+fn warn_differences(saved: &Saved, config: &TrainConfig, data: &Dataset) {
+    let dir = saved.dir.display();
+    let warn = |what: String| note(format_args!("meshwork train: warning: {what}"));
+    if let Some(lr) = saved.get(&["lr"]).and_then(Value::as_f64)
+        && lr != config.lr
+    {
+        warn(format!(
+            "--lr {} differs from the checkpoint's {lr} ({dir}); continuing with {}",
+            config.lr, config.lr
+        ));
+    }
+    if let Some(b) = saved.usize(&["batch"])
+        && b != config.batch
+    {
+        warn(format!("--batch {} differs from the checkpoint's {b} ({dir})", config.batch));
+    }
+    if let Some(fp) = saved.get(&["data", "fingerprint"]).and_then(Value::as_u64)
+        && fp != u64::from(mlp::fingerprint(data))
+    {
+        warn(format!(
+            "the data differ from the data the checkpoint was trained on ({} rows then, {} now)",
+            saved.usize(&["data", "rows"]).map_or("?".into(), |r| r.to_string()),
+            data.rows()
+        ));
+    }
+    if let Some(seed) = saved.get(&["seed"]).and_then(Value::as_u64)
+        && seed != config.seed
+    {
+        warn(format!("--seed {} differs from the checkpoint's {seed}", config.seed));
+    }
+    if let Some(shuffle) = saved.get(&["shuffle"])
+        && *shuffle != serde_json::json!(config.shuffle)
+    {
+        warn("--shuffle differs from the checkpoint's run".into());
+    }
 }

@@ -1,0 +1,337 @@
+//! A directory of rolling checkpoints that meshwork owns, in the layout users know
+//! from TensorFlow's and Orbax's checkpoint managers:
+//!
+//! ```text
+//! DIR/
+//!   meshwork-checkpoints.json   the marker: this directory is meshwork's
+//!   .lock                       held (advisory flock) by the run writing here
+//!   latest                      "step-00000120": the newest complete step
+//!   step-00000080/  step-00000100/  step-00000120/     one checkpoint each
+//! ```
+//!
+//! - [`CheckpointManager::open`] creates `DIR` if absent and accepts it if it is empty
+//!   or already marked as meshwork's; a file, a symbolic link, a device or a non-empty
+//!   directory without the marker is refused and left untouched. It then takes the
+//!   lock (a second run on the same directory gets [`Error::CheckpointDir`] at once)
+//!   and removes the temporary entries a killed run left (only names meshwork makes).
+//! - [`CheckpointManager::save`] writes a step into `.partial-step-…` (index last),
+//!   renames it to `step-NNNNNNNN`, then updates `latest` atomically (a temporary
+//!   file, fsync, rename), then deletes the oldest steps beyond `keep` — only
+//!   `step-*` directories holding a meshwork index. It never replaces a step that
+//!   exists. A crash at any instant leaves every complete step intact and no
+//!   incomplete one under a `step-*` name.
+//! - [`find_checkpoint`] turns what a user passes to resume — a managed directory, a
+//!   `step-…` directory inside one, or a plain checkpoint directory — into the
+//!   checkpoint to restore: the newest complete step of a managed directory.
+//!
+//! Nothing outside meshwork's own entries in `DIR` is ever renamed or deleted.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::checkpoint::{Ops, is_checkpoint, sync_dir};
+use crate::{Error, Result, Strategy};
+
+/// The marker file that makes a directory meshwork's.
+pub const MARKER: &str = "meshwork-checkpoints.json";
+const MARKER_FORMAT: &str = "meshwork-checkpoint-directory";
+const LOCK: &str = ".lock";
+const LATEST: &str = "latest";
+/// Prefixes of the temporary entries a save makes (removed at the next open).
+const PARTIAL: &str = ".partial-";
+const TMP: &str = ".tmp-";
+
+/// The name of step `step`'s directory: `step-00000120`.
+pub fn step_name(step: usize) -> String {
+    format!("step-{step:08}")
+}
+
+/// The step of a `step-NNNNNNNN` name.
+fn parse_step(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("step-")?;
+    (digits.len() >= 8 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+fn refuse(path: &Path, problem: impl Into<String>) -> Error {
+    Error::CheckpointDir { path: path.to_path_buf(), problem: problem.into() }
+}
+
+/// What is at `path`, in words, for a refusal.
+fn kind(meta: &fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a directory"
+    }
+}
+
+/// Whether `dir` carries meshwork's marker.
+fn is_marked(dir: &Path) -> bool {
+    let path = dir.join(MARKER);
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() && m.len() < 4096 => fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v.get("format").and_then(Value::as_str) == Some(MARKER_FORMAT)),
+        _ => false,
+    }
+}
+
+/// A checkpoint directory meshwork owns, open for saving (see the module docs). Holds
+/// the directory's lock until dropped.
+#[derive(Debug)]
+pub struct CheckpointManager {
+    root: PathBuf,
+    keep: usize,
+    _lock: File,
+    /// Test hook: file-system operations the next save may make before it stops as a
+    /// crash would.
+    crash_after: Option<usize>,
+}
+
+impl CheckpointManager {
+    /// Opens `root` for saving checkpoints, keeping the newest `keep` (at least 1):
+    /// creates it if absent (its parent must exist), accepts an empty directory or one
+    /// marked as meshwork's, refuses anything else; takes its lock; removes temporary
+    /// entries a killed run left.
+    pub fn open(root: impl AsRef<Path>, keep: usize) -> Result<CheckpointManager> {
+        let root = root.as_ref();
+        if keep == 0 {
+            return Err(refuse(root, "keeping 0 checkpoints would delete every one saved"));
+        }
+        match fs::symlink_metadata(root) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(root).map_err(|e| refuse(root, format!("cannot create it: {e}")))?;
+            }
+            Err(e) => return Err(refuse(root, format!("cannot look at it: {e}"))),
+            Ok(meta) if !meta.is_dir() => {
+                return Err(refuse(
+                    root,
+                    format!(
+                        "is {}, not a directory; meshwork writes checkpoints only into a new, \
+                         empty or meshwork checkpoint directory",
+                        kind(&meta)
+                    ),
+                ));
+            }
+            Ok(_) => {
+                if !is_marked(root) {
+                    let mut entries = fs::read_dir(root)
+                        .map_err(|e| refuse(root, format!("cannot list it: {e}")))?;
+                    if let Some(first) = entries.next() {
+                        let first = first.map_err(|e| refuse(root, e.to_string()))?;
+                        return Err(refuse(
+                            root,
+                            format!(
+                                "is not empty (it holds {:?}) and is not a meshwork checkpoint \
+                                 directory (no {MARKER}); give a new or empty directory",
+                                first.file_name()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if !is_marked(root) {
+            let marker = json!({ "format": MARKER_FORMAT, "version": 1 });
+            let text = serde_json::to_vec_pretty(&marker).expect("a small JSON value");
+            write_replace(root, MARKER, &text, &mut Ops::real())?;
+        }
+        let lock_path = root.join(LOCK);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| refuse(root, format!("cannot create its lock file: {e}")))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(refuse(
+                    root,
+                    "another meshwork run is writing checkpoints here (its lock is held); \
+                     wait for it or give another directory",
+                ));
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(refuse(root, format!("cannot lock it: {e}")));
+            }
+        }
+        let manager =
+            CheckpointManager { root: root.to_path_buf(), keep, _lock: lock, crash_after: None };
+        manager.remove_stale()?;
+        Ok(manager)
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Removes what killed saves left: `.partial-*` directories and `.tmp-*` files
+    /// (only meshwork makes such names here, and the lock says no save is running).
+    fn remove_stale(&self) -> Result<()> {
+        let entries = fs::read_dir(&self.root).map_err(|e| refuse(&self.root, e.to_string()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let path = entry.path();
+            let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+            if name.starts_with(PARTIAL) && meta.is_dir() {
+                fs::remove_dir_all(&path).map_err(|e| {
+                    refuse(&path, format!("cannot remove a stale partial save: {e}"))
+                })?;
+            } else if name.starts_with(TMP) && meta.is_file() {
+                fs::remove_file(&path).map_err(|e| {
+                    refuse(&path, format!("cannot remove a stale temporary file: {e}"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The complete steps saved here, oldest first.
+    pub fn steps(&self) -> Result<Vec<usize>> {
+        complete_steps(&self.root)
+    }
+
+    /// The newest complete step and its directory.
+    pub fn latest(&self) -> Result<Option<(usize, PathBuf)>> {
+        Ok(self.steps()?.last().map(|&s| (s, self.root.join(step_name(s)))))
+    }
+
+    /// Saves `strategy`'s variables (with `metadata` in the index) as step `step`:
+    /// written aside, renamed to `step-NNNNNNNN`, `latest` updated, then the oldest
+    /// steps beyond `keep` deleted. Refuses a step that already exists.
+    pub fn save(&mut self, strategy: &Strategy, step: usize, metadata: &Value) -> Result<PathBuf> {
+        let mut ops = Ops { left: self.crash_after.take(), crashed: false };
+        let name = step_name(step);
+        let target = self.root.join(&name);
+        if fs::symlink_metadata(&target).is_ok() {
+            return Err(refuse(
+                &self.root,
+                format!("{name} already exists; meshwork does not overwrite a saved step"),
+            ));
+        }
+        let aside = self.root.join(format!("{PARTIAL}{name}-{}", std::process::id()));
+        if fs::symlink_metadata(&aside).is_ok() {
+            fs::remove_dir_all(&aside).map_err(|e| refuse(&aside, e.to_string()))?;
+        }
+        if strategy.is_multi_process() {
+            return Err(refuse(
+                &self.root,
+                "a checkpoint manager serves a single-process strategy; with several \
+                 processes use Strategy::save_checkpoint",
+            ));
+        }
+        strategy.save_checkpoint_with(&aside, Some(metadata), &mut ops)?;
+        // A directory rename is atomic: `step-…` appears complete or not at all.
+        fs::rename(&aside, &target).map_err(|e| refuse(&target, e.to_string()))?;
+        ops.did("rename", &target)?;
+        sync_dir(&self.root);
+        ops.did("fsync", &self.root)?;
+        write_replace(&self.root, LATEST, format!("{name}\n").as_bytes(), &mut ops)?;
+        let steps = self.steps()?;
+        let old = steps.len().saturating_sub(self.keep);
+        for &s in steps[..old].iter().filter(|&&s| s != step) {
+            // Rename out of the `step-*` names first, so a crash mid-delete leaves a
+            // stale partial (removed at the next open), never a damaged step.
+            let dir = self.root.join(step_name(s));
+            let doomed =
+                self.root.join(format!("{PARTIAL}{}-{}-old", step_name(s), std::process::id()));
+            fs::rename(&dir, &doomed).map_err(|e| refuse(&dir, e.to_string()))?;
+            ops.did("rename", &doomed)?;
+            fs::remove_dir_all(&doomed).map_err(|e| refuse(&doomed, e.to_string()))?;
+            ops.did("remove", &doomed)?;
+        }
+        sync_dir(&self.root);
+        Ok(target)
+    }
+
+    /// Test hook: the next [`save`](Self::save) stops after `ops` file-system
+    /// operations, leaving everything as a crash (`kill -9`) at that instant would —
+    /// no clean-up — and returns an error saying so.
+    #[doc(hidden)]
+    pub fn crash_after(&mut self, ops: usize) {
+        self.crash_after = Some(ops);
+    }
+}
+
+/// Writes `bytes` to `dir/name` atomically: a temporary file, fsync, rename, fsync of
+/// the directory.
+fn write_replace(dir: &Path, name: &str, bytes: &[u8], ops: &mut Ops) -> Result<()> {
+    let tmp = dir.join(format!("{TMP}{name}-{}", std::process::id()));
+    let path = dir.join(name);
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    write().map_err(|e| refuse(&path, format!("cannot write it: {e}")))?;
+    ops.did("write", &tmp)?;
+    fs::rename(&tmp, &path).map_err(|e| refuse(&path, format!("cannot write it: {e}")))?;
+    ops.did("rename", &path)?;
+    sync_dir(dir);
+    ops.did("fsync", dir)
+}
+
+/// The complete steps in `root`, oldest first.
+fn complete_steps(root: &Path) -> Result<Vec<usize>> {
+    let entries = fs::read_dir(root).map_err(|e| refuse(root, format!("cannot list it: {e}")))?;
+    let mut steps: Vec<usize> = entries
+        .flatten()
+        .filter_map(|e| {
+            let step = parse_step(e.file_name().to_str()?)?;
+            let meta = fs::symlink_metadata(e.path()).ok()?;
+            (meta.is_dir() && is_checkpoint(&e.path())).then_some(step)
+        })
+        .collect();
+    steps.sort_unstable();
+    Ok(steps)
+}
+
+/// The checkpoint to restore for a user's `path`: a meshwork checkpoint directory gives
+/// its newest complete step; a step directory or any directory holding a checkpoint
+/// index is taken as it is. Returns the checkpoint's directory and its step when the
+/// name says it.
+pub fn find_checkpoint(path: impl AsRef<Path>) -> Result<(PathBuf, Option<usize>)> {
+    let path = path.as_ref();
+    let meta = fs::metadata(path).map_err(|e| refuse(path, format!("cannot open it: {e}")))?;
+    if !meta.is_dir() {
+        return Err(refuse(path, format!("is {}, not a checkpoint directory", kind(&meta))));
+    }
+    if is_marked(path) {
+        let steps = complete_steps(path)?;
+        return match steps.last() {
+            Some(&s) => Ok((path.join(step_name(s)), Some(s))),
+            None => Err(refuse(path, "holds no complete checkpoint yet")),
+        };
+    }
+    if is_checkpoint(path) {
+        let step = path.file_name().and_then(|n| n.to_str()).and_then(parse_step);
+        return Ok((path.to_path_buf(), step));
+    }
+    Err(refuse(
+        path,
+        format!(
+            "is neither a meshwork checkpoint directory (no {MARKER}) nor a checkpoint (no index.json)"
+        ),
+    ))
+}
