@@ -31,12 +31,15 @@ fn main() -> Result<(), meshwork_strategy::Error> {
             dtype: DType::F32,
             ..TrainConfig::default()
         };
-        let mut rates: Vec<f64> = (0..5)
-            .map(|_| {
-                let report = mlp::train(&config, &data, &init, &mut |_| {})?;
-                Ok((steps * batch) as f64 / report.elapsed.as_secs_f64())
-            })
-            .collect::<Result<_, meshwork_strategy::Error>>()?;
+        let mut rates: Vec<f64> =
+            (0..5)
+                .map(|_| {
+                    let report = mlp::train(&config, &data, &init, &mut |_| {
+                        std::ops::ControlFlow::Continue(())
+                    })?;
+                    Ok((steps * batch) as f64 / report.elapsed.as_secs_f64())
+                })
+                .collect::<Result<_, meshwork_strategy::Error>>()?;
         rates.sort_by(|a, b| a.total_cmp(b));
         let rate = rates[rates.len() / 2];
         let base = *base.get_or_insert(rate);

@@ -291,8 +291,8 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
                         .map(|v| (t.name.clone(), v))
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| io(&tmp, e))?;
-            let bytes = safetensors::serialize(views, None).map_err(|e| io(&tmp, e))?;
+                .map_err(|e| io(tmp, e))?;
+            let bytes = safetensors::serialize(views, None).map_err(|e| io(tmp, e))?;
             let file = format!("shard-{device}.safetensors");
             written.push(tmp.join(&file));
             write_synced(&tmp.join(&file), &bytes, ops)?;

@@ -221,7 +221,8 @@ pub enum Error {
     /// inputs or weights held NaN or infinity).
     #[error("step {step}: the loss is {loss}, not a finite number; training stopped there")]
     NonFiniteLoss {
-        /// The step (counted from 0).
+        /// The step, counted from 1 as progress reports count them (its checkpoint
+        /// would be `step-{step}` once made).
         step: usize,
         /// The loss.
         loss: f64,

@@ -555,7 +555,7 @@ fn train_as<T: Real>(
         for k in s - n..s {
             let loss = global_loss(&losses, k as u64, d, batch)?;
             if !loss.is_finite() {
-                return Err(Error::NonFiniteLoss { step: k, loss });
+                return Err(Error::NonFiniteLoss { step: k + 1, loss });
             }
         }
         if config.checkpoint_every > 0 && s.is_multiple_of(config.checkpoint_every) {

@@ -30,7 +30,7 @@ meshwork reshard --shape 8,8 --mesh 2x4 --axes a,b --from SPEC --to SPEC [--dtyp
     at --dtype). More than 100% crosses when the target replicates blocks onto
     devices that lacked them.
 
-    Both commands take arrays of at most 2^48 elements and meshes of at most 8192
+    shard and reshard take arrays of at most 2^48 elements and meshes of at most 8192
     devices, and no positional argument.
 
 meshwork place GRAPH.json --devices CPU:0,CPU:1,GPU:0 [--ops CATALOG.json] [--soft]
@@ -228,7 +228,7 @@ fn run_reshard(argv: &[String]) -> Result<(), Exit> {
     let total = shape.num_elements() as u128;
     outln!("reshard {dims:?} {dtype}: {} -> {}", from.hlo(), to.hlo());
     outln!("  array          {total} elements, {array_bytes} bytes");
-    let copies = if total > 0 && held % total == 0 {
+    let copies = if total > 0 && held.is_multiple_of(total) {
         match held / total {
             1 => " (the array once)".to_string(),
             k => format!(" (the array {k} times over)"),
@@ -310,6 +310,12 @@ fn run_place(argv: &[String]) -> Result<(), Exit> {
     };
     let text = read_json_file("GRAPH.json", path)?;
     let graph = placer::graph_from_json(&text).map_err(|e| Usage(format!("{path}: {e}")))?;
+    // The node is looked for first: whether it exists depends on the graph alone.
+    if let Some(node) = a.get("explain")
+        && graph.id(node).is_none()
+    {
+        return Err(bad("explain", format!("no node {node:?} in {path}")).into());
+    }
     let catalog = match a.get("ops") {
         Some(p) => {
             let catalog_text = read_json_file("--ops", p)?;
@@ -341,9 +347,6 @@ fn run_place(argv: &[String]) -> Result<(), Exit> {
     let devices = DeviceSet::new(&names).map_err(|e| bad("devices", e))?;
     let options = PlacerOptions { allow_soft_placement: a.on("soft"), ..PlacerOptions::default() };
     if let Some(node) = a.get("explain") {
-        if graph.id(node).is_none() {
-            return Err(bad("explain", format!("no node {node:?} in {path}")).into());
-        }
         let why = placer::explain(&graph, &devices, &registry, options, node)
             .map_err(|e| Usage(format!("{path}: {e}")))?;
         outln!("{why}");

@@ -15,7 +15,7 @@ pub(crate) fn read(path: &str, limit: u64) -> Result<ArrayD<f64>, String> {
     if meta.is_dir() {
         return Err(format!("{path} is a directory, not a .npy file"));
     }
-    let size = meta.is_file().then(|| meta.len());
+    let size = meta.is_file().then_some(meta.len());
     let bad = |e: String| format!("{path} is not a readable .npy file: {e}");
     // Magic, version and header length.
     let mut head = [0u8; 12];

@@ -378,6 +378,11 @@ fn loss_text(x: f64) -> String {
     if x == 0.0 || (1e-4..1e6).contains(&x.abs()) { format!("{x:.6}") } else { format!("{x:.6e}") }
 }
 
+/// A number for people: plain in the usual range, scientific beyond it.
+fn number_text(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
+}
+
 /// "1 step", "2 steps".
 fn steps_text(n: usize) -> String {
     if n == 1 { "1 step".into() } else { format!("{n} steps") }
@@ -470,8 +475,8 @@ fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
 fn strategy_error(e: StrategyError, config: &TrainConfig) -> Exit {
     match &e {
         StrategyError::NonFiniteLoss { .. } => Exit::Failed(format!("training diverged: {e}")),
-        StrategyError::CheckpointDir { .. } if config.checkpoint_dir.is_some() => {
-            Exit::Usage(format!("--checkpoint-dir: {e}"))
+        StrategyError::CheckpointDir { path, problem } if config.checkpoint_dir.is_some() => {
+            Exit::Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
         }
         StrategyError::Checkpoint { .. }
         | StrategyError::CheckpointMismatch { .. }
@@ -503,7 +508,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let batch: usize = a.parse_or("batch", 64, "a batch size")?;
     let lr: f64 = a.parse_or("lr", 0.5, "a learning rate")?;
     if !(lr.is_finite() && lr > 0.0) {
-        return Err(Usage(format!("--lr {lr} must be a positive number")).into());
+        return Err(Usage(format!("--lr {} must be a positive number", number_text(lr))).into());
     }
     let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
     let dtype_flag = match a.get("dtype") {
@@ -616,7 +621,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             && step >= steps
         {
             outln!(
-                "meshwork train: the checkpoint {dir} is at step {step}, already at --steps {steps}: nothing to train"
+                "meshwork train: the checkpoint {dir} is at step {step}, already at or past --steps {steps}: nothing to train"
             );
             return Ok(());
         }
@@ -684,7 +689,12 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(dir) = checkpoint_dir {
         // Created, checked and locked now (then released for the run to take), so a
         // directory that cannot be used fails before any step.
-        let m = CheckpointManager::open(dir, keep).map_err(|e| usage("checkpoint-dir", e))?;
+        let m = CheckpointManager::open(dir, keep).map_err(|e| match e {
+            StrategyError::CheckpointDir { path, problem } => {
+                Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
+            }
+            e => usage("checkpoint-dir", e),
+        })?;
         let start = saved.as_ref().and_then(|s| s.step).unwrap_or(0);
         if let Some(&newest) = m.steps().map_err(|e| usage("checkpoint-dir", e))?.last()
             && newest > start
@@ -704,9 +714,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     }
     note(format_args!(
         "meshwork train: {data_axis}x{model_axis} mesh ({data_axis} data x {model_axis} model devices), {dtype}, \
-         {} of {batch} rows, hidden {}, lr {lr}, {} rows x {} features, {} classes",
+         {} of {batch} rows, hidden {}, lr {}, {} rows x {} features, {} classes",
         steps_text(steps),
         init.hidden(),
+        number_text(lr),
         data.rows(),
         data.features(),
         data.classes
@@ -726,7 +737,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let made = report.losses.len();
     if report.first_step >= steps && made == 0 {
         outln!(
-            "meshwork train: the checkpoint is at step {}, already at --steps {steps}: nothing to train",
+            "meshwork train: the checkpoint is at step {}, already at or past --steps {steps}: nothing to train",
             report.first_step
         );
         return Ok(());
@@ -791,7 +802,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         let (mut abs, mut rel, mut worst) = (0.0f64, 0.0f64, None);
         for (k, (a, b)) in report.losses.iter().zip(&one.losses).enumerate() {
             let r = (a - b).abs() / b.abs().max(f64::MIN_POSITIVE);
-            if !(r <= tolerance) && worst.is_none() {
+            let within = r <= tolerance; // false for NaN
+            if !within && worst.is_none() {
                 worst = Some((report.first_step + k, *a, *b));
             }
             abs = abs.max((a - b).abs());
