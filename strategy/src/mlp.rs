@@ -476,10 +476,7 @@ fn train_as<T: Real>(
         Arc::new(move |e: &MetricEvent| {
             if let Some(Tensor::F64(a)) = e.tensors.first() {
                 let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-                let entry = l.entry(e.step).or_insert_with(|| vec![None; d]);
-                if let Some(slot) = entry.get_mut(e.replica) {
-                    *slot = Some(a.iter().next().copied().unwrap_or(f64::NAN));
-                }
+                record(&mut l, e.step, e.replica, d, a.iter().next().copied().unwrap_or(f64::NAN));
             }
         }),
     )?;
@@ -603,6 +600,15 @@ fn train_as<T: Real>(
 /// Per step, each replica's loss sum (`None` until it arrives).
 type Losses = BTreeMap<u64, Vec<Option<f64>>>;
 
+/// Keeps replica `replica`'s loss sum of step `step` (of `replicas`), whatever order
+/// the replicas' streams deliver in.
+fn record(losses: &mut Losses, step: u64, replica: usize, replicas: usize, sum: f64) {
+    let entry = losses.entry(step).or_insert_with(|| vec![None; replicas]);
+    if let Some(slot) = entry.get_mut(replica) {
+        *slot = Some(sum);
+    }
+}
+
 /// The global loss of step `k`, from the replicas' streamed loss sums, added in replica
 /// order.
 fn global_loss(losses: &Mutex<Losses>, k: u64, replicas: usize, batch: usize) -> Result<f64> {
@@ -618,5 +624,32 @@ fn global_loss(losses: &Mutex<Losses>, k: u64, replicas: usize, batch: usize) ->
                 other.map_or(0, |o| o.len())
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::{Losses, global_loss, record};
+
+    /// Sums whose total depends on the order they are added in, arriving out of
+    /// replica order: the global loss is the replica-order sum, bit for bit.
+    #[test]
+    fn the_global_loss_adds_replicas_in_replica_order_whatever_the_arrival_order() {
+        let sums = [1e16, 1.0, -1e16];
+        let replica_order = ((0.0 + sums[0]) + sums[1]) + sums[2];
+        let arrival_order = ((0.0 + sums[2]) + sums[0]) + sums[1];
+        assert_ne!(replica_order, arrival_order, "the data must tell orders apart");
+        let mut losses = Losses::new();
+        for r in [2, 0, 1] {
+            record(&mut losses, 7, r, 3, sums[r]);
+        }
+        let got = global_loss(&Mutex::new(losses), 7, 3, 1).unwrap();
+        assert_eq!(got.to_bits(), replica_order.to_bits());
+        // A step some replica has not reported yet is an error, not a partial sum.
+        let mut partial = Losses::new();
+        record(&mut partial, 1, 0, 3, 1.0);
+        assert!(global_loss(&Mutex::new(partial), 1, 3, 1).is_err());
     }
 }

@@ -6,6 +6,7 @@ mod checkpoints;
 mod processes;
 mod properties;
 mod seed;
+mod training;
 
 use meshwork_strategy::Tensor;
 use ndarray::{ArrayD, IxDyn};
