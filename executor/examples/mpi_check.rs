@@ -156,6 +156,18 @@ fn die(mode: &str) -> Result<(), String> {
     Err(format!("process 0's run returned {result:?} instead of the job being ended"))
 }
 
+/// A tensor's values as bit patterns (floats by their bits, so `-0.0` differs from
+/// `0.0` and the comparison is bit for bit).
+fn bits(t: &Tensor) -> Vec<u64> {
+    match t {
+        Tensor::F32(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Tensor::F64(a) => a.iter().map(|x| x.to_bits()).collect(),
+        Tensor::I32(a) => a.iter().map(|&x| x as u64).collect(),
+        Tensor::I64(a) => a.iter().map(|&x| x as u64).collect(),
+        other => vec![u64::MAX; other.len()],
+    }
+}
+
 fn check() -> Result<(), String> {
     let mpi = Mpi::init(Some(PROCESSES)).map_err(|e| e.to_string())?;
     let (p, e) = (mpi.process(), |e: Error| e.to_string());
@@ -191,7 +203,7 @@ fn check() -> Result<(), String> {
     for (k, outputs) in got.iter().enumerate() {
         let r = first + k;
         for (i, (g, w)) in outputs.iter().zip(&want[r]).enumerate() {
-            if g != w {
+            if bits(g) != bits(w) {
                 return Err(format!("replica {r}, output {i}: got {g:?}, one process gives {w:?}"));
             }
         }

@@ -325,6 +325,7 @@ impl Hub {
                 // Waiting would never end: fail the round for every member now.
                 st.aborted = Some(e.clone());
                 group.arrived.notify_all();
+                self.unblock(replica);
                 return Err(e);
             }
             let deadline = Instant::now() + self.timeout;

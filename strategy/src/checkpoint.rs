@@ -78,10 +78,17 @@ impl Ops {
     }
 }
 
-/// Writes `bytes` to a new file `path` and syncs it.
-fn write_synced(path: &Path, bytes: &[u8], ops: &mut Ops) -> Result<()> {
+/// Writes `bytes` to a new file `path` and syncs it; once the file is created (by this
+/// call: `create_new`), its path goes into `written`.
+fn write_synced(
+    path: &Path,
+    bytes: &[u8],
+    ops: &mut Ops,
+    written: &mut Vec<PathBuf>,
+) -> Result<()> {
     let mut f =
         fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| io(path, e))?;
+    written.push(path.to_path_buf());
     ops.did("create", path)?;
     f.write_all(bytes).map_err(|e| io(path, e))?;
     ops.did("write", path)?;
@@ -171,6 +178,31 @@ pub fn checkpoint_metadata(dir: impl AsRef<Path>) -> Result<Option<Value>> {
     let index_path = dir.as_ref().join(INDEX);
     let index = read_index(&index_path)?;
     Ok(index.get("metadata").cloned())
+}
+
+/// The variables a checkpoint holds: name, dtype and shape of each, from its index
+/// (what a caller checks a model against before restoring).
+pub fn checkpoint_variables(dir: impl AsRef<Path>) -> Result<Vec<(String, DType, Vec<usize>)>> {
+    let index_path = dir.as_ref().join(INDEX);
+    let index = read_index(&index_path)?;
+    let mut out = Vec::new();
+    for v in field(&index, "variables", &index_path)?.as_array().into_iter().flatten() {
+        let name = field(v, "name", &index_path)?
+            .as_str()
+            .ok_or_else(|| corrupt(&index_path, "a variable without a name"))?;
+        let dtype: DType = field(v, "dtype", &index_path)?
+            .as_str()
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad dtype")))?;
+        let shape = field(v, "shape", &index_path)?
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| usize_of(d, &index_path))
+            .collect::<Result<Vec<_>>>()?;
+        out.push((name.to_string(), dtype, shape));
+    }
+    Ok(out)
 }
 
 fn read_index(index_path: &Path) -> Result<Value> {
@@ -294,8 +326,7 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
                 .map_err(|e| io(tmp, e))?;
             let bytes = safetensors::serialize(views, None).map_err(|e| io(tmp, e))?;
             let file = format!("shard-{device}.safetensors");
-            written.push(tmp.join(&file));
-            write_synced(&tmp.join(&file), &bytes, ops)?;
+            write_synced(&tmp.join(&file), &bytes, ops, &mut written)?;
             listed.push(
                 json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
             );
@@ -314,8 +345,7 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
         }
         let text = serde_json::to_vec_pretty(&index).map_err(|e| io(tmp, e))?;
         // The index goes last: a directory without it is not a checkpoint.
-        written.push(tmp.join(INDEX));
-        write_synced(&tmp.join(INDEX), &text, ops)?;
+        write_synced(&tmp.join(INDEX), &text, ops, &mut written)?;
         sync_dir(tmp);
         ops.did("fsync", tmp)
     })();

@@ -83,7 +83,12 @@ impl StrategyContext<'_> {
         self.run.assignment.num_logical_devices()
     }
 
-    /// The device running this replica's logical device.
+    /// The device the assignment names for this replica's logical device. A strategy
+    /// made by [`Strategy::new`](crate::Strategy::new) runs it there (on the executor
+    /// thread `meshwork-cpu:N` of that device); one given a runtime by
+    /// [`Strategy::with_runtime`](crate::Strategy::with_runtime) with fewer devices than
+    /// the topology, or spanning processes, runs executor replica `r * L + l` on its
+    /// device `r * L + l` of the process instead.
     pub fn device(&self) -> DeviceId {
         self.run.assignment.device(self.replica, self.logical)
     }

@@ -217,6 +217,17 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A checkpoint manager could not save a step (a full disk, a file-size limit):
+    /// nothing of the step is left under its `step-…` name.
+    #[error("checkpoint directory {}: cannot save step {step}: {problem}", path.display())]
+    CheckpointSave {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The step.
+        step: usize,
+        /// What failed (the operating system's words).
+        problem: String,
+    },
     /// Training produced a loss that is not a finite number (it diverged, or the
     /// inputs or weights held NaN or infinity).
     #[error("step {step}: the loss is {loss}, not a finite number; training stopped there")]

@@ -59,7 +59,7 @@ mod values;
 mod variable;
 
 pub use assignment::{DeviceAssignment, Topology};
-pub use checkpoint::checkpoint_metadata;
+pub use checkpoint::{checkpoint_metadata, checkpoint_variables};
 pub use context::StrategyContext;
 pub use dataset::{
     DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,

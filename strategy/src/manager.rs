@@ -133,8 +133,15 @@ impl CheckpointManager {
             }
             Ok(_) => {
                 if !is_marked(root) {
+                    // Empty but for the marker a killed open was writing.
+                    let marker_tmp = format!("{TMP}{MARKER}-");
                     let mut entries = fs::read_dir(root)
-                        .map_err(|e| refuse(root, format!("cannot list it: {e}")))?;
+                        .map_err(|e| refuse(root, format!("cannot list it: {e}")))?
+                        .filter(|e| {
+                            e.as_ref().map_or(true, |e| {
+                                !e.file_name().to_string_lossy().starts_with(&marker_tmp)
+                            })
+                        });
                     if let Some(first) = entries.next() {
                         let first = first.map_err(|e| refuse(root, e.to_string()))?;
                         return Err(refuse(
@@ -221,7 +228,7 @@ impl CheckpointManager {
     /// written aside, renamed to `step-NNNNNNNN`, `latest` updated, then the oldest
     /// steps beyond `keep` deleted. Refuses a step that already exists.
     pub fn save(&mut self, strategy: &Strategy, step: usize, metadata: &Value) -> Result<PathBuf> {
-        let mut ops = Ops { left: self.crash_after.take(), crashed: false };
+        let ops = Ops { left: self.crash_after.take(), crashed: false };
         let name = step_name(step);
         let target = self.root.join(&name);
         if fs::symlink_metadata(&target).is_ok() {
@@ -241,13 +248,36 @@ impl CheckpointManager {
                  processes use Strategy::save_checkpoint",
             ));
         }
-        strategy.save_checkpoint_with(&aside, Some(metadata), &mut ops)?;
+        let mut ops = ops;
+        self.write_step(strategy, step, metadata, &aside, &target, &mut ops).map_err(
+            |e| match e {
+                Error::Checkpoint { problem, .. } | Error::CheckpointDir { problem, .. } => {
+                    Error::CheckpointSave { path: self.root.clone(), step, problem }
+                }
+                other => other,
+            },
+        )?;
+        Ok(target)
+    }
+
+    /// The writing part of [`save`](Self::save).
+    fn write_step(
+        &self,
+        strategy: &Strategy,
+        step: usize,
+        metadata: &Value,
+        aside: &Path,
+        target: &Path,
+        ops: &mut Ops,
+    ) -> Result<()> {
+        strategy.save_checkpoint_with(aside, Some(metadata), ops)?;
         // A directory rename is atomic: `step-…` appears complete or not at all.
-        fs::rename(&aside, &target).map_err(|e| refuse(&target, e.to_string()))?;
-        ops.did("rename", &target)?;
+        fs::rename(aside, target).map_err(|e| refuse(target, e.to_string()))?;
+        ops.did("rename", target)?;
         sync_dir(&self.root);
         ops.did("fsync", &self.root)?;
-        write_replace(&self.root, LATEST, format!("{name}\n").as_bytes(), &mut ops)?;
+        let name = step_name(step);
+        write_replace(&self.root, LATEST, format!("{name}\n").as_bytes(), ops)?;
         let steps = self.steps()?;
         let old = steps.len().saturating_sub(self.keep);
         for &s in steps[..old].iter().filter(|&&s| s != step) {
@@ -262,7 +292,7 @@ impl CheckpointManager {
             ops.did("remove", &doomed)?;
         }
         sync_dir(&self.root);
-        Ok(target)
+        Ok(())
     }
 
     /// Test hook: the next [`save`](Self::save) stops after `ops` file-system

@@ -406,9 +406,26 @@ pub fn train(
     init: &Params,
     progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<TrainReport> {
+    // The output directory is checked (created, marked, locked) before any work.
+    let checkpoints = match &config.checkpoint_dir {
+        Some(dir) => Some(CheckpointManager::open(dir, config.keep)?),
+        None => None,
+    };
+    train_with(config, data, init, checkpoints, progress)
+}
+
+/// [`train`] saving into `checkpoints`, a manager the caller opened (and so holds the
+/// lock of) already; `config.checkpoint_dir` and `config.keep` are not used.
+pub fn train_with(
+    config: &TrainConfig,
+    data: &Dataset,
+    init: &Params,
+    checkpoints: Option<CheckpointManager>,
+    progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+) -> Result<TrainReport> {
     match config.dtype {
-        DType::F32 => train_as::<f32>(config, data, init, progress),
-        DType::F64 => train_as::<f64>(config, data, init, progress),
+        DType::F32 => train_as::<f32>(config, data, init, checkpoints, progress),
+        DType::F64 => train_as::<f64>(config, data, init, checkpoints, progress),
         other => {
             Err(Error::DTypeMismatch { what: "training", expected: DType::F64, actual: other })
         }
@@ -451,14 +468,11 @@ fn train_as<T: Real>(
     config: &TrainConfig,
     data: &Dataset,
     init: &Params,
+    checkpoints: Option<CheckpointManager>,
     progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<TrainReport> {
     check_mesh(config, init.hidden())?;
-    // The output directory is checked (created, marked, locked) before any work.
-    let mut checkpoints = match &config.checkpoint_dir {
-        Some(dir) => Some(CheckpointManager::open(dir, config.keep)?),
-        None => None,
-    };
+    let mut checkpoints = checkpoints;
     let resume = match &config.resume {
         Some(path) => Some(crate::find_checkpoint(path)?.0),
         None => None,

@@ -106,7 +106,11 @@ impl Strategy {
 
     /// Replaces the executor runtime (for a timeout, an outfeed sink, or an
     /// interconnect to other processes). It must run one replica per replica and
-    /// logical device — across all its processes, each holding whole replicas.
+    /// logical device — across all its processes, each holding whole replicas. In one
+    /// process, a runtime with a device per device of the topology runs each logical
+    /// device on the device the assignment names, as [`Strategy::new`] does; a smaller
+    /// one (or one spanning processes) runs executor replica `r * L + l` on its device
+    /// `r * L + l`.
     ///
     /// With several processes every process builds the same strategy and makes the
     /// same calls (SPMD): `run`, `reduce`, `gather` and the datasets then work on this

@@ -270,6 +270,9 @@ fn every_command_refuses_bad_arguments_with_one_line_and_changes_no_file() {
             vec![b"train", b"--steps", b"1000000000", b"--losses-json", b"nowhere/l.json"],
             "--losses-json",
         ),
+        (vec![b"train", b"--steps", b"1000000000", b"--losses-json", b""], "--losses-json"),
+        (vec![b"train", b"--steps", b"1000000000", b"--losses-json=proj/"], "--losses-json"),
+        (vec![b"train", b"--steps", b"0"], "--steps must be at least 1"),
         // Flags and commands.
         (vec![b"train", b"-s", b"5"], "two dashes"),
         (vec![b"train", b"stray"], "positional"),
@@ -517,5 +520,41 @@ fn resume_checks_the_saved_run() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("already holds checkpoints up to step-00000006"), "{err}");
+    // A checkpoint without run metadata (saved by the library or an earlier meshwork):
+    // the sizes come from its variables, and a mismatch is still one line naming both.
+    let index = dir.join("ck/step-00000006/index.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("metadata");
+    std::fs::write(&index, serde_json::to_vec(&json).unwrap()).unwrap();
+    let out = run_in(&dir, &[b"train", b"--steps", b"8", b"--resume", b"ck", b"--hidden", b"16"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("hidden 32") && err.contains("--hidden is 16"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A checkpoint that cannot be saved mid-run (here a file-size limit, as a full disk
+/// would) ends the run with exit 1 and one line naming `--checkpoint-dir` and the step —
+/// not a temporary path — and leaves no incomplete step behind.
+#[test]
+fn a_failed_save_names_the_checkpoint_directory_and_the_step() {
+    let dir = scratch("efbig");
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 8; exec {BIN} train --steps 4 --hidden 256 --no-check --checkpoint-dir ck"
+    );
+    let out = Command::new("sh").arg("-c").arg(&script).current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with("meshwork: error: --checkpoint-dir ck: cannot save step 4:"), "{err}");
+    assert!(!last.contains(".partial"), "{err}");
+    let names: Vec<String> = std::fs::read_dir(dir.join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

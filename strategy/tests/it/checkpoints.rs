@@ -322,6 +322,13 @@ fn the_checkpoint_directory_is_meshworks_or_refused_untouched() {
     assert_eq!(snapshot(&dir), before, "a refused directory was changed");
     assert!(std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_char_device_like());
 
+    // A directory holding only the marker a killed open was writing is taken, and the
+    // debris removed.
+    let half = dir.join("half");
+    std::fs::create_dir(&half).unwrap();
+    std::fs::write(half.join(".tmp-meshwork-checkpoints.json-4242"), "{").unwrap();
+    drop(CheckpointManager::open(&half, 2).unwrap());
+    assert!(!half.join(".tmp-meshwork-checkpoints.json-4242").exists());
     // Absent: created. Empty: taken.
     let made = dir.join("made");
     let mut m = CheckpointManager::open(&made, 2).unwrap();

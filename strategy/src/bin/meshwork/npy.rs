@@ -39,14 +39,20 @@ pub(crate) fn read(path: &str, limit: u64) -> Result<ArrayD<f64>, String> {
     // (Version 1: `head` may already hold the header's first two bytes.)
     file.read_exact(&mut bytes[got..]).map_err(|e| bad(format!("header cut short ({e})")))?;
     let header = parse_header(&bytes[start..start + len]).map_err(bad)?;
-    let want = header.count.checked_mul(header.size).filter(|&b| (b as u64) <= limit).ok_or_else(
-        || {
-            bad(format!(
-                "its shape {:?} of {} needs more than the {limit}-byte limit (--max-memory)",
-                header.shape, header.descr
-            ))
-        },
-    )?;
+    // The raw bytes and the f64 values they become are held at once.
+    let fits = |b: &usize| {
+        header
+            .count
+            .checked_mul(8)
+            .and_then(|d| d.checked_add(*b))
+            .is_some_and(|t| t as u64 <= limit)
+    };
+    let want = header.count.checked_mul(header.size).filter(fits).ok_or_else(|| {
+        bad(format!(
+            "its shape {:?} of {} needs more than the {limit}-byte limit (--max-memory) to read",
+            header.shape, header.descr
+        ))
+    })?;
     if let Some(s) = size {
         let have = s - (start + len) as u64;
         if have != want as u64 {
@@ -195,6 +201,9 @@ mod tests {
         assert_eq!(read(p, 1 << 30).unwrap(), a.clone().into_dyn());
         // Over the byte limit: refused before reading the data.
         assert!(read(p, 47).unwrap_err().contains("limit"), "{}", read(p, 47).unwrap_err());
+        // 48 data bytes fit under 60, but not with the 48 bytes of f64 they become.
+        assert!(read(p, 60).unwrap_err().contains("limit"));
+        assert!(read(p, 96).is_ok());
         let good = std::fs::read(&path).unwrap();
         // Cut short, or with bytes beyond what the header declares.
         std::fs::write(&path, &good[..good.len() - 1]).unwrap();

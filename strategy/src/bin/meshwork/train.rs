@@ -259,6 +259,12 @@ fn init_file(path: &str, data: &Dataset, limit: u64) -> Result<Params, Usage> {
     let (s2, w2) = get("w2", 2)?;
     let (sb2, b2) = get("b2", 1)?;
     let hidden = s1[1];
+    if hidden == 0 {
+        return Err(usage(
+            "init",
+            format!("{path}: w1 has shape {s1:?}; a model needs at least 1 hidden unit"),
+        ));
+    }
     let want = [
         ("w1", &s1, vec![data.features(), hidden]),
         ("b1", &sb1, vec![hidden]),
@@ -326,6 +332,9 @@ fn memory_estimate(config: &TrainConfig, data: &Dataset, hidden: usize, check: b
 /// the path is touched.
 fn check_output_file(flag: &str, path: &str) -> Result<(), Usage> {
     let p = Path::new(path);
+    if path.is_empty() || path.ends_with('/') || p.file_name().is_none() {
+        return Err(usage(flag, format!("{path:?} names no file")));
+    }
     let parent = p.parent().filter(|q| !q.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !parent.is_dir() {
         return Err(usage(flag, format!("directory {} does not exist", parent.display())));
@@ -447,7 +456,21 @@ impl Saved {
 /// `--resume`: the checkpoint and its metadata.
 fn saved_run(path: &str) -> Result<Saved, Usage> {
     let (dir, step) = meshwork_strategy::find_checkpoint(path).map_err(|e| usage("resume", e))?;
-    let meta = meshwork_strategy::checkpoint_metadata(&dir).map_err(|e| usage("resume", e))?;
+    let mut meta = meshwork_strategy::checkpoint_metadata(&dir).map_err(|e| usage("resume", e))?;
+    if meta.is_none() {
+        // A checkpoint without run metadata (saved by the library, or by an earlier
+        // meshwork): the model's sizes and dtype from its variables.
+        let vars = meshwork_strategy::checkpoint_variables(&dir).map_err(|e| usage("resume", e))?;
+        let find = |name: &str| vars.iter().find(|(n, _, _)| n == name);
+        if let (Some((_, dtype, w1)), Some((_, _, w2))) = (find("w1"), find("w2"))
+            && let ([features, hidden], [_, classes]) = (w1.as_slice(), w2.as_slice())
+        {
+            meta = Some(serde_json::json!({
+                "model": { "features": features, "hidden": hidden, "classes": classes },
+                "dtype": dtype.to_string(),
+            }));
+        }
+    }
     let mut saved = Saved { dir, step, meta };
     if let Some(s) = saved.usize(&["step"]) {
         saved.step = Some(s);
@@ -475,6 +498,10 @@ fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
 fn strategy_error(e: StrategyError, config: &TrainConfig) -> Exit {
     match &e {
         StrategyError::NonFiniteLoss { .. } => Exit::Failed(format!("training diverged: {e}")),
+        StrategyError::CheckpointSave { path, step, problem } => Exit::Failed(format!(
+            "--checkpoint-dir {}: cannot save step {step}: {problem}",
+            path.display()
+        )),
         StrategyError::CheckpointDir { path, problem } if config.checkpoint_dir.is_some() => {
             Exit::Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
         }
@@ -505,6 +532,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         .into());
     }
     let steps: usize = a.parse_or("steps", 200, "a step count")?;
+    if steps == 0 && a.get("resume").is_none() {
+        return Err(Usage("--steps must be at least 1".into()).into());
+    }
     let batch: usize = a.parse_or("batch", 64, "a batch size")?;
     let lr: f64 = a.parse_or("lr", 0.5, "a learning rate")?;
     if !(lr.is_finite() && lr > 0.0) {
@@ -686,9 +716,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if need > limit as f64 {
         return Err(memory_error(need, limit, init.hidden(), &data).into());
     }
+    let mut checkpoints = None;
     if let Some(dir) = checkpoint_dir {
-        // Created, checked and locked now (then released for the run to take), so a
-        // directory that cannot be used fails before any step.
+        // Created, checked and locked now and held through the run, so a directory
+        // that cannot be used fails before any step.
         let m = CheckpointManager::open(dir, keep).map_err(|e| match e {
             StrategyError::CheckpointDir { path, problem } => {
                 Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
@@ -708,6 +739,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             )
             .into());
         }
+        checkpoints = Some(m);
     }
     if let Some(saved) = &saved {
         warn_differences(saved, &config, &data);
@@ -724,7 +756,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     ));
     let stop = stop_flag()?;
     let mut bar = Bar { tty: std::io::stderr().is_terminal(), last_line: usize::MAX };
-    let report = mlp::train(&config, &data, &init, &mut |p| {
+    let report = mlp::train_with(&config, &data, &init, checkpoints, &mut |p| {
         bar.show(p);
         if stop.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })
@@ -830,12 +862,27 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
 
 fn memory_error(need: f64, limit: u64, hidden: usize, data: &Dataset) -> Usage {
     Usage(format!(
-        "this run needs about {:.1} GiB (hidden {hidden}, {} features, {} classes), over the {:.1} GiB limit; lower --batch, --hidden, --steps-per-run or --mesh, or raise --max-memory",
-        need / (1u64 << 30) as f64,
+        "this run needs about {} (hidden {hidden}, {} features, {} classes), over the {} limit; lower --batch, --hidden, --steps-per-run or --mesh, or raise --max-memory",
+        bytes_text(need),
         data.features(),
         data.classes,
-        limit as f64 / (1u64 << 30) as f64
+        bytes_text(limit as f64)
     ))
+}
+
+/// `1.5 GiB`, `512.0 MiB`, `800 B`.
+fn bytes_text(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024.0 {
+        return format!("{bytes:.0} B");
+    }
+    let mut value = bytes / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// Warns (one line each) where the resumed checkpoint's run differs from this one in
@@ -847,8 +894,10 @@ fn warn_differences(saved: &Saved, config: &TrainConfig, data: &Dataset) {
         && lr != config.lr
     {
         warn(format!(
-            "--lr {} differs from the checkpoint's {lr} ({dir}); continuing with {}",
-            config.lr, config.lr
+            "--lr {} differs from the checkpoint's {} ({dir}); continuing with {}",
+            number_text(config.lr),
+            number_text(lr),
+            number_text(config.lr)
         ));
     }
     if let Some(b) = saved.usize(&["batch"])
