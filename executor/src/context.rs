@@ -211,6 +211,41 @@ impl ReplicaContext {
         self.all_gather_in(&self.all, axis, t)
     }
 
+    /// Whether the members of this replica's group in `groups` hold bit-identical
+    /// tensors: `None` if every member's tensor has the first member's bits (so
+    /// `-0.0` differs from `0.0` and a NaN equals only its own bits), otherwise the
+    /// rank of the first member whose tensor differs. Every member gets the same
+    /// verdict. In one process nothing is copied: the member that completes the
+    /// rendezvous compares the offered tensors in place, and once this returns the
+    /// caller's `Arc` is its only reference again (`Arc::try_unwrap` gives the tensor
+    /// back).
+    pub fn first_difference_in(
+        &self,
+        groups: &ReplicaGroups,
+        t: Arc<Tensor>,
+    ) -> Result<Option<usize>> {
+        const OP: &str = "first_difference";
+        fn verdict(parts: &[Arc<Tensor>]) -> Option<usize> {
+            parts.iter().skip(1).position(|p| !p.same_bits(&parts[0])).map(|k| k + 1)
+        }
+        if self.net.is_some() {
+            let t = Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone());
+            let (parts, _) = self.meet(groups, OP, String::new(), t)?;
+            return Ok(verdict(&parts));
+        }
+        self.place(groups)?;
+        let signature = format!("{}{:?}", t.dtype(), t.shape());
+        let offer = Offer::new(OP, signature, t);
+        let round = self.hub.exchange_then(groups, self.replica, offer, |parts| {
+            let v = verdict(&parts).map_or(-1, |k| k as i64);
+            Ok(vec![Arc::new(Tensor::I64(ndarray::arr1(&[v]).into_dyn()))])
+        })?;
+        match &*round[0] {
+            Tensor::I64(a) => Ok(a.iter().next().and_then(|&k| usize::try_from(k).ok())),
+            _ => unreachable!("the verdict is an i64"),
+        }
+    }
+
     /// [`all_gather`](Self::all_gather) within each of `groups`, in group rank order.
     pub fn all_gather_in(&self, groups: &ReplicaGroups, axis: usize, t: Tensor) -> Result<Tensor> {
         self.check_axis("all_gather", &t, axis)?;

@@ -498,6 +498,32 @@ impl Tensor {
     }
 
     /// Every element divided by `n`, as the mean of `n` values whose sum this is.
+    /// Same dtype, shape and element bits (floats compared as bit patterns).
+    pub(crate) fn same_bits(&self, other: &Tensor) -> bool {
+        /// Over contiguous slices where both have them (a dynamic-rank iterator is an
+        /// order of magnitude slower), element by element otherwise.
+        fn same<T: Copy, B: PartialEq>(
+            a: &ArrayD<T>,
+            b: &ArrayD<T>,
+            bits: impl Fn(T) -> B,
+        ) -> bool {
+            match (a.as_slice(), b.as_slice()) {
+                (Some(x), Some(y)) => x.iter().zip(y).all(|(&p, &q)| bits(p) == bits(q)),
+                _ => a.iter().zip(b).all(|(&p, &q)| bits(p) == bits(q)),
+            }
+        }
+        if self.shape() != other.shape() {
+            return false;
+        }
+        match (self, other) {
+            (Tensor::F32(a), Tensor::F32(b)) => same(a, b, f32::to_bits),
+            (Tensor::F64(a), Tensor::F64(b)) => same(a, b, f64::to_bits),
+            (Tensor::I32(a), Tensor::I32(b)) => same(a, b, |v| v),
+            (Tensor::I64(a), Tensor::I64(b)) => same(a, b, |v| v),
+            _ => false,
+        }
+    }
+
     pub(crate) fn mean_of(self, n: usize) -> Tensor {
         map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
     }

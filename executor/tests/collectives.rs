@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_executor::{Error, Program, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
@@ -483,5 +483,34 @@ fn run_on_places_replicas_on_the_devices_named() {
     for bad in [&[0, 0, 1][..], &[0, 1, 4], &[0, 1]] {
         let inputs = (0..3).map(|r| vec![t(&[1], vec![r as i64])]).collect();
         assert!(matches!(rt.run_on(program.clone(), inputs, bad), Err(Error::Placement { .. })));
+    }
+}
+
+/// `first_difference_in` compares a group's tensors bit for bit: the first differing
+/// rank, or none; `-0.0` differs from `0.0`, a NaN equals its own bits; every member
+/// gets the same verdict, and the caller's `Arc` is its only reference afterwards.
+#[test]
+fn first_difference_compares_bits_and_gives_every_member_one_verdict() {
+    let rt = Runtime::new(4).unwrap();
+    let f = |v: f32| Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), v));
+    let cases: Vec<(Vec<Tensor>, [Option<usize>; 2])> = vec![
+        (vec![f(1.0), f(1.0), f(2.0), f(2.0)], [None, None]),
+        (vec![f(1.0), f(1.5), f(2.0), f(2.0)], [Some(1), None]),
+        (vec![f(0.0), f(0.0), f(0.0), f(-0.0)], [None, Some(1)]),
+        (vec![f(f32::NAN), f(f32::NAN), f(1.0), f(1.0)], [None, None]),
+    ];
+    for (inputs, want) in cases {
+        let program: Arc<Program> = Arc::new(|ctx, i| {
+            let groups = ReplicaGroups::new(vec![vec![0, 1], vec![2, 3]], 4).unwrap();
+            let mine = Arc::new(i[0].clone());
+            let verdict = ctx.first_difference_in(&groups, mine.clone())?;
+            assert_eq!(Arc::strong_count(&mine), 1, "the tensor is the caller's again");
+            Ok(vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), verdict.map_or(-1, |k| k as i64)))])
+        });
+        let out = rt.run(program, inputs.into_iter().map(|t| vec![t]).collect()).unwrap();
+        for (r, o) in out.iter().enumerate() {
+            let w = want[r / 2].map_or(-1, |k| k as i64);
+            assert_eq!(o[0], Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), w)), "replica {r}");
+        }
     }
 }

@@ -177,25 +177,6 @@ pub(crate) fn divide(x: &Tensor, n: f64) -> Result<Tensor> {
     })
 }
 
-/// The first `r > 0` whose row `t[r]` differs from row `t[0]` in any bit (so NaNs
-/// with equal bits are equal and `-0.0` differs from `0.0`), if any.
-pub(crate) fn first_differing_row(t: &Tensor) -> Option<usize> {
-    fn go<T: Copy, B: PartialEq>(a: &ArrayD<T>, bits: impl Fn(T) -> B) -> Option<usize> {
-        let rows = a.shape().first().copied().unwrap_or(0);
-        let first = a.index_axis(Axis(0), 0);
-        (1..rows).find(|&r| {
-            a.index_axis(Axis(0), r).iter().zip(first.iter()).any(|(&x, &y)| bits(x) != bits(y))
-        })
-    }
-    match t {
-        Tensor::F32(a) => go(a, f32::to_bits),
-        Tensor::F64(a) => go(a, f64::to_bits),
-        Tensor::I32(a) => go(a, |v| v),
-        Tensor::I64(a) => go(a, |v| v),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    }
-}
-
 /// A tensor with a new leading dim of 1.
 pub(crate) fn expand(t: &Tensor) -> Tensor {
     map!(t, a => a.clone().insert_axis(Axis(0)))

@@ -54,10 +54,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Refuses, on every replica alike, a run after which a NONE-aggregated sync-on-write
-/// variable's copies differ across replicas: every device gathers each such copy it
-/// holds from its counterparts on the other replicas and compares them bit for bit
-/// (exactly: a hash could collide and let a diverging update through), and all reach
-/// the same verdict from the same gathered copies.
+/// variable's copies differ across replicas: the copies a device and its counterparts
+/// on the other replicas hold are compared bit for bit (exactly: a hash could collide
+/// and let a diverging update through; in one process in place, without copies), and
+/// all get the same verdict.
 fn check_mirrored(ctx: &StrategyContext<'_>) -> Result<()> {
     let watched: Vec<usize> = (0..ctx.run.vars.len())
         .filter(|&id| {
@@ -70,9 +70,13 @@ fn check_mirrored(ctx: &StrategyContext<'_>) -> Result<()> {
         return Ok(());
     }
     for id in watched {
-        let copy = ops::expand(&ctx.vars.borrow()[id]);
-        let all = ctx.all_gather(copy, 0)?;
-        if let Some(r) = ops::first_differing_row(&all) {
+        // Lend the copy to the comparison and take it back after (no copy of it).
+        let placeholder = Tensor::I32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0])));
+        let copy = Arc::new(std::mem::replace(&mut ctx.vars.borrow_mut()[id], placeholder));
+        let verdict = ctx.inner.first_difference_in(&ctx.run.across_replicas, copy.clone());
+        ctx.vars.borrow_mut()[id] =
+            Arc::try_unwrap(copy).unwrap_or_else(|shared| (*shared).clone());
+        if let Some(r) = verdict? {
             return Err(Error::DivergingUpdate {
                 variable: ctx.run.vars[id].name.clone(),
                 replica: r,
