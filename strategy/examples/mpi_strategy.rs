@@ -2,7 +2,13 @@
 //! `mpirun -np 2`, each process with 2 of the 4 replicas and its host's input
 //! pipeline. Four steps of data-parallel least squares must give, in every process,
 //! the weights a one-process strategy computes from the global batches; a checkpoint
-//! saved across the processes must restore in each. Exits non-zero otherwise.
+//! saved across the processes (into the new directory given as the argument, or
+//! `$TMPDIR/meshwork-mpi-strategy-ckpt`, which must not exist) must restore in each.
+//! Exits non-zero otherwise.
+//!
+//! ```text
+//! mpirun -np 2 target/debug/examples/mpi_strategy [CHECKPOINT_DIR]
+//! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
@@ -113,7 +119,9 @@ fn check() -> Result<(), String> {
         "process {p}: replicas {:?} with its host's pipeline train like one process",
         spread.local_replicas()
     );
-    let dir = std::env::temp_dir().join("meshwork-mpi-strategy-ckpt");
+    let dir = std::env::args_os()
+        .nth(1)
+        .map_or_else(|| std::env::temp_dir().join("meshwork-mpi-strategy-ckpt"), Into::into);
     let w = spread.variables()[0].clone();
     spread.save_checkpoint(&dir).map_err(e)?;
     spread.assign_variable(&w, &f64s(&[3, 1], vec![0.0; 3])).map_err(e)?;

@@ -60,8 +60,19 @@ pub(crate) fn mpi_test() -> Result {
     println!("mpi-test: 2 processes x 2 devices equal 4 local devices ({took:.1?})");
 
     cargo(&["build", "-p", "meshwork-strategy", "--features", "mpi", "--example", "mpi_strategy"])?;
-    let (ok, took, out) =
-        run_for(&mut mpirun(&["target/debug/examples/mpi_strategy"]), Duration::from_secs(120))?;
+    // A checkpoint directory of this run's own (a checkpoint never replaces one).
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let ckpt =
+        std::env::temp_dir().join(format!("meshwork-mpi-strategy-{}-{stamp}", std::process::id()));
+    let ckpt_arg = ckpt.to_string_lossy().into_owned();
+    let result = run_for(
+        &mut mpirun(&["target/debug/examples/mpi_strategy", &ckpt_arg]),
+        Duration::from_secs(120),
+    );
+    let _ = std::fs::remove_dir_all(&ckpt);
+    let (ok, took, out) = result?;
     print!("{out}");
     if !ok {
         return Err(format!("the 2-process strategy check failed after {took:.1?}"));
