@@ -17,15 +17,17 @@ pub(crate) fn read(path: &str, limit: u64) -> Result<ArrayD<f64>, String> {
     }
     let size = meta.is_file().then_some(meta.len());
     let bad = |e: String| format!("{path} is not a readable .npy file: {e}");
-    // Magic, version and header length.
+    // Magic, version and header length (2 bytes in version 1, 4 in versions 2 and 3).
     let mut head = [0u8; 12];
-    let got = read_up_to(&mut file, &mut head).map_err(cannot)?;
+    let got = read_up_to(&mut file, &mut head[..10]).map_err(cannot)?;
     if got < 10 || &head[..6] != b"\x93NUMPY" {
         return Err(bad("no NumPy magic".into()));
     }
     let (len, start) = match head[6] {
         1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
-        2 | 3 if got == 12 => {
+        2 | 3 => {
+            file.read_exact(&mut head[10..12])
+                .map_err(|e| bad(format!("header cut short ({e})")))?;
             (u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize, 12)
         }
         v => return Err(bad(format!("unsupported format version {v}"))),
@@ -34,10 +36,9 @@ pub(crate) fn read(path: &str, limit: u64) -> Result<ArrayD<f64>, String> {
     if len > 1 << 20 || size.is_some_and(|s| (start + len) as u64 > s) {
         return Err(bad(format!("its header claims {len} bytes, more than the file holds")));
     }
-    let mut bytes = head[..got].to_vec();
+    let mut bytes = head[..start].to_vec();
     bytes.resize(start + len, 0);
-    // (Version 1: `head` may already hold the header's first two bytes.)
-    file.read_exact(&mut bytes[got..]).map_err(|e| bad(format!("header cut short ({e})")))?;
+    file.read_exact(&mut bytes[start..]).map_err(|e| bad(format!("header cut short ({e})")))?;
     let header = parse_header(&bytes[start..start + len]).map_err(bad)?;
     // The raw bytes and the f64 values they become are held at once.
     let fits = |b: &usize| {
@@ -217,11 +218,42 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let e = read(p, 1 << 30).unwrap_err();
         assert!(e.contains("limit") || e.contains("header"), "{e}");
+        // A version-1 header of length 0 (then bytes): an error, not a panic.
+        std::fs::write(&path, b"\x93NUMPY\x01\x00\x00\x00abcdefgh").unwrap();
+        assert!(read(p, 1 << 30).is_err());
         // Not NumPy at all, an endless device, a directory.
         std::fs::write(&path, b"not numpy at all").unwrap();
         assert!(read(p, 1 << 30).unwrap_err().contains("magic"));
         assert!(read("/dev/zero", 1 << 30).unwrap_err().contains("magic"));
         assert!(read(dir.to_str().unwrap(), 1 << 30).unwrap_err().contains("directory"));
         std::fs::remove_file(path).unwrap();
+    }
+
+    proptest::proptest! {
+        /// Any bytes — random, or a valid file's cut, padded or mutated — read as an
+        /// array or an error, never a panic or an allocation beyond the limit.
+        #[test]
+        fn prop_any_bytes_read_as_an_array_or_an_error(
+            cut in 0usize..200,
+            flips in proptest::collection::vec((0usize..200, proptest::prelude::any::<u8>()), 0..6),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let a = ndarray::Array2::from_shape_fn((3, 4), |(i, j)| (i * 4 + j) as f64);
+            let dir = std::env::temp_dir();
+            let path = dir.join(format!("meshwork-npy-prop-{}.npy", std::process::id()));
+            let p = path.to_str().unwrap();
+            write_f64(p, &a).unwrap();
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.truncate(cut.max(1).min(bytes.len()));
+            for (at, v) in flips {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = v;
+                }
+            }
+            bytes.extend(tail);
+            std::fs::write(&path, &bytes).unwrap();
+            let _ = read(p, 1 << 20);
+            std::fs::remove_file(&path).unwrap();
+        }
     }
 }
