@@ -1,7 +1,8 @@
 //! The crate-graph check: siblings never depend on each other.
 //!
 //! Rules, over every dependency kind (normal, build and dev):
-//! - placer, sharding, outfeed and executor (the siblings) depend on no other sibling;
+//! - placer, sharding, outfeed, executor and program (the siblings) depend on no other
+//!   sibling;
 //! - `types` depends on no workspace crate;
 //! - no workspace crate depends on `strategy` (the façade is the leaf);
 //! - `xtask` depends on no workspace crate.
@@ -14,8 +15,13 @@ use std::fmt;
 use serde_json::Value;
 
 /// The sibling crates, which may depend on `types` only.
-pub(crate) const SIBLINGS: [&str; 4] =
-    ["meshwork-placer", "meshwork-sharding", "meshwork-outfeed", "meshwork-executor"];
+pub(crate) const SIBLINGS: [&str; 5] = [
+    "meshwork-placer",
+    "meshwork-sharding",
+    "meshwork-outfeed",
+    "meshwork-executor",
+    "meshwork-program",
+];
 const TYPES: &str = "meshwork-types";
 const FACADE: &str = "meshwork-strategy";
 const XTASK: &str = "xtask";

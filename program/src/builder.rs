@@ -1,0 +1,481 @@
+//! Building programs from Rust: every instruction is checked and its result's spec
+//! inferred as it is added, so a mistake is a typed error at the line that made it.
+
+use std::collections::HashSet;
+
+use meshwork_types::{DType, ReduceOp, Shape, TensorSpec};
+
+use crate::infer::{infer, supported};
+use crate::op::{Binary, Compare, Op, Padding, Reduction, Unary};
+use crate::program::{Instr, Param, Program, Value};
+use crate::{Error, Result};
+
+/// Builds a [`Program`]. Parameters first or interleaved with instructions; values are
+/// handles ([`Value`]) into the program being built.
+///
+/// ```
+/// use meshwork_program::Builder;
+///
+/// let mut b = Builder::new();
+/// let x = b.param("x", "f32[8,4]".parse()?)?;
+/// let y = b.scope("layer", |b| {
+///     let w = b.param("w", "f32[4,16]".parse()?)?;
+///     let h = b.matmul(x, w)?;
+///     b.relu(h)
+/// })?;
+/// let p = b.finish(&[y])?;
+/// assert_eq!(p.spec(y).unwrap().to_string(), "f32[8,16]");
+/// assert_eq!(p.params()[1].name, "layer.w");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct Builder {
+    params: Vec<Param>,
+    /// Instructions with their result's value number (parameters may come between).
+    instrs: Vec<(Value, Instr)>,
+    specs: Vec<TensorSpec>,
+    scope: Vec<String>,
+    names: HashSet<String>,
+}
+
+impl Builder {
+    /// An empty builder.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    fn at(&self, op: &str) -> String {
+        format!("%{} ({op})", self.specs.len())
+    }
+
+    fn scoped(&self, name: &str) -> String {
+        if self.scope.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.scope.join("."))
+        }
+    }
+
+    fn claim(&mut self, name: String) -> Result<String> {
+        if !self.names.insert(name.clone()) {
+            return Err(Error::DuplicateName { name });
+        }
+        Ok(name)
+    }
+
+    /// The spec of `v`.
+    pub fn spec(&self, v: Value) -> Result<&TensorSpec> {
+        self.specs
+            .get(v.index())
+            .ok_or(Error::UndefinedValue { at: "the builder".into(), value: v.0 })
+    }
+
+    /// A parameter named `name` (within the current scopes) of `spec`.
+    pub fn param(&mut self, name: &str, spec: TensorSpec) -> Result<Value> {
+        let name = self.claim(self.scoped(name))?;
+        if !supported(spec.dtype) {
+            return Err(Error::UnsupportedDType {
+                at: format!("param {name:?}"),
+                dtype: spec.dtype,
+            });
+        }
+        let v = Value(self.specs.len() as u32);
+        self.specs.push(spec.clone());
+        self.params.push(Param { name, spec });
+        Ok(v)
+    }
+
+    /// Runs `f` with `name` appended to the scope: parameters and named values made
+    /// inside get `name.` in front (`layers.0.attn.wq`).
+    pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Builder) -> Result<T>) -> Result<T> {
+        self.scope.push(name.to_string());
+        let out = f(self);
+        self.scope.pop();
+        out
+    }
+
+    /// Names the instruction that defines `v` (within the current scopes).
+    pub fn name(&mut self, v: Value, name: &str) -> Result<Value> {
+        let full = self.claim(self.scoped(name))?;
+        match self.instrs.iter_mut().find(|(w, _)| *w == v) {
+            Some((_, instr)) => {
+                instr.name = Some(full);
+                Ok(v)
+            }
+            None => Err(Error::UndefinedValue { at: format!("naming {name:?}"), value: v.0 }),
+        }
+    }
+
+    /// Adds `op` over `args`, checking them and inferring the result's spec.
+    pub fn push(&mut self, op: Op, args: &[Value]) -> Result<Value> {
+        let name = op.name();
+        let mut specs = Vec::with_capacity(args.len());
+        for a in args {
+            let s = self
+                .specs
+                .get(a.index())
+                .ok_or_else(|| Error::UndefinedValue { at: self.at(name), value: a.0 })?;
+            specs.push(s);
+        }
+        let spec = infer(&op, &specs).map_err(|problem| Error::Type {
+            op: name,
+            at: self.at(name),
+            operands: specs.iter().map(|s| (*s).clone()).collect(),
+            problem,
+        })?;
+        let v = Value(self.specs.len() as u32);
+        self.specs.push(spec.clone());
+        self.instrs.push((v, Instr { op, args: args.to_vec(), spec, name: None }));
+        Ok(v)
+    }
+
+    /// `axis` of `v`, counted from the end when negative.
+    fn axis(&self, op: &'static str, v: Value, axis: isize) -> Result<usize> {
+        let rank = self.spec(v)?.shape.rank();
+        let k = if axis < 0 { axis.checked_add(rank as isize) } else { Some(axis) };
+        k.and_then(|k| usize::try_from(k).ok()).filter(|&k| k < rank).ok_or_else(|| Error::Type {
+            op,
+            at: self.at(op),
+            operands: vec![self.specs[v.index()].clone()],
+            problem: format!("axis {axis} is out of range for rank {rank}"),
+        })
+    }
+
+    /// Returns the program with `results`. Parameters keep their order; instructions
+    /// their order of addition (a valid evaluation order: each uses only earlier values).
+    pub fn finish(self, results: &[Value]) -> Result<Program> {
+        if results.is_empty() {
+            return Err(Error::NoResults);
+        }
+        let params = self.params.len();
+        // Renumber: parameters first, then instructions in order.
+        let mut map = vec![Value(0); self.specs.len()];
+        let mut next_param = 0u32;
+        let mut next_instr = params as u32;
+        let defined: HashSet<Value> = self.instrs.iter().map(|(v, _)| *v).collect();
+        for (k, slot) in map.iter_mut().enumerate() {
+            if defined.contains(&Value(k as u32)) {
+                *slot = Value(next_instr);
+                next_instr += 1;
+            } else {
+                *slot = Value(next_param);
+                next_param += 1;
+            }
+        }
+        let instrs = self
+            .instrs
+            .into_iter()
+            .map(|(_, mut i)| {
+                i.args.iter_mut().for_each(|a| *a = map[a.index()]);
+                i
+            })
+            .collect();
+        let mut out = Vec::with_capacity(results.len());
+        for r in results {
+            out.push(
+                *map.get(r.index())
+                    .ok_or(Error::UndefinedValue { at: "return".into(), value: r.0 })?,
+            );
+        }
+        Ok(Program { params: self.params, instrs, results: out })
+    }
+
+    /// A rank-0 constant.
+    pub fn constant(&mut self, value: f64, dtype: DType) -> Result<Value> {
+        self.push(Op::Constant { value, dtype }, &[])
+    }
+
+    /// `0, 1, …` along `axis` of a new `dtype` tensor of `shape`.
+    pub fn iota(&mut self, dtype: DType, shape: &[usize], axis: usize) -> Result<Value> {
+        self.push(Op::Iota { dtype, shape: shape.to_vec(), axis }, &[])
+    }
+
+    /// Elementwise conversion.
+    pub fn convert(&mut self, x: Value, dtype: DType) -> Result<Value> {
+        self.push(Op::Convert { dtype }, &[x])
+    }
+
+    /// `select(pred, on_true, on_false)`.
+    pub fn select(&mut self, pred: Value, on_true: Value, on_false: Value) -> Result<Value> {
+        self.push(Op::Select, &[pred, on_true, on_false])
+    }
+
+    /// XLA's `dot_general`.
+    pub fn dot_general(
+        &mut self,
+        lhs: Value,
+        rhs: Value,
+        lhs_contract: &[usize],
+        rhs_contract: &[usize],
+        lhs_batch: &[usize],
+        rhs_batch: &[usize],
+    ) -> Result<Value> {
+        let op = Op::DotGeneral {
+            lhs_contract: lhs_contract.to_vec(),
+            rhs_contract: rhs_contract.to_vec(),
+            lhs_batch: lhs_batch.to_vec(),
+            rhs_batch: rhs_batch.to_vec(),
+        };
+        self.push(op, &[lhs, rhs])
+    }
+
+    /// `lhs @ rhs`: the last dim of `lhs` with the first of `rhs` (rank ≥ 1 each; for
+    /// batched products use [`dot_general`](Self::dot_general)).
+    pub fn matmul(&mut self, lhs: Value, rhs: Value) -> Result<Value> {
+        let last = self.spec(lhs)?.shape.rank().saturating_sub(1);
+        self.dot_general(lhs, rhs, &[last], &[0], &[], &[])
+    }
+
+    fn reduce(
+        &mut self,
+        kind: Reduction,
+        x: Value,
+        axes: &[isize],
+        keepdims: bool,
+    ) -> Result<Value> {
+        let name = Op::Reduce { kind, axes: Vec::new(), keepdims }.name();
+        let mut norm = axes.iter().map(|&a| self.axis(name, x, a)).collect::<Result<Vec<_>>>()?;
+        norm.sort_unstable();
+        self.push(Op::Reduce { kind, axes: norm, keepdims }, &[x])
+    }
+
+    /// The sum over `axes` (negative counts from the end).
+    pub fn reduce_sum(&mut self, x: Value, axes: &[isize], keepdims: bool) -> Result<Value> {
+        self.reduce(Reduction::Sum, x, axes, keepdims)
+    }
+
+    /// The maximum over `axes`.
+    pub fn reduce_max(&mut self, x: Value, axes: &[isize], keepdims: bool) -> Result<Value> {
+        self.reduce(Reduction::Max, x, axes, keepdims)
+    }
+
+    /// The mean over `axes`.
+    pub fn reduce_mean(&mut self, x: Value, axes: &[isize], keepdims: bool) -> Result<Value> {
+        self.reduce(Reduction::Mean, x, axes, keepdims)
+    }
+
+    /// The same elements in `shape`.
+    pub fn reshape(&mut self, x: Value, shape: &[usize]) -> Result<Value> {
+        self.push(Op::Reshape { shape: shape.to_vec() }, &[x])
+    }
+
+    /// Output dim `i` is input dim `perm[i]`.
+    pub fn transpose(&mut self, x: Value, perm: &[usize]) -> Result<Value> {
+        self.push(Op::Transpose { perm: perm.to_vec() }, &[x])
+    }
+
+    /// NumPy broadcasting to `shape`.
+    pub fn broadcast_to(&mut self, x: Value, shape: &[usize]) -> Result<Value> {
+        self.push(Op::BroadcastTo { shape: shape.to_vec() }, &[x])
+    }
+
+    /// `lax.slice`.
+    pub fn slice(
+        &mut self,
+        x: Value,
+        start: &[usize],
+        stop: &[usize],
+        step: &[usize],
+    ) -> Result<Value> {
+        let op = Op::Slice { start: start.to_vec(), stop: stop.to_vec(), step: step.to_vec() };
+        self.push(op, &[x])
+    }
+
+    /// Concatenation along `axis` (negative counts from the end).
+    pub fn concat(&mut self, xs: &[Value], axis: isize) -> Result<Value> {
+        let first = *xs.first().ok_or_else(|| Error::Type {
+            op: "concat",
+            at: self.at("concat"),
+            operands: Vec::new(),
+            problem: "takes at least one operand".into(),
+        })?;
+        let axis = self.axis("concat", first, axis)?;
+        self.push(Op::Concat { axis }, xs)
+    }
+
+    /// `jnp.take(table, indices, axis)`.
+    pub fn take(&mut self, table: Value, indices: Value, axis: isize) -> Result<Value> {
+        let axis = self.axis("take", table, axis)?;
+        self.push(Op::Take { axis }, &[table, indices])
+    }
+
+    /// One-hot rows of `depth` in `dtype` for integer `indices`.
+    pub fn one_hot(&mut self, indices: Value, depth: usize, dtype: DType) -> Result<Value> {
+        self.push(Op::OneHot { depth, dtype }, &[indices])
+    }
+
+    /// Softmax along `axis`.
+    pub fn softmax(&mut self, x: Value, axis: isize) -> Result<Value> {
+        let axis = self.axis("softmax", x, axis)?;
+        self.push(Op::Softmax { axis }, &[x])
+    }
+
+    /// Log-softmax along `axis`.
+    pub fn log_softmax(&mut self, x: Value, axis: isize) -> Result<Value> {
+        let axis = self.axis("log_softmax", x, axis)?;
+        self.push(Op::LogSoftmax { axis }, &[x])
+    }
+
+    /// Index of the first maximum along `axis`.
+    pub fn argmax(&mut self, x: Value, axis: isize) -> Result<Value> {
+        let axis = self.axis("argmax", x, axis)?;
+        self.push(Op::Argmax { axis }, &[x])
+    }
+
+    /// 2-D convolution of NHWC `x` with HWIO `w`.
+    pub fn conv2d(
+        &mut self,
+        x: Value,
+        w: Value,
+        strides: [usize; 2],
+        padding: Padding,
+    ) -> Result<Value> {
+        self.push(Op::Conv2d { strides, padding }, &[x, w])
+    }
+
+    /// All-reduce across each of `groups`.
+    pub fn all_reduce(&mut self, x: Value, op: ReduceOp, groups: &[Vec<usize>]) -> Result<Value> {
+        self.push(Op::AllReduce { op, groups: groups.to_vec() }, &[x])
+    }
+
+    /// All-gather along `axis` within each of `groups`.
+    pub fn all_gather(&mut self, x: Value, axis: usize, groups: &[Vec<usize>]) -> Result<Value> {
+        self.push(Op::AllGather { axis, groups: groups.to_vec() }, &[x])
+    }
+
+    /// Reduce-scatter along `axis` within each of `groups`.
+    pub fn reduce_scatter(
+        &mut self,
+        x: Value,
+        op: ReduceOp,
+        axis: usize,
+        groups: &[Vec<usize>],
+    ) -> Result<Value> {
+        self.push(Op::ReduceScatter { op, axis, groups: groups.to_vec() }, &[x])
+    }
+
+    /// All-to-all within each of `groups`.
+    pub fn all_to_all(
+        &mut self,
+        x: Value,
+        split_axis: usize,
+        concat_axis: usize,
+        groups: &[Vec<usize>],
+    ) -> Result<Value> {
+        self.push(Op::AllToAll { split_axis, concat_axis, groups: groups.to_vec() }, &[x])
+    }
+
+    /// Collective permute along `(source, target)` pairs.
+    pub fn collective_permute(&mut self, x: Value, pairs: &[(usize, usize)]) -> Result<Value> {
+        self.push(Op::CollectivePermute { pairs: pairs.to_vec() }, &[x])
+    }
+
+    /// Sends `x` to device `peer` on `channel`; returns the send's token.
+    pub fn send(&mut self, x: Value, channel: u32, peer: usize) -> Result<Value> {
+        self.push(Op::Send { channel, peer }, &[x])
+    }
+
+    /// Receives a `spec` tensor from device `peer` on `channel`.
+    pub fn recv(&mut self, spec: &TensorSpec, channel: u32, peer: usize) -> Result<Value> {
+        let op = Op::Recv { channel, peer, dtype: spec.dtype, shape: spec.shape.dims().to_vec() };
+        self.push(op, &[])
+    }
+
+    /// Streams `xs` to the host's consumer `consumer`; returns the emit's token.
+    pub fn emit(&mut self, xs: &[Value], consumer: u32) -> Result<Value> {
+        self.push(Op::Emit { consumer }, xs)
+    }
+
+    /// A rank-0 constant of `like`'s dtype.
+    pub fn scalar_like(&mut self, like: Value, value: f64) -> Result<Value> {
+        let dtype = self.spec(like)?.dtype;
+        self.constant(value, dtype)
+    }
+
+    /// The shape of `v`.
+    pub fn shape(&self, v: Value) -> Result<Shape> {
+        Ok(self.spec(v)?.shape.clone())
+    }
+}
+
+macro_rules! unary {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {
+        impl Builder {$(
+            $(#[$doc])*
+            pub fn $name(&mut self, x: Value) -> Result<Value> {
+                self.push(Op::Unary(Unary::$op), &[x])
+            }
+        )*}
+    };
+}
+
+unary! {
+    /// `-x`.
+    neg => Neg;
+    /// `e^x`.
+    exp => Exp;
+    /// Natural logarithm.
+    log => Log;
+    /// Hyperbolic tangent.
+    tanh => Tanh;
+    /// The sigmoid.
+    logistic => Logistic;
+    /// Square root.
+    sqrt => Sqrt;
+    /// `1 / sqrt(x)`.
+    rsqrt => Rsqrt;
+    /// `|x|`.
+    abs => Abs;
+    /// `x * x`.
+    square => Square;
+    /// `max(x, 0)`.
+    relu => Relu;
+    /// GELU (tanh approximation).
+    gelu => Gelu;
+    /// Sine.
+    sin => Sin;
+    /// Cosine.
+    cos => Cos;
+    /// The identity with a zero gradient.
+    stop_gradient => StopGradient;
+}
+
+macro_rules! binary {
+    ($($(#[$doc:meta])* $name:ident => $kind:ident::$op:ident;)*) => {
+        impl Builder {$(
+            $(#[$doc])*
+            pub fn $name(&mut self, a: Value, b: Value) -> Result<Value> {
+                self.push(Op::$kind($kind::$op), &[a, b])
+            }
+        )*}
+    };
+}
+
+binary! {
+    /// `a + b` (broadcasting).
+    add => Binary::Add;
+    /// `a - b`.
+    sub => Binary::Sub;
+    /// `a * b`.
+    mul => Binary::Mul;
+    /// `a / b`.
+    div => Binary::Div;
+    /// The larger of `a` and `b`.
+    max => Binary::Max;
+    /// The smaller.
+    min => Binary::Min;
+    /// `a ^ b`.
+    pow => Binary::Pow;
+    /// `a < b`.
+    lt => Compare::Lt;
+    /// `a <= b`.
+    le => Compare::Le;
+    /// `a > b`.
+    gt => Compare::Gt;
+    /// `a >= b`.
+    ge => Compare::Ge;
+    /// `a == b`.
+    eq => Compare::Eq;
+    /// `a != b`.
+    ne => Compare::Ne;
+}

@@ -1,0 +1,56 @@
+//! The program crate's error type.
+
+use meshwork_types::{DType, TensorSpec};
+
+/// Everything that can go wrong building or checking a program.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A vocabulary value was invalid (a shape whose element count overflows).
+    #[error(transparent)]
+    Types(#[from] meshwork_types::Error),
+    /// An instruction whose operands or attributes its op cannot take.
+    #[error("{op}({}) at {at}: {problem}", specs(operands))]
+    Type {
+        /// The op.
+        op: &'static str,
+        /// Where: the instruction's value (`%7`) and name, if any.
+        at: String,
+        /// The operands' specs.
+        operands: Vec<TensorSpec>,
+        /// What does not fit.
+        problem: String,
+    },
+    /// A dtype programs do not compute in (they use f32, f64, i32, i64 and bool).
+    #[error("{at}: dtype {dtype} is not one of f32, f64, i32, i64, bool")]
+    UnsupportedDType {
+        /// Where.
+        at: String,
+        /// The dtype.
+        dtype: DType,
+    },
+    /// A value used before it is defined, or not defined in this program at all.
+    #[error("{at} uses %{value}, which is not defined before it")]
+    UndefinedValue {
+        /// The instruction (or `return`) using it.
+        at: String,
+        /// The value's number.
+        value: u32,
+    },
+    /// Two parameters or named values with one name.
+    #[error("the name {name:?} is given twice")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// A program with no results.
+    #[error("a program must return at least one value")]
+    NoResults,
+}
+
+fn specs(operands: &[TensorSpec]) -> String {
+    operands.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// `Result` with the program crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

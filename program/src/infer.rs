@@ -1,0 +1,438 @@
+//! Shape and dtype inference: the spec of an op's result from its operands' specs and
+//! its attributes, or what does not fit (in words, for the caller's typed error).
+
+use meshwork_types::{DType, Shape, TensorSpec};
+
+use crate::op::{Op, Padding, Reduction, Unary};
+
+/// The dtypes programs compute in.
+pub(crate) fn supported(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)
+}
+
+type Infer = Result<TensorSpec, String>;
+
+fn spec(dtype: DType, dims: &[usize]) -> Infer {
+    let shape = Shape::new(dims).map_err(|e| e.to_string())?;
+    Ok(TensorSpec::new(dtype, shape))
+}
+
+fn arity(args: &[&TensorSpec], want: usize) -> Result<(), String> {
+    if args.len() == want {
+        Ok(())
+    } else {
+        Err(format!("takes {want} operand{}, got {}", if want == 1 { "" } else { "s" }, args.len()))
+    }
+}
+
+fn axis_in(axis: usize, rank: usize, what: &str) -> Result<(), String> {
+    if axis < rank { Ok(()) } else { Err(format!("{what} {axis} is past rank {rank}")) }
+}
+
+fn float(dtype: DType, what: &str) -> Result<(), String> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("{what} needs a float operand, not {dtype}"))
+    }
+}
+
+fn numeric(dtype: DType, what: &str) -> Result<(), String> {
+    if dtype == DType::Bool { Err(format!("{what} needs a number, not bool")) } else { Ok(()) }
+}
+
+fn integer(dtype: DType, what: &str) -> Result<(), String> {
+    if dtype.is_integer() { Ok(()) } else { Err(format!("{what} must be integers, not {dtype}")) }
+}
+
+/// NumPy broadcasting of several shapes: ranks extended on the left with 1s, then each
+/// dim equal or 1.
+pub(crate) fn broadcast(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; rank];
+    for s in shapes {
+        let pad = rank - s.len();
+        for (k, &d) in s.iter().enumerate() {
+            let o = &mut out[pad + k];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                let all: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
+                return Err(format!("shapes {} do not broadcast", all.join(" and ")));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks a list of distinct dims below `rank`.
+fn dims_in(dims: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    let mut seen = vec![false; rank];
+    for &d in dims {
+        if d >= rank {
+            return Err(format!("{what} {dims:?} has dim {d} past rank {rank}"));
+        }
+        if std::mem::replace(&mut seen[d], true) {
+            return Err(format!("{what} {dims:?} repeats dim {d}"));
+        }
+    }
+    Ok(())
+}
+
+fn same_size_groups(groups: &[Vec<usize>]) -> Result<usize, String> {
+    let n = groups.first().map_or(0, Vec::len);
+    if n == 0 || groups.iter().any(|g| g.len() != n) {
+        return Err(format!("replica groups {groups:?} must be non-empty and of one size"));
+    }
+    distinct_groups(groups)?;
+    Ok(n)
+}
+
+fn distinct_groups(groups: &[Vec<usize>]) -> Result<(), String> {
+    let mut all: Vec<usize> = groups.iter().flatten().copied().collect();
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    if groups.is_empty() || groups.iter().any(Vec::is_empty) || all.len() != n {
+        return Err(format!("replica groups {groups:?} must be non-empty, each replica in one"));
+    }
+    Ok(())
+}
+
+/// The spec of `op`'s result for operands `args`, or the problem.
+pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
+    let name = op.name();
+    match op {
+        Op::Unary(u) => {
+            arity(args, 1)?;
+            let x = args[0];
+            match u {
+                Unary::Neg | Unary::Abs | Unary::Square | Unary::StopGradient => {
+                    numeric(x.dtype, name)?
+                }
+                Unary::Relu => numeric(x.dtype, name)?,
+                _ => float(x.dtype, name)?,
+            }
+            Ok(x.clone())
+        }
+        Op::Binary(_) | Op::Compare(_) => {
+            arity(args, 2)?;
+            let (a, b) = (args[0], args[1]);
+            if a.dtype != b.dtype {
+                return Err(format!("operands have dtypes {} and {}", a.dtype, b.dtype));
+            }
+            numeric(a.dtype, name)?;
+            let dims = broadcast(&[a.shape.dims(), b.shape.dims()])?;
+            let dtype = if matches!(op, Op::Compare(_)) { DType::Bool } else { a.dtype };
+            spec(dtype, &dims)
+        }
+        Op::Select => {
+            arity(args, 3)?;
+            let (p, t, f) = (args[0], args[1], args[2]);
+            if p.dtype != DType::Bool {
+                return Err(format!("the predicate is {}, not bool", p.dtype));
+            }
+            if t.dtype != f.dtype {
+                return Err(format!("the two cases have dtypes {} and {}", t.dtype, f.dtype));
+            }
+            let dims = broadcast(&[p.shape.dims(), t.shape.dims(), f.shape.dims()])?;
+            spec(t.dtype, &dims)
+        }
+        Op::Constant { value, dtype } => {
+            arity(args, 0)?;
+            numeric(*dtype, name)?;
+            if dtype.is_integer() && (value.fract() != 0.0 || !value.is_finite()) {
+                return Err(format!("{value} is not a whole number for an integer constant"));
+            }
+            spec(*dtype, &[])
+        }
+        Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {
+            arity(args, 2)?;
+            let (a, b) = (args[0], args[1]);
+            if a.dtype != b.dtype {
+                return Err(format!("operands have dtypes {} and {}", a.dtype, b.dtype));
+            }
+            numeric(a.dtype, name)?;
+            let (ad, bd) = (a.shape.dims(), b.shape.dims());
+            if lhs_contract.len() != rhs_contract.len() || lhs_batch.len() != rhs_batch.len() {
+                return Err(format!(
+                    "contracting dims {lhs_contract:?}/{rhs_contract:?} and batch dims \
+                     {lhs_batch:?}/{rhs_batch:?} must pair up"
+                ));
+            }
+            let lhs_used: Vec<usize> = lhs_batch.iter().chain(lhs_contract).copied().collect();
+            let rhs_used: Vec<usize> = rhs_batch.iter().chain(rhs_contract).copied().collect();
+            dims_in(&lhs_used, ad.len(), "lhs batch and contracting dims")?;
+            dims_in(&rhs_used, bd.len(), "rhs batch and contracting dims")?;
+            for (&l, &r) in lhs_used.iter().zip(&rhs_used) {
+                if ad[l] != bd[r] {
+                    return Err(format!(
+                        "lhs dim {l} (size {}) pairs with rhs dim {r} (size {})",
+                        ad[l], bd[r]
+                    ));
+                }
+            }
+            let mut dims: Vec<usize> = lhs_batch.iter().map(|&d| ad[d]).collect();
+            dims.extend((0..ad.len()).filter(|d| !lhs_used.contains(d)).map(|d| ad[d]));
+            dims.extend((0..bd.len()).filter(|d| !rhs_used.contains(d)).map(|d| bd[d]));
+            spec(a.dtype, &dims)
+        }
+        Op::Reduce { kind, axes, keepdims } => {
+            arity(args, 1)?;
+            let x = args[0];
+            match kind {
+                Reduction::Mean => float(x.dtype, name)?,
+                _ => numeric(x.dtype, name)?,
+            }
+            let d = x.shape.dims();
+            dims_in(axes, d.len(), "axes")?;
+            if axes.windows(2).any(|w| w[0] > w[1]) {
+                return Err(format!("axes {axes:?} must be sorted"));
+            }
+            if *kind == Reduction::Max && axes.iter().any(|&a| d[a] == 0) {
+                return Err(format!("the maximum over an empty axis of {:?} has no value", d));
+            }
+            let dims: Vec<usize> = (0..d.len())
+                .filter_map(|k| {
+                    if !axes.contains(&k) {
+                        Some(d[k])
+                    } else if *keepdims {
+                        Some(1)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            spec(x.dtype, &dims)
+        }
+        Op::Reshape { shape } => {
+            arity(args, 1)?;
+            let x = args[0];
+            let target = Shape::new(shape).map_err(|e| e.to_string())?;
+            if target.num_elements() != x.shape.num_elements() {
+                return Err(format!(
+                    "{} elements cannot take shape {shape:?} ({} elements)",
+                    x.shape.num_elements(),
+                    target.num_elements()
+                ));
+            }
+            Ok(TensorSpec::new(x.dtype, target))
+        }
+        Op::Transpose { perm } => {
+            arity(args, 1)?;
+            let x = args[0];
+            let d = x.shape.dims();
+            if perm.len() != d.len() {
+                return Err(format!("perm {perm:?} for rank {}", d.len()));
+            }
+            dims_in(perm, d.len(), "perm")?;
+            let dims: Vec<usize> = perm.iter().map(|&p| d[p]).collect();
+            spec(x.dtype, &dims)
+        }
+        Op::BroadcastTo { shape } => {
+            arity(args, 1)?;
+            let x = args[0];
+            let d = x.shape.dims();
+            let ok = d.len() <= shape.len()
+                && d.iter().zip(&shape[shape.len() - d.len()..]).all(|(&a, &b)| a == b || a == 1);
+            if !ok {
+                return Err(format!("shape {d:?} does not broadcast to {shape:?}"));
+            }
+            spec(x.dtype, shape)
+        }
+        Op::Slice { start, stop, step } => {
+            arity(args, 1)?;
+            let x = args[0];
+            let d = x.shape.dims();
+            if start.len() != d.len() || stop.len() != d.len() || step.len() != d.len() {
+                return Err(format!(
+                    "start {start:?}, stop {stop:?} and step {step:?} need {} entries each",
+                    d.len()
+                ));
+            }
+            let mut dims = Vec::with_capacity(d.len());
+            for k in 0..d.len() {
+                if step[k] == 0 || start[k] > stop[k] || stop[k] > d[k] {
+                    return Err(format!(
+                        "dim {k} of size {}: start {}, stop {}, step {} (need start <= stop <= size, step >= 1)",
+                        d[k], start[k], stop[k], step[k]
+                    ));
+                }
+                dims.push((stop[k] - start[k]).div_ceil(step[k]));
+            }
+            spec(x.dtype, &dims)
+        }
+        Op::Concat { axis } => {
+            let first = args.first().ok_or("takes at least one operand")?;
+            let d = first.shape.dims();
+            axis_in(*axis, d.len(), "axis")?;
+            let mut total = 0usize;
+            for a in args {
+                let e = a.shape.dims();
+                if a.dtype != first.dtype
+                    || e.len() != d.len()
+                    || (0..d.len()).any(|k| k != *axis && e[k] != d[k])
+                {
+                    return Err(format!("{a} does not concatenate with {first} along axis {axis}"));
+                }
+                total = total.checked_add(e[*axis]).ok_or("the concatenated dim overflows")?;
+            }
+            let mut dims = d.to_vec();
+            dims[*axis] = total;
+            spec(first.dtype, &dims)
+        }
+        Op::Take { axis } => {
+            arity(args, 2)?;
+            let (table, idx) = (args[0], args[1]);
+            integer(idx.dtype, "take's indices")?;
+            let d = table.shape.dims();
+            axis_in(*axis, d.len(), "axis")?;
+            let mut dims = d[..*axis].to_vec();
+            dims.extend_from_slice(idx.shape.dims());
+            dims.extend_from_slice(&d[axis + 1..]);
+            spec(table.dtype, &dims)
+        }
+        Op::OneHot { depth, dtype } => {
+            arity(args, 1)?;
+            integer(args[0].dtype, "one_hot's indices")?;
+            float(*dtype, name)?;
+            let mut dims = args[0].shape.dims().to_vec();
+            dims.push(*depth);
+            spec(*dtype, &dims)
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            arity(args, 1)?;
+            let x = args[0];
+            float(x.dtype, name)?;
+            axis_in(*axis, x.shape.rank(), "axis")?;
+            Ok(x.clone())
+        }
+        Op::Argmax { axis } => {
+            arity(args, 1)?;
+            let x = args[0];
+            numeric(x.dtype, name)?;
+            let d = x.shape.dims();
+            axis_in(*axis, d.len(), "axis")?;
+            if d[*axis] == 0 {
+                return Err(format!("argmax over an empty axis {axis} of {d:?}"));
+            }
+            let dims: Vec<usize> = (0..d.len()).filter(|&k| k != *axis).map(|k| d[k]).collect();
+            spec(DType::I64, &dims)
+        }
+        Op::Conv2d { strides, padding } => {
+            arity(args, 2)?;
+            let (x, w) = (args[0], args[1]);
+            if x.dtype != w.dtype {
+                return Err(format!("operands have dtypes {} and {}", x.dtype, w.dtype));
+            }
+            float(x.dtype, name)?;
+            let (xd, wd) = (x.shape.dims(), w.shape.dims());
+            if xd.len() != 4 || wd.len() != 4 {
+                return Err("x must be NHWC and w HWIO (rank 4 each)".into());
+            }
+            if xd[3] != wd[2] {
+                return Err(format!("x has {} channels, w expects {}", xd[3], wd[2]));
+            }
+            if strides.contains(&0) {
+                return Err(format!("strides {strides:?} must be at least 1"));
+            }
+            let out = |n: usize, k: usize, s: usize| match padding {
+                Padding::Same => Ok(n.div_ceil(s)),
+                Padding::Valid if n >= k => Ok((n - k) / s + 1),
+                Padding::Valid => Err(format!("a VALID window of {k} does not fit in {n}")),
+            };
+            if wd[0] == 0 || wd[1] == 0 {
+                return Err(format!("an empty window {wd:?}"));
+            }
+            let dims =
+                [xd[0], out(xd[1], wd[0], strides[0])?, out(xd[2], wd[1], strides[1])?, wd[3]];
+            spec(x.dtype, &dims)
+        }
+        Op::Convert { dtype } => {
+            arity(args, 1)?;
+            if !supported(*dtype) {
+                return Err(format!("cannot convert to {dtype}"));
+            }
+            Ok(TensorSpec::new(*dtype, args[0].shape.clone()))
+        }
+        Op::Iota { dtype, shape, axis } => {
+            arity(args, 0)?;
+            numeric(*dtype, name)?;
+            axis_in(*axis, shape.len(), "axis")?;
+            spec(*dtype, shape)
+        }
+        Op::AllReduce { groups, .. } => {
+            arity(args, 1)?;
+            numeric(args[0].dtype, name)?;
+            distinct_groups(groups)?;
+            Ok(args[0].clone())
+        }
+        Op::AllGather { axis, groups } => {
+            arity(args, 1)?;
+            let n = same_size_groups(groups)?;
+            let x = args[0];
+            axis_in(*axis, x.shape.rank(), "axis")?;
+            let mut dims = x.shape.dims().to_vec();
+            dims[*axis] = dims[*axis].checked_mul(n).ok_or("the gathered dim overflows")?;
+            spec(x.dtype, &dims)
+        }
+        Op::ReduceScatter { axis, groups, .. } => {
+            arity(args, 1)?;
+            let n = same_size_groups(groups)?;
+            let x = args[0];
+            numeric(x.dtype, name)?;
+            axis_in(*axis, x.shape.rank(), "axis")?;
+            let mut dims = x.shape.dims().to_vec();
+            if !dims[*axis].is_multiple_of(n) {
+                return Err(format!("dim {axis} of size {} does not split over {n}", dims[*axis]));
+            }
+            dims[*axis] /= n;
+            spec(x.dtype, &dims)
+        }
+        Op::AllToAll { split_axis, concat_axis, groups } => {
+            arity(args, 1)?;
+            let n = same_size_groups(groups)?;
+            let x = args[0];
+            axis_in(*split_axis, x.shape.rank(), "split_axis")?;
+            axis_in(*concat_axis, x.shape.rank(), "concat_axis")?;
+            let mut dims = x.shape.dims().to_vec();
+            if !dims[*split_axis].is_multiple_of(n) {
+                return Err(format!(
+                    "dim {split_axis} of size {} does not split over {n}",
+                    dims[*split_axis]
+                ));
+            }
+            dims[*split_axis] /= n;
+            dims[*concat_axis] =
+                dims[*concat_axis].checked_mul(n).ok_or("the concatenated dim overflows")?;
+            spec(x.dtype, &dims)
+        }
+        Op::CollectivePermute { pairs } => {
+            arity(args, 1)?;
+            let (mut s, mut t): (Vec<usize>, Vec<usize>) = pairs.iter().copied().unzip();
+            s.sort_unstable();
+            t.sort_unstable();
+            if s.windows(2).any(|w| w[0] == w[1]) || t.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("pairs {pairs:?} need distinct sources and targets"));
+            }
+            Ok(args[0].clone())
+        }
+        Op::Send { .. } => {
+            arity(args, 1)?;
+            spec(DType::Bool, &[])
+        }
+        Op::Recv { dtype, shape, .. } => {
+            arity(args, 0)?;
+            if !supported(*dtype) {
+                return Err(format!("cannot receive {dtype}"));
+            }
+            spec(*dtype, shape)
+        }
+        Op::Emit { .. } => {
+            if args.is_empty() {
+                return Err("emits at least one operand".into());
+            }
+            spec(DType::Bool, &[])
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! meshwork's tensor programs: an SSA IR of typed ops, a builder that checks every
+//! instruction and infers its result's dtype and shape as it is added, and a text form
+//! (HLO-like, one instruction per line).
+//!
+//! A [`Program`] has typed parameters, instructions in evaluation order (each uses only
+//! earlier values) and results. Its op set ([`Op`]) is the JAX oracle's (elementwise,
+//! compare/select, `dot_general` with batch and contracting dims, reductions,
+//! reshape/transpose/broadcast/slice/concat, `take`, `one_hot`, `softmax`,
+//! `log_softmax`, `argmax`, `conv2d` NHWC/HWIO SAME/VALID, constants, `stop_gradient`)
+//! plus `convert`, `iota`, the collectives over replica groups, `send`/`recv` between
+//! devices and `emit` to the host. Dtypes are f32, f64, i32, i64 and bool.
+//!
+//! It is **not**, yet, an executor: interpreters, autodiff, optimizers, the text parser
+//! and the `nn` composites are the rest of issue 13 (see the README's status). Nor does
+//! it depend on any sibling: the placer, the sharding crate and the executor meet
+//! programs in the strategy crate.
+//!
+//! ```
+//! use meshwork_program::Builder;
+//! use meshwork_types::DType;
+//!
+//! let mut b = Builder::new();
+//! let x = b.param("x", "f64[4,3]".parse()?)?;
+//! let w = b.param("w", "f64[3,2]".parse()?)?;
+//! let z = b.matmul(x, w)?;
+//! let h = b.relu(z)?;
+//! let loss = b.reduce_mean(h, &[0, 1], false)?;
+//! let p = b.finish(&[loss])?;
+//! assert_eq!(p.spec(loss).unwrap().dtype, DType::F64);
+//! assert!(p.to_string().contains("relu(%2)"));
+//! // A mistake is a typed error naming the op and its operands.
+//! let mut b = meshwork_program::Builder::new();
+//! let x = b.param("x", "f64[4,3]".parse()?)?;
+//! assert!(b.matmul(x, x).unwrap_err().to_string().contains("dot_general(f64[4,3], f64[4,3])"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod builder;
+mod error;
+mod infer;
+mod op;
+mod program;
+
+pub use builder::Builder;
+pub use error::{Error, Result};
+pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
+pub use program::{Instr, Param, Program, Value};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! A program: typed parameters, instructions in SSA form in evaluation order, results.
+
+use std::fmt;
+
+use meshwork_types::TensorSpec;
+
+use crate::op::{Attributes, Op};
+
+/// A value of a program: parameter `k` is `Value(k)`, and instruction `i` defines
+/// `Value(params + i)`. Printed `%k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(pub u32);
+
+impl Value {
+    /// Its index among the program's values.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// A parameter: the name it is fed and saved under (a checkpoint tensor name for a
+/// model's weights) and its spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Param {
+    /// The hierarchical name (`layers.0.attn.wq`).
+    pub name: String,
+    /// Its dtype and shape.
+    pub spec: TensorSpec,
+}
+
+/// One instruction: an op over earlier values, defining one new value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instr {
+    /// The op and its attributes.
+    pub op: Op,
+    /// The operands, all defined before this instruction.
+    pub args: Vec<Value>,
+    /// The result's dtype and shape (inferred when the instruction was added).
+    pub spec: TensorSpec,
+    /// A hierarchical name (from the builder's scopes), if one was given.
+    pub name: Option<String>,
+}
+
+/// A tensor program. Built by a [`Builder`](crate::Builder), which checks every
+/// instruction's operands and infers its result's spec, so a `Program` is always well
+/// typed and in a valid evaluation order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    pub(crate) params: Vec<Param>,
+    pub(crate) instrs: Vec<Instr>,
+    pub(crate) results: Vec<Value>,
+}
+
+impl Program {
+    /// The parameters, in order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// The instructions, in evaluation order.
+    pub fn instrs(&self) -> &[Instr] {
+        &self.instrs
+    }
+
+    /// The values the program returns.
+    pub fn results(&self) -> &[Value] {
+        &self.results
+    }
+
+    /// How many values the program defines (parameters and instructions).
+    pub fn num_values(&self) -> usize {
+        self.params.len() + self.instrs.len()
+    }
+
+    /// The spec of `v`, if the program defines it.
+    pub fn spec(&self, v: Value) -> Option<&TensorSpec> {
+        let k = v.index();
+        match k.checked_sub(self.params.len()) {
+            None => self.params.get(k).map(|p| &p.spec),
+            Some(i) => self.instrs.get(i).map(|i| &i.spec),
+        }
+    }
+
+    /// The instruction defining `v` (`None` for a parameter).
+    pub fn instr(&self, v: Value) -> Option<&Instr> {
+        v.index().checked_sub(self.params.len()).and_then(|i| self.instrs.get(i))
+    }
+
+    /// The value whose name (a parameter's or a named instruction's) is `name`.
+    pub fn value_named(&self, name: &str) -> Option<Value> {
+        let param = self.params.iter().position(|p| p.name == name);
+        let instr = || {
+            self.instrs
+                .iter()
+                .position(|i| i.name.as_deref() == Some(name))
+                .map(|i| i + self.params.len())
+        };
+        param.or_else(instr).map(|k| Value(k as u32))
+    }
+}
+
+/// The text form: one line per parameter, one per instruction, then `return`:
+///
+/// ```text
+/// param %0 "x": f64[2,3]
+/// %2 = f64[2,4] dot_general(%0, %1), lhs_contract={1}, rhs_contract={0}, lhs_batch={}, rhs_batch={}
+/// %3 = f64[2,4] relu(%2) "h"
+/// return %3
+/// ```
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, p) in self.params.iter().enumerate() {
+            writeln!(f, "param %{k} {:?}: {}", p.name, p.spec)?;
+        }
+        for (i, instr) in self.instrs.iter().enumerate() {
+            let v = Value((self.params.len() + i) as u32);
+            write!(f, "{v} = {} {}(", instr.spec, instr.op.name())?;
+            for (k, a) in instr.args.iter().enumerate() {
+                if k > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{a}")?;
+            }
+            write!(f, "){}", Attributes(&instr.op))?;
+            if let Some(name) = &instr.name {
+                write!(f, " {name:?}")?;
+            }
+            writeln!(f)?;
+        }
+        f.write_str("return")?;
+        for (k, r) in self.results.iter().enumerate() {
+            f.write_str(if k == 0 { " " } else { ", " })?;
+            write!(f, "{r}")?;
+        }
+        writeln!(f)
+    }
+}

@@ -1,0 +1,271 @@
+//! Unit and property tests of the builder and inference.
+
+use meshwork_types::{DType, TensorSpec};
+use proptest::prelude::*;
+
+use crate::{Builder, Error, Op, Padding, Program, Reduction, Value};
+
+fn spec(text: &str) -> TensorSpec {
+    text.parse().unwrap()
+}
+
+/// Builds `op` over parameters of `args` specs; the result's spec or the error.
+fn infer(op: Op, args: &[&str]) -> Result<String, Error> {
+    let mut b = Builder::new();
+    let vals: Vec<Value> =
+        args.iter().enumerate().map(|(k, s)| b.param(&format!("p{k}"), spec(s)).unwrap()).collect();
+    let v = b.push(op, &vals)?;
+    Ok(b.spec(v).unwrap().to_string())
+}
+
+#[test]
+fn elementwise_ops_broadcast_as_numpy_does() {
+    let add = || Op::Binary(crate::Binary::Add);
+    assert_eq!(infer(add(), &["f64[2,3]", "f64[3]"]).unwrap(), "f64[2,3]");
+    assert_eq!(infer(add(), &["f64[4,1,3]", "f64[2,1]"]).unwrap(), "f64[4,2,3]");
+    assert_eq!(infer(add(), &["f64[]", "f64[5]"]).unwrap(), "f64[5]");
+    assert_eq!(infer(Op::Compare(crate::Compare::Lt), &["i64[2]", "i64[]"]).unwrap(), "bool[2]");
+    assert_eq!(infer(Op::Select, &["bool[2,1]", "f32[3]", "f32[]"]).unwrap(), "f32[2,3]");
+    let e = infer(add(), &["f64[2,3]", "f64[2]"]).unwrap_err().to_string();
+    assert!(e.contains("add(f64[2,3], f64[2])") && e.contains("do not broadcast"), "{e}");
+    let e = infer(add(), &["f64[2]", "f32[2]"]).unwrap_err().to_string();
+    assert!(e.contains("dtypes f64 and f32"), "{e}");
+    let e = infer(Op::Unary(crate::Unary::Exp), &["i64[2]"]).unwrap_err().to_string();
+    assert!(e.contains("needs a float"), "{e}");
+}
+
+#[test]
+fn dot_general_puts_batch_then_lhs_free_then_rhs_free_dims() {
+    let dot = |lc: &[usize], rc: &[usize], lb: &[usize], rb: &[usize]| Op::DotGeneral {
+        lhs_contract: lc.to_vec(),
+        rhs_contract: rc.to_vec(),
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+    };
+    assert_eq!(infer(dot(&[1], &[0], &[], &[]), &["f32[8,4]", "f32[4,16]"]).unwrap(), "f32[8,16]");
+    // Batched attention scores: [b,h,q,d] x [b,h,k,d] -> [b,h,q,k].
+    assert_eq!(
+        infer(dot(&[3], &[3], &[0, 1], &[0, 1]), &["f64[2,4,5,8]", "f64[2,4,6,8]"]).unwrap(),
+        "f64[2,4,5,6]"
+    );
+    // Batch dims in the listed order, before free dims.
+    assert_eq!(
+        infer(dot(&[0], &[2], &[2], &[0]), &["f64[3,5,7]", "f64[7,2,3]"]).unwrap(),
+        "f64[7,5,2]"
+    );
+    let e = infer(dot(&[1], &[1], &[], &[]), &["f64[8,4]", "f64[4,16]"]).unwrap_err();
+    assert!(e.to_string().contains("lhs dim 1 (size 4) pairs with rhs dim 1 (size 16)"), "{e}");
+    assert!(infer(dot(&[1, 1], &[0, 1], &[], &[]), &["f64[4,4]", "f64[4,4]"]).is_err());
+    assert!(infer(dot(&[2], &[0], &[], &[]), &["f64[4,4]", "f64[4,4]"]).is_err());
+}
+
+#[test]
+fn shape_ops_follow_jax() {
+    let reduce =
+        |kind, axes: &[usize], keepdims| Op::Reduce { kind, axes: axes.to_vec(), keepdims };
+    assert_eq!(infer(reduce(Reduction::Sum, &[0, 2], false), &["f64[2,3,4]"]).unwrap(), "f64[3]");
+    assert_eq!(infer(reduce(Reduction::Max, &[1], true), &["i32[2,3]"]).unwrap(), "i32[2,1]");
+    assert!(infer(reduce(Reduction::Mean, &[0], false), &["i64[2]"]).is_err());
+    assert_eq!(infer(Op::Reshape { shape: vec![6, 2] }, &["f32[3,4]"]).unwrap(), "f32[6,2]");
+    assert!(infer(Op::Reshape { shape: vec![5] }, &["f32[3,4]"]).is_err());
+    assert_eq!(
+        infer(Op::Transpose { perm: vec![2, 0, 1] }, &["f32[2,3,4]"]).unwrap(),
+        "f32[4,2,3]"
+    );
+    assert!(infer(Op::Transpose { perm: vec![0, 0] }, &["f32[2,3]"]).is_err());
+    let e = infer(Op::BroadcastTo { shape: vec![5, 2, 3] }, &["f32[3,1]"]).unwrap_err();
+    assert!(e.to_string().contains("does not broadcast"), "{e}");
+    assert_eq!(
+        infer(Op::BroadcastTo { shape: vec![5, 2, 3] }, &["f32[1,3]"]).unwrap(),
+        "f32[5,2,3]"
+    );
+    let slice = Op::Slice { start: vec![1, 0], stop: vec![7, 3], step: vec![2, 1] };
+    assert_eq!(infer(slice, &["f64[8,3]"]).unwrap(), "f64[3,3]");
+    assert!(
+        infer(Op::Slice { start: vec![2], stop: vec![1], step: vec![1] }, &["f64[4]"]).is_err()
+    );
+    assert!(
+        infer(Op::Slice { start: vec![0], stop: vec![4], step: vec![0] }, &["f64[4]"]).is_err()
+    );
+    assert_eq!(infer(Op::Concat { axis: 1 }, &["f64[2,3]", "f64[2,5]"]).unwrap(), "f64[2,8]");
+    assert!(infer(Op::Concat { axis: 1 }, &["f64[2,3]", "f64[3,5]"]).is_err());
+    assert_eq!(infer(Op::Take { axis: 1 }, &["f64[4,10,3]", "i64[2,5]"]).unwrap(), "f64[4,2,5,3]");
+    assert!(infer(Op::Take { axis: 0 }, &["f64[4]", "f64[2]"]).is_err());
+    assert_eq!(infer(Op::OneHot { depth: 7, dtype: DType::F64 }, &["i64[3]"]).unwrap(), "f64[3,7]");
+    assert_eq!(infer(Op::Argmax { axis: 1 }, &["f32[2,5]"]).unwrap(), "i64[2]");
+    assert_eq!(infer(Op::Softmax { axis: 0 }, &["f32[2,5]"]).unwrap(), "f32[2,5]");
+}
+
+#[test]
+fn conv2d_sizes_match_same_and_valid_padding() {
+    let conv = |s, padding| Op::Conv2d { strides: [s, s], padding };
+    assert_eq!(
+        infer(conv(1, Padding::Same), &["f64[2,5,5,3]", "f64[3,3,3,8]"]).unwrap(),
+        "f64[2,5,5,8]"
+    );
+    assert_eq!(
+        infer(conv(2, Padding::Same), &["f64[2,5,5,3]", "f64[3,3,3,8]"]).unwrap(),
+        "f64[2,3,3,8]"
+    );
+    assert_eq!(
+        infer(conv(2, Padding::Valid), &["f64[2,5,5,3]", "f64[3,3,3,8]"]).unwrap(),
+        "f64[2,2,2,8]"
+    );
+    assert!(infer(conv(1, Padding::Valid), &["f64[1,2,2,3]", "f64[3,3,3,8]"]).is_err());
+    assert!(infer(conv(1, Padding::Same), &["f64[1,5,5,4]", "f64[3,3,3,8]"]).is_err());
+}
+
+#[test]
+fn collectives_change_the_dims_they_gather_or_scatter() {
+    let g = vec![vec![0, 1], vec![2, 3]];
+    let t = |op| infer(op, &["f32[4,6]"]);
+    assert_eq!(t(Op::AllGather { axis: 1, groups: g.clone() }).unwrap(), "f32[4,12]");
+    assert_eq!(
+        t(Op::ReduceScatter { op: meshwork_types::ReduceOp::Sum, axis: 0, groups: g.clone() })
+            .unwrap(),
+        "f32[2,6]"
+    );
+    assert_eq!(
+        t(Op::AllToAll { split_axis: 0, concat_axis: 1, groups: g.clone() }).unwrap(),
+        "f32[2,12]"
+    );
+    assert!(t(Op::AllGather { axis: 0, groups: vec![vec![0], vec![1, 2]] }).is_err());
+    assert!(
+        t(Op::AllReduce { op: meshwork_types::ReduceOp::Sum, groups: vec![vec![0, 0]] }).is_err()
+    );
+    assert!(t(Op::CollectivePermute { pairs: vec![(0, 1), (2, 1)] }).is_err());
+    assert_eq!(t(Op::Send { channel: 3, peer: 1 }).unwrap(), "bool[]");
+    let recv = Op::Recv { channel: 3, peer: 0, dtype: DType::F32, shape: vec![2, 2] };
+    assert_eq!(infer(recv, &[]).unwrap(), "f32[2,2]");
+}
+
+#[test]
+fn builder_names_scopes_and_refuses_what_it_cannot_check() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[2,3]")).unwrap();
+    let err = b.param("x", spec("f64[1]")).unwrap_err();
+    assert_eq!(err, Error::DuplicateName { name: "x".into() });
+    let y = b
+        .scope("layers", |b| {
+            b.scope("0", |b| {
+                let w = b.param("w", spec("f64[3,4]"))?;
+                let h = b.matmul(x, w)?;
+                b.name(h, "h")
+            })
+        })
+        .unwrap();
+    assert_eq!(b.spec(y).unwrap().to_string(), "f64[2,4]");
+    assert!(matches!(b.param("u", spec("u8[2]")), Err(Error::UnsupportedDType { .. })));
+    assert!(matches!(b.relu(Value(99)), Err(Error::UndefinedValue { value: 99, .. })));
+    assert!(b.reduce_sum(y, &[-3], false).is_err());
+    let s = b.reduce_sum(y, &[-1], true).unwrap();
+    let p = b.finish(&[s, y]).unwrap();
+    assert_eq!(p.params().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["x", "layers.0.w"]);
+    assert_eq!(p.value_named("layers.0.h"), Some(y));
+    assert_eq!(p.spec(p.results()[0]).unwrap().to_string(), "f64[2,1]");
+    assert!(matches!(Builder::new().finish(&[]), Err(Error::NoResults)));
+}
+
+/// Parameters made between instructions come first in the program, and the printed
+/// text numbers values in that order.
+#[test]
+fn finish_puts_parameters_first_and_prints_one_line_per_instruction() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f32[2,2]")).unwrap();
+    let e = b.exp(x).unwrap();
+    let w = b.param("w", spec("f32[2,2]")).unwrap();
+    let m = b.mul(e, w).unwrap();
+    let c = b.constant(0.5, DType::F32).unwrap();
+    let out = b.add(m, c).unwrap();
+    let p: Program = b.finish(&[out]).unwrap();
+    assert_eq!(
+        p.to_string(),
+        "param %0 \"x\": f32[2,2]\n\
+         param %1 \"w\": f32[2,2]\n\
+         %2 = f32[2,2] exp(%0)\n\
+         %3 = f32[2,2] mul(%2, %1)\n\
+         %4 = f32[] constant(), value=0.5\n\
+         %5 = f32[2,2] add(%3, %4)\n\
+         return %5\n"
+    );
+}
+
+/// Any op over any operands, with any attributes: the builder returns a spec or a
+/// typed error, never panics, and an accepted result's element count fits in `usize`.
+fn any_op() -> impl Strategy<Value = Op> {
+    let dims = || proptest::collection::vec(0usize..6, 0..4);
+    let axis = || 0usize..5;
+    let groups = proptest::collection::vec(proptest::collection::vec(0usize..6, 0..4), 0..3);
+    prop_oneof![
+        Just(Op::Binary(crate::Binary::Add)),
+        Just(Op::Compare(crate::Compare::Ge)),
+        Just(Op::Select),
+        Just(Op::Unary(crate::Unary::Gelu)),
+        (dims(), dims(), dims(), dims()).prop_map(|(a, b, c, d)| Op::DotGeneral {
+            lhs_contract: a,
+            rhs_contract: b,
+            lhs_batch: c,
+            rhs_batch: d
+        }),
+        (dims(), any::<bool>()).prop_map(|(axes, keepdims)| Op::Reduce {
+            kind: Reduction::Max,
+            axes,
+            keepdims
+        }),
+        proptest::collection::vec(0usize..usize::MAX, 0..4).prop_map(|shape| Op::Reshape { shape }),
+        dims().prop_map(|perm| Op::Transpose { perm }),
+        proptest::collection::vec(0usize..usize::MAX, 0..4)
+            .prop_map(|shape| Op::BroadcastTo { shape }),
+        (dims(), dims(), dims()).prop_map(|(start, stop, step)| Op::Slice { start, stop, step }),
+        axis().prop_map(|axis| Op::Concat { axis }),
+        axis().prop_map(|axis| Op::Take { axis }),
+        (0usize..usize::MAX).prop_map(|depth| Op::OneHot { depth, dtype: DType::F64 }),
+        axis().prop_map(|axis| Op::Argmax { axis }),
+        (0usize..4, 0usize..4, any::<bool>()).prop_map(|(s, t, same)| Op::Conv2d {
+            strides: [s, t],
+            padding: if same { Padding::Same } else { Padding::Valid }
+        }),
+        (axis(), groups.clone()).prop_map(|(axis, groups)| Op::AllGather { axis, groups }),
+        (axis(), axis(), groups).prop_map(|(s, c, groups)| Op::AllToAll {
+            split_axis: s,
+            concat_axis: c,
+            groups
+        }),
+        (proptest::collection::vec(0usize..usize::MAX, 0..4), axis())
+            .prop_map(|(shape, axis)| { Op::Iota { dtype: DType::I32, shape, axis } }),
+        any::<f64>().prop_map(|value| Op::Constant { value, dtype: DType::I64 }),
+    ]
+}
+
+fn any_spec() -> impl Strategy<Value = TensorSpec> {
+    let dtype =
+        prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool]);
+    (dtype, proptest::collection::vec(0usize..6, 0..5))
+        .prop_map(|(d, dims)| TensorSpec::new(d, meshwork_types::Shape::new(&dims).unwrap()))
+}
+
+proptest! {
+    #[test]
+    fn prop_the_builder_never_panics(op in any_op(), specs in proptest::collection::vec(any_spec(), 0..4)) {
+        let mut b = Builder::new();
+        let vals: Vec<Value> = specs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| b.param(&format!("p{k}"), s.clone()).unwrap())
+            .collect();
+        match b.push(op.clone(), &vals) {
+            Ok(v) => {
+                let s = b.spec(v).unwrap();
+                prop_assert!(s.shape.dims().iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_some());
+                let p = b.finish(&[v]).unwrap();
+                // The text names the op and every operand.
+                let text = p.to_string();
+                prop_assert!(text.contains(op.name()), "{}", text);
+            }
+            Err(e) => {
+                let text = e.to_string();
+                prop_assert!(text.contains(op.name()) || matches!(e, Error::Types(_)), "{}", text);
+            }
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The program crate through its public API, against the JAX oracle.
+
+mod oracle;
