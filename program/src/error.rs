@@ -43,6 +43,33 @@ pub enum Error {
         /// The name.
         name: String,
     },
+    /// A tensor whose element count is not its shape's.
+    #[error("{elements} elements for shape {shape:?}")]
+    TensorSize {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The elements given.
+        elements: usize,
+    },
+    /// Inputs that do not match the program's parameters.
+    #[error("{actual} inputs for {expected} parameters: {problem}")]
+    Inputs {
+        /// Parameters.
+        expected: usize,
+        /// Inputs given.
+        actual: usize,
+        /// What does not match.
+        problem: String,
+    },
+    /// An instruction that cannot compute its result on these values (an index out of
+    /// range, an integer division by zero, an op that needs other devices).
+    #[error("{at}: {problem}")]
+    Runtime {
+        /// The instruction.
+        at: String,
+        /// What went wrong.
+        problem: String,
+    },
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,

@@ -10,8 +10,9 @@
 //! plus `convert`, `iota`, the collectives over replica groups, `send`/`recv` between
 //! devices and `emit` to the host. Dtypes are f32, f64, i32, i64 and bool.
 //!
-//! It is **not**, yet, an executor: interpreters, autodiff, optimizers, the text parser
-//! and the `nn` composites are the rest of issue 13 (see the README's status). Nor does
+//! [`reference::evaluate`] runs a program with naive loops (the oracle for what comes
+//! next). It is **not**, yet, the fast interpreter, autodiff, optimizers, the text parser
+//! or the `nn` composites: those are the rest of issue 13 (see the README's status). Nor does
 //! it depend on any sibling: the placer, the sharding crate and the executor meet
 //! programs in the strategy crate.
 //!
@@ -40,11 +41,14 @@ mod error;
 mod infer;
 mod op;
 mod program;
+pub mod reference;
+mod tensor;
 
 pub use builder::Builder;
 pub use error::{Error, Result};
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
 pub use program::{Instr, Param, Program, Value};
+pub use tensor::{Data, Tensor};
 
 #[cfg(test)]
 mod tests;

@@ -269,3 +269,59 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_reference_interpreter_refuses_what_it_cannot_compute() {
+    use crate::{Tensor, reference};
+    let mut b = Builder::new();
+    let table = b.param("table", spec("f64[3,2]")).unwrap();
+    let idx = b.param("idx", spec("i64[2]")).unwrap();
+    let rows = b.take(table, idx, 0).unwrap();
+    let p = b.finish(&[rows]).unwrap();
+    let t = Tensor::f64(&[3, 2], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+    let ok = reference::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![2, 0]).unwrap()]).unwrap();
+    assert_eq!(ok[0], Tensor::f64(&[2, 2], vec![4.0, 5.0, 0.0, 1.0]).unwrap());
+    // An index outside the table: a typed error naming the instruction.
+    let err = reference::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![0, 3]).unwrap()]);
+    match err {
+        Err(Error::Runtime { at, problem }) => {
+            assert_eq!(at, "%2 (take)");
+            assert!(problem.contains("index 3 is outside 0..3"), "{problem}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Inputs that do not match the parameters.
+    assert!(matches!(reference::evaluate(&p, std::slice::from_ref(&t)), Err(Error::Inputs { .. })));
+    let wrong = Tensor::i64(&[3], vec![0, 1, 2]).unwrap();
+    assert!(matches!(reference::evaluate(&p, &[t, wrong]), Err(Error::Inputs { .. })));
+    // A tensor whose data does not fill its shape.
+    assert!(matches!(Tensor::f64(&[2, 2], vec![1.0]), Err(Error::TensorSize { .. })));
+    // Ops that talk to other devices need the executor.
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f32[2]")).unwrap();
+    let s = b.all_reduce(x, meshwork_types::ReduceOp::Sum, &[vec![0]]).unwrap();
+    let p = b.finish(&[s]).unwrap();
+    let err = reference::evaluate(&p, &[Tensor::f32(&[2], vec![1.0, 2.0]).unwrap()]).unwrap_err();
+    assert!(err.to_string().contains("all_reduce exchanges data"), "{err}");
+}
+
+/// f32 values are rounded to f32 after every op: an f32 program gives f32 arithmetic's
+/// result where f64 would differ.
+#[test]
+fn f32_programs_round_every_value_to_f32() {
+    use crate::{Tensor, reference};
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f32[1]")).unwrap();
+    let y = b.param("y", spec("f32[1]")).unwrap();
+    let s = b.add(x, y).unwrap();
+    let d = b.sub(s, x).unwrap();
+    let p = b.finish(&[d]).unwrap();
+    let (a, c) = (1.0e8f32, 1.0f32);
+    let got = reference::evaluate(
+        &p,
+        &[Tensor::f32(&[1], vec![a]).unwrap(), Tensor::f32(&[1], vec![c]).unwrap()],
+    )
+    .unwrap();
+    assert_eq!(got[0], Tensor::f32(&[1], vec![(a + c) - a]).unwrap());
+    assert_ne!((a + c) - a, c, "the data must tell f32 from f64 arithmetic");
+}
