@@ -70,6 +70,16 @@ pub enum Error {
         /// What went wrong.
         problem: String,
     },
+    /// Program text that does not read: the line, its text and what is wrong.
+    #[error("line {line}: {problem}: {text:?}")]
+    Parse {
+        /// The line (from 1).
+        line: usize,
+        /// The line's text.
+        text: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,

@@ -10,9 +10,11 @@
 //! plus `convert`, `iota`, the collectives over replica groups, `send`/`recv` between
 //! devices and `emit` to the host. Dtypes are f32, f64, i32, i64 and bool.
 //!
-//! [`reference::evaluate`] runs a program with naive loops (the oracle for what comes
-//! next). It is **not**, yet, the fast interpreter, autodiff, optimizers, the text parser
-//! or the `nn` composites: those are the rest of issue 13 (see the README's status). Nor does
+//! The text form reads back (`text.parse::<Program>()`, rebuilt through the builder,
+//! so parsed programs are checked like built ones). [`reference::evaluate`] runs a
+//! program with naive loops (the oracle for what comes next). It is **not**, yet, the
+//! fast interpreter, autodiff, optimizers or the `nn` composites: those are the rest of
+//! issue 13 (see the README's status). Nor does
 //! it depend on any sibling: the placer, the sharding crate and the executor meet
 //! programs in the strategy crate.
 //!
@@ -43,6 +45,7 @@ mod op;
 mod program;
 pub mod reference;
 mod tensor;
+mod text;
 
 pub use builder::Builder;
 pub use error::{Error, Result};

@@ -325,3 +325,91 @@ fn f32_programs_round_every_value_to_f32() {
     assert_eq!(got[0], Tensor::f32(&[1], vec![(a + c) - a]).unwrap());
     assert_ne!((a + c) - a, c, "the data must tell f32 from f64 arithmetic");
 }
+
+/// Print → parse → print is stable for a program with scopes, names and every kind of
+/// attribute; parse errors quote the line.
+#[test]
+fn text_reads_back_to_the_same_program() {
+    let mut b = Builder::new();
+    let x = b.param("layers.0 \"x\"", spec("f32[2,4,6]")).unwrap();
+    let w = b.param("w", spec("f32[6,4]")).unwrap();
+    let h = b
+        .scope("blk", |b| {
+            let h = b.dot_general(x, w, &[2], &[0], &[], &[])?;
+            let h = b.gelu(h)?;
+            b.name(h, "h")
+        })
+        .unwrap();
+    let s = b.reduce_sum(h, &[0, 2], true).unwrap();
+    let c = b.constant(-0.1, DType::F32).unwrap();
+    let m = b.mul(s, c).unwrap();
+    let t = b.transpose(m, &[2, 1, 0]).unwrap();
+    let g = b.all_gather(t, 0, &[vec![0, 1], vec![2, 3]]).unwrap();
+    let r = b.all_reduce(g, meshwork_types::ReduceOp::Mean, &[vec![0, 1, 2, 3]]).unwrap();
+    let p2 = b.collective_permute(r, &[(0, 1), (1, 0)]).unwrap();
+    let tok = b.emit(&[p2, h], 7).unwrap();
+    let i = b.iota(DType::I64, &[3, 2], 1).unwrap();
+    let oh = b.one_hot(i, 5, DType::F64).unwrap();
+    let rv = b.recv(&spec("f32[2]"), 4, 1).unwrap();
+    let sent = b.send(rv, 5, 0).unwrap();
+    let sl = b.slice(x, &[0, 1, 0], &[2, 4, 6], &[1, 2, 3]).unwrap();
+    let p = b.finish(&[tok, oh, sent, sl]).unwrap();
+    let text = p.to_string();
+    let back: Program = text.parse().unwrap();
+    assert_eq!(back, p);
+    assert_eq!(back.to_string(), text);
+    // A wrong spec, a forward reference, an unknown op, a missing return: line and text.
+    let lines: Vec<&str> = text.lines().collect();
+    let broken = text.replace("f32[2,4,4] dot_general", "f32[2,4,5] dot_general");
+    let e = broken.parse::<Program>().unwrap_err().to_string();
+    assert!(e.contains("the op gives f32[2,4,4], the text says f32[2,4,5]"), "{e}");
+    assert!(
+        e.starts_with(&format!(
+            "line {}:",
+            lines.iter().position(|l| l.contains("dot_general")).unwrap() + 1
+        )),
+        "{e}"
+    );
+    let e =
+        "param %0 \"x\": f32[2]\n%1 = f32[2] exp(%2)\nreturn %1\n".parse::<Program>().unwrap_err();
+    assert!(e.to_string().contains("%2 is used before it is defined"), "{e}");
+    let e =
+        "param %0 \"x\": f32[2]\n%1 = f32[2] frob(%0)\nreturn %1\n".parse::<Program>().unwrap_err();
+    assert!(e.to_string().contains("unknown op \"frob\""), "{e}");
+    assert!("param %0 \"x\": f32[2]\n".parse::<Program>().is_err());
+}
+
+proptest! {
+    /// Any accepted single-op program prints, parses back equal, and prints the same.
+    #[test]
+    fn prop_text_roundtrips(op in any_op(), specs in proptest::collection::vec(any_spec(), 0..4)) {
+        let mut b = Builder::new();
+        let vals: Vec<Value> = specs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| b.param(&format!("p{k}"), s.clone()).unwrap())
+            .collect();
+        if let Ok(v) = b.push(op, &vals) {
+            let p = b.finish(&[v]).unwrap();
+            let text = p.to_string();
+            let back: Program = text.parse().unwrap();
+            prop_assert_eq!(back.to_string(), text);
+        }
+    }
+
+    /// Random text — and random edits of a valid program's text — parse to a program
+    /// or a typed error, never a panic.
+    #[test]
+    fn prop_the_parser_never_panics(
+        edits in proptest::collection::vec((0usize..400, prop::sample::select(vec!['%', '{', '}', ',', '"', '=', '\\', ' ', '\n', '1', 'x', '('])), 0..6),
+    ) {
+        let good = "param %0 \"x\": f32[2,3]\nparam %1 \"w\": f32[3,4]\n%2 = f32[2,4] dot_general(%0, %1), lhs_contract={1}, rhs_contract={0}, lhs_batch={}, rhs_batch={} \"h\"\n%3 = f32[2] reduce_sum(%2), axes={1}, keepdims=false\nreturn %3, %2\n";
+        let mut text: Vec<char> = good.chars().collect();
+        for (at, c) in edits {
+            let at = at % (text.len() + 1);
+            text.insert(at, c);
+        }
+        let text: String = text.into_iter().collect();
+        let _ = text.parse::<Program>();
+    }
+}

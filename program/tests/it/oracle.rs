@@ -1,6 +1,6 @@
 //! Every program of the vendored JAX oracle (`testdata/cases.jsonl`, 1500 programs of
 //! 44 op kinds) built with the builder: each op is accepted, every output's dtype and
-//! shape is the one JAX computed, and the reference interpreter's outputs are JAX's
+//! shape is the one JAX computed, the program's text reads back to it, and the reference interpreter's outputs are JAX's
 //! within the oracle's tolerance `|got - want| <= 1e-9 (1 + |want|)` (bool and int
 //! outputs exactly). Gradients wait for autodiff.
 
@@ -196,6 +196,12 @@ fn every_oracle_program_builds_with_jaxs_output_specs() {
             .collect();
         match build(&case) {
             Ok(p) => {
+                // Its text reads back to the same program.
+                let text = p.to_string();
+                match text.parse::<Program>() {
+                    Ok(back) if back == p && back.to_string() == text => {}
+                    other => failed.push(format!("{id}: the text does not read back: {other:?}")),
+                }
                 let got: Vec<String> =
                     p.results().iter().map(|&v| p.spec(v).unwrap().to_string()).collect();
                 if got == want {
