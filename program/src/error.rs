@@ -80,6 +80,23 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A gradient asked for where there is none: of an integer or bool value, of a
+    /// value that is not a parameter, or of a loss that is not a float scalar.
+    #[error("no gradient for %{value}: {problem}")]
+    NoGradient {
+        /// The value.
+        value: u32,
+        /// Why.
+        problem: String,
+    },
+    /// An op that autodiff cannot transpose yet.
+    #[error("%{value}: autodiff has no transpose rule for {op} yet")]
+    NoTransposeRule {
+        /// The op.
+        op: &'static str,
+        /// The instruction's value.
+        value: u32,
+    },
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,

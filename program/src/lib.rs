@@ -40,6 +40,7 @@
 
 mod builder;
 mod error;
+mod grad;
 mod infer;
 mod op;
 mod program;
@@ -49,6 +50,7 @@ mod text;
 
 pub use builder::Builder;
 pub use error::{Error, Result};
+pub use grad::{grad, vjp};
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
 pub use program::{Instr, Param, Program, Value};
 pub use tensor::{Data, Tensor};

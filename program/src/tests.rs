@@ -413,3 +413,47 @@ proptest! {
         let _ = text.parse::<Program>();
     }
 }
+
+/// Autodiff follows JAX at ties and kinks: `max`/`min` split a tie's cotangent in
+/// halves (`jax.grad(lambda x: jnp.maximum(x, 1.))(1.) == 0.5`), `reduce_max` shares it
+/// among equal maxima, `relu` and `abs` have derivative 0 at 0; integer values have no
+/// gradient and a non-scalar loss is refused.
+#[test]
+fn gradients_at_ties_and_kinks_follow_jax() {
+    use crate::{Tensor, grad, reference};
+    let run =
+        |build: &dyn Fn(&mut Builder, Value) -> crate::Result<Value>, x: Vec<f64>| -> Vec<f64> {
+            let mut b = Builder::new();
+            let p = b.param("x", spec(&format!("f64[{}]", x.len()))).unwrap();
+            let y = build(&mut b, p).unwrap();
+            let loss = b.reduce_sum(y, &[0], false).unwrap();
+            let prog = b.finish(&[loss]).unwrap();
+            let g = grad(&prog, loss, &[p]).unwrap();
+            let out = reference::evaluate(&g, &[Tensor::f64(&[x.len()], x).unwrap()]).unwrap();
+            out[1].to_f64()
+        };
+    let max1 = |b: &mut Builder, x: Value| {
+        let one = b.constant(1.0, DType::F64)?;
+        b.max(x, one)
+    };
+    assert_eq!(run(&max1, vec![1.0, 2.0, 0.0]), vec![0.5, 1.0, 0.0]);
+    let min1 = |b: &mut Builder, x: Value| {
+        let one = b.constant(1.0, DType::F64)?;
+        b.min(x, one)
+    };
+    assert_eq!(run(&min1, vec![1.0, 2.0, 0.0]), vec![0.5, 0.0, 1.0]);
+    assert_eq!(run(&|b, x| b.relu(x), vec![-1.0, 0.0, 2.0]), vec![0.0, 0.0, 1.0]);
+    assert_eq!(run(&|b, x| b.abs(x), vec![-1.0, 0.0, 2.0]), vec![-1.0, 0.0, 1.0]);
+    let rmax = |b: &mut Builder, x: Value| b.reduce_max(x, &[0], true);
+    assert_eq!(run(&rmax, vec![3.0, 1.0, 3.0]), vec![0.5, 0.0, 0.5]);
+    // What has no gradient.
+    let mut b = Builder::new();
+    let i = b.param("i", spec("i64[2]")).unwrap();
+    let f = b.param("f", spec("f64[2]")).unwrap();
+    let c = b.convert(i, DType::F64).unwrap();
+    let y = b.mul(c, f).unwrap();
+    let p = b.finish(&[y]).unwrap();
+    assert!(matches!(grad(&p, y, &[f]), Err(Error::NoGradient { .. })), "a vector loss");
+    assert!(matches!(crate::vjp(&p, &[i]), Err(Error::NoGradient { .. })), "an integer input");
+    assert!(crate::vjp(&p, &[f]).is_ok());
+}

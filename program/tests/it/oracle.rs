@@ -216,3 +216,66 @@ fn every_oracle_program_builds_with_jaxs_output_specs() {
     assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
     assert_eq!(passed, 1500);
 }
+
+/// Gradients: `vjp` of every program with respect to its f64 inputs, run by the
+/// reference interpreter with the oracle's cotangents, gives JAX's gradients within the
+/// oracle's tolerance — for every program whose ops all have transpose rules today
+/// (`slice`, `take` of a float table and `conv2d` do not yet; those programs are
+/// counted and must fail with `NoTransposeRule`, nothing else).
+#[test]
+fn vjp_gives_jaxs_gradients() {
+    use meshwork_program::{Error, vjp};
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let (mut passed, mut pending, mut failed) = (0, 0, Vec::new());
+    for line in text.lines() {
+        let case: Json = serde_json::from_str(line).unwrap();
+        let id = case["id"].as_str().unwrap().to_string();
+        let program = build(&case).unwrap();
+        let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(tensor).collect();
+        let wrt: Vec<(usize, String)> = case["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i["dtype"] == "f64")
+            .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
+            .collect();
+        let wrt_values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+        let back = match vjp(&program, &wrt_values) {
+            Ok(p) => p,
+            Err(Error::NoTransposeRule { .. }) => {
+                pending += 1;
+                continue;
+            }
+            Err(e) => {
+                failed.push(format!("{id}: {e}"));
+                continue;
+            }
+        };
+        let mut feed = inputs.clone();
+        feed.extend(
+            case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(tensor),
+        );
+        let outcome =
+            reference::evaluate(&back, &feed).map_err(|e| e.to_string()).and_then(|got| {
+                let n = program.results().len();
+                wrt.iter().enumerate().try_for_each(|(k, (_, name))| {
+                    close(&got[n + k], &tensor(&case["grads"][name.as_str()]))
+                        .map_err(|e| format!("gradient of {name}: {e}"))
+                })
+            });
+        match outcome {
+            Ok(()) => passed += 1,
+            Err(e) => failed.push(format!("{id}: {e}")),
+        }
+    }
+    let shown: Vec<&String> = failed.iter().take(20).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed ({passed} passed, {pending} pending):\n{shown:#?}",
+        failed.len()
+    );
+    assert_eq!(passed + pending, 1500);
+    assert!(passed >= 1100, "only {passed} programs have gradients");
+}

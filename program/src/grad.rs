@@ -1,0 +1,497 @@
+//! Reverse-mode autodiff: a program's vector-Jacobian product as a new program, built
+//! from a transpose rule per op. Where JAX defines the value at a tie or a kink, the
+//! rules follow JAX: `max`/`min` split a tie's cotangent in halves, `reduce_max` shares
+//! it equally among the maximal elements, `relu` and `abs` have derivative 0 at 0,
+//! `pow`'s exponent derivative uses `log(1)` where the base is 0.
+
+use meshwork_types::TensorSpec;
+
+use crate::builder::Builder;
+use crate::op::{Binary, Op, Reduction, Unary};
+use crate::program::{Program, Value};
+use crate::{Error, Result};
+
+/// `vjp(program, wrt)`: a program taking the original parameters and then one
+/// cotangent per float result (named `cotangent.K` for result `K`, of its spec), and
+/// returning the original results and then, for each value of `wrt` (parameters of
+/// float dtype), the gradient of `Σ_k sum(cotangent_k · result_k)` with respect to it.
+/// Integer and bool results carry no cotangent.
+pub fn vjp(program: &Program, wrt: &[Value]) -> Result<Program> {
+    let mut t = Transposer::forward(program, wrt)?;
+    let mut cotangents = Vec::new();
+    for (k, &r) in program.results().iter().enumerate() {
+        let spec = program.spec(r).expect("a result of the program").clone();
+        if spec.dtype.is_float() {
+            let c = t.b.param(&format!("cotangent.{k}"), spec)?;
+            cotangents.push((t.map[r.index()], c));
+        }
+    }
+    t.backward(program, &cotangents, wrt)
+}
+
+/// `grad(program, loss, wrt)`: a program taking the original parameters and returning
+/// `loss` (a rank-0 float value of the program) and then its gradient with respect to
+/// each value of `wrt`.
+pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
+    let spec = program
+        .spec(loss)
+        .ok_or(Error::UndefinedValue { at: "grad's loss".into(), value: loss.0 })?
+        .clone();
+    if !spec.dtype.is_float() || spec.shape.rank() != 0 {
+        return Err(Error::NoGradient {
+            value: loss.0,
+            problem: format!("the loss must be a float scalar, not {spec}"),
+        });
+    }
+    let mut t = Transposer::forward(program, wrt)?;
+    let one = t.b.constant(1.0, spec.dtype)?;
+    let l = t.map[loss.index()];
+    let mut out = t.backward_to(&[(l, one)], wrt)?;
+    out.insert(0, l);
+    t.b.finish(&out)
+}
+
+/// Builds the forward program into a builder, then the backward pass after it.
+struct Transposer<'p> {
+    program: &'p Program,
+    b: Builder,
+    /// Original value → the builder's copy.
+    map: Vec<Value>,
+}
+
+impl<'p> Transposer<'p> {
+    fn forward(program: &'p Program, wrt: &[Value]) -> Result<Transposer<'p>> {
+        for &w in wrt {
+            let Some(spec) = program.spec(w) else {
+                return Err(Error::UndefinedValue {
+                    at: "the values to differentiate".into(),
+                    value: w.0,
+                });
+            };
+            if w.index() >= program.params().len() {
+                return Err(Error::NoGradient {
+                    value: w.0,
+                    problem: "gradients are taken with respect to parameters".into(),
+                });
+            }
+            if !spec.dtype.is_float() {
+                return Err(Error::NoGradient {
+                    value: w.0,
+                    problem: format!(
+                        "{spec} is not a float: integer and bool values have no gradient"
+                    ),
+                });
+            }
+        }
+        let mut b = Builder::new();
+        let mut map = Vec::with_capacity(program.num_values());
+        for p in program.params() {
+            map.push(b.param(&p.name, p.spec.clone())?);
+        }
+        for instr in program.instrs() {
+            let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
+            let v = b.push(instr.op.clone(), &args)?;
+            if let Some(name) = &instr.name {
+                b.name(v, name)?;
+            }
+            map.push(v);
+        }
+        Ok(Transposer { program, b, map })
+    }
+
+    fn backward(
+        mut self,
+        program: &Program,
+        seeds: &[(Value, Value)],
+        wrt: &[Value],
+    ) -> Result<Program> {
+        let grads = self.backward_to(seeds, wrt)?;
+        let mut out: Vec<Value> = program.results().iter().map(|r| self.map[r.index()]).collect();
+        out.extend(grads);
+        self.b.finish(&out)
+    }
+
+    /// Runs the backward pass from `seeds` (builder value, its cotangent) and returns
+    /// the gradient of each `wrt` (zeros where nothing flows).
+    fn backward_to(&mut self, seeds: &[(Value, Value)], wrt: &[Value]) -> Result<Vec<Value>> {
+        let n = self.program.num_values();
+        let params = self.program.params().len();
+        // Builder value of each original value → its accumulated cotangent.
+        let mut adj: Vec<Option<Value>> = vec![None; n];
+        let index_of = |map: &[Value], v: Value| map.iter().position(|&m| m == v);
+        for &(v, c) in seeds {
+            let k = index_of(&self.map, v).expect("a seed is a program value");
+            self.accumulate(&mut adj, k, c)?;
+        }
+        for i in (0..self.program.instrs().len()).rev() {
+            let k = params + i;
+            let Some(g) = adj[k] else { continue };
+            let instr = &self.program.instrs()[i];
+            let args: Vec<Value> = instr.args.iter().map(|a| self.map[a.index()]).collect();
+            let y = self.map[k];
+            let contributions = self.rule(&instr.op, &args, y, g, k)?;
+            for (a, c) in instr.args.iter().zip(contributions) {
+                if let Some(c) = c
+                    && self.program.spec(*a).is_some_and(|s| s.dtype.is_float())
+                {
+                    self.accumulate(&mut adj, a.index(), c)?;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(wrt.len());
+        for &w in wrt {
+            let g = match adj[w.index()] {
+                Some(g) => g,
+                None => self.zeros_like(self.map[w.index()])?,
+            };
+            out.push(g);
+        }
+        Ok(out)
+    }
+
+    fn accumulate(&mut self, adj: &mut [Option<Value>], k: usize, c: Value) -> Result<()> {
+        adj[k] = Some(match adj[k] {
+            None => c,
+            Some(prev) => self.b.add(prev, c)?,
+        });
+        Ok(())
+    }
+
+    fn spec(&self, v: Value) -> Result<TensorSpec> {
+        Ok(self.b.spec(v)?.clone())
+    }
+
+    fn zeros_like(&mut self, v: Value) -> Result<Value> {
+        let s = self.spec(v)?;
+        let z = self.b.constant(0.0, s.dtype)?;
+        self.b.broadcast_to(z, s.shape.dims())
+    }
+
+    /// `c` (of the broadcast result's shape) summed back to `operand`'s shape: NumPy
+    /// broadcasting's transpose.
+    fn unbroadcast(&mut self, c: Value, operand: Value) -> Result<Value> {
+        let want = self.spec(operand)?.shape.dims().to_vec();
+        let have = self.spec(c)?.shape.dims().to_vec();
+        if want == have {
+            return Ok(c);
+        }
+        let pad = have.len() - want.len();
+        let axes: Vec<isize> = (0..have.len())
+            .filter(|&d| d < pad || (want[d - pad] == 1 && have[d] != 1))
+            .map(|d| d as isize)
+            .collect();
+        let summed = if axes.is_empty() { c } else { self.b.reduce_sum(c, &axes, true)? };
+        self.b.reshape(summed, &want)
+    }
+
+    /// The cotangent contributions of one instruction to its operands (`None`: none).
+    fn rule(
+        &mut self,
+        op: &Op,
+        x: &[Value],
+        y: Value,
+        g: Value,
+        k: usize,
+    ) -> Result<Vec<Option<Value>>> {
+        let b = &mut self.b;
+        Ok(match op {
+            Op::Unary(u) => {
+                let a = x[0];
+                let d = match u {
+                    Unary::StopGradient => return Ok(vec![None]),
+                    Unary::Neg => return Ok(vec![Some(b.neg(g)?)]),
+                    Unary::Exp => b.mul(g, y)?,
+                    Unary::Log => b.div(g, a)?,
+                    Unary::Tanh => {
+                        let yy = b.mul(y, y)?;
+                        let one = b.scalar_like(y, 1.0)?;
+                        let d = b.sub(one, yy)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Logistic => {
+                        let one = b.scalar_like(y, 1.0)?;
+                        let m = b.sub(one, y)?;
+                        let d = b.mul(y, m)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Sqrt => {
+                        let half = b.scalar_like(y, 0.5)?;
+                        let d = b.div(half, y)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Rsqrt => {
+                        let c = b.scalar_like(y, -0.5)?;
+                        let q = b.div(y, a)?;
+                        let d = b.mul(c, q)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Abs => {
+                        // sign(x), with sign(0) = 0.
+                        let zero = b.scalar_like(a, 0.0)?;
+                        let pos = b.gt(a, zero)?;
+                        let neg = b.lt(a, zero)?;
+                        let dtype = b.spec(a)?.dtype;
+                        let p = b.convert(pos, dtype)?;
+                        let n = b.convert(neg, dtype)?;
+                        let s = b.sub(p, n)?;
+                        b.mul(g, s)?
+                    }
+                    Unary::Square => {
+                        let two = b.scalar_like(a, 2.0)?;
+                        let d = b.mul(two, a)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Relu => {
+                        let zero = b.scalar_like(a, 0.0)?;
+                        let pos = b.gt(a, zero)?;
+                        let dtype = b.spec(a)?.dtype;
+                        let m = b.convert(pos, dtype)?;
+                        b.mul(g, m)?
+                    }
+                    Unary::Gelu => {
+                        // d/dx 0.5 x (1 + t), t = tanh(c (x + 0.044715 x³)).
+                        let c = (2.0 / std::f64::consts::PI).sqrt();
+                        let x2 = b.mul(a, a)?;
+                        let x3 = b.mul(x2, a)?;
+                        let k1 = b.scalar_like(a, 0.044715)?;
+                        let inner0 = b.mul(k1, x3)?;
+                        let inner1 = b.add(a, inner0)?;
+                        let cc = b.scalar_like(a, c)?;
+                        let inner = b.mul(cc, inner1)?;
+                        let t = b.tanh(inner)?;
+                        let one = b.scalar_like(a, 1.0)?;
+                        let half = b.scalar_like(a, 0.5)?;
+                        let opt = b.add(one, t)?;
+                        let first = b.mul(half, opt)?;
+                        let tt = b.mul(t, t)?;
+                        let sech2 = b.sub(one, tt)?;
+                        let k3 = b.scalar_like(a, 3.0 * 0.044715)?;
+                        let k3x2 = b.mul(k3, x2)?;
+                        let dinner0 = b.add(one, k3x2)?;
+                        let dinner = b.mul(cc, dinner0)?;
+                        let hx = b.mul(half, a)?;
+                        let s = b.mul(hx, sech2)?;
+                        let second = b.mul(s, dinner)?;
+                        let d = b.add(first, second)?;
+                        b.mul(g, d)?
+                    }
+                    Unary::Sin => {
+                        let c = b.cos(a)?;
+                        b.mul(g, c)?
+                    }
+                    Unary::Cos => {
+                        let s = b.sin(a)?;
+                        let m = b.mul(g, s)?;
+                        b.neg(m)?
+                    }
+                };
+                vec![Some(d)]
+            }
+            Op::Binary(op) => {
+                let (p, q) = (x[0], x[1]);
+                let (dp, dq) = match op {
+                    Binary::Add => (g, g),
+                    Binary::Sub => (g, b.neg(g)?),
+                    Binary::Mul => (b.mul(g, q)?, b.mul(g, p)?),
+                    Binary::Div => {
+                        let dp = b.div(g, q)?;
+                        let qq = b.mul(q, q)?;
+                        let r = b.div(p, qq)?;
+                        let m = b.mul(g, r)?;
+                        (dp, b.neg(m)?)
+                    }
+                    Binary::Max | Binary::Min => {
+                        // 1 where this operand wins, 1/2 at a tie, 0 where it loses.
+                        let (win_p, win_q) = if *op == Binary::Max {
+                            (b.gt(p, q)?, b.gt(q, p)?)
+                        } else {
+                            (b.lt(p, q)?, b.lt(q, p)?)
+                        };
+                        let tie = b.eq(p, q)?;
+                        let dtype = b.spec(p)?.dtype;
+                        let (wp, wq, t) = (
+                            b.convert(win_p, dtype)?,
+                            b.convert(win_q, dtype)?,
+                            b.convert(tie, dtype)?,
+                        );
+                        let half = b.scalar_like(p, 0.5)?;
+                        let ht = b.mul(half, t)?;
+                        let mp = b.add(wp, ht)?;
+                        let mq = b.add(wq, ht)?;
+                        (b.mul(g, mp)?, b.mul(g, mq)?)
+                    }
+                    Binary::Pow => {
+                        // d/dp = q p^(q-1) (0 where q = 0); d/dq = y log(p), log(1) at p = 0.
+                        let zero = b.scalar_like(p, 0.0)?;
+                        let one = b.scalar_like(p, 1.0)?;
+                        let qm1 = b.sub(q, one)?;
+                        let pw = b.pow(p, qm1)?;
+                        let qpw = b.mul(q, pw)?;
+                        let q0 = b.eq(q, zero)?;
+                        let dims = b.spec(qpw)?.shape.dims().to_vec();
+                        let zq = b.broadcast_to(zero, &dims)?;
+                        let dpdx = b.select(q0, zq, qpw)?;
+                        let p0 = b.eq(p, zero)?;
+                        let safe = b.select(p0, one, p)?;
+                        let lg = b.log(safe)?;
+                        let dqdx = b.mul(y, lg)?;
+                        (b.mul(g, dpdx)?, b.mul(g, dqdx)?)
+                    }
+                };
+                let dp = self.unbroadcast(dp, p)?;
+                let dq = self.unbroadcast(dq, q)?;
+                vec![Some(dp), Some(dq)]
+            }
+            Op::Compare(_) => vec![None, None],
+            Op::Select => {
+                let (pred, t, f) = (x[0], x[1], x[2]);
+                let zero = b.scalar_like(g, 0.0)?;
+                let dt = b.select(pred, g, zero)?;
+                let df = b.select(pred, zero, g)?;
+                let dt = self.unbroadcast(dt, t)?;
+                let df = self.unbroadcast(df, f)?;
+                vec![None, Some(dt), Some(df)]
+            }
+            Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {
+                let (l, r) = (x[0], x[1]);
+                let lr = b.spec(l)?.shape.rank();
+                let rr = b.spec(r)?.shape.rank();
+                let nb = lhs_batch.len();
+                let lfree: Vec<usize> = (0..lr)
+                    .filter(|d| !lhs_contract.contains(d) && !lhs_batch.contains(d))
+                    .collect();
+                let rfree: Vec<usize> = (0..rr)
+                    .filter(|d| !rhs_contract.contains(d) && !rhs_batch.contains(d))
+                    .collect();
+                let (nl, nr) = (lfree.len(), rfree.len());
+                let gb: Vec<usize> = (0..nb).collect();
+                // d lhs: contract g's rhs-free dims with rhs's free dims, batch with batch.
+                let g_rfree: Vec<usize> = (nb + nl..nb + nl + nr).collect();
+                let dl = b.dot_general(g, r, &g_rfree, &rfree, &gb, rhs_batch)?;
+                // dl's dims: batch, lhs free, then rhs's contracted dims in rhs order.
+                let mut rc_sorted: Vec<usize> = rhs_contract.clone();
+                rc_sorted.sort_unstable();
+                let mut perm = vec![0usize; lr];
+                for (d, slot) in perm.iter_mut().enumerate() {
+                    *slot = if let Some(i) = lhs_batch.iter().position(|&e| e == d) {
+                        i
+                    } else if let Some(j) = lfree.iter().position(|&e| e == d) {
+                        nb + j
+                    } else {
+                        let i =
+                            lhs_contract.iter().position(|&e| e == d).expect("a contracted dim");
+                        nb + nl
+                            + rc_sorted.iter().position(|&e| e == rhs_contract[i]).expect("sorted")
+                    };
+                }
+                let dl = b.transpose(dl, &perm)?;
+                // d rhs: contract g's lhs-free dims with lhs's free dims.
+                let g_lfree: Vec<usize> = (nb..nb + nl).collect();
+                let dr = b.dot_general(g, l, &g_lfree, &lfree, &gb, lhs_batch)?;
+                // dr's dims: batch, rhs free, then lhs's contracted dims in lhs order.
+                let mut lc_sorted: Vec<usize> = lhs_contract.clone();
+                lc_sorted.sort_unstable();
+                let mut perm = vec![0usize; rr];
+                for (d, slot) in perm.iter_mut().enumerate() {
+                    *slot = if let Some(i) = rhs_batch.iter().position(|&e| e == d) {
+                        i
+                    } else if let Some(j) = rfree.iter().position(|&e| e == d) {
+                        nb + j
+                    } else {
+                        let i =
+                            rhs_contract.iter().position(|&e| e == d).expect("a contracted dim");
+                        nb + nr
+                            + lc_sorted.iter().position(|&e| e == lhs_contract[i]).expect("sorted")
+                    };
+                }
+                let dr = b.transpose(dr, &perm)?;
+                vec![Some(dl), Some(dr)]
+            }
+            Op::Reduce { kind, axes, keepdims } => {
+                let a = x[0];
+                let shape = b.spec(a)?.shape.dims().to_vec();
+                let kept: Vec<usize> = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
+                    .collect();
+                let gk = if *keepdims { g } else { b.reshape(g, &kept)? };
+                let gb = b.broadcast_to(gk, &shape)?;
+                let d = match kind {
+                    Reduction::Sum => gb,
+                    Reduction::Mean => {
+                        let count: usize = axes.iter().map(|&d| shape[d]).product();
+                        let c = b.scalar_like(a, count as f64)?;
+                        b.div(gb, c)?
+                    }
+                    Reduction::Max => {
+                        let yk = if *keepdims { y } else { b.reshape(y, &kept)? };
+                        let yb = b.broadcast_to(yk, &shape)?;
+                        let at = b.eq(a, yb)?;
+                        let dtype = b.spec(a)?.dtype;
+                        let ind = b.convert(at, dtype)?;
+                        let axes_i: Vec<isize> = axes.iter().map(|&d| d as isize).collect();
+                        let cnt = b.reduce_sum(ind, &axes_i, true)?;
+                        let cb = b.broadcast_to(cnt, &shape)?;
+                        let share = b.div(ind, cb)?;
+                        b.mul(gb, share)?
+                    }
+                };
+                vec![Some(d)]
+            }
+            Op::Reshape { .. } => {
+                let shape = b.spec(x[0])?.shape.dims().to_vec();
+                vec![Some(b.reshape(g, &shape)?)]
+            }
+            Op::Transpose { perm } => {
+                let mut inv = vec![0usize; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inv[p] = i;
+                }
+                vec![Some(b.transpose(g, &inv)?)]
+            }
+            Op::BroadcastTo { .. } => vec![Some(self.unbroadcast(g, x[0])?)],
+            Op::Concat { axis } => {
+                let mut out = Vec::with_capacity(x.len());
+                let mut at = 0usize;
+                let gdims = b.spec(g)?.shape.dims().to_vec();
+                for &a in x {
+                    let n = b.spec(a)?.shape.dims()[*axis];
+                    let start: Vec<usize> =
+                        (0..gdims.len()).map(|d| if d == *axis { at } else { 0 }).collect();
+                    let stop: Vec<usize> = (0..gdims.len())
+                        .map(|d| if d == *axis { at + n } else { gdims[d] })
+                        .collect();
+                    let step = vec![1usize; gdims.len()];
+                    out.push(Some(b.slice(g, &start, &stop, &step)?));
+                    at += n;
+                }
+                out
+            }
+            Op::Softmax { axis } => {
+                // y (g - Σ g y).
+                let gy = b.mul(g, y)?;
+                let s = b.reduce_sum(gy, &[*axis as isize], true)?;
+                let d = b.sub(g, s)?;
+                vec![Some(b.mul(y, d)?)]
+            }
+            Op::LogSoftmax { axis } => {
+                // g - softmax(x) Σ g.
+                let s = b.reduce_sum(g, &[*axis as isize], true)?;
+                let p = b.exp(y)?;
+                let ps = b.mul(p, s)?;
+                vec![Some(b.sub(g, ps)?)]
+            }
+            Op::Convert { .. } => {
+                let from = b.spec(x[0])?.dtype;
+                if from.is_float() { vec![Some(b.convert(g, from)?)] } else { vec![None] }
+            }
+            Op::Argmax { .. } | Op::OneHot { .. } => vec![None; x.len()],
+            Op::Take { .. } if !b.spec(x[0])?.dtype.is_float() => vec![None, None],
+            Op::Constant { .. } | Op::Iota { .. } | Op::Recv { .. } => Vec::new(),
+            other => {
+                return Err(Error::NoTransposeRule { op: other.name(), value: k as u32 });
+            }
+        })
+    }
+}
