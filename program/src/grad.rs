@@ -488,6 +488,62 @@ impl<'p> Transposer<'p> {
             }
             Op::Argmax { .. } | Op::OneHot { .. } => vec![None; x.len()],
             Op::Take { .. } if !b.spec(x[0])?.dtype.is_float() => vec![None, None],
+            Op::Take { axis } => {
+                // Scatter-add into zeros of the table's shape (repeats accumulate).
+                let (table, idx) = (x[0], x[1]);
+                let s = b.spec(table)?;
+                let (dtype, dims) = (s.dtype, s.shape.dims().to_vec());
+                let zero = b.constant(0.0, dtype)?;
+                let zeros = b.broadcast_to(zero, &dims)?;
+                vec![Some(b.push(Op::ScatterAdd { axis: *axis }, &[zeros, idx, g])?), None]
+            }
+            Op::ScatterAdd { axis } => {
+                let taken = b.take(g, x[1], *axis as isize)?;
+                vec![Some(g), None, Some(taken)]
+            }
+            Op::Slice { start, step, .. } => {
+                let dims = b.spec(x[0])?.shape.dims().to_vec();
+                let out = b.spec(g)?.shape.dims().to_vec();
+                let (mut low, mut high, mut interior) = (Vec::new(), Vec::new(), Vec::new());
+                for k in 0..dims.len() {
+                    if out[k] == 0 {
+                        low.push(dims[k]);
+                        high.push(0);
+                        interior.push(0);
+                    } else {
+                        let last = start[k] + (out[k] - 1) * step[k];
+                        low.push(start[k]);
+                        high.push(dims[k] - last - 1);
+                        interior.push(step[k] - 1);
+                    }
+                }
+                vec![Some(b.push(Op::Pad { low, high, interior }, &[g])?)]
+            }
+            Op::Pad { low, interior, .. } => {
+                let dims = b.spec(x[0])?.shape.dims().to_vec();
+                let start = low.clone();
+                let step: Vec<usize> = interior.iter().map(|i| i + 1).collect();
+                let stop: Vec<usize> = (0..dims.len())
+                    .map(|k| {
+                        if dims[k] == 0 { start[k] } else { start[k] + (dims[k] - 1) * step[k] + 1 }
+                    })
+                    .collect();
+                vec![Some(b.slice(g, &start, &stop, &step)?)]
+            }
+            Op::Conv2d { strides, padding } => {
+                let (xi, w) = (x[0], x[1]);
+                let input: [usize; 4] = b.spec(xi)?.shape.dims().try_into().expect("rank 4");
+                let filter: [usize; 4] = b.spec(w)?.shape.dims().try_into().expect("rank 4");
+                let dx = b.push(
+                    Op::Conv2dBackpropInput { strides: *strides, padding: *padding, input },
+                    &[g, w],
+                )?;
+                let dw = b.push(
+                    Op::Conv2dBackpropFilter { strides: *strides, padding: *padding, filter },
+                    &[xi, g],
+                )?;
+                vec![Some(dx), Some(dw)]
+            }
             Op::Constant { .. } | Op::Iota { .. } | Op::Recv { .. } => Vec::new(),
             other => {
                 return Err(Error::NoTransposeRule { op: other.name(), value: k as u32 });

@@ -348,6 +348,70 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
                 [xd[0], out(xd[1], wd[0], strides[0])?, out(xd[2], wd[1], strides[1])?, wd[3]];
             spec(x.dtype, &dims)
         }
+        Op::Pad { low, high, interior } => {
+            arity(args, 1)?;
+            let x = args[0];
+            let d = x.shape.dims();
+            if low.len() != d.len() || high.len() != d.len() || interior.len() != d.len() {
+                return Err(format!(
+                    "low {low:?}, high {high:?} and interior {interior:?} need {} entries each",
+                    d.len()
+                ));
+            }
+            let mut dims = Vec::with_capacity(d.len());
+            for k in 0..d.len() {
+                let inner = if d[k] == 0 {
+                    Some(0)
+                } else {
+                    (d[k] - 1).checked_mul(interior[k]).and_then(|i| i.checked_add(d[k]))
+                };
+                let n = inner
+                    .and_then(|n| n.checked_add(low[k]))
+                    .and_then(|n| n.checked_add(high[k]))
+                    .ok_or("the padded dim overflows")?;
+                dims.push(n);
+            }
+            spec(x.dtype, &dims)
+        }
+        Op::ScatterAdd { axis } => {
+            arity(args, 3)?;
+            let (x, idx, upd) = (args[0], args[1], args[2]);
+            numeric(x.dtype, name)?;
+            integer(idx.dtype, "scatter_add's indices")?;
+            let d = x.shape.dims();
+            axis_in(*axis, d.len(), "axis")?;
+            let mut want = d[..*axis].to_vec();
+            want.extend_from_slice(idx.shape.dims());
+            want.extend_from_slice(&d[axis + 1..]);
+            if upd.dtype != x.dtype || upd.shape.dims() != want.as_slice() {
+                return Err(format!("updates must be {}{want:?}, not {upd}", x.dtype));
+            }
+            Ok(x.clone())
+        }
+        Op::Conv2dBackpropInput { strides, padding, input } => {
+            arity(args, 2)?;
+            let x = spec(args[1].dtype, input)?;
+            let out = infer(&Op::Conv2d { strides: *strides, padding: *padding }, &[&x, args[1]])?;
+            if out != *args[0] {
+                return Err(format!(
+                    "a conv2d of {x} with {} gives {out}, not {}",
+                    args[1], args[0]
+                ));
+            }
+            Ok(x)
+        }
+        Op::Conv2dBackpropFilter { strides, padding, filter } => {
+            arity(args, 2)?;
+            let w = spec(args[0].dtype, filter)?;
+            let out = infer(&Op::Conv2d { strides: *strides, padding: *padding }, &[args[0], &w])?;
+            if out != *args[1] {
+                return Err(format!(
+                    "a conv2d of {} with {w} gives {out}, not {}",
+                    args[0], args[1]
+                ));
+            }
+            Ok(w)
+        }
         Op::Convert { dtype } => {
             arity(args, 1)?;
             if !supported(*dtype) {

@@ -198,6 +198,43 @@ pub enum Op {
         /// SAME or VALID.
         padding: Padding,
     },
+    /// Zero padding: `low` before, `high` after and `interior` between the elements
+    /// of each dim (XLA's `pad` with a zero value; the transpose of a strided slice).
+    Pad {
+        /// Zeros before each dim.
+        low: Vec<usize>,
+        /// Zeros after each dim.
+        high: Vec<usize>,
+        /// Zeros between neighbouring elements of each dim.
+        interior: Vec<usize>,
+    },
+    /// `operand` with `updates` added at `indices` along `axis` (repeated indices
+    /// accumulate): args `[operand, indices, updates]`, `updates` shaped as
+    /// `take(operand, indices, axis)`. The transpose of `take`.
+    ScatterAdd {
+        /// The axis the indices select along.
+        axis: usize,
+    },
+    /// The gradient of `conv2d` with respect to its input: args `[g, w]` (g NHWC of the
+    /// convolution's output, w HWIO), result the input's shape (the result spec).
+    Conv2dBackpropInput {
+        /// The convolution's strides.
+        strides: [usize; 2],
+        /// Its padding.
+        padding: Padding,
+        /// The input's shape NHWC.
+        input: [usize; 4],
+    },
+    /// The gradient of `conv2d` with respect to its filter: args `[x, g]`, result the
+    /// filter's shape HWIO.
+    Conv2dBackpropFilter {
+        /// The convolution's strides.
+        strides: [usize; 2],
+        /// Its padding.
+        padding: Padding,
+        /// The filter's shape HWIO.
+        filter: [usize; 4],
+    },
     /// Elementwise conversion to `dtype`.
     Convert {
         /// The target dtype.
@@ -333,6 +370,10 @@ impl Op {
             Op::LogSoftmax { .. } => "log_softmax",
             Op::Argmax { .. } => "argmax",
             Op::Conv2d { .. } => "conv2d",
+            Op::Pad { .. } => "pad",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
+            Op::Conv2dBackpropFilter { .. } => "conv2d_backprop_filter",
             Op::Convert { .. } => "convert",
             Op::Iota { .. } => "iota",
             Op::AllReduce { .. } => "all_reduce",
@@ -437,7 +478,9 @@ impl fmt::Display for Attributes<'_> {
             | Op::LogSoftmax { axis }
             | Op::Argmax { axis } => write!(f, ", axis={axis}"),
             Op::OneHot { depth, .. } => write!(f, ", depth={depth}"),
-            Op::Conv2d { strides, padding } => write!(
+            Op::Conv2d { strides, padding }
+            | Op::Conv2dBackpropInput { strides, padding, .. }
+            | Op::Conv2dBackpropFilter { strides, padding, .. } => write!(
                 f,
                 ", strides={}, padding={}",
                 List(strides),
@@ -446,6 +489,10 @@ impl fmt::Display for Attributes<'_> {
                     Padding::Valid => "VALID",
                 }
             ),
+            Op::Pad { low, high, interior } => {
+                write!(f, ", low={}, high={}, interior={}", List(low), List(high), List(interior))
+            }
+            Op::ScatterAdd { axis } => write!(f, ", axis={axis}"),
             Op::Convert { .. } => Ok(()),
             Op::Iota { axis, .. } => write!(f, ", axis={axis}"),
             Op::AllReduce { op, groups } => {

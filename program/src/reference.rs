@@ -597,6 +597,103 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             }
             Buf::F(out)
         }
+        Op::Pad { low, interior, .. } => {
+            let x = args[0];
+            let os = strides(dims);
+            let mut map = Vec::with_capacity(x.buf.len());
+            for_each_index(&x.dims, |i| {
+                map.push(
+                    (0..i.len())
+                        .map(|k| (low[k] + i[k] * (interior[k] + 1)) * os[k])
+                        .sum::<usize>(),
+                );
+            });
+            let n: usize = dims.iter().product();
+            match &x.buf {
+                Buf::F(v) => {
+                    let mut out = vec![0.0; n];
+                    map.iter().zip(v).for_each(|(&k, &e)| out[k] = e);
+                    Buf::F(out)
+                }
+                Buf::I(v) => {
+                    let mut out = vec![0; n];
+                    map.iter().zip(v).for_each(|(&k, &e)| out[k] = e);
+                    Buf::I(out)
+                }
+                Buf::B(v) => {
+                    let mut out = vec![false; n];
+                    map.iter().zip(v).for_each(|(&k, &e)| out[k] = e);
+                    Buf::B(out)
+                }
+            }
+        }
+        Op::ScatterAdd { axis } => {
+            let (x, idx, upd) = (args[0], args[1], args[2]);
+            let n = x.dims[*axis];
+            let xs = strides(&x.dims);
+            let is = strides(&idx.dims);
+            let ni = idx.dims.len();
+            let mut targets = Vec::with_capacity(upd.buf.len());
+            let mut bad = None;
+            for_each_index(&upd.dims, |u| {
+                let i = idx.ints()[(0..ni).map(|k| u[axis + k] * is[k]).sum::<usize>()];
+                let row = usize::try_from(i).ok().filter(|&r| r < n).unwrap_or_else(|| {
+                    bad.get_or_insert(i);
+                    0
+                });
+                let mut k = row * xs[*axis];
+                for d in 0..*axis {
+                    k += u[d] * xs[d];
+                }
+                for d in axis + 1..x.dims.len() {
+                    k += u[d - 1 + ni] * xs[d];
+                }
+                targets.push(k);
+            });
+            if let Some(i) = bad {
+                return Err(runtime(
+                    at,
+                    &format!("index {i} is outside 0..{n} of the operand's axis {axis}"),
+                ));
+            }
+            match (&x.buf, &upd.buf) {
+                (Buf::F(v), Buf::F(u)) => {
+                    let mut out = v.clone();
+                    targets.iter().zip(u).for_each(|(&k, &e)| out[k] += e);
+                    Buf::F(out)
+                }
+                (Buf::I(v), Buf::I(u)) => {
+                    let mut out = v.clone();
+                    targets.iter().zip(u).for_each(|(&k, &e)| out[k] = out[k].wrapping_add(e));
+                    Buf::I(out)
+                }
+                _ => unreachable!("inference checked the dtypes"),
+            }
+        }
+        Op::Conv2dBackpropInput { strides: st, padding, input } => {
+            let (g, w) = (args[0].floats(), args[1].floats());
+            let mut dx = vec![0.0; input.iter().product()];
+            conv_pairs(
+                *input,
+                args[1].dims.as_slice(),
+                &args[0].dims,
+                *st,
+                *padding,
+                |xi, wi, gi| {
+                    dx[xi] += g[gi] * w[wi];
+                },
+            );
+            Buf::F(dx)
+        }
+        Op::Conv2dBackpropFilter { strides: st, padding, filter } => {
+            let (x, g) = (args[0].floats(), args[1].floats());
+            let xd: [usize; 4] = args[0].dims.as_slice().try_into().expect("rank 4");
+            let mut dw = vec![0.0; filter.iter().product()];
+            conv_pairs(xd, filter, &args[1].dims, *st, *padding, |xi, wi, gi| {
+                dw[wi] += x[xi] * g[gi];
+            });
+            Buf::F(dw)
+        }
         Op::Convert { dtype } => {
             let x = args[0];
             match (&x.buf, dtype.is_float(), *dtype == DType::Bool) {
@@ -636,4 +733,49 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
 /// `(product of dims before axis, dims[axis], product of dims after)`.
 fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
     (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+}
+
+/// Every (input, filter, output) flat-index triple a convolution of an NHWC input of
+/// `x` dims with an HWIO filter of `w` dims into an output of `out` dims multiplies:
+/// `out[o] += x[xi] * w[wi]` for each triple.
+fn conv_pairs(
+    x: [usize; 4],
+    w: &[usize],
+    out: &[usize],
+    st: [usize; 2],
+    padding: Padding,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let [n, h, wd, c] = x;
+    let (kh, kw, o) = (w[0], w[1], w[3]);
+    let (ho, wo) = (out[1], out[2]);
+    let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
+        Padding::Valid => 0,
+        Padding::Same => ((out - 1) * s + k).saturating_sub(size) / 2,
+    };
+    let (ph, pw) = (pad(h, kh, st[0], ho), pad(wd, kw, st[1], wo));
+    for b in 0..n {
+        for i in 0..ho {
+            for j in 0..wo {
+                for di in 0..kh {
+                    for dj in 0..kw {
+                        let (y, xx) = (i * st[0] + di, j * st[1] + dj);
+                        if y < ph || xx < pw || y - ph >= h || xx - pw >= wd {
+                            continue;
+                        }
+                        let (y, xx) = (y - ph, xx - pw);
+                        for ch in 0..c {
+                            for fo in 0..o {
+                                f(
+                                    ((b * h + y) * wd + xx) * c + ch,
+                                    ((di * kw + dj) * c + ch) * o + fo,
+                                    ((b * ho + i) * wo + j) * o + fo,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

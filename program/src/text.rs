@@ -270,7 +270,9 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "slice" => &["start", "stop", "step"],
         "concat" | "take" | "softmax" | "log_softmax" | "argmax" | "iota" => &["axis"],
         "one_hot" => &["depth"],
-        "conv2d" => &["strides", "padding"],
+        "conv2d" | "conv2d_backprop_input" | "conv2d_backprop_filter" => &["strides", "padding"],
+        "pad" => &["low", "high", "interior"],
+        "scatter_add" => &["axis"],
         "all_reduce" => &["op", "groups"],
         "all_gather" => &["axis", "groups"],
         "reduce_scatter" => &["op", "axis", "groups"],
@@ -348,7 +350,9 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "log_softmax" => Op::LogSoftmax { axis: num("axis")? },
         "argmax" => Op::Argmax { axis: num("axis")? },
         "one_hot" => Op::OneHot { depth: num("depth")?, dtype: spec.dtype },
-        "conv2d" => {
+        "pad" => Op::Pad { low: lst("low")?, high: lst("high")?, interior: lst("interior")? },
+        "scatter_add" => Op::ScatterAdd { axis: num("axis")? },
+        "conv2d" | "conv2d_backprop_input" | "conv2d_backprop_filter" => {
             let s = lst("strides")?;
             let strides: [usize; 2] =
                 s.as_slice().try_into().map_err(|_| format!("`strides` {s:?} needs 2 entries"))?;
@@ -357,7 +361,20 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
                 "VALID" => Padding::Valid,
                 v => return Err(format!("`padding={v}` is not SAME or VALID")),
             };
-            Op::Conv2d { strides, padding }
+            match name {
+                "conv2d" => Op::Conv2d { strides, padding },
+                _ => {
+                    let shape: [usize; 4] = dims
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| format!("{name} makes a rank-4 tensor, not {spec}"))?;
+                    if name == "conv2d_backprop_input" {
+                        Op::Conv2dBackpropInput { strides, padding, input: shape }
+                    } else {
+                        Op::Conv2dBackpropFilter { strides, padding, filter: shape }
+                    }
+                }
+            }
         }
         "convert" => Op::Convert { dtype: spec.dtype },
         "iota" => Op::Iota { dtype: spec.dtype, shape: dims, axis: num("axis")? },
