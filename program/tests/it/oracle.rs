@@ -273,3 +273,70 @@ fn vjp_gives_jaxs_gradients() {
     assert!(failed.is_empty(), "{} of 1500 failed:\n{shown:#?}", failed.len());
     assert_eq!(passed, 1500);
 }
+
+/// Every rule for one oracle case — the program builds, its output specs are JAX's, its
+/// text reads back, the reference interpreter's outputs and `vjp`'s gradients are JAX's
+/// within the tolerance — or the first rule it breaks. (The conformance example runs
+/// this over any oracle file.)
+pub(crate) fn check_case(case: &Json) -> Result<(), String> {
+    let program = build(case).map_err(|e| format!("does not build: {e}"))?;
+    let want: Vec<Tensor> =
+        case["expected"].as_array().ok_or("no `expected`")?.iter().map(tensor).collect();
+    for (k, (&v, w)) in program.results().iter().zip(&want).enumerate() {
+        let got = program.spec(v).ok_or("a result is not a value")?;
+        if *got != w.spec() {
+            return Err(format!("output {k} is {got}, JAX {}", w.spec()));
+        }
+    }
+    let text = program.to_string();
+    if text.parse::<Program>().as_ref() != Ok(&program) {
+        return Err("the text does not read back".into());
+    }
+    let inputs: Vec<Tensor> =
+        case["inputs"].as_array().ok_or("no `inputs`")?.iter().map(tensor).collect();
+    let got = reference::evaluate(&program, &inputs).map_err(|e| e.to_string())?;
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        close(g, w).map_err(|e| format!("output {k}: {e}"))?;
+    }
+    let wrt: Vec<(usize, String)> = case["inputs"]
+        .as_array()
+        .ok_or("no `inputs`")?
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i["dtype"] == "f64")
+        .map(|(k, i)| (k, i["name"].as_str().unwrap_or_default().to_string()))
+        .collect();
+    let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+    let back = meshwork_program::vjp(&program, &values).map_err(|e| format!("vjp: {e}"))?;
+    let mut feed = inputs;
+    feed.extend(
+        case["cotangents"]
+            .as_array()
+            .ok_or("no `cotangents`")?
+            .iter()
+            .filter(|c| !c.is_null())
+            .map(tensor),
+    );
+    let grads = reference::evaluate(&back, &feed).map_err(|e| e.to_string())?;
+    let n = program.results().len();
+    for (k, (_, name)) in wrt.iter().enumerate() {
+        close(&grads[n + k], &tensor(&case["grads"][name.as_str()]))
+            .map_err(|e| format!("gradient of {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The conformance example's rules, as `cargo test` runs them.
+#[test]
+fn every_case_passes_every_rule() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let failed: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let case: Json = serde_json::from_str(line).unwrap();
+            check_case(&case).err().map(|e| format!("{}: {e}", case["id"]))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+}
