@@ -471,38 +471,11 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             }
         }
         Op::Take { axis } => {
-            let (table, idx) = (args[0], args[1]);
-            let n = table.dims[*axis];
-            let ts = strides(&table.dims);
-            let ni = idx.dims.len();
-            let mut map = Vec::with_capacity(dims.iter().product());
-            let mut bad = None;
-            let is = strides(&idx.dims);
-            for_each_index(dims, |o| {
-                let flat_i: usize = (0..ni).map(|k| o[axis + k] * is[k]).sum();
-                let i = idx.ints()[flat_i];
-                let row = match usize::try_from(i).ok().filter(|&r| r < n) {
-                    Some(r) => r,
-                    None => {
-                        bad.get_or_insert(i);
-                        0
-                    }
-                };
-                let mut k = row * ts[*axis];
-                for d in 0..*axis {
-                    k += o[d] * ts[d];
-                }
-                for d in axis + 1..table.dims.len() {
-                    k += o[d - 1 + ni] * ts[d];
-                }
-                map.push(k);
-            });
-            if let Some(i) = bad {
-                return Err(runtime(
-                    at,
-                    &format!("index {i} is outside 0..{n} of the table's axis {axis}"),
-                ));
-            }
+            let table = args[0];
+            let map = take_map(&table.dims, *axis, args[1], dims).map_err(|i| {
+                let n = table.dims[*axis];
+                runtime(at, &format!("index {i} is outside 0..{n} of the table's axis {axis}"))
+            })?;
             table.buf.pick(&map)
         }
         Op::OneHot { depth, .. } => {
@@ -628,34 +601,12 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             }
         }
         Op::ScatterAdd { axis } => {
-            let (x, idx, upd) = (args[0], args[1], args[2]);
-            let n = x.dims[*axis];
-            let xs = strides(&x.dims);
-            let is = strides(&idx.dims);
-            let ni = idx.dims.len();
-            let mut targets = Vec::with_capacity(upd.buf.len());
-            let mut bad = None;
-            for_each_index(&upd.dims, |u| {
-                let i = idx.ints()[(0..ni).map(|k| u[axis + k] * is[k]).sum::<usize>()];
-                let row = usize::try_from(i).ok().filter(|&r| r < n).unwrap_or_else(|| {
-                    bad.get_or_insert(i);
-                    0
-                });
-                let mut k = row * xs[*axis];
-                for d in 0..*axis {
-                    k += u[d] * xs[d];
-                }
-                for d in axis + 1..x.dims.len() {
-                    k += u[d - 1 + ni] * xs[d];
-                }
-                targets.push(k);
-            });
-            if let Some(i) = bad {
-                return Err(runtime(
-                    at,
-                    &format!("index {i} is outside 0..{n} of the operand's axis {axis}"),
-                ));
-            }
+            let (x, upd) = (args[0], args[2]);
+            // Where each update goes: where `take` would have read it from.
+            let targets = take_map(&x.dims, *axis, args[1], &upd.dims).map_err(|i| {
+                let n = x.dims[*axis];
+                runtime(at, &format!("index {i} is outside 0..{n} of the operand's axis {axis}"))
+            })?;
             match (&x.buf, &upd.buf) {
                 (Buf::F(v), Buf::F(u)) => {
                     let mut out = v.clone();
@@ -728,6 +679,30 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             ));
         }
     })
+}
+
+/// For each element of `take(table, idx, axis)` (of `out` dims), the flat index it
+/// reads in a table of `table` dims; `Err` with the first index outside the axis.
+fn take_map(table: &[usize], axis: usize, idx: &Val, out: &[usize]) -> Result<Vec<usize>, i64> {
+    let n = table[axis];
+    let (ts, is) = (strides(table), strides(&idx.dims));
+    let ni = idx.dims.len();
+    let mut map = Vec::with_capacity(out.iter().product());
+    let mut bad = None;
+    for_each_index(out, |o| {
+        let i = idx.ints()[(0..ni).map(|k| o[axis + k] * is[k]).sum::<usize>()];
+        let row = usize::try_from(i).ok().filter(|&r| r < n).unwrap_or_else(|| {
+            bad.get_or_insert(i);
+            0
+        });
+        let before = (0..axis).map(|d| o[d] * ts[d]);
+        let after = (axis + 1..table.len()).map(|d| o[d - 1 + ni] * ts[d]);
+        map.push(row * ts[axis] + before.chain(after).sum::<usize>());
+    });
+    match bad {
+        Some(i) => Err(i),
+        None => Ok(map),
+    }
 }
 
 /// `(product of dims before axis, dims[axis], product of dims after)`.

@@ -192,20 +192,23 @@ impl CheckpointManager {
         &self.root
     }
 
-    /// Removes what killed saves left: `.partial-*` directories and `.tmp-*` files
-    /// (only meshwork makes such names here, and the lock says no save is running).
+    /// Removes what killed saves left: `.partial-step-…` directories and the
+    /// `.tmp-latest-…` / `.tmp-meshwork-checkpoints.json-…` files — names only meshwork
+    /// makes here (anything else stays), and the lock says no save is running.
     fn remove_stale(&self) -> Result<()> {
+        let partial = format!("{PARTIAL}step-");
+        let temps = [format!("{TMP}{LATEST}-"), format!("{TMP}{MARKER}-")];
         let entries = fs::read_dir(&self.root).map_err(|e| refuse(&self.root, e.to_string()))?;
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             let path = entry.path();
             let Ok(meta) = fs::symlink_metadata(&path) else { continue };
-            if name.starts_with(PARTIAL) && meta.is_dir() {
+            if name.starts_with(&partial) && meta.is_dir() {
                 fs::remove_dir_all(&path).map_err(|e| {
                     refuse(&path, format!("cannot remove a stale partial save: {e}"))
                 })?;
-            } else if name.starts_with(TMP) && meta.is_file() {
+            } else if temps.iter().any(|t| name.starts_with(t)) && meta.is_file() {
                 fs::remove_file(&path).map_err(|e| {
                     refuse(&path, format!("cannot remove a stale temporary file: {e}"))
                 })?;

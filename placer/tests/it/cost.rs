@@ -119,13 +119,7 @@ fn arbitrary_model() -> impl Strategy<Value = TableCostModel> {
 /// devices and can fit caps that the greedy pass, having used the room elsewhere,
 /// cannot).
 fn pinned_dag(seed: u64, nodes: usize, devices: usize) -> Graph {
-    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    let mut next = |n: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n as u64) as usize
-    };
+    let mut next = crate::graphs::xorshift(seed);
     let mut g = Graph::new();
     for i in 0..nodes {
         let op = if i == 0 { "Input" } else { ["MatMul", "Attention"][next(2)] };

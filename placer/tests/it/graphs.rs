@@ -92,13 +92,7 @@ pub(crate) fn sharded_mlp(layers: usize) -> Graph {
 /// `layers` layers of 1..=`width` MatMuls, each fed by a random node of the previous
 /// layer; a final Concat-free sink chain keeps it connected.
 pub(crate) fn random_layered(seed: u64, layers: usize, width: usize) -> Graph {
-    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    let mut next = |n: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n as u64) as usize
-    };
+    let mut next = xorshift(seed);
     let mut g = Graph::new();
     g.add_node(Node::new("x", "Input")).unwrap();
     let mut prev = vec!["x".to_owned()];
@@ -114,4 +108,15 @@ pub(crate) fn random_layered(seed: u64, layers: usize, width: usize) -> Graph {
         prev = layer;
     }
     g
+}
+
+/// A small deterministic generator: each call gives a number in `0..n` (xorshift64).
+pub(crate) fn xorshift(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut state = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    }
 }

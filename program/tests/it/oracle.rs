@@ -1,8 +1,8 @@
 //! Every program of the vendored JAX oracle (`testdata/cases.jsonl`, 1500 programs of
 //! 44 op kinds) built with the builder: each op is accepted, every output's dtype and
-//! shape is the one JAX computed, the program's text reads back to it, and the reference interpreter's outputs are JAX's
-//! within the oracle's tolerance `|got - want| <= 1e-9 (1 + |want|)` (bool and int
-//! outputs exactly). Gradients wait for autodiff.
+//! shape is the one JAX computed, the program's text reads back to it, and the
+//! reference interpreter's outputs and `vjp`'s gradients are JAX's within the oracle's
+//! tolerance `|got - want| <= 1e-9 (1 + |want|)` (bool and int outputs exactly).
 
 use meshwork_program::{Builder, Padding, Program, Tensor, Value, reference};
 use meshwork_types::{DType, TensorSpec};
@@ -147,157 +147,44 @@ fn close(got: &Tensor, want: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn the_reference_interpreter_computes_jaxs_outputs() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
-    let text = std::fs::read_to_string(path).unwrap();
-    let (mut passed, mut failed) = (0, Vec::new());
-    for line in text.lines() {
-        let case: Json = serde_json::from_str(line).unwrap();
-        let id = case["id"].as_str().unwrap().to_string();
-        let program = build(&case).unwrap();
-        let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(tensor).collect();
-        let outcome =
-            reference::evaluate(&program, &inputs).map_err(|e| e.to_string()).and_then(|got| {
-                let want = case["expected"].as_array().unwrap();
-                got.iter().zip(want).enumerate().try_for_each(|(k, (g, w))| {
-                    close(g, &tensor(w)).map_err(|e| format!("output {k}: {e}"))
-                })
-            });
-        match outcome {
-            Ok(()) => passed += 1,
-            Err(e) => failed.push(format!("{id}: {e}")),
-        }
-    }
-    let shown: Vec<&String> = failed.iter().take(20).collect();
-    assert!(failed.is_empty(), "{} of 1500 failed:\n{shown:#?}", failed.len());
-    assert_eq!(passed, 1500);
-}
-
-#[test]
-fn every_oracle_program_builds_with_jaxs_output_specs() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
-    let text = std::fs::read_to_string(path).unwrap();
-    let (mut passed, mut failed) = (0, Vec::new());
-    for line in text.lines() {
-        let case: Json = serde_json::from_str(line).unwrap();
-        let id = case["id"].as_str().unwrap().to_string();
-        let want: Vec<String> = case["expected"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                TensorSpec::new(
-                    dtype(e["dtype"].as_str().unwrap()),
-                    meshwork_types::Shape::new(&dims(&e["shape"])).unwrap(),
-                )
-                .to_string()
-            })
-            .collect();
-        match build(&case) {
-            Ok(p) => {
-                // Its text reads back to the same program.
-                let text = p.to_string();
-                match text.parse::<Program>() {
-                    Ok(back) if back == p && back.to_string() == text => {}
-                    other => failed.push(format!("{id}: the text does not read back: {other:?}")),
-                }
-                let got: Vec<String> =
-                    p.results().iter().map(|&v| p.spec(v).unwrap().to_string()).collect();
-                if got == want {
-                    passed += 1;
-                } else {
-                    failed.push(format!("{id}: {got:?}, JAX {want:?}"));
-                }
-            }
-            Err(e) => failed.push(format!("{id}: {e}")),
-        }
-    }
-    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
-    assert_eq!(passed, 1500);
-}
-
-/// Gradients: `vjp` of every program with respect to its f64 inputs, run by the
-/// reference interpreter with the oracle's cotangents, gives JAX's gradients within the
-/// oracle's tolerance, for all 1500 programs.
-#[test]
-fn vjp_gives_jaxs_gradients() {
-    use meshwork_program::vjp;
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
-    let text = std::fs::read_to_string(path).unwrap();
-    let (mut passed, mut failed) = (0, Vec::new());
-    for line in text.lines() {
-        let case: Json = serde_json::from_str(line).unwrap();
-        let id = case["id"].as_str().unwrap().to_string();
-        let program = build(&case).unwrap();
-        let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(tensor).collect();
-        let wrt: Vec<(usize, String)> = case["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| i["dtype"] == "f64")
-            .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
-            .collect();
-        let wrt_values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
-        let back = match vjp(&program, &wrt_values) {
-            Ok(p) => p,
-            Err(e) => {
-                failed.push(format!("{id}: {e}"));
-                continue;
-            }
-        };
-        // The gradient program's text (with pad, scatter_add and the conv2d
-        // backprops) reads back too.
-        if back.to_string().parse::<Program>().as_ref() != Ok(&back) {
-            failed.push(format!("{id}: the gradient program's text does not read back"));
-        }
-        let mut feed = inputs.clone();
-        feed.extend(
-            case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(tensor),
-        );
-        let outcome =
-            reference::evaluate(&back, &feed).map_err(|e| e.to_string()).and_then(|got| {
-                let n = program.results().len();
-                wrt.iter().enumerate().try_for_each(|(k, (_, name))| {
-                    close(&got[n + k], &tensor(&case["grads"][name.as_str()]))
-                        .map_err(|e| format!("gradient of {name}: {e}"))
-                })
-            });
-        match outcome {
-            Ok(()) => passed += 1,
-            Err(e) => failed.push(format!("{id}: {e}")),
-        }
-    }
-    let shown: Vec<&String> = failed.iter().take(20).collect();
-    assert!(failed.is_empty(), "{} of 1500 failed:\n{shown:#?}", failed.len());
-    assert_eq!(passed, 1500);
-}
-
-/// Every rule for one oracle case — the program builds, its output specs are JAX's, its
-/// text reads back, the reference interpreter's outputs and `vjp`'s gradients are JAX's
-/// within the tolerance — or the first rule it breaks. (The conformance example runs
-/// this over any oracle file.)
-pub(crate) fn check_case(case: &Json) -> Result<(), String> {
+/// Rule 1: the program builds, each output's dtype and shape is JAX's, and its text
+/// reads back to it. Returns the program for the other rules.
+fn check_specs(case: &Json) -> Result<Program, String> {
     let program = build(case).map_err(|e| format!("does not build: {e}"))?;
-    let want: Vec<Tensor> =
-        case["expected"].as_array().ok_or("no `expected`")?.iter().map(tensor).collect();
-    for (k, (&v, w)) in program.results().iter().zip(&want).enumerate() {
+    let want = case["expected"].as_array().ok_or("no `expected`")?;
+    for (k, (&v, w)) in program.results().iter().zip(want).enumerate() {
         let got = program.spec(v).ok_or("a result is not a value")?;
-        if *got != w.spec() {
-            return Err(format!("output {k} is {got}, JAX {}", w.spec()));
+        let want = tensor(w).spec();
+        if *got != want {
+            return Err(format!("output {k} is {got}, JAX {want}"));
         }
     }
     let text = program.to_string();
-    if text.parse::<Program>().as_ref() != Ok(&program) {
-        return Err("the text does not read back".into());
+    match text.parse::<Program>() {
+        Ok(back) if back == program && back.to_string() == text => Ok(program),
+        other => Err(format!("the text does not read back: {other:?}")),
     }
-    let inputs: Vec<Tensor> =
-        case["inputs"].as_array().ok_or("no `inputs`")?.iter().map(tensor).collect();
-    let got = reference::evaluate(&program, &inputs).map_err(|e| e.to_string())?;
-    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-        close(g, w).map_err(|e| format!("output {k}: {e}"))?;
+}
+
+/// The case's inputs.
+fn inputs(case: &Json) -> Result<Vec<Tensor>, String> {
+    Ok(case["inputs"].as_array().ok_or("no `inputs`")?.iter().map(tensor).collect())
+}
+
+/// Rule 2: the reference interpreter's outputs are JAX's within the tolerance.
+fn check_outputs(case: &Json, program: &Program) -> Result<(), String> {
+    let got = reference::evaluate(program, &inputs(case)?).map_err(|e| e.to_string())?;
+    let want = case["expected"].as_array().ok_or("no `expected`")?;
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        close(g, &tensor(w)).map_err(|e| format!("output {k}: {e}"))?;
     }
+    Ok(())
+}
+
+/// Rule 3: `vjp` with respect to every f64 input, run by the reference interpreter with
+/// the oracle's cotangents, gives JAX's gradients within the tolerance; the gradient
+/// program's text (with `pad`, `scatter_add` and the conv2d backprops) reads back.
+fn check_gradients(case: &Json, program: &Program) -> Result<(), String> {
     let wrt: Vec<(usize, String)> = case["inputs"]
         .as_array()
         .ok_or("no `inputs`")?
@@ -307,16 +194,13 @@ pub(crate) fn check_case(case: &Json) -> Result<(), String> {
         .map(|(k, i)| (k, i["name"].as_str().unwrap_or_default().to_string()))
         .collect();
     let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
-    let back = meshwork_program::vjp(&program, &values).map_err(|e| format!("vjp: {e}"))?;
-    let mut feed = inputs;
-    feed.extend(
-        case["cotangents"]
-            .as_array()
-            .ok_or("no `cotangents`")?
-            .iter()
-            .filter(|c| !c.is_null())
-            .map(tensor),
-    );
+    let back = meshwork_program::vjp(program, &values).map_err(|e| format!("vjp: {e}"))?;
+    if back.to_string().parse::<Program>().as_ref() != Ok(&back) {
+        return Err("the gradient program's text does not read back".into());
+    }
+    let mut feed = inputs(case)?;
+    let cotangents = case["cotangents"].as_array().ok_or("no `cotangents`")?;
+    feed.extend(cotangents.iter().filter(|c| !c.is_null()).map(tensor));
     let grads = reference::evaluate(&back, &feed).map_err(|e| e.to_string())?;
     let n = program.results().len();
     for (k, (_, name)) in wrt.iter().enumerate() {
@@ -326,17 +210,45 @@ pub(crate) fn check_case(case: &Json) -> Result<(), String> {
     Ok(())
 }
 
-/// The conformance example's rules, as `cargo test` runs them.
-#[test]
-fn every_case_passes_every_rule() {
+/// Every rule for one oracle case, or the first it breaks (what the conformance example
+/// runs over any oracle file).
+#[allow(dead_code)] // used by the conformance example, which includes this file
+pub(crate) fn check_case(case: &Json) -> Result<(), String> {
+    let program = check_specs(case)?;
+    check_outputs(case, &program)?;
+    check_gradients(case, &program)
+}
+
+/// Applies `rule` to every vendored case; asserts all 1500 pass it.
+#[cfg(test)]
+fn all_cases_pass(rule: impl Fn(&Json) -> Result<(), String>) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl");
     let text = std::fs::read_to_string(path).unwrap();
-    let failed: Vec<String> = text
-        .lines()
-        .filter_map(|line| {
-            let case: Json = serde_json::from_str(line).unwrap();
-            check_case(&case).err().map(|e| format!("{}: {e}", case["id"]))
-        })
-        .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
+    let (mut passed, mut failed) = (0, Vec::new());
+    for line in text.lines() {
+        let case: Json = serde_json::from_str(line).unwrap();
+        match rule(&case) {
+            Ok(()) => passed += 1,
+            Err(e) => failed.push(format!("{}: {e}", case["id"])),
+        }
+    }
+    let shown: Vec<&String> = failed.iter().take(20).collect();
+    assert!(failed.is_empty(), "{} of 1500 failed:\n{shown:#?}", failed.len());
+    assert_eq!(passed, 1500);
+}
+
+#[test]
+fn every_oracle_program_builds_with_jaxs_output_specs() {
+    all_cases_pass(|case| check_specs(case).map(drop));
+}
+
+#[test]
+fn the_reference_interpreter_computes_jaxs_outputs() {
+    all_cases_pass(|case| check_outputs(case, &build(case).unwrap()));
+}
+
+/// Gradients for all 1500 programs.
+#[test]
+fn vjp_gives_jaxs_gradients() {
+    all_cases_pass(|case| check_gradients(case, &build(case).unwrap()));
 }

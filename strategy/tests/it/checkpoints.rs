@@ -349,8 +349,12 @@ fn the_checkpoint_directory_is_meshworks_or_refused_untouched() {
     let err = m.save(&s, 3, &serde_json::json!({})).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");
     drop(m);
-    // Reopened later: accepted as meshwork's, and resume finds the newest step.
+    // Reopened later: accepted as meshwork's, and resume finds the newest step; names
+    // like meshwork's temporaries that meshwork did not make stay.
+    std::fs::create_dir(made.join(".partial-mine")).unwrap();
+    std::fs::write(made.join(".tmp-notes"), "mine").unwrap();
     let m = CheckpointManager::open(&made, 2).unwrap();
+    assert!(made.join(".partial-mine").is_dir() && made.join(".tmp-notes").is_file());
     assert_eq!(find_checkpoint(&made).unwrap().1, Some(3));
     assert_eq!(find_checkpoint(made.join("step-00000002")).unwrap().1, Some(2));
     drop(m);

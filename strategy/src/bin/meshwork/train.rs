@@ -656,6 +656,29 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             return Ok(());
         }
     }
+    let config = TrainConfig {
+        data: data_axis,
+        model: model_axis,
+        steps,
+        batch,
+        lr,
+        dtype,
+        shuffle: a.on("shuffle").then_some(seed),
+        steps_per_run,
+        checkpoint_dir: checkpoint_dir.map(PathBuf::from),
+        checkpoint_every,
+        keep,
+        resume: saved.as_ref().map(|s| s.dir.clone()),
+        seed,
+    };
+    // Before anything the size controls is allocated.
+    let check_memory = |hidden: usize| -> Result<(), Usage> {
+        let need = memory_estimate(&config, &data, hidden, !a.on("no-check"));
+        if need > limit as f64 {
+            return Err(memory_error(need, limit, hidden, &data));
+        }
+        Ok(())
+    };
     let init = match a.get("init") {
         Some(path) => {
             let p = init_file(path, &data, limit)?;
@@ -674,19 +697,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             if hidden == 0 {
                 return Err(Usage("--hidden must be at least 1".into()).into());
             }
-            let probe = TrainConfig {
-                data: data_axis,
-                model: model_axis,
-                steps,
-                batch,
-                dtype,
-                steps_per_run,
-                ..TrainConfig::default()
-            };
-            let need = memory_estimate(&probe, &data, hidden, !a.on("no-check"));
-            if need > limit as f64 {
-                return Err(memory_error(need, limit, hidden, &data).into());
-            }
+            check_memory(hidden)?;
             Params::init(seed, data.features(), hidden, data.classes)
         }
     };
@@ -697,24 +708,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ))
         .into());
     }
-    let config = TrainConfig {
-        data: data_axis,
-        model: model_axis,
-        steps,
-        batch,
-        lr,
-        dtype,
-        shuffle: a.on("shuffle").then_some(seed),
-        steps_per_run,
-        checkpoint_dir: checkpoint_dir.map(PathBuf::from),
-        checkpoint_every,
-        keep,
-        resume: saved.as_ref().map(|s| s.dir.clone()),
-        seed,
-    };
-    let need = memory_estimate(&config, &data, init.hidden(), !a.on("no-check"));
-    if need > limit as f64 {
-        return Err(memory_error(need, limit, init.hidden(), &data).into());
+    if a.get("init").is_some() {
+        check_memory(init.hidden())?;
     }
     let mut checkpoints = None;
     if let Some(dir) = checkpoint_dir {
