@@ -6,9 +6,9 @@
 //! ```
 //!
 //! For each case: the program builds with JAX's output specs, its text reads back, and
-//! the reference interpreter's outputs and `vjp`'s gradients match JAX's within
-//! `1e-9 (1 + |want|)`. Prints each failing case, then `N passed, M failed`; exits 1 if
-//! any failed. (The fast interpreter is not written yet; when it is, it runs here too.)
+//! the outputs and `vjp`'s gradients match JAX's within `1e-9 (1 + |want|)` when run by
+//! **both** interpreters (the reference and the fast one). Prints each failing case,
+//! then `N passed, M failed`; exits 1 if any failed.
 
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 

@@ -70,6 +70,15 @@ pub enum Error {
         /// What went wrong.
         problem: String,
     },
+    /// A collective, channel or host consumer failed for an instruction (the peer's
+    /// or the implementation's message).
+    #[error("{at}: {problem}")]
+    Communication {
+        /// The instruction.
+        at: String,
+        /// What the implementation reported.
+        problem: String,
+    },
     /// Program text that does not read: the line, its text and what is wrong.
     #[error("line {line}: {problem}: {text:?}")]
     Parse {

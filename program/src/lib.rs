@@ -39,7 +39,9 @@
 //! ```
 
 mod builder;
+mod env;
 mod error;
+pub mod fast;
 mod grad;
 mod infer;
 mod op;
@@ -49,6 +51,7 @@ mod tensor;
 mod text;
 
 pub use builder::Builder;
+pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
 pub use grad::{grad, vjp};
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};

@@ -9,6 +9,7 @@
 
 use meshwork_types::{DType, Shape};
 
+use crate::env::{Env, communicate, communicates};
 use crate::op::{Binary, Compare, Op, Padding, Reduction, Unary};
 use crate::program::{Program, Value};
 use crate::tensor::{Data, Tensor};
@@ -82,14 +83,18 @@ impl Val {
 }
 
 fn from_tensor(t: &Tensor) -> Val {
-    let buf = match t.data() {
+    from_data(t.shape().dims(), t.data())
+}
+
+fn from_data(dims: &[usize], data: &Data) -> Val {
+    let buf = match data {
         Data::F32(v) => Buf::F(v.iter().map(|&x| f64::from(x)).collect()),
         Data::F64(v) => Buf::F(v.clone()),
         Data::I32(v) => Buf::I(v.iter().map(|&x| i64::from(x)).collect()),
         Data::I64(v) => Buf::I(v.clone()),
         Data::Bool(v) => Buf::B(v.clone()),
     };
-    Val { dims: t.shape().dims().to_vec(), dtype: t.data().dtype(), buf }
+    Val { dims: dims.to_vec(), dtype: data.dtype(), buf }
 }
 
 fn to_tensor(v: Val) -> Result<Tensor> {
@@ -280,8 +285,43 @@ fn runtime(at: &str, problem: &str) -> Error {
 }
 
 /// Evaluates `program` on `inputs` (one per parameter, of its spec) and returns its
-/// results.
+/// results. Collectives, `send`/`recv` and `emit` are errors here; see
+/// [`evaluate_with`].
 pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    evaluate_with(program, inputs, &Env::local())
+}
+
+/// [`evaluate`] with the collectives, channels and host sink of `env`.
+pub fn evaluate_with(program: &Program, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
+    check_inputs(program, inputs)?;
+    let mut vals: Vec<Val> = Vec::with_capacity(program.num_values());
+    vals.extend(inputs.iter().map(from_tensor));
+    for (i, instr) in program.instrs().iter().enumerate() {
+        let at = format!("%{} ({})", program.params().len() + i, instr.op.name());
+        let dims = instr.spec.shape.dims().to_vec();
+        let dtype = instr.spec.dtype;
+        if communicates(&instr.op) {
+            let args = instr
+                .args
+                .iter()
+                .map(|a| to_tensor(vals[a.index()].clone()))
+                .collect::<Result<Vec<_>>>()?;
+            vals.push(from_tensor(&communicate(env, &instr.op, args, &instr.spec, &at)?));
+            continue;
+        }
+        let args: Vec<&Val> = instr.args.iter().map(|a| &vals[a.index()]).collect();
+        let buf = step(&instr.op, &args, &dims, &at)?;
+        debug_assert_eq!(buf.len(), dims.iter().product::<usize>());
+        vals.push(Val::new(dims, dtype, buf));
+    }
+    program.results().iter().map(|&Value(k)| to_tensor(vals[k as usize].clone())).collect()
+}
+
+/// Checks one input per parameter, each of its parameter's spec.
+pub(crate) fn check_inputs<T: std::borrow::Borrow<Tensor>>(
+    program: &Program,
+    inputs: &[T],
+) -> Result<()> {
     if inputs.len() != program.params().len() {
         return Err(Error::Inputs {
             expected: program.params().len(),
@@ -289,8 +329,8 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             problem: "one input per parameter".into(),
         });
     }
-    let mut vals: Vec<Val> = Vec::with_capacity(program.num_values());
     for (p, t) in program.params().iter().zip(inputs) {
+        let t = t.borrow();
         if t.spec() != p.spec {
             return Err(Error::Inputs {
                 expected: program.params().len(),
@@ -298,18 +338,23 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 problem: format!("parameter {:?} is {}, the input is {}", p.name, p.spec, t.spec()),
             });
         }
-        vals.push(from_tensor(t));
     }
-    for (i, instr) in program.instrs().iter().enumerate() {
-        let at = format!("%{} ({})", program.params().len() + i, instr.op.name());
-        let args: Vec<&Val> = instr.args.iter().map(|a| &vals[a.index()]).collect();
-        let dims = instr.spec.shape.dims().to_vec();
-        let dtype = instr.spec.dtype;
-        let buf = step(&instr.op, &args, &dims, &at)?;
-        debug_assert_eq!(buf.len(), dims.iter().product::<usize>());
-        vals.push(Val::new(dims, dtype, buf));
-    }
-    program.results().iter().map(|&Value(k)| to_tensor(vals[k as usize].clone())).collect()
+    Ok(())
+}
+
+/// One instruction on host data, by the reference's loops: the fast interpreter's
+/// path for the ops it has no kernel of its own for.
+pub(crate) fn eval_op(
+    op: &Op,
+    args: &[(&[usize], &Data)],
+    spec: &meshwork_types::TensorSpec,
+    at: &str,
+) -> Result<Data> {
+    let vals: Vec<Val> = args.iter().map(|(d, data)| from_data(d, data)).collect();
+    let refs: Vec<&Val> = vals.iter().collect();
+    let dims = spec.shape.dims().to_vec();
+    let buf = step(op, &refs, &dims, at)?;
+    Ok(to_tensor(Val::new(dims, spec.dtype, buf))?.into_data())
 }
 
 /// One instruction: the elements of its result (of `dims`).
@@ -672,8 +717,8 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             return Err(runtime(
                 at,
                 &format!(
-                    "{} exchanges data with other devices or the host; the reference \
-                     interpreter runs one device's programs without communication",
+                    "{} exchanges data with other devices or the host, which runs \
+                     through the interpreter's Env",
                     other.name()
                 ),
             ));

@@ -94,6 +94,16 @@ impl Tensor {
         &self.data
     }
 
+    /// The elements, taken.
+    pub fn into_data(self) -> Data {
+        self.data
+    }
+
+    /// An i32 tensor of `dims`.
+    pub fn i32(dims: &[usize], values: Vec<i32>) -> Result<Tensor> {
+        Tensor::new(Shape::new(dims)?, Data::I32(values))
+    }
+
     /// The dtype and shape.
     pub fn spec(&self) -> TensorSpec {
         TensorSpec::new(self.data.dtype(), self.shape.clone())

@@ -4,7 +4,7 @@
 //! reference interpreter's outputs and `vjp`'s gradients are JAX's within the oracle's
 //! tolerance `|got - want| <= 1e-9 (1 + |want|)` (bool and int outputs exactly).
 
-use meshwork_program::{Builder, Padding, Program, Tensor, Value, reference};
+use meshwork_program::{Builder, Padding, Program, Tensor, Value, fast, reference};
 use meshwork_types::{DType, TensorSpec};
 use serde_json::Value as Json;
 
@@ -171,9 +171,16 @@ fn inputs(case: &Json) -> Result<Vec<Tensor>, String> {
     Ok(case["inputs"].as_array().ok_or("no `inputs`")?.iter().map(tensor).collect())
 }
 
-/// Rule 2: the reference interpreter's outputs are JAX's within the tolerance.
-fn check_outputs(case: &Json, program: &Program) -> Result<(), String> {
-    let got = reference::evaluate(program, &inputs(case)?).map_err(|e| e.to_string())?;
+/// An interpreter: the reference's or the fast one's `evaluate`.
+pub(crate) type Interpreter = fn(&Program, &[Tensor]) -> meshwork_program::Result<Vec<Tensor>>;
+
+/// Both interpreters, by name.
+pub(crate) const INTERPRETERS: [(&str, Interpreter); 2] =
+    [("reference", reference::evaluate), ("fast", fast::evaluate)];
+
+/// Rule 2: the interpreter's outputs are JAX's within the tolerance.
+fn check_outputs(case: &Json, program: &Program, run: Interpreter) -> Result<(), String> {
+    let got = run(program, &inputs(case)?).map_err(|e| e.to_string())?;
     let want = case["expected"].as_array().ok_or("no `expected`")?;
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         close(g, &tensor(w)).map_err(|e| format!("output {k}: {e}"))?;
@@ -181,10 +188,10 @@ fn check_outputs(case: &Json, program: &Program) -> Result<(), String> {
     Ok(())
 }
 
-/// Rule 3: `vjp` with respect to every f64 input, run by the reference interpreter with
+/// Rule 3: `vjp` with respect to every f64 input, run by the interpreter with
 /// the oracle's cotangents, gives JAX's gradients within the tolerance; the gradient
 /// program's text (with `pad`, `scatter_add` and the conv2d backprops) reads back.
-fn check_gradients(case: &Json, program: &Program) -> Result<(), String> {
+fn check_gradients(case: &Json, program: &Program, run: Interpreter) -> Result<(), String> {
     let wrt: Vec<(usize, String)> = case["inputs"]
         .as_array()
         .ok_or("no `inputs`")?
@@ -201,7 +208,7 @@ fn check_gradients(case: &Json, program: &Program) -> Result<(), String> {
     let mut feed = inputs(case)?;
     let cotangents = case["cotangents"].as_array().ok_or("no `cotangents`")?;
     feed.extend(cotangents.iter().filter(|c| !c.is_null()).map(tensor));
-    let grads = reference::evaluate(&back, &feed).map_err(|e| e.to_string())?;
+    let grads = run(&back, &feed).map_err(|e| e.to_string())?;
     let n = program.results().len();
     for (k, (_, name)) in wrt.iter().enumerate() {
         close(&grads[n + k], &tensor(&case["grads"][name.as_str()]))
@@ -215,8 +222,11 @@ fn check_gradients(case: &Json, program: &Program) -> Result<(), String> {
 #[allow(dead_code)] // used by the conformance example, which includes this file
 pub(crate) fn check_case(case: &Json) -> Result<(), String> {
     let program = check_specs(case)?;
-    check_outputs(case, &program)?;
-    check_gradients(case, &program)
+    for (name, run) in INTERPRETERS {
+        check_outputs(case, &program, run).map_err(|e| format!("{name} interpreter: {e}"))?;
+        check_gradients(case, &program, run).map_err(|e| format!("{name} interpreter: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Applies `rule` to every vendored case; asserts all 1500 pass it.
@@ -244,11 +254,22 @@ fn every_oracle_program_builds_with_jaxs_output_specs() {
 
 #[test]
 fn the_reference_interpreter_computes_jaxs_outputs() {
-    all_cases_pass(|case| check_outputs(case, &build(case).unwrap()));
+    all_cases_pass(|case| check_outputs(case, &build(case).unwrap(), reference::evaluate));
 }
 
-/// Gradients for all 1500 programs.
+#[test]
+fn the_fast_interpreter_computes_jaxs_outputs() {
+    all_cases_pass(|case| check_outputs(case, &build(case).unwrap(), fast::evaluate));
+}
+
+/// Gradients for all 1500 programs, by the reference interpreter.
 #[test]
 fn vjp_gives_jaxs_gradients() {
-    all_cases_pass(|case| check_gradients(case, &build(case).unwrap()));
+    all_cases_pass(|case| check_gradients(case, &build(case).unwrap(), reference::evaluate));
+}
+
+/// Gradients for all 1500 programs, by the fast interpreter.
+#[test]
+fn vjp_gives_jaxs_gradients_with_the_fast_interpreter() {
+    all_cases_pass(|case| check_gradients(case, &build(case).unwrap(), fast::evaluate));
 }

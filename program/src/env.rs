@@ -1,0 +1,190 @@
+//! What a program needs from outside one device: the collectives over replica groups,
+//! point-to-point channels between devices and the host's consumers.
+//!
+//! The program crate does not communicate by itself. Both interpreters run a
+//! collective, `send`/`recv` or `emit` by calling the traits of the [`Env`] they are
+//! given; the strategy crate implements them over the executor's collectives and the
+//! outfeed. [`Env::local`] has none of them, and an instruction that needs one is then
+//! an [`Error::Runtime`] naming it.
+
+use meshwork_types::{ReduceOp, TensorSpec};
+
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// The collectives of the device running a program (one replica of a group).
+///
+/// Each method is called by every replica of `groups` that runs the instruction and
+/// returns this replica's result (of the instruction's spec; the interpreter checks).
+/// Replica groups are the instruction's, as `Op` documents them.
+pub trait Collectives {
+    /// Reduces `x` across this replica's group.
+    fn all_reduce(&self, x: Tensor, op: ReduceOp, groups: &[Vec<usize>]) -> Result<Tensor>;
+    /// Concatenates the group's operands along `axis`, in group order.
+    fn all_gather(&self, x: Tensor, axis: usize, groups: &[Vec<usize>]) -> Result<Tensor>;
+    /// Reduces across the group and keeps this replica's part of `axis`.
+    fn reduce_scatter(
+        &self,
+        x: Tensor,
+        op: ReduceOp,
+        axis: usize,
+        groups: &[Vec<usize>],
+    ) -> Result<Tensor>;
+    /// Splits `split_axis` over the group, exchanges and concatenates on `concat_axis`.
+    fn all_to_all(
+        &self,
+        x: Tensor,
+        split_axis: usize,
+        concat_axis: usize,
+        groups: &[Vec<usize>],
+    ) -> Result<Tensor>;
+    /// Sends `x` along `(source, target)` pairs; a replica that is no target gets zeros.
+    fn collective_permute(&self, x: Tensor, pairs: &[(usize, usize)]) -> Result<Tensor>;
+}
+
+/// Point-to-point transfers between devices (TensorFlow's `Send`/`Recv` pairs).
+pub trait Channels {
+    /// Sends `x` to device `peer` on `channel`.
+    fn send(&self, channel: u32, peer: usize, x: Tensor) -> Result<()>;
+    /// Receives the tensor of `spec` that device `peer` sends on `channel`.
+    fn recv(&self, channel: u32, peer: usize, spec: &TensorSpec) -> Result<Tensor>;
+}
+
+/// The host's side of `emit`: the outfeed's consumers.
+pub trait HostSink {
+    /// Streams `values` to consumer `consumer`.
+    fn emit(&self, consumer: u32, values: &[Tensor]) -> Result<()>;
+}
+
+/// What a run may use beyond its own device. `Env::local()` has nothing.
+#[derive(Clone, Copy, Default)]
+pub struct Env<'a> {
+    /// The collectives, if the program runs as one replica of several.
+    pub collectives: Option<&'a dyn Collectives>,
+    /// The channels to other devices.
+    pub channels: Option<&'a dyn Channels>,
+    /// The host's consumers.
+    pub host: Option<&'a dyn HostSink>,
+}
+
+impl std::fmt::Debug for Env<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Env")
+            .field("collectives", &self.collectives.is_some())
+            .field("channels", &self.channels.is_some())
+            .field("host", &self.host.is_some())
+            .finish()
+    }
+}
+
+impl<'a> Env<'a> {
+    /// A device on its own: no collectives, channels or host.
+    pub fn local() -> Env<'static> {
+        Env { collectives: None, channels: None, host: None }
+    }
+
+    /// With these collectives.
+    pub fn with_collectives(mut self, c: &'a dyn Collectives) -> Env<'a> {
+        self.collectives = Some(c);
+        self
+    }
+
+    /// With these channels.
+    pub fn with_channels(mut self, c: &'a dyn Channels) -> Env<'a> {
+        self.channels = Some(c);
+        self
+    }
+
+    /// With this host sink.
+    pub fn with_host(mut self, h: &'a dyn HostSink) -> Env<'a> {
+        self.host = Some(h);
+        self
+    }
+}
+
+/// Runs one communicating instruction through `env`: `args` are its operands, `spec`
+/// its result's. Shared by both interpreters so they communicate identically.
+pub(crate) fn communicate(
+    env: &Env<'_>,
+    op: &crate::Op,
+    args: Vec<Tensor>,
+    spec: &TensorSpec,
+    at: &str,
+) -> Result<Tensor> {
+    use crate::Op;
+    let missing = |what: &str| Error::Runtime {
+        at: at.to_string(),
+        problem: format!(
+            "{} needs {what}, and this run has none (run it through a strategy's devices)",
+            op.name()
+        ),
+    };
+    let wrap = |e: Error| match e {
+        Error::Communication { .. } => e,
+        other => Error::Communication { at: at.to_string(), problem: other.to_string() },
+    };
+    let token = || Tensor::bool(&[], vec![true]);
+    let mut args = args.into_iter();
+    let mut first = || args.next().expect("inference checked the operand count");
+    let out = match op {
+        Op::AllReduce { op, groups } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            c.all_reduce(first(), *op, groups).map_err(wrap)?
+        }
+        Op::AllGather { axis, groups } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            c.all_gather(first(), *axis, groups).map_err(wrap)?
+        }
+        Op::ReduceScatter { op, axis, groups } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            c.reduce_scatter(first(), *op, *axis, groups).map_err(wrap)?
+        }
+        Op::AllToAll { split_axis, concat_axis, groups } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            c.all_to_all(first(), *split_axis, *concat_axis, groups).map_err(wrap)?
+        }
+        Op::CollectivePermute { pairs } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            c.collective_permute(first(), pairs).map_err(wrap)?
+        }
+        Op::Send { channel, peer } => {
+            let c = env.channels.ok_or_else(|| missing("channels"))?;
+            c.send(*channel, *peer, first()).map_err(wrap)?;
+            token()?
+        }
+        Op::Recv { channel, peer, .. } => {
+            let c = env.channels.ok_or_else(|| missing("channels"))?;
+            c.recv(*channel, *peer, spec).map_err(wrap)?
+        }
+        Op::Emit { consumer } => {
+            let h = env.host.ok_or_else(|| missing("a host sink"))?;
+            let values: Vec<Tensor> = args.collect();
+            h.emit(*consumer, &values).map_err(wrap)?;
+            token()?
+        }
+        other => unreachable!("{} does not communicate", other.name()),
+    };
+    if out.spec() != *spec {
+        return Err(Error::Communication {
+            at: at.to_string(),
+            problem: format!("the peer returned {}, the instruction makes {spec}", out.spec()),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether `op` runs through the [`Env`].
+pub(crate) fn communicates(op: &crate::Op) -> bool {
+    use crate::Op;
+    matches!(
+        op,
+        Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. }
+            | Op::Send { .. }
+            | Op::Recv { .. }
+            | Op::Emit { .. }
+    )
+}

@@ -1,0 +1,490 @@
+//! Elementwise fusion: chains of elementwise instructions (with their broadcasts,
+//! comparisons, selects and bool→float conversions) run as one pass over memory.
+//!
+//! A group iterates one shape. It loads each outside value once per element (through
+//! broadcast strides, so a bias of `[N]` added to `[B, N]` is read in place), runs a
+//! small register program over chunks that stay in L1, and writes only the members that
+//! something outside the group reads. A member's result never touches memory otherwise.
+
+use meshwork_types::DType;
+
+use super::float::Float;
+use crate::op::{Binary, Compare, Op, Unary};
+use crate::program::{Program, Value};
+use crate::tensor::Data;
+
+/// Elements per chunk: the registers of a chunk stay in L1.
+const CHUNK: usize = 512;
+/// Below this many elements a group runs on one thread.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// One instruction of a group's register program (operands are registers).
+#[derive(Debug, Clone)]
+pub(crate) enum Code {
+    Unary(Unary, usize),
+    Binary(Binary, usize, usize),
+    Compare(Compare, usize, usize),
+    Select(usize, usize, usize),
+    Mov(usize),
+}
+
+/// An outside value a group reads.
+#[derive(Debug, Clone)]
+pub(crate) struct Load {
+    pub value: Value,
+    /// Its element stride along each (collapsed) dim of the group.
+    pub strides: Vec<usize>,
+    /// A bool value, read as 0/1.
+    pub bool: bool,
+}
+
+/// A fused group of instructions.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    /// The computing type (f32 or f64).
+    pub dtype: DType,
+    /// The result shape of every member.
+    pub dims: Vec<usize>,
+    /// The group's iteration dims after merging dims every load walks alike.
+    pub collapsed: Vec<usize>,
+    /// Register `k < loads.len()` holds load `k`.
+    pub loads: Vec<Load>,
+    /// `code[k]` defines register `loads.len() + k`; `slot[r]` is where register `r`
+    /// lives.
+    pub code: Vec<Code>,
+    pub slot: Vec<usize>,
+    pub slots: usize,
+    /// Members written out: (register, value, bool).
+    pub outputs: Vec<(usize, Value, bool)>,
+    /// The instructions (indices into the program's instructions).
+    pub members: Vec<usize>,
+}
+
+/// The float dtype a fusible instruction computes in, or `None` if it is not fusible.
+fn fusible(program: &Program, i: usize) -> Option<DType> {
+    let instr = &program.instrs()[i];
+    let spec_of = |v: Value| program.spec(v).expect("a defined value");
+    let out = instr.spec.dtype;
+    match &instr.op {
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::BroadcastTo { .. } if out.is_float() => {
+            Some(out)
+        }
+        Op::Compare(_) if spec_of(instr.args[0]).dtype.is_float() => {
+            Some(spec_of(instr.args[0]).dtype)
+        }
+        Op::Convert { dtype } if dtype.is_float() => {
+            let from = spec_of(instr.args[0]).dtype;
+            (from == *dtype || from == DType::Bool).then_some(*dtype)
+        }
+        _ => None,
+    }
+}
+
+/// Groups the program's fusible instructions. A group runs where its last member
+/// stands; an instruction joins the open group all of its member operands are in (of
+/// its shape and computing type), and a group closes as soon as an instruction outside
+/// it reads one of its members, so running it late never starves a reader.
+pub(crate) fn plan(program: &Program) -> Vec<Group> {
+    let np = program.params().len();
+    let n = program.num_values();
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    let mut open: Vec<bool> = Vec::new();
+    let mut members: Vec<(DType, Vec<usize>, Vec<usize>)> = Vec::new();
+    for (i, instr) in program.instrs().iter().enumerate() {
+        let dims = instr.spec.shape.dims().to_vec();
+        let mine = fusible(program, i).map(|t| {
+            let mut gs: Vec<usize> = instr
+                .args
+                .iter()
+                .filter_map(|a| group_of[a.index()])
+                .filter(|&g| open[g])
+                .collect();
+            gs.sort_unstable();
+            gs.dedup();
+            match gs.as_slice() {
+                [g] if members[*g].0 == t && members[*g].1 == dims => {
+                    members[*g].2.push(i);
+                    *g
+                }
+                _ => {
+                    members.push((t, dims.clone(), vec![i]));
+                    open.push(true);
+                    members.len() - 1
+                }
+            }
+        });
+        for a in &instr.args {
+            if let Some(g) = group_of[a.index()]
+                && Some(g) != mine
+            {
+                open[g] = false;
+            }
+        }
+        group_of[np + i] = mine;
+    }
+    // Who reads each value from outside its group, or returns it.
+    let mut escapes = vec![false; n];
+    for r in program.results() {
+        escapes[r.index()] = true;
+    }
+    for (i, instr) in program.instrs().iter().enumerate() {
+        for a in &instr.args {
+            if group_of[a.index()].is_some() && group_of[a.index()] != group_of[np + i] {
+                escapes[a.index()] = true;
+            }
+        }
+    }
+    members
+        .into_iter()
+        .map(|(dtype, dims, members)| build(program, dtype, dims, members, &escapes))
+        .collect()
+}
+
+fn build(
+    program: &Program,
+    dtype: DType,
+    dims: Vec<usize>,
+    members: Vec<usize>,
+    escapes: &[bool],
+) -> Group {
+    let np = program.params().len();
+    let member_values: Vec<Value> = members.iter().map(|&i| Value((np + i) as u32)).collect();
+    let mut loads: Vec<Load> = Vec::new();
+    // Loads first (registers 0..L), then one register per member.
+    for &i in &members {
+        for &a in &program.instrs()[i].args {
+            if !member_values.contains(&a) && !loads.iter().any(|l| l.value == a) {
+                let spec = program.spec(a).expect("a defined value");
+                loads.push(Load {
+                    value: a,
+                    strides: broadcast_strides(spec.shape.dims(), &dims),
+                    bool: spec.dtype == DType::Bool,
+                });
+            }
+        }
+    }
+    let reg = |v: Value| -> usize {
+        loads.iter().position(|l| l.value == v).unwrap_or_else(|| {
+            loads.len() + member_values.iter().position(|&m| m == v).expect("a member")
+        })
+    };
+    let code: Vec<Code> = members
+        .iter()
+        .map(|&i| {
+            let instr = &program.instrs()[i];
+            let a = |k: usize| reg(instr.args[k]);
+            match &instr.op {
+                Op::Unary(Unary::StopGradient) => Code::Mov(a(0)),
+                Op::Unary(u) => Code::Unary(*u, a(0)),
+                Op::Binary(b) => Code::Binary(*b, a(0), a(1)),
+                Op::Compare(c) => Code::Compare(*c, a(0), a(1)),
+                Op::Select => Code::Select(a(0), a(1), a(2)),
+                Op::Convert { .. } | Op::BroadcastTo { .. } => Code::Mov(a(0)),
+                other => unreachable!("{} is not fusible", other.name()),
+            }
+        })
+        .collect();
+    let outputs: Vec<(usize, Value, bool)> = member_values
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| escapes[v.index()])
+        .map(|(k, &v)| {
+            (loads.len() + k, v, program.spec(v).expect("a member").dtype == DType::Bool)
+        })
+        .collect();
+    let (slot, slots) = allocate(loads.len(), &code, &outputs);
+    let (collapsed, loads) = collapse(&dims, loads);
+    Group { dtype, dims, collapsed, loads, code, slot, slots, outputs, members }
+}
+
+/// Element strides of a value of `from` dims read as broadcast (NumPy, right-aligned)
+/// to `to` dims: 0 along broadcast dims.
+pub(crate) fn broadcast_strides(from: &[usize], to: &[usize]) -> Vec<usize> {
+    let lead = to.len() - from.len();
+    let mut strides = vec![0usize; to.len()];
+    let mut s = 1usize;
+    for k in (0..from.len()).rev() {
+        if from[k] != 1 {
+            strides[lead + k] = s;
+        }
+        s *= from[k];
+    }
+    strides
+}
+
+/// Merges neighbouring dims that every load walks contiguously (or broadcasts along
+/// both), dropping size-1 dims: `[B, N]` plus a bias of `[N]` stays two dims, `[B, N]`
+/// plus `[B, N]` becomes one.
+fn collapse(dims: &[usize], mut loads: Vec<Load>) -> (Vec<usize>, Vec<Load>) {
+    let keep: Vec<usize> = (0..dims.len()).filter(|&d| dims[d] != 1).collect();
+    let mut out: Vec<usize> = Vec::new();
+    let mut strides: Vec<Vec<usize>> = vec![Vec::new(); loads.len()];
+    for &d in &keep {
+        let merge = !out.is_empty()
+            && loads.iter().enumerate().all(|(k, l)| {
+                let last = *strides[k].last().expect("a dim");
+                last == l.strides[d] * dims[d]
+            });
+        if merge {
+            *out.last_mut().expect("a dim") *= dims[d];
+            for (k, l) in loads.iter().enumerate() {
+                *strides[k].last_mut().expect("a dim") = l.strides[d];
+            }
+        } else {
+            out.push(dims[d]);
+            for (k, l) in loads.iter().enumerate() {
+                strides[k].push(l.strides[d]);
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(1);
+        strides.iter_mut().for_each(|s| s.push(0));
+    }
+    for (l, s) in loads.iter_mut().zip(strides) {
+        l.strides = s;
+    }
+    (out, loads)
+}
+
+/// Assigns registers to slots: a slot is reused once its register's last reader has
+/// run (a code's result never shares its operands' slots).
+fn allocate(nloads: usize, code: &[Code], outputs: &[(usize, Value, bool)]) -> (Vec<usize>, usize) {
+    let nregs = nloads + code.len();
+    let mut last: Vec<Option<usize>> = vec![None; nregs];
+    for (k, c) in code.iter().enumerate() {
+        for r in operands(c) {
+            last[r] = Some(k);
+        }
+    }
+    for &(r, _, _) in outputs {
+        last[r] = Some(usize::MAX);
+    }
+    let mut slot = vec![0usize; nregs];
+    let mut freed = vec![false; nregs];
+    let mut free: Vec<usize> = Vec::new();
+    let mut slots = 0usize;
+    let mut take = |free: &mut Vec<usize>| {
+        free.pop().unwrap_or_else(|| {
+            slots += 1;
+            slots - 1
+        })
+    };
+    for s in slot.iter_mut().take(nloads) {
+        *s = take(&mut free);
+    }
+    for (k, c) in code.iter().enumerate() {
+        let me = nloads + k;
+        slot[me] = take(&mut free);
+        for r in operands(c) {
+            if last[r] == Some(k) && !freed[r] {
+                freed[r] = true;
+                free.push(slot[r]);
+            }
+        }
+        // A result nobody reads is dead at once.
+        if last[me].is_none() {
+            freed[me] = true;
+            free.push(slot[me]);
+        }
+    }
+    (slot, slots)
+}
+
+fn operands(c: &Code) -> Vec<usize> {
+    match *c {
+        Code::Unary(_, a) | Code::Mov(a) => vec![a],
+        Code::Binary(_, a, b) | Code::Compare(_, a, b) => vec![a, b],
+        Code::Select(p, t, f) => vec![p, t, f],
+    }
+}
+
+/// Where a group's results go: one buffer per output, split into per-thread parts.
+enum Out<'a, T> {
+    Float(&'a mut [T]),
+    Bool(&'a mut [bool]),
+}
+
+/// Runs `group` of computing type `T`: `inputs[k]` is load `k`'s data; returns the
+/// outputs' data in `group.outputs` order. `alloc` hands out buffers.
+pub(crate) fn run<T: Float>(
+    group: &Group,
+    inputs: &[&Data],
+    threads: usize,
+    alloc: &mut dyn FnMut(DType, usize) -> Data,
+) -> Vec<Data> {
+    let total: usize = group.dims.iter().product();
+    let mut outs: Vec<Data> = group
+        .outputs
+        .iter()
+        .map(|&(_, _, b)| alloc(if b { DType::Bool } else { group.dtype }, total))
+        .collect();
+    if total == 0 {
+        return outs;
+    }
+    let parts = if total >= PARALLEL_MIN { threads.clamp(1, total / CHUNK + 1) } else { 1 };
+    // Split every output into the same `parts` ranges.
+    let bounds: Vec<usize> = (0..=parts).map(|p| total * p / parts).collect();
+    let mut per_part: Vec<Vec<Out<'_, T>>> = (0..parts).map(|_| Vec::new()).collect();
+    for d in outs.iter_mut() {
+        match d {
+            Data::Bool(v) => {
+                let mut rest: &mut [bool] = v;
+                for (p, part) in per_part.iter_mut().enumerate() {
+                    let (head, tail) = rest.split_at_mut(bounds[p + 1] - bounds[p]);
+                    part.push(Out::Bool(head));
+                    rest = tail;
+                }
+            }
+            other => {
+                let mut rest: &mut [T] = T::slice_mut(other);
+                for (p, part) in per_part.iter_mut().enumerate() {
+                    let (head, tail) = rest.split_at_mut(bounds[p + 1] - bounds[p]);
+                    part.push(Out::Float(head));
+                    rest = tail;
+                }
+            }
+        }
+    }
+    if parts == 1 {
+        let part = per_part.pop().expect("one part");
+        run_range(group, inputs, 0, total, part);
+    } else {
+        rayon::scope(|s| {
+            for (p, part) in per_part.into_iter().enumerate() {
+                let (start, end) = (bounds[p], bounds[p + 1]);
+                s.spawn(move |_| run_range(group, inputs, start, end, part));
+            }
+        });
+    }
+    outs
+}
+
+/// Computes elements `start..end` (row-major over the group's dims) into `outs`.
+fn run_range<T: Float>(
+    group: &Group,
+    inputs: &[&Data],
+    start: usize,
+    end: usize,
+    mut outs: Vec<Out<'_, T>>,
+) {
+    let dims = &group.collapsed;
+    let r = dims.len();
+    let inner = dims[r - 1];
+    let mut regs: Vec<Vec<T>> = (0..group.slots).map(|_| vec![T::ZERO; CHUNK]).collect();
+    let mut pos = start;
+    while pos < end {
+        let row = pos / inner;
+        let j = pos % inner;
+        let n = CHUNK.min(inner - j).min(end - pos);
+        // Each load's first element of this chunk.
+        for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
+            let mut off = j * load.strides[r - 1];
+            let mut rest = row;
+            for d in (0..r - 1).rev() {
+                off += (rest % dims[d]) * load.strides[d];
+                rest /= dims[d];
+            }
+            let s = load.strides[r - 1];
+            let dst = &mut regs[group.slot[k]][..n];
+            if load.bool {
+                let Data::Bool(v) = src else { unreachable!("a bool load") };
+                for (e, o) in dst.iter_mut().enumerate() {
+                    *o = if v[off + e * s] { T::ONE } else { T::ZERO };
+                }
+            } else {
+                let v = T::slice(src);
+                match s {
+                    0 => dst.fill(v[off]),
+                    1 => dst.copy_from_slice(&v[off..off + n]),
+                    _ => dst.iter_mut().enumerate().for_each(|(e, o)| *o = v[off + e * s]),
+                }
+            }
+        }
+        let nl = group.loads.len();
+        for (k, c) in group.code.iter().enumerate() {
+            let d = group.slot[nl + k];
+            let mut out = std::mem::take(&mut regs[d]);
+            eval(c, &regs, &group.slot, &mut out[..n]);
+            regs[d] = out;
+        }
+        let off = pos - start;
+        for (o, &(reg, _, _)) in outs.iter_mut().zip(&group.outputs) {
+            let src = &regs[group.slot[reg]][..n];
+            match o {
+                Out::Float(v) => v[off..off + n].copy_from_slice(src),
+                Out::Bool(v) => {
+                    v[off..off + n].iter_mut().zip(src).for_each(|(b, &x)| *b = x != T::ZERO)
+                }
+            }
+        }
+        pos += n;
+    }
+}
+
+/// One register instruction over a chunk.
+#[inline]
+fn eval<T: Float>(c: &Code, regs: &[Vec<T>], slot: &[usize], out: &mut [T]) {
+    let n = out.len();
+    let r = |k: usize| &regs[slot[k]][..n];
+    macro_rules! map1 {
+        ($a:expr, |$x:ident| $e:expr) => {
+            for (o, &$x) in out.iter_mut().zip(r($a)) {
+                *o = $e;
+            }
+        };
+    }
+    macro_rules! map2 {
+        ($a:expr, $b:expr, |$x:ident, $y:ident| $e:expr) => {
+            for ((o, &$x), &$y) in out.iter_mut().zip(r($a)).zip(r($b)) {
+                *o = $e;
+            }
+        };
+    }
+    let bool_of = |b: bool| if b { T::ONE } else { T::ZERO };
+    match *c {
+        Code::Mov(a) => out.copy_from_slice(r(a)),
+        Code::Unary(u, a) => match u {
+            Unary::Neg => map1!(a, |x| -x),
+            Unary::Exp => map1!(a, |x| x.exp()),
+            Unary::Log => map1!(a, |x| x.ln()),
+            Unary::Tanh => map1!(a, |x| x.tanh()),
+            Unary::Logistic => map1!(a, |x| T::ONE / (T::ONE + (-x).exp())),
+            Unary::Sqrt => map1!(a, |x| x.sqrt()),
+            Unary::Rsqrt => map1!(a, |x| T::ONE / x.sqrt()),
+            Unary::Abs => map1!(a, |x| x.abs()),
+            Unary::Square => map1!(a, |x| x * x),
+            Unary::Relu => map1!(a, |x| if x > T::ZERO || x.is_nan() { x } else { T::ZERO }),
+            Unary::Gelu => {
+                let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+                let (half, k) = (T::from_f64(0.5), T::from_f64(0.044715));
+                map1!(a, |x| half * x * (T::ONE + (c * (x + k * x * x * x)).tanh()))
+            }
+            Unary::Sin => map1!(a, |x| x.sin()),
+            Unary::Cos => map1!(a, |x| x.cos()),
+            Unary::StopGradient => out.copy_from_slice(r(a)),
+        },
+        Code::Binary(b, a1, a2) => match b {
+            Binary::Add => map2!(a1, a2, |x, y| x + y),
+            Binary::Sub => map2!(a1, a2, |x, y| x - y),
+            Binary::Mul => map2!(a1, a2, |x, y| x * y),
+            Binary::Div => map2!(a1, a2, |x, y| x / y),
+            Binary::Max => map2!(a1, a2, |x, y| x.max_nan(y)),
+            Binary::Min => map2!(a1, a2, |x, y| x.min_nan(y)),
+            Binary::Pow => map2!(a1, a2, |x, y| x.powf(y)),
+        },
+        Code::Compare(cmp, a1, a2) => match cmp {
+            Compare::Lt => map2!(a1, a2, |x, y| bool_of(x < y)),
+            Compare::Le => map2!(a1, a2, |x, y| bool_of(x <= y)),
+            Compare::Gt => map2!(a1, a2, |x, y| bool_of(x > y)),
+            Compare::Ge => map2!(a1, a2, |x, y| bool_of(x >= y)),
+            Compare::Eq => map2!(a1, a2, |x, y| bool_of(x == y)),
+            Compare::Ne => map2!(a1, a2, |x, y| bool_of(x != y)),
+        },
+        Code::Select(p, t, f) => {
+            for (((o, &c), &x), &y) in out.iter_mut().zip(r(p)).zip(r(t)).zip(r(f)) {
+                *o = if c != T::ZERO { x } else { y };
+            }
+        }
+    }
+}

@@ -1,0 +1,674 @@
+//! The fast interpreter's kernels: layout copies for every dtype, and the float
+//! kernels (GEMM-backed `dot_general` and convolutions, reductions, softmax, gathers
+//! and scatters).
+//!
+//! The one `unsafe` block is the call into `gemm`, which takes raw pointers and
+//! strides; its bounds are checked just before it.
+
+#![allow(unsafe_code)]
+
+use meshwork_types::DType;
+
+use super::float::Float;
+use crate::op::{Padding, Reduction};
+use crate::tensor::Data;
+use crate::{Error, Result};
+
+/// Hands out buffers (from the executable's pool or fresh).
+pub(crate) trait Alloc {
+    /// A buffer of `len` elements of `dtype`, contents unspecified.
+    fn alloc(&mut self, dtype: DType, len: usize) -> Data;
+    /// The thread budget.
+    fn threads(&self) -> usize;
+}
+
+fn runtime(at: &str, problem: String) -> Error {
+    Error::Runtime { at: at.to_string(), problem }
+}
+
+/// Row-major strides of `dims`.
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; dims.len()];
+    for k in (0..dims.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * dims[k + 1];
+    }
+    s
+}
+
+/// `out[i] = src[offset + Σ_d i_d · strides_d]` for every index `i` of `dims`, row-major.
+pub(crate) fn gather<T: Copy>(
+    src: &[T],
+    offset: usize,
+    strides: &[usize],
+    dims: &[usize],
+    out: &mut [T],
+) {
+    if dims.is_empty() {
+        out[0] = src[offset];
+        return;
+    }
+    if dims.contains(&0) {
+        return;
+    }
+    let r = dims.len();
+    let (inner, s) = (dims[r - 1], strides[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut pos = 0usize;
+    loop {
+        let base = offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
+        let dst = &mut out[pos..pos + inner];
+        match s {
+            1 => dst.copy_from_slice(&src[base..base + inner]),
+            0 => dst.fill(src[base]),
+            _ => dst.iter_mut().enumerate().for_each(|(e, o)| *o = src[base + e * s]),
+        }
+        pos += inner;
+        let mut k = r - 1;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < dims[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+/// Applies `$body` (an expression over `$v: &[T]` making `Vec<T>`-shaped output through
+/// `$out`) for the dtype of `$data`.
+macro_rules! per_dtype {
+    ($alloc:expr, $data:expr, $len:expr, |$v:ident, $out:ident| $body:expr) => {{
+        let len = $len;
+        match $data {
+            Data::F32($v) => {
+                let mut d = $alloc.alloc(DType::F32, len);
+                let Data::F32($out) = &mut d else { unreachable!() };
+                $body;
+                d
+            }
+            Data::F64($v) => {
+                let mut d = $alloc.alloc(DType::F64, len);
+                let Data::F64($out) = &mut d else { unreachable!() };
+                $body;
+                d
+            }
+            Data::I32($v) => {
+                let mut d = $alloc.alloc(DType::I32, len);
+                let Data::I32($out) = &mut d else { unreachable!() };
+                $body;
+                d
+            }
+            Data::I64($v) => {
+                let mut d = $alloc.alloc(DType::I64, len);
+                let Data::I64($out) = &mut d else { unreachable!() };
+                $body;
+                d
+            }
+            Data::Bool($v) => {
+                let mut d = $alloc.alloc(DType::Bool, len);
+                let Data::Bool($out) = &mut d else { unreachable!() };
+                $body;
+                d
+            }
+        }
+    }};
+}
+
+/// A strided view copied out (transpose, broadcast, slice), any dtype.
+pub(crate) fn view(
+    a: &mut dyn Alloc,
+    x: &Data,
+    offset: usize,
+    strides: &[usize],
+    dims: &[usize],
+) -> Data {
+    let len = dims.iter().product();
+    per_dtype!(a, x, len, |v, out| gather(v, offset, strides, dims, out))
+}
+
+/// Concatenation along `axis` of operands of `dims`, any dtype.
+pub(crate) fn concat(
+    a: &mut dyn Alloc,
+    args: &[(&[usize], &Data)],
+    axis: usize,
+    dims: &[usize],
+) -> Data {
+    fn go<T: Copy>(parts: &[(usize, &[T])], outer: usize, out: &mut [T]) {
+        let mut pos = 0usize;
+        for o in 0..outer {
+            for &(block, v) in parts {
+                out[pos..pos + block].copy_from_slice(&v[o * block..(o + 1) * block]);
+                pos += block;
+            }
+        }
+    }
+    let outer: usize = dims[..axis].iter().product();
+    let inner: usize = dims[axis + 1..].iter().product();
+    let len = dims.iter().product();
+    macro_rules! parts {
+        ($variant:ident) => {
+            args.iter()
+                .map(|(d, data)| match data {
+                    Data::$variant(v) => (d[axis] * inner, v.as_slice()),
+                    _ => unreachable!("inference checked one dtype"),
+                })
+                .collect::<Vec<_>>()
+        };
+    }
+    let mut d = a.alloc(args[0].1.dtype(), len);
+    match &mut d {
+        Data::F32(out) => go(&parts!(F32), outer, out),
+        Data::F64(out) => go(&parts!(F64), outer, out),
+        Data::I32(out) => go(&parts!(I32), outer, out),
+        Data::I64(out) => go(&parts!(I64), outer, out),
+        Data::Bool(out) => go(&parts!(Bool), outer, out),
+    }
+    d
+}
+
+/// Integer indices as i64.
+fn indices(d: &Data) -> Vec<i64> {
+    match d {
+        Data::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        Data::I64(v) => v.clone(),
+        other => unreachable!("inference checked integer indices, not {}", other.dtype()),
+    }
+}
+
+/// Checked rows of `indices` along an axis of `n`.
+fn rows(idx: &Data, n: usize, axis: usize, what: &str, at: &str) -> Result<Vec<usize>> {
+    indices(idx)
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i).ok().filter(|&r| r < n).ok_or_else(|| {
+                runtime(at, format!("index {i} is outside 0..{n} of the {what}'s axis {axis}"))
+            })
+        })
+        .collect()
+}
+
+/// `take(table, indices, axis)`, any table dtype; an index outside the axis is an
+/// error naming the instruction.
+pub(crate) fn take(
+    a: &mut dyn Alloc,
+    table: (&[usize], &Data),
+    idx: &Data,
+    axis: usize,
+    at: &str,
+) -> Result<Data> {
+    let (td, tv) = table;
+    let (before, n, after) = split(td, axis);
+    let rows = rows(idx, n, axis, "table", at)?;
+    let len = before * rows.len() * after;
+    Ok(per_dtype!(a, tv, len, |v, out| {
+        let mut pos = 0usize;
+        for b in 0..before {
+            for &r in &rows {
+                let src = (b * n + r) * after;
+                out[pos..pos + after].copy_from_slice(&v[src..src + after]);
+                pos += after;
+            }
+        }
+    }))
+}
+
+/// `scatter_add(operand, indices, updates, axis)` of floats.
+pub(crate) fn scatter_add<T: Float>(
+    a: &mut dyn Alloc,
+    x: (&[usize], &[T]),
+    idx: &Data,
+    upd: &[T],
+    axis: usize,
+    at: &str,
+) -> Result<Data> {
+    let (xd, xv) = x;
+    let (before, n, after) = split(xd, axis);
+    let rows = rows(idx, n, axis, "operand", at)?;
+    let mut d = a.alloc(dtype_of::<T>(), xv.len());
+    let out = T::slice_mut(&mut d);
+    out.copy_from_slice(xv);
+    let mut pos = 0usize;
+    for b in 0..before {
+        for &r in &rows {
+            let dst = (b * n + r) * after;
+            for (o, &u) in out[dst..dst + after].iter_mut().zip(&upd[pos..pos + after]) {
+                *o += u;
+            }
+            pos += after;
+        }
+    }
+    Ok(d)
+}
+
+/// One-hot rows of `depth` of type `T`; indices outside `0..depth` give zeros.
+pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Data, depth: usize) -> Data {
+    let idx = indices(idx);
+    let mut d = a.alloc(dtype_of::<T>(), idx.len() * depth);
+    let out = T::slice_mut(&mut d);
+    out.fill(T::ZERO);
+    for (k, &i) in idx.iter().enumerate() {
+        if let Some(c) = usize::try_from(i).ok().filter(|&c| c < depth) {
+            out[k * depth + c] = T::ONE;
+        }
+    }
+    d
+}
+
+pub(crate) fn dtype_of<T: Float>() -> DType {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        DType::F32
+    } else {
+        DType::F64
+    }
+}
+
+/// `(product of dims before axis, dims[axis], product of dims after)`.
+pub(crate) fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+}
+
+/// A sum of a contiguous run, eight lanes at a time (vectorizes; pairs rounding
+/// errors as a tree would).
+fn sum<T: Float>(v: &[T]) -> T {
+    let mut lanes = [T::ZERO; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    let mut s = T::ZERO;
+    for &x in chunks.remainder() {
+        s += x;
+    }
+    let l = lanes;
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])) + s
+}
+
+fn max<T: Float>(v: &[T]) -> T {
+    v.iter().fold(T::NEG_INFINITY, |m, &x| m.max_nan(x))
+}
+
+/// A reduction over sorted `axes` of a float tensor of `dims`.
+pub(crate) fn reduce<T: Float>(
+    a: &mut dyn Alloc,
+    x: &[T],
+    dims: &[usize],
+    axes: &[usize],
+    kind: Reduction,
+) -> Data {
+    let r = dims.len();
+    let count: usize = axes.iter().map(|&d| dims[d]).product();
+    let kept: usize = (0..r).filter(|d| !axes.contains(d)).map(|d| dims[d]).product();
+    let mut d = a.alloc(dtype_of::<T>(), kept);
+    let out = T::slice_mut(&mut d);
+    let is_prefix = axes.iter().enumerate().all(|(k, &ax)| k == ax);
+    let is_suffix = axes.iter().rev().enumerate().all(|(k, &ax)| ax == r - 1 - k);
+    if count == 0 {
+        // A reduction of nothing: its identity (a mean of nothing is 0/0, NaN).
+        out.fill(if kind == Reduction::Max { T::NEG_INFINITY } else { T::ZERO });
+    } else if is_suffix {
+        for (o, row) in out.iter_mut().zip(x.chunks(count)) {
+            *o = if kind == Reduction::Max { max(row) } else { sum(row) };
+        }
+    } else if is_prefix {
+        out.fill(if kind == Reduction::Max { T::NEG_INFINITY } else { T::ZERO });
+        for row in x.chunks_exact(kept.max(1)).take(count) {
+            if kind == Reduction::Max {
+                out.iter_mut().zip(row).for_each(|(o, &e)| *o = o.max_nan(e));
+            } else {
+                out.iter_mut().zip(row).for_each(|(o, &e)| *o += e);
+            }
+        }
+    } else {
+        // Reduced axes last, then rows.
+        let order: Vec<usize> =
+            (0..r).filter(|d| !axes.contains(d)).chain(axes.iter().copied()).collect();
+        let xs = strides(dims);
+        let pd: Vec<usize> = order.iter().map(|&d| dims[d]).collect();
+        let ps: Vec<usize> = order.iter().map(|&d| xs[d]).collect();
+        let mut t = vec![T::ZERO; x.len()];
+        gather(x, 0, &ps, &pd, &mut t);
+        for (o, row) in out.iter_mut().zip(t.chunks(count)) {
+            *o = if kind == Reduction::Max { max(row) } else { sum(row) };
+        }
+    }
+    if kind == Reduction::Mean {
+        let c = T::from_usize(count);
+        out.iter_mut().for_each(|o| *o = *o / c);
+    }
+    d
+}
+
+/// The larger, ignoring NaN (the reference's `f64::max`).
+fn fmax<T: Float>(m: T, x: T) -> T {
+    if m.is_nan() || x > m { x } else { m }
+}
+
+/// Softmax or log-softmax along `axis`.
+pub(crate) fn softmax<T: Float>(
+    a: &mut dyn Alloc,
+    x: &[T],
+    dims: &[usize],
+    axis: usize,
+    log: bool,
+) -> Data {
+    let (outer, n, inner) = split(dims, axis);
+    let mut d = a.alloc(dtype_of::<T>(), x.len());
+    let out = T::slice_mut(&mut d);
+    if inner == 1 {
+        for (row, o) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
+            let m = row.iter().fold(T::NEG_INFINITY, |m, &e| fmax(m, e));
+            if log {
+                let s = row.iter().fold(T::ZERO, |s, &e| s + (e - m).exp()).ln();
+                o.iter_mut().zip(row).for_each(|(o, &e)| *o = e - m - s);
+            } else {
+                o.iter_mut().zip(row).for_each(|(o, &e)| *o = (e - m).exp());
+                let s = o.iter().fold(T::ZERO, |s, &e| s + e);
+                o.iter_mut().for_each(|o| *o = *o / s);
+            }
+        }
+        return d;
+    }
+    for b in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| (b * n + k) * inner + i;
+            let m = (0..n).fold(T::NEG_INFINITY, |m, k| fmax(m, x[at(k)]));
+            let s = (0..n).fold(T::ZERO, |s, k| s + (x[at(k)] - m).exp());
+            for k in 0..n {
+                out[at(k)] = if log { x[at(k)] - m - s.ln() } else { (x[at(k)] - m).exp() / s };
+            }
+        }
+    }
+    d
+}
+
+/// A matrix operand of a batched product: element `(b, i, j)` at
+/// `b·batch + i·row + j·col`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub batch: usize,
+    pub row: usize,
+    pub col: usize,
+}
+
+/// `out[b] = lhs[b] · rhs[b]` for `b < batches`, lhs `m × k`, rhs `k × n`, out
+/// row-major contiguous `batches × m × n`, through the `gemm` crate.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<T: Float>(
+    batches: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Mat<'_, T>,
+    rhs: Mat<'_, T>,
+    out: &mut [T],
+    threads: usize,
+) {
+    assert_eq!(out.len(), batches * m * n, "the product's buffer");
+    if batches == 0 || m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out.fill(T::ZERO);
+        return;
+    }
+    // The last element each operand's strides reach must be inside its buffer: the
+    // safety argument of the raw-pointer call below.
+    let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
+        (batches - 1) * x.batch + (rows - 1) * x.row + (cols - 1) * x.col
+    };
+    assert!(last(&lhs, m, k) < lhs.data.len(), "lhs strides outside its buffer");
+    assert!(last(&rhs, k, n) < rhs.data.len(), "rhs strides outside its buffer");
+    let par = if threads > 1 && m * n * k >= 64 * 64 * 64 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let as_isize = |x: usize| isize::try_from(x).expect("a stride inside a buffer fits isize");
+    for b in 0..batches {
+        let dst = &mut out[b * m * n..(b + 1) * m * n];
+        // SAFETY: `dst` is an exclusive m×n row-major block (row stride n, column stride
+        // 1). The lhs reads `b·batch + i·row + j·col` for i < m, j < k and the rhs
+        // `b·batch + i·row + j·col` for i < k, j < n; the largest of these was checked
+        // above to be inside each operand's slice, and the slices are borrowed (so live
+        // and unaliased by `dst`) for the call. With `read_dst` false, `dst` is written,
+        // never read, so its prior contents (a pooled buffer) do not matter.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                as_isize(n),
+                false,
+                lhs.data.as_ptr().add(b * lhs.batch),
+                as_isize(lhs.col),
+                as_isize(lhs.row),
+                rhs.data.as_ptr().add(b * rhs.batch),
+                as_isize(rhs.col),
+                as_isize(rhs.row),
+                T::ZERO,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+}
+
+/// The stride that walks `group` (dims of `dims` with `strides`, in order) as one
+/// merged dim, if it can: each dim's stride is the next one's times its size (size-1
+/// dims skipped).
+fn merged(dims: &[usize], strides: &[usize], group: &[usize]) -> Option<usize> {
+    let g: Vec<usize> = group.iter().copied().filter(|&d| dims[d] != 1).collect();
+    if g.is_empty() {
+        return Some(0);
+    }
+    for w in g.windows(2) {
+        if strides[w[0]] != strides[w[1]] * dims[w[1]] {
+            return None;
+        }
+    }
+    Some(strides[*g.last().expect("not empty")])
+}
+
+/// An operand of `dot_general` as three merged dims (batch, then the two the product
+/// walks), copied into that order when its layout does not allow walking them in
+/// place. Returns the (possibly copied) data and the three strides.
+fn as_matrix<'a, T: Float>(
+    x: &'a [T],
+    dims: &[usize],
+    groups: [&[usize]; 3],
+    copy: &'a mut Vec<T>,
+) -> Mat<'a, T> {
+    let s = strides(dims);
+    let found: Option<Vec<usize>> = groups.iter().map(|g| merged(dims, &s, g)).collect();
+    if let Some(st) = found {
+        return Mat { data: x, batch: st[0], row: st[1], col: st[2] };
+    }
+    let order: Vec<usize> = groups.iter().flat_map(|g| g.iter().copied()).collect();
+    let pd: Vec<usize> = order.iter().map(|&d| dims[d]).collect();
+    let ps: Vec<usize> = order.iter().map(|&d| s[d]).collect();
+    copy.resize(x.len(), T::ZERO);
+    gather(x, 0, &ps, &pd, copy);
+    let size = |g: &[usize]| g.iter().map(|&d| dims[d]).product::<usize>();
+    let (r, c) = (size(groups[1]), size(groups[2]));
+    Mat { data: copy, batch: r * c, row: c, col: 1 }
+}
+
+/// XLA's `dot_general` of float operands.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dot_general<T: Float>(
+    a: &mut dyn Alloc,
+    lhs: (&[usize], &[T]),
+    rhs: (&[usize], &[T]),
+    lhs_contract: &[usize],
+    rhs_contract: &[usize],
+    lhs_batch: &[usize],
+    rhs_batch: &[usize],
+) -> Data {
+    let (ld, lv) = lhs;
+    let (rd, rv) = rhs;
+    let lfree: Vec<usize> =
+        (0..ld.len()).filter(|d| !lhs_contract.contains(d) && !lhs_batch.contains(d)).collect();
+    let rfree: Vec<usize> =
+        (0..rd.len()).filter(|d| !rhs_contract.contains(d) && !rhs_batch.contains(d)).collect();
+    let size = |dims: &[usize], g: &[usize]| g.iter().map(|&d| dims[d]).product::<usize>();
+    let (b, m, k, n) =
+        (size(ld, lhs_batch), size(ld, &lfree), size(ld, lhs_contract), size(rd, &rfree));
+    let (mut lc, mut rc) = (Vec::new(), Vec::new());
+    let l = as_matrix(lv, ld, [lhs_batch, &lfree, lhs_contract], &mut lc);
+    let r = as_matrix(rv, rd, [rhs_batch, rhs_contract, &rfree], &mut rc);
+    let threads = a.threads();
+    let mut d = a.alloc(dtype_of::<T>(), b * m * n);
+    gemm(b, m, n, k, l, r, T::slice_mut(&mut d), threads);
+    d
+}
+
+/// Input padding before the first row and column of a convolution (TF's SAME split,
+/// the smaller half before).
+fn conv_pads(
+    x: [usize; 4],
+    kh: usize,
+    kw: usize,
+    ho: usize,
+    wo: usize,
+    st: [usize; 2],
+    padding: Padding,
+) -> (usize, usize) {
+    let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
+        Padding::Valid => 0,
+        Padding::Same => ((out.max(1) - 1) * s + k).saturating_sub(size) / 2,
+    };
+    (pad(x[1], kh, st[0], ho), pad(x[2], kw, st[1], wo))
+}
+
+/// The geometry of one convolution: input NHWC, filter HWIO, output NHWC.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Conv {
+    pub x: [usize; 4],
+    pub w: [usize; 4],
+    pub out: [usize; 4],
+    pub strides: [usize; 2],
+    pub padding: Padding,
+}
+
+impl Conv {
+    /// Rows (`N·Ho·Wo`) and columns (`KH·KW·C`) of the patch matrix, its size checked.
+    fn patches(&self, at: &str) -> Result<(usize, usize)> {
+        let rows = self.out[0] * self.out[1] * self.out[2];
+        let cols = self.w[0] * self.w[1] * self.w[2];
+        rows.checked_mul(cols)
+            .ok_or_else(|| runtime(at, format!("the patch matrix of {rows} x {cols} overflows")))?;
+        Ok((rows, cols))
+    }
+
+    /// For each patch-matrix element, `f(row·cols + col, input index)` where it is not
+    /// padding.
+    fn walk(&self, mut f: impl FnMut(usize, usize)) {
+        let [n, h, wd, c] = self.x;
+        let [kh, kw, _, _] = self.w;
+        let [_, ho, wo, _] = self.out;
+        let (ph, pw) = conv_pads(self.x, kh, kw, ho, wo, self.strides, self.padding);
+        let cols = kh * kw * c;
+        for b in 0..n {
+            for i in 0..ho {
+                for j in 0..wo {
+                    let row = ((b * ho + i) * wo + j) * cols;
+                    for di in 0..kh {
+                        let y = i * self.strides[0] + di;
+                        if y < ph || y - ph >= h {
+                            continue;
+                        }
+                        for dj in 0..kw {
+                            let xx = j * self.strides[1] + dj;
+                            if xx < pw || xx - pw >= wd {
+                                continue;
+                            }
+                            let src = ((b * h + y - ph) * wd + xx - pw) * c;
+                            let dst = row + (di * kw + dj) * c;
+                            for ch in 0..c {
+                                f(dst + ch, src + ch);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn im2col<T: Float>(&self, x: &[T], at: &str) -> Result<Vec<T>> {
+        let (rows, cols) = self.patches(at)?;
+        let mut p = vec![T::ZERO; rows * cols];
+        self.walk(|pi, xi| p[pi] = x[xi]);
+        Ok(p)
+    }
+
+    /// `conv2d(x, w)`.
+    pub(crate) fn forward<T: Float>(
+        &self,
+        a: &mut dyn Alloc,
+        x: &[T],
+        w: &[T],
+        at: &str,
+    ) -> Result<Data> {
+        let (rows, cols) = self.patches(at)?;
+        let p = self.im2col(x, at)?;
+        let o = self.w[3];
+        let threads = a.threads();
+        let mut d = a.alloc(dtype_of::<T>(), rows * o);
+        let lhs = Mat { data: &p, batch: 0, row: cols, col: 1 };
+        let rhs = Mat { data: w, batch: 0, row: o, col: 1 };
+        gemm(1, rows, o, cols, lhs, rhs, T::slice_mut(&mut d), threads);
+        Ok(d)
+    }
+
+    /// The gradient with respect to the input: `g · wᵀ` scattered back from patches.
+    pub(crate) fn backprop_input<T: Float>(
+        &self,
+        a: &mut dyn Alloc,
+        g: &[T],
+        w: &[T],
+        at: &str,
+    ) -> Result<Data> {
+        let (rows, cols) = self.patches(at)?;
+        let o = self.w[3];
+        let mut dp = vec![T::ZERO; rows * cols];
+        let lhs = Mat { data: g, batch: 0, row: o, col: 1 };
+        let rhs = Mat { data: w, batch: 0, row: 1, col: o };
+        gemm(1, rows, cols, o, lhs, rhs, &mut dp, a.threads());
+        let mut d = a.alloc(dtype_of::<T>(), self.x.iter().product());
+        let dx = T::slice_mut(&mut d);
+        dx.fill(T::ZERO);
+        self.walk(|pi, xi| dx[xi] += dp[pi]);
+        Ok(d)
+    }
+
+    /// The gradient with respect to the filter: `patchesᵀ · g`.
+    pub(crate) fn backprop_filter<T: Float>(
+        &self,
+        a: &mut dyn Alloc,
+        x: &[T],
+        g: &[T],
+        at: &str,
+    ) -> Result<Data> {
+        let (rows, cols) = self.patches(at)?;
+        let p = self.im2col(x, at)?;
+        let o = self.w[3];
+        let threads = a.threads();
+        let mut d = a.alloc(dtype_of::<T>(), cols * o);
+        let lhs = Mat { data: &p, batch: 0, row: 1, col: cols };
+        let rhs = Mat { data: g, batch: 0, row: o, col: 1 };
+        gemm(1, cols, o, rows, lhs, rhs, T::slice_mut(&mut d), threads);
+        Ok(d)
+    }
+}

@@ -1,0 +1,472 @@
+//! The fast interpreter: a program compiled once into a plan of fused elementwise
+//! groups and GEMM-backed kernels, run many times.
+//!
+//! - **Matrix products** (`dot_general`, and `conv2d` and its gradients through
+//!   im2col) go through the [`gemm`](https://docs.rs/gemm) crate, reading transposed
+//!   operands in place through strides. Chosen by measurement on this project's 2-core
+//!   AVX2 machines (f32, n³, GFLOP/s, medians): `gemm` with 2 threads 140–183 at 256,
+//!   183 at 512, 160–179 at 1024; `matrixmultiply` with its threads 76–125, 160, 159;
+//!   JAX's `jnp.dot` in the same sitting 68–91, 90–177, 172. OpenBLAS (a system
+//!   library, through ndarray's `blas` feature) was not needed to reach JAX.
+//! - **Elementwise chains** (unary, binary, comparisons, selects, bool→float converts
+//!   and broadcasts) are fused into groups that make one pass over memory in L1-sized
+//!   chunks, reading broadcast operands in place; only values read outside a group are
+//!   written.
+//! - **Buffers** are freed after their last use into a pool the next allocations (of
+//!   this run and later runs) take from; [`Executable::run_owned`] also frees the
+//!   inputs it is given (JAX's donation), and a `reshape` of a dying value takes its
+//!   buffer.
+//! - **Threads**: at most [`Options::threads`] per run, for GEMMs and large fused
+//!   groups, on rayon's shared pool; [`Options::for_devices`] splits the machine's
+//!   cores among D devices so they do not oversubscribe it.
+//!
+//! Floats compute natively in their dtype (the reference computes in f64 and rounds),
+//! so f32 results differ from the reference's by rounding; f64 results agree to about
+//! 1e-12 relative. Integer and bool ops that are not layout copies run the reference's
+//! loops over the same buffers.
+
+mod float;
+mod fused;
+mod kernels;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use meshwork_types::DType;
+
+use self::float::Float;
+use self::kernels::{Alloc, Conv};
+use crate::env::{Env, communicate, communicates};
+use crate::op::Op;
+use crate::program::{Program, Value};
+use crate::tensor::{Data, Tensor};
+use crate::{Result, reference};
+
+/// How a program is compiled and run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Threads one run may use (GEMMs and large elementwise groups). At least 1.
+    pub threads: usize,
+    /// Fuse elementwise chains (off: each instruction runs alone, for comparisons).
+    pub fusion: bool,
+    /// Bytes of freed buffers kept for reuse between runs.
+    pub pool_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options::for_devices(1)
+    }
+}
+
+impl Options {
+    /// The machine's cores shared by `devices` devices running at once: each run gets
+    /// `max(1, cores / devices)` threads.
+    pub fn for_devices(devices: usize) -> Options {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        Options { threads: (cores / devices.max(1)).max(1), fusion: true, pool_bytes: 1 << 30 }
+    }
+
+    /// With `threads` threads per run.
+    pub fn threads(mut self, threads: usize) -> Options {
+        self.threads = threads.max(1);
+        self
+    }
+}
+
+/// One step of the plan.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An instruction (its index) run by its own kernel.
+    Instr(usize),
+    /// A fused group (its index).
+    Fused(usize),
+}
+
+/// Freed buffers by dtype and length.
+#[derive(Debug, Default)]
+struct Pool {
+    free: HashMap<(DType, usize), Vec<Data>>,
+    bytes: usize,
+}
+
+impl Pool {
+    fn put(&mut self, d: Data, limit: usize) {
+        let size = d.len() * d.dtype().size_in_bytes();
+        if d.is_empty() || self.bytes + size > limit {
+            return;
+        }
+        self.bytes += size;
+        self.free.entry((d.dtype(), d.len())).or_default().push(d);
+    }
+
+    fn take(&mut self, dtype: DType, len: usize) -> Option<Data> {
+        let d = self.free.get_mut(&(dtype, len))?.pop()?;
+        self.bytes -= len * dtype.size_in_bytes();
+        Some(d)
+    }
+}
+
+/// A program compiled for the fast interpreter. Cheap to run many times; `Sync`, so
+/// the devices of a mesh may share one.
+#[derive(Debug)]
+pub struct Executable {
+    program: Program,
+    steps: Vec<Step>,
+    groups: Vec<fused::Group>,
+    /// Values dead after each step (never a result).
+    frees: Vec<Vec<Value>>,
+    options: Options,
+    pool: Mutex<Pool>,
+}
+
+/// What a value holds during a run.
+enum Slot<'a> {
+    Empty,
+    Borrowed(&'a Data),
+    Owned(Data),
+}
+
+impl Slot<'_> {
+    fn data(&self) -> &Data {
+        match self {
+            Slot::Borrowed(d) => d,
+            Slot::Owned(d) => d,
+            Slot::Empty => unreachable!("the plan reads a value after freeing it"),
+        }
+    }
+}
+
+struct Ctx<'p> {
+    pool: &'p Mutex<Pool>,
+    threads: usize,
+}
+
+impl Alloc for Ctx<'_> {
+    fn alloc(&mut self, dtype: DType, len: usize) -> Data {
+        if let Some(d) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len) {
+            return d;
+        }
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; len]),
+            DType::F64 => Data::F64(vec![0.0; len]),
+            DType::I32 => Data::I32(vec![0; len]),
+            DType::I64 => Data::I64(vec![0; len]),
+            _ => Data::Bool(vec![false; len]),
+        }
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+impl Executable {
+    /// Compiles `program`: fuses its elementwise chains and plans when each buffer dies.
+    pub fn compile(program: &Program, options: Options) -> Executable {
+        let groups = if options.fusion { fused::plan(program) } else { Vec::new() };
+        let mut group_of = vec![None; program.instrs().len()];
+        let mut last_member = vec![None; program.instrs().len()];
+        for (g, group) in groups.iter().enumerate() {
+            for &i in &group.members {
+                group_of[i] = Some(g);
+            }
+            last_member[*group.members.last().expect("a group has a member")] = Some(g);
+        }
+        let mut steps = Vec::new();
+        for i in 0..program.instrs().len() {
+            match (group_of[i], last_member[i]) {
+                (None, _) => steps.push(Step::Instr(i)),
+                (Some(_), Some(g)) => steps.push(Step::Fused(g)),
+                (Some(_), None) => {}
+            }
+        }
+        // Liveness: the last step reading each value.
+        let mut last_read: Vec<Option<usize>> = vec![None; program.num_values()];
+        for (s, step) in steps.iter().enumerate() {
+            let reads: Vec<Value> = match step {
+                Step::Instr(i) => program.instrs()[*i].args.clone(),
+                Step::Fused(g) => groups[*g].loads.iter().map(|l| l.value).collect(),
+            };
+            for v in reads {
+                last_read[v.index()] = Some(s);
+            }
+        }
+        let mut frees = vec![Vec::new(); steps.len()];
+        let results: Vec<Value> = program.results().to_vec();
+        for (v, last) in last_read.iter().enumerate() {
+            let value = Value(v as u32);
+            if let Some(s) = last
+                && !results.contains(&value)
+            {
+                frees[*s].push(value);
+            }
+        }
+        Executable {
+            program: program.clone(),
+            steps,
+            groups,
+            frees,
+            options,
+            pool: Mutex::default(),
+        }
+    }
+
+    /// The program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The options it was compiled with.
+    pub fn options(&self) -> Options {
+        self.options
+    }
+
+    /// The fused groups, each as its instructions' values (for inspection and tests).
+    pub fn fused_groups(&self) -> Vec<Vec<Value>> {
+        let np = self.program.params().len();
+        self.groups
+            .iter()
+            .map(|g| g.members.iter().map(|&i| Value((np + i) as u32)).collect())
+            .collect()
+    }
+
+    /// Runs the program on `inputs` (one per parameter, of its spec).
+    pub fn run(&self, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
+        reference::check_inputs(&self.program, inputs)?;
+        let slots = inputs.iter().map(|t| Slot::Borrowed(t.data())).collect();
+        self.execute(slots, env)
+    }
+
+    /// Runs the program on `inputs`, taking them: their buffers are reused once the
+    /// program no longer reads them (JAX's `donate_argnums` for every input).
+    pub fn run_owned(&self, inputs: Vec<Tensor>, env: &Env<'_>) -> Result<Vec<Tensor>> {
+        reference::check_inputs(&self.program, &inputs)?;
+        let slots = inputs.into_iter().map(|t| Slot::Owned(t.into_data())).collect();
+        self.execute(slots, env)
+    }
+
+    /// Gives tensors (results of earlier runs no longer needed) back to the pool.
+    pub fn recycle(&self, tensors: Vec<Tensor>) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        for t in tensors {
+            pool.put(t.into_data(), self.options.pool_bytes);
+        }
+    }
+
+    fn execute<'a>(&self, mut slots: Vec<Slot<'a>>, env: &Env<'_>) -> Result<Vec<Tensor>> {
+        let p = &self.program;
+        let np = p.params().len();
+        slots.extend((0..p.instrs().len()).map(|_| Slot::Empty));
+        let mut ctx = Ctx { pool: &self.pool, threads: self.options.threads };
+        for (s, step) in self.steps.iter().enumerate() {
+            match step {
+                Step::Instr(i) => {
+                    let instr = &p.instrs()[*i];
+                    let at = format!("%{} ({})", np + i, instr.op.name());
+                    let out = if communicates(&instr.op) {
+                        let args = instr
+                            .args
+                            .iter()
+                            .map(|a| self.tensor_of(a, slots[a.index()].data()))
+                            .collect::<Result<Vec<_>>>()?;
+                        communicate(env, &instr.op, args, &instr.spec, &at)?.into_data()
+                    } else if matches!(instr.op, Op::Reshape { .. })
+                        && self.frees[s].contains(&instr.args[0])
+                        && matches!(slots[instr.args[0].index()], Slot::Owned(_))
+                    {
+                        // A reshape of a dying buffer takes it.
+                        match std::mem::replace(&mut slots[instr.args[0].index()], Slot::Empty) {
+                            Slot::Owned(d) => d,
+                            _ => unreachable!("checked owned"),
+                        }
+                    } else {
+                        let args: Vec<(&[usize], &Data)> = instr
+                            .args
+                            .iter()
+                            .map(|a| {
+                                let dims = p.spec(*a).expect("a defined value").shape.dims();
+                                (dims, slots[a.index()].data())
+                            })
+                            .collect();
+                        exec(&instr.op, &args, &instr.spec, &at, &mut ctx)?
+                    };
+                    slots[np + i] = Slot::Owned(out);
+                }
+                Step::Fused(g) => {
+                    let group = &self.groups[*g];
+                    let inputs: Vec<&Data> =
+                        group.loads.iter().map(|l| slots[l.value.index()].data()).collect();
+                    let threads = self.options.threads;
+                    let mut alloc = |dtype: DType, len: usize| ctx.alloc(dtype, len);
+                    let outs = match group.dtype {
+                        DType::F32 => fused::run::<f32>(group, &inputs, threads, &mut alloc),
+                        _ => fused::run::<f64>(group, &inputs, threads, &mut alloc),
+                    };
+                    for (d, &(_, v, _)) in outs.into_iter().zip(&group.outputs) {
+                        slots[v.index()] = Slot::Owned(d);
+                    }
+                }
+            }
+            if !self.frees[s].is_empty() {
+                let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+                for v in &self.frees[s] {
+                    if let Slot::Owned(d) = std::mem::replace(&mut slots[v.index()], Slot::Empty) {
+                        pool.put(d, self.options.pool_bytes);
+                    }
+                }
+            }
+        }
+        let results = p.results();
+        let mut out = Vec::with_capacity(results.len());
+        for (k, r) in results.iter().enumerate() {
+            let last = !results[k + 1..].contains(r);
+            let data = if last {
+                match std::mem::replace(&mut slots[r.index()], Slot::Empty) {
+                    Slot::Owned(d) => d,
+                    Slot::Borrowed(d) => d.clone(),
+                    Slot::Empty => unreachable!("a result is never freed"),
+                }
+            } else {
+                slots[r.index()].data().clone()
+            };
+            let spec = p.spec(*r).expect("a defined value");
+            out.push(Tensor::new(spec.shape.clone(), data)?);
+        }
+        Ok(out)
+    }
+
+    fn tensor_of(&self, v: &Value, d: &Data) -> Result<Tensor> {
+        let spec = self.program.spec(*v).expect("a defined value");
+        Tensor::new(spec.shape.clone(), d.clone())
+    }
+}
+
+/// Runs `program` once with the fast interpreter (compiled with default options, no
+/// communication).
+pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    Executable::compile(program, Options::default()).run(inputs, &Env::local())
+}
+
+/// One instruction by its kernel (or by the reference's loops where the fast
+/// interpreter has none: integer arithmetic, `argmax`, `pad`, `iota`, conversions).
+fn exec(
+    op: &Op,
+    args: &[(&[usize], &Data)],
+    spec: &meshwork_types::TensorSpec,
+    at: &str,
+    a: &mut Ctx<'_>,
+) -> Result<Data> {
+    let dims = spec.shape.dims();
+    let float = spec.dtype.is_float();
+    macro_rules! float_kernel {
+        ($t:ident, $body:expr) => {
+            match spec.dtype {
+                DType::F32 => {
+                    type $t = f32;
+                    $body
+                }
+                _ => {
+                    type $t = f64;
+                    $body
+                }
+            }
+        };
+    }
+    Ok(match op {
+        Op::Constant { value, dtype } => match dtype {
+            DType::F32 => Data::F32(vec![*value as f32]),
+            DType::F64 => Data::F64(vec![*value]),
+            DType::I32 => Data::I32(vec![*value as i32]),
+            _ => Data::I64(vec![*value as i64]),
+        },
+        Op::Reshape { .. } => args[0].1.clone(),
+        Op::Transpose { perm } => {
+            let xs = kernels::strides(args[0].0);
+            let st: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+            kernels::view(a, args[0].1, 0, &st, dims)
+        }
+        Op::BroadcastTo { .. } => {
+            let st = fused::broadcast_strides(args[0].0, dims);
+            kernels::view(a, args[0].1, 0, &st, dims)
+        }
+        Op::Slice { start, step, .. } => {
+            let xs = kernels::strides(args[0].0);
+            let offset = start.iter().zip(&xs).map(|(s, x)| s * x).sum();
+            let st: Vec<usize> = step.iter().zip(&xs).map(|(s, x)| s * x).collect();
+            kernels::view(a, args[0].1, offset, &st, dims)
+        }
+        Op::Concat { axis } => kernels::concat(a, args, *axis, dims),
+        Op::Take { axis } => kernels::take(a, (args[0].0, args[0].1), args[1].1, *axis, at)?,
+        Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } if float => {
+            float_kernel!(T, {
+                kernels::dot_general::<T>(
+                    a,
+                    (args[0].0, T::slice(args[0].1)),
+                    (args[1].0, T::slice(args[1].1)),
+                    lhs_contract,
+                    rhs_contract,
+                    lhs_batch,
+                    rhs_batch,
+                )
+            })
+        }
+        Op::Reduce { kind, axes, .. } if float => {
+            float_kernel!(T, kernels::reduce::<T>(a, T::slice(args[0].1), args[0].0, axes, *kind))
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            let log = matches!(op, Op::LogSoftmax { .. });
+            float_kernel!(T, kernels::softmax::<T>(a, T::slice(args[0].1), args[0].0, *axis, log))
+        }
+        Op::OneHot { depth, .. } => float_kernel!(T, kernels::one_hot::<T>(a, args[0].1, *depth)),
+        Op::ScatterAdd { axis } if float => float_kernel!(T, {
+            kernels::scatter_add::<T>(
+                a,
+                (args[0].0, T::slice(args[0].1)),
+                args[1].1,
+                T::slice(args[2].1),
+                *axis,
+                at,
+            )?
+        }),
+        Op::Conv2d { strides, padding } => {
+            let conv = Conv {
+                x: rank4(args[0].0),
+                w: rank4(args[1].0),
+                out: rank4(dims),
+                strides: *strides,
+                padding: *padding,
+            };
+            float_kernel!(T, conv.forward::<T>(a, T::slice(args[0].1), T::slice(args[1].1), at)?)
+        }
+        Op::Conv2dBackpropInput { strides, padding, input } => {
+            let conv = Conv {
+                x: *input,
+                w: rank4(args[1].0),
+                out: rank4(args[0].0),
+                strides: *strides,
+                padding: *padding,
+            };
+            float_kernel!(T, {
+                conv.backprop_input::<T>(a, T::slice(args[0].1), T::slice(args[1].1), at)?
+            })
+        }
+        Op::Conv2dBackpropFilter { strides, padding, filter } => {
+            let conv = Conv {
+                x: rank4(args[0].0),
+                w: *filter,
+                out: rank4(args[1].0),
+                strides: *strides,
+                padding: *padding,
+            };
+            float_kernel!(T, {
+                conv.backprop_filter::<T>(a, T::slice(args[0].1), T::slice(args[1].1), at)?
+            })
+        }
+        _ => reference::eval_op(op, args, spec, at)?,
+    })
+}
+
+fn rank4(d: &[usize]) -> [usize; 4] {
+    d.try_into().expect("inference checked rank 4")
+}
