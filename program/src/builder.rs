@@ -44,6 +44,26 @@ impl Builder {
         Builder::default()
     }
 
+    /// A builder holding `program`'s parameters and instructions (names included), to
+    /// add to: `Value(k)` of the program is `Value(k)` here. What a training step adds
+    /// to a gradient program, and second-order autodiff to a first-order one.
+    pub fn from_program(program: &Program) -> Result<Builder> {
+        let mut b = Builder::new();
+        for p in program.params() {
+            b.param(&p.name, p.spec.clone())?;
+        }
+        for instr in program.instrs() {
+            b.push(instr.op.clone(), &instr.args)?;
+            if let Some(name) = &instr.name {
+                let full = b.claim(name.clone())?;
+                if let Some((_, last)) = b.instrs.last_mut() {
+                    last.name = Some(full);
+                }
+            }
+        }
+        Ok(b)
+    }
+
     fn at(&self, op: &str) -> String {
         format!("%{} ({op})", self.specs.len())
     }

@@ -44,7 +44,9 @@ mod error;
 pub mod fast;
 mod grad;
 mod infer;
+pub mod nn;
 mod op;
+mod optim;
 mod program;
 pub mod reference;
 mod tensor;
@@ -55,6 +57,7 @@ pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
 pub use grad::{grad, vjp};
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
+pub use optim::{Optimizer, TrainStep};
 pub use program::{Instr, Param, Program, Value};
 pub use tensor::{Data, Tensor};
 

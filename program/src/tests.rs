@@ -457,3 +457,74 @@ fn gradients_at_ties_and_kinks_follow_jax() {
     assert!(matches!(crate::vjp(&p, &[i]), Err(Error::NoGradient { .. })), "an integer input");
     assert!(crate::vjp(&p, &[f]).is_ok());
 }
+
+/// Each optimizer's step program against the formula written out in plain Rust (the
+/// loss `Σ p³/3 + Σ p` has gradient `p² + 1`, so the trajectories differ by optimizer),
+/// three steps with a learning rate that changes per step.
+#[test]
+fn optimizer_steps_follow_their_formulas() {
+    use crate::{Optimizer, Tensor, TrainStep, fast};
+    let opts = [
+        Optimizer::Sgd,
+        Optimizer::Momentum { momentum: 0.9 },
+        Optimizer::adam(),
+        Optimizer::adamw(0.01),
+    ];
+    for opt in opts {
+        let mut b = Builder::new();
+        let p = b.param("p", spec("f64[3]")).unwrap();
+        let p3 = b.mul(p, p).unwrap();
+        let p3 = b.mul(p3, p).unwrap();
+        let c = b.constant(3.0, DType::F64).unwrap();
+        let cube = b.div(p3, c).unwrap();
+        let y = b.add(cube, p).unwrap();
+        let loss = b.reduce_sum(y, &[0], false).unwrap();
+        let prog = b.finish(&[loss]).unwrap();
+        let step = TrainStep::new(&prog, loss, &[p], opt).unwrap();
+        let names: Vec<&str> = step.program.params().iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names[0], "p");
+        assert_eq!(names[names.len() - 2..], ["optimizer.lr", "optimizer.step"]);
+        let mut params = Tensor::f64(&[3], vec![0.5, -1.0, 2.0]).unwrap();
+        let mut state = step.init_state().unwrap();
+        // The model: plain loops over the formulas of the module docs.
+        let mut want = vec![0.5f64, -1.0, 2.0];
+        let (mut m, mut v) = (vec![0.0f64; 3], vec![0.0f64; 3]);
+        for s in 0..3 {
+            let lr = 0.1 / (s + 1) as f64;
+            let mut inputs = vec![params];
+            inputs.append(&mut state);
+            inputs.extend(step.scalars(lr, s).unwrap());
+            let mut out = fast::evaluate(&step.program, &inputs).unwrap();
+            let t = (s + 1) as f64;
+            for k in 0..3 {
+                let g = want[k] * want[k] + 1.0;
+                match opt {
+                    Optimizer::Sgd => want[k] -= lr * g,
+                    Optimizer::Momentum { momentum } => {
+                        m[k] = momentum * m[k] + g;
+                        want[k] -= lr * m[k];
+                    }
+                    Optimizer::Adam { beta1, beta2, eps }
+                    | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+                        m[k] = beta1 * m[k] + (1.0 - beta1) * g;
+                        v[k] = beta2 * v[k] + (1.0 - beta2) * g * g;
+                        let mut u = (m[k] / (1.0 - beta1.powf(t)))
+                            / ((v[k] / (1.0 - beta2.powf(t))).sqrt() + eps);
+                        if let Optimizer::AdamW { weight_decay, .. } = opt {
+                            u += weight_decay * want[k];
+                        }
+                        want[k] -= lr * u;
+                    }
+                }
+            }
+            state = out.split_off(2);
+            params = out.pop().unwrap();
+            for (k, (g, w)) in params.to_f64().iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+                    "{opt:?} step {s} [{k}]: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

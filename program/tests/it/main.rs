@@ -1,3 +1,4 @@
 //! The program crate through its public API, against the JAX oracle.
 
 mod oracle;
+mod transformer;

@@ -1,0 +1,217 @@
+//! Optimizers as program steps: a training step is one program — forward, backward
+//! and the update of every trained parameter and its optimizer state.
+//!
+//! The formulas are those of the JAX reference run (`gen_transformer_case.py`) and
+//! PyTorch where it has none, for parameter `p`, gradient `g`, learning rate `lr` and
+//! `t = step + 1`:
+//!
+//! | optimizer | update |
+//! |---|---|
+//! | SGD | `p -= lr g` |
+//! | momentum (PyTorch's, no dampening) | `m = μ m + g`; `p -= lr m` |
+//! | Adam | `m = β₁ m + (1-β₁) g`; `v = β₂ v + (1-β₂) g²`; `p -= lr (m / (1-β₁ᵗ)) / (sqrt(v / (1-β₂ᵗ)) + ε)` |
+//! | AdamW (decoupled decay) | Adam's update plus `lr λ p` |
+
+use meshwork_types::{DType, Shape, TensorSpec};
+
+use crate::builder::Builder;
+use crate::program::{Program, Value};
+use crate::tensor::{Data, Tensor};
+use crate::{Error, Result};
+
+/// An optimizer and its hyper-parameters (the learning rate is an input of the step,
+/// so schedules need no new program).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Optimizer {
+    /// Plain gradient descent.
+    Sgd,
+    /// SGD with momentum `momentum` (PyTorch's: `m = μ m + g`, `p -= lr m`).
+    Momentum {
+        /// μ.
+        momentum: f64,
+    },
+    /// Adam with bias correction.
+    Adam {
+        /// β₁.
+        beta1: f64,
+        /// β₂.
+        beta2: f64,
+        /// ε.
+        eps: f64,
+    },
+    /// Adam with decoupled weight decay (Loshchilov & Hutter; PyTorch's `AdamW`).
+    AdamW {
+        /// β₁.
+        beta1: f64,
+        /// β₂.
+        beta2: f64,
+        /// ε.
+        eps: f64,
+        /// λ.
+        weight_decay: f64,
+    },
+}
+
+impl Optimizer {
+    /// Adam with β₁ = 0.9, β₂ = 0.999, ε = 1e-8 (the reference run's).
+    pub fn adam() -> Optimizer {
+        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+    }
+
+    /// AdamW with Adam's defaults and decay `weight_decay`.
+    pub fn adamw(weight_decay: f64) -> Optimizer {
+        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
+    }
+
+    /// The names of its state tensors per parameter (each of the parameter's spec).
+    pub fn state_names(&self) -> &'static [&'static str] {
+        match self {
+            Optimizer::Sgd => &[],
+            Optimizer::Momentum { .. } => &["momentum"],
+            Optimizer::Adam { .. } | Optimizer::AdamW { .. } => &["m", "v"],
+        }
+    }
+}
+
+/// A training step as one program.
+///
+/// Inputs: the model program's parameters (all of them, in order), then the optimizer
+/// state (for each trained parameter, each of [`Optimizer::state_names`], named
+/// `optimizer.<name>.<param>`), then the scalars `optimizer.lr` and `optimizer.step`
+/// (0-based, of the loss's dtype). Results: the loss (before the update), the updated
+/// trained parameters, then the updated state in input order.
+#[derive(Debug, Clone)]
+pub struct TrainStep {
+    /// The step's program.
+    pub program: Program,
+    /// The trained parameters (values of the model program).
+    pub trained: Vec<Value>,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+}
+
+impl TrainStep {
+    /// Builds the step that trains `wrt` (float parameters of `program`) to lower
+    /// `loss` (a float scalar of `program`) with `optimizer`.
+    pub fn new(
+        program: &Program,
+        loss: Value,
+        wrt: &[Value],
+        optimizer: Optimizer,
+    ) -> Result<TrainStep> {
+        let g = crate::grad(program, loss, wrt)?;
+        let mut b = Builder::from_program(&g)?;
+        let dtype = g.spec(g.results()[0]).expect("the loss").dtype;
+        let names = optimizer.state_names();
+        let mut state = Vec::new();
+        for &w in wrt {
+            let p = &program.params()[w.index()];
+            for s in names {
+                state.push(b.param(&format!("optimizer.{s}.{}", p.name), p.spec.clone())?);
+            }
+        }
+        let scalar = TensorSpec::new(dtype, Shape::scalar());
+        let lr = b.param("optimizer.lr", scalar.clone())?;
+        let step = b.param("optimizer.step", scalar)?;
+        let c = |b: &mut Builder, x: f64| b.constant(x, dtype);
+        // Bias corrections 1 - βᵗ, t = step + 1, shared by every parameter.
+        let corrections = match optimizer {
+            Optimizer::Adam { beta1, beta2, .. } | Optimizer::AdamW { beta1, beta2, .. } => {
+                let one = c(&mut b, 1.0)?;
+                let t = b.add(step, one)?;
+                let mut corr = Vec::new();
+                for beta in [beta1, beta2] {
+                    let bt = c(&mut b, beta)?;
+                    let pow = b.pow(bt, t)?;
+                    corr.push(b.sub(one, pow)?);
+                }
+                Some((corr[0], corr[1]))
+            }
+            _ => None,
+        };
+        let (mut new_params, mut new_state) = (Vec::new(), Vec::new());
+        for (k, &w) in wrt.iter().enumerate() {
+            let (p, gw) = (w, g.results()[1 + k]);
+            let st = &state[k * names.len()..(k + 1) * names.len()];
+            let updated = match optimizer {
+                Optimizer::Sgd => {
+                    let d = b.mul(lr, gw)?;
+                    b.sub(p, d)?
+                }
+                Optimizer::Momentum { momentum } => {
+                    let mu = c(&mut b, momentum)?;
+                    let mm = b.mul(mu, st[0])?;
+                    let m = b.add(mm, gw)?;
+                    new_state.push(m);
+                    let d = b.mul(lr, m)?;
+                    b.sub(p, d)?
+                }
+                Optimizer::Adam { beta1, beta2, eps }
+                | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+                    let (c1, c2) = corrections.expect("made for Adam");
+                    let (b1, nb1) = (c(&mut b, beta1)?, c(&mut b, 1.0 - beta1)?);
+                    let (b2, nb2) = (c(&mut b, beta2)?, c(&mut b, 1.0 - beta2)?);
+                    let m0 = b.mul(b1, st[0])?;
+                    let m1 = b.mul(nb1, gw)?;
+                    let m = b.add(m0, m1)?;
+                    let g2 = b.mul(gw, gw)?;
+                    let v0 = b.mul(b2, st[1])?;
+                    let v1 = b.mul(nb2, g2)?;
+                    let v = b.add(v0, v1)?;
+                    new_state.push(m);
+                    new_state.push(v);
+                    let mhat = b.div(m, c1)?;
+                    let vhat = b.div(v, c2)?;
+                    let root = b.sqrt(vhat)?;
+                    let e = c(&mut b, eps)?;
+                    let den = b.add(root, e)?;
+                    let mut upd = b.div(mhat, den)?;
+                    if let Optimizer::AdamW { weight_decay, .. } = optimizer {
+                        let wd = c(&mut b, weight_decay)?;
+                        let decay = b.mul(wd, p)?;
+                        upd = b.add(upd, decay)?;
+                    }
+                    let d = b.mul(lr, upd)?;
+                    b.sub(p, d)?
+                }
+            };
+            new_params.push(updated);
+        }
+        let mut results = vec![g.results()[0]];
+        results.extend(new_params);
+        results.extend(new_state);
+        Ok(TrainStep { program: b.finish(&results)?, trained: wrt.to_vec(), optimizer })
+    }
+
+    /// The initial optimizer state: zeros of each state tensor's spec, in input order.
+    pub fn init_state(&self) -> Result<Vec<Tensor>> {
+        let n = self.program.params().len() - 2;
+        let first = n - self.trained.len() * self.optimizer.state_names().len();
+        self.program.params()[first..n].iter().map(|p| zeros(&p.spec)).collect()
+    }
+
+    /// The scalars `lr` and `step` as the step's last two inputs.
+    pub fn scalars(&self, lr: f64, step: usize) -> Result<[Tensor; 2]> {
+        let dtype = self.program.params().last().expect("the step input").spec.dtype;
+        Ok([scalar(dtype, lr)?, scalar(dtype, step as f64)?])
+    }
+}
+
+fn zeros(spec: &TensorSpec) -> Result<Tensor> {
+    let n = spec.shape.num_elements();
+    let data = match spec.dtype {
+        DType::F32 => Data::F32(vec![0.0; n]),
+        DType::F64 => Data::F64(vec![0.0; n]),
+        other => {
+            return Err(Error::UnsupportedDType { at: "optimizer state".into(), dtype: other });
+        }
+    };
+    Tensor::new(spec.shape.clone(), data)
+}
+
+fn scalar(dtype: DType, x: f64) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => Tensor::f32(&[], vec![x as f32]),
+        _ => Tensor::f64(&[], vec![x]),
+    }
+}
