@@ -119,10 +119,7 @@ pub(crate) fn communicate(
             op.name()
         ),
     };
-    let wrap = |e: Error| match e {
-        Error::Communication { .. } => e,
-        other => Error::Communication { at: at.to_string(), problem: other.to_string() },
-    };
+    let wrap = |e: Error| Error::Communication { at: at.to_string(), problem: e.to_string() };
     let token = || Tensor::bool(&[], vec![true]);
     let mut args = args.into_iter();
     let mut first = || args.next().expect("inference checked the operand count");

@@ -293,16 +293,156 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
     // Inputs that do not match the parameters.
     assert!(matches!(reference::evaluate(&p, std::slice::from_ref(&t)), Err(Error::Inputs { .. })));
     let wrong = Tensor::i64(&[3], vec![0, 1, 2]).unwrap();
-    assert!(matches!(reference::evaluate(&p, &[t, wrong]), Err(Error::Inputs { .. })));
+    assert!(matches!(reference::evaluate(&p, &[t.clone(), wrong]), Err(Error::Inputs { .. })));
     // A tensor whose data does not fill its shape.
     assert!(matches!(Tensor::f64(&[2, 2], vec![1.0]), Err(Error::TensorSize { .. })));
-    // Ops that talk to other devices need the executor.
+    // The fast interpreter refuses the same way.
+    let err = crate::fast::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![0, 3]).unwrap()]);
+    assert!(matches!(err, Err(Error::Runtime { ref at, .. }) if at == "%2 (take)"), "{err:?}");
+    // Ops that talk to other devices need an Env that has them.
     let mut b = Builder::new();
     let x = b.param("x", spec("f32[2]")).unwrap();
     let s = b.all_reduce(x, meshwork_types::ReduceOp::Sum, &[vec![0]]).unwrap();
     let p = b.finish(&[s]).unwrap();
-    let err = reference::evaluate(&p, &[Tensor::f32(&[2], vec![1.0, 2.0]).unwrap()]).unwrap_err();
-    assert!(err.to_string().contains("all_reduce exchanges data"), "{err}");
+    let one = [Tensor::f32(&[2], vec![1.0, 2.0]).unwrap()];
+    let err = reference::evaluate(&p, &one).unwrap_err();
+    assert!(err.to_string().contains("%1 (all_reduce): all_reduce needs collectives"), "{err}");
+    let err = crate::fast::evaluate(&p, &one).unwrap_err();
+    assert!(err.to_string().contains("all_reduce needs collectives"), "{err}");
+}
+
+/// A stand-in for the strategy crate's implementations: this replica's peer holds the
+/// same tensor (so an all-reduce sum doubles it), channels loop back, and the host
+/// records what is emitted. `wrong` makes the all-reduce return a wrong shape.
+#[derive(Default)]
+struct Loopback {
+    queue: std::sync::Mutex<Vec<(u32, crate::Tensor)>>,
+    emitted: std::sync::Mutex<Vec<(u32, Vec<crate::Tensor>)>>,
+    wrong: bool,
+}
+
+impl crate::Collectives for Loopback {
+    fn all_reduce(
+        &self,
+        x: crate::Tensor,
+        _: meshwork_types::ReduceOp,
+        _: &[Vec<usize>],
+    ) -> crate::Result<crate::Tensor> {
+        if self.wrong {
+            return crate::Tensor::f64(&[1], vec![0.0]);
+        }
+        let d = x.shape().dims().to_vec();
+        crate::Tensor::f64(&d, x.to_f64().iter().map(|v| 2.0 * v).collect())
+    }
+    fn all_gather(
+        &self,
+        x: crate::Tensor,
+        _: usize,
+        _: &[Vec<usize>],
+    ) -> crate::Result<crate::Tensor> {
+        Ok(x)
+    }
+    fn reduce_scatter(
+        &self,
+        x: crate::Tensor,
+        _: meshwork_types::ReduceOp,
+        _: usize,
+        _: &[Vec<usize>],
+    ) -> crate::Result<crate::Tensor> {
+        Ok(x)
+    }
+    fn all_to_all(
+        &self,
+        x: crate::Tensor,
+        _: usize,
+        _: usize,
+        _: &[Vec<usize>],
+    ) -> crate::Result<crate::Tensor> {
+        Ok(x)
+    }
+    fn collective_permute(
+        &self,
+        _: crate::Tensor,
+        _: &[(usize, usize)],
+    ) -> crate::Result<crate::Tensor> {
+        Err(Error::Communication {
+            at: "collective_permute".into(),
+            problem: "peer 1 failed".into(),
+        })
+    }
+}
+
+impl crate::Channels for Loopback {
+    fn send(&self, channel: u32, _: usize, x: crate::Tensor) -> crate::Result<()> {
+        self.queue.lock().unwrap().push((channel, x));
+        Ok(())
+    }
+    fn recv(&self, channel: u32, _: usize, _: &TensorSpec) -> crate::Result<crate::Tensor> {
+        let mut q = self.queue.lock().unwrap();
+        let at = q.iter().position(|(c, _)| *c == channel).expect("sent first");
+        Ok(q.remove(at).1)
+    }
+}
+
+impl crate::HostSink for Loopback {
+    fn emit(&self, consumer: u32, values: &[crate::Tensor]) -> crate::Result<()> {
+        self.emitted.lock().unwrap().push((consumer, values.to_vec()));
+        Ok(())
+    }
+}
+
+/// Both interpreters run collectives, send/recv and emit through the Env's traits,
+/// check what the implementation returns against the instruction's spec, and name
+/// the instruction when the implementation fails.
+#[test]
+fn both_interpreters_communicate_through_the_env() {
+    use crate::{Env, Tensor, fast, reference};
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[3]")).unwrap();
+    let s = b.all_reduce(x, meshwork_types::ReduceOp::Sum, &[vec![0, 1]]).unwrap();
+    let tok = b.send(s, 7, 1).unwrap();
+    let r = b.recv(&spec("f64[3]"), 7, 1).unwrap();
+    let y = b.add(r, x).unwrap();
+    let e = b.emit(&[y, tok], 3).unwrap();
+    let p = b.finish(&[y, e]).unwrap();
+    let feed = [Tensor::f64(&[3], vec![1.0, 2.0, 3.0]).unwrap()];
+    for run in [0, 1] {
+        let lb = Loopback::default();
+        let env = Env::local().with_collectives(&lb).with_channels(&lb).with_host(&lb);
+        let out = if run == 0 {
+            reference::evaluate_with(&p, &feed, &env)
+        } else {
+            fast::Executable::compile(&p, fast::Options::default()).run(&feed, &env)
+        }
+        .unwrap();
+        assert_eq!(out[0].to_f64(), vec![3.0, 6.0, 9.0], "interpreter {run}");
+        assert_eq!(out[1], Tensor::bool(&[], vec![true]).unwrap());
+        let emitted = lb.emitted.lock().unwrap();
+        assert_eq!(emitted.len(), 1);
+        assert_eq!((emitted[0].0, emitted[0].1[0].to_f64()), (3, vec![3.0, 6.0, 9.0]));
+        // A peer that answers with the wrong shape, and one that fails.
+        let bad = Loopback { wrong: true, ..Loopback::default() };
+        let env = Env::local().with_collectives(&bad).with_channels(&bad).with_host(&bad);
+        let err = if run == 0 {
+            reference::evaluate_with(&p, &feed, &env)
+        } else {
+            fast::Executable::compile(&p, fast::Options::default()).run(&feed, &env)
+        }
+        .unwrap_err();
+        assert!(err.to_string().contains("%1 (all_reduce): the peer returned f64[1]"), "{err}");
+    }
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[3]")).unwrap();
+    let y = b.collective_permute(x, &[(0, 1), (1, 0)]).unwrap();
+    let p = b.finish(&[y]).unwrap();
+    let lb = Loopback::default();
+    let err = fast::Executable::compile(&p, fast::Options::default())
+        .run(&feed, &Env::local().with_collectives(&lb))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Communication { at, problem } if at == "%1 (collective_permute)" && problem.contains("peer 1 failed")),
+        "{err:?}"
+    );
 }
 
 /// f32 values are rounded to f32 after every op: an f32 program gives f32 arithmetic's

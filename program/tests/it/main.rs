@@ -1,4 +1,5 @@
 //! The program crate through its public API, against the JAX oracle.
 
 mod oracle;
+mod props;
 mod transformer;

@@ -1,0 +1,421 @@
+//! Properties over random programs: a strategy builds random shape-compatible
+//! compositions of 1–12 instructions (elementwise, broadcasting, `dot_general`,
+//! reductions, layout ops, softmax, select, take), and
+//!
+//! - gradients equal central finite differences in f64;
+//! - the fast interpreter equals the reference, for f32, f64, i32 and i64 programs;
+//! - f32 is within 1e-3 of f64, relative to the output's largest magnitude;
+//! - the text form prints, parses and prints the same;
+//! - second-order autodiff of elementwise chains equals finite differences of the
+//!   first-order gradient.
+
+use meshwork_program::fast::{self, Executable, Options};
+use meshwork_program::{Builder, Env, Program, Tensor, Value, grad, reference};
+use meshwork_types::{DType, Shape, TensorSpec};
+use proptest::prelude::*;
+
+/// One step of a recipe: which op, which operands, an extra choice.
+type Recipe = Vec<(u8, u8, u8, u8)>;
+
+fn spec(dtype: DType, dims: &[usize]) -> TensorSpec {
+    TensorSpec::new(dtype, Shape::new(dims).unwrap())
+}
+
+/// Builds a recipe's program: parameters `a [2,3]`, `b [3]`, `c [3,4]` of `dtype` and
+/// integer `idx [4]` (values in 0..2), then one instruction per step on earlier values
+/// (steps that do not fit the chosen operands pick a fallback that does). `smooth`
+/// leaves out the ops with kinks, `differentiable` leaves out `stop_gradient` (whose
+/// zero gradient finite differences do not see). Returns the program (results: the last value, and
+/// for floats the sum of all its elements as a loss).
+fn build(recipe: &Recipe, dtype: DType, smooth: bool, differentiable: bool) -> Program {
+    let float = dtype.is_float();
+    let mut b = Builder::new();
+    let mut vals = vec![
+        b.param("a", spec(dtype, &[2, 3])).unwrap(),
+        b.param("b", spec(dtype, &[3])).unwrap(),
+        b.param("c", spec(dtype, &[3, 4])).unwrap(),
+    ];
+    let idx = b.param("idx", spec(DType::I64, &[4])).unwrap();
+    for &(kind, x, y, extra) in recipe {
+        let v = vals[x as usize % vals.len()];
+        let vd = b.spec(v).unwrap().shape.dims().to_vec();
+        // Operands `w` that broadcast against `v`.
+        let compatible: Vec<Value> = vals
+            .iter()
+            .copied()
+            .filter(|&w| {
+                let wd = b.spec(w).unwrap().shape.dims().to_vec();
+                wd == vd || wd.is_empty() || (wd.len() == 1 && vd.last() == Some(&wd[0]))
+            })
+            .collect();
+        let w = compatible[y as usize % compatible.len()];
+        let rank = vd.len();
+        let one = |b: &mut Builder| b.constant(1.0, dtype).unwrap();
+        let out = match kind % 16 {
+            0 if float => {
+                let ops: &[fn(&mut Builder, Value) -> meshwork_program::Result<Value>] = if smooth {
+                    &[
+                        Builder::neg,
+                        Builder::tanh,
+                        Builder::logistic,
+                        Builder::sin,
+                        Builder::cos,
+                        Builder::square,
+                        Builder::gelu,
+                    ]
+                } else {
+                    &[
+                        Builder::neg,
+                        Builder::tanh,
+                        Builder::relu,
+                        Builder::abs,
+                        Builder::square,
+                        Builder::gelu,
+                        Builder::stop_gradient,
+                    ]
+                };
+                let n = if differentiable && !smooth { ops.len() - 1 } else { ops.len() };
+                ops[extra as usize % n](&mut b, v).unwrap()
+            }
+            0 => {
+                let ops: &[fn(&mut Builder, Value) -> meshwork_program::Result<Value>] =
+                    &[Builder::neg, Builder::abs, Builder::square, Builder::relu];
+                ops[extra as usize % ops.len()](&mut b, v).unwrap()
+            }
+            1 => match extra % 3 {
+                0 => b.add(v, w).unwrap(),
+                1 => b.sub(v, w).unwrap(),
+                _ => b.mul(v, w).unwrap(),
+            },
+            2 if float => {
+                // Positive-domain ops on 1 + w².
+                let sq = b.mul(w, w).unwrap();
+                let o = one(&mut b);
+                let pos = b.add(sq, o).unwrap();
+                match extra % 4 {
+                    0 => b.div(v, pos).unwrap(),
+                    1 => b.log(pos).unwrap(),
+                    2 => b.sqrt(pos).unwrap(),
+                    _ => b.rsqrt(pos).unwrap(),
+                }
+            }
+            3 if !smooth || float => {
+                if extra % 2 == 0 {
+                    b.max(v, w).unwrap()
+                } else {
+                    b.min(v, w).unwrap()
+                }
+            }
+            4 if rank == 2 => {
+                let rhs = vals.iter().copied().find(|&u| {
+                    let ud = b.spec(u).unwrap().shape.dims().to_vec();
+                    ud.len() == 2 && ud[0] == vd[1]
+                });
+                match rhs {
+                    Some(r) if extra % 2 == 0 => b.matmul(v, r).unwrap(),
+                    _ => b.dot_general(v, v, &[1], &[1], &[], &[]).unwrap(),
+                }
+            }
+            4 if rank == 1 => b.dot_general(v, v, &[0], &[0], &[], &[]).unwrap(),
+            5 if rank >= 1 => {
+                let axis = (extra as usize % rank) as isize;
+                let keep = extra & 8 != 0;
+                match (extra / 16) % 3 {
+                    0 => b.reduce_sum(v, &[axis], keep).unwrap(),
+                    1 if float => b.reduce_mean(v, &[axis], keep).unwrap(),
+                    _ => b.reduce_max(v, &[axis], keep).unwrap(),
+                }
+            }
+            6 if rank >= 2 => {
+                let perm: Vec<usize> = (0..rank).rev().collect();
+                b.transpose(v, &perm).unwrap()
+            }
+            7 => {
+                let n: usize = vd.iter().product();
+                b.reshape(v, &[n]).unwrap()
+            }
+            8 if rank < 3 => {
+                let mut to = vec![2];
+                to.extend(&vd);
+                b.broadcast_to(v, &to).unwrap()
+            }
+            9 if rank >= 1 && vd[0] >= 2 => {
+                let start: Vec<usize> = (0..rank).map(|d| usize::from(d == 0)).collect();
+                let step: Vec<usize> =
+                    (0..rank).map(|d| if d == 0 { 1 + extra as usize % 2 } else { 1 }).collect();
+                b.slice(v, &start, &vd, &step).unwrap()
+            }
+            10 if rank >= 1 => {
+                let other = if b.spec(w).unwrap().shape.dims() == vd.as_slice() { w } else { v };
+                b.concat(&[v, other], 0).unwrap()
+            }
+            11 if float && rank >= 1 => {
+                if extra % 2 == 0 {
+                    b.softmax(v, -1).unwrap()
+                } else {
+                    b.log_softmax(v, -1).unwrap()
+                }
+            }
+            12 if !smooth => {
+                let p = b.gt(v, w).unwrap();
+                let wb = b.broadcast_to(w, &vd).unwrap();
+                b.select(p, v, wb).unwrap()
+            }
+            13 if rank >= 1 && vd[0] >= 2 => b.take(v, idx, 0).unwrap(),
+            14 if float => {
+                // exp of a bounded value.
+                let t = b.tanh(v).unwrap();
+                b.exp(t).unwrap()
+            }
+            _ => b.add(v, w).unwrap(),
+        };
+        vals.push(out);
+    }
+    let last = *vals.last().unwrap();
+    let mut results = vec![last];
+    if float {
+        let rank = b.spec(last).unwrap().shape.rank();
+        let axes: Vec<isize> = (0..rank as isize).collect();
+        results.push(b.reduce_sum(last, &axes, false).unwrap());
+    }
+    b.finish(&results).unwrap()
+}
+
+/// Deterministic inputs for `program` from `seed`: floats in [-1.5, 1.5], integers in
+/// -3..=3, indices in 0..2.
+fn inputs(program: &Program, seed: u64) -> Vec<Tensor> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    program
+        .params()
+        .iter()
+        .map(|p| {
+            let dims = p.spec.shape.dims();
+            let n = p.spec.shape.num_elements();
+            match (p.name.as_str(), p.spec.dtype) {
+                ("idx", _) => Tensor::i64(dims, (0..n).map(|_| (next() * 2.0) as i64).collect()),
+                (_, DType::F64) => Tensor::f64(dims, (0..n).map(|_| next() * 3.0 - 1.5).collect()),
+                (_, DType::F32) => {
+                    Tensor::f32(dims, (0..n).map(|_| (next() * 3.0 - 1.5) as f32).collect())
+                }
+                (_, DType::I32) => {
+                    Tensor::i32(dims, (0..n).map(|_| (next() * 7.0) as i32 - 3).collect())
+                }
+                _ => Tensor::i64(dims, (0..n).map(|_| (next() * 7.0) as i64 - 3).collect()),
+            }
+            .unwrap()
+        })
+        .collect()
+}
+
+fn recipe() -> impl Strategy<Value = Recipe> {
+    proptest::collection::vec(any::<(u8, u8, u8, u8)>(), 1..=12)
+}
+
+/// `|a - b| <= tol (1 + max |b|)` elementwise (a tolerance relative to the tensor's
+/// scale), or exact equality for integers and bools.
+fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
+    if a.spec() != b.spec() {
+        return Err(format!("{} vs {}", a.spec(), b.spec()));
+    }
+    let (x, y) = (a.to_f64(), b.to_f64());
+    let scale = 1.0 + y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    for (k, (p, q)) in x.iter().zip(&y).enumerate() {
+        let ok = if a.spec().dtype.is_float() {
+            (p - q).abs() <= tol * scale || (p.is_nan() && q.is_nan()) || p == q
+        } else {
+            p == q
+        };
+        if !ok {
+            return Err(format!("element {k}: {p} vs {q}"));
+        }
+    }
+    Ok(())
+}
+
+fn loss_of(program: &Program, feed: &[Tensor]) -> f64 {
+    let out = reference::evaluate(program, feed).unwrap();
+    out[1].to_f64()[0]
+}
+
+proptest! {
+    // 96 cases unless PROPTEST_CASES says otherwise (for longer hunts).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(96),
+        ..ProptestConfig::default()
+    })]
+
+    /// Reverse-mode gradients of random f64 programs equal central differences.
+    #[test]
+    fn prop_gradients_equal_finite_differences(r in recipe(), seed in any::<u64>()) {
+        let p = build(&r, DType::F64, false, true);
+        let loss = p.results()[1];
+        let wrt = [Value(0), Value(1), Value(2)];
+        let g = grad(&p, loss, &wrt).unwrap();
+        let feed = inputs(&p, seed);
+        let l0 = loss_of(&p, &feed);
+        prop_assume!(l0.is_finite() && l0.abs() < 1e6);
+        let grads = fast::evaluate(&g, &feed).unwrap();
+        let h = 1e-5;
+        for (k, _) in wrt.iter().enumerate() {
+            let analytic = grads[1 + k].to_f64();
+            for (i, &ga) in analytic.iter().enumerate() {
+                let shifted = |d: f64| {
+                    let mut f = feed.clone();
+                    let mut x = f[k].to_f64();
+                    x[i] += d;
+                    f[k] = Tensor::f64(f[k].shape().dims(), x).unwrap();
+                    loss_of(&p, &f)
+                };
+                let fd = (shifted(h) - shifted(-h)) / (2.0 * h);
+                let tol = 1e-5 * (1.0 + ga.abs()) + 1e-10 * (1.0 + l0.abs()) / h;
+                prop_assert!((fd - ga).abs() <= tol, "param {} [{}]: autodiff {} vs fd {}\n{}", k, i, ga, fd, g);
+            }
+        }
+    }
+
+    /// The fast interpreter (fused and unfused, one thread and two) equals the reference
+    /// on random programs of every dtype.
+    #[test]
+    fn prop_the_fast_interpreter_equals_the_reference(
+        r in recipe(),
+        seed in any::<u64>(),
+        dtype in prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64]),
+    ) {
+        let p = build(&r, dtype, false, false);
+        let feed = inputs(&p, seed);
+        let want = reference::evaluate(&p, &feed);
+        let tol = if dtype == DType::F32 { 1e-4 } else { 1e-10 };
+        for options in [Options::default().threads(1), Options::default().threads(2), Options { fusion: false, ..Options::default() }] {
+            let got = Executable::compile(&p, options).run(&feed, &Env::local());
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => {
+                    for (k, (a, b)) in g.iter().zip(w).enumerate() {
+                        if let Err(e) = close(a, b, tol) {
+                            prop_assert!(false, "{:?}: result {}: {}\n{}", options, k, e, p);
+                        }
+                    }
+                }
+                (Err(_), Err(_)) => {}
+                _ => prop_assert!(false, "{:?}: fast {:?}, reference {:?}\n{}", options, got, want, p),
+            }
+        }
+    }
+
+    /// The same program in f32 stays within 1e-3 of f64 (relative to the output's
+    /// largest magnitude) on inputs in [-1.5, 1.5].
+    #[test]
+    fn prop_f32_is_within_tolerance_of_f64(r in recipe(), seed in any::<u64>()) {
+        let p64 = build(&r, DType::F64, true, true);
+        let p32 = build(&r, DType::F32, true, true);
+        let feed32 = inputs(&p32, seed);
+        let feed64: Vec<Tensor> = feed32
+            .iter()
+            .map(|t| match t.spec().dtype {
+                DType::F32 => Tensor::f64(t.shape().dims(), t.to_f64()).unwrap(),
+                _ => t.clone(),
+            })
+            .collect();
+        let a = fast::evaluate(&p32, &feed32).unwrap();
+        let b = fast::evaluate(&p64, &feed64).unwrap();
+        let last = Tensor::f64(a[0].shape().dims(), a[0].to_f64()).unwrap();
+        prop_assume!(b[0].to_f64().iter().all(|x| x.is_finite() && x.abs() < 1e4));
+        if let Err(e) = close(&last, &b[0], 1e-3) {
+            prop_assert!(false, "{}\n{}", e, p64);
+        }
+    }
+
+    /// Random programs' text prints, parses back equal, and prints the same; so does
+    /// their gradient program's.
+    #[test]
+    fn prop_random_programs_print_and_parse_back(r in recipe()) {
+        let p = build(&r, DType::F64, false, false);
+        let text = p.to_string();
+        let back: Program = text.parse().unwrap();
+        prop_assert_eq!(&back, &p);
+        prop_assert_eq!(back.to_string(), text);
+        let g = grad(&p, p.results()[1], &[Value(0), Value(2)]).unwrap();
+        let gt = g.to_string();
+        prop_assert_eq!(gt.parse::<Program>().unwrap().to_string(), gt);
+    }
+
+    /// Second order: the gradient of `sum(∂L/∂x)` (autodiff of the autodiff program)
+    /// equals central differences of the first-order gradient, for elementwise chains.
+    #[test]
+    fn prop_second_order_equals_finite_differences(
+        chain in proptest::collection::vec(0u8..8, 1..6),
+        seed in any::<u64>(),
+    ) {
+        let mut b = Builder::new();
+        let x = b.param("x", spec(DType::F64, &[4])).unwrap();
+        let c = b.param("c", spec(DType::F64, &[4])).unwrap();
+        let mut v = x;
+        for op in chain {
+            v = match op {
+                0 => b.tanh(v),
+                1 => b.sin(v),
+                2 => b.logistic(v),
+                3 => b.mul(v, c),
+                4 => b.square(v),
+                5 => b.gelu(v),
+                6 => { let t = b.tanh(v).unwrap(); b.exp(t) }
+                _ => b.mul(v, x),
+            }
+            .unwrap();
+        }
+        let loss = b.reduce_sum(v, &[0], false).unwrap();
+        let p = b.finish(&[loss]).unwrap();
+        let g1 = grad(&p, loss, &[x]).unwrap();
+        let mut b2 = Builder::from_program(&g1).unwrap();
+        let dx = g1.results()[1];
+        let s = b2.reduce_sum(dx, &[0], false).unwrap();
+        let p2 = b2.finish(&[s]).unwrap();
+        let g2 = grad(&p2, s, &[x]).unwrap();
+        let feed = inputs(&p, seed);
+        let hv = fast::evaluate(&g2, &feed).unwrap()[1].to_f64();
+        let sum_dx = |f: &[Tensor]| reference::evaluate(&g1, f).unwrap()[1].to_f64().iter().sum::<f64>();
+        let h = 1e-5;
+        for (i, &got) in hv.iter().enumerate() {
+            let at = |d: f64| {
+                let mut f = feed.clone();
+                let mut xs = f[0].to_f64();
+                xs[i] += d;
+                f[0] = Tensor::f64(&[4], xs).unwrap();
+                sum_dx(&f)
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * h);
+            prop_assert!((fd - got).abs() <= 1e-5 * (1.0 + got.abs()), "[{}]: {} vs fd {}", i, got, fd);
+        }
+    }
+}
+
+/// Fusion really fuses: the MLP's gradient program runs its elementwise chains as
+/// groups of several instructions (and gives the reference's results).
+#[test]
+fn elementwise_chains_fuse_into_groups() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F32, &[8, 4])).unwrap();
+    let w = b.param("w", spec(DType::F32, &[4, 6])).unwrap();
+    let bias = b.param("bias", spec(DType::F32, &[6])).unwrap();
+    let z = b.matmul(x, w).unwrap();
+    let z = b.add(z, bias).unwrap();
+    let h = b.relu(z).unwrap();
+    let t = b.tanh(h).unwrap();
+    let loss = b.reduce_mean(t, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let g = grad(&p, loss, &[Value(1), Value(2)]).unwrap();
+    let exe = Executable::compile(&g, Options::default());
+    let groups = exe.fused_groups();
+    assert!(groups.iter().any(|m| m.len() >= 3), "{groups:?}\n{g}");
+    let feed = inputs(&p, 7);
+    let (got, want) =
+        (exe.run(&feed, &Env::local()).unwrap(), reference::evaluate(&g, &feed).unwrap());
+    for (a, b) in got.iter().zip(&want) {
+        close(a, b, 1e-5).unwrap();
+    }
+}
