@@ -247,8 +247,8 @@ fn collapse(dims: &[usize], mut loads: Vec<Load>) -> (Vec<usize>, Vec<Load>) {
     (out, loads)
 }
 
-/// Assigns registers to slots: a slot is reused once its register's last reader has
-/// run (a code's result never shares its operands' slots).
+/// Assigns registers to slots: a code result's slot is reused once its last reader
+/// has run (a code's result never shares its operands' slots); loads keep theirs.
 fn allocate(nloads: usize, code: &[Code], outputs: &[(usize, Value, bool)]) -> (Vec<usize>, usize) {
     let nregs = nloads + code.len();
     let mut last: Vec<Option<usize>> = vec![None; nregs];
@@ -276,8 +276,9 @@ fn allocate(nloads: usize, code: &[Code], outputs: &[(usize, Value, bool)]) -> (
     for (k, c) in code.iter().enumerate() {
         let me = nloads + k;
         slot[me] = take(&mut free);
+        // Load slots are never reused: a uniform load is filled once per run.
         for r in operands(c) {
-            if last[r] == Some(k) && !freed[r] {
+            if r >= nloads && last[r] == Some(k) && !freed[r] {
                 freed[r] = true;
                 free.push(slot[r]);
             }
@@ -348,19 +349,55 @@ pub(crate) fn run<T: Float>(
     }
     if parts == 1 {
         let part = per_part.pop().expect("one part");
-        run_range(group, inputs, 0, total, part);
+        dispatch(group, inputs, 0, total, part);
     } else {
         rayon::scope(|s| {
             for (p, part) in per_part.into_iter().enumerate() {
                 let (start, end) = (bounds[p], bounds[p + 1]);
-                s.spawn(move |_| run_range(group, inputs, start, end, part));
+                s.spawn(move |_| dispatch(group, inputs, start, end, part));
             }
         });
     }
     outs
 }
 
+/// Runs [`run_range`] compiled for AVX2 where the CPU has it (the default target is
+/// x86-64 with SSE2 only, half the vector width).
+fn dispatch<T: Float>(
+    group: &Group,
+    inputs: &[&Data],
+    start: usize,
+    end: usize,
+    outs: Vec<Out<'_, T>>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: `run_range_avx2` only needs the CPU to have AVX2 and FMA, which was
+        // checked just above; it is otherwise `run_range`.
+        #[allow(unsafe_code)]
+        unsafe {
+            run_range_avx2(group, inputs, start, end, outs)
+        };
+        return;
+    }
+    run_range(group, inputs, start, end, outs);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(unsafe_code)]
+unsafe fn run_range_avx2<T: Float>(
+    group: &Group,
+    inputs: &[&Data],
+    start: usize,
+    end: usize,
+    outs: Vec<Out<'_, T>>,
+) {
+    run_range(group, inputs, start, end, outs);
+}
+
 /// Computes elements `start..end` (row-major over the group's dims) into `outs`.
+#[inline(always)]
 fn run_range<T: Float>(
     group: &Group,
     inputs: &[&Data],
@@ -372,6 +409,20 @@ fn run_range<T: Float>(
     let r = dims.len();
     let inner = dims[r - 1];
     let mut regs: Vec<Vec<T>> = (0..group.slots).map(|_| vec![T::ZERO; CHUNK]).collect();
+    // Loads of one element everywhere (scalars, constants) are filled once.
+    let uniform: Vec<bool> =
+        group.loads.iter().map(|l| l.strides.iter().all(|&s| s == 0)).collect();
+    for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
+        if uniform[k] {
+            let v = if load.bool {
+                let Data::Bool(v) = src else { unreachable!("a bool load") };
+                if v[0] { T::ONE } else { T::ZERO }
+            } else {
+                T::slice(src)[0]
+            };
+            regs[group.slot[k]].fill(v);
+        }
+    }
     let mut pos = start;
     while pos < end {
         let row = pos / inner;
@@ -379,6 +430,9 @@ fn run_range<T: Float>(
         let n = CHUNK.min(inner - j).min(end - pos);
         // Each load's first element of this chunk.
         for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
+            if uniform[k] {
+                continue;
+            }
             let mut off = j * load.strides[r - 1];
             let mut rest = row;
             for d in (0..r - 1).rev() {
@@ -423,7 +477,7 @@ fn run_range<T: Float>(
 }
 
 /// One register instruction over a chunk.
-#[inline]
+#[inline(always)]
 fn eval<T: Float>(c: &Code, regs: &[Vec<T>], slot: &[usize], out: &mut [T]) {
     let n = out.len();
     let r = |k: usize| &regs[slot[k]][..n];
@@ -454,7 +508,8 @@ fn eval<T: Float>(c: &Code, regs: &[Vec<T>], slot: &[usize], out: &mut [T]) {
             Unary::Rsqrt => map1!(a, |x| T::ONE / x.sqrt()),
             Unary::Abs => map1!(a, |x| x.abs()),
             Unary::Square => map1!(a, |x| x * x),
-            Unary::Relu => map1!(a, |x| if x > T::ZERO || x.is_nan() { x } else { T::ZERO }),
+            // One comparison, so it vectorizes: NaN <= 0 is false, so NaN stays NaN.
+            Unary::Relu => map1!(a, |x| if x <= T::ZERO { T::ZERO } else { x }),
             Unary::Gelu => {
                 let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
                 let (half, k) = (T::from_f64(0.5), T::from_f64(0.044715));
