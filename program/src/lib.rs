@@ -11,12 +11,18 @@
 //! devices and `emit` to the host. Dtypes are f32, f64, i32, i64 and bool.
 //!
 //! The text form reads back (`text.parse::<Program>()`, rebuilt through the builder,
-//! so parsed programs are checked like built ones). [`reference::evaluate`] runs a
-//! program with naive loops (the oracle for what comes next). It is **not**, yet, the
-//! fast interpreter, autodiff, optimizers or the `nn` composites: those are the rest of
-//! issue 13 (see the README's status). Nor does
-//! it depend on any sibling: the placer, the sharding crate and the executor meet
-//! programs in the strategy crate.
+//! so parsed programs are checked like built ones). [`grad`] and [`vjp`] differentiate
+//! a program into a new one (reverse mode, following JAX at ties and kinks);
+//! [`TrainStep`] makes forward, backward and an [`Optimizer`]'s update one program;
+//! [`nn`] has the layers models are written with (the transformer of the JAX reference
+//! run among them). Two interpreters run programs: [`reference`](mod@reference) (naive loops, the
+//! oracle) and [`fast`](mod@fast) (GEMM-backed products, fused elementwise chains, pooled
+//! buffers, a thread budget). Collectives, `send`/`recv` and `emit` run through the
+//! [`Collectives`], [`Channels`] and [`HostSink`] of an [`Env`], which the strategy
+//! crate implements over the executor and the outfeed.
+//!
+//! It is **not** a partitioner or a placer (those meet programs in the strategy crate)
+//! and it depends on no sibling crate, only on `types`.
 //!
 //! ```
 //! use meshwork_program::Builder;
