@@ -4,7 +4,7 @@
 //! it equally among the maximal elements, `relu` and `abs` have derivative 0 at 0,
 //! `pow`'s exponent derivative uses `log(1)` where the base is 0.
 
-use meshwork_types::TensorSpec;
+use meshwork_types::{ReduceOp, TensorSpec};
 
 use crate::builder::Builder;
 use crate::op::{Binary, Op, Reduction, Unary};
@@ -544,6 +544,55 @@ impl<'p> Transposer<'p> {
                 )?;
                 vec![Some(dx), Some(dw)]
             }
+            Op::Conv2dBackpropInput { strides, padding, .. } => {
+                // Linear in both: <c, BI(g, w)> = <conv(c, w), g> = <BF(c, g), w>.
+                let (gy, w) = (x[0], x[1]);
+                let filter: [usize; 4] = b.spec(w)?.shape.dims().try_into().expect("rank 4");
+                let dg = b.conv2d(g, w, *strides, *padding)?;
+                let dw = b.push(
+                    Op::Conv2dBackpropFilter { strides: *strides, padding: *padding, filter },
+                    &[g, gy],
+                )?;
+                vec![Some(dg), Some(dw)]
+            }
+            Op::Conv2dBackpropFilter { strides, padding, .. } => {
+                // <c, BF(x, g)> = <conv(x, c), g> = <BI(g, c), x>.
+                let (xi, gy) = (x[0], x[1]);
+                let input: [usize; 4] = b.spec(xi)?.shape.dims().try_into().expect("rank 4");
+                let dx = b.push(
+                    Op::Conv2dBackpropInput { strides: *strides, padding: *padding, input },
+                    &[gy, g],
+                )?;
+                let dg = b.conv2d(xi, g, *strides, *padding)?;
+                vec![Some(dx), Some(dg)]
+            }
+            // A sum or mean over the group is its own transpose.
+            Op::AllReduce { op: op @ (ReduceOp::Sum | ReduceOp::Mean), groups } => {
+                vec![Some(b.all_reduce(g, *op, groups)?)]
+            }
+            Op::AllGather { axis, groups } => {
+                vec![Some(b.reduce_scatter(g, ReduceOp::Sum, *axis, groups)?)]
+            }
+            Op::ReduceScatter { op: op @ (ReduceOp::Sum | ReduceOp::Mean), axis, groups } => {
+                let gathered = b.all_gather(g, *axis, groups)?;
+                if *op == ReduceOp::Mean {
+                    let n = groups.first().map_or(1, Vec::len);
+                    let c = b.scalar_like(gathered, n as f64)?;
+                    vec![Some(b.div(gathered, c)?)]
+                } else {
+                    vec![Some(gathered)]
+                }
+            }
+            Op::AllToAll { split_axis, concat_axis, groups } => {
+                vec![Some(b.all_to_all(g, *concat_axis, *split_axis, groups)?)]
+            }
+            Op::CollectivePermute { pairs } => {
+                let back: Vec<(usize, usize)> = pairs.iter().map(|&(s, t)| (t, s)).collect();
+                vec![Some(b.collective_permute(g, &back)?)]
+            }
+            // Tokens carry no gradient, and what they sent gets none here (the partitioner
+            // pairs a send's gradient with its recv's).
+            Op::Send { .. } | Op::Emit { .. } => vec![None; x.len()],
             Op::Constant { .. } | Op::Iota { .. } | Op::Recv { .. } => Vec::new(),
             other => {
                 return Err(Error::NoTransposeRule { op: other.name(), value: k as u32 });

@@ -668,3 +668,126 @@ fn optimizer_steps_follow_their_formulas() {
         }
     }
 }
+
+/// Transposes of the ops autodiff itself emits (`pad`, `scatter_add`, the conv2d
+/// backprops) equal central differences, so gradient programs can be differentiated
+/// again (conv2d's second order).
+#[test]
+fn transposes_of_transposes_equal_finite_differences() {
+    use crate::{Tensor, grad, reference};
+    type Make<'a> = &'a dyn Fn(&mut Builder, Value, Value) -> crate::Result<Value>;
+    let build: [Make<'_>; 4] = [
+        &|b, x, _| {
+            b.push(Op::Pad { low: vec![1, 0], high: vec![0, 2], interior: vec![1, 0] }, &[x])
+        },
+        &|b, x, u| {
+            let i = b.iota(DType::I64, &[2], 0)?;
+            let u = b.slice(u, &[0, 0], &[2, 3], &[1, 1])?;
+            b.push(Op::ScatterAdd { axis: 0 }, &[x, i, u])
+        },
+        &|b, x, w| {
+            let x4 = b.reshape(x, &[1, 2, 3, 1])?;
+            let w4 = b.reshape(w, &[2, 2, 1, 3])?;
+            let g = b.conv2d(x4, w4, [1, 1], Padding::Same)?;
+            b.push(
+                Op::Conv2dBackpropInput {
+                    strides: [1, 1],
+                    padding: Padding::Same,
+                    input: [1, 2, 3, 1],
+                },
+                &[g, w4],
+            )
+        },
+        &|b, x, w| {
+            let x4 = b.reshape(x, &[1, 2, 3, 1])?;
+            let w4 = b.reshape(w, &[2, 2, 1, 3])?;
+            let g = b.conv2d(x4, w4, [1, 1], Padding::Valid)?;
+            let t = b.tanh(g)?;
+            b.push(
+                Op::Conv2dBackpropFilter {
+                    strides: [1, 1],
+                    padding: Padding::Valid,
+                    filter: [2, 2, 1, 3],
+                },
+                &[x4, t],
+            )
+        },
+    ];
+    for (case, f) in build.iter().enumerate() {
+        let mut b = Builder::new();
+        let x = b.param("x", spec("f64[2,3]")).unwrap();
+        let w = b.param("w", spec("f64[4,3]")).unwrap();
+        let y = f(&mut b, x, w).unwrap();
+        let s = b.sin(y).unwrap();
+        let rank = b.spec(s).unwrap().shape.rank();
+        let axes: Vec<isize> = (0..rank as isize).collect();
+        let loss = b.reduce_sum(s, &axes, false).unwrap();
+        let p = b.finish(&[loss]).unwrap();
+        let g = grad(&p, loss, &[x, w]).unwrap();
+        let xs: Vec<f64> = (0..6).map(|k| 0.3 * k as f64 - 0.7).collect();
+        let ws: Vec<f64> = (0..12).map(|k| 0.2 * (k as f64).sin()).collect();
+        let feed = |xs: &[f64], ws: &[f64]| {
+            vec![
+                Tensor::f64(&[2, 3], xs.to_vec()).unwrap(),
+                Tensor::f64(&[4, 3], ws.to_vec()).unwrap(),
+            ]
+        };
+        let out = reference::evaluate(&g, &feed(&xs, &ws)).unwrap();
+        let l =
+            |xs: &[f64], ws: &[f64]| reference::evaluate(&p, &feed(xs, ws)).unwrap()[0].to_f64()[0];
+        let h = 1e-6;
+        for (which, base) in [(0usize, &xs), (1, &ws)] {
+            for i in 0..base.len() {
+                let (mut up, mut dn) = (base.clone(), base.clone());
+                up[i] += h;
+                dn[i] -= h;
+                let fd = if which == 0 {
+                    (l(&up, &ws) - l(&dn, &ws)) / (2.0 * h)
+                } else {
+                    (l(&xs, &up) - l(&xs, &dn)) / (2.0 * h)
+                };
+                let got = out[1 + which].to_f64()[i];
+                assert!(
+                    (fd - got).abs() <= 1e-6 * (1.0 + got.abs()),
+                    "case {case} input {which}[{i}]: {got} vs fd {fd}"
+                );
+            }
+        }
+    }
+}
+
+/// The collectives' transposes are the collectives JAX uses: all-reduce sum to itself,
+/// all-gather to reduce-scatter and back, all-to-all with its axes swapped, a permute
+/// to the reverse permute.
+#[test]
+fn collectives_transpose_to_their_adjoints() {
+    use meshwork_types::ReduceOp;
+    let groups = vec![vec![0, 1]];
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[4,2]")).unwrap();
+    let a = b.all_reduce(x, ReduceOp::Sum, &groups).unwrap();
+    let g = b.all_gather(a, 0, &groups).unwrap();
+    let r = b.reduce_scatter(g, ReduceOp::Sum, 1, &groups).unwrap();
+    let t = b.all_to_all(r, 0, 1, &groups).unwrap();
+    let p = b.collective_permute(t, &[(0, 1), (1, 0)]).unwrap();
+    let s = b.reduce_sum(p, &[0, 1], false).unwrap();
+    let prog = b.finish(&[s]).unwrap();
+    let back = crate::grad(&prog, s, &[x]).unwrap().to_string();
+    for want in [
+        "collective_permute(",
+        "all_to_all(",
+        "split_axis=1, concat_axis=0",
+        "all_gather(",
+        "reduce_scatter(",
+        "all_reduce(",
+    ] {
+        assert!(back.contains(want), "{want} in\n{back}");
+    }
+    // Max has no transpose here.
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[2]")).unwrap();
+    let m = b.all_reduce(x, ReduceOp::Max, &groups).unwrap();
+    let s = b.reduce_sum(m, &[0], false).unwrap();
+    let prog = b.finish(&[s]).unwrap();
+    assert!(matches!(crate::grad(&prog, s, &[x]), Err(Error::NoTransposeRule { .. })));
+}
