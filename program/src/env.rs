@@ -169,19 +169,3 @@ pub(crate) fn communicate(
     }
     Ok(out)
 }
-
-/// Whether `op` runs through the [`Env`].
-pub(crate) fn communicates(op: &crate::Op) -> bool {
-    use crate::Op;
-    matches!(
-        op,
-        Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. }
-            | Op::Send { .. }
-            | Op::Recv { .. }
-            | Op::Emit { .. }
-    )
-}

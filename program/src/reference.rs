@@ -9,7 +9,7 @@
 
 use meshwork_types::{DType, Shape};
 
-use crate::env::{Env, communicate, communicates};
+use crate::env::{Env, communicate};
 use crate::op::{Binary, Compare, Op, Padding, Reduction, Unary};
 use crate::program::{Program, Value};
 use crate::tensor::{Data, Tensor};
@@ -110,7 +110,7 @@ fn to_tensor(v: Val) -> Result<Tensor> {
 }
 
 /// Row-major strides of `dims`.
-fn strides(dims: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; dims.len()];
     for k in (0..dims.len().saturating_sub(1)).rev() {
         s[k] = s[k + 1] * dims[k + 1];
@@ -300,7 +300,7 @@ pub fn evaluate_with(program: &Program, inputs: &[Tensor], env: &Env<'_>) -> Res
         let at = format!("%{} ({})", program.params().len() + i, instr.op.name());
         let dims = instr.spec.shape.dims().to_vec();
         let dtype = instr.spec.dtype;
-        if communicates(&instr.op) {
+        if instr.op.communicates() {
             let args = instr
                 .args
                 .iter()
@@ -751,7 +751,7 @@ fn take_map(table: &[usize], axis: usize, idx: &Val, out: &[usize]) -> Result<Ve
 }
 
 /// `(product of dims before axis, dims[axis], product of dims after)`.
-fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+pub(crate) fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
     (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
 }
 

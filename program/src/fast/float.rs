@@ -20,6 +20,8 @@ pub(crate) trait Float:
     const ONE: Self;
     const NAN: Self;
     const NEG_INFINITY: Self;
+    /// The dtype of this type.
+    const DTYPE: meshwork_types::DType;
     fn from_f64(x: f64) -> Self;
     fn from_usize(x: usize) -> Self;
     fn exp(self) -> Self;
@@ -68,6 +70,7 @@ macro_rules! float {
             const ONE: Self = 1.0;
             const NAN: Self = <$t>::NAN;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const DTYPE: meshwork_types::DType = meshwork_types::DType::$variant;
             #[inline(always)]
             fn from_f64(x: f64) -> Self {
                 x as $t

@@ -11,6 +11,7 @@ use meshwork_types::DType;
 
 use super::float::Float;
 use crate::op::{Padding, Reduction};
+pub(crate) use crate::reference::{split, strides};
 use crate::tensor::Data;
 use crate::{Error, Result};
 
@@ -24,15 +25,6 @@ pub(crate) trait Alloc {
 
 fn runtime(at: &str, problem: String) -> Error {
     Error::Runtime { at: at.to_string(), problem }
-}
-
-/// Row-major strides of `dims`.
-pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; dims.len()];
-    for k in (0..dims.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * dims[k + 1];
-    }
-    s
 }
 
 /// `out[i] = src[offset + Σ_d i_d · strides_d]` for every index `i` of `dims`, row-major.
@@ -228,7 +220,7 @@ pub(crate) fn scatter_add<T: Float>(
     let (xd, xv) = x;
     let (before, n, after) = split(xd, axis);
     let rows = rows(idx, n, axis, "operand", at)?;
-    let mut d = a.alloc(dtype_of::<T>(), xv.len());
+    let mut d = a.alloc(T::DTYPE, xv.len());
     let out = T::slice_mut(&mut d);
     out.copy_from_slice(xv);
     let mut pos = 0usize;
@@ -247,7 +239,7 @@ pub(crate) fn scatter_add<T: Float>(
 /// One-hot rows of `depth` of type `T`; indices outside `0..depth` give zeros.
 pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Data, depth: usize) -> Data {
     let idx = indices(idx);
-    let mut d = a.alloc(dtype_of::<T>(), idx.len() * depth);
+    let mut d = a.alloc(T::DTYPE, idx.len() * depth);
     let out = T::slice_mut(&mut d);
     out.fill(T::ZERO);
     for (k, &i) in idx.iter().enumerate() {
@@ -256,19 +248,6 @@ pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Data, depth: usize) -> 
         }
     }
     d
-}
-
-pub(crate) fn dtype_of<T: Float>() -> DType {
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
-        DType::F32
-    } else {
-        DType::F64
-    }
-}
-
-/// `(product of dims before axis, dims[axis], product of dims after)`.
-pub(crate) fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
 }
 
 /// A sum of a contiguous run, eight lanes at a time (vectorizes; pairs rounding
@@ -304,7 +283,7 @@ pub(crate) fn reduce<T: Float>(
     let r = dims.len();
     let count: usize = axes.iter().map(|&d| dims[d]).product();
     let kept: usize = (0..r).filter(|d| !axes.contains(d)).map(|d| dims[d]).product();
-    let mut d = a.alloc(dtype_of::<T>(), kept);
+    let mut d = a.alloc(T::DTYPE, kept);
     let out = T::slice_mut(&mut d);
     let is_prefix = axes.iter().enumerate().all(|(k, &ax)| k == ax);
     let is_suffix = axes.iter().rev().enumerate().all(|(k, &ax)| ax == r - 1 - k);
@@ -358,7 +337,7 @@ pub(crate) fn softmax<T: Float>(
     log: bool,
 ) -> Data {
     let (outer, n, inner) = split(dims, axis);
-    let mut d = a.alloc(dtype_of::<T>(), x.len());
+    let mut d = a.alloc(T::DTYPE, x.len());
     let out = T::slice_mut(&mut d);
     if inner == 1 {
         for (row, o) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
@@ -529,7 +508,7 @@ pub(crate) fn dot_general<T: Float>(
     let l = as_matrix(lv, ld, [lhs_batch, &lfree, lhs_contract], &mut lc);
     let r = as_matrix(rv, rd, [rhs_batch, rhs_contract, &rfree], &mut rc);
     let threads = a.threads();
-    let mut d = a.alloc(dtype_of::<T>(), b * m * n);
+    let mut d = a.alloc(T::DTYPE, b * m * n);
     gemm(b, m, n, k, l, r, T::slice_mut(&mut d), threads);
     d
 }
@@ -625,7 +604,7 @@ impl Conv {
         let p = self.im2col(x, at)?;
         let o = self.w[3];
         let threads = a.threads();
-        let mut d = a.alloc(dtype_of::<T>(), rows * o);
+        let mut d = a.alloc(T::DTYPE, rows * o);
         let lhs = Mat { data: &p, batch: 0, row: cols, col: 1 };
         let rhs = Mat { data: w, batch: 0, row: o, col: 1 };
         gemm(1, rows, o, cols, lhs, rhs, T::slice_mut(&mut d), threads);
@@ -646,7 +625,7 @@ impl Conv {
         let lhs = Mat { data: g, batch: 0, row: o, col: 1 };
         let rhs = Mat { data: w, batch: 0, row: 1, col: o };
         gemm(1, rows, cols, o, lhs, rhs, &mut dp, a.threads());
-        let mut d = a.alloc(dtype_of::<T>(), self.x.iter().product());
+        let mut d = a.alloc(T::DTYPE, self.x.iter().product());
         let dx = T::slice_mut(&mut d);
         dx.fill(T::ZERO);
         self.walk(|pi, xi| dx[xi] += dp[pi]);
@@ -665,7 +644,7 @@ impl Conv {
         let p = self.im2col(x, at)?;
         let o = self.w[3];
         let threads = a.threads();
-        let mut d = a.alloc(dtype_of::<T>(), cols * o);
+        let mut d = a.alloc(T::DTYPE, cols * o);
         let lhs = Mat { data: &p, batch: 0, row: 1, col: cols };
         let rhs = Mat { data: g, batch: 0, row: o, col: 1 };
         gemm(1, cols, o, rows, lhs, rhs, T::slice_mut(&mut d), threads);

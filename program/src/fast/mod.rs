@@ -36,7 +36,7 @@ use meshwork_types::DType;
 
 use self::float::Float;
 use self::kernels::{Alloc, Conv};
-use crate::env::{Env, communicate, communicates};
+use crate::env::{Env, communicate};
 use crate::op::Op;
 use crate::program::{Program, Value};
 use crate::tensor::{Data, Tensor};
@@ -264,7 +264,7 @@ impl Executable {
                 Step::Instr(i) => {
                     let instr = &p.instrs()[*i];
                     let at = format!("%{} ({})", np + i, instr.op.name());
-                    let out = if communicates(&instr.op) {
+                    let out = if instr.op.communicates() {
                         let args = instr
                             .args
                             .iter()
