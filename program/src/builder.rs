@@ -108,10 +108,20 @@ impl Builder {
     /// Runs `f` with `name` appended to the scope: parameters and named values made
     /// inside get `name.` in front (`layers.0.attn.wq`).
     pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Builder) -> Result<T>) -> Result<T> {
-        self.scope.push(name.to_string());
+        self.enter(name);
         let out = f(self);
-        self.scope.pop();
+        self.leave();
         out
+    }
+
+    /// Opens scope `name` (closed by [`leave`](Self::leave)); for [`Graph`](crate::Graph).
+    pub(crate) fn enter(&mut self, name: &str) {
+        self.scope.push(name.to_string());
+    }
+
+    /// Closes the innermost scope.
+    pub(crate) fn leave(&mut self) {
+        self.scope.pop();
     }
 
     /// Names the instruction that defines `v` (within the current scopes).

@@ -109,6 +109,13 @@ pub enum Error {
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,
+    /// A [`Graph`](crate::Graph) used from inside its own [`Graph::with`](crate::Graph::with)
+    /// closure, while its builder is lent out.
+    #[error("{op}: the graph's builder is in use by an enclosing `Graph::with`")]
+    GraphBusy {
+        /// What was attempted.
+        op: &'static str,
+    },
 }
 
 fn specs(operands: &[TensorSpec]) -> String {

@@ -10,6 +10,10 @@
 //! plus `convert`, `iota`, the collectives over replica groups, `send`/`recv` between
 //! devices and `emit` to the host. Dtypes are f32, f64, i32, i64 and bool.
 //!
+//! Model code can also use value handles: a [`Graph`] hands out [`Var`]s that chain
+//! ops as methods and take `+ - * /` (`(x.matmul(w)? + b)?.relu()?`), each step checked
+//! like the builder's.
+//!
 //! The text form reads back (`text.parse::<Program>()`, rebuilt through the builder,
 //! so parsed programs are checked like built ones). [`grad`] and [`vjp`] differentiate
 //! a program into a new one (reverse mode, following JAX at ties and kinks);
@@ -49,6 +53,7 @@ mod env;
 mod error;
 pub mod fast;
 mod grad;
+mod graph;
 mod infer;
 pub mod nn;
 mod op;
@@ -62,6 +67,7 @@ pub use builder::Builder;
 pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
 pub use grad::{grad, vjp};
+pub use graph::{Graph, Var};
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
 pub use optim::{Optimizer, TrainStep};
 pub use program::{Instr, Param, Program, Value};

@@ -791,3 +791,105 @@ fn collectives_transpose_to_their_adjoints() {
     let prog = b.finish(&[s]).unwrap();
     assert!(matches!(crate::grad(&prog, s, &[x]), Err(Error::NoTransposeRule { .. })));
 }
+
+/// Model code with handles and operators builds exactly the program the builder's
+/// method calls build, and its mistakes are the builder's typed errors.
+#[test]
+fn graph_operators_build_what_the_builder_builds() {
+    use crate::Graph;
+
+    let g = Graph::new();
+    let x = g.param("x", spec("f64[4,3]")).unwrap();
+    let loss = g
+        .scope("mlp", |g| {
+            let w = g.param("w", spec("f64[3,5]"))?;
+            let b = g.param("b", spec("f64[5]"))?;
+            let h = (x.matmul(w)? + b)?.relu()?;
+            let y = ((2.0 * h)? - 1.0)?;
+            let z = (-(y / h.exp()?)? * y)?;
+            z.reduce_mean(&[0, 1], false)?.named("loss")
+        })
+        .unwrap();
+    let with_ops = g.finish(&[loss]).unwrap();
+
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[4,3]")).unwrap();
+    let loss = b
+        .scope("mlp", |b| {
+            let w = b.param("w", spec("f64[3,5]"))?;
+            let bias = b.param("b", spec("f64[5]"))?;
+            let m = b.matmul(x, w)?;
+            let s = b.add(m, bias)?;
+            let h = b.relu(s)?;
+            let two = b.constant(2.0, DType::F64)?;
+            let h2 = b.mul(two, h)?;
+            let one = b.constant(1.0, DType::F64)?;
+            let y = b.sub(h2, one)?;
+            let e = b.exp(h)?;
+            let q = b.div(y, e)?;
+            let n = b.neg(q)?;
+            let z = b.mul(n, y)?;
+            let l = b.reduce_mean(z, &[0, 1], false)?;
+            b.name(l, "loss")
+        })
+        .unwrap();
+    let with_calls = b.finish(&[loss]).unwrap();
+    assert_eq!(with_ops.to_string(), with_calls.to_string());
+
+    // Mistakes: the builder's typed error, through the operator and through `?`.
+    let g = Graph::new();
+    let a = g.param("a", spec("f32[2,3]")).unwrap();
+    let c = g.param("c", spec("f32[2]")).unwrap();
+    let e = (a + c).unwrap_err().to_string();
+    assert!(e.contains("add(f32[2,3], f32[2])") && e.contains("do not broadcast"), "{e}");
+    let e = ((a * 3.0) + c).unwrap_err().to_string();
+    assert!(e.contains("add(f32[2,3], f32[2])"), "{e}");
+    assert!(matches!(a.matmul(a), Err(Error::Type { op: "dot_general", .. })));
+    assert!(a.reduce_sum(&[2], false).is_err());
+    // A handle of another graph is refused, not silently read as this graph's value.
+    let other = Graph::new();
+    let o = other.param("o", spec("f32[2,3]")).unwrap();
+    let e = (a + o).unwrap_err().to_string();
+    assert!(e.contains("another graph"), "{e}");
+    assert!(g.finish(&[o]).is_err());
+    // A handle used while its builder is lent to `with` is refused, not a RefCell panic.
+    let busy = g.with(|_| a.relu().map(|v| v.value()));
+    assert_eq!(busy.unwrap_err(), Error::GraphBusy { op: "var" });
+    assert!(matches!(g.with(|_| g.param("z", spec("f32[1]"))), Err(Error::GraphBusy { .. })));
+    // After finish, old handles refer to nothing.
+    let p = g.finish(&[a]).unwrap();
+    assert_eq!(p.params().len(), 2);
+    assert!(matches!(a.relu(), Err(Error::UndefinedValue { .. })));
+    assert!(g.var(Value(0)).is_err());
+}
+
+/// Operators compute what they say: `2x - 1`, `x / y`, `-x` against plain Rust.
+#[test]
+fn graph_operators_evaluate_to_their_arithmetic() {
+    use crate::{Graph, Tensor};
+
+    let g = Graph::new();
+    let x = g.param("x", spec("f64[3]")).unwrap();
+    let y = g.param("y", spec("f64[3]")).unwrap();
+    let a = ((2.0 * x).unwrap() - 1.0).unwrap();
+    let q = (x / y).unwrap();
+    let n = (-x).unwrap();
+    let r = (1.0 / y).unwrap();
+    let p = g.finish(&[a, q, n, r]).unwrap();
+    let xs = vec![0.5, -2.0, 3.0];
+    let ys = vec![4.0, 0.25, -1.5];
+    let out = crate::reference::evaluate(
+        &p,
+        &[Tensor::f64(&[3], xs.clone()).unwrap(), Tensor::f64(&[3], ys.clone()).unwrap()],
+    )
+    .unwrap();
+    let want: [Vec<f64>; 4] = [
+        xs.iter().map(|x| 2.0 * x - 1.0).collect(),
+        xs.iter().zip(&ys).map(|(x, y)| x / y).collect(),
+        xs.iter().map(|x| -x).collect(),
+        ys.iter().map(|y| 1.0 / y).collect(),
+    ];
+    for (got, want) in out.iter().zip(want) {
+        assert_eq!(got.to_f64(), want);
+    }
+}
