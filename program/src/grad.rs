@@ -15,7 +15,8 @@ use crate::{Error, Result};
 /// cotangent per float result (named `cotangent.K` for result `K`, of its spec), and
 /// returning the original results and then, for each value of `wrt` (parameters of
 /// float dtype), the gradient of `Σ_k sum(cotangent_k · result_k)` with respect to it.
-/// Integer and bool results carry no cotangent.
+/// Integer and bool results carry no cotangent. Instructions that reach no result are
+/// removed ([`Program::without_dead_code`]).
 pub fn vjp(program: &Program, wrt: &[Value]) -> Result<Program> {
     let mut t = Transposer::forward(program, wrt)?;
     let mut cotangents = Vec::new();
@@ -31,7 +32,8 @@ pub fn vjp(program: &Program, wrt: &[Value]) -> Result<Program> {
 
 /// `grad(program, loss, wrt)`: a program taking the original parameters and returning
 /// `loss` (a rank-0 float value of the program) and then its gradient with respect to
-/// each value of `wrt`.
+/// each value of `wrt`. Instructions that reach no result (the cotangents of
+/// parameters not in `wrt`) are removed ([`Program::without_dead_code`]).
 pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
     let spec = program
         .spec(loss)
@@ -48,7 +50,7 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
     let l = t.map[loss.index()];
     let mut out = t.backward_to(&[(l, one)], wrt)?;
     out.insert(0, l);
-    t.b.finish(&out)
+    Ok(t.b.finish(&out)?.without_dead_code())
 }
 
 /// Builds the forward program into a builder, then the backward pass after it.
@@ -108,7 +110,7 @@ impl<'p> Transposer<'p> {
         let grads = self.backward_to(seeds, wrt)?;
         let mut out: Vec<Value> = program.results().iter().map(|r| self.map[r.index()]).collect();
         out.extend(grads);
-        self.b.finish(&out)
+        Ok(self.b.finish(&out)?.without_dead_code())
     }
 
     /// Runs the backward pass from `seeds` (builder value, its cotangent) and returns
@@ -363,48 +365,76 @@ impl<'p> Transposer<'p> {
                 let rfree: Vec<usize> = (0..rr)
                     .filter(|d| !rhs_contract.contains(d) && !rhs_batch.contains(d))
                     .collect();
-                let (nl, nr) = (lfree.len(), rfree.len());
+                let (nl, nr, nc) = (lfree.len(), rfree.len(), lhs_contract.len());
                 let gb: Vec<usize> = (0..nb).collect();
-                // d lhs: contract g's rhs-free dims with rhs's free dims, batch with batch.
-                let g_rfree: Vec<usize> = (nb + nl..nb + nl + nr).collect();
-                let dl = b.dot_general(g, r, &g_rfree, &rfree, &gb, rhs_batch)?;
-                // dl's dims: batch, lhs free, then rhs's contracted dims in rhs order.
+                let (g_lfree, g_rfree): (Vec<usize>, Vec<usize>) =
+                    ((nb..nb + nl).collect(), (nb + nl..nb + nl + nr).collect());
                 let mut rc_sorted: Vec<usize> = rhs_contract.clone();
                 rc_sorted.sort_unstable();
-                let mut perm = vec![0usize; lr];
-                for (d, slot) in perm.iter_mut().enumerate() {
-                    *slot = if let Some(i) = lhs_batch.iter().position(|&e| e == d) {
-                        i
-                    } else if let Some(j) = lfree.iter().position(|&e| e == d) {
-                        nb + j
-                    } else {
-                        let i =
-                            lhs_contract.iter().position(|&e| e == d).expect("a contracted dim");
-                        nb + nl
-                            + rc_sorted.iter().position(|&e| e == rhs_contract[i]).expect("sorted")
-                    };
-                }
-                let dl = b.transpose(dl, &perm)?;
-                // d rhs: contract g's lhs-free dims with lhs's free dims.
-                let g_lfree: Vec<usize> = (nb..nb + nl).collect();
-                let dr = b.dot_general(g, l, &g_lfree, &lfree, &gb, lhs_batch)?;
-                // dr's dims: batch, rhs free, then lhs's contracted dims in lhs order.
                 let mut lc_sorted: Vec<usize> = lhs_contract.clone();
                 lc_sorted.sort_unstable();
-                let mut perm = vec![0usize; rr];
-                for (d, slot) in perm.iter_mut().enumerate() {
-                    *slot = if let Some(i) = rhs_batch.iter().position(|&e| e == d) {
-                        i
-                    } else if let Some(j) = rfree.iter().position(|&e| e == d) {
-                        nb + j
+                // Where each dim of an operand lands in a product of the cotangent with
+                // the other operand: batch dims first, then the product's two free
+                // groups, `first` (`nf` dims) before `second`. `free` are the operand's
+                // free dims; its contracted dim `i` pairs with the other operand's
+                // `other_contract[i]`, which lands in that operand's sorted order.
+                let place = |rank: usize,
+                             batch: &[usize],
+                             free: &[usize],
+                             contract: &[usize],
+                             other_contract: &[usize],
+                             other_sorted: &[usize],
+                             free_first: bool| {
+                    let (free_at, contract_at) =
+                        if free_first { (nb, nb + free.len()) } else { (nb + nc, nb) };
+                    (0..rank)
+                        .map(|d| {
+                            if let Some(i) = batch.iter().position(|&e| e == d) {
+                                i
+                            } else if let Some(j) = free.iter().position(|&e| e == d) {
+                                free_at + j
+                            } else {
+                                let i = contract.iter().position(|&e| e == d).expect("contracted");
+                                let o = other_contract[i];
+                                contract_at
+                                    + other_sorted.iter().position(|&e| e == o).expect("sorted")
+                            }
+                        })
+                        .collect::<Vec<usize>>()
+                };
+                let identity = |p: &[usize]| p.iter().enumerate().all(|(k, &d)| k == d);
+                // d lhs: g's rhs-free dims contracted with rhs's free dims, batch with
+                // batch, as `g · rhs` (lhs free dims first) or `rhs · g` (the
+                // contracted dims first), whichever needs no transpose.
+                let perm =
+                    place(lr, lhs_batch, &lfree, lhs_contract, rhs_contract, &rc_sorted, true);
+                let dl = if identity(&perm) {
+                    b.dot_general(g, r, &g_rfree, &rfree, &gb, rhs_batch)?
+                } else {
+                    let swapped =
+                        place(lr, lhs_batch, &lfree, lhs_contract, rhs_contract, &rc_sorted, false);
+                    if identity(&swapped) {
+                        b.dot_general(r, g, &rfree, &g_rfree, rhs_batch, &gb)?
                     } else {
-                        let i =
-                            rhs_contract.iter().position(|&e| e == d).expect("a contracted dim");
-                        nb + nr
-                            + lc_sorted.iter().position(|&e| e == lhs_contract[i]).expect("sorted")
-                    };
-                }
-                let dr = b.transpose(dr, &perm)?;
+                        let dl = b.dot_general(g, r, &g_rfree, &rfree, &gb, rhs_batch)?;
+                        b.transpose(dl, &perm)?
+                    }
+                };
+                // d rhs: g's lhs-free dims contracted with lhs's free dims.
+                let perm =
+                    place(rr, rhs_batch, &rfree, rhs_contract, lhs_contract, &lc_sorted, true);
+                let dr = if identity(&perm) {
+                    b.dot_general(g, l, &g_lfree, &lfree, &gb, lhs_batch)?
+                } else {
+                    let swapped =
+                        place(rr, rhs_batch, &rfree, rhs_contract, lhs_contract, &lc_sorted, false);
+                    if identity(&swapped) {
+                        b.dot_general(l, g, &lfree, &g_lfree, lhs_batch, &gb)?
+                    } else {
+                        let dr = b.dot_general(g, l, &g_lfree, &lfree, &gb, lhs_batch)?;
+                        b.transpose(dr, &perm)?
+                    }
+                };
                 vec![Some(dl), Some(dr)]
             }
             Op::Reduce { kind, axes, keepdims } => {

@@ -180,7 +180,11 @@ impl TrainStep {
         let mut results = vec![g.results()[0]];
         results.extend(new_params);
         results.extend(new_state);
-        Ok(TrainStep { program: b.finish(&results)?, trained: wrt.to_vec(), optimizer })
+        Ok(TrainStep {
+            program: b.finish(&results)?.without_dead_code(),
+            trained: wrt.to_vec(),
+            optimizer,
+        })
     }
 
     /// The initial optimizer state: zeros of each state tensor's spec, in input order.

@@ -92,6 +92,41 @@ impl Program {
         v.index().checked_sub(self.params.len()).and_then(|i| self.instrs.get(i))
     }
 
+    /// The program without its dead code: instructions whose values reach no result
+    /// are dropped, except those that communicate (collectives, `send`/`recv`, `emit`:
+    /// their peers and the host count on them) and what they read. Parameters stay, so
+    /// the program is called as before; values are renumbered in order.
+    pub fn without_dead_code(&self) -> Program {
+        let np = self.params.len();
+        let mut live = vec![false; self.num_values()];
+        for r in &self.results {
+            live[r.index()] = true;
+        }
+        for (i, instr) in self.instrs.iter().enumerate().rev() {
+            if instr.op.communicates() {
+                live[np + i] = true;
+            }
+            if live[np + i] {
+                for a in &instr.args {
+                    live[a.index()] = true;
+                }
+            }
+        }
+        let mut map: Vec<Value> = (0..np as u32).map(Value).collect();
+        let mut instrs = Vec::new();
+        for (i, instr) in self.instrs.iter().enumerate() {
+            // A dead value maps to nothing anyone reads; keep the slot for indexing.
+            map.push(Value((np + instrs.len()) as u32));
+            if live[np + i] {
+                let mut kept = instr.clone();
+                kept.args.iter_mut().for_each(|a| *a = map[a.index()]);
+                instrs.push(kept);
+            }
+        }
+        let results = self.results.iter().map(|r| map[r.index()]).collect();
+        Program { params: self.params.clone(), instrs, results }
+    }
+
     /// The value whose name (a parameter's or a named instruction's) is `name`.
     pub fn value_named(&self, name: &str) -> Option<Value> {
         let param = self.params.iter().position(|p| p.name == name);

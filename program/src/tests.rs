@@ -893,3 +893,39 @@ fn graph_operators_evaluate_to_their_arithmetic() {
         assert_eq!(got.to_f64(), want);
     }
 }
+
+/// A training step computes no gradient nobody asked for (the input's, of a product
+/// whose other operand is trained), keeps what communicates, and its weight gradients
+/// come out of `dot_general` in the weights' layout, with no transpose copy.
+#[test]
+fn gradients_hold_no_dead_code_and_no_transpose_of_products() {
+    use crate::{Optimizer, TrainStep, grad};
+
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[8,5]")).unwrap();
+    let w = b.param("w", spec("f64[5,3]")).unwrap();
+    let h = b.matmul(x, w).unwrap();
+    let h = b.tanh(h).unwrap();
+    let s = b.reduce_sum(h, &[0, 1], false).unwrap();
+    let _tok = b.emit(&[s], 7).unwrap();
+    let unused = b.exp(x).unwrap();
+    let _ = b.reduce_sum(unused, &[0], false).unwrap();
+    let p = b.finish(&[s]).unwrap();
+    let ops = |p: &Program| p.instrs().iter().map(|i| i.op.name()).collect::<Vec<_>>();
+
+    let pruned = p.without_dead_code();
+    assert_eq!(ops(&pruned), ["dot_general", "tanh", "reduce_sum", "emit"]);
+    let g = grad(&p, s, &[w]).unwrap();
+    let names = ops(&g);
+    // One product forward, one for dw; none for dx, no transpose, no exp.
+    assert_eq!(names.iter().filter(|n| **n == "dot_general").count(), 2, "{g}");
+    assert!(!names.contains(&"transpose") && !names.contains(&"exp"), "{g}");
+    assert!(names.contains(&"emit"), "{g}");
+    let dw = g.results()[1];
+    assert_eq!(g.spec(dw).unwrap().to_string(), "f64[5,3]");
+    assert_eq!(g.instr(dw).unwrap().op.name(), "dot_general", "{g}");
+
+    let step = TrainStep::new(&p, s, &[w], Optimizer::Sgd).unwrap();
+    let names = ops(&step.program);
+    assert_eq!(names.iter().filter(|n| **n == "dot_general").count(), 2, "{}", step.program);
+}

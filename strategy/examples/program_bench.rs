@@ -11,7 +11,8 @@
 //! JAX's figures come from `strategy/benches/jax/*.py`, run here when `python3` can
 //! import jax (`pip install jax==0.10.2 numpy`); otherwise those rows say so.
 //!
-//! `cargo run --release -p meshwork-strategy --example program_bench`
+//! `cargo run --release -p meshwork-strategy --example program_bench [gemm] [chain] [mlp]`
+//! (the sections named, or all of them).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -251,11 +252,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Options::default().threads,
         std::thread::available_parallelism().map_or(1, usize::from)
     );
-    let gemm_jax = jax("gemm_jax.py");
-    gemm(&gemm_jax)?;
-    chain()?;
-    let mlp_jax = jax("mlp_train_jax.py");
-    mlp_step(&mlp_jax)?;
+    // Sections to run: any of `gemm`, `chain`, `mlp` as arguments; all by default.
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let gemm_jax = if run("gemm") { jax("gemm_jax.py") } else { None };
+    if run("gemm") {
+        gemm(&gemm_jax)?;
+    }
+    if run("chain") {
+        chain()?;
+    }
+    let mlp_jax = if run("mlp") { jax("mlp_train_jax.py") } else { None };
+    if run("mlp") {
+        mlp_step(&mlp_jax)?;
+    }
     println!();
     for l in gemm_jax.iter().chain(&mlp_jax).flatten() {
         println!("  [jax] {l}");

@@ -56,6 +56,9 @@ pub(crate) struct Group {
     pub slots: usize,
     /// Members written out: (register, value, bool).
     pub outputs: Vec<(usize, Value, bool)>,
+    /// `direct[k]`: the output code `k` computes straight into (a float output no
+    /// member reads).
+    pub direct: Vec<Option<usize>>,
     /// The instructions (indices into the program's instructions).
     pub members: Vec<usize>,
 }
@@ -193,8 +196,15 @@ fn build(
         })
         .collect();
     let (slot, slots) = allocate(loads.len(), &code, &outputs);
+    let read: Vec<usize> = code.iter().flat_map(operands).collect();
+    let direct = (0..code.len())
+        .map(|k| {
+            let reg = loads.len() + k;
+            outputs.iter().position(|&(r, _, b)| r == reg && !b).filter(|_| !read.contains(&reg))
+        })
+        .collect();
     let (collapsed, loads) = collapse(&dims, loads);
-    Group { dtype, dims, collapsed, loads, code, slot, slots, outputs, members }
+    Group { dtype, dims, collapsed, loads, code, slot, slots, outputs, direct, members }
 }
 
 /// Element strides of a value of `from` dims read as broadcast (NumPy, right-aligned)
@@ -397,6 +407,11 @@ unsafe fn run_range_avx2<T: Float>(
 }
 
 /// Computes elements `start..end` (row-major over the group's dims) into `outs`.
+///
+/// A chunk never crosses a row of the innermost (collapsed) dim, so a load walking it
+/// with stride 1 is read in place; other loads are gathered into a chunk buffer (a
+/// uniform one filled once). A member written out that no member reads is computed
+/// straight into its output.
 #[inline(always)]
 fn run_range<T: Float>(
     group: &Group,
@@ -408,21 +423,39 @@ fn run_range<T: Float>(
     let dims = &group.collapsed;
     let r = dims.len();
     let inner = dims[r - 1];
+    let nl = group.loads.len();
     let mut regs: Vec<Vec<T>> = (0..group.slots).map(|_| vec![T::ZERO; CHUNK]).collect();
     // Loads of one element everywhere (scalars, constants) are filled once.
     let uniform: Vec<bool> =
         group.loads.iter().map(|l| l.strides.iter().all(|&s| s == 0)).collect();
+    let in_place: Vec<bool> = group
+        .loads
+        .iter()
+        .zip(&uniform)
+        .map(|(l, &u)| !u && !l.bool && l.strides[r - 1] == 1)
+        .collect();
+    let floats: Vec<&[T]> = group
+        .loads
+        .iter()
+        .zip(inputs)
+        .map(|(l, src)| if l.bool { &[][..] } else { T::slice(src) })
+        .collect();
+    let mut lbuf: Vec<Vec<T>> =
+        in_place.iter().map(|&p| if p { Vec::new() } else { vec![T::ZERO; CHUNK] }).collect();
     for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
         if uniform[k] {
             let v = if load.bool {
                 let Data::Bool(v) = src else { unreachable!("a bool load") };
                 if v[0] { T::ONE } else { T::ZERO }
             } else {
-                T::slice(src)[0]
+                floats[k][0]
             };
-            regs[group.slot[k]].fill(v);
+            lbuf[k].fill(v);
         }
     }
+    let written: Vec<bool> =
+        (0..group.outputs.len()).map(|o| group.direct.contains(&Some(o))).collect();
+    let mut offs = vec![0usize; nl];
     let mut pos = start;
     while pos < end {
         let row = pos / inner;
@@ -439,33 +472,65 @@ fn run_range<T: Float>(
                 off += (rest % dims[d]) * load.strides[d];
                 rest /= dims[d];
             }
+            offs[k] = off;
+            if in_place[k] {
+                prefetch(&floats[k][(off + n).min(floats[k].len())..], n);
+                continue;
+            }
             let s = load.strides[r - 1];
-            let dst = &mut regs[group.slot[k]][..n];
+            let dst = &mut lbuf[k][..n];
             if load.bool {
                 let Data::Bool(v) = src else { unreachable!("a bool load") };
                 for (e, o) in dst.iter_mut().enumerate() {
                     *o = if v[off + e * s] { T::ONE } else { T::ZERO };
                 }
             } else {
-                let v = T::slice(src);
+                let v = floats[k];
                 match s {
                     0 => dst.fill(v[off]),
-                    1 => dst.copy_from_slice(&v[off..off + n]),
                     _ => dst.iter_mut().enumerate().for_each(|(e, o)| *o = v[off + e * s]),
                 }
             }
         }
-        let nl = group.loads.len();
-        for (k, c) in group.code.iter().enumerate() {
-            let d = group.slot[nl + k];
-            let mut out = std::mem::take(&mut regs[d]);
-            eval(c, &regs, &group.slot, &mut out[..n]);
-            regs[d] = out;
-        }
         let off = pos - start;
-        for (o, &(reg, _, _)) in outs.iter_mut().zip(&group.outputs) {
+        for (k, c) in group.code.iter().enumerate() {
+            match group.direct[k] {
+                Some(o) => {
+                    let Out::Float(v) = &mut outs[o] else { unreachable!("a float output") };
+                    let chunk = Chunk {
+                        n,
+                        in_place: &in_place,
+                        floats: &floats,
+                        offs: &offs,
+                        lbuf: &lbuf,
+                        regs: &regs,
+                        slot: &group.slot,
+                    };
+                    eval(c, |reg| chunk.get(reg), &mut v[off..off + n]);
+                }
+                None => {
+                    let d = group.slot[nl + k];
+                    let mut out = std::mem::take(&mut regs[d]);
+                    let chunk = Chunk {
+                        n,
+                        in_place: &in_place,
+                        floats: &floats,
+                        offs: &offs,
+                        lbuf: &lbuf,
+                        regs: &regs,
+                        slot: &group.slot,
+                    };
+                    eval(c, |reg| chunk.get(reg), &mut out[..n]);
+                    regs[d] = out;
+                }
+            }
+        }
+        for (o, (out, &(reg, _, _))) in outs.iter_mut().zip(&group.outputs).enumerate() {
+            if written[o] {
+                continue;
+            }
             let src = &regs[group.slot[reg]][..n];
-            match o {
+            match out {
                 Out::Float(v) => v[off..off + n].copy_from_slice(src),
                 Out::Bool(v) => {
                     v[off..off + n].iter_mut().zip(src).for_each(|(b, &x)| *b = x != T::ZERO)
@@ -476,11 +541,57 @@ fn run_range<T: Float>(
     }
 }
 
+/// Asks the CPU to bring the first `n` elements of `v` into cache (the next chunk of
+/// a load read in place, so its memory traffic overlaps this chunk's arithmetic).
+#[inline(always)]
+fn prefetch<T>(v: &[T], n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let n = n.min(v.len());
+        let line = 64 / size_of::<T>().max(1);
+        let mut k = 0;
+        while k < n {
+            // SAFETY: a prefetch is a hint that never faults, and the pointer is within
+            // `v` (`k < v.len()`).
+            #[allow(unsafe_code)]
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(k).cast::<i8>())
+            };
+            k += line;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, n);
+}
+
+/// Where a chunk's registers are: loads read in place or from their chunk buffer,
+/// members in their slots.
+struct Chunk<'a, T> {
+    n: usize,
+    in_place: &'a [bool],
+    floats: &'a [&'a [T]],
+    offs: &'a [usize],
+    lbuf: &'a [Vec<T>],
+    regs: &'a [Vec<T>],
+    slot: &'a [usize],
+}
+
+impl<'a, T> Chunk<'a, T> {
+    #[inline(always)]
+    fn get(&self, reg: usize) -> &'a [T] {
+        let n = self.n;
+        match self.in_place.get(reg) {
+            Some(true) => &self.floats[reg][self.offs[reg]..self.offs[reg] + n],
+            Some(false) => &self.lbuf[reg][..n],
+            None => &self.regs[self.slot[reg]][..n],
+        }
+    }
+}
+
 /// One register instruction over a chunk.
 #[inline(always)]
-fn eval<T: Float>(c: &Code, regs: &[Vec<T>], slot: &[usize], out: &mut [T]) {
-    let n = out.len();
-    let r = |k: usize| &regs[slot[k]][..n];
+fn eval<'a, T: Float>(c: &Code, r: impl Fn(usize) -> &'a [T], out: &mut [T]) {
     macro_rules! map1 {
         ($a:expr, |$x:ident| $e:expr) => {
             for (o, &$x) in out.iter_mut().zip(r($a)) {

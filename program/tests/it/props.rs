@@ -238,6 +238,20 @@ fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// Instructions no later instruction reads and no result returns (communicating ops
+/// aside): what dead-code removal must leave none of.
+fn unread(program: &Program) -> Vec<Value> {
+    let np = program.params().len();
+    (0..program.instrs().len())
+        .map(|i| Value((np + i) as u32))
+        .filter(|&v| {
+            !program.results().contains(&v)
+                && !program.instrs().iter().any(|j| j.args.contains(&v))
+                && !program.instr(v).is_some_and(|i| i.op.communicates())
+        })
+        .collect()
+}
+
 fn loss_of(program: &Program, feed: &[Tensor]) -> f64 {
     let out = reference::evaluate(program, feed).unwrap();
     out[1].to_f64()[0]
@@ -257,6 +271,7 @@ proptest! {
         let loss = p.results()[1];
         let wrt = [Value(0), Value(1), Value(2)];
         let g = grad(&p, loss, &wrt).unwrap();
+        prop_assert!(unread(&g).is_empty(), "dead code {:?} in\n{}", unread(&g), g);
         let feed = inputs(&p, seed);
         let l0 = loss_of(&p, &feed);
         prop_assume!(l0.is_finite() && l0.abs() < 1e6);
@@ -327,6 +342,31 @@ proptest! {
         prop_assume!(b[0].to_f64().iter().all(|x| x.is_finite() && x.abs() < 1e4));
         if let Err(e) = close(&last, &b[0], 1e-3) {
             prop_assert!(false, "{}\n{}", e, p64);
+        }
+    }
+
+    /// Removing dead code leaves no unread instruction and the same results, bit for bit.
+    #[test]
+    fn prop_dead_code_removal_keeps_every_result(
+        r in recipe(),
+        seed in any::<u64>(),
+        dtype in prop::sample::select(vec![DType::F64, DType::I64]),
+    ) {
+        let p = build(&r, dtype, false, false);
+        let q = p.without_dead_code();
+        prop_assert!(unread(&q).is_empty(), "dead code {:?} in\n{}", unread(&q), q);
+        prop_assert_eq!(q.params(), p.params());
+        prop_assert!(q.instrs().len() <= p.instrs().len());
+        let feed = inputs(&p, seed);
+        let (a, b) = (reference::evaluate(&p, &feed), reference::evaluate(&q, &feed));
+        match (a, b) {
+            (Ok(a), Ok(b)) => {
+                let bits = |t: &Tensor| (t.spec(), t.to_f64().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                prop_assert_eq!(a.iter().map(bits).collect::<Vec<_>>(), b.iter().map(bits).collect::<Vec<_>>());
+            }
+            // A removed instruction may have been the one that failed (a bad index).
+            (Err(_), _) => {}
+            (Ok(_), Err(e)) => prop_assert!(false, "{}\n{}", e, q),
         }
     }
 
