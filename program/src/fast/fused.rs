@@ -15,6 +15,9 @@ use crate::tensor::Data;
 
 /// Elements per chunk: the registers of a chunk stay in L1.
 const CHUNK: usize = 512;
+/// Elements per chunk of a group whose outputs stream to memory: it is bound by memory,
+/// and longer chunks fetch the next one (see [`prefetch`]) further ahead.
+const STREAM_CHUNK: usize = 2048;
 /// Below this many elements a group runs on one thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
@@ -321,9 +324,10 @@ enum Out<'a, T> {
 pub(crate) fn run<T: Float>(
     group: &Group,
     inputs: &[&Data],
-    threads: usize,
+    options: &super::Options,
     alloc: &mut dyn FnMut(DType, usize) -> Data,
 ) -> Vec<Data> {
+    let threads = options.threads;
     let total: usize = group.dims.iter().product();
     let mut outs: Vec<Data> = group
         .outputs
@@ -357,14 +361,17 @@ pub(crate) fn run<T: Float>(
             }
         }
     }
+    // Outputs too large to stay in cache are written with streaming stores, which
+    // skip reading each line before overwriting it.
+    let stream = total.saturating_mul(group.dtype.size_in_bytes()) >= options.stream_bytes;
     if parts == 1 {
         let part = per_part.pop().expect("one part");
-        dispatch(group, inputs, 0, total, part);
+        dispatch(group, inputs, 0, total, part, stream);
     } else {
         rayon::scope(|s| {
             for (p, part) in per_part.into_iter().enumerate() {
                 let (start, end) = (bounds[p], bounds[p + 1]);
-                s.spawn(move |_| dispatch(group, inputs, start, end, part));
+                s.spawn(move |_| dispatch(group, inputs, start, end, part, stream));
             }
         });
     }
@@ -379,6 +386,7 @@ fn dispatch<T: Float>(
     start: usize,
     end: usize,
     outs: Vec<Out<'_, T>>,
+    stream: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -386,11 +394,11 @@ fn dispatch<T: Float>(
         // checked just above; it is otherwise `run_range`.
         #[allow(unsafe_code)]
         unsafe {
-            run_range_avx2(group, inputs, start, end, outs)
+            run_range_avx2(group, inputs, start, end, outs, stream)
         };
         return;
     }
-    run_range(group, inputs, start, end, outs);
+    run_range(group, inputs, start, end, outs, false);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -402,8 +410,59 @@ unsafe fn run_range_avx2<T: Float>(
     start: usize,
     end: usize,
     outs: Vec<Out<'_, T>>,
+    stream: bool,
 ) {
-    run_range(group, inputs, start, end, outs);
+    run_range(group, inputs, start, end, outs, stream);
+    if stream {
+        // Streaming stores are weakly ordered: fence them before this part reports
+        // done to the thread that reads the output.
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
+/// Copies `src` into `dst` (of equal length) with streaming stores where the CPU has
+/// AVX, else an ordinary copy. The caller fences before the data is read elsewhere.
+fn stream_copy<T: Float>(dst: &mut [T], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "stream_copy of unequal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") && 32 % size_of::<T>() == 0 {
+        // SAFETY: AVX was detected just above; `stream_copy_avx` stays within the two
+        // slices, which have the same length.
+        #[allow(unsafe_code)]
+        unsafe {
+            stream_copy_avx(dst, src)
+        };
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// [`stream_copy`] for a CPU with AVX: ordinary stores up to the first 32-byte
+/// boundary of `dst`, 32-byte streaming stores, ordinary stores for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[allow(unsafe_code)]
+unsafe fn stream_copy_avx<T: Float>(dst: &mut [T], src: &[T]) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+    let n = dst.len().min(src.len());
+    let size = size_of::<T>();
+    let lanes = 32 / size;
+    // Elements before `dst` reaches a 32-byte boundary (T's alignment divides 32).
+    let head = (dst.as_ptr().align_offset(32)).min(n);
+    dst[..head].copy_from_slice(&src[..head]);
+    let body = (n - head) / lanes * lanes;
+    let mut k = head;
+    while k < head + body {
+        // SAFETY: `k + lanes <= n`, so both 32-byte blocks lie within the slices;
+        // `dst + k` is 32-byte aligned (from `head`, in steps of 32 bytes), as
+        // `_mm256_stream_si256` requires; the load is unaligned.
+        unsafe {
+            let v = _mm256_loadu_si256(src.as_ptr().add(k).cast::<__m256i>());
+            _mm256_stream_si256(dst.as_mut_ptr().add(k).cast::<__m256i>(), v);
+        }
+        k += lanes;
+    }
+    dst[k..n].copy_from_slice(&src[k..n]);
 }
 
 /// Computes elements `start..end` (row-major over the group's dims) into `outs`.
@@ -419,12 +478,14 @@ fn run_range<T: Float>(
     start: usize,
     end: usize,
     mut outs: Vec<Out<'_, T>>,
+    stream: bool,
 ) {
     let dims = &group.collapsed;
     let r = dims.len();
     let inner = dims[r - 1];
     let nl = group.loads.len();
-    let mut regs: Vec<Vec<T>> = (0..group.slots).map(|_| vec![T::ZERO; CHUNK]).collect();
+    let chunk = if stream { STREAM_CHUNK } else { CHUNK };
+    let mut regs: Vec<Vec<T>> = (0..group.slots).map(|_| vec![T::ZERO; chunk]).collect();
     // Loads of one element everywhere (scalars, constants) are filled once.
     let uniform: Vec<bool> =
         group.loads.iter().map(|l| l.strides.iter().all(|&s| s == 0)).collect();
@@ -441,7 +502,7 @@ fn run_range<T: Float>(
         .map(|(l, src)| if l.bool { &[][..] } else { T::slice(src) })
         .collect();
     let mut lbuf: Vec<Vec<T>> =
-        in_place.iter().map(|&p| if p { Vec::new() } else { vec![T::ZERO; CHUNK] }).collect();
+        in_place.iter().map(|&p| if p { Vec::new() } else { vec![T::ZERO; chunk] }).collect();
     for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
         if uniform[k] {
             let v = if load.bool {
@@ -453,14 +514,29 @@ fn run_range<T: Float>(
             lbuf[k].fill(v);
         }
     }
-    let written: Vec<bool> =
-        (0..group.outputs.len()).map(|o| group.direct.contains(&Some(o))).collect();
+    let uniform_value = |reg: usize| (reg < nl && uniform[reg]).then(|| lbuf[reg][0]);
+    let resolved: Vec<Resolved<'_, T>> = group
+        .code
+        .iter()
+        .map(|c| match *c {
+            Code::Binary(op, a, b) => match (uniform_value(a), uniform_value(b)) {
+                (None, Some(s)) => Resolved::Scalar(op, a, s, false),
+                (Some(s), None) => Resolved::Scalar(op, b, s, true),
+                _ => Resolved::Code(c),
+            },
+            _ => Resolved::Code(c),
+        })
+        .collect();
+    // Outputs streamed past the caches are computed into a register first.
+    let direct: Vec<Option<usize>> =
+        group.direct.iter().map(|&d| if stream { None } else { d }).collect();
+    let written: Vec<bool> = (0..group.outputs.len()).map(|o| direct.contains(&Some(o))).collect();
     let mut offs = vec![0usize; nl];
     let mut pos = start;
     while pos < end {
         let row = pos / inner;
         let j = pos % inner;
-        let n = CHUNK.min(inner - j).min(end - pos);
+        let n = chunk.min(inner - j).min(end - pos);
         // Each load's first element of this chunk.
         for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
             if uniform[k] {
@@ -493,8 +569,8 @@ fn run_range<T: Float>(
             }
         }
         let off = pos - start;
-        for (k, c) in group.code.iter().enumerate() {
-            match group.direct[k] {
+        for (k, c) in resolved.iter().enumerate() {
+            match direct[k] {
                 Some(o) => {
                     let Out::Float(v) = &mut outs[o] else { unreachable!("a float output") };
                     let chunk = Chunk {
@@ -531,6 +607,7 @@ fn run_range<T: Float>(
             }
             let src = &regs[group.slot[reg]][..n];
             match out {
+                Out::Float(v) if stream => stream_copy(&mut v[off..off + n], src),
                 Out::Float(v) => v[off..off + n].copy_from_slice(src),
                 Out::Bool(v) => {
                     v[off..off + n].iter_mut().zip(src).for_each(|(b, &x)| *b = x != T::ZERO)
@@ -589,9 +666,17 @@ impl<'a, T> Chunk<'a, T> {
     }
 }
 
+/// A register instruction as a run sees it: a binary op with a uniform operand reads
+/// that operand as a scalar (`left`: the scalar is the first operand).
+#[derive(Clone, Copy)]
+enum Resolved<'c, T> {
+    Code(&'c Code),
+    Scalar(Binary, usize, T, bool),
+}
+
 /// One register instruction over a chunk.
 #[inline(always)]
-fn eval<'a, T: Float>(c: &Code, r: impl Fn(usize) -> &'a [T], out: &mut [T]) {
+fn eval<'a, T: Float>(c: &Resolved<'_, T>, r: impl Fn(usize) -> &'a [T], out: &mut [T]) {
     macro_rules! map1 {
         ($a:expr, |$x:ident| $e:expr) => {
             for (o, &$x) in out.iter_mut().zip(r($a)) {
@@ -607,6 +692,26 @@ fn eval<'a, T: Float>(c: &Code, r: impl Fn(usize) -> &'a [T], out: &mut [T]) {
         };
     }
     let bool_of = |b: bool| if b { T::ONE } else { T::ZERO };
+    let c = match *c {
+        Resolved::Code(c) => c,
+        Resolved::Scalar(op, a, s, left) => {
+            match (op, left) {
+                (Binary::Add, _) => map1!(a, |x| x + s),
+                (Binary::Mul, _) => map1!(a, |x| x * s),
+                (Binary::Sub, false) => map1!(a, |x| x - s),
+                (Binary::Sub, true) => map1!(a, |x| s - x),
+                (Binary::Div, false) => map1!(a, |x| x / s),
+                (Binary::Div, true) => map1!(a, |x| s / x),
+                (Binary::Max, false) => map1!(a, |x| x.max_nan(s)),
+                (Binary::Max, true) => map1!(a, |x| s.max_nan(x)),
+                (Binary::Min, false) => map1!(a, |x| x.min_nan(s)),
+                (Binary::Min, true) => map1!(a, |x| s.min_nan(x)),
+                (Binary::Pow, false) => map1!(a, |x| x.powf(s)),
+                (Binary::Pow, true) => map1!(a, |x| s.powf(x)),
+            }
+            return;
+        }
+    };
     match *c {
         Code::Mov(a) => out.copy_from_slice(r(a)),
         Code::Unary(u, a) => match u {
@@ -651,6 +756,29 @@ fn eval<'a, T: Float>(c: &Code, r: impl Fn(usize) -> &'a [T], out: &mut [T]) {
             for (((o, &c), &x), &y) in out.iter_mut().zip(r(p)).zip(r(t)).zip(r(f)) {
                 *o = if c != T::ZERO { x } else { y };
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Streaming copies write exactly `src` into `dst` at every alignment and
+        /// length (head, 32-byte body, tail), and nothing beside it.
+        #[test]
+        fn prop_stream_copy_writes_exactly_its_range(len in 0usize..200, at in 0usize..9) {
+            let src32: Vec<f32> = (0..len).map(|k| k as f32 + 0.5).collect();
+            let mut buf32 = vec![-1f32; len + 16];
+            super::stream_copy(&mut buf32[at..at + len], &src32);
+            prop_assert!(buf32[..at].iter().chain(&buf32[at + len..]).all(|&x| x == -1.0));
+            prop_assert_eq!(&buf32[at..at + len], &src32[..]);
+            let src64: Vec<f64> = (0..len).map(|k| k as f64 - 0.25).collect();
+            let mut buf64 = vec![-1f64; len + 16];
+            super::stream_copy(&mut buf64[at..at + len], &src64);
+            prop_assert!(buf64[..at].iter().chain(&buf64[at + len..]).all(|&x| x == -1.0));
+            prop_assert_eq!(&buf64[at..at + len], &src64[..]);
         }
     }
 }

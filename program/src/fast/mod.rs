@@ -51,6 +51,12 @@ pub struct Options {
     pub fusion: bool,
     /// Bytes of freed buffers kept for reuse between runs.
     pub pool_bytes: usize,
+    /// A fused group whose outputs are at least this many bytes each writes them with
+    /// streaming stores past the caches (where the CPU has AVX): an output that large
+    /// would not stay in cache, and skipping the read of each line before it is
+    /// overwritten saves a third of the memory traffic. Default 32 MiB, a server's L3
+    /// share; `usize::MAX` turns it off.
+    pub stream_bytes: usize,
 }
 
 impl Default for Options {
@@ -64,7 +70,12 @@ impl Options {
     /// `max(1, cores / devices)` threads.
     pub fn for_devices(devices: usize) -> Options {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        Options { threads: (cores / devices.max(1)).max(1), fusion: true, pool_bytes: 1 << 30 }
+        Options {
+            threads: (cores / devices.max(1)).max(1),
+            fusion: true,
+            pool_bytes: 1 << 30,
+            stream_bytes: 32 << 20,
+        }
     }
 
     /// With `threads` threads per run.
@@ -297,11 +308,10 @@ impl Executable {
                     let group = &self.groups[*g];
                     let inputs: Vec<&Data> =
                         group.loads.iter().map(|l| slots[l.value.index()].data()).collect();
-                    let threads = self.options.threads;
                     let mut alloc = |dtype: DType, len: usize| ctx.alloc(dtype, len);
                     let outs = match group.dtype {
-                        DType::F32 => fused::run::<f32>(group, &inputs, threads, &mut alloc),
-                        _ => fused::run::<f64>(group, &inputs, threads, &mut alloc),
+                        DType::F32 => fused::run::<f32>(group, &inputs, &self.options, &mut alloc),
+                        _ => fused::run::<f64>(group, &inputs, &self.options, &mut alloc),
                     };
                     for (d, &(_, v, _)) in outs.into_iter().zip(&group.outputs) {
                         slots[v.index()] = Slot::Owned(d);

@@ -306,7 +306,8 @@ proptest! {
         let feed = inputs(&p, seed);
         let want = reference::evaluate(&p, &feed);
         let tol = if dtype == DType::F32 { 1e-4 } else { 1e-10 };
-        for options in [Options::default().threads(1), Options::default().threads(2), Options { fusion: false, ..Options::default() }] {
+        let streamed = Options { stream_bytes: 0, ..Options::default() };
+        for options in [Options::default().threads(1), Options::default().threads(2), Options { fusion: false, ..Options::default() }, streamed, streamed.threads(1)] {
             let got = Executable::compile(&p, options).run(&feed, &Env::local());
             match (&got, &want) {
                 (Ok(g), Ok(w)) => {
