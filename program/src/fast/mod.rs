@@ -10,8 +10,12 @@
 //!   library, through ndarray's `blas` feature) was not needed to reach JAX.
 //! - **Elementwise chains** (unary, binary, comparisons, selects, bool→float converts
 //!   and broadcasts) are fused into groups that make one pass over memory in L1-sized
-//!   chunks, reading broadcast operands in place; only values read outside a group are
-//!   written.
+//!   chunks, reading contiguous and broadcast operands in place (the next chunk
+//!   prefetched), uniform operands of binary ops as scalars, and writing the last
+//!   member straight into its output; only values read outside a group are written.
+//!   Outputs of at least [`Options::stream_bytes`] go to memory with streaming stores,
+//!   which skip reading each line before overwriting it (a 5-op chain over 16 Mi f32
+//!   runs at about 1.2× the time of a plain copy of the same bytes).
 //! - **Buffers** are freed after their last use into a pool the next allocations (of
 //!   this run and later runs) take from; [`Executable::run_owned`] also frees the
 //!   inputs it is given (JAX's donation), and a `reshape` of a dying value takes its
