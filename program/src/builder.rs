@@ -77,6 +77,17 @@ impl Builder {
     }
 
     fn claim(&mut self, name: String) -> Result<String> {
+        // Names print quoted (escaped) on one line of the text form, and must read back.
+        let problem = if name.is_empty() {
+            Some("a name is not empty")
+        } else if name.trim() != name {
+            Some("a name neither starts nor ends with whitespace")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(Error::BadName { name, problem });
+        }
         if !self.names.insert(name.clone()) {
             return Err(Error::DuplicateName { name });
         }
@@ -97,6 +108,14 @@ impl Builder {
             return Err(Error::UnsupportedDType {
                 at: format!("param {name:?}"),
                 dtype: spec.dtype,
+            });
+        }
+        if let Err(problem) = crate::infer::strides_fit(spec.shape.dims()) {
+            return Err(Error::Type {
+                op: "param",
+                at: format!("param {name:?}"),
+                operands: vec![spec],
+                problem,
             });
         }
         let v = Value(self.specs.len() as u32);

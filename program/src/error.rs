@@ -109,6 +109,14 @@ pub enum Error {
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,
+    /// A parameter or instruction name the text form could not read back.
+    #[error("the name {name:?} cannot be used: {problem}")]
+    BadName {
+        /// The name (within its scopes).
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A [`Graph`](crate::Graph) used from inside its own [`Graph::with`](crate::Graph::with)
     /// closure, while its builder is lent out.
     #[error("{op}: the graph's builder is in use by an enclosing `Graph::with`")]

@@ -4,8 +4,9 @@
 //!
 //! Operators return [`Result<Var>`](crate::Result), as candle's tensors do: a shape or
 //! dtype mismatch is the same typed error [`Builder`] gives, at the line that made it.
-//! The `Result` of one operator is accepted as an operand of the next, so
-//! `(x.matmul(w)? + b)?.relu()?` and `x * 2.0 + y` read as they would in JAX.
+//! The `Result` of one operator is accepted as either operand beside a `Var`, so
+//! `(x.matmul(w)? + b)?.relu()?` and `x * 2.0 + y` read as they would in JAX (two
+//! `Result`s, or a `Result` and an `f64`, need a `?` on one side: Rust's orphan rule).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -44,6 +45,8 @@ use crate::{Error, Result};
 #[derive(Debug, Default)]
 pub struct Graph {
     b: RefCell<Builder>,
+    /// Programs finished so far: a handle made before the last `finish` is refused.
+    generation: std::cell::Cell<u64>,
 }
 
 impl Graph {
@@ -81,7 +84,7 @@ impl Graph {
     /// The handle of `v`, which must be a value of this graph.
     pub fn var(&self, v: Value) -> Result<Var<'_>> {
         self.builder("var")?.spec(v)?;
-        Ok(Var { g: self, v })
+        Ok(Var { g: self, v, generation: self.generation.get() })
     }
 
     /// Runs `f` on the underlying builder: for anything written against [`Builder`].
@@ -104,7 +107,9 @@ impl Graph {
             .iter()
             .map(|r| self.own(*r, "return").map(|r| r.v))
             .collect::<Result<Vec<_>>>()?;
-        std::mem::take(&mut *self.builder("finish")?).finish(&values)
+        let program = std::mem::take(&mut *self.builder("finish")?).finish(&values);
+        self.generation.set(self.generation.get() + 1);
+        program
     }
 
     fn builder(&self, op: &'static str) -> Result<std::cell::RefMut<'_, Builder>> {
@@ -117,20 +122,25 @@ impl Graph {
         f: impl FnOnce(&mut Builder) -> Result<Value>,
     ) -> Result<Var<'_>> {
         let v = f(&mut *self.builder(op)?)?;
-        Ok(Var { g: self, v })
+        Ok(Var { g: self, v, generation: self.generation.get() })
     }
 
     /// `v` if it is a handle of this graph.
     fn own<'g>(&'g self, v: Var<'_>, op: &'static str) -> Result<Var<'g>> {
-        if std::ptr::eq(self, v.g) {
-            Ok(Var { g: self, v: v.v })
-        } else {
+        if !std::ptr::eq(self, v.g) {
             Err(Error::Type {
                 op,
                 at: "a graph".into(),
                 operands: v.spec().into_iter().collect(),
                 problem: "the operand is a value of another graph".into(),
             })
+        } else if v.generation != self.generation.get() {
+            Err(Error::UndefinedValue {
+                at: format!("{op} (a handle from before `finish`)"),
+                value: v.v.0,
+            })
+        } else {
+            Ok(Var { g: self, v: v.v, generation: v.generation })
         }
     }
 }
@@ -142,6 +152,7 @@ impl Graph {
 pub struct Var<'g> {
     g: &'g Graph,
     v: Value,
+    generation: u64,
 }
 
 impl fmt::Debug for Var<'_> {
@@ -166,6 +177,12 @@ impl<'g> Var<'g> {
 
     /// Its dtype and shape.
     pub fn spec(self) -> Result<TensorSpec> {
+        if self.generation != self.g.generation.get() {
+            return Err(Error::UndefinedValue {
+                at: "spec (a handle from before `finish`)".into(),
+                value: self.v.0,
+            });
+        }
         self.g.builder("spec")?.spec(self.v).cloned()
     }
 
@@ -175,7 +192,7 @@ impl<'g> Var<'g> {
     }
 
     fn then(self, f: impl FnOnce(&mut Builder, Value) -> Result<Value>) -> Result<Var<'g>> {
-        let v = self.v;
+        let v = self.g.own(self, "var")?.v;
         self.g.make("var", |b| f(b, v))
     }
 
@@ -185,8 +202,9 @@ impl<'g> Var<'g> {
         other: Var<'_>,
         f: impl FnOnce(&mut Builder, Value, Value) -> Result<Value>,
     ) -> Result<Var<'g>> {
+        let me = self.g.own(self, op)?;
         let other = self.g.own(other, op)?;
-        let (a, c) = (self.v, other.v);
+        let (a, c) = (me.v, other.v);
         self.g.make(op, |b| f(b, a, c))
     }
 
@@ -216,9 +234,9 @@ impl<'g> Var<'g> {
 
     /// `select(self, on_true, on_false)` for a bool `self`.
     pub fn select(self, on_true: Var<'_>, on_false: Var<'_>) -> Result<Var<'g>> {
+        let p = self.g.own(self, "select")?.v;
         let t = self.g.own(on_true, "select")?;
         let f = self.g.own(on_false, "select")?;
-        let p = self.v;
         self.g.make("select", |b| b.select(p, t.v, f.v))
     }
 

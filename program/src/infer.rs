@@ -14,7 +14,18 @@ type Infer = Result<TensorSpec, String>;
 
 fn spec(dtype: DType, dims: &[usize]) -> Infer {
     let shape = Shape::new(dims).map_err(|e| e.to_string())?;
+    strides_fit(dims)?;
     Ok(TensorSpec::new(dtype, shape))
+}
+
+/// The interpreters index with row-major strides, which multiply every dim but the
+/// first: a shape with no elements may still not have strides that fit (`[0, 2^32,
+/// 2^32]`). Such shapes are refused.
+pub(crate) fn strides_fit(dims: &[usize]) -> Result<(), String> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+        .map(|_| ())
+        .ok_or_else(|| format!("the strides of shape {dims:?} overflow"))
 }
 
 fn arity(args: &[&TensorSpec], want: usize) -> Result<(), String> {
@@ -143,6 +154,17 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             numeric(*dtype, name)?;
             if dtype.is_integer() && (value.fract() != 0.0 || !value.is_finite()) {
                 return Err(format!("{value} is not a whole number for an integer constant"));
+            }
+            // The range of the dtype (2^63 is the first f64 past i64's).
+            let fits = match dtype {
+                DType::I32 => (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(value),
+                DType::I64 => {
+                    (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(value)
+                }
+                _ => true,
+            };
+            if !fits {
+                return Err(format!("{value} does not fit in {dtype}"));
             }
             spec(*dtype, &[])
         }

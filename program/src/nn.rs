@@ -153,7 +153,10 @@ pub fn causal_self_attention(b: &mut Builder, x: Value, heads: usize) -> Result<
 }
 
 /// The mean softmax cross-entropy of `logits` `[..., C]` against integer `labels`
-/// `[...]`: `-mean(log_softmax(logits)[label])`.
+/// `[...]` (exactly the logits' shape without the class axis):
+/// `-mean(log_softmax(logits)[label])`. A label outside `0..C` has an all-zero one-hot
+/// row, as `jax.nn.one_hot` gives, so it adds 0 to the sum (and still counts in the
+/// mean); check labels before if that is not wanted.
 pub fn softmax_cross_entropy(b: &mut Builder, logits: Value, labels: Value) -> Result<Value> {
     let (dtype, d) = dims(b, logits)?;
     let Some(&classes) = d.last() else {
@@ -164,6 +167,15 @@ pub fn softmax_cross_entropy(b: &mut Builder, logits: Value, labels: Value) -> R
             "logits need a class axis".into(),
         ));
     };
+    let (_, ld) = dims(b, labels)?;
+    if ld[..] != d[..d.len() - 1] {
+        return Err(problem(
+            "softmax_cross_entropy",
+            b,
+            &[logits, labels],
+            "labels must have the logits' shape without the class axis".into(),
+        ));
+    }
     let lp = b.log_softmax(logits, -1)?;
     let hot = b.one_hot(labels, classes, dtype)?;
     let picked = b.mul(lp, hot)?;

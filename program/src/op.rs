@@ -46,7 +46,8 @@ pub enum Binary {
     Sub,
     /// `a * b`.
     Mul,
-    /// `a / b`.
+    /// `a / b`; on integers floor division (`jnp.floor_divide`, Python's `//`), where
+    /// a zero divisor is a run-time error and `MIN / -1` wraps to `MIN`.
     Div,
     /// The larger.
     Max,

@@ -244,7 +244,8 @@ fn binary(op: Binary, a: &Buf, b: &Buf, at: &str) -> Result<Buf> {
                     Binary::Div if q == 0 => return Err(runtime(at, "integer division by zero")),
                     // Floor division, as jnp.floor_divide on integers.
                     Binary::Div => {
-                        p.wrapping_div(q) - i64::from((p % q != 0) && ((p < 0) != (q < 0)))
+                        p.wrapping_div(q)
+                            - i64::from((p.wrapping_rem(q) != 0) && ((p < 0) != (q < 0)))
                     }
                     Binary::Max => p.max(q),
                     Binary::Min => p.min(q),
@@ -586,7 +587,7 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             let (ho, wo) = (dims[1], dims[2]);
             let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
                 Padding::Valid => 0,
-                Padding::Same => ((out - 1) * s + k).saturating_sub(size) / 2,
+                Padding::Same => (out.saturating_sub(1) * s + k).saturating_sub(size) / 2,
             };
             let (ph, pw) = (pad(h, kh, st[0], ho), pad(wd, kw, st[1], wo));
             let mut out = vec![0.0; n * ho * wo * o];
@@ -771,7 +772,7 @@ fn conv_pairs(
     let (ho, wo) = (out[1], out[2]);
     let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
         Padding::Valid => 0,
-        Padding::Same => ((out - 1) * s + k).saturating_sub(size) / 2,
+        Padding::Same => (out.saturating_sub(1) * s + k).saturating_sub(size) / 2,
     };
     let (ph, pw) = (pad(h, kh, st[0], ho), pad(wd, kw, st[1], wo));
     for b in 0..n {

@@ -156,6 +156,21 @@ fn builder_names_scopes_and_refuses_what_it_cannot_check() {
         .unwrap();
     assert_eq!(b.spec(y).unwrap().to_string(), "f64[2,4]");
     assert!(matches!(b.param("u", spec("u8[2]")), Err(Error::UnsupportedDType { .. })));
+    for bad in ["", "h ", " h", "h\n"] {
+        assert!(matches!(b.param(bad, spec("f64[1]")), Err(Error::BadName { .. })), "{bad:?}");
+    }
+    // A shape with no elements whose strides would overflow is refused, as a parameter
+    // and as a result.
+    let huge =
+        TensorSpec::new(DType::F64, meshwork_types::Shape::new(&[0, 1 << 40, 1 << 40]).unwrap());
+    let mut b2 = Builder::new();
+    assert!(matches!(b2.param("huge", huge), Err(Error::Type { op: "param", .. })));
+    let z = b2.param("z", spec("f64[0]")).unwrap();
+    assert!(b2.broadcast_to(z, &[1 << 40, 1 << 40, 0]).is_err());
+    // Integer constants fit their dtype; integer division never panics.
+    assert!(b.constant(3e9, DType::I32).is_err());
+    assert!(b.constant(-2147483648.0, DType::I32).is_ok());
+    assert!(b.constant(9.3e18, DType::I64).is_err());
     assert!(matches!(b.relu(Value(99)), Err(Error::UndefinedValue { value: 99, .. })));
     assert!(b.reduce_sum(y, &[-3], false).is_err());
     let s = b.reduce_sum(y, &[-1], true).unwrap();
@@ -299,6 +314,33 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
     // The fast interpreter refuses the same way.
     let err = crate::fast::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![0, 3]).unwrap()]);
     assert!(matches!(err, Err(Error::Runtime { ref at, .. }) if at == "%2 (take)"), "{err:?}");
+    // Integer floor division: MIN / -1 wraps, x / 0 is a typed error, in both.
+    let mut b = Builder::new();
+    let (p_, q_) = (b.param("p", spec("i64[3]")).unwrap(), b.param("q", spec("i64[3]")).unwrap());
+    let d = b.div(p_, q_).unwrap();
+    let p = b.finish(&[d]).unwrap();
+    let feed = [
+        Tensor::i64(&[3], vec![i64::MIN, -7, 7]).unwrap(),
+        Tensor::i64(&[3], vec![-1, 2, -2]).unwrap(),
+    ];
+    let want = Tensor::i64(&[3], vec![i64::MIN, -4, -4]).unwrap();
+    assert_eq!(reference::evaluate(&p, &feed).unwrap()[0], want);
+    assert_eq!(crate::fast::evaluate(&p, &feed).unwrap()[0], want);
+    let zero = [feed[0].clone(), Tensor::i64(&[3], vec![1, 0, 1]).unwrap()];
+    assert!(matches!(reference::evaluate(&p, &zero), Err(Error::Runtime { .. })));
+    assert!(matches!(crate::fast::evaluate(&p, &zero), Err(Error::Runtime { .. })));
+    // A SAME convolution of an empty image is empty, in both.
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[1,0,3,2]")).unwrap();
+    let w = b.param("w", spec("f64[3,3,2,4]")).unwrap();
+    let y = b.conv2d(x, w, [1, 1], Padding::Same).unwrap();
+    let p = b.finish(&[y]).unwrap();
+    let feed = [
+        Tensor::f64(&[1, 0, 3, 2], vec![]).unwrap(),
+        Tensor::f64(&[3, 3, 2, 4], vec![0.5; 72]).unwrap(),
+    ];
+    assert_eq!(reference::evaluate(&p, &feed).unwrap()[0].spec().to_string(), "f64[1,0,3,4]");
+    assert_eq!(crate::fast::evaluate(&p, &feed).unwrap()[0].spec().to_string(), "f64[1,0,3,4]");
     // Ops that talk to other devices need an Env that has them.
     let mut b = Builder::new();
     let x = b.param("x", spec("f32[2]")).unwrap();
@@ -861,6 +903,11 @@ fn graph_operators_build_what_the_builder_builds() {
     assert_eq!(p.params().len(), 2);
     assert!(matches!(a.relu(), Err(Error::UndefinedValue { .. })));
     assert!(g.var(Value(0)).is_err());
+    // Even once the graph holds values again, an old handle is not read as a new value.
+    let fresh = g.param("fresh", spec("f32[2,3]")).unwrap();
+    assert!(matches!(a.relu(), Err(Error::UndefinedValue { .. })));
+    assert!(matches!(fresh + a, Err(Error::UndefinedValue { .. })));
+    assert!(a.spec().is_err() && (fresh * 2.0).is_ok());
 }
 
 /// Operators compute what they say: `2x - 1`, `x / y`, `-x` against plain Rust.
@@ -892,6 +939,21 @@ fn graph_operators_evaluate_to_their_arithmetic() {
     for (got, want) in out.iter().zip(want) {
         assert_eq!(got.to_f64(), want);
     }
+}
+
+/// Cross-entropy refuses labels whose shape is not the logits' without the class axis
+/// (broadcasting would hide the mistake).
+#[test]
+fn cross_entropy_checks_the_labels_shape() {
+    let mut b = Builder::new();
+    let logits = b.param("logits", spec("f64[4,3]")).unwrap();
+    for (name, bad) in [("a", "i64[1]"), ("b", "i64[4,1]"), ("c", "i64[3]")] {
+        let labels = b.param(name, spec(bad)).unwrap();
+        assert!(crate::nn::softmax_cross_entropy(&mut b, logits, labels).is_err(), "{bad}");
+    }
+    let labels = b.param("ok", spec("i64[4]")).unwrap();
+    let loss = crate::nn::softmax_cross_entropy(&mut b, logits, labels).unwrap();
+    assert_eq!(b.spec(loss).unwrap().to_string(), "f64[]");
 }
 
 /// A training step computes no gradient nobody asked for (the input's, of a product

@@ -152,6 +152,9 @@ fn close(got: &Tensor, want: &Tensor) -> Result<(), String> {
 fn check_specs(case: &Json) -> Result<Program, String> {
     let program = build(case).map_err(|e| format!("does not build: {e}"))?;
     let want = case["expected"].as_array().ok_or("no `expected`")?;
+    if program.results().len() != want.len() {
+        return Err(format!("{} outputs, JAX {}", program.results().len(), want.len()));
+    }
     for (k, (&v, w)) in program.results().iter().zip(want).enumerate() {
         let got = program.spec(v).ok_or("a result is not a value")?;
         let want = tensor(w).spec();
@@ -182,6 +185,9 @@ pub(crate) const INTERPRETERS: [(&str, Interpreter); 2] =
 fn check_outputs(case: &Json, program: &Program, run: Interpreter) -> Result<(), String> {
     let got = run(program, &inputs(case)?).map_err(|e| e.to_string())?;
     let want = case["expected"].as_array().ok_or("no `expected`")?;
+    if got.len() != want.len() {
+        return Err(format!("{} outputs, JAX {}", got.len(), want.len()));
+    }
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         close(g, &tensor(w)).map_err(|e| format!("output {k}: {e}"))?;
     }
@@ -211,7 +217,8 @@ fn check_gradients(case: &Json, program: &Program, run: Interpreter) -> Result<(
     let grads = run(&back, &feed).map_err(|e| e.to_string())?;
     let n = program.results().len();
     for (k, (_, name)) in wrt.iter().enumerate() {
-        close(&grads[n + k], &tensor(&case["grads"][name.as_str()]))
+        let got = grads.get(n + k).ok_or(format!("no gradient of {name}"))?;
+        close(got, &tensor(&case["grads"][name.as_str()]))
             .map_err(|e| format!("gradient of {name}: {e}"))?;
     }
     Ok(())
