@@ -210,7 +210,7 @@ fn finish_puts_parameters_first_and_prints_one_line_per_instruction() {
 fn any_op() -> impl Strategy<Value = Op> {
     let dims = || proptest::collection::vec(0usize..6, 0..4);
     let axis = || 0usize..5;
-    let groups = proptest::collection::vec(proptest::collection::vec(0usize..6, 0..4), 0..3);
+    let groups = || proptest::collection::vec(proptest::collection::vec(0usize..6, 0..4), 0..3);
     prop_oneof![
         Just(Op::Binary(crate::Binary::Add)),
         Just(Op::Compare(crate::Compare::Ge)),
@@ -240,8 +240,8 @@ fn any_op() -> impl Strategy<Value = Op> {
             strides: [s, t],
             padding: if same { Padding::Same } else { Padding::Valid }
         }),
-        (axis(), groups.clone()).prop_map(|(axis, groups)| Op::AllGather { axis, groups }),
-        (axis(), axis(), groups).prop_map(|(s, c, groups)| Op::AllToAll {
+        (axis(), groups()).prop_map(|(axis, groups)| Op::AllGather { axis, groups }),
+        (axis(), axis(), groups()).prop_map(|(s, c, groups)| Op::AllToAll {
             split_axis: s,
             concat_axis: c,
             groups
@@ -249,6 +249,39 @@ fn any_op() -> impl Strategy<Value = Op> {
         (proptest::collection::vec(0usize..usize::MAX, 0..4), axis())
             .prop_map(|(shape, axis)| { Op::Iota { dtype: DType::I32, shape, axis } }),
         any::<f64>().prop_map(|value| Op::Constant { value, dtype: DType::I64 }),
+        any::<f64>().prop_map(|value| Op::Constant { value, dtype: DType::I32 }),
+        (dims(), dims(), dims()).prop_map(|(low, high, interior)| Op::Pad { low, high, interior }),
+        axis().prop_map(|axis| Op::ScatterAdd { axis }),
+        (0usize..4, any::<bool>(), proptest::array::uniform4(0usize..usize::MAX)).prop_map(
+            |(s, same, input)| Op::Conv2dBackpropInput {
+                strides: [s, s + 1],
+                padding: if same { Padding::Same } else { Padding::Valid },
+                input
+            }
+        ),
+        (0usize..4, any::<bool>(), proptest::array::uniform4(0usize..8)).prop_map(
+            |(s, same, filter)| Op::Conv2dBackpropFilter {
+                strides: [s + 1, s],
+                padding: if same { Padding::Same } else { Padding::Valid },
+                filter
+            }
+        ),
+        prop::sample::select(vec![DType::F32, DType::I32, DType::Bool, DType::U8])
+            .prop_map(|dtype| Op::Convert { dtype }),
+        axis().prop_map(|axis| Op::Softmax { axis }),
+        axis().prop_map(|axis| Op::LogSoftmax { axis }),
+        groups().prop_map(|groups| Op::AllReduce { op: meshwork_types::ReduceOp::Sum, groups }),
+        (axis(), groups()).prop_map(|(axis, groups)| Op::ReduceScatter {
+            op: meshwork_types::ReduceOp::Mean,
+            axis,
+            groups
+        }),
+        proptest::collection::vec((0usize..6, 0usize..6), 0..4)
+            .prop_map(|pairs| Op::CollectivePermute { pairs }),
+        (any::<u32>(), 0usize..8).prop_map(|(channel, peer)| Op::Send { channel, peer }),
+        (any::<u32>(), proptest::collection::vec(0usize..usize::MAX, 0..4))
+            .prop_map(|(channel, shape)| Op::Recv { channel, peer: 1, dtype: DType::F32, shape }),
+        any::<u32>().prop_map(|consumer| Op::Emit { consumer }),
     ]
 }
 
