@@ -158,9 +158,7 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             // The range of the dtype (2^63 is the first f64 past i64's).
             let fits = match dtype {
                 DType::I32 => (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(value),
-                DType::I64 => {
-                    (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(value)
-                }
+                DType::I64 => (i64::MIN as f64..-(i64::MIN as f64)).contains(value),
                 _ => true,
             };
             if !fits {
