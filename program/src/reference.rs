@@ -109,6 +109,16 @@ fn to_tensor(v: Val) -> Result<Tensor> {
     Tensor::new(Shape::new(&v.dims)?, data)
 }
 
+/// The padding before the first element along one spatial dim of `size`, for a kernel
+/// of `k` with stride `s` and `out` outputs: none for VALID; for SAME, half the total
+/// (the smaller half, as XLA puts the odd one after). An empty output needs none.
+pub(crate) fn pad_before(padding: Padding, size: usize, k: usize, s: usize, out: usize) -> usize {
+    match padding {
+        Padding::Valid => 0,
+        Padding::Same => (out.saturating_sub(1) * s + k).saturating_sub(size) / 2,
+    }
+}
+
 /// Row-major strides of `dims`.
 pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; dims.len()];
@@ -585,11 +595,8 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             let [n, h, wd, c] = [x.dims[0], x.dims[1], x.dims[2], x.dims[3]];
             let [kh, kw, _, o] = [w.dims[0], w.dims[1], w.dims[2], w.dims[3]];
             let (ho, wo) = (dims[1], dims[2]);
-            let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
-                Padding::Valid => 0,
-                Padding::Same => (out.saturating_sub(1) * s + k).saturating_sub(size) / 2,
-            };
-            let (ph, pw) = (pad(h, kh, st[0], ho), pad(wd, kw, st[1], wo));
+            let (ph, pw) =
+                (pad_before(*padding, h, kh, st[0], ho), pad_before(*padding, wd, kw, st[1], wo));
             let mut out = vec![0.0; n * ho * wo * o];
             for b in 0..n {
                 for i in 0..ho {
@@ -770,11 +777,7 @@ fn conv_pairs(
     let [n, h, wd, c] = x;
     let (kh, kw, o) = (w[0], w[1], w[3]);
     let (ho, wo) = (out[1], out[2]);
-    let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
-        Padding::Valid => 0,
-        Padding::Same => (out.saturating_sub(1) * s + k).saturating_sub(size) / 2,
-    };
-    let (ph, pw) = (pad(h, kh, st[0], ho), pad(wd, kw, st[1], wo));
+    let (ph, pw) = (pad_before(padding, h, kh, st[0], ho), pad_before(padding, wd, kw, st[1], wo));
     for b in 0..n {
         for i in 0..ho {
             for j in 0..wo {

@@ -570,35 +570,30 @@ fn run_range<T: Float>(
         }
         let off = pos - start;
         for (k, c) in resolved.iter().enumerate() {
-            match direct[k] {
+            // The member's own slot, taken out while the others are read, unless it is
+            // computed straight into its output.
+            let d = group.slot[nl + k];
+            let mut taken =
+                if direct[k].is_none() { std::mem::take(&mut regs[d]) } else { Vec::new() };
+            let chunk = Chunk {
+                n,
+                in_place: &in_place,
+                floats: &floats,
+                offs: &offs,
+                lbuf: &lbuf,
+                regs: &regs,
+                slot: &group.slot,
+            };
+            let out = match direct[k] {
                 Some(o) => {
                     let Out::Float(v) = &mut outs[o] else { unreachable!("a float output") };
-                    let chunk = Chunk {
-                        n,
-                        in_place: &in_place,
-                        floats: &floats,
-                        offs: &offs,
-                        lbuf: &lbuf,
-                        regs: &regs,
-                        slot: &group.slot,
-                    };
-                    eval(c, |reg| chunk.get(reg), &mut v[off..off + n]);
+                    &mut v[off..off + n]
                 }
-                None => {
-                    let d = group.slot[nl + k];
-                    let mut out = std::mem::take(&mut regs[d]);
-                    let chunk = Chunk {
-                        n,
-                        in_place: &in_place,
-                        floats: &floats,
-                        offs: &offs,
-                        lbuf: &lbuf,
-                        regs: &regs,
-                        slot: &group.slot,
-                    };
-                    eval(c, |reg| chunk.get(reg), &mut out[..n]);
-                    regs[d] = out;
-                }
+                None => &mut taken[..n],
+            };
+            eval(c, |reg| chunk.get(reg), out);
+            if direct[k].is_none() {
+                regs[d] = taken;
             }
         }
         for (o, (out, &(reg, _, _))) in outs.iter_mut().zip(&group.outputs).enumerate() {

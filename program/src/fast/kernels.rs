@@ -11,6 +11,7 @@ use meshwork_types::DType;
 
 use super::float::Float;
 use crate::op::{Padding, Reduction};
+use crate::reference::pad_before;
 pub(crate) use crate::reference::{split, strides};
 use crate::tensor::Data;
 use crate::{Error, Result};
@@ -524,11 +525,7 @@ fn conv_pads(
     st: [usize; 2],
     padding: Padding,
 ) -> (usize, usize) {
-    let pad = |size: usize, k: usize, s: usize, out: usize| match padding {
-        Padding::Valid => 0,
-        Padding::Same => ((out.max(1) - 1) * s + k).saturating_sub(size) / 2,
-    };
-    (pad(x[1], kh, st[0], ho), pad(x[2], kw, st[1], wo))
+    (pad_before(padding, x[1], kh, st[0], ho), pad_before(padding, x[2], kw, st[1], wo))
 }
 
 /// The geometry of one convolution: input NHWC, filter HWIO, output NHWC.
