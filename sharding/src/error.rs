@@ -303,6 +303,48 @@ pub enum Error {
         /// The device.
         device: DeviceId,
     },
+
+    // ---- SPMD: layouts, rules, propagation, transitions ----------------------------
+    /// A layout names a mesh axis the mesh does not have.
+    #[error("layout uses mesh axis {axis}, but the mesh has {axes} axes")]
+    LayoutAxis {
+        /// The axis index.
+        axis: usize,
+        /// The mesh's axis count.
+        axes: usize,
+    },
+    /// No layout over the mesh lowers to this sharding.
+    #[error("sharding {sharding} is not a layout over mesh {mesh}")]
+    NotOnMesh {
+        /// The sharding (XLA text).
+        sharding: String,
+        /// The mesh.
+        mesh: String,
+    },
+    /// An op rule that cannot describe an op.
+    #[error("bad op rule: {problem}")]
+    BadRule {
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A propagation graph that is not well formed.
+    #[error("bad propagation graph at node {node}: {problem}")]
+    BadGraph {
+        /// The node (`usize::MAX` for the graph as a whole).
+        node: usize,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// No sequence of collectives moves a value between these layouts.
+    #[error("cannot move a value from {from} to {to}: {problem}")]
+    Transition {
+        /// The source layout.
+        from: String,
+        /// The target layout.
+        to: String,
+        /// Why not.
+        problem: &'static str,
+    },
 }
 
 /// `Result` with the sharding crate's [`Error`].

@@ -9,8 +9,11 @@
 //! With the `serde` feature, meshes, partition specs, named and bound shardings and
 //! `HloSharding` (as its XLA text) serialise; deserialising validates.
 //!
-//! It is **not** a compiler: it does not propagate shardings through a graph or partition
-//! programs, and it does not run collectives (that is `meshwork-executor`).
+//! [`spmd`] has what a partitioner needs without knowing its program types: layouts
+//! in mesh-axis form, XLA's sharding propagation over op rules, and the collectives
+//! that move a value between layouts. It is **not** a compiler: it does not rewrite
+//! programs (the strategy crate's partitioner does), and it does not run collectives
+//! (that is `meshwork-executor`).
 //!
 //! ```
 //! use meshwork_sharding::{Mesh, Mode, NamedSharding};
@@ -39,6 +42,7 @@ mod serde_impls;
 mod sharding;
 mod show;
 mod spec;
+pub mod spmd;
 #[cfg(any(test, feature = "proptest"))]
 pub mod testing;
 #[cfg(test)]
