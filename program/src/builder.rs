@@ -414,6 +414,16 @@ impl Builder {
         self.push(Op::AllToAll { split_axis, concat_axis, groups: groups.to_vec() }, &[x])
     }
 
+    /// [`Op::ShardSlice`]: this replica's block of `axis` among its group.
+    pub fn shard_slice(&mut self, x: Value, axis: usize, groups: &[Vec<usize>]) -> Result<Value> {
+        self.push(Op::ShardSlice { axis, groups: groups.to_vec() }, &[x])
+    }
+
+    /// [`Op::ShardPad`]: `x` at this replica's block of `axis`, zeros elsewhere.
+    pub fn shard_pad(&mut self, x: Value, axis: usize, groups: &[Vec<usize>]) -> Result<Value> {
+        self.push(Op::ShardPad { axis, groups: groups.to_vec() }, &[x])
+    }
+
     /// Collective permute along `(source, target)` pairs.
     pub fn collective_permute(&mut self, x: Value, pairs: &[(usize, usize)]) -> Result<Value> {
         self.push(Op::CollectivePermute { pairs: pairs.to_vec() }, &[x])

@@ -9,7 +9,7 @@
 
 use meshwork_types::{ReduceOp, TensorSpec};
 
-use crate::tensor::Tensor;
+use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
 
 /// The collectives of the device running a program (one replica of a group).
@@ -18,6 +18,8 @@ use crate::{Error, Result};
 /// returns this replica's result (of the instruction's spec; the interpreter checks).
 /// Replica groups are the instruction's, as `Op` documents them.
 pub trait Collectives {
+    /// This replica's id, as replica groups name replicas.
+    fn replica_id(&self) -> usize;
     /// Reduces `x` across this replica's group.
     fn all_reduce(&self, x: Tensor, op: ReduceOp, groups: &[Vec<usize>]) -> Result<Tensor>;
     /// Concatenates the group's operands along `axis`, in group order.
@@ -140,6 +142,23 @@ pub(crate) fn communicate(
             let c = env.collectives.ok_or_else(|| missing("collectives"))?;
             c.all_to_all(first(), *split_axis, *concat_axis, groups).map_err(wrap)?
         }
+        Op::ShardSlice { axis, groups } | Op::ShardPad { axis, groups } => {
+            let c = env.collectives.ok_or_else(|| missing("collectives"))?;
+            let me = c.replica_id();
+            let (pos, n) = groups
+                .iter()
+                .find_map(|g| g.iter().position(|&r| r == me).map(|k| (k, g.len())))
+                .ok_or_else(|| Error::Communication {
+                    at: at.to_string(),
+                    problem: format!("replica {me} is in none of the groups"),
+                })?;
+            let x = first();
+            if matches!(op, Op::ShardSlice { .. }) {
+                block(&x, *axis, pos, n, spec)?
+            } else {
+                place(&x, *axis, pos, spec)?
+            }
+        }
         Op::CollectivePermute { pairs } => {
             let c = env.collectives.ok_or_else(|| missing("collectives"))?;
             c.collective_permute(first(), pairs).map_err(wrap)?
@@ -168,4 +187,73 @@ pub(crate) fn communicate(
         });
     }
     Ok(out)
+}
+
+/// Copies `rows` rows of `inner` elements: row `r` of `src` from `src_at(r)` to
+/// `dst_at(r)` of `dst`.
+fn copy_rows<T: Copy>(
+    src: &[T],
+    dst: &mut [T],
+    rows: usize,
+    inner: usize,
+    src_at: impl Fn(usize) -> usize,
+    dst_at: impl Fn(usize) -> usize,
+) {
+    for r in 0..rows {
+        let (s, d) = (src_at(r), dst_at(r));
+        dst[d..d + inner].copy_from_slice(&src[s..s + inner]);
+    }
+}
+
+/// `(outer, len, inner)`: the elements before, along and after `axis`.
+fn split_dims(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+}
+
+/// Block `pos` of `n` along `axis` of `x` (of result spec `spec`).
+fn block(x: &Tensor, axis: usize, pos: usize, n: usize, spec: &TensorSpec) -> Result<Tensor> {
+    let (outer, len, inner) = split_dims(x.shape().dims(), axis);
+    let part = len / n.max(1);
+    let run = part * inner;
+    macro_rules! cut {
+        ($v:expr, $wrap:path) => {{
+            let mut out = Vec::with_capacity(outer * run);
+            for o in 0..outer {
+                let s = (o * len + pos * part) * inner;
+                out.extend_from_slice(&$v[s..s + run]);
+            }
+            $wrap(out)
+        }};
+    }
+    let data = match x.data() {
+        Data::F32(v) => cut!(v, Data::F32),
+        Data::F64(v) => cut!(v, Data::F64),
+        Data::I32(v) => cut!(v, Data::I32),
+        Data::I64(v) => cut!(v, Data::I64),
+        Data::Bool(v) => cut!(v, Data::Bool),
+    };
+    Tensor::new(spec.shape.clone(), data)
+}
+
+/// `x` placed at block `pos` along `axis` of zeros of spec `spec`.
+fn place(x: &Tensor, axis: usize, pos: usize, spec: &TensorSpec) -> Result<Tensor> {
+    let (outer, part, inner) = split_dims(x.shape().dims(), axis);
+    let len = spec.shape.dims()[axis];
+    let total = spec.shape.num_elements();
+    let run = part * inner;
+    macro_rules! put {
+        ($v:expr, $zero:expr, $wrap:path) => {{
+            let mut out = vec![$zero; total];
+            copy_rows($v, &mut out, outer, run, |o| o * run, |o| (o * len + pos * part) * inner);
+            $wrap(out)
+        }};
+    }
+    let data = match x.data() {
+        Data::F32(v) => put!(v, 0.0, Data::F32),
+        Data::F64(v) => put!(v, 0.0, Data::F64),
+        Data::I32(v) => put!(v, 0, Data::I32),
+        Data::I64(v) => put!(v, 0, Data::I64),
+        Data::Bool(v) => put!(v, false, Data::Bool),
+    };
+    Tensor::new(spec.shape.clone(), data)
 }

@@ -616,6 +616,8 @@ impl<'p> Transposer<'p> {
             Op::AllToAll { split_axis, concat_axis, groups } => {
                 vec![Some(b.all_to_all(g, *concat_axis, *split_axis, groups)?)]
             }
+            Op::ShardSlice { axis, groups } => vec![Some(b.shard_pad(g, *axis, groups)?)],
+            Op::ShardPad { axis, groups } => vec![Some(b.shard_slice(g, *axis, groups)?)],
             Op::CollectivePermute { pairs } => {
                 let back: Vec<(usize, usize)> = pairs.iter().map(|&(s, t)| (t, s)).collect();
                 vec![Some(b.collective_permute(g, &back)?)]

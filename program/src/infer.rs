@@ -473,6 +473,27 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             dims[*axis] /= n;
             spec(x.dtype, &dims)
         }
+        Op::ShardSlice { axis, groups } => {
+            arity(args, 1)?;
+            let n = same_size_groups(groups)?;
+            let x = args[0];
+            axis_in(*axis, x.shape.rank(), "axis")?;
+            let mut dims = x.shape.dims().to_vec();
+            if !dims[*axis].is_multiple_of(n) {
+                return Err(format!("dim {axis} of size {} does not split over {n}", dims[*axis]));
+            }
+            dims[*axis] /= n;
+            spec(x.dtype, &dims)
+        }
+        Op::ShardPad { axis, groups } => {
+            arity(args, 1)?;
+            let n = same_size_groups(groups)?;
+            let x = args[0];
+            axis_in(*axis, x.shape.rank(), "axis")?;
+            let mut dims = x.shape.dims().to_vec();
+            dims[*axis] = dims[*axis].checked_mul(n).ok_or("the padded dim overflows")?;
+            spec(x.dtype, &dims)
+        }
         Op::AllToAll { split_axis, concat_axis, groups } => {
             arity(args, 1)?;
             let n = same_size_groups(groups)?;

@@ -282,6 +282,23 @@ pub enum Op {
         /// Replica groups of equal size.
         groups: Vec<Vec<usize>>,
     },
+    /// This replica's block of `axis`: the dim split into as many blocks as the group
+    /// has members, member `k` keeping block `k` (nothing moves; the SPMD
+    /// partitioner's local slice of a replicated value).
+    ShardSlice {
+        /// The axis split.
+        axis: usize,
+        /// Replica groups of equal size.
+        groups: Vec<Vec<usize>>,
+    },
+    /// The transpose of [`Op::ShardSlice`]: the operand at this replica's block of
+    /// `axis` (group size times longer), zeros elsewhere.
+    ShardPad {
+        /// The axis grown.
+        axis: usize,
+        /// Replica groups of equal size.
+        groups: Vec<Vec<usize>>,
+    },
     /// Sends the operand along `(source, target)` replica pairs; a replica that is no
     /// target gets zeros.
     CollectivePermute {
@@ -381,6 +398,8 @@ impl Op {
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::AllToAll { .. } => "all_to_all",
+            Op::ShardSlice { .. } => "shard_slice",
+            Op::ShardPad { .. } => "shard_pad",
             Op::CollectivePermute { .. } => "collective_permute",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
@@ -388,8 +407,9 @@ impl Op {
         }
     }
 
-    /// Whether the op exchanges data with other replicas or devices, or the host (so
-    /// an interpreter needs the matching trait to run it).
+    /// Whether the op exchanges data with other replicas or devices, or the host, or
+    /// needs to know which replica runs it (so an interpreter needs the matching trait
+    /// to run it).
     pub fn communicates(&self) -> bool {
         matches!(
             self,
@@ -398,6 +418,8 @@ impl Op {
                 | Op::ReduceScatter { .. }
                 | Op::AllToAll { .. }
                 | Op::CollectivePermute { .. }
+                | Op::ShardSlice { .. }
+                | Op::ShardPad { .. }
                 | Op::Send { .. }
                 | Op::Recv { .. }
                 | Op::Emit { .. }
@@ -499,7 +521,9 @@ impl fmt::Display for Attributes<'_> {
             Op::AllReduce { op, groups } => {
                 write!(f, ", op={}, groups={}", reduce_name(*op), Groups(groups))
             }
-            Op::AllGather { axis, groups } => {
+            Op::AllGather { axis, groups }
+            | Op::ShardSlice { axis, groups }
+            | Op::ShardPad { axis, groups } => {
                 write!(f, ", axis={axis}, groups={}", Groups(groups))
             }
             Op::ReduceScatter { op, axis, groups } => {

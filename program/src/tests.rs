@@ -278,6 +278,8 @@ fn any_op() -> impl Strategy<Value = Op> {
         }),
         proptest::collection::vec((0usize..6, 0usize..6), 0..4)
             .prop_map(|pairs| Op::CollectivePermute { pairs }),
+        (axis(), groups()).prop_map(|(axis, groups)| Op::ShardSlice { axis, groups }),
+        (axis(), groups()).prop_map(|(axis, groups)| Op::ShardPad { axis, groups }),
         (any::<u32>(), 0usize..8).prop_map(|(channel, peer)| Op::Send { channel, peer }),
         (any::<u32>(), proptest::collection::vec(0usize..usize::MAX, 0..4))
             .prop_map(|(channel, shape)| Op::Recv { channel, peer: 1, dtype: DType::F32, shape }),
@@ -394,9 +396,13 @@ struct Loopback {
     queue: std::sync::Mutex<Vec<(u32, crate::Tensor)>>,
     emitted: std::sync::Mutex<Vec<(u32, Vec<crate::Tensor>)>>,
     wrong: bool,
+    replica: usize,
 }
 
 impl crate::Collectives for Loopback {
+    fn replica_id(&self) -> usize {
+        self.replica
+    }
     fn all_reduce(
         &self,
         x: crate::Tensor,
@@ -1023,4 +1029,43 @@ fn gradients_hold_no_dead_code_and_no_transpose_of_products() {
     let step = TrainStep::new(&p, s, &[w], Optimizer::Sgd).unwrap();
     let names = ops(&step.program);
     assert_eq!(names.iter().filter(|n| **n == "dot_general").count(), 2, "{}", step.program);
+}
+
+/// `shard_slice` keeps this replica's block, `shard_pad` puts it back among zeros,
+/// in both interpreters, and each is the other's transpose.
+#[test]
+fn shard_slice_and_pad_use_the_replica_position() {
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,3]".parse().unwrap()).unwrap();
+    let groups = vec![vec![2, 0], vec![1, 3]];
+    let s = b.shard_slice(x, 0, &groups).unwrap();
+    let p = b.shard_pad(s, 1, &groups).unwrap();
+    let program = b.finish(&[s, p]).unwrap();
+    assert!(program.to_string().contains("shard_slice(%0), axis=0, groups={{2,0},{1,3}}"));
+    assert_eq!(program.to_string().parse::<Program>().unwrap(), program);
+    let x = crate::Tensor::f64(&[4, 3], (0..12).map(f64::from).collect()).unwrap();
+    // Replica 0 is member 1 of {2, 0}: rows 2..4, then columns 3..6 of 6.
+    let env = Loopback::default();
+    let env = crate::Env::local().with_collectives(&env);
+    for out in [
+        crate::reference::evaluate_with(&program, &[x.clone()], &env).unwrap(),
+        crate::fast::Executable::compile(&program, crate::fast::Options::default())
+            .run(&[x.clone()], &env)
+            .unwrap(),
+    ] {
+        assert_eq!(out[0].to_f64(), [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(
+            out[1].to_f64(),
+            [0.0, 0.0, 0.0, 6.0, 7.0, 8.0, 0.0, 0.0, 0.0, 9.0, 10.0, 11.0]
+        );
+    }
+    // The vjp of the slice pads the cotangent back into this replica's block.
+    let mut b = Builder::new();
+    let x2 = b.param("x", "f64[4,3]".parse().unwrap()).unwrap();
+    let s2 = b.shard_slice(x2, 0, &groups).unwrap();
+    let v = crate::vjp(&b.finish(&[s2]).unwrap(), &[x2]).unwrap();
+    assert!(v.to_string().contains("shard_pad("), "{v}");
+    let c = crate::Tensor::f64(&[2, 3], vec![1.0; 6]).unwrap();
+    let out = crate::reference::evaluate_with(&v, &[x, c], &env).unwrap();
+    assert_eq!(out[1].to_f64(), [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
 }

@@ -274,7 +274,7 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "pad" => &["low", "high", "interior"],
         "scatter_add" => &["axis"],
         "all_reduce" => &["op", "groups"],
-        "all_gather" => &["axis", "groups"],
+        "all_gather" | "shard_slice" | "shard_pad" => &["axis", "groups"],
         "reduce_scatter" => &["op", "axis", "groups"],
         "all_to_all" => &["split_axis", "concat_axis", "groups"],
         "collective_permute" => &["pairs"],
@@ -380,6 +380,8 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "iota" => Op::Iota { dtype: spec.dtype, shape: dims, axis: num("axis")? },
         "all_reduce" => Op::AllReduce { op: red()?, groups: grp()? },
         "all_gather" => Op::AllGather { axis: num("axis")?, groups: grp()? },
+        "shard_slice" => Op::ShardSlice { axis: num("axis")?, groups: grp()? },
+        "shard_pad" => Op::ShardPad { axis: num("axis")?, groups: grp()? },
         "reduce_scatter" => Op::ReduceScatter { op: red()?, axis: num("axis")?, groups: grp()? },
         "all_to_all" => Op::AllToAll {
             split_axis: num("split_axis")?,
