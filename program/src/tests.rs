@@ -1048,16 +1048,13 @@ fn shard_slice_and_pad_use_the_replica_position() {
     let env = Loopback::default();
     let env = crate::Env::local().with_collectives(&env);
     for out in [
-        crate::reference::evaluate_with(&program, &[x.clone()], &env).unwrap(),
+        crate::reference::evaluate_with(&program, std::slice::from_ref(&x), &env).unwrap(),
         crate::fast::Executable::compile(&program, crate::fast::Options::default())
-            .run(&[x.clone()], &env)
+            .run(std::slice::from_ref(&x), &env)
             .unwrap(),
     ] {
         assert_eq!(out[0].to_f64(), [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
-        assert_eq!(
-            out[1].to_f64(),
-            [0.0, 0.0, 0.0, 6.0, 7.0, 8.0, 0.0, 0.0, 0.0, 9.0, 10.0, 11.0]
-        );
+        assert_eq!(out[1].to_f64(), [0.0, 0.0, 0.0, 6.0, 7.0, 8.0, 0.0, 0.0, 0.0, 9.0, 10.0, 11.0]);
     }
     // The vjp of the slice pads the cotangent back into this replica's block.
     let mut b = Builder::new();

@@ -26,6 +26,31 @@ pub enum Error {
     /// A replicated program failed.
     #[error(transparent)]
     Executor(#[from] meshwork_executor::Error),
+    /// A program error.
+    #[error(transparent)]
+    Program(#[from] meshwork_program::Error),
+    /// A dim of a program value does not split over the mesh axes its layout tiles it by.
+    #[error("{value}: dim {dim} of size {size} does not split into {tiles} tiles over the mesh")]
+    Indivisible {
+        /// The value (its name, or `%k`).
+        value: String,
+        /// The dim.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// The tiles the layout cuts it into.
+        tiles: usize,
+    },
+    /// A program the partitioner cannot partition as asked.
+    #[error("cannot partition {value} ({op}): {problem}")]
+    Partition {
+        /// The value (its name, or `%k`; empty for the program as a whole).
+        value: String,
+        /// The op or step concerned.
+        op: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
 
     /// A topology that holds no devices, or hosts that do not divide it.
     #[error("topology {shape:?} with {devices_per_host} devices per host is not a valid mesh")]

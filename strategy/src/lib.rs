@@ -54,6 +54,7 @@ mod manager;
 mod metrics;
 pub mod mlp;
 mod ops;
+pub mod spmd;
 mod strategy;
 mod values;
 mod variable;

@@ -184,6 +184,11 @@ impl Strategy {
         }
     }
 
+    /// The executor runtime the strategy runs on.
+    pub(crate) fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
     /// The device assignment.
     pub fn assignment(&self) -> &DeviceAssignment {
         &self.assignment

@@ -252,10 +252,10 @@ pub(crate) fn passing(rule: &OpRule, partials: &[&[usize]], zero: &[bool]) -> Ve
                 _ => Vec::new(),
             }
         }
-        Linear::Joint => {
+        Linear::Joint(mask) => {
             let mut common: Option<&[usize]> = None;
             for (k, p) in partials.iter().enumerate() {
-                if zero[k] {
+                if zero[k] || !mask[k] {
                     continue;
                 }
                 match common {
@@ -376,4 +376,41 @@ pub(crate) fn result_layout(
         }
     }
     Layout::from_parts(dims, partial)
+}
+
+/// What `node` needs and makes under factor axes `factors` (a [`Propagation`]'s for
+/// it), given its operands' current layouts: the layout each operand must be moved to
+/// (pending only where the pending sum flows through, and a known zero made pending
+/// alike), and the result's layout.
+pub fn node_layouts(
+    node: &Node,
+    factors: &[Vec<usize>],
+    operands: &[&Layout],
+    zeros: &[bool],
+) -> (Vec<Layout>, Layout) {
+    let rule = &node.rule;
+    let partials: Vec<&[usize]> = operands.iter().map(|l| l.partial()).collect();
+    let pass = passing(rule, &partials, zeros);
+    let carries = |k: usize| -> bool {
+        !pass.is_empty()
+            && match rule.linear() {
+                Linear::No => false,
+                Linear::Each(_) => partials[k] == pass.as_slice(),
+                Linear::Joint(mask) => mask[k],
+            }
+    };
+    let required = (0..operands.len())
+        .map(|k| {
+            let dims = project_out(&rule.operands()[k], factors);
+            let partial = if carries(k) { pass.clone() } else { Vec::new() };
+            Layout::from_parts(dims, partial)
+        })
+        .collect();
+    let mut partial = pass;
+    for (g, axes) in factors.iter().enumerate() {
+        if rule.kind(g) == FactorKind::Sum {
+            partial.extend(axes);
+        }
+    }
+    (required, Layout::from_parts(project_out(rule.result(), factors), partial))
 }

@@ -26,9 +26,11 @@ pub enum Linear {
     /// its numerator, `dot_general` in either): one marked operand may be pending if
     /// no other operand is, and the result is pending over the same axes.
     Each(Vec<bool>),
-    /// The op is linear in all operands jointly (`add`, `sub`, `concat`): the result
-    /// is pending over axes on which every operand is pending.
-    Joint,
+    /// The op is linear in the marked operands jointly (`add`, `sub`, `concat`; a
+    /// `scatter_add`'s operand and updates): the result is pending over axes on which
+    /// every marked operand that is not a known zero is pending. Unmarked operands are
+    /// never pending.
+    Joint(Vec<bool>),
 }
 
 /// An op's sharding rule: a list of factors (each with a size and a kind), and for
@@ -361,7 +363,7 @@ impl OpRule {
 
     /// The same rule with this linearity.
     pub fn with_linear(mut self, linear: Linear) -> OpRule {
-        if let Linear::Each(mask) = &linear
+        if let Linear::Each(mask) | Linear::Joint(mask) = &linear
             && mask.len() != self.operands.len()
         {
             self.linear = Linear::No;

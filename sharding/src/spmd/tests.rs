@@ -185,7 +185,7 @@ fn whole_factors_stay_whole_and_sums_need_every_operand() {
         vec![vec![0], vec![1]],
     )
     .unwrap()
-    .with_linear(Linear::Joint);
+    .with_linear(Linear::Joint(vec![true, false, true]));
     let shapes = vec![vec![5, 3], vec![4], vec![4, 3], vec![5, 3]];
     let ann = [None, Some(lay(&m, &[&[0]], &[])), Some(lay(&m, &[&[0], &[]], &[])), None];
     let g = Graph {

@@ -6,6 +6,7 @@ mod checkpoints;
 mod processes;
 mod properties;
 mod seed;
+mod spmd;
 mod training;
 
 use meshwork_strategy::Tensor;

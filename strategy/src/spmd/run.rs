@@ -1,0 +1,376 @@
+//! Running partitioned programs on a strategy's devices: the program crate's
+//! communication traits over the executor's collectives, and moving tensors between
+//! their global form and their per-device layouts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use meshwork_executor::{ReplicaContext, ReplicaGroups, Tensor as ExecTensor};
+use meshwork_program::fast::{Executable, Options};
+use meshwork_program::{Collectives, Data, Env, HostSink, Tensor};
+use meshwork_sharding::spmd::Layout;
+use meshwork_sharding::{Mesh, Mode, assemble, shard};
+use meshwork_types::{ReduceOp, Shape};
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use super::Partitioned;
+use crate::{Error, Result};
+
+fn comm(e: impl std::fmt::Display) -> meshwork_program::Error {
+    meshwork_program::Error::Communication { at: "collective".into(), problem: e.to_string() }
+}
+
+/// A program tensor as an executor tensor (moving the elements; bools travel as i32).
+pub(crate) fn to_exec(t: Tensor) -> meshwork_program::Result<ExecTensor> {
+    let dims = IxDyn(t.shape().dims());
+    let bad = |e: ndarray::ShapeError| comm(e);
+    Ok(match t.into_data() {
+        Data::F32(v) => ExecTensor::F32(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        Data::F64(v) => ExecTensor::F64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        Data::I32(v) => ExecTensor::I32(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        Data::I64(v) => ExecTensor::I64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
+        Data::Bool(v) => ExecTensor::I32(
+            ArrayD::from_shape_vec(dims, v.into_iter().map(i32::from).collect()).map_err(bad)?,
+        ),
+    })
+}
+
+fn raw<T: Clone>(a: ArrayD<T>) -> Vec<T> {
+    if a.is_standard_layout() { a.into_raw_vec_and_offset().0 } else { a.iter().cloned().collect() }
+}
+
+/// An executor tensor as a program tensor of dtype `bool` if `as_bool`.
+pub(crate) fn from_exec(t: ExecTensor, as_bool: bool) -> meshwork_program::Result<Tensor> {
+    let shape = Shape::new(t.shape())?;
+    let data = match t {
+        ExecTensor::F32(a) => Data::F32(raw(a)),
+        ExecTensor::F64(a) => Data::F64(raw(a)),
+        ExecTensor::I32(a) if as_bool => Data::Bool(raw(a).into_iter().map(|x| x != 0).collect()),
+        ExecTensor::I32(a) => Data::I32(raw(a)),
+        ExecTensor::I64(a) => Data::I64(raw(a)),
+        other => return Err(comm(format!("unsupported executor tensor {:?}", other.dtype()))),
+    };
+    Tensor::new(shape, data)
+}
+
+/// The program crate's collectives over an executor replica (replica ids are mesh
+/// positions); replica groups are validated once per distinct list.
+pub(crate) struct MeshCollectives<'a> {
+    pub(crate) ctx: &'a ReplicaContext,
+    groups: Mutex<HashMap<Vec<Vec<usize>>, ReplicaGroups>>,
+}
+
+impl<'a> MeshCollectives<'a> {
+    pub(crate) fn new(ctx: &'a ReplicaContext) -> MeshCollectives<'a> {
+        MeshCollectives { ctx, groups: Mutex::default() }
+    }
+
+    fn groups(&self, groups: &[Vec<usize>]) -> meshwork_program::Result<ReplicaGroups> {
+        let mut cache = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = cache.get(groups) {
+            return Ok(g.clone());
+        }
+        let g = self.ctx.groups(groups.to_vec()).map_err(comm)?;
+        cache.insert(groups.to_vec(), g.clone());
+        Ok(g)
+    }
+
+    fn run(
+        &self,
+        x: Tensor,
+        f: impl FnOnce(ExecTensor) -> meshwork_executor::Result<ExecTensor>,
+    ) -> meshwork_program::Result<Tensor> {
+        let as_bool = x.data().dtype() == meshwork_types::DType::Bool;
+        from_exec(f(to_exec(x)?).map_err(comm)?, as_bool)
+    }
+}
+
+impl Collectives for MeshCollectives<'_> {
+    fn replica_id(&self) -> usize {
+        self.ctx.replica_id()
+    }
+    fn all_reduce(
+        &self,
+        x: Tensor,
+        op: ReduceOp,
+        groups: &[Vec<usize>],
+    ) -> meshwork_program::Result<Tensor> {
+        let g = self.groups(groups)?;
+        self.run(x, |t| self.ctx.all_reduce_in(&g, op, t))
+    }
+    fn all_gather(
+        &self,
+        x: Tensor,
+        axis: usize,
+        groups: &[Vec<usize>],
+    ) -> meshwork_program::Result<Tensor> {
+        let g = self.groups(groups)?;
+        self.run(x, |t| self.ctx.all_gather_in(&g, axis, t))
+    }
+    fn reduce_scatter(
+        &self,
+        x: Tensor,
+        op: ReduceOp,
+        axis: usize,
+        groups: &[Vec<usize>],
+    ) -> meshwork_program::Result<Tensor> {
+        let g = self.groups(groups)?;
+        self.run(x, |t| self.ctx.reduce_scatter_in(&g, op, axis, t))
+    }
+    fn all_to_all(
+        &self,
+        x: Tensor,
+        split_axis: usize,
+        concat_axis: usize,
+        groups: &[Vec<usize>],
+    ) -> meshwork_program::Result<Tensor> {
+        let g = self.groups(groups)?;
+        self.run(x, |t| self.ctx.all_to_all_in(&g, split_axis, concat_axis, t))
+    }
+    fn collective_permute(
+        &self,
+        x: Tensor,
+        pairs: &[(usize, usize)],
+    ) -> meshwork_program::Result<Tensor> {
+        self.run(x, |t| self.ctx.collective_permute(pairs, t))
+    }
+}
+
+/// `emit` of an SPMD program: its operands are replicated, so replica 0 alone
+/// streams them to the strategy's metrics (the others' copies are the same).
+pub(crate) struct FirstReplicaHost<'a>(pub(crate) &'a ReplicaContext);
+
+impl HostSink for FirstReplicaHost<'_> {
+    fn emit(&self, consumer: u32, values: &[Tensor]) -> meshwork_program::Result<()> {
+        if self.0.replica_id() != 0 {
+            return Ok(());
+        }
+        let tensors =
+            values.iter().cloned().map(to_exec).collect::<meshwork_program::Result<Vec<_>>>()?;
+        self.0.emit(consumer, &tensors).map_err(comm)
+    }
+}
+
+/// Splits global `t` into each mesh position's part under `layout` (never pending).
+pub(crate) fn split(mesh: &Mesh, layout: &Layout, t: &Tensor) -> Result<Vec<Tensor>> {
+    let rank = t.shape().rank();
+    let sharding = layout.to_named(mesh)?.to_sharding(rank)?;
+    let dims = t.shape().dims();
+    fn parts<T: Copy>(
+        dims: &[usize],
+        v: &[T],
+        s: &meshwork_sharding::Sharding,
+    ) -> Result<Vec<Vec<T>>> {
+        let view = ArrayViewD::from_shape(IxDyn(dims), v).map_err(|e| Error::Partition {
+            value: String::new(),
+            op: "split",
+            problem: e.to_string(),
+        })?;
+        Ok(shard(&view, s, Mode::Strict)?.into_iter().map(|p| raw(p.data)).collect())
+    }
+    let local = Shape::new(&layout.local_shape(mesh, dims)?)?;
+    let per: Vec<Data> = match t.data() {
+        Data::F32(v) => parts(dims, v, &sharding)?.into_iter().map(Data::F32).collect(),
+        Data::F64(v) => parts(dims, v, &sharding)?.into_iter().map(Data::F64).collect(),
+        Data::I32(v) => parts(dims, v, &sharding)?.into_iter().map(Data::I32).collect(),
+        Data::I64(v) => parts(dims, v, &sharding)?.into_iter().map(Data::I64).collect(),
+        Data::Bool(v) => parts(dims, v, &sharding)?.into_iter().map(Data::Bool).collect(),
+    };
+    per.into_iter().map(|d| Ok(Tensor::new(local.clone(), d)?)).collect()
+}
+
+/// Assembles a global tensor of `shape` from each mesh position's part under `layout`
+/// (never pending).
+pub(crate) fn join(
+    mesh: &Mesh,
+    layout: &Layout,
+    shape: &[usize],
+    parts: &[Tensor],
+) -> Result<Tensor> {
+    if layout.is_replicated() || mesh.size() == 1 {
+        return Ok(parts[0].clone());
+    }
+    let sharding = layout.to_named(mesh)?.to_sharding(shape.len())?;
+    let bad = |e: ndarray::ShapeError| Error::Partition {
+        value: String::new(),
+        op: "join",
+        problem: e.to_string(),
+    };
+    macro_rules! glue {
+        ($variant:ident) => {{
+            let views = parts
+                .iter()
+                .map(|p| match p.data() {
+                    Data::$variant(v) => {
+                        ArrayViewD::from_shape(IxDyn(p.shape().dims()), v.as_slice()).map_err(bad)
+                    }
+                    other => Err(Error::DTypeMismatch {
+                        what: "a value's parts",
+                        expected: layout_dtype(parts),
+                        actual: other.dtype(),
+                    }),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Data::$variant(raw(assemble(&views, &sharding, shape, Mode::Strict)?))
+        }};
+    }
+    let data = match parts[0].data() {
+        Data::F32(_) => glue!(F32),
+        Data::F64(_) => glue!(F64),
+        Data::I32(_) => glue!(I32),
+        Data::I64(_) => glue!(I64),
+        Data::Bool(_) => glue!(Bool),
+    };
+    Ok(Tensor::new(Shape::new(shape)?, data)?)
+}
+
+fn layout_dtype(parts: &[Tensor]) -> meshwork_types::DType {
+    parts[0].data().dtype()
+}
+
+/// What one replica does in a run.
+pub(crate) type ReplicaStep = dyn Fn(&ReplicaContext) -> meshwork_program::Result<()> + Send + Sync;
+
+/// Runs `f` for every replica of a one-process executor run of `n` replicas on the
+/// devices `placement` names, keeping each replica's typed error so the run returns
+/// the root failure's own error.
+pub(crate) fn run_replicas(
+    runtime: &meshwork_executor::Runtime,
+    placement: &[usize],
+    f: Arc<ReplicaStep>,
+) -> Result<()> {
+    let stash: Arc<Mutex<Vec<(usize, meshwork_program::Error)>>> = Arc::default();
+    let s = stash.clone();
+    let program: Arc<meshwork_executor::Program> =
+        Arc::new(move |ctx: &ReplicaContext, _| match f(ctx) {
+            Ok(()) => Ok(Vec::new()),
+            Err(e) => {
+                let msg = e.to_string();
+                s.lock().unwrap_or_else(PoisonError::into_inner).push((ctx.replica_id(), e));
+                Err(msg.into())
+            }
+        });
+    let n = placement.len();
+    match runtime.run_on(program, vec![Vec::new(); n], placement) {
+        Ok(_) => Ok(()),
+        Err(err) => {
+            let failed = match &err {
+                meshwork_executor::Error::ReplicaFailed { replica, .. } => Some(*replica),
+                _ => None,
+            };
+            let mut stash = stash.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(i) = stash.iter().position(|(r, _)| Some(*r) == failed) {
+                return Err(stash.swap_remove(i).1.into());
+            }
+            Err(err.into())
+        }
+    }
+}
+
+impl crate::Strategy {
+    /// The executor devices that run mesh positions `0..mesh.size()` (mesh position `r`
+    /// on device `mesh.devices()[r]`), or an error if the strategy lacks them or spans
+    /// processes (SPMD programs run in one process here).
+    pub(crate) fn mesh_placement(&self, mesh: &Mesh) -> Result<Vec<usize>> {
+        let devices = self.runtime().devices();
+        if self.is_multi_process() {
+            return Err(Error::Partition {
+                value: String::new(),
+                op: "run",
+                problem: "SPMD programs run on the devices of one process".into(),
+            });
+        }
+        mesh.devices()
+            .iter()
+            .map(|d| {
+                let d = d.0 as usize;
+                if d < devices {
+                    Ok(d)
+                } else {
+                    Err(Error::Partition {
+                        value: String::new(),
+                        op: "run",
+                        problem: format!(
+                            "mesh {mesh} names device {d}; the strategy has {devices}"
+                        ),
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// Runs a partitioned program once on the mesh's devices: `inputs` are the global
+    /// parameters (split by their layouts), the results come back assembled. Each call
+    /// moves every input in and every output out; [`compile`](crate::Strategy::compile)
+    /// keeps state on the devices instead.
+    pub fn run_partitioned(&self, p: &Partitioned, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let mesh = p.mesh();
+        let placement = self.mesh_placement(mesh)?;
+        check_inputs(p.global(), inputs)?;
+        let n = mesh.size();
+        let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(inputs.len()); n];
+        for (t, l) in inputs.iter().zip(p.inputs()) {
+            for (r, part) in split(mesh, l, t)?.into_iter().enumerate() {
+                per[r].push(part);
+            }
+        }
+        let options = Options::for_devices(n);
+        let slots: Arc<Vec<Mutex<Vec<Tensor>>>> =
+            Arc::new(per.into_iter().map(Mutex::new).collect());
+        let exe = Arc::new(Executable::compile(p.program(), options));
+        let s = slots.clone();
+        run_replicas(
+            self.runtime(),
+            &placement,
+            Arc::new(move |ctx| {
+                let r = ctx.replica_id();
+                let inputs =
+                    std::mem::take(&mut *s[r].lock().unwrap_or_else(PoisonError::into_inner));
+                let coll = MeshCollectives::new(ctx);
+                let host = FirstReplicaHost(ctx);
+                let env = Env::local().with_collectives(&coll).with_host(&host);
+                let out = exe.run_owned(inputs, &env)?;
+                *s[r].lock().unwrap_or_else(PoisonError::into_inner) = out;
+                Ok(())
+            }),
+        )?;
+        let mut outs: Vec<Vec<Tensor>> = slots
+            .iter()
+            .map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(PoisonError::into_inner)))
+            .collect();
+        let global = p.global();
+        let mut results = Vec::with_capacity(global.results().len());
+        for (k, (v, l)) in global.results().iter().zip(p.outputs()).enumerate() {
+            let parts: Vec<Tensor> =
+                outs.iter_mut().map(|o| std::mem::replace(&mut o[k], placeholder())).collect();
+            let shape = global.spec(*v).expect("a result").shape.dims().to_vec();
+            results.push(join(mesh, l, &shape, &parts)?);
+        }
+        Ok(results)
+    }
+}
+
+fn placeholder() -> Tensor {
+    Tensor::bool(&[], vec![false]).expect("a scalar")
+}
+
+/// Checks that `inputs` are the program's parameters, by spec.
+pub(crate) fn check_inputs(program: &meshwork_program::Program, inputs: &[Tensor]) -> Result<()> {
+    if inputs.len() != program.params().len() {
+        return Err(Error::Partition {
+            value: String::new(),
+            op: "run",
+            problem: format!("{} inputs for {} parameters", inputs.len(), program.params().len()),
+        });
+    }
+    for (t, p) in inputs.iter().zip(program.params()) {
+        if t.spec() != p.spec {
+            return Err(Error::Partition {
+                value: p.name.clone(),
+                op: "run",
+                problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! SPMD partitioning against one device: every program of the JAX oracle
+//! (`program/testdata/cases.jsonl`), with its inputs (and cotangents) given random
+//! layouts on random meshes of 1–8 devices where the dims divide, is partitioned
+//! together with its gradient (`vjp`) and run on the mesh's devices; every output and
+//! gradient equals the one-device run to a relative 1e-12 (and JAX's within the
+//! oracle's 1e-9).
+
+use meshwork_program::{Program, Tensor, Value, fast};
+use meshwork_strategy::Strategy;
+use meshwork_strategy::sharding::Mesh;
+use meshwork_strategy::sharding::spmd::Layout;
+use meshwork_strategy::spmd::partition;
+use serde_json::Value as Json;
+
+#[path = "../../../program/tests/it/case.rs"]
+mod case;
+
+const MESHES: [&[(&str, usize)]; 10] = [
+    &[("x", 1)],
+    &[("x", 2)],
+    &[("x", 4)],
+    &[("x", 8)],
+    &[("x", 3)],
+    &[("x", 2), ("y", 2)],
+    &[("x", 2), ("y", 4)],
+    &[("x", 4), ("y", 2)],
+    &[("x", 3), ("y", 2)],
+    &[("x", 2), ("y", 2), ("z", 2)],
+];
+
+/// A small deterministic generator (a case's layouts depend on its index only).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// A random layout of a value of `shape` over `mesh` whose tiles divide it: each axis
+/// goes to a random dim (or none), in a random order; axes that would not divide are
+/// left out.
+fn random_layout(rng: &mut Rng, mesh: &Mesh, shape: &[usize]) -> Layout {
+    let mut order: Vec<usize> = (0..mesh.shape().len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let mut dims = vec![Vec::new(); shape.len()];
+    let mut tiles = vec![1usize; shape.len()];
+    for a in order {
+        // A dim it divides, three times in four.
+        let fits: Vec<usize> = (0..shape.len())
+            .filter(|&d| shape[d].is_multiple_of(tiles[d] * mesh.shape()[a]))
+            .collect();
+        if !fits.is_empty() && rng.below(4) > 0 {
+            let d = fits[rng.below(fits.len())];
+            tiles[d] *= mesh.shape()[a];
+            dims[d].push(a);
+        }
+    }
+    Layout::new(mesh, dims, Vec::new()).unwrap()
+}
+
+fn close(got: &Tensor, want: &Tensor, tol: f64) -> Result<(), String> {
+    if got.spec() != want.spec() {
+        return Err(format!("{} vs {}", got.spec(), want.spec()));
+    }
+    let float = want.spec().dtype.is_float();
+    for (k, (a, b)) in got.to_f64().iter().zip(want.to_f64()).enumerate() {
+        let ok = if float { (a - b).abs() <= tol * (1.0 + b.abs()) } else { *a == b };
+        if !ok {
+            return Err(format!("element {k}: {a} vs {b}"));
+        }
+    }
+    Ok(())
+}
+
+/// One case on one random mesh: outputs and gradients against one device and JAX.
+fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
+    let program = case::build(case).map_err(|e| e.to_string())?;
+    let wrt: Vec<(usize, String)> = case["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i["dtype"] == "f64")
+        .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
+        .collect();
+    let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+    let back: Program = meshwork_program::vjp(&program, &values).map_err(|e| e.to_string())?;
+    let mut feed: Vec<Tensor> =
+        case["inputs"].as_array().unwrap().iter().map(case::tensor).collect();
+    feed.extend(
+        case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(case::tensor),
+    );
+
+    // A random mesh; of a few tries, the first on which some input is sharded.
+    let mut rng = Rng(index as u64 * 7919 + 17);
+    let mut pick = None;
+    for _ in 0..6 {
+        let mesh = Mesh::iota(MESHES[rng.below(MESHES.len())]).unwrap();
+        let layouts: Vec<Option<Layout>> =
+            feed.iter().map(|t| Some(random_layout(&mut rng, &mesh, t.shape().dims()))).collect();
+        let sharded = layouts.iter().flatten().any(|l| !l.is_replicated());
+        pick = Some((mesh, layouts));
+        if sharded {
+            break;
+        }
+    }
+    let (mesh, layouts) = pick.unwrap();
+    let outputs = vec![None; back.results().len()];
+    let p = partition(&back, &mesh, &layouts, &outputs).map_err(|e| format!("partition: {e}"))?;
+    let got =
+        strategy.run_partitioned(&p, &feed).map_err(|e| format!("run on {mesh}: {e}\n{p}"))?;
+    let one = fast::evaluate(&back, &feed).map_err(|e| e.to_string())?;
+    for (k, (g, w)) in got.iter().zip(&one).enumerate() {
+        close(g, w, 1e-12).map_err(|e| format!("result {k} on {mesh}: {e}\n{p}"))?;
+    }
+    let n = program.results().len();
+    let expected = case["expected"].as_array().unwrap();
+    for (k, w) in expected.iter().enumerate() {
+        close(&got[k], &case::tensor(w), 1e-9).map_err(|e| format!("output {k} vs JAX: {e}"))?;
+    }
+    for (k, (_, name)) in wrt.iter().enumerate() {
+        close(&got[n + k], &case::tensor(&case["grads"][name.as_str()]), 1e-9)
+            .map_err(|e| format!("gradient of {name} vs JAX: {e}"))?;
+    }
+    let tiled = p.inputs().iter().filter(|l| !l.is_replicated()).count();
+    Ok((tiled, p.collectives().len()))
+}
+
+#[test]
+fn every_oracle_case_partitioned_on_a_random_mesh_matches_one_device() {
+    let strategy = Strategy::data_parallel(8).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../program/testdata/cases.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut failed = Vec::new();
+    let (mut sharded, mut communicating) = (0, 0);
+    for (i, line) in text.lines().enumerate() {
+        let case: Json = serde_json::from_str(line).unwrap();
+        match check(&strategy, i, &case) {
+            Ok((tiled, collectives)) => {
+                sharded += usize::from(tiled > 0);
+                communicating += usize::from(collectives > 0);
+            }
+            Err(e) => failed.push(format!("{}: {e}", case["id"])),
+        }
+    }
+    let shown: Vec<&String> = failed.iter().take(5).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 1500 failed:\n{}",
+        failed.len(),
+        shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n\n")
+    );
+    // Most cases really are sharded, and most need collectives.
+    assert!(sharded > 1000, "only {sharded} cases had a sharded input");
+    assert!(communicating > 700, "only {communicating} cases communicated");
+}
