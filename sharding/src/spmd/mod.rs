@@ -37,6 +37,6 @@ mod tests;
 mod transition;
 
 pub use layout::{Layout, axis_groups};
-pub use propagate::{Graph, Node, Propagation, node_layouts, propagate};
+pub use propagate::{Graph, Node, Operand, Propagation, node_layouts, propagate};
 pub use rule::{FactorKind, Linear, OpRule};
 pub use transition::{Step, Transition, greedy, transition, transition_hlo};

@@ -125,7 +125,14 @@ pub fn propagate(
             return Err(bad(k, "the rule's dims do not match the values' shapes"));
         }
     }
-    let zero = |v: usize| graph.zeros.get(v).copied().unwrap_or(false);
+    let mut uses = vec![0usize; n];
+    for node in &graph.nodes {
+        for &o in &node.operands {
+            uses[o] += 1;
+        }
+    }
+    let facts = Facts { zeros: &graph.zeros, uses };
+    let zero = &facts;
     let fixed: Vec<bool> = annotations.iter().map(Option::is_some).collect();
     let mut cur: Vec<Option<Layout>> = annotations.to_vec();
     for _ in 0..MAX_ROUNDS {
@@ -241,14 +248,24 @@ pub(crate) fn project_out(dims: &[Vec<usize>], factors: &[Vec<usize>]) -> Vec<Ve
 }
 
 /// The pending axes that flow through `node` unreduced, given its operands' layouts.
-pub(crate) fn passing(rule: &OpRule, partials: &[&[usize]], zero: &[bool]) -> Vec<usize> {
+///
+/// A pending operand used more than once (`shared`) never passes: it is reduced once,
+/// where it is made, rather than in every branch it would flow into (Megatron's
+/// conjugate `g` operator: one all-reduce of a column-parallel layer's input
+/// gradient, not one per op of the layer norm behind it).
+pub(crate) fn passing(
+    rule: &OpRule,
+    partials: &[&[usize]],
+    zero: &[bool],
+    shared: &[bool],
+) -> Vec<usize> {
     match rule.linear() {
         Linear::No => Vec::new(),
         Linear::Each(mask) => {
             let pending: Vec<usize> =
                 (0..partials.len()).filter(|&k| !partials[k].is_empty()).collect();
             match pending[..] {
-                [k] if mask[k] => partials[k].to_vec(),
+                [k] if mask[k] && !shared[k] => partials[k].to_vec(),
                 _ => Vec::new(),
             }
         }
@@ -257,6 +274,9 @@ pub(crate) fn passing(rule: &OpRule, partials: &[&[usize]], zero: &[bool]) -> Ve
             for (k, p) in partials.iter().enumerate() {
                 if zero[k] || !mask[k] {
                     continue;
+                }
+                if shared[k] && !p.is_empty() {
+                    return Vec::new();
                 }
                 match common {
                     None => common = Some(p),
@@ -274,7 +294,7 @@ pub(crate) fn choose(
     mesh: &Mesh,
     node: &Node,
     cur: &[Option<Layout>],
-    zero: &dyn Fn(usize) -> bool,
+    zero: &Facts<'_>,
 ) -> Vec<Vec<usize>> {
     let rule = &node.rule;
     let nf = rule.num_factors();
@@ -300,9 +320,10 @@ pub(crate) fn choose(
     // Pending sums that pass through keep their axes.
     let partials: Vec<&[usize]> =
         node.operands.iter().map(|&o| cur[o].as_ref().map_or(&[][..], |l| l.partial())).collect();
-    let zeros: Vec<bool> = node.operands.iter().map(|&o| zero(o)).collect();
+    let zeros: Vec<bool> = node.operands.iter().map(|&o| zero.zero(o)).collect();
+    let shared: Vec<bool> = node.operands.iter().map(|&o| zero.shared(o)).collect();
     let mut taken = vec![false; mesh.shape().len()];
-    for a in passing(rule, &partials, &zeros) {
+    for a in passing(rule, &partials, &zeros, &shared) {
         taken[a] = true;
     }
     // More tiled factors first; ties by factor order.
@@ -325,7 +346,7 @@ pub(crate) fn choose(
                 .operands
                 .iter()
                 .zip(rule.operands())
-                .any(|(&o, dims)| !dims.iter().flatten().any(|&g| g == f) && !zero(o));
+                .any(|(&o, dims)| !dims.iter().flatten().any(|&g| g == f) && !zero.zero(o));
             if missing {
                 axes.clear();
             }
@@ -361,15 +382,16 @@ pub(crate) fn result_layout(
     node: &Node,
     f: &[Vec<usize>],
     cur: &[Option<Layout>],
-    zero: &dyn Fn(usize) -> bool,
+    zero: &Facts<'_>,
 ) -> Layout {
     let _ = mesh;
     let rule = &node.rule;
     let dims = project_out(rule.result(), f);
     let partials: Vec<&[usize]> =
         node.operands.iter().map(|&o| cur[o].as_ref().map_or(&[][..], |l| l.partial())).collect();
-    let zeros: Vec<bool> = node.operands.iter().map(|&o| zero(o)).collect();
-    let mut partial = passing(rule, &partials, &zeros);
+    let zeros: Vec<bool> = node.operands.iter().map(|&o| zero.zero(o)).collect();
+    let shared: Vec<bool> = node.operands.iter().map(|&o| zero.shared(o)).collect();
+    let mut partial = passing(rule, &partials, &zeros, &shared);
     for (g, axes) in f.iter().enumerate() {
         if rule.kind(g) == FactorKind::Sum {
             partial.extend(axes);
@@ -378,19 +400,31 @@ pub(crate) fn result_layout(
     Layout::from_parts(dims, partial)
 }
 
+/// What the partitioner knows of one operand of a node.
+#[derive(Debug, Clone, Copy)]
+pub struct Operand<'a> {
+    /// Its current layout.
+    pub layout: &'a Layout,
+    /// Whether it is all zeros by construction.
+    pub zero: bool,
+    /// Whether more than one use reads it (in the whole graph).
+    pub shared: bool,
+}
+
 /// What `node` needs and makes under factor axes `factors` (a [`Propagation`]'s for
-/// it), given its operands' current layouts: the layout each operand must be moved to
-/// (pending only where the pending sum flows through, and a known zero made pending
-/// alike), and the result's layout.
+/// it), given its operands: the layout each operand must be moved to (pending only
+/// where the pending sum flows through, and a known zero made pending alike), and the
+/// result's layout.
 pub fn node_layouts(
     node: &Node,
     factors: &[Vec<usize>],
-    operands: &[&Layout],
-    zeros: &[bool],
+    operands: &[Operand<'_>],
 ) -> (Vec<Layout>, Layout) {
     let rule = &node.rule;
-    let partials: Vec<&[usize]> = operands.iter().map(|l| l.partial()).collect();
-    let pass = passing(rule, &partials, zeros);
+    let partials: Vec<&[usize]> = operands.iter().map(|o| o.layout.partial()).collect();
+    let zeros: Vec<bool> = operands.iter().map(|o| o.zero).collect();
+    let shared: Vec<bool> = operands.iter().map(|o| o.shared).collect();
+    let pass = passing(rule, &partials, &zeros, &shared);
     let carries = |k: usize| -> bool {
         !pass.is_empty()
             && match rule.linear() {
@@ -413,4 +447,19 @@ pub fn node_layouts(
         }
     }
     (required, Layout::from_parts(project_out(rule.result(), factors), partial))
+}
+
+/// Facts about values that decide whether pending sums pass.
+pub(crate) struct Facts<'a> {
+    zeros: &'a [bool],
+    uses: Vec<usize>,
+}
+
+impl Facts<'_> {
+    fn zero(&self, v: usize) -> bool {
+        self.zeros.get(v).copied().unwrap_or(false)
+    }
+    fn shared(&self, v: usize) -> bool {
+        self.uses[v] > 1
+    }
 }

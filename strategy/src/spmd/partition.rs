@@ -7,7 +7,7 @@ use std::fmt;
 use meshwork_program::{Builder, Op, Program, Reduction, Value};
 use meshwork_sharding::Mesh;
 use meshwork_sharding::spmd::{
-    FactorKind, Graph, Layout, Node, Step, node_layouts, propagate, transition,
+    FactorKind, Graph, Layout, Node, Operand, Step, node_layouts, propagate, transition,
 };
 use meshwork_types::{ReduceOp, Shape, TensorSpec};
 
@@ -202,6 +202,12 @@ pub fn partition(
         check_layout(program, mesh, v, l, &shapes[v])?;
     }
 
+    let mut uses = vec![0usize; nv];
+    for node in &graph.nodes {
+        for &o in &node.operands {
+            uses[o] += 1;
+        }
+    }
     let mut e = Emitter {
         program,
         mesh,
@@ -226,9 +232,17 @@ pub fn partition(
             .iter()
             .map(|a| e.cur[a.index()].as_ref().expect("defined").1.clone())
             .collect();
-        let refs: Vec<&Layout> = have.iter().collect();
-        let arg_zeros: Vec<bool> = instr.args.iter().map(|a| e.zeros[a.index()]).collect();
-        let (need, natural) = node_layouts(node, factors, &refs, &arg_zeros);
+        let operands: Vec<Operand<'_>> = instr
+            .args
+            .iter()
+            .zip(&have)
+            .map(|(a, layout)| Operand {
+                layout,
+                zero: e.zeros[a.index()],
+                shared: uses[a.index()] > 1,
+            })
+            .collect();
+        let (need, natural) = node_layouts(node, factors, &operands);
         let mut args = Vec::with_capacity(instr.args.len());
         for (a, want) in instr.args.iter().zip(&need) {
             args.push(e.get(a.index(), want)?);

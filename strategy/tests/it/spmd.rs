@@ -9,7 +9,7 @@ use meshwork_program::{Program, Tensor, Value, fast};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::sharding::spmd::Layout;
-use meshwork_strategy::spmd::partition;
+use meshwork_strategy::spmd::{megatron_spec, partition};
 use serde_json::Value as Json;
 
 #[path = "../../../program/tests/it/case.rs"]
@@ -157,4 +157,68 @@ fn every_oracle_case_partitioned_on_a_random_mesh_matches_one_device() {
     // Most cases really are sharded, and most need collectives.
     assert!(sharded > 1000, "only {sharded} cases had a sharded input");
     assert!(communicating > 700, "only {communicating} cases communicated");
+}
+
+/// A decoder block on a 2×2 `data × model` mesh, Megatron-style: the forward pass has
+/// exactly two all-reduces over `model`, forward + backward four, and the weight
+/// gradients one all-reduce each over `data`; the partitioned gradients equal one
+/// device's.
+#[test]
+fn megatron_decoder_block_two_all_reduces_each_way() {
+    use meshwork_program::{Builder, nn};
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,8,16]".parse().unwrap()).unwrap();
+    let y = b.scope("layers.0", |b| nn::decoder_block(b, x, 4, 32)).unwrap();
+    let loss = b.reduce_mean(y, &[0, 1, 2], false).unwrap();
+    let program = b.finish(&[loss]).unwrap();
+    let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
+    let inputs: Vec<Option<Layout>> = program
+        .params()
+        .iter()
+        .map(|q| {
+            let rank = q.spec.shape.rank();
+            let spec = if q.name == "x" {
+                "P('data')".parse().unwrap()
+            } else {
+                megatron_spec(&q.name, rank)
+            };
+            Some(Layout::from_spec(&mesh, &spec, rank).unwrap())
+        })
+        .collect();
+    let on = |c: &&meshwork_strategy::spmd::Collective, axis: &str| c.axes == [axis.to_string()];
+    let forward = partition(&program, &mesh, &inputs, &[None]).unwrap();
+    let model: Vec<_> = forward.collectives().iter().filter(|c| on(c, "model")).collect();
+    assert_eq!(model.len(), 2, "{:?}", forward.collectives());
+    assert!(model.iter().all(|c| c.op == "all_reduce"));
+
+    let wrt: Vec<Value> = (0..program.params().len()).map(|k| Value(k as u32)).collect();
+    let grads = meshwork_program::grad(&program, loss, &wrt).unwrap();
+    let mut outputs = vec![None];
+    outputs.extend(inputs.iter().cloned());
+    let back = partition(&grads, &mesh, &inputs, &outputs).unwrap();
+    let model: Vec<_> = back.collectives().iter().filter(|c| on(c, "model")).collect();
+    assert_eq!(model.len(), 4, "{:?}", back.collectives());
+    // Every weight gradient is reduced over data once, and so is the loss (x keeps
+    // its gradient split over data).
+    let data: Vec<_> = back.collectives().iter().filter(|c| on(c, "data")).collect();
+    let weights = program.params().len() - 1;
+    assert_eq!(data.len(), weights + 1, "{:?}", data);
+
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let mut seed = Rng(5);
+    let feed: Vec<Tensor> = program
+        .params()
+        .iter()
+        .map(|q| {
+            let d = q.spec.shape.dims();
+            let n = q.spec.shape.num_elements();
+            Tensor::f64(d, (0..n).map(|_| seed.below(2001) as f64 / 1000.0 - 1.0).collect())
+                .unwrap()
+        })
+        .collect();
+    let got = strategy.run_partitioned(&back, &feed).unwrap();
+    let want = fast::evaluate(&grads, &feed).unwrap();
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        close(g, w, 1e-12).unwrap_or_else(|e| panic!("result {k}: {e}"));
+    }
 }
