@@ -6,6 +6,8 @@
 //! cargo run --release -p meshwork-strategy --example spmd_block [DATA MODEL]
 //! ```
 
+#![allow(clippy::print_stdout, missing_docs)]
+
 use meshwork_program::{Builder, Value, nn};
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::sharding::spmd::Layout;

@@ -41,6 +41,12 @@ pub enum Error {
         /// The tiles the layout cuts it into.
         tiles: usize,
     },
+    /// A compiled program's device state cannot serve the call.
+    #[error("compiled program: {problem}")]
+    Compiled {
+        /// What is wrong.
+        problem: String,
+    },
     /// A program the partitioner cannot partition as asked.
     #[error("cannot partition {value} ({op}): {problem}")]
     Partition {

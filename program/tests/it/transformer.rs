@@ -4,59 +4,14 @@
 //! steps to a relative 1e-9, for SGD and Adam — the builder, `nn`, autodiff, the
 //! optimizers and the fast interpreter together against an independent oracle.
 
-use std::collections::HashMap;
-
 use meshwork_program::fast::{Executable, Options};
 use meshwork_program::{Builder, Env, Optimizer, Tensor, TrainStep, Value, nn};
 use meshwork_types::{DType, Shape, TensorSpec};
 use serde_json::Value as Json;
 
-fn testdata(name: &str) -> Vec<u8> {
-    let path = format!("{}/testdata/transformer/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// The f64 tensors of a safetensors file, by name.
-fn safetensors(bytes: &[u8]) -> HashMap<String, (Vec<usize>, Vec<f64>)> {
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Json = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data = &bytes[8 + n..];
-    let mut out = HashMap::new();
-    for (name, t) in header.as_object().unwrap() {
-        if name == "__metadata__" {
-            continue;
-        }
-        assert_eq!(t["dtype"], "F64");
-        let shape: Vec<usize> =
-            t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-        let off: Vec<usize> = t["data_offsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap() as usize)
-            .collect();
-        let values = data[off[0]..off[1]]
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        out.insert(name.clone(), (shape, values));
-    }
-    out
-}
-
-/// An int32 `[N, M]` `.npy` file as rows.
-fn npy_i32(bytes: &[u8]) -> (usize, usize, Vec<i32>) {
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    assert!(header.contains("'<i4'") && header.contains("'fortran_order': False"));
-    let shape = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let dims: Vec<usize> = shape.split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    let data = bytes[10 + hlen..]
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (dims[0], dims[1], data)
-}
+#[path = "files.rs"]
+mod files;
+use files::{npy_i32, safetensors, testdata};
 
 /// Trains 20 steps with `optimizer` at `lr`; returns each step's loss.
 fn train(optimizer: Optimizer, lr: f64, steps: usize) -> (Vec<f64>, Json) {

@@ -138,8 +138,8 @@ pub fn propagate(
     for _ in 0..MAX_ROUNDS {
         let mut changed = false;
         for node in &graph.nodes {
-            let f = choose(mesh, node, &cur, &zero);
-            let natural = result_layout(mesh, node, &f, &cur, &zero);
+            let f = choose(mesh, node, &cur, zero);
+            let natural = result_layout(mesh, node, &f, &cur, zero);
             let r = node.result;
             if fixed[r] {
                 continue;
@@ -157,7 +157,7 @@ pub fn propagate(
             }
         }
         for node in graph.nodes.iter().rev() {
-            let f = choose(mesh, node, &cur, &zero);
+            let f = choose(mesh, node, &cur, zero);
             for (k, &o) in node.operands.iter().enumerate() {
                 if fixed[o] {
                     continue;
@@ -191,9 +191,9 @@ pub fn propagate(
     }
     let mut factors = Vec::with_capacity(graph.nodes.len());
     for node in &graph.nodes {
-        let f = choose(mesh, node, &cur, &zero);
+        let f = choose(mesh, node, &cur, zero);
         if !fixed[node.result] {
-            cur[node.result] = Some(result_layout(mesh, node, &f, &cur, &zero));
+            cur[node.result] = Some(result_layout(mesh, node, &f, &cur, zero));
         }
         factors.push(f);
     }

@@ -3,13 +3,19 @@
 //! its state resident on the devices.
 //!
 //! The sharding crate owns the semantics (layouts, propagation, transitions); this
-//! module maps program ops onto its rules ([`rules`]), rewrites programs
-//! ([`partition`]) and runs them on a strategy's devices.
+//! module maps each program op onto one of its op rules, rewrites programs
+//! ([`partition`]) and runs them on a strategy's devices:
+//! [`Strategy::run_partitioned`](crate::Strategy::run_partitioned) for one run,
+//! [`Strategy::compile`](crate::Strategy::compile) and
+//! [`Strategy::compile_train_step`](crate::Strategy::compile_train_step) for steps whose
+//! parameters and optimizer state stay on the devices.
 
+mod compiled;
 mod partition;
 mod rules;
 mod run;
 
+pub use compiled::{Compiled, CompiledTrainStep, Shardings};
 pub use partition::{Collective, Partitioned, partition};
 
 use meshwork_sharding::{DimSpec, PartitionSpec};
@@ -27,9 +33,9 @@ pub fn megatron_spec(name: &str, rank: usize) -> PartitionSpec {
     let rows = ["attn.wo", "mlp.w2"];
     if rank == 2 && columns.iter().any(|c| name.ends_with(c)) {
         PartitionSpec::new(vec![DimSpec::Replicated, model()])
-    } else if rank == 2 && rows.iter().any(|r| name.ends_with(r)) {
-        PartitionSpec::new(vec![model()])
-    } else if rank == 1 && name.ends_with("mlp.b1") {
+    } else if (rank == 2 && rows.iter().any(|r| name.ends_with(r)))
+        || (rank == 1 && name.ends_with("mlp.b1"))
+    {
         PartitionSpec::new(vec![model()])
     } else {
         PartitionSpec::replicated()

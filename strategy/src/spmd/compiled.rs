@@ -1,0 +1,447 @@
+//! Compiled SPMD programs whose state stays on the devices across steps.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use meshwork_program::fast::{Executable, Options};
+use meshwork_program::{Env, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_sharding::spmd::Layout;
+use meshwork_sharding::{Mesh, PartitionSpec};
+
+use super::run::{FirstReplicaHost, MeshCollectives, join, run_replicas, split};
+use super::{Partitioned, partition};
+use crate::{Error, Result, Strategy};
+
+/// A mesh and the partition specs of some of a program's parameters (by name); the
+/// others are left to propagation.
+#[derive(Debug, Clone)]
+pub struct Shardings {
+    mesh: Mesh,
+    specs: Vec<(String, PartitionSpec)>,
+}
+
+impl Shardings {
+    /// No parameter annotated yet.
+    pub fn new(mesh: Mesh) -> Shardings {
+        Shardings { mesh, specs: Vec::new() }
+    }
+
+    /// Parameter `param` laid out by `spec` (`"P('data', None)"`).
+    pub fn with(self, param: &str, spec: &str) -> Result<Shardings> {
+        Ok(self.with_spec(param, spec.parse()?))
+    }
+
+    /// Parameter `param` laid out by `spec`.
+    pub fn with_spec(mut self, param: &str, spec: PartitionSpec) -> Shardings {
+        self.specs.retain(|(n, _)| n != param);
+        self.specs.push((param.to_string(), spec));
+        self
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The spec given for `param`, if any.
+    pub fn spec(&self, param: &str) -> Option<&PartitionSpec> {
+        self.specs.iter().find(|(n, _)| n == param).map(|(_, s)| s)
+    }
+
+    /// Each parameter's layout (`None` where not given); a spec naming no parameter of
+    /// `program` is an error.
+    pub fn layouts(&self, program: &Program) -> Result<Vec<Option<Layout>>> {
+        for (name, _) in &self.specs {
+            if !program.params().iter().any(|p| &p.name == name) {
+                return Err(Error::Partition {
+                    value: name.clone(),
+                    op: "shardings",
+                    problem: "the program has no parameter of this name".into(),
+                });
+            }
+        }
+        program
+            .params()
+            .iter()
+            .map(|p| {
+                self.spec(&p.name)
+                    .map(|s| Ok(Layout::from_spec(&self.mesh, s, p.spec.shape.rank())?))
+                    .transpose()
+            })
+            .collect()
+    }
+}
+
+/// One device's share of a compiled program: its interpreter, the parameters it
+/// keeps, and what a step feeds and returns.
+struct Device {
+    exe: Executable,
+    resident: Vec<Option<Tensor>>,
+    feed: Vec<Tensor>,
+    out: Vec<Tensor>,
+}
+
+/// A partitioned program compiled onto a strategy's devices, with some parameters
+/// resident: each device keeps its part of them between steps, a step moves only the
+/// other parameters in and the results that do not replace a parameter out.
+///
+/// Built by [`Strategy::compile`]. A step hands the resident parts to the program by
+/// value (buffers are reused, never copied); if a step fails, the resident state is
+/// gone and every later call says so ([`Error::Compiled`]): set it again or restore it.
+pub struct Compiled<'s> {
+    strategy: &'s Strategy,
+    part: Partitioned,
+    placement: Vec<usize>,
+    devices: Arc<Vec<Mutex<Device>>>,
+    /// `(result, parameter)`: the result replaces the parameter after each step.
+    carry: Vec<(usize, usize)>,
+    resident: Vec<bool>,
+    poisoned: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Strategy {
+    /// Partitions `program` over `shardings`' mesh and compiles it onto this
+    /// strategy's devices (mesh position `r` on device `mesh.devices()[r]`). Each
+    /// `(result, parameter)` of `carry` makes the parameter resident: after every
+    /// step the result replaces it on the devices (the result gets the parameter's
+    /// layout), as a training step's updated weights replace its weights.
+    pub fn compile(
+        &self,
+        program: &Program,
+        shardings: &Shardings,
+        carry: &[(usize, &str)],
+    ) -> Result<Compiled<'_>> {
+        let mesh = shardings.mesh();
+        let placement = self.mesh_placement(mesh)?;
+        let inputs = shardings.layouts(program)?;
+        let np = program.params().len();
+        let mut pairs = Vec::with_capacity(carry.len());
+        for &(r, name) in carry {
+            let p = program.params().iter().position(|p| p.name == name).ok_or_else(|| {
+                Error::Partition {
+                    value: name.to_string(),
+                    op: "compile",
+                    problem: "carried into a parameter the program does not have".into(),
+                }
+            })?;
+            let spec = program.spec(*program.results().get(r).ok_or_else(|| Error::Partition {
+                value: name.to_string(),
+                op: "compile",
+                problem: format!(
+                    "carried from result {r}; the program has {}",
+                    program.results().len()
+                ),
+            })?);
+            if spec != Some(&program.params()[p].spec) {
+                return Err(Error::Partition {
+                    value: name.to_string(),
+                    op: "compile",
+                    problem: format!("result {r} is not of the parameter's spec"),
+                });
+            }
+            pairs.push((r, p));
+        }
+        // Propagate once to learn the carried parameters' layouts, then pin the
+        // carried results to them.
+        let first = partition(program, mesh, &inputs, &vec![None; program.results().len()])?;
+        let mut fixed = inputs.clone();
+        for (k, l) in first.inputs().iter().enumerate() {
+            fixed[k] = Some(l.clone());
+        }
+        let mut outputs = vec![None; program.results().len()];
+        for &(r, p) in &pairs {
+            outputs[r] = Some(first.inputs()[p].clone());
+        }
+        let part = partition(program, mesh, &fixed, &outputs)?;
+        let options = Options::for_devices(mesh.size());
+        let devices = (0..mesh.size())
+            .map(|_| {
+                Mutex::new(Device {
+                    exe: Executable::compile(part.program(), options),
+                    resident: vec![None; np],
+                    feed: Vec::new(),
+                    out: Vec::new(),
+                })
+            })
+            .collect();
+        let mut resident = vec![false; np];
+        for &(_, p) in &pairs {
+            resident[p] = true;
+        }
+        Ok(Compiled {
+            strategy: self,
+            part,
+            placement,
+            devices: Arc::new(devices),
+            carry: pairs,
+            resident,
+            poisoned: Mutex::new(None),
+        })
+    }
+}
+
+impl Compiled<'_> {
+    /// The partitioned program.
+    pub fn partitioned(&self) -> &Partitioned {
+        &self.part
+    }
+
+    fn param(&self, name: &str) -> Result<usize> {
+        self.part.global().params().iter().position(|p| p.name == name).ok_or_else(|| {
+            Error::Partition {
+                value: name.to_string(),
+                op: "compiled",
+                problem: "the program has no parameter of this name".into(),
+            }
+        })
+    }
+
+    fn healthy(&self) -> Result<()> {
+        match &*lock(&self.poisoned) {
+            Some(why) => Err(Error::Compiled { problem: why.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Places resident parameter `name` on the devices (split by its layout).
+    pub fn set(&self, name: &str, value: &Tensor) -> Result<()> {
+        let k = self.param(name)?;
+        let spec = &self.part.global().params()[k].spec;
+        if value.spec() != *spec {
+            return Err(Error::Partition {
+                value: name.to_string(),
+                op: "set",
+                problem: format!("given {}, the parameter is {spec}", value.spec()),
+            });
+        }
+        if !self.resident[k] {
+            self.resident_only(name)?;
+        }
+        let parts = split(self.part.mesh(), &self.part.inputs()[k], value)?;
+        for (d, part) in self.devices.iter().zip(parts) {
+            lock(d).resident[k] = Some(part);
+        }
+        // Every resident part is set again: a poisoned state may be whole now.
+        let whole = self.devices.iter().all(|d| {
+            let d = lock(d);
+            (0..self.resident.len()).all(|p| !self.resident[p] || d.resident[p].is_some())
+        });
+        if whole {
+            *lock(&self.poisoned) = None;
+        }
+        Ok(())
+    }
+
+    fn resident_only(&self, name: &str) -> Result<()> {
+        Err(Error::Partition {
+            value: name.to_string(),
+            op: "compiled",
+            problem: "not a resident parameter (no result is carried into it)".into(),
+        })
+    }
+
+    /// Resident parameter `name`, assembled from the devices.
+    pub fn get(&self, name: &str) -> Result<Tensor> {
+        self.healthy()?;
+        let k = self.param(name)?;
+        if !self.resident[k] {
+            self.resident_only(name)?;
+        }
+        let mut parts = Vec::with_capacity(self.devices.len());
+        for d in self.devices.iter() {
+            let d = lock(d);
+            parts.push(d.resident[k].clone().ok_or_else(|| Error::Compiled {
+                problem: format!("resident parameter {name} was never set"),
+            })?);
+        }
+        let shape = self.part.global().params()[k].spec.shape.dims().to_vec();
+        join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts)
+    }
+
+    /// The names of the resident parameters, in parameter order.
+    pub fn resident(&self) -> Vec<String> {
+        let params = self.part.global().params();
+        (0..params.len()).filter(|&k| self.resident[k]).map(|k| params[k].name.clone()).collect()
+    }
+
+    /// One step: `feeds` are the non-resident parameters in parameter order (split by
+    /// their layouts); returns the results not carried into a parameter, assembled.
+    pub fn step(&self, feeds: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.healthy()?;
+        let global = self.part.global();
+        let fed: Vec<usize> = (0..global.params().len()).filter(|&k| !self.resident[k]).collect();
+        if feeds.len() != fed.len() {
+            return Err(Error::Partition {
+                value: String::new(),
+                op: "step",
+                problem: format!("{} feeds for {} non-resident parameters", feeds.len(), fed.len()),
+            });
+        }
+        let mesh = self.part.mesh();
+        let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
+        for (t, &k) in feeds.iter().zip(&fed) {
+            let p = &global.params()[k];
+            if t.spec() != p.spec {
+                return Err(Error::Partition {
+                    value: p.name.clone(),
+                    op: "step",
+                    problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
+                });
+            }
+            for (r, part) in split(mesh, &self.part.inputs()[k], t)?.into_iter().enumerate() {
+                per[r].push(part);
+            }
+        }
+        for (k, resident) in self.resident.iter().enumerate() {
+            if *resident && self.devices.iter().any(|d| lock(d).resident[k].is_none()) {
+                return Err(Error::Compiled {
+                    problem: format!(
+                        "resident parameter {} was never set",
+                        global.params()[k].name
+                    ),
+                });
+            }
+        }
+        for (d, feed) in self.devices.iter().zip(per) {
+            lock(d).feed = feed;
+        }
+        let devices = self.devices.clone();
+        let carry = self.carry.clone();
+        let nres = global.results().len();
+        let run = run_replicas(
+            self.strategy.runtime(),
+            &self.placement,
+            Arc::new(move |ctx| {
+                let mut d = lock(&devices[ctx.replica_id()]);
+                let d = &mut *d;
+                let mut feed = std::mem::take(&mut d.feed).into_iter();
+                let inputs: Vec<Tensor> = d
+                    .resident
+                    .iter_mut()
+                    .map(|slot| match slot.take() {
+                        Some(t) => t,
+                        None => feed.next().expect("one feed per non-resident parameter"),
+                    })
+                    .collect();
+                let coll = MeshCollectives::new(ctx);
+                let host = FirstReplicaHost(ctx);
+                let env = Env::local().with_collectives(&coll).with_host(&host);
+                let out = d.exe.run_owned(inputs, &env)?;
+                let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
+                for &(r, p) in &carry {
+                    d.resident[p] = out[r].take();
+                }
+                d.out = (0..nres).filter_map(|r| out[r].take()).collect();
+                Ok(())
+            }),
+        );
+        if let Err(e) = run {
+            *lock(&self.poisoned) = Some(format!(
+                "a step failed ({e}); the resident parameters were handed to it and are gone: \
+                 set them again or restore a checkpoint"
+            ));
+            for d in self.devices.iter() {
+                lock(d).resident.iter_mut().for_each(|s| *s = None);
+            }
+            return Err(e);
+        }
+        let kept: Vec<usize> =
+            (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
+        let mut outs: Vec<Vec<Tensor>> =
+            self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
+        let mut results = Vec::with_capacity(kept.len());
+        for (i, &r) in kept.iter().enumerate().rev() {
+            let parts: Vec<Tensor> = outs.iter_mut().map(|o| o.remove(i)).collect();
+            let v = global.results()[r];
+            let shape = global.spec(v).expect("a result").shape.dims().to_vec();
+            results.push(join(mesh, &self.part.outputs()[r], &shape, &parts)?);
+        }
+        results.reverse();
+        Ok(results)
+    }
+}
+
+/// A training step (forward, backward and the optimizer's update as one partitioned
+/// program) whose weights and optimizer state stay on the devices.
+pub struct CompiledTrainStep<'s> {
+    compiled: Compiled<'s>,
+    step: TrainStep,
+    steps: usize,
+}
+
+impl Strategy {
+    /// Compiles the training step of `loss` (a float scalar of `program`) over the
+    /// weights `trained` (parameters of `program`) with `optimizer`, partitioned by
+    /// `shardings` (given for the model program's parameters: each weight's optimizer
+    /// state is laid out like the weight). The other parameters (the batch) are fed
+    /// each step.
+    pub fn compile_train_step(
+        &self,
+        program: &Program,
+        loss: Value,
+        trained: &[Value],
+        optimizer: Optimizer,
+        shardings: &Shardings,
+    ) -> Result<CompiledTrainStep<'_>> {
+        let step = TrainStep::new(program, loss, trained, optimizer)?;
+        let mut s = shardings.clone();
+        for &w in trained {
+            let name = &program.params()[w.index()].name;
+            if let Some(spec) = shardings.spec(name) {
+                for st in optimizer.state_names() {
+                    s = s.with_spec(&format!("optimizer.{st}.{name}"), spec.clone());
+                }
+            }
+        }
+        let names: Vec<String> = step.program.params().iter().map(|p| p.name.clone()).collect();
+        let states = trained.len() * optimizer.state_names().len();
+        let first_state = names.len() - 2 - states;
+        let mut carry: Vec<(usize, &str)> = Vec::new();
+        for (k, &w) in trained.iter().enumerate() {
+            carry.push((1 + k, names[w.index()].as_str()));
+        }
+        for j in 0..states {
+            carry.push((1 + trained.len() + j, names[first_state + j].as_str()));
+        }
+        let compiled = self.compile(&step.program, &s, &carry)?;
+        for (t, j) in step.init_state()?.iter().zip(first_state..) {
+            compiled.set(&names[j], t)?;
+        }
+        Ok(CompiledTrainStep { compiled, step, steps: 0 })
+    }
+}
+
+impl CompiledTrainStep<'_> {
+    /// Places weight `name`'s initial value on the devices.
+    pub fn set(&self, name: &str, value: &Tensor) -> Result<()> {
+        self.compiled.set(name, value)
+    }
+
+    /// Weight (or optimizer state) `name`, assembled from the devices.
+    pub fn get(&self, name: &str) -> Result<Tensor> {
+        self.compiled.get(name)
+    }
+
+    /// The compiled program (its partitioned form, its collectives).
+    pub fn compiled(&self) -> &Compiled<'_> {
+        &self.compiled
+    }
+
+    /// The steps taken.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// One step on `batch` (the model program's untrained parameters, in order) at
+    /// learning rate `lr`; returns the loss before the update.
+    pub fn step(&mut self, batch: &[Tensor], lr: f64) -> Result<f64> {
+        let mut feeds = batch.to_vec();
+        feeds.extend(self.step.scalars(lr, self.steps)?);
+        let out = self.compiled.step(&feeds)?;
+        self.steps += 1;
+        Ok(out[0].to_f64()[0])
+    }
+}
