@@ -99,6 +99,28 @@ fn same_size_groups(groups: &[Vec<usize>]) -> Result<usize, String> {
     Ok(n)
 }
 
+/// `x` with `axis` as many times longer as the groups have members (all-gather,
+/// shard_pad).
+fn grown(x: &TensorSpec, axis: usize, groups: &[Vec<usize>], overflow: &str) -> Infer {
+    let n = same_size_groups(groups)?;
+    axis_in(axis, x.shape.rank(), "axis")?;
+    let mut dims = x.shape.dims().to_vec();
+    dims[axis] = dims[axis].checked_mul(n).ok_or(overflow)?;
+    spec(x.dtype, &dims)
+}
+
+/// `x` with `axis` split into one part per group member (reduce-scatter, shard_slice).
+fn split(x: &TensorSpec, axis: usize, groups: &[Vec<usize>]) -> Infer {
+    let n = same_size_groups(groups)?;
+    axis_in(axis, x.shape.rank(), "axis")?;
+    let mut dims = x.shape.dims().to_vec();
+    if !dims[axis].is_multiple_of(n) {
+        return Err(format!("dim {axis} of size {} does not split over {n}", dims[axis]));
+    }
+    dims[axis] /= n;
+    spec(x.dtype, &dims)
+}
+
 fn distinct_groups(groups: &[Vec<usize>]) -> Result<(), String> {
     let mut all: Vec<usize> = groups.iter().flatten().copied().collect();
     let n = all.len();
@@ -453,46 +475,20 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
         }
         Op::AllGather { axis, groups } => {
             arity(args, 1)?;
-            let n = same_size_groups(groups)?;
-            let x = args[0];
-            axis_in(*axis, x.shape.rank(), "axis")?;
-            let mut dims = x.shape.dims().to_vec();
-            dims[*axis] = dims[*axis].checked_mul(n).ok_or("the gathered dim overflows")?;
-            spec(x.dtype, &dims)
+            grown(args[0], *axis, groups, "the gathered dim overflows")
         }
         Op::ReduceScatter { axis, groups, .. } => {
             arity(args, 1)?;
-            let n = same_size_groups(groups)?;
-            let x = args[0];
-            numeric(x.dtype, name)?;
-            axis_in(*axis, x.shape.rank(), "axis")?;
-            let mut dims = x.shape.dims().to_vec();
-            if !dims[*axis].is_multiple_of(n) {
-                return Err(format!("dim {axis} of size {} does not split over {n}", dims[*axis]));
-            }
-            dims[*axis] /= n;
-            spec(x.dtype, &dims)
+            numeric(args[0].dtype, name)?;
+            split(args[0], *axis, groups)
         }
         Op::ShardSlice { axis, groups } => {
             arity(args, 1)?;
-            let n = same_size_groups(groups)?;
-            let x = args[0];
-            axis_in(*axis, x.shape.rank(), "axis")?;
-            let mut dims = x.shape.dims().to_vec();
-            if !dims[*axis].is_multiple_of(n) {
-                return Err(format!("dim {axis} of size {} does not split over {n}", dims[*axis]));
-            }
-            dims[*axis] /= n;
-            spec(x.dtype, &dims)
+            split(args[0], *axis, groups)
         }
         Op::ShardPad { axis, groups } => {
             arity(args, 1)?;
-            let n = same_size_groups(groups)?;
-            let x = args[0];
-            axis_in(*axis, x.shape.rank(), "axis")?;
-            let mut dims = x.shape.dims().to_vec();
-            dims[*axis] = dims[*axis].checked_mul(n).ok_or("the padded dim overflows")?;
-            spec(x.dtype, &dims)
+            grown(args[0], *axis, groups, "the padded dim overflows")
         }
         Op::AllToAll { split_axis, concat_axis, groups } => {
             arity(args, 1)?;

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use meshwork_program::{Builder, Program, Value, nn};
+use meshwork_types::{DType, Shape, TensorSpec};
 use serde_json::Value as Json;
 
 pub(crate) fn testdata(name: &str) -> Vec<u8> {
@@ -51,4 +53,29 @@ pub(crate) fn npy_i32(bytes: &[u8]) -> (usize, usize, Vec<i32>) {
         .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     (dims[0], dims[1], data)
+}
+
+/// The reference run's `expected.json`, its model's loss program (parameter `rows`
+/// `i32[batch, seq + 1]` first, then the weights, f64) with its loss value, and the
+/// batch size.
+pub(crate) fn reference_model() -> (Json, Program, Value, usize) {
+    let expected: Json = serde_json::from_slice(&testdata("expected.json")).unwrap();
+    let cfg = &expected["config"];
+    let get = |k: &str| cfg[k].as_u64().unwrap() as usize;
+    let model = nn::Transformer {
+        vocab: get("vocab"),
+        seq: get("seq"),
+        dim: get("dim"),
+        heads: get("heads"),
+        layers: get("layers"),
+        ffn: get("ffn"),
+    };
+    let batch = get("batch");
+    let mut b = Builder::new();
+    let rows = b
+        .param("rows", TensorSpec::new(DType::I32, Shape::new(&[batch, model.seq + 1]).unwrap()))
+        .unwrap();
+    let loss = model.loss(&mut b, rows, DType::F64).unwrap();
+    let program = b.finish(&[loss]).unwrap();
+    (expected, program, loss, batch)
 }

@@ -5,34 +5,16 @@
 //! optimizers and the fast interpreter together against an independent oracle.
 
 use meshwork_program::fast::{Executable, Options};
-use meshwork_program::{Builder, Env, Optimizer, Tensor, TrainStep, Value, nn};
-use meshwork_types::{DType, Shape, TensorSpec};
+use meshwork_program::{Env, Optimizer, Tensor, TrainStep, Value};
 use serde_json::Value as Json;
 
 #[path = "files.rs"]
 mod files;
-use files::{npy_i32, safetensors, testdata};
+use files::{npy_i32, reference_model, safetensors, testdata};
 
 /// Trains 20 steps with `optimizer` at `lr`; returns each step's loss.
 fn train(optimizer: Optimizer, lr: f64, steps: usize) -> (Vec<f64>, Json) {
-    let expected: Json = serde_json::from_slice(&testdata("expected.json")).unwrap();
-    let cfg = &expected["config"];
-    let get = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let model = nn::Transformer {
-        vocab: get("vocab"),
-        seq: get("seq"),
-        dim: get("dim"),
-        heads: get("heads"),
-        layers: get("layers"),
-        ffn: get("ffn"),
-    };
-    let batch = get("batch");
-    let mut b = Builder::new();
-    let rows = b
-        .param("rows", TensorSpec::new(DType::I32, Shape::new(&[batch, model.seq + 1]).unwrap()))
-        .unwrap();
-    let loss = model.loss(&mut b, rows, DType::F64).unwrap();
-    let program = b.finish(&[loss]).unwrap();
+    let (expected, program, loss, batch) = reference_model();
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let step = TrainStep::new(&program, loss, &weights, optimizer).unwrap();
     let exe = Executable::compile(&step.program, Options::default());

@@ -295,8 +295,12 @@ impl Compiled<'_> {
                 per[r].push(part);
             }
         }
-        for (k, resident) in self.resident.iter().enumerate() {
-            if *resident && self.devices.iter().any(|d| lock(d).resident[k].is_none()) {
+        // One lock per device: its resident parts must all be there; it gets its feed.
+        for (d, feed) in self.devices.iter().zip(per) {
+            let mut d = lock(d);
+            let unset =
+                (0..self.resident.len()).find(|&k| self.resident[k] && d.resident[k].is_none());
+            if let Some(k) = unset {
                 return Err(Error::Compiled {
                     problem: format!(
                         "resident parameter {} was never set",
@@ -304,9 +308,7 @@ impl Compiled<'_> {
                     ),
                 });
             }
-        }
-        for (d, feed) in self.devices.iter().zip(per) {
-            lock(d).feed = feed;
+            d.feed = feed;
         }
         let devices = self.devices.clone();
         let carry = self.carry.clone();

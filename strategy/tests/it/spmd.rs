@@ -235,30 +235,8 @@ fn train_on_mesh(
     optimizer: meshwork_program::Optimizer,
     lr: f64,
 ) -> (Vec<f64>, Json) {
-    use meshwork_program::{Builder, nn};
     use meshwork_strategy::spmd::Shardings;
-    use meshwork_types::{DType, Shape, TensorSpec};
-    let expected: Json = serde_json::from_slice(&files::testdata("expected.json")).unwrap();
-    let cfg = &expected["config"];
-    let get = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let model_cfg = nn::Transformer {
-        vocab: get("vocab"),
-        seq: get("seq"),
-        dim: get("dim"),
-        heads: get("heads"),
-        layers: get("layers"),
-        ffn: get("ffn"),
-    };
-    let batch = get("batch");
-    let mut b = Builder::new();
-    let rows = b
-        .param(
-            "rows",
-            TensorSpec::new(DType::I32, Shape::new(&[batch, model_cfg.seq + 1]).unwrap()),
-        )
-        .unwrap();
-    let loss = model_cfg.loss(&mut b, rows, DType::F64).unwrap();
-    let program = b.finish(&[loss]).unwrap();
+    let (expected, program, loss, batch) = files::reference_model();
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let mesh = Mesh::iota(&[("data", data), ("model", model)]).unwrap();
     let mut shardings = Shardings::new(mesh).with("rows", "P('data')").unwrap();
@@ -275,7 +253,8 @@ fn train_on_mesh(
     }
     let (n, m, tokens) = files::npy_i32(&files::testdata("tokens.npy"));
     let mut losses = Vec::new();
-    for s in 0..get("steps") {
+    let steps = expected["config"]["steps"].as_u64().unwrap() as usize;
+    for s in 0..steps {
         let mut rows = Vec::with_capacity(batch * m);
         for i in 0..batch {
             let r = (s * batch + i) % n;
