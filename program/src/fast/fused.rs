@@ -711,10 +711,10 @@ fn eval<'a, T: Float>(c: &Resolved<'_, T>, r: impl Fn(usize) -> &'a [T], out: &m
         Code::Mov(a) => out.copy_from_slice(r(a)),
         Code::Unary(u, a) => match u {
             Unary::Neg => map1!(a, |x| -x),
-            Unary::Exp => map1!(a, |x| x.exp()),
+            Unary::Exp => map1!(a, |x| x.exp_many()),
             Unary::Log => map1!(a, |x| x.ln()),
-            Unary::Tanh => map1!(a, |x| x.tanh()),
-            Unary::Logistic => map1!(a, |x| T::ONE / (T::ONE + (-x).exp())),
+            Unary::Tanh => map1!(a, |x| x.tanh_many()),
+            Unary::Logistic => map1!(a, |x| T::ONE / (T::ONE + (-x).exp_many())),
             Unary::Sqrt => map1!(a, |x| x.sqrt()),
             Unary::Rsqrt => map1!(a, |x| T::ONE / x.sqrt()),
             Unary::Abs => map1!(a, |x| x.abs()),
@@ -724,7 +724,7 @@ fn eval<'a, T: Float>(c: &Resolved<'_, T>, r: impl Fn(usize) -> &'a [T], out: &m
             Unary::Gelu => {
                 let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
                 let (half, k) = (T::from_f64(0.5), T::from_f64(0.044715));
-                map1!(a, |x| half * x * (T::ONE + (c * (x + k * x * x * x)).tanh()))
+                map1!(a, |x| half * x * (T::ONE + (c * (x + k * x * x * x)).tanh_many()))
             }
             Unary::Sin => map1!(a, |x| x.sin()),
             Unary::Cos => map1!(a, |x| x.cos()),

@@ -437,6 +437,20 @@ impl CompiledTrainStep<'_> {
         self.steps
     }
 
+    /// Puts the optimizer's state back to its initial value (zeros) and the step count
+    /// to 0, as at compile time; the weights stay as they are.
+    pub fn reset_optimizer(&mut self) -> Result<()> {
+        let names: Vec<String> =
+            self.step.program.params().iter().map(|p| p.name.clone()).collect();
+        let states = self.step.init_state()?;
+        let first = names.len() - 2 - states.len();
+        for (t, name) in states.iter().zip(&names[first..]) {
+            self.compiled.set(name, t)?;
+        }
+        self.steps = 0;
+        Ok(())
+    }
+
     /// One step on `batch` (the model program's untrained parameters, in order) at
     /// learning rate `lr`; returns the loss before the update.
     pub fn step(&mut self, batch: &[Tensor], lr: f64) -> Result<f64> {
