@@ -49,6 +49,7 @@
 //! ```
 
 mod builder;
+mod combine;
 mod env;
 mod error;
 pub mod fast;

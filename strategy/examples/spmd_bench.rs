@@ -90,7 +90,8 @@ struct Row {
     ms: f64,
     moved: u64,
     minimum: u64,
-    collectives: usize,
+    /// Collectives, and the launches that carry them.
+    collectives: (usize, usize),
 }
 
 /// A model to train: its loss program, trained weights with their initial values,
@@ -113,7 +114,7 @@ fn time_runs(
     strategy: &Strategy,
     model: &Model,
     shardings: &Shardings,
-) -> Result<(f64, u64, usize), meshwork_strategy::Error> {
+) -> Result<(f64, u64, (usize, usize)), meshwork_strategy::Error> {
     let mut step = strategy.compile_train_step(
         &model.program,
         model.loss,
@@ -122,7 +123,10 @@ fn time_runs(
         shardings,
     )?;
     let moved = step.compiled().partitioned().bytes_moved();
-    let collectives = step.compiled().partitioned().collectives().len();
+    let collectives = (
+        step.compiled().partitioned().collectives().len(),
+        step.compiled().partitioned().launches(),
+    );
     let mut rates = Vec::new();
     for run in 0..6 {
         for (name, t) in &model.init {
@@ -214,7 +218,7 @@ fn transformer(
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
-        "  mesh   meshwork tokens/s   ms/step      JAX tokens/s   vs JAX   collectives   MB moved/step   minimum MB"
+        "  mesh   meshwork tokens/s   ms/step      JAX tokens/s   vs JAX   collectives (launches)   MB moved/step   minimum MB"
     );
     for &(d, m) in meshes {
         let mesh = Mesh::iota(&[("data", d), ("model", m)])?;
@@ -251,10 +255,10 @@ fn print_row(d: usize, m: usize, row: &Row, jax: Option<f64>) {
         None => (format!("{:>12}", "no JAX"), format!("{:>7}", "-")),
     };
     println!(
-        "  {d}x{m}  {:>17.0}  {:>8.2}   {j}  {vs}   {:>11}   {:>13.2}   {:>10.2}",
+        "  {d}x{m}  {:>17.0}  {:>8.2}   {j}  {vs}   {:>20}   {:>13.2}   {:>10.2}",
         row.rate,
         row.ms,
-        row.collectives,
+        format!("{} in {}", row.collectives.0, row.collectives.1),
         row.moved as f64 / 1e6,
         row.minimum as f64 / 1e6
     );
@@ -337,7 +341,7 @@ fn mlp(
         "MLP {features} -> {hidden} -> {classes}, f32, batch {batch}, SGD, {steps} steps per run, median of 5 runs"
     );
     println!(
-        "  mesh  meshwork samples/s   ms/step     JAX samples/s   vs JAX   collectives   MB moved/step   minimum MB"
+        "  mesh  meshwork samples/s   ms/step     JAX samples/s   vs JAX   collectives (launches)   MB moved/step   minimum MB"
     );
     for &(d, m) in meshes {
         let mesh = Mesh::iota(&[("data", d), ("model", m)])?;

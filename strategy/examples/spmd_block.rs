@@ -1,6 +1,9 @@
 //! One decoder block partitioned Megatron-style on a `data × model` mesh: prints the
 //! per-device program (the `--dump` form: layouts, then the program text with its
-//! collectives) of the forward pass, then the collectives of the gradient program.
+//! collectives) of the forward pass, then the collectives of the gradient program with
+//! the launch that carries each (independent all-reduces over one axis share one), and
+//! their counts per mesh axis. The loss is the mean square of the block's output, so
+//! the backward pass reads the forward's result, as a model's loss does.
 //!
 //! ```text
 //! cargo run --release -p meshwork-strategy --example spmd_block [DATA MODEL]
@@ -22,7 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut b = Builder::new();
     let x = b.param("x", format!("f32[{},16,64]", 4 * data).parse()?)?;
     let y = b.scope("layers.0", |b| nn::decoder_block(b, x, 4, 256))?;
-    let loss = b.reduce_mean(y, &[0, 1, 2], false)?;
+    let sq = b.square(y)?;
+    let loss = b.reduce_mean(sq, &[0, 1, 2], false)?;
     let program = b.finish(&[loss])?;
     let mesh = Mesh::iota(&[("data", data), ("model", model)])?;
     let layouts =
@@ -49,11 +53,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backward = partition(&grads, &mesh, &inputs, &outputs)?;
     println!("\ncollectives of the forward pass:");
     for c in forward.collectives() {
-        println!("  {} over {:?} of {} ({} bytes)", c.op, c.axes, c.value, c.bytes);
+        println!(
+            "  launch {}: {} over {:?} of {} ({} bytes)",
+            c.launch, c.op, c.axes, c.value, c.bytes
+        );
     }
     println!("collectives of forward + backward (the gradient program):");
     for c in backward.collectives() {
-        println!("  {} over {:?} of {} ({} bytes)", c.op, c.axes, c.value, c.bytes);
+        println!(
+            "  launch {}: {} over {:?} of {} ({} bytes)",
+            c.launch, c.op, c.axes, c.value, c.bytes
+        );
+    }
+    for (name, p) in [("forward", &forward), ("forward + backward", &backward)] {
+        for axis in mesh.axis_names() {
+            let on: Vec<_> = p.collectives().iter().filter(|c| c.axes == [axis.clone()]).collect();
+            let mut launches: Vec<usize> = on.iter().map(|c| c.launch).collect();
+            launches.sort_unstable();
+            launches.dedup();
+            println!(
+                "{name}: {} collectives over {axis:?} in {} launches",
+                on.len(),
+                launches.len()
+            );
+        }
     }
     Ok(())
 }

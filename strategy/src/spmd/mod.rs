@@ -16,7 +16,7 @@ mod rules;
 mod run;
 
 pub use compiled::{Compiled, CompiledTrainStep, Shardings};
-pub use partition::{Collective, Partitioned, partition};
+pub use partition::{Collective, PartitionOptions, Partitioned, partition, partition_with};
 
 use meshwork_sharding::{DimSpec, PartitionSpec};
 

@@ -26,6 +26,26 @@ pub struct Collective {
     /// The bytes it moves per run over all devices
     /// ([`Step::bytes`](meshwork_sharding::spmd::Step::bytes)).
     pub bytes: u64,
+    /// Which launch carries it: the index, among the per-device program's
+    /// communicating instructions in order, of the one that runs it (all-reduces of
+    /// one step may share a launch, [`Program::combine_all_reduces`]).
+    pub launch: usize,
+}
+
+/// How [`partition_with`] partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOptions {
+    /// All-reduces of one reduction and replica groups whose operands are independent
+    /// are combined into launches of at most this many bytes per device
+    /// ([`Program::combine_all_reduces`]; XLA's all-reduce combiner); 0 combines
+    /// none. Default 32 MiB.
+    pub combine_bytes: usize,
+}
+
+impl Default for PartitionOptions {
+    fn default() -> PartitionOptions {
+        PartitionOptions { combine_bytes: 32 << 20 }
+    }
 }
 
 /// A program partitioned over a mesh: the program each device runs (local shapes,
@@ -75,6 +95,16 @@ impl Partitioned {
     /// The bytes one run moves between devices.
     pub fn bytes_moved(&self) -> u64 {
         self.collectives.iter().map(|c| c.bytes).sum()
+    }
+
+    /// The collective launches of one run (communicating instructions of the
+    /// per-device program, `emit` aside); combined all-reduces count once.
+    pub fn launches(&self) -> usize {
+        self.program
+            .instrs()
+            .iter()
+            .filter(|i| i.op.communicates() && !matches!(i.op, Op::Emit { .. }))
+            .count()
     }
 }
 
@@ -132,6 +162,10 @@ fn zeros_of(program: &Program) -> Vec<bool> {
 /// a sharded dim leaves a pending sum, all-reduced where a use needs it whole, or
 /// reduce-scattered when the use is sharded.
 ///
+/// Independent all-reduces over the same groups are then combined into one launch
+/// ([`PartitionOptions::combine_bytes`]; a training step's gradient all-reduces over
+/// `data` become one).
+///
 /// Refused: a program that already communicates (collectives, send/recv:
 /// [`Error::Partition`]), a layout whose tiles do not divide a value's dim
 /// ([`Error::Indivisible`], naming the value), a layout of the wrong rank.
@@ -140,6 +174,17 @@ pub fn partition(
     mesh: &Mesh,
     inputs: &[Option<Layout>],
     outputs: &[Option<Layout>],
+) -> Result<Partitioned> {
+    partition_with(program, mesh, inputs, outputs, &PartitionOptions::default())
+}
+
+/// [`partition`] with `options`.
+pub fn partition_with(
+    program: &Program,
+    mesh: &Mesh,
+    inputs: &[Option<Layout>],
+    outputs: &[Option<Layout>],
+    options: &PartitionOptions,
 ) -> Result<Partitioned> {
     let np = program.params().len();
     let nv = program.num_values();
@@ -263,8 +308,23 @@ pub fn partition(
         results.push(e.get(r.index(), &want)?);
         out_layouts.push(want);
     }
-    let collectives = std::mem::take(&mut e.collectives);
+    let mut collectives = std::mem::take(&mut e.collectives);
     let local = e.b.finish(&results)?;
+    let (local, trace) = local.combine_all_reduces_traced(options.combine_bytes);
+    // Each collective's launch: its instruction's carrier, counted among the
+    // communicating instructions.
+    let lnp = local.params().len();
+    let mut launch_index = vec![usize::MAX; local.num_values()];
+    let mut k = 0;
+    for (i, instr) in local.instrs().iter().enumerate() {
+        if instr.op.communicates() && !matches!(instr.op, Op::Emit { .. }) {
+            launch_index[lnp + i] = k;
+            k += 1;
+        }
+    }
+    for c in &mut collectives {
+        c.launch = launch_index[trace[c.launch].index()];
+    }
     Ok(Partitioned {
         mesh: mesh.clone(),
         program: local,
@@ -353,6 +413,10 @@ impl Emitter<'_> {
                 x = self.step(x, step)?;
                 if step.communicates() {
                     self.collectives.push(Collective {
+                        // The instruction (parameters were all added first, so the
+                        // builder's values are the finished program's), until
+                        // `partition` turns it into its launch.
+                        launch: x.index(),
                         op: step_name(step),
                         value: value_name(self.program, v),
                         axes: step

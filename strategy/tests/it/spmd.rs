@@ -159,17 +159,19 @@ fn every_oracle_case_partitioned_on_a_random_mesh_matches_one_device() {
     assert!(communicating > 700, "only {communicating} cases communicated");
 }
 
-/// A decoder block on a 2×2 `data × model` mesh, Megatron-style: the forward pass has
-/// exactly two all-reduces over `model`, forward + backward four, and the weight
-/// gradients one all-reduce each over `data`; the partitioned gradients equal one
-/// device's.
+/// A decoder block (loss: the mean square of its output, so the backward pass reads
+/// the forward's result) on a 2×2 `data × model` mesh, Megatron-style: the forward
+/// pass has exactly two all-reduces over `model`, forward + backward four, and the
+/// weight gradients one all-reduce each over `data`, all in one launch; the
+/// partitioned gradients equal one device's, combined or not.
 #[test]
 fn megatron_decoder_block_two_all_reduces_each_way() {
     use meshwork_program::{Builder, nn};
     let mut b = Builder::new();
     let x = b.param("x", "f64[4,8,16]".parse().unwrap()).unwrap();
     let y = b.scope("layers.0", |b| nn::decoder_block(b, x, 4, 32)).unwrap();
-    let loss = b.reduce_mean(y, &[0, 1, 2], false).unwrap();
+    let sq = b.square(y).unwrap();
+    let loss = b.reduce_mean(sq, &[0, 1, 2], false).unwrap();
     let program = b.finish(&[loss]).unwrap();
     let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
     let inputs: Vec<Option<Layout>> = program
@@ -203,6 +205,26 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
     let data: Vec<_> = back.collectives().iter().filter(|c| on(c, "data")).collect();
     let weights = program.params().len() - 1;
     assert_eq!(data.len(), weights + 1, "{:?}", data);
+    // ... and all of them travel in one launch (the all-reduce combiner); the model
+    // axis keeps its four (each reads the one before).
+    let launches = |axis: &str| {
+        let mut l: Vec<usize> =
+            back.collectives().iter().filter(|c| on(c, axis)).map(|c| c.launch).collect();
+        l.sort_unstable();
+        l.dedup();
+        l.len()
+    };
+    assert_eq!((launches("data"), launches("model")), (1, 4), "{back}");
+    assert_eq!(back.launches(), 5);
+    let apart = meshwork_strategy::spmd::partition_with(
+        &grads,
+        &mesh,
+        &inputs,
+        &outputs,
+        &meshwork_strategy::spmd::PartitionOptions { combine_bytes: 0 },
+    )
+    .unwrap();
+    assert_eq!(apart.launches(), weights + 1 + 4);
 
     let strategy = Strategy::data_parallel(4).unwrap();
     let mut seed = Rng(5);
@@ -221,6 +243,9 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
     for (k, (g, w)) in got.iter().zip(&want).enumerate() {
         close(g, w, 1e-12).unwrap_or_else(|e| panic!("result {k}: {e}"));
     }
+    // Combined or not, the same bits.
+    let uncombined = strategy.run_partitioned(&apart, &feed).unwrap();
+    assert_eq!(got, uncombined);
 }
 
 #[path = "../../../program/tests/it/files.rs"]
