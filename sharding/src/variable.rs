@@ -4,7 +4,7 @@
 
 use ndarray::{ArrayD, ArrayViewD};
 
-use crate::{Mode, Result, Sharding, assemble, shard};
+use crate::{Error, Mode, Result, Sharding, assemble, shard};
 
 /// The layout a variable's data is in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +60,48 @@ impl<T: Copy + Default + Send + Sync> ReshardableVariable<T> {
             format: VariableFormat::Default,
             data: Data::Whole(value),
         }
+    }
+
+    /// A variable whose data is already laid out in `format`: `shards` in its
+    /// sharding's index-map order, one per device (a compiled program's resident
+    /// parts). The default format takes the whole value as its one shard. A shard
+    /// count or shape other than the sharding's regions' in `mode` is refused
+    /// ([`Error::ShardCount`], [`Error::ShardShape`]), as is an indivisible shape in
+    /// strict mode.
+    pub fn from_shards(
+        shape: Vec<usize>,
+        shards: Vec<ArrayD<T>>,
+        format: VariableFormat,
+        mode: Mode,
+    ) -> Result<ReshardableVariable<T>> {
+        let data = match &format {
+            VariableFormat::Default => {
+                let mut shards = shards;
+                if shards.len() != 1 {
+                    return Err(Error::ShardCount { expected: 1, actual: shards.len() });
+                }
+                let whole = shards.pop().expect("one shard");
+                if whole.shape() != shape.as_slice() {
+                    return Err(Error::ShardShape {
+                        device: meshwork_types::DeviceId(0),
+                        expected: shape,
+                        actual: whole.shape().to_vec(),
+                    });
+                }
+                Data::Whole(whole)
+            }
+            VariableFormat::Sharded { sharding, .. } => {
+                let index = sharding.index_map(&shape, mode)?;
+                crate::data::check_buffers(&index, shards.iter().map(|s| s.shape()))?;
+                Data::Shards(shards)
+            }
+        };
+        Ok(ReshardableVariable { shape, mode, format, data })
+    }
+
+    /// The value's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
     }
 
     /// The current format.

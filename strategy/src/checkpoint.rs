@@ -251,8 +251,51 @@ struct Saved {
     bytes: Vec<u8>,
 }
 
+/// One variable on its way into a checkpoint: its sharding over device positions
+/// `0..n` and the shard of each distinct region (replica 0 of it), with the position
+/// whose file holds it.
+pub(crate) struct Entry {
+    pub(crate) name: String,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) hlo: HloSharding,
+    /// `(position, ranges, shard)`.
+    pub(crate) shards: Vec<(usize, Vec<std::ops::Range<usize>>, Tensor)>,
+}
+
 fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops) -> Result<()> {
     let logical = strategy.num_logical_devices();
+    let states = strategy.states();
+    let entries = states.iter().map(|s| {
+        let value = saved_value(s)?;
+        let shards = ops::shard(&value, &s.sharding)?;
+        Ok(Entry {
+            name: s.name.clone(),
+            dtype: s.dtype,
+            shape: s.shape.clone(),
+            hlo: s.sharding.hlo().clone(),
+            shards: s
+                .index
+                .iter()
+                .zip(shards)
+                .filter(|(index, _)| index.replica_id == 0)
+                .map(|(index, shard)| (index.device.0 as usize, index.ranges.clone(), shard))
+                .collect(),
+        })
+    });
+    write(dir, logical, strategy.num_replicas_in_sync(), entries, metadata, ops)
+}
+
+/// Writes a checkpoint of `entries` (over `devices` positions, one shard file each)
+/// into `dir`: created, or an existing empty directory; the index last.
+pub(crate) fn write(
+    dir: &Path,
+    devices: usize,
+    replicas: usize,
+    entries: impl Iterator<Item = Result<Entry>>,
+    metadata: Option<&Value>,
+    ops: &mut Ops,
+) -> Result<()> {
     // A new directory (its missing parents made too), or an existing empty one;
     // anything else is not ours to write in.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -279,39 +322,34 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
     let tmp = dir;
     let mut written: Vec<PathBuf> = Vec::new();
     let result = (|| {
-        // Per logical device: its tensors.
-        let mut files: Vec<Vec<Saved>> = vec![Vec::new(); logical];
+        // Per device position: its tensors.
+        let mut files: Vec<Vec<Saved>> = vec![Vec::new(); devices];
         let mut variables = Vec::new();
-        for s in strategy.states().iter() {
-            let value = saved_value(s)?;
-            let shards = ops::shard(&value, &s.sharding)?;
-            let mut entries = Vec::new();
-            for (k, (index, shard)) in s.index.iter().zip(&shards).enumerate() {
-                if index.replica_id != 0 {
-                    continue;
-                }
-                let device = index.device.0 as usize;
-                let tensor = format!("{}/{k}", s.name);
+        for entry in entries {
+            let entry = entry?;
+            let mut listed = Vec::new();
+            for (k, (device, ranges, shard)) in entry.shards.iter().enumerate() {
+                let tensor = format!("{}/{k}", entry.name);
                 let bytes = ops::to_le_bytes(shard);
-                entries.push(json!({
+                listed.push(json!({
                     "file": format!("shard-{device}.safetensors"),
                     "tensor": tensor,
-                    "ranges": index.ranges.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+                    "ranges": ranges.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
                     "crc32c": crc32c::crc32c(&bytes),
                 }));
-                files[device].push(Saved {
+                files[*device].push(Saved {
                     name: tensor,
-                    dtype: s.dtype,
+                    dtype: entry.dtype,
                     shape: shard.shape().to_vec(),
                     bytes,
                 });
             }
             variables.push(json!({
-                "name": s.name,
-                "dtype": s.dtype.to_string(),
-                "shape": s.shape,
-                "sharding": s.sharding.hlo().to_string(),
-                "shards": entries,
+                "name": entry.name,
+                "dtype": entry.dtype.to_string(),
+                "shape": entry.shape,
+                "sharding": entry.hlo.to_string(),
+                "shards": listed,
             }));
         }
         let mut listed = Vec::new();
@@ -334,8 +372,8 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
         let index = json!({
             "format": FORMAT,
             "version": VERSION,
-            "replicas": strategy.num_replicas_in_sync(),
-            "logical_devices": logical,
+            "replicas": replicas,
+            "logical_devices": devices,
             "variables": variables,
             "files": listed,
         });
@@ -373,6 +411,27 @@ fn usize_of(v: &Value, path: &Path) -> Result<usize> {
 }
 
 fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
+    let wanted: Vec<(String, DType, Vec<usize>)> =
+        strategy.states().iter().map(|s| (s.name.clone(), s.dtype, s.shape.clone())).collect();
+    let values = read(dir, &wanted, "the strategy")?;
+    let variables = strategy.variables();
+    for (v, value) in variables.iter().zip(&values) {
+        strategy.assign_variable(v, value)?;
+    }
+    Ok(())
+}
+
+/// Reads the variables `wanted` (name, dtype, shape) from the checkpoint in `dir`,
+/// each assembled whole, after verifying every file's size and checksum, every
+/// shard's checksum and region, and each variable's dtype and shape. Nothing is read
+/// into a caller's state until all of it checks out.
+/// A dtype or shape that differs is a mismatch saying what `holder` ("the strategy")
+/// has.
+pub(crate) fn read(
+    dir: &Path,
+    wanted: &[(String, DType, Vec<usize>)],
+    holder: &str,
+) -> Result<Vec<Tensor>> {
     let index_path = dir.join(INDEX);
     let index = read_index(&index_path)?;
     let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
@@ -423,35 +482,35 @@ fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
     };
     // Build every variable's global value before changing any.
     let mut values = Vec::new();
-    for s in strategy.states().iter() {
+    for (name, want_dtype, want_shape) in wanted {
         let entry = saved
             .iter()
-            .find(|v| v.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
-            .ok_or_else(|| mismatch(&s.name, "not in the checkpoint".into()))?;
+            .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
+            .ok_or_else(|| mismatch(name, "not in the checkpoint".into()))?;
         let dtype: DType = field(entry, "dtype", &index_path)?
             .as_str()
             .and_then(|d| d.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {}: bad dtype", s.name)))?;
+            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad dtype")))?;
         let shape: Vec<usize> = field(entry, "shape", &index_path)?
             .as_array()
             .into_iter()
             .flatten()
             .map(|d| usize_of(d, &index_path))
             .collect::<Result<_>>()?;
-        if dtype != s.dtype || shape != s.shape {
+        if dtype != *want_dtype || shape != *want_shape {
             return Err(mismatch(
-                &s.name,
+                name,
                 format!(
-                    "saved as {}, the strategy has {}",
+                    "saved as {}, {holder} has {}",
                     crate::variable::spec(dtype, &shape),
-                    crate::variable::spec(s.dtype, &s.shape)
+                    crate::variable::spec(*want_dtype, want_shape)
                 ),
             ));
         }
         let hlo: HloSharding = field(entry, "sharding", &index_path)?
             .as_str()
             .and_then(|h| h.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {}: bad sharding", s.name)))?;
+            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad sharding")))?;
         // The saved regions must tile the value exactly as the saved sharding says.
         let saved_sharding = logical_sharding(hlo, saved_logical)?;
         let regions: Vec<_> = saved_sharding
@@ -464,12 +523,7 @@ fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
         if shards.len() != regions.len() {
             return Err(corrupt(
                 &index_path,
-                format!(
-                    "variable {}: {} shards for {} regions",
-                    s.name,
-                    shards.len(),
-                    regions.len()
-                ),
+                format!("variable {}: {} shards for {} regions", name, shards.len(), regions.len()),
             ));
         }
         let mut global = Tensor::zeros(dtype, &shape)?;
@@ -487,12 +541,12 @@ fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
                     &index_path,
                     format!(
                         "variable {}: shard {tensor} covers {ranges:?}, the sharding says {region:?}",
-                        s.name
+                        name
                     ),
                 ));
             }
             let st = parsed.get(file).ok_or_else(|| {
-                corrupt(&index_path, format!("variable {}: unknown file {file}", s.name))
+                corrupt(&index_path, format!("variable {}: unknown file {file}", name))
             })?;
             let view = st.tensor(tensor).map_err(|e| corrupt(&dir.join(file), e.to_string()))?;
             if Some(u64::from(crc32c::crc32c(view.data())))
@@ -514,11 +568,7 @@ fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
         }
         values.push(global);
     }
-    let variables = strategy.variables();
-    for (v, value) in variables.iter().zip(&values) {
-        strategy.assign_variable(v, value)?;
-    }
-    Ok(())
+    Ok(values)
 }
 
 /// Copies `shard` into `global` at `ranges`.

@@ -231,6 +231,46 @@ impl CheckpointManager {
     /// written aside, renamed to `step-NNNNNNNN`, `latest` updated, then the oldest
     /// steps beyond `keep` deleted. Refuses a step that already exists.
     pub fn save(&mut self, strategy: &Strategy, step: usize, metadata: &Value) -> Result<PathBuf> {
+        if strategy.is_multi_process() {
+            return Err(refuse(
+                &self.root,
+                "a checkpoint manager serves a single-process strategy; with several \
+                 processes use Strategy::save_checkpoint",
+            ));
+        }
+        self.save_step(step, &mut |aside, ops| {
+            strategy.save_checkpoint_with(aside, Some(metadata), ops)
+        })
+    }
+
+    /// [`save`](Self::save) with any writer of a checkpoint: `write(dir, metadata)`
+    /// saves one into the new directory `dir` (aside, renamed into place once it
+    /// returns) — a compiled program's
+    /// ([`CompiledTrainStep::save_checkpoint_with_metadata`](crate::spmd::CompiledTrainStep::save_checkpoint_with_metadata)),
+    /// say.
+    pub fn save_with(
+        &mut self,
+        step: usize,
+        metadata: &Value,
+        write: impl FnOnce(&Path, &Value) -> Result<()>,
+    ) -> Result<PathBuf> {
+        let mut write = Some(write);
+        self.save_step(step, &mut |aside, _| {
+            let write = write.take().expect("a step is written once");
+            write(aside, metadata)?;
+            if is_checkpoint(aside) {
+                Ok(())
+            } else {
+                Err(refuse(aside, "the writer saved no meshwork checkpoint there"))
+            }
+        })
+    }
+
+    fn save_step(
+        &mut self,
+        step: usize,
+        write: &mut dyn FnMut(&Path, &mut Ops) -> Result<()>,
+    ) -> Result<PathBuf> {
         let ops = Ops { left: self.crash_after.take(), crashed: false };
         let name = step_name(step);
         let target = self.root.join(&name);
@@ -244,36 +284,26 @@ impl CheckpointManager {
         if fs::symlink_metadata(&aside).is_ok() {
             fs::remove_dir_all(&aside).map_err(|e| refuse(&aside, e.to_string()))?;
         }
-        if strategy.is_multi_process() {
-            return Err(refuse(
-                &self.root,
-                "a checkpoint manager serves a single-process strategy; with several \
-                 processes use Strategy::save_checkpoint",
-            ));
-        }
         let mut ops = ops;
-        self.write_step(strategy, step, metadata, &aside, &target, &mut ops).map_err(
-            |e| match e {
-                Error::Checkpoint { problem, .. } | Error::CheckpointDir { problem, .. } => {
-                    Error::CheckpointSave { path: self.root.clone(), step, problem }
-                }
-                other => other,
-            },
-        )?;
+        self.write_step(write, step, &aside, &target, &mut ops).map_err(|e| match e {
+            Error::Checkpoint { problem, .. } | Error::CheckpointDir { problem, .. } => {
+                Error::CheckpointSave { path: self.root.clone(), step, problem }
+            }
+            other => other,
+        })?;
         Ok(target)
     }
 
     /// The writing part of [`save`](Self::save).
     fn write_step(
         &self,
-        strategy: &Strategy,
+        write: &mut dyn FnMut(&Path, &mut Ops) -> Result<()>,
         step: usize,
-        metadata: &Value,
         aside: &Path,
         target: &Path,
         ops: &mut Ops,
     ) -> Result<()> {
-        strategy.save_checkpoint_with(aside, Some(metadata), ops)?;
+        write(aside, ops)?;
         // A directory rename is atomic: `step-…` appears complete or not at all.
         fs::rename(aside, target).map_err(|e| refuse(target, e.to_string()))?;
         ops.did("rename", target)?;

@@ -73,3 +73,46 @@ proptest! {
         }
     }
 }
+
+/// Shards made elsewhere (a device's parts) become a variable in their format: it
+/// reads back the value they tile and moves between formats like one resharded there;
+/// a wrong count or shape is refused.
+#[test]
+fn a_variable_from_shards_equals_one_resharded_into_them() {
+    let formats = formats();
+    for f in &formats[1..] {
+        let VariableFormat::Sharded { sharding, .. } = f else { unreachable!() };
+        if sharding.index_map(&[4, 6], Mode::Strict).is_err() {
+            continue;
+        }
+        let mut want = ReshardableVariable::new(value(), Mode::Strict);
+        want.reshard(f.clone()).unwrap();
+        let shards = want.shards().unwrap().to_vec();
+        let got =
+            ReshardableVariable::from_shards(vec![4, 6], shards.clone(), f.clone(), Mode::Strict)
+                .unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.value().unwrap(), value());
+        let err = ReshardableVariable::from_shards(
+            vec![4, 6],
+            shards[1..].to_vec(),
+            f.clone(),
+            Mode::Strict,
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::ShardCount { .. }), "{err}");
+        let mut bad = shards.clone();
+        bad[0] = ArrayD::from_shape_vec(IxDyn(&[1]), vec![0]).unwrap();
+        let err =
+            ReshardableVariable::from_shards(vec![4, 6], bad, f.clone(), Mode::Strict).unwrap_err();
+        assert!(matches!(err, Error::ShardShape { .. }), "{err}");
+    }
+    let whole = ReshardableVariable::from_shards(
+        vec![4, 6],
+        vec![value()],
+        VariableFormat::Default,
+        Mode::Strict,
+    )
+    .unwrap();
+    assert_eq!(whole, ReshardableVariable::new(value(), Mode::Strict));
+}

@@ -189,7 +189,7 @@ impl Compiled<'_> {
         &self.part
     }
 
-    fn param(&self, name: &str) -> Result<usize> {
+    pub(super) fn param(&self, name: &str) -> Result<usize> {
         self.part.global().params().iter().position(|p| p.name == name).ok_or_else(|| {
             Error::Partition {
                 value: name.to_string(),
@@ -199,7 +199,7 @@ impl Compiled<'_> {
         })
     }
 
-    fn healthy(&self) -> Result<()> {
+    pub(super) fn healthy(&self) -> Result<()> {
         match &*lock(&self.poisoned) {
             Some(why) => Err(Error::Compiled { problem: why.clone() }),
             None => Ok(()),
@@ -209,22 +209,37 @@ impl Compiled<'_> {
     /// Places resident parameter `name` on the devices (split by its layout).
     pub fn set(&self, name: &str, value: &Tensor) -> Result<()> {
         let k = self.param(name)?;
-        let spec = &self.part.global().params()[k].spec;
-        if value.spec() != *spec {
+        let parts = self.split_resident(k, value)?;
+        self.install(vec![(k, parts)]);
+        Ok(())
+    }
+
+    /// Resident parameter `k`'s value split into each device's part, after checking
+    /// its spec.
+    pub(super) fn split_resident(&self, k: usize, value: &Tensor) -> Result<Vec<Tensor>> {
+        let p = &self.part.global().params()[k];
+        if value.spec() != p.spec {
             return Err(Error::Partition {
-                value: name.to_string(),
+                value: p.name.clone(),
                 op: "set",
-                problem: format!("given {}, the parameter is {spec}", value.spec()),
+                problem: format!("given {}, the parameter is {}", value.spec(), p.spec),
             });
         }
         if !self.resident[k] {
-            self.resident_only(name)?;
+            self.resident_only(&p.name)?;
         }
-        let parts = split(self.part.mesh(), &self.part.inputs()[k], value)?;
-        for (d, part) in self.devices.iter().zip(parts) {
-            lock(d).resident[k] = Some(part);
+        split(self.part.mesh(), &self.part.inputs()[k], value)
+    }
+
+    /// Puts each resident parameter's parts (one per mesh position) on the devices;
+    /// a state poisoned by a failed step is healthy again once every resident part is
+    /// there.
+    pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) {
+        for (k, parts) in parts {
+            for (d, part) in self.devices.iter().zip(parts) {
+                lock(d).resident[k] = Some(part);
+            }
         }
-        // Every resident part is set again: a poisoned state may be whole now.
         let whole = self.devices.iter().all(|d| {
             let d = lock(d);
             (0..self.resident.len()).all(|p| !self.resident[p] || d.resident[p].is_some())
@@ -232,7 +247,25 @@ impl Compiled<'_> {
         if whole {
             *lock(&self.poisoned) = None;
         }
-        Ok(())
+    }
+
+    /// The parameters kept on the devices, by index.
+    pub(super) fn resident_params(&self) -> Vec<usize> {
+        (0..self.resident.len()).filter(|&k| self.resident[k]).collect()
+    }
+
+    /// Copies of resident parameter `k`'s parts, by mesh position.
+    pub(super) fn parts_of(&self, k: usize) -> Result<Vec<Tensor>> {
+        self.healthy()?;
+        let name = &self.part.global().params()[k].name;
+        self.devices
+            .iter()
+            .map(|d| {
+                lock(d).resident[k].clone().ok_or_else(|| Error::Compiled {
+                    problem: format!("resident parameter {name} was never set"),
+                })
+            })
+            .collect()
     }
 
     fn resident_only(&self, name: &str) -> Result<()> {
@@ -250,13 +283,7 @@ impl Compiled<'_> {
         if !self.resident[k] {
             self.resident_only(name)?;
         }
-        let mut parts = Vec::with_capacity(self.devices.len());
-        for d in self.devices.iter() {
-            let d = lock(d);
-            parts.push(d.resident[k].clone().ok_or_else(|| Error::Compiled {
-                problem: format!("resident parameter {name} was never set"),
-            })?);
-        }
+        let parts = self.parts_of(k)?;
         let shape = self.part.global().params()[k].spec.shape.dims().to_vec();
         join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts)
     }
@@ -369,9 +396,9 @@ impl Compiled<'_> {
 /// A training step (forward, backward and the optimizer's update as one partitioned
 /// program) whose weights and optimizer state stay on the devices.
 pub struct CompiledTrainStep<'s> {
-    compiled: Compiled<'s>,
+    pub(super) compiled: Compiled<'s>,
     step: TrainStep,
-    steps: usize,
+    pub(super) steps: usize,
 }
 
 impl Strategy {

@@ -14,9 +14,11 @@ mod compiled;
 mod partition;
 mod rules;
 mod run;
+mod state;
 
 pub use compiled::{Compiled, CompiledTrainStep, Shardings};
 pub use partition::{Collective, PartitionOptions, Partitioned, partition, partition_with};
+pub use state::{ResidentState, STEP_VARIABLE};
 
 use meshwork_sharding::{DimSpec, PartitionSpec};
 

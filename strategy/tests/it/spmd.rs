@@ -251,35 +251,45 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
 #[path = "../../../program/tests/it/files.rs"]
 mod files;
 
-/// Trains the JAX reference transformer (`program/testdata/transformer`) 20 steps with
-/// the compiled, device-resident training step on a `data × model` mesh (rows over
-/// data, Megatron's specs over model); returns each step's loss and JAX's file.
-fn train_on_mesh(
+/// The JAX reference transformer's training step (`program/testdata/transformer`)
+/// compiled on `strategy` over a `data × model` mesh (rows over data, Megatron's
+/// specs over model), its weights set to the reference's initial values; with
+/// `expected.json`.
+fn reference_step(
+    strategy: &Strategy,
     data: usize,
     model: usize,
     optimizer: meshwork_program::Optimizer,
-    lr: f64,
-) -> (Vec<f64>, Json) {
+) -> (meshwork_strategy::spmd::CompiledTrainStep<'_>, Json) {
     use meshwork_strategy::spmd::Shardings;
-    let (expected, program, loss, batch) = files::reference_model();
+    let (expected, program, loss, _) = files::reference_model();
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let mesh = Mesh::iota(&[("data", data), ("model", model)]).unwrap();
     let mut shardings = Shardings::new(mesh).with("rows", "P('data')").unwrap();
     for p in &program.params()[1..] {
         shardings = shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
     }
-    let strategy = Strategy::data_parallel(data * model).unwrap();
-    let mut step =
+    let step =
         strategy.compile_train_step(&program, loss, &weights, optimizer, &shardings).unwrap();
     let init = files::safetensors(&files::testdata("init.safetensors"));
     for p in &program.params()[1..] {
         let (shape, values) = &init[&p.name];
         step.set(&p.name, &Tensor::f64(shape, values.clone()).unwrap()).unwrap();
     }
+    (step, expected)
+}
+
+/// Steps `range` of the reference run (its batches: rows `(s·B + i) mod N`) on
+/// `step`; their losses.
+fn reference_steps(
+    step: &mut meshwork_strategy::spmd::CompiledTrainStep<'_>,
+    range: std::ops::Range<usize>,
+    lr: f64,
+) -> Vec<f64> {
+    let (_, _, _, batch) = files::reference_model();
     let (n, m, tokens) = files::npy_i32(&files::testdata("tokens.npy"));
     let mut losses = Vec::new();
-    let steps = expected["config"]["steps"].as_u64().unwrap() as usize;
-    for s in 0..steps {
+    for s in range {
         let mut rows = Vec::with_capacity(batch * m);
         for i in 0..batch {
             let r = (s * batch + i) % n;
@@ -287,7 +297,21 @@ fn train_on_mesh(
         }
         losses.push(step.step(&[Tensor::i32(&[batch, m], rows).unwrap()], lr).unwrap());
     }
-    (losses, expected)
+    losses
+}
+
+/// Trains the JAX reference transformer 20 steps with the compiled, device-resident
+/// training step on a `data × model` mesh; returns each step's loss and JAX's file.
+fn train_on_mesh(
+    data: usize,
+    model: usize,
+    optimizer: meshwork_program::Optimizer,
+    lr: f64,
+) -> (Vec<f64>, Json) {
+    let strategy = Strategy::data_parallel(data * model).unwrap();
+    let (mut step, expected) = reference_step(&strategy, data, model, optimizer);
+    let steps = expected["config"]["steps"].as_u64().unwrap() as usize;
+    (reference_steps(&mut step, 0..steps, lr), expected)
 }
 
 fn assert_losses(mesh: &str, got: &[f64], want: &Json) {
@@ -308,4 +332,171 @@ fn the_reference_transformer_trains_as_jax_on_every_mesh() {
             train_on_mesh(data, model, meshwork_program::Optimizer::adam(), 0.01);
         assert_losses(&format!("{data}x{model}"), &adam, &expected["losses_adam"]);
     }
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let stamp =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    std::env::temp_dir().join(format!("meshwork-spmd-{tag}-{}-{stamp}", std::process::id()))
+}
+
+/// Ten steps on one mesh, a sharded checkpoint, ten more on another mesh restored
+/// from it: JAX's twenty losses at every step (SGD and Adam, whose moments and step
+/// count travel in the checkpoint), each position's file holding only its regions.
+#[test]
+fn compiled_state_saved_on_one_mesh_restores_onto_another() {
+    use meshwork_program::Optimizer;
+    type Mesh2 = (usize, usize);
+    let cases: [(Mesh2, Mesh2, Optimizer, f64, &str); 3] = [
+        ((2, 2), (1, 4), Optimizer::adam(), 0.01, "losses_adam"),
+        ((1, 4), (4, 1), Optimizer::adam(), 0.01, "losses_adam"),
+        ((2, 1), (1, 2), Optimizer::Sgd, 0.1, "losses_sgd"),
+    ];
+    for ((d0, m0), (d1, m1), optimizer, lr, key) in cases {
+        let dir = temp_dir("restore");
+        let first = Strategy::data_parallel(d0 * m0).unwrap();
+        let (mut step, expected) = reference_step(&first, d0, m0, optimizer);
+        let mut losses = reference_steps(&mut step, 0..10, lr);
+        step.save_checkpoint(&dir).unwrap();
+        for r in 0..d0 * m0 {
+            assert!(dir.join(format!("shard-{r}.safetensors")).is_file());
+        }
+        let second = Strategy::data_parallel(d1 * m1).unwrap();
+        let (mut resumed, _) = reference_step(&second, d1, m1, optimizer);
+        resumed.restore_checkpoint(&dir).unwrap();
+        assert_eq!(resumed.steps(), 10);
+        // The restored weights are the saved ones, bit for bit, on the other mesh.
+        for name in ["layers.0.attn.wq", "layers.1.mlp.w2", "embed"] {
+            assert_eq!(resumed.get(name).unwrap(), step.get(name).unwrap(), "{name}");
+        }
+        losses.extend(reference_steps(&mut resumed, 10..20, lr));
+        assert_losses(&format!("{d0}x{m0} then {d1}x{m1}"), &losses, &expected[key]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Resident state moves through the seed's state machine: onto another mesh it is
+/// unsharded and sharded anew (and training goes on as JAX's), into a program of the
+/// same layout nothing moves; its default format is the whole values.
+#[test]
+fn resident_state_moves_through_the_reshard_state_machine() {
+    let adam = meshwork_program::Optimizer::adam();
+    let two = Strategy::data_parallel(2).unwrap();
+    let (mut step, expected) = reference_step(&two, 2, 1, adam);
+    let mut losses = reference_steps(&mut step, 0..10, 0.01);
+    let mut state = step.state().unwrap();
+    assert_eq!(state.step(), Some(10));
+    let key = step.compiled().format_key();
+    assert_eq!(state.format_key("embed").unwrap(), Some(key.as_str()));
+
+    // Same mesh and layouts: the same key, nothing moves, the parts are the state's.
+    let (mut same, _) = reference_step(&two, 2, 1, adam);
+    assert_eq!(same.compiled().format_key(), key);
+    assert!(!same.put_state(&mut state.clone()).unwrap());
+    for name in state.names() {
+        assert_eq!(same.get(name).unwrap(), state.value(name).unwrap(), "{name}");
+    }
+
+    // Another mesh: moved, and training goes on as JAX's.
+    let (mut other, _) = reference_step(&two, 1, 2, adam);
+    assert_ne!(other.compiled().format_key(), key);
+    assert!(other.put_state(&mut state).unwrap());
+    assert_eq!(state.format_key("embed").unwrap(), Some(other.compiled().format_key().as_str()));
+    losses.extend(reference_steps(&mut other, 10..20, 0.01));
+    assert_losses("2x1 then 1x2", &losses, &expected["losses_adam"]);
+    // Putting it again where it already is: nothing moves.
+    assert!(!other.put_state(&mut state).unwrap());
+
+    // The default format: whole values, the same as the program's.
+    let mut whole = step.state().unwrap();
+    assert!(whole.to_default().unwrap());
+    assert!(!whole.to_default().unwrap());
+    assert_eq!(whole.format_key("layers.0.mlp.w1").unwrap(), None);
+    assert_eq!(whole.value("layers.0.mlp.w1").unwrap(), step.get("layers.0.mlp.w1").unwrap());
+}
+
+/// A checkpoint or state that does not fit is refused and changes nothing: a missing
+/// parameter, another shape, no step count; a compiled program's checkpoint restores
+/// into a strategy's variables of the same names.
+#[test]
+fn what_does_not_fit_is_refused_and_changes_nothing() {
+    use meshwork_strategy::VariableOptions;
+    let adam = meshwork_program::Optimizer::adam();
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let (mut step, _) = reference_step(&strategy, 1, 2, adam);
+    reference_steps(&mut step, 0..2, 0.01);
+    let before = step.get("layers.1.attn.wo").unwrap();
+
+    // A SGD step's checkpoint has no Adam moments.
+    let dir = temp_dir("mismatch");
+    let (sgd, _) = reference_step(&strategy, 1, 2, meshwork_program::Optimizer::Sgd);
+    sgd.save_checkpoint(&dir).unwrap();
+    let err = step.restore_checkpoint(&dir).unwrap_err();
+    assert!(err.to_string().contains("not in the checkpoint"), "{err}");
+    assert_eq!(step.get("layers.1.attn.wo").unwrap(), before);
+    assert_eq!(step.steps(), 2);
+    // A state without a step count or with a parameter missing.
+    let mut plain = step.compiled().state().unwrap();
+    assert!(step.put_state(&mut plain).unwrap_err().to_string().contains("no step count"));
+    let mut partial = sgd.state().unwrap();
+    let err = step.put_state(&mut partial).unwrap_err();
+    assert!(err.to_string().contains("holds no parameter optimizer."), "{err}");
+    assert_eq!(step.get("layers.1.attn.wo").unwrap(), before);
+    // Into a non-empty directory: refused, nothing there touched.
+    let err = step.save_checkpoint(&dir).unwrap_err();
+    assert!(err.to_string().contains("not an empty directory"), "{err}");
+
+    // The compiled checkpoint restores into a strategy's variables by name.
+    let host = Strategy::data_parallel(2).unwrap();
+    let zeros = |shape: &[usize]| {
+        meshwork_strategy::executor::Tensor::F64(ndarray::ArrayD::zeros(ndarray::IxDyn(shape)))
+    };
+    let want = sgd.get("layers.1.attn.wo").unwrap();
+    let wo = host
+        .create_variable("layers.1.attn.wo", zeros(want.shape().dims()), VariableOptions::default())
+        .unwrap();
+    host.restore_checkpoint(&dir).unwrap();
+    let got = host.read_variable(&wo).unwrap();
+    assert_eq!(got.shape(), want.shape().dims());
+    let got: Vec<f64> = match got {
+        meshwork_strategy::executor::Tensor::F64(a) => a.iter().copied().collect(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(got, want.to_f64());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A checkpoint manager keeps a compiled step's checkpoints as a strategy's: each
+/// step renamed into place, the newest `keep`, the latest restorable on another mesh;
+/// a writer that saves nothing is refused.
+#[test]
+fn a_checkpoint_manager_keeps_compiled_steps() {
+    use meshwork_strategy::CheckpointManager;
+    let adam = meshwork_program::Optimizer::adam();
+    let root = temp_dir("manager");
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let (mut step, expected) = reference_step(&strategy, 2, 1, adam);
+    let mut manager = CheckpointManager::open(&root, 1).unwrap();
+    let mut losses = Vec::new();
+    for (range, at) in [(0..3, 3), (3..7, 7)] {
+        losses.extend(reference_steps(&mut step, range, 0.01));
+        let meta = serde_json::json!({ "at": at });
+        manager.save_with(at, &meta, |dir, m| step.save_checkpoint_with_metadata(dir, m)).unwrap();
+    }
+    assert_eq!(manager.steps().unwrap(), vec![7]);
+    let err = manager.save_with(8, &serde_json::json!({}), |_, _| Ok(())).unwrap_err();
+    assert!(err.to_string().contains("saved no meshwork checkpoint"), "{err}");
+    assert_eq!(manager.steps().unwrap(), vec![7]);
+    let (_, latest) = manager.latest().unwrap().unwrap();
+    let other = Strategy::data_parallel(4).unwrap();
+    let (mut resumed, _) = reference_step(&other, 2, 2, adam);
+    resumed.restore_checkpoint(&latest).unwrap();
+    assert_eq!(
+        meshwork_strategy::checkpoint_metadata(&latest).unwrap(),
+        Some(serde_json::json!({ "at": 7 }))
+    );
+    losses.extend(reference_steps(&mut resumed, 7..20, 0.01));
+    assert_losses("2x1 then 2x2", &losses, &expected["losses_adam"]);
+    drop(manager);
+    std::fs::remove_dir_all(&root).unwrap();
 }

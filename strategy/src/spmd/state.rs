@@ -1,0 +1,455 @@
+//! A compiled program's resident state away from its devices: sharded checkpoints
+//! (saved on one mesh, restored onto another) and the seed's variable-reshard state
+//! machine ([`ResidentState`]).
+//!
+//! A checkpoint of compiled state is the strategy's checkpoint format: each mesh
+//! position writes the distinct regions it holds into its own safetensors file, the
+//! index records each parameter's `HloSharding` over the positions, and a restore
+//! verifies everything before it lays each value out in the restoring program's
+//! layout — whatever mesh and layout saved it. Either side may be a strategy's
+//! variables instead: the names are what match.
+
+use std::path::Path;
+
+use meshwork_program::{Data, Tensor};
+use meshwork_sharding::{Mode, ReshardableVariable, Sharding, VariableFormat};
+use meshwork_types::{DType, Shape};
+use ndarray::{ArrayD, IxDyn};
+use serde_json::Value as Json;
+
+use super::compiled::{Compiled, CompiledTrainStep};
+use super::run::{from_exec, to_exec};
+use crate::checkpoint::{self, Entry, Ops};
+use crate::{Error, Result};
+
+/// A resident parameter (by index) and its parts, by mesh position.
+type Parts = (usize, Vec<Tensor>);
+
+/// The name a training step's step count is saved under (TensorFlow keeps its
+/// optimizer's `iter` as a checkpointed variable too).
+pub const STEP_VARIABLE: &str = "optimizer.step";
+
+/// One resident parameter in the seed's state machine, by dtype.
+#[derive(Debug, Clone, PartialEq)]
+enum Var {
+    F32(ReshardableVariable<f32>),
+    F64(ReshardableVariable<f64>),
+    I32(ReshardableVariable<i32>),
+    I64(ReshardableVariable<i64>),
+    Bool(ReshardableVariable<bool>),
+}
+
+macro_rules! each {
+    ($v:expr, |$x:ident| $e:expr) => {
+        match $v {
+            Var::F32($x) => $e,
+            Var::F64($x) => $e,
+            Var::I32($x) => $e,
+            Var::I64($x) => $e,
+            Var::Bool($x) => $e,
+        }
+    };
+}
+
+fn bad_shape(e: ndarray::ShapeError) -> Error {
+    Error::Compiled { problem: format!("a resident part's shape: {e}") }
+}
+
+/// Program tensors (one dtype) as arrays, in a [`Var`] of `format`.
+fn var_of(
+    dtype: DType,
+    shape: &[usize],
+    parts: Vec<Tensor>,
+    format: VariableFormat,
+) -> Result<Var> {
+    macro_rules! go {
+        ($variant:ident) => {{
+            let arrays = parts
+                .into_iter()
+                .map(|t| {
+                    let dims = t.shape().dims().to_vec();
+                    match t.into_data() {
+                        Data::$variant(v) => {
+                            ArrayD::from_shape_vec(IxDyn(&dims), v).map_err(bad_shape)
+                        }
+                        other => Err(Error::DTypeMismatch {
+                            what: "a resident parameter's parts",
+                            expected: dtype,
+                            actual: other.dtype(),
+                        }),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Var::$variant(ReshardableVariable::from_shards(
+                shape.to_vec(),
+                arrays,
+                format,
+                Mode::Strict,
+            )?)
+        }};
+    }
+    Ok(match dtype {
+        DType::F32 => go!(F32),
+        DType::F64 => go!(F64),
+        DType::I32 => go!(I32),
+        DType::I64 => go!(I64),
+        _ => go!(Bool),
+    })
+}
+
+fn tensor_of<T: Clone>(a: &ArrayD<T>, wrap: fn(Vec<T>) -> Data) -> Result<Tensor> {
+    let shape = Shape::new(a.shape())?;
+    Ok(Tensor::new(shape, wrap(a.iter().cloned().collect()))?)
+}
+
+impl Var {
+    fn dtype(&self) -> DType {
+        match self {
+            Var::F32(_) => DType::F32,
+            Var::F64(_) => DType::F64,
+            Var::I32(_) => DType::I32,
+            Var::I64(_) => DType::I64,
+            Var::Bool(_) => DType::Bool,
+        }
+    }
+
+    fn format(&self) -> &VariableFormat {
+        each!(self, |v| v.format())
+    }
+
+    fn reshard(&mut self, format: VariableFormat) -> Result<bool> {
+        Ok(each!(self, |v| v.reshard(format)?))
+    }
+
+    /// The whole value.
+    fn value(&self) -> Result<Tensor> {
+        match self {
+            Var::F32(v) => tensor_of(&v.value()?, Data::F32),
+            Var::F64(v) => tensor_of(&v.value()?, Data::F64),
+            Var::I32(v) => tensor_of(&v.value()?, Data::I32),
+            Var::I64(v) => tensor_of(&v.value()?, Data::I64),
+            Var::Bool(v) => tensor_of(&v.value()?, Data::Bool),
+        }
+    }
+
+    /// The shards (index-map order), or the whole value alone in the default format.
+    fn shards(&self) -> Result<Vec<Tensor>> {
+        macro_rules! go {
+            ($v:ident, $variant:ident) => {
+                match $v.shards() {
+                    Some(s) => s.iter().map(|a| tensor_of(a, Data::$variant)).collect(),
+                    None => Ok(vec![self.value()?]),
+                }
+            };
+        }
+        match self {
+            Var::F32(v) => go!(v, F32),
+            Var::F64(v) => go!(v, F64),
+            Var::I32(v) => go!(v, I32),
+            Var::I64(v) => go!(v, I64),
+            Var::Bool(v) => go!(v, Bool),
+        }
+    }
+}
+
+/// The resident state of a compiled program off its devices: each resident parameter
+/// as a variable of the seed's reshard state machine (TensorFlow's
+/// `TPUReshardVariables`), holding the data in the format it is in — the compiled
+/// program's sharded layout, named by its [`Compiled::format_key`], or the default
+/// (whole, unsharded) format.
+///
+/// [`Compiled::put_state`] moves it into another compiled program's format: nothing
+/// happens when the keys are equal; otherwise each variable is unsharded, then
+/// sharded into the new layout, and only then recorded in it — so a failure leaves
+/// every variable whole and in a format it really is in. This is how resident state
+/// moves between meshes and layouts in one process (a checkpoint does it across
+/// processes and time).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidentState {
+    vars: Vec<(String, Var)>,
+    step: Option<usize>,
+}
+
+impl ResidentState {
+    /// The parameters it holds, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.vars.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    fn var(&self, name: &str) -> Result<&Var> {
+        self.vars.iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or_else(|| Error::Compiled {
+            problem: format!("the resident state holds no parameter {name}"),
+        })
+    }
+
+    /// Parameter `name`'s whole value (assembled if sharded).
+    pub fn value(&self, name: &str) -> Result<Tensor> {
+        self.var(name)?.value()
+    }
+
+    /// The format key parameter `name` is in (`None`: the default, unsharded format).
+    pub fn format_key(&self, name: &str) -> Result<Option<&str>> {
+        Ok(match self.var(name)?.format() {
+            VariableFormat::Default => None,
+            VariableFormat::Sharded { key, .. } => Some(key),
+        })
+    }
+
+    /// A training step's step count, if the state is a training step's.
+    pub fn step(&self) -> Option<usize> {
+        self.step
+    }
+
+    /// Moves every parameter into the default, unsharded format (the seed's reshard
+    /// to the default key). Returns whether anything moved.
+    pub fn to_default(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for (_, v) in &mut self.vars {
+            moved |= v.reshard(VariableFormat::Default)?;
+        }
+        Ok(moved)
+    }
+}
+
+impl Compiled<'_> {
+    /// The format key of this program's resident layout: its mesh and each resident
+    /// parameter's layout over it. Two compiled programs with one key lay their
+    /// resident state out alike, so moving state between them moves nothing.
+    pub fn format_key(&self) -> String {
+        let part = self.partitioned();
+        let mesh = part.mesh();
+        let mut key = format!("{mesh} devices {:?}", mesh.devices());
+        for k in self.resident_params() {
+            let p = &part.global().params()[k];
+            key.push_str(&format!("; {} {} {}", p.name, p.spec, part.inputs()[k].display(mesh)));
+        }
+        key
+    }
+
+    /// Resident parameter `k`'s layout as a sharding over mesh positions (in which
+    /// order its index map lists the parts).
+    fn sharding_of(&self, k: usize) -> Result<Sharding> {
+        let part = self.partitioned();
+        let rank = part.global().params()[k].spec.shape.rank();
+        Ok(part.inputs()[k].to_named(part.mesh())?.to_sharding(rank)?)
+    }
+
+    /// The resident state, copied off the devices, in this program's format.
+    pub fn state(&self) -> Result<ResidentState> {
+        self.healthy()?;
+        let key = self.format_key();
+        let mut vars = Vec::new();
+        for k in self.resident_params() {
+            let p = &self.partitioned().global().params()[k];
+            let format =
+                VariableFormat::Sharded { key: key.clone(), sharding: self.sharding_of(k)? };
+            let var = var_of(p.spec.dtype, p.spec.shape.dims(), self.parts_of(k)?, format)?;
+            vars.push((p.name.clone(), var));
+        }
+        Ok(ResidentState { vars, step: None })
+    }
+
+    /// Puts `state` on the devices: each resident parameter moved into this program's
+    /// format by the seed's state machine (nothing moves when the state is in it
+    /// already, [`format_key`](Self::format_key)), then its parts placed. Every
+    /// resident parameter must be in `state`, of its dtype and shape; if anything is
+    /// refused, the devices are unchanged and `state` holds the same values (each
+    /// variable in its old format or in this one). Returns whether any data moved
+    /// between layouts.
+    pub fn put_state(&self, state: &mut ResidentState) -> Result<bool> {
+        let resident = self.resident_params();
+        let params = self.partitioned().global().params();
+        let mut at = Vec::with_capacity(resident.len());
+        for &k in &resident {
+            let p = &params[k];
+            let j = state.vars.iter().position(|(n, _)| *n == p.name).ok_or_else(|| {
+                Error::Compiled { problem: format!("the state holds no parameter {}", p.name) }
+            })?;
+            let v = &state.vars[j].1;
+            let shape = each!(v, |x| x.shape().to_vec());
+            if v.dtype() != p.spec.dtype || shape != p.spec.shape.dims() {
+                return Err(Error::Compiled {
+                    problem: format!(
+                        "the state's {} is {}{:?}, the program's is {}",
+                        p.name,
+                        v.dtype(),
+                        shape,
+                        p.spec
+                    ),
+                });
+            }
+            at.push(j);
+        }
+        let key = self.format_key();
+        let mut moved = false;
+        for (&k, &j) in resident.iter().zip(&at) {
+            let format =
+                VariableFormat::Sharded { key: key.clone(), sharding: self.sharding_of(k)? };
+            moved |= state.vars[j].1.reshard(format)?;
+        }
+        let mut parts = Vec::with_capacity(resident.len());
+        for (&k, &j) in resident.iter().zip(&at) {
+            parts.push((k, state.vars[j].1.shards()?));
+        }
+        self.install(parts);
+        Ok(moved)
+    }
+
+    /// The checkpoint entries of the resident parameters: each position's distinct
+    /// regions.
+    fn entries(&self) -> Result<Vec<Entry>> {
+        self.healthy()?;
+        let part = self.partitioned();
+        let mut out = Vec::new();
+        for k in self.resident_params() {
+            let p = &part.global().params()[k];
+            if p.spec.dtype == DType::Bool {
+                return Err(Error::Compiled {
+                    problem: format!("{} is bool: checkpoints hold numbers", p.name),
+                });
+            }
+            let sharding = self.sharding_of(k)?;
+            let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
+            let parts = self.parts_of(k)?;
+            let mut shards = Vec::new();
+            for (r, (entry, t)) in index.into_iter().zip(parts).enumerate() {
+                if entry.replica_id == 0 {
+                    shards.push((r, entry.ranges, to_exec(t)?));
+                }
+            }
+            out.push(Entry {
+                name: p.name.clone(),
+                dtype: p.spec.dtype,
+                shape: p.spec.shape.dims().to_vec(),
+                hlo: sharding.hlo().clone(),
+                shards,
+            });
+        }
+        Ok(out)
+    }
+
+    fn write(&self, dir: &Path, extra: Vec<Entry>, metadata: Option<&Json>) -> Result<()> {
+        let mut entries = self.entries()?;
+        entries.extend(extra);
+        let n = self.partitioned().mesh().size();
+        checkpoint::write(dir, n, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
+    }
+
+    /// Saves the resident parameters as a sharded checkpoint in `dir` (a new or empty
+    /// directory; anything else is refused untouched): mesh position `r` writes the
+    /// regions it holds (once per region) to `shard-r.safetensors`, the index last.
+    /// [`restore_checkpoint`](Self::restore_checkpoint) on any mesh and layout, or a
+    /// strategy's, reads it back.
+    pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        self.write(dir.as_ref(), Vec::new(), None)
+    }
+
+    /// [`save_checkpoint`](Self::save_checkpoint) with `metadata` in the index.
+    pub fn save_checkpoint_with_metadata(
+        &self,
+        dir: impl AsRef<Path>,
+        metadata: &Json,
+    ) -> Result<()> {
+        self.write(dir.as_ref(), Vec::new(), Some(metadata))
+    }
+
+    /// Restores every resident parameter from the checkpoint in `dir` (saved on any
+    /// mesh, by a compiled program or a strategy), laid out in this program's layout.
+    /// Verifies everything first: a missing parameter, another dtype or shape, a
+    /// damaged file changes nothing.
+    pub fn restore_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let values = self.read(dir.as_ref(), &[])?.0;
+        self.install(values);
+        Ok(())
+    }
+
+    /// Reads the resident parameters (split into parts) and `extra` variables from
+    /// `dir`.
+    fn read(
+        &self,
+        dir: &Path,
+        extra: &[(String, DType, Vec<usize>)],
+    ) -> Result<(Vec<Parts>, Vec<Tensor>)> {
+        let params = self.partitioned().global().params();
+        let resident = self.resident_params();
+        let mut wanted: Vec<(String, DType, Vec<usize>)> = resident
+            .iter()
+            .map(|&k| {
+                let p = &params[k];
+                (p.name.clone(), p.spec.dtype, p.spec.shape.dims().to_vec())
+            })
+            .collect();
+        wanted.extend(extra.iter().cloned());
+        let mut values = checkpoint::read(dir, &wanted, "the compiled program")?;
+        let extra = values.split_off(resident.len());
+        let mut parts = Vec::with_capacity(resident.len());
+        for (&k, value) in resident.iter().zip(values) {
+            let value = from_exec(value, false)?;
+            parts.push((k, self.split_resident(k, &value)?));
+        }
+        let extra = extra.into_iter().map(|t| Ok(from_exec(t, false)?)).collect::<Result<_>>()?;
+        Ok((parts, extra))
+    }
+}
+
+fn step_entry(steps: usize) -> Result<Entry> {
+    let t = to_exec(Tensor::i64(&[], vec![steps as i64])?)?;
+    Ok(Entry {
+        name: STEP_VARIABLE.to_string(),
+        dtype: DType::I64,
+        shape: Vec::new(),
+        hlo: meshwork_sharding::HloSharding::Replicated,
+        shards: vec![(0, Vec::new(), t)],
+    })
+}
+
+impl CompiledTrainStep<'_> {
+    /// The weights and optimizer state, copied off the devices, with the step count.
+    pub fn state(&self) -> Result<ResidentState> {
+        let mut s = self.compiled.state()?;
+        s.step = Some(self.steps);
+        Ok(s)
+    }
+
+    /// Puts `state` (weights, optimizer state and step count; from any mesh and
+    /// layout) on the devices: [`Compiled::put_state`]. Returns whether any data moved
+    /// between layouts.
+    pub fn put_state(&mut self, state: &mut ResidentState) -> Result<bool> {
+        let step = state.step.ok_or_else(|| Error::Compiled {
+            problem: "the state has no step count (not a training step's)".into(),
+        })?;
+        let moved = self.compiled.put_state(state)?;
+        self.steps = step;
+        Ok(moved)
+    }
+
+    /// Saves the weights, the optimizer state and the step count (as the i64 scalar
+    /// [`STEP_VARIABLE`]) as a sharded checkpoint in `dir`:
+    /// [`Compiled::save_checkpoint`].
+    pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
+        self.compiled.write(dir.as_ref(), vec![step_entry(self.steps)?], None)
+    }
+
+    /// [`save_checkpoint`](Self::save_checkpoint) with `metadata` in the index.
+    pub fn save_checkpoint_with_metadata(
+        &self,
+        dir: impl AsRef<Path>,
+        metadata: &Json,
+    ) -> Result<()> {
+        self.compiled.write(dir.as_ref(), vec![step_entry(self.steps)?], Some(metadata))
+    }
+
+    /// Restores the weights, optimizer state and step count from `dir` (saved on any
+    /// mesh), verifying everything before anything changes.
+    pub fn restore_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let extra = [(STEP_VARIABLE.to_string(), DType::I64, Vec::new())];
+        let (parts, extra) = self.compiled.read(dir.as_ref(), &extra)?;
+        let step = extra[0].to_f64()[0];
+        if step < 0.0 {
+            return Err(Error::Compiled { problem: format!("a saved step count of {step}") });
+        }
+        self.compiled.install(parts);
+        self.steps = step as usize;
+        Ok(())
+    }
+}
