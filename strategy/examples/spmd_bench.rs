@@ -21,7 +21,8 @@
 //! its column says so.
 //!
 //! `cargo run --release -p meshwork-strategy --example spmd_bench [transformer] [mlp] [DxM ...]`
-//! (the sections and meshes named, or all of them; `nojax` skips JAX).
+//! (the sections and meshes named, or all of them; `nojax` skips JAX; `steps=N` runs N
+//! steps per run instead of 10 and 20).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -383,13 +384,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         meshes = MESHES.to_vec();
     }
     let jax = |script: &str, args: &[&str]| if named("nojax") { None } else { jax(script, args) };
+    let steps_arg = args.iter().find_map(|a| a.strip_prefix("steps=")?.parse::<usize>().ok());
     if run("transformer") {
-        let steps = 10;
+        let steps = steps_arg.unwrap_or(10);
         let jax_lines = jax("transformer_train_jax.py", &[&steps.to_string()]);
         transformer(&jax_lines, steps, &meshes)?;
     }
     if run("mlp") {
-        let steps = 20;
+        let steps = steps_arg.unwrap_or(20);
         let jax_lines = jax("mlp_train_jax.py", &["1024", &steps.to_string()]);
         mlp(&jax_lines, steps, &meshes)?;
     }

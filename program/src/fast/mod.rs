@@ -99,20 +99,35 @@ enum Step {
 }
 
 /// Freed buffers by dtype and length.
+///
+/// A buffer is kept only while its size class has fewer pooled buffers than one run
+/// has asked for at most (its demand: allocations of a run, or the parameters of that
+/// class a run is given), so the pool never holds more than a run can use — buffers
+/// of sizes the program never makes (a training loop's fed batches, say) are freed.
 #[derive(Debug, Default)]
 struct Pool {
     free: HashMap<(DType, usize), Vec<Data>>,
+    demand: HashMap<(DType, usize), usize>,
     bytes: usize,
 }
 
 impl Pool {
     fn put(&mut self, d: Data, limit: usize) {
         let size = d.len() * d.dtype().size_in_bytes();
-        if d.is_empty() || self.bytes + size > limit {
+        let class = (d.dtype(), d.len());
+        let demand = self.demand.get(&class).copied().unwrap_or(0);
+        let pooled = self.free.get(&class).map_or(0, Vec::len);
+        if d.is_empty() || pooled >= demand || self.bytes + size > limit {
             return;
         }
         self.bytes += size;
-        self.free.entry((d.dtype(), d.len())).or_default().push(d);
+        self.free.entry(class).or_default().push(d);
+    }
+
+    /// A run has made its `count`-th allocation of `class`.
+    fn demanded(&mut self, class: (DType, usize), count: usize) {
+        let d = self.demand.entry(class).or_insert(0);
+        *d = (*d).max(count);
     }
 
     fn take(&mut self, dtype: DType, len: usize) -> Option<Data> {
@@ -155,20 +170,27 @@ impl Slot<'_> {
 struct Ctx<'p> {
     pool: &'p Mutex<Pool>,
     threads: usize,
+    /// This run's allocations by size class.
+    counts: HashMap<(DType, usize), usize>,
+}
+
+fn fresh(dtype: DType, len: usize) -> Data {
+    match dtype {
+        DType::F32 => Data::F32(vec![0.0; len]),
+        DType::F64 => Data::F64(vec![0.0; len]),
+        DType::I32 => Data::I32(vec![0; len]),
+        DType::I64 => Data::I64(vec![0; len]),
+        _ => Data::Bool(vec![false; len]),
+    }
 }
 
 impl Alloc for Ctx<'_> {
     fn alloc(&mut self, dtype: DType, len: usize) -> Data {
-        if let Some(d) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len) {
-            return d;
-        }
-        match dtype {
-            DType::F32 => Data::F32(vec![0.0; len]),
-            DType::F64 => Data::F64(vec![0.0; len]),
-            DType::I32 => Data::I32(vec![0; len]),
-            DType::I64 => Data::I64(vec![0; len]),
-            _ => Data::Bool(vec![false; len]),
-        }
+        let count = self.counts.entry((dtype, len)).or_insert(0);
+        *count += 1;
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.demanded((dtype, len), *count);
+        pool.take(dtype, len).unwrap_or_else(|| fresh(dtype, len))
     }
 
     fn threads(&self) -> usize {
@@ -217,13 +239,19 @@ impl Executable {
                 frees[*s].push(value);
             }
         }
+        // A run's inputs are part of its demand: their buffers may come back to it.
+        let mut pool = Pool::default();
+        for p in program.params() {
+            let class = (p.spec.dtype, p.spec.shape.num_elements());
+            *pool.demand.entry(class).or_insert(0) += 1;
+        }
         Executable {
             program: program.clone(),
             steps,
             groups,
             frees,
             options,
-            pool: Mutex::default(),
+            pool: Mutex::new(pool),
         }
     }
 
@@ -261,6 +289,15 @@ impl Executable {
         self.execute(slots, env)
     }
 
+    /// A buffer of `len` elements of `dtype` from the pool (contents: whatever they
+    /// were), or a fresh zeroed one: for filling an input of the next run, which
+    /// [`run_owned`](Self::run_owned) gives back to the pool after its last use — so a
+    /// loop that feeds a program this way reuses the same memory every step.
+    pub fn buffer(&self, dtype: DType, len: usize) -> Data {
+        let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len);
+        taken.unwrap_or_else(|| fresh(dtype, len))
+    }
+
     /// Gives tensors (results of earlier runs no longer needed) back to the pool.
     pub fn recycle(&self, tensors: Vec<Tensor>) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -273,7 +310,8 @@ impl Executable {
         let p = &self.program;
         let np = p.params().len();
         slots.extend((0..p.instrs().len()).map(|_| Slot::Empty));
-        let mut ctx = Ctx { pool: &self.pool, threads: self.options.threads };
+        let mut ctx =
+            Ctx { pool: &self.pool, threads: self.options.threads, counts: HashMap::new() };
         for (s, step) in self.steps.iter().enumerate() {
             match step {
                 Step::Instr(i) => {

@@ -7,7 +7,7 @@ use meshwork_program::{Env, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
 
-use super::run::{FirstReplicaHost, MeshCollectives, join, run_replicas, split};
+use super::run::{FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with};
 use super::{Partitioned, partition};
 use crate::{Error, Result, Strategy};
 
@@ -318,7 +318,9 @@ impl Compiled<'_> {
                     problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
                 });
             }
-            for (r, part) in split(mesh, &self.part.inputs()[k], t)?.into_iter().enumerate() {
+            let take = |r: usize, dtype, len| lock(&self.devices[r]).exe.buffer(dtype, len);
+            let parts = split_with(mesh, &self.part.inputs()[k], t, take)?;
+            for (r, part) in parts.into_iter().enumerate() {
                 per[r].push(part);
             }
         }

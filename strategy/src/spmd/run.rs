@@ -179,6 +179,67 @@ pub(crate) fn split(mesh: &Mesh, layout: &Layout, t: &Tensor) -> Result<Vec<Tens
     per.into_iter().map(|d| Ok(Tensor::new(local.clone(), d)?)).collect()
 }
 
+/// [`split`] into buffers `take(position, dtype, len)` hands out (a device's pool), so
+/// a loop feeding the same shapes every step writes into memory it already has.
+pub(crate) fn split_with(
+    mesh: &Mesh,
+    layout: &Layout,
+    t: &Tensor,
+    take: impl Fn(usize, meshwork_types::DType, usize) -> Data,
+) -> Result<Vec<Tensor>> {
+    let rank = t.shape().rank();
+    let sharding = layout.to_named(mesh)?.to_sharding(rank)?;
+    let dims = t.shape().dims();
+    let local = layout.local_shape(mesh, dims)?;
+    let len: usize = local.iter().product();
+    let dtype = t.data().dtype();
+    let mut bufs: Vec<Data> = (0..mesh.size()).map(|r| take(r, dtype, len)).collect();
+    fn fill<T: Copy + Send + Sync>(
+        dims: &[usize],
+        local: &[usize],
+        v: &[T],
+        s: &meshwork_sharding::Sharding,
+        outs: Vec<&mut [T]>,
+    ) -> Result<()> {
+        let bad = |e: ndarray::ShapeError| Error::Partition {
+            value: String::new(),
+            op: "split",
+            problem: e.to_string(),
+        };
+        let view = ArrayViewD::from_shape(IxDyn(dims), v).map_err(bad)?;
+        let mut views = outs
+            .into_iter()
+            .map(|o| ndarray::ArrayViewMutD::from_shape(IxDyn(local), o).map_err(bad))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(meshwork_sharding::shard_into(&view, s, Mode::Strict, &mut views)?)
+    }
+    macro_rules! go {
+        ($variant:ident, $v:expr) => {{
+            let outs = bufs
+                .iter_mut()
+                .map(|b| match b {
+                    Data::$variant(x) => Ok(x.as_mut_slice()),
+                    other => Err(Error::DTypeMismatch {
+                        what: "a pooled buffer",
+                        expected: dtype,
+                        actual: other.dtype(),
+                    }),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            fill(dims, &local, $v, &sharding, outs)?
+        }};
+    }
+    match t.data() {
+        Data::F32(v) => go!(F32, v),
+        Data::F64(v) => go!(F64, v),
+        Data::I32(v) => go!(I32, v),
+        Data::I64(v) => go!(I64, v),
+        Data::Bool(v) => go!(Bool, v),
+    }
+    let shape = Shape::new(&local)?;
+    bufs.into_iter().map(|d| Ok(Tensor::new(shape.clone(), d)?)).collect()
+}
+
 /// Assembles a global tensor of `shape` from each mesh position's part under `layout`
 /// (never pending).
 pub(crate) fn join(
