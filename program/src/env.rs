@@ -16,8 +16,9 @@ use crate::{Error, Result};
 ///
 /// Each method is called by every replica of `groups` that runs the instruction and
 /// returns this replica's result (of the instruction's spec; the interpreter checks).
-/// Replica groups are the instruction's, as `Op` documents them.
-pub trait Collectives {
+/// Replica groups are the instruction's, as `Op` documents them. `Sync`, so a run can
+/// move to a thread of the interpreter's pool.
+pub trait Collectives: Sync {
     /// This replica's id, as replica groups name replicas.
     fn replica_id(&self) -> usize;
     /// Reduces `x` across this replica's group.
@@ -45,7 +46,7 @@ pub trait Collectives {
 }
 
 /// Point-to-point transfers between devices (TensorFlow's `Send`/`Recv` pairs).
-pub trait Channels {
+pub trait Channels: Sync {
     /// Sends `x` to device `peer` on `channel`.
     fn send(&self, channel: u32, peer: usize, x: Tensor) -> Result<()>;
     /// Receives the tensor of `spec` that device `peer` sends on `channel`.
@@ -53,7 +54,7 @@ pub trait Channels {
 }
 
 /// The host's side of `emit`: the outfeed's consumers.
-pub trait HostSink {
+pub trait HostSink: Sync {
     /// Streams `values` to consumer `consumer`.
     fn emit(&self, consumer: u32, values: &[Tensor]) -> Result<()>;
 }

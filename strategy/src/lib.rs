@@ -1,15 +1,16 @@
 //! meshwork's façade: the distribution API users program against, in the manner of
 //! `tf.distribute.TPUStrategy`, and the `meshwork` command line.
 //!
-//! It is the only crate that sees all four siblings (placer, sharding, outfeed,
-//! executor): it re-exports them and writes the small adapters where two of them meet
-//! (the executor's outfeed sink onto the outfeed crate, sharding's layouts onto the
-//! executor's replicas).
+//! It is the only crate that sees all five siblings (placer, sharding, outfeed,
+//! executor, program): it re-exports them and writes the adapters where they meet (the
+//! executor's outfeed sink onto the outfeed crate, sharding's layouts onto the
+//! executor's replicas, and [`spmd`]: tensor programs partitioned over a mesh by
+//! sharding propagation and run on the executor's devices with their state resident).
 //!
-//! It is **not** where semantics live: sharding rules, placement rules, wire formats and
-//! collective algorithms belong to the sibling crates, and this crate only composes them.
-//! Nor is it an autodiff or layers library: a replica's function is plain Rust over
-//! `ndarray` tensors, with the collectives it needs.
+//! It is **not** where semantics live: sharding rules, placement rules, wire formats,
+//! collective algorithms, ops and their gradients belong to the sibling crates, and
+//! this crate only composes them. A replica's function for [`Strategy::run`] is plain
+//! Rust over `ndarray` tensors; a [`program`] is partitioned for you by [`spmd`].
 //!
 //! - [`DeviceAssignment`] places replicas and their logical devices on a [`Topology`];
 //!   [`Strategy`] runs a function once per replica (and logical device) on an executor
@@ -23,6 +24,11 @@
 //!   JSON index) that restore onto another mesh.
 //! - A run is all or nothing: a failing replica, or replicas whose updates would make
 //!   mirrored copies diverge, leave every variable as it was.
+//! - [`spmd`]: `jit` with `NamedSharding`, in Rust — annotate a program's parameters
+//!   with partition specs, and [`Strategy::compile_train_step`] partitions forward,
+//!   backward and the optimizer's update over the mesh (collectives inserted, gradient
+//!   all-reduces combined), keeps weights and optimizer state on the devices, and
+//!   saves them as sharded checkpoints that restore onto any mesh.
 //!
 //! ```
 //! use meshwork_strategy::{Aggregation, Arg, PerReplica, ReduceOp, Strategy, Tensor, VariableOptions};
@@ -72,6 +78,7 @@ pub use meshwork_executor as executor;
 pub use meshwork_executor::Tensor;
 pub use meshwork_outfeed as outfeed;
 pub use meshwork_placer as placer;
+pub use meshwork_program as program;
 pub use meshwork_sharding as sharding;
 pub use meshwork_types as types;
 pub use meshwork_types::ReduceOp;

@@ -278,6 +278,17 @@ impl Executable {
     pub fn run(&self, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
         reference::check_inputs(&self.program, inputs)?;
         let slots = inputs.iter().map(|t| Slot::Borrowed(t.data())).collect();
+        self.on_pool(slots, env)
+    }
+
+    /// Executes on a thread of the pool the parallel kernels use when the run may use
+    /// several threads: the thread that runs the program's sequential parts is then
+    /// one of those that share its parallel ones, instead of a further thread that
+    /// competes with them for the cores (and with workers idling between them).
+    fn on_pool(&self, slots: Vec<Slot<'_>>, env: &Env<'_>) -> Result<Vec<Tensor>> {
+        if self.options.threads > 1 && rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.execute(slots, env));
+        }
         self.execute(slots, env)
     }
 
@@ -286,7 +297,7 @@ impl Executable {
     pub fn run_owned(&self, inputs: Vec<Tensor>, env: &Env<'_>) -> Result<Vec<Tensor>> {
         reference::check_inputs(&self.program, &inputs)?;
         let slots = inputs.into_iter().map(|t| Slot::Owned(t.into_data())).collect();
-        self.execute(slots, env)
+        self.on_pool(slots, env)
     }
 
     /// A buffer of `len` elements of `dtype` from the pool (contents: whatever they
