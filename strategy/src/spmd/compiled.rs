@@ -341,6 +341,7 @@ impl Compiled<'_> {
         }
         let devices = self.devices.clone();
         let carry = self.carry.clone();
+        let communicates = self.part.launches() > 0;
         let nres = global.results().len();
         let run = run_replicas(
             self.strategy.runtime(),
@@ -359,7 +360,13 @@ impl Compiled<'_> {
                     .collect();
                 let coll = MeshCollectives::new(ctx);
                 let host = FirstReplicaHost(ctx);
-                let env = Env::local().with_collectives(&coll).with_host(&host);
+                // A program that does not communicate (one device) runs without
+                // collectives, which lets it run on the kernels' pool.
+                let env = if communicates {
+                    Env::local().with_collectives(&coll).with_host(&host)
+                } else {
+                    Env::local().with_host(&host)
+                };
                 let out = d.exe.run_owned(inputs, &env)?;
                 let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
                 for &(r, p) in &carry {
