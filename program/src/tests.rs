@@ -376,6 +376,20 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
     ];
     assert_eq!(reference::evaluate(&p, &feed).unwrap()[0].spec().to_string(), "f64[1,0,3,4]");
     assert_eq!(crate::fast::evaluate(&p, &feed).unwrap()[0].spec().to_string(), "f64[1,0,3,4]");
+    // Softmax over an empty axis or of an empty array is empty, in both.
+    for (shape, axis) in [("f32[3,0]", -1), ("f32[0,4]", -1), ("f64[3,0]", 0)] {
+        let mut b = Builder::new();
+        let x = b.param("x", spec(shape)).unwrap();
+        let y = b.softmax(x, axis).unwrap();
+        let z = b.log_softmax(x, axis).unwrap();
+        let p = b.finish(&[y, z]).unwrap();
+        let t = spec(shape);
+        let data =
+            if t.dtype == DType::F32 { crate::Data::F32(vec![]) } else { crate::Data::F64(vec![]) };
+        let feed = [Tensor::new(t.shape.clone(), data).unwrap()];
+        let want = reference::evaluate(&p, &feed).unwrap();
+        assert_eq!(crate::fast::evaluate(&p, &feed).unwrap(), want, "{shape}");
+    }
     // Ops that talk to other devices need an Env that has them.
     let mut b = Builder::new();
     let x = b.param("x", spec("f32[2]")).unwrap();
@@ -1065,4 +1079,76 @@ fn shard_slice_and_pad_use_the_replica_position() {
     let c = crate::Tensor::f64(&[2, 3], vec![1.0; 6]).unwrap();
     let out = crate::reference::evaluate_with(&v, &[x, c], &env).unwrap();
     assert_eq!(out[1].to_f64(), [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+}
+
+/// The fast interpreter's threaded paths against the reference, at sizes that take
+/// them with 2 threads: softmax rows spread over threads (>= 32Ki elements), a batch
+/// of products split over the batch, one product split inside the GEMM, and a narrow
+/// product kept on one thread.
+#[test]
+fn threaded_kernels_equal_the_reference() {
+    use crate::fast::{Executable, Options};
+    use crate::{Env, Tensor, reference};
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+            })
+            .collect()
+    };
+    for dtype in ["f32", "f64"] {
+        let mut b = Builder::new();
+        let x = b.param("x", spec(&format!("{dtype}[64,1024]"))).unwrap();
+        let q = b.param("q", spec(&format!("{dtype}[8,64,48]"))).unwrap();
+        let k = b.param("k", spec(&format!("{dtype}[8,48,64]"))).unwrap();
+        let w = b.param("w", spec(&format!("{dtype}[1024,256]"))).unwrap();
+        let v = b.param("v", spec(&format!("{dtype}[1024,8]"))).unwrap();
+        let sm = b.softmax(x, -1).unwrap();
+        let lsm = b.log_softmax(x, -1).unwrap();
+        let batched = b
+            .push(
+                Op::DotGeneral {
+                    lhs_contract: vec![2],
+                    rhs_contract: vec![1],
+                    lhs_batch: vec![0],
+                    rhs_batch: vec![0],
+                },
+                &[q, k],
+            )
+            .unwrap();
+        let wide = b.matmul(x, w).unwrap();
+        let narrow = b.matmul(x, v).unwrap();
+        let p = b.finish(&[sm, lsm, batched, wide, narrow]).unwrap();
+        let feed: Vec<Tensor> = p
+            .params()
+            .iter()
+            .map(|q| {
+                let d = q.spec.shape.dims();
+                let vals = noise(q.spec.shape.num_elements());
+                if dtype == "f32" {
+                    Tensor::f32(d, vals.iter().map(|&x| x as f32).collect()).unwrap()
+                } else {
+                    Tensor::f64(d, vals).unwrap()
+                }
+            })
+            .collect();
+        let want = reference::evaluate(&p, &feed).unwrap();
+        let exe = Executable::compile(&p, Options::default().threads(2));
+        let got = exe.run(&feed, &Env::local()).unwrap();
+        let tol = if dtype == "f32" { 1e-4 } else { 1e-12 };
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w) = (g.to_f64(), w.to_f64());
+            let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol * (1.0 + scale),
+                    "{dtype} result {r} [{i}]: {a} vs {b}"
+                );
+            }
+        }
+    }
 }

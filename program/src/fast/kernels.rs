@@ -341,8 +341,11 @@ pub(crate) fn softmax<T: Float>(
     let mut d = a.alloc(T::DTYPE, x.len());
     let out = T::slice_mut(&mut d);
     let (_, n, inner) = split(dims, axis);
+    if x.is_empty() || n == 0 {
+        return d;
+    }
     let threads = a.threads();
-    if inner == 1 && n > 0 && threads > 1 && x.len() >= 1 << 15 {
+    if inner == 1 && threads > 1 && x.len() >= 1 << 15 {
         let rows = x.len() / n;
         let per = rows.div_ceil(threads) * n;
         rayon::scope(|s| {

@@ -89,6 +89,15 @@ impl Options {
     }
 }
 
+/// An input of [`Executable::run_inputs`].
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// Taken: its buffer is reused once the program no longer reads it.
+    Owned(Tensor),
+    /// Only read.
+    Borrowed(&'a Tensor),
+}
+
 /// One step of the plan.
 #[derive(Debug, Clone)]
 enum Step {
@@ -293,6 +302,29 @@ impl Executable {
             return rayon::scope(|_| self.execute(slots, env));
         }
         self.execute(slots, env)
+    }
+
+    /// Runs the program on `inputs`, some taken ([`Input::Owned`]: their buffers are
+    /// reused once the program no longer reads them) and some only read
+    /// ([`Input::Borrowed`]: left as they were, whatever happens — what a caller keeps
+    /// across a run that may fail).
+    pub fn run_inputs(&self, inputs: Vec<Input<'_>>, env: &Env<'_>) -> Result<Vec<Tensor>> {
+        let views: Vec<&Tensor> = inputs
+            .iter()
+            .map(|t| match t {
+                Input::Owned(t) => t,
+                Input::Borrowed(t) => *t,
+            })
+            .collect();
+        reference::check_inputs(&self.program, &views)?;
+        let slots = inputs
+            .into_iter()
+            .map(|t| match t {
+                Input::Owned(t) => Slot::Owned(t.into_data()),
+                Input::Borrowed(t) => Slot::Borrowed(t.data()),
+            })
+            .collect();
+        self.on_pool(slots, env)
     }
 
     /// Runs the program on `inputs`, taking them: their buffers are reused once the

@@ -233,8 +233,8 @@ impl Layout {
     }
 
     /// The layout over `mesh` whose lowering is `hlo` (for a rank-`rank` value):
-    /// searched over every assignment of the mesh's axes to dims (in every order),
-    /// to pending sums or to nothing, preferring the fewest pending axes. Refused with
+    /// searched over every assignment of the mesh's axes to the dims `hlo` tiles (in
+    /// every order), to pending sums or to nothing, preferring the fewest pending axes. Refused with
     /// [`Error::NotOnMesh`] when no layout over this mesh lowers to `hlo` (its devices
     /// are not a product of the mesh's axes) or the mesh has more than 6 axes larger
     /// than 1.
@@ -244,8 +244,19 @@ impl Layout {
         if axes.len() > 6 {
             return Err(not_on_mesh());
         }
-        // Slot per axis: 0 unused, 1 pending, 2 + d on dim d.
-        let slots = rank + 2;
+        // Only dims the sharding tiles can take an axis: the search is over those, so
+        // its size depends on the mesh and the sharding, never on the rank alone.
+        let tiled: Vec<usize> = match hlo {
+            HloSharding::Tiled(t) => {
+                (0..t.data_dims().len()).filter(|&d| t.data_dims()[d] > 1).collect()
+            }
+            _ => Vec::new(),
+        };
+        if tiled.len() > axes.len() || tiled.iter().any(|&d| d >= rank) {
+            return Err(not_on_mesh());
+        }
+        // Slot per axis: 0 unused, 1 pending, 2 + j on dim `tiled[j]`.
+        let slots = tiled.len() + 2;
         let mut choice = vec![0usize; axes.len()];
         let mut best: Option<Layout> = None;
         loop {
@@ -255,7 +266,7 @@ impl Layout {
                 match s {
                     0 => {}
                     1 => partial.push(axes[k]),
-                    s => groups[s - 2].push(axes[k]),
+                    s => groups[tiled[s - 2]].push(axes[k]),
                 }
             }
             if best.as_ref().is_none_or(|b| partial.len() < b.partial.len())

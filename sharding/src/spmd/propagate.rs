@@ -83,10 +83,11 @@ pub fn propagate(
                     shape_rank: graph.shapes[v].len(),
                 });
             }
-            for axes in l.dims() {
-                if axes.iter().chain(l.partial()).any(|&x| x >= mesh.shape().len()) {
-                    return Err(Error::LayoutAxis { axis: usize::MAX, axes: mesh.shape().len() });
-                }
+            // Every axis a dim or the pending sum names (a scalar's too) is the mesh's.
+            if let Some(&axis) =
+                l.dims().iter().flatten().chain(l.partial()).find(|&&x| x >= mesh.shape().len())
+            {
+                return Err(Error::LayoutAxis { axis, axes: mesh.shape().len() });
             }
         }
     }

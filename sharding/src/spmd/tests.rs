@@ -43,6 +43,20 @@ fn layout_lowers_like_named_sharding_and_reads_back() {
     assert!(Layout::new(&m1, vec![vec![2]], vec![]).is_err());
 }
 
+/// Reading a layout back searches only the dims the sharding tiles: a rank-64 value
+/// on a 6-axis mesh is answered at once, and a sharding of another rank is refused.
+#[test]
+fn layouts_of_high_rank_read_back_at_once() {
+    let m = mesh(&[("a", 2), ("b", 2), ("c", 2), ("d", 2), ("e", 2), ("f", 2)]);
+    let mut dims = vec![Vec::new(); 64];
+    dims[0] = vec![0, 3];
+    dims[63] = vec![5];
+    let l = Layout::new(&m, dims, vec![1]).unwrap();
+    let hlo = l.to_hlo(&m).unwrap();
+    assert_eq!(Layout::from_hlo(&m, &hlo, 64).unwrap(), l);
+    assert!(matches!(Layout::from_hlo(&m, &hlo, 3), Err(Error::NotOnMesh { .. })));
+}
+
 #[test]
 fn axis_groups_vary_only_their_axes_in_order() {
     let m = mesh(&[("a", 2), ("b", 3)]);
@@ -142,6 +156,16 @@ fn propagation_goes_backward_through_reshapes_and_keeps_annotations() {
     let p = propagate(&m, &g, &ann).unwrap();
     assert_eq!(p.layouts[0], Layout::replicated(1));
     assert_eq!(p.layouts[2], lay(&m, &[&[0], &[]], &[]));
+    // An annotation naming an axis the mesh lacks is refused, a scalar's pending sum
+    // included, naming the axis.
+    let big = mesh(&[("x", 2), ("y", 2)]);
+    let g = Graph {
+        shapes: vec![vec![], vec![]],
+        zeros: vec![],
+        nodes: vec![node(OpRule::elementwise(&[&[]], &[]).unwrap(), &[0], 1)],
+    };
+    let err = propagate(&m, &g, &[Some(lay(&big, &[], &[1])), None]).unwrap_err();
+    assert_eq!(err, Error::LayoutAxis { axis: 1, axes: 1 });
 }
 
 #[test]

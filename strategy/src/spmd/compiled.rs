@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use meshwork_program::fast::{Executable, Options};
+use meshwork_program::fast::{Executable, Input, Options};
 use meshwork_program::{Env, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
@@ -77,6 +77,8 @@ struct Device {
     exe: Executable,
     resident: Vec<Option<Tensor>>,
     feed: Vec<Tensor>,
+    /// A step's carried results, `(parameter, value)`, until every device is done.
+    staged: Vec<(usize, Tensor)>,
     out: Vec<Tensor>,
 }
 
@@ -84,9 +86,12 @@ struct Device {
 /// resident: each device keeps its part of them between steps, a step moves only the
 /// other parameters in and the results that do not replace a parameter out.
 ///
-/// Built by [`Strategy::compile`]. A step hands the resident parts to the program by
-/// value (buffers are reused, never copied); if a step fails, the resident state is
-/// gone and every later call says so ([`Error::Compiled`]): set it again or restore it.
+/// Built by [`Strategy::compile`]. A step reads the resident parts in place (never
+/// copied) and keeps its carried results aside until every device has finished; only
+/// then do they replace the parameters (the old buffers go back to the devices' pools
+/// for the next step to write into). So a step that fails — a bad index in a batch, a
+/// failing peer — returns its error and leaves the resident state as it was, on every
+/// device. Calls are serialised: one step, read or write of the state at a time.
 pub struct Compiled<'s> {
     strategy: &'s Strategy,
     part: Partitioned,
@@ -95,7 +100,8 @@ pub struct Compiled<'s> {
     /// `(result, parameter)`: the result replaces the parameter after each step.
     carry: Vec<(usize, usize)>,
     resident: Vec<bool>,
-    poisoned: Mutex<Option<String>>,
+    /// Held through a step and through every read or write of the resident state.
+    busy: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -163,6 +169,7 @@ impl Strategy {
                     exe: Executable::compile(part.program(), options),
                     resident: vec![None; np],
                     feed: Vec::new(),
+                    staged: Vec::new(),
                     out: Vec::new(),
                 })
             })
@@ -178,7 +185,7 @@ impl Strategy {
             devices: Arc::new(devices),
             carry: pairs,
             resident,
-            poisoned: Mutex::new(None),
+            busy: Mutex::new(()),
         })
     }
 }
@@ -197,13 +204,6 @@ impl Compiled<'_> {
                 problem: "the program has no parameter of this name".into(),
             }
         })
-    }
-
-    pub(super) fn healthy(&self) -> Result<()> {
-        match &*lock(&self.poisoned) {
-            Some(why) => Err(Error::Compiled { problem: why.clone() }),
-            None => Ok(()),
-        }
     }
 
     /// Places resident parameter `name` on the devices (split by its layout).
@@ -231,21 +231,16 @@ impl Compiled<'_> {
         split(self.part.mesh(), &self.part.inputs()[k], value)
     }
 
-    /// Puts each resident parameter's parts (one per mesh position) on the devices;
-    /// a state poisoned by a failed step is healthy again once every resident part is
-    /// there.
+    /// Puts each resident parameter's parts (one per mesh position) on the devices.
     pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) {
+        let _busy = lock(&self.busy);
         for (k, parts) in parts {
             for (d, part) in self.devices.iter().zip(parts) {
-                lock(d).resident[k] = Some(part);
+                let mut d = lock(d);
+                if let Some(old) = d.resident[k].replace(part) {
+                    d.exe.recycle(vec![old]);
+                }
             }
-        }
-        let whole = self.devices.iter().all(|d| {
-            let d = lock(d);
-            (0..self.resident.len()).all(|p| !self.resident[p] || d.resident[p].is_some())
-        });
-        if whole {
-            *lock(&self.poisoned) = None;
         }
     }
 
@@ -254,9 +249,16 @@ impl Compiled<'_> {
         (0..self.resident.len()).filter(|&k| self.resident[k]).collect()
     }
 
-    /// Copies of resident parameter `k`'s parts, by mesh position.
-    pub(super) fn parts_of(&self, k: usize) -> Result<Vec<Tensor>> {
-        self.healthy()?;
+    /// Copies of every resident parameter's parts, by mesh position, taken at one
+    /// instant (no step between them).
+    pub(super) fn snapshot(&self) -> Result<Vec<(usize, Vec<Tensor>)>> {
+        let _busy = lock(&self.busy);
+        self.resident_params().into_iter().map(|k| Ok((k, self.parts_of(k)?))).collect()
+    }
+
+    /// Copies of resident parameter `k`'s parts, by mesh position (the caller holds
+    /// `busy`).
+    fn parts_of(&self, k: usize) -> Result<Vec<Tensor>> {
         let name = &self.part.global().params()[k].name;
         self.devices
             .iter()
@@ -278,12 +280,14 @@ impl Compiled<'_> {
 
     /// Resident parameter `name`, assembled from the devices.
     pub fn get(&self, name: &str) -> Result<Tensor> {
-        self.healthy()?;
         let k = self.param(name)?;
         if !self.resident[k] {
             self.resident_only(name)?;
         }
-        let parts = self.parts_of(k)?;
+        let parts = {
+            let _busy = lock(&self.busy);
+            self.parts_of(k)?
+        };
         let shape = self.part.global().params()[k].spec.shape.dims().to_vec();
         join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts)
     }
@@ -297,7 +301,7 @@ impl Compiled<'_> {
     /// One step: `feeds` are the non-resident parameters in parameter order (split by
     /// their layouts); returns the results not carried into a parameter, assembled.
     pub fn step(&self, feeds: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.healthy()?;
+        let _busy = lock(&self.busy);
         let global = self.part.global();
         let fed: Vec<usize> = (0..global.params().len()).filter(|&k| !self.resident[k]).collect();
         if feeds.len() != fed.len() {
@@ -350,14 +354,20 @@ impl Compiled<'_> {
                 let mut d = lock(&devices[ctx.replica_id()]);
                 let d = &mut *d;
                 let mut feed = std::mem::take(&mut d.feed).into_iter();
-                let inputs: Vec<Tensor> = d
+                // Resident parts are read in place, feeds taken.
+                let inputs = d
                     .resident
-                    .iter_mut()
-                    .map(|slot| match slot.take() {
-                        Some(t) => t,
-                        None => feed.next().expect("one feed per non-resident parameter"),
+                    .iter()
+                    .map(|slot| match slot {
+                        Some(t) => Ok(Input::Borrowed(t)),
+                        None => feed.next().map(Input::Owned).ok_or_else(|| {
+                            meshwork_program::Error::Communication {
+                                at: "step".into(),
+                                problem: "a feed is missing (a partitioner bug)".into(),
+                            }
+                        }),
                     })
-                    .collect();
+                    .collect::<meshwork_program::Result<Vec<_>>>()?;
                 let coll = MeshCollectives::new(ctx);
                 let host = FirstReplicaHost(ctx);
                 // A program that does not communicate (one device) runs without
@@ -367,25 +377,32 @@ impl Compiled<'_> {
                 } else {
                     Env::local().with_host(&host)
                 };
-                let out = d.exe.run_owned(inputs, &env)?;
+                let out = d.exe.run_inputs(inputs, &env).map_err(|e| coll.failure(e))?;
                 let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
-                for &(r, p) in &carry {
-                    d.resident[p] = out[r].take();
-                }
+                d.staged =
+                    carry.iter().filter_map(|&(r, p)| out[r].take().map(|t| (p, t))).collect();
                 d.out = (0..nres).filter_map(|r| out[r].take()).collect();
                 Ok(())
             }),
         );
-        if let Err(e) = run {
-            *lock(&self.poisoned) = Some(format!(
-                "a step failed ({e}); the resident parameters were handed to it and are gone: \
-                 set them again or restore a checkpoint"
-            ));
-            for d in self.devices.iter() {
-                lock(d).resident.iter_mut().for_each(|s| *s = None);
+        // All devices or none: the carried results replace the parameters only now.
+        for d in self.devices.iter() {
+            let mut d = lock(d);
+            let d = &mut *d;
+            let staged = std::mem::take(&mut d.staged);
+            if run.is_ok() {
+                for (p, t) in staged {
+                    if let Some(old) = d.resident[p].replace(t) {
+                        d.exe.recycle(vec![old]);
+                    }
+                }
+            } else {
+                d.exe.recycle(staged.into_iter().map(|(_, t)| t).collect());
+                d.out.clear();
+                d.feed.clear();
             }
-            return Err(e);
         }
+        run?;
         let kept: Vec<usize> =
             (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
         let mut outs: Vec<Vec<Tensor>> =

@@ -58,11 +58,23 @@ pub(crate) fn from_exec(t: ExecTensor, as_bool: bool) -> meshwork_program::Resul
 pub(crate) struct MeshCollectives<'a> {
     pub(crate) ctx: &'a ReplicaContext,
     groups: Mutex<HashMap<Vec<Vec<usize>>, ReplicaGroups>>,
+    /// The executor's error when a collective failed because a peer had.
+    peer: Mutex<Option<meshwork_executor::Error>>,
 }
 
 impl<'a> MeshCollectives<'a> {
     pub(crate) fn new(ctx: &'a ReplicaContext) -> MeshCollectives<'a> {
-        MeshCollectives { ctx, groups: Mutex::default() }
+        MeshCollectives { ctx, groups: Mutex::default(), peer: Mutex::default() }
+    }
+
+    /// This replica's failure: the executor's `PeerFailed` when a collective failed
+    /// because another replica had (so the run reports that replica's error, not this
+    /// one's consequence), else `e`.
+    pub(crate) fn failure(&self, e: meshwork_program::Error) -> ReplicaError {
+        match self.peer.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            Some(peer) => ReplicaError::Peer(peer),
+            None => ReplicaError::Program(e),
+        }
     }
 
     fn groups(&self, groups: &[Vec<usize>]) -> meshwork_program::Result<ReplicaGroups> {
@@ -81,7 +93,13 @@ impl<'a> MeshCollectives<'a> {
         f: impl FnOnce(ExecTensor) -> meshwork_executor::Result<ExecTensor>,
     ) -> meshwork_program::Result<Tensor> {
         let as_bool = x.data().dtype() == meshwork_types::DType::Bool;
-        from_exec(f(to_exec(x)?).map_err(comm)?, as_bool)
+        let out = f(to_exec(x)?).map_err(|e| {
+            if matches!(e, meshwork_executor::Error::PeerFailed { .. }) {
+                *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
+            }
+            comm(e)
+        })?;
+        from_exec(out, as_bool)
     }
 }
 
@@ -289,8 +307,23 @@ fn layout_dtype(parts: &[Tensor]) -> meshwork_types::DType {
     parts[0].data().dtype()
 }
 
+/// How a replica's part of a run failed.
+pub(crate) enum ReplicaError {
+    /// Its program failed.
+    Program(meshwork_program::Error),
+    /// A collective failed because another replica had.
+    Peer(meshwork_executor::Error),
+}
+
+impl From<meshwork_program::Error> for ReplicaError {
+    fn from(e: meshwork_program::Error) -> ReplicaError {
+        ReplicaError::Program(e)
+    }
+}
+
 /// What one replica does in a run.
-pub(crate) type ReplicaStep = dyn Fn(&ReplicaContext) -> meshwork_program::Result<()> + Send + Sync;
+pub(crate) type ReplicaStep =
+    dyn Fn(&ReplicaContext) -> std::result::Result<(), ReplicaError> + Send + Sync;
 
 /// Runs `f` for every replica of a one-process executor run of `n` replicas on the
 /// devices `placement` names, keeping each replica's typed error so the run returns
@@ -305,7 +338,10 @@ pub(crate) fn run_replicas(
     let program: Arc<meshwork_executor::Program> =
         Arc::new(move |ctx: &ReplicaContext, _| match f(ctx) {
             Ok(()) => Ok(Vec::new()),
-            Err(e) => {
+            // The executor reports the replica that failed first, not the peers
+            // that failed because of it.
+            Err(ReplicaError::Peer(e)) => Err(e.into()),
+            Err(ReplicaError::Program(e)) => {
                 let msg = e.to_string();
                 s.lock().unwrap_or_else(PoisonError::into_inner).push((ctx.replica_id(), e));
                 Err(msg.into())
@@ -390,7 +426,7 @@ impl crate::Strategy {
                 let coll = MeshCollectives::new(ctx);
                 let host = FirstReplicaHost(ctx);
                 let env = Env::local().with_collectives(&coll).with_host(&host);
-                let out = exe.run_owned(inputs, &env)?;
+                let out = exe.run_owned(inputs, &env).map_err(|e| coll.failure(e))?;
                 *s[r].lock().unwrap_or_else(PoisonError::into_inner) = out;
                 Ok(())
             }),

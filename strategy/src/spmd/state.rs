@@ -236,14 +236,13 @@ impl Compiled<'_> {
 
     /// The resident state, copied off the devices, in this program's format.
     pub fn state(&self) -> Result<ResidentState> {
-        self.healthy()?;
         let key = self.format_key();
         let mut vars = Vec::new();
-        for k in self.resident_params() {
+        for (k, parts) in self.snapshot()? {
             let p = &self.partitioned().global().params()[k];
             let format =
                 VariableFormat::Sharded { key: key.clone(), sharding: self.sharding_of(k)? };
-            let var = var_of(p.spec.dtype, p.spec.shape.dims(), self.parts_of(k)?, format)?;
+            let var = var_of(p.spec.dtype, p.spec.shape.dims(), parts, format)?;
             vars.push((p.name.clone(), var));
         }
         Ok(ResidentState { vars, step: None })
@@ -298,10 +297,9 @@ impl Compiled<'_> {
     /// The checkpoint entries of the resident parameters: each position's distinct
     /// regions.
     fn entries(&self) -> Result<Vec<Entry>> {
-        self.healthy()?;
         let part = self.partitioned();
         let mut out = Vec::new();
-        for k in self.resident_params() {
+        for (k, parts) in self.snapshot()? {
             let p = &part.global().params()[k];
             if p.spec.dtype == DType::Bool {
                 return Err(Error::Compiled {
@@ -310,7 +308,6 @@ impl Compiled<'_> {
             }
             let sharding = self.sharding_of(k)?;
             let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
-            let parts = self.parts_of(k)?;
             let mut shards = Vec::new();
             for (r, (entry, t)) in index.into_iter().zip(parts).enumerate() {
                 if entry.replica_id == 0 {

@@ -648,3 +648,25 @@ fn a_pending_sum_wanted_sharded_is_reduce_scattered() {
     }
     close(&step.get("w").unwrap(), &reference.get("w").unwrap(), 1e-12).unwrap();
 }
+
+/// A step that fails on one device — a token id past the vocabulary in the rows only
+/// the second `data` replica holds — returns that error, leaves every device's weights
+/// and optimizer state as they were, and training goes on as JAX's.
+#[test]
+fn a_failed_step_leaves_the_resident_state_as_it_was() {
+    let adam = meshwork_program::Optimizer::adam();
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let (mut step, expected) = reference_step(&strategy, 2, 2, adam);
+    let mut losses = reference_steps(&mut step, 0..3, 0.01);
+    let before = step.state().unwrap();
+    let (_, _, _, batch) = files::reference_model();
+    let (_, m, tokens) = files::npy_i32(&files::testdata("tokens.npy"));
+    let mut rows = tokens[..batch * m].to_vec();
+    rows[(batch - 1) * m] = 1_000_000;
+    let err = step.step(&[Tensor::i32(&[batch, m], rows).unwrap()], 0.01).unwrap_err();
+    assert!(err.to_string().contains("take"), "{err}");
+    assert_eq!(step.steps(), 3);
+    assert_eq!(step.state().unwrap(), before);
+    losses.extend(reference_steps(&mut step, 3..20, 0.01));
+    assert_losses("2x2 after a failed step", &losses, &expected["losses_adam"]);
+}
