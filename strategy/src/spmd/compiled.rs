@@ -102,6 +102,8 @@ pub struct Compiled<'s> {
     resident: Vec<bool>,
     /// Held through a step and through every read or write of the resident state.
     busy: Mutex<()>,
+    /// Steps run.
+    runs: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -186,6 +188,7 @@ impl Strategy {
             carry: pairs,
             resident,
             busy: Mutex::new(()),
+            runs: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }
@@ -298,9 +301,22 @@ impl Compiled<'_> {
         (0..params.len()).filter(|&k| self.resident[k]).map(|k| params[k].name.clone()).collect()
     }
 
+    /// The steps run so far (successful ones).
+    pub fn steps(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// One step: `feeds` are the non-resident parameters in parameter order (split by
     /// their layouts); returns the results not carried into a parameter, assembled.
+    /// What the program `emit`s streams to the strategy's metrics
+    /// ([`Strategy::with_metrics`](crate::Strategy::with_metrics)) from mesh position 0,
+    /// tagged with the step's number ([`steps`](Self::steps) before it).
     pub fn step(&self, feeds: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.step_tagged(feeds, self.steps())
+    }
+
+    /// [`step`](Self::step), its emits tagged `tag`.
+    pub(super) fn step_tagged(&self, feeds: &[Tensor], tag: u64) -> Result<Vec<Tensor>> {
         let _busy = lock(&self.busy);
         let global = self.part.global();
         let fed: Vec<usize> = (0..global.params().len()).filter(|&k| !self.resident[k]).collect();
@@ -369,7 +385,7 @@ impl Compiled<'_> {
                     })
                     .collect::<meshwork_program::Result<Vec<_>>>()?;
                 let coll = MeshCollectives::new(ctx);
-                let host = FirstReplicaHost(ctx);
+                let host = FirstReplicaHost { ctx, step: tag };
                 // A program that does not communicate (one device) runs without
                 // collectives, which lets it run on the kernels' pool.
                 let env = if communicates {
@@ -403,6 +419,7 @@ impl Compiled<'_> {
             }
         }
         run?;
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let kept: Vec<usize> =
             (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
         let mut outs: Vec<Vec<Tensor>> =
@@ -505,11 +522,14 @@ impl CompiledTrainStep<'_> {
     }
 
     /// One step on `batch` (the model program's untrained parameters, in order) at
-    /// learning rate `lr`; returns the loss before the update.
+    /// learning rate `lr`; returns the loss before the update. What the model program
+    /// `emit`s (its metrics: `b.emit(&[loss, accuracy], id)`) streams through the
+    /// strategy's outfeed ([`Strategy::with_metrics`](crate::Strategy::with_metrics))
+    /// from mesh position 0, tagged with the step count.
     pub fn step(&mut self, batch: &[Tensor], lr: f64) -> Result<f64> {
         let mut feeds = batch.to_vec();
         feeds.extend(self.step.scalars(lr, self.steps)?);
-        let out = self.compiled.step(&feeds)?;
+        let out = self.compiled.step_tagged(&feeds, self.steps as u64)?;
         self.steps += 1;
         Ok(out[0].to_f64()[0])
     }

@@ -155,17 +155,24 @@ impl Collectives for MeshCollectives<'_> {
 }
 
 /// `emit` of an SPMD program: its operands are replicated, so replica 0 alone
-/// streams them to the strategy's metrics (the others' copies are the same).
-pub(crate) struct FirstReplicaHost<'a>(pub(crate) &'a ReplicaContext);
+/// streams them to the strategy's metrics (the others' copies are the same), tagged
+/// with the step, as [`StrategyContext::emit`](crate::StrategyContext::emit) tags them.
+pub(crate) struct FirstReplicaHost<'a> {
+    pub(crate) ctx: &'a ReplicaContext,
+    pub(crate) step: u64,
+}
 
 impl HostSink for FirstReplicaHost<'_> {
     fn emit(&self, consumer: u32, values: &[Tensor]) -> meshwork_program::Result<()> {
-        if self.0.replica_id() != 0 {
+        if self.ctx.replica_id() != 0 {
             return Ok(());
         }
-        let tensors =
-            values.iter().cloned().map(to_exec).collect::<meshwork_program::Result<Vec<_>>>()?;
-        self.0.emit(consumer, &tensors).map_err(comm)
+        let mut tensors = Vec::with_capacity(values.len() + 1);
+        tensors.push(ExecTensor::I64(ndarray::arr0(self.step as i64).into_dyn()));
+        for v in values {
+            tensors.push(to_exec(v.clone())?);
+        }
+        self.ctx.emit(consumer, &tensors).map_err(comm)
     }
 }
 
@@ -424,7 +431,7 @@ impl crate::Strategy {
                 let inputs =
                     std::mem::take(&mut *s[r].lock().unwrap_or_else(PoisonError::into_inner));
                 let coll = MeshCollectives::new(ctx);
-                let host = FirstReplicaHost(ctx);
+                let host = FirstReplicaHost { ctx, step: 0 };
                 let env = Env::local().with_collectives(&coll).with_host(&host);
                 let out = exe.run_owned(inputs, &env).map_err(|e| coll.failure(e))?;
                 *s[r].lock().unwrap_or_else(PoisonError::into_inner) = out;

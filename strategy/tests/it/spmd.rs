@@ -670,3 +670,68 @@ fn a_failed_step_leaves_the_resident_state_as_it_was() {
     losses.extend(reference_steps(&mut step, 3..20, 0.01));
     assert_losses("2x2 after a failed step", &losses, &expected["losses_adam"]);
 }
+
+/// What a model program `emit`s leaves a compiled step through the strategy's outfeed:
+/// one record per step from mesh position 0, tagged with the step count, equal to the
+/// loss the step returns.
+#[test]
+fn emitted_metrics_stream_through_the_outfeed_each_step() {
+    use meshwork_program::{Builder, Optimizer, nn};
+    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::{MetricEvent, MetricSpec};
+    use std::sync::{Arc, Mutex};
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[8,6]".parse().unwrap()).unwrap();
+    let labels = b.param("labels", "i32[8]".parse().unwrap()).unwrap();
+    let h = nn::linear(&mut b, x, 8, "w1", Some("b1")).unwrap();
+    let h = b.relu(h).unwrap();
+    let z = nn::linear(&mut b, h, 3, "w2", None).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut b, z, labels).unwrap();
+    let tok = b.emit(&[loss], 7).unwrap();
+    let program = b.finish(&[loss, tok]).unwrap();
+    let weights: Vec<Value> = (2..5).map(|k| Value(k as u32)).collect();
+    let events: Arc<Mutex<Vec<MetricEvent>>> = Arc::default();
+    let seen = events.clone();
+    let spec = MetricSpec { id: 7, name: "loss".into(), specs: vec!["f64[]".parse().unwrap()] };
+    let strategy = Strategy::data_parallel(4)
+        .unwrap()
+        .with_metrics(
+            &[spec],
+            Arc::new(move |e: &MetricEvent| seen.lock().unwrap().push(e.clone())),
+        )
+        .unwrap();
+    let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
+    let shardings = Shardings::new(mesh)
+        .with("x", "P('data')")
+        .and_then(|s| s.with("labels", "P('data')"))
+        .and_then(|s| s.with("w1", "P(None, 'model')"))
+        .and_then(|s| s.with("b1", "P('model')"))
+        .and_then(|s| s.with("w2", "P('model', None)"))
+        .unwrap();
+    let mut step =
+        strategy.compile_train_step(&program, loss, &weights, Optimizer::Sgd, &shardings).unwrap();
+    let mut seed = Rng(3);
+    let mut random = |d: &[usize]| {
+        let n = d.iter().product();
+        Tensor::f64(d, (0..n).map(|_| seed.below(2001) as f64 / 1000.0 - 1.0).collect()).unwrap()
+    };
+    for (name, dims) in [("w1", [6, 8]), ("w2", [8, 3])] {
+        step.set(name, &random(&dims)).unwrap();
+    }
+    step.set("b1", &random(&[8])).unwrap();
+    let mut losses = Vec::new();
+    for s in 0..5 {
+        let labels = Tensor::i32(&[8], (0..8).map(|i| (i + s) % 3).collect()).unwrap();
+        losses.push(step.step(&[random(&[8, 6]), labels], 0.1).unwrap());
+    }
+    strategy.flush_metrics(std::time::Duration::from_secs(10)).unwrap();
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 5, "{events:?}");
+    for (s, (e, loss)) in events.iter().zip(&losses).enumerate() {
+        assert_eq!((e.step, e.replica, e.consumer), (s as u64, 0, 7));
+        match &e.tensors[..] {
+            [meshwork_strategy::Tensor::F64(t)] => assert_eq!(t.iter().next(), Some(loss)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
