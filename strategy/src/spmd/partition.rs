@@ -242,6 +242,21 @@ pub fn partition_with(
             check_layout(program, mesh, v, l, &shapes[v])?;
         }
     }
+    // Parameters are fed and results returned whole on each device: neither can be a
+    // pending sum.
+    let pending = inputs.iter().enumerate().map(|(k, l)| (k, l, "parameter"));
+    let results = program.results().iter().zip(outputs).map(|(r, l)| (r.index(), l, "result"));
+    for (v, l, what) in pending.chain(results) {
+        if l.as_ref().is_some_and(|l| !l.partial().is_empty()) {
+            return Err(Error::Partition {
+                value: value_name(program, v),
+                op: "layout",
+                problem: format!(
+                    "a {what} cannot be a pending sum (unreduced); give it a layout of whole values"
+                ),
+            });
+        }
+    }
     let prop = propagate(mesh, &graph, &ann)?;
     for (v, l) in prop.layouts.iter().enumerate() {
         check_layout(program, mesh, v, l, &shapes[v])?;

@@ -735,3 +735,125 @@ fn emitted_metrics_stream_through_the_outfeed_each_step() {
         }
     }
 }
+
+/// What the partitioner and a compiled program cannot do is a typed error that says
+/// what and where: an indivisible dim (naming the value and dim, also for a value
+/// inside the program), a layout of the wrong rank or another mesh, a pending
+/// parameter or result, a program that already communicates, a spec for no parameter,
+/// a carry of another spec, feeds of the wrong count or spec, a resident parameter
+/// never set.
+#[test]
+fn what_cannot_be_partitioned_is_a_typed_error() {
+    use meshwork_program::Builder;
+    use meshwork_strategy::Error;
+    use meshwork_strategy::spmd::Shardings;
+    let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
+    let layout = |spec: &str, rank| Layout::from_spec(&mesh, &spec.parse().unwrap(), rank).unwrap();
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[5,4]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f64[4,6]".parse().unwrap()).unwrap();
+    let z = b.matmul(x, w).unwrap();
+    let z = b.name(z, "z").unwrap();
+    let r = b.reshape(z, &[3, 10]).unwrap();
+    let program = b.finish(&[r]).unwrap();
+
+    let err = partition(&program, &mesh, &[Some(layout("P('data')", 2)), None], &[None]);
+    let err = err.unwrap_err();
+    assert!(
+        matches!(&err, Error::Indivisible { value, dim: 0, size: 5, tiles: 2 } if value == "x"),
+        "{err}"
+    );
+    // z [5, 6] tiled on dim 1 by w's columns is fine; asking the result [3, 10] for
+    // rows over data is not.
+    let err = partition(
+        &program,
+        &mesh,
+        &[None, Some(layout("P(None, 'model')", 2))],
+        &[Some(layout("P('data')", 2))],
+    )
+    .unwrap_err();
+    assert!(matches!(&err, Error::Indivisible { dim: 0, size: 3, tiles: 2, .. }), "{err}");
+    let err = partition(&program, &mesh, &[Some(layout("P()", 3)), None], &[None]).unwrap_err();
+    assert!(err.to_string().contains("a rank-3 layout for a rank-2 value"), "{err}");
+    let other = Mesh::iota(&[("a", 2), ("b", 2), ("c", 2)]).unwrap();
+    let far = Layout::from_spec(&other, &"P('c')".parse().unwrap(), 2).unwrap();
+    let err = partition(&program, &mesh, &[Some(far), None], &[None]).unwrap_err();
+    assert!(err.to_string().contains("another mesh"), "{err}");
+    let pending = Layout::new(&mesh, vec![vec![], vec![]], vec![1]).unwrap();
+    let err = partition(&program, &mesh, &[Some(pending.clone()), None], &[None]).unwrap_err();
+    assert!(err.to_string().contains("x (layout): a parameter cannot be a pending sum"), "{err}");
+    let err = partition(&program, &mesh, &[None, None], &[Some(pending)]).unwrap_err();
+    assert!(err.to_string().contains("a result cannot be a pending sum"), "{err}");
+    let err = partition(&program, &mesh, &[None], &[None]).unwrap_err();
+    assert!(err.to_string().contains("1 input and 1 output layouts"), "{err}");
+
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4]".parse().unwrap()).unwrap();
+    let s = b.all_reduce(x, meshwork_strategy::ReduceOp::Sum, &[vec![0, 1]]).unwrap();
+    let communicating = b.finish(&[s]).unwrap();
+    let err = partition(&communicating, &mesh, &[None], &[None]).unwrap_err();
+    assert!(err.to_string().contains("already communicates"), "{err}");
+
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let unknown = Shardings::new(mesh.clone()).with("y", "P('data')").unwrap();
+    let err = strategy.compile(&program, &unknown, &[]).err().unwrap();
+    assert!(err.to_string().contains("no parameter of this name"), "{err}");
+    let shardings = Shardings::new(mesh.clone());
+    let err = strategy.compile(&program, &shardings, &[(0, "w")]).err().unwrap();
+    assert!(err.to_string().contains("result 0 is not of the parameter's spec"), "{err}");
+    let err = strategy.compile(&program, &shardings, &[(3, "w")]).err().unwrap();
+    assert!(err.to_string().contains("carried from result 3; the program has 1"), "{err}");
+
+    // A program whose result carries into w: feeds and resident state checked.
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,6]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f64[4,6]".parse().unwrap()).unwrap();
+    let y = b.add(x, w).unwrap();
+    let s = b.reduce_sum(y, &[0, 1], false).unwrap();
+    let program = b.finish(&[s, y]).unwrap();
+    let compiled = strategy.compile(&program, &shardings, &[(1, "w")]).unwrap();
+    let feed = Tensor::f64(&[4, 6], vec![1.0; 24]).unwrap();
+    let err = compiled.step(std::slice::from_ref(&feed)).unwrap_err();
+    assert!(err.to_string().contains("resident parameter w was never set"), "{err}");
+    compiled.set("w", &feed).unwrap();
+    let err = compiled.step(&[]).unwrap_err();
+    assert!(err.to_string().contains("0 feeds for 1 non-resident parameters"), "{err}");
+    let wrong = Tensor::f64(&[6, 4], vec![1.0; 24]).unwrap();
+    let err = compiled.step(std::slice::from_ref(&wrong)).unwrap_err();
+    assert!(err.to_string().contains("fed f64[6,4], the parameter is f64[4,6]"), "{err}");
+    let err = compiled.set("w", &wrong).unwrap_err();
+    assert!(err.to_string().contains("given f64[6,4], the parameter is f64[4,6]"), "{err}");
+    let err = compiled.set("x", &feed).unwrap_err();
+    assert!(err.to_string().contains("not a resident parameter"), "{err}");
+    // None of it changed anything: two steps add x twice.
+    assert_eq!(compiled.step(std::slice::from_ref(&feed)).unwrap()[0].to_f64(), [48.0]);
+    assert_eq!(compiled.step(std::slice::from_ref(&feed)).unwrap()[0].to_f64(), [72.0]);
+    assert_eq!(compiled.steps(), 2);
+}
+
+/// The reference transformer's compiled training step, Megatron over `model`: every
+/// collective over `model` is an all-reduce, two per decoder block each way (4 per
+/// block in all, nothing for the embeddings, final norm or unembedding); over `data`,
+/// one launch per step carries every gradient and the loss.
+#[test]
+fn the_reference_transformer_step_has_megatrons_collectives() {
+    let (expected, _, _, _) = files::reference_model();
+    let layers = expected["config"]["layers"].as_u64().unwrap() as usize;
+    for (d, m) in [(1, 2), (2, 2), (2, 1)] {
+        let strategy = Strategy::data_parallel(d * m).unwrap();
+        let (step, _) = reference_step(&strategy, d, m, meshwork_program::Optimizer::adam());
+        let part = step.compiled().partitioned();
+        let on = |axis: &str| -> Vec<&meshwork_strategy::spmd::Collective> {
+            part.collectives().iter().filter(|c| c.axes == [axis.to_string()]).collect()
+        };
+        let model = on("model");
+        assert!(model.iter().all(|c| c.op == "all_reduce"), "{d}x{m}: {model:?}");
+        assert_eq!(model.len(), if m > 1 { 4 * layers } else { 0 }, "{d}x{m}: {model:?}");
+        let data: std::collections::BTreeSet<usize> = on("data").iter().map(|c| c.launch).collect();
+        assert_eq!(data.len(), usize::from(d > 1), "{d}x{m}");
+        assert!(on("data").iter().all(|c| c.op == "all_reduce"));
+        // Nothing else moves: every collective is over one of the two axes.
+        assert_eq!(model.len() + on("data").len(), part.collectives().len());
+        assert_eq!(part.launches(), model.len() + data.len());
+    }
+}
