@@ -73,3 +73,6 @@ pub fn megatron_spec(name: &str, rank: usize) -> PartitionSpec {
         PartitionSpec::replicated()
     }
 }
+
+#[cfg(test)]
+mod tests;
