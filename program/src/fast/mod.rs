@@ -39,6 +39,7 @@ use std::sync::Mutex;
 use meshwork_types::DType;
 
 use self::float::Float;
+pub use self::float::{exp_f32, tanh_f32};
 use self::kernels::{Alloc, Conv};
 use crate::env::{Env, communicate};
 use crate::op::Op;
