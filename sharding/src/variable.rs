@@ -64,7 +64,9 @@ impl<T: Copy + Default + Send + Sync> ReshardableVariable<T> {
 
     /// A variable whose data is already laid out in `format`: `shards` in its
     /// sharding's index-map order, one per device (a compiled program's resident
-    /// parts). The default format takes the whole value as its one shard. A shard
+    /// parts). The default format takes the whole value as its one shard. Copies of a
+    /// replicated region are taken as given (nothing checks that they agree; reading
+    /// the value assembles each region from its first holder). A shard
     /// count or shape other than the sharding's regions' in `mode` is refused
     /// ([`Error::ShardCount`], [`Error::ShardShape`]), as is an indivisible shape in
     /// strict mode.

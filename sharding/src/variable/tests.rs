@@ -72,9 +72,48 @@ proptest! {
             prop_assert_eq!(var.value()?, value());
         }
     }
+
+    /// A variable made from any sharding's shards of a value (strict or uneven) reads
+    /// back that value, equals the one resharded into that format, and moves to
+    /// another format and back unchanged; one shard too few is refused.
+    #[test]
+    fn prop_variables_from_shards_roundtrip(
+        (from, to, shape) in crate::testing::named_sharding(2).prop_flat_map(|a| {
+            let rank2 = crate::testing::named_sharding(2);
+            (Just(a), rank2, crate::testing::any_shape(2))
+        }),
+        uneven in any::<bool>(),
+    ) {
+        let mode = if uneven { Mode::Uneven } else { Mode::Strict };
+        let n: usize = shape.iter().product();
+        let value = ArrayD::from_shape_vec(IxDyn(&shape), (0..n as i64).collect()).unwrap();
+        let (Ok(a), Ok(b)) = (from.to_sharding(2), to.to_sharding(2)) else {
+            return Ok(());
+        };
+        if a.index_map(&shape, mode).is_err() || b.index_map(&shape, mode).is_err() {
+            return Ok(());
+        }
+        let fa = VariableFormat::Sharded { key: "a".into(), sharding: a.clone() };
+        let fb = VariableFormat::Sharded { key: "b".into(), sharding: b };
+        let shards: Vec<ArrayD<i64>> =
+            shard(&value.view(), &a, mode).unwrap().into_iter().map(|s| s.data).collect();
+        let mut var =
+            ReshardableVariable::from_shards(shape.clone(), shards.clone(), fa.clone(), mode)?;
+        prop_assert_eq!(var.value()?, value.clone());
+        let mut want = ReshardableVariable::new(value.clone(), mode);
+        want.reshard(fa.clone())?;
+        prop_assert_eq!(&var, &want);
+        prop_assert!(var.reshard(fb)?);
+        prop_assert!(var.reshard(fa)?);
+        prop_assert_eq!(var.shards().unwrap(), &shards[..]);
+        let fewer = shards[1..].to_vec();
+        let fa = VariableFormat::Sharded { key: "a".into(), sharding: a };
+        prop_assert!(ReshardableVariable::from_shards(shape, fewer, fa, mode).is_err());
+    }
 }
 
-/// Shards made elsewhere (a device's parts) become a variable in their format: it
+/// Shards made elsewhere (a device's parts) become a variable in their format (replicas
+/// of a region are taken as given: nothing checks that they agree): it
 /// reads back the value they tile and moves between formats like one resharded there;
 /// a wrong count or shape is refused.
 #[test]

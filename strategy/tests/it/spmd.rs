@@ -857,3 +857,37 @@ fn the_reference_transformer_step_has_megatrons_collectives() {
         assert_eq!(part.launches(), model.len() + data.len());
     }
 }
+
+/// A strategy's checkpoint (its variables split over logical devices) restores into a
+/// compiled program's resident parameters of the same names, on another layout.
+#[test]
+fn a_strategy_checkpoint_restores_into_a_compiled_program() {
+    use meshwork_program::Builder;
+    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::{DeviceAssignment, Topology, VariableOptions};
+    let value: Vec<f64> = (0..24).map(|k| k as f64 * 0.25 - 3.0).collect();
+    let topology = Topology::new(vec![4], 4).unwrap();
+    let assignment = DeviceAssignment::build(&topology, &[2], None).unwrap();
+    let host = Strategy::new(assignment).unwrap();
+    let options = VariableOptions {
+        layout: meshwork_strategy::Layout::Split(vec![2, 1]),
+        ..VariableOptions::default()
+    };
+    let w = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[4, 6]), value.clone()).unwrap();
+    host.create_variable("w", meshwork_strategy::Tensor::F64(w), options).unwrap();
+    let dir = temp_dir("from-strategy");
+    host.save_checkpoint(&dir).unwrap();
+
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,6]".parse().unwrap()).unwrap();
+    let wv = b.param("w", "f64[4,6]".parse().unwrap()).unwrap();
+    let y = b.add(x, wv).unwrap();
+    let program = b.finish(&[y]).unwrap();
+    let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
+    let shardings = Shardings::new(mesh).with("w", "P(('model', 'data'))").unwrap();
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let compiled = strategy.compile(&program, &shardings, &[(0, "w")]).unwrap();
+    compiled.restore_checkpoint(&dir).unwrap();
+    assert_eq!(compiled.get("w").unwrap().to_f64(), value);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
