@@ -302,26 +302,59 @@ fn layout_of(m: &Mesh, rank: usize, slots: &[usize], order: &[usize], pending: b
     Layout::new(m, dims, partial).unwrap()
 }
 
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b) * b
+}
+
+/// The bytes a step moves over all devices, worked out here from the mesh and the
+/// layout before it (not by `Step::bytes`): each device holds `local` bytes; among
+/// `k` devices an all-gather receives `(k-1)·local`, an all-to-all or reduce-scatter
+/// `(k-1)/k·local`, an all-reduce twice that, a slice nothing.
+fn bytes_of(m: &Mesh, shape: &[usize], elem: u64, before: &Layout, step: &Step) -> u64 {
+    let local: u64 = shape
+        .iter()
+        .enumerate()
+        .map(|(d, &s)| {
+            let t: usize = before.dims()[d].iter().map(|&a| m.shape()[a]).product();
+            (s / t) as u64
+        })
+        .product::<u64>()
+        * elem;
+    let k: u64 = step.axes().iter().map(|&a| m.shape()[a] as u64).product();
+    let per = match step {
+        Step::Slice { .. } => 0,
+        Step::AllGather { .. } => (k - 1) * local,
+        Step::AllToAll { .. } | Step::ReduceScatter { .. } => (k - 1) * local / k,
+        Step::AllReduce { .. } => 2 * (k - 1) * local / k,
+    };
+    per * m.size() as u64
+}
+
 fn case() -> impl Strategy<Value = (Mesh, Vec<usize>, Layout, Layout)> {
     (small_mesh(), 1..=3usize).prop_flat_map(|(m, rank)| {
         let n = m.shape().len();
         let perm = Just((0..n).collect::<Vec<_>>()).prop_shuffle();
         (
             Just(m),
-            proptest::collection::vec(1..=2usize, rank),
+            proptest::collection::vec(1..=3usize, rank),
             proptest::collection::vec(0..rank + 2, n),
             perm.clone(),
             proptest::collection::vec(0..rank + 2, n),
             perm,
         )
             .prop_map(move |(m, mult, s1, o1, s2, o2)| {
-                let all: usize = m.shape().iter().product();
-                let shape: Vec<usize> = mult.iter().map(|k| k * all).collect();
                 let from = layout_of(&m, rank, &s1, &o1, true);
                 let mut to = layout_of(&m, rank, &s2, &o2, true);
                 let keep: Vec<usize> =
                     to.partial().iter().copied().filter(|a| from.partial().contains(a)).collect();
                 to = Layout::new(&m, to.dims().to_vec(), keep).unwrap();
+                // Each dim a multiple of what both ends tile it by, and no more: other
+                // layouts on the way may not divide it, which the plans must avoid.
+                let (tf, tt) = (from.tiles(&m), to.tiles(&m));
+                let shape: Vec<usize> = (0..rank).map(|d| mult[d] * lcm(tf[d], tt[d])).collect();
                 (m, shape, from, to)
             })
     })
@@ -491,7 +524,7 @@ fn brute_force(m: &Mesh, shape: &[usize], from: &Layout, to: &Layout) -> u64 {
             if next.local_shape(m, shape).is_err() {
                 continue;
             }
-            let nc = cost + step.bytes(m, shape, 4, &c);
+            let nc = cost + bytes_of(m, shape, 4, &c, &step);
             let j = *ids.entry(next.clone()).or_insert_with(|| {
                 states.push(next.clone());
                 dist.push(u64::MAX);
@@ -517,6 +550,17 @@ proptest! {
         let x = ArrayD::from_shape_vec(IxDyn(&shape), (0..n).map(|i| i as f64).collect()).unwrap();
         let t = transition(&m, &shape, 4, &from, &to).unwrap();
         prop_assert_eq!(t.layouts().last().unwrap_or(&from), &to);
+        // Every layout on the way divides the shape (each device holds a real block).
+        for l in t.layouts() {
+            prop_assert!(l.local_shape(&m, &shape).is_ok(), "{:?} on the way", l);
+        }
+        let bytes: u64 = t
+            .steps()
+            .iter()
+            .zip(std::iter::once(&from).chain(t.layouts()))
+            .map(|(step, before)| bytes_of(&m, &shape, 4, before, step))
+            .sum();
+        prop_assert_eq!(t.bytes(), bytes);
         let devs = simulate(&m, t.steps(), lay_out(&m, &from, &x, seed));
         let regs = regions(&m, &to, &shape);
         for group in axis_groups(&m, to.partial()) {
@@ -533,6 +577,9 @@ proptest! {
         let x = ArrayD::from_shape_vec(IxDyn(&shape), (0..n).map(|i| i as f64).collect()).unwrap();
         let t = greedy(&m, &shape, 4, &from, &to).unwrap();
         prop_assert!(t.bytes() >= transition(&m, &shape, 4, &from, &to).unwrap().bytes());
+        for l in t.layouts() {
+            prop_assert!(l.local_shape(&m, &shape).is_ok(), "{:?} on the way", l);
+        }
         let devs = simulate(&m, t.steps(), lay_out(&m, &from, &x, seed));
         let regs = regions(&m, &to, &shape);
         for group in axis_groups(&m, to.partial()) {

@@ -438,10 +438,18 @@ pub fn greedy(
                     && is_prefix(&c.dims()[e], &t.dims()[e])
                     && if whole { next.starts_with(run) } else { next.first() == run.first() }
             };
+            // ... and only one whose result still divides the shape (a run that lands
+            // on a dim too small for it is gathered instead).
+            let divides = |e: usize, run: &[usize]| {
+                let step = Step::AllToAll { from: d, to: e, axes: run.to_vec() };
+                step.apply(&c).local_shape(mesh, shape).is_ok()
+            };
             let found = [true, false].into_iter().find_map(|whole| {
                 (keep..have.len()).find_map(|start| {
                     let run = &have[start..];
-                    (0..rank).find(|&e| wants(e, run, whole)).map(|e| (e, run.to_vec()))
+                    (0..rank)
+                        .find(|&e| wants(e, run, whole) && divides(e, run))
+                        .map(|e| (e, run.to_vec()))
                 })
             });
             if let Some((e, axes)) = found {
