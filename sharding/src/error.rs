@@ -313,6 +313,16 @@ pub enum Error {
         /// The mesh's axis count.
         axes: usize,
     },
+    /// A mesh position, or a dim of a layout, that is not there.
+    #[error("{what} {index} is out of range ({count} of them)")]
+    OutOfRange {
+        /// What was asked for (`mesh position`, `dim`).
+        what: &'static str,
+        /// Its index.
+        index: usize,
+        /// How many there are.
+        count: usize,
+    },
     /// No layout over the mesh lowers to this sharding.
     #[error("sharding {sharding} is not a layout over mesh {mesh}")]
     NotOnMesh {

@@ -340,9 +340,15 @@ impl Executable {
     /// were), or a fresh zeroed one: for filling an input of the next run, which
     /// [`run_owned`](Self::run_owned) gives back to the pool after its last use — so a
     /// loop that feeds a program this way reuses the same memory every step.
-    pub fn buffer(&self, dtype: DType, len: usize) -> Data {
+    ///
+    /// A dtype programs do not compute in is refused; `len` is the caller's to size
+    /// (a buffer as large as an input of the program it feeds).
+    pub fn buffer(&self, dtype: DType, len: usize) -> Result<Data> {
+        if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool) {
+            return Err(crate::Error::UnsupportedDType { at: "buffer".into(), dtype });
+        }
         let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len);
-        taken.unwrap_or_else(|| fresh(dtype, len))
+        Ok(taken.unwrap_or_else(|| fresh(dtype, len)))
     }
 
     /// Gives tensors (results of earlier runs no longer needed) back to the pool.

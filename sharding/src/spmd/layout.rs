@@ -164,15 +164,32 @@ impl Layout {
             .collect()
     }
 
-    /// Which block of dim `dim` device `device` (a mesh position) holds.
-    pub fn block(&self, mesh: &Mesh, device: usize, dim: usize) -> usize {
-        let c = coords(mesh, device);
-        block_of(mesh, &c, &self.dims[dim])
+    /// Which block of dim `dim` mesh position `device` holds (`0..tiles`).
+    pub fn block(&self, mesh: &Mesh, device: usize, dim: usize) -> Result<usize> {
+        self.position(mesh, device)?;
+        let axes = self.dims.get(dim).ok_or(Error::OutOfRange {
+            what: "dim",
+            index: dim,
+            count: self.rank(),
+        })?;
+        Ok(block_of(mesh, &coords(mesh, device), axes))
     }
 
-    /// The index ranges device `device` holds of a value of global `shape` (whose dims
-    /// the tiles must divide).
+    fn position(&self, mesh: &Mesh, device: usize) -> Result<()> {
+        if device >= mesh.size() {
+            return Err(Error::OutOfRange {
+                what: "mesh position",
+                index: device,
+                count: mesh.size(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The index ranges mesh position `device` holds of a value of global `shape`
+    /// (whose dims the tiles must divide).
     pub fn region(&self, mesh: &Mesh, shape: &[usize], device: usize) -> Result<Vec<Range<usize>>> {
+        self.position(mesh, device)?;
         let local = self.local_shape(mesh, shape)?;
         let c = coords(mesh, device);
         Ok((0..self.rank())

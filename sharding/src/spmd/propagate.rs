@@ -40,8 +40,10 @@ pub struct Propagation {
     pub factors: Vec<Vec<Vec<usize>>>,
 }
 
-/// How many forward+backward rounds run at most (each round that changes anything
-/// makes some value strictly more tiled, so rounds are bounded anyway).
+/// How many forward+backward rounds run at most. A round that changes a value makes it
+/// more tiled or changes only its pending axes; the cap bounds the second kind, and
+/// the final sweep gives every op a consistent layout whether or not the rounds
+/// settled (the cap costs quality, never correctness).
 const MAX_ROUNDS: usize = 64;
 
 /// Propagates shardings from `annotations` (one per value, `None` where the user left
@@ -51,8 +53,10 @@ const MAX_ROUNDS: usize = 64;
 /// * rounds of a forward pass (operands → results, in order) then a backward pass
 ///   (results → operands, in reverse) until nothing changes;
 /// * annotated values never change;
-/// * a value changes only to a strictly more tiled layout (more tiles), so the
-///   preference is "more tiled first" and the process ends;
+/// * a value changes only to a strictly more tiled layout (more tiles), or — same
+///   dims — to the pending axes its op now gives it, so the preference is "more tiled
+///   first"; rounds stop when nothing changes (at most 64, then a final forward sweep
+///   makes every result what its op gives);
 /// * within an op, each factor takes the most tiled candidate among the operands'
 ///   and result's layouts, operands first, then the result (XLA prefers operands
 ///   over users); two factors wanting one mesh axis go to the more tiled factor

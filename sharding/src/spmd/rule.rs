@@ -58,7 +58,7 @@ impl OpRule {
     /// A rule from its factors (`(size, kind)`), each operand's dims and the result's
     /// dims as factor indices. Refused ([`Error::BadRule`]) when a factor index is out
     /// of range or repeats within one operand or the result, when a `Sum` factor is in
-    /// the result, or when a `Pass` factor is in no operand and not in the result.
+    /// the result, or when a factor is in no operand and not in the result.
     pub fn new(
         factors: &[(usize, FactorKind)],
         operands: Vec<Vec<Vec<usize>>>,
@@ -85,6 +85,9 @@ impl OpRule {
             let in_result = result.iter().flatten().any(|&g| g == f);
             if kind == FactorKind::Sum && in_result {
                 return Err(rule_error("a summed factor cannot be in the result"));
+            }
+            if !in_result && !operands.iter().flatten().flatten().any(|&g| g == f) {
+                return Err(rule_error("a factor is in no operand and not in the result"));
             }
         }
         Ok(OpRule {
@@ -202,6 +205,9 @@ impl OpRule {
         let mut pair = |a: usize, b: usize, kind, factors: &mut Vec<(usize, FactorKind)>| {
             if a >= lhs.len() || b >= rhs.len() || lhs[a] != rhs[b] {
                 return Err(rule_error("paired dot_general dims differ in size"));
+            }
+            if l[a] != usize::MAX || r[b] != usize::MAX {
+                return Err(rule_error("a dot_general dim is paired twice"));
             }
             factors.push((lhs[a], kind));
             l[a] = factors.len() - 1;

@@ -29,6 +29,13 @@ fn layout_lowers_like_named_sharding_and_reads_back() {
     assert_eq!(hlo.to_string(), "{devices=[4,1,2]<=[2,4]T(1,0)}");
     assert_eq!(Layout::from_hlo(&m, &hlo, 3).unwrap(), l);
     assert_eq!(l.local_shape(&m, &[8, 3, 6]).unwrap(), [2, 3, 3]);
+    // Position 5 is (data 1, model 1): block 1 of dim 0 (model), block 1 of dim 2.
+    assert_eq!(l.region(&m, &[8, 3, 6], 5).unwrap(), [2..4, 0..3, 3..6]);
+    assert_eq!(l.block(&m, 5, 2).unwrap(), 1);
+    let out = |what, index, count| Error::OutOfRange { what, index, count };
+    assert_eq!(l.region(&m, &[8, 3, 6], 8), Err(out("mesh position", 8, 8)));
+    assert_eq!(l.block(&m, 9, 0), Err(out("mesh position", 9, 8)));
+    assert_eq!(l.block(&m, 1, 3), Err(out("dim", 3, 3)));
     assert_eq!(
         l.local_shape(&m, &[6, 3, 6]),
         Err(Error::Indivisible { dim: 0, size: 6, shards: 4 })
@@ -93,6 +100,17 @@ fn rules_describe_ops_as_factors() {
     assert_eq!(e.operands()[0], [vec![0], vec![]]);
     assert_eq!(e.operands()[1], [vec![1]]);
     assert!(OpRule::elementwise(&[&[3, 2]], &[3, 4]).is_err());
+    // A factor nothing uses, and a dim paired twice (which leaves one), are refused.
+    let orphan = OpRule::new(
+        &[(4, FactorKind::Pass), (2, FactorKind::Pass)],
+        vec![vec![vec![0]]],
+        vec![vec![0]],
+    );
+    assert_eq!(
+        orphan.unwrap_err(),
+        Error::BadRule { problem: "a factor is in no operand and not in the result" }
+    );
+    assert!(OpRule::dot_general(&[4, 4], &[4, 4], &[1, 1], &[0, 1], &[], &[]).is_err());
 }
 
 // ---- propagation ------------------------------------------------------------------

@@ -210,7 +210,7 @@ pub(crate) fn split_with(
     mesh: &Mesh,
     layout: &Layout,
     t: &Tensor,
-    take: impl Fn(usize, meshwork_types::DType, usize) -> Data,
+    take: impl Fn(usize, meshwork_types::DType, usize) -> meshwork_program::Result<Data>,
 ) -> Result<Vec<Tensor>> {
     let rank = t.shape().rank();
     let sharding = layout.to_named(mesh)?.to_sharding(rank)?;
@@ -218,7 +218,8 @@ pub(crate) fn split_with(
     let local = layout.local_shape(mesh, dims)?;
     let len: usize = local.iter().product();
     let dtype = t.data().dtype();
-    let mut bufs: Vec<Data> = (0..mesh.size()).map(|r| take(r, dtype, len)).collect();
+    let mut bufs: Vec<Data> =
+        (0..mesh.size()).map(|r| take(r, dtype, len)).collect::<meshwork_program::Result<_>>()?;
     fn fill<T: Copy + Send + Sync>(
         dims: &[usize],
         local: &[usize],
