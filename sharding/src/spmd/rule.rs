@@ -58,7 +58,8 @@ impl OpRule {
     /// A rule from its factors (`(size, kind)`), each operand's dims and the result's
     /// dims as factor indices. Refused ([`Error::BadRule`]) when a factor index is out
     /// of range or repeats within one operand or the result, when a `Sum` factor is in
-    /// the result, or when a factor is in no operand and not in the result.
+    /// the result. (A factor no dim names is inert: elementwise rules leave one for a
+    /// dim of size 1.)
     pub fn new(
         factors: &[(usize, FactorKind)],
         operands: Vec<Vec<Vec<usize>>>,
@@ -85,9 +86,6 @@ impl OpRule {
             let in_result = result.iter().flatten().any(|&g| g == f);
             if kind == FactorKind::Sum && in_result {
                 return Err(rule_error("a summed factor cannot be in the result"));
-            }
-            if !in_result && !operands.iter().flatten().flatten().any(|&g| g == f) {
-                return Err(rule_error("a factor is in no operand and not in the result"));
             }
         }
         Ok(OpRule {
