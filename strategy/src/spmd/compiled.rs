@@ -7,7 +7,9 @@ use meshwork_program::{Env, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
 
-use super::run::{FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with};
+use super::run::{
+    FeedPlan, FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with,
+};
 use super::{Partitioned, partition};
 use crate::{Error, Result, Strategy};
 
@@ -100,6 +102,8 @@ pub struct Compiled<'s> {
     /// `(result, parameter)`: the result replaces the parameter after each step.
     carry: Vec<(usize, usize)>,
     resident: Vec<bool>,
+    /// How each fed (non-resident) parameter is split, in parameter order.
+    feeds: Vec<(usize, FeedPlan)>,
     /// Held through a step and through every read or write of the resident state.
     busy: Mutex<()>,
     /// Steps run.
@@ -180,6 +184,13 @@ impl Strategy {
         for &(_, p) in &pairs {
             resident[p] = true;
         }
+        let feeds = (0..np)
+            .filter(|&k| !resident[k])
+            .map(|k| {
+                let shape = program.params()[k].spec.shape.dims();
+                Ok((k, FeedPlan::new(mesh, &part.inputs()[k], shape)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Compiled {
             strategy: self,
             part,
@@ -187,6 +198,7 @@ impl Strategy {
             devices: Arc::new(devices),
             carry: pairs,
             resident,
+            feeds,
             busy: Mutex::new(()),
             runs: std::sync::atomic::AtomicU64::new(0),
         })
@@ -319,7 +331,7 @@ impl Compiled<'_> {
     pub(super) fn step_tagged(&self, feeds: &[Tensor], tag: u64) -> Result<Vec<Tensor>> {
         let _busy = lock(&self.busy);
         let global = self.part.global();
-        let fed: Vec<usize> = (0..global.params().len()).filter(|&k| !self.resident[k]).collect();
+        let fed = &self.feeds;
         if feeds.len() != fed.len() {
             return Err(Error::Partition {
                 value: String::new(),
@@ -329,8 +341,8 @@ impl Compiled<'_> {
         }
         let mesh = self.part.mesh();
         let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
-        for (t, &k) in feeds.iter().zip(&fed) {
-            let p = &global.params()[k];
+        for (t, (k, plan)) in feeds.iter().zip(fed) {
+            let p = &global.params()[*k];
             if t.spec() != p.spec {
                 return Err(Error::Partition {
                     value: p.name.clone(),
@@ -339,7 +351,7 @@ impl Compiled<'_> {
                 });
             }
             let take = |r: usize, dtype, len| lock(&self.devices[r]).exe.buffer(dtype, len);
-            let parts = split_with(mesh, &self.part.inputs()[k], t, take)?;
+            let parts = split_with(plan, t, take)?;
             for (r, part) in parts.into_iter().enumerate() {
                 per[r].push(part);
             }

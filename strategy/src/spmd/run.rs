@@ -204,29 +204,52 @@ pub(crate) fn split(mesh: &Mesh, layout: &Layout, t: &Tensor) -> Result<Vec<Tens
     per.into_iter().map(|d| Ok(Tensor::new(local.clone(), d)?)).collect()
 }
 
-/// [`split`] into buffers `take(position, dtype, len)` hands out (a device's pool), so
-/// a loop feeding the same shapes every step writes into memory it already has.
+/// How a fed parameter is split, worked out once: its layout as a sharding over the
+/// mesh positions and each position's part's shape.
+#[derive(Debug, Clone)]
+pub(crate) struct FeedPlan {
+    sharding: meshwork_sharding::Sharding,
+    local: Vec<usize>,
+}
+
+impl FeedPlan {
+    /// The plan for a value of global `shape` laid out by `layout` over `mesh`.
+    pub(crate) fn new(mesh: &Mesh, layout: &Layout, shape: &[usize]) -> Result<FeedPlan> {
+        let sharding = layout.to_named(mesh)?.to_sharding(shape.len())?;
+        let local = layout.local_shape(mesh, shape)?;
+        Ok(FeedPlan { sharding, local })
+    }
+}
+
+/// [`split`] by `plan`, into buffers `take(position, dtype, len)` hands out (a device's
+/// pool), so a loop feeding the same shapes every step writes into memory it already
+/// has.
 pub(crate) fn split_with(
-    mesh: &Mesh,
-    layout: &Layout,
+    plan: &FeedPlan,
     t: &Tensor,
     take: impl Fn(usize, meshwork_types::DType, usize) -> meshwork_program::Result<Data>,
 ) -> Result<Vec<Tensor>> {
-    let rank = t.shape().rank();
-    let sharding = layout.to_named(mesh)?.to_sharding(rank)?;
     let dims = t.shape().dims();
-    let local = layout.local_shape(mesh, dims)?;
+    let local = &plan.local;
     let len: usize = local.iter().product();
     let dtype = t.data().dtype();
+    let n = plan.sharding.device_assignment().len();
     let mut bufs: Vec<Data> =
-        (0..mesh.size()).map(|r| take(r, dtype, len)).collect::<meshwork_program::Result<_>>()?;
+        (0..n).map(|r| take(r, dtype, len)).collect::<meshwork_program::Result<_>>()?;
     fn fill<T: Copy + Send + Sync>(
         dims: &[usize],
         local: &[usize],
         v: &[T],
         s: &meshwork_sharding::Sharding,
-        outs: Vec<&mut [T]>,
+        mut outs: Vec<&mut [T]>,
     ) -> Result<()> {
+        // One part (one device, or every device a whole copy): a plain copy.
+        if dims == local {
+            for o in outs.iter_mut() {
+                o.copy_from_slice(v);
+            }
+            return Ok(());
+        }
         let bad = |e: ndarray::ShapeError| Error::Partition {
             value: String::new(),
             op: "split",
@@ -252,7 +275,7 @@ pub(crate) fn split_with(
                     }),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            fill(dims, &local, $v, &sharding, outs)?
+            fill(dims, local, $v, &plan.sharding, outs)?
         }};
     }
     match t.data() {
@@ -262,7 +285,7 @@ pub(crate) fn split_with(
         Data::I64(v) => go!(I64, v),
         Data::Bool(v) => go!(Bool, v),
     }
-    let shape = Shape::new(&local)?;
+    let shape = Shape::new(local)?;
     bufs.into_iter().map(|d| Ok(Tensor::new(shape.clone(), d)?)).collect()
 }
 
