@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_program::fast::{Executable, Input, Options};
-use meshwork_program::{Env, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_program::{Env, Op, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
 
@@ -93,7 +93,9 @@ struct Device {
 /// then do they replace the parameters (the old buffers go back to the devices' pools
 /// for the next step to write into). So a step that fails — a bad index in a batch, a
 /// failing peer — returns its error and leaves the resident state as it was, on every
-/// device. Calls are serialised: one step, read or write of the state at a time.
+/// device. Calls are serialised: one step, read or write of the state at a time. A
+/// one-device program that neither communicates nor emits runs its step on the
+/// calling thread (no hand-over to the device's thread and back).
 pub struct Compiled<'s> {
     strategy: &'s Strategy,
     part: Partitioned,
@@ -104,6 +106,8 @@ pub struct Compiled<'s> {
     resident: Vec<bool>,
     /// How each fed (non-resident) parameter is split, in parameter order.
     feeds: Vec<(usize, FeedPlan)>,
+    /// Whether the program streams anything to the host (`emit`).
+    emits: bool,
     /// Held through a step and through every read or write of the resident state.
     busy: Mutex<()>,
     /// Steps run.
@@ -184,6 +188,7 @@ impl Strategy {
         for &(_, p) in &pairs {
             resident[p] = true;
         }
+        let emits = part.program().instrs().iter().any(|i| matches!(i.op, Op::Emit { .. }));
         let feeds = (0..np)
             .filter(|&k| !resident[k])
             .map(|k| {
@@ -199,6 +204,7 @@ impl Strategy {
             carry: pairs,
             resident,
             feeds,
+            emits,
             busy: Mutex::new(()),
             runs: std::sync::atomic::AtomicU64::new(0),
         })
@@ -375,44 +381,52 @@ impl Compiled<'_> {
         let carry = self.carry.clone();
         let communicates = self.part.launches() > 0;
         let nres = global.results().len();
-        let run = run_replicas(
-            self.strategy.runtime(),
-            &self.placement,
-            Arc::new(move |ctx| {
-                let mut d = lock(&devices[ctx.replica_id()]);
-                let d = &mut *d;
-                let mut feed = std::mem::take(&mut d.feed).into_iter();
-                // Resident parts are read in place, feeds taken.
-                let inputs = d
-                    .resident
-                    .iter()
-                    .map(|slot| match slot {
-                        Some(t) => Ok(Input::Borrowed(t)),
-                        None => feed.next().map(Input::Owned).ok_or_else(|| {
-                            meshwork_program::Error::Communication {
-                                at: "step".into(),
-                                problem: "a feed is missing (a partitioner bug)".into(),
-                            }
-                        }),
-                    })
-                    .collect::<meshwork_program::Result<Vec<_>>>()?;
-                let coll = MeshCollectives::new(ctx);
-                let host = FirstReplicaHost { ctx, step: tag };
-                // A program that does not communicate (one device) runs without
-                // collectives, which lets it run on the kernels' pool.
-                let env = if communicates {
-                    Env::local().with_collectives(&coll).with_host(&host)
-                } else {
-                    Env::local().with_host(&host)
-                };
-                let out = d.exe.run_inputs(inputs, &env).map_err(|e| coll.failure(e))?;
-                let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
-                d.staged =
-                    carry.iter().filter_map(|&(r, p)| out[r].take().map(|t| (p, t))).collect();
-                d.out = (0..nres).filter_map(|r| out[r].take()).collect();
-                Ok(())
-            }),
-        );
+        // One device's share of the step, given what it may talk to.
+        let device_step = move |d: &mut Device, env: &Env<'_>| -> meshwork_program::Result<()> {
+            let mut feed = std::mem::take(&mut d.feed).into_iter();
+            // Resident parts are read in place, feeds taken.
+            let inputs = d
+                .resident
+                .iter()
+                .map(|slot| match slot {
+                    Some(t) => Ok(Input::Borrowed(t)),
+                    None => feed.next().map(Input::Owned).ok_or_else(|| {
+                        meshwork_program::Error::Communication {
+                            at: "step".into(),
+                            problem: "a feed is missing (a partitioner bug)".into(),
+                        }
+                    }),
+                })
+                .collect::<meshwork_program::Result<Vec<_>>>()?;
+            let out = d.exe.run_inputs(inputs, env)?;
+            let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
+            d.staged = carry.iter().filter_map(|&(r, p)| out[r].take().map(|t| (p, t))).collect();
+            d.out = (0..nres).filter_map(|r| out[r].take()).collect();
+            Ok(())
+        };
+        let run = if self.devices.len() == 1 && !communicates && !self.emits {
+            // Nothing to meet or stream: the one device's work runs here, without
+            // the hand-over to its thread and back.
+            device_step(&mut lock(&devices[0]), &Env::local()).map_err(Error::from)
+        } else {
+            run_replicas(
+                self.strategy.runtime(),
+                &self.placement,
+                Arc::new(move |ctx| {
+                    let mut d = lock(&devices[ctx.replica_id()]);
+                    let coll = MeshCollectives::new(ctx);
+                    let host = FirstReplicaHost { ctx, step: tag };
+                    // A program that does not communicate (one device) runs without
+                    // collectives, which lets it run on the kernels' pool.
+                    let env = if communicates {
+                        Env::local().with_collectives(&coll).with_host(&host)
+                    } else {
+                        Env::local().with_host(&host)
+                    };
+                    device_step(&mut d, &env).map_err(|e| coll.failure(e))
+                }),
+            )
+        };
         // All devices or none: the carried results replace the parameters only now.
         for d in self.devices.iter() {
             let mut d = lock(d);
