@@ -1083,8 +1083,8 @@ fn shard_slice_and_pad_use_the_replica_position() {
 
 /// The fast interpreter's threaded paths against the reference, at sizes that take
 /// them with 2 threads: softmax rows spread over threads (>= 32Ki elements), a batch
-/// of products split over the batch, one product split inside the GEMM, and a narrow
-/// product kept on one thread.
+/// of products split over the batch, a product of many rows split by rows, one split
+/// inside the GEMM, and a narrow product kept on one thread.
 #[test]
 fn threaded_kernels_equal_the_reference() {
     use crate::fast::{Executable, Options};
@@ -1122,7 +1122,21 @@ fn threaded_kernels_equal_the_reference() {
             .unwrap();
         let wide = b.matmul(x, w).unwrap();
         let narrow = b.matmul(x, v).unwrap();
-        let p = b.finish(&[sm, lsm, batched, wide, narrow]).unwrap();
+        // Many rows (301, split unevenly over the threads), the rhs transposed.
+        let t = b.param("t", spec(&format!("{dtype}[301,64]"))).unwrap();
+        let u = b.param("u", spec(&format!("{dtype}[96,64]"))).unwrap();
+        let tall = b
+            .push(
+                Op::DotGeneral {
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![1],
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                },
+                &[t, u],
+            )
+            .unwrap();
+        let p = b.finish(&[sm, lsm, batched, wide, narrow, tall]).unwrap();
         let feed: Vec<Tensor> = p
             .params()
             .iter()

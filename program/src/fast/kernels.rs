@@ -482,36 +482,41 @@ pub(crate) fn gemm<T: Float>(
     assert!(last(&lhs, m, k) < lhs.data.len(), "lhs strides outside its buffer");
     assert!(last(&rhs, k, n) < rhs.data.len(), "rhs strides outside its buffer");
     // Threads: a batch of products splits over the batch (each product on one
-    // thread); one product splits inside `gemm`, which divides the output's columns —
-    // a narrow output (few columns) does not split well and stays on one thread.
-    // Measured on 2 cores (f32, µs): 256×1024×16 1 thread 101, 2 threads 253;
-    // 256×16×1024 103 / 64; 256×256×1024 1316 / 736.
+    // thread); one product with many rows splits its rows (each part a product on one
+    // thread, sharing the right operand); else one product splits inside `gemm`, which
+    // divides the output's columns — a narrow output (few columns) does not split
+    // well and stays on one thread. Measured on 2 cores (f32, medians, GFLOP/s):
+    // 1024³ rows 151 / gemm's split 134; 2048×256×1024 173 / 151; 512³ 191 / 176;
+    // 256×256×1024 138 / 137; 256×1024×16 one thread 2.5× faster than two.
     let work = m * n * k;
-    let split_batches = threads > 1 && batches > 1 && batches * work >= 64 * 64 * 64;
-    let par = if threads > 1 && batches == 1 && work >= 64 * 64 * 64 && n >= 64 * threads {
+    let big = threads > 1 && work >= 64 * 64 * 64;
+    let split_batches = big && batches > 1;
+    let split_rows = big && batches == 1 && m >= 128 * threads;
+    let par = if big && batches == 1 && n >= 64 * threads {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    let one = |b: usize, dst: &mut [T], par: gemm::Parallelism| {
+    // Product `b`'s rows `r0..r0 + rows` into `dst` (those rows of its output).
+    let one = |b: usize, r0: usize, rows: usize, dst: &mut [T], par: gemm::Parallelism| {
         let as_isize = |x: usize| isize::try_from(x).expect("a stride inside a buffer fits isize");
-        // SAFETY: `dst` is an exclusive m×n row-major block (row stride n, column stride
-        // 1). The lhs reads `b·batch + i·row + j·col` for i < m, j < k and the rhs
-        // `b·batch + i·row + j·col` for i < k, j < n; the largest of these was checked
-        // above to be inside each operand's slice (b < batches), and the slices are
-        // borrowed (so live and unaliased by `dst`) for the call. With `read_dst`
-        // false, `dst` is written, never read, so its prior contents (a pooled buffer)
-        // do not matter.
+        // SAFETY: `dst` is an exclusive rows×n row-major block (row stride n, column
+        // stride 1). The lhs reads `b·batch + i·row + j·col` for r0 <= i < r0 + rows <= m,
+        // j < k and the rhs `b·batch + i·row + j·col` for i < k, j < n; the largest of
+        // these was checked above to be inside each operand's slice (b < batches), and
+        // the slices are borrowed (so live and unaliased by `dst`) for the call. With
+        // `read_dst` false, `dst` is written, never read, so its prior contents (a
+        // pooled buffer) do not matter.
         unsafe {
             gemm::gemm(
-                m,
+                rows,
                 n,
                 k,
                 dst.as_mut_ptr(),
                 1,
                 as_isize(n),
                 false,
-                lhs.data.as_ptr().add(b * lhs.batch),
+                lhs.data.as_ptr().add(b * lhs.batch + r0 * lhs.row),
                 as_isize(lhs.col),
                 as_isize(lhs.row),
                 rhs.data.as_ptr().add(b * rhs.batch),
@@ -534,15 +539,26 @@ pub(crate) fn gemm<T: Float>(
                 let one = &one;
                 s.spawn(move |_| {
                     for (j, dst) in run.chunks_mut(m * n).enumerate() {
-                        one(g * per + j, dst, gemm::Parallelism::None);
+                        one(g * per + j, 0, m, dst, gemm::Parallelism::None);
                     }
                 });
             }
         });
         return;
     }
+    if split_rows {
+        // Contiguous runs of rows, one run per thread.
+        let per = m.div_ceil(threads);
+        rayon::scope(|s| {
+            for (g, dst) in out.chunks_mut(per * n).enumerate() {
+                let one = &one;
+                s.spawn(move |_| one(0, g * per, dst.len() / n, dst, gemm::Parallelism::None));
+            }
+        });
+        return;
+    }
     for (b, dst) in out.chunks_mut(m * n).enumerate() {
-        one(b, dst, par);
+        one(b, 0, m, dst, par);
     }
 }
 
