@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -29,6 +29,9 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A runtime is reusable: a failed run leaves the devices ready for the next one.
 pub struct Runtime {
     devices: Vec<Sender<Job>>,
+    /// Held while a run queues its replicas, so two runs from two threads queue in the
+    /// same order on every device and never wait on each other's collectives.
+    enqueue: Mutex<()>,
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
     sink: Option<Arc<dyn OutfeedSink>>,
@@ -60,6 +63,7 @@ impl Runtime {
         }
         Ok(Runtime {
             devices: senders,
+            enqueue: Mutex::new(()),
             threads,
             timeout: Runtime::DEFAULT_TIMEOUT,
             sink: None,
@@ -149,6 +153,7 @@ impl Runtime {
         let base = net.as_ref().map_or(0, |n| n.base());
         let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base));
         let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
+        let queuing = self.enqueue.lock().unwrap_or_else(PoisonError::into_inner);
         for (r, input) in inputs.into_iter().enumerate() {
             let device = placement[r];
             let (job_hub, program, done, sink, net) =
@@ -191,6 +196,7 @@ impl Runtime {
                 ));
             }
         }
+        drop(queuing);
         drop(done_tx);
         let mut outputs: Vec<Option<Vec<Tensor>>> = vec![None; replicas];
         let mut errors: Vec<(usize, Error)> = Vec::new();

@@ -441,7 +441,7 @@ pub(crate) fn read(
         let name = field(f, "name", &index_path)?
             .as_str()
             .ok_or_else(|| corrupt(&index_path, "a file without a name"))?;
-        if name.contains('/') || name.contains("..") {
+        if name.is_empty() || name.contains(['/', '\\']) || name.contains("..") {
             return Err(corrupt(&index_path, format!("file name {name:?} leaves the checkpoint")));
         }
         let path = dir.join(name);

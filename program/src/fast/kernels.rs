@@ -490,9 +490,10 @@ pub(crate) fn gemm<T: Float>(
     // 256×256×1024 138 / 137; 256×1024×16 one thread 2.5× faster than two.
     let work = m * n * k;
     let big = threads > 1 && work >= 64 * 64 * 64;
-    let split_batches = big && batches > 1;
-    let split_rows = big && batches == 1 && m >= 128 * threads;
-    let par = if big && batches == 1 && n >= 64 * threads {
+    let split_batches = big && batches >= threads;
+    // Fewer products than threads: each product split as one alone would be.
+    let split_rows = big && !split_batches && m >= 128 * threads;
+    let par = if big && !split_batches && n >= 64 * threads {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
@@ -547,14 +548,16 @@ pub(crate) fn gemm<T: Float>(
         return;
     }
     if split_rows {
-        // Contiguous runs of rows, one run per thread.
+        // Each product's rows in contiguous runs, one run per thread.
         let per = m.div_ceil(threads);
-        rayon::scope(|s| {
-            for (g, dst) in out.chunks_mut(per * n).enumerate() {
-                let one = &one;
-                s.spawn(move |_| one(0, g * per, dst.len() / n, dst, gemm::Parallelism::None));
-            }
-        });
+        for (b, product) in out.chunks_mut(m * n).enumerate() {
+            rayon::scope(|s| {
+                for (g, dst) in product.chunks_mut(per * n).enumerate() {
+                    let one = &one;
+                    s.spawn(move |_| one(b, g * per, dst.len() / n, dst, gemm::Parallelism::None));
+                }
+            });
+        }
         return;
     }
     for (b, dst) in out.chunks_mut(m * n).enumerate() {

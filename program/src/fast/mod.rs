@@ -295,10 +295,11 @@ impl Executable {
     /// several threads: the thread that runs the program's sequential parts is then
     /// one of those that share its parallel ones, instead of a further thread that
     /// competes with them for the cores (and with workers idling between them). A run
-    /// given collectives or channels stays on its own thread: it may wait for peers,
-    /// and a pool thread waiting for a peer queued behind it would never finish.
+    /// given collectives, channels or a host sink stays on its own thread: it may wait
+    /// for peers or for the host, and a pool thread waiting on something queued behind
+    /// it would never finish.
     fn on_pool(&self, slots: Vec<Slot<'_>>, env: &Env<'_>) -> Result<Vec<Tensor>> {
-        let alone = env.collectives.is_none() && env.channels.is_none();
+        let alone = env.collectives.is_none() && env.channels.is_none() && env.host.is_none();
         if self.options.threads > 1 && alone && rayon::current_thread_index().is_none() {
             return rayon::scope(|_| self.execute(slots, env));
         }

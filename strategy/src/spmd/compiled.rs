@@ -114,6 +114,15 @@ pub struct Compiled<'s> {
     runs: std::sync::atomic::AtomicU64,
 }
 
+/// The message of a panic payload.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -156,6 +165,17 @@ impl Strategy {
                     value: name.to_string(),
                     op: "compile",
                     problem: format!("result {r} is not of the parameter's spec"),
+                });
+            }
+            if let Some(&(r0, p0)) = pairs.iter().find(|&&(r0, p0)| r0 == r || p0 == p) {
+                return Err(Error::Partition {
+                    value: name.to_string(),
+                    op: "compile",
+                    problem: if r0 == r {
+                        format!("result {r} is carried twice (into two parameters)")
+                    } else {
+                        format!("carried from results {r0} and {r} (p{p0})")
+                    },
                 });
             }
             pairs.push((r, p));
@@ -329,13 +349,17 @@ impl Compiled<'_> {
     /// What the program `emit`s streams to the strategy's metrics
     /// ([`Strategy::with_metrics`](crate::Strategy::with_metrics)) from mesh position 0,
     /// tagged with the step's number ([`steps`](Self::steps) before it).
+    /// A failed step does not count; what it emitted before failing is not taken
+    /// back (its records carry the number the next step will use).
     pub fn step(&self, feeds: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.step_tagged(feeds, self.steps())
+        self.step_tagged(feeds, None)
     }
 
-    /// [`step`](Self::step), its emits tagged `tag`.
-    pub(super) fn step_tagged(&self, feeds: &[Tensor], tag: u64) -> Result<Vec<Tensor>> {
+    /// [`step`](Self::step), its emits tagged `tag` (default: the steps run so far,
+    /// read under the step lock).
+    pub(super) fn step_tagged(&self, feeds: &[Tensor], tag: Option<u64>) -> Result<Vec<Tensor>> {
         let _busy = lock(&self.busy);
+        let tag = tag.unwrap_or_else(|| self.steps());
         let global = self.part.global();
         let fed = &self.feeds;
         if feeds.len() != fed.len() {
@@ -344,6 +368,20 @@ impl Compiled<'_> {
                 op: "step",
                 problem: format!("{} feeds for {} non-resident parameters", feeds.len(), fed.len()),
             });
+        }
+        // Every device's resident parts must all be there, before any feed is split.
+        for d in self.devices.iter() {
+            let d = lock(d);
+            let unset =
+                (0..self.resident.len()).find(|&k| self.resident[k] && d.resident[k].is_none());
+            if let Some(k) = unset {
+                return Err(Error::Compiled {
+                    problem: format!(
+                        "resident parameter {} was never set",
+                        global.params()[k].name
+                    ),
+                });
+            }
         }
         let mesh = self.part.mesh();
         let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
@@ -362,20 +400,8 @@ impl Compiled<'_> {
                 per[r].push(part);
             }
         }
-        // One lock per device: its resident parts must all be there; it gets its feed.
         for (d, feed) in self.devices.iter().zip(per) {
-            let mut d = lock(d);
-            let unset =
-                (0..self.resident.len()).find(|&k| self.resident[k] && d.resident[k].is_none());
-            if let Some(k) = unset {
-                return Err(Error::Compiled {
-                    problem: format!(
-                        "resident parameter {} was never set",
-                        global.params()[k].name
-                    ),
-                });
-            }
-            d.feed = feed;
+            lock(d).feed = feed;
         }
         let devices = self.devices.clone();
         let carry = self.carry.clone();
@@ -407,7 +433,16 @@ impl Compiled<'_> {
         let run = if self.devices.len() == 1 && !communicates && !self.emits {
             // Nothing to meet or stream: the one device's work runs here, without
             // the hand-over to its thread and back.
-            device_step(&mut lock(&devices[0]), &Env::local()).map_err(Error::from)
+            // A panic in a kernel is this step's error, as on the devices' threads.
+            let mut d = lock(&devices[0]);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                device_step(&mut d, &Env::local())
+            })) {
+                Ok(done) => done.map_err(Error::from),
+                Err(panic) => Err(Error::Compiled {
+                    problem: format!("the step panicked: {}", panic_text(&*panic)),
+                }),
+            }
         } else {
             run_replicas(
                 self.strategy.runtime(),
@@ -427,12 +462,29 @@ impl Compiled<'_> {
                 }),
             )
         };
+        // The results are assembled first (reading each device's outputs): if that
+        // fails, nothing is committed.
+        let assembled = run.and_then(|()| {
+            let kept: Vec<usize> =
+                (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
+            let mut outs: Vec<Vec<Tensor>> =
+                self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
+            let mut results = Vec::with_capacity(kept.len());
+            for (i, &r) in kept.iter().enumerate().rev() {
+                let parts: Vec<Tensor> = outs.iter_mut().map(|o| o.remove(i)).collect();
+                let v = global.results()[r];
+                let shape = global.spec(v).expect("a result").shape.dims().to_vec();
+                results.push(join(mesh, &self.part.outputs()[r], &shape, &parts)?);
+            }
+            results.reverse();
+            Ok(results)
+        });
         // All devices or none: the carried results replace the parameters only now.
         for d in self.devices.iter() {
             let mut d = lock(d);
             let d = &mut *d;
             let staged = std::mem::take(&mut d.staged);
-            if run.is_ok() {
+            if assembled.is_ok() {
                 for (p, t) in staged {
                     if let Some(old) = d.resident[p].replace(t) {
                         d.exe.recycle(vec![old]);
@@ -444,20 +496,8 @@ impl Compiled<'_> {
                 d.feed.clear();
             }
         }
-        run?;
+        let results = assembled?;
         self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let kept: Vec<usize> =
-            (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
-        let mut outs: Vec<Vec<Tensor>> =
-            self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
-        let mut results = Vec::with_capacity(kept.len());
-        for (i, &r) in kept.iter().enumerate().rev() {
-            let parts: Vec<Tensor> = outs.iter_mut().map(|o| o.remove(i)).collect();
-            let v = global.results()[r];
-            let shape = global.spec(v).expect("a result").shape.dims().to_vec();
-            results.push(join(mesh, &self.part.outputs()[r], &shape, &parts)?);
-        }
-        results.reverse();
         Ok(results)
     }
 }
@@ -555,7 +595,7 @@ impl CompiledTrainStep<'_> {
     pub fn step(&mut self, batch: &[Tensor], lr: f64) -> Result<f64> {
         let mut feeds = batch.to_vec();
         feeds.extend(self.step.scalars(lr, self.steps)?);
-        let out = self.compiled.step_tagged(&feeds, self.steps as u64)?;
+        let out = self.compiled.step_tagged(&feeds, Some(self.steps as u64))?;
         self.steps += 1;
         Ok(out[0].to_f64()[0])
     }

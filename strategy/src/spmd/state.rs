@@ -390,7 +390,10 @@ impl Compiled<'_> {
 }
 
 fn step_entry(steps: usize) -> Result<Entry> {
-    let t = to_exec(Tensor::i64(&[], vec![steps as i64])?)?;
+    let count = i64::try_from(steps).map_err(|_| Error::Compiled {
+        problem: format!("a step count of {steps} does not fit a checkpoint's i64"),
+    })?;
+    let t = to_exec(Tensor::i64(&[], vec![count])?)?;
     Ok(Entry {
         name: STEP_VARIABLE.to_string(),
         dtype: DType::I64,
@@ -441,12 +444,15 @@ impl CompiledTrainStep<'_> {
     pub fn restore_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
         let extra = [(STEP_VARIABLE.to_string(), DType::I64, Vec::new())];
         let (parts, extra) = self.compiled.read(dir.as_ref(), &extra)?;
-        let step = extra[0].to_f64()[0];
-        if step < 0.0 {
-            return Err(Error::Compiled { problem: format!("a saved step count of {step}") });
-        }
+        let saved = match extra[0].data() {
+            Data::I64(v) => v.first().copied(),
+            _ => None,
+        };
+        let step = saved.and_then(|s| usize::try_from(s).ok()).ok_or_else(|| Error::Compiled {
+            problem: format!("the saved step count {saved:?} is not a count of steps"),
+        })?;
         self.compiled.install(parts);
-        self.steps = step as usize;
+        self.steps = step;
         Ok(())
     }
 }

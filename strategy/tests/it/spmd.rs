@@ -803,6 +803,15 @@ fn what_cannot_be_partitioned_is_a_typed_error() {
     assert!(err.to_string().contains("result 0 is not of the parameter's spec"), "{err}");
     let err = strategy.compile(&program, &shardings, &[(3, "w")]).err().unwrap();
     assert!(err.to_string().contains("carried from result 3; the program has 1"), "{err}");
+    let mut b = Builder::new();
+    let a = b.param("a", "f64[4]".parse().unwrap()).unwrap();
+    let c = b.param("c", "f64[4]".parse().unwrap()).unwrap();
+    let s = b.add(a, c).unwrap();
+    let twice = b.finish(&[s, a]).unwrap();
+    let err = strategy.compile(&twice, &shardings, &[(0, "a"), (0, "c")]).err().unwrap();
+    assert!(err.to_string().contains("result 0 is carried twice"), "{err}");
+    let err = strategy.compile(&twice, &shardings, &[(0, "a"), (1, "a")]).err().unwrap();
+    assert!(err.to_string().contains("carried from results 0 and 1"), "{err}");
 
     // A program whose result carries into w: feeds and resident state checked.
     let mut b = Builder::new();
@@ -890,4 +899,38 @@ fn a_strategy_checkpoint_restores_into_a_compiled_program() {
     compiled.restore_checkpoint(&dir).unwrap();
     assert_eq!(compiled.get("w").unwrap().to_f64(), value);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two compiled programs with collectives stepped at once from two threads on one
+/// strategy's devices both finish with the right results (each run's replicas queue
+/// together on the executor, so neither waits on the other's collectives).
+#[test]
+fn two_compiled_programs_step_at_once_on_one_strategy() {
+    use meshwork_program::Builder;
+    use meshwork_strategy::spmd::Shardings;
+    let mesh = Mesh::iota(&[("data", 4)]).unwrap();
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,3]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f64[3]".parse().unwrap()).unwrap();
+    let y = b.mul(x, w).unwrap();
+    let s = b.reduce_sum(y, &[0, 1], false).unwrap();
+    let program = b.finish(&[s, w]).unwrap();
+    let shardings = Shardings::new(mesh).with("x", "P('data')").unwrap();
+    let first = strategy.compile(&program, &shardings, &[(1, "w")]).unwrap();
+    let second = strategy.compile(&program, &shardings, &[(1, "w")]).unwrap();
+    first.set("w", &Tensor::f64(&[3], vec![1.0, 2.0, 3.0]).unwrap()).unwrap();
+    second.set("w", &Tensor::f64(&[3], vec![-1.0, 0.5, 2.0]).unwrap()).unwrap();
+    let x = Tensor::f64(&[4, 3], vec![1.0; 12]).unwrap();
+    std::thread::scope(|scope| {
+        for (c, want) in [(&first, 24.0), (&second, 6.0)] {
+            let x = &x;
+            scope.spawn(move || {
+                for _ in 0..300 {
+                    assert_eq!(c.step(std::slice::from_ref(x)).unwrap()[0].to_f64(), [want]);
+                }
+            });
+        }
+    });
+    assert_eq!((first.steps(), second.steps()), (300, 300));
 }
