@@ -438,6 +438,38 @@ impl ReplicaContext {
         }
     }
 
+    /// Sends `t` to replica `to` under `tag` (TensorFlow's `_Send`): it waits there
+    /// until `to` receives it with the same tag; sending never blocks. A tag is used
+    /// once between receipts (sending it again to the same replica before it was
+    /// received is an [`Error::BadArgument`]). Within one process only.
+    pub fn send(&self, to: usize, tag: u64, t: Tensor) -> Result<()> {
+        let local = self.local_peer("send", to)?;
+        self.hub.send(self.local, local, tag, t)
+    }
+
+    /// Receives what replica `from` sends this replica under `tag` (TensorFlow's
+    /// `_Recv`), waiting for it. If any replica of the run fails meanwhile, returns
+    /// [`Error::PeerFailed`] at once; if `from`'s run ends without sending it,
+    /// [`Error::NotSent`]; after the runtime's timeout, [`Error::Timeout`].
+    pub fn recv(&self, from: usize, tag: u64) -> Result<Tensor> {
+        let local = self.local_peer("recv", from)?;
+        self.hub.recv(local, self.local, tag)
+    }
+
+    /// `peer` as a member of this process's hub, for point-to-point transfers.
+    fn local_peer(&self, op: &'static str, peer: usize) -> Result<usize> {
+        if self.net.is_some() {
+            return Err(self.bad(op, "point-to-point transfers run within one process".into()));
+        }
+        if peer >= self.replicas || peer == self.replica {
+            return Err(self.bad(
+                op,
+                format!("peer {peer} is not another of the {} replicas", self.replicas),
+            ));
+        }
+        Ok(peer)
+    }
+
     /// Waits until every replica reaches the barrier.
     pub fn barrier(&self) -> Result<()> {
         let empty = Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0])));

@@ -98,6 +98,16 @@ pub enum Error {
         /// The collective it was in.
         op: &'static str,
     },
+    /// A replica's run ended without sending what a peer waits to receive.
+    #[error("replica {to} waits for tag {tag} from replica {from}, whose run ended without sending it")]
+    NotSent {
+        /// The replica that was to send.
+        from: usize,
+        /// The replica waiting.
+        to: usize,
+        /// The transfer's tag.
+        tag: u64,
+    },
     /// The program failed on a replica.
     #[error("replica {replica} failed: {message}")]
     ReplicaFailed {

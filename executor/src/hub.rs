@@ -183,6 +183,10 @@ pub(crate) struct Hub {
     /// rendezvous needs to see that members wait for each other in different groups
     /// (or for a member that will never come) and fail at once instead of timing out.
     waits: Mutex<Vec<Wait>>,
+    /// Point-to-point transfers sent and not yet received, by (from, to, tag).
+    mailbox: Mutex<HashMap<(usize, usize, u64), Tensor>>,
+    /// Signalled when a transfer arrives, a member fails or a member's run ends.
+    delivered: Condvar,
 }
 
 /// What a member is doing, as far as the rendezvous can tell.
@@ -209,7 +213,77 @@ impl Hub {
             sets: Mutex::new(HashMap::new()),
             failed: Mutex::new(None),
             waits: Mutex::new(vec![Wait::Running; replicas]),
+            mailbox: Mutex::new(HashMap::new()),
+            delivered: Condvar::new(),
         }
+    }
+
+    /// Leaves `t` for member `to` under `tag` (never waits). A tag still waiting to be
+    /// received from this member is refused.
+    pub(crate) fn send(&self, from: usize, to: usize, tag: u64, t: Tensor) -> Result<()> {
+        let mut mailbox = lock(&self.mailbox);
+        if mailbox.contains_key(&(from, to, tag)) {
+            return Err(Error::BadArgument {
+                op: "send",
+                replica: from + self.base,
+                problem: format!(
+                    "tag {tag} to replica {} is sent again before it was received",
+                    to + self.base
+                ),
+            });
+        }
+        mailbox.insert((from, to, tag), t);
+        drop(mailbox);
+        self.delivered.notify_all();
+        Ok(())
+    }
+
+    /// Waits for what member `from` sends member `to` under `tag`. Fails at once when
+    /// any member has failed ([`Error::PeerFailed`]) or `from`'s run ended without
+    /// sending it ([`Error::NotSent`]), and after the timeout ([`Error::Timeout`]).
+    pub(crate) fn recv(&self, from: usize, to: usize, tag: u64) -> Result<Tensor> {
+        let deadline = Instant::now() + self.timeout;
+        let mut mailbox = lock(&self.mailbox);
+        loop {
+            if let Some(t) = mailbox.remove(&(from, to, tag)) {
+                return Ok(t);
+            }
+            if let Some(failed) = *lock(&self.failed) {
+                return Err(Error::PeerFailed {
+                    failed: failed + self.base,
+                    replica: to + self.base,
+                    op: "recv",
+                });
+            }
+            if matches!(lock(&self.waits)[from], Wait::Ended) {
+                return Err(Error::NotSent {
+                    from: from + self.base,
+                    to: to + self.base,
+                    tag,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    op: "recv",
+                    group: vec![from + self.base, to + self.base],
+                    missing: vec![from + self.base],
+                    timeout: self.timeout,
+                });
+            }
+            mailbox = self
+                .delivered
+                .wait_timeout(mailbox, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Wakes every member waiting in [`recv`](Self::recv) to look again.
+    fn wake_receivers(&self) {
+        // Taking the lock orders this after any receiver's check, so none misses it.
+        drop(lock(&self.mailbox));
+        self.delivered.notify_all();
     }
 
     /// A hub whose errors name member `i` as replica `base + i`.
@@ -477,6 +551,7 @@ impl Hub {
                 })
                 .collect()
         };
+        self.wake_receivers();
         for (set, g, x, op, signature) in stuck {
             let group = &set.groups[g];
             let mut st = lock(&group.state);
@@ -504,6 +579,7 @@ impl Hub {
         for set in lock(&self.sets).values() {
             set.poison(replica);
         }
+        self.wake_receivers();
     }
 }
 

@@ -36,6 +36,10 @@ pub struct Builder {
     specs: Vec<TensorSpec>,
     scope: Vec<String>,
     names: HashSet<String>,
+    /// The device request of the enclosing `device` scopes (empty for none).
+    device: String,
+    /// The values of the enclosing `colocate_with` scopes.
+    colocation: Vec<Value>,
 }
 
 impl Builder {
@@ -51,14 +55,17 @@ impl Builder {
         let mut b = Builder::new();
         for p in program.params() {
             b.param(&p.name, p.spec.clone())?;
+            if let Some(last) = b.params.last_mut() {
+                last.device.clone_from(&p.device);
+            }
         }
         for instr in program.instrs() {
             b.push(instr.op.clone(), &instr.args)?;
-            if let Some(name) = &instr.name {
-                let full = b.claim(name.clone())?;
-                if let Some((_, last)) = b.instrs.last_mut() {
-                    last.name = Some(full);
-                }
+            let full = instr.name.as_ref().map(|n| b.claim(n.clone())).transpose()?;
+            if let Some((_, last)) = b.instrs.last_mut() {
+                last.name = full;
+                last.device.clone_from(&instr.device);
+                last.colocate.clone_from(&instr.colocate);
             }
         }
         Ok(b)
@@ -120,8 +127,123 @@ impl Builder {
         }
         let v = Value(self.specs.len() as u32);
         self.specs.push(spec.clone());
-        self.params.push(Param { name, spec });
+        self.params.push(Param { name, spec, device: self.device.clone() });
         Ok(v)
+    }
+
+    /// Runs `f` with what it makes — instructions and parameters — requested on
+    /// `device` (TensorFlow's `tf.device`): a device spec such as `/device:CPU:1`,
+    /// `/job:worker/task:1` or the local form `CPU:1`. Scopes nest as TensorFlow's do:
+    /// the inner spec's fields (job, replica, task, device) replace the outer's and
+    /// the others are kept; `""` clears the request. The placer resolves requests
+    /// (see `meshwork-strategy`'s placed programs); interpreters ignore them.
+    ///
+    /// ```
+    /// use meshwork_program::Builder;
+    ///
+    /// let mut b = Builder::new();
+    /// let x = b.param("x", "f32[4]".parse()?)?;
+    /// let y = b.device("/job:localhost/device:CPU:0", |b| b.device("CPU:1", |b| b.neg(x)))?;
+    /// let p = b.finish(&[y])?;
+    /// assert_eq!(p.instr(y).unwrap().device, "/job:localhost/device:CPU:1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn device<T>(
+        &mut self,
+        device: &str,
+        f: impl FnOnce(&mut Builder) -> Result<T>,
+    ) -> Result<T> {
+        let inner = if device.is_empty() { String::new() } else { merge_device(&self.device, device)? };
+        let outer = std::mem::replace(&mut self.device, inner);
+        let out = f(self);
+        self.device = outer;
+        out
+    }
+
+    /// Runs `f` with every instruction it makes colocated with `v` (TensorFlow's
+    /// `colocate_with`): placed on the device `v` is placed on. As in TensorFlow, the
+    /// enclosing device scopes give way to `v`'s own request inside (a `device` scope
+    /// opened within still applies), and nested scopes colocate with every value of
+    /// the stack.
+    pub fn colocate_with<T>(
+        &mut self,
+        v: Value,
+        f: impl FnOnce(&mut Builder) -> Result<T>,
+    ) -> Result<T> {
+        let device = self.device_of(v)?.to_string();
+        let outer = std::mem::replace(&mut self.device, device);
+        self.colocation.push(v);
+        let out = f(self);
+        self.colocation.pop();
+        self.device = outer;
+        out
+    }
+
+    /// Requests that the instruction or parameter defining `v` runs on `device`
+    /// (replacing any request it had; `""` clears it).
+    pub fn set_device(&mut self, v: Value, device: &str) -> Result<Value> {
+        let device = if device.is_empty() { String::new() } else { merge_device("", device)? };
+        if let Some((_, instr)) = self.instrs.iter_mut().find(|(w, _)| *w == v) {
+            instr.device = device;
+            return Ok(v);
+        }
+        match self.param_index(v) {
+            Some(k) => {
+                self.params[k].device = device;
+                Ok(v)
+            }
+            None => Err(Error::UndefinedValue { at: "set_device".into(), value: v.0 }),
+        }
+    }
+
+    /// Colocates the instruction defining `v` with the earlier value `with`.
+    pub fn colocate(&mut self, v: Value, with: Value) -> Result<Value> {
+        self.spec(with)?;
+        if with >= v {
+            return Err(Error::UndefinedValue { at: format!("colocating %{} with", v.0), value: with.0 });
+        }
+        match self.instrs.iter_mut().find(|(w, _)| *w == v) {
+            Some((_, instr)) => {
+                if !instr.colocate.contains(&with) {
+                    instr.colocate.push(with);
+                }
+                Ok(v)
+            }
+            None => Err(Error::UndefinedValue { at: "colocate (an instruction)".into(), value: v.0 }),
+        }
+    }
+
+    /// The device request of the instruction or parameter defining `v`.
+    pub fn device_of(&self, v: Value) -> Result<&str> {
+        if let Some((_, instr)) = self.instrs.iter().find(|(w, _)| *w == v) {
+            return Ok(&instr.device);
+        }
+        self.param_index(v)
+            .map(|k| self.params[k].device.as_str())
+            .ok_or(Error::UndefinedValue { at: "device_of".into(), value: v.0 })
+    }
+
+    /// The index among the parameters of the parameter `v`, if it is one.
+    fn param_index(&self, v: Value) -> Option<usize> {
+        if v.index() >= self.specs.len() || self.instrs.iter().any(|(w, _)| *w == v) {
+            return None;
+        }
+        // Parameters are the values no instruction defines, in order.
+        Some(v.index() - self.instrs.iter().filter(|(w, _)| *w < v).count())
+    }
+
+    /// Replaces the request (device and colocation stack) what is added next gets,
+    /// returning the one it replaces: for autodiff and optimizers, which place what
+    /// they add beside what it derives from.
+    pub(crate) fn swap_request(
+        &mut self,
+        device: String,
+        colocation: Vec<Value>,
+    ) -> (String, Vec<Value>) {
+        (
+            std::mem::replace(&mut self.device, device),
+            std::mem::replace(&mut self.colocation, colocation),
+        )
     }
 
     /// Runs `f` with `name` appended to the scope: parameters and named values made
@@ -174,7 +296,19 @@ impl Builder {
         })?;
         let v = Value(self.specs.len() as u32);
         self.specs.push(spec.clone());
-        self.instrs.push((v, Instr { op, args: args.to_vec(), spec, name: None }));
+        let mut colocate = self.colocation.clone();
+        colocate.dedup();
+        self.instrs.push((
+            v,
+            Instr {
+                op,
+                args: args.to_vec(),
+                spec,
+                name: None,
+                device: self.device.clone(),
+                colocate,
+            },
+        ));
         Ok(v)
     }
 
@@ -216,6 +350,7 @@ impl Builder {
             .into_iter()
             .map(|(_, mut i)| {
                 i.args.iter_mut().for_each(|a| *a = map[a.index()]);
+                i.colocate.iter_mut().for_each(|a| *a = map[a.index()]);
                 i
             })
             .collect();
@@ -537,4 +672,38 @@ binary! {
     eq => Compare::Eq;
     /// `a != b`.
     ne => Compare::Ne;
+}
+
+/// `inner` merged over `outer` as TensorFlow nests device scopes: each of the job,
+/// replica, task and device fields of `inner` replaces the outer one; a local form
+/// (`CPU:1`) is `/device:CPU:1`. Checks that the result can print in the text form.
+pub(crate) fn merge_device(outer: &str, inner: &str) -> Result<String> {
+    let bad = |problem| Err(Error::BadDevice { device: inner.to_string(), problem });
+    if inner.is_empty() {
+        return bad("a device request is not empty");
+    }
+    if !inner.bytes().all(|c| c.is_ascii_graphic() && !b"\",{}@".contains(&c)) {
+        return bad("a device spec is ASCII without spaces, quotes, commas, braces or `@`");
+    }
+    let inner =
+        if inner.starts_with('/') { inner.to_string() } else { format!("/device:{inner}") };
+    // The field a component sets: `job:`, `replica:`, `task:`, or the device
+    // (`device:TYPE:ID` and the legacy `cpu:0`).
+    let key = |c: &str| match c.split(':').next() {
+        Some(k @ ("job" | "replica" | "task")) => k.to_string(),
+        _ => "device".to_string(),
+    };
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for part in [outer, inner.as_str()] {
+        for c in part.split('/').filter(|c| !c.is_empty()) {
+            let k = key(c);
+            match fields.iter_mut().find(|(f, _)| *f == k) {
+                Some(slot) => slot.1 = c.to_string(),
+                None => fields.push((k, c.to_string())),
+            }
+        }
+    }
+    let order = ["job", "replica", "task", "device"];
+    fields.sort_by_key(|(k, _)| order.iter().position(|o| o == k));
+    Ok(fields.iter().map(|(_, c)| format!("/{c}")).collect())
 }

@@ -183,18 +183,19 @@ impl Program {
             if n < ni {
                 let mut instr = self.instrs[n].clone();
                 instr.args.iter_mut().for_each(|a| *a = at(&map, *a));
+                // Colocation targets this order has not reached yet are dropped.
+                instr.colocate = instr.colocate.iter().filter_map(|c| map[c.index()]).collect();
                 map[np + n] = Some(out.push(instr));
             } else {
                 let members = &groups[n - ni];
                 let first = &self.instrs[members[0]];
                 let dtype = first.spec.dtype;
                 let flat = |out: &mut Program, v: Value, len: usize| {
-                    out.push(Instr {
-                        op: Op::Reshape { shape: vec![len] },
-                        args: vec![v],
-                        spec: TensorSpec::new(dtype, vector(len)),
-                        name: None,
-                    })
+                    out.push(Instr::new(
+                        Op::Reshape { shape: vec![len] },
+                        vec![v],
+                        TensorSpec::new(dtype, vector(len)),
+                    ))
                 };
                 let mut parts = Vec::with_capacity(members.len());
                 let mut total = 0;
@@ -204,39 +205,34 @@ impl Program {
                     parts.push(flat(&mut out, arg, len));
                     total += len;
                 }
-                let cat = out.push(Instr {
-                    op: Op::Concat { axis: 0 },
-                    args: parts,
-                    spec: TensorSpec::new(dtype, vector(total)),
-                    name: None,
-                });
-                let reduced = out.push(Instr {
-                    op: first.op.clone(),
-                    args: vec![cat],
-                    spec: TensorSpec::new(dtype, vector(total)),
-                    name: None,
-                });
+                let cat = out.push(Instr::new(
+                    Op::Concat { axis: 0 },
+                    parts,
+                    TensorSpec::new(dtype, vector(total)),
+                ));
+                let reduced = out.push(Instr::new(
+                    first.op.clone(),
+                    vec![cat],
+                    TensorSpec::new(dtype, vector(total)),
+                ));
                 let mut start = 0;
                 for &i in members {
                     launch[np + i] = Some(reduced);
                     let member = &self.instrs[i];
                     let len = member.spec.shape.num_elements();
-                    let part = out.push(Instr {
-                        op: Op::Slice {
-                            start: vec![start],
-                            stop: vec![start + len],
-                            step: vec![1],
-                        },
-                        args: vec![reduced],
-                        spec: TensorSpec::new(dtype, vector(len)),
-                        name: None,
-                    });
+                    let part = out.push(Instr::new(
+                        Op::Slice { start: vec![start], stop: vec![start + len], step: vec![1] },
+                        vec![reduced],
+                        TensorSpec::new(dtype, vector(len)),
+                    ));
                     start += len;
                     map[np + i] = Some(out.push(Instr {
-                        op: Op::Reshape { shape: member.spec.shape.dims().to_vec() },
-                        args: vec![part],
-                        spec: member.spec.clone(),
                         name: member.name.clone(),
+                        ..Instr::new(
+                            Op::Reshape { shape: member.spec.shape.dims().to_vec() },
+                            vec![part],
+                            member.spec.clone(),
+                        )
                     }));
                 }
             }

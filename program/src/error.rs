@@ -109,6 +109,16 @@ pub enum Error {
     /// A program with no results.
     #[error("a program must return at least one value")]
     NoResults,
+    /// A device request that cannot be recorded: a device spec (`/device:CPU:1`,
+    /// `CPU:1`) is ASCII without spaces, quotes, commas or braces, so it prints and
+    /// reads back in the text form.
+    #[error("the device {device:?} cannot be requested: {problem}")]
+    BadDevice {
+        /// The request.
+        device: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A parameter or instruction name the text form could not read back.
     #[error("the name {name:?} cannot be used: {problem}")]
     BadName {

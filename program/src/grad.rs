@@ -46,8 +46,12 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
         });
     }
     let mut t = Transposer::forward(program, wrt)?;
-    let one = t.b.constant(1.0, spec.dtype)?;
     let l = t.map[loss.index()];
+    // The seed is colocated with the loss (TensorFlow's default `grad_ys`).
+    let outer = t.b.swap_request(t.b.device_of(l)?.to_string(), vec![l]);
+    let one = t.b.constant(1.0, spec.dtype);
+    t.b.swap_request(outer.0, outer.1);
+    let one = one?;
     let mut out = t.backward_to(&[(l, one)], wrt)?;
     out.insert(0, l);
     Ok(t.b.finish(&out)?.without_dead_code())
@@ -88,13 +92,19 @@ impl<'p> Transposer<'p> {
         let mut b = Builder::new();
         let mut map = Vec::with_capacity(program.num_values());
         for p in program.params() {
-            map.push(b.param(&p.name, p.spec.clone())?);
+            let v = b.param(&p.name, p.spec.clone())?;
+            b.set_device(v, &p.device)?;
+            map.push(v);
         }
         for instr in program.instrs() {
             let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
             let v = b.push(instr.op.clone(), &args)?;
             if let Some(name) = &instr.name {
                 b.name(v, name)?;
+            }
+            b.set_device(v, &instr.device)?;
+            for c in &instr.colocate {
+                b.colocate(v, map[c.index()])?;
             }
             map.push(v);
         }
@@ -131,14 +141,12 @@ impl<'p> Transposer<'p> {
             let instr = &self.program.instrs()[i];
             let args: Vec<Value> = instr.args.iter().map(|a| self.map[a.index()]).collect();
             let y = self.map[k];
-            let contributions = self.rule(&instr.op, &args, y, g, k)?;
-            for (a, c) in instr.args.iter().zip(contributions) {
-                if let Some(c) = c
-                    && self.program.spec(*a).is_some_and(|s| s.dtype.is_float())
-                {
-                    self.accumulate(&mut adj, a.index(), c)?;
-                }
-            }
+            // As TensorFlow's gradients (`colocate_gradients_with_ops`), what the rule
+            // adds is colocated with the instruction it differentiates, on its device.
+            let outer = self.b.swap_request(instr.device.clone(), vec![y]);
+            let result = self.transpose_into(&mut adj, instr, &args, y, g, k);
+            self.b.swap_request(outer.0, outer.1);
+            result?;
         }
         let mut out = Vec::with_capacity(wrt.len());
         for &w in wrt {
@@ -149,6 +157,28 @@ impl<'p> Transposer<'p> {
             out.push(g);
         }
         Ok(out)
+    }
+
+    /// Adds instruction `k`'s transpose (its cotangent `g`) and accumulates what flows
+    /// to its float operands.
+    fn transpose_into(
+        &mut self,
+        adj: &mut [Option<Value>],
+        instr: &crate::program::Instr,
+        args: &[Value],
+        y: Value,
+        g: Value,
+        k: usize,
+    ) -> Result<()> {
+        let contributions = self.rule(&instr.op, args, y, g, k)?;
+        for (a, c) in instr.args.iter().zip(contributions) {
+            if let Some(c) = c
+                && self.program.spec(*a).is_some_and(|s| s.dtype.is_float())
+            {
+                self.accumulate(adj, a.index(), c)?;
+            }
+        }
+        Ok(())
     }
 
     fn accumulate(&mut self, adj: &mut [Option<Value>], k: usize, c: Value) -> Result<()> {

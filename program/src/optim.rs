@@ -107,7 +107,9 @@ impl TrainStep {
         for &w in wrt {
             let p = &program.params()[w.index()];
             for s in names {
-                state.push(b.param(&format!("optimizer.{s}.{}", p.name), p.spec.clone())?);
+                // Slots live where their parameter does, as TensorFlow's slot variables.
+                let v = b.param(&format!("optimizer.{s}.{}", p.name), p.spec.clone())?;
+                state.push(b.set_device(v, &p.device)?);
             }
         }
         let scalar = TensorSpec::new(dtype, Shape::scalar());
@@ -133,6 +135,9 @@ impl TrainStep {
         for (k, &w) in wrt.iter().enumerate() {
             let (p, gw) = (w, g.results()[1 + k]);
             let st = &state[k * names.len()..(k + 1) * names.len()];
+            // As TensorFlow's optimizers, each update is colocated with its parameter.
+            let device = b.device_of(p)?.to_string();
+            let outer = b.swap_request(device, vec![p]);
             let updated = match optimizer {
                 Optimizer::Sgd => {
                     let d = b.mul(lr, gw)?;
@@ -175,6 +180,7 @@ impl TrainStep {
                     b.sub(p, d)?
                 }
             };
+            b.swap_request(outer.0, outer.1);
             new_params.push(updated);
         }
         let mut results = vec![g.results()[0]];

@@ -32,6 +32,10 @@ pub struct Param {
     pub name: String,
     /// Its dtype and shape.
     pub spec: TensorSpec,
+    /// The device it is requested on (a TensorFlow device spec such as
+    /// `/device:CPU:1`; empty for none), from a [`Builder::device`](crate::Builder::device)
+    /// scope or [`Builder::set_device`](crate::Builder::set_device).
+    pub device: String,
 }
 
 /// One instruction: an op over earlier values, defining one new value.
@@ -45,6 +49,18 @@ pub struct Instr {
     pub spec: TensorSpec,
     /// A hierarchical name (from the builder's scopes), if one was given.
     pub name: Option<String>,
+    /// The device it is requested on (empty for none), as for [`Param::device`].
+    pub device: String,
+    /// Earlier values it must be placed with (TensorFlow's `colocate_with`, the
+    /// `loc:@` list of a node), from [`Builder::colocate_with`](crate::Builder::colocate_with).
+    pub colocate: Vec<Value>,
+}
+
+impl Instr {
+    /// `op` over `args` with result `spec`, unnamed and with no device request.
+    pub fn new(op: Op, args: Vec<Value>, spec: TensorSpec) -> Instr {
+        Instr { op, args, spec, name: None, device: String::new(), colocate: Vec::new() }
+    }
 }
 
 /// A tensor program. Built by a [`Builder`](crate::Builder), which checks every
@@ -120,6 +136,9 @@ impl Program {
             if live[np + i] {
                 let mut kept = instr.clone();
                 kept.args.iter_mut().for_each(|a| *a = map[a.index()]);
+                // A colocation with a dropped value constrains nothing any more.
+                kept.colocate.retain(|c| live[c.index()]);
+                kept.colocate.iter_mut().for_each(|c| *c = map[c.index()]);
                 instrs.push(kept);
             }
         }
@@ -148,10 +167,17 @@ impl Program {
 /// %3 = f64[2,4] relu(%2) "h"
 /// return %3
 /// ```
+///
+/// Device requests follow an instruction's attributes (before its name), and a
+/// parameter's spec: `@device="/device:CPU:1"`, `@colocate={%3,%5}`.
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (k, p) in self.params.iter().enumerate() {
-            writeln!(f, "param %{k} {:?}: {}", p.name, p.spec)?;
+            write!(f, "param %{k} {:?}: {}", p.name, p.spec)?;
+            if !p.device.is_empty() {
+                write!(f, " @device=\"{}\"", p.device)?;
+            }
+            writeln!(f)?;
         }
         for (i, instr) in self.instrs.iter().enumerate() {
             let v = Value((self.params.len() + i) as u32);
@@ -163,6 +189,19 @@ impl fmt::Display for Program {
                 write!(f, "{a}")?;
             }
             write!(f, "){}", Attributes(&instr.op))?;
+            if !instr.device.is_empty() {
+                write!(f, " @device=\"{}\"", instr.device)?;
+            }
+            if !instr.colocate.is_empty() {
+                f.write_str(" @colocate={")?;
+                for (k, c) in instr.colocate.iter().enumerate() {
+                    if k > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{c}")?;
+                }
+                f.write_str("}")?;
+            }
             if let Some(name) = &instr.name {
                 write!(f, " {name:?}")?;
             }

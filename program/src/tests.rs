@@ -1166,3 +1166,109 @@ fn threaded_kernels_equal_the_reference() {
         }
     }
 }
+
+#[test]
+fn device_scopes_nest_as_tensorflow_merges_them() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[4]")).unwrap();
+    let (w, y, z, u) = b
+        .device("/job:worker/task:1", |b| {
+            let w = b.param("w", spec("f64[4]"))?;
+            let y = b.device("GPU:0", |b| b.add(x, w))?;
+            let z = b.device("/task:2/cpu:1", |b| b.neg(y))?;
+            let u = b.device("", |b| b.neg(z))?;
+            Ok((w, y, z, u))
+        })
+        .unwrap();
+    let p = b.finish(&[u]).unwrap();
+    assert_eq!(p.params()[0].device, "");
+    assert_eq!(p.params()[1].device, "/job:worker/task:1");
+    let w = p.params()[w.index()].device.clone();
+    assert_eq!(w, "/job:worker/task:1");
+    assert_eq!(p.instr(y).unwrap().device, "/job:worker/task:1/device:GPU:0");
+    assert_eq!(p.instr(z).unwrap().device, "/job:worker/task:2/cpu:1");
+    assert_eq!(p.instr(u).unwrap().device, "", "an empty spec clears the request");
+
+    // What cannot print and read back is refused, naming the request.
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[4]")).unwrap();
+    for bad in ["/device:CPU:0 ", "/device:\"CPU\":0", "/device:CPU:0,1", "/device:{0}", "/d@v"] {
+        let e = b.device(bad, |b| b.neg(x)).unwrap_err();
+        assert!(matches!(&e, Error::BadDevice { device, .. } if device == bad), "{bad}: {e}");
+    }
+    assert!(matches!(b.set_device(Value(9), "CPU:0"), Err(Error::UndefinedValue { .. })));
+}
+
+#[test]
+fn colocation_takes_the_targets_device_and_stacks() {
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:1", |b| b.param("w", spec("f64[4]"))).unwrap();
+    let x = b.param("x", spec("f64[4]")).unwrap();
+    let (a, c, d) = b
+        .device("/device:CPU:0", |b| {
+            b.colocate_with(w, |b| {
+                let a = b.add(w, x)?;
+                let (c, d) = b.colocate_with(a, |b| {
+                    let c = b.neg(a)?;
+                    let d = b.device("CPU:2", |b| b.neg(c))?;
+                    Ok((c, d))
+                })?;
+                Ok((a, c, d))
+            })
+        })
+        .unwrap();
+    let e = b.neg(d).unwrap();
+    b.set_device(e, "CPU:3").unwrap();
+    b.colocate(e, c).unwrap();
+    assert!(b.colocate(c, e).is_err(), "a colocation target comes first");
+    let p = b.finish(&[e]).unwrap();
+    let ins = |v: Value| p.instr(v).unwrap();
+    // Inside `colocate_with`, the target's request replaces the enclosing scope.
+    assert_eq!((ins(a).device.as_str(), ins(a).colocate.clone()), ("/device:CPU:1", vec![w]));
+    assert_eq!((ins(c).device.as_str(), ins(c).colocate.clone()), ("/device:CPU:1", vec![w, a]));
+    assert_eq!((ins(d).device.as_str(), ins(d).colocate.clone()), ("/device:CPU:2", vec![w, a]));
+    assert_eq!((ins(e).device.as_str(), ins(e).colocate.clone()), ("/device:CPU:3", vec![c]));
+    // Requests print and read back; reopening a program keeps them.
+    let text = p.to_string();
+    assert!(text.contains("@device=\"/device:CPU:1\""), "{text}");
+    assert!(text.contains(&format!("@colocate={{{w},{a}}}")), "{text}");
+    let back: Program = text.parse().unwrap();
+    assert_eq!(back, p);
+    assert_eq!(Builder::from_program(&p).unwrap().finish(p.results()).unwrap(), p);
+    // A colocation with code that dies goes with it.
+    let mut b = Builder::from_program(&p).unwrap();
+    let dead = b.neg(x).unwrap();
+    let f = b.colocate_with(dead, |b| b.neg(x)).unwrap();
+    let q = b.finish(&[f]).unwrap().without_dead_code();
+    assert!(q.instrs().iter().all(|i| i.colocate.is_empty()), "{q}");
+}
+
+#[test]
+fn gradients_and_updates_are_placed_beside_what_they_derive_from() {
+    use crate::{Optimizer, TrainStep};
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:1", |b| b.param("w", spec("f64[3,2]"))).unwrap();
+    let x = b.param("x", spec("f64[4,3]")).unwrap();
+    let h = b.device("/device:CPU:2", |b| b.matmul(x, w)).unwrap();
+    let t = b.tanh(h).unwrap();
+    let loss = b.reduce_sum(t, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let g = crate::grad(&p, loss, &[w]).unwrap();
+    let n = p.instrs().len();
+    // Every instruction autodiff added is colocated with a forward instruction and
+    // requested where it is.
+    for i in &g.instrs()[n..] {
+        let [target] = i.colocate[..] else { panic!("{g}") };
+        let fwd = g.instr(target).expect("colocated with an instruction");
+        assert_eq!(i.device, fwd.device, "{g}");
+    }
+    assert!(g.instrs()[n..].iter().any(|i| i.device == "/device:CPU:2"), "{g}");
+    let step = TrainStep::new(&p, loss, &[w], Optimizer::adam()).unwrap();
+    let sp = &step.program;
+    let m = sp.params().iter().find(|q| q.name == "optimizer.m.w").unwrap();
+    assert_eq!(m.device, "/device:CPU:1", "slots live with their parameter");
+    let new_w = sp.instr(sp.results()[1]).unwrap();
+    assert_eq!((new_w.device.as_str(), new_w.colocate.clone()), ("/device:CPU:1", vec![Value(0)]));
+    let text = sp.to_string();
+    assert_eq!(text.parse::<Program>().unwrap().to_string(), text);
+}

@@ -121,6 +121,33 @@ fn value(s: &str) -> Option<u32> {
     s.strip_prefix('%')?.parse().ok()
 }
 
+/// Splits the device requests (`@device="…"`, `@colocate={%1,%2}`) off the end of
+/// `tail`: what comes before them, the device and the colocated value numbers.
+fn requests(tail: &str) -> std::result::Result<(&str, Option<String>, Vec<u32>), String> {
+    let Some(at) = (if tail.starts_with('@') { Some(0) } else { tail.find(" @").map(|i| i + 1) })
+    else {
+        return Ok((tail, None, Vec::new()));
+    };
+    let (mut device, mut colocate) = (None, Vec::new());
+    for item in tail[at..].split(' ').filter(|i| !i.is_empty()) {
+        if let Some(d) = item.strip_prefix("@device=") {
+            let d = quoted(d)
+                .filter(|(_, after)| after.is_empty())
+                .map(|(d, _)| d)
+                .ok_or_else(|| format!("{item:?} is not `@device=\"SPEC\"`"))?;
+            device = Some(d);
+        } else if let Some(list) = item.strip_prefix("@colocate={").and_then(|l| l.strip_suffix('}'))
+        {
+            for v in list.split(',') {
+                colocate.push(value(v).ok_or_else(|| format!("{v:?} is not a value"))?);
+            }
+        } else {
+            return Err(format!("unexpected {item:?} among the device requests"));
+        }
+    }
+    Ok((tail[..at].trim_end(), device, colocate))
+}
+
 fn parse(text: &str) -> Result<Program> {
     let mut b = Builder::new();
     // The builder's value for each printed number.
@@ -148,11 +175,19 @@ fn parse(text: &str) -> Result<Program> {
                 ));
             }
             let (name, rest) = quoted(rest).ok_or_else(|| bad(line, t, "want a quoted name"))?;
+            let (rest, device, colocate) = requests(rest).map_err(|p| bad(line, t, p))?;
+            if !colocate.is_empty() {
+                return Err(bad(line, t, "a parameter has no `@colocate`"));
+            }
             let spec = rest
                 .strip_prefix(": ")
                 .and_then(|s| s.parse::<TensorSpec>().ok())
                 .ok_or_else(|| bad(line, t, "want `: SPEC` after the name"))?;
-            values.push(b.param(&name, spec).map_err(|e| bad(line, t, e.to_string()))?);
+            let v = b.param(&name, spec).map_err(|e| bad(line, t, e.to_string()))?;
+            if let Some(d) = device {
+                b.set_device(v, &d).map_err(|e| bad(line, t, e.to_string()))?;
+            }
+            values.push(v);
             continue;
         }
         if let Some(rest) = t.strip_prefix("return") {
@@ -204,6 +239,8 @@ fn parse(text: &str) -> Result<Program> {
             label = Some(s);
             tail = tail[..q].trim();
         }
+        let (rest_tail, device, colocate) = requests(tail).map_err(|p| bad(line, t, p))?;
+        tail = rest_tail.trim();
         let mut attrs: Vec<(&str, &str)> = Vec::new();
         if let Some(list_text) = tail.strip_prefix(',') {
             for item in split_top(list_text.trim()) {
@@ -223,6 +260,15 @@ fn parse(text: &str) -> Result<Program> {
         }
         if let Some(l) = label {
             b.name(v, &l).map_err(|e| bad(line, t, e.to_string()))?;
+        }
+        if let Some(d) = device {
+            b.set_device(v, &d).map_err(|e| bad(line, t, e.to_string()))?;
+        }
+        for c in colocate {
+            let w = values
+                .get(c as usize)
+                .ok_or_else(|| bad(line, t, format!("colocation with %{c}, not defined before")))?;
+            b.colocate(v, *w).map_err(|e| bad(line, t, e.to_string()))?;
         }
         values.push(v);
     }

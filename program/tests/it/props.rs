@@ -213,6 +213,23 @@ fn inputs(program: &Program, seed: u64) -> Vec<Tensor> {
         .collect()
 }
 
+/// `p` with device requests and colocations: for each pick `(v, d, c)`, value `v`
+/// is requested on one of a few device specs (`d`), and if it is an instruction it is
+/// colocated with an earlier value (`c`).
+fn with_requests(p: &Program, picks: &[(u8, u8, u8)]) -> Program {
+    const DEVICES: [&str; 5] = ["/device:CPU:1", "CPU:0", "/job:w/task:1", "/cpu:2", ""];
+    let mut b = Builder::from_program(p).unwrap();
+    let n = p.num_values();
+    for &(v, d, c) in picks {
+        let v = Value(u32::from(v) % n as u32);
+        b.set_device(v, DEVICES[usize::from(d) % DEVICES.len()]).unwrap();
+        if v.index() >= p.params().len() {
+            b.colocate(v, Value(u32::from(c) % v.0)).unwrap();
+        }
+    }
+    b.finish(p.results()).unwrap()
+}
+
 fn recipe() -> impl Strategy<Value = Recipe> {
     proptest::collection::vec(any::<(u8, u8, u8, u8)>(), 1..=12)
 }
@@ -374,8 +391,11 @@ proptest! {
     /// Random programs' text prints, parses back equal, and prints the same; so does
     /// their gradient program's.
     #[test]
-    fn prop_random_programs_print_and_parse_back(r in recipe()) {
-        let p = build(&r, DType::F64, false, false);
+    fn prop_random_programs_print_and_parse_back(
+        r in recipe(),
+        picks in proptest::collection::vec(any::<(u8, u8, u8)>(), 0..6),
+    ) {
+        let p = with_requests(&build(&r, DType::F64, false, false), &picks);
         let text = p.to_string();
         let back: Program = text.parse().unwrap();
         prop_assert_eq!(&back, &p);
