@@ -462,10 +462,8 @@ impl ReplicaContext {
             return Err(self.bad(op, "point-to-point transfers run within one process".into()));
         }
         if peer >= self.replicas || peer == self.replica {
-            return Err(self.bad(
-                op,
-                format!("peer {peer} is not another of the {} replicas", self.replicas),
-            ));
+            return Err(self
+                .bad(op, format!("peer {peer} is not another of the {} replicas", self.replicas)));
         }
         Ok(peer)
     }

@@ -99,7 +99,9 @@ pub enum Error {
         op: &'static str,
     },
     /// A replica's run ended without sending what a peer waits to receive.
-    #[error("replica {to} waits for tag {tag} from replica {from}, whose run ended without sending it")]
+    #[error(
+        "replica {to} waits for tag {tag} from replica {from}, whose run ended without sending it"
+    )]
     NotSent {
         /// The replica that was to send.
         from: usize,

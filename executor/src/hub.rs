@@ -256,11 +256,7 @@ impl Hub {
                 });
             }
             if matches!(lock(&self.waits)[from], Wait::Ended) {
-                return Err(Error::NotSent {
-                    from: from + self.base,
-                    to: to + self.base,
-                    tag,
-                });
+                return Err(Error::NotSent { from: from + self.base, to: to + self.base, tag });
             }
             let now = Instant::now();
             if now >= deadline {

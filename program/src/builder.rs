@@ -153,7 +153,8 @@ impl Builder {
         device: &str,
         f: impl FnOnce(&mut Builder) -> Result<T>,
     ) -> Result<T> {
-        let inner = if device.is_empty() { String::new() } else { merge_device(&self.device, device)? };
+        let inner =
+            if device.is_empty() { String::new() } else { merge_device(&self.device, device)? };
         let outer = std::mem::replace(&mut self.device, inner);
         let out = f(self);
         self.device = outer;
@@ -200,7 +201,10 @@ impl Builder {
     pub fn colocate(&mut self, v: Value, with: Value) -> Result<Value> {
         self.spec(with)?;
         if with >= v {
-            return Err(Error::UndefinedValue { at: format!("colocating %{} with", v.0), value: with.0 });
+            return Err(Error::UndefinedValue {
+                at: format!("colocating %{} with", v.0),
+                value: with.0,
+            });
         }
         match self.instrs.iter_mut().find(|(w, _)| *w == v) {
             Some((_, instr)) => {
@@ -209,7 +213,9 @@ impl Builder {
                 }
                 Ok(v)
             }
-            None => Err(Error::UndefinedValue { at: "colocate (an instruction)".into(), value: v.0 }),
+            None => {
+                Err(Error::UndefinedValue { at: "colocate (an instruction)".into(), value: v.0 })
+            }
         }
     }
 
@@ -685,8 +691,7 @@ pub(crate) fn merge_device(outer: &str, inner: &str) -> Result<String> {
     if !inner.bytes().all(|c| c.is_ascii_graphic() && !b"\",{}@".contains(&c)) {
         return bad("a device spec is ASCII without spaces, quotes, commas, braces or `@`");
     }
-    let inner =
-        if inner.starts_with('/') { inner.to_string() } else { format!("/device:{inner}") };
+    let inner = if inner.starts_with('/') { inner.to_string() } else { format!("/device:{inner}") };
     // The field a component sets: `job:`, `replica:`, `task:`, or the device
     // (`device:TYPE:ID` and the legacy `cpu:0`).
     let key = |c: &str| match c.split(':').next() {

@@ -49,6 +49,7 @@
 //! ```
 
 mod builder;
+mod catalogue;
 mod combine;
 mod env;
 mod error;
@@ -65,6 +66,7 @@ mod tensor;
 mod text;
 
 pub use builder::Builder;
+pub use catalogue::{Catalogue, Kernels};
 pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
 pub use grad::{grad, vjp};

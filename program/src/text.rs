@@ -136,7 +136,8 @@ fn requests(tail: &str) -> std::result::Result<(&str, Option<String>, Vec<u32>),
                 .map(|(d, _)| d)
                 .ok_or_else(|| format!("{item:?} is not `@device=\"SPEC\"`"))?;
             device = Some(d);
-        } else if let Some(list) = item.strip_prefix("@colocate={").and_then(|l| l.strip_suffix('}'))
+        } else if let Some(list) =
+            item.strip_prefix("@colocate={").and_then(|l| l.strip_suffix('}'))
         {
             for v in list.split(',') {
                 colocate.push(value(v).ok_or_else(|| format!("{v:?} is not a value"))?);

@@ -47,6 +47,14 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A program that cannot be placed or run as asked (see `Strategy::place`).
+    #[error("placed program: {value}: {problem}")]
+    Placed {
+        /// The value, parameter or call concerned (empty for the program as a whole).
+        value: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A program the partitioner cannot partition as asked.
     #[error("cannot partition {value} ({op}): {problem}")]
     Partition {

@@ -60,6 +60,7 @@ mod manager;
 mod metrics;
 pub mod mlp;
 mod ops;
+pub mod placed;
 pub mod spmd;
 mod strategy;
 mod values;

@@ -43,7 +43,7 @@
 mod compiled;
 mod partition;
 mod rules;
-mod run;
+pub(crate) mod run;
 mod state;
 
 pub use compiled::{Compiled, CompiledTrainStep, Shardings};

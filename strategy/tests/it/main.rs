@@ -3,6 +3,7 @@
 
 mod api;
 mod checkpoints;
+mod placed;
 mod processes;
 mod properties;
 mod seed;

@@ -13,7 +13,7 @@ use meshwork_strategy::spmd::{megatron_spec, partition};
 use serde_json::Value as Json;
 
 #[path = "../../../program/tests/it/case.rs"]
-mod case;
+pub(crate) mod case;
 
 const MESHES: [&[(&str, usize)]; 10] = [
     &[("x", 1)],

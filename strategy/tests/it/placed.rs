@@ -1,0 +1,255 @@
+//! Placed programs against one device: every program of the JAX oracle
+//! (`program/testdata/cases.jsonl`) with its gradient (`vjp`), given random device
+//! requests over 1–4 devices and random colocations, placed by TensorFlow's rules,
+//! split with send/recv pairs and run on the strategy's devices, equals the
+//! one-device run; TensorFlow's resource-edge and soft-placement rules decide where
+//! variables' updates and kernel-less ops go.
+
+use meshwork_program::{Builder, Catalogue, Kernels, Program, Tensor, Value, fast};
+use meshwork_strategy::Strategy;
+use meshwork_strategy::placed::PlaceOptions;
+use meshwork_types::DType;
+use serde_json::Value as Json;
+
+use crate::spmd::case;
+
+/// A small deterministic generator (a case's requests depend on its index only).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+fn close(got: &Tensor, want: &Tensor, tol: f64) -> Result<(), String> {
+    if got.spec() != want.spec() {
+        return Err(format!("{} vs {}", got.spec(), want.spec()));
+    }
+    let float = want.spec().dtype.is_float();
+    for (k, (a, b)) in got.to_f64().iter().zip(want.to_f64()).enumerate() {
+        let ok = if float { (a - b).abs() <= tol * (1.0 + b.abs()) } else { *a == b };
+        if !ok {
+            return Err(format!("element {k}: {a} vs {b}"));
+        }
+    }
+    Ok(())
+}
+
+/// `p` with random requests: each value on one of `devices` devices (or none, or a
+/// partial spec), and one instruction in four colocated with an earlier value.
+fn with_random_requests(p: &Program, rng: &mut Rng, devices: usize) -> Program {
+    let mut b = Builder::from_program(p).unwrap();
+    let np = p.params().len();
+    for v in 0..p.num_values() {
+        let spec = match rng.below(devices + 2) {
+            d if d < devices => format!("/device:CPU:{d}"),
+            d if d == devices => String::new(),
+            _ => "/device:CPU:*".to_string(),
+        };
+        b.set_device(Value(v as u32), &spec).unwrap();
+        if v >= np && rng.below(4) == 0 {
+            b.colocate(Value(v as u32), Value(rng.below(v) as u32)).unwrap();
+        }
+    }
+    b.finish(p.results()).unwrap()
+}
+
+/// One case on 1–4 random devices: outputs and gradients against one device and JAX.
+fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
+    let program = case::build(case).map_err(|e| e.to_string())?;
+    let wrt: Vec<(usize, String)> = case["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i["dtype"] == "f64")
+        .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
+        .collect();
+    let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+    let back: Program = meshwork_program::vjp(&program, &values).map_err(|e| e.to_string())?;
+    let mut feed: Vec<Tensor> =
+        case["inputs"].as_array().unwrap().iter().map(case::tensor).collect();
+    feed.extend(
+        case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(case::tensor),
+    );
+    let mut rng = Rng(index as u64 * 7919 + 5);
+    let devices = 1 + rng.below(4);
+    let requested = with_random_requests(&back, &mut rng, devices);
+    let options = PlaceOptions {
+        devices: Some(
+            (0..devices)
+                .map(|d| format!("/job:localhost/replica:0/task:0/device:CPU:{d}"))
+                .collect(),
+        ),
+        ..PlaceOptions::default()
+    };
+    let placed = strategy.place(&requested, &[], &options).map_err(|e| format!("place: {e}"))?;
+    let got = placed.step(&feed).map_err(|e| format!("run on {devices}: {e}\n{placed}"))?;
+    let one = fast::evaluate(&back, &feed).map_err(|e| e.to_string())?;
+    for (k, (g, w)) in got.iter().zip(&one).enumerate() {
+        close(g, w, 1e-12).map_err(|e| format!("result {k} on {devices}: {e}\n{placed}"))?;
+    }
+    let n = program.results().len();
+    for (k, w) in case["expected"].as_array().unwrap().iter().enumerate() {
+        close(&got[k], &case::tensor(w), 1e-9).map_err(|e| format!("output {k} vs JAX: {e}"))?;
+    }
+    for (k, (_, name)) in wrt.iter().enumerate() {
+        close(&got[n + k], &case::tensor(&case["grads"][name.as_str()]), 1e-9)
+            .map_err(|e| format!("gradient of {name} vs JAX: {e}"))?;
+    }
+    Ok((placed.parts().count(), placed.transfers().len()))
+}
+
+#[test]
+fn every_oracle_case_placed_on_random_devices_matches_one_device() {
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../program/testdata/cases.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut failed = Vec::new();
+    let (mut split, mut transfers) = (0, 0);
+    for (i, line) in text.lines().enumerate() {
+        let case: Json = serde_json::from_str(line).unwrap();
+        match check(&strategy, i, &case) {
+            Ok((parts, t)) => {
+                split += usize::from(parts > 1);
+                transfers += t;
+            }
+            Err(e) => failed.push(format!("{}: {e}", case["id"])),
+        }
+    }
+    let shown: Vec<&String> = failed.iter().take(3).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 1500 failed:\n{}",
+        failed.len(),
+        shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n\n")
+    );
+    // Most programs really run split, with values crossing devices.
+    assert!(split > 650 && transfers > 1000, "{split} cases split, {transfers} transfers");
+}
+
+/// `w` requested on device 1, its update on device 0: TensorFlow's resource-edge rule
+/// places the update (`AssignVariableOp`) with the variable, and the variable stays
+/// there across steps.
+#[test]
+fn a_variables_update_requested_elsewhere_is_placed_with_it() {
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:1", |b| b.param("w", "f64[3]".parse()?)).unwrap();
+    let x = b.param("x", "f64[3]".parse().unwrap()).unwrap();
+    let y = b.device("/device:CPU:0", |b| b.mul(w, x)).unwrap();
+    let new_w = b.device("/device:CPU:0", |b| b.sub(w, y)).unwrap();
+    let s = b.reduce_sum(y, &[0], false).unwrap();
+    let p = b.finish(&[s, new_w]).unwrap();
+    let placed = strategy.place(&p, &[(1, 0)], &PlaceOptions::default()).unwrap();
+    let cpu = |i: usize| format!("/job:localhost/replica:0/task:0/device:CPU:{i}");
+    assert_eq!(placed.device(w).unwrap(), cpu(1));
+    assert_eq!(placed.device(y).unwrap(), cpu(0));
+    let assign = placed.graph().graph.id("w/assign").unwrap();
+    let read = placed.graph().graph.id("w/read").unwrap();
+    let on = |n| placed.devices().devices()[placed.placement().device(n)].name().to_string();
+    assert_eq!(on(assign), cpu(1), "the update goes with its variable");
+    assert_eq!(on(read), cpu(1));
+    let why = placed.explain(w).unwrap().to_string();
+    assert!(why.contains("w/assign") && why.contains("w/read"), "{why}");
+    // w crosses to device 0 once (for `mul` and `sub`), its new value comes back.
+    assert_eq!(placed.transfers().len(), 2, "{placed}");
+
+    let t = |v: Vec<f64>| Tensor::f64(&[3], v).unwrap();
+    assert!(placed.step(&[t(vec![1.0; 3])]).is_err(), "w has no value yet");
+    placed.set("w", t(vec![1.0, 2.0, 3.0])).unwrap();
+    let mut want = vec![1.0, 2.0, 3.0];
+    let x = vec![0.5, -1.0, 2.0];
+    for _ in 0..3 {
+        let out = placed.step(&[t(x.clone())]).unwrap();
+        let ys: Vec<f64> = want.iter().zip(&x).map(|(a, b)| a * b).collect();
+        assert_eq!(out[0].to_f64(), vec![ys.iter().sum::<f64>()]);
+        want = want.iter().zip(&ys).map(|(a, b)| a - b).collect();
+        assert_eq!(placed.get("w").unwrap().to_f64(), want);
+    }
+}
+
+/// An f64 op requested on a device type without f64 kernels: soft placement moves it
+/// to a device that has one; without soft placement it is refused with TensorFlow's
+/// message.
+#[test]
+fn a_missing_kernel_is_soft_placed_or_refused_as_tensorflow_does() {
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let catalogue =
+        Catalogue::cpu().with(Kernels::new("TPU").only_dtypes(&[DType::F32, DType::I32]));
+    let devices = vec![
+        "/job:localhost/replica:0/task:0/device:CPU:0".to_string(),
+        "/job:localhost/replica:0/task:0/device:TPU:0".to_string(),
+    ];
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4]".parse().unwrap()).unwrap();
+    let f = b.param("f", "f32[4]".parse().unwrap()).unwrap();
+    let (y, g) = b
+        .device("/device:TPU:0", |b| {
+            let y = b.tanh(x)?;
+            let g = b.tanh(f)?;
+            Ok((y, g))
+        })
+        .unwrap();
+    let p = b.finish(&[y, g]).unwrap();
+    let soft = PlaceOptions {
+        devices: Some(devices.clone()),
+        catalogue: catalogue.clone(),
+        ..PlaceOptions::default()
+    };
+    let placed = strategy.place(&p, &[], &soft).unwrap();
+    assert_eq!(placed.device(y).unwrap(), devices[0], "no f64 kernel on TPU");
+    assert_eq!(placed.device(g).unwrap(), devices[1]);
+    let out = placed
+        .step(&[
+            Tensor::f64(&[4], vec![0.0, 1.0, -1.0, 2.0]).unwrap(),
+            Tensor::f32(&[4], vec![1.0; 4]).unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(out[0].to_f64()[1], 1f64.tanh());
+
+    let strict = PlaceOptions { allow_soft_placement: false, ..soft };
+    let err = strategy.place(&p, &[], &strict).unwrap_err();
+    let meshwork_strategy::Error::Placer(e) = &err else { panic!("{err}") };
+    assert_eq!(e.node(), Some("%2"));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("Could not satisfy explicit device specification '/device:TPU:0' because no supported kernel for TPU devices is available"),
+        "{msg}"
+    );
+}
+
+/// A failing instruction on one device ends the step on every device with its error,
+/// promptly, and the variables keep their values.
+#[test]
+fn a_failure_on_one_device_ends_the_step_everywhere_and_keeps_the_variables() {
+    let strategy = Strategy::data_parallel(3).unwrap();
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:2", |b| b.param("w", "f64[4]".parse()?)).unwrap();
+    let idx = b.device("/device:CPU:1", |b| b.param("idx", "i64[2]".parse()?)).unwrap();
+    let t = b.device("/device:CPU:1", |b| b.take(w, idx, 0)).unwrap();
+    let s = b.device("/device:CPU:0", |b| b.reduce_sum(t, &[0], false)).unwrap();
+    let two = b.device("/device:CPU:2", |b| b.scalar_like(w, 2.0)).unwrap();
+    let nw = b.device("/device:CPU:2", |b| b.mul(w, two)).unwrap();
+    let p = b.finish(&[s, nw]).unwrap();
+    let placed = strategy.place(&p, &[(1, 0)], &PlaceOptions::default()).unwrap();
+    placed.set("w", Tensor::f64(&[4], vec![1.0, 2.0, 3.0, 4.0]).unwrap()).unwrap();
+    let ok = placed.step(&[Tensor::i64(&[2], vec![0, 3]).unwrap()]).unwrap();
+    assert_eq!(ok[0].to_f64(), vec![5.0]);
+    let start = std::time::Instant::now();
+    let err = placed.step(&[Tensor::i64(&[2], vec![0, 9]).unwrap()]).unwrap_err();
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+    let msg = err.to_string();
+    assert!(msg.contains("take") || msg.contains("index"), "{msg}");
+    assert!(
+        !msg.contains("PeerFailed") && !msg.contains("failed, so replica"),
+        "the root error: {msg}"
+    );
+    assert_eq!(
+        placed.get("w").unwrap().to_f64(),
+        vec![2.0, 4.0, 6.0, 8.0],
+        "unchanged by the failed step"
+    );
+}
