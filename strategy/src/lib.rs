@@ -29,6 +29,10 @@
 //!   backward and the optimizer's update over the mesh (collectives inserted, gradient
 //!   all-reduces combined), keeps weights and optimizer state on the devices, and
 //!   saves them as sharded checkpoints that restore onto any mesh.
+//! - [`placed`]: TensorFlow's way — `tf.device` scopes and `colocate_with` in the
+//!   program, [`Strategy::place`] places its instructions by TensorFlow's rules
+//!   (resource variables, soft placement, the kernel catalogue), splits it per device
+//!   with send/recv pairs and runs the pieces concurrently, variables resident.
 //!
 //! ```
 //! use meshwork_strategy::{Aggregation, Arg, PerReplica, ReduceOp, Strategy, Tensor, VariableOptions};
