@@ -253,6 +253,20 @@ impl Transformer {
     /// Logits `[B, T, V]` of integer `tokens` `[B, T]`: parameters `embed`, `pos`,
     /// `layers.{i}.*`, `ln_f.*` and `unembed`, of `dtype`.
     pub fn logits(&self, b: &mut Builder, tokens: Value, dtype: DType) -> Result<Value> {
+        self.logits_on(b, tokens, dtype, &[])
+    }
+
+    /// [`logits`](Self::logits) with the model spread over `stages` devices as a
+    /// pipeline is written in TensorFlow: the embedding in a `device` scope of the
+    /// first, decoder block `i` of `L` on stage `i·K/L`, the final norm and the
+    /// unembedding on the last. No stages: no device scopes.
+    pub fn logits_on(
+        &self,
+        b: &mut Builder,
+        tokens: Value,
+        dtype: DType,
+        stages: &[&str],
+    ) -> Result<Value> {
         let td = b.spec(tokens)?.shape.dims().to_vec();
         if td.len() != 2 || td[1] != self.seq {
             return Err(problem(
@@ -262,20 +276,47 @@ impl Transformer {
                 format!("tokens must be [batch, {}]", self.seq),
             ));
         }
-        let x = embedding(b, tokens, self.vocab, self.dim, "embed", dtype)?;
-        let pos = param(b, "pos", dtype, &[self.seq, self.dim])?;
-        let mut x = b.add(x, pos)?;
+        let k = stages.len();
+        let on =
+            |b: &mut Builder, stage: usize, f: &mut dyn FnMut(&mut Builder) -> Result<Value>| {
+                match stages.get(stage) {
+                    Some(device) => b.device(device, |b| f(b)),
+                    None => f(b),
+                }
+            };
+        let mut x = on(b, 0, &mut |b| {
+            let x = embedding(b, tokens, self.vocab, self.dim, "embed", dtype)?;
+            let pos = param(b, "pos", dtype, &[self.seq, self.dim])?;
+            b.add(x, pos)
+        })?;
         for i in 0..self.layers {
-            x = b.scope(&format!("layers.{i}"), |b| decoder_block(b, x, self.heads, self.ffn))?;
+            let stage = if k == 0 { 0 } else { i * k / self.layers };
+            x = on(b, stage, &mut |b| {
+                b.scope(&format!("layers.{i}"), |b| decoder_block(b, x, self.heads, self.ffn))
+            })?;
         }
-        let h = b.scope("ln_f", |b| layer_norm(b, x, 1e-5))?;
-        let w = param(b, "unembed", dtype, &[self.dim, self.vocab])?;
-        b.matmul(h, w)
+        on(b, k.saturating_sub(1), &mut |b| {
+            let h = b.scope("ln_f", |b| layer_norm(b, x, 1e-5))?;
+            let w = param(b, "unembed", dtype, &[self.dim, self.vocab])?;
+            b.matmul(h, w)
+        })
     }
 
     /// The mean next-token loss of integer `rows` `[B, T + 1]`: inputs `row[:T]`,
     /// targets `row[1:]`.
     pub fn loss(&self, b: &mut Builder, rows: Value, dtype: DType) -> Result<Value> {
+        self.loss_on(b, rows, dtype, &[])
+    }
+
+    /// [`loss`](Self::loss) with the model over `stages` devices as
+    /// [`logits_on`](Self::logits_on) spreads it (the loss on the last stage).
+    pub fn loss_on(
+        &self,
+        b: &mut Builder,
+        rows: Value,
+        dtype: DType,
+        stages: &[&str],
+    ) -> Result<Value> {
         let rd = b.spec(rows)?.shape.dims().to_vec();
         if rd.len() != 2 || rd[1] != self.seq + 1 {
             return Err(problem(
@@ -287,7 +328,10 @@ impl Transformer {
         }
         let inputs = b.slice(rows, &[0, 0], &[rd[0], self.seq], &[1, 1])?;
         let targets = b.slice(rows, &[0, 1], &[rd[0], self.seq + 1], &[1, 1])?;
-        let logits = self.logits(b, inputs, dtype)?;
-        softmax_cross_entropy(b, logits, targets)
+        let logits = self.logits_on(b, inputs, dtype, stages)?;
+        match stages.last() {
+            Some(device) => b.device(device, |b| softmax_cross_entropy(b, logits, targets)),
+            None => softmax_cross_entropy(b, logits, targets),
+        }
     }
 }

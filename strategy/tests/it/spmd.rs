@@ -249,7 +249,7 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
 }
 
 #[path = "../../../program/tests/it/files.rs"]
-mod files;
+pub(crate) mod files;
 
 /// The JAX reference transformer's training step (`program/testdata/transformer`)
 /// compiled on `strategy` over a `data × model` mesh (rows over data, Megatron's
