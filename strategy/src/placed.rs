@@ -230,6 +230,7 @@ struct Part {
     /// The executor device that runs it.
     device: usize,
     program: Program,
+    /// Its inputs (moved into [`Placed::sources`] once placed).
     sources: Vec<Source>,
     sinks: Vec<Sink>,
 }
@@ -258,6 +259,10 @@ pub struct Placed<'s> {
     busy: Mutex<()>,
     /// The executable of each part, shared with the device threads.
     exes: Arc<Vec<Executable>>,
+    /// Each part's inputs, shared with the device threads.
+    sources: Arc<Vec<Vec<Source>>>,
+    /// The executor device of each part.
+    executors: Vec<usize>,
 }
 
 impl fmt::Debug for Placed<'_> {
@@ -343,7 +348,7 @@ impl Strategy {
         let placement = meshwork_placer::place(&graph.graph, &devices, &graph, placer_options)?;
         let device_of: Vec<usize> = graph.place_node.iter().map(|&n| placement.device(n)).collect();
         let feeds: Vec<usize> = (0..np).filter(|&k| !variables[k]).collect();
-        let (parts, transfers) = split(program, &device_of, &variables, &feeds, carry)?;
+        let (mut parts, transfers) = split(program, &device_of, &variables, &feeds, carry)?;
         let mut slot = vec![None; np];
         let mut resident = Vec::with_capacity(parts.len());
         for (r, part) in parts.iter().enumerate() {
@@ -367,13 +372,15 @@ impl Strategy {
             options: placer_options,
             placement,
             device_of,
-            parts,
             transfers,
             feeds,
             resident: Arc::new(resident),
             slot,
             busy: Mutex::new(()),
             exes,
+            executors: parts.iter().map(|p| p.device).collect(),
+            sources: Arc::new(parts.iter_mut().map(|p| std::mem::take(&mut p.sources)).collect()),
+            parts,
         })
     }
 }
@@ -687,10 +694,10 @@ impl Placed<'_> {
         let n = self.parts.len();
         // Each device's feeds, moved to it; its variables are read in place there.
         let feeds_of: Vec<Vec<Tensor>> = self
-            .parts
+            .sources
             .iter()
-            .map(|part| {
-                part.sources
+            .map(|sources| {
+                sources
                     .iter()
                     .filter_map(|s| match *s {
                         Source::Feed(f) => Some(feeds[f].clone()),
@@ -699,17 +706,15 @@ impl Placed<'_> {
                     .collect()
             })
             .collect();
-        let sources: Arc<Vec<Vec<Source>>> =
-            Arc::new(self.parts.iter().map(|p| p.sources.clone()).collect());
         let slots: Arc<Vec<Mutex<Vec<Tensor>>>> =
             Arc::new(feeds_of.into_iter().map(Mutex::new).collect());
         let outs: Arc<Vec<Mutex<Vec<Tensor>>>> =
             Arc::new((0..n).map(|_| Mutex::new(Vec::new())).collect());
-        let placement: Vec<usize> = self.parts.iter().map(|p| p.device).collect();
         let (exes, resident, o) = (self.exes.clone(), self.resident.clone(), outs.clone());
+        let sources = self.sources.clone();
         run_replicas(
             self.strategy.runtime(),
-            &placement,
+            &self.executors,
             Arc::new(move |ctx| {
                 let r = ctx.replica_id();
                 let mut fed = std::mem::take(&mut *lock(&slots[r])).into_iter();

@@ -58,8 +58,8 @@ pub(crate) fn npy_i32(bytes: &[u8]) -> (usize, usize, Vec<i32>) {
 /// The reference run's `expected.json`, its model's loss program (parameter `rows`
 /// `i32[batch, seq + 1]` first, then the weights, f64) with its loss value, and the
 /// batch size.
-pub(crate) fn reference_model() -> (Json, Program, Value, usize) {
-    let expected: Json = serde_json::from_slice(&testdata("expected.json")).unwrap();
+/// The reference run's model and batch size, from `expected.json`'s config.
+pub(crate) fn reference_transformer(expected: &Json) -> (nn::Transformer, usize) {
     let cfg = &expected["config"];
     let get = |k: &str| cfg[k].as_u64().unwrap() as usize;
     let model = nn::Transformer {
@@ -70,7 +70,12 @@ pub(crate) fn reference_model() -> (Json, Program, Value, usize) {
         layers: get("layers"),
         ffn: get("ffn"),
     };
-    let batch = get("batch");
+    (model, get("batch"))
+}
+
+pub(crate) fn reference_model() -> (Json, Program, Value, usize) {
+    let expected: Json = serde_json::from_slice(&testdata("expected.json")).unwrap();
+    let (model, batch) = reference_transformer(&expected);
     let mut b = Builder::new();
     let rows = b
         .param("rows", TensorSpec::new(DType::I32, Shape::new(&[batch, model.seq + 1]).unwrap()))

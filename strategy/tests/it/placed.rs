@@ -5,37 +5,13 @@
 //! one-device run; TensorFlow's resource-edge and soft-placement rules decide where
 //! variables' updates and kernel-less ops go.
 
-use meshwork_program::{Builder, Catalogue, Kernels, Program, Tensor, Value, fast};
+use meshwork_program::{Builder, Catalogue, Kernels, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::PlaceOptions;
 use meshwork_types::DType;
 use serde_json::Value as Json;
 
-use crate::spmd::case;
-
-/// A small deterministic generator (a case's requests depend on its index only).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
-}
-
-fn close(got: &Tensor, want: &Tensor, tol: f64) -> Result<(), String> {
-    if got.spec() != want.spec() {
-        return Err(format!("{} vs {}", got.spec(), want.spec()));
-    }
-    let float = want.spec().dtype.is_float();
-    for (k, (a, b)) in got.to_f64().iter().zip(want.to_f64()).enumerate() {
-        let ok = if float { (a - b).abs() <= tol * (1.0 + b.abs()) } else { *a == b };
-        if !ok {
-            return Err(format!("element {k}: {a} vs {b}"));
-        }
-    }
-    Ok(())
-}
+use crate::spmd::{OracleCase, Rng};
 
 /// `p` with random requests: each value on one of `devices` devices (or none, or a
 /// partial spec), and one instruction in four colocated with an earlier value.
@@ -58,25 +34,10 @@ fn with_random_requests(p: &Program, rng: &mut Rng, devices: usize) -> Program {
 
 /// One case on 1–4 random devices: outputs and gradients against one device and JAX.
 fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
-    let program = case::build(case).map_err(|e| e.to_string())?;
-    let wrt: Vec<(usize, String)> = case["inputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .filter(|(_, i)| i["dtype"] == "f64")
-        .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
-        .collect();
-    let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
-    let back: Program = meshwork_program::vjp(&program, &values).map_err(|e| e.to_string())?;
-    let mut feed: Vec<Tensor> =
-        case["inputs"].as_array().unwrap().iter().map(case::tensor).collect();
-    feed.extend(
-        case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(case::tensor),
-    );
+    let oracle = OracleCase::new(case)?;
     let mut rng = Rng(index as u64 * 7919 + 5);
     let devices = 1 + rng.below(4);
-    let requested = with_random_requests(&back, &mut rng, devices);
+    let requested = with_random_requests(&oracle.back, &mut rng, devices);
     let options = PlaceOptions {
         devices: Some(
             (0..devices)
@@ -86,19 +47,8 @@ fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize
         ..PlaceOptions::default()
     };
     let placed = strategy.place(&requested, &[], &options).map_err(|e| format!("place: {e}"))?;
-    let got = placed.step(&feed).map_err(|e| format!("run on {devices}: {e}\n{placed}"))?;
-    let one = fast::evaluate(&back, &feed).map_err(|e| e.to_string())?;
-    for (k, (g, w)) in got.iter().zip(&one).enumerate() {
-        close(g, w, 1e-12).map_err(|e| format!("result {k} on {devices}: {e}\n{placed}"))?;
-    }
-    let n = program.results().len();
-    for (k, w) in case["expected"].as_array().unwrap().iter().enumerate() {
-        close(&got[k], &case::tensor(w), 1e-9).map_err(|e| format!("output {k} vs JAX: {e}"))?;
-    }
-    for (k, (_, name)) in wrt.iter().enumerate() {
-        close(&got[n + k], &case::tensor(&case["grads"][name.as_str()]), 1e-9)
-            .map_err(|e| format!("gradient of {name} vs JAX: {e}"))?;
-    }
+    let got = placed.step(&oracle.feed).map_err(|e| format!("run on {devices}: {e}\n{placed}"))?;
+    oracle.check(case, &got, &|| format!("on {devices} devices\n{placed}"))?;
     Ok((placed.parts().count(), placed.transfers().len()))
 }
 
@@ -264,19 +214,10 @@ fn train_placed(
     lr: f64,
 ) -> (Vec<f64>, Json) {
     use crate::spmd::files;
-    use meshwork_program::{TrainStep, nn};
+    use meshwork_program::TrainStep;
     use meshwork_types::{Shape, TensorSpec};
-    let (expected, _, _, batch) = files::reference_model();
-    let cfg = &expected["config"];
-    let get = |k: &str| cfg[k].as_u64().unwrap() as usize;
-    let model = nn::Transformer {
-        vocab: get("vocab"),
-        seq: get("seq"),
-        dim: get("dim"),
-        heads: get("heads"),
-        layers: get("layers"),
-        ffn: get("ffn"),
-    };
+    let (expected, _, _, _) = files::reference_model();
+    let (model, batch) = files::reference_transformer(&expected);
     let names: Vec<String> = (0..stages).map(|s| format!("/device:CPU:{s}")).collect();
     let devices: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut b = Builder::new();
@@ -316,17 +257,10 @@ fn train_placed(
     for (k, t) in state.into_iter().enumerate() {
         placed.set(&sp.params()[first_state + k].name, t).unwrap();
     }
-    let (n, m, tokens) = files::npy_i32(&files::testdata("tokens.npy"));
     let mut losses = Vec::new();
     for s in 0..20 {
-        let mut batch_rows = Vec::with_capacity(batch * m);
-        for i in 0..batch {
-            let r = (s * batch + i) % n;
-            batch_rows.extend_from_slice(&tokens[r * m..(r + 1) * m]);
-        }
         let [lr_t, step_t] = step.scalars(lr, s).unwrap();
-        let out =
-            placed.step(&[Tensor::i32(&[batch, m], batch_rows).unwrap(), lr_t, step_t]).unwrap();
+        let out = placed.step(&[crate::spmd::reference_rows(s), lr_t, step_t]).unwrap();
         losses.push(out[0].to_f64()[0]);
     }
     (losses, expected)

@@ -29,10 +29,10 @@ const MESHES: [&[(&str, usize)]; 10] = [
 ];
 
 /// A small deterministic generator (a case's layouts depend on its index only).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 33) % n as u64) as usize
     }
@@ -76,24 +76,71 @@ fn close(got: &Tensor, want: &Tensor, tol: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// An oracle case ready to run: its program, its `vjp` program (outputs, then the
+/// gradient of each f64 input), the feeds of the `vjp` program (inputs, then
+/// cotangents) and the f64 inputs (index, name) gradients are taken of.
+pub(crate) struct OracleCase {
+    pub(crate) program: Program,
+    pub(crate) back: Program,
+    pub(crate) feed: Vec<Tensor>,
+    wrt: Vec<(usize, String)>,
+}
+
+impl OracleCase {
+    pub(crate) fn new(case: &Json) -> Result<OracleCase, String> {
+        let program = case::build(case).map_err(|e| e.to_string())?;
+        let wrt: Vec<(usize, String)> = case["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i["dtype"] == "f64")
+            .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
+            .collect();
+        let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+        let back = meshwork_program::vjp(&program, &values).map_err(|e| e.to_string())?;
+        let mut feed: Vec<Tensor> =
+            case["inputs"].as_array().unwrap().iter().map(case::tensor).collect();
+        feed.extend(
+            case["cotangents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| !c.is_null())
+                .map(case::tensor),
+        );
+        Ok(OracleCase { program, back, feed, wrt })
+    }
+
+    /// Checks `got` (the `vjp` program's results) against one device's run (relative
+    /// 1e-12; `at` says where it ran) and against JAX's outputs and gradients (1e-9).
+    pub(crate) fn check(
+        &self,
+        case: &Json,
+        got: &[Tensor],
+        at: &dyn Fn() -> String,
+    ) -> Result<(), String> {
+        let one = fast::evaluate(&self.back, &self.feed).map_err(|e| e.to_string())?;
+        for (k, (g, w)) in got.iter().zip(&one).enumerate() {
+            close(g, w, 1e-12).map_err(|e| format!("result {k} {}: {e}", at()))?;
+        }
+        let n = self.program.results().len();
+        for (k, w) in case["expected"].as_array().unwrap().iter().enumerate() {
+            close(&got[k], &case::tensor(w), 1e-9)
+                .map_err(|e| format!("output {k} vs JAX: {e}"))?;
+        }
+        for (k, (_, name)) in self.wrt.iter().enumerate() {
+            close(&got[n + k], &case::tensor(&case["grads"][name.as_str()]), 1e-9)
+                .map_err(|e| format!("gradient of {name} vs JAX: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
 /// One case on one random mesh: outputs and gradients against one device and JAX.
 fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
-    let program = case::build(case).map_err(|e| e.to_string())?;
-    let wrt: Vec<(usize, String)> = case["inputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .filter(|(_, i)| i["dtype"] == "f64")
-        .map(|(k, i)| (k, i["name"].as_str().unwrap().to_string()))
-        .collect();
-    let values: Vec<Value> = wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
-    let back: Program = meshwork_program::vjp(&program, &values).map_err(|e| e.to_string())?;
-    let mut feed: Vec<Tensor> =
-        case["inputs"].as_array().unwrap().iter().map(case::tensor).collect();
-    feed.extend(
-        case["cotangents"].as_array().unwrap().iter().filter(|c| !c.is_null()).map(case::tensor),
-    );
+    let oracle = OracleCase::new(case)?;
+    let (back, feed) = (&oracle.back, &oracle.feed);
 
     // A random mesh; of a few tries, the first on which some input is sharded.
     let mut rng = Rng(index as u64 * 7919 + 17);
@@ -110,22 +157,9 @@ fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize
     }
     let (mesh, layouts) = pick.unwrap();
     let outputs = vec![None; back.results().len()];
-    let p = partition(&back, &mesh, &layouts, &outputs).map_err(|e| format!("partition: {e}"))?;
-    let got =
-        strategy.run_partitioned(&p, &feed).map_err(|e| format!("run on {mesh}: {e}\n{p}"))?;
-    let one = fast::evaluate(&back, &feed).map_err(|e| e.to_string())?;
-    for (k, (g, w)) in got.iter().zip(&one).enumerate() {
-        close(g, w, 1e-12).map_err(|e| format!("result {k} on {mesh}: {e}\n{p}"))?;
-    }
-    let n = program.results().len();
-    let expected = case["expected"].as_array().unwrap();
-    for (k, w) in expected.iter().enumerate() {
-        close(&got[k], &case::tensor(w), 1e-9).map_err(|e| format!("output {k} vs JAX: {e}"))?;
-    }
-    for (k, (_, name)) in wrt.iter().enumerate() {
-        close(&got[n + k], &case::tensor(&case["grads"][name.as_str()]), 1e-9)
-            .map_err(|e| format!("gradient of {name} vs JAX: {e}"))?;
-    }
+    let p = partition(back, &mesh, &layouts, &outputs).map_err(|e| format!("partition: {e}"))?;
+    let got = strategy.run_partitioned(&p, feed).map_err(|e| format!("run on {mesh}: {e}\n{p}"))?;
+    oracle.check(case, &got, &|| format!("on {mesh}\n{p}"))?;
     let tiled = p.inputs().iter().filter(|l| !l.is_replicated()).count();
     Ok((tiled, p.collectives().len()))
 }
@@ -286,18 +320,19 @@ fn reference_steps(
     range: std::ops::Range<usize>,
     lr: f64,
 ) -> Vec<f64> {
+    range.map(|s| step.step(&[reference_rows(s)], lr).unwrap()).collect()
+}
+
+/// Step `s`'s batch of the reference run: rows `(s·B + i) mod N` of `tokens.npy`.
+pub(crate) fn reference_rows(s: usize) -> Tensor {
     let (_, _, _, batch) = files::reference_model();
     let (n, m, tokens) = files::npy_i32(&files::testdata("tokens.npy"));
-    let mut losses = Vec::new();
-    for s in range {
-        let mut rows = Vec::with_capacity(batch * m);
-        for i in 0..batch {
-            let r = (s * batch + i) % n;
-            rows.extend_from_slice(&tokens[r * m..(r + 1) * m]);
-        }
-        losses.push(step.step(&[Tensor::i32(&[batch, m], rows).unwrap()], lr).unwrap());
+    let mut rows = Vec::with_capacity(batch * m);
+    for i in 0..batch {
+        let r = (s * batch + i) % n;
+        rows.extend_from_slice(&tokens[r * m..(r + 1) * m]);
     }
-    losses
+    Tensor::i32(&[batch, m], rows).unwrap()
 }
 
 /// Trains the JAX reference transformer 20 steps with the compiled, device-resident
@@ -509,7 +544,6 @@ fn a_checkpoint_manager_keeps_compiled_steps() {
 fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
     use meshwork_program::{Builder, Optimizer, nn};
     use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
-    use meshwork_strategy::spmd::Shardings;
     let (features, hidden, classes, batch, rows, steps, lr) = (12, 16, 4, 8, 40, 12, 0.5);
     let data = Dataset::synthetic(3, rows, features, classes);
     let init = Params::init(3, features, hidden, classes);
@@ -531,13 +565,7 @@ fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
         |a: &ndarray::ArrayD<f64>| Tensor::f64(a.shape(), a.iter().copied().collect()).unwrap();
     for (d, m) in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)] {
         let mesh = Mesh::iota(&[("data", d), ("model", m)]).unwrap();
-        let shardings = Shardings::new(mesh)
-            .with("x", "P('data')")
-            .and_then(|s| s.with("labels", "P('data')"))
-            .and_then(|s| s.with("w1", "P(None, 'model')"))
-            .and_then(|s| s.with("b1", "P('model')"))
-            .and_then(|s| s.with("w2", "P('model', None)"))
-            .unwrap();
+        let shardings = mlp_shardings(mesh);
         let strategy = Strategy::data_parallel(d * m).unwrap();
         let mut step = strategy
             .compile_train_step(&program, loss, &weights, Optimizer::Sgd, &shardings)
@@ -677,7 +705,6 @@ fn a_failed_step_leaves_the_resident_state_as_it_was() {
 #[test]
 fn emitted_metrics_stream_through_the_outfeed_each_step() {
     use meshwork_program::{Builder, Optimizer, nn};
-    use meshwork_strategy::spmd::Shardings;
     use meshwork_strategy::{MetricEvent, MetricSpec};
     use std::sync::{Arc, Mutex};
     let mut b = Builder::new();
@@ -701,13 +728,7 @@ fn emitted_metrics_stream_through_the_outfeed_each_step() {
         )
         .unwrap();
     let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
-    let shardings = Shardings::new(mesh)
-        .with("x", "P('data')")
-        .and_then(|s| s.with("labels", "P('data')"))
-        .and_then(|s| s.with("w1", "P(None, 'model')"))
-        .and_then(|s| s.with("b1", "P('model')"))
-        .and_then(|s| s.with("w2", "P('model', None)"))
-        .unwrap();
+    let shardings = mlp_shardings(mesh);
     let mut step =
         strategy.compile_train_step(&program, loss, &weights, Optimizer::Sgd, &shardings).unwrap();
     let mut seed = Rng(3);
@@ -933,4 +954,15 @@ fn two_compiled_programs_step_at_once_on_one_strategy() {
         }
     });
     assert_eq!((first.steps(), second.steps()), (300, 300));
+}
+
+/// The MLP's shardings: the batch over `data`, Megatron's column/row split over `model`.
+fn mlp_shardings(mesh: Mesh) -> meshwork_strategy::spmd::Shardings {
+    meshwork_strategy::spmd::Shardings::new(mesh)
+        .with("x", "P('data')")
+        .and_then(|s| s.with("labels", "P('data')"))
+        .and_then(|s| s.with("w1", "P(None, 'model')"))
+        .and_then(|s| s.with("b1", "P('model')"))
+        .and_then(|s| s.with("w2", "P('model', None)"))
+        .unwrap()
 }
