@@ -1,7 +1,7 @@
 //! Building programs from Rust: every instruction is checked and its result's spec
 //! inferred as it is added, so a mistake is a typed error at the line that made it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use meshwork_types::{DType, ReduceOp, Shape, TensorSpec};
 
@@ -40,6 +40,12 @@ pub struct Builder {
     device: String,
     /// The values of the enclosing `colocate_with` scopes.
     colocation: Vec<Value>,
+    /// The value of each parameter.
+    param_values: Vec<Value>,
+    /// Inside [`reuse_params`](Builder::reuse_params).
+    reuse: bool,
+    /// Reused parameters' reads on other devices: (parameter, device) → its copy.
+    reads: HashMap<(Value, String), Value>,
 }
 
 impl Builder {
@@ -108,8 +114,15 @@ impl Builder {
             .ok_or(Error::UndefinedValue { at: "the builder".into(), value: v.0 })
     }
 
-    /// A parameter named `name` (within the current scopes) of `spec`.
+    /// A parameter named `name` (within the current scopes) of `spec`. Inside
+    /// [`reuse_params`](Self::reuse_params), an existing parameter of that name is
+    /// returned instead (read on the current device).
     pub fn param(&mut self, name: &str, spec: TensorSpec) -> Result<Value> {
+        if self.reuse
+            && let Some(v) = self.reused(&self.scoped(name), &spec)?
+        {
+            return Ok(v);
+        }
         let name = self.claim(self.scoped(name))?;
         if !supported(spec.dtype) {
             return Err(Error::UnsupportedDType {
@@ -128,7 +141,65 @@ impl Builder {
         let v = Value(self.specs.len() as u32);
         self.specs.push(spec.clone());
         self.params.push(Param { name, spec, device: self.device.clone() });
+        self.param_values.push(v);
         Ok(v)
+    }
+
+    /// Runs `f` with parameters shared, as TensorFlow's
+    /// `variable_scope(reuse=AUTO_REUSE)`: a parameter `f` declares under a name the
+    /// program already has is that parameter (its spec must match), so a model applied
+    /// to several micro-batches, or by several replicas, has one set of weights. A
+    /// parameter reused under a device request other than its own is read there once
+    /// — a copy on that device ([`identity`](Self::identity)) that every later reuse
+    /// on the device shares, as `variable_scope`'s `caching_device` reads a variable
+    /// once per tower — so its readers on that device and their gradients (summed
+    /// there first) cross devices once per step.
+    ///
+    /// ```
+    /// use meshwork_program::Builder;
+    ///
+    /// let mut b = Builder::new();
+    /// let x = b.param("x", "f32[3]".parse()?)?;
+    /// let (y, z) = b.reuse_params(|b| {
+    ///     let w = b.param("w", "f32[3]".parse()?)?;
+    ///     let y = b.mul(x, w)?;
+    ///     let w2 = b.device("CPU:1", |b| b.param("w", "f32[3]".parse()?))?;
+    ///     Ok((y, b.device("CPU:1", |b| b.mul(y, w2))?))
+    /// })?;
+    /// let p = b.finish(&[y, z])?;
+    /// assert_eq!(p.params().len(), 2, "one w, read on CPU:1 through a copy");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reuse_params<T>(&mut self, f: impl FnOnce(&mut Builder) -> Result<T>) -> Result<T> {
+        let outer = std::mem::replace(&mut self.reuse, true);
+        let out = f(self);
+        self.reuse = outer;
+        out
+    }
+
+    /// The existing parameter `name` (full name) if there is one, read on the current
+    /// device request.
+    fn reused(&mut self, name: &str, spec: &TensorSpec) -> Result<Option<Value>> {
+        let Some(k) = self.params.iter().position(|p| p.name == name) else { return Ok(None) };
+        let v = self.param_values[k];
+        if self.params[k].spec != *spec {
+            return Err(Error::Type {
+                op: "param",
+                at: format!("param {name:?}"),
+                operands: vec![self.params[k].spec.clone(), spec.clone()],
+                problem: "reused with a different spec".into(),
+            });
+        }
+        if self.device.is_empty() || self.device == self.params[k].device {
+            return Ok(Some(v));
+        }
+        let key = (v, self.device.clone());
+        if let Some(&copy) = self.reads.get(&key) {
+            return Ok(Some(copy));
+        }
+        let copy = self.identity(v)?;
+        self.reads.insert(key, copy);
+        Ok(Some(copy))
     }
 
     /// Runs `f` with what it makes — instructions and parameters — requested on
@@ -184,7 +255,7 @@ impl Builder {
     /// (replacing any request it had; `""` clears it).
     pub fn set_device(&mut self, v: Value, device: &str) -> Result<Value> {
         let device = if device.is_empty() { String::new() } else { merge_device("", device)? };
-        if let Some((_, instr)) = self.instrs.iter_mut().find(|(w, _)| *w == v) {
+        if let Some(instr) = self.instr_mut(v) {
             instr.device = device;
             return Ok(v);
         }
@@ -206,8 +277,8 @@ impl Builder {
                 value: with.0,
             });
         }
-        match self.instrs.iter_mut().find(|(w, _)| *w == v) {
-            Some((_, instr)) => {
+        match self.instr_mut(v) {
+            Some(instr) => {
                 if !instr.colocate.contains(&with) {
                     instr.colocate.push(with);
                 }
@@ -221,8 +292,8 @@ impl Builder {
 
     /// The device request of the instruction or parameter defining `v`.
     pub fn device_of(&self, v: Value) -> Result<&str> {
-        if let Some((_, instr)) = self.instrs.iter().find(|(w, _)| *w == v) {
-            return Ok(&instr.device);
+        if let Ok(i) = self.instr_position(v) {
+            return Ok(&self.instrs[i].1.device);
         }
         self.param_index(v)
             .map(|k| self.params[k].device.as_str())
@@ -231,11 +302,23 @@ impl Builder {
 
     /// The index among the parameters of the parameter `v`, if it is one.
     fn param_index(&self, v: Value) -> Option<usize> {
-        if v.index() >= self.specs.len() || self.instrs.iter().any(|(w, _)| *w == v) {
-            return None;
+        match self.instr_position(v) {
+            _ if v.index() >= self.specs.len() => None,
+            Ok(_) => None,
+            // Parameters are the values no instruction defines, in order.
+            Err(before) => Some(v.index() - before),
         }
-        // Parameters are the values no instruction defines, in order.
-        Some(v.index() - self.instrs.iter().filter(|(w, _)| *w < v).count())
+    }
+
+    /// Where the instruction defining `v` is among the instructions (which are in
+    /// value order), or how many instructions come before `v`.
+    fn instr_position(&self, v: Value) -> std::result::Result<usize, usize> {
+        self.instrs.binary_search_by_key(&v, |(w, _)| *w)
+    }
+
+    fn instr_mut(&mut self, v: Value) -> Option<&mut Instr> {
+        let i = self.instr_position(v).ok()?;
+        Some(&mut self.instrs[i].1)
     }
 
     /// Replaces the request (device and colocation stack) what is added next gets,
@@ -274,8 +357,8 @@ impl Builder {
     /// Names the instruction that defines `v` (within the current scopes).
     pub fn name(&mut self, v: Value, name: &str) -> Result<Value> {
         let full = self.claim(self.scoped(name))?;
-        match self.instrs.iter_mut().find(|(w, _)| *w == v) {
-            Some((_, instr)) => {
+        match self.instr_mut(v) {
+            Some(instr) => {
                 instr.name = Some(full);
                 Ok(v)
             }
@@ -383,6 +466,13 @@ impl Builder {
     /// Elementwise conversion.
     pub fn convert(&mut self, x: Value, dtype: DType) -> Result<Value> {
         self.push(Op::Convert { dtype }, &[x])
+    }
+
+    /// A copy of `x` (TensorFlow's `tf.identity`; a conversion to its own dtype): under
+    /// a device scope, `x` read on that device.
+    pub fn identity(&mut self, x: Value) -> Result<Value> {
+        let dtype = self.spec(x)?.dtype;
+        self.convert(x, dtype)
     }
 
     /// `select(pred, on_true, on_false)`.

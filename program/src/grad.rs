@@ -57,6 +57,9 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
     Ok(t.b.finish(&out)?.without_dead_code())
 }
 
+/// A value's cotangent contributions summed per device request: (request, sum).
+type Partials = Vec<(String, Value)>;
+
 /// Builds the forward program into a builder, then the backward pass after it.
 struct Transposer<'p> {
     program: &'p Program,
@@ -128,16 +131,17 @@ impl<'p> Transposer<'p> {
     fn backward_to(&mut self, seeds: &[(Value, Value)], wrt: &[Value]) -> Result<Vec<Value>> {
         let n = self.program.num_values();
         let params = self.program.params().len();
-        // Builder value of each original value → its accumulated cotangent.
-        let mut adj: Vec<Option<Value>> = vec![None; n];
+        // Each original value's cotangent so far: one partial sum per device request
+        // its contributions were made under.
+        let mut adj: Vec<Partials> = vec![Vec::new(); n];
         let index_of = |map: &[Value], v: Value| map.iter().position(|&m| m == v);
         for &(v, c) in seeds {
             let k = index_of(&self.map, v).expect("a seed is a program value");
-            self.accumulate(&mut adj, k, c)?;
+            self.accumulate(&mut adj, k, c, self.map[k])?;
         }
         for i in (0..self.program.instrs().len()).rev() {
             let k = params + i;
-            let Some(g) = adj[k] else { continue };
+            let Some(g) = self.total(&mut adj, k)? else { continue };
             let instr = &self.program.instrs()[i];
             let args: Vec<Value> = instr.args.iter().map(|a| self.map[a.index()]).collect();
             let y = self.map[k];
@@ -150,7 +154,7 @@ impl<'p> Transposer<'p> {
         }
         let mut out = Vec::with_capacity(wrt.len());
         for &w in wrt {
-            let g = match adj[w.index()] {
+            let g = match self.total(&mut adj, w.index())? {
                 Some(g) => g,
                 None => self.zeros_like(self.map[w.index()])?,
             };
@@ -163,7 +167,7 @@ impl<'p> Transposer<'p> {
     /// to its float operands.
     fn transpose_into(
         &mut self,
-        adj: &mut [Option<Value>],
+        adj: &mut [Partials],
         instr: &crate::program::Instr,
         args: &[Value],
         y: Value,
@@ -175,18 +179,45 @@ impl<'p> Transposer<'p> {
             if let Some(c) = c
                 && self.program.spec(*a).is_some_and(|s| s.dtype.is_float())
             {
-                self.accumulate(adj, a.index(), c)?;
+                self.accumulate(adj, a.index(), c, y)?;
             }
         }
         Ok(())
     }
 
-    fn accumulate(&mut self, adj: &mut [Option<Value>], k: usize, c: Value) -> Result<()> {
-        adj[k] = Some(match adj[k] {
-            None => c,
-            Some(prev) => self.b.add(prev, c)?,
-        });
+    /// Adds contribution `c`, made beside forward value `at`, to value `k`'s partial
+    /// sum on `at`'s device request (colocated with `at`) — the sum is taken where the
+    /// contributions are, so a value read on other devices gets one cotangent back
+    /// from each, not one per reader.
+    fn accumulate(&mut self, adj: &mut [Partials], k: usize, c: Value, at: Value) -> Result<()> {
+        let device = self.b.device_of(at)?.to_string();
+        match adj[k].iter_mut().find(|(d, _)| *d == device) {
+            Some((_, prev)) => {
+                let outer = self.b.swap_request(device, vec![at]);
+                let sum = self.b.add(*prev, c);
+                self.b.swap_request(outer.0, outer.1);
+                *prev = sum?;
+            }
+            None => adj[k].push((device, c)),
+        }
         Ok(())
+    }
+
+    /// Value `k`'s whole cotangent: its one partial sum, or the partial sums added
+    /// in order colocated with the value (TensorFlow aggregates a value's gradients
+    /// beside the op that produced it).
+    fn total(&mut self, adj: &mut [Partials], k: usize) -> Result<Option<Value>> {
+        let mut partials = std::mem::take(&mut adj[k]).into_iter().map(|(_, c)| c);
+        let Some(first) = partials.next() else { return Ok(None) };
+        let y = self.map[k];
+        let device = self.b.device_of(y)?.to_string();
+        let outer = self.b.swap_request(device, vec![y]);
+        let mut sum = Ok(first);
+        for c in partials {
+            sum = sum.and_then(|s| self.b.add(s, c));
+        }
+        self.b.swap_request(outer.0, outer.1);
+        sum.map(Some)
     }
 
     fn spec(&self, v: Value) -> Result<TensorSpec> {

@@ -326,12 +326,110 @@ impl Transformer {
                 format!("rows must be [batch, {}]", self.seq + 1),
             ));
         }
-        let inputs = b.slice(rows, &[0, 0], &[rd[0], self.seq], &[1, 1])?;
-        let targets = b.slice(rows, &[0, 1], &[rd[0], self.seq + 1], &[1, 1])?;
+        let on =
+            |b: &mut Builder, device: Option<&&str>, f: &dyn Fn(&mut Builder) -> Result<Value>| {
+                match device {
+                    Some(device) => b.device(device, f),
+                    None => f(b),
+                }
+            };
+        let inputs =
+            on(b, stages.first(), &|b| b.slice(rows, &[0, 0], &[rd[0], self.seq], &[1, 1]))?;
         let logits = self.logits_on(b, inputs, dtype, stages)?;
-        match stages.last() {
-            Some(device) => b.device(device, |b| softmax_cross_entropy(b, logits, targets)),
-            None => softmax_cross_entropy(b, logits, targets),
+        on(b, stages.last(), &|b| {
+            let targets = b.slice(rows, &[0, 1], &[rd[0], self.seq + 1], &[1, 1])?;
+            softmax_cross_entropy(b, logits, targets)
+        })
+    }
+
+    /// [`loss`](Self::loss) as a pipeline trains it: each of `pipeline`'s D replicas
+    /// takes an equal, contiguous share of the rows and cuts it into the pipeline's M
+    /// micro-batches; every micro-batch runs the model over the replica's K stages
+    /// ([`loss_on`](Self::loss_on)), all forwards in micro-batch order, so that — the
+    /// backward pass running in reverse — a stage works on one micro-batch while the
+    /// next stage works on the one before (GPipe's schedule). The loss is the mean of
+    /// the D·M micro-batch losses (the batch's mean: shares are equal), taken on the
+    /// last stage of replica 0; gradients of the one set of weights (created on
+    /// replica 0's stages, [`reuse_params`](Builder::reuse_params) elsewhere) sum the
+    /// micro-batches' contributions where they are made, and a replica's sum crosses to
+    /// the weights' device once.
+    pub fn loss_pipelined(
+        &self,
+        b: &mut Builder,
+        rows: Value,
+        dtype: DType,
+        pipeline: &Pipeline,
+    ) -> Result<Value> {
+        let rd = b.spec(rows)?.shape.dims().to_vec();
+        let (d, m) = (pipeline.replicas.len(), pipeline.micro_batches);
+        let k = pipeline.replicas.first().map_or(0, Vec::len);
+        let fault = if d == 0 || k == 0 || m == 0 {
+            Some("a pipeline has at least one replica, stage and micro-batch".to_string())
+        } else if pipeline.replicas.iter().any(|r| r.len() != k) {
+            Some("every replica has the same number of stages".to_string())
+        } else if rd.len() != 2 || rd[1] != self.seq + 1 {
+            Some(format!("rows must be [batch, {}]", self.seq + 1))
+        } else if rd[0] % (d * m) != 0 {
+            Some(format!(
+                "a batch of {} rows does not split into {d} replicas × {m} micro-batches",
+                rd[0]
+            ))
+        } else {
+            None
+        };
+        if let Some(fault) = fault {
+            return Err(problem("transformer pipeline", b, &[rows], fault));
+        }
+        let micro = rd[0] / (d * m);
+        let stages: Vec<Vec<&str>> =
+            pipeline.replicas.iter().map(|r| r.iter().map(String::as_str).collect()).collect();
+        let losses = b.reuse_params(|b| {
+            let mut losses = Vec::with_capacity(d * m);
+            for mb in 0..m {
+                for (r, stages) in stages.iter().enumerate() {
+                    let start = (r * m + mb) * micro;
+                    let chunk = b.device(stages[0], |b| {
+                        b.slice(rows, &[start, 0], &[start + micro, self.seq + 1], &[1, 1])
+                    })?;
+                    losses.push(self.loss_on(b, chunk, dtype, stages)?);
+                }
+            }
+            Ok(losses)
+        })?;
+        if losses.len() == 1 {
+            return Ok(losses[0]);
+        }
+        b.device(stages[0][k - 1], |b| {
+            let mut total = losses[0];
+            for &l in &losses[1..] {
+                total = b.add(total, l)?;
+            }
+            let scale = b.scalar_like(total, 1.0 / (d * m) as f64)?;
+            b.mul(total, scale)
+        })
+    }
+}
+
+/// Where a pipelined training step runs ([`Transformer::loss_pipelined`]): D
+/// data-parallel replicas of K pipeline stages each (D × K devices), and the
+/// micro-batches each replica's share of a batch is cut into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipeline {
+    /// `replicas[d][k]`: the device of stage `k` of replica `d`.
+    pub replicas: Vec<Vec<String>>,
+    /// Micro-batches per replica and step.
+    pub micro_batches: usize,
+}
+
+impl Pipeline {
+    /// `replicas` × `stages` CPU devices, stage `k` of replica `d` on
+    /// `/device:CPU:{d·stages + k}`.
+    pub fn cpus(replicas: usize, stages: usize, micro_batches: usize) -> Pipeline {
+        Pipeline {
+            replicas: (0..replicas)
+                .map(|d| (0..stages).map(|k| format!("/device:CPU:{}", d * stages + k)).collect())
+                .collect(),
+            micro_batches,
         }
     }
 }

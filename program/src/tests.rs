@@ -3,7 +3,7 @@
 use meshwork_types::{DType, TensorSpec};
 use proptest::prelude::*;
 
-use crate::{Builder, Error, Op, Padding, Program, Reduction, Value};
+use crate::{Builder, Error, Op, Padding, Program, Reduction, Tensor, Value};
 
 fn spec(text: &str) -> TensorSpec {
     text.parse().unwrap()
@@ -322,7 +322,7 @@ proptest! {
 
 #[test]
 fn the_reference_interpreter_refuses_what_it_cannot_compute() {
-    use crate::{Tensor, reference};
+    use crate::reference;
     let mut b = Builder::new();
     let table = b.param("table", spec("f64[3,2]")).unwrap();
     let idx = b.param("idx", spec("i64[2]")).unwrap();
@@ -407,8 +407,8 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
 /// records what is emitted. `wrong` makes the all-reduce return a wrong shape.
 #[derive(Default)]
 struct Loopback {
-    queue: std::sync::Mutex<Vec<(u32, crate::Tensor)>>,
-    emitted: std::sync::Mutex<Vec<(u32, Vec<crate::Tensor>)>>,
+    queue: std::sync::Mutex<Vec<(u32, Tensor)>>,
+    emitted: std::sync::Mutex<Vec<(u32, Vec<Tensor>)>>,
     wrong: bool,
     replica: usize,
 }
@@ -419,47 +419,32 @@ impl crate::Collectives for Loopback {
     }
     fn all_reduce(
         &self,
-        x: crate::Tensor,
+        x: Tensor,
         _: meshwork_types::ReduceOp,
         _: &[Vec<usize>],
-    ) -> crate::Result<crate::Tensor> {
+    ) -> crate::Result<Tensor> {
         if self.wrong {
-            return crate::Tensor::f64(&[1], vec![0.0]);
+            return Tensor::f64(&[1], vec![0.0]);
         }
         let d = x.shape().dims().to_vec();
-        crate::Tensor::f64(&d, x.to_f64().iter().map(|v| 2.0 * v).collect())
+        Tensor::f64(&d, x.to_f64().iter().map(|v| 2.0 * v).collect())
     }
-    fn all_gather(
-        &self,
-        x: crate::Tensor,
-        _: usize,
-        _: &[Vec<usize>],
-    ) -> crate::Result<crate::Tensor> {
+    fn all_gather(&self, x: Tensor, _: usize, _: &[Vec<usize>]) -> crate::Result<Tensor> {
         Ok(x)
     }
     fn reduce_scatter(
         &self,
-        x: crate::Tensor,
+        x: Tensor,
         _: meshwork_types::ReduceOp,
         _: usize,
         _: &[Vec<usize>],
-    ) -> crate::Result<crate::Tensor> {
+    ) -> crate::Result<Tensor> {
         Ok(x)
     }
-    fn all_to_all(
-        &self,
-        x: crate::Tensor,
-        _: usize,
-        _: usize,
-        _: &[Vec<usize>],
-    ) -> crate::Result<crate::Tensor> {
+    fn all_to_all(&self, x: Tensor, _: usize, _: usize, _: &[Vec<usize>]) -> crate::Result<Tensor> {
         Ok(x)
     }
-    fn collective_permute(
-        &self,
-        _: crate::Tensor,
-        _: &[(usize, usize)],
-    ) -> crate::Result<crate::Tensor> {
+    fn collective_permute(&self, _: Tensor, _: &[(usize, usize)]) -> crate::Result<Tensor> {
         Err(Error::Communication {
             at: "collective_permute".into(),
             problem: "peer 1 failed".into(),
@@ -468,11 +453,11 @@ impl crate::Collectives for Loopback {
 }
 
 impl crate::Channels for Loopback {
-    fn send(&self, channel: u32, _: usize, x: crate::Tensor) -> crate::Result<()> {
+    fn send(&self, channel: u32, _: usize, x: Tensor) -> crate::Result<()> {
         self.queue.lock().unwrap().push((channel, x));
         Ok(())
     }
-    fn recv(&self, channel: u32, _: usize, _: &TensorSpec) -> crate::Result<crate::Tensor> {
+    fn recv(&self, channel: u32, _: usize, _: &TensorSpec) -> crate::Result<Tensor> {
         let mut q = self.queue.lock().unwrap();
         let at = q.iter().position(|(c, _)| *c == channel).expect("sent first");
         Ok(q.remove(at).1)
@@ -480,7 +465,7 @@ impl crate::Channels for Loopback {
 }
 
 impl crate::HostSink for Loopback {
-    fn emit(&self, consumer: u32, values: &[crate::Tensor]) -> crate::Result<()> {
+    fn emit(&self, consumer: u32, values: &[Tensor]) -> crate::Result<()> {
         self.emitted.lock().unwrap().push((consumer, values.to_vec()));
         Ok(())
     }
@@ -544,7 +529,7 @@ fn both_interpreters_communicate_through_the_env() {
 /// result where f64 would differ.
 #[test]
 fn f32_programs_round_every_value_to_f32() {
-    use crate::{Tensor, reference};
+    use crate::reference;
     let mut b = Builder::new();
     let x = b.param("x", spec("f32[1]")).unwrap();
     let y = b.param("y", spec("f32[1]")).unwrap();
@@ -1057,7 +1042,7 @@ fn shard_slice_and_pad_use_the_replica_position() {
     let program = b.finish(&[s, p]).unwrap();
     assert!(program.to_string().contains("shard_slice(%0), axis=0, groups={{2,0},{1,3}}"));
     assert_eq!(program.to_string().parse::<Program>().unwrap(), program);
-    let x = crate::Tensor::f64(&[4, 3], (0..12).map(f64::from).collect()).unwrap();
+    let x = Tensor::f64(&[4, 3], (0..12).map(f64::from).collect()).unwrap();
     // Replica 0 is member 1 of {2, 0}: rows 2..4, then columns 3..6 of 6.
     let env = Loopback::default();
     let env = crate::Env::local().with_collectives(&env);
@@ -1076,7 +1061,7 @@ fn shard_slice_and_pad_use_the_replica_position() {
     let s2 = b.shard_slice(x2, 0, &groups).unwrap();
     let v = crate::vjp(&b.finish(&[s2]).unwrap(), &[x2]).unwrap();
     assert!(v.to_string().contains("shard_pad("), "{v}");
-    let c = crate::Tensor::f64(&[2, 3], vec![1.0; 6]).unwrap();
+    let c = Tensor::f64(&[2, 3], vec![1.0; 6]).unwrap();
     let out = crate::reference::evaluate_with(&v, &[x, c], &env).unwrap();
     assert_eq!(out[1].to_f64(), [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
 }
@@ -1271,4 +1256,72 @@ fn gradients_and_updates_are_placed_beside_what_they_derive_from() {
     assert_eq!((new_w.device.as_str(), new_w.colocate.clone()), ("/device:CPU:1", vec![Value(0)]));
     let text = sp.to_string();
     assert_eq!(text.parse::<Program>().unwrap().to_string(), text);
+}
+
+#[test]
+fn reused_parameters_are_one_parameter_read_once_per_device() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[3]")).unwrap();
+    let (w0, y0, w1, w1b, w2) = b
+        .reuse_params(|b| {
+            let w0 = b.device("CPU:0", |b| b.scope("l", |b| b.param("w", spec("f64[3]"))))?;
+            let y0 = b.device("CPU:0", |b| b.scope("l", |b| b.param("w", spec("f64[3]"))))?;
+            let w1 = b.device("CPU:1", |b| b.scope("l", |b| b.param("w", spec("f64[3]"))))?;
+            let w1b = b.device("CPU:1", |b| b.scope("l", |b| b.param("w", spec("f64[3]"))))?;
+            let w2 = b.scope("l", |b| b.param("w", spec("f64[3]")))?;
+            Ok((w0, y0, w1, w1b, w2))
+        })
+        .unwrap();
+    assert_eq!((w0, y0, w2), (w0, w0, w0), "same device or no request: the parameter");
+    assert_eq!(w1, w1b, "one read per device");
+    assert_ne!(w1, w0);
+    // Outside `reuse_params` a name is declared once; inside, a spec must match.
+    assert!(matches!(b.param("l.w", spec("f64[3]")), Err(Error::DuplicateName { .. })));
+    let e = b.reuse_params(|b| b.scope("l", |b| b.param("w", spec("f64[4]")))).unwrap_err();
+    assert!(matches!(&e, Error::Type { op: "param", .. }), "{e}");
+    let fresh = b.reuse_params(|b| b.param("v", spec("f64[3]"))).unwrap();
+    let s = b.add(w1, fresh).unwrap();
+    let t = b.mul(s, x).unwrap();
+    let p = b.finish(&[t]).unwrap();
+    let names: Vec<&str> = p.params().iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["x", "l.w", "v"]);
+    let copies: Vec<_> = p.instrs().iter().filter(|i| matches!(i.op, Op::Convert { .. })).collect();
+    let [copy] = copies[..] else { panic!("one copy: {p}") };
+    assert_eq!((copy.args.as_slice(), copy.device.as_str()), (&[Value(1)][..], "/device:CPU:1"));
+    let run = |p: &Program, inputs: Vec<Tensor>| crate::reference::evaluate(p, &inputs).unwrap();
+    let xs = Tensor::f64(&[3], vec![1.0, 2.0, 3.0]).unwrap();
+    let ws = Tensor::f64(&[3], vec![0.5, -1.0, 2.0]).unwrap();
+    let vs = Tensor::f64(&[3], vec![1.0, 1.0, 1.0]).unwrap();
+    assert_eq!(run(&p, vec![xs, ws, vs])[0].to_f64(), vec![1.5, 0.0, 9.0]);
+}
+
+#[test]
+fn a_values_cotangent_is_summed_per_device_then_beside_the_value() {
+    // `x` on CPU:0 is read twice on CPU:1 and twice on CPU:2: its gradient adds the
+    // two contributions on each of those devices, then the two sums on CPU:0.
+    let mut b = Builder::new();
+    let x = b.device("CPU:0", |b| b.param("x", spec("f64[3]"))).unwrap();
+    let on = |b: &mut Builder, d: &str, f: fn(&mut Builder, Value) -> crate::Result<Value>| {
+        b.device(d, |b| f(b, x)).unwrap()
+    };
+    let a1 = on(&mut b, "CPU:1", |b, x| b.sin(x));
+    let b1 = on(&mut b, "CPU:2", |b, x| b.cos(x));
+    let a2 = on(&mut b, "CPU:1", |b, x| b.exp(x));
+    let b2 = on(&mut b, "CPU:2", |b, x| b.tanh(x));
+    let (s1, s2) = (b.add(a1, b1).unwrap(), b.add(a2, b2).unwrap());
+    let s = b.add(s1, s2).unwrap();
+    let loss = b.device("CPU:3", |b| b.reduce_sum(s, &[0], false)).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let g = crate::grad(&p, loss, &[x]).unwrap();
+    let dx = g.instr(g.results()[1]).unwrap();
+    assert_eq!(dx.device, "/device:CPU:0", "{g}");
+    let from: Vec<&str> = dx.args.iter().map(|a| g.instr(*a).unwrap().device.as_str()).collect();
+    assert_eq!(from, ["/device:CPU:2", "/device:CPU:1"], "{g}");
+    // And the gradient is right: cos x - sin x + exp x + 1 - tanh² x.
+    let xs = vec![0.3, -1.2, 2.0];
+    let out = crate::reference::evaluate(&g, &[Tensor::f64(&[3], xs.clone()).unwrap()]).unwrap();
+    for (got, x) in out[1].to_f64().iter().zip(&xs) {
+        let want = x.cos() - x.sin() + x.exp() + 1.0 - x.tanh().powi(2);
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    }
 }

@@ -5,9 +5,10 @@
 //! one-device run; TensorFlow's resource-edge and soft-placement rules decide where
 //! variables' updates and kernel-less ops go.
 
+use meshwork_program::nn::Pipeline;
 use meshwork_program::{Builder, Catalogue, Kernels, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
-use meshwork_strategy::placed::PlaceOptions;
+use meshwork_strategy::placed::{PlaceOptions, Placed};
 use meshwork_types::DType;
 use serde_json::Value as Json;
 
@@ -204,27 +205,33 @@ fn a_failure_on_one_device_ends_the_step_everywhere_and_keeps_the_variables() {
     );
 }
 
-/// The JAX reference transformer with its decoder blocks spread over `stages`
-/// devices by device scopes (as layer-wise model parallelism is written in
-/// TensorFlow), trained 20 steps by a placed training step: JAX's losses at every
-/// step. Returns the losses and the placed step's transfer count.
-fn train_placed(
-    stages: usize,
+/// The JAX reference transformer with its decoder blocks spread over the stages of
+/// `pipeline` by device scopes (as layer-wise model parallelism is written in
+/// TensorFlow) — one replica and one micro-batch: `loss_on`; otherwise
+/// `loss_pipelined` — trained 20 steps by a placed training step. Returns the losses,
+/// JAX's file and the placed step.
+fn train_placed<'s>(
+    strategy: &'s Strategy,
+    pipeline: &Pipeline,
     optimizer: meshwork_program::Optimizer,
     lr: f64,
-) -> (Vec<f64>, Json) {
+) -> (Vec<f64>, Json, Placed<'s>) {
     use crate::spmd::files;
     use meshwork_program::TrainStep;
     use meshwork_types::{Shape, TensorSpec};
     let (expected, _, _, _) = files::reference_model();
     let (model, batch) = files::reference_transformer(&expected);
-    let names: Vec<String> = (0..stages).map(|s| format!("/device:CPU:{s}")).collect();
-    let devices: Vec<&str> = names.iter().map(String::as_str).collect();
+    let stages = pipeline.replicas[0].len();
     let mut b = Builder::new();
     let rows = b
         .param("rows", TensorSpec::new(DType::I32, Shape::new(&[batch, model.seq + 1]).unwrap()))
         .unwrap();
-    let loss = model.loss_on(&mut b, rows, DType::F64, &devices).unwrap();
+    let loss = if pipeline.replicas.len() == 1 && pipeline.micro_batches == 1 {
+        let devices: Vec<&str> = pipeline.replicas[0].iter().map(String::as_str).collect();
+        model.loss_on(&mut b, rows, DType::F64, &devices).unwrap()
+    } else {
+        model.loss_pipelined(&mut b, rows, DType::F64, pipeline).unwrap()
+    };
     let program = b.finish(&[loss]).unwrap();
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let step = TrainStep::new(&program, loss, &weights, optimizer).unwrap();
@@ -233,9 +240,9 @@ fn train_placed(
     let sp = &step.program;
     let state = step.init_state().unwrap();
     let carry: Vec<(usize, usize)> = (1..sp.results().len()).map(|r| (r, r)).collect();
-    let strategy = Strategy::data_parallel(stages).unwrap();
     let placed = strategy.place(sp, &carry, &PlaceOptions::default()).unwrap();
-    // Every block's weights, its forward, backward and update are on its stage.
+    // Every block's weights, its forward, backward and update are on its stage (of
+    // replica 0, whose stages are devices 0..K).
     for (i, p) in sp.params().iter().enumerate() {
         if let Some(rest) =
             p.name.strip_prefix("layers.").or_else(|| p.name.split_once(".layers.").map(|x| x.1))
@@ -263,26 +270,85 @@ fn train_placed(
         let out = placed.step(&[crate::spmd::reference_rows(s), lr_t, step_t]).unwrap();
         losses.push(out[0].to_f64()[0]);
     }
-    (losses, expected)
+    (losses, expected, placed)
+}
+
+/// JAX's SGD and Adam losses at every step within relative 1e-9; returns the placed
+/// SGD step's bytes moved and its stage-0 part.
+fn trains_as_jax(pipeline: &Pipeline) -> (u64, Program) {
+    let devices = pipeline.replicas.len() * pipeline.replicas[0].len();
+    let strategy = Strategy::data_parallel(devices).unwrap();
+    let mut sgd = None;
+    for (optimizer, lr, key) in [
+        (meshwork_program::Optimizer::Sgd, 0.1, "losses_sgd"),
+        (meshwork_program::Optimizer::adam(), 0.01, "losses_adam"),
+    ] {
+        let (got, expected, placed) = train_placed(&strategy, pipeline, optimizer, lr);
+        let want: Vec<f64> =
+            expected[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(got.len(), want.len());
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-9 * w.abs(),
+                "{pipeline:?}, {key} step {s}: {g} vs JAX {w}"
+            );
+        }
+        let stage0 = placed.parts().find(|(d, _)| *d == 0).unwrap().1.clone();
+        sgd.get_or_insert((placed.transfer_bytes(), stage0));
+    }
+    sgd.unwrap()
+}
+
+/// The activations stage 0 sends forward and the cotangents it receives back, in its
+/// program's order: `true` for a send.
+fn boundary_traffic(stage0: &Program, activation: &[usize]) -> Vec<bool> {
+    use meshwork_program::Op;
+    let dims = |v: Value| stage0.spec(v).unwrap().shape.dims().to_vec();
+    stage0
+        .instrs()
+        .iter()
+        .filter_map(|i| match &i.op {
+            Op::Send { .. } if dims(i.args[0]) == activation => Some(true),
+            Op::Recv { shape, .. } if shape == activation => Some(false),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
 fn the_reference_transformer_trains_as_jax_with_its_blocks_on_2_and_3_devices() {
     for stages in [2, 3] {
-        for (optimizer, lr, key) in [
-            (meshwork_program::Optimizer::Sgd, 0.1, "losses_sgd"),
-            (meshwork_program::Optimizer::adam(), 0.01, "losses_adam"),
-        ] {
-            let (got, expected) = train_placed(stages, optimizer, lr);
-            let want: Vec<f64> =
-                expected[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-            assert_eq!(got.len(), want.len());
-            for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - w).abs() <= 1e-9 * w.abs(),
-                    "{stages} stages, {key} step {s}: {g} vs JAX {w}"
-                );
-            }
-        }
+        let (_, stage0) = trains_as_jax(&Pipeline::cpus(1, stages, 1));
+        assert_eq!(boundary_traffic(&stage0, &[8, 16, 32]), [true, false], "{stage0}");
     }
+}
+
+#[test]
+fn the_reference_transformer_trains_as_jax_in_4_micro_batches_on_2_and_3_stages() {
+    for stages in [2, 3] {
+        let (whole, _) = trains_as_jax(&Pipeline::cpus(1, stages, 1));
+        let (bytes, stage0) = trains_as_jax(&Pipeline::cpus(1, stages, 4));
+        assert_eq!(bytes, whole, "micro-batches cut the activations, they add no bytes");
+        // GPipe's schedule on the first stage: the four micro-batches' activations go
+        // forward before any cotangent comes back, then the four cotangents.
+        let traffic = boundary_traffic(&stage0, &[2, 16, 32]);
+        assert_eq!(traffic, [true, true, true, true, false, false, false, false], "{stage0}");
+    }
+}
+
+#[test]
+fn the_reference_transformer_trains_as_jax_on_2_replicas_of_2_stages() {
+    let (one, _) = trains_as_jax(&Pipeline::cpus(1, 2, 1));
+    let (bytes, _) = trains_as_jax(&Pipeline::cpus(2, 2, 2));
+    // Replica 1 reads every weight once and sends its gradient back once: twice the
+    // weights' bytes beyond the activations (two pipelines of half the batch move
+    // what one of the whole batch does), its rows and a few scalars.
+    let init = crate::spmd::files::safetensors(&crate::spmd::files::testdata("init.safetensors"));
+    let weights: u64 = init.values().map(|(_, v)| 8 * v.len() as u64).sum();
+    let rows = 8 * 17 * 4;
+    let extra = bytes - one;
+    assert!(
+        (2 * weights..=2 * weights + rows + 64).contains(&extra),
+        "{bytes} bytes: {extra} beyond one pipeline's, the weights are {weights}"
+    );
 }
