@@ -366,6 +366,17 @@ pub enum Error {
         /// The allowed devices.
         devices: Vec<String>,
     },
+    /// A placement moved a node to a device its constraints do not allow, or split a
+    /// colocation group ([`Placement::with_devices`](crate::Placement::with_devices)).
+    #[error("node {node} cannot go to device {device}: {problem}")]
+    Disallowed {
+        /// The node.
+        node: String,
+        /// The device index it was given.
+        device: usize,
+        /// What is wrong.
+        problem: String,
+    },
     /// A framework-assigned device conflicts with its group's assignment.
     #[error(
         "Constraining by assigned device should not cause an error: node {node} is assigned '{device}' but its group is pinned to '{group_device}'"
@@ -427,6 +438,7 @@ impl Error {
             | Error::NoSupportedDevice { node, .. }
             | Error::AssignedConflict { node, .. }
             | Error::MemoryCapExceeded { node, .. }
+            | Error::Disallowed { node, .. }
             | Error::UnknownOp { node, .. }
             | Error::BadEdge { node, .. }
             | Error::DuplicateInput { node, .. }

@@ -89,6 +89,43 @@ impl Placement {
     pub fn log(&self) -> &[LogEntry] {
         &self.log
     }
+
+    /// This placement with its nodes on `devices` (one device index per node of
+    /// `graph`) — a cost-aware pass's choice ([`place_with_cost`](crate::place_with_cost))
+    /// — checked to keep TensorFlow's constraints: every node on a device its group is
+    /// allowed, every colocation group on one device. The log is TF's.
+    pub fn with_devices(&self, graph: &Graph, devices: Vec<usize>) -> Result<Placement> {
+        let name = |i: usize| graph.node(NodeId(i as u32)).name.clone();
+        if devices.len() != self.devices.len() {
+            return Err(Error::Disallowed {
+                node: String::new(),
+                device: devices.len(),
+                problem: format!("{} devices for {} nodes", devices.len(), self.devices.len()),
+            });
+        }
+        for (i, &d) in devices.iter().enumerate() {
+            let root = self.groups[i] as usize;
+            if !self.allowed(NodeId(i as u32)).contains(&(d as u32)) {
+                return Err(Error::Disallowed {
+                    node: name(i),
+                    device: d,
+                    problem: "its colocation group's constraints do not allow it".into(),
+                });
+            }
+            if devices[root] != d {
+                return Err(Error::Disallowed {
+                    node: name(i),
+                    device: d,
+                    problem: format!(
+                        "its colocation group ({}) is on {}",
+                        name(root),
+                        devices[root]
+                    ),
+                });
+            }
+        }
+        Ok(Placement { devices, ..self.clone() })
+    }
 }
 
 /// Places every node of `graph` on a device of `devices`, exactly as TensorFlow 2.21's

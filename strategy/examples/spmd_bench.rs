@@ -28,36 +28,17 @@
 
 use std::time::Instant;
 
-use meshwork_program::{Builder, Optimizer, Program, Tensor, Value, nn};
+use meshwork_program::{Builder, Optimizer, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::spmd::{Shardings, megatron_spec};
-use meshwork_strategy::types::{DType, Shape, TensorSpec};
+use meshwork_strategy::types::DType;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{Noise, median, spec};
 
 const MESHES: [(usize, usize); 4] = [(1, 1), (2, 1), (1, 2), (2, 2)];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// A deterministic standard-normal-ish stream (sum of uniforms), scaled.
-struct Noise(u64);
-
-impl Noise {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        (0..4).map(|_| self.uniform()).sum::<f64>() * 3f64.sqrt() - 2.0 * 3f64.sqrt()
-    }
-    fn f32s(&mut self, n: usize, scale: f64, shift: f64) -> Vec<f32> {
-        (0..n).map(|_| (shift + scale * self.normal()) as f32).collect()
-    }
-}
 
 /// Runs a JAX script of `strategy/benches/jax/`, returning its stdout lines, or `None`
 /// when JAX is absent.
@@ -74,10 +55,6 @@ fn jax_figure(lines: &Option<Vec<String>>, d: usize, m: usize) -> Option<f64> {
     let key = format!("{d}x{m}");
     let line = lines.as_ref()?.iter().find(|l| l.split_whitespace().next() == Some(&key))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn spec(dims: &[usize], dtype: DType) -> TensorSpec {
-    TensorSpec::new(dtype, Shape::new(dims).expect("a small shape"))
 }
 
 /// The bandwidth-optimal all-reduce cost of `bytes` per device over `k` devices,
@@ -151,51 +128,20 @@ fn transformer(
     steps: usize,
     meshes: &[(usize, usize)],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let model = nn::Transformer { vocab: 256, seq: 128, dim: 256, heads: 8, layers: 4, ffn: 1024 };
+    let model = common::TRANSFORMER;
     let (batch, rows_total) = (16, 512);
     let mut b = Builder::new();
     let rows = b.param("rows", spec(&[batch, model.seq + 1], DType::I32))?;
     let loss = model.loss(&mut b, rows, DType::F32)?;
     let program = b.finish(&[loss])?;
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
-    // The reference's initialisation scales.
     let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
-    let init: Vec<(String, Tensor)> = program.params()[1..]
-        .iter()
-        .map(|p| {
-            let d = p.spec.shape.dims();
-            let n = p.spec.shape.num_elements();
-            let fan_in = d[0] as f64;
-            let name = p.name.as_str();
-            let v = if name == "embed" {
-                noise.f32s(n, 0.5, 0.0)
-            } else if name == "pos" {
-                noise.f32s(n, 0.1, 0.0)
-            } else if name.ends_with(".scale") {
-                noise.f32s(n, if name.starts_with("ln_f") { 0.0 } else { 0.1 }, 1.0)
-            } else if name.ends_with(".bias") {
-                noise.f32s(n, if name.starts_with("ln_f") { 0.0 } else { 0.1 }, 0.0)
-            } else if name.ends_with(".b1") || name.ends_with(".b2") {
-                vec![0.0; n]
-            } else {
-                noise.f32s(n, 1.0 / fan_in.sqrt(), 0.0)
-            };
-            Ok((p.name.clone(), Tensor::f32(d, v)?))
-        })
-        .collect::<Result<_, meshwork_program::Error>>()?;
-    let tokens: Vec<i32> =
-        (0..rows_total * (model.seq + 1)).map(|_| (noise.uniform() * 256.0) as i32 % 256).collect();
-    let width = model.seq + 1;
-    let batches: Vec<Vec<Tensor>> = (0..steps)
-        .map(|s| {
-            let mut rows = Vec::with_capacity(batch * width);
-            for i in 0..batch {
-                let r = (s * batch + i) % rows_total;
-                rows.extend_from_slice(&tokens[r * width..(r + 1) * width]);
-            }
-            Ok(vec![Tensor::i32(&[batch, width], rows)?])
-        })
-        .collect::<Result<_, meshwork_program::Error>>()?;
+    let init = common::transformer_init(&program, &mut noise)?;
+    let batches: Vec<Vec<Tensor>> =
+        common::token_batches(&model, batch, rows_total, steps, &mut noise)?
+            .into_iter()
+            .map(|t| vec![t])
+            .collect();
 
     let train = Model {
         program: program.clone(),

@@ -351,6 +351,8 @@ proptest! {
                         }
                     }
                 }
+                let chosen = tf.with_devices(&graph, r.devices.clone()).unwrap();
+                prop_assert_eq!(chosen.devices(), &r.devices[..]);
                 prop_assert_eq!(&sim.memory(&r.devices), &r.memory);
                 prop_assert!(sim.fits(&r.devices), "over a cap: {:?}", r.memory);
                 let makespan = sim.makespan(&r.devices);
@@ -369,4 +371,45 @@ proptest! {
             Err(e) => prop_assert!(false, "{e}"),
         }
     }
+}
+
+/// A placement moved by hand keeps TF's constraints or is refused, naming the node.
+#[test]
+fn a_moved_placement_keeps_the_groups_and_allowed_devices() {
+    let graph = pinned_dag(7, 12, 3);
+    let set = gpus(3);
+    let tf = meshwork_placer::place(&graph, &set, &registry(), PlacerOptions::default()).unwrap();
+    assert_eq!(tf.with_devices(&graph, tf.devices().to_vec()).unwrap(), tf);
+    let mut refused = 0;
+    for (id, node) in graph.nodes() {
+        let i = id.index();
+        for d in 0..3 {
+            if d == tf.device(id) {
+                continue;
+            }
+            // Move the node's whole group to `d`, then only the node.
+            let mut group: Vec<usize> = tf.devices().to_vec();
+            for (j, g) in tf.groups().iter().enumerate() {
+                if *g == tf.groups()[i] {
+                    group[j] = d;
+                }
+            }
+            let allowed = tf.allowed(id).contains(&(d as u32));
+            match tf.with_devices(&graph, group) {
+                Ok(p) => assert!(allowed && p.device(id) == d),
+                Err(e) => {
+                    assert!(!allowed, "{e}");
+                    assert!(matches!(e, Error::Disallowed { .. }), "{e}");
+                    refused += 1;
+                }
+            }
+            let members = tf.groups().iter().filter(|g| **g == tf.groups()[i]).count();
+            let mut alone = tf.devices().to_vec();
+            alone[i] = d;
+            let moved = tf.with_devices(&graph, alone);
+            assert_eq!(moved.is_ok(), allowed && members == 1, "{}: {moved:?}", node.name);
+        }
+    }
+    assert!(refused > 0, "the graph pins something");
+    assert!(tf.with_devices(&graph, vec![0]).is_err(), "one device per node");
 }

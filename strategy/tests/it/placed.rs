@@ -352,3 +352,172 @@ fn the_reference_transformer_trains_as_jax_on_2_replicas_of_2_stages() {
         "{bytes} bytes: {extra} beyond one pipeline's, the weights are {weights}"
     );
 }
+
+/// Work is counted from the program: 2 FLOPs per multiply-add of a contraction, one
+/// element per element of cheap kernels, transcendentals apart.
+#[test]
+fn an_instructions_work_is_counted_from_its_shapes() {
+    use meshwork_strategy::placed::work;
+    let mut b = Builder::new();
+    let x = b.param("x", "f32[2,4,3]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f32[2,3,5]".parse().unwrap()).unwrap();
+    let y = b.dot_general(x, w, &[2], &[1], &[0], &[0]).unwrap();
+    let t = b.tanh(y).unwrap();
+    let s = b.reduce_sum(t, &[1], false).unwrap();
+    let d = b.convert(s, DType::F64).unwrap();
+    let n = b.neg(d).unwrap();
+    let p = b.finish(&[n]).unwrap();
+    let of = |v: Value| work(&p, p.instr(v).unwrap());
+    // Brute force: one multiply-add per (batch, row, column, contracted index).
+    let mut madds = 0;
+    for _ in 0..2 {
+        for _ in 0..4 {
+            for _ in 0..5 {
+                for _ in 0..3 {
+                    madds += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(of(y).matmul_flops, 2.0 * madds as f64);
+    assert_eq!((of(t).transcendentals, of(t).elements), (40.0, 0.0));
+    assert_eq!(of(s).elements, 40.0, "a reduction reads its operand");
+    assert!(!of(d).wide && of(n).wide, "f64 work runs at f64 rates");
+    assert!(of(y).elements == 0.0 && of(y).transcendentals == 0.0);
+}
+
+/// Fixed rates, so that estimates do not depend on this machine's load.
+fn fixed_cost() -> meshwork_strategy::placed::ProgramCost {
+    use meshwork_strategy::placed::{DeviceRates, ProgramCost, Rates};
+    let single = Rates { matmul_flops: 2e10, elements: 1e9, transcendentals: 2e8, overhead: 2e-6 };
+    let double = Rates { matmul_flops: 1e10, ..single };
+    ProgramCost::uniform(DeviceRates { single, double }, 1e10, 1e-5)
+}
+
+/// Four independent branches on one input and no device scopes: TensorFlow puts
+/// everything on device 0; by cost, the branches spread over both devices, estimated
+/// faster, with the results of the whole program on one device.
+#[test]
+fn a_program_without_device_scopes_spreads_by_cost() {
+    let mut b = Builder::new();
+    let x = b.param("x", "f32[32,128]".parse().unwrap()).unwrap();
+    let mut outs = Vec::new();
+    for i in 0..4 {
+        let w = b.param(&format!("w{i}"), "f32[128,128]".parse().unwrap()).unwrap();
+        let h = b.matmul(x, w).unwrap();
+        let h = b.tanh(h).unwrap();
+        let v = b.param(&format!("v{i}"), "f32[128,16]".parse().unwrap()).unwrap();
+        outs.push(b.matmul(h, v).unwrap());
+    }
+    let mut y = outs[0];
+    for &o in &outs[1..] {
+        y = b.add(y, o).unwrap();
+    }
+    let p = b.finish(&[y]).unwrap();
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let tf = strategy.place(&p, &[], &PlaceOptions::default()).unwrap();
+    assert!(tf.estimate().is_none());
+    assert!(tf.parts().count() == 1, "TF's default: all on device 0");
+    let placed =
+        strategy.place_with_cost(&p, &[], &PlaceOptions::default(), &fixed_cost()).unwrap();
+    let estimate = placed.estimate().unwrap();
+    let tf_estimate = estimate.tf_makespan.unwrap();
+    assert!(estimate.makespan < 0.8 * tf_estimate, "{} vs TF's {tf_estimate}", estimate.makespan);
+    let mut matmuls = [0, 0];
+    for (d, part) in placed.parts() {
+        matmuls[d] += part.instrs().iter().filter(|i| i.op.name() == "dot_general").count();
+    }
+    assert!(matmuls[0] > 0 && matmuls[1] > 0, "the branches on both devices:\n{placed}");
+    let mut rng = Rng(11);
+    let inputs: Vec<Tensor> = p
+        .params()
+        .iter()
+        .map(|q| {
+            let n = q.spec.shape.num_elements();
+            Tensor::f32(q.spec.shape.dims(), (0..n).map(|_| rng.uniform() as f32 - 0.5).collect())
+                .unwrap()
+        })
+        .collect();
+    let want = meshwork_program::reference::evaluate(&p, &inputs).unwrap();
+    let got = placed.step(&inputs).unwrap();
+    for (g, w) in got[0].to_f64().iter().zip(want[0].to_f64()) {
+        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+    }
+}
+
+/// A training step whose memory one device cannot hold: by cost it is split under the
+/// caps and trains as on one device; caps too small for any placement are refused.
+#[test]
+fn memory_caps_split_a_training_step_or_refuse_it() {
+    use meshwork_program::{Optimizer, TrainStep};
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[8,32]".parse().unwrap()).unwrap();
+    let mut h = x;
+    for i in 0..4 {
+        let w = b.param(&format!("w{i}"), "f64[32,32]".parse().unwrap()).unwrap();
+        h = b.matmul(h, w).unwrap();
+        h = b.tanh(h).unwrap();
+    }
+    let sq = b.mul(h, h).unwrap();
+    let loss = b.reduce_mean(sq, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let weights: Vec<Value> = (1..5).map(|k| Value(k as u32)).collect();
+    let step = TrainStep::new(&p, loss, &weights, Optimizer::Sgd).unwrap();
+    let sp = &step.program;
+    let carry: Vec<(usize, usize)> = (1..sp.results().len()).map(|r| (r, r)).collect();
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let options = PlaceOptions::default();
+    let free = strategy.place_with_cost(sp, &carry, &options, &fixed_cost()).unwrap();
+    let total: u64 = free.estimate().unwrap().memory.iter().sum();
+    let cap = total * 6 / 10;
+    let placed =
+        strategy.place_with_cost(sp, &carry, &options, &fixed_cost().with_capacity(cap)).unwrap();
+    let estimate = placed.estimate().unwrap();
+    assert!(estimate.memory.iter().all(|&m| m <= cap), "{:?} over {cap}", estimate.memory);
+    // Recounted from the placement: every value's bytes on its device.
+    let mut memory = vec![0u64; 2];
+    for v in 0..sp.num_values() {
+        let v = Value(v as u32);
+        memory[placed.device_index(v).unwrap()] += sp.spec(v).unwrap().byte_size().unwrap() as u64;
+    }
+    assert_eq!(memory, estimate.memory);
+    assert_eq!(estimate.tf_makespan, None, "TF's default (one device) does not fit");
+    assert_eq!(placed.parts().count(), 2);
+    // Trains as the whole step on one device (the reference interpreter).
+    let mut rng = Rng(5);
+    let mut random = |dims: &[usize]| {
+        let n = dims.iter().product();
+        Tensor::f64(dims, (0..n).map(|_| rng.uniform() - 0.5).collect()).unwrap()
+    };
+    let mut state: Vec<Tensor> = (0..4).map(|_| random(&[32, 32])).collect();
+    for (k, t) in state.iter().enumerate() {
+        placed.set(&format!("w{k}"), t.clone()).unwrap();
+    }
+    for s in 0..3 {
+        let xs = random(&[8, 32]);
+        let [lr, count] = step.scalars(0.5, s).unwrap();
+        let mut inputs = vec![xs.clone()];
+        inputs.extend(state.iter().cloned());
+        inputs.extend([lr.clone(), count.clone()]);
+        let want = meshwork_program::reference::evaluate(sp, &inputs).unwrap();
+        let got = placed.step(&[xs, lr, count]).unwrap();
+        assert!((got[0].to_f64()[0] - want[0].to_f64()[0]).abs() < 1e-12);
+        state = want[1..].to_vec();
+    }
+    for (k, t) in state.iter().enumerate() {
+        for (g, w) in placed.get(&format!("w{k}")).unwrap().to_f64().iter().zip(t.to_f64()) {
+            assert!((g - w).abs() <= 1e-12, "w{k}: {g} vs {w}");
+        }
+    }
+    // A cap below the largest colocation group (a weight with its update) fits nowhere.
+    let err = strategy
+        .place_with_cost(sp, &carry, &options, &fixed_cost().with_capacity(32 * 32 * 8))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            meshwork_strategy::Error::Placer(meshwork_placer::Error::MemoryCapExceeded { .. })
+        ),
+        "{err}"
+    );
+}

@@ -36,6 +36,11 @@ impl Rng {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 33) % n as u64) as usize
     }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn uniform(&mut self) -> f64 {
+        self.below(1 << 30) as f64 / (1u64 << 30) as f64
+    }
 }
 
 /// A random layout of a value of `shape` over `mesh` whose tiles divide it: each axis

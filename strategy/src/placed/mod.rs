@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_executor::ReplicaContext;
 use meshwork_placer::{
-    ArgKind, DeviceSet, Explanation, Graph, Kernel, Node, NodeId, OpDef, OpRegistry, Placement,
-    PlacerOptions, Registry,
+    ArgKind, CostPlacement, DeviceSet, Explanation, Graph, Kernel, Node, NodeId, OpDef, OpRegistry,
+    Placement, PlacerOptions, Registry,
 };
 use meshwork_program::fast::{Executable, Input, Options};
 use meshwork_program::{Builder, Catalogue, Channels, Env, Program, Tensor, Value};
@@ -35,6 +35,12 @@ use meshwork_types::{DType, TensorSpec};
 
 use crate::spmd::run::{ReplicaError, from_exec, run_replicas, to_exec};
 use crate::{Error, Result, Strategy};
+
+mod cost;
+
+use cost::NodeWork;
+
+pub use cost::{DeviceRates, ProgramCost, Rates, Work, work};
 
 /// How a program is placed.
 #[derive(Debug, Clone)]
@@ -67,6 +73,8 @@ pub struct ProgramGraph {
     pub registry: Registry,
     /// Per program value, the node placing it (a variable's handle).
     place_node: Vec<NodeId>,
+    /// Per node, what it costs.
+    works: Vec<NodeWork>,
 }
 
 impl ProgramGraph {
@@ -112,15 +120,21 @@ pub fn program_graph(
     let mut graph = Graph::new();
     let mut value_node = Vec::with_capacity(program.num_values());
     let mut place_node = Vec::with_capacity(program.num_values());
+    let mut works = Vec::with_capacity(program.num_values() + np + updates.len());
     for (k, p) in program.params().iter().enumerate() {
         if variables[k] {
+            let bytes = cost::spec_bytes(&p.spec);
             let handle = graph.add_node(Node::new(&p.name, "VarHandleOp").on(&p.device))?;
+            works.push(NodeWork { memory: bytes, ..NodeWork::default() });
             let read = graph.add_node(Node::new(&format!("{}/read", p.name), "ReadVariableOp"))?;
+            works.push(NodeWork { output: bytes, ..NodeWork::default() });
             graph.add_edge(&p.name, 0, &format!("{}/read", p.name), 0)?;
             value_node.push(read);
             place_node.push(handle);
         } else {
             let id = graph.add_node(Node::new(&p.name, "Placeholder").on(&p.device))?;
+            let bytes = cost::spec_bytes(&p.spec);
+            works.push(NodeWork { memory: bytes, output: bytes, ..NodeWork::default() });
             value_node.push(id);
             place_node.push(id);
         }
@@ -149,6 +163,8 @@ pub fn program_graph(
             instr.colocate.iter().map(|c| node_name(program, *c)).collect();
         let node = Node { colocation, ..Node::new(&name, &op_type).on(&instr.device) };
         let id = graph.add_node(node)?;
+        let bytes = cost::spec_bytes(&instr.spec);
+        works.push(NodeWork { work: work(program, instr), memory: bytes, output: bytes });
         for (k, a) in instr.args.iter().enumerate() {
             let src = graph.node(value_node[a.index()]).name.clone();
             graph.add_edge(&src, 0, &name, k)?;
@@ -167,11 +183,13 @@ pub fn program_graph(
         let device = program.instr(value).map_or("", |i| i.device.as_str());
         let assign = format!("{var}/assign");
         graph.add_node(Node::new(&assign, "AssignVariableOp").on(device))?;
+        works.push(NodeWork::default());
         graph.add_edge(var, 0, &assign, 0)?;
         let src = graph.node(value_node[value.index()]).name.clone();
         graph.add_edge(&src, 0, &assign, 1)?;
     }
-    Ok(ProgramGraph { graph, registry, place_node })
+    debug_assert_eq!(works.len(), graph.len());
+    Ok(ProgramGraph { graph, registry, place_node, works })
 }
 
 fn kernel_def(
@@ -244,6 +262,8 @@ pub struct Placed<'s> {
     devices: DeviceSet,
     options: PlacerOptions,
     placement: Placement,
+    /// The cost-aware pass's choice, when it placed the program.
+    estimate: Option<CostPlacement>,
     /// Per program value, its device index.
     device_of: Vec<usize>,
     parts: Vec<Part>,
@@ -286,6 +306,33 @@ impl Strategy {
         program: &Program,
         carry: &[(usize, usize)],
         options: &PlaceOptions,
+    ) -> Result<Placed<'_>> {
+        self.place_by(program, carry, options, None)
+    }
+
+    /// [`place`](Self::place), then devices chosen by cost: TensorFlow's rules decide
+    /// which devices each colocation group may use (requests, kernels, resource
+    /// edges), and [`meshwork_placer::place_with_cost`] chooses among them by an
+    /// estimated schedule under `cost`'s memory caps — so a program without device
+    /// scopes spreads over the devices where that is estimated faster, or where one
+    /// device's memory would not hold it. The estimate, and TensorFlow's default
+    /// placement's under the same model, are [`Placed::estimate`].
+    pub fn place_with_cost(
+        &self,
+        program: &Program,
+        carry: &[(usize, usize)],
+        options: &PlaceOptions,
+        cost: &ProgramCost,
+    ) -> Result<Placed<'_>> {
+        self.place_by(program, carry, options, Some(cost))
+    }
+
+    fn place_by(
+        &self,
+        program: &Program,
+        carry: &[(usize, usize)],
+        options: &PlaceOptions,
+        cost: Option<&ProgramCost>,
     ) -> Result<Placed<'_>> {
         let np = program.params().len();
         let mut variables = vec![false; np];
@@ -345,7 +392,21 @@ impl Strategy {
             allow_soft_placement: options.allow_soft_placement,
             log_device_placement: false,
         };
-        let placement = meshwork_placer::place(&graph.graph, &devices, &graph, placer_options)?;
+        let tf = meshwork_placer::place(&graph.graph, &devices, &graph, placer_options)?;
+        let (placement, estimate) = match cost {
+            None => (tf, None),
+            Some(cost) => {
+                let model = cost::NodeCosts { cost, graph: &graph };
+                let chosen = meshwork_placer::place_with_cost(
+                    &graph.graph,
+                    &devices,
+                    &graph,
+                    placer_options,
+                    &model,
+                )?;
+                (tf.with_devices(&graph.graph, chosen.devices.clone())?, Some(chosen))
+            }
+        };
         let device_of: Vec<usize> = graph.place_node.iter().map(|&n| placement.device(n)).collect();
         let feeds: Vec<usize> = (0..np).filter(|&k| !variables[k]).collect();
         let (mut parts, transfers) = split(program, &device_of, &variables, &feeds, carry)?;
@@ -361,7 +422,9 @@ impl Strategy {
             }
             resident.push(Mutex::new(held));
         }
-        let options = Options::for_devices(parts.len());
+        // A device is a fixed share of the machine's cores, used or not: a placement
+        // that leaves devices idle does not get their cores.
+        let options = Options::for_devices(runtime_devices);
         let exes =
             Arc::new(parts.iter().map(|p| Executable::compile(&p.program, options)).collect());
         Ok(Placed {
@@ -371,6 +434,7 @@ impl Strategy {
             devices,
             options: placer_options,
             placement,
+            estimate,
             device_of,
             transfers,
             feeds,
@@ -574,6 +638,14 @@ impl Placed<'_> {
         &self.placement
     }
 
+    /// The cost model's estimate, when [`Strategy::place_with_cost`] placed the
+    /// program: the chosen placement's estimated step time (`makespan`), TensorFlow's
+    /// default placement's under the same model (`tf_makespan`, `None` where it
+    /// exceeds a memory cap) and the bytes resident per device.
+    pub fn estimate(&self) -> Option<&CostPlacement> {
+        self.estimate.as_ref()
+    }
+
     /// Every transfer a step makes (one per value and reading device).
     pub fn transfers(&self) -> &[Transfer] {
         &self.transfers
@@ -581,10 +653,7 @@ impl Placed<'_> {
 
     /// Bytes a step moves between devices.
     pub fn transfer_bytes(&self) -> u64 {
-        self.transfers
-            .iter()
-            .map(|t| t.spec.shape.num_elements() as u64 * dtype_bytes(t.spec.dtype))
-            .sum()
+        self.transfers.iter().map(|t| cost::spec_bytes(&t.spec)).sum()
     }
 
     /// Each device's program, with the device index it runs on.
@@ -758,14 +827,6 @@ impl Placed<'_> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn dtype_bytes(dtype: DType) -> u64 {
-    match dtype {
-        DType::F64 | DType::I64 => 8,
-        DType::Bool => 1,
-        _ => 4,
-    }
 }
 
 impl fmt::Display for Placed<'_> {

@@ -1,0 +1,344 @@
+//! The cost of a placed program's instructions: work counted from the program (matmul
+//! FLOPs, elements, transcendental elements, bytes), times measured kernel rates per
+//! device type, and transfers over measured links — the placer's
+//! [`CostModel`](meshwork_placer::CostModel) for [`Strategy::place_with_cost`].
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use meshwork_placer::{CostModel, Device, Graph, NodeId};
+use meshwork_program::fast::{Executable, Options};
+use meshwork_program::{Binary, Builder, Env, Instr, Op, Program, Tensor, Unary};
+use meshwork_types::{DType, TensorSpec};
+
+use super::{PlaceOptions, ProgramGraph};
+use crate::{Error, Result, Strategy};
+
+/// Bytes of a dense tensor of `spec` (saturating).
+pub(crate) fn spec_bytes(spec: &TensorSpec) -> u64 {
+    spec.byte_size().map_or(u64::MAX, |b| b as u64)
+}
+
+/// What one instruction does, counted from its op and operand shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Work {
+    /// Multiply-add FLOPs of contractions (`dot_general`, convolutions): 2 per
+    /// multiply-add.
+    pub matmul_flops: f64,
+    /// Elements produced or read by cheap elementwise, data-movement and reduction
+    /// kernels.
+    pub elements: f64,
+    /// Elements through a transcendental function (`exp`, `tanh`, `log`, `pow`, GELU,
+    /// …; softmax counts one per element).
+    pub transcendentals: f64,
+    /// Whether the work is double precision (64-bit elements), which runs at the
+    /// device's f64 rates.
+    pub wide: bool,
+}
+
+impl Work {
+    /// No work at all.
+    pub fn is_empty(&self) -> bool {
+        self.matmul_flops == 0.0 && self.elements == 0.0 && self.transcendentals == 0.0
+    }
+}
+
+/// The work of `instr`, an instruction of `program`.
+pub fn work(program: &Program, instr: &Instr) -> Work {
+    let elems = |spec: &TensorSpec| spec.shape.num_elements() as f64;
+    let arg = |k: usize| program.spec(instr.args[k]).map(|s| (elems(s), s.shape.dims().to_vec()));
+    let out = elems(&instr.spec);
+    let wide = matches!(
+        instr.args.first().and_then(|a| program.spec(*a)).map_or(instr.spec.dtype, |s| s.dtype),
+        DType::F64 | DType::I64 | DType::U64
+    );
+    let mut w = Work { wide, ..Work::default() };
+    match &instr.op {
+        Op::Unary(u) => match u {
+            Unary::Neg | Unary::Abs | Unary::Square | Unary::Relu | Unary::StopGradient => {
+                w.elements = out;
+            }
+            _ => w.transcendentals = out,
+        },
+        Op::Binary(Binary::Pow) => w.transcendentals = out,
+        Op::DotGeneral { lhs_contract, .. } => {
+            let contract: f64 =
+                arg(0).map_or(1.0, |(_, d)| lhs_contract.iter().map(|&a| d[a] as f64).product());
+            w.matmul_flops = 2.0 * out * contract;
+        }
+        Op::Conv2d { .. } => {
+            // Per output element, a multiply-add over the filter's window and inputs.
+            let per = arg(1).map_or(0.0, |(n, d)| n / d[3].max(1) as f64);
+            w.matmul_flops = 2.0 * out * per;
+        }
+        Op::Conv2dBackpropInput { .. } => {
+            let (g, per) = (
+                arg(0).map_or(0.0, |(n, _)| n),
+                arg(1).map_or(0.0, |(n, d)| n / d[3].max(1) as f64),
+            );
+            w.matmul_flops = 2.0 * g * per;
+        }
+        Op::Conv2dBackpropFilter { filter, .. } => {
+            let g = arg(1).map_or(0.0, |(n, _)| n);
+            let per = filter.iter().product::<usize>() as f64 / filter[3].max(1) as f64;
+            w.matmul_flops = 2.0 * g * per;
+        }
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+            w.transcendentals = out;
+            w.elements = 3.0 * out;
+        }
+        Op::Reduce { .. } | Op::ScatterAdd { .. } | Op::Argmax { .. } => {
+            w.elements = arg(0).map_or(out, |(n, _)| n).max(out);
+        }
+        Op::Send { .. } | Op::Recv { .. } | Op::Emit { .. } => {}
+        _ => w.elements = out,
+    }
+    w
+}
+
+/// How fast a device type runs each kind of work, for one precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    /// Matmul FLOPs per second.
+    pub matmul_flops: f64,
+    /// Cheap elements per second.
+    pub elements: f64,
+    /// Transcendental elements per second.
+    pub transcendentals: f64,
+    /// Seconds every instruction costs on top (dispatch).
+    pub overhead: f64,
+}
+
+impl Rates {
+    /// Seconds `work` takes at these rates.
+    pub fn seconds(&self, work: &Work) -> f64 {
+        self.overhead
+            + work.matmul_flops / self.matmul_flops
+            + work.elements / self.elements
+            + work.transcendentals / self.transcendentals
+    }
+}
+
+/// A device type's rates in single (32-bit and narrower) and double precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceRates {
+    /// Rates of 32-bit and narrower work.
+    pub single: Rates,
+    /// Rates of 64-bit work.
+    pub double: Rates,
+}
+
+impl DeviceRates {
+    /// The rates `work` runs at.
+    pub fn of(&self, work: &Work) -> &Rates {
+        if work.wide { &self.double } else { &self.single }
+    }
+}
+
+/// The cost model of placed programs: kernel rates per device type, one link between
+/// any two devices, a memory cap per device.
+///
+/// Memory is counted as TensorFlow's cost-aware placers (Baechi's m-ETF) count it: a
+/// variable's and a fed parameter's bytes, and every value an instruction computes, as
+/// if all were live at once — an upper bound on what a device holds during a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramCost {
+    /// Rates per device type (`CPU`, `TPU`, …); types not listed run at `default_rates`.
+    pub rates: HashMap<String, DeviceRates>,
+    /// Rates of unlisted device types.
+    pub default_rates: DeviceRates,
+    /// Bytes per second between two devices.
+    pub bandwidth: f64,
+    /// Seconds per transfer between two devices.
+    pub latency: f64,
+    /// Memory per device (by full name); unlisted devices have `default_capacity`.
+    pub capacity: HashMap<String, u64>,
+    /// Memory of unlisted devices.
+    pub default_capacity: u64,
+}
+
+impl ProgramCost {
+    /// One set of rates for every device type, a link, no memory cap.
+    pub fn uniform(rates: DeviceRates, bandwidth: f64, latency: f64) -> ProgramCost {
+        ProgramCost {
+            rates: HashMap::new(),
+            default_rates: rates,
+            bandwidth,
+            latency,
+            capacity: HashMap::new(),
+            default_capacity: u64::MAX,
+        }
+    }
+
+    /// Every device capped at `bytes`.
+    pub fn with_capacity(mut self, bytes: u64) -> ProgramCost {
+        self.default_capacity = bytes;
+        self
+    }
+
+    /// Rates measured on this machine with the fast interpreter, with the threads a
+    /// device of `strategy` gets (every device type runs on the CPU here: each gets
+    /// the CPU's rates), and the link measured by sending between two of its
+    /// devices (none with one device). Takes about a second.
+    pub fn measure(strategy: &Strategy) -> Result<ProgramCost> {
+        let devices = strategy.runtime().devices();
+        let options = Options::for_devices(devices);
+        let rates = DeviceRates {
+            single: measure_rates(DType::F32, options)?,
+            double: measure_rates(DType::F64, options)?,
+        };
+        let (bandwidth, latency) =
+            if devices > 1 { measure_link(strategy, &rates.single)? } else { (f64::INFINITY, 0.0) };
+        Ok(ProgramCost::uniform(rates, bandwidth, latency))
+    }
+
+    /// The rates of `device_type`.
+    pub fn rates(&self, device_type: &str) -> &DeviceRates {
+        self.rates.get(device_type).unwrap_or(&self.default_rates)
+    }
+
+    /// The estimated seconds `program`'s instructions take run one after another on
+    /// one device of `device_type` (no transfers).
+    pub fn serial_seconds(&self, program: &Program, device_type: &str) -> f64 {
+        let rates = self.rates(device_type);
+        program
+            .instrs()
+            .iter()
+            .map(|i| {
+                let w = work(program, i);
+                rates.of(&w).seconds(&w)
+            })
+            .sum()
+    }
+}
+
+/// A node's work, the bytes it keeps on its device and sends along each out-edge.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct NodeWork {
+    pub(crate) work: Work,
+    pub(crate) memory: u64,
+    pub(crate) output: u64,
+}
+
+/// A [`ProgramCost`] over one program's placer graph.
+pub(crate) struct NodeCosts<'a> {
+    pub(crate) cost: &'a ProgramCost,
+    pub(crate) graph: &'a ProgramGraph,
+}
+
+impl CostModel for NodeCosts<'_> {
+    fn compute(&self, _: &Graph, node: NodeId, device: &Device) -> f64 {
+        let w = &self.graph.works[node.index()].work;
+        if w.is_empty() {
+            return 0.0; // parameters, variables and their reads and assignments
+        }
+        self.cost.rates(device.device_type()).of(w).seconds(w)
+    }
+
+    fn memory(&self, _: &Graph, node: NodeId) -> u64 {
+        self.graph.works[node.index()].memory
+    }
+
+    fn output_bytes(&self, _: &Graph, node: NodeId) -> u64 {
+        self.graph.works[node.index()].output
+    }
+
+    fn transfer(&self, bytes: u64, from: &Device, to: &Device) -> f64 {
+        if from.name() == to.name() {
+            0.0
+        } else {
+            self.cost.latency + bytes as f64 / self.cost.bandwidth
+        }
+    }
+
+    fn capacity(&self, device: &Device) -> u64 {
+        self.cost.capacity.get(device.name()).copied().unwrap_or(self.cost.default_capacity)
+    }
+}
+
+/// The median seconds of `run` over repeats filling about `budget`.
+fn median_seconds(budget: Duration, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
+    run()?; // warm up: pools, pages
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 3 || (start.elapsed() < budget && times.len() < 200) {
+        let t = Instant::now();
+        run()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn measure_rates(dtype: DType, options: Options) -> Result<Rates> {
+    let budget = Duration::from_millis(60);
+    let time = |program: Program, inputs: Vec<Tensor>| -> Result<f64> {
+        let exe = Executable::compile(&program, options);
+        let env = Env::local();
+        median_seconds(budget, || exe.run(&inputs, &env).map(drop).map_err(Error::from))
+    };
+    let spec = |dims: &[usize]| -> Result<TensorSpec> {
+        Ok(TensorSpec::new(dtype, meshwork_types::Shape::new(dims)?))
+    };
+    let tensor = |dims: &[usize]| -> Result<Tensor> {
+        let n = dims.iter().product();
+        let values: Vec<f64> = (0..n).map(|i| ((i % 7) as f64 - 3.0) * 0.1).collect();
+        Ok(match dtype {
+            DType::F64 => Tensor::f64(dims, values)?,
+            _ => Tensor::f32(dims, values.into_iter().map(|v| v as f32).collect())?,
+        })
+    };
+    // Dispatch: a chain of small reductions the interpreter cannot fuse.
+    const CHAIN: usize = 32;
+    let mut b = Builder::new();
+    let mut x = b.param("x", spec(&[1])?)?;
+    for _ in 0..CHAIN {
+        x = b.reduce_sum(x, &[0], true)?;
+    }
+    let overhead = time(b.finish(&[x])?, vec![tensor(&[1])?])? / CHAIN as f64;
+    let n = 256;
+    let mut b = Builder::new();
+    let (l, r) = (b.param("l", spec(&[n, n])?)?, b.param("r", spec(&[n, n])?)?);
+    let y = b.matmul(l, r)?;
+    let t = time(b.finish(&[y])?, vec![tensor(&[n, n])?, tensor(&[n, n])?])?;
+    let matmul_flops = 2.0 * (n * n * n) as f64 / (t - overhead).max(1e-9);
+    let m = 1 << 20;
+    let mut b = Builder::new();
+    let (l, r) = (b.param("l", spec(&[m])?)?, b.param("r", spec(&[m])?)?);
+    let y = b.add(l, r)?;
+    let t = time(b.finish(&[y])?, vec![tensor(&[m])?, tensor(&[m])?])?;
+    let elements = m as f64 / (t - overhead).max(1e-9);
+    let mut b = Builder::new();
+    let l = b.param("l", spec(&[m])?)?;
+    let y = b.tanh(l)?;
+    let t = time(b.finish(&[y])?, vec![tensor(&[m])?])?;
+    let transcendentals = m as f64 / (t - overhead).max(1e-9);
+    Ok(Rates { matmul_flops, elements, transcendentals, overhead })
+}
+
+/// (bandwidth, latency) between devices 0 and 1 of `strategy`: a scalar bounced
+/// between them, then a 4 MiB tensor.
+fn measure_link(strategy: &Strategy, rates: &Rates) -> Result<(f64, f64)> {
+    const HOPS: usize = 16;
+    let bounce = |elements: usize| -> Result<f64> {
+        let spec = TensorSpec::new(DType::F32, meshwork_types::Shape::new(&[elements])?);
+        let mut b = Builder::new();
+        let mut x = b.device("CPU:0", |b| b.param("x", spec.clone()))?;
+        for h in 0..HOPS {
+            x = b.device(&format!("CPU:{}", (h + 1) % 2), |b| b.neg(x))?;
+        }
+        let program = b.finish(&[x])?;
+        let placed = strategy.place(&program, &[], &PlaceOptions::default())?;
+        let input = Tensor::f32(&[elements], vec![1.0; elements])?;
+        let seconds = median_seconds(Duration::from_millis(60), || {
+            placed.step(std::slice::from_ref(&input)).map(drop)
+        })?;
+        let ops = HOPS as f64 * (rates.overhead + elements as f64 / rates.elements);
+        Ok(((seconds - ops) / HOPS as f64).max(1e-9))
+    };
+    let latency = bounce(1)?;
+    let big = 1 << 20;
+    let per = bounce(big)?;
+    let bandwidth = (4 * big) as f64 / (per - latency).max(1e-9);
+    Ok((bandwidth, latency))
+}
