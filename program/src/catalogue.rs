@@ -109,10 +109,22 @@ impl Catalogue {
         self.kernels.iter().map(|k| k.device_type.as_str())
     }
 
-    /// The dtype that selects an instruction's kernel (TensorFlow's `T`): its first
-    /// operand's, or its result's for an op without operands.
+    /// The dtype that selects an instruction's kernel (TensorFlow's type attribute):
+    /// the values' dtype for `select` (`T`, not the predicate's bool), the result's
+    /// for ops that make a dtype (`one_hot`, `iota`, constants), the wider of source
+    /// and destination for `convert` (`Cast` needs kernels for both), otherwise the
+    /// first operand's.
     pub fn kernel_dtype(program: &Program, instr: &Instr) -> DType {
-        instr.args.first().and_then(|a| program.spec(*a)).map_or(instr.spec.dtype, |s| s.dtype)
+        let arg = |k: usize| instr.args.get(k).and_then(|a| program.spec(*a)).map(|s| s.dtype);
+        match &instr.op {
+            Op::Select => arg(1).unwrap_or(instr.spec.dtype),
+            Op::OneHot { .. } | Op::Iota { .. } | Op::Constant { .. } => instr.spec.dtype,
+            Op::Convert { dtype } => match arg(0) {
+                Some(src) if src.size_in_bytes() > dtype.size_in_bytes() => src,
+                _ => *dtype,
+            },
+            _ => arg(0).unwrap_or(instr.spec.dtype),
+        }
     }
 
     /// The device types with a kernel for `op` at `dtype`, with their priorities.

@@ -1325,3 +1325,23 @@ fn a_values_cotangent_is_summed_per_device_then_beside_the_value() {
         assert!((got - want).abs() < 1e-12, "{got} vs {want}");
     }
 }
+
+#[test]
+fn a_kernel_is_chosen_by_tensorflows_type_attribute() {
+    use crate::Catalogue;
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f32[3]")).unwrap();
+    let i = b.param("i", spec("i32[3]")).unwrap();
+    let up = b.convert(x, DType::F64).unwrap();
+    let down = b.convert(up, DType::F32).unwrap();
+    let p = b.lt(x, down).unwrap();
+    let sel = b.select(p, up, up).unwrap();
+    let hot = b.one_hot(i, 4, DType::F64).unwrap();
+    let prog = b.finish(&[sel, hot]).unwrap();
+    let dtype = |v: Value| Catalogue::kernel_dtype(&prog, prog.instr(v).unwrap());
+    assert_eq!(dtype(up), DType::F64, "Cast needs its destination's kernel");
+    assert_eq!(dtype(down), DType::F64, "and its source's");
+    assert_eq!(dtype(p), DType::F32);
+    assert_eq!(dtype(sel), DType::F64, "Select's T is its values' dtype");
+    assert_eq!(dtype(hot), DType::F64, "OneHot's T is its result's");
+}

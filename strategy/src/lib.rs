@@ -32,7 +32,10 @@
 //! - [`placed`]: TensorFlow's way — `tf.device` scopes and `colocate_with` in the
 //!   program, [`Strategy::place`] places its instructions by TensorFlow's rules
 //!   (resource variables, soft placement, the kernel catalogue), splits it per device
-//!   with send/recv pairs and runs the pieces concurrently, variables resident.
+//!   with send/recv pairs and runs the pieces concurrently, variables resident;
+//!   micro-batched pipelines (`nn::Transformer::loss_pipelined`) train this way, and
+//!   [`Strategy::place_with_cost`] places a program without device scopes by a cost
+//!   model counted from it, under memory caps.
 //!
 //! ```
 //! use meshwork_strategy::{Aggregation, Arg, PerReplica, ReduceOp, Strategy, Tensor, VariableOptions};

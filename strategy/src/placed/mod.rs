@@ -19,6 +19,12 @@
 //!
 //! Variables stay on their devices across steps: a step moves only its feeds in,
 //! the values that cross devices between them, and its results out.
+//!
+//! A `recv` waits at most the executor runtime's timeout (60 s by default; a longer
+//! one through [`Strategy::with_runtime`] and
+//! [`Runtime::with_timeout`](meshwork_executor::Runtime::with_timeout)), then the
+//! step fails with the executor's `Timeout` everywhere — a pipeline whose first stage
+//! waits out a long backward needs the longer one.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -108,6 +114,24 @@ pub fn program_graph(
     catalogue: &Catalogue,
 ) -> Result<ProgramGraph> {
     let np = program.params().len();
+    let refuse = |value: String, problem: String| Err(Error::Placed { value, problem });
+    if variables.len() != np {
+        return refuse(
+            String::new(),
+            format!("{} variable flags for {np} parameters", variables.len()),
+        );
+    }
+    for &(r, p) in updates {
+        if r >= program.results().len() || p >= np || !variables[p] {
+            return refuse(
+                format!("update ({r}, {p})"),
+                format!(
+                    "updates pair a result (of {}) with a variable parameter (of {np})",
+                    program.results().len()
+                ),
+            );
+        }
+    }
     let all_types: Vec<&str> = catalogue.device_types().collect();
     let mut registry = Registry::new();
     let any_device =
@@ -661,7 +685,10 @@ impl Placed<'_> {
         self.parts.iter().map(|p| (p.device, &p.program))
     }
 
-    /// Why the node of value `v` (a variable's handle) went where it did.
+    /// Why TensorFlow's rules put the node of value `v` (a variable's handle) where
+    /// they did: its requests, colocation group and allowed devices. After
+    /// [`Strategy::place_with_cost`] the node may run on another device the same
+    /// rules allow ([`device`](Self::device), [`estimate`](Self::estimate)).
     pub fn explain(&self, v: Value) -> Result<Explanation> {
         let node = self.graph.node(v).ok_or(Error::Placed {
             value: v.to_string(),

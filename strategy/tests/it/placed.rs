@@ -34,11 +34,18 @@ fn with_random_requests(p: &Program, rng: &mut Rng, devices: usize) -> Program {
 }
 
 /// One case on 1–4 random devices: outputs and gradients against one device and JAX.
+/// Even cases put the random requests on the forward program and differentiate it
+/// (autodiff places the backward beside the forward, summing cotangents per device);
+/// odd cases put them on the vector-Jacobian program itself (any split of it).
 fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
     let oracle = OracleCase::new(case)?;
     let mut rng = Rng(index as u64 * 7919 + 5);
     let devices = 1 + rng.below(4);
-    let requested = with_random_requests(&oracle.back, &mut rng, devices);
+    let requested = if index.is_multiple_of(2) {
+        oracle.vjp_of(&with_random_requests(&oracle.program, &mut rng, devices))?
+    } else {
+        with_random_requests(&oracle.back, &mut rng, devices)
+    };
     let options = PlaceOptions {
         devices: Some(
             (0..devices)
@@ -105,6 +112,9 @@ fn a_variables_update_requested_elsewhere_is_placed_with_it() {
     assert_eq!(on(read), cpu(1));
     let why = placed.explain(w).unwrap().to_string();
     assert!(why.contains("w/assign") && why.contains("w/read"), "{why}");
+    let dot = placed.to_dot();
+    assert!(dot.starts_with("digraph"), "{dot}");
+    assert!(dot.contains("\"w\" -> \"w/assign\""), "the resource edge is drawn: {dot}");
     // w crosses to device 0 once (for `mul` and `sub`), its new value comes back.
     assert_eq!(placed.transfers().len(), 2, "{placed}");
 

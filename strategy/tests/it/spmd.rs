@@ -92,6 +92,13 @@ pub(crate) struct OracleCase {
 }
 
 impl OracleCase {
+    /// The case's vector-Jacobian program of `program` (the case's program, or it with
+    /// device requests): outputs, then the gradients the case checks.
+    pub(crate) fn vjp_of(&self, program: &Program) -> Result<Program, String> {
+        let values: Vec<Value> = self.wrt.iter().map(|(k, _)| Value(*k as u32)).collect();
+        meshwork_program::vjp(program, &values).map_err(|e| e.to_string())
+    }
+
     pub(crate) fn new(case: &Json) -> Result<OracleCase, String> {
         let program = case::build(case).map_err(|e| e.to_string())?;
         let wrt: Vec<(usize, String)> = case["inputs"]
