@@ -456,6 +456,31 @@ impl ReplicaContext {
         self.hub.recv(local, self.local, tag)
     }
 
+    /// Receives the first of `wanted` (sender, tag) to arrive, waiting for one: its
+    /// index in `wanted` and the tensor. What TensorFlow's executor does when several
+    /// `_Recv`s are pending: whichever is satisfied first runs first. Fails as
+    /// [`recv`](Self::recv) does (any sender's run ending without sending its tag is
+    /// [`Error::NotSent`]); `wanted` empty is an [`Error::BadArgument`].
+    pub fn recv_any(&self, wanted: &[(usize, u64)]) -> Result<(usize, Tensor)> {
+        if wanted.is_empty() {
+            return Err(self.bad("recv", "nothing to wait for".into()));
+        }
+        let wanted = self.local_peers("recv", wanted)?;
+        let got = self.hub.recv_any(self.local, &wanted, true)?;
+        Ok(got.expect("a blocking receive returns a transfer or an error"))
+    }
+
+    /// [`recv_any`](Self::recv_any) without waiting: `None` when none of `wanted` has
+    /// arrived yet (an error only when a replica has failed).
+    pub fn try_recv_any(&self, wanted: &[(usize, u64)]) -> Result<Option<(usize, Tensor)>> {
+        let wanted = self.local_peers("recv", wanted)?;
+        self.hub.recv_any(self.local, &wanted, false)
+    }
+
+    fn local_peers(&self, op: &'static str, wanted: &[(usize, u64)]) -> Result<Vec<(usize, u64)>> {
+        wanted.iter().map(|&(from, tag)| Ok((self.local_peer(op, from)?, tag))).collect()
+    }
+
     /// `peer` as a member of this process's hub, for point-to-point transfers.
     fn local_peer(&self, op: &'static str, peer: usize) -> Result<usize> {
         if self.net.is_some() {

@@ -242,11 +242,27 @@ impl Hub {
     /// any member has failed ([`Error::PeerFailed`]) or `from`'s run ended without
     /// sending it ([`Error::NotSent`]), and after the timeout ([`Error::Timeout`]).
     pub(crate) fn recv(&self, from: usize, to: usize, tag: u64) -> Result<Tensor> {
+        let got = self.recv_any(to, &[(from, tag)], true)?;
+        Ok(got.expect("a blocking receive returns a transfer or an error").1)
+    }
+
+    /// The first of `wanted` (sender, tag) that has arrived for member `to`, as its
+    /// index in `wanted` and the transfer; with `block`, waiting for one (failing as
+    /// [`recv`](Self::recv) does), otherwise `None` when none has arrived (failing only
+    /// when a member has failed).
+    pub(crate) fn recv_any(
+        &self,
+        to: usize,
+        wanted: &[(usize, u64)],
+        block: bool,
+    ) -> Result<Option<(usize, Tensor)>> {
         let deadline = Instant::now() + self.timeout;
         let mut mailbox = lock(&self.mailbox);
         loop {
-            if let Some(t) = mailbox.remove(&(from, to, tag)) {
-                return Ok(t);
+            for (i, &(from, tag)) in wanted.iter().enumerate() {
+                if let Some(t) = mailbox.remove(&(from, to, tag)) {
+                    return Ok(Some((i, t)));
+                }
             }
             if let Some(failed) = *lock(&self.failed) {
                 return Err(Error::PeerFailed {
@@ -255,17 +271,24 @@ impl Hub {
                     op: "recv",
                 });
             }
-            if matches!(lock(&self.waits)[from], Wait::Ended) {
+            if !block || wanted.is_empty() {
+                return Ok(None);
+            }
+            let waits = lock(&self.waits);
+            if let Some(&(from, tag)) =
+                wanted.iter().find(|(from, _)| matches!(waits[*from], Wait::Ended))
+            {
                 return Err(Error::NotSent { from: from + self.base, to: to + self.base, tag });
             }
+            drop(waits);
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout {
-                    op: "recv",
-                    group: vec![from + self.base, to + self.base],
-                    missing: vec![from + self.base],
-                    timeout: self.timeout,
-                });
+                let mut missing: Vec<usize> = wanted.iter().map(|(f, _)| f + self.base).collect();
+                missing.sort_unstable();
+                missing.dedup();
+                let mut group = missing.clone();
+                group.push(to + self.base);
+                return Err(Error::Timeout { op: "recv", group, missing, timeout: self.timeout });
             }
             mailbox = self
                 .delivered

@@ -12,10 +12,12 @@
 //! placement, colocation groups, TF's errors), then the program is split into one
 //! program per device with a `send`/`recv` pair for every value that crosses devices
 //! (one transfer per value and destination device, as TensorFlow's partitioner
-//! deduplicates), and the pieces run concurrently on the executor's devices: each
-//! device runs its instructions in program order and waits only at a `recv`, so
-//! there is no barrier between layers, and a failure on any device ends the run on
-//! all of them with that device's error.
+//! deduplicates), and the pieces run concurrently on the executor's devices as a
+//! dataflow: each device's part is cut into segments by the last transfer they wait
+//! for, and a device runs whichever segment has its inputs (in program order among
+//! those), taking transfers as they arrive — no barrier between layers, no
+//! instruction held up behind a transfer it does not need — and a failure on any
+//! device ends the run on all of them with that device's error.
 //!
 //! Variables stay on their devices across steps: a step moves only its feeds in,
 //! the values that cross devices between them, and its results out.
@@ -35,7 +37,7 @@ use meshwork_placer::{
     ArgKind, CostPlacement, DeviceSet, Explanation, Graph, Kernel, Node, NodeId, OpDef, OpRegistry,
     Placement, PlacerOptions, Registry,
 };
-use meshwork_program::fast::{Executable, Input, Options};
+use meshwork_program::fast::{Input, Options};
 use meshwork_program::{Builder, Catalogue, Channels, Env, Program, Tensor, Value};
 use meshwork_types::{DType, TensorSpec};
 
@@ -43,8 +45,10 @@ use crate::spmd::run::{ReplicaError, from_exec, run_replicas, to_exec};
 use crate::{Error, Result, Strategy};
 
 mod cost;
+mod dataflow;
 
 use cost::NodeWork;
+use dataflow::Segments;
 
 pub use cost::{DeviceRates, ProgramCost, Rates, Work, work};
 
@@ -302,7 +306,7 @@ pub struct Placed<'s> {
     /// Held while a step runs: one step of a placed program at a time.
     busy: Mutex<()>,
     /// The executable of each part, shared with the device threads.
-    exes: Arc<Vec<Executable>>,
+    exes: Arc<Vec<Segments>>,
     /// Each part's inputs, shared with the device threads.
     sources: Arc<Vec<Vec<Source>>>,
     /// The executor device of each part.
@@ -449,8 +453,9 @@ impl Strategy {
         // A device is a fixed share of the machine's cores, used or not: a placement
         // that leaves devices idle does not get their cores.
         let options = Options::for_devices(runtime_devices);
-        let exes =
-            Arc::new(parts.iter().map(|p| Executable::compile(&p.program, options)).collect());
+        let exes = Arc::new(
+            parts.iter().map(|p| Segments::new(&p.program, options)).collect::<Result<Vec<_>>>()?,
+        );
         Ok(Placed {
             strategy: self,
             program: program.clone(),
@@ -827,7 +832,7 @@ impl Placed<'_> {
                 }
                 let channels = ReplicaChannels { ctx, peer: Mutex::new(None) };
                 let env = Env::local().with_channels(&channels);
-                let out = exes[r].run_inputs(inputs, &env).map_err(|e| channels.failure(e))?;
+                let out = exes[r].run(ctx, inputs, &env, &|e| channels.failure(e))?;
                 *lock(&o[r]) = out;
                 Ok(())
             }),
