@@ -51,6 +51,11 @@ pub trait Channels: Sync {
     fn send(&self, channel: u32, peer: usize, x: Tensor) -> Result<()>;
     /// Receives the tensor of `spec` that device `peer` sends on `channel`.
     fn recv(&self, channel: u32, peer: usize, spec: &TensorSpec) -> Result<Tensor>;
+    /// Whether `send` may wait for the receiver (then a run that sends keeps a thread
+    /// of its own). `false` only for channels that leave what they send and return.
+    fn sends_wait(&self) -> bool {
+        true
+    }
 }
 
 /// The host's side of `emit`: the outfeed's consumers.

@@ -158,6 +158,8 @@ pub struct Executable {
     frees: Vec<Vec<Value>>,
     options: Options,
     pool: Mutex<Pool>,
+    /// Whether the program receives (a run of it may wait for a peer).
+    receives: bool,
 }
 
 /// What a value holds during a run.
@@ -256,6 +258,7 @@ impl Executable {
             *pool.demand.entry(class).or_insert(0) += 1;
         }
         Executable {
+            receives: program.instrs().iter().any(|i| matches!(i.op, Op::Recv { .. })),
             program: program.clone(),
             steps,
             groups,
@@ -295,11 +298,12 @@ impl Executable {
     /// several threads: the thread that runs the program's sequential parts is then
     /// one of those that share its parallel ones, instead of a further thread that
     /// competes with them for the cores (and with workers idling between them). A run
-    /// given collectives, channels or a host sink stays on its own thread: it may wait
-    /// for peers or for the host, and a pool thread waiting on something queued behind
-    /// it would never finish.
+    /// given collectives, a host sink, or channels it may wait on (it receives, or its
+    /// sends wait) stays on its own thread: it may wait for peers or for the host, and
+    /// a pool thread waiting on something queued behind it would never finish.
     fn on_pool(&self, slots: Vec<Slot<'_>>, env: &Env<'_>) -> Result<Vec<Tensor>> {
-        let alone = env.collectives.is_none() && env.channels.is_none() && env.host.is_none();
+        let waits_on_channels = env.channels.is_some_and(|c| self.receives || c.sends_wait());
+        let alone = env.collectives.is_none() && !waits_on_channels && env.host.is_none();
         if self.options.threads > 1 && alone && rayon::current_thread_index().is_none() {
             return rayon::scope(|_| self.execute(slots, env));
         }

@@ -639,6 +639,10 @@ impl Channels for ReplicaChannels<'_> {
         let t = self.ctx.recv(peer, u64::from(channel)).map_err(|e| self.comm("recv", e))?;
         from_exec(t, spec.dtype == DType::Bool)
     }
+
+    fn sends_wait(&self) -> bool {
+        false // the executor's mailbox: a send leaves the tensor and returns
+    }
 }
 
 impl Placed<'_> {
