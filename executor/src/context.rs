@@ -456,11 +456,12 @@ impl ReplicaContext {
         self.hub.recv(local, self.local, tag)
     }
 
-    /// Receives the first of `wanted` (sender, tag) to arrive, waiting for one: its
-    /// index in `wanted` and the tensor. What TensorFlow's executor does when several
-    /// `_Recv`s are pending: whichever is satisfied first runs first. Fails as
-    /// [`recv`](Self::recv) does (any sender's run ending without sending its tag is
-    /// [`Error::NotSent`]); `wanted` empty is an [`Error::BadArgument`].
+    /// Receives one of `wanted` (sender, tag): the first in `wanted`'s order among
+    /// those already sent, or else the first to arrive — its index in `wanted` and the
+    /// tensor. What a device with several pending `_Recv`s needs to go on with
+    /// whichever is satisfied. Fails as [`recv`](Self::recv) does (any sender's run
+    /// ending without sending its tag is [`Error::NotSent`]); `wanted` empty, or naming
+    /// this replica or one outside the process, is an [`Error::BadArgument`].
     pub fn recv_any(&self, wanted: &[(usize, u64)]) -> Result<(usize, Tensor)> {
         if wanted.is_empty() {
             return Err(self.bad("recv", "nothing to wait for".into()));
@@ -471,7 +472,8 @@ impl ReplicaContext {
     }
 
     /// [`recv_any`](Self::recv_any) without waiting: `None` when none of `wanted` has
-    /// arrived yet (an error only when a replica has failed).
+    /// arrived yet; an error when a replica has failed or a peer is not another
+    /// replica of this process.
     pub fn try_recv_any(&self, wanted: &[(usize, u64)]) -> Result<Option<(usize, Tensor)>> {
         let wanted = self.local_peers("recv", wanted)?;
         self.hub.recv_any(self.local, &wanted, false)

@@ -1,14 +1,19 @@
-//! A device's part run as a dataflow: the part is cut into segments — runs of
-//! instructions, in program order, that wait for the same last transfer (none, or
-//! the `k`-th receive) — and the device runs whichever segment has all its inputs
-//! first — in program order among those ready —
-//! taking transfers as they arrive, as TensorFlow's executor starts a node once its
-//! inputs are there. A device waits only when no segment is ready, and then for
-//! whichever transfer comes first.
+//! A device's part run as a dataflow: the part is cut into segments by the last
+//! transfer each instruction depends on (segment 0: none; segment `k`: the `k`-th
+//! receive, in the part's order, and maybe earlier ones), each segment the
+//! instructions of its key in program order, and the device runs the first ready
+//! segment (all its inputs there), taking transfers as they arrive — as TensorFlow's
+//! executor starts a node once its inputs are there, at the grain of what waits for
+//! the same transfer. A device waits only when no segment is ready, and then for the
+//! first transfer to come.
 //!
-//! No deadlock: of the instructions not yet run on any device, the first in the
-//! program's order has every input — its sends came right after their values were
-//! made, earlier in that order — so its segment is ready.
+//! No deadlock: take the first instruction, in the one global program order, not yet
+//! run on any device. It is the first of its segment (segments run whole, so an
+//! earlier member would be an earlier instruction not yet run). Every receipt its
+//! segment needs has an index at most the segment's key, so its `recv` precedes that
+//! instruction, and its `send`, earlier still, has run; every lower segment it reads
+//! needs only receipts of lower index, so is ready in turn. So some segment is always
+//! ready or about to be.
 
 use std::collections::BTreeSet;
 
@@ -60,11 +65,9 @@ impl Segments {
         let n = part.num_values();
         let mut receipts = Vec::new();
         // Each value's key: the last receipt it depends on (0 for none, k + 1 for
-        // receipt k). A segment is a run of instructions, in program order, of one key:
-        // what does not wait for a transfer is not held up behind one.
+        // receipt k). A segment is every instruction of one key, in program order.
         let mut key = vec![0usize; n];
-        let mut cuts: Vec<Vec<usize>> = Vec::new();
-        let mut last: Option<usize> = None;
+        let mut by_key: Vec<Vec<usize>> = vec![Vec::new()];
         for (i, instr) in part.instrs().iter().enumerate() {
             let v = np + i;
             if let Op::Recv { channel, peer, dtype, .. } = &instr.op {
@@ -75,17 +78,13 @@ impl Segments {
                     bool: *dtype == DType::Bool,
                 });
                 key[v] = receipts.len();
+                by_key.push(Vec::new());
                 continue;
             }
             key[v] = instr.args.iter().map(|a| key[a.index()]).max().unwrap_or(0);
-            if last != Some(key[v]) {
-                cuts.push(Vec::new());
-                last = Some(key[v]);
-            }
-            if let Some(cut) = cuts.last_mut() {
-                cut.push(i);
-            }
+            by_key[key[v]].push(i);
         }
+        let cuts: Vec<Vec<usize>> = by_key.into_iter().filter(|c| !c.is_empty()).collect();
         let mut owner = vec![usize::MAX; n];
         for (s, cut) in cuts.iter().enumerate() {
             for &i in cut {
@@ -170,10 +169,16 @@ impl Segments {
         env: &Env<'_>,
         failure: &dyn Fn(meshwork_program::Error) -> ReplicaError,
     ) -> std::result::Result<Vec<Tensor>, ReplicaError> {
+        if inputs.len() != self.params {
+            return Err(ReplicaError::Program(meshwork_program::Error::Inputs {
+                expected: self.params,
+                actual: inputs.len(),
+                problem: "a placed part's inputs".into(),
+            }));
+        }
         let mut slots: Vec<Option<Input<'a>>> = Vec::with_capacity(self.uses.len());
         slots.extend(inputs.into_iter().map(Some));
         slots.resize_with(self.uses.len(), || None);
-        debug_assert_eq!(self.params, slots.iter().filter(|s| s.is_some()).count());
         let mut uses = self.uses.clone();
         let mut missing = self.missing.clone();
         let mut ready: BTreeSet<usize> =

@@ -14,9 +14,9 @@
 //! (one transfer per value and destination device, as TensorFlow's partitioner
 //! deduplicates), and the pieces run concurrently on the executor's devices as a
 //! dataflow: each device's part is cut into segments by the last transfer they wait
-//! for, and a device runs whichever segment has its inputs (in program order among
-//! those), taking transfers as they arrive — no barrier between layers, no
-//! instruction held up behind a transfer it does not need — and a failure on any
+//! for, and a device runs the first segment whose inputs are there, taking transfers
+//! as they arrive — no barrier between layers, no instruction held up behind a
+//! transfer it does not need — and a failure on any
 //! device ends the run on all of them with that device's error.
 //!
 //! Variables stay on their devices across steps: a step moves only its feeds in,
@@ -305,7 +305,7 @@ pub struct Placed<'s> {
     slot: Vec<Option<(usize, usize)>>,
     /// Held while a step runs: one step of a placed program at a time.
     busy: Mutex<()>,
-    /// The executable of each part, shared with the device threads.
+    /// Each part cut into segments, shared with the device threads.
     exes: Arc<Vec<Segments>>,
     /// Each part's inputs, shared with the device threads.
     sources: Arc<Vec<Vec<Source>>>,

@@ -342,7 +342,9 @@ fn layout_dtype(parts: &[Tensor]) -> meshwork_types::DType {
 pub(crate) enum ReplicaError {
     /// Its program failed.
     Program(meshwork_program::Error),
-    /// A collective failed because another replica had.
+    /// The executor's error: a collective or transfer that failed (because another
+    /// replica had, or timed out, or was never sent); the executor reports the
+    /// replica that failed first.
     Peer(meshwork_executor::Error),
 }
 
