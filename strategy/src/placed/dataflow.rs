@@ -1,19 +1,17 @@
-//! A device's part run as a dataflow: the part is cut into segments by the last
-//! transfer each instruction depends on (segment 0: none; segment `k`: the `k`-th
-//! receive, in the part's order, and maybe earlier ones), each segment the
-//! instructions of its key in program order, and the device runs the first ready
-//! segment (all its inputs there), taking transfers as they arrive — as TensorFlow's
-//! executor starts a node once its inputs are there, at the grain of what waits for
-//! the same transfer. A device waits only when no segment is ready, and then for the
-//! first transfer to come.
+//! A device's part run as a dataflow: the part is cut into segments — runs of
+//! instructions, in program order, that depend on the same last transfer (none, or
+//! the `k`-th receive in the part's order) — and the device runs the first ready
+//! segment in program order (all its inputs there), taking transfers as they arrive,
+//! as TensorFlow's executor starts a node once its inputs are there, at the grain of
+//! what waits for the same transfer. A device waits only when no segment is ready,
+//! and then for the first transfer to come.
 //!
 //! No deadlock: take the first instruction, in the one global program order, not yet
-//! run on any device. It is the first of its segment (segments run whole, so an
-//! earlier member would be an earlier instruction not yet run). Every receipt its
-//! segment needs has an index at most the segment's key, so its `recv` precedes that
-//! instruction, and its `send`, earlier still, has run; every lower segment it reads
-//! needs only receipts of lower index, so is ready in turn. So some segment is always
-//! ready or about to be.
+//! run on any device. It is the first of its segment (segments are runs and run whole,
+//! so an earlier member would be an earlier instruction not yet run). Its segment's
+//! other inputs come from earlier instructions (run) or from receipts whose index is
+//! at most the segment's key — `recv`s before that first instruction, whose `send`s,
+//! earlier still, have run. So that segment is ready once those transfers land.
 
 use std::collections::BTreeSet;
 
@@ -65,9 +63,12 @@ impl Segments {
         let n = part.num_values();
         let mut receipts = Vec::new();
         // Each value's key: the last receipt it depends on (0 for none, k + 1 for
-        // receipt k). A segment is every instruction of one key, in program order.
+        // receipt k). A segment is a run of instructions of one key, in program order
+        // — what does not wait for a transfer is not held up behind one — except that
+        // an instruction without operands (a constant) joins the run it is in.
         let mut key = vec![0usize; n];
-        let mut by_key: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut cuts: Vec<Vec<usize>> = Vec::new();
+        let mut last: Option<usize> = None;
         for (i, instr) in part.instrs().iter().enumerate() {
             let v = np + i;
             if let Op::Recv { channel, peer, dtype, .. } = &instr.op {
@@ -78,13 +79,18 @@ impl Segments {
                     bool: *dtype == DType::Bool,
                 });
                 key[v] = receipts.len();
-                by_key.push(Vec::new());
                 continue;
             }
             key[v] = instr.args.iter().map(|a| key[a.index()]).max().unwrap_or(0);
-            by_key[key[v]].push(i);
+            let joins = instr.args.is_empty() && last.is_some();
+            if !joins && last != Some(key[v]) {
+                cuts.push(Vec::new());
+                last = Some(key[v]);
+            }
+            if let Some(cut) = cuts.last_mut() {
+                cut.push(i);
+            }
         }
-        let cuts: Vec<Vec<usize>> = by_key.into_iter().filter(|c| !c.is_empty()).collect();
         let mut owner = vec![usize::MAX; n];
         for (s, cut) in cuts.iter().enumerate() {
             for &i in cut {

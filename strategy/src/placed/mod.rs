@@ -14,7 +14,8 @@
 //! (one transfer per value and destination device, as TensorFlow's partitioner
 //! deduplicates), and the pieces run concurrently on the executor's devices as a
 //! dataflow: each device's part is cut into segments by the last transfer they wait
-//! for, and a device runs the first segment whose inputs are there, taking transfers
+//! for, and a device runs the first segment (in program order) whose inputs are
+//! there, taking transfers
 //! as they arrive — no barrier between layers, no instruction held up behind a
 //! transfer it does not need — and a failure on any
 //! device ends the run on all of them with that device's error.
