@@ -16,6 +16,7 @@
 
 mod args;
 mod inspect;
+mod lm;
 mod npy;
 mod train;
 
@@ -27,7 +28,8 @@ const HELP: &str = "\
 meshwork — run one model on many devices
 
 usage:
-  meshwork train [flags]      train an MLP on a data x model device mesh (the main job)
+  meshwork train [flags]      train an MLP on a data x model device mesh (the main job);
+                              --model transformer trains the reference transformer
   meshwork shard [flags]      draw which device holds which block of a sharded array
   meshwork reshard [flags]    the transfer plan between two shardings
   meshwork place GRAPH.json   place a dataflow graph's ops on devices (TensorFlow's rules)
@@ -71,14 +73,33 @@ fn arguments() -> Result<Vec<String>, Exit> {
         .collect()
 }
 
+/// `train`'s `--model` (default `mlp`): `mlp` or `transformer`.
+fn train_model(rest: &[String]) -> Result<&str, Exit> {
+    let mut model = "mlp";
+    for (k, a) in rest.iter().enumerate() {
+        if let Some(v) = a.strip_prefix("--model=") {
+            model = v;
+        } else if a == "--model" {
+            model = rest.get(k + 1).map_or("", String::as_str);
+        }
+    }
+    match model {
+        "mlp" | "transformer" => Ok(model),
+        other => Err(Exit::Usage(format!("--model {other:?} is not mlp or transformer"))),
+    }
+}
+
 fn dispatch(args: &[String]) -> Result<(), Exit> {
     let (command, rest) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
         None => ("help", &[][..]),
     };
     let wants_help = rest.iter().any(|a| a == "--help" || a == "-h");
+    let model = train_model(rest)?;
     match command {
+        "train" if wants_help && model == "transformer" => out(format_args!("{}", lm::HELP)),
         "train" if wants_help => out(format_args!("{}", train::HELP)),
+        "train" if model == "transformer" => lm::run(rest),
         "shard" | "reshard" | "place" if wants_help => out(format_args!("{}", inspect::HELP)),
         "train" => train::run(rest),
         "shard" => inspect::shard(rest),

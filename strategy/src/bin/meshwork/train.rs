@@ -22,6 +22,8 @@ plain SGD) on a data x model mesh: the batch split over the data axis, W1 by col
 W2 by rows over the model axis.
 
 flags:
+  --model mlp|transformer   this MLP (default), or the reference transformer (see
+                        `meshwork train --model transformer --help`)
   --mesh DxM            data x model devices (default 2x2; 1x1 is one device)
   --steps N             total steps (default 200; a resumed run continues up to N)
   --batch B             global batch (default 64); step s takes rows s·B … s·B+B−1 of the
@@ -60,6 +62,7 @@ does a one-device check that fails.
 ";
 
 const VALUED: &[&str] = &[
+    "model",
     "mesh",
     "steps",
     "batch",
@@ -330,7 +333,7 @@ fn memory_estimate(config: &TrainConfig, data: &Dataset, hidden: usize, check: b
 /// Checks, before training, that `--losses-json` can be written: its directory exists
 /// and takes a new file, and the path is not a directory, device or link. Nothing at
 /// the path is touched.
-fn check_output_file(flag: &str, path: &str) -> Result<(), Usage> {
+pub(crate) fn check_output_file(flag: &str, path: &str) -> Result<(), Usage> {
     let p = Path::new(path);
     if path.is_empty() || path.ends_with('/') || p.file_name().is_none() {
         return Err(usage(flag, format!("{path:?} names no file")));
@@ -368,7 +371,7 @@ fn temp_beside(path: &Path) -> PathBuf {
 
 /// Writes `text` to `path` whole or not at all (a temporary file beside it, then a
 /// rename); the temporary file is removed on failure.
-fn write_atomic(path: &str, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &str, text: &str) -> std::io::Result<()> {
     let tmp = temp_beside(Path::new(path));
     let result = (|| {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
@@ -383,12 +386,12 @@ fn write_atomic(path: &str, text: &str) -> std::io::Result<()> {
 }
 
 /// A loss for people: fixed-point in the usual range, scientific beyond it.
-fn loss_text(x: f64) -> String {
+pub(crate) fn loss_text(x: f64) -> String {
     if x == 0.0 || (1e-4..1e6).contains(&x.abs()) { format!("{x:.6}") } else { format!("{x:.6e}") }
 }
 
 /// A number for people: plain in the usual range, scientific beyond it.
-fn number_text(x: f64) -> String {
+pub(crate) fn number_text(x: f64) -> String {
     if x == 0.0 || (1e-4..1e6).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
 }
 

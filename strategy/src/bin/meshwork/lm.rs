@@ -1,0 +1,617 @@
+//! `meshwork train --model transformer`: the reference decoder-only transformer (the
+//! program layer's `nn::Transformer`) trained on a `data x model` mesh (SPMD,
+//! Megatron's shardings) or in a pipeline of stages (placed programs, GPipe's
+//! micro-batches), with a check against one device.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use meshwork_program::nn::{Pipeline, Transformer};
+use meshwork_program::{Builder, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_strategy::Strategy;
+use meshwork_strategy::placed::PlaceOptions;
+use meshwork_strategy::sharding::Mesh;
+use meshwork_strategy::spmd::{Shardings, megatron_spec};
+use meshwork_strategy::types::{DType, Shape, TensorSpec};
+
+use crate::args::{self, Args, Exit, Usage, outln};
+use crate::npy;
+use crate::train::{check_output_file, loss_text, number_text, write_atomic};
+
+pub(crate) const HELP: &str = "\
+meshwork train --model transformer — train the reference decoder-only transformer
+(pre-norm blocks of causal attention and a GELU MLP, softmax cross-entropy on the next
+token) on a data x model mesh (the batch over data, Megatron's shardings over model),
+or in a pipeline of stages (blocks spread over devices, GPipe's micro-batches).
+
+flags:
+  --layers L --dim D --heads H --ffn F --vocab V --seq T
+                        the model (defaults 2, 64, 4, 256, 256, 32); with --init the
+                        sizes come from the file (--heads is still needed) and a flag
+                        that disagrees is an error
+  --init INIT.safetensors   initial weights: embed [V, D], pos [T, D], layers.{i}.ln1.scale,
+                        .ln1.bias, .attn.wq/.wk/.wv/.wo [D, D], .ln2.*, .mlp.w1 [D, F],
+                        .mlp.b1, .mlp.w2 [F, D], .mlp.b2, ln_f.scale, ln_f.bias, unembed [D, V]
+  --data-tokens TOKENS.npy  integer rows [N, T+1]; step s reads rows (s·B + i) mod N,
+                        inputs row[:T], targets row[1:] (default: built-in rows)
+  --batch B             rows per step (default 8)
+  --steps N             steps (default 100)
+  --optimizer sgd|momentum|adam|adamw   (default adam; momentum 0.9, AdamW decay 0.01)
+  --lr LR               learning rate (default 0.01 for Adam/AdamW, 0.1 otherwise)
+  --dtype f32|f64       (default f32)
+  --seed S              seeds the built-in rows and the initial weights (default 0)
+  --mesh DxM            data x model devices (default 1x1)
+  --stages K            pipeline stages (default 1): the blocks spread over K devices per
+                        data replica (D x K devices; needs --mesh Dx1)
+  --microbatches M      micro-batches per replica and step in a pipeline (default 1)
+  --losses-json FILE    every step's loss as a JSON list
+  --no-check            skip the comparison of every step's loss with one device
+  --quiet               no progress lines and no summary
+";
+
+pub(crate) const VALUED: &[&str] = &[
+    "model",
+    "layers",
+    "dim",
+    "heads",
+    "ffn",
+    "vocab",
+    "seq",
+    "init",
+    "data-tokens",
+    "batch",
+    "steps",
+    "optimizer",
+    "lr",
+    "dtype",
+    "seed",
+    "mesh",
+    "stages",
+    "microbatches",
+    "losses-json",
+];
+pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet"];
+
+/// Each device of a CPU mesh is a thread.
+const MAX_DEVICES: usize = 64;
+/// Rows of the built-in data.
+const BUILT_IN_ROWS: usize = 512;
+
+fn usage(flag: &str, e: impl std::fmt::Display) -> Usage {
+    Usage(format!("--{flag}: {e}"))
+}
+
+/// The model's sizes from the flags, or from `--init`'s tensors (a flag that
+/// disagrees is an error naming both).
+fn model(a: &Args, init: Option<&HashMap<String, Tensor>>) -> Result<Transformer, Usage> {
+    let flag = |name: &str, default: usize| -> Result<(usize, bool), Usage> {
+        match a.get(name) {
+            None => Ok((default, false)),
+            Some(_) => {
+                let v: usize = a.parse_or(name, default, "a size (a whole number ≥ 1)")?;
+                if v == 0 {
+                    return Err(usage(name, "must be at least 1"));
+                }
+                Ok((v, true))
+            }
+        }
+    };
+    let (mut layers, mut dim, mut ffn, mut vocab, mut seq) = (
+        flag("layers", 2)?,
+        flag("dim", 64)?,
+        flag("ffn", 256)?,
+        flag("vocab", 256)?,
+        flag("seq", 32)?,
+    );
+    let heads = flag("heads", 4)?.0;
+    if let Some(init) = init {
+        let dims = |name: &str| -> Result<Vec<usize>, Usage> {
+            init.get(name)
+                .map(|t| t.shape().dims().to_vec())
+                .ok_or_else(|| usage("init", format!("has no tensor {name:?}")))
+        };
+        let embed = dims("embed")?;
+        let pos = dims("pos")?;
+        let w1 = dims("layers.0.mlp.w1")?;
+        let (Some(&v), Some(&d), Some(&t), Some(&f)) =
+            (embed.first(), embed.get(1), pos.first(), w1.get(1))
+        else {
+            return Err(usage("init", "embed, pos and layers.0.mlp.w1 must be matrices"));
+        };
+        let l = (0..).take_while(|i| init.contains_key(&format!("layers.{i}.attn.wq"))).count();
+        for (name, slot, from_file) in [
+            ("layers", &mut layers, l),
+            ("dim", &mut dim, d),
+            ("ffn", &mut ffn, f),
+            ("vocab", &mut vocab, v),
+            ("seq", &mut seq, t),
+        ] {
+            if slot.1 && slot.0 != from_file {
+                return Err(usage(
+                    name,
+                    format!("{} disagrees with --init, whose tensors say {from_file}", slot.0),
+                ));
+            }
+            slot.0 = from_file;
+        }
+    }
+    if !dim.0.is_multiple_of(heads) {
+        return Err(usage("heads", format!("{heads} heads do not divide --dim {}", dim.0)));
+    }
+    Ok(Transformer { vocab: vocab.0, seq: seq.0, dim: dim.0, heads, layers: layers.0, ffn: ffn.0 })
+}
+
+/// The tensors of a safetensors file (f32 or f64), by name.
+fn read_init(path: &str, limit: u64) -> Result<HashMap<String, Tensor>, Usage> {
+    let size = std::fs::metadata(path).map_err(|e| usage("init", format!("{path}: {e}")))?.len();
+    if size > limit {
+        return Err(usage("init", format!("{path} is {size} bytes, more than {limit}")));
+    }
+    let bytes = std::fs::read(path).map_err(|e| usage("init", format!("{path}: {e}")))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| usage("init", format!("{path} is not a safetensors file: {e}")))?;
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let data = view.data();
+        let t = match view.dtype() {
+            safetensors::Dtype::F64 => Tensor::f64(
+                &shape,
+                data.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+            safetensors::Dtype::F32 => Tensor::f32(
+                &shape,
+                data.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            ),
+            other => {
+                return Err(usage("init", format!("{name} is {other:?}; want F32 or F64")));
+            }
+        }
+        .map_err(|e| usage("init", format!("{name}: {e}")))?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// A tensor of `dtype` with `t`'s values.
+fn cast(t: &Tensor, dtype: DType) -> Result<Tensor, Usage> {
+    let values = t.to_f64();
+    let dims = t.shape().dims();
+    let made = match dtype {
+        DType::F64 => Tensor::f64(dims, values),
+        _ => Tensor::f32(dims, values.into_iter().map(|v| v as f32).collect()),
+    };
+    made.map_err(|e| Usage(format!("a weight of shape {dims:?}: {e}")))
+}
+
+/// A deterministic stream for the built-in rows and the initial weights.
+struct Noise(u64);
+
+impl Noise {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        (0..4).map(|_| self.uniform()).sum::<f64>() * 3f64.sqrt() - 2.0 * 3f64.sqrt()
+    }
+}
+
+/// Initial weights at the reference run's scales.
+fn random_init(program: &Program, noise: &mut Noise) -> HashMap<String, Tensor> {
+    let mut out = HashMap::new();
+    for p in &program.params()[1..] {
+        let d = p.spec.shape.dims();
+        let n = p.spec.shape.num_elements();
+        let name = p.name.as_str();
+        let (scale, shift) = if name == "embed" {
+            (0.5, 0.0)
+        } else if name == "pos" {
+            (0.1, 0.0)
+        } else if name.ends_with(".scale") {
+            (0.1, 1.0)
+        } else if name.ends_with(".bias") || name.ends_with(".b1") || name.ends_with(".b2") {
+            (0.0, 0.0)
+        } else {
+            (1.0 / (d[0] as f64).sqrt(), 0.0)
+        };
+        let values = (0..n).map(|_| shift + scale * noise.normal()).collect();
+        out.insert(p.name.clone(), Tensor::f64(d, values).expect("sizes of a built program"));
+    }
+    out
+}
+
+/// Token rows `[N, T+1]`: `--data-tokens`, or the built-in rows (a noisy affine
+/// sequence a model can learn: each token is 3·previous + 1 mod V, one in eight
+/// random).
+fn rows(a: &Args, model: &Transformer, seed: u64, limit: u64) -> Result<(usize, Vec<i32>), Usage> {
+    let width = model.seq + 1;
+    let Some(path) = a.get("data-tokens") else {
+        let mut noise = Noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let v = model.vocab as u64;
+        let mut tokens = Vec::with_capacity(BUILT_IN_ROWS * width);
+        for _ in 0..BUILT_IN_ROWS {
+            let mut t = (noise.uniform() * v as f64) as u64 % v;
+            for _ in 0..width {
+                tokens.push(t as i32);
+                t = if noise.uniform() < 0.125 {
+                    (noise.uniform() * v as f64) as u64 % v
+                } else {
+                    (3 * t + 1) % v
+                };
+            }
+        }
+        return Ok((BUILT_IN_ROWS, tokens));
+    };
+    let x = npy::read(path, limit).map_err(|e| usage("data-tokens", e))?;
+    let shape = x.shape().to_vec();
+    if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
+        return Err(usage(
+            "data-tokens",
+            format!("{path} has shape {shape:?}; want [rows, {width}] (--seq {} + 1)", model.seq),
+        ));
+    }
+    let mut tokens = Vec::with_capacity(x.len());
+    for (k, &t) in x.iter().enumerate() {
+        if t.fract() != 0.0 || t < 0.0 || t >= model.vocab as f64 {
+            return Err(usage(
+                "data-tokens",
+                format!(
+                    "{path}: row {}, column {} holds {t}, not a token id below --vocab {}",
+                    k / width,
+                    k % width,
+                    model.vocab
+                ),
+            ));
+        }
+        tokens.push(t as i32);
+    }
+    Ok((shape[0], tokens))
+}
+
+/// How the steps run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// SPMD on a `data x model` mesh.
+    Mesh { data: usize, model: usize },
+    /// `replicas` replicas of a pipeline of `stages` stages.
+    Pipeline { replicas: usize, stages: usize, micro: usize },
+}
+
+/// A training run: one step at a time, returning its loss.
+trait Run {
+    fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit>;
+}
+
+struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
+
+impl Run for SpmdRun<'_> {
+    fn step(&mut self, rows: &Tensor, lr: f64, _: usize) -> Result<f64, Exit> {
+        self.0.step(std::slice::from_ref(rows), lr).map_err(|e| Exit::Failed(e.to_string()))
+    }
+}
+
+struct PlacedRun<'s> {
+    placed: meshwork_strategy::placed::Placed<'s>,
+    step: TrainStep,
+}
+
+impl Run for PlacedRun<'_> {
+    fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit> {
+        let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
+        let [lr, count] = self.step.scalars(lr, s).map_err(|e| failed(&e))?;
+        let out = self.placed.step(&[rows.clone(), lr, count]).map_err(|e| failed(&e))?;
+        Ok(out[0].to_f64()[0])
+    }
+}
+
+/// The loss program of `model` for `batch` rows over `layout`.
+fn loss_program(
+    model: &Transformer,
+    batch: usize,
+    dtype: DType,
+    layout: Layout,
+) -> Result<(Program, Value), Exit> {
+    let bad = |e: meshwork_program::Error| Exit::Usage(e.to_string());
+    let mut b = Builder::new();
+    let spec = TensorSpec::new(
+        DType::I32,
+        Shape::new(&[batch, model.seq + 1]).map_err(|e| Exit::Usage(e.to_string()))?,
+    );
+    let rows = b.param("rows", spec).map_err(bad)?;
+    let loss = match layout {
+        Layout::Mesh { .. } => model.loss(&mut b, rows, dtype),
+        Layout::Pipeline { replicas, stages, micro } => {
+            model.loss_pipelined(&mut b, rows, dtype, &Pipeline::cpus(replicas, stages, micro))
+        }
+    }
+    .map_err(bad)?;
+    Ok((b.finish(&[loss]).map_err(bad)?, loss))
+}
+
+/// Compiles (or places) the training step over `layout` on `strategy` with `init`.
+fn start<'s>(
+    strategy: &'s Strategy,
+    model: &Transformer,
+    batch: usize,
+    dtype: DType,
+    layout: Layout,
+    optimizer: Optimizer,
+    init: &HashMap<String, Tensor>,
+) -> Result<Box<dyn Run + 's>, Exit> {
+    let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
+    let (program, loss) = loss_program(model, batch, dtype, layout)?;
+    let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
+    let weight = |name: &str| -> Result<Tensor, Exit> {
+        let t = init.get(name).ok_or_else(|| Exit::Usage(format!("--init has no {name}")))?;
+        Ok(cast(t, dtype)?)
+    };
+    match layout {
+        Layout::Mesh { data, model: m } => {
+            let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(|e| failed(&e))?;
+            let mut shardings =
+                Shardings::new(mesh).with("rows", "P('data')").map_err(|e| failed(&e))?;
+            for p in &program.params()[1..] {
+                shardings =
+                    shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
+            }
+            let step = strategy
+                .compile_train_step(&program, loss, &weights, optimizer, &shardings)
+                .map_err(|e| failed(&e))?;
+            for p in &program.params()[1..] {
+                step.set(&p.name, &weight(&p.name)?).map_err(|e| failed(&e))?;
+            }
+            Ok(Box::new(SpmdRun(step)))
+        }
+        Layout::Pipeline { .. } => {
+            let step =
+                TrainStep::new(&program, loss, &weights, optimizer).map_err(|e| failed(&e))?;
+            let sp = &step.program;
+            let carry: Vec<(usize, usize)> = (1..sp.results().len()).map(|r| (r, r)).collect();
+            let placed =
+                strategy.place(sp, &carry, &PlaceOptions::default()).map_err(|e| failed(&e))?;
+            for p in &program.params()[1..] {
+                placed.set(&p.name, weight(&p.name)?).map_err(|e| failed(&e))?;
+            }
+            let first_state = 1 + weights.len();
+            for (k, t) in step.init_state().map_err(|e| failed(&e))?.into_iter().enumerate() {
+                placed.set(&sp.params()[first_state + k].name, t).map_err(|e| failed(&e))?;
+            }
+            Ok(Box::new(PlacedRun { placed, step }))
+        }
+    }
+}
+
+/// A loss curve in one line of block characters.
+fn sparkline(losses: &[f64], width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    if losses.is_empty() {
+        return String::new();
+    }
+    let per = losses.len().div_ceil(width).max(1);
+    let points: Vec<f64> =
+        losses.chunks(per).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect();
+    let (lo, hi) = points.iter().fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    points
+        .iter()
+        .map(|&x| {
+            let k = if hi > lo { ((x - lo) / (hi - lo) * 7.0).round() as usize } else { 0 };
+            BARS[k.min(7)]
+        })
+        .collect()
+}
+
+pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
+    let a = Args::parse(argv, VALUED, SWITCHES)?;
+    if let Some(p) = a.positional.first() {
+        return Err(Usage(format!(
+            "train takes no positional argument ({p:?}); see `meshwork help train`"
+        ))
+        .into());
+    }
+    let limit: u64 = 8 << 30;
+    let (data, model_axis) = args::mesh("mesh", a.get("mesh").unwrap_or("1x1"))?;
+    let stages: usize = a.parse_or("stages", 1, "a number of stages")?;
+    let micro: usize = a.parse_or("microbatches", 1, "a number of micro-batches")?;
+    if stages == 0 || micro == 0 {
+        return Err(Usage("--stages and --microbatches must be at least 1".into()).into());
+    }
+    if stages > 1 && model_axis > 1 {
+        return Err(Usage(format!(
+            "--stages {stages} with --mesh {data}x{model_axis}: a pipeline's replicas are the mesh's data axis (use --mesh {data}x1)"
+        ))
+        .into());
+    }
+    if micro > 1 && stages == 1 {
+        return Err(Usage("--microbatches needs --stages K (a pipeline)".into()).into());
+    }
+    let devices = data * model_axis * stages;
+    if devices > MAX_DEVICES {
+        return Err(Usage(format!(
+            "{devices} devices is more than {MAX_DEVICES}; each device of a CPU mesh is a thread"
+        ))
+        .into());
+    }
+    let layout = if stages > 1 {
+        Layout::Pipeline { replicas: data, stages, micro }
+    } else {
+        Layout::Mesh { data, model: model_axis }
+    };
+    let steps: usize = a.parse_or("steps", 100, "a step count")?;
+    let batch: usize = a.parse_or("batch", 8, "a batch size")?;
+    if steps == 0 || batch == 0 {
+        return Err(Usage("--steps and --batch must be at least 1".into()).into());
+    }
+    let shares = data * if stages > 1 { micro } else { 1 };
+    if !batch.is_multiple_of(shares) {
+        return Err(Usage(format!(
+            "--batch {batch} does not split into {data} replicas{}",
+            if stages > 1 { format!(" × {micro} micro-batches") } else { String::new() }
+        ))
+        .into());
+    }
+    let optimizer = match a.get("optimizer").unwrap_or("adam") {
+        "sgd" => Optimizer::Sgd,
+        "momentum" => Optimizer::Momentum { momentum: 0.9 },
+        "adam" => Optimizer::adam(),
+        "adamw" => Optimizer::adamw(0.01),
+        other => {
+            return Err(Usage(format!(
+                "--optimizer {other:?} is not sgd, momentum, adam or adamw"
+            ))
+            .into());
+        }
+    };
+    let default_lr = if matches!(optimizer, Optimizer::Adam { .. } | Optimizer::AdamW { .. }) {
+        0.01
+    } else {
+        0.1
+    };
+    let lr: f64 = a.parse_or("lr", default_lr, "a learning rate")?;
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(Usage(format!("--lr {} must be a positive number", number_text(lr))).into());
+    }
+    let dtype = match a.get("dtype").unwrap_or("f32") {
+        "f32" => DType::F32,
+        "f64" => DType::F64,
+        other => return Err(Usage(format!("--dtype {other:?} is not f32 or f64")).into()),
+    };
+    let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
+    if let Some(p) = a.get("losses-json") {
+        check_output_file("losses-json", p)?;
+    }
+    let quiet = a.on("quiet");
+    let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
+    let model = model(&a, file.as_ref())?;
+    if let Layout::Mesh { model: m, .. } = layout
+        && (!model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m))
+    {
+        return Err(Usage(format!(
+            "--mesh {data}x{m}: the model axis must divide --heads {} and --ffn {}",
+            model.heads, model.ffn
+        ))
+        .into());
+    }
+    let (n, tokens) = rows(&a, &model, seed, limit)?;
+    let init = match file {
+        Some(f) => f,
+        None => {
+            let (program, _) =
+                loss_program(&model, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
+            random_init(&program, &mut Noise(seed ^ 0x5851_f42d_4c95_7f2d))
+        }
+    };
+    let width = model.seq + 1;
+    let batch_of = |s: usize| -> Result<Tensor, Exit> {
+        let mut out = Vec::with_capacity(batch * width);
+        for i in 0..batch {
+            let r = (s * batch + i) % n;
+            out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
+        }
+        Tensor::i32(&[batch, width], out).map_err(|e| Exit::Failed(e.to_string()))
+    };
+    let strategy = Strategy::data_parallel(devices).map_err(|e| Exit::Failed(e.to_string()))?;
+    let mut run = start(&strategy, &model, batch, dtype, layout, optimizer, &init)?;
+    let check = !a.on("no-check") && devices > 1;
+    let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
+    let mut reference = if check {
+        Some(start(
+            &one,
+            &model,
+            batch,
+            dtype,
+            Layout::Mesh { data: 1, model: 1 },
+            optimizer,
+            &init,
+        )?)
+    } else {
+        None
+    };
+    let where_ = match layout {
+        Layout::Mesh { data, model } => format!("mesh {data}x{model}"),
+        Layout::Pipeline { replicas, stages, micro } => {
+            format!("{replicas} x {stages}-stage pipeline, {micro} micro-batches")
+        }
+    };
+    if !quiet {
+        outln!(
+            "training transformer L{} D{} H{} F{} V{} T{} ({dtype}, {optimizer:?}, lr {}) on {where_}, batch {batch}, {steps} steps",
+            model.layers,
+            model.dim,
+            model.heads,
+            model.ffn,
+            model.vocab,
+            model.seq,
+            number_text(lr)
+        );
+    }
+    let tty = std::io::stderr().is_terminal();
+    let tol = if dtype == DType::F64 { 1e-9 } else { 1e-4 };
+    let mut losses = Vec::with_capacity(steps);
+    let mut busy = 0.0;
+    let every = (steps / 10).max(1);
+    for s in 0..steps {
+        let rows = batch_of(s)?;
+        let t = Instant::now();
+        let loss = run.step(&rows, lr, s)?;
+        busy += t.elapsed().as_secs_f64();
+        losses.push(loss);
+        if !loss.is_finite() {
+            if let Some(p) = a.get("losses-json") {
+                let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
+            }
+            return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
+        }
+        if let Some(r) = reference.as_mut() {
+            let want = r.step(&rows, lr, s)?;
+            if (loss - want).abs() > tol * want.abs().max(1e-12) {
+                return Err(Exit::Failed(format!(
+                    "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
+                    loss_text(loss),
+                    loss_text(want)
+                )));
+            }
+        }
+        let tokens_per_s = ((s + 1) * batch * model.seq) as f64 / busy;
+        if !quiet && (s + 1 == steps || (s + 1) % every == 0 || tty) {
+            let line = format!(
+                "step {:>5}/{steps} loss {}  {:.0} tokens/s",
+                s + 1,
+                loss_text(loss),
+                tokens_per_s
+            );
+            if tty {
+                eprint!("\r{line}");
+                if s + 1 == steps {
+                    eprintln!();
+                }
+            } else {
+                eprintln!("{line}");
+            }
+        }
+    }
+    if let Some(p) = a.get("losses-json") {
+        let text = serde_json::to_string(&losses).map_err(|e| Exit::Failed(e.to_string()))?;
+        write_atomic(p, &text).map_err(|e| Exit::Usage(format!("--losses-json {p}: {e}")))?;
+    }
+    if !quiet {
+        let first = losses.first().copied().unwrap_or(f64::NAN);
+        let last = losses.last().copied().unwrap_or(f64::NAN);
+        outln!(
+            "loss {} -> {} over {steps} steps, {:.0} tokens/s{}",
+            loss_text(first),
+            loss_text(last),
+            (steps * batch * model.seq) as f64 / busy,
+            if check { ", every step equal to one device's" } else { "" }
+        );
+        outln!("{}", sparkline(&losses, 60));
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! `meshwork train --model transformer` end to end: JAX's reference run (its tokens,
+//! initial weights and losses) reproduced on every mesh and pipeline, the built-in
+//! default learning, and bad input refused with one line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn meshwork(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_meshwork")).args(args).output().expect("the binary runs")
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let stamp =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let dir =
+        std::env::temp_dir().join(format!("meshwork-lm-{tag}-{}-{stamp}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn reference(name: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../program/testdata/transformer");
+    dir.join(name).to_str().unwrap().to_string()
+}
+
+fn expected(key: &str) -> Vec<f64> {
+    let text = std::fs::read_to_string(reference("expected.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// The reference command with `extra` flags; returns the losses it wrote.
+fn train(dir: &Path, name: &str, optimizer: &str, lr: &str, extra: &[&str]) -> Vec<f64> {
+    let path = dir.join(format!("{name}.json"));
+    let (tokens, init) = (reference("tokens.npy"), reference("init.safetensors"));
+    let mut args = vec![
+        "train",
+        "--model",
+        "transformer",
+        "--data-tokens",
+        &tokens,
+        "--init",
+        &init,
+        "--heads",
+        "4",
+        "--batch",
+        "8",
+        "--steps",
+        "20",
+        "--dtype",
+        "f64",
+        "--optimizer",
+        optimizer,
+        "--lr",
+        lr,
+        "--quiet",
+        "--losses-json",
+        path.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let out = meshwork(&args);
+    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn assert_jax(got: &[f64], key: &str, what: &str) {
+    let want = expected(key);
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "{what} {key} step {s}: {g} vs JAX {w}");
+    }
+}
+
+#[test]
+fn the_reference_run_matches_jax_on_every_mesh() {
+    let dir = temp("mesh");
+    for mesh in ["1x1", "2x1", "1x2", "2x2", "4x1", "1x4"] {
+        for (optimizer, lr, key) in [("adam", "0.01", "losses_adam"), ("sgd", "0.1", "losses_sgd")]
+        {
+            let got = train(&dir, &format!("{mesh}-{optimizer}"), optimizer, lr, &["--mesh", mesh]);
+            assert_jax(&got, key, &format!("--mesh {mesh}"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_reference_run_matches_jax_in_pipelines() {
+    let dir = temp("pipe");
+    for extra in [
+        &["--stages", "2"][..],
+        &["--stages", "3"],
+        &["--stages", "2", "--microbatches", "4"],
+        &["--mesh", "2x1", "--stages", "2", "--microbatches", "2"],
+    ] {
+        for (optimizer, lr, key) in [("adam", "0.01", "losses_adam"), ("sgd", "0.1", "losses_sgd")]
+        {
+            let got = train(&dir, &format!("{}-{optimizer}", extra.join("")), optimizer, lr, extra);
+            assert_jax(&got, key, &format!("{extra:?}"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_built_in_run_learns_and_summarises() {
+    let out = meshwork(&["train", "--model", "transformer", "--steps", "60", "--mesh", "2x1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout.lines().find(|l| l.starts_with("loss ")).expect("a summary line");
+    let nums: Vec<f64> =
+        summary.split_whitespace().filter_map(|w| w.trim_end_matches(',').parse().ok()).collect();
+    assert!(nums[1] < 0.5 * nums[0], "the loss halves: {summary}");
+    assert!(summary.contains("every step equal to one device's"), "{summary}");
+    assert!(stdout.lines().last().unwrap().chars().all(|c| ('▁'..='█').contains(&c)), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tokens/s"), "progress lines: {stderr}");
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_flag() {
+    let init = reference("init.safetensors");
+    let dir = temp("bad");
+    let wrong = dir.join("wrong.npy");
+    // A token row of the wrong width: [1, 3] int32.
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let mut header = "{'descr': '<i4', 'fortran_order': False, 'shape': (1, 3), }".to_string();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    npy.extend((header.len() as u16).to_le_bytes());
+    npy.extend(header.as_bytes());
+    npy.extend([1i32, 2, 3].iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(&wrong, npy).unwrap();
+    let wrong = wrong.to_str().unwrap().to_string();
+    for (args, flag) in [
+        (vec!["--init", &init, "--dim", "48"], "--dim"),
+        (vec!["--mesh", "1x2", "--stages", "2"], "--stages"),
+        (vec!["--microbatches", "2"], "--microbatches"),
+        (vec!["--optimizer", "lamb"], "--optimizer"),
+        (vec!["--data-tokens", &wrong], "--data-tokens"),
+        (vec!["--batch", "6", "--mesh", "4x1"], "--batch"),
+        (vec!["--heads", "5"], "--heads"),
+    ] {
+        let mut all = vec!["train", "--model", "transformer"];
+        all.extend(args.iter().map(|s| &**s));
+        let out = meshwork(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag) && stderr.lines().count() == 1, "{args:?}: {stderr}");
+    }
+    let out = meshwork(&["train", "--model", "convnet"]);
+    assert_eq!(out.status.code(), Some(2));
+    // A diverging run stops with status 1 and says why.
+    let out = meshwork(&[
+        "train",
+        "--model",
+        "transformer",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--steps",
+        "5",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("loss is"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
