@@ -169,3 +169,66 @@ fn bad_input_exits_2_naming_the_flag() {
     assert!(stderr.contains("loss is"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn inspect_prints_each_devices_step_with_megatrons_collectives() {
+    let out = meshwork(&["inspect", "--model", "transformer", "--mesh", "1x2", "--layers", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("all_reduce") && text.contains("groups={{0,1}}"), "{text}");
+    // Megatron: two all-reduces over `model` forward and two backward per block.
+    assert!(text.contains("12 collectives in 12 launches (12 all_reduce over model)"), "{text}");
+    let out = meshwork(&["inspect", "--model", "transformer", "--mesh", "2x2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // And the data axis's gradient all-reduces combined into one launch.
+    let last = text.lines().last().unwrap();
+    assert!(last.contains("in 9 launches") && last.contains("8 all_reduce over model"), "{last}");
+    let out = meshwork(&["inspect", "--model", "transformer", "--mesh", "1x3"]);
+    assert_eq!(out.status.code(), Some(2), "3 does not divide 4 heads");
+}
+
+#[test]
+fn schedules_shuffling_metrics_and_plots() {
+    let dir = temp("extras");
+    let metrics = dir.join("m.jsonl");
+    let plot = dir.join("loss.svg");
+    let (m, p) = (metrics.to_str().unwrap(), plot.to_str().unwrap());
+    let base = ["train", "--model", "transformer", "--steps", "12", "--quiet"];
+    let mut args = base.to_vec();
+    args.extend(["--warmup", "4", "--schedule", "cosine", "--metrics-jsonl", m, "--plot", p]);
+    let out = meshwork(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 12);
+    let lr: Vec<f64> = lines.iter().map(|l| l["lr"].as_f64().unwrap()).collect();
+    // Warm-up 0.0025, 0.005, 0.0075, 0.01, then cosine from 0.01 down to 0.
+    for (s, want) in [(0, 0.0025), (1, 0.005), (3, 0.01), (4, 0.01), (11, 0.0)] {
+        assert!((lr[s] - want).abs() < 1e-12, "step {s}: lr {}", lr[s]);
+    }
+    let mid = 0.01 * 0.5 * (1.0 + (std::f64::consts::PI * 4.0 / 7.0).cos());
+    assert!((lr[8] - mid).abs() < 1e-12, "{}", lr[8]);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    let points = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+    assert_eq!(points.split_whitespace().count(), 12);
+    // New files only: a second run refuses both before training.
+    let out = meshwork(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), 12, "untouched");
+    // Shuffled rows: deterministic for a seed, not the plain order.
+    let run = |extra: &[&str]| {
+        let mut all = base.to_vec();
+        all.extend(extra);
+        let path = dir.join(format!("{}.json", extra.join("")));
+        all.extend(["--losses-json", path.to_str().unwrap()]);
+        assert!(meshwork(&all).status.success());
+        std::fs::read_to_string(path).unwrap()
+    };
+    assert_eq!(run(&["--shuffle"]), run(&["--shuffle", "--seed", "0"]));
+    assert_ne!(run(&["--shuffle"]), run(&[]));
+    let _ = std::fs::remove_dir_all(dir);
+}

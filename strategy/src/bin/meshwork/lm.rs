@@ -4,7 +4,8 @@
 //! micro-batches), with a check against one device.
 
 use std::collections::HashMap;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::time::Instant;
 
 use meshwork_program::nn::{Pipeline, Transformer};
@@ -45,7 +46,14 @@ flags:
   --stages K            pipeline stages (default 1): the blocks spread over K devices per
                         data replica (D x K devices; needs --mesh Dx1)
   --microbatches M      micro-batches per replica and step in a pipeline (default 1)
+  --warmup N            steps of linear learning-rate warm-up (default 0)
+  --schedule constant|cosine   after warm-up: constant (default), or cosine decay to 0
+                        at the last step
+  --shuffle             read the rows in a per-epoch permutation drawn from --seed
   --losses-json FILE    every step's loss as a JSON list
+  --metrics-jsonl FILE  one JSON line per step as the run goes (step, loss, lr,
+                        tokens/s); a new file (an existing one is refused)
+  --plot FILE.svg       the loss per step as an SVG line chart; a new file
   --no-check            skip the comparison of every step's loss with one device
   --quiet               no progress lines and no summary
 ";
@@ -70,8 +78,12 @@ pub(crate) const VALUED: &[&str] = &[
     "stages",
     "microbatches",
     "losses-json",
+    "warmup",
+    "schedule",
+    "metrics-jsonl",
+    "plot",
 ];
-pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet"];
+pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
 /// Each device of a CPU mesh is a thread.
 const MAX_DEVICES: usize = 64;
@@ -389,6 +401,79 @@ fn start<'s>(
     }
 }
 
+/// The learning rate of step `s`: linear warm-up over `warmup` steps, then constant
+/// or cosine decay to 0 at the last of `steps`.
+fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosine: bool) -> f64 {
+    if s < warmup {
+        return lr * (s + 1) as f64 / warmup as f64;
+    }
+    if !cosine || steps <= warmup + 1 {
+        return lr;
+    }
+    let t = (s - warmup) as f64 / (steps - warmup - 1) as f64;
+    lr * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+}
+
+/// A permutation of `0..n` for epoch `epoch` (Fisher–Yates from `seed`).
+fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
+    let mut noise = Noise((seed ^ (epoch as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)) | 1);
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (noise.uniform() * (i + 1) as f64) as usize;
+        p.swap(i, j.min(i));
+    }
+    p
+}
+
+/// Opens `path` as a new file (never one that exists: meshwork does not overwrite
+/// what it did not create).
+fn new_file(flag: &str, path: &str) -> Result<std::fs::File, Usage> {
+    std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            usage(flag, format!("{path} exists; meshwork writes only new files here"))
+        } else {
+            usage(flag, format!("cannot create {path}: {e}"))
+        }
+    })
+}
+
+/// The loss per step as an SVG line chart.
+fn svg(losses: &[f64], title: &str) -> String {
+    let (w, h, pad) = (640.0, 360.0, 48.0);
+    let (lo, hi) = losses
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 1.0, lo + 1.0) };
+    let n = losses.len().max(2) - 1;
+    let points: Vec<String> = losses
+        .iter()
+        .enumerate()
+        .map(|(s, &x)| {
+            let px = pad + (w - 2.0 * pad) * s as f64 / n as f64;
+            let py = h - pad - (h - 2.0 * pad) * (x - lo) / (hi - lo);
+            format!("{px:.1},{py:.1}")
+        })
+        .collect();
+    let escaped = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{pad}\" y=\"24\" font-family=\"sans-serif\" font-size=\"14\">{escaped}</text>\n\
+         <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <text x=\"4\" y=\"{pad}\" font-family=\"sans-serif\" font-size=\"11\">{hi:.3}</text>\n\
+         <text x=\"4\" y=\"{b}\" font-family=\"sans-serif\" font-size=\"11\">{lo:.3}</text>\n\
+         <text x=\"{r}\" y=\"{t}\" font-family=\"sans-serif\" font-size=\"11\" text-anchor=\"end\">step {steps}</text>\n\
+         <polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{}\"/>\n</svg>\n",
+        points.join(" "),
+        b = h - pad,
+        r = w - pad,
+        t = h - pad + 16.0,
+        steps = losses.len(),
+    )
+}
+
 /// A loss curve in one line of block characters.
 fn sparkline(losses: &[f64], width: usize) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
@@ -406,6 +491,123 @@ fn sparkline(losses: &[f64], width: usize) -> String {
             BARS[k.min(7)]
         })
         .collect()
+}
+
+/// `meshwork inspect --model transformer`'s help.
+pub(crate) const INSPECT_HELP: &str = "\
+meshwork inspect --model transformer — print the training step of the transformer as
+each device runs it on a data x model mesh: the per-device program with its
+collectives, then how many collectives (and launches) a step runs and the bytes it
+moves between devices.
+
+flags:
+  --mesh DxM            (default 1x2)
+  --layers --dim --heads --ffn --vocab --seq   the model (defaults 2, 64, 4, 256, 256, 32)
+  --init INIT.safetensors   the sizes from a file's tensors
+  --batch B             (default 8)
+  --optimizer sgd|momentum|adam|adamw   (default adam)
+  --dtype f32|f64       (default f32)
+";
+
+const INSPECT_VALUED: &[&str] = &[
+    "model",
+    "layers",
+    "dim",
+    "heads",
+    "ffn",
+    "vocab",
+    "seq",
+    "init",
+    "batch",
+    "optimizer",
+    "dtype",
+    "mesh",
+];
+
+/// `--optimizer`'s value.
+fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
+    Ok(match a.get("optimizer").unwrap_or("adam") {
+        "sgd" => Optimizer::Sgd,
+        "momentum" => Optimizer::Momentum { momentum: 0.9 },
+        "adam" => Optimizer::adam(),
+        "adamw" => Optimizer::adamw(0.01),
+        other => {
+            return Err(Usage(format!(
+                "--optimizer {other:?} is not sgd, momentum, adam or adamw"
+            )));
+        }
+    })
+}
+
+/// `--dtype`'s value (default f32).
+fn dtype_flag(a: &Args) -> Result<DType, Usage> {
+    match a.get("dtype").unwrap_or("f32") {
+        "f32" => Ok(DType::F32),
+        "f64" => Ok(DType::F64),
+        other => Err(Usage(format!("--dtype {other:?} is not f32 or f64"))),
+    }
+}
+
+/// `meshwork inspect --model transformer`: the partitioned training step.
+pub(crate) fn inspect(argv: &[String]) -> Result<(), Exit> {
+    let a = Args::parse(argv, INSPECT_VALUED, &[])?;
+    if let Some(p) = a.positional.first() {
+        return Err(Usage(format!("inspect takes no positional argument ({p:?})")).into());
+    }
+    let (data, m) = args::mesh("mesh", a.get("mesh").unwrap_or("1x2"))?;
+    if data * m > MAX_DEVICES {
+        return Err(Usage(format!("--mesh {data}x{m} has more than {MAX_DEVICES} devices")).into());
+    }
+    let batch: usize = a.parse_or("batch", 8, "a batch size")?;
+    if batch == 0 || !batch.is_multiple_of(data) {
+        return Err(Usage(format!("--batch {batch} does not split over {data} replicas")).into());
+    }
+    let optimizer = optimizer_flag(&a)?;
+    let dtype = dtype_flag(&a)?;
+    let file = a.get("init").map(|p| read_init(p, 8 << 30)).transpose()?;
+    let model = model(&a, file.as_ref())?;
+    if !model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m) {
+        return Err(Usage(format!(
+            "--mesh {data}x{m}: the model axis must divide --heads {} and --ffn {}",
+            model.heads, model.ffn
+        ))
+        .into());
+    }
+    let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
+    let (program, loss) = loss_program(&model, batch, dtype, Layout::Mesh { data, model: m })?;
+    let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
+    let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(|e| failed(&e))?;
+    let mut shardings = Shardings::new(mesh).with("rows", "P('data')").map_err(|e| failed(&e))?;
+    for p in &program.params()[1..] {
+        shardings = shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
+    }
+    let strategy = Strategy::data_parallel(data * m).map_err(|e| failed(&e))?;
+    let step = strategy
+        .compile_train_step(&program, loss, &weights, optimizer, &shardings)
+        .map_err(|e| failed(&e))?;
+    let part = step.compiled().partitioned();
+    outln!("{part}");
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in part.collectives() {
+        *kinds.entry(format!("{} over {}", c.op, c.axes.join("+"))).or_default() += 1;
+    }
+    outln!(
+        "# transformer L{} D{} H{} F{} V{} T{}, batch {batch}, {dtype}, {optimizer:?} on mesh {data}x{m}",
+        model.layers,
+        model.dim,
+        model.heads,
+        model.ffn,
+        model.vocab,
+        model.seq
+    );
+    outln!(
+        "# a step runs {} collectives in {} launches ({}) and moves {:.3} MB between devices",
+        part.collectives().len(),
+        part.launches(),
+        kinds.iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", "),
+        part.bytes_moved() as f64 / 1e6
+    );
+    Ok(())
 }
 
 pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
@@ -457,18 +659,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ))
         .into());
     }
-    let optimizer = match a.get("optimizer").unwrap_or("adam") {
-        "sgd" => Optimizer::Sgd,
-        "momentum" => Optimizer::Momentum { momentum: 0.9 },
-        "adam" => Optimizer::adam(),
-        "adamw" => Optimizer::adamw(0.01),
-        other => {
-            return Err(Usage(format!(
-                "--optimizer {other:?} is not sgd, momentum, adam or adamw"
-            ))
-            .into());
-        }
-    };
+    let optimizer = optimizer_flag(&a)?;
     let default_lr = if matches!(optimizer, Optimizer::Adam { .. } | Optimizer::AdamW { .. }) {
         0.01
     } else {
@@ -478,15 +669,28 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if !(lr.is_finite() && lr > 0.0) {
         return Err(Usage(format!("--lr {} must be a positive number", number_text(lr))).into());
     }
-    let dtype = match a.get("dtype").unwrap_or("f32") {
-        "f32" => DType::F32,
-        "f64" => DType::F64,
-        other => return Err(Usage(format!("--dtype {other:?} is not f32 or f64")).into()),
-    };
+    let dtype = dtype_flag(&a)?;
     let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
+    let warmup: usize = a.parse_or("warmup", 0, "a step count")?;
+    let cosine = match a.get("schedule").unwrap_or("constant") {
+        "constant" => false,
+        "cosine" => true,
+        other => {
+            return Err(Usage(format!("--schedule {other:?} is not constant or cosine")).into());
+        }
+    };
     if let Some(p) = a.get("losses-json") {
         check_output_file("losses-json", p)?;
     }
+    if let Some(p) = a.get("plot") {
+        check_output_file("plot", p)?;
+        if Path::new(p).exists() {
+            return Err(
+                usage("plot", format!("{p} exists; meshwork writes only new files here")).into()
+            );
+        }
+    }
+    let mut metrics = a.get("metrics-jsonl").map(|p| new_file("metrics-jsonl", p)).transpose()?;
     let quiet = a.on("quiet");
     let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
     let model = model(&a, file.as_ref())?;
@@ -509,10 +713,20 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
     };
     let width = model.seq + 1;
-    let batch_of = |s: usize| -> Result<Tensor, Exit> {
+    let shuffle = a.on("shuffle");
+    let mut order: (usize, Vec<usize>) = (usize::MAX, Vec::new());
+    let mut batch_of = |s: usize| -> Result<Tensor, Exit> {
         let mut out = Vec::with_capacity(batch * width);
         for i in 0..batch {
-            let r = (s * batch + i) % n;
+            let k = s * batch + i;
+            let r = if shuffle {
+                if order.0 != k / n {
+                    order = (k / n, permutation(n, seed, k / n));
+                }
+                order.1[k % n]
+            } else {
+                k % n
+            };
             out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
         }
         Tensor::i32(&[batch, width], out).map_err(|e| Exit::Failed(e.to_string()))
@@ -559,6 +773,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let every = (steps / 10).max(1);
     for s in 0..steps {
         let rows = batch_of(s)?;
+        let lr = learning_rate(lr, s, steps, warmup, cosine);
         let t = Instant::now();
         let loss = run.step(&rows, lr, s)?;
         busy += t.elapsed().as_secs_f64();
@@ -580,6 +795,12 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
         }
         let tokens_per_s = ((s + 1) * batch * model.seq) as f64 / busy;
+        if let Some(f) = metrics.as_mut() {
+            let line = serde_json::json!({"step": s, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s});
+            writeln!(f, "{line}")
+                .and_then(|()| f.flush())
+                .map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}")))?;
+        }
         if !quiet && (s + 1 == steps || (s + 1) % every == 0 || tty) {
             let line = format!(
                 "step {:>5}/{steps} loss {}  {:.0} tokens/s",
@@ -600,6 +821,12 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(p) = a.get("losses-json") {
         let text = serde_json::to_string(&losses).map_err(|e| Exit::Failed(e.to_string()))?;
         write_atomic(p, &text).map_err(|e| Exit::Usage(format!("--losses-json {p}: {e}")))?;
+    }
+    if let Some(p) = a.get("plot") {
+        let title = format!("meshwork: transformer training loss on {where_}");
+        let mut f = new_file("plot", p)?;
+        f.write_all(svg(&losses, &title).as_bytes())
+            .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
     }
     if !quiet {
         let first = losses.first().copied().unwrap_or(f64::NAN);

@@ -33,6 +33,8 @@ usage:
   meshwork shard [flags]      draw which device holds which block of a sharded array
   meshwork reshard [flags]    the transfer plan between two shardings
   meshwork place GRAPH.json   place a dataflow graph's ops on devices (TensorFlow's rules)
+  meshwork inspect --model transformer --mesh DxM
+                              the transformer's training step as each device runs it
   meshwork help [COMMAND]     this text, or a command's flags
   meshwork --version          the version
 
@@ -100,6 +102,9 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
         "train" if wants_help && model == "transformer" => out(format_args!("{}", lm::HELP)),
         "train" if wants_help => out(format_args!("{}", train::HELP)),
         "train" if model == "transformer" => lm::run(rest),
+        "inspect" if wants_help => out(format_args!("{}", lm::INSPECT_HELP)),
+        "inspect" if model == "transformer" => lm::inspect(rest),
+        "inspect" => Err(Exit::Usage("inspect needs --model transformer".into())),
         "shard" | "reshard" | "place" if wants_help => out(format_args!("{}", inspect::HELP)),
         "train" => train::run(rest),
         "shard" => inspect::shard(rest),
