@@ -50,6 +50,10 @@ flags:
   --schedule constant|cosine   after warm-up: constant (default), or cosine decay to 0
                         at the last step
   --shuffle             read the rows in a per-epoch permutation drawn from --seed
+  --eval-every N        every N steps (and after the last), the loss and next-token
+                        accuracy on held-out rows: the last --eval-fraction of the data
+                        (default 0.1), which training then never reads
+  --eval-fraction F
   --losses-json FILE    every step's loss as a JSON list
   --metrics-jsonl FILE  one JSON line per step as the run goes (step, loss, lr,
                         tokens/s); a new file (an existing one is refused)
@@ -82,6 +86,8 @@ pub(crate) const VALUED: &[&str] = &[
     "schedule",
     "metrics-jsonl",
     "plot",
+    "eval-every",
+    "eval-fraction",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -300,6 +306,8 @@ enum Layout {
 /// A training run: one step at a time, returning its loss.
 trait Run {
     fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit>;
+    /// Weight `name`'s current value.
+    fn weight(&self, name: &str) -> Result<Tensor, Exit>;
 }
 
 struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
@@ -307,6 +315,9 @@ struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
 impl Run for SpmdRun<'_> {
     fn step(&mut self, rows: &Tensor, lr: f64, _: usize) -> Result<f64, Exit> {
         self.0.step(std::slice::from_ref(rows), lr).map_err(|e| Exit::Failed(e.to_string()))
+    }
+    fn weight(&self, name: &str) -> Result<Tensor, Exit> {
+        self.0.get(name).map_err(|e| Exit::Failed(e.to_string()))
     }
 }
 
@@ -321,6 +332,67 @@ impl Run for PlacedRun<'_> {
         let [lr, count] = self.step.scalars(lr, s).map_err(|e| failed(&e))?;
         let out = self.placed.step(&[rows.clone(), lr, count]).map_err(|e| failed(&e))?;
         Ok(out[0].to_f64()[0])
+    }
+    fn weight(&self, name: &str) -> Result<Tensor, Exit> {
+        self.placed.get(name).map_err(|e| Exit::Failed(e.to_string()))
+    }
+}
+
+/// The held-out evaluation: the loss and next-token accuracy of `rows` rows at a time.
+struct Eval {
+    exe: meshwork_program::fast::Executable,
+    program: Program,
+    /// The held-out rows, `rows` at a time.
+    chunks: Vec<Tensor>,
+}
+
+impl Eval {
+    fn new(model: &Transformer, dtype: DType, chunks: Vec<Tensor>) -> Result<Eval, Exit> {
+        let bad = |e: meshwork_program::Error| Exit::Usage(e.to_string());
+        let n = chunks.first().map_or(1, |c| c.shape().dims()[0]);
+        let mut b = Builder::new();
+        let spec = TensorSpec::new(
+            DType::I32,
+            Shape::new(&[n, model.seq + 1]).map_err(|e| Exit::Usage(e.to_string()))?,
+        );
+        let rows = b.param("rows", spec).map_err(bad)?;
+        let inputs = b.slice(rows, &[0, 0], &[n, model.seq], &[1, 1]).map_err(bad)?;
+        let targets = b.slice(rows, &[0, 1], &[n, model.seq + 1], &[1, 1]).map_err(bad)?;
+        let logits = model.logits(&mut b, inputs, dtype).map_err(bad)?;
+        let loss =
+            meshwork_program::nn::softmax_cross_entropy(&mut b, logits, targets).map_err(bad)?;
+        let pred = b.argmax(logits, -1).map_err(bad)?;
+        let pred = b.convert(pred, DType::I32).map_err(bad)?;
+        let hit = b.eq(pred, targets).map_err(bad)?;
+        let hit = b.convert(hit, dtype).map_err(bad)?;
+        let accuracy = b.reduce_mean(hit, &[0, 1], false).map_err(bad)?;
+        let program = b.finish(&[loss, accuracy]).map_err(bad)?;
+        let exe = meshwork_program::fast::Executable::compile(
+            &program,
+            meshwork_program::fast::Options::for_devices(1),
+        );
+        Ok(Eval { exe, program, chunks })
+    }
+
+    /// (loss, accuracy) over the held-out rows with `run`'s weights.
+    fn run(&self, run: &dyn Run) -> Result<(f64, f64), Exit> {
+        let mut inputs =
+            vec![Tensor::i32(&[0], Vec::new()).map_err(|e| Exit::Failed(e.to_string()))?];
+        for p in &self.program.params()[1..] {
+            inputs.push(run.weight(&p.name)?);
+        }
+        let (mut loss, mut accuracy) = (0.0, 0.0);
+        for chunk in &self.chunks {
+            inputs[0] = chunk.clone();
+            let out = self
+                .exe
+                .run(&inputs, &meshwork_program::Env::local())
+                .map_err(|e| Exit::Failed(format!("evaluation: {e}")))?;
+            loss += out[0].to_f64()[0];
+            accuracy += out[1].to_f64()[0];
+        }
+        let k = self.chunks.len() as f64;
+        Ok((loss / k, accuracy / k))
     }
 }
 
@@ -437,24 +509,34 @@ fn new_file(flag: &str, path: &str) -> Result<std::fs::File, Usage> {
     })
 }
 
-/// The loss per step as an SVG line chart.
-fn svg(losses: &[f64], title: &str) -> String {
+/// The train loss per step (and the eval loss at its steps, `(step, loss, _)`) as an
+/// SVG line chart.
+fn svg(losses: &[f64], evals: &[(usize, f64, f64)], title: &str) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
     let (lo, hi) = losses
         .iter()
+        .chain(evals.iter().map(|e| &e.1))
         .filter(|x| x.is_finite())
         .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
     let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 1.0, lo + 1.0) };
     let n = losses.len().max(2) - 1;
-    let points: Vec<String> = losses
-        .iter()
-        .enumerate()
-        .map(|(s, &x)| {
-            let px = pad + (w - 2.0 * pad) * s as f64 / n as f64;
-            let py = h - pad - (h - 2.0 * pad) * (x - lo) / (hi - lo);
-            format!("{px:.1},{py:.1}")
-        })
-        .collect();
+    let at = |s: usize, x: f64| {
+        let px = pad + (w - 2.0 * pad) * s as f64 / n as f64;
+        let py = h - pad - (h - 2.0 * pad) * (x - lo) / (hi - lo);
+        format!("{px:.1},{py:.1}")
+    };
+    let points: Vec<String> = losses.iter().enumerate().map(|(s, &x)| at(s, x)).collect();
+    let eval_points: Vec<String> = evals.iter().map(|&(s, x, _)| at(s, x)).collect();
+    let eval_line = if evals.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "<polyline fill=\"none\" stroke=\"darkorange\" stroke-width=\"2\" points=\"{}\"/>\n\
+             <text x=\"{}\" y=\"40\" font-family=\"sans-serif\" font-size=\"11\" fill=\"darkorange\" text-anchor=\"end\">eval</text>\n",
+            eval_points.join(" "),
+            w - pad
+        )
+    };
     let escaped = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\">\n\
@@ -465,7 +547,7 @@ fn svg(losses: &[f64], title: &str) -> String {
          <text x=\"4\" y=\"{pad}\" font-family=\"sans-serif\" font-size=\"11\">{hi:.3}</text>\n\
          <text x=\"4\" y=\"{b}\" font-family=\"sans-serif\" font-size=\"11\">{lo:.3}</text>\n\
          <text x=\"{r}\" y=\"{t}\" font-family=\"sans-serif\" font-size=\"11\" text-anchor=\"end\">step {steps}</text>\n\
-         <polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{}\"/>\n</svg>\n",
+         <polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{}\"/>\n{eval_line}</svg>\n",
         points.join(" "),
         b = h - pad,
         r = w - pad,
@@ -703,7 +785,24 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ))
         .into());
     }
-    let (n, tokens) = rows(&a, &model, seed, limit)?;
+    let (n_all, tokens) = rows(&a, &model, seed, limit)?;
+    let eval_every: usize = a.parse_or("eval-every", 0, "a step count")?;
+    let fraction: f64 = a.parse_or("eval-fraction", 0.1, "a fraction")?;
+    if a.get("eval-fraction").is_some() && eval_every == 0 {
+        return Err(Usage("--eval-fraction needs --eval-every N".into()).into());
+    }
+    if !(fraction > 0.0 && fraction < 1.0) {
+        return Err(Usage(format!("--eval-fraction {fraction} is not between 0 and 1")).into());
+    }
+    let width = model.seq + 1;
+    let held = if eval_every > 0 { (fraction * n_all as f64).ceil() as usize } else { 0 };
+    let n = n_all - held;
+    if eval_every > 0 && (held < batch || n == 0) {
+        return Err(Usage(format!(
+            "--eval-fraction {fraction} of {n_all} rows holds out {held}: need at least --batch {batch} held out and a row to train on"
+        ))
+        .into());
+    }
     let init = match file {
         Some(f) => f,
         None => {
@@ -712,7 +811,6 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             random_init(&program, &mut Noise(seed ^ 0x5851_f42d_4c95_7f2d))
         }
     };
-    let width = model.seq + 1;
     let shuffle = a.on("shuffle");
     let mut order: (usize, Vec<usize>) = (usize::MAX, Vec::new());
     let mut batch_of = |s: usize| -> Result<Tensor, Exit> {
@@ -733,6 +831,19 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     };
     let strategy = Strategy::data_parallel(devices).map_err(|e| Exit::Failed(e.to_string()))?;
     let mut run = start(&strategy, &model, batch, dtype, layout, optimizer, &init)?;
+    let eval = if eval_every > 0 {
+        let chunks = (0..held / batch)
+            .map(|c| {
+                let start = (n + c * batch) * width;
+                Tensor::i32(&[batch, width], tokens[start..start + batch * width].to_vec())
+                    .map_err(|e| Exit::Failed(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, Exit>>()?;
+        Some(Eval::new(&model, dtype, chunks)?)
+    } else {
+        None
+    };
+    let mut evals: Vec<(usize, f64, f64)> = Vec::new();
     let check = !a.on("no-check") && devices > 1;
     let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
     let mut reference = if check {
@@ -795,8 +906,31 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
         }
         let tokens_per_s = ((s + 1) * batch * model.seq) as f64 / busy;
+        let evaluated = match &eval {
+            Some(e) if (s + 1) % eval_every == 0 || s + 1 == steps => {
+                let (l, acc) = e.run(run.as_ref())?;
+                evals.push((s, l, acc));
+                if !quiet {
+                    if tty {
+                        eprintln!();
+                    }
+                    eprintln!(
+                        "eval after step {}: loss {}, accuracy {:.2}%",
+                        s + 1,
+                        loss_text(l),
+                        100.0 * acc
+                    );
+                }
+                Some((l, acc))
+            }
+            _ => None,
+        };
         if let Some(f) = metrics.as_mut() {
-            let line = serde_json::json!({"step": s, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s});
+            let mut line = serde_json::json!({"step": s, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s});
+            if let Some((l, acc)) = evaluated {
+                line["eval_loss"] = l.into();
+                line["eval_accuracy"] = acc.into();
+            }
             writeln!(f, "{line}")
                 .and_then(|()| f.flush())
                 .map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}")))?;
@@ -825,7 +959,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(p) = a.get("plot") {
         let title = format!("meshwork: transformer training loss on {where_}");
         let mut f = new_file("plot", p)?;
-        f.write_all(svg(&losses, &title).as_bytes())
+        f.write_all(svg(&losses, &evals, &title).as_bytes())
             .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
     }
     if !quiet {
@@ -838,6 +972,15 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             (steps * batch * model.seq) as f64 / busy,
             if check { ", every step equal to one device's" } else { "" }
         );
+        if let Some(&(s, l, acc)) = evals.last() {
+            outln!(
+                "eval after step {}: loss {}, next-token accuracy {:.2}% on {} held-out rows",
+                s + 1,
+                loss_text(l),
+                100.0 * acc,
+                held / batch * batch
+            );
+        }
         outln!("{}", sparkline(&losses, 60));
     }
     Ok(())
