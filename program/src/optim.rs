@@ -99,9 +99,59 @@ impl TrainStep {
         wrt: &[Value],
         optimizer: Optimizer,
     ) -> Result<TrainStep> {
+        TrainStep::clipped(program, loss, wrt, optimizer, None)
+    }
+
+    /// [`new`](Self::new), the gradients first clipped to global norm `max_norm` as
+    /// PyTorch's `clip_grad_norm_` does: with `n = sqrt(Σ sum(g²))` over every trained
+    /// parameter's gradient, each `g` becomes `g · min(1, max_norm / (n + 1e-6))`.
+    pub fn clipped(
+        program: &Program,
+        loss: Value,
+        wrt: &[Value],
+        optimizer: Optimizer,
+        max_norm: Option<f64>,
+    ) -> Result<TrainStep> {
+        if let Some(c) = max_norm
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(Error::Type {
+                op: "clip_norm",
+                at: "a training step".into(),
+                operands: Vec::new(),
+                problem: format!("the maximum norm {c} is not a positive number"),
+            });
+        }
         let g = crate::grad(program, loss, wrt)?;
         let mut b = Builder::from_program(&g)?;
         let dtype = g.spec(g.results()[0]).expect("the loss").dtype;
+        // The gradients, clipped.
+        let mut grads: Vec<Value> = g.results()[1..].to_vec();
+        if let Some(max_norm) = max_norm {
+            let mut total = None;
+            for &gw in &grads {
+                let sq = b.mul(gw, gw)?;
+                let rank = b.spec(gw)?.shape.rank() as isize;
+                let axes: Vec<isize> = (0..rank).collect();
+                let s = b.reduce_sum(sq, &axes, false)?;
+                total = Some(match total {
+                    None => s,
+                    Some(t) => b.add(t, s)?,
+                });
+            }
+            if let Some(total) = total {
+                let norm = b.sqrt(total)?;
+                let tiny = b.constant(1e-6, dtype)?;
+                let den = b.add(norm, tiny)?;
+                let c = b.constant(max_norm, dtype)?;
+                let coef = b.div(c, den)?;
+                let one = b.constant(1.0, dtype)?;
+                let factor = b.min(coef, one)?;
+                for gw in &mut grads {
+                    *gw = b.mul(*gw, factor)?;
+                }
+            }
+        }
         let names = optimizer.state_names();
         let mut state = Vec::new();
         for &w in wrt {
@@ -133,7 +183,7 @@ impl TrainStep {
         };
         let (mut new_params, mut new_state) = (Vec::new(), Vec::new());
         for (k, &w) in wrt.iter().enumerate() {
-            let (p, gw) = (w, g.results()[1 + k]);
+            let (p, gw) = (w, grads[k]);
             let st = &state[k * names.len()..(k + 1) * names.len()];
             // As TensorFlow's optimizers, each update is colocated with its parameter.
             let device = b.device_of(p)?.to_string();

@@ -1345,3 +1345,44 @@ fn a_kernel_is_chosen_by_tensorflows_type_attribute() {
     assert_eq!(dtype(sel), DType::F64, "Select's T is its values' dtype");
     assert_eq!(dtype(hot), DType::F64, "OneHot's T is its result's");
 }
+
+#[test]
+fn a_clipped_step_scales_the_gradients_to_the_global_norm() {
+    use crate::{Optimizer, TrainStep, reference};
+    let mut b = Builder::new();
+    let x = b.param("x", spec("f64[4,3]")).unwrap();
+    let w = b.param("w", spec("f64[3,2]")).unwrap();
+    let c = b.param("c", spec("f64[2]")).unwrap();
+    let h = b.matmul(x, w).unwrap();
+    let h = b.add(h, c).unwrap();
+    let t = b.tanh(h).unwrap();
+    let loss = b.reduce_sum(t, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let xs = Tensor::f64(&[4, 3], (0..12).map(|i| (i as f64 - 5.0) * 0.3).collect()).unwrap();
+    let ws = Tensor::f64(&[3, 2], vec![0.1, -0.2, 0.3, 0.05, -0.4, 0.2]).unwrap();
+    let cs = Tensor::f64(&[2], vec![0.01, -0.02]).unwrap();
+    // The gradients, and their global norm, by the unclipped gradient program.
+    let g = crate::grad(&p, loss, &[w, c]).unwrap();
+    let grads = reference::evaluate(&g, &[xs.clone(), ws.clone(), cs.clone()]).unwrap();
+    let norm = grads[1..].iter().flat_map(|t| t.to_f64()).map(|v| v * v).sum::<f64>().sqrt();
+    let lr = 0.5;
+    for max_norm in [0.25 * norm, 4.0 * norm] {
+        let step = TrainStep::clipped(&p, loss, &[w, c], Optimizer::Sgd, Some(max_norm)).unwrap();
+        let [lr_t, step_t] = step.scalars(lr, 0).unwrap();
+        let inputs = vec![xs.clone(), ws.clone(), cs.clone(), lr_t, step_t];
+        let out = reference::evaluate(&step.program, &inputs).unwrap();
+        let factor = (max_norm / (norm + 1e-6)).min(1.0);
+        for (k, before) in [&ws, &cs].into_iter().enumerate() {
+            let want: Vec<f64> = before
+                .to_f64()
+                .iter()
+                .zip(grads[1 + k].to_f64())
+                .map(|(p, g)| p - lr * g * factor)
+                .collect();
+            for (got, want) in out[1 + k].to_f64().iter().zip(&want) {
+                assert!((got - want).abs() < 1e-12, "max_norm {max_norm}: {got} vs {want}");
+            }
+        }
+    }
+    assert!(TrainStep::clipped(&p, loss, &[w], Optimizer::Sgd, Some(0.0)).is_err());
+}

@@ -312,3 +312,42 @@ fn evaluation_holds_rows_out_of_training() {
     assert_eq!(out.status.code(), Some(2), "--eval-fraction needs --eval-every");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn text_rows_and_gradient_clipping() {
+    let dir = temp("text");
+    let text = dir.join("t.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(40)).unwrap();
+    let t = text.to_str().unwrap();
+    let run = |extra: &[&str]| -> Vec<f64> {
+        let path = dir.join(format!("{}.json", extra.join("").replace('/', "_")));
+        let mut all = vec!["train", "--model", "transformer", "--text", t, "--steps", "15"];
+        all.extend(["--dtype", "f64", "--quiet", "--losses-json", path.to_str().unwrap()]);
+        all.extend(extra);
+        let out = meshwork(&all);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let plain = run(&[]);
+    assert!(plain[14] < plain[0], "bytes of text are learned: {plain:?}");
+    // A norm no gradient reaches changes nothing; a small one changes the run, the same
+    // on a 2x2 mesh as on one device (the run's own check).
+    assert_eq!(run(&["--clip-norm", "1e9"]), plain);
+    let clipped = run(&["--clip-norm", "0.05", "--mesh", "2x2"]);
+    assert_eq!(clipped[0], plain[0]);
+    assert_ne!(clipped[1], plain[1]);
+    assert_eq!(run(&["--clip-norm", "0.05"]).len(), 15);
+    for (extra, flag) in [
+        (&["--vocab", "128"][..], "--text"),
+        (&["--clip-norm", "-1"], "--clip-norm"),
+        (&["--data-tokens", t], "--text"),
+    ] {
+        let mut all = vec!["train", "--model", "transformer", "--text", t];
+        all.extend(extra);
+        let out = meshwork(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(flag), "{extra:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -524,7 +524,21 @@ impl Strategy {
         optimizer: Optimizer,
         shardings: &Shardings,
     ) -> Result<CompiledTrainStep<'_>> {
-        let step = TrainStep::new(program, loss, trained, optimizer)?;
+        self.compile_train_step_clipped(program, loss, trained, optimizer, None, shardings)
+    }
+
+    /// [`compile_train_step`](Self::compile_train_step) with the gradients clipped to
+    /// global norm `max_norm` first ([`TrainStep::clipped`]).
+    pub fn compile_train_step_clipped(
+        &self,
+        program: &Program,
+        loss: Value,
+        trained: &[Value],
+        optimizer: Optimizer,
+        max_norm: Option<f64>,
+        shardings: &Shardings,
+    ) -> Result<CompiledTrainStep<'_>> {
+        let step = TrainStep::clipped(program, loss, trained, optimizer, max_norm)?;
         let mut s = shardings.clone();
         for &w in trained {
             let name = &program.params()[w.index()].name;

@@ -36,6 +36,9 @@ flags:
                         .mlp.b1, .mlp.w2 [F, D], .mlp.b2, ln_f.scale, ln_f.bias, unembed [D, V]
   --data-tokens TOKENS.npy  integer rows [N, T+1]; step s reads rows (s·B + i) mod N,
                         inputs row[:T], targets row[1:] (default: built-in rows)
+  --text FILE           ... or a file's bytes as tokens (vocab 256): row i is bytes
+                        i·T … i·T+T
+  --clip-norm C         clip the gradients to global norm C (PyTorch's clip_grad_norm_)
   --batch B             rows per step (default 8)
   --steps N             steps (default 100)
   --optimizer sgd|momentum|adam|adamw   (default adam; momentum 0.9, AdamW decay 0.01)
@@ -88,6 +91,8 @@ pub(crate) const VALUED: &[&str] = &[
     "plot",
     "eval-every",
     "eval-fraction",
+    "text",
+    "clip-norm",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -251,6 +256,40 @@ fn random_init(program: &Program, noise: &mut Noise) -> HashMap<String, Tensor> 
 /// random).
 fn rows(a: &Args, model: &Transformer, seed: u64, limit: u64) -> Result<(usize, Vec<i32>), Usage> {
     let width = model.seq + 1;
+    if let Some(path) = a.get("text") {
+        if a.get("data-tokens").is_some() {
+            return Err(Usage("--text and --data-tokens both give the rows; give one".into()));
+        }
+        if model.vocab != 256 {
+            return Err(usage(
+                "text",
+                format!("bytes are tokens of a vocabulary of 256, not --vocab {}", model.vocab),
+            ));
+        }
+        let size =
+            std::fs::metadata(path).map_err(|e| usage("text", format!("{path}: {e}")))?.len();
+        if size > limit {
+            return Err(usage("text", format!("{path} is {size} bytes, more than {limit}")));
+        }
+        let bytes = std::fs::read(path).map_err(|e| usage("text", format!("{path}: {e}")))?;
+        let n = bytes.len().saturating_sub(1) / model.seq;
+        if n == 0 {
+            return Err(usage(
+                "text",
+                format!(
+                    "{path} has {} bytes: fewer than one row of --seq {} + 1",
+                    bytes.len(),
+                    model.seq
+                ),
+            ));
+        }
+        let mut tokens = Vec::with_capacity(n * width);
+        for i in 0..n {
+            let row = &bytes[i * model.seq..i * model.seq + width];
+            tokens.extend(row.iter().map(|&b| i32::from(b)));
+        }
+        return Ok((n, tokens));
+    }
     let Some(path) = a.get("data-tokens") else {
         let mut noise = Noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let v = model.vocab as u64;
@@ -428,6 +467,7 @@ fn start<'s>(
     dtype: DType,
     layout: Layout,
     optimizer: Optimizer,
+    clip: Option<f64>,
     init: &HashMap<String, Tensor>,
 ) -> Result<Box<dyn Run + 's>, Exit> {
     let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
@@ -447,7 +487,7 @@ fn start<'s>(
                     shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
             }
             let step = strategy
-                .compile_train_step(&program, loss, &weights, optimizer, &shardings)
+                .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
                 .map_err(|e| failed(&e))?;
             for p in &program.params()[1..] {
                 step.set(&p.name, &weight(&p.name)?).map_err(|e| failed(&e))?;
@@ -455,8 +495,8 @@ fn start<'s>(
             Ok(Box::new(SpmdRun(step)))
         }
         Layout::Pipeline { .. } => {
-            let step =
-                TrainStep::new(&program, loss, &weights, optimizer).map_err(|e| failed(&e))?;
+            let step = TrainStep::clipped(&program, loss, &weights, optimizer, clip)
+                .map_err(|e| failed(&e))?;
             let sp = &step.program;
             let carry: Vec<(usize, usize)> = (1..sp.results().len()).map(|r| (r, r)).collect();
             let placed =
@@ -754,6 +794,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let dtype = dtype_flag(&a)?;
     let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
     let warmup: usize = a.parse_or("warmup", 0, "a step count")?;
+    let clip = match a.get("clip-norm") {
+        None => None,
+        Some(_) => {
+            let c: f64 = a.parse_or("clip-norm", 1.0, "a norm")?;
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Usage(format!("--clip-norm {c} must be a positive number")).into());
+            }
+            Some(c)
+        }
+    };
     let cosine = match a.get("schedule").unwrap_or("constant") {
         "constant" => false,
         "cosine" => true,
@@ -830,7 +880,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         Tensor::i32(&[batch, width], out).map_err(|e| Exit::Failed(e.to_string()))
     };
     let strategy = Strategy::data_parallel(devices).map_err(|e| Exit::Failed(e.to_string()))?;
-    let mut run = start(&strategy, &model, batch, dtype, layout, optimizer, &init)?;
+    let mut run = start(&strategy, &model, batch, dtype, layout, optimizer, clip, &init)?;
     let eval = if eval_every > 0 {
         let chunks = (0..held / batch)
             .map(|c| {
@@ -854,6 +904,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             dtype,
             Layout::Mesh { data: 1, model: 1 },
             optimizer,
+            clip,
             &init,
         )?)
     } else {
