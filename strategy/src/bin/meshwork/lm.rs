@@ -459,17 +459,23 @@ fn loss_program(
     Ok((b.finish(&[loss]).map_err(bad)?, loss))
 }
 
-/// Compiles (or places) the training step over `layout` on `strategy` with `init`.
-fn start<'s>(
-    strategy: &'s Strategy,
-    model: &Transformer,
+/// What a run trains: the model, its batch, dtype, optimizer, clipping and weights.
+struct Recipe<'a> {
+    model: &'a Transformer,
     batch: usize,
     dtype: DType,
-    layout: Layout,
     optimizer: Optimizer,
     clip: Option<f64>,
-    init: &HashMap<String, Tensor>,
+    init: &'a HashMap<String, Tensor>,
+}
+
+/// Compiles (or places) the training step of `recipe` over `layout` on `strategy`.
+fn start<'s>(
+    strategy: &'s Strategy,
+    layout: Layout,
+    recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Run + 's>, Exit> {
+    let Recipe { model, batch, dtype, optimizer, clip, init } = *recipe;
     let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
     let (program, loss) = loss_program(model, batch, dtype, layout)?;
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
@@ -880,7 +886,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         Tensor::i32(&[batch, width], out).map_err(|e| Exit::Failed(e.to_string()))
     };
     let strategy = Strategy::data_parallel(devices).map_err(|e| Exit::Failed(e.to_string()))?;
-    let mut run = start(&strategy, &model, batch, dtype, layout, optimizer, clip, &init)?;
+    let recipe = Recipe { model: &model, batch, dtype, optimizer, clip, init: &init };
+    let mut run = start(&strategy, layout, &recipe)?;
     let eval = if eval_every > 0 {
         let chunks = (0..held / batch)
             .map(|c| {
@@ -896,20 +903,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let mut evals: Vec<(usize, f64, f64)> = Vec::new();
     let check = !a.on("no-check") && devices > 1;
     let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
-    let mut reference = if check {
-        Some(start(
-            &one,
-            &model,
-            batch,
-            dtype,
-            Layout::Mesh { data: 1, model: 1 },
-            optimizer,
-            clip,
-            &init,
-        )?)
-    } else {
-        None
-    };
+    let mut reference =
+        if check { Some(start(&one, Layout::Mesh { data: 1, model: 1 }, &recipe)?) } else { None };
     let where_ = match layout {
         Layout::Mesh { data, model } => format!("mesh {data}x{model}"),
         Layout::Pipeline { replicas, stages, micro } => {
