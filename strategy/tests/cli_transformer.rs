@@ -351,3 +351,89 @@ fn text_rows_and_gradient_clipping() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A run stopped at step 10 and resumed on another mesh or pipeline continues the
+/// uninterrupted run: its losses for steps 11–20 are JAX's.
+#[test]
+fn a_checkpoint_resumes_on_another_mesh_or_pipeline() {
+    let dir = temp("resume");
+    let want = expected("losses_adam");
+    for (i, (before, after)) in [
+        (&["--mesh", "2x2"][..], &["--stages", "2", "--microbatches", "2"][..]),
+        (&["--stages", "3"], &["--mesh", "1x2"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ck = dir.join(format!("ck{i}"));
+        let ck = ck.to_str().unwrap();
+        let mut first = vec!["--steps", "10", "--checkpoint-dir", ck, "--checkpoint-every", "5"];
+        first.extend(before);
+        let head = train(&dir, &format!("head{i}"), "adam", "0.01", &first);
+        for (s, (g, w)) in head.iter().zip(&want[..10]).enumerate() {
+            assert!((g - w).abs() <= 1e-9 * w.abs(), "{before:?} step {s}: {g} vs {w}");
+        }
+        let names: Vec<String> = std::fs::read_dir(ck)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        assert_eq!(names.len(), 2, "steps 5 and 10: {names:?}");
+        // Resume: everything but --init and the weights' source.
+        let path = dir.join(format!("tail{i}.json"));
+        let tokens = reference("tokens.npy");
+        let mut args = vec![
+            "train",
+            "--model",
+            "transformer",
+            "--data-tokens",
+            &tokens,
+            "--heads",
+            "4",
+            "--batch",
+            "8",
+            "--dtype",
+            "f64",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--steps",
+            "20",
+            "--quiet",
+            "--resume",
+            ck,
+            "--losses-json",
+            path.to_str().unwrap(),
+        ];
+        args.extend(after);
+        let out = meshwork(&args);
+        assert!(out.status.success(), "{after:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let tail: Vec<f64> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(tail.len(), 10);
+        for (s, (g, w)) in tail.iter().zip(&want[10..]).enumerate() {
+            assert!((g - w).abs() <= 1e-9 * w.abs(), "{after:?} step {}: {g} vs {w}", s + 10);
+        }
+    }
+    // What a resume refuses: another optimizer, weights from two places, no steps left.
+    let ck = dir.join("ck0");
+    let ck = ck.to_str().unwrap();
+    let init = reference("init.safetensors");
+    for (extra, flag) in [
+        (vec!["--optimizer", "sgd", "--dtype", "f64", "--steps", "30"], "optimizer"),
+        (vec!["--init", &init], "--init"),
+        (vec!["--dtype", "f64", "--steps", "10"], "nothing to run"),
+        (vec!["--dim", "48", "--dtype", "f64"], "--dim"),
+    ] {
+        let mut all = vec!["train", "--model", "transformer", "--heads", "4", "--resume", ck];
+        all.extend(extra.iter().map(|s| &**s));
+        let out = meshwork(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(flag), "{extra:?}: {stderr}");
+    }
+    let out = meshwork(&["train", "--model", "transformer", "--checkpoint-every", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -587,6 +587,13 @@ impl CompiledTrainStep<'_> {
         self.steps
     }
 
+    /// Sets the steps taken (the optimizer's step count, which Adam's bias correction
+    /// reads), for weights and state set from another run of the same steps — a
+    /// pipeline's, say — before [`save_checkpoint`](Self::save_checkpoint).
+    pub fn set_steps(&mut self, steps: usize) {
+        self.steps = steps;
+    }
+
     /// Puts the optimizer's state back to its initial value (zeros) and the step count
     /// to 0, as at compile time; the weights stay as they are.
     pub fn reset_optimizer(&mut self) -> Result<()> {

@@ -57,6 +57,13 @@ flags:
                         accuracy on held-out rows: the last --eval-fraction of the data
                         (default 0.1), which training then never reads
   --eval-fraction F
+  --checkpoint-dir DIR  sharded checkpoints in a directory meshwork owns (created if
+                        absent; anything else is refused): at the end and every N steps
+  --checkpoint-every N
+  --keep N              checkpoints kept, newest first (default 3)
+  --resume PATH         continue from a checkpoint directory (its latest step) or one
+                        step-NNNNNNNN/ in it, on any mesh or pipeline; the run's other
+                        flags must describe the same model, dtype and optimizer
   --losses-json FILE    every step's loss as a JSON list
   --metrics-jsonl FILE  one JSON line per step as the run goes (step, loss, lr,
                         tokens/s); a new file (an existing one is refused)
@@ -93,6 +100,10 @@ pub(crate) const VALUED: &[&str] = &[
     "eval-fraction",
     "text",
     "clip-norm",
+    "checkpoint-dir",
+    "checkpoint-every",
+    "keep",
+    "resume",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -163,6 +174,34 @@ fn model(a: &Args, init: Option<&HashMap<String, Tensor>>) -> Result<Transformer
         return Err(usage("heads", format!("{heads} heads do not divide --dim {}", dim.0)));
     }
     Ok(Transformer { vocab: vocab.0, seq: seq.0, dim: dim.0, heads, layers: layers.0, ffn: ffn.0 })
+}
+
+/// The model's sizes from a resumed checkpoint's metadata; a flag must agree.
+fn model_from(a: &Args, meta: &serde_json::Value) -> Result<Transformer, Usage> {
+    let size = |name: &str| -> Result<usize, Usage> {
+        let saved = meta[name]
+            .as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| usage("resume", format!("the checkpoint's metadata has no {name}")))?;
+        if a.get(name).is_some() {
+            let v: usize = a.parse_or(name, saved, "a size")?;
+            if v != saved {
+                return Err(usage(
+                    name,
+                    format!("{v} disagrees with --resume's checkpoint ({saved})"),
+                ));
+            }
+        }
+        Ok(saved)
+    };
+    Ok(Transformer {
+        vocab: size("vocab")?,
+        seq: size("seq")?,
+        dim: size("dim")?,
+        heads: size("heads")?,
+        layers: size("layers")?,
+        ffn: size("ffn")?,
+    })
 }
 
 /// The tensors of a safetensors file (f32 or f64), by name.
@@ -347,7 +386,13 @@ trait Run {
     fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit>;
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor, Exit>;
+    /// Saves the weights, optimizer state and `steps` as a checkpoint in `dir`.
+    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()>;
+    /// Restores a checkpoint (saved by any layout); returns its step count.
+    fn restore(&mut self, dir: &Path) -> StrategyResult<usize>;
 }
+
+type StrategyResult<T> = Result<T, meshwork_strategy::Error>;
 
 struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
 
@@ -358,11 +403,49 @@ impl Run for SpmdRun<'_> {
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.0.get(name).map_err(|e| Exit::Failed(e.to_string()))
     }
+    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()> {
+        self.0.set_steps(steps);
+        self.0.save_checkpoint_with_metadata(dir, meta)
+    }
+    fn restore(&mut self, dir: &Path) -> StrategyResult<usize> {
+        self.0.restore_checkpoint(dir)?;
+        Ok(self.0.steps())
+    }
 }
 
 struct PlacedRun<'s> {
     placed: meshwork_strategy::placed::Placed<'s>,
     step: TrainStep,
+    /// The one-device loss program, which checkpoints are written through.
+    host: (Program, Value, Vec<Value>, Optimizer, Option<f64>),
+}
+
+impl PlacedRun<'_> {
+    /// A one-device training step to write or read checkpoints through (a pipeline's
+    /// weights and state are whole tensors, as one device holds them).
+    fn with_host<T>(
+        &self,
+        f: impl FnOnce(&mut meshwork_strategy::spmd::CompiledTrainStep<'_>) -> StrategyResult<T>,
+    ) -> StrategyResult<T> {
+        let (program, loss, weights, optimizer, clip) = &self.host;
+        let one = Strategy::data_parallel(1)?;
+        let mesh = Mesh::iota(&[("data", 1), ("model", 1)])?;
+        let mut host = one.compile_train_step_clipped(
+            program,
+            *loss,
+            weights,
+            *optimizer,
+            *clip,
+            &Shardings::new(mesh),
+        )?;
+        f(&mut host)
+    }
+
+    /// The weights' and optimizer state's names.
+    fn state_names(&self) -> Vec<String> {
+        let ps = self.step.program.params();
+        ps[1..ps.len() - 2].iter().map(|p| p.name.clone()).collect()
+    }
 }
 
 impl Run for PlacedRun<'_> {
@@ -374,6 +457,28 @@ impl Run for PlacedRun<'_> {
     }
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.placed.get(name).map_err(|e| Exit::Failed(e.to_string()))
+    }
+    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()> {
+        let names = self.state_names();
+        self.with_host(|host| {
+            for name in &names {
+                host.set(name, &self.placed.get(name)?)?;
+            }
+            host.set_steps(steps);
+            host.save_checkpoint_with_metadata(dir, meta)
+        })
+    }
+    fn restore(&mut self, dir: &Path) -> StrategyResult<usize> {
+        let names = self.state_names();
+        let (values, steps) = self.with_host(|host| {
+            host.restore_checkpoint(dir)?;
+            let values = names.iter().map(|n| host.get(n)).collect::<StrategyResult<Vec<_>>>()?;
+            Ok((values, host.steps()))
+        })?;
+        for (name, t) in names.iter().zip(values) {
+            self.placed.set(name, t)?;
+        }
+        Ok(steps)
     }
 }
 
@@ -514,7 +619,10 @@ fn start<'s>(
             for (k, t) in step.init_state().map_err(|e| failed(&e))?.into_iter().enumerate() {
                 placed.set(&sp.params()[first_state + k].name, t).map_err(|e| failed(&e))?;
             }
-            Ok(Box::new(PlacedRun { placed, step }))
+            let (host_program, host_loss) =
+                loss_program(model, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
+            let host = (host_program, host_loss, weights.clone(), optimizer, clip);
+            Ok(Box::new(PlacedRun { placed, step, host }))
         }
     }
 }
@@ -830,8 +938,74 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     }
     let mut metrics = a.get("metrics-jsonl").map(|p| new_file("metrics-jsonl", p)).transpose()?;
     let quiet = a.on("quiet");
+    let checkpoint_dir = a.get("checkpoint-dir");
+    for flag in ["checkpoint-every", "keep"] {
+        if a.get(flag).is_some() && checkpoint_dir.is_none() {
+            return Err(Usage(format!("--{flag} needs --checkpoint-dir")).into());
+        }
+    }
+    let checkpoint_every: usize = a.parse_or("checkpoint-every", 0, "a step count")?;
+    let keep: usize = a.parse_or("keep", 3, "a number of checkpoints")?;
+    if a.get("init").is_some() && a.get("resume").is_some() {
+        return Err(Usage(
+            "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint)".into(),
+        )
+        .into());
+    }
+    let resume = match a.get("resume") {
+        None => None,
+        Some(p) => {
+            let (dir, _) = meshwork_strategy::find_checkpoint(p).map_err(|e| usage("resume", e))?;
+            let meta = meshwork_strategy::checkpoint_metadata(&dir)
+                .map_err(|e| usage("resume", e))?
+                .filter(|m| m["model"] == "transformer")
+                .ok_or_else(|| {
+                    usage(
+                        "resume",
+                        format!("{} is not a transformer run's checkpoint", dir.display()),
+                    )
+                })?;
+            Some((dir, meta))
+        }
+    };
     let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
-    let model = model(&a, file.as_ref())?;
+    let model = match &resume {
+        Some((_, meta)) => model_from(&a, meta)?,
+        None => model(&a, file.as_ref())?,
+    };
+    let meta = serde_json::json!({
+        "model": "transformer",
+        "layers": model.layers,
+        "dim": model.dim,
+        "heads": model.heads,
+        "ffn": model.ffn,
+        "vocab": model.vocab,
+        "seq": model.seq,
+        "dtype": dtype.to_string(),
+        "optimizer": format!("{optimizer:?}"),
+        "clip_norm": clip,
+        "batch": batch,
+    });
+    if let Some((dir, saved)) = &resume {
+        for key in ["dtype", "optimizer", "clip_norm", "batch"] {
+            if saved[key] != meta[key] {
+                return Err(usage(
+                    "resume",
+                    format!(
+                        "{} was saved by a run with {key} {}; this one has {}",
+                        dir.display(),
+                        saved[key],
+                        meta[key]
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    let mut manager = checkpoint_dir
+        .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
+        .transpose()
+        .map_err(|e| usage("checkpoint-dir", e))?;
     if let Layout::Mesh { model: m, .. } = layout
         && (!model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m))
     {
@@ -905,6 +1079,23 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
     let mut reference =
         if check { Some(start(&one, Layout::Mesh { data: 1, model: 1 }, &recipe)?) } else { None };
+    let first = match &resume {
+        None => 0,
+        Some((dir, _)) => {
+            let restored = |e: meshwork_strategy::Error| Exit::Usage(format!("--resume: {e}"));
+            let at = run.restore(dir).map_err(restored)?;
+            if let Some(r) = reference.as_mut() {
+                r.restore(dir).map_err(restored)?;
+            }
+            if at >= steps {
+                return Err(Usage(format!(
+                    "--resume: the checkpoint is at step {at}; --steps {steps} leaves nothing to run"
+                ))
+                .into());
+            }
+            at
+        }
+    };
     let where_ = match layout {
         Layout::Mesh { data, model } => format!("mesh {data}x{model}"),
         Layout::Pipeline { replicas, stages, micro } => {
@@ -928,7 +1119,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let mut losses = Vec::with_capacity(steps);
     let mut busy = 0.0;
     let every = (steps / 10).max(1);
-    for s in 0..steps {
+    let mut saved_at = None;
+    for s in first..steps {
         let rows = batch_of(s)?;
         let lr = learning_rate(lr, s, steps, warmup, cosine);
         let t = Instant::now();
@@ -951,7 +1143,14 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 )));
             }
         }
-        let tokens_per_s = ((s + 1) * batch * model.seq) as f64 / busy;
+        let tokens_per_s = ((s + 1 - first) * batch * model.seq) as f64 / busy;
+        if let Some(m) = manager.as_mut()
+            && (s + 1 == steps || (checkpoint_every > 0 && (s + 1) % checkpoint_every == 0))
+        {
+            m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1))
+                .map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}")))?;
+            saved_at = Some(s + 1);
+        }
         let evaluated = match &eval {
             Some(e) if (s + 1) % eval_every == 0 || s + 1 == steps => {
                 let (l, acc) = e.run(run.as_ref())?;
@@ -1009,13 +1208,14 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
     }
     if !quiet {
-        let first = losses.first().copied().unwrap_or(f64::NAN);
+        let first_loss = losses.first().copied().unwrap_or(f64::NAN);
         let last = losses.last().copied().unwrap_or(f64::NAN);
         outln!(
-            "loss {} -> {} over {steps} steps, {:.0} tokens/s{}",
-            loss_text(first),
+            "loss {} -> {} over steps {}..{steps}, {:.0} tokens/s{}",
+            loss_text(first_loss),
             loss_text(last),
-            (steps * batch * model.seq) as f64 / busy,
+            first + 1,
+            ((steps - first) * batch * model.seq) as f64 / busy,
             if check { ", every step equal to one device's" } else { "" }
         );
         if let Some(&(s, l, acc)) = evals.last() {
@@ -1026,6 +1226,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 100.0 * acc,
                 held / batch * batch
             );
+        }
+        if let Some(at) = saved_at {
+            outln!("checkpoint at step {at} in {}", checkpoint_dir.unwrap_or_default());
         }
         outln!("{}", sparkline(&losses, 60));
     }
