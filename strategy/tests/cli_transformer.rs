@@ -437,3 +437,94 @@ fn a_checkpoint_resumes_on_another_mesh_or_pipeline() {
     assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Writes f32 values of `shape` as a `.npy` file; returns its path.
+fn write_npy_f32(path: &Path, shape: &[usize], values: &[f32]) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    let tuple =
+        if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    npy.extend((header.len() as u16).to_le_bytes());
+    npy.extend(header.as_bytes());
+    npy.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(path, npy).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
+    let dir = temp("cnn");
+    // 64 images 6x6x2: class 1 when the first channel's left half is brighter.
+    let (n, h, w, c) = (64, 6, 6, 2);
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for i in 0..n {
+        let class = i % 2;
+        for _r in 0..h {
+            for col in 0..w {
+                for ch in 0..c {
+                    let bright = ch == 0 && (col < w / 2) == (class == 1);
+                    let jitter = ((i * 7 + col * 3 + ch) % 5) as f32 * 0.1;
+                    x.push(if bright { 1.0 } else { 0.0 } + jitter);
+                }
+            }
+        }
+        y.push(class as f32);
+    }
+    let xp = write_npy_f32(&dir.join("x.npy"), &[n, h, w, c], &x);
+    let yp = write_npy_f32(&dir.join("y.npy"), &[n], &y);
+    let losses = dir.join("l.json");
+    let out = meshwork(&[
+        "train",
+        "--model",
+        "cnn",
+        "--data-x",
+        &xp,
+        "--data-y",
+        &yp,
+        "--mesh",
+        "4x1",
+        "--batch",
+        "16",
+        "--steps",
+        "30",
+        "--dtype",
+        "f64",
+        "--filters",
+        "4,6",
+        "--losses-json",
+        losses.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("on 64 images 6x6x2")
+            && stdout.contains("every step equal to one device's"),
+        "{stdout}"
+    );
+    let l: Vec<f64> = serde_json::from_str(&std::fs::read_to_string(&losses).unwrap()).unwrap();
+    assert_eq!(l.len(), 30);
+    assert!(l[29] < 0.5 * l[0], "learns: {l:?}");
+    let out = meshwork(&["train", "--model", "cnn", "--steps", "40", "--quiet"]);
+    assert!(out.status.success(), "the built-in images: {}", String::from_utf8_lossy(&out.stderr));
+    for (args, flag) in [
+        (vec!["--mesh", "1x2"], "--mesh"),
+        (vec!["--data-x", &xp], "--data-x"),
+        (vec!["--data-x", &yp, "--data-y", &yp], "--data-x"),
+        (vec!["--data-x", &xp, "--data-y", &xp], "--data-y"),
+        (vec!["--filters", "4"], "--filters"),
+    ] {
+        let mut all = vec!["train", "--model", "cnn"];
+        all.extend(args.iter().map(|s| &**s));
+        let out = meshwork(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -629,7 +629,7 @@ fn start<'s>(
 
 /// The learning rate of step `s`: linear warm-up over `warmup` steps, then constant
 /// or cosine decay to 0 at the last of `steps`.
-fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosine: bool) -> f64 {
+pub(crate) fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosine: bool) -> f64 {
     if s < warmup {
         return lr * (s + 1) as f64 / warmup as f64;
     }
@@ -711,7 +711,7 @@ fn svg(losses: &[f64], evals: &[(usize, f64, f64)], title: &str) -> String {
 }
 
 /// A loss curve in one line of block characters.
-fn sparkline(losses: &[f64], width: usize) -> String {
+pub(crate) fn sparkline(losses: &[f64], width: usize) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     if losses.is_empty() {
         return String::new();
@@ -761,7 +761,7 @@ const INSPECT_VALUED: &[&str] = &[
 ];
 
 /// `--optimizer`'s value.
-fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
+pub(crate) fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
     Ok(match a.get("optimizer").unwrap_or("adam") {
         "sgd" => Optimizer::Sgd,
         "momentum" => Optimizer::Momentum { momentum: 0.9 },
@@ -776,7 +776,7 @@ fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
 }
 
 /// `--dtype`'s value (default f32).
-fn dtype_flag(a: &Args) -> Result<DType, Usage> {
+pub(crate) fn dtype_flag(a: &Args) -> Result<DType, Usage> {
     match a.get("dtype").unwrap_or("f32") {
         "f32" => Ok(DType::F32),
         "f64" => Ok(DType::F64),

@@ -15,6 +15,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
+mod cnn;
 mod inspect;
 mod lm;
 mod npy;
@@ -75,7 +76,7 @@ fn arguments() -> Result<Vec<String>, Exit> {
         .collect()
 }
 
-/// `train`'s `--model` (default `mlp`): `mlp` or `transformer`.
+/// `train`'s `--model` (default `mlp`): `mlp`, `transformer` or `cnn`.
 fn train_model(rest: &[String]) -> Result<&str, Exit> {
     let mut model = "mlp";
     for (k, a) in rest.iter().enumerate() {
@@ -86,8 +87,8 @@ fn train_model(rest: &[String]) -> Result<&str, Exit> {
         }
     }
     match model {
-        "mlp" | "transformer" => Ok(model),
-        other => Err(Exit::Usage(format!("--model {other:?} is not mlp or transformer"))),
+        "mlp" | "transformer" | "cnn" => Ok(model),
+        other => Err(Exit::Usage(format!("--model {other:?} is not mlp, transformer or cnn"))),
     }
 }
 
@@ -100,6 +101,8 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
     let model = train_model(rest)?;
     match command {
         "train" if wants_help && model == "transformer" => out(format_args!("{}", lm::HELP)),
+        "train" if wants_help && model == "cnn" => out(format_args!("{}", cnn::HELP)),
+        "train" if model == "cnn" => cnn::run(rest),
         "train" if wants_help => out(format_args!("{}", train::HELP)),
         "train" if model == "transformer" => lm::run(rest),
         "inspect" if wants_help => out(format_args!("{}", lm::INSPECT_HELP)),

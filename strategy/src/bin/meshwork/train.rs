@@ -22,8 +22,9 @@ plain SGD) on a data x model mesh: the batch split over the data axis, W1 by col
 W2 by rows over the model axis.
 
 flags:
-  --model mlp|transformer   this MLP (default), or the reference transformer (see
-                        `meshwork train --model transformer --help`)
+  --model mlp|transformer|cnn   this MLP (default), the reference transformer or a
+                        small CNN (see `meshwork train --model transformer --help`,
+                        `... --model cnn --help`)
   --mesh DxM            data x model devices (default 2x2; 1x1 is one device)
   --steps N             total steps (default 200; a resumed run continues up to N)
   --batch B             global batch (default 64); step s takes rows s·B … s·B+B−1 of the
