@@ -26,9 +26,7 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
-use std::time::Instant;
-
-use meshwork_program::{Builder, Optimizer, Program, Tensor, Value};
+use meshwork_program::{Builder, Optimizer, Tensor};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::spmd::{Shardings, megatron_spec};
@@ -36,26 +34,9 @@ use meshwork_strategy::types::DType;
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{Noise, median, spec};
+use common::{Model, Noise, jax, jax_figure, spec, time_runs};
 
 const MESHES: [(usize, usize); 4] = [(1, 1), (2, 1), (1, 2), (2, 2)];
-
-/// Runs a JAX script of `strategy/benches/jax/`, returning its stdout lines, or `None`
-/// when JAX is absent.
-fn jax(script: &str, args: &[&str]) -> Option<Vec<String>> {
-    let path = format!("{}/benches/jax/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("python3").arg(&path).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect())
-}
-
-/// JAX's figure for mesh `DxM`: the number after the mesh on its line.
-fn jax_figure(lines: &Option<Vec<String>>, d: usize, m: usize) -> Option<f64> {
-    let key = format!("{d}x{m}");
-    let line = lines.as_ref()?.iter().find(|l| l.split_whitespace().next() == Some(&key))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 /// The bandwidth-optimal all-reduce cost of `bytes` per device over `k` devices,
 /// summed over the `devices` of the mesh (the partitioner's convention).
@@ -72,87 +53,15 @@ struct Row {
     collectives: (usize, usize),
 }
 
-/// A model to train: its loss program, trained weights with their initial values,
-/// optimizer, batches and learning rate; `per_step` items (tokens or samples) a step.
-struct Model {
-    program: Program,
-    loss: Value,
-    weights: Vec<Value>,
-    optimizer: Optimizer,
-    init: Vec<(String, Tensor)>,
-    batches: Vec<Vec<Tensor>>,
-    lr: f64,
-    per_step: usize,
-}
-
-/// Times the model's steps compiled over `shardings`: 1 untimed and 5 timed runs from
-/// the same initial state; returns the median rate, the bytes a step moves and the
-/// collectives it runs.
-fn time_runs(
-    strategy: &Strategy,
-    model: &Model,
-    shardings: &Shardings,
-) -> Result<(f64, u64, (usize, usize)), meshwork_strategy::Error> {
-    let mut step = strategy.compile_train_step(
-        &model.program,
-        model.loss,
-        &model.weights,
-        model.optimizer,
-        shardings,
-    )?;
-    let moved = step.compiled().partitioned().bytes_moved();
-    let collectives = (
-        step.compiled().partitioned().collectives().len(),
-        step.compiled().partitioned().launches(),
-    );
-    let mut rates = Vec::new();
-    for run in 0..6 {
-        for (name, t) in &model.init {
-            step.set(name, t)?;
-        }
-        step.reset_optimizer()?;
-        let t0 = Instant::now();
-        for b in &model.batches {
-            step.step(b, model.lr)?;
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        if run > 0 {
-            rates.push((model.batches.len() * model.per_step) as f64 / dt);
-        }
-    }
-    Ok((median(rates), moved, collectives))
-}
-
 fn transformer(
     jax_lines: &Option<Vec<String>>,
     steps: usize,
     meshes: &[(usize, usize)],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let model = common::TRANSFORMER;
-    let (batch, rows_total) = (16, 512);
-    let mut b = Builder::new();
-    let rows = b.param("rows", spec(&[batch, model.seq + 1], DType::I32))?;
-    let loss = model.loss(&mut b, rows, DType::F32)?;
-    let program = b.finish(&[loss])?;
-    let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
-    let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
-    let init = common::transformer_init(&program, &mut noise)?;
-    let batches: Vec<Vec<Tensor>> =
-        common::token_batches(&model, batch, rows_total, steps, &mut noise)?
-            .into_iter()
-            .map(|t| vec![t])
-            .collect();
-
-    let train = Model {
-        program: program.clone(),
-        loss,
-        weights,
-        optimizer: Optimizer::adam(),
-        init,
-        batches,
-        lr: 1e-3,
-        per_step: batch * model.seq,
-    };
+    let batch = 16;
+    let train = common::transformer_model(batch, steps)?;
+    let program = train.program.clone();
     println!(
         "Transformer V{} T{} D{} H{} L{} F{}, f32, batch {batch}, Adam, {steps} steps per run, \
          median of 5 runs ({} cores)",

@@ -4,7 +4,11 @@
 
 #![allow(dead_code)]
 
-use meshwork_program::{Program, Tensor, nn};
+use std::time::Instant;
+
+use meshwork_program::{Builder, Optimizer, Program, Tensor, Value, nn};
+use meshwork_strategy::Strategy;
+use meshwork_strategy::spmd::Shardings;
 use meshwork_strategy::types::{DType, Shape, TensorSpec};
 
 /// The median of `v` (the upper one of an even count).
@@ -94,4 +98,105 @@ pub(crate) fn token_batches(
             Tensor::i32(&[batch, width], rows)
         })
         .collect()
+}
+
+/// Runs a JAX script of `strategy/benches/jax/`, returning its stdout lines, or `None`
+/// when JAX is absent.
+pub(crate) fn jax(script: &str, args: &[&str]) -> Option<Vec<String>> {
+    let path = format!("{}/benches/jax/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3").arg(&path).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect())
+}
+
+/// JAX's figure for mesh `DxM`: the number after the mesh on its line.
+pub(crate) fn jax_figure(lines: &Option<Vec<String>>, d: usize, m: usize) -> Option<f64> {
+    let key = format!("{d}x{m}");
+    let line = lines.as_ref()?.iter().find(|l| l.split_whitespace().next() == Some(&key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A model to train: its loss program, trained weights with their initial values,
+/// optimizer, batches and learning rate; `per_step` items (tokens or samples) a step.
+pub(crate) struct Model {
+    pub(crate) program: Program,
+    pub(crate) loss: Value,
+    pub(crate) weights: Vec<Value>,
+    pub(crate) optimizer: Optimizer,
+    pub(crate) init: Vec<(String, Tensor)>,
+    pub(crate) batches: Vec<Vec<Tensor>>,
+    pub(crate) lr: f64,
+    pub(crate) per_step: usize,
+}
+
+/// Times the model's steps compiled over `shardings`: 1 untimed and 5 timed runs from
+/// the same initial state; returns the median rate, the bytes a step moves and the
+/// collectives it runs.
+pub(crate) fn time_runs(
+    strategy: &Strategy,
+    model: &Model,
+    shardings: &Shardings,
+) -> Result<(f64, u64, (usize, usize)), meshwork_strategy::Error> {
+    let mut step = strategy.compile_train_step(
+        &model.program,
+        model.loss,
+        &model.weights,
+        model.optimizer,
+        shardings,
+    )?;
+    let moved = step.compiled().partitioned().bytes_moved();
+    let collectives = (
+        step.compiled().partitioned().collectives().len(),
+        step.compiled().partitioned().launches(),
+    );
+    let mut rates = Vec::new();
+    for run in 0..6 {
+        for (name, t) in &model.init {
+            step.set(name, t)?;
+        }
+        step.reset_optimizer()?;
+        let t0 = Instant::now();
+        for b in &model.batches {
+            step.step(b, model.lr)?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if run > 0 {
+            rates.push((model.batches.len() * model.per_step) as f64 / dt);
+        }
+    }
+    Ok((median(rates), moved, collectives))
+}
+
+/// The benchmark transformer's training: `batch` rows a step, `steps` steps a run,
+/// Adam at lr 1e-3, f32.
+pub(crate) fn transformer_model(
+    batch: usize,
+    steps: usize,
+) -> Result<Model, Box<dyn std::error::Error>> {
+    let model = TRANSFORMER;
+    let rows_total = 512;
+    let mut b = Builder::new();
+    let rows = b.param("rows", spec(&[batch, model.seq + 1], DType::I32))?;
+    let loss = model.loss(&mut b, rows, DType::F32)?;
+    let program = b.finish(&[loss])?;
+    let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
+    let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
+    let init = transformer_init(&program, &mut noise)?;
+    let batches: Vec<Vec<Tensor>> = token_batches(&model, batch, rows_total, steps, &mut noise)?
+        .into_iter()
+        .map(|t| vec![t])
+        .collect();
+
+    let train = Model {
+        program: program.clone(),
+        loss,
+        weights,
+        optimizer: Optimizer::adam(),
+        init,
+        batches,
+        lr: 1e-3,
+        per_step: batch * model.seq,
+    };
+    Ok(train)
 }
