@@ -1114,7 +1114,19 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             number_text(lr)
         );
     }
-    let tty = std::io::stderr().is_terminal();
+    // On a terminal, a progress bar (redrawn on stderr); otherwise plain lines, a
+    // tenth of the run apart.
+    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| {
+        let bar = indicatif::ProgressBar::new((steps - first) as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:32.cyan/blue} {pos}/{len} steps  {msg}  eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("█▉▊▋▌▍▎▏ "),
+        );
+        bar
+    });
     let tol = if dtype == DType::F64 { 1e-9 } else { 1e-4 };
     let mut losses = Vec::with_capacity(steps);
     let mut busy = 0.0;
@@ -1156,15 +1168,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 let (l, acc) = e.run(run.as_ref())?;
                 evals.push((s, l, acc));
                 if !quiet {
-                    if tty {
-                        eprintln!();
-                    }
-                    eprintln!(
+                    let line = format!(
                         "eval after step {}: loss {}, accuracy {:.2}%",
                         s + 1,
                         loss_text(l),
                         100.0 * acc
                     );
+                    match &bar {
+                        Some(bar) => bar.println(line),
+                        None => eprintln!("{line}"),
+                    }
                 }
                 Some((l, acc))
             }
@@ -1180,22 +1193,21 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 .and_then(|()| f.flush())
                 .map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}")))?;
         }
-        if !quiet && (s + 1 == steps || (s + 1) % every == 0 || tty) {
-            let line = format!(
+        if let Some(bar) = &bar {
+            bar.set_message(format!("loss {}  {:.0} tokens/s", loss_text(loss), tokens_per_s));
+            bar.inc(1);
+        } else if !quiet && (s + 1 == steps || (s + 1) % every == 0) {
+            eprintln!(
                 "step {:>5}/{steps} loss {}  {:.0} tokens/s",
                 s + 1,
                 loss_text(loss),
                 tokens_per_s
             );
-            if tty {
-                eprint!("\r{line}");
-                if s + 1 == steps {
-                    eprintln!();
-                }
-            } else {
-                eprintln!("{line}");
-            }
         }
+    }
+    if let Some(bar) = &bar {
+        bar.finish();
+        eprintln!();
     }
     if let Some(p) = a.get("losses-json") {
         let text = serde_json::to_string(&losses).map_err(|e| Exit::Failed(e.to_string()))?;
