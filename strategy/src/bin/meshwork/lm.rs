@@ -104,6 +104,9 @@ pub(crate) const VALUED: &[&str] = &[
     "checkpoint-every",
     "keep",
     "resume",
+    "data-x",
+    "data-y",
+    "filters",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -266,10 +269,11 @@ impl Noise {
     }
 }
 
-/// Initial weights at the reference run's scales.
-fn random_init(program: &Program, noise: &mut Noise) -> HashMap<String, Tensor> {
+/// Initial weights at the reference run's scales (the weights are the parameters
+/// after the first `fed`): matrices and filters at `1/sqrt(fan_in)`.
+fn random_init(program: &Program, fed: usize, noise: &mut Noise) -> HashMap<String, Tensor> {
     let mut out = HashMap::new();
-    for p in &program.params()[1..] {
+    for p in &program.params()[fed..] {
         let d = p.spec.shape.dims();
         let n = p.spec.shape.num_elements();
         let name = p.name.as_str();
@@ -282,7 +286,8 @@ fn random_init(program: &Program, noise: &mut Noise) -> HashMap<String, Tensor> 
         } else if name.ends_with(".bias") || name.ends_with(".b1") || name.ends_with(".b2") {
             (0.0, 0.0)
         } else {
-            (1.0 / (d[0] as f64).sqrt(), 0.0)
+            let fan_in = n / d.last().copied().unwrap_or(1).max(1);
+            (1.0 / (fan_in.max(1) as f64).sqrt(), 0.0)
         };
         let values = (0..n).map(|_| shift + scale * noise.normal()).collect();
         out.insert(p.name.clone(), Tensor::f64(d, values).expect("sizes of a built program"));
@@ -381,9 +386,129 @@ enum Layout {
     Pipeline { replicas: usize, stages: usize, micro: usize },
 }
 
+/// The CNN's sizes: images `[H, W, C]`, classes, the two convolutions' filters.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Cnn {
+    image: [usize; 3],
+    classes: usize,
+    filters: [usize; 2],
+}
+
+/// The model a run trains.
+#[derive(Clone, Copy)]
+enum Net {
+    Transformer(Transformer),
+    Cnn(Cnn),
+}
+
+impl Net {
+    /// Parameters fed each step, before the weights: the rows, or images and labels.
+    fn fed(&self) -> usize {
+        match self {
+            Net::Transformer(_) => 1,
+            Net::Cnn(_) => 2,
+        }
+    }
+
+    /// What a row counts for in throughput: its tokens, or one sample.
+    fn per_row(&self) -> (usize, &'static str) {
+        match self {
+            Net::Transformer(m) => (m.seq, "tokens"),
+            Net::Cnn(_) => (1, "samples"),
+        }
+    }
+
+    /// A checkpoint's description of the model.
+    fn meta(&self) -> serde_json::Value {
+        match self {
+            Net::Transformer(m) => serde_json::json!({
+                "model": "transformer", "layers": m.layers, "dim": m.dim, "heads": m.heads,
+                "ffn": m.ffn, "vocab": m.vocab, "seq": m.seq,
+            }),
+            Net::Cnn(c) => serde_json::json!({
+                "model": "cnn", "image": c.image, "classes": c.classes, "filters": c.filters,
+            }),
+        }
+    }
+
+    /// One line for people.
+    fn describe(&self) -> String {
+        match self {
+            Net::Transformer(m) => format!(
+                "transformer L{} D{} H{} F{} V{} T{}",
+                m.layers, m.dim, m.heads, m.ffn, m.vocab, m.seq
+            ),
+            Net::Cnn(c) => format!(
+                "CNN conv3x3x{} conv3x3x{}/2 linear({}) on {}x{}x{} images",
+                c.filters[0], c.filters[1], c.classes, c.image[0], c.image[1], c.image[2]
+            ),
+        }
+    }
+
+    /// The fed parameters for `batch` rows.
+    fn feeds(
+        &self,
+        b: &mut Builder,
+        batch: usize,
+        dtype: DType,
+    ) -> Result<Vec<Value>, meshwork_program::Error> {
+        let spec = |dtype, dims: &[usize]| -> Result<TensorSpec, meshwork_program::Error> {
+            Ok(TensorSpec::new(dtype, Shape::new(dims)?))
+        };
+        Ok(match self {
+            Net::Transformer(m) => vec![b.param("rows", spec(DType::I32, &[batch, m.seq + 1])?)?],
+            Net::Cnn(c) => {
+                let [h, w, ch] = c.image;
+                vec![
+                    b.param("x", spec(dtype, &[batch, h, w, ch])?)?,
+                    b.param("y", spec(DType::I32, &[batch])?)?,
+                ]
+            }
+        })
+    }
+}
+
+/// The rows a run reads.
+enum Examples {
+    /// Token rows `[N, T+1]`.
+    Tokens { width: usize, tokens: Vec<i32> },
+    /// Images `[N, H, W, C]` and class ids.
+    Images { per: usize, dims: [usize; 3], x: Vec<f64>, y: Vec<i32> },
+}
+
+impl Examples {
+    /// The feeds of rows `idx`.
+    fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>, Exit> {
+        let failed = |e: meshwork_program::Error| Exit::Failed(e.to_string());
+        match self {
+            Examples::Tokens { width, tokens } => {
+                let mut out = Vec::with_capacity(idx.len() * width);
+                for &r in idx {
+                    out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
+                }
+                Ok(vec![Tensor::i32(&[idx.len(), *width], out).map_err(failed)?])
+            }
+            Examples::Images { per, dims, x, y } => {
+                let mut xs = Vec::with_capacity(idx.len() * per);
+                for &r in idx {
+                    xs.extend_from_slice(&x[r * per..(r + 1) * per]);
+                }
+                let shape = [idx.len(), dims[0], dims[1], dims[2]];
+                let x = match dtype {
+                    DType::F64 => Tensor::f64(&shape, xs),
+                    _ => Tensor::f32(&shape, xs.into_iter().map(|v| v as f32).collect()),
+                }
+                .map_err(failed)?;
+                let ys = idx.iter().map(|&r| y[r]).collect();
+                Ok(vec![x, Tensor::i32(&[idx.len()], ys).map_err(failed)?])
+            }
+        }
+    }
+}
+
 /// A training run: one step at a time, returning its loss.
 trait Run {
-    fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit>;
+    fn step(&mut self, feeds: &[Tensor], lr: f64, s: usize) -> Result<f64, Exit>;
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor, Exit>;
     /// Saves the weights, optimizer state and `steps` as a checkpoint in `dir`.
@@ -397,8 +522,8 @@ type StrategyResult<T> = Result<T, meshwork_strategy::Error>;
 struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
 
 impl Run for SpmdRun<'_> {
-    fn step(&mut self, rows: &Tensor, lr: f64, _: usize) -> Result<f64, Exit> {
-        self.0.step(std::slice::from_ref(rows), lr).map_err(|e| Exit::Failed(e.to_string()))
+    fn step(&mut self, feeds: &[Tensor], lr: f64, _: usize) -> Result<f64, Exit> {
+        self.0.step(feeds, lr).map_err(|e| Exit::Failed(e.to_string()))
     }
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.0.get(name).map_err(|e| Exit::Failed(e.to_string()))
@@ -418,6 +543,8 @@ struct PlacedRun<'s> {
     step: TrainStep,
     /// The one-device loss program, which checkpoints are written through.
     host: (Program, Value, Vec<Value>, Optimizer, Option<f64>),
+    /// Parameters fed each step.
+    fed: usize,
 }
 
 impl PlacedRun<'_> {
@@ -444,15 +571,17 @@ impl PlacedRun<'_> {
     /// The weights' and optimizer state's names.
     fn state_names(&self) -> Vec<String> {
         let ps = self.step.program.params();
-        ps[1..ps.len() - 2].iter().map(|p| p.name.clone()).collect()
+        ps[self.fed..ps.len() - 2].iter().map(|p| p.name.clone()).collect()
     }
 }
 
 impl Run for PlacedRun<'_> {
-    fn step(&mut self, rows: &Tensor, lr: f64, s: usize) -> Result<f64, Exit> {
+    fn step(&mut self, feeds: &[Tensor], lr: f64, s: usize) -> Result<f64, Exit> {
         let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
         let [lr, count] = self.step.scalars(lr, s).map_err(|e| failed(&e))?;
-        let out = self.placed.step(&[rows.clone(), lr, count]).map_err(|e| failed(&e))?;
+        let mut all = feeds.to_vec();
+        all.extend([lr, count]);
+        let out = self.placed.step(&all).map_err(|e| failed(&e))?;
         Ok(out[0].to_f64()[0])
     }
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
@@ -482,52 +611,60 @@ impl Run for PlacedRun<'_> {
     }
 }
 
-/// The held-out evaluation: the loss and next-token accuracy of `rows` rows at a time.
+/// The held-out evaluation: the loss and accuracy (of the next token, or the class)
+/// of `batch` rows at a time.
 struct Eval {
     exe: meshwork_program::fast::Executable,
     program: Program,
-    /// The held-out rows, `rows` at a time.
-    chunks: Vec<Tensor>,
+    fed: usize,
+    /// The held-out rows' feeds, `batch` rows at a time.
+    chunks: Vec<Vec<Tensor>>,
 }
 
 impl Eval {
-    fn new(model: &Transformer, dtype: DType, chunks: Vec<Tensor>) -> Result<Eval, Exit> {
+    fn new(net: &Net, dtype: DType, batch: usize, chunks: Vec<Vec<Tensor>>) -> Result<Eval, Exit> {
         let bad = |e: meshwork_program::Error| Exit::Usage(e.to_string());
-        let n = chunks.first().map_or(1, |c| c.shape().dims()[0]);
         let mut b = Builder::new();
-        let spec = TensorSpec::new(
-            DType::I32,
-            Shape::new(&[n, model.seq + 1]).map_err(|e| Exit::Usage(e.to_string()))?,
-        );
-        let rows = b.param("rows", spec).map_err(bad)?;
-        let inputs = b.slice(rows, &[0, 0], &[n, model.seq], &[1, 1]).map_err(bad)?;
-        let targets = b.slice(rows, &[0, 1], &[n, model.seq + 1], &[1, 1]).map_err(bad)?;
-        let logits = model.logits(&mut b, inputs, dtype).map_err(bad)?;
+        let feeds = net.feeds(&mut b, batch, dtype).map_err(bad)?;
+        let (logits, labels, axes) = match net {
+            Net::Transformer(model) => {
+                let rows = feeds[0];
+                let inputs = b.slice(rows, &[0, 0], &[batch, model.seq], &[1, 1]).map_err(bad)?;
+                let targets =
+                    b.slice(rows, &[0, 1], &[batch, model.seq + 1], &[1, 1]).map_err(bad)?;
+                (model.logits(&mut b, inputs, dtype).map_err(bad)?, targets, vec![0, 1])
+            }
+            Net::Cnn(c) => (
+                crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes).map_err(bad)?,
+                feeds[1],
+                vec![0],
+            ),
+        };
         let loss =
-            meshwork_program::nn::softmax_cross_entropy(&mut b, logits, targets).map_err(bad)?;
+            meshwork_program::nn::softmax_cross_entropy(&mut b, logits, labels).map_err(bad)?;
         let pred = b.argmax(logits, -1).map_err(bad)?;
         let pred = b.convert(pred, DType::I32).map_err(bad)?;
-        let hit = b.eq(pred, targets).map_err(bad)?;
+        let hit = b.eq(pred, labels).map_err(bad)?;
         let hit = b.convert(hit, dtype).map_err(bad)?;
-        let accuracy = b.reduce_mean(hit, &[0, 1], false).map_err(bad)?;
+        let accuracy = b.reduce_mean(hit, &axes, false).map_err(bad)?;
         let program = b.finish(&[loss, accuracy]).map_err(bad)?;
         let exe = meshwork_program::fast::Executable::compile(
             &program,
             meshwork_program::fast::Options::for_devices(1),
         );
-        Ok(Eval { exe, program, chunks })
+        Ok(Eval { exe, program, fed: net.fed(), chunks })
     }
 
     /// (loss, accuracy) over the held-out rows with `run`'s weights.
     fn run(&self, run: &dyn Run) -> Result<(f64, f64), Exit> {
-        let mut inputs =
-            vec![Tensor::i32(&[0], Vec::new()).map_err(|e| Exit::Failed(e.to_string()))?];
-        for p in &self.program.params()[1..] {
-            inputs.push(run.weight(&p.name)?);
+        let mut weights = Vec::new();
+        for p in &self.program.params()[self.fed..] {
+            weights.push(run.weight(&p.name)?);
         }
         let (mut loss, mut accuracy) = (0.0, 0.0);
         for chunk in &self.chunks {
-            inputs[0] = chunk.clone();
+            let mut inputs = chunk.clone();
+            inputs.extend(weights.iter().cloned());
             let out = self
                 .exe
                 .run(&inputs, &meshwork_program::Env::local())
@@ -540,33 +677,33 @@ impl Eval {
     }
 }
 
-/// The loss program of `model` for `batch` rows over `layout`.
+/// The loss program of `net` for `batch` rows over `layout`.
 fn loss_program(
-    model: &Transformer,
+    net: &Net,
     batch: usize,
     dtype: DType,
     layout: Layout,
 ) -> Result<(Program, Value), Exit> {
     let bad = |e: meshwork_program::Error| Exit::Usage(e.to_string());
     let mut b = Builder::new();
-    let spec = TensorSpec::new(
-        DType::I32,
-        Shape::new(&[batch, model.seq + 1]).map_err(|e| Exit::Usage(e.to_string()))?,
-    );
-    let rows = b.param("rows", spec).map_err(bad)?;
-    let loss = match layout {
-        Layout::Mesh { .. } => model.loss(&mut b, rows, dtype),
-        Layout::Pipeline { replicas, stages, micro } => {
-            model.loss_pipelined(&mut b, rows, dtype, &Pipeline::cpus(replicas, stages, micro))
+    let feeds = net.feeds(&mut b, batch, dtype).map_err(bad)?;
+    let loss =
+        match (net, layout) {
+            (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
+            (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
+                .loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
+            (Net::Cnn(c), _) => crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes)
+                .and_then(|logits| {
+                    meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1])
+                }),
         }
-    }
-    .map_err(bad)?;
+        .map_err(bad)?;
     Ok((b.finish(&[loss]).map_err(bad)?, loss))
 }
 
 /// What a run trains: the model, its batch, dtype, optimizer, clipping and weights.
 struct Recipe<'a> {
-    model: &'a Transformer,
+    net: &'a Net,
     batch: usize,
     dtype: DType,
     optimizer: Optimizer,
@@ -580,10 +717,11 @@ fn start<'s>(
     layout: Layout,
     recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Run + 's>, Exit> {
-    let Recipe { model, batch, dtype, optimizer, clip, init } = *recipe;
+    let Recipe { net, batch, dtype, optimizer, clip, init } = *recipe;
     let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
-    let (program, loss) = loss_program(model, batch, dtype, layout)?;
-    let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
+    let fed = net.fed();
+    let (program, loss) = loss_program(net, batch, dtype, layout)?;
+    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
     let weight = |name: &str| -> Result<Tensor, Exit> {
         let t = init.get(name).ok_or_else(|| Exit::Usage(format!("--init has no {name}")))?;
         Ok(cast(t, dtype)?)
@@ -591,16 +729,18 @@ fn start<'s>(
     match layout {
         Layout::Mesh { data, model: m } => {
             let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(|e| failed(&e))?;
-            let mut shardings =
-                Shardings::new(mesh).with("rows", "P('data')").map_err(|e| failed(&e))?;
-            for p in &program.params()[1..] {
+            let mut shardings = Shardings::new(mesh);
+            for p in &program.params()[..fed] {
+                shardings = shardings.with(&p.name, "P('data')").map_err(|e| failed(&e))?;
+            }
+            for p in &program.params()[fed..] {
                 shardings =
                     shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
             }
             let step = strategy
                 .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
                 .map_err(|e| failed(&e))?;
-            for p in &program.params()[1..] {
+            for p in &program.params()[fed..] {
                 step.set(&p.name, &weight(&p.name)?).map_err(|e| failed(&e))?;
             }
             Ok(Box::new(SpmdRun(step)))
@@ -609,20 +749,21 @@ fn start<'s>(
             let step = TrainStep::clipped(&program, loss, &weights, optimizer, clip)
                 .map_err(|e| failed(&e))?;
             let sp = &step.program;
-            let carry: Vec<(usize, usize)> = (1..sp.results().len()).map(|r| (r, r)).collect();
+            let carry: Vec<(usize, usize)> =
+                (1..sp.results().len()).map(|r| (r, r - 1 + fed)).collect();
             let placed =
                 strategy.place(sp, &carry, &PlaceOptions::default()).map_err(|e| failed(&e))?;
-            for p in &program.params()[1..] {
+            for p in &program.params()[fed..] {
                 placed.set(&p.name, weight(&p.name)?).map_err(|e| failed(&e))?;
             }
-            let first_state = 1 + weights.len();
+            let first_state = fed + weights.len();
             for (k, t) in step.init_state().map_err(|e| failed(&e))?.into_iter().enumerate() {
                 placed.set(&sp.params()[first_state + k].name, t).map_err(|e| failed(&e))?;
             }
             let (host_program, host_loss) =
-                loss_program(model, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
+                loss_program(net, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
             let host = (host_program, host_loss, weights.clone(), optimizer, clip);
-            Ok(Box::new(PlacedRun { placed, step, host }))
+            Ok(Box::new(PlacedRun { placed, step, host, fed }))
         }
     }
 }
@@ -794,7 +935,8 @@ pub(crate) fn inspect(argv: &[String]) -> Result<(), Exit> {
     if data * m > MAX_DEVICES {
         return Err(Usage(format!("--mesh {data}x{m} has more than {MAX_DEVICES} devices")).into());
     }
-    let batch: usize = a.parse_or("batch", 8, "a batch size")?;
+    let cnn = a.get("model") == Some("cnn");
+    let batch: usize = a.parse_or("batch", if cnn { 32 } else { 8 }, "a batch size")?;
     if batch == 0 || !batch.is_multiple_of(data) {
         return Err(Usage(format!("--batch {batch} does not split over {data} replicas")).into());
     }
@@ -810,7 +952,8 @@ pub(crate) fn inspect(argv: &[String]) -> Result<(), Exit> {
         .into());
     }
     let failed = |e: &dyn std::fmt::Display| Exit::Failed(e.to_string());
-    let (program, loss) = loss_program(&model, batch, dtype, Layout::Mesh { data, model: m })?;
+    let (program, loss) =
+        loss_program(&Net::Transformer(model), batch, dtype, Layout::Mesh { data, model: m })?;
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(|e| failed(&e))?;
     let mut shardings = Shardings::new(mesh).with("rows", "P('data')").map_err(|e| failed(&e))?;
@@ -883,7 +1026,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         Layout::Mesh { data, model: model_axis }
     };
     let steps: usize = a.parse_or("steps", 100, "a step count")?;
-    let batch: usize = a.parse_or("batch", 8, "a batch size")?;
+    let cnn = a.get("model") == Some("cnn");
+    let batch: usize = a.parse_or("batch", if cnn { 32 } else { 8 }, "a batch size")?;
     if steps == 0 || batch == 0 {
         return Err(Usage("--steps and --batch must be at least 1".into()).into());
     }
@@ -958,34 +1102,78 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             let (dir, _) = meshwork_strategy::find_checkpoint(p).map_err(|e| usage("resume", e))?;
             let meta = meshwork_strategy::checkpoint_metadata(&dir)
                 .map_err(|e| usage("resume", e))?
-                .filter(|m| m["model"] == "transformer")
+                .filter(|m| m["model"] == a.get("model").unwrap_or("transformer"))
                 .ok_or_else(|| {
                     usage(
                         "resume",
-                        format!("{} is not a transformer run's checkpoint", dir.display()),
+                        format!(
+                            "{} is not a checkpoint of a {} run",
+                            dir.display(),
+                            a.get("model").unwrap_or("transformer")
+                        ),
                     )
                 })?;
             Some((dir, meta))
         }
     };
     let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
-    let model = match &resume {
-        Some((_, meta)) => model_from(&a, meta)?,
-        None => model(&a, file.as_ref())?,
+    let (net, examples, n_all) = if cnn {
+        if layout != (Layout::Mesh { data, model: 1 }) {
+            return Err(Usage(format!(
+                "--mesh {data}x{model_axis}{}: the CNN trains data-parallel (--mesh Dx1, no --stages)",
+                if stages > 1 { format!(" --stages {stages}") } else { String::new() }
+            ))
+            .into());
+        }
+        let images = crate::cnn::images(&a, seed)?;
+        let filters: Vec<usize> = args::dims("filters", a.get("filters").unwrap_or("8,16"))?;
+        let [f1, f2] = filters[..] else {
+            return Err(Usage(format!("--filters {filters:?}: give two counts, F1,F2")).into());
+        };
+        let [n, h, w, c] = images.dims;
+        let net = Cnn { image: [h, w, c], classes: images.classes, filters: [f1, f2] };
+        if let Some((_, saved)) = &resume
+            && saved["image"] != serde_json::json!(net.image)
+        {
+            return Err(usage(
+                "resume",
+                format!(
+                    "the checkpoint's images are {}, the data's {:?}",
+                    saved["image"], net.image
+                ),
+            )
+            .into());
+        }
+        let examples =
+            Examples::Images { per: h * w * c, dims: [h, w, c], x: images.x, y: images.y };
+        (Net::Cnn(net), examples, n)
+    } else {
+        for flag in ["data-x", "data-y", "filters"] {
+            if a.get(flag).is_some() {
+                return Err(Usage(format!("--{flag} is the CNN's (--model cnn)")).into());
+            }
+        }
+        let model = match &resume {
+            Some((_, meta)) => model_from(&a, meta)?,
+            None => model(&a, file.as_ref())?,
+        };
+        if let Layout::Mesh { model: m, .. } = layout
+            && (!model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m))
+        {
+            return Err(Usage(format!(
+                "--mesh {data}x{m}: the model axis must divide --heads {} and --ffn {}",
+                model.heads, model.ffn
+            ))
+            .into());
+        }
+        let (n, tokens) = rows(&a, &model, seed, limit)?;
+        (Net::Transformer(model), Examples::Tokens { width: model.seq + 1, tokens }, n)
     };
-    let meta = serde_json::json!({
-        "model": "transformer",
-        "layers": model.layers,
-        "dim": model.dim,
-        "heads": model.heads,
-        "ffn": model.ffn,
-        "vocab": model.vocab,
-        "seq": model.seq,
-        "dtype": dtype.to_string(),
-        "optimizer": format!("{optimizer:?}"),
-        "clip_norm": clip,
-        "batch": batch,
-    });
+    let mut meta = net.meta();
+    meta["dtype"] = dtype.to_string().into();
+    meta["optimizer"] = format!("{optimizer:?}").into();
+    meta["clip_norm"] = serde_json::json!(clip);
+    meta["batch"] = batch.into();
     if let Some((dir, saved)) = &resume {
         for key in ["dtype", "optimizer", "clip_norm", "batch"] {
             if saved[key] != meta[key] {
@@ -1006,16 +1194,6 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
         .transpose()
         .map_err(|e| usage("checkpoint-dir", e))?;
-    if let Layout::Mesh { model: m, .. } = layout
-        && (!model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m))
-    {
-        return Err(Usage(format!(
-            "--mesh {data}x{m}: the model axis must divide --heads {} and --ffn {}",
-            model.heads, model.ffn
-        ))
-        .into());
-    }
-    let (n_all, tokens) = rows(&a, &model, seed, limit)?;
     let eval_every: usize = a.parse_or("eval-every", 0, "a step count")?;
     let fraction: f64 = a.parse_or("eval-fraction", 0.1, "a fraction")?;
     if a.get("eval-fraction").is_some() && eval_every == 0 {
@@ -1024,7 +1202,6 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(Usage(format!("--eval-fraction {fraction} is not between 0 and 1")).into());
     }
-    let width = model.seq + 1;
     let held = if eval_every > 0 { (fraction * n_all as f64).ceil() as usize } else { 0 };
     let n = n_all - held;
     if eval_every > 0 && (held < batch || n == 0) {
@@ -1037,14 +1214,14 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         Some(f) => f,
         None => {
             let (program, _) =
-                loss_program(&model, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
-            random_init(&program, &mut Noise(seed ^ 0x5851_f42d_4c95_7f2d))
+                loss_program(&net, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
+            random_init(&program, net.fed(), &mut Noise(seed ^ 0x5851_f42d_4c95_7f2d))
         }
     };
     let shuffle = a.on("shuffle");
     let mut order: (usize, Vec<usize>) = (usize::MAX, Vec::new());
-    let mut batch_of = |s: usize| -> Result<Tensor, Exit> {
-        let mut out = Vec::with_capacity(batch * width);
+    let mut batch_of = |s: usize| -> Result<Vec<Tensor>, Exit> {
+        let mut idx = Vec::with_capacity(batch);
         for i in 0..batch {
             let k = s * batch + i;
             let r = if shuffle {
@@ -1055,22 +1232,20 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             } else {
                 k % n
             };
-            out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
+            idx.push(r);
         }
-        Tensor::i32(&[batch, width], out).map_err(|e| Exit::Failed(e.to_string()))
+        examples.batch(&idx, dtype)
     };
     let strategy = Strategy::data_parallel(devices).map_err(|e| Exit::Failed(e.to_string()))?;
-    let recipe = Recipe { model: &model, batch, dtype, optimizer, clip, init: &init };
+    let recipe = Recipe { net: &net, batch, dtype, optimizer, clip, init: &init };
     let mut run = start(&strategy, layout, &recipe)?;
     let eval = if eval_every > 0 {
         let chunks = (0..held / batch)
             .map(|c| {
-                let start = (n + c * batch) * width;
-                Tensor::i32(&[batch, width], tokens[start..start + batch * width].to_vec())
-                    .map_err(|e| Exit::Failed(e.to_string()))
+                examples.batch(&(n + c * batch..n + (c + 1) * batch).collect::<Vec<_>>(), dtype)
             })
             .collect::<Result<Vec<_>, Exit>>()?;
-        Some(Eval::new(&model, dtype, chunks)?)
+        Some(Eval::new(&net, dtype, batch, chunks)?)
     } else {
         None
     };
@@ -1104,13 +1279,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     };
     if !quiet {
         outln!(
-            "training transformer L{} D{} H{} F{} V{} T{} ({dtype}, {optimizer:?}, lr {}) on {where_}, batch {batch}, {steps} steps",
-            model.layers,
-            model.dim,
-            model.heads,
-            model.ffn,
-            model.vocab,
-            model.seq,
+            "training {} on {n} rows ({dtype}, {optimizer:?}, lr {}) on {where_}, batch {batch}, {steps} steps",
+            net.describe(),
             number_text(lr)
         );
     }
@@ -1128,6 +1298,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         bar
     });
     let tol = if dtype == DType::F64 { 1e-9 } else { 1e-4 };
+    let (per_row, unit) = net.per_row();
     let mut losses = Vec::with_capacity(steps);
     let mut busy = 0.0;
     let every = (steps / 10).max(1);
@@ -1155,7 +1326,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 )));
             }
         }
-        let tokens_per_s = ((s + 1 - first) * batch * model.seq) as f64 / busy;
+        let rate = ((s + 1 - first) * batch * per_row) as f64 / busy;
         if let Some(m) = manager.as_mut()
             && (s + 1 == steps || (checkpoint_every > 0 && (s + 1) % checkpoint_every == 0))
         {
@@ -1184,7 +1355,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             _ => None,
         };
         if let Some(f) = metrics.as_mut() {
-            let mut line = serde_json::json!({"step": s, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s});
+            let mut line = serde_json::json!({"step": s, "loss": loss, "lr": lr});
+            line[format!("{unit}_per_s")] = rate.into();
             if let Some((l, acc)) = evaluated {
                 line["eval_loss"] = l.into();
                 line["eval_accuracy"] = acc.into();
@@ -1194,15 +1366,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 .map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}")))?;
         }
         if let Some(bar) = &bar {
-            bar.set_message(format!("loss {}  {:.0} tokens/s", loss_text(loss), tokens_per_s));
+            bar.set_message(format!("loss {}  {rate:.0} {unit}/s", loss_text(loss)));
             bar.inc(1);
         } else if !quiet && (s + 1 == steps || (s + 1) % every == 0) {
-            eprintln!(
-                "step {:>5}/{steps} loss {}  {:.0} tokens/s",
-                s + 1,
-                loss_text(loss),
-                tokens_per_s
-            );
+            eprintln!("step {:>5}/{steps} loss {}  {rate:.0} {unit}/s", s + 1, loss_text(loss));
         }
     }
     if let Some(bar) = &bar {
@@ -1223,18 +1390,19 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         let first_loss = losses.first().copied().unwrap_or(f64::NAN);
         let last = losses.last().copied().unwrap_or(f64::NAN);
         outln!(
-            "loss {} -> {} over steps {}..{steps}, {:.0} tokens/s{}",
+            "loss {} -> {} over steps {}..{steps}, {:.0} {unit}/s{}",
             loss_text(first_loss),
             loss_text(last),
             first + 1,
-            ((steps - first) * batch * model.seq) as f64 / busy,
+            ((steps - first) * batch * per_row) as f64 / busy,
             if check { ", every step equal to one device's" } else { "" }
         );
         if let Some(&(s, l, acc)) = evals.last() {
             outln!(
-                "eval after step {}: loss {}, next-token accuracy {:.2}% on {} held-out rows",
+                "eval after step {}: loss {}, {} {:.2}% on {} held-out rows",
                 s + 1,
                 loss_text(l),
+                if cnn { "accuracy" } else { "next-token accuracy" },
                 100.0 * acc,
                 held / batch * batch
             );

@@ -102,7 +102,7 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
     match command {
         "train" if wants_help && model == "transformer" => out(format_args!("{}", lm::HELP)),
         "train" if wants_help && model == "cnn" => out(format_args!("{}", cnn::HELP)),
-        "train" if model == "cnn" => cnn::run(rest),
+        "train" if model == "cnn" => lm::run(rest),
         "train" if wants_help => out(format_args!("{}", train::HELP)),
         "train" if model == "transformer" => lm::run(rest),
         "inspect" if wants_help => out(format_args!("{}", lm::INSPECT_HELP)),
