@@ -102,10 +102,12 @@ fn the_reference_run_matches_jax_on_every_mesh() {
 }
 
 #[test]
-fn the_reference_run_matches_jax_in_pipelines() {
+fn the_reference_run_matches_jax_in_pipelines_and_several_steps_per_call() {
     let dir = temp("pipe");
     for extra in [
-        &["--stages", "2"][..],
+        &["--mesh", "2x2", "--steps-per-run", "4"][..],
+        &["--mesh", "1x2", "--steps-per-run", "3", "--eval-every", "5"],
+        &["--stages", "2"],
         &["--stages", "3"],
         &["--stages", "2", "--microbatches", "4"],
         &["--mesh", "2x1", "--stages", "2", "--microbatches", "2"],

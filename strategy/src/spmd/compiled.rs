@@ -78,10 +78,12 @@ impl Shardings {
 struct Device {
     exe: Executable,
     resident: Vec<Option<Tensor>>,
-    feed: Vec<Tensor>,
-    /// A step's carried results, `(parameter, value)`, until every device is done.
+    /// Each step's feeds (a host call may run several steps).
+    feed: Vec<Vec<Tensor>>,
+    /// The last step's carried results, `(parameter, value)`, until every device is done.
     staged: Vec<(usize, Tensor)>,
-    out: Vec<Tensor>,
+    /// Each step's results that are not carried.
+    out: Vec<Vec<Tensor>>,
 }
 
 /// A partitioned program compiled onto a strategy's devices, with some parameters
@@ -358,16 +360,32 @@ impl Compiled<'_> {
     /// [`step`](Self::step), its emits tagged `tag` (default: the steps run so far,
     /// read under the step lock).
     pub(super) fn step_tagged(&self, feeds: &[Tensor], tag: Option<u64>) -> Result<Vec<Tensor>> {
+        let mut out = self.steps_tagged(&[feeds], tag)?;
+        Ok(out.pop().expect("one step's results"))
+    }
+
+    /// Several steps in one host call: step `i` is fed `feeds[i]`, the carried results
+    /// of a step are the next one's parameters on the devices, and they replace the
+    /// resident state only when every step finished on every device (a failure in any
+    /// leaves the state as before the call). Emits are tagged `tag + i`.
+    pub(super) fn steps_tagged(
+        &self,
+        feeds: &[&[Tensor]],
+        tag: Option<u64>,
+    ) -> Result<Vec<Vec<Tensor>>> {
         let _busy = lock(&self.busy);
         let tag = tag.unwrap_or_else(|| self.steps());
         let global = self.part.global();
         let fed = &self.feeds;
-        if feeds.len() != fed.len() {
+        if let Some(bad) = feeds.iter().find(|f| f.len() != fed.len()) {
             return Err(Error::Partition {
                 value: String::new(),
                 op: "step",
-                problem: format!("{} feeds for {} non-resident parameters", feeds.len(), fed.len()),
+                problem: format!("{} feeds for {} non-resident parameters", bad.len(), fed.len()),
             });
+        }
+        if feeds.is_empty() {
+            return Ok(Vec::new());
         }
         // Every device's resident parts must all be there, before any feed is split.
         for d in self.devices.iter() {
@@ -384,20 +402,30 @@ impl Compiled<'_> {
             }
         }
         let mesh = self.part.mesh();
-        let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
-        for (t, (k, plan)) in feeds.iter().zip(fed) {
-            let p = &global.params()[*k];
-            if t.spec() != p.spec {
-                return Err(Error::Partition {
-                    value: p.name.clone(),
-                    op: "step",
-                    problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
-                });
+        for step in feeds {
+            for (t, (k, _)) in step.iter().zip(fed) {
+                let p = &global.params()[*k];
+                if t.spec() != p.spec {
+                    return Err(Error::Partition {
+                        value: p.name.clone(),
+                        op: "step",
+                        problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
+                    });
+                }
             }
-            let take = |r: usize, dtype, len| lock(&self.devices[r]).exe.buffer(dtype, len);
-            let parts = split_with(plan, t, take)?;
-            for (r, part) in parts.into_iter().enumerate() {
-                per[r].push(part);
+        }
+        let mut per: Vec<Vec<Vec<Tensor>>> = vec![Vec::with_capacity(feeds.len()); mesh.size()];
+        for step in feeds {
+            let mut parts_of: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
+            for (t, (_, plan)) in step.iter().zip(fed) {
+                let take = |r: usize, dtype, len| lock(&self.devices[r]).exe.buffer(dtype, len);
+                let parts = split_with(plan, t, take)?;
+                for (r, part) in parts.into_iter().enumerate() {
+                    parts_of[r].push(part);
+                }
+            }
+            for (r, p) in parts_of.into_iter().enumerate() {
+                per[r].push(p);
             }
         }
         for (d, feed) in self.devices.iter().zip(per) {
@@ -407,27 +435,42 @@ impl Compiled<'_> {
         let carry = self.carry.clone();
         let communicates = self.part.launches() > 0;
         let nres = global.results().len();
-        // One device's share of the step, given what it may talk to.
-        let device_step = move |d: &mut Device, env: &Env<'_>| -> meshwork_program::Result<()> {
-            let mut feed = std::mem::take(&mut d.feed).into_iter();
-            // Resident parts are read in place, feeds taken.
-            let inputs = d
-                .resident
-                .iter()
-                .map(|slot| match slot {
-                    Some(t) => Ok(Input::Borrowed(t)),
-                    None => feed.next().map(Input::Owned).ok_or_else(|| {
-                        meshwork_program::Error::Communication {
-                            at: "step".into(),
-                            problem: "a feed is missing (a partitioner bug)".into(),
-                        }
-                    }),
-                })
-                .collect::<meshwork_program::Result<Vec<_>>>()?;
-            let out = d.exe.run_inputs(inputs, env)?;
-            let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
-            d.staged = carry.iter().filter_map(|&(r, p)| out[r].take().map(|t| (p, t))).collect();
-            d.out = (0..nres).filter_map(|r| out[r].take()).collect();
+        // One device's share of the steps, given what each may talk to (`envs[i]`,
+        // step `i`'s).
+        let device_step = move |d: &mut Device, envs: &[Env<'_>]| -> meshwork_program::Result<()> {
+            let steps = std::mem::take(&mut d.feed);
+            let mut outs = Vec::with_capacity(steps.len());
+            // The carried results so far, by parameter: the next step's inputs.
+            let mut staged: Vec<Option<Tensor>> = vec![None; d.resident.len()];
+            for (i, step_feed) in steps.into_iter().enumerate() {
+                let mut feed = step_feed.into_iter();
+                // Resident parts are read in place (or the previous step's carried
+                // results taken), feeds taken.
+                let mut now = std::mem::replace(&mut staged, vec![None; d.resident.len()]);
+                let inputs = d
+                    .resident
+                    .iter()
+                    .zip(now.iter_mut())
+                    .map(|(slot, carried)| match (carried.take(), slot) {
+                        (Some(t), _) => Ok(Input::Owned(t)),
+                        (None, Some(t)) => Ok(Input::Borrowed(t)),
+                        (None, None) => feed.next().map(Input::Owned).ok_or_else(|| {
+                            meshwork_program::Error::Communication {
+                                at: "step".into(),
+                                problem: "a feed is missing (a partitioner bug)".into(),
+                            }
+                        }),
+                    })
+                    .collect::<meshwork_program::Result<Vec<_>>>()?;
+                let out = d.exe.run_inputs(inputs, &envs[i])?;
+                let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
+                for &(r, p) in carry.iter() {
+                    staged[p] = out[r].take();
+                }
+                outs.push((0..nres).filter_map(|r| out[r].take()).collect());
+            }
+            d.staged = staged.into_iter().enumerate().filter_map(|(p, t)| Some((p, t?))).collect();
+            d.out = outs;
             Ok(())
         };
         let run = if self.devices.len() == 1 && !communicates && !self.emits {
@@ -436,7 +479,7 @@ impl Compiled<'_> {
             // A panic in a kernel is this step's error, as on the devices' threads.
             let mut d = lock(&devices[0]);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                device_step(&mut d, &Env::local())
+                device_step(&mut d, &vec![Env::local(); feeds.len()])
             })) {
                 Ok(done) => done.map_err(Error::from),
                 Err(panic) => Err(Error::Compiled {
@@ -450,15 +493,22 @@ impl Compiled<'_> {
                 Arc::new(move |ctx| {
                     let mut d = lock(&devices[ctx.replica_id()]);
                     let coll = MeshCollectives::new(ctx);
-                    let host = FirstReplicaHost { ctx, step: tag };
+                    let hosts: Vec<FirstReplicaHost<'_>> = (0..d.feed.len())
+                        .map(|i| FirstReplicaHost { ctx, step: tag + i as u64 })
+                        .collect();
                     // A program that does not communicate (one device) runs without
                     // collectives, which lets it run on the kernels' pool.
-                    let env = if communicates {
-                        Env::local().with_collectives(&coll).with_host(&host)
-                    } else {
-                        Env::local().with_host(&host)
-                    };
-                    device_step(&mut d, &env).map_err(|e| coll.failure(e))
+                    let envs: Vec<Env<'_>> = hosts
+                        .iter()
+                        .map(|host| {
+                            if communicates {
+                                Env::local().with_collectives(&coll).with_host(host)
+                            } else {
+                                Env::local().with_host(host)
+                            }
+                        })
+                        .collect();
+                    device_step(&mut d, &envs).map_err(|e| coll.failure(e))
                 }),
             )
         };
@@ -467,17 +517,21 @@ impl Compiled<'_> {
         let assembled = run.and_then(|()| {
             let kept: Vec<usize> =
                 (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
-            let mut outs: Vec<Vec<Tensor>> =
+            let mut outs: Vec<Vec<Vec<Tensor>>> =
                 self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
-            let mut results = Vec::with_capacity(kept.len());
-            for (i, &r) in kept.iter().enumerate().rev() {
-                let parts: Vec<Tensor> = outs.iter_mut().map(|o| o.remove(i)).collect();
-                let v = global.results()[r];
-                let shape = global.spec(v).expect("a result").shape.dims().to_vec();
-                results.push(join(mesh, &self.part.outputs()[r], &shape, &parts)?);
+            let mut all = Vec::with_capacity(feeds.len());
+            for step in 0..feeds.len() {
+                let mut results = Vec::with_capacity(kept.len());
+                for (i, &r) in kept.iter().enumerate().rev() {
+                    let parts: Vec<Tensor> = outs.iter_mut().map(|o| o[step].remove(i)).collect();
+                    let v = global.results()[r];
+                    let shape = global.spec(v).expect("a result").shape.dims().to_vec();
+                    results.push(join(mesh, &self.part.outputs()[r], &shape, &parts)?);
+                }
+                results.reverse();
+                all.push(results);
             }
-            results.reverse();
-            Ok(results)
+            Ok(all)
         });
         // All devices or none: the carried results replace the parameters only now.
         for d in self.devices.iter() {
@@ -497,7 +551,7 @@ impl Compiled<'_> {
             }
         }
         let results = assembled?;
-        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.runs.fetch_add(feeds.len() as u64, std::sync::atomic::Ordering::SeqCst);
         Ok(results)
     }
 }
@@ -619,5 +673,26 @@ impl CompiledTrainStep<'_> {
         let out = self.compiled.step_tagged(&feeds, Some(self.steps as u64))?;
         self.steps += 1;
         Ok(out[0].to_f64()[0])
+    }
+
+    /// Several steps in one host call (TPUStrategy's `steps_per_execution`): step `i`
+    /// on `batches[i]` at learning rate `lrs[i]`; returns each step's loss. The state
+    /// changes only if every step succeeds on every device.
+    pub fn run_steps(&mut self, batches: &[Vec<Tensor>], lrs: &[f64]) -> Result<Vec<f64>> {
+        if batches.len() != lrs.len() {
+            return Err(Error::Compiled {
+                problem: format!("{} batches with {} learning rates", batches.len(), lrs.len()),
+            });
+        }
+        let mut feeds = Vec::with_capacity(batches.len());
+        for (i, (batch, &lr)) in batches.iter().zip(lrs).enumerate() {
+            let mut f = batch.clone();
+            f.extend(self.step.scalars(lr, self.steps + i)?);
+            feeds.push(f);
+        }
+        let refs: Vec<&[Tensor]> = feeds.iter().map(Vec::as_slice).collect();
+        let outs = self.compiled.steps_tagged(&refs, Some(self.steps as u64))?;
+        self.steps += batches.len();
+        Ok(outs.iter().map(|o| o[0].to_f64()[0]).collect())
     }
 }

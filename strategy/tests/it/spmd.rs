@@ -381,6 +381,42 @@ fn the_reference_transformer_trains_as_jax_on_every_mesh() {
     }
 }
 
+/// Several steps per host call (`run_steps`) are JAX's steps too, on a 2x2 mesh with
+/// Adam (its step count advancing within the call); a call whose second step fails (a
+/// token id past the vocabulary) changes nothing: the weights, the moments and the
+/// step count are as before it, and the run goes on as if it had not been made.
+#[test]
+fn several_steps_per_host_call_are_the_same_steps_and_fail_whole() {
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let (mut step, expected) = reference_step(&strategy, 2, 2, meshwork_program::Optimizer::adam());
+    let want: Vec<f64> =
+        expected["losses_adam"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let batches = |r: std::ops::Range<usize>| -> Vec<Vec<Tensor>> {
+        r.map(|s| vec![reference_rows(s)]).collect()
+    };
+    let mut got = step.run_steps(&batches(0..3), &[0.01; 3]).unwrap();
+    assert_eq!(step.steps(), 3);
+    let before: Vec<f64> = step.get("layers.0.attn.wq").unwrap().to_f64();
+    let moment: Vec<f64> = step.get("optimizer.m.layers.0.attn.wq").unwrap().to_f64();
+    let mut bad = batches(3..6);
+    let (rows, width) = (bad[1][0].shape().dims()[0], bad[1][0].shape().dims()[1]);
+    let mut ids: Vec<i32> = bad[1][0].to_f64().iter().map(|&v| v as i32).collect();
+    ids[width + 2] = 10_000;
+    bad[1][0] = Tensor::i32(&[rows, width], ids).unwrap();
+    assert!(step.run_steps(&bad, &[0.01; 3]).is_err());
+    assert_eq!(step.steps(), 3, "the failed call took no step");
+    assert_eq!(step.get("layers.0.attn.wq").unwrap().to_f64(), before);
+    assert_eq!(step.get("optimizer.m.layers.0.attn.wq").unwrap().to_f64(), moment);
+    got.extend(step.run_steps(&batches(3..7), &[0.01; 4]).unwrap());
+    for s in 7..20 {
+        got.extend(step.run_steps(&batches(s..s + 1), &[0.01]).unwrap());
+    }
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "step {s}: {g} vs JAX {w}");
+    }
+    assert!(step.run_steps(&batches(0..2), &[0.01]).is_err(), "a rate per batch");
+}
+
 fn temp_dir(tag: &str) -> std::path::PathBuf {
     let stamp =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();

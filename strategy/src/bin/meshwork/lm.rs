@@ -68,6 +68,9 @@ flags:
   --metrics-jsonl FILE  one JSON line per step as the run goes (step, loss, lr,
                         tokens/s); a new file (an existing one is refused)
   --plot FILE.svg       the loss per step as an SVG line chart; a new file
+  --steps-per-run N     steps per host call on a mesh (default 1; TPUStrategy's
+                        steps_per_execution): the devices run N steps between returns
+                        to the host; a pipeline runs one step per call
   --no-check            skip the comparison of every step's loss with one device
   --quiet               no progress lines and no summary
 ";
@@ -107,6 +110,7 @@ pub(crate) const VALUED: &[&str] = &[
     "data-x",
     "data-y",
     "filters",
+    "steps-per-run",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -509,6 +513,16 @@ impl Examples {
 /// A training run: one step at a time, returning its loss.
 trait Run {
     fn step(&mut self, feeds: &[Tensor], lr: f64, s: usize) -> Result<f64, Exit>;
+    /// Steps `first..first + feeds.len()` in one host call where the run can (a
+    /// compiled step), one by one otherwise.
+    fn steps(
+        &mut self,
+        feeds: &[Vec<Tensor>],
+        lrs: &[f64],
+        first: usize,
+    ) -> Result<Vec<f64>, Exit> {
+        feeds.iter().zip(lrs).enumerate().map(|(i, (f, &lr))| self.step(f, lr, first + i)).collect()
+    }
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor, Exit>;
     /// Saves the weights, optimizer state and `steps` as a checkpoint in `dir`.
@@ -524,6 +538,9 @@ struct SpmdRun<'s>(meshwork_strategy::spmd::CompiledTrainStep<'s>);
 impl Run for SpmdRun<'_> {
     fn step(&mut self, feeds: &[Tensor], lr: f64, _: usize) -> Result<f64, Exit> {
         self.0.step(feeds, lr).map_err(|e| Exit::Failed(e.to_string()))
+    }
+    fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], _: usize) -> Result<Vec<f64>, Exit> {
+        self.0.run_steps(feeds, lrs).map_err(|e| Exit::Failed(e.to_string()))
     }
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.0.get(name).map_err(|e| Exit::Failed(e.to_string()))
@@ -1046,12 +1063,17 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         0.1
     };
     let lr: f64 = a.parse_or("lr", default_lr, "a learning rate")?;
+    let base_lr = lr;
     if !(lr.is_finite() && lr > 0.0) {
         return Err(Usage(format!("--lr {} must be a positive number", number_text(lr))).into());
     }
     let dtype = dtype_flag(&a)?;
     let seed: u64 = a.parse_or("seed", 0, "a seed (a whole number ≥ 0)")?;
     let warmup: usize = a.parse_or("warmup", 0, "a step count")?;
+    let steps_per_run: usize = a.parse_or("steps-per-run", 1, "a step count")?;
+    if steps_per_run == 0 {
+        return Err(Usage("--steps-per-run must be at least 1".into()).into());
+    }
     let clip = match a.get("clip-norm") {
         None => None,
         Some(_) => {
@@ -1303,12 +1325,31 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let mut busy = 0.0;
     let every = (steps / 10).max(1);
     let mut saved_at = None;
+    // Losses computed ahead, a host call (--steps-per-run steps, up to the next
+    // evaluation or checkpoint) at a time; the one-device check's beside them.
+    let mut ahead: std::collections::VecDeque<(f64, Option<f64>)> = Default::default();
     for s in first..steps {
-        let rows = batch_of(s)?;
         let lr = learning_rate(lr, s, steps, warmup, cosine);
-        let t = Instant::now();
-        let loss = run.step(&rows, lr, s)?;
-        busy += t.elapsed().as_secs_f64();
+        if ahead.is_empty() {
+            let mut end = (s + steps_per_run).min(steps);
+            for every in [eval_every, checkpoint_every] {
+                if every > 0 {
+                    end = end.min((s / every + 1) * every);
+                }
+            }
+            let feeds = (s..end).map(&mut batch_of).collect::<Result<Vec<_>, Exit>>()?;
+            let lrs: Vec<f64> =
+                (s..end).map(|k| learning_rate(base_lr, k, steps, warmup, cosine)).collect();
+            let t = Instant::now();
+            let got = run.steps(&feeds, &lrs, s)?;
+            busy += t.elapsed().as_secs_f64();
+            let want = match reference.as_mut() {
+                Some(r) => r.steps(&feeds, &lrs, s)?.into_iter().map(Some).collect(),
+                None => vec![None; got.len()],
+            };
+            ahead.extend(got.into_iter().zip(want));
+        }
+        let (loss, want) = ahead.pop_front().expect("a step computed ahead");
         losses.push(loss);
         if !loss.is_finite() {
             if let Some(p) = a.get("losses-json") {
@@ -1316,8 +1357,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
             return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
         }
-        if let Some(r) = reference.as_mut() {
-            let want = r.step(&rows, lr, s)?;
+        if let Some(want) = want {
             if (loss - want).abs() > tol * want.abs().max(1e-12) {
                 return Err(Exit::Failed(format!(
                     "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
