@@ -566,3 +566,116 @@ fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Nothing is created before every check has passed; outputs need their own paths;
+/// sizes that could not fit are refused before anything is allocated.
+#[test]
+fn checks_come_before_outputs_and_sizes_are_bounded() {
+    let dir = temp("checks");
+    let (m, c, p) = (dir.join("m.jsonl"), dir.join("ck"), dir.join("p.svg"));
+    let (m, c, p) = (m.to_str().unwrap(), c.to_str().unwrap(), p.to_str().unwrap());
+    let base = ["train", "--model", "transformer", "--steps", "3", "--quiet"];
+    let refused = |extra: &[&str], flag: &str| {
+        let mut all = base.to_vec();
+        all.extend(extra);
+        let out = meshwork(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(flag) && stderr.lines().count() == 1, "{extra:?}: {stderr}");
+    };
+    // A check that fails late (the held-out fraction) leaves no file behind.
+    refused(
+        &[
+            "--metrics-jsonl",
+            m,
+            "--checkpoint-dir",
+            c,
+            "--eval-every",
+            "2",
+            "--eval-fraction",
+            "0.001",
+        ],
+        "--eval-fraction",
+    );
+    assert!(!Path::new(m).exists() && !Path::new(c).exists(), "nothing made");
+    refused(&["--metrics-jsonl", p, "--plot", p], "--plot");
+    refused(&["--losses-json", m, "--metrics-jsonl", m], "--metrics-jsonl");
+    std::fs::write(m, "the user's\n").unwrap();
+    refused(&["--metrics-jsonl", m], "--metrics-jsonl");
+    assert_eq!(std::fs::read_to_string(m).unwrap(), "the user's\n", "untouched");
+    refused(&["--steps", "10000000000000"], "--steps");
+    refused(&["--seq", "1099511627776"], "--max-memory");
+    refused(&["--vocab", "4000000000", "--dim", "64"], "--max-memory");
+    refused(&["--mesh", "4294967296x4294967296"], "--mesh");
+    refused(&["--stages", "2", "--microbatches", "18446744073709551615"], "--batch");
+    let out = meshwork(&["train", "--model", "cnn", "--text", m]);
+    assert_eq!(out.status.code(), Some(2), "the CNN takes no text");
+    assert!(meshwork(&["help", "inspect"]).status.success());
+    // Seeds shuffle differently.
+    let run = |seed: &str| {
+        let path = dir.join(format!("s{seed}.json"));
+        let mut all = base.to_vec();
+        all.extend(["--shuffle", "--seed", seed, "--losses-json", path.to_str().unwrap()]);
+        assert!(meshwork(&all).status.success());
+        std::fs::read_to_string(path).unwrap()
+    };
+    assert_ne!(run("0"), run("1"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// SIGTERM stops a run after its current step: a checkpoint and the losses so far are
+/// saved, status 130, and the run resumes from there.
+#[test]
+fn a_terminated_run_saves_and_resumes() {
+    let dir = temp("term");
+    let ck = dir.join("ck");
+    let losses = dir.join("l.json");
+    let child = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .args([
+            "train",
+            "--model",
+            "transformer",
+            "--steps",
+            "100000",
+            "--quiet",
+            "--checkpoint-dir",
+            ck.to_str().unwrap(),
+            "--losses-json",
+            losses.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until the run is training (its first checkpoint directory exists).
+    let start = std::time::Instant::now();
+    while !ck.exists() && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("stopped after step"), "{stderr}");
+    let done: Vec<f64> = serde_json::from_str(&std::fs::read_to_string(&losses).unwrap()).unwrap();
+    assert!(!done.is_empty());
+    let step = std::fs::read_dir(&ck)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse::<usize>().ok())
+        .max()
+        .unwrap();
+    assert_eq!(step, done.len(), "the checkpoint is the last step taken");
+    let more = (step + 2).to_string();
+    let out = meshwork(&[
+        "train",
+        "--model",
+        "transformer",
+        "--steps",
+        &more,
+        "--quiet",
+        "--resume",
+        ck.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}

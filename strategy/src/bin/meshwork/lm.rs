@@ -29,8 +29,8 @@ or in a pipeline of stages (blocks spread over devices, GPipe's micro-batches).
 flags:
   --layers L --dim D --heads H --ffn F --vocab V --seq T
                         the model (defaults 2, 64, 4, 256, 256, 32); with --init the
-                        sizes come from the file (--heads is still needed) and a flag
-                        that disagrees is an error
+                        sizes come from the file (the file does not say --heads: give it
+                        unless 4) and a flag that disagrees is an error
   --init INIT.safetensors   initial weights: embed [V, D], pos [T, D], layers.{i}.ln1.scale,
                         .ln1.bias, .attn.wq/.wk/.wv/.wo [D, D], .ln2.*, .mlp.w1 [D, F],
                         .mlp.b1, .mlp.w2 [F, D], .mlp.b2, ln_f.scale, ln_f.bias, unembed [D, V]
@@ -71,8 +71,13 @@ flags:
   --steps-per-run N     steps per host call on a mesh (default 1; TPUStrategy's
                         steps_per_execution): the devices run N steps between returns
                         to the host; a pipeline runs one step per call
+  --max-memory SIZE     refuse a run whose estimated memory exceeds SIZE (default 8G;
+                        suffixes K, M, G, T)
   --no-check            skip the comparison of every step's loss with one device
   --quiet               no progress lines and no summary
+
+Ctrl-C (SIGINT) or SIGTERM stops after the current host call, saves a checkpoint if
+--checkpoint-dir is given, writes --losses-json and exits with status 130.
 ";
 
 pub(crate) const VALUED: &[&str] = &[
@@ -111,6 +116,7 @@ pub(crate) const VALUED: &[&str] = &[
     "data-y",
     "filters",
     "steps-per-run",
+    "max-memory",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 
@@ -118,6 +124,8 @@ pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
 const MAX_DEVICES: usize = 64;
 /// Rows of the built-in data.
 const BUILT_IN_ROWS: usize = 512;
+/// Steps a run may take (its losses are kept).
+const MAX_STEPS: usize = 100_000_000;
 
 fn usage(flag: &str, e: impl std::fmt::Display) -> Usage {
     Usage(format!("--{flag}: {e}"))
@@ -181,6 +189,15 @@ fn model(a: &Args, init: Option<&HashMap<String, Tensor>>) -> Result<Transformer
         return Err(usage("heads", format!("{heads} heads do not divide --dim {}", dim.0)));
     }
     Ok(Transformer { vocab: vocab.0, seq: seq.0, dim: dim.0, heads, layers: layers.0, ffn: ffn.0 })
+}
+
+/// `--max-memory`'s refusal.
+fn memory_error(need: f64, limit: u64) -> Usage {
+    Usage(format!(
+        "--max-memory: the run would hold about {:.2} GB, more than {:.2} GB; give smaller sizes or a larger --max-memory",
+        need / 1e9,
+        limit as f64 / 1e9
+    ))
 }
 
 /// The model's sizes from a resumed checkpoint's metadata; a flag must agree.
@@ -261,6 +278,14 @@ fn cast(t: &Tensor, dtype: DType) -> Result<Tensor, Usage> {
 /// A deterministic stream for the built-in rows and the initial weights.
 struct Noise(u64);
 
+/// SplitMix64 of `x`: a well-mixed, never-zero xorshift state for any seed.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
+}
+
 impl Noise {
     fn uniform(&mut self) -> f64 {
         self.0 ^= self.0 << 13;
@@ -339,7 +364,7 @@ fn rows(a: &Args, model: &Transformer, seed: u64, limit: u64) -> Result<(usize, 
         return Ok((n, tokens));
     }
     let Some(path) = a.get("data-tokens") else {
-        let mut noise = Noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut noise = Noise(mix(seed));
         let v = model.vocab as u64;
         let mut tokens = Vec::with_capacity(BUILT_IN_ROWS * width);
         for _ in 0..BUILT_IN_ROWS {
@@ -508,6 +533,31 @@ impl Examples {
             }
         }
     }
+}
+
+/// Bytes a run holds at once, roughly (in f64, so no size overflows): every device's
+/// weights with their gradients, optimizer state and working copies, a step's
+/// activations, and the one-device check's copy of both.
+fn memory_estimate(net: &Net, batch: usize, dtype: DType, devices: usize, check: bool) -> f64 {
+    let b = batch as f64;
+    let (params, acts) = match net {
+        Net::Transformer(m) => {
+            let [v, t, d, f, l, h] =
+                [m.vocab, m.seq, m.dim, m.ffn, m.layers, m.heads].map(|x| x as f64);
+            let params =
+                2.0 * v * d + t * d + l * (4.0 * d * d + 2.0 * d * f + f + 5.0 * d) + 2.0 * d;
+            (params, b * (t + 1.0) * (l * (12.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v))
+        }
+        Net::Cnn(c) => {
+            let [hh, w, ch] = c.image.map(|x| x as f64);
+            let [f1, f2, k] = [c.filters[0], c.filters[1], c.classes].map(|x| x as f64);
+            let flat = (hh / 2.0).ceil() * (w / 2.0).ceil() * f2;
+            let params = 9.0 * ch * f1 + f1 + 9.0 * f1 * f2 + f2 + flat * k + k;
+            (params, b * (hh * w * (ch + 3.0 * f1 + 3.0 * f2) + 3.0 * k))
+        }
+    };
+    let copies = devices as f64 + f64::from(u8::from(check));
+    (params * 6.0 * copies + acts * 2.0 * copies.min(2.0)) * dtype.size_in_bytes() as f64
 }
 
 /// A training run: one step at a time, returning its loss.
@@ -739,6 +789,18 @@ fn start<'s>(
     let fed = net.fed();
     let (program, loss) = loss_program(net, batch, dtype, layout)?;
     let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+    for p in &program.params()[fed..] {
+        let t =
+            init.get(&p.name).ok_or_else(|| Exit::Usage(format!("--init has no {}", p.name)))?;
+        if t.shape().dims() != p.spec.shape.dims() {
+            return Err(Exit::Usage(format!(
+                "--init: {} is {:?}, the model's is {:?}",
+                p.name,
+                t.shape().dims(),
+                p.spec.shape.dims()
+            )));
+        }
+    }
     let weight = |name: &str| -> Result<Tensor, Exit> {
         let t = init.get(name).ok_or_else(|| Exit::Usage(format!("--init has no {name}")))?;
         Ok(cast(t, dtype)?)
@@ -800,7 +862,7 @@ pub(crate) fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosi
 
 /// A permutation of `0..n` for epoch `epoch` (Fisher–Yates from `seed`).
 fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut noise = Noise((seed ^ (epoch as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)) | 1);
+    let mut noise = Noise(mix(mix(seed) ^ epoch as u64));
     let mut p: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
         let j = (noise.uniform() * (i + 1) as f64) as usize;
@@ -1015,6 +1077,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         .into());
     }
     let limit: u64 = 8 << 30;
+    let max_memory = match a.get("max-memory") {
+        Some(t) => crate::train::bytes_flag("max-memory", t)?,
+        None => 8 << 30,
+    };
     let (data, model_axis) = args::mesh("mesh", a.get("mesh").unwrap_or("1x1"))?;
     let stages: usize = a.parse_or("stages", 1, "a number of stages")?;
     let micro: usize = a.parse_or("microbatches", 1, "a number of micro-batches")?;
@@ -1030,7 +1096,15 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if micro > 1 && stages == 1 {
         return Err(Usage("--microbatches needs --stages K (a pipeline)".into()).into());
     }
-    let devices = data * model_axis * stages;
+    let devices = data
+        .checked_mul(model_axis)
+        .and_then(|d| d.checked_mul(stages))
+        .filter(|&d| d <= MAX_DEVICES)
+        .ok_or_else(|| {
+            Usage(format!(
+                "--mesh {data}x{model_axis} with {stages} stages is more than {MAX_DEVICES} devices; each device of a CPU mesh is a thread"
+            ))
+        })?;
     if devices > MAX_DEVICES {
         return Err(Usage(format!(
             "{devices} devices is more than {MAX_DEVICES}; each device of a CPU mesh is a thread"
@@ -1048,7 +1122,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if steps == 0 || batch == 0 {
         return Err(Usage("--steps and --batch must be at least 1".into()).into());
     }
-    let shares = data * if stages > 1 { micro } else { 1 };
+    if steps > MAX_STEPS {
+        return Err(Usage(format!("--steps {steps} is more than {MAX_STEPS}")).into());
+    }
+    let shares = data.saturating_mul(if stages > 1 { micro } else { 1 });
     if !batch.is_multiple_of(shares) {
         return Err(Usage(format!(
             "--batch {batch} does not split into {data} replicas{}",
@@ -1102,7 +1179,27 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             );
         }
     }
-    let mut metrics = a.get("metrics-jsonl").map(|p| new_file("metrics-jsonl", p)).transpose()?;
+    if let Some(p) = a.get("metrics-jsonl") {
+        check_output_file("metrics-jsonl", p)?;
+        if Path::new(p).exists() {
+            return Err(usage(
+                "metrics-jsonl",
+                format!("{p} exists; meshwork writes only new files here"),
+            )
+            .into());
+        }
+    }
+    let outputs: Vec<(&str, &str)> = ["losses-json", "metrics-jsonl", "plot", "checkpoint-dir"]
+        .into_iter()
+        .filter_map(|f| a.get(f).map(|p| (f, p)))
+        .collect();
+    for (i, (f, p)) in outputs.iter().enumerate() {
+        if let Some((g, _)) = outputs[..i].iter().find(|(_, q)| Path::new(q) == Path::new(p)) {
+            return Err(
+                usage(f, format!("{p} is also --{g}'s; give each output its own path")).into()
+            );
+        }
+    }
     let quiet = a.on("quiet");
     let checkpoint_dir = a.get("checkpoint-dir");
     for flag in ["checkpoint-every", "keep"] {
@@ -1152,6 +1249,27 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         let [f1, f2] = filters[..] else {
             return Err(Usage(format!("--filters {filters:?}: give two counts, F1,F2")).into());
         };
+        if f1 == 0 || f2 == 0 {
+            return Err(
+                Usage(format!("--filters {f1},{f2}: each convolution needs a filter")).into()
+            );
+        }
+        for flag in [
+            "text",
+            "data-tokens",
+            "layers",
+            "dim",
+            "heads",
+            "ffn",
+            "vocab",
+            "seq",
+            "stages",
+            "microbatches",
+        ] {
+            if a.get(flag).is_some() {
+                return Err(Usage(format!("--{flag} is the transformer's, not the CNN's")).into());
+            }
+        }
         let [n, h, w, c] = images.dims;
         let net = Cnn { image: [h, w, c], classes: images.classes, filters: [f1, f2] };
         if let Some((_, saved)) = &resume
@@ -1165,6 +1283,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 ),
             )
             .into());
+        }
+        let need = memory_estimate(&Net::Cnn(net), batch, dtype, devices, true);
+        if need > max_memory as f64 {
+            return Err(memory_error(need, max_memory).into());
         }
         let examples =
             Examples::Images { per: h * w * c, dims: [h, w, c], x: images.x, y: images.y };
@@ -1188,6 +1310,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             ))
             .into());
         }
+        let need = memory_estimate(&Net::Transformer(model), batch, dtype, devices, true);
+        if need > max_memory as f64 {
+            return Err(memory_error(need, max_memory).into());
+        }
         let (n, tokens) = rows(&a, &model, seed, limit)?;
         (Net::Transformer(model), Examples::Tokens { width: model.seq + 1, tokens }, n)
     };
@@ -1196,8 +1322,31 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     meta["optimizer"] = format!("{optimizer:?}").into();
     meta["clip_norm"] = serde_json::json!(clip);
     meta["batch"] = batch.into();
+    // What the data order and the learning rates of a step depend on.
+    meta["seed"] = seed.into();
+    meta["shuffle"] = a.on("shuffle").into();
+    meta["lr"] = lr.into();
+    meta["warmup"] = warmup.into();
+    meta["schedule"] = (if cosine { "cosine" } else { "constant" }).into();
+    meta["cosine_steps"] = serde_json::json!(cosine.then_some(steps));
+    meta["eval_fraction"] = serde_json::json!(
+        a.get("eval-every").is_some().then(|| a.get("eval-fraction").unwrap_or("0.1"))
+    );
+    meta["data"] = serde_json::json!([a.get("data-tokens"), a.get("text"), a.get("data-x")]);
     if let Some((dir, saved)) = &resume {
-        for key in ["dtype", "optimizer", "clip_norm", "batch"] {
+        for key in [
+            "dtype",
+            "optimizer",
+            "clip_norm",
+            "batch",
+            "seed",
+            "shuffle",
+            "lr",
+            "warmup",
+            "schedule",
+            "cosine_steps",
+            "eval_fraction",
+        ] {
             if saved[key] != meta[key] {
                 return Err(usage(
                     "resume",
@@ -1212,10 +1361,14 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
         }
     }
-    let mut manager = checkpoint_dir
-        .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
-        .transpose()
-        .map_err(|e| usage("checkpoint-dir", e))?;
+    if let Some(d) = checkpoint_dir {
+        let p = Path::new(d);
+        if p.exists() && !p.is_dir() {
+            return Err(
+                usage("checkpoint-dir", format!("{d} exists and is not a directory")).into()
+            );
+        }
+    }
     let eval_every: usize = a.parse_or("eval-every", 0, "a step count")?;
     let fraction: f64 = a.parse_or("eval-fraction", 0.1, "a fraction")?;
     if a.get("eval-fraction").is_some() && eval_every == 0 {
@@ -1237,7 +1390,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         None => {
             let (program, _) =
                 loss_program(&net, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
-            random_init(&program, net.fed(), &mut Noise(seed ^ 0x5851_f42d_4c95_7f2d))
+            random_init(&program, net.fed(), &mut Noise(mix(seed ^ 0x5851_f42d_4c95_7f2d)))
         }
     };
     let shuffle = a.on("shuffle");
@@ -1293,6 +1446,13 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             at
         }
     };
+    // Every check passed: now the outputs are made.
+    let mut manager = checkpoint_dir
+        .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
+        .transpose()
+        .map_err(|e| usage("checkpoint-dir", e))?;
+    let mut metrics = a.get("metrics-jsonl").map(|p| new_file("metrics-jsonl", p)).transpose()?;
+    let stop = crate::train::stop_flag()?;
     let where_ = match layout {
         Layout::Mesh { data, model } => format!("mesh {data}x{model}"),
         Layout::Pipeline { replicas, stages, micro } => {
@@ -1331,10 +1491,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     for s in first..steps {
         let lr = learning_rate(lr, s, steps, warmup, cosine);
         if ahead.is_empty() {
-            let mut end = (s + steps_per_run).min(steps);
+            let mut end = s.saturating_add(steps_per_run).min(steps);
             for every in [eval_every, checkpoint_every] {
-                if every > 0 {
-                    end = end.min((s / every + 1) * every);
+                if let Some(k) = s.checked_div(every) {
+                    end = end.min((k + 1).saturating_mul(every));
                 }
             }
             let feeds = (s..end).map(&mut batch_of).collect::<Result<Vec<_>, Exit>>()?;
@@ -1357,16 +1517,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
             return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
         }
-        if let Some(want) = want {
-            if (loss - want).abs() > tol * want.abs().max(1e-12) {
-                return Err(Exit::Failed(format!(
-                    "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
-                    loss_text(loss),
-                    loss_text(want)
-                )));
-            }
+        if let Some(want) = want
+            && (!want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12))
+        {
+            return Err(Exit::Failed(format!(
+                "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
+                loss_text(loss),
+                loss_text(want)
+            )));
         }
-        let rate = ((s + 1 - first) * batch * per_row) as f64 / busy;
+        let rate = ((s + 1 - first) * batch) as f64 * per_row as f64 / busy;
         if let Some(m) = manager.as_mut()
             && (s + 1 == steps || (checkpoint_every > 0 && (s + 1) % checkpoint_every == 0))
         {
@@ -1377,7 +1537,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         let evaluated = match &eval {
             Some(e) if (s + 1) % eval_every == 0 || s + 1 == steps => {
                 let (l, acc) = e.run(run.as_ref())?;
-                evals.push((s, l, acc));
+                evals.push((s - first, l, acc));
                 if !quiet {
                     let line = format!(
                         "eval after step {}: loss {}, accuracy {:.2}%",
@@ -1395,7 +1555,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             _ => None,
         };
         if let Some(f) = metrics.as_mut() {
-            let mut line = serde_json::json!({"step": s, "loss": loss, "lr": lr});
+            let mut line = serde_json::json!({"step": s + 1, "loss": loss, "lr": lr});
             line[format!("{unit}_per_s")] = rate.into();
             if let Some((l, acc)) = evaluated {
                 line["eval_loss"] = l.into();
@@ -1411,6 +1571,30 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         } else if !quiet && (s + 1 == steps || (s + 1) % every == 0) {
             eprintln!("step {:>5}/{steps} loss {}  {rate:.0} {unit}/s", s + 1, loss_text(loss));
         }
+        if stop.load(std::sync::atomic::Ordering::SeqCst) && ahead.is_empty() && s + 1 < steps {
+            if let Some(bar) = &bar {
+                bar.abandon();
+                eprintln!();
+            }
+            if let Some(m) = manager.as_mut()
+                && saved_at != Some(s + 1)
+            {
+                m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1))
+                    .map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}")))?;
+            }
+            if let Some(p) = a.get("losses-json") {
+                let text =
+                    serde_json::to_string(&losses).map_err(|e| Exit::Failed(e.to_string()))?;
+                write_atomic(p, &text)
+                    .map_err(|e| Exit::Usage(format!("--losses-json {p}: {e}")))?;
+            }
+            eprintln!(
+                "meshwork: stopped after step {}{}",
+                s + 1,
+                if manager.is_some() { "; resume with --resume" } else { "" }
+            );
+            return Err(Exit::Interrupted);
+        }
     }
     if let Some(bar) = &bar {
         bar.finish();
@@ -1421,7 +1605,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         write_atomic(p, &text).map_err(|e| Exit::Usage(format!("--losses-json {p}: {e}")))?;
     }
     if let Some(p) = a.get("plot") {
-        let title = format!("meshwork: transformer training loss on {where_}");
+        let title = format!("meshwork: {} training loss on {where_}", net.describe());
         let mut f = new_file("plot", p)?;
         f.write_all(svg(&losses, &evals, &title).as_bytes())
             .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
@@ -1434,10 +1618,11 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             loss_text(first_loss),
             loss_text(last),
             first + 1,
-            ((steps - first) * batch * per_row) as f64 / busy,
+            ((steps - first) * batch) as f64 * per_row as f64 / busy,
             if check { ", every step equal to one device's" } else { "" }
         );
-        if let Some(&(s, l, acc)) = evals.last() {
+        if let Some(&(k, l, acc)) = evals.last() {
+            let s = k + first;
             outln!(
                 "eval after step {}: loss {}, {} {:.2}% on {} held-out rows",
                 s + 1,

@@ -123,9 +123,10 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
             [] => out(format_args!("{HELP}")),
             [topic] => match topic.as_str() {
                 "train" => out(format_args!("{}", train::HELP)),
+                "inspect" => out(format_args!("{}", lm::INSPECT_HELP)),
                 "shard" | "reshard" | "place" => out(format_args!("{}", inspect::HELP)),
                 other => Err(Exit::Usage(format!(
-                    "no help on {other:?}; the commands are train, shard, reshard and place"
+                    "no help on {other:?}; the commands are train, inspect, shard, reshard and place"
                 ))),
             },
             [_, extra, ..] => {

@@ -296,7 +296,7 @@ fn init_file(path: &str, data: &Dataset, limit: u64) -> Result<Params, Usage> {
 }
 
 /// `16G`, `512M`, `1T`, `4096` → bytes.
-fn bytes_flag(flag: &str, text: &str) -> Result<u64, Usage> {
+pub(crate) fn bytes_flag(flag: &str, text: &str) -> Result<u64, Usage> {
     let bad = || Usage(format!("--{flag} {text:?} is not a size like 8G, 512M or 4096"));
     let t = text.trim();
     let (digits, shift) = match t.char_indices().last() {
@@ -484,7 +484,7 @@ fn saved_run(path: &str) -> Result<Saved, Usage> {
 
 /// Installs SIGINT/SIGTERM handlers: the first sets the returned flag (the run stops
 /// after its current host call), a second SIGINT exits at once with status 130.
-fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let stop = Arc::new(AtomicBool::new(false));
     let install = || -> std::io::Result<()> {
