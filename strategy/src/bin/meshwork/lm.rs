@@ -73,7 +73,9 @@ flags:
                         to the host; a pipeline runs one step per call
   --max-memory SIZE     refuse a run whose estimated memory exceeds SIZE (default 8G;
                         suffixes K, M, G, T)
-  --no-check            skip the comparison of every step's loss with one device
+  --no-check            skip the comparison of every step's loss with one device (on
+                        by default for runs estimated at 1 GB or less)
+  --check               ... and run it for a larger run too
   --quiet               no progress lines and no summary
 
 Ctrl-C (SIGINT) or SIGTERM stops after the current host call, saves a checkpoint if
@@ -118,7 +120,7 @@ pub(crate) const VALUED: &[&str] = &[
     "steps-per-run",
     "max-memory",
 ];
-pub(crate) const SWITCHES: &[&str] = &["no-check", "quiet", "shuffle"];
+pub(crate) const SWITCHES: &[&str] = &["no-check", "check", "quiet", "shuffle"];
 
 /// Each device of a CPU mesh is a thread.
 const MAX_DEVICES: usize = 64;
@@ -1425,7 +1427,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         None
     };
     let mut evals: Vec<(usize, f64, f64)> = Vec::new();
-    let check = !a.on("no-check") && devices > 1;
+    // The one-device check: on by default for runs small enough to repeat on one
+    // device (at most 1 GB by the estimate), on with --check, off with --no-check.
+    let small = memory_estimate(&net, batch, dtype, devices, true) <= 1e9;
+    let check = devices > 1 && !a.on("no-check") && (small || a.on("check"));
     let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
     let mut reference =
         if check { Some(start(&one, Layout::Mesh { data: 1, model: 1 }, &recipe)?) } else { None };
@@ -1619,7 +1624,13 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             loss_text(last),
             first + 1,
             ((steps - first) * batch) as f64 * per_row as f64 / busy,
-            if check { ", every step equal to one device's" } else { "" }
+            if check {
+                ", every step equal to one device's"
+            } else if devices > 1 && !a.on("no-check") {
+                ", not checked against one device (a large run: --check runs it)"
+            } else {
+                ""
+            }
         );
         if let Some(&(k, l, acc)) = evals.last() {
             let s = k + first;
