@@ -545,6 +545,27 @@ fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
     for (g, w) in tail.iter().zip(&whole[6..]) {
         assert!((g - w).abs() <= 1e-9 * w.abs(), "{tail:?} vs {whole:?}");
     }
+    // In a pipeline (2 replicas of 2 stages, 2 micro-batches; and 3 stages): every
+    // step equal to one device's (the run's check) and to the mesh run's losses.
+    let piped = dir.join("piped.json");
+    with(&[
+        "--steps",
+        "12",
+        "--mesh",
+        "2x1",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--losses-json",
+        piped.to_str().unwrap(),
+    ]);
+    for (g, w) in read(&piped).iter().zip(&whole) {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "pipeline {g} vs {w}");
+    }
+    with(&["--steps", "4", "--stages", "3"]);
+    let out = meshwork(&["train", "--model", "cnn", "--stages", "4"]);
+    assert_eq!(out.status.code(), Some(2), "three layers, three stages at most");
     let mut all = common.to_vec();
     all.extend(["--steps", "20", "--eval-every", "10", "--eval-fraction", "0.25"]);
     let out = meshwork(&all);
@@ -552,6 +573,7 @@ fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
     assert!(stdout.contains("eval after step 20") && stdout.contains(", accuracy "), "{stdout}");
     for (args, flag) in [
         (vec!["--mesh", "1x2"], "--mesh"),
+        (vec!["--seq", "8"], "--seq"),
         (vec!["--data-x", &xp], "--data-x"),
         (vec!["--data-x", &yp, "--data-y", &yp], "--data-x"),
         (vec!["--data-x", &xp, "--data-y", &xp], "--data-y"),

@@ -11,7 +11,7 @@ use crate::npy;
 pub(crate) const HELP: &str = "\
 meshwork train --model cnn — train conv(3x3, F1) + ReLU, conv(3x3 stride 2, F2) + ReLU,
 then a linear head (softmax cross-entropy) on NHWC images, data-parallel over a mesh's
-data axis.
+data axis, or in a pipeline of stages.
 
 flags:
   --data-x X.npy        images [N, H, W, C] (default: built-in 8x8 one-channel images of
@@ -20,6 +20,8 @@ flags:
   --filters F1,F2       (default 8,16)
   --batch B             (default 32); step s reads rows (s·B + i) mod N
   --mesh Dx1            data-parallel devices (default 1x1)
+  --stages K --microbatches M   a pipeline of K ≤ 3 stages (conv1, conv2, head spread
+                        over them) per data replica, GPipe's micro-batches
   and the transformer's training flags (`meshwork train --model transformer --help`):
   --steps, --optimizer, --lr, --warmup, --schedule, --clip-norm, --dtype, --seed,
   --shuffle, --init, --eval-every (accuracy of the class), --eval-fraction,
@@ -116,14 +118,87 @@ pub(crate) fn logits(
     filters: [usize; 2],
     classes: usize,
 ) -> Result<Value, meshwork_program::Error> {
+    logits_on(b, x, filters, classes, &[])
+}
+
+/// [`logits`] with its three layers spread over `stages` devices as a pipeline is
+/// written in TensorFlow: layer `i` of 3 in a `device` scope of stage `i·K/3` (no
+/// stages: no scopes).
+pub(crate) fn logits_on(
+    b: &mut Builder,
+    x: Value,
+    filters: [usize; 2],
+    classes: usize,
+    stages: &[&str],
+) -> Result<Value, meshwork_program::Error> {
+    type Layer<'f> = &'f mut dyn FnMut(&mut Builder) -> Result<Value, meshwork_program::Error>;
     let batch = b.spec(x)?.shape.dims()[0];
-    let a =
-        nn::conv2d(b, x, [3, 3], filters[0], [1, 1], Padding::Same, "conv1.weight", "conv1.bias")?;
-    let a = b.relu(a)?;
-    let a =
-        nn::conv2d(b, a, [3, 3], filters[1], [2, 2], Padding::Same, "conv2.weight", "conv2.bias")?;
-    let a = b.relu(a)?;
-    let d = b.spec(a)?.shape.dims().to_vec();
-    let flat = b.reshape(a, &[batch, d[1] * d[2] * d[3]])?;
-    nn::linear(b, flat, classes, "head.weight", Some("head.bias"))
+    let on =
+        |b: &mut Builder, layer: usize, f: Layer<'_>| match stages.get(layer * stages.len() / 3) {
+            Some(device) => b.device(device, |b| f(b)),
+            None => f(b),
+        };
+    let (w1, w2) = (["conv1.weight", "conv1.bias"], ["conv2.weight", "conv2.bias"]);
+    let a = on(b, 0, &mut |b| {
+        let a = nn::conv2d(b, x, [3, 3], filters[0], [1, 1], Padding::Same, w1[0], w1[1])?;
+        b.relu(a)
+    })?;
+    let a = on(b, 1, &mut |b| {
+        let a = nn::conv2d(b, a, [3, 3], filters[1], [2, 2], Padding::Same, w2[0], w2[1])?;
+        b.relu(a)
+    })?;
+    on(b, 2, &mut |b| {
+        let d = b.spec(a)?.shape.dims().to_vec();
+        let flat = b.reshape(a, &[batch, d[1] * d[2] * d[3]])?;
+        nn::linear(b, flat, classes, "head.weight", Some("head.bias"))
+    })
+}
+
+/// The mean loss of images `x` `[B, H, W, C]` and labels `y` `[B]` trained as
+/// `pipeline` says, as the transformer's `loss_pipelined`: each replica's share of the
+/// rows cut into micro-batches, in micro-batch order, the layers over the replica's
+/// stages, one set of weights.
+pub(crate) fn loss_pipelined(
+    b: &mut Builder,
+    x: Value,
+    y: Value,
+    filters: [usize; 2],
+    classes: usize,
+    pipeline: &nn::Pipeline,
+) -> Result<Value, meshwork_program::Error> {
+    let dims = b.spec(x)?.shape.dims().to_vec();
+    let (d, m) = (pipeline.replicas.len(), pipeline.micro_batches);
+    let micro = dims[0] / (d * m).max(1);
+    let losses = b.reuse_params(|b| {
+        let mut losses = Vec::with_capacity(d * m);
+        for mb in 0..m {
+            for (r, stages) in pipeline.replicas.iter().enumerate() {
+                let stages: Vec<&str> = stages.iter().map(String::as_str).collect();
+                let start = (r * m + mb) * micro;
+                let (first, last) = (stages[0], stages[stages.len() - 1]);
+                let xs = b.device(first, |b| {
+                    let stop = [start + micro, dims[1], dims[2], dims[3]];
+                    b.slice(x, &[start, 0, 0, 0], &stop, &[1, 1, 1, 1])
+                })?;
+                let logits = logits_on(b, xs, filters, classes, &stages)?;
+                losses.push(b.device(last, |b| {
+                    let ys = b.slice(y, &[start], &[start + micro], &[1])?;
+                    nn::softmax_cross_entropy(b, logits, ys)
+                })?);
+            }
+        }
+        Ok(losses)
+    })?;
+    let last = pipeline.replicas[0][pipeline.replicas[0].len() - 1].clone();
+    b.device(&last, |b| {
+        let mut total = losses[0];
+        for &l in &losses[1..] {
+            total = b.add(total, l)?;
+        }
+        if losses.len() == 1 {
+            return Ok(total);
+        }
+        let scale = b.scalar_like(total, 1.0 / losses.len() as f64)?;
+        b.mul(total, scale)
+    })
 }

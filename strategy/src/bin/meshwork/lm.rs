@@ -756,17 +756,26 @@ fn loss_program(
     let bad = |e: meshwork_program::Error| Exit::Usage(e.to_string());
     let mut b = Builder::new();
     let feeds = net.feeds(&mut b, batch, dtype).map_err(bad)?;
-    let loss =
-        match (net, layout) {
-            (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
-            (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
-                .loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
-            (Net::Cnn(c), _) => crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes)
-                .and_then(|logits| {
-                    meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1])
-                }),
+    let loss = match (net, layout) {
+        (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
+        (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => {
+            model.loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro))
         }
-        .map_err(bad)?;
+        (Net::Cnn(c), Layout::Mesh { .. }) => {
+            crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes).and_then(|logits| {
+                meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1])
+            })
+        }
+        (Net::Cnn(c), Layout::Pipeline { replicas, stages, micro }) => crate::cnn::loss_pipelined(
+            &mut b,
+            feeds[0],
+            feeds[1],
+            c.filters,
+            c.classes,
+            &Pipeline::cpus(replicas, stages, micro),
+        ),
+    }
+    .map_err(bad)?;
     Ok((b.finish(&[loss]).map_err(bad)?, loss))
 }
 
@@ -1239,12 +1248,14 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     };
     let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
     let (net, examples, n_all) = if cnn {
-        if layout != (Layout::Mesh { data, model: 1 }) {
+        if model_axis > 1 {
             return Err(Usage(format!(
-                "--mesh {data}x{model_axis}{}: the CNN trains data-parallel (--mesh Dx1, no --stages)",
-                if stages > 1 { format!(" --stages {stages}") } else { String::new() }
+                "--mesh {data}x{model_axis}: the CNN's weights are not split over a model axis (--mesh Dx1, or --stages K)"
             ))
             .into());
+        }
+        if stages > 3 {
+            return Err(Usage(format!("--stages {stages}: the CNN has 3 layers")).into());
         }
         let images = crate::cnn::images(&a, seed)?;
         let filters: Vec<usize> = args::dims("filters", a.get("filters").unwrap_or("8,16"))?;
@@ -1256,18 +1267,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 Usage(format!("--filters {f1},{f2}: each convolution needs a filter")).into()
             );
         }
-        for flag in [
-            "text",
-            "data-tokens",
-            "layers",
-            "dim",
-            "heads",
-            "ffn",
-            "vocab",
-            "seq",
-            "stages",
-            "microbatches",
-        ] {
+        for flag in ["text", "data-tokens", "layers", "dim", "heads", "ffn", "vocab", "seq"] {
             if a.get(flag).is_some() {
                 return Err(Usage(format!("--{flag} is the transformer's, not the CNN's")).into());
             }
