@@ -701,3 +701,82 @@ fn a_terminated_run_saves_and_resumes() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--model mlp` runs the main job's MLP through the same trainer: JAX's MLP case on
+/// every mesh and in a pipeline, and every training flag with it.
+#[test]
+fn the_mlp_through_the_trainer_matches_jax_and_takes_every_flag() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/jax");
+    let file = |n: &str| data.join(n).to_str().unwrap().to_string();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("losses.json")).unwrap()).unwrap();
+    let want: Vec<f64> = serde_json::from_value(json["losses"].clone()).unwrap();
+    let dir = temp("mlp");
+    let (x, y, init) = (file("x.npy"), file("y.npy"), file("init.safetensors"));
+    for extra in [
+        &["--mesh", "1x1"][..],
+        &["--mesh", "2x2"],
+        &["--mesh", "2x4"],
+        &["--mesh", "2x1", "--stages", "2", "--microbatches", "2"],
+    ] {
+        let path = dir.join(format!("{}.json", extra.join("")));
+        let mut args = vec![
+            "train",
+            "--model",
+            "mlp",
+            "--data-x",
+            &x,
+            "--data-y",
+            &y,
+            "--init",
+            &init,
+            "--batch",
+            "16",
+            "--steps",
+            "12",
+            "--lr",
+            "0.3",
+            "--quiet",
+            "--losses-json",
+            path.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let out = meshwork(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let got: Vec<f64> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-12 * w.abs(), "{extra:?} step {s}: {g} vs JAX {w}");
+        }
+    }
+    let out = meshwork(&[
+        "train",
+        "--model",
+        "mlp",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--warmup",
+        "5",
+        "--schedule",
+        "cosine",
+        "--clip-norm",
+        "1",
+        "--eval-every",
+        "50",
+        "--eval-fraction",
+        "0.2",
+        "--steps",
+        "100",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("MLP 8 -> 32 -> 3") && stdout.contains(", accuracy "), "{stdout}");
+    let out = meshwork(&[
+        "train", "--model", "mlp", "--init", &init, "--hidden", "16", "--data-x", &x, "--data-y",
+        &y,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "--hidden disagrees with the file");
+    let _ = std::fs::remove_dir_all(dir);
+}

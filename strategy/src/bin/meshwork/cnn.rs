@@ -154,17 +154,20 @@ pub(crate) fn logits_on(
     })
 }
 
-/// The mean loss of images `x` `[B, H, W, C]` and labels `y` `[B]` trained as
-/// `pipeline` says, as the transformer's `loss_pipelined`: each replica's share of the
-/// rows cut into micro-batches, in micro-batch order, the layers over the replica's
-/// stages, one set of weights.
+/// A model's logits of a micro-batch over a replica's stages.
+pub(crate) type LogitsOn<'a> =
+    &'a dyn Fn(&mut Builder, Value, &[&str]) -> Result<Value, meshwork_program::Error>;
+
+/// The mean loss of inputs `x` `[B, …]` and class ids `y` `[B]` trained as `pipeline`
+/// says, as the transformer's `loss_pipelined`: each replica's share of the rows cut
+/// into micro-batches, in micro-batch order, the model (`logits_on`: the logits of a
+/// micro-batch over a replica's stages) once per micro-batch, one set of weights.
 pub(crate) fn loss_pipelined(
     b: &mut Builder,
     x: Value,
     y: Value,
-    filters: [usize; 2],
-    classes: usize,
     pipeline: &nn::Pipeline,
+    logits_on: LogitsOn<'_>,
 ) -> Result<Value, meshwork_program::Error> {
     let dims = b.spec(x)?.shape.dims().to_vec();
     let (d, m) = (pipeline.replicas.len(), pipeline.micro_batches);
@@ -177,10 +180,12 @@ pub(crate) fn loss_pipelined(
                 let start = (r * m + mb) * micro;
                 let (first, last) = (stages[0], stages[stages.len() - 1]);
                 let xs = b.device(first, |b| {
-                    let stop = [start + micro, dims[1], dims[2], dims[3]];
-                    b.slice(x, &[start, 0, 0, 0], &stop, &[1, 1, 1, 1])
+                    let mut lo = vec![0; dims.len()];
+                    let mut hi = dims.clone();
+                    (lo[0], hi[0]) = (start, start + micro);
+                    b.slice(x, &lo, &hi, &vec![1; dims.len()])
                 })?;
-                let logits = logits_on(b, xs, filters, classes, &stages)?;
+                let logits = logits_on(b, xs, &stages)?;
                 losses.push(b.device(last, |b| {
                     let ys = b.slice(y, &[start], &[start + micro], &[1])?;
                     nn::softmax_cross_entropy(b, logits, ys)
@@ -201,4 +206,28 @@ pub(crate) fn loss_pipelined(
         let scale = b.scalar_like(total, 1.0 / losses.len() as f64)?;
         b.mul(total, scale)
     })
+}
+
+/// The MLP's logits `[B, classes]` of `x` `[B, features]`: `relu(x·w1 + b1)·w2 + b2`,
+/// the two layers over `stages` (the first on stage 0, the second on the last).
+pub(crate) fn mlp_logits_on(
+    b: &mut Builder,
+    x: Value,
+    hidden: usize,
+    classes: usize,
+    stages: &[&str],
+) -> Result<Value, meshwork_program::Error> {
+    let first = |b: &mut Builder| -> Result<Value, meshwork_program::Error> {
+        let h = nn::linear(b, x, hidden, "w1", Some("b1"))?;
+        b.relu(h)
+    };
+    let h = match stages.first() {
+        Some(device) => b.device(device, first)?,
+        None => first(b)?,
+    };
+    let second = |b: &mut Builder| nn::linear(b, h, classes, "w2", Some("b2"));
+    match stages.last() {
+        Some(device) => b.device(device, second),
+        None => second(b),
+    }
 }

@@ -119,6 +119,8 @@ pub(crate) const VALUED: &[&str] = &[
     "filters",
     "steps-per-run",
     "max-memory",
+    "hidden",
+    "classes",
 ];
 pub(crate) const SWITCHES: &[&str] = &["no-check", "check", "quiet", "shuffle"];
 
@@ -425,11 +427,20 @@ struct Cnn {
     filters: [usize; 2],
 }
 
+/// The MLP's sizes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Mlp {
+    features: usize,
+    hidden: usize,
+    classes: usize,
+}
+
 /// The model a run trains.
 #[derive(Clone, Copy)]
 enum Net {
     Transformer(Transformer),
     Cnn(Cnn),
+    Mlp(Mlp),
 }
 
 impl Net {
@@ -437,7 +448,7 @@ impl Net {
     fn fed(&self) -> usize {
         match self {
             Net::Transformer(_) => 1,
-            Net::Cnn(_) => 2,
+            Net::Cnn(_) | Net::Mlp(_) => 2,
         }
     }
 
@@ -445,7 +456,7 @@ impl Net {
     fn per_row(&self) -> (usize, &'static str) {
         match self {
             Net::Transformer(m) => (m.seq, "tokens"),
-            Net::Cnn(_) => (1, "samples"),
+            Net::Cnn(_) | Net::Mlp(_) => (1, "samples"),
         }
     }
 
@@ -458,6 +469,9 @@ impl Net {
             }),
             Net::Cnn(c) => serde_json::json!({
                 "model": "cnn", "image": c.image, "classes": c.classes, "filters": c.filters,
+            }),
+            Net::Mlp(m) => serde_json::json!({
+                "model": "mlp", "features": m.features, "hidden": m.hidden, "classes": m.classes,
             }),
         }
     }
@@ -473,6 +487,7 @@ impl Net {
                 "CNN conv3x3x{} conv3x3x{}/2 linear({}) on {}x{}x{} images",
                 c.filters[0], c.filters[1], c.classes, c.image[0], c.image[1], c.image[2]
             ),
+            Net::Mlp(m) => format!("MLP {} -> {} -> {}", m.features, m.hidden, m.classes),
         }
     }
 
@@ -495,6 +510,10 @@ impl Net {
                     b.param("y", spec(DType::I32, &[batch])?)?,
                 ]
             }
+            Net::Mlp(m) => vec![
+                b.param("x", spec(dtype, &[batch, m.features])?)?,
+                b.param("y", spec(DType::I32, &[batch])?)?,
+            ],
         })
     }
 }
@@ -503,8 +522,8 @@ impl Net {
 enum Examples {
     /// Token rows `[N, T+1]`.
     Tokens { width: usize, tokens: Vec<i32> },
-    /// Images `[N, H, W, C]` and class ids.
-    Images { per: usize, dims: [usize; 3], x: Vec<f64>, y: Vec<i32> },
+    /// Inputs `[N, dims…]` (images, features) and class ids.
+    Images { per: usize, dims: Vec<usize>, x: Vec<f64>, y: Vec<i32> },
 }
 
 impl Examples {
@@ -524,7 +543,8 @@ impl Examples {
                 for &r in idx {
                     xs.extend_from_slice(&x[r * per..(r + 1) * per]);
                 }
-                let shape = [idx.len(), dims[0], dims[1], dims[2]];
+                let mut shape = vec![idx.len()];
+                shape.extend(dims);
                 let x = match dtype {
                     DType::F64 => Tensor::f64(&shape, xs),
                     _ => Tensor::f32(&shape, xs.into_iter().map(|v| v as f32).collect()),
@@ -556,6 +576,10 @@ fn memory_estimate(net: &Net, batch: usize, dtype: DType, devices: usize, check:
             let flat = (hh / 2.0).ceil() * (w / 2.0).ceil() * f2;
             let params = 9.0 * ch * f1 + f1 + 9.0 * f1 * f2 + f2 + flat * k + k;
             (params, b * (hh * w * (ch + 3.0 * f1 + 3.0 * f2) + 3.0 * k))
+        }
+        Net::Mlp(m) => {
+            let [f, h, k] = [m.features, m.hidden, m.classes].map(|x| x as f64);
+            (f * h + h + h * k + k, b * (f + 3.0 * h + 3.0 * k))
         }
     };
     let copies = devices as f64 + f64::from(u8::from(check));
@@ -708,6 +732,12 @@ impl Eval {
                 feeds[1],
                 vec![0],
             ),
+            Net::Mlp(m) => (
+                crate::cnn::mlp_logits_on(&mut b, feeds[0], m.hidden, m.classes, &[])
+                    .map_err(bad)?,
+                feeds[1],
+                vec![0],
+            ),
         };
         let loss =
             meshwork_program::nn::softmax_cross_entropy(&mut b, logits, labels).map_err(bad)?;
@@ -770,9 +800,20 @@ fn loss_program(
             &mut b,
             feeds[0],
             feeds[1],
-            c.filters,
-            c.classes,
             &Pipeline::cpus(replicas, stages, micro),
+            &|b, x, st| crate::cnn::logits_on(b, x, c.filters, c.classes, st),
+        ),
+        (Net::Mlp(m), Layout::Mesh { .. }) => {
+            crate::cnn::mlp_logits_on(&mut b, feeds[0], m.hidden, m.classes, &[]).and_then(
+                |logits| meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1]),
+            )
+        }
+        (Net::Mlp(m), Layout::Pipeline { replicas, stages, micro }) => crate::cnn::loss_pipelined(
+            &mut b,
+            feeds[0],
+            feeds[1],
+            &Pipeline::cpus(replicas, stages, micro),
+            &|b, x, st| crate::cnn::mlp_logits_on(b, x, m.hidden, m.classes, st),
         ),
     }
     .map_err(bad)?;
@@ -825,7 +866,15 @@ fn start<'s>(
             }
             for p in &program.params()[fed..] {
                 shardings =
-                    shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
+                    match (net, p.name.as_str()) {
+                        // The main job's split: W1 by columns, W2 by rows over `model`.
+                        (Net::Mlp(_), "w1") => shardings.with(&p.name, "P(None, 'model')"),
+                        (Net::Mlp(_), "b1") => shardings.with(&p.name, "P('model')"),
+                        (Net::Mlp(_), "w2") => shardings.with(&p.name, "P('model', None)"),
+                        _ => Ok(shardings
+                            .with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()))),
+                    }
+                    .map_err(|e| failed(&e))?;
             }
             let step = strategy
                 .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
@@ -993,7 +1042,8 @@ const INSPECT_VALUED: &[&str] = &[
 
 /// `--optimizer`'s value.
 pub(crate) fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
-    Ok(match a.get("optimizer").unwrap_or("adam") {
+    let default = if a.get("model") == Some("mlp") { "sgd" } else { "adam" };
+    Ok(match a.get("optimizer").unwrap_or(default) {
         "sgd" => Optimizer::Sgd,
         "momentum" => Optimizer::Momentum { momentum: 0.9 },
         "adam" => Optimizer::adam(),
@@ -1008,7 +1058,8 @@ pub(crate) fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
 
 /// `--dtype`'s value (default f32).
 pub(crate) fn dtype_flag(a: &Args) -> Result<DType, Usage> {
-    match a.get("dtype").unwrap_or("f32") {
+    let default = if a.get("model") == Some("mlp") { "f64" } else { "f32" };
+    match a.get("dtype").unwrap_or(default) {
         "f32" => Ok(DType::F32),
         "f64" => Ok(DType::F64),
         other => Err(Usage(format!("--dtype {other:?} is not f32 or f64"))),
@@ -1092,7 +1143,11 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         Some(t) => crate::train::bytes_flag("max-memory", t)?,
         None => 8 << 30,
     };
-    let (data, model_axis) = args::mesh("mesh", a.get("mesh").unwrap_or("1x1"))?;
+    // `--model mlp` keeps the main job's defaults (2x2, 200 steps of 64 rows, SGD at
+    // 0.5, f64).
+    let mlp = a.get("model") == Some("mlp");
+    let (data, model_axis) =
+        args::mesh("mesh", a.get("mesh").unwrap_or(if mlp { "2x2" } else { "1x1" }))?;
     let stages: usize = a.parse_or("stages", 1, "a number of stages")?;
     let micro: usize = a.parse_or("microbatches", 1, "a number of micro-batches")?;
     if stages == 0 || micro == 0 {
@@ -1127,9 +1182,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     } else {
         Layout::Mesh { data, model: model_axis }
     };
-    let steps: usize = a.parse_or("steps", 100, "a step count")?;
+    let steps: usize = a.parse_or("steps", if mlp { 200 } else { 100 }, "a step count")?;
     let cnn = a.get("model") == Some("cnn");
-    let batch: usize = a.parse_or("batch", if cnn { 32 } else { 8 }, "a batch size")?;
+    let default_batch = if mlp {
+        64
+    } else if cnn {
+        32
+    } else {
+        8
+    };
+    let batch: usize = a.parse_or("batch", default_batch, "a batch size")?;
     if steps == 0 || batch == 0 {
         return Err(Usage("--steps and --batch must be at least 1".into()).into());
     }
@@ -1145,7 +1207,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         .into());
     }
     let optimizer = optimizer_flag(&a)?;
-    let default_lr = if matches!(optimizer, Optimizer::Adam { .. } | Optimizer::AdamW { .. }) {
+    let default_lr = if mlp {
+        0.5
+    } else if matches!(optimizer, Optimizer::Adam { .. } | Optimizer::AdamW { .. }) {
         0.01
     } else {
         0.1
@@ -1247,7 +1311,74 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
     };
     let file = a.get("init").map(|p| read_init(p, limit)).transpose()?;
-    let (net, examples, n_all) = if cnn {
+    let (net, examples, n_all) = if mlp {
+        for flag in
+            ["text", "data-tokens", "layers", "dim", "heads", "ffn", "vocab", "seq", "filters"]
+        {
+            if a.get(flag).is_some() {
+                return Err(Usage(format!("--{flag} is not the MLP's")).into());
+            }
+        }
+        let classes = match a.get("classes") {
+            None => None,
+            Some(_) => Some(a.parse_or("classes", 2, "a number of classes")?)
+                .filter(|&c| c >= 2)
+                .map(Some)
+                .ok_or_else(|| Usage("--classes: need at least 2".into()))?,
+        };
+        let saved_hidden = resume
+            .as_ref()
+            .and_then(|(_, m)| m["hidden"].as_u64())
+            .and_then(|h| usize::try_from(h).ok());
+        let init_hidden =
+            file.as_ref().and_then(|f| f.get("w1")).and_then(|t| t.shape().dims().get(1).copied());
+        let hidden: usize = a.parse_or(
+            "hidden",
+            saved_hidden.or(init_hidden).unwrap_or(32),
+            "a number of hidden units",
+        )?;
+        if let Some(h) = init_hidden
+            && h != hidden
+        {
+            return Err(usage(
+                "hidden",
+                format!("{hidden} disagrees with --init, whose w1 has {h}"),
+            )
+            .into());
+        }
+        if hidden == 0 {
+            return Err(Usage("--hidden must be at least 1".into()).into());
+        }
+        let data_set = crate::train::dataset(&a, seed, limit, classes)?;
+        let net = Mlp { features: data_set.features(), hidden, classes: data_set.classes };
+        if model_axis > 1 && !hidden.is_multiple_of(model_axis) {
+            return Err(Usage(format!(
+                "--mesh {data}x{model_axis}: the model axis must divide --hidden {hidden}"
+            ))
+            .into());
+        }
+        let need = memory_estimate(&Net::Mlp(net), batch, dtype, devices, true);
+        if need > max_memory as f64 {
+            return Err(memory_error(need, max_memory).into());
+        }
+        if let Some((_, saved)) = &resume
+            && (saved["features"] != net.features || saved["classes"] != net.classes)
+        {
+            return Err(usage(
+                "resume",
+                format!(
+                    "the checkpoint's MLP takes {} features to {} classes, the data {} to {}",
+                    saved["features"], saved["classes"], net.features, net.classes
+                ),
+            )
+            .into());
+        }
+        let n = data_set.x.nrows();
+        let x: Vec<f64> = data_set.x.iter().copied().collect();
+        let y = data_set.labels.iter().map(|&l| l as i32).collect();
+        let examples = Examples::Images { per: net.features, dims: vec![net.features], x, y };
+        (Net::Mlp(net), examples, n)
+    } else if cnn {
         if model_axis > 1 {
             return Err(Usage(format!(
                 "--mesh {data}x{model_axis}: the CNN's weights are not split over a model axis (--mesh Dx1, or --stages K)"
@@ -1291,7 +1422,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             return Err(memory_error(need, max_memory).into());
         }
         let examples =
-            Examples::Images { per: h * w * c, dims: [h, w, c], x: images.x, y: images.y };
+            Examples::Images { per: h * w * c, dims: vec![h, w, c], x: images.x, y: images.y };
         (Net::Cnn(net), examples, n)
     } else {
         for flag in ["data-x", "data-y", "filters"] {
@@ -1387,9 +1518,23 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ))
         .into());
     }
-    let init = match file {
-        Some(f) => f,
-        None => {
+    let init = match (file, net) {
+        (Some(f), _) => f,
+        // The main job's initial weights for the same seed.
+        (None, Net::Mlp(m)) => {
+            let p = meshwork_strategy::mlp::Params::init(seed, m.features, m.hidden, m.classes);
+            let t = |shape: &[usize], v: Vec<f64>| {
+                Tensor::f64(shape, v).map_err(|e| Exit::Failed(e.to_string()))
+            };
+            let (f, h, c) = (m.features, m.hidden, m.classes);
+            HashMap::from([
+                ("w1".to_string(), t(&[f, h], p.w1.iter().copied().collect())?),
+                ("b1".to_string(), t(&[h], p.b1.to_vec())?),
+                ("w2".to_string(), t(&[h, c], p.w2.iter().copied().collect())?),
+                ("b2".to_string(), t(&[c], p.b2.to_vec())?),
+            ])
+        }
+        (None, _) => {
             let (program, _) =
                 loss_program(&net, batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
             random_init(&program, net.fed(), &mut Noise(mix(seed ^ 0x5851_f42d_4c95_7f2d)))
@@ -1638,7 +1783,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 "eval after step {}: loss {}, {} {:.2}% on {} held-out rows",
                 s + 1,
                 loss_text(l),
-                if cnn { "accuracy" } else { "next-token accuracy" },
+                if matches!(net, Net::Transformer(_)) { "next-token accuracy" } else { "accuracy" },
                 100.0 * acc,
                 held / batch * batch
             );

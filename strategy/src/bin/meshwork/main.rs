@@ -105,6 +105,11 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
         "train" if model == "cnn" => lm::run(rest),
         "train" if wants_help => out(format_args!("{}", train::HELP)),
         "train" if model == "transformer" => lm::run(rest),
+        // `--model mlp` named: the MLP through the program layer's trainer (every
+        // training flag); without `--model`, the main job's own path.
+        "train" if rest.iter().any(|a| a == "--model" || a.starts_with("--model=")) => {
+            lm::run(rest)
+        }
         "inspect" if wants_help => out(format_args!("{}", lm::INSPECT_HELP)),
         "inspect" if model == "transformer" => lm::inspect(rest),
         "inspect" => Err(Exit::Usage("inspect needs --model transformer".into())),

@@ -22,9 +22,13 @@ plain SGD) on a data x model mesh: the batch split over the data axis, W1 by col
 W2 by rows over the model axis.
 
 flags:
-  --model mlp|transformer|cnn   this MLP (default), the reference transformer or a
-                        small CNN (see `meshwork train --model transformer --help`,
-                        `... --model cnn --help`)
+  --model mlp|transformer|cnn   the reference transformer or a small CNN (see
+                        `meshwork train --model transformer --help`, `... --model cnn
+                        --help`); `--model mlp` trains this MLP, with these defaults,
+                        through the same trainer as they do: every training flag of
+                        `--model transformer --help` (optimizers, schedules, clipping,
+                        evaluation, pipelines, metrics, plots). Without --model: this
+                        page's path, the main job
   --mesh DxM            data x model devices (default 2x2; 1x1 is one device)
   --steps N             total steps (default 200; a resumed run continues up to N)
   --batch B             global batch (default 64); step s takes rows s·B … s·B+B−1 of the
@@ -96,7 +100,12 @@ fn usage(flag: &str, e: impl std::fmt::Display) -> Usage {
 
 /// Loads `--data-x`/`--data-y`, or makes the built-in data. `limit` bounds the bytes
 /// read; `classes` is `--classes`.
-fn dataset(a: &Args, seed: u64, limit: u64, classes: Option<usize>) -> Result<Dataset, Usage> {
+pub(crate) fn dataset(
+    a: &Args,
+    seed: u64,
+    limit: u64,
+    classes: Option<usize>,
+) -> Result<Dataset, Usage> {
     let (xp, yp) = match (a.get("data-x"), a.get("data-y")) {
         (None, None) => {
             if let Some(c) = classes
