@@ -143,7 +143,9 @@ fn bad_input_exits_2_naming_the_flag() {
     // A token row of the wrong width: [1, 3].
     let wrong = write_npy(&dir.join("wrong.npy"), 1, 3, &[1, 2, 3]);
     for (args, flag) in [
-        (vec!["--init", &init, "--dim", "48"], "--dim"),
+        (vec!["--init", &init, "--heads", "4", "--dim", "48"], "--dim"),
+        (vec!["--init", &init], "--heads"),
+        (vec!["--hidden", "8"], "--hidden"),
         (vec!["--mesh", "1x2", "--stages", "2"], "--stages"),
         (vec!["--microbatches", "2"], "--microbatches"),
         (vec!["--optimizer", "lamb"], "--optimizer"),

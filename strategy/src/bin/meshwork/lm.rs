@@ -29,8 +29,8 @@ or in a pipeline of stages (blocks spread over devices, GPipe's micro-batches).
 flags:
   --layers L --dim D --heads H --ffn F --vocab V --seq T
                         the model (defaults 2, 64, 4, 256, 256, 32); with --init the
-                        sizes come from the file (the file does not say --heads: give it
-                        unless 4) and a flag that disagrees is an error
+                        sizes come from the file (it does not say the heads: --heads is
+                        needed) and a flag that disagrees is an error
   --init INIT.safetensors   initial weights: embed [V, D], pos [T, D], layers.{i}.ln1.scale,
                         .ln1.bias, .attn.wq/.wk/.wv/.wo [D, D], .ln2.*, .mlp.w1 [D, F],
                         .mlp.b1, .mlp.w2 [F, D], .mlp.b2, ln_f.scale, ln_f.bias, unembed [D, V]
@@ -945,7 +945,7 @@ fn new_file(flag: &str, path: &str) -> Result<std::fs::File, Usage> {
 
 /// The train loss per step (and the eval loss at its steps, `(step, loss, _)`) as an
 /// SVG line chart.
-fn svg(losses: &[f64], evals: &[(usize, f64, f64)], title: &str) -> String {
+fn svg(losses: &[f64], evals: &[(usize, f64, f64)], first: usize, title: &str) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
     let (lo, hi) = losses
         .iter()
@@ -986,7 +986,7 @@ fn svg(losses: &[f64], evals: &[(usize, f64, f64)], title: &str) -> String {
         b = h - pad,
         r = w - pad,
         t = h - pad + 16.0,
-        steps = losses.len(),
+        steps = first + losses.len(),
     )
 }
 
@@ -1398,9 +1398,20 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 Usage(format!("--filters {f1},{f2}: each convolution needs a filter")).into()
             );
         }
-        for flag in ["text", "data-tokens", "layers", "dim", "heads", "ffn", "vocab", "seq"] {
+        for flag in [
+            "text",
+            "data-tokens",
+            "layers",
+            "dim",
+            "heads",
+            "ffn",
+            "vocab",
+            "seq",
+            "hidden",
+            "classes",
+        ] {
             if a.get(flag).is_some() {
-                return Err(Usage(format!("--{flag} is the transformer's, not the CNN's")).into());
+                return Err(Usage(format!("--{flag} is not the CNN's")).into());
             }
         }
         let [n, h, w, c] = images.dims;
@@ -1425,10 +1436,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             Examples::Images { per: h * w * c, dims: vec![h, w, c], x: images.x, y: images.y };
         (Net::Cnn(net), examples, n)
     } else {
-        for flag in ["data-x", "data-y", "filters"] {
+        for flag in ["data-x", "data-y", "filters", "hidden", "classes"] {
             if a.get(flag).is_some() {
-                return Err(Usage(format!("--{flag} is the CNN's (--model cnn)")).into());
+                return Err(Usage(format!("--{flag} is not the transformer's")).into());
             }
+        }
+        if a.get("init").is_some() && a.get("heads").is_none() {
+            return Err(Usage(
+                "--heads: an --init file does not say how many heads its attention has; give --heads".into(),
+            )
+            .into());
         }
         let model = match &resume {
             Some((_, meta)) => model_from(&a, meta)?,
@@ -1601,6 +1618,19 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
         .transpose()
         .map_err(|e| usage("checkpoint-dir", e))?;
+    if let Some(m) = &manager
+        && let Some((latest, _)) = m.latest().map_err(|e| usage("checkpoint-dir", e))?
+        && latest > first
+    {
+        return Err(usage(
+            "checkpoint-dir",
+            format!(
+                "{} already holds checkpoints up to step {latest}, which this run (from step {first}) would not continue; resume from it with --resume, or give another directory",
+                checkpoint_dir.unwrap_or_default()
+            ),
+        )
+        .into());
+    }
     let mut metrics = a.get("metrics-jsonl").map(|p| new_file("metrics-jsonl", p)).transpose()?;
     let stop = crate::train::stop_flag()?;
     let where_ = match layout {
@@ -1670,6 +1700,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         if let Some(want) = want
             && (!want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12))
         {
+            if let Some(p) = a.get("losses-json") {
+                let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
+            }
             return Err(Exit::Failed(format!(
                 "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
                 loss_text(loss),
@@ -1757,7 +1790,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(p) = a.get("plot") {
         let title = format!("meshwork: {} training loss on {where_}", net.describe());
         let mut f = new_file("plot", p)?;
-        f.write_all(svg(&losses, &evals, &title).as_bytes())
+        f.write_all(svg(&losses, &evals, first, &title).as_bytes())
             .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
     }
     if !quiet {

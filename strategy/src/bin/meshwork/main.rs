@@ -30,7 +30,8 @@ meshwork — run one model on many devices
 
 usage:
   meshwork train [flags]      train an MLP on a data x model device mesh (the main job);
-                              --model transformer trains the reference transformer
+                              --model transformer|cnn|mlp trains the reference
+                              transformer, a CNN, or the MLP through the same trainer
   meshwork shard [flags]      draw which device holds which block of a sharded array
   meshwork reshard [flags]    the transfer plan between two shardings
   meshwork place GRAPH.json   place a dataflow graph's ops on devices (TensorFlow's rules)
