@@ -789,7 +789,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     );
     match (report.losses.first(), report.losses.last()) {
         (Some(first), Some(last)) => {
-            outln!("  final loss   {}  (first {})", loss_text(*last), loss_text(*first))
+            outln!("  final loss   {}  (first {})", loss_text(*last), loss_text(*first));
+            outln!("  loss curve   {}", crate::lm::sparkline(&report.losses, 60));
         }
         _ => outln!("  final loss   -  (no steps left to run)"),
     }
