@@ -782,3 +782,23 @@ fn the_mlp_through_the_trainer_matches_jax_and_takes_every_flag() {
     assert_eq!(out.status.code(), Some(2), "--hidden disagrees with the file");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The main job (`meshwork train`, no `--model`): quiet, a plot, a loss curve.
+#[test]
+fn the_main_job_is_quiet_on_request_and_plots() {
+    let dir = temp("main");
+    let plot = dir.join("loss.svg");
+    let p = plot.to_str().unwrap();
+    let out = meshwork(&["train", "--steps", "20", "--quiet", "--plot", p]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "quiet");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let points = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+    assert_eq!(points.split_whitespace().count(), 20);
+    let out = meshwork(&["train", "--steps", "20", "--plot", p]);
+    assert_eq!(out.status.code(), Some(2), "a new file only");
+    let out = meshwork(&["train", "--steps", "20"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("  loss curve   "), "{stdout}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -945,7 +945,12 @@ fn new_file(flag: &str, path: &str) -> Result<std::fs::File, Usage> {
 
 /// The train loss per step (and the eval loss at its steps, `(step, loss, _)`) as an
 /// SVG line chart.
-fn svg(losses: &[f64], evals: &[(usize, f64, f64)], first: usize, title: &str) -> String {
+pub(crate) fn svg(
+    losses: &[f64],
+    evals: &[(usize, f64, f64)],
+    first: usize,
+    title: &str,
+) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
     let (lo, hi) = losses
         .iter()

@@ -59,6 +59,8 @@ flags:
   --max-memory SIZE     refuse a run whose estimated memory exceeds SIZE (default 8G;
                         suffixes K, M, G, T)
   --no-check            skip the comparison with a one-device run of the same steps
+  --quiet               no progress line and no summary (errors still say what failed)
+  --plot FILE.svg       the loss per step as an SVG line chart (a new file)
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current host call, saves a checkpoint if
 --checkpoint-dir is given, writes --losses-json and exits with status 130; a second
@@ -86,8 +88,18 @@ const VALUED: &[&str] = &[
     "steps-per-run",
     "classes",
     "max-memory",
+    "plot",
 ];
-const SWITCHES: &[&str] = &["shuffle", "no-check"];
+const SWITCHES: &[&str] = &["shuffle", "no-check", "quiet"];
+
+/// `outln!` unless `--quiet`.
+macro_rules! say {
+    ($quiet:expr, $($arg:tt)*) => {
+        if !$quiet {
+            outln!($($arg)*)
+        }
+    };
+}
 
 /// The built-in data: 512 rows of 8 features, 3 classes.
 const ROWS: usize = 512;
@@ -609,6 +621,17 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(p) = a.get("losses-json") {
         check_output_file("losses-json", p)?;
     }
+    if let Some(p) = a.get("plot") {
+        check_output_file("plot", p)?;
+        if Path::new(p).exists() || a.get("losses-json") == Some(p) {
+            return Err(usage(
+                "plot",
+                format!("{p} exists or is --losses-json's; give a new file"),
+            )
+            .into());
+        }
+    }
+    let quiet = a.on("quiet");
     let saved = a.get("resume").map(saved_run).transpose()?;
     let data = dataset(&a, seed, limit, classes)?;
     // With --resume the model's sizes and dtype come from the checkpoint; a flag that
@@ -752,23 +775,37 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if let Some(saved) = &saved {
         warn_differences(saved, &config, &data);
     }
-    note(format_args!(
-        "meshwork train: {data_axis}x{model_axis} mesh ({data_axis} data x {model_axis} model devices), {dtype}, \
+    if !quiet {
+        note(format_args!(
+            "meshwork train: {data_axis}x{model_axis} mesh ({data_axis} data x {model_axis} model devices), {dtype}, \
          {} of {batch} rows, hidden {}, lr {}, {} rows x {} features, {} classes",
-        steps_text(steps),
-        init.hidden(),
-        number_text(lr),
-        data.rows(),
-        data.features(),
-        data.classes
-    ));
+            steps_text(steps),
+            init.hidden(),
+            number_text(lr),
+            data.rows(),
+            data.features(),
+            data.classes
+        ));
+    }
     let stop = stop_flag()?;
     let mut bar = Bar { tty: std::io::stderr().is_terminal(), last_line: usize::MAX };
     let report = mlp::train_with(&config, &data, &init, checkpoints, &mut |p| {
-        bar.show(p);
+        if !quiet {
+            bar.show(p);
+        }
         if stop.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })
     .map_err(|e| strategy_error(e, &config))?;
+    if let Some(path) = a.get("plot") {
+        let title = format!("meshwork: MLP training loss on {data_axis}x{model_axis}");
+        let svg = crate::lm::svg(&report.losses, &[], report.first_step, &title);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(svg.as_bytes()))
+            .map_err(|e| usage("plot", format!("cannot write {path}: {e}")))?;
+    }
     if let Some(path) = a.get("losses-json") {
         let text = serde_json::to_string(&report.losses).map_err(|e| usage("losses-json", e))?;
         write_atomic(path, &text)
@@ -776,36 +813,45 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     }
     let made = report.losses.len();
     if report.first_step >= steps && made == 0 {
-        outln!(
+        say!(
+            quiet,
             "meshwork train: the checkpoint is at step {}, already at or past --steps {steps}: nothing to train",
             report.first_step
         );
         return Ok(());
     }
-    outln!(
+    say!(
+        quiet,
         "meshwork train: {data_axis}x{model_axis} mesh, {dtype}, steps {}..{}",
         report.first_step,
         report.first_step + made
     );
     match (report.losses.first(), report.losses.last()) {
         (Some(first), Some(last)) => {
-            outln!("  final loss   {}  (first {})", loss_text(*last), loss_text(*first));
-            outln!("  loss curve   {}", crate::lm::sparkline(&report.losses, 60));
+            say!(quiet, "  final loss   {}  (first {})", loss_text(*last), loss_text(*first));
+            say!(quiet, "  loss curve   {}", crate::lm::sparkline(&report.losses, 60));
         }
-        _ => outln!("  final loss   -  (no steps left to run)"),
+        _ => say!(quiet, "  final loss   -  (no steps left to run)"),
     }
-    outln!("  accuracy     {:.1}% of {} rows", 100.0 * report.params.accuracy(&data), data.rows());
+    say!(
+        quiet,
+        "  accuracy     {:.1}% of {} rows",
+        100.0 * report.params.accuracy(&data),
+        data.rows()
+    );
     let secs = report.elapsed.as_secs_f64();
-    outln!(
+    say!(
+        quiet,
         "  throughput   {:.0} samples/s ({} in {secs:.2} s)",
         (made * batch) as f64 / secs.max(1e-9),
         steps_text(made)
     );
     if let Some(dir) = &report.saved {
-        outln!("  checkpoint   {}", dir.display());
+        say!(quiet, "  checkpoint   {}", dir.display());
     }
     if report.stopped {
-        outln!(
+        say!(
+            quiet,
             "  stopped      by a signal after step {}{}",
             report.first_step + made,
             if report.saved.is_some() { "; resume with --resume" } else { "" }
@@ -813,9 +859,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         return Err(Exit::Interrupted);
     }
     if a.on("no-check") || made == 0 {
-        outln!("  check        skipped");
+        say!(quiet, "  check        skipped");
     } else if data_axis * model_axis == 1 {
-        outln!("  check        this run is the one-device run");
+        say!(quiet, "  check        this run is the one-device run");
     } else {
         let single = TrainConfig {
             data: 1,
@@ -834,7 +880,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         })
         .map_err(|e| Exit::Failed(format!("the one-device check failed: {e}")))?;
         if one.stopped {
-            outln!("  check        stopped by a signal");
+            say!(quiet, "  check        stopped by a signal");
             return Err(Exit::Interrupted);
         }
         // A mesh groups the sums differently from one device, so losses differ by
@@ -861,7 +907,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 "the one-device check failed at step {step}: loss {a} on {data_axis}x{model_axis}, {b} on one device (relative tolerance {tolerance:e})"
             )));
         }
-        outln!(
+        say!(
+            quiet,
             "  check        max |loss - 1x1 loss| = {abs:.1e} over {} (relative {rel:.1e})",
             steps_text(made)
         );
