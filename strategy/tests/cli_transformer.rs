@@ -64,20 +64,33 @@ fn train(dir: &Path, name: &str, optimizer: &str, lr: &str, extra: &[&str]) -> V
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-/// Writes int32 rows `[rows, cols]` as a `.npy` file; returns its path.
-fn write_npy(path: &Path, rows: usize, cols: usize, values: &[i32]) -> String {
-    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-    let mut header =
-        format!("{{'descr': '<i4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+/// Writes `data` (little-endian values of NumPy type `descr`, `<i4` or `<f4`) of
+/// `shape` as a `.npy` file; returns its path.
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: Vec<u8>) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    let tuple =
+        if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
     while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
     npy.extend((header.len() as u16).to_le_bytes());
     npy.extend(header.as_bytes());
-    npy.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    npy.extend(data);
     std::fs::write(path, npy).unwrap();
     path.to_str().unwrap().to_string()
+}
+
+/// Int32 rows `[rows, cols]` as a `.npy` file.
+fn write_npy_i32(path: &Path, rows: usize, cols: usize, values: &[i32]) -> String {
+    write_npy(path, "<i4", &[rows, cols], values.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
+/// F32 values of `shape` as a `.npy` file.
+fn write_npy_f32(path: &Path, shape: &[usize], values: &[f32]) -> String {
+    write_npy(path, "<f4", shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
 fn assert_jax(got: &[f64], key: &str, what: &str) {
@@ -141,7 +154,7 @@ fn bad_input_exits_2_naming_the_flag() {
     let init = reference("init.safetensors");
     let dir = temp("bad");
     // A token row of the wrong width: [1, 3].
-    let wrong = write_npy(&dir.join("wrong.npy"), 1, 3, &[1, 2, 3]);
+    let wrong = write_npy_i32(&dir.join("wrong.npy"), 1, 3, &[1, 2, 3]);
     for (args, flag) in [
         (vec!["--init", &init, "--heads", "4", "--dim", "48"], "--dim"),
         (vec!["--init", &init], "--heads"),
@@ -258,7 +271,7 @@ fn evaluation_holds_rows_out_of_training() {
         .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert!(String::from_utf8_lossy(&bytes[10..10 + header]).contains("(256, 17)"));
-    let first = write_npy(&dir.join("first.npy"), 192, 17, &values[..192 * 17]);
+    let first = write_npy_i32(&dir.join("first.npy"), 192, 17, &values[..192 * 17]);
     let metrics = dir.join("m.jsonl");
     let with_eval = train(
         &dir,
@@ -440,24 +453,6 @@ fn a_checkpoint_resumes_on_another_mesh_or_pipeline() {
     let out = meshwork(&["train", "--model", "transformer", "--checkpoint-every", "5"]);
     assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// Writes f32 values of `shape` as a `.npy` file; returns its path.
-fn write_npy_f32(path: &Path, shape: &[usize], values: &[f32]) -> String {
-    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
-    let tuple =
-        if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-    npy.extend((header.len() as u16).to_le_bytes());
-    npy.extend(header.as_bytes());
-    npy.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-    std::fs::write(path, npy).unwrap();
-    path.to_str().unwrap().to_string()
 }
 
 #[test]

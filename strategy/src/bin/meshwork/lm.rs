@@ -8,6 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use meshwork_program::fast::Input;
 use meshwork_program::nn::{Pipeline, Transformer};
 use meshwork_program::{Builder, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_strategy::Strategy;
@@ -762,11 +763,11 @@ impl Eval {
         }
         let (mut loss, mut accuracy) = (0.0, 0.0);
         for chunk in &self.chunks {
-            let mut inputs = chunk.clone();
-            inputs.extend(weights.iter().cloned());
+            // The rows and the weights are read in place.
+            let inputs = chunk.iter().chain(&weights).map(Input::Borrowed).collect();
             let out = self
                 .exe
-                .run(&inputs, &meshwork_program::Env::local())
+                .run_inputs(inputs, &meshwork_program::Env::local())
                 .map_err(|e| Exit::Failed(format!("evaluation: {e}")))?;
             loss += out[0].to_f64()[0];
             accuracy += out[1].to_f64()[0];
@@ -1281,14 +1282,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
     }
     let quiet = a.on("quiet");
-    let checkpoint_dir = a.get("checkpoint-dir");
-    for flag in ["checkpoint-every", "keep"] {
-        if a.get(flag).is_some() && checkpoint_dir.is_none() {
-            return Err(Usage(format!("--{flag} needs --checkpoint-dir")).into());
-        }
-    }
-    let checkpoint_every: usize = a.parse_or("checkpoint-every", 0, "a step count")?;
-    let keep: usize = a.parse_or("keep", 3, "a number of checkpoints")?;
+    let (checkpoint_dir, checkpoint_every, keep) = crate::train::checkpoint_flags(&a)?;
     if a.get("init").is_some() && a.get("resume").is_some() {
         return Err(Usage(
             "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint)".into(),

@@ -316,6 +316,23 @@ fn init_file(path: &str, data: &Dataset, limit: u64) -> Result<Params, Usage> {
     })
 }
 
+/// `--checkpoint-dir`, `--checkpoint-every` (0: only at the end) and `--keep`
+/// (default 3), checked together.
+pub(crate) fn checkpoint_flags(a: &Args) -> Result<(Option<&str>, usize, usize), Usage> {
+    let dir = a.get("checkpoint-dir");
+    for flag in ["checkpoint-every", "keep"] {
+        if a.get(flag).is_some() && dir.is_none() {
+            return Err(Usage(format!("--{flag} needs --checkpoint-dir")));
+        }
+    }
+    let every: usize = a.parse_or("checkpoint-every", 0, "a step count")?;
+    let keep: usize = a.parse_or("keep", 3, "a number of checkpoints")?;
+    if keep == 0 {
+        return Err(Usage("--keep must be at least 1 (the newest checkpoint)".into()));
+    }
+    Ok((dir, every, keep))
+}
+
 /// `16G`, `512M`, `1T`, `4096` → bytes.
 pub(crate) fn bytes_flag(flag: &str, text: &str) -> Result<u64, Usage> {
     let bad = || Usage(format!("--{flag} {text:?} is not a size like 8G, 512M or 4096"));
@@ -576,17 +593,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     if steps_per_run == 0 {
         return Err(Usage("--steps-per-run must be at least 1".into()).into());
     }
-    let checkpoint_dir = a.get("checkpoint-dir");
-    for flag in ["checkpoint-every", "keep"] {
-        if a.get(flag).is_some() && checkpoint_dir.is_none() {
-            return Err(Usage(format!("--{flag} needs --checkpoint-dir")).into());
-        }
-    }
-    let checkpoint_every: usize = a.parse_or("checkpoint-every", 0, "a step count")?;
-    let keep: usize = a.parse_or("keep", 3, "a number of checkpoints")?;
-    if keep == 0 {
-        return Err(Usage("--keep must be at least 1 (the newest checkpoint)".into()).into());
-    }
+    let (checkpoint_dir, checkpoint_every, keep) = checkpoint_flags(&a)?;
     if batch == 0 {
         return Err(Usage("--batch must be at least 1".into()).into());
     }
