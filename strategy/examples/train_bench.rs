@@ -5,8 +5,8 @@
 //! shardings) on the same meshes beside `strategy/benches/jax/transformer_train_jax.py`
 //! (the copy of `../shared/bench`'s script) run in the same process tree, tokens/s.
 //!
-//! `cargo run --release -p meshwork-strategy --example train_bench [-- HIDDEN STEPS]`
-//! (`nojax` skips JAX).
+//! `cargo run --release -p meshwork-strategy --example train_bench [-- HIDDEN STEPS
+//! TRANSFORMER_STEPS]` (defaults 1024, 20 and 10; `nojax` skips JAX).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -91,5 +91,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rate / base
         );
     }
-    transformer(10, !nojax)
+    transformer(args.get(2).copied().unwrap_or(10).max(1), !nojax)
 }

@@ -246,7 +246,10 @@ fn step_rows(s: usize, batch: usize, rows: usize, shuffle: Option<u64>) -> Vec<u
         .collect()
 }
 
-fn permutation(seed: u64, epoch: usize, n: usize) -> Vec<usize> {
+/// The row order of epoch `epoch` of `n` rows when shuffling with `seed`: a
+/// Fisher–Yates shuffle driven by SplitMix64. Every trainer of meshwork reads shuffled
+/// rows in this order, so runs of the same seed see the same batches.
+pub fn permutation(seed: u64, epoch: usize, n: usize) -> Vec<usize> {
     let mut rng = SplitMix(seed ^ (epoch as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mut p: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {

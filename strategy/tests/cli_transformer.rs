@@ -33,12 +33,11 @@ fn expected(key: &str) -> Vec<f64> {
 fn train(dir: &Path, name: &str, optimizer: &str, lr: &str, extra: &[&str]) -> Vec<f64> {
     let path = dir.join(format!("{name}.json"));
     let (tokens, init) = (reference("tokens.npy"), reference("init.safetensors"));
-    let mut args = vec![
-        "train",
-        "--model",
-        "transformer",
-        "--data-tokens",
-        &tokens,
+    let mut args = vec!["train", "--model", "transformer"];
+    if !extra.contains(&"--data-tokens") {
+        args.extend(["--data-tokens", &tokens]);
+    }
+    args.extend([
         "--init",
         &init,
         "--heads",
@@ -54,7 +53,7 @@ fn train(dir: &Path, name: &str, optimizer: &str, lr: &str, extra: &[&str]) -> V
         "--quiet",
         "--losses-json",
         path.to_str().unwrap(),
-    ];
+    ]);
     if !extra.contains(&"--steps") {
         args.extend(["--steps", "20"]);
     }
@@ -64,7 +63,7 @@ fn train(dir: &Path, name: &str, optimizer: &str, lr: &str, extra: &[&str]) -> V
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-/// Writes `data` (little-endian values of NumPy type `descr`, `<i4` or `<f4`) of
+/// Writes `data` (little-endian values of NumPy type `descr`, `<i4`, `<i8` or `<f4`) of
 /// `shape` as a `.npy` file; returns its path.
 fn write_npy(path: &Path, descr: &str, shape: &[usize], data: Vec<u8>) -> String {
     let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
@@ -80,6 +79,30 @@ fn write_npy(path: &Path, descr: &str, shape: &[usize], data: Vec<u8>) -> String
     npy.extend(header.as_bytes());
     npy.extend(data);
     std::fs::write(path, npy).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A tensor's shape and f64 values.
+type Values = (Vec<usize>, Vec<f64>);
+
+/// A safetensors file of f64 tensors (header length, JSON header, little-endian data).
+fn write_safetensors_f64(path: &Path, tensors: &[(&str, Values)]) -> String {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, (shape, values)) in tensors {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F64", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut text = serde_json::Value::Object(header).to_string().into_bytes();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(text);
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
     path.to_str().unwrap().to_string()
 }
 
@@ -111,6 +134,17 @@ fn the_reference_run_matches_jax_on_every_mesh() {
             assert_jax(&got, key, &format!("--mesh {mesh}"));
         }
     }
+    // The same rows as int64.
+    let npy = std::fs::read(reference("tokens.npy")).unwrap();
+    let start = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    let wide: Vec<u8> = npy[start..]
+        .chunks_exact(4)
+        .flat_map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).to_le_bytes())
+        .collect();
+    assert_eq!(wide.len(), 256 * 17 * 8, "the reference rows are [256, 17]");
+    let tokens = write_npy(&dir.join("tokens64.npy"), "<i8", &[256, 17], wide);
+    let got = train(&dir, "int64", "sgd", "0.1", &["--mesh", "2x1", "--data-tokens", &tokens]);
+    assert_jax(&got, "losses_sgd", "int64 tokens");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -325,6 +359,46 @@ fn evaluation_holds_rows_out_of_training() {
     assert_eq!(evals.len(), 6, "every 5 steps of 30");
     assert!(evals.iter().all(|&(l, a)| l.is_finite() && l > 0.0 && (0.0..=1.0).contains(&a)));
     assert!(evals[5].0 < evals[0].0, "the held-out loss falls: {evals:?}");
+    // In a pipeline the same evaluations (each within 1e-9 of the mesh's), drawn as a
+    // second line of the plot, one point per evaluation.
+    let (piped, plot) = (dir.join("piped.jsonl"), dir.join("eval.svg"));
+    train(
+        &dir,
+        "eval-piped",
+        "adam",
+        "0.01",
+        &[
+            "--eval-every",
+            "5",
+            "--eval-fraction",
+            "0.25",
+            "--metrics-jsonl",
+            piped.to_str().unwrap(),
+            "--plot",
+            plot.to_str().unwrap(),
+            "--steps",
+            "30",
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+        ],
+    );
+    let piped: Vec<f64> = std::fs::read_to_string(&piped)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["eval_loss"].as_f64())
+        .collect();
+    assert_eq!(piped.len(), evals.len());
+    for (g, (w, _)) in piped.iter().zip(&evals) {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "pipeline eval {g} vs mesh {w}");
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let lines: Vec<&str> =
+        svg.split("points=\"").skip(1).map(|p| p.split('"').next().unwrap()).collect();
+    assert_eq!(lines.len(), 2, "train and eval lines");
+    assert_eq!(lines[0].split_whitespace().count(), 30);
+    assert_eq!(lines[1].split_whitespace().count(), 6);
     let out = meshwork(&["train", "--model", "transformer", "--eval-fraction", "0.2"]);
     assert_eq!(out.status.code(), Some(2), "--eval-fraction needs --eval-every");
     let _ = std::fs::remove_dir_all(dir);
@@ -354,6 +428,12 @@ fn text_rows_and_gradient_clipping() {
     assert_eq!(clipped[0], plain[0]);
     assert_ne!(clipped[1], plain[1]);
     assert_eq!(run(&["--clip-norm", "0.05"]).len(), 15);
+    // Clipped in a pipeline: the global norm over every stage's gradients, so the same
+    // run as on the mesh.
+    let piped = run(&["--clip-norm", "0.05", "--stages", "2", "--microbatches", "2"]);
+    for (g, w) in piped.iter().zip(&clipped) {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "pipeline {g} vs mesh {w}");
+    }
     for (extra, flag) in [
         (&["--vocab", "128"][..], "--text"),
         (&["--clip-norm", "-1"], "--clip-norm"),
@@ -568,6 +648,42 @@ fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
     let out = meshwork(&all);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("eval after step 20") && stdout.contains(", accuracy "), "{stdout}");
+    // --init sets the weights and says the filters: zero weights and a head bias of
+    // [1, 0] make every image's logits [1, 0], so the first loss (a batch of both
+    // classes evenly) is (ln(1 + e⁻¹) + ln(1 + e)) / 2; a --filters that disagrees is
+    // refused.
+    let zeros = |shape: &[usize]| (shape.to_vec(), vec![0.0; shape.iter().product()]);
+    let init = write_safetensors_f64(
+        &dir.join("init.safetensors"),
+        &[
+            ("conv1.weight", zeros(&[3, 3, 2, 4])),
+            ("conv1.bias", zeros(&[4])),
+            ("conv2.weight", zeros(&[3, 3, 4, 6])),
+            ("conv2.bias", zeros(&[6])),
+            ("head.weight", zeros(&[3 * 3 * 6, 2])),
+            ("head.bias", (vec![2], vec![1.0, 0.0])),
+        ],
+    );
+    let from_init = dir.join("init.json");
+    with(&[
+        "--steps",
+        "3",
+        "--mesh",
+        "2x1",
+        "--init",
+        &init,
+        "--losses-json",
+        from_init.to_str().unwrap(),
+    ]);
+    let l = read(&from_init);
+    let want = ((1.0 + (-1f64).exp()).ln() + (1.0 + 1f64.exp()).ln()) / 2.0;
+    assert!((l[0] - want).abs() < 1e-12 && l[2] < l[0], "{l:?} vs {want}");
+    let mut all = common.to_vec();
+    all.extend(["--init", &init, "--filters", "8,16"]);
+    let out = meshwork(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--filters: 8,16 disagrees") && stderr.contains("4,6"), "{stderr}");
     for (args, flag) in [
         (vec!["--mesh", "1x2"], "--mesh"),
         (vec!["--seq", "8"], "--seq"),
@@ -707,16 +823,17 @@ fn the_mlp_through_the_trainer_matches_jax_and_takes_every_flag() {
     let file = |n: &str| data.join(n).to_str().unwrap().to_string();
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(data.join("losses.json")).unwrap()).unwrap();
-    let want: Vec<f64> = serde_json::from_value(json["losses"].clone()).unwrap();
+    let losses = |key: &[&str]| -> Vec<f64> {
+        let v = key.iter().fold(&json, |v, k| &v[*k]);
+        serde_json::from_value(v.clone()).unwrap()
+    };
     let dir = temp("mlp");
     let (x, y, init) = (file("x.npy"), file("y.npy"), file("init.safetensors"));
-    for extra in [
-        &["--mesh", "1x1"][..],
-        &["--mesh", "2x2"],
-        &["--mesh", "2x4"],
-        &["--mesh", "2x1", "--stages", "2", "--microbatches", "2"],
-    ] {
-        let path = dir.join(format!("{}.json", extra.join("")));
+    let sgd = &["--lr", "0.3"][..];
+    let momentum = &["--optimizer", "momentum", "--lr", "0.1"][..];
+    let adamw = &["--optimizer", "adamw", "--lr", "0.01"][..];
+    let run = |extra: &[&str], optimizer: &[&str], name: &str| -> Vec<f64> {
+        let path = dir.join(format!("{name}.json"));
         let mut args = vec![
             "train",
             "--model",
@@ -731,20 +848,64 @@ fn the_mlp_through_the_trainer_matches_jax_and_takes_every_flag() {
             "16",
             "--steps",
             "12",
-            "--lr",
-            "0.3",
             "--quiet",
             "--losses-json",
             path.to_str().unwrap(),
         ];
+        args.extend(optimizer);
         args.extend(extra);
         let out = meshwork(&args);
         assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        let got: Vec<f64> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    for (extra, optimizer, key) in [
+        (&["--mesh", "1x1"][..], sgd, &["losses"][..]),
+        (&["--mesh", "2x2"], sgd, &["losses"]),
+        (&["--mesh", "2x4"], sgd, &["losses"]),
+        (&["--mesh", "2x1", "--stages", "2", "--microbatches", "2"], sgd, &["losses"]),
+        // The optimizers' formulas (PyTorch's) against JAX's run of them.
+        (&["--mesh", "2x2"], momentum, &["momentum", "losses"]),
+        (&["--mesh", "2x2"], adamw, &["adamw", "losses"]),
+        (&["--mesh", "1x1", "--stages", "3", "--microbatches", "2"], adamw, &["adamw", "losses"]),
+    ] {
+        let name = format!("{}{}", extra.join(""), optimizer.join(""));
+        let got = run(extra, optimizer, &name);
+        let want = losses(key);
         assert_eq!(got.len(), want.len());
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-12 * w.abs(), "{extra:?} step {s}: {g} vs JAX {w}");
+            assert!((g - w).abs() <= 1e-12 * w.abs(), "{name} step {s}: {g} vs JAX {w}");
         }
+    }
+    // Shuffled, the trainer reads the rows the main job reads (its own MLP, checked
+    // against JAX in cli.rs).
+    let shuffled = run(&["--mesh", "2x2", "--shuffle", "--seed", "7"], sgd, "shuffled");
+    let path = dir.join("main-shuffled.json");
+    let out = meshwork(&[
+        "train",
+        "--data-x",
+        &x,
+        "--data-y",
+        &y,
+        "--init",
+        &init,
+        "--batch",
+        "16",
+        "--steps",
+        "12",
+        "--lr",
+        "0.3",
+        "--shuffle",
+        "--seed",
+        "7",
+        "--quiet",
+        "--losses-json",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let main: Vec<f64> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_ne!(shuffled, losses(&["losses"]), "--shuffle changes the order");
+    for (s, (g, w)) in shuffled.iter().zip(&main).enumerate() {
+        assert!((g - w).abs() <= 1e-12 * w.abs(), "shuffled step {s}: {g} vs the main job's {w}");
     }
     let out = meshwork(&[
         "train",

@@ -17,14 +17,17 @@ flags:
   --data-x X.npy        images [N, H, W, C] (default: built-in 8x8 one-channel images of
                         4 classes, a brighter quadrant each under noise)
   --data-y Y.npy        class ids [N]
-  --filters F1,F2       (default 8,16)
+  --filters F1,F2       (default 8,16; with --init, the file's convolutions say them)
+  --init INIT.safetensors   initial conv1.weight [3, 3, C, F1], conv1.bias, conv2.weight
+                        [3, 3, F1, F2], conv2.bias, head.weight [⌈H/2⌉·⌈W/2⌉·F2, classes],
+                        head.bias (f32 or f64)
   --batch B             (default 32); step s reads rows (s·B + i) mod N
   --mesh Dx1            data-parallel devices (default 1x1)
   --stages K --microbatches M   a pipeline of K ≤ 3 stages (conv1, conv2, head spread
                         over them) per data replica, GPipe's micro-batches
   and the transformer's training flags (`meshwork train --model transformer --help`):
   --steps, --optimizer, --lr, --warmup, --schedule, --clip-norm, --dtype, --seed,
-  --shuffle, --init, --eval-every (accuracy of the class), --eval-fraction,
+  --shuffle, --eval-every (accuracy of the class), --eval-fraction,
   --losses-json, --metrics-jsonl, --plot, --checkpoint-dir, --checkpoint-every, --keep,
   --resume, --no-check, --quiet
 ";

@@ -921,15 +921,37 @@ pub(crate) fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosi
     lr * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
 }
 
-/// A permutation of `0..n` for epoch `epoch` (Fisher–Yates from `seed`).
-fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut noise = Noise(mix(mix(seed) ^ epoch as u64));
-    let mut p: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (noise.uniform() * (i + 1) as f64) as usize;
-        p.swap(i, j.min(i));
+/// A terminal's progress bar (on stderr) of `steps` steps: position, count, a message
+/// (the loss and the rate) and the time left.
+pub(crate) fn progress_bar(steps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:32.cyan/blue} {pos}/{len} steps  {msg}  eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("█▉▊▋▌▍▎▏ "),
+    );
+    bar
+}
+
+/// Step `s`'s loss on `where_` against one device's (`want`, when checked): a loss
+/// that is not finite, or one further than `tol` (relative) from one device's, fails
+/// the run.
+fn check_step(s: usize, loss: f64, want: Option<f64>, tol: f64, where_: &str) -> Result<(), Exit> {
+    if !loss.is_finite() {
+        return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
     }
-    p
+    match want {
+        Some(want) if !want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12) => {
+            Err(Exit::Failed(format!(
+                "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
+                loss_text(loss),
+                loss_text(want)
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Opens `path` as a new file (never one that exists: meshwork does not overwrite
@@ -1388,9 +1410,56 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             return Err(Usage(format!("--stages {stages}: the CNN has 3 layers")).into());
         }
         let images = crate::cnn::images(&a, seed)?;
-        let filters: Vec<usize> = args::dims("filters", a.get("filters").unwrap_or("8,16"))?;
-        let [f1, f2] = filters[..] else {
-            return Err(Usage(format!("--filters {filters:?}: give two counts, F1,F2")).into());
+        // The filters: from --init's convolutions (HWIO), the checkpoint's run, or
+        // --filters; a flag that disagrees with the file or the checkpoint is refused.
+        let from_file = match &file {
+            Some(f) => {
+                let out = |name: &str| {
+                    f.get(name).and_then(|t| match t.shape().dims() {
+                        &[3, 3, _, o] => Some(o),
+                        _ => None,
+                    })
+                };
+                match (out("conv1.weight"), out("conv2.weight")) {
+                    (Some(f1), Some(f2)) => Some([f1, f2]),
+                    _ => {
+                        return Err(usage(
+                            "init",
+                            "the CNN needs conv1.weight and conv2.weight of shape [3, 3, in, out]",
+                        )
+                        .into());
+                    }
+                }
+            }
+            None => None,
+        };
+        let from_saved = resume
+            .as_ref()
+            .and_then(|(_, m)| serde_json::from_value::<[usize; 2]>(m["filters"].clone()).ok());
+        let [f1, f2] = match a.get("filters") {
+            None => from_saved.or(from_file).unwrap_or([8, 16]),
+            Some(text) => {
+                let filters: Vec<usize> = args::dims("filters", text)?;
+                let [f1, f2] = filters[..] else {
+                    return Err(
+                        Usage(format!("--filters {filters:?}: give two counts, F1,F2")).into()
+                    );
+                };
+                for (whose, had) in
+                    [("--init's convolutions", from_file), ("the checkpoint", from_saved)]
+                {
+                    if let Some([g1, g2]) = had
+                        && [g1, g2] != [f1, f2]
+                    {
+                        return Err(usage(
+                            "filters",
+                            format!("{f1},{f2} disagrees with {whose}, which have {g1},{g2}"),
+                        )
+                        .into());
+                    }
+                }
+                [f1, f2]
+            }
         };
         if f1 == 0 || f2 == 0 {
             return Err(
@@ -1564,7 +1633,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             let k = s * batch + i;
             let r = if shuffle {
                 if order.0 != k / n {
-                    order = (k / n, permutation(n, seed, k / n));
+                    order = (k / n, meshwork_strategy::mlp::permutation(seed, k / n, n));
                 }
                 order.1[k % n]
             } else {
@@ -1647,17 +1716,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     }
     // On a terminal, a progress bar (redrawn on stderr); otherwise plain lines, a
     // tenth of the run apart.
-    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| {
-        let bar = indicatif::ProgressBar::new((steps - first) as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:32.cyan/blue} {pos}/{len} steps  {msg}  eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("█▉▊▋▌▍▎▏ "),
-        );
-        bar
-    });
+    let bar = (std::io::stderr().is_terminal() && !quiet).then(|| progress_bar(steps - first));
     let tol = if dtype == DType::F64 { 1e-9 } else { 1e-4 };
     let (per_row, unit) = net.per_row();
     let mut losses = Vec::with_capacity(steps);
@@ -1690,23 +1749,11 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
         let (loss, want) = ahead.pop_front().expect("a step computed ahead");
         losses.push(loss);
-        if !loss.is_finite() {
+        if let Err(e) = check_step(s, loss, want, tol, &where_) {
             if let Some(p) = a.get("losses-json") {
                 let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
             }
-            return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
-        }
-        if let Some(want) = want
-            && (!want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12))
-        {
-            if let Some(p) = a.get("losses-json") {
-                let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
-            }
-            return Err(Exit::Failed(format!(
-                "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
-                loss_text(loss),
-                loss_text(want)
-            )));
+            return Err(e);
         }
         let rate = ((s + 1 - first) * batch) as f64 * per_row as f64 / busy;
         if let Some(m) = manager.as_mut()
@@ -1826,4 +1873,38 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         outln!("{}", sparkline(&losses, 60));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(r: Result<(), Exit>) -> String {
+        match r {
+            Err(Exit::Failed(m)) => m,
+            other => panic!("expected a failed run, got {:?}", other.is_ok()),
+        }
+    }
+
+    /// The one-device check fails a run on a loss off one device's by more than the
+    /// tolerance, on one device's loss not being finite, and on any loss that is not.
+    #[test]
+    fn the_check_fails_a_step_off_one_devices_loss() {
+        assert!(check_step(3, 2.0, Some(2.0 + 1e-10), 1e-9, "mesh 2x2").is_ok());
+        assert!(check_step(3, 2.0, None, 1e-9, "mesh 2x2").is_ok());
+        let m = failed(check_step(3, 2.0, Some(2.0 + 1e-8), 1e-9, "mesh 2x2"));
+        assert!(
+            m.starts_with("step 3: loss ")
+                && m.contains("on mesh 2x2")
+                && m.contains("on one device"),
+            "{m}"
+        );
+        assert!(failed(check_step(0, 2.0, Some(f64::NAN), 1e-9, "mesh 2x2")).contains("NaN"));
+        assert!(
+            failed(check_step(5, f64::INFINITY, Some(2.0), 1e-9, "x"))
+                .contains("step 5: the loss is inf")
+        );
+        // Relative: the same absolute gap passes on a large loss.
+        assert!(check_step(1, 2e3, Some(2e3 + 1e-8), 1e-9, "x").is_ok());
+    }
 }

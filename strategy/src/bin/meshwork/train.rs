@@ -439,39 +439,37 @@ fn steps_text(n: usize) -> String {
     if n == 1 { "1 step".into() } else { format!("{n} steps") }
 }
 
-/// A progress line on stderr: redrawn on a terminal, every tenth of the run otherwise.
+/// Progress on stderr: an `indicatif` bar on a terminal, otherwise a plain line every
+/// tenth of the run.
 struct Bar {
-    tty: bool,
+    tty: Option<indicatif::ProgressBar>,
     last_line: usize,
 }
 
 impl Bar {
     fn show(&mut self, p: Progress) {
-        let width = 24;
-        let filled = (p.done * width).checked_div(p.total).unwrap_or(width).min(width);
-        let line = format!(
-            "step {:>5}/{} [{}{}] loss {}  {:.0} samples/s",
-            p.done,
-            p.total,
-            "=".repeat(filled),
-            " ".repeat(width - filled),
-            loss_text(p.loss),
-            p.samples_per_sec
-        );
-        let mut err = std::io::stderr();
-        if self.tty {
-            let _ = write!(err, "\r{line}");
-            if p.done == p.total {
-                let _ = writeln!(err);
-            }
-        } else {
-            let tenth = (p.total / 10).max(1);
-            if p.done / tenth != self.last_line || p.done == p.total {
-                self.last_line = p.done / tenth;
-                let _ = writeln!(err, "{line}");
-            }
+        let message = format!("loss {}  {:.0} samples/s", loss_text(p.loss), p.samples_per_sec);
+        if let Some(bar) = &self.tty {
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+            bar.set_message(message);
+            return;
         }
-        let _ = err.flush();
+        let tenth = (p.total / 10).max(1);
+        if p.done / tenth != self.last_line || p.done == p.total {
+            self.last_line = p.done / tenth;
+            let mut err = std::io::stderr();
+            let _ = writeln!(err, "step {:>5}/{} {message}", p.done, p.total);
+            let _ = err.flush();
+        }
+    }
+
+    /// Leaves the bar drawn as it stands (the run ended, finished or not).
+    fn end(&self) {
+        if let Some(bar) = &self.tty {
+            bar.abandon();
+            let _ = writeln!(std::io::stderr());
+        }
     }
 }
 
@@ -795,14 +793,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ));
     }
     let stop = stop_flag()?;
-    let mut bar = Bar { tty: std::io::stderr().is_terminal(), last_line: usize::MAX };
+    let tty = (std::io::stderr().is_terminal() && !quiet).then(|| crate::lm::progress_bar(steps));
+    let mut bar = Bar { tty, last_line: usize::MAX };
     let report = mlp::train_with(&config, &data, &init, checkpoints, &mut |p| {
         if !quiet {
             bar.show(p);
         }
         if stop.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
-    })
-    .map_err(|e| strategy_error(e, &config))?;
+    });
+    bar.end();
+    let report = report.map_err(|e| strategy_error(e, &config))?;
     if let Some(path) = a.get("plot") {
         let title = format!("meshwork: MLP training loss on {data_axis}x{model_axis}");
         let svg = crate::lm::svg(&report.losses, &[], report.first_step, &title);
