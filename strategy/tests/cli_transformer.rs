@@ -173,12 +173,20 @@ fn the_built_in_run_learns_and_summarises() {
     let out = meshwork(&["train", "--model", "transformer", "--steps", "60", "--mesh", "2x1"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary = stdout.lines().find(|l| l.starts_with("loss ")).expect("a summary line");
-    let nums: Vec<f64> =
-        summary.split_whitespace().filter_map(|w| w.trim_end_matches(',').parse().ok()).collect();
-    assert!(nums[1] < 0.5 * nums[0], "the loss halves: {summary}");
-    assert!(summary.contains("every step equal to one device's"), "{summary}");
-    assert!(stdout.lines().last().unwrap().chars().all(|c| ('▁'..='█').contains(&c)), "{stdout}");
+    let line = |label: &str| {
+        let l = stdout.lines().find(|l| l.trim_start().starts_with(label));
+        l.unwrap_or_else(|| panic!("no {label} line: {stdout}")).trim_start()[label.len()..].trim()
+    };
+    let nums: Vec<f64> = line("final loss")
+        .split(|c: char| c.is_whitespace() || c == ')')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(nums[0] < 0.5 * nums[1], "the loss halves: {stdout}");
+    assert!(line("check").starts_with("every step equal to one device's"), "{stdout}");
+    let curve = line("loss curve");
+    assert!(curve.chars().count() > 10, "{stdout}");
+    assert!(curve.chars().all(|c| ('▁'..='█').contains(&c)), "{stdout}");
+    assert!(line("throughput").contains("tokens/s (60 steps in "), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("tokens/s"), "progress lines: {stderr}");
 }
@@ -647,7 +655,10 @@ fn the_cnn_trains_on_images_from_npy_files_data_parallel() {
     all.extend(["--steps", "20", "--eval-every", "10", "--eval-fraction", "0.25"]);
     let out = meshwork(&all);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("eval after step 20") && stdout.contains(", accuracy "), "{stdout}");
+    assert!(
+        stdout.contains("eval         after step 20: loss ") && stdout.contains(", accuracy "),
+        "{stdout}"
+    );
     // --init sets the weights and says the filters: zero weights and a head bias of
     // [1, 0] make every image's logits [1, 0], so the first loss (a batch of both
     // classes evenly) is (ln(1 + e⁻¹) + ln(1 + e)) / 2; a --filters that disagrees is

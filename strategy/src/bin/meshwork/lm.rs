@@ -1069,6 +1069,16 @@ const INSPECT_VALUED: &[&str] = &[
 ];
 
 /// `--optimizer`'s value.
+/// An optimizer as a person names it: `adam`, `momentum 0.9`, `adamw (decay 0.01)`.
+fn optimizer_text(o: Optimizer) -> String {
+    match o {
+        Optimizer::Sgd => "sgd".into(),
+        Optimizer::Momentum { momentum } => format!("momentum {momentum}"),
+        Optimizer::Adam { .. } => "adam".into(),
+        Optimizer::AdamW { weight_decay, .. } => format!("adamw (decay {weight_decay})"),
+    }
+}
+
 pub(crate) fn optimizer_flag(a: &Args) -> Result<Optimizer, Usage> {
     let default = if a.get("model") == Some("mlp") { "sgd" } else { "adam" };
     Ok(match a.get("optimizer").unwrap_or(default) {
@@ -1709,8 +1719,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     };
     if !quiet {
         outln!(
-            "training {} on {n} rows ({dtype}, {optimizer:?}, lr {}) on {where_}, batch {batch}, {steps} steps",
+            "training {} on {n} rows ({dtype}, {}, lr {}) on {where_}, batch {batch}, {steps} steps",
             net.describe(),
+            optimizer_text(optimizer),
             number_text(lr)
         );
     }
@@ -1723,6 +1734,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let mut busy = 0.0;
     let every = (steps / 10).max(1);
     let mut saved_at = None;
+    // The one-device check's largest absolute and relative differences.
+    let (mut most, mut most_rel) = (0.0f64, 0.0f64);
     // Losses computed ahead, a host call (--steps-per-run steps, up to the next
     // evaluation or checkpoint) at a time; the one-device check's beside them.
     let mut ahead: std::collections::VecDeque<(f64, Option<f64>)> = Default::default();
@@ -1749,6 +1762,10 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
         let (loss, want) = ahead.pop_front().expect("a step computed ahead");
         losses.push(loss);
+        if let Some(want) = want {
+            most = most.max((loss - want).abs());
+            most_rel = most_rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
+        }
         if let Err(e) = check_step(s, loss, want, tol, &where_) {
             if let Some(p) = a.get("losses-json") {
                 let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
@@ -1840,37 +1857,41 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             .map_err(|e| Exit::Usage(format!("--plot {p}: {e}")))?;
     }
     if !quiet {
-        let first_loss = losses.first().copied().unwrap_or(f64::NAN);
-        let last = losses.last().copied().unwrap_or(f64::NAN);
-        outln!(
-            "loss {} -> {} over steps {}..{steps}, {:.0} {unit}/s{}",
-            loss_text(first_loss),
-            loss_text(last),
-            first + 1,
-            ((steps - first) * batch) as f64 * per_row as f64 / busy,
-            if check {
-                ", every step equal to one device's"
-            } else if devices > 1 && !a.on("no-check") {
-                ", not checked against one device (a large run: --check runs it)"
-            } else {
-                ""
-            }
-        );
+        let made = losses.len();
+        outln!("meshwork train: {} on {where_}, {dtype}, steps {first}..{steps}", net.describe());
+        if let (Some(first_loss), Some(last)) = (losses.first(), losses.last()) {
+            outln!("  final loss   {}  (first {})", loss_text(*last), loss_text(*first_loss));
+            outln!("  loss curve   {}", sparkline(&losses, 60));
+        }
         if let Some(&(k, l, acc)) = evals.last() {
-            let s = k + first;
             outln!(
-                "eval after step {}: loss {}, {} {:.2}% on {} held-out rows",
-                s + 1,
+                "  eval         after step {}: loss {}, {} {:.2}% on {} held-out rows",
+                k + first + 1,
                 loss_text(l),
                 if matches!(net, Net::Transformer(_)) { "next-token accuracy" } else { "accuracy" },
                 100.0 * acc,
                 held / batch * batch
             );
         }
+        outln!(
+            "  throughput   {:.0} {unit}/s ({} in {busy:.2} s)",
+            (made * batch) as f64 * per_row as f64 / busy.max(1e-9),
+            if made == 1 { "1 step".to_string() } else { format!("{made} steps") }
+        );
         if let Some(at) = saved_at {
-            outln!("checkpoint at step {at} in {}", checkpoint_dir.unwrap_or_default());
+            outln!("  checkpoint   step {at} in {}", checkpoint_dir.unwrap_or_default());
         }
-        outln!("{}", sparkline(&losses, 60));
+        if check {
+            outln!(
+                "  check        every step equal to one device's: max |loss - 1-device loss| = {most:.1e} (relative {most_rel:.1e}, tolerance {tol:e})"
+            );
+        } else if devices > 1 && !a.on("no-check") {
+            outln!("  check        not run: a large run (--check runs it)");
+        } else if devices == 1 {
+            outln!("  check        this run is the one-device run");
+        } else {
+            outln!("  check        skipped (--no-check)");
+        }
     }
     Ok(())
 }
