@@ -167,3 +167,27 @@ pub(crate) fn dims(flag: &str, text: &str) -> Result<Vec<usize>, Usage> {
         })
         .collect()
 }
+
+/// The bytes of the regular file `path` given by `--flag`, at most `limit` of them
+/// (`--max-memory`): a device, FIFO or directory is refused, and so is a file that
+/// holds more, even one that grows while it is read.
+pub(crate) fn read_file(flag: &str, path: &str, limit: u64) -> Result<Vec<u8>, Usage> {
+    use std::io::Read;
+    let bad = |e: &dyn std::fmt::Display| Usage(format!("--{flag} {path}: {e}"));
+    let file = std::fs::File::open(path).map_err(|e| bad(&e))?;
+    let meta = file.metadata().map_err(|e| bad(&e))?;
+    if !meta.is_file() {
+        return Err(bad(&"not a regular file"));
+    }
+    let too_big =
+        |n: u64| bad(&format!("{n} bytes or more, over the {limit}-byte limit (--max-memory)"));
+    if meta.len() > limit {
+        return Err(too_big(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| bad(&e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}

@@ -44,9 +44,8 @@ pub(crate) struct Images {
     pub(crate) classes: usize,
 }
 
-/// `--data-x`/`--data-y`, or the built-in images.
-pub(crate) fn images(a: &Args, seed: u64) -> Result<Images, Usage> {
-    let limit = 8 << 30;
+/// `--data-x`/`--data-y` (read within `limit` bytes), or the built-in images.
+pub(crate) fn images(a: &Args, seed: u64, limit: u64) -> Result<Images, Usage> {
     match (a.get("data-x"), a.get("data-y")) {
         (None, None) => {
             let (n, h, w) = (512, 8, 8);
@@ -85,11 +84,17 @@ pub(crate) fn images(a: &Args, seed: u64) -> Result<Images, Usage> {
                     format!("{xp}: images of shape {:?} are too small", x.shape()),
                 ));
             }
+            if let Some((k, v)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(usage(
+                    "data-x",
+                    format!("{xp}: value {k} (flat) is {v}, not a finite number"),
+                ));
+            }
             let yv = npy::read(yp, limit).map_err(|e| usage("data-y", e))?;
-            if yv.shape() != [n] {
+            if yv.shape() != [n] && yv.shape() != [n, 1] {
                 return Err(usage(
                     "data-y",
-                    format!("{yp} has shape {:?}; want [{n}]", yv.shape()),
+                    format!("{yp} has shape {:?}; want [{n}] (or [{n}, 1])", yv.shape()),
                 ));
             }
             let mut y = Vec::with_capacity(n);
@@ -105,6 +110,17 @@ pub(crate) fn images(a: &Args, seed: u64) -> Result<Images, Usage> {
             let classes = y.iter().copied().max().unwrap_or(0) as usize + 1;
             if classes < 2 {
                 return Err(usage("data-y", format!("{yp} holds one class")));
+            }
+            // The classes are the largest id + 1; one stray id must not build a head
+            // of thousands of classes that no row has.
+            if classes > 2 * n {
+                return Err(usage(
+                    "data-y",
+                    format!(
+                        "{yp}: the largest class id {} is more than twice the {n} rows; is it a stray label?",
+                        classes - 1
+                    ),
+                ));
             }
             Ok(Images { dims: [n, h, w, c], x: x.iter().copied().collect(), y, classes })
         }

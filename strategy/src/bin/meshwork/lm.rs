@@ -63,9 +63,14 @@ flags:
   --checkpoint-every N
   --keep N              checkpoints kept, newest first (default 3)
   --resume PATH         continue from a checkpoint directory (its latest step) or one
-                        step-NNNNNNNN/ in it, on any mesh or pipeline; the run's other
-                        flags must describe the same model, dtype and optimizer
-  --losses-json FILE    every step's loss as a JSON list
+                        step-NNNNNNNN/ in it, on any mesh or pipeline; the model's sizes
+                        come from the checkpoint, and the run's other flags must give what
+                        the saved run had: the same data (checked by a CRC), --dtype,
+                        --optimizer, --batch, --lr, --warmup, --schedule, --clip-norm,
+                        --seed, --shuffle and --eval-fraction (a difference is refused)
+  --losses-json FILE    every step's loss as a JSON list, written at the end and when
+                        the run stops or fails; an existing file is replaced only if it
+                        is such a list
   --metrics-jsonl FILE  one JSON line per step as the run goes (step, loss, lr,
                         tokens/s); a new file (an existing one is refused)
   --plot FILE.svg       the loss per step as an SVG line chart; a new file
@@ -235,11 +240,7 @@ fn model_from(a: &Args, meta: &serde_json::Value) -> Result<Transformer, Usage> 
 
 /// The tensors of a safetensors file (f32 or f64), by name.
 fn read_init(path: &str, limit: u64) -> Result<HashMap<String, Tensor>, Usage> {
-    let size = std::fs::metadata(path).map_err(|e| usage("init", format!("{path}: {e}")))?.len();
-    if size > limit {
-        return Err(usage("init", format!("{path} is {size} bytes, more than {limit}")));
-    }
-    let bytes = std::fs::read(path).map_err(|e| usage("init", format!("{path}: {e}")))?;
+    let bytes = args::read_file("init", path, limit)?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| usage("init", format!("{path} is not a safetensors file: {e}")))?;
     let mut out = HashMap::new();
@@ -264,6 +265,17 @@ fn read_init(path: &str, limit: u64) -> Result<HashMap<String, Tensor>, Usage> {
             }
         }
         .map_err(|e| usage("init", format!("{name}: {e}")))?;
+        let finite = match view.dtype() {
+            safetensors::Dtype::F64 => data
+                .chunks_exact(8)
+                .position(|c| !f64::from_le_bytes(c.try_into().expect("8 bytes")).is_finite()),
+            _ => data
+                .chunks_exact(4)
+                .position(|c| !f32::from_le_bytes(c.try_into().expect("4 bytes")).is_finite()),
+        };
+        if let Some(k) = finite {
+            return Err(usage("init", format!("{name}[{k}] (flat) is not a finite number")));
+        }
         out.insert(name, t);
     }
     Ok(out)
@@ -344,12 +356,8 @@ fn rows(a: &Args, model: &Transformer, seed: u64, limit: u64) -> Result<(usize, 
                 format!("bytes are tokens of a vocabulary of 256, not --vocab {}", model.vocab),
             ));
         }
-        let size =
-            std::fs::metadata(path).map_err(|e| usage("text", format!("{path}: {e}")))?.len();
-        if size > limit {
-            return Err(usage("text", format!("{path} is {size} bytes, more than {limit}")));
-        }
-        let bytes = std::fs::read(path).map_err(|e| usage("text", format!("{path}: {e}")))?;
+        // The bytes and their tokens (4 bytes each) are held at once.
+        let bytes = args::read_file("text", path, limit / 5)?;
         let n = bytes.len().saturating_sub(1) / model.seq;
         if n == 0 {
             return Err(usage(
@@ -528,6 +536,24 @@ enum Examples {
 }
 
 impl Examples {
+    /// A CRC-32C of the rows (their values, labels and shape): a resumed run must read
+    /// the data the checkpoint's run read.
+    fn fingerprint(&self) -> u32 {
+        match self {
+            Examples::Tokens { width, tokens } => {
+                let crc = crc32c::crc32c(&(*width as u64).to_le_bytes());
+                tokens.iter().fold(crc, |c, t| crc32c::crc32c_append(c, &t.to_le_bytes()))
+            }
+            Examples::Images { dims, x, y, .. } => {
+                let crc = dims
+                    .iter()
+                    .fold(0, |c, d| crc32c::crc32c_append(c, &(*d as u64).to_le_bytes()));
+                let crc = x.iter().fold(crc, |c, v| crc32c::crc32c_append(c, &v.to_le_bytes()));
+                y.iter().fold(crc, |c, l| crc32c::crc32c_append(c, &l.to_le_bytes()))
+            }
+        }
+    }
+
     /// The feeds of rows `idx`.
     fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>, Exit> {
         let failed = |e: meshwork_program::Error| Exit::Failed(e.to_string());
@@ -935,19 +961,29 @@ pub(crate) fn progress_bar(steps: usize) -> indicatif::ProgressBar {
     bar
 }
 
+/// `result`, having written the losses so far to `--losses-json` (`json`) when it is
+/// an error: a run that fails leaves its losses as one that finishes does.
+fn kept<T>(json: Option<&str>, losses: &[f64], result: Result<T, Exit>) -> Result<T, Exit> {
+    if result.is_err()
+        && let Some(p) = json
+    {
+        let _ = write_atomic(p, &serde_json::to_string(losses).unwrap_or_default());
+    }
+    result
+}
+
 /// Step `s`'s loss on `where_` against one device's (`want`, when checked): a loss
 /// that is not finite, or one further than `tol` (relative) from one device's, fails
-/// the run.
+/// the run. Steps are counted from 0 and named from 1, as the progress lines do.
 fn check_step(s: usize, loss: f64, want: Option<f64>, tol: f64, where_: &str) -> Result<(), Exit> {
     if !loss.is_finite() {
-        return Err(Exit::Failed(format!("step {s}: the loss is {loss}")));
+        return Err(Exit::Failed(format!("step {}: the loss is {loss}", s + 1)));
     }
     match want {
         Some(want) if !want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12) => {
             Err(Exit::Failed(format!(
-                "step {s}: loss {} on {where_}, {} on one device (tolerance {tol:e} relative)",
-                loss_text(loss),
-                loss_text(want)
+                "step {}: loss {loss} on {where_}, {want} on one device (tolerance {tol:e} relative)",
+                s + 1,
             )))
         }
         _ => Ok(()),
@@ -1069,6 +1105,31 @@ const INSPECT_VALUED: &[&str] = &[
 ];
 
 /// `--optimizer`'s value.
+/// The refusal of `--init` without `--heads`: the file does not say how many heads
+/// the attention has.
+fn heads_with_init() -> Exit {
+    Exit::Usage(
+        "--heads: an --init file does not say how many heads its attention has; give --heads"
+            .into(),
+    )
+}
+
+/// The data flags a run's metadata recorded (`[--data-tokens, --text, --data-x]`), as
+/// a person gives them.
+fn data_text(data: &serde_json::Value) -> String {
+    let given: Vec<String> = ["--data-tokens", "--text", "--data-x"]
+        .iter()
+        .zip(data.as_array().into_iter().flatten())
+        .filter_map(|(flag, v)| v.as_str().map(|p| format!("{flag} {p}")))
+        .collect();
+    if given.is_empty() { "the built-in data".into() } else { given.join(" ") }
+}
+
+/// What an evaluation's accuracy counts: the next token, or the class.
+fn accuracy_label(net: &Net) -> &'static str {
+    if matches!(net, Net::Transformer(_)) { "next-token accuracy" } else { "accuracy" }
+}
+
 /// An optimizer as a person names it: `adam`, `momentum 0.9`, `adamw (decay 0.01)`.
 fn optimizer_text(o: Optimizer) -> String {
     match o {
@@ -1122,6 +1183,9 @@ pub(crate) fn inspect(argv: &[String]) -> Result<(), Exit> {
     let optimizer = optimizer_flag(&a)?;
     let dtype = dtype_flag(&a)?;
     let file = a.get("init").map(|p| read_init(p, 8 << 30)).transpose()?;
+    if file.is_some() && a.get("heads").is_none() {
+        return Err(heads_with_init());
+    }
     let model = model(&a, file.as_ref())?;
     if !model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m) {
         return Err(Usage(format!(
@@ -1176,11 +1240,12 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         ))
         .into());
     }
-    let limit: u64 = 8 << 30;
     let max_memory = match a.get("max-memory") {
         Some(t) => crate::train::bytes_flag("max-memory", t)?,
         None => 8 << 30,
     };
+    // What reading the data and the initial weights may hold.
+    let limit = max_memory;
     // `--model mlp` keeps the main job's defaults (2x2, 200 steps of 64 rows, SGD at
     // 0.5, f64).
     let mlp = a.get("model") == Some("mlp");
@@ -1380,6 +1445,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         if hidden == 0 {
             return Err(Usage("--hidden must be at least 1".into()).into());
         }
+        if stages > 2 {
+            return Err(Usage(format!("--stages {stages}: the MLP has 2 layers")).into());
+        }
         let data_set = crate::train::dataset(&a, seed, limit, classes)?;
         let net = Mlp { features: data_set.features(), hidden, classes: data_set.classes };
         if model_axis > 1 && !hidden.is_multiple_of(model_axis) {
@@ -1419,7 +1487,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         if stages > 3 {
             return Err(Usage(format!("--stages {stages}: the CNN has 3 layers")).into());
         }
-        let images = crate::cnn::images(&a, seed)?;
+        let images = crate::cnn::images(&a, seed, limit)?;
         // The filters: from --init's convolutions (HWIO), the checkpoint's run, or
         // --filters; a flag that disagrees with the file or the checkpoint is refused.
         let from_file = match &file {
@@ -1520,10 +1588,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             }
         }
         if a.get("init").is_some() && a.get("heads").is_none() {
-            return Err(Usage(
-                "--heads: an --init file does not say how many heads its attention has; give --heads".into(),
-            )
-            .into());
+            return Err(heads_with_init());
         }
         let model = match &resume {
             Some((_, meta)) => model_from(&a, meta)?,
@@ -1535,6 +1600,16 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             return Err(Usage(format!(
                 "--mesh {data}x{m}: the model axis must divide --heads {} and --ffn {}",
                 model.heads, model.ffn
+            ))
+            .into());
+        }
+        // Block i goes on stage ⌊i·K/L⌋ and the head on the last: up to L + 1 stages
+        // leave none idle.
+        if stages > model.layers + 1 {
+            return Err(Usage(format!(
+                "--stages {stages}: the transformer's {} blocks and its head fill at most {} stages",
+                model.layers,
+                model.layers + 1
             ))
             .into());
         }
@@ -1561,6 +1636,8 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         a.get("eval-every").is_some().then(|| a.get("eval-fraction").unwrap_or("0.1"))
     );
     meta["data"] = serde_json::json!([a.get("data-tokens"), a.get("text"), a.get("data-x")]);
+    meta["rows"] = n_all.into();
+    meta["data_fingerprint"] = examples.fingerprint().into();
     if let Some((dir, saved)) = &resume {
         for key in [
             "dtype",
@@ -1574,7 +1651,24 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             "schedule",
             "cosine_steps",
             "eval_fraction",
+            "rows",
+            "data_fingerprint",
         ] {
+            if saved[key] != meta[key] && (key == "rows" || key == "data_fingerprint") {
+                return Err(usage(
+                    "resume",
+                    format!(
+                        "{} was saved by a run on other data ({}: {} rows, CRC-32C {}); this run's data has {} rows, CRC-32C {}",
+                        dir.display(),
+                        data_text(&saved["data"]),
+                        saved["rows"],
+                        saved["data_fingerprint"],
+                        meta["rows"],
+                        meta["data_fingerprint"]
+                    ),
+                )
+                .into());
+            }
             if saved[key] != meta[key] {
                 return Err(usage(
                     "resume",
@@ -1598,6 +1692,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         }
     }
     let eval_every: usize = a.parse_or("eval-every", 0, "a step count")?;
+    if a.get("eval-every").is_some() && eval_every == 0 {
+        return Err(Usage("--eval-every must be at least 1 (a step count)".into()).into());
+    }
     let fraction: f64 = a.parse_or("eval-fraction", 0.1, "a fraction")?;
     if a.get("eval-fraction").is_some() && eval_every == 0 {
         return Err(Usage("--eval-fraction needs --eval-every N".into()).into());
@@ -1670,6 +1767,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     // The one-device check: on by default for runs small enough to repeat on one
     // device (at most 1 GB by the estimate), on with --check, off with --no-check.
     let small = memory_estimate(&net, batch, dtype, devices, true) <= 1e9;
+    if a.on("check") && a.on("no-check") {
+        return Err(Usage("--check and --no-check contradict each other; give one".into()).into());
+    }
     let check = devices > 1 && !a.on("no-check") && (small || a.on("check"));
     let one = Strategy::data_parallel(1).map_err(|e| Exit::Failed(e.to_string()))?;
     let mut reference =
@@ -1739,6 +1839,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     // Losses computed ahead, a host call (--steps-per-run steps, up to the next
     // evaluation or checkpoint) at a time; the one-device check's beside them.
     let mut ahead: std::collections::VecDeque<(f64, Option<f64>)> = Default::default();
+    let json = a.get("losses-json");
     for s in first..steps {
         let lr = learning_rate(lr, s, steps, warmup, cosine);
         if ahead.is_empty() {
@@ -1748,14 +1849,17 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                     end = end.min((k + 1).saturating_mul(every));
                 }
             }
-            let feeds = (s..end).map(&mut batch_of).collect::<Result<Vec<_>, Exit>>()?;
+            let feeds =
+                kept(json, &losses, (s..end).map(&mut batch_of).collect::<Result<Vec<_>, _>>())?;
             let lrs: Vec<f64> =
                 (s..end).map(|k| learning_rate(base_lr, k, steps, warmup, cosine)).collect();
             let t = Instant::now();
-            let got = run.steps(&feeds, &lrs, s)?;
+            let got = kept(json, &losses, run.steps(&feeds, &lrs, s))?;
             busy += t.elapsed().as_secs_f64();
             let want = match reference.as_mut() {
-                Some(r) => r.steps(&feeds, &lrs, s)?.into_iter().map(Some).collect(),
+                Some(r) => {
+                    kept(json, &losses, r.steps(&feeds, &lrs, s))?.into_iter().map(Some).collect()
+                }
                 None => vec![None; got.len()],
             };
             ahead.extend(got.into_iter().zip(want));
@@ -1766,36 +1870,19 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             most = most.max((loss - want).abs());
             most_rel = most_rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
         }
-        if let Err(e) = check_step(s, loss, want, tol, &where_) {
-            if let Some(p) = a.get("losses-json") {
-                let _ = write_atomic(p, &serde_json::to_string(&losses).unwrap_or_default());
-            }
-            return Err(e);
-        }
+        kept(json, &losses, check_step(s, loss, want, tol, &where_))?;
         let rate = ((s + 1 - first) * batch) as f64 * per_row as f64 / busy;
         if let Some(m) = manager.as_mut()
             && (s + 1 == steps || (checkpoint_every > 0 && (s + 1) % checkpoint_every == 0))
         {
-            m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1))
-                .map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}")))?;
+            let saved = m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1));
+            kept(json, &losses, saved.map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}"))))?;
             saved_at = Some(s + 1);
         }
         let evaluated = match &eval {
             Some(e) if (s + 1) % eval_every == 0 || s + 1 == steps => {
-                let (l, acc) = e.run(run.as_ref())?;
+                let (l, acc) = kept(json, &losses, e.run(run.as_ref()))?;
                 evals.push((s - first, l, acc));
-                if !quiet {
-                    let line = format!(
-                        "eval after step {}: loss {}, accuracy {:.2}%",
-                        s + 1,
-                        loss_text(l),
-                        100.0 * acc
-                    );
-                    match &bar {
-                        Some(bar) => bar.println(line),
-                        None => eprintln!("{line}"),
-                    }
-                }
                 Some((l, acc))
             }
             _ => None,
@@ -1807,15 +1894,33 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 line["eval_loss"] = l.into();
                 line["eval_accuracy"] = acc.into();
             }
-            writeln!(f, "{line}")
-                .and_then(|()| f.flush())
-                .map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}")))?;
+            let written = writeln!(f, "{line}").and_then(|()| f.flush());
+            kept(
+                json,
+                &losses,
+                written.map_err(|e| Exit::Usage(format!("--metrics-jsonl: cannot write: {e}"))),
+            )?;
         }
         if let Some(bar) = &bar {
             bar.set_message(format!("loss {}  {rate:.0} {unit}/s", loss_text(loss)));
             bar.inc(1);
         } else if !quiet && (s + 1 == steps || (s + 1) % every == 0) {
             eprintln!("step {:>5}/{steps} loss {}  {rate:.0} {unit}/s", s + 1, loss_text(loss));
+        }
+        if let Some((l, acc)) = evaluated
+            && !quiet
+        {
+            let line = format!(
+                "eval after step {}: loss {}, {} {:.2}%",
+                s + 1,
+                loss_text(l),
+                accuracy_label(&net),
+                100.0 * acc
+            );
+            match &bar {
+                Some(bar) => bar.println(line),
+                None => eprintln!("{line}"),
+            }
         }
         if stop.load(std::sync::atomic::Ordering::SeqCst) && ahead.is_empty() && s + 1 < steps {
             if let Some(bar) = &bar {
@@ -1868,7 +1973,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 "  eval         after step {}: loss {}, {} {:.2}% on {} held-out rows",
                 k + first + 1,
                 loss_text(l),
-                if matches!(net, Net::Transformer(_)) { "next-token accuracy" } else { "accuracy" },
+                accuracy_label(&net),
                 100.0 * acc,
                 held / batch * batch
             );
@@ -1915,7 +2020,7 @@ mod tests {
         assert!(check_step(3, 2.0, None, 1e-9, "mesh 2x2").is_ok());
         let m = failed(check_step(3, 2.0, Some(2.0 + 1e-8), 1e-9, "mesh 2x2"));
         assert!(
-            m.starts_with("step 3: loss ")
+            m.starts_with("step 4: loss 2 on mesh 2x2, 2.00000001 on one device")
                 && m.contains("on mesh 2x2")
                 && m.contains("on one device"),
             "{m}"
@@ -1923,7 +2028,7 @@ mod tests {
         assert!(failed(check_step(0, 2.0, Some(f64::NAN), 1e-9, "mesh 2x2")).contains("NaN"));
         assert!(
             failed(check_step(5, f64::INFINITY, Some(2.0), 1e-9, "x"))
-                .contains("step 5: the loss is inf")
+                .contains("step 6: the loss is inf")
         );
         // Relative: the same absolute gap passes on a large loss.
         assert!(check_step(1, 2e3, Some(2e3 + 1e-8), 1e-9, "x").is_ok());

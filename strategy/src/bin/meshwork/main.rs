@@ -93,6 +93,23 @@ fn train_model(rest: &[String]) -> Result<&str, Exit> {
     }
 }
 
+/// `rest` without its `--model X` or `--model=X` (`help train --model cnn`).
+fn without_model(rest: &[String]) -> Vec<&String> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut skip = false;
+    for a in rest {
+        if std::mem::take(&mut skip) || a.starts_with("--model=") {
+            continue;
+        }
+        if a == "--model" {
+            skip = true;
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
 fn dispatch(args: &[String]) -> Result<(), Exit> {
     let (command, rest) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
@@ -125,9 +142,11 @@ fn dispatch(args: &[String]) -> Result<(), Exit> {
             }
             out(format_args!("meshwork {}\n", env!("CARGO_PKG_VERSION")))
         }
-        "help" | "--help" | "-h" => match rest {
+        "help" | "--help" | "-h" => match without_model(rest).as_slice() {
             [] => out(format_args!("{HELP}")),
             [topic] => match topic.as_str() {
+                "train" if model == "transformer" => out(format_args!("{}", lm::HELP)),
+                "train" if model == "cnn" => out(format_args!("{}", cnn::HELP)),
                 "train" => out(format_args!("{}", train::HELP)),
                 "inspect" => out(format_args!("{}", lm::INSPECT_HELP)),
                 "shard" | "reshard" | "place" => out(format_args!("{}", inspect::HELP)),

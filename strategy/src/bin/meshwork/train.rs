@@ -45,7 +45,8 @@ flags:
   --classes N           the number of classes (default: the largest label + 1, which
                         may be at most twice the number of rows)
   --losses-json FILE    write every step's global loss as a JSON list (also when the
-                        run is interrupted)
+                        run is interrupted); an existing file is replaced only if it
+                        is such a list
   --checkpoint-dir DIR  a checkpoint directory meshwork owns: created if absent, or an
                         empty or earlier meshwork checkpoint directory (anything else is
                         refused, never changed); one step-NNNNNNNN/ per saved step and a
@@ -230,19 +231,7 @@ pub(crate) fn dataset(
 
 /// Loads `--init`, checking names, shapes and values against the data.
 fn init_file(path: &str, data: &Dataset, limit: u64) -> Result<Params, Usage> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| usage("init", format!("cannot read {path}: {e}")))?;
-    if !meta.is_file() {
-        return Err(usage("init", format!("{path} is not a regular file")));
-    }
-    if meta.len() > limit {
-        return Err(usage(
-            "init",
-            format!("{path} is {} bytes, over the {limit}-byte limit (--max-memory)", meta.len()),
-        ));
-    }
-    let bytes =
-        std::fs::read(path).map_err(|e| usage("init", format!("cannot read {path}: {e}")))?;
+    let bytes = args::read_file("init", path, limit)?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| usage("init", format!("{path} is not a safetensors file: {e}")))?;
     let get = |name: &str, rank: usize| -> Result<(Vec<usize>, Vec<f64>), Usage> {
@@ -389,6 +378,22 @@ pub(crate) fn check_output_file(flag: &str, path: &str) -> Result<(), Usage> {
                     "{path} exists and is not a regular file; meshwork replaces only regular files"
                 ),
             ));
+        }
+        // An existing file is replaced only when it is what meshwork writes there: a
+        // losses list (a JSON list of numbers) from an earlier run.
+        Ok(_) if flag == "losses-json" => {
+            let ours = args::read_file(flag, path, 1 << 28)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Vec<Option<f64>>>(&b).ok())
+                .is_some();
+            if !ours {
+                return Err(usage(
+                    flag,
+                    format!(
+                        "{path} exists and is not a losses list meshwork wrote; meshwork replaces only its own files"
+                    ),
+                ));
+            }
         }
         _ => {}
     }
