@@ -254,13 +254,50 @@ struct Saved {
 /// One variable on its way into a checkpoint: its sharding over device positions
 /// `0..n` and the shard of each distinct region (replica 0 of it), with the position
 /// whose file holds it.
-pub(crate) struct Entry {
-    pub(crate) name: String,
-    pub(crate) dtype: DType,
-    pub(crate) shape: Vec<usize>,
-    pub(crate) hlo: HloSharding,
-    /// `(position, ranges, shard)`.
-    pub(crate) shards: Vec<(usize, Vec<std::ops::Range<usize>>, Tensor)>,
+/// One variable of a sharded checkpoint as its writer holds it: for writers that keep
+/// their own shards (a training step compiled by [`spmd`](crate::spmd), a bridge to
+/// another library) rather than a strategy's variables.
+#[derive(Debug, Clone)]
+pub struct CheckpointEntry {
+    /// The variable's name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its global shape.
+    pub shape: Vec<usize>,
+    /// Its sharding over the writer's devices.
+    pub hlo: HloSharding,
+    /// The distinct shards, each once: `(device, region, data)`, the data shaped like
+    /// its region.
+    pub shards: Vec<(usize, Vec<std::ops::Range<usize>>, Tensor)>,
+}
+
+pub(crate) type Entry = CheckpointEntry;
+
+/// Writes `entries` as a sharded checkpoint of `devices` devices in `dir` (a new or
+/// empty directory; anything else is refused untouched), `metadata` in its index:
+/// device `d` writes its regions to `shard-d.safetensors`, the index last. Every
+/// non-empty region of every variable's sharding must be given exactly once, in
+/// index-map order (where a dim does not divide, the regions of XLA's padded layout);
+/// a strategy, a compiled step or [`read_checkpoint`] on any number of devices reads
+/// it back.
+pub fn write_checkpoint(
+    dir: impl AsRef<Path>,
+    devices: usize,
+    entries: Vec<CheckpointEntry>,
+    metadata: Option<&Value>,
+) -> Result<()> {
+    write(dir.as_ref(), devices, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
+}
+
+/// Reads the variables `wanted` (`(name, dtype, shape)`) whole from the checkpoint in
+/// `dir`, saved on any number of devices: sizes, checksums, dtypes and shapes are all
+/// verified before a value is returned.
+pub fn read_checkpoint(
+    dir: impl AsRef<Path>,
+    wanted: &[(String, DType, Vec<usize>)],
+) -> Result<Vec<Tensor>> {
+    read(dir.as_ref(), wanted, "the reader")
 }
 
 fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops) -> Result<()> {
@@ -511,12 +548,19 @@ pub(crate) fn read(
             .as_str()
             .and_then(|h| h.parse().ok())
             .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad sharding")))?;
-        // The saved regions must tile the value exactly as the saved sharding says.
+        // The saved regions must tile the value exactly as the saved sharding says: its
+        // even split, or, where a dim does not divide, XLA's padded layout with the
+        // empty trailing regions left out (as a writer of uneven shards saves them).
         let saved_sharding = logical_sharding(hlo, saved_logical)?;
-        let regions: Vec<_> = saved_sharding
-            .index_map(&shape, Mode::Strict)?
+        let index = match saved_sharding.index_map(&shape, Mode::Strict) {
+            Err(meshwork_sharding::Error::Indivisible { .. }) => {
+                saved_sharding.index_map(&shape, Mode::Uneven)?
+            }
+            other => other?,
+        };
+        let regions: Vec<_> = index
             .into_iter()
-            .filter(|i| i.replica_id == 0)
+            .filter(|i| i.replica_id == 0 && i.ranges.iter().all(|r| !r.is_empty()))
             .map(|i| i.ranges)
             .collect();
         let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();

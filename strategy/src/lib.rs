@@ -74,7 +74,9 @@ mod values;
 mod variable;
 
 pub use assignment::{DeviceAssignment, Topology};
-pub use checkpoint::{checkpoint_metadata, checkpoint_variables};
+pub use checkpoint::{
+    CheckpointEntry, checkpoint_metadata, checkpoint_variables, read_checkpoint, write_checkpoint,
+};
 pub use context::StrategyContext;
 pub use dataset::{
     DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,

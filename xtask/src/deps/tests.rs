@@ -53,7 +53,13 @@ fn types_xtask_and_facade_edges_fail() {
     for (from, to, rule) in [
         ("meshwork-types", "meshwork-sharding", "types depends on no workspace crate"),
         ("xtask", "meshwork-types", "xtask depends on no workspace crate"),
-        ("meshwork-placer", "meshwork-strategy", "nothing depends on the strategy façade"),
+        (
+            "meshwork-placer",
+            "meshwork-strategy",
+            "nothing depends on the strategy façade (but a bridge)",
+        ),
+        ("meshwork-strategy", "meshwork-candle", "nothing depends on a bridge"),
+        ("meshwork-executor", "meshwork-candle", "nothing depends on a bridge"),
     ] {
         let mut metadata = workspace_metadata();
         add_edge(&mut metadata, from, to, Value::Null);

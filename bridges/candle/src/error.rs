@@ -1,0 +1,73 @@
+//! The bridge's error type.
+
+/// Everything that can go wrong while training a candle model on meshwork's devices.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// candle failed on the host (building a model, converting a tensor).
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// A step failed on the devices: a replica's error or panic (the user's forward,
+    /// loss or optimizer included), reported on every replica; no replica stepped its
+    /// optimizer when the failure came before the gradient exchange.
+    #[error(transparent)]
+    Devices(#[from] meshwork_executor::Error),
+    /// A sharding (a dim that cannot be split, a bad mesh).
+    #[error(transparent)]
+    Sharding(#[from] meshwork_sharding::Error),
+    /// A checkpoint could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] meshwork_strategy::Error),
+    /// A batch whose rows do not split evenly over the replicas.
+    #[error("input {input} has {rows} rows, which do not split evenly over {replicas} replicas")]
+    Batch {
+        /// The input's position.
+        input: usize,
+        /// Its rows (dim 0).
+        rows: usize,
+        /// Replicas in the run.
+        replicas: usize,
+    },
+    /// A parameter of a dtype the bridge does not exchange (it takes f32 and f64).
+    #[error("parameter {name} is {dtype:?}; the bridge trains f32 and f64 parameters")]
+    DType {
+        /// The parameter.
+        name: String,
+        /// Its dtype.
+        dtype: candle_core::DType,
+    },
+    /// A model whose builder asked for other parameters on another call (names,
+    /// shapes or order): every replica must build the same model.
+    #[error("the model's builder is not deterministic: {problem}")]
+    Builder {
+        /// What differed.
+        problem: String,
+    },
+    /// A parameter that cannot be sharded as asked.
+    #[error("parameter {name} of shape {shape:?}: {problem}")]
+    Shard {
+        /// The parameter.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A safetensors file or a checkpoint that does not hold what the model needs.
+    #[error("{path}: {problem}")]
+    Load {
+        /// The file or directory.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Bad configuration (a zero bucket size, no replicas).
+    #[error("{problem}")]
+    Config {
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// The bridge's result type.
+pub type Result<T> = std::result::Result<T, Error>;

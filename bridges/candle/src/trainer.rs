@@ -1,0 +1,946 @@
+//! The trainer: a candle model and optimizer on every replica, data parallel (DDP) or
+//! with parameters and optimizer state sharded (FSDP).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{Optimizer, VarBuilder};
+use meshwork_executor::{Program, ProgramError, ReplicaContext, Runtime, Tensor as ExecTensor};
+use meshwork_sharding::{HloSharding, Mesh, Mode, NamedSharding, Sharding};
+use meshwork_types::ReduceOp;
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use crate::bucket::{self, Bucket, Kind};
+use crate::params::{self, Elem, Param, Recorder, Served};
+use crate::{Error, Result};
+
+/// The devices a trainer runs on: a meshwork runtime, one replica per device — in this
+/// process, or across processes when the runtime has an interconnect (MPI).
+#[derive(Clone)]
+pub struct Devices {
+    runtime: Arc<Runtime>,
+}
+
+impl Devices {
+    /// `n` CPU devices in this process, each a worker thread.
+    pub fn cpu(n: usize) -> Result<Devices> {
+        Ok(Devices { runtime: Arc::new(Runtime::new(n)?) })
+    }
+
+    /// The devices of `runtime`: with an interconnect (`meshwork_executor::mpi::Mpi`),
+    /// every process's devices, replica ids running over all of them.
+    pub fn from_runtime(runtime: Runtime) -> Devices {
+        Devices { runtime: Arc::new(runtime) }
+    }
+
+    /// Replicas in a step: devices in every process.
+    pub fn replicas(&self) -> usize {
+        self.runtime.replicas()
+    }
+
+    /// The global id of this process's first replica.
+    pub fn first_replica(&self) -> usize {
+        self.runtime.first_replica()
+    }
+
+    /// This process's devices.
+    pub fn local(&self) -> usize {
+        self.runtime.devices()
+    }
+
+    /// Runs `program` once per local replica; returns local replica 0's outputs.
+    fn run(&self, program: Arc<Program>) -> Result<Vec<ExecTensor>> {
+        let mut out = self.runtime.run(program, vec![Vec::new(); self.local()])?;
+        Ok(out.swap_remove(0))
+    }
+}
+
+/// How a trainer spreads the model over its replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    /// PyTorch's DDP: every replica holds the whole model and optimizer; gradients are
+    /// all-reduced (averaged) in buckets.
+    Ddp,
+    /// PyTorch's FSDP (ZeRO-3): every replica holds one shard of each parameter and of
+    /// its optimizer state; a step all-gathers the parameters, runs the forward and
+    /// backward, reduce-scatters the gradients, and steps each shard.
+    Fsdp,
+}
+
+/// A trainer's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// DDP or FSDP.
+    pub parallel: Parallel,
+    /// The largest fused buffer of one collective, in bytes (DDP's `bucket_cap_mb`;
+    /// default 25 MiB). A parameter larger than this travels alone.
+    pub bucket_bytes: usize,
+    /// The parameters' dtype (`F32` or `F64`; default `F32`).
+    pub dtype: DType,
+    /// FSDP: the dim each parameter is split along (default 0), by name. Shards may be
+    /// uneven (XLA's padded layout: `⌈d/N⌉` rows each, the trailing ones short or
+    /// empty).
+    pub shard_dims: HashMap<String, usize>,
+}
+
+impl Config {
+    /// DDP with the defaults.
+    pub fn ddp() -> Config {
+        Config {
+            parallel: Parallel::Ddp,
+            bucket_bytes: 25 << 20,
+            dtype: DType::F32,
+            shard_dims: HashMap::new(),
+        }
+    }
+
+    /// FSDP with the defaults.
+    pub fn fsdp() -> Config {
+        Config { parallel: Parallel::Fsdp, ..Config::ddp() }
+    }
+
+    /// With parameters of `dtype`.
+    pub fn with_dtype(mut self, dtype: DType) -> Config {
+        self.dtype = dtype;
+        self
+    }
+
+    /// With buckets of at most `bytes`.
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> Config {
+        self.bucket_bytes = bytes;
+        self
+    }
+
+    /// FSDP: parameter `name` split along `dim`.
+    pub fn with_shard_dim(mut self, name: &str, dim: usize) -> Config {
+        self.shard_dims.insert(name.to_string(), dim);
+        self
+    }
+}
+
+/// A model builder: what `candle_nn` models are made with.
+pub type Build<M> = dyn Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync;
+
+/// How an FSDP parameter is split.
+struct ShardPlan {
+    sharding: Sharding,
+    /// Each replica's region, in replica order.
+    regions: Vec<Vec<Range<usize>>>,
+    /// The elements of the largest region: each replica's slot in a fused buffer.
+    seg: usize,
+}
+
+impl ShardPlan {
+    fn new(p: &Param, dim: usize, n: usize) -> Result<ShardPlan> {
+        let rank = p.shape.len();
+        let bad = |problem: String| Error::Shard {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            problem,
+        };
+        if dim >= rank {
+            return Err(bad(format!(
+                "no dim {dim} to shard along (FSDP shards a dim of every parameter; a scalar cannot be)"
+            )));
+        }
+        let spec: Vec<&str> = (0..rank).map(|d| if d == dim { "'fsdp'" } else { "None" }).collect();
+        let spec = format!("P({})", spec.join(", "));
+        let named = NamedSharding::new(Mesh::iota(&[("fsdp", n)])?, spec.parse()?)?;
+        let sharding = named.to_sharding(rank)?;
+        let regions: Vec<Vec<Range<usize>>> =
+            sharding.index_map(&p.shape, Mode::Uneven)?.into_iter().map(|e| e.ranges).collect();
+        let seg = regions.iter().map(|r| elems(r)).max().unwrap_or(0);
+        Ok(ShardPlan { sharding, regions, seg })
+    }
+}
+
+fn elems(region: &[Range<usize>]) -> usize {
+    region.iter().map(|r| r.len()).product()
+}
+
+fn extent(region: &[Range<usize>]) -> Vec<usize> {
+    region.iter().map(|r| r.len()).collect()
+}
+
+/// What every replica shares.
+struct Shared<M> {
+    parallel: Parallel,
+    params: Vec<Param>,
+    /// FSDP: each parameter's split.
+    plans: Vec<ShardPlan>,
+    /// The gradient exchange's buckets (reverse parameter order).
+    grads: Vec<Bucket>,
+    /// FSDP: the parameter gather's buckets.
+    gathers: Vec<Bucket>,
+    build: Arc<Build<M>>,
+    dtype: DType,
+    replicas: usize,
+    first: usize,
+}
+
+/// One replica's model (DDP), parameters (whole for DDP, its shards for FSDP) and
+/// optimizer.
+struct Replica<M, O> {
+    model: Option<M>,
+    vars: Vec<Var>,
+    opt: O,
+}
+
+type Replicas<M, O> = Arc<Vec<Mutex<Option<Replica<M, O>>>>>;
+
+fn boxed(e: impl Into<Error>) -> ProgramError {
+    Box::new(e.into())
+}
+
+/// A candle model and optimizer trained on meshwork's devices: every replica runs the
+/// user's forward and backward on its slice of each batch, and the replicas exchange
+/// gradients (DDP) or parameter and gradient shards (FSDP) through meshwork's
+/// collectives. Replicas stay bit-identical (DDP) — every replica receives the same
+/// reduced bytes and steps the same optimizer — and a failure on any replica (an error
+/// or a panic in the user's code) ends the step on every replica with that error.
+pub struct Trainer<M, O: Optimizer> {
+    devices: Devices,
+    shared: Arc<Shared<M>>,
+    replicas: Replicas<M, O>,
+    optimizer: O::Config,
+    steps: usize,
+}
+
+impl<M, O> Trainer<M, O>
+where
+    M: Send + 'static,
+    O: Optimizer + Send + 'static,
+    O::Config: Clone + Send + Sync + 'static,
+{
+    /// A trainer of the model `build` makes (with `candle_nn`'s initializers: replica
+    /// 0's values go to every replica), each replica with an optimizer made from
+    /// `optimizer` over its parameters.
+    pub fn new(
+        devices: &Devices,
+        config: Config,
+        optimizer: O::Config,
+        build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
+    ) -> Result<Trainer<M, O>> {
+        Trainer::start(devices, config, optimizer, Arc::new(build), Source::Built(HashMap::new()))
+    }
+
+    /// [`new`](Self::new) with the initial values `values` (by name; all of the
+    /// model's parameters, none other).
+    pub fn with_values(
+        devices: &Devices,
+        config: Config,
+        optimizer: O::Config,
+        values: HashMap<String, Tensor>,
+        build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
+    ) -> Result<Trainer<M, O>> {
+        Trainer::start(devices, config, optimizer, Arc::new(build), Source::Built(values))
+    }
+
+    /// [`new`](Self::new) with the initial values read from the safetensors file at
+    /// `path`: under FSDP each replica reads only the bytes of its own shards (any
+    /// dim, uneven — the general form of candle's `ShardedSafeTensors`); under DDP
+    /// each process reads the whole file once.
+    pub fn from_safetensors(
+        devices: &Devices,
+        config: Config,
+        optimizer: O::Config,
+        path: impl AsRef<Path>,
+        build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
+    ) -> Result<Trainer<M, O>> {
+        let file = crate::load::File::open(path.as_ref())?;
+        Trainer::start(devices, config, optimizer, Arc::new(build), Source::File(Arc::new(file)))
+    }
+
+    fn start(
+        devices: &Devices,
+        config: Config,
+        optimizer: O::Config,
+        build: Arc<Build<M>>,
+        source: Source,
+    ) -> Result<Trainer<M, O>> {
+        if config.bucket_bytes == 0 {
+            return Err(Error::Config { problem: "bucket_bytes must be at least 1".into() });
+        }
+        if !matches!(config.dtype, DType::F32 | DType::F64) {
+            return Err(Error::DType { name: "Config::dtype".into(), dtype: config.dtype });
+        }
+        let n = devices.replicas();
+        // The host's model: which parameters, in which order, and (unless a file
+        // gives them) their initial values.
+        let (preset, file) = match source {
+            Source::Built(v) => (v, None),
+            Source::File(f) => (HashMap::new(), Some(f)),
+        };
+        let given = !preset.is_empty();
+        let recorder = Recorder::with_values(preset);
+        let host =
+            build(VarBuilder::from_backend(Box::new(recorder.clone()), config.dtype, Device::Cpu))?;
+        let unused = recorder.unused();
+        if given && !unused.is_empty() {
+            return Err(Error::Builder {
+                problem: format!(
+                    "the model has no parameters named {unused:?} (given as initial values)"
+                ),
+            });
+        }
+        let vars = recorder.vars();
+        let params = vars
+            .iter()
+            .map(|(name, v)| {
+                Ok(Param {
+                    name: name.clone(),
+                    shape: v.dims().to_vec(),
+                    kind: params::kind_of(name, v.dtype())?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(f) = &file {
+            f.check(&params)?;
+        }
+        let mut plans = Vec::new();
+        if config.parallel == Parallel::Fsdp {
+            for p in &params {
+                let dim = config.shard_dims.get(&p.name).copied().unwrap_or(0);
+                plans.push(ShardPlan::new(p, dim, n)?);
+            }
+            if let Some(name) =
+                config.shard_dims.keys().find(|k| !params.iter().any(|p| &p.name == *k))
+            {
+                return Err(Error::Config {
+                    problem: format!("shard_dims names {name}, which the model does not have"),
+                });
+            }
+        }
+        let lens: Vec<(usize, Kind)> = match config.parallel {
+            Parallel::Ddp => params.iter().map(|p| (p.len(), p.kind)).collect(),
+            Parallel::Fsdp => params.iter().zip(&plans).map(|(p, s)| (s.seg, p.kind)).collect(),
+        };
+        let grads = bucket::plan(&lens, config.bucket_bytes);
+        let gathers = if config.parallel == Parallel::Fsdp {
+            // Forward order for the gather: the plan reverses, so reverse the input.
+            let mut g = bucket::plan(&lens, config.bucket_bytes);
+            g.reverse();
+            g
+        } else {
+            Vec::new()
+        };
+        let shared = Arc::new(Shared {
+            parallel: config.parallel,
+            params,
+            plans,
+            grads,
+            gathers,
+            build,
+            dtype: config.dtype,
+            replicas: n,
+            first: devices.first_replica(),
+        });
+        let replicas: Replicas<M, O> =
+            Arc::new((0..devices.local()).map(|_| Mutex::new(None)).collect());
+        // The host model's values (DDP from a file: the file's), which replica 0
+        // broadcasts to every replica.
+        let values: Arc<Vec<Tensor>> = Arc::new(match (&file, config.parallel) {
+            (Some(f), Parallel::Ddp) => {
+                let file = f.clone();
+                let all = shared.params.iter().map(|p| {
+                    let whole: Vec<Range<usize>> = p.shape.iter().map(|&d| 0..d).collect();
+                    file.read_region(&p.name, &whole, config.dtype)
+                });
+                all.collect::<Result<_>>()?
+            }
+            _ => vars.iter().map(|(_, v)| v.as_tensor().clone()).collect(),
+        });
+        drop(host);
+        // DDP starts from the values above; FSDP from a file reads its shards.
+        let file = file.filter(|_| config.parallel == Parallel::Fsdp);
+        let program: Arc<Program> = {
+            let (shared, replicas, optimizer) =
+                (shared.clone(), replicas.clone(), optimizer.clone());
+            Arc::new(move |ctx: &ReplicaContext, _| {
+                let r = ctx.replica_id();
+                let replica = match &file {
+                    Some(f) => init_from_file::<M, O>(&shared, f, r, &optimizer)?,
+                    None => init_broadcast::<M, O>(ctx, &shared, &values, &optimizer)?,
+                };
+                *replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(replica);
+                Ok(Vec::new())
+            })
+        };
+        devices.run(program)?;
+        Ok(Trainer { devices: devices.clone(), shared, replicas, optimizer, steps: 0 })
+    }
+
+    /// One training step on the global batch `batch` (every input's dim 0 is the
+    /// batch, split evenly over the replicas in replica order; over MPI every process
+    /// passes the same global batch): each replica computes `loss(model, its slice)`
+    /// (a scalar, the mean over its rows, as candle's losses are), its gradients, the
+    /// exchange, and its optimizer step. Returns the mean of the replicas' losses: the
+    /// global batch's loss.
+    pub fn step<F>(&mut self, batch: &[Tensor], loss: F) -> Result<f64>
+    where
+        F: Fn(&M, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync + 'static,
+    {
+        let n = self.shared.replicas;
+        for (k, t) in batch.iter().enumerate() {
+            let rows = t.dims().first().copied().unwrap_or(0);
+            if rows == 0 || !rows.is_multiple_of(n) {
+                return Err(Error::Batch { input: k, rows, replicas: n });
+            }
+        }
+        let batch: Arc<Vec<Tensor>> = Arc::new(batch.to_vec());
+        let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
+        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+            let r = ctx.replica_id();
+            let mut guard =
+                replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
+            let replica = guard.as_mut().ok_or_else(|| {
+                boxed(Error::Config { problem: "a replica was never initialised".into() })
+            })?;
+            let value = train_step(ctx, &shared, replica, &batch, &loss)?;
+            Ok(vec![ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value))])
+        });
+        let out = self.devices.run(program)?;
+        self.steps += 1;
+        match out.first() {
+            Some(ExecTensor::F64(a)) => Ok(a.iter().copied().next().unwrap_or(f64::NAN)),
+            _ => Err(Error::Config { problem: "a step returned no loss".into() }),
+        }
+    }
+
+    /// Steps made since the trainer was made or restored.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// DDP or FSDP.
+    pub fn parallel(&self) -> Parallel {
+        self.shared.parallel
+    }
+
+    /// The parameters' names, in the order the model's builder asked for them.
+    pub fn names(&self) -> Vec<String> {
+        self.shared.params.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Every parameter's whole value (FSDP: gathered from the shards).
+    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
+        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+            let r = ctx.replica_id();
+            let guard = replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
+            let replica = guard.as_ref().ok_or_else(|| {
+                boxed(Error::Config { problem: "a replica was never initialised".into() })
+            })?;
+            let whole: Vec<Tensor> = match shared.parallel {
+                Parallel::Ddp => replica.vars.iter().map(|v| v.as_tensor().clone()).collect(),
+                Parallel::Fsdp => gather(ctx, &shared, &replica.vars)?
+                    .into_iter()
+                    .map(|v| v.as_tensor().clone())
+                    .collect(),
+            };
+            whole.iter().map(|t| params::to_exec(t).map_err(boxed)).collect()
+        });
+        let out = self.devices.run(program)?;
+        self.shared
+            .params
+            .iter()
+            .zip(out)
+            .map(|(p, t)| Ok((p.name.clone(), params::from_exec(t, self.shared.dtype)?)))
+            .collect()
+    }
+
+    /// A hash of each local replica's parameters (whole under DDP, where every
+    /// replica's must be equal; its own shards under FSDP): FNV-1a over the bytes.
+    pub fn replica_hashes(&self) -> Result<Vec<u64>> {
+        self.replicas
+            .iter()
+            .map(|m| {
+                let guard = m.lock().unwrap_or_else(PoisonError::into_inner);
+                let replica = guard.as_ref().ok_or_else(|| Error::Config {
+                    problem: "a replica was never initialised".into(),
+                })?;
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for v in &replica.vars {
+                    let bytes: Vec<u8> = match v.dtype() {
+                        DType::F64 => params::flat::<f64>(v.as_tensor())?
+                            .iter()
+                            .flat_map(|x| x.to_le_bytes())
+                            .collect(),
+                        _ => params::flat::<f32>(v.as_tensor())?
+                            .iter()
+                            .flat_map(|x| x.to_le_bytes())
+                            .collect(),
+                    };
+                    for b in bytes {
+                        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                }
+                Ok(h)
+            })
+            .collect()
+    }
+
+    /// The bytes of parameters each local replica keeps between steps (DDP: the whole
+    /// model; FSDP: its shards). An optimizer's state is on top (Adam's: twice this).
+    pub fn resident_parameter_bytes(&self) -> Vec<usize> {
+        self.replicas
+            .iter()
+            .map(|m| {
+                let guard = m.lock().unwrap_or_else(PoisonError::into_inner);
+                guard.as_ref().map_or(0, |r| {
+                    r.vars.iter().map(|v| v.elem_count() * v.dtype().size_in_bytes()).sum()
+                })
+            })
+            .collect()
+    }
+
+    /// Saves the parameters as a meshwork sharded checkpoint in `dir` (a new or empty
+    /// directory; anything else is refused untouched), `metadata` in its index: under
+    /// FSDP each replica's shards as they are split, under DDP the whole values.
+    /// [`restore`](Self::restore) reads it on any number of replicas, DDP or FSDP.
+    /// Over several processes every process calls it and process 0 writes.
+    pub fn save(&self, dir: impl AsRef<Path>, metadata: Option<&serde_json::Value>) -> Result<()> {
+        let whole = self.parameters()?;
+        if self.devices.first_replica() != 0 {
+            return Ok(());
+        }
+        let mut entries = Vec::with_capacity(whole.len());
+        for (k, (name, t)) in whole.iter().enumerate() {
+            let p = &self.shared.params[k];
+            let value = params::to_exec(t)?;
+            let (hlo, shards) = match self.shared.parallel {
+                Parallel::Ddp => {
+                    let region: Vec<Range<usize>> = p.shape.iter().map(|&d| 0..d).collect();
+                    (HloSharding::Replicated, vec![(0, region, value)])
+                }
+                Parallel::Fsdp => {
+                    let plan = &self.shared.plans[k];
+                    let mut shards = Vec::new();
+                    for (q, region) in plan.regions.iter().enumerate() {
+                        if elems(region) > 0 {
+                            shards.push((q, region.clone(), slice_exec(&value, region)));
+                        }
+                    }
+                    (plan.sharding.hlo().clone(), shards)
+                }
+            };
+            entries.push(meshwork_strategy::CheckpointEntry {
+                name: name.clone(),
+                dtype: meshwork_types::DType::from(p.kind),
+                shape: p.shape.clone(),
+                hlo,
+                shards,
+            });
+        }
+        let devices = match self.shared.parallel {
+            Parallel::Ddp => 1,
+            Parallel::Fsdp => self.shared.replicas,
+        };
+        meshwork_strategy::write_checkpoint(dir, devices, entries, metadata)?;
+        Ok(())
+    }
+
+    /// Restores the parameters from a checkpoint [`save`](Self::save) wrote (on any
+    /// number of replicas, DDP or FSDP), verified before anything changes, and starts
+    /// every optimizer afresh (candle's optimizers keep their state private, so a
+    /// checkpoint holds the parameters).
+    pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let wanted: Vec<(String, meshwork_types::DType, Vec<usize>)> = self
+            .shared
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), meshwork_types::DType::from(p.kind), p.shape.clone()))
+            .collect();
+        let values = meshwork_strategy::read_checkpoint(dir, &wanted)?;
+        let values: Arc<Vec<Tensor>> = Arc::new(
+            values
+                .into_iter()
+                .map(|t| params::from_exec(t, self.shared.dtype))
+                .collect::<candle_core::Result<_>>()?,
+        );
+        let (shared, replicas, optimizer) =
+            (self.shared.clone(), self.replicas.clone(), self.optimizer.clone());
+        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+            let r = ctx.replica_id();
+            let mut guard =
+                replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
+            let replica = guard.as_mut().ok_or_else(|| {
+                boxed(Error::Config { problem: "a replica was never initialised".into() })
+            })?;
+            for (k, v) in replica.vars.iter().enumerate() {
+                let value = match shared.parallel {
+                    Parallel::Ddp => values[k].clone(),
+                    Parallel::Fsdp => {
+                        region_of(&values[k], &shared.plans[k].regions[r]).map_err(boxed)?
+                    }
+                };
+                if v.elem_count() > 0 {
+                    v.set(&value).map_err(boxed)?;
+                }
+            }
+            replica.opt = O::new(stepped(&replica.vars), optimizer.clone()).map_err(boxed)?;
+            Ok(Vec::new())
+        });
+        self.devices.run(program)?;
+        self.steps = 0;
+        Ok(())
+    }
+}
+
+/// Where the initial values come from.
+enum Source {
+    /// The model's builder (with preset values, possibly none).
+    Built(HashMap<String, Tensor>),
+    /// A safetensors file each replica reads its shards from.
+    File(Arc<crate::load::File>),
+}
+
+impl From<Kind> for meshwork_types::DType {
+    fn from(k: Kind) -> meshwork_types::DType {
+        match k {
+            Kind::F32 => meshwork_types::DType::F32,
+            Kind::F64 => meshwork_types::DType::F64,
+        }
+    }
+}
+
+/// The part `region` of `t`.
+fn region_of(t: &Tensor, region: &[Range<usize>]) -> candle_core::Result<Tensor> {
+    let mut out = t.clone();
+    for (d, r) in region.iter().enumerate() {
+        out = out.narrow(d, r.start, r.len())?;
+    }
+    out.contiguous()?.copy()
+}
+
+/// The part `region` of an executor tensor.
+fn slice_exec(t: &ExecTensor, region: &[Range<usize>]) -> ExecTensor {
+    let info: Vec<ndarray::SliceInfoElem> =
+        region.iter().map(|r| ndarray::SliceInfoElem::from(r.clone())).collect();
+    match t {
+        ExecTensor::F64(a) => ExecTensor::F64(a.slice(info.as_slice()).to_owned()),
+        ExecTensor::F32(a) => ExecTensor::F32(a.slice(info.as_slice()).to_owned()),
+        // The bridge's values are f32 or f64 (`params::to_exec`).
+        other => other.clone(),
+    }
+}
+
+/// A replica's start: the host's values broadcast from replica 0 (so every process
+/// starts from the same values), kept whole (DDP) or cut to this replica's shards.
+fn init_broadcast<M, O>(
+    ctx: &ReplicaContext,
+    shared: &Shared<M>,
+    values: &[Tensor],
+    optimizer: &O::Config,
+) -> std::result::Result<Replica<M, O>, ProgramError>
+where
+    O: Optimizer,
+    O::Config: Clone,
+{
+    let r = ctx.replica_id();
+    let lens: Vec<(usize, Kind)> = shared.params.iter().map(|p| (p.len(), p.kind)).collect();
+    let mut whole: Vec<Option<Tensor>> = vec![None; values.len()];
+    for b in bucket::plan(&lens, 25 << 20) {
+        match b.kind {
+            Kind::F32 => broadcast::<f32>(ctx, &b, shared, values, &mut whole)?,
+            Kind::F64 => broadcast::<f64>(ctx, &b, shared, values, &mut whole)?,
+        }
+    }
+    let mut vars = Vec::with_capacity(values.len());
+    for (k, t) in whole.into_iter().enumerate() {
+        let t = t.ok_or_else(|| {
+            boxed(Error::Config { problem: "a parameter missed the broadcast".into() })
+        })?;
+        let t = match shared.parallel {
+            Parallel::Ddp => t,
+            Parallel::Fsdp => region_of(&t, &shared.plans[k].regions[r]).map_err(boxed)?,
+        };
+        vars.push(Var::from_tensor(&t).map_err(boxed)?);
+    }
+    finish(shared, vars, optimizer)
+}
+
+/// A replica's start from a safetensors file: only its own shards are read.
+fn init_from_file<M, O>(
+    shared: &Shared<M>,
+    file: &crate::load::File,
+    r: usize,
+    optimizer: &O::Config,
+) -> std::result::Result<Replica<M, O>, ProgramError>
+where
+    O: Optimizer,
+    O::Config: Clone,
+{
+    let mut vars = Vec::with_capacity(shared.params.len());
+    for (p, plan) in shared.params.iter().zip(&shared.plans) {
+        let t = file.read_region(&p.name, &plan.regions[r], shared.dtype).map_err(boxed)?;
+        vars.push(Var::from_tensor(&t).map_err(boxed)?);
+    }
+    finish(shared, vars, optimizer)
+}
+
+/// A replica of `vars`: DDP builds its model over them.
+fn finish<M, O>(
+    shared: &Shared<M>,
+    vars: Vec<Var>,
+    optimizer: &O::Config,
+) -> std::result::Result<Replica<M, O>, ProgramError>
+where
+    O: Optimizer,
+    O::Config: Clone,
+{
+    let model = match shared.parallel {
+        Parallel::Ddp => {
+            let served: HashMap<String, Var> =
+                shared.params.iter().map(|p| p.name.clone()).zip(vars.iter().cloned()).collect();
+            let vb = VarBuilder::from_backend(Box::new(Served(served)), shared.dtype, Device::Cpu);
+            Some((shared.build)(vb).map_err(boxed)?)
+        }
+        Parallel::Fsdp => None,
+    };
+    let opt = O::new(stepped(&vars), optimizer.clone()).map_err(boxed)?;
+    Ok(Replica { model, vars, opt })
+}
+
+/// The variables an optimizer steps: all but the empty shards of uneven splits (there
+/// is nothing in them to step, and candle cannot `set` an empty variable).
+fn stepped(vars: &[Var]) -> Vec<Var> {
+    vars.iter().filter(|v| v.elem_count() > 0).cloned().collect()
+}
+
+fn broadcast<T: Elem>(
+    ctx: &ReplicaContext,
+    b: &Bucket,
+    shared: &Shared<impl Sized>,
+    values: &[Tensor],
+    whole: &mut [Option<Tensor>],
+) -> std::result::Result<(), ProgramError> {
+    let offsets = b.offsets();
+    let mut buf = vec![T::default(); b.lens.iter().sum()];
+    if ctx.replica_id() == 0 {
+        for (j, &k) in b.params.iter().enumerate() {
+            let v = params::flat::<T>(&values[k]).map_err(boxed)?;
+            buf[offsets[j]..offsets[j] + v.len()].copy_from_slice(&v);
+        }
+    }
+    let got = T::values(ctx.broadcast(0, T::exec(buf))?).ok_or("a broadcast changed dtype")?;
+    for (j, &k) in b.params.iter().enumerate() {
+        let p = &shared.params[k];
+        let v = got[offsets[j]..offsets[j] + b.lens[j]].to_vec();
+        whole[k] = Some(params::tensor(v, &p.shape).map_err(boxed)?);
+    }
+    Ok(())
+}
+
+/// One step on one replica; returns the global batch's loss.
+fn train_step<M, O: Optimizer>(
+    ctx: &ReplicaContext,
+    shared: &Shared<M>,
+    replica: &mut Replica<M, O>,
+    batch: &[Tensor],
+    loss: &(dyn Fn(&M, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync),
+) -> std::result::Result<f64, ProgramError> {
+    let (n, r) = (shared.replicas, ctx.replica_id());
+    let slices = batch
+        .iter()
+        .map(|t| {
+            let per = t.dim(0)? / n;
+            t.narrow(0, r * per, per)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(boxed)?;
+    // FSDP: the parameters gathered, the model built over them for this step.
+    let mut gathered = Vec::new();
+    let built;
+    let model = match shared.parallel {
+        Parallel::Ddp => replica.model.as_ref().ok_or("a DDP replica without its model")?,
+        Parallel::Fsdp => {
+            gathered = gather(ctx, shared, &replica.vars)?;
+            let served: HashMap<String, Var> = shared
+                .params
+                .iter()
+                .map(|p| p.name.clone())
+                .zip(gathered.iter().cloned())
+                .collect();
+            let vb = VarBuilder::from_backend(Box::new(Served(served)), shared.dtype, Device::Cpu);
+            built = (shared.build)(vb).map_err(boxed)?;
+            &built
+        }
+    };
+    let l = loss(model, &slices).map_err(boxed)?;
+    let value =
+        l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
+    let [value] = value[..] else {
+        return Err(boxed(Error::Config {
+            problem: format!("the loss has {} elements; it must be a scalar", value.len()),
+        }));
+    };
+    // Every replica's loss before any gradient moves: a replica that failed in its
+    // forward ends the step here, before any optimizer steps.
+    let total =
+        ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value)))?;
+    let total = match total {
+        ExecTensor::F64(a) => a.iter().copied().next().unwrap_or(f64::NAN),
+        _ => f64::NAN,
+    };
+    let mut grads = l.backward().map_err(boxed)?;
+    for b in &shared.grads {
+        match (shared.parallel, b.kind) {
+            (Parallel::Ddp, Kind::F32) => {
+                all_reduce::<f32>(ctx, b, shared, &replica.vars, &mut grads)?
+            }
+            (Parallel::Ddp, Kind::F64) => {
+                all_reduce::<f64>(ctx, b, shared, &replica.vars, &mut grads)?
+            }
+            (Parallel::Fsdp, Kind::F32) => {
+                reduce_scatter::<f32>(ctx, b, shared, &gathered, &replica.vars, &mut grads)?
+            }
+            (Parallel::Fsdp, Kind::F64) => {
+                reduce_scatter::<f64>(ctx, b, shared, &gathered, &replica.vars, &mut grads)?
+            }
+        }
+    }
+    replica.opt.step(&grads).map_err(boxed)?;
+    Ok(total / n as f64)
+}
+
+/// DDP: a bucket of gradients summed over the replicas and averaged; a parameter no
+/// replica has a gradient for gets none.
+fn all_reduce<T: Elem>(
+    ctx: &ReplicaContext,
+    b: &Bucket,
+    shared: &Shared<impl Sized>,
+    vars: &[Var],
+    grads: &mut GradStore,
+) -> std::result::Result<(), ProgramError> {
+    let offsets = b.offsets();
+    let values: usize = b.lens.iter().sum();
+    let mut buf = vec![T::default(); b.buffer_len()];
+    for (j, &k) in b.params.iter().enumerate() {
+        if let Some(g) = grads.get(vars[k].as_tensor()) {
+            let v = params::flat::<T>(g).map_err(boxed)?;
+            buf[offsets[j]..offsets[j] + v.len()].copy_from_slice(&v);
+            buf[values + j] = T::from_f64(1.0);
+        }
+    }
+    let sum = T::values(ctx.all_reduce(ReduceOp::Sum, T::exec(buf))?)
+        .ok_or("an all-reduce changed dtype")?;
+    let n = shared.replicas as f64;
+    for (j, &k) in b.params.iter().enumerate() {
+        let var = vars[k].as_tensor();
+        if sum[values + j].to_f64() > 0.0 {
+            let g: Vec<T> = sum[offsets[j]..offsets[j] + b.lens[j]]
+                .iter()
+                .map(|x| T::from_f64(x.to_f64() / n))
+                .collect();
+            grads.insert(var, params::tensor(g, &shared.params[k].shape).map_err(boxed)?);
+        } else {
+            grads.remove(var);
+        }
+    }
+    Ok(())
+}
+
+/// FSDP: the parameters of every bucket gathered from their shards, as variables a
+/// model can be built over.
+fn gather(
+    ctx: &ReplicaContext,
+    shared: &Shared<impl Sized>,
+    shards: &[Var],
+) -> std::result::Result<Vec<Var>, ProgramError> {
+    let mut whole: Vec<Option<Var>> = vec![None; shards.len()];
+    for b in &shared.gathers {
+        match b.kind {
+            Kind::F32 => gather_bucket::<f32>(ctx, b, shared, shards, &mut whole)?,
+            Kind::F64 => gather_bucket::<f64>(ctx, b, shared, shards, &mut whole)?,
+        }
+    }
+    whole.into_iter().map(|v| v.ok_or_else(|| "a parameter missed the gather".into())).collect()
+}
+
+fn gather_bucket<T: Elem>(
+    ctx: &ReplicaContext,
+    b: &Bucket,
+    shared: &Shared<impl Sized>,
+    shards: &[Var],
+    whole: &mut [Option<Var>],
+) -> std::result::Result<(), ProgramError> {
+    let offsets = b.offsets();
+    let slot: usize = b.lens.iter().sum();
+    let mut buf = vec![T::default(); slot];
+    for (j, &k) in b.params.iter().enumerate() {
+        let v = params::flat::<T>(shards[k].as_tensor()).map_err(boxed)?;
+        buf[offsets[j]..offsets[j] + v.len()].copy_from_slice(&v);
+    }
+    let all = T::values(ctx.all_gather(0, T::exec(buf))?).ok_or("an all-gather changed dtype")?;
+    for (j, &k) in b.params.iter().enumerate() {
+        let (p, plan) = (&shared.params[k], &shared.plans[k]);
+        let views = plan
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(q, region)| {
+                let at = q * slot + offsets[j];
+                ArrayViewD::from_shape(IxDyn(&extent(region)), &all[at..at + elems(region)])
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let full = meshwork_sharding::assemble(&views, &plan.sharding, &p.shape, Mode::Uneven)?;
+        let (values, _) = full.into_raw_vec_and_offset();
+        whole[k] = Some(
+            Var::from_tensor(&params::tensor(values, &p.shape).map_err(boxed)?).map_err(boxed)?,
+        );
+    }
+    Ok(())
+}
+
+/// FSDP: a bucket of whole gradients reduce-scattered: each replica gets the sum of
+/// its shards' gradients over the replicas, averaged, as its shard variables'.
+fn reduce_scatter<T: Elem>(
+    ctx: &ReplicaContext,
+    b: &Bucket,
+    shared: &Shared<impl Sized>,
+    whole: &[Var],
+    shards: &[Var],
+    grads: &mut GradStore,
+) -> std::result::Result<(), ProgramError> {
+    let (n, r) = (shared.replicas, ctx.replica_id());
+    let offsets = b.offsets();
+    let values: usize = b.lens.iter().sum();
+    let chunk = b.buffer_len();
+    let mut buf = vec![T::default(); chunk * n];
+    for (j, &k) in b.params.iter().enumerate() {
+        let Some(g) = grads.get(whole[k].as_tensor()) else { continue };
+        let (p, plan) = (&shared.params[k], &shared.plans[k]);
+        let g = ArrayD::from_shape_vec(IxDyn(&p.shape), params::flat::<T>(g).map_err(boxed)?)?;
+        for (q, part) in meshwork_sharding::shard(&g.view(), &plan.sharding, Mode::Uneven)?
+            .into_iter()
+            .enumerate()
+        {
+            let at = q * chunk + offsets[j];
+            let data = part.data.as_slice().ok_or("a shard that is not contiguous")?;
+            buf[at..at + data.len()].copy_from_slice(data);
+            buf[q * chunk + values + j] = T::from_f64(1.0);
+        }
+    }
+    let mine = T::values(ctx.reduce_scatter(ReduceOp::Sum, 0, T::exec(buf))?)
+        .ok_or("a reduce-scatter changed dtype")?;
+    for (j, &k) in b.params.iter().enumerate() {
+        let shard = shards[k].as_tensor();
+        let region = &shared.plans[k].regions[r];
+        if mine[values + j].to_f64() > 0.0 && elems(region) > 0 {
+            let g: Vec<T> = mine[offsets[j]..offsets[j] + elems(region)]
+                .iter()
+                .map(|x| T::from_f64(x.to_f64() / n as f64))
+                .collect();
+            grads.insert(shard, params::tensor(g, &extent(region)).map_err(boxed)?);
+        } else {
+            grads.remove(shard);
+        }
+    }
+    Ok(())
+}

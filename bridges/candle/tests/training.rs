@@ -1,0 +1,332 @@
+//! DDP and FSDP against plain candle on one device: the same losses and parameters of
+//! the same global batch, in f64, for SGD and AdamW; replicas bit-identical; a failing
+//! replica ends the step everywhere and changes nothing; checkpoints and safetensors
+//! across replica counts and layouts.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{
+    AdamW, Linear, Module, Optimizer, ParamsAdamW, SGD, VarBuilder, VarMap, linear, loss,
+};
+use meshwork_candle::{Config, Devices, Error, Trainer};
+
+/// An MLP whose sizes do not divide by 4: FSDP's shards are uneven, some empty.
+struct Mlp {
+    l1: Linear,
+    l2: Linear,
+}
+
+const IN: usize = 6;
+const HIDDEN: usize = 5;
+const OUT: usize = 3;
+const ROWS: usize = 16;
+
+impl Mlp {
+    fn new(vb: VarBuilder<'_>) -> candle_core::Result<Mlp> {
+        Ok(Mlp { l1: linear(IN, HIDDEN, vb.pp("l1"))?, l2: linear(HIDDEN, OUT, vb.pp("l2"))? })
+    }
+
+    fn loss(&self, b: &[Tensor]) -> candle_core::Result<Tensor> {
+        let h = self.l1.forward(&b[0])?.tanh()?;
+        loss::cross_entropy(&self.l2.forward(&h)?, &b[1])
+    }
+}
+
+/// A batch for step `s`: rows of a fixed pattern, labels from their sums.
+fn batch(s: usize) -> Vec<Tensor> {
+    let x: Vec<f64> =
+        (0..ROWS * IN).map(|i| (((i * 7 + s * 13) % 23) as f64 - 11.0) / 7.0).collect();
+    let x = Tensor::from_vec(x, (ROWS, IN), &Device::Cpu).unwrap();
+    let y: Vec<u32> = (0..ROWS).map(|r| ((r * 5 + s) % OUT) as u32).collect();
+    vec![x, Tensor::from_vec(y, ROWS, &Device::Cpu).unwrap()]
+}
+
+/// Plain candle on one device from `init`: every step's loss and the final values.
+fn reference<O: Optimizer>(
+    init: &[(String, Tensor)],
+    config: O::Config,
+    steps: usize,
+) -> (Vec<f64>, HashMap<String, Tensor>) {
+    let map = VarMap::new();
+    let model = Mlp::new(VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu)).unwrap();
+    for (name, t) in init {
+        map.data().lock().unwrap()[name].set(t).unwrap();
+    }
+    let mut opt = O::new(map.all_vars(), config).unwrap();
+    let mut losses = Vec::new();
+    for s in 0..steps {
+        let l = model.loss(&batch(s)).unwrap();
+        losses.push(l.to_scalar::<f64>().unwrap());
+        opt.backward_step(&l).unwrap();
+    }
+    let values = map
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    (losses, values)
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.flatten_all().unwrap().to_vec1::<f64>().unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * b.abs().max(1e-300)
+}
+
+/// Trains on `replicas` replicas with `config` and checks every loss and final value
+/// against plain candle; returns the trainer.
+fn check<O>(replicas: usize, config: Config, opt: O::Config, steps: usize) -> Trainer<Mlp, O>
+where
+    O: Optimizer + Send + 'static,
+    O::Config: Clone + Send + Sync + 'static,
+{
+    let what = format!("{:?} on {replicas}", config.parallel);
+    let devices = Devices::cpu(replicas).unwrap();
+    let mut t =
+        Trainer::<Mlp, O>::new(&devices, config.with_dtype(DType::F64), opt.clone(), Mlp::new)
+            .unwrap();
+    let init = t.parameters().unwrap();
+    let (want, final_values) = reference::<O>(&init, opt, steps);
+    for (s, w) in want.iter().enumerate() {
+        let got = t.step(&batch(s), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap();
+        assert!(close(got, *w), "{what} step {s}: {got} vs one device's {w}");
+    }
+    for (name, v) in t.parameters().unwrap() {
+        for (g, w) in values(&v).iter().zip(values(&final_values[&name])) {
+            assert!(close(*g, w), "{what} {name}: {g} vs one device's {w}");
+        }
+    }
+    t
+}
+
+#[test]
+fn ddp_and_fsdp_give_one_devices_losses_for_sgd_and_adamw() {
+    let adamw = ParamsAdamW { lr: 0.05, weight_decay: 0.1, ..Default::default() };
+    for replicas in [1, 2, 4] {
+        check::<SGD>(replicas, Config::ddp(), 0.3, 6);
+        check::<AdamW>(replicas, Config::ddp(), adamw.clone(), 6);
+    }
+    for replicas in [2, 4] {
+        check::<SGD>(replicas, Config::fsdp(), 0.3, 6);
+        check::<AdamW>(replicas, Config::fsdp(), adamw.clone(), 6);
+        // Another dim, and buckets of one parameter each.
+        let other = Config::fsdp().with_shard_dim("l1.weight", 1).with_bucket_bytes(1);
+        check::<AdamW>(replicas, other, adamw.clone(), 4);
+    }
+}
+
+#[test]
+fn ddp_replicas_stay_bit_identical_and_fsdp_shards_are_a_quarter() {
+    let adamw = ParamsAdamW { lr: 0.05, ..Default::default() };
+    let ddp = check::<AdamW>(4, Config::ddp().with_bucket_bytes(64), adamw.clone(), 5);
+    let hashes = ddp.replica_hashes().unwrap();
+    assert!(hashes.iter().all(|&h| h == hashes[0]), "{hashes:x?}");
+    let fsdp = check::<AdamW>(4, Config::fsdp(), adamw, 2);
+    let whole: usize = ddp.resident_parameter_bytes()[0];
+    let shards = fsdp.resident_parameter_bytes();
+    assert_eq!(shards.iter().sum::<usize>(), whole, "the shards cover the model once");
+    // Uneven (XLA's padded layout): l1's 5 rows as 2, 2, 1, 0 and l2's 3 as 1, 1, 1, 0.
+    let bytes = |l1: usize, l2: usize| 8 * (l1 * (IN + 1) + l2 * (HIDDEN + 1));
+    assert_eq!(shards, [bytes(2, 1), bytes(2, 1), bytes(1, 1), bytes(0, 0)]);
+}
+
+/// A marker row that makes the loss fail, on replica 2's slice (rows 8..12 of 16).
+fn poisoned(s: usize) -> Vec<Tensor> {
+    let mut b = batch(s);
+    let mut x = values(&b[0]);
+    x[9 * IN] = 1e9;
+    b[0] = Tensor::from_vec(x, (ROWS, IN), &Device::Cpu).unwrap();
+    b
+}
+
+#[test]
+fn a_failing_replica_ends_the_step_everywhere_and_changes_nothing() {
+    for config in [Config::ddp(), Config::fsdp()] {
+        let devices = Devices::cpu(4).unwrap();
+        let mut t =
+            Trainer::<Mlp, SGD>::new(&devices, config.with_dtype(DType::F64), 0.3, Mlp::new)
+                .unwrap();
+        t.step(&batch(0), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap();
+        let before = t.replica_hashes().unwrap();
+        let err = t
+            .step(&poisoned(1), |m: &Mlp, b: &[Tensor]| {
+                if b[0].max_all()?.to_scalar::<f64>()? > 1e8 {
+                    candle_core::bail!("a marker row in this replica's slice");
+                }
+                m.loss(b)
+            })
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Devices(_))
+                && text.contains("replica 2")
+                && text.contains("marker row"),
+            "{text}"
+        );
+        assert_eq!(t.replica_hashes().unwrap(), before, "no replica stepped");
+        let err = t
+            .step(&poisoned(1), |m: &Mlp, b: &[Tensor]| {
+                assert!(b[0].max_all()?.to_scalar::<f64>()? < 1e8, "the user's code panics");
+                m.loss(b)
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("replica 2 panicked"), "{err}");
+        assert_eq!(t.replica_hashes().unwrap(), before, "no replica stepped");
+        // The trainer goes on.
+        assert!(t.step(&batch(1), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap().is_finite());
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let devices = Devices::cpu(4).unwrap();
+    let mut t =
+        Trainer::<Mlp, SGD>::new(&devices, Config::ddp().with_dtype(DType::F64), 0.1, Mlp::new)
+            .unwrap();
+    let mut b = batch(0);
+    b[0] = b[0].narrow(0, 0, 6).unwrap();
+    assert!(matches!(
+        t.step(&b, |m: &Mlp, b: &[Tensor]| m.loss(b)),
+        Err(Error::Batch { input: 0, rows: 6, replicas: 4 })
+    ));
+    let e = Trainer::<Mlp, SGD>::new(
+        &devices,
+        Config::fsdp().with_shard_dim("l2.bias", 1),
+        0.1,
+        Mlp::new,
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::Shard { .. }), "{e}");
+    let e = Trainer::<Mlp, SGD>::new(
+        &devices,
+        Config::fsdp().with_shard_dim("l3.bias", 0),
+        0.1,
+        Mlp::new,
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("l3.bias"), "{e}");
+    let e = Trainer::<Mlp, SGD>::new(&devices, Config::ddp().with_bucket_bytes(0), 0.1, Mlp::new)
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Config { .. }), "{e}");
+    let e = Trainer::<Mlp, SGD>::new(&devices, Config::ddp().with_dtype(DType::U8), 0.1, Mlp::new)
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::DType { .. }), "{e}");
+    let vector = |m: &Mlp, b: &[Tensor]| m.l1.forward(&b[0])?.sum(0);
+    let e = t.step(&batch(0), vector).unwrap_err();
+    assert!(e.to_string().contains("scalar"), "{e}");
+}
+
+fn temp(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "meshwork-candle-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ))
+}
+
+#[test]
+fn checkpoints_restore_on_another_replica_count_and_layout() {
+    let dir = temp("ckpt");
+    let adamw = ParamsAdamW { lr: 0.05, ..Default::default() };
+    let saved = check::<AdamW>(4, Config::fsdp(), adamw.clone(), 3);
+    saved.save(dir.join("fsdp4"), Some(&serde_json::json!({"step": 3}))).unwrap();
+    let want = saved.parameters().unwrap();
+    for (replicas, config) in
+        [(2, Config::ddp()), (2, Config::fsdp()), (3, Config::fsdp()), (1, Config::ddp())]
+    {
+        let devices = Devices::cpu(replicas).unwrap();
+        let mut t = Trainer::<Mlp, AdamW>::new(
+            &devices,
+            config.with_dtype(DType::F64),
+            adamw.clone(),
+            Mlp::new,
+        )
+        .unwrap();
+        t.restore(dir.join("fsdp4")).unwrap();
+        for ((n, g), (_, w)) in t.parameters().unwrap().iter().zip(&want) {
+            assert_eq!(values(g), values(w), "{n} on {replicas}");
+        }
+        // And back: a DDP save restores into FSDP on 4.
+        if replicas == 2 && t.parallel() == meshwork_candle::Parallel::Ddp {
+            t.save(dir.join("ddp2"), None).unwrap();
+            let devices = Devices::cpu(4).unwrap();
+            let mut f = Trainer::<Mlp, AdamW>::new(
+                &devices,
+                Config::fsdp().with_dtype(DType::F64),
+                adamw.clone(),
+                Mlp::new,
+            )
+            .unwrap();
+            f.restore(dir.join("ddp2")).unwrap();
+            for ((n, g), (_, w)) in f.parameters().unwrap().iter().zip(&want) {
+                assert_eq!(values(g), values(w), "{n} via DDP");
+            }
+        }
+    }
+    // Never over something that exists.
+    assert!(saved.save(dir.join("fsdp4"), None).is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_safetensors_file_loads_with_each_replica_reading_its_shards() {
+    let dir = temp("st");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("init.safetensors");
+    let mut init = HashMap::new();
+    for (name, shape) in [
+        ("l1.weight", vec![HIDDEN, IN]),
+        ("l1.bias", vec![HIDDEN]),
+        ("l2.weight", vec![OUT, HIDDEN]),
+        ("l2.bias", vec![OUT]),
+    ] {
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+        init.insert(name.to_string(), Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&init, &path).unwrap();
+    for (replicas, config) in [
+        (4, Config::fsdp()),
+        (3, Config::fsdp().with_shard_dim("l1.weight", 1)),
+        (2, Config::ddp()),
+    ] {
+        let devices = Devices::cpu(replicas).unwrap();
+        let t = Trainer::<Mlp, SGD>::from_safetensors(
+            &devices,
+            config.with_dtype(DType::F64),
+            0.1,
+            &path,
+            Mlp::new,
+        )
+        .unwrap();
+        for (name, v) in t.parameters().unwrap() {
+            assert_eq!(values(&v), values(&init[&name]), "{name} on {replicas}");
+        }
+    }
+    let mut wrong = init.clone();
+    wrong.insert("l2.bias".into(), Tensor::zeros(4, DType::F64, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&wrong, dir.join("wrong.safetensors")).unwrap();
+    let devices = Devices::cpu(2).unwrap();
+    let e = Trainer::<Mlp, SGD>::from_safetensors(
+        &devices,
+        Config::fsdp(),
+        0.1,
+        dir.join("wrong.safetensors"),
+        Mlp::new,
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::Load { .. }) && e.to_string().contains("l2.bias"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
