@@ -1,6 +1,7 @@
 //! `cargo xtask mpi-test`: the executor's MPI check, 2 processes × 2 devices under
-//! `mpirun` on loopback, the strategy over 2 processes, and the two ways a process can
-//! die without hanging the job.
+//! `mpirun` on loopback, the strategy over 2 processes, a candle model through the
+//! bridge over 2 processes, and the two ways a process can die without hanging the
+//! job.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,6 +79,17 @@ pub(crate) fn mpi_test() -> Result {
         return Err(format!("the 2-process strategy check failed after {took:.1?}"));
     }
     println!("mpi-test: a strategy over 2 processes trains like one process ({took:.1?})");
+
+    cargo(&["build", "-p", "meshwork-candle", "--features", "mpi", "--example", "mpi_candle"])?;
+    let (ok, took, out) =
+        run_for(&mut mpirun(&["target/debug/examples/mpi_candle"]), Duration::from_secs(120))?;
+    print!("{out}");
+    if !ok {
+        return Err(format!("the 2-process candle check failed after {took:.1?}"));
+    }
+    println!(
+        "mpi-test: a candle model with DDP and FSDP on 2 processes x 2 devices trains as on 4 local devices ({took:.1?})"
+    );
 
     for (mode, says) in [
         ("panic", "a panic ends this process; aborting the MPI job"),

@@ -167,7 +167,7 @@ impl Elem for f32 {
     }
     fn values(t: ExecTensor) -> Option<Vec<f32>> {
         match t {
-            ExecTensor::F32(a) => Some(a.into_iter().collect()),
+            ExecTensor::F32(a) => Some(into_vec(a)),
             _ => None,
         }
     }
@@ -180,10 +180,23 @@ impl Elem for f64 {
     }
     fn values(t: ExecTensor) -> Option<Vec<f64>> {
         match t {
-            ExecTensor::F64(a) => Some(a.into_iter().collect()),
+            ExecTensor::F64(a) => Some(into_vec(a)),
             _ => None,
         }
     }
+}
+
+/// An array's values, row-major: its buffer itself when it is contiguous (an element
+/// by element walk of an n-d array costs far more than the values).
+pub(crate) fn into_vec<T: Clone>(a: ArrayD<T>) -> Vec<T> {
+    if a.as_slice().is_none() {
+        return a.iter().cloned().collect();
+    }
+    let n = a.len();
+    let (mut v, offset) = a.into_raw_vec_and_offset();
+    v.drain(..offset.unwrap_or(0).min(v.len()));
+    v.truncate(n);
+    v
 }
 
 /// A candle tensor's values, row-major.
@@ -214,9 +227,26 @@ pub(crate) fn to_exec(t: &Tensor) -> candle_core::Result<ExecTensor> {
 pub(crate) fn from_exec(t: ExecTensor, dtype: DType) -> candle_core::Result<Tensor> {
     let shape = t.shape().to_vec();
     let t = match t {
-        ExecTensor::F64(a) => tensor(a.into_iter().collect::<Vec<f64>>(), &shape)?,
-        ExecTensor::F32(a) => tensor(a.into_iter().collect::<Vec<f32>>(), &shape)?,
+        ExecTensor::F64(a) => tensor(into_vec(a), &shape)?,
+        ExecTensor::F32(a) => tensor(into_vec(a), &shape)?,
         other => candle_core::bail!("a checkpoint value of dtype {}", other.dtype()),
     };
     t.to_dtype(dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{ArrayD, IxDyn, s};
+
+    use super::into_vec;
+
+    #[test]
+    fn an_arrays_values_come_out_row_major_however_it_is_laid_out() {
+        let a = ArrayD::from_shape_vec(IxDyn(&[3, 4]), (0..12).collect::<Vec<i32>>()).unwrap();
+        assert_eq!(into_vec(a.clone()), (0..12).collect::<Vec<_>>());
+        let t = a.clone().reversed_axes();
+        assert_eq!(into_vec(t), vec![0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]);
+        let rows = a.slice_move(s![1.., ..]).into_dyn();
+        assert_eq!(into_vec(rows), (4..12).collect::<Vec<_>>());
+    }
 }

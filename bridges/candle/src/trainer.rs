@@ -499,6 +499,23 @@ where
             .collect()
     }
 
+    /// The bytes each replica hands to the gradient exchange per step: the fused
+    /// buckets of the all-reduce (DDP) or reduce-scatter (FSDP; `replicas ×` its
+    /// shards' slots), gradient values and one has-gradient flag per parameter.
+    pub fn gradient_bytes_per_step(&self) -> usize {
+        let per = |b: &Bucket| b.buffer_len() * b.kind.size();
+        let buckets: usize = self.shared.grads.iter().map(per).sum();
+        match self.shared.parallel {
+            Parallel::Ddp => buckets,
+            Parallel::Fsdp => buckets * self.shared.replicas,
+        }
+    }
+
+    /// The model's parameter bytes.
+    pub fn parameter_bytes(&self) -> usize {
+        self.shared.params.iter().map(|p| p.len() * p.kind.size()).sum()
+    }
+
     /// Saves the parameters as a meshwork sharded checkpoint in `dir` (a new or empty
     /// directory; anything else is refused untouched), `metadata` in its index: under
     /// FSDP each replica's shards as they are split, under DDP the whole values.
@@ -506,9 +523,32 @@ where
     /// Over several processes every process calls it and process 0 writes.
     pub fn save(&self, dir: impl AsRef<Path>, metadata: Option<&serde_json::Value>) -> Result<()> {
         let whole = self.parameters()?;
-        if self.devices.first_replica() != 0 {
-            return Ok(());
+        let written = if self.devices.first_replica() == 0 {
+            self.write(dir.as_ref(), &whole, metadata)
+        } else {
+            Ok(())
+        };
+        // Every process returns once process 0 has written, with its outcome.
+        let ok = written.is_ok();
+        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+            let flag = ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), if ok { 1.0 } else { 0.0 }));
+            Ok(vec![ctx.broadcast(0, flag)?])
+        });
+        let status = self.devices.run(program)?;
+        written?;
+        match status.first() {
+            Some(ExecTensor::F64(a)) if a.iter().all(|&x| x == 1.0) => Ok(()),
+            _ => Err(Error::Config { problem: "process 0 could not write the checkpoint".into() }),
         }
+    }
+
+    /// Process 0's part of [`save`](Self::save): the checkpoint's files.
+    fn write(
+        &self,
+        dir: &Path,
+        whole: &[(String, Tensor)],
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<()> {
         let mut entries = Vec::with_capacity(whole.len());
         for (k, (name, t)) in whole.iter().enumerate() {
             let p = &self.shared.params[k];
@@ -890,7 +930,7 @@ fn gather_bucket<T: Elem>(
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let full = meshwork_sharding::assemble(&views, &plan.sharding, &p.shape, Mode::Uneven)?;
-        let (values, _) = full.into_raw_vec_and_offset();
+        let values = params::into_vec(full);
         whole[k] = Some(
             Var::from_tensor(&params::tensor(values, &p.shape).map_err(boxed)?).map_err(boxed)?,
         );
