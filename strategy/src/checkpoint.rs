@@ -287,7 +287,50 @@ pub fn write_checkpoint(
     entries: Vec<CheckpointEntry>,
     metadata: Option<&Value>,
 ) -> Result<()> {
-    write(dir.as_ref(), devices, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
+    let dir = dir.as_ref();
+    // Everything checked before the directory is made: what a reader will check.
+    for e in &entries {
+        let bad = |problem: String| corrupt(dir, format!("variable {}: {problem}", e.name));
+        let sharding = logical_sharding(e.hlo.clone(), devices).map_err(|x| bad(x.to_string()))?;
+        let index = match sharding.index_map(&e.shape, Mode::Strict) {
+            Err(meshwork_sharding::Error::Indivisible { .. }) => {
+                sharding.index_map(&e.shape, Mode::Uneven)?
+            }
+            other => other?,
+        };
+        let regions: Vec<_> = index
+            .into_iter()
+            .filter(|i| i.replica_id == 0 && i.ranges.iter().all(|r| !r.is_empty()))
+            .map(|i| i.ranges)
+            .collect();
+        if e.shards.len() != regions.len() {
+            return Err(bad(format!(
+                "{} shards for the {} regions of its sharding",
+                e.shards.len(),
+                regions.len()
+            )));
+        }
+        for ((device, ranges, data), region) in e.shards.iter().zip(&regions) {
+            if *device >= devices {
+                return Err(bad(format!("a shard on device {device} of {devices}")));
+            }
+            if ranges != region {
+                return Err(bad(format!(
+                    "a shard covers {ranges:?}, the sharding's region is {region:?}"
+                )));
+            }
+            let extent: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+            if data.dtype() != e.dtype || data.shape() != extent.as_slice() {
+                return Err(bad(format!(
+                    "a shard of {} {:?} for a region {extent:?} of {}",
+                    data.dtype(),
+                    data.shape(),
+                    e.dtype
+                )));
+            }
+        }
+    }
+    write(dir, devices, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
 }
 
 /// Reads the variables `wanted` (`(name, dtype, shape)`) whole from the checkpoint in

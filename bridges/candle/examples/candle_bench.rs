@@ -104,7 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {name:<26} {:>9.2}  {:>10.0}   {:>6.2}x", 1e3 * t, batch as f64 / t, one / t);
     }
     println!(
-        "  gradient bytes all-reduced per replica and step: {} ({:.4}x the model's {} parameter bytes; one flag per parameter on top)",
+        "  gradient bytes all-reduced per replica and step: {} ({:.4}x the model's {} parameter bytes; the rest is one has-gradient flag per parameter)",
         ddp.gradient_bytes_per_step(),
         ddp.gradient_bytes_per_step() as f64 / ddp.parameter_bytes() as f64,
         ddp.parameter_bytes()

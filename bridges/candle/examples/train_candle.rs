@@ -22,10 +22,13 @@ use meshwork_candle::{Config, Devices, Trainer};
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        let now =
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
+        PEAK.fetch_max(now, Ordering::Relaxed);
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.alloc(layout) }
     }
@@ -174,8 +177,8 @@ impl Wide {
 }
 
 /// Live heap bytes a trainer of `config` keeps on its 4 replicas between steps (after
-/// two steps, so AdamW's state exists).
-fn resident(config: Config) -> Result<isize, Box<dyn std::error::Error>> {
+/// two steps, so AdamW's state exists), and the most it held during the third.
+fn resident(config: Config) -> Result<(isize, isize), Box<dyn std::error::Error>> {
     let x = Tensor::randn(0f32, 1.0, (8, WIDE[0]), &Device::Cpu)?;
     let y = Tensor::from_vec((0..8u32).collect::<Vec<u32>>(), 8, &Device::Cpu)?;
     let b = [x, y];
@@ -186,8 +189,11 @@ fn resident(config: Config) -> Result<isize, Box<dyn std::error::Error>> {
         t.step(&b, |m: &Wide, b: &[Tensor]| m.loss(b))?;
     }
     let after = live();
+    PEAK.store(after, Ordering::Relaxed);
+    t.step(&b, |m: &Wide, b: &[Tensor]| m.loss(b))?;
+    let peak = PEAK.load(Ordering::Relaxed);
     drop(t);
-    Ok(after - before)
+    Ok((after - before, peak - before))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -195,18 +201,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     curves::<Mlp>(false, steps)?;
     curves::<Cnn>(true, steps)?;
     let params = (WIDE[0] * WIDE[1] + WIDE[1] + WIDE[1] * WIDE[2] + WIDE[2]) * 4;
-    let ddp = resident(Config::ddp())?;
-    let fsdp = resident(Config::fsdp())?;
+    let (ddp, ddp_peak) = resident(Config::ddp())?;
+    let (fsdp, fsdp_peak) = resident(Config::fsdp())?;
     println!(
-        "memory each of 4 replicas keeps between steps, MLP {} -> {} -> {} (f32), counted on the heap:",
+        "memory per replica (of 4), MLP {} -> {} -> {} (f32), counted on the heap:",
         WIDE[0], WIDE[1], WIDE[2]
     );
-    println!("  the parameters once         {:>8.1} MB", params as f64 / 1e6);
-    println!("  DDP (parameters + AdamW)    {:>8.1} MB", ddp as f64 / 4e6);
+    println!("  the parameters once                        {:>8.1} MB", params as f64 / 1e6);
     println!(
-        "  FSDP (shards + their AdamW) {:>8.1} MB  ({:.2}x DDP's)",
+        "  DDP, kept between steps (params + AdamW)   {:>8.1} MB   during a step {:>8.1} MB",
+        ddp as f64 / 4e6,
+        ddp_peak as f64 / 4e6
+    );
+    println!(
+        "  FSDP, kept between steps (shards + AdamW)  {:>8.1} MB   during a step {:>8.1} MB",
         fsdp as f64 / 4e6,
-        fsdp as f64 / ddp as f64
+        fsdp_peak as f64 / 4e6
+    );
+    println!(
+        "  FSDP / DDP: {:.2}x between steps, {:.2}x at the peak (the model is one FSDP unit: a step gathers it whole)",
+        fsdp as f64 / ddp as f64,
+        fsdp_peak as f64 / ddp_peak as f64
     );
     Ok(())
 }

@@ -17,6 +17,14 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    /// candle's dtype of this kind.
+    pub(crate) fn dtype(self) -> candle_core::DType {
+        match self {
+            Kind::F32 => candle_core::DType::F32,
+            Kind::F64 => candle_core::DType::F64,
+        }
+    }
+
     /// Bytes per element.
     pub(crate) fn size(self) -> usize {
         match self {

@@ -8,8 +8,9 @@ pub enum Error {
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
     /// A step failed on the devices: a replica's error or panic (the user's forward,
-    /// loss or optimizer included), reported on every replica; no replica stepped its
-    /// optimizer when the failure came before the gradient exchange.
+    /// backward or loss, the exchange), reported on every replica. Replicas agree
+    /// before any optimizer steps, so such a failure leaves every replica as it was;
+    /// a failure inside an optimizer's update is [`Error::Diverged`] from then on.
     #[error(transparent)]
     Devices(#[from] meshwork_executor::Error),
     /// A sharding (a dim that cannot be split, a bad mesh).
@@ -18,6 +19,16 @@ pub enum Error {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] meshwork_strategy::Error),
+    /// A replica failed in its optimizer update after the others had made theirs, so
+    /// the replicas may differ: the trainer refuses to step until
+    /// [`restore`](crate::Trainer::restore).
+    #[error(
+        "step {step} failed in an optimizer update after other replicas had made theirs; the replicas may differ: restore a checkpoint"
+    )]
+    Diverged {
+        /// The step (counted from 0 since the trainer was made or restored).
+        step: usize,
+    },
     /// A batch whose rows do not split evenly over the replicas.
     #[error("input {input} has {rows} rows, which do not split evenly over {replicas} replicas")]
     Batch {

@@ -21,7 +21,8 @@ const MAX_HEADER: u64 = 100 << 20;
 /// One tensor's entry in the header.
 #[derive(Debug, Clone)]
 struct Entry {
-    dtype: DType,
+    /// `None`: a dtype the bridge does not read (an integer buffer).
+    dtype: Option<DType>,
     shape: Vec<usize>,
     /// Its bytes, from the start of the file.
     start: u64,
@@ -64,27 +65,30 @@ impl File {
                 continue;
             }
             let field = |f: &str| v.get(f).ok_or_else(|| bad(format!("{key} has no {f}")));
+            // Other dtypes (integer buffers a model does not train) are refused only
+            // when a parameter is read from them.
             let dtype = match field("dtype")?.as_str() {
-                Some("F32") => DType::F32,
-                Some("F64") => DType::F64,
-                Some("F16") => DType::F16,
-                Some("BF16") => DType::BF16,
-                other => {
-                    return Err(bad(format!(
-                        "{key} is {other:?}; the bridge reads F32, F64, F16 and BF16"
-                    )));
-                }
+                Some("F32") => Some(DType::F32),
+                Some("F64") => Some(DType::F64),
+                Some("F16") => Some(DType::F16),
+                Some("BF16") => Some(DType::BF16),
+                Some(_) => None,
+                None => return Err(bad(format!("{key}'s dtype is not a string"))),
             };
             let shape: Vec<usize> = serde_json::from_value(field("shape")?.clone())
                 .map_err(|e| bad(format!("{key}'s shape: {e}")))?;
             let [a, b]: [u64; 2] = serde_json::from_value(field("data_offsets")?.clone())
                 .map_err(|e| bad(format!("{key}'s data_offsets: {e}")))?;
-            let want = shape
-                .iter()
-                .try_fold(dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d as u64));
-            if b < a || Some(b - a) != want || data + b > size {
+            let want =
+                shape.iter().try_fold(dtype.map_or(1, |d| d.size_in_bytes()) as u64, |acc, &d| {
+                    acc.checked_mul(d as u64)
+                });
+            // Offsets from an untrusted header: every sum checked.
+            let end = data.checked_add(b).filter(|&e| e <= size);
+            if b < a || (dtype.is_some() && Some(b - a) != want) || end.is_none() {
                 return Err(bad(format!(
-                    "{key}: bytes {a}..{b} for shape {shape:?} of {dtype:?} in a file of {size} bytes"
+                    "{key}: bytes {a}..{b} for shape {shape:?} of {} in a file of {size} bytes",
+                    dtype.map_or("?".to_string(), |d| format!("{d:?}"))
                 )));
             }
             tensors.insert(key, Entry { dtype, shape, start: data + a });
@@ -100,6 +104,15 @@ impl File {
                     return Err(Error::Load {
                         path: self.path.clone(),
                         problem: format!("no tensor {} (the model's parameter)", p.name),
+                    });
+                }
+                Some(e) if e.dtype.is_none() => {
+                    return Err(Error::Load {
+                        path: self.path.clone(),
+                        problem: format!(
+                            "{} is not F32, F64, F16 or BF16, which the bridge reads",
+                            p.name
+                        ),
                     });
                 }
                 Some(e) if e.shape != p.shape => {
@@ -144,7 +157,13 @@ impl File {
                 problem: format!("region {region:?} is not inside {name} of shape {:?}", e.shape),
             });
         }
-        let size = e.dtype.size_in_bytes();
+        let Some(dtype_in_file) = e.dtype else {
+            return Err(Error::Load {
+                path: self.path.clone(),
+                problem: format!("{name} is not F32, F64, F16 or BF16, which the bridge reads"),
+            });
+        };
+        let size = dtype_in_file.size_in_bytes();
         let ext: Vec<usize> = region.iter().map(|r| r.len()).collect();
         let count: usize = ext.iter().product();
         let mut bytes = vec![0u8; count * size];
@@ -168,6 +187,7 @@ impl File {
                     offset = offset * e.shape[d] + i;
                 }
                 offset *= inner;
+                // Inside the tensor's bytes, which the header check bounded.
                 let pos = e.start + (offset * size) as u64;
                 let dst = &mut bytes[at..at + run * size];
                 file.seek(SeekFrom::Start(pos)).and_then(|_| file.read_exact(dst)).map_err(
@@ -196,7 +216,7 @@ impl File {
             }
             self.read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
-        let t = match e.dtype {
+        let t = match dtype_in_file {
             DType::F64 => params::tensor(
                 bytes
                     .chunks_exact(8)
@@ -291,6 +311,16 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let e = File::open(&path).err().expect("a file cut short");
         assert!(e.to_string().contains("bytes 0..96"), "{e}");
+        // Offsets that would wrap around.
+        let header = serde_json::json!({
+            "w": {"dtype": "F32", "shape": [1], "data_offsets": [u64::MAX - 4, u64::MAX]},
+        })
+        .to_string();
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend([0u8; 4]);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(File::open(&path), Err(Error::Load { .. })));
         std::fs::write(&path, u64::MAX.to_le_bytes()).unwrap();
         assert!(matches!(File::open(&path), Err(Error::Load { .. })));
         let _ = std::fs::remove_file(path);

@@ -44,6 +44,8 @@ struct Recorded {
     order: Vec<(String, Var)>,
     index: HashMap<String, usize>,
     preset: HashMap<String, Tensor>,
+    /// Variables made by the builder's initializer (no preset value).
+    initialized: Vec<String>,
 }
 
 /// A `VarBuilder` backend that creates each variable once, from a preset value when
@@ -61,6 +63,11 @@ impl Recorder {
     /// The variables, in the order the builder asked for them.
     pub(crate) fn vars(&self) -> Vec<(String, Var)> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).order.clone()
+    }
+
+    /// Variables the builder's initializer made (no preset value was given).
+    pub(crate) fn initialized(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).initialized.clone()
     }
 
     /// Preset values the builder never asked for.
@@ -99,7 +106,10 @@ impl SimpleBackend for Recorder {
                 }
                 Var::from_tensor(&t.to_dtype(dtype)?.to_device(dev)?)?
             }
-            None => h.var(s, dtype, dev)?,
+            None => {
+                r.initialized.push(name.to_string());
+                h.var(s, dtype, dev)?
+            }
         };
         let k = r.order.len();
         r.index.insert(name.to_string(), k);

@@ -26,7 +26,9 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// `n` CPU devices in this process, each a worker thread.
+    /// `n` CPU devices in this process, each a worker thread. A collective waits at
+    /// most the runtime's timeout (60 s) for a slow replica; for longer steps build the
+    /// runtime yourself: `Devices::from_runtime(Runtime::new(n)?.with_timeout(..))`.
     pub fn cpu(n: usize) -> Result<Devices> {
         Ok(Devices { runtime: Arc::new(Runtime::new(n)?) })
     }
@@ -188,6 +190,9 @@ struct Replica<M, O> {
     model: Option<M>,
     vars: Vec<Var>,
     opt: O,
+    /// Set once every replica has agreed to step the optimizer in the current step:
+    /// a failure after it may leave replicas apart.
+    committed: bool,
 }
 
 type Replicas<M, O> = Arc<Vec<Mutex<Option<Replica<M, O>>>>>;
@@ -208,6 +213,8 @@ pub struct Trainer<M, O: Optimizer> {
     replicas: Replicas<M, O>,
     optimizer: O::Config,
     steps: usize,
+    /// The step whose optimizer update failed on some replica after others made it.
+    broken: Option<usize>,
 }
 
 impl<M, O> Trainer<M, O>
@@ -287,6 +294,12 @@ where
                 ),
             });
         }
+        let missing = recorder.initialized();
+        if given && !missing.is_empty() {
+            return Err(Error::Builder {
+                problem: format!("no initial values were given for {missing:?}"),
+            });
+        }
         let vars = recorder.vars();
         let params = vars
             .iter()
@@ -348,7 +361,7 @@ where
                 let file = f.clone();
                 let all = shared.params.iter().map(|p| {
                     let whole: Vec<Range<usize>> = p.shape.iter().map(|&d| 0..d).collect();
-                    file.read_region(&p.name, &whole, config.dtype)
+                    file.read_region(&p.name, &whole, p.kind.dtype())
                 });
                 all.collect::<Result<_>>()?
             }
@@ -368,11 +381,21 @@ where
                 };
                 *replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner) =
                     Some(replica);
+                // A replica that failed to start fails its peers here, not at their
+                // first step.
+                ctx.barrier()?;
                 Ok(Vec::new())
             })
         };
         devices.run(program)?;
-        Ok(Trainer { devices: devices.clone(), shared, replicas, optimizer, steps: 0 })
+        Ok(Trainer {
+            devices: devices.clone(),
+            shared,
+            replicas,
+            optimizer,
+            steps: 0,
+            broken: None,
+        })
     }
 
     /// One training step on the global batch `batch` (every input's dim 0 is the
@@ -392,6 +415,9 @@ where
                 return Err(Error::Batch { input: k, rows, replicas: n });
             }
         }
+        if let Some(step) = self.broken {
+            return Err(Error::Diverged { step });
+        }
         let batch: Arc<Vec<Tensor>> = Arc::new(batch.to_vec());
         let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
         let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
@@ -401,10 +427,28 @@ where
             let replica = guard.as_mut().ok_or_else(|| {
                 boxed(Error::Config { problem: "a replica was never initialised".into() })
             })?;
+            replica.committed = false;
             let value = train_step(ctx, &shared, replica, &batch, &loss)?;
             Ok(vec![ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value))])
         });
-        let out = self.devices.run(program)?;
+        let out = match self.devices.run(program) {
+            Ok(out) => out,
+            Err(e) => {
+                // Replicas commit together (every replica past the agreement, or
+                // none): one that did means a failure in an optimizer step, after
+                // which the replicas may differ.
+                let committed = self.replicas.iter().any(|m| {
+                    m.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .as_ref()
+                        .is_some_and(|r| r.committed)
+                });
+                if committed {
+                    self.broken = Some(self.steps);
+                }
+                return Err(e);
+            }
+        };
         self.steps += 1;
         match out.first() {
             Some(ExecTensor::F64(a)) => Ok(a.iter().copied().next().unwrap_or(f64::NAN)),
@@ -450,7 +494,7 @@ where
             .params
             .iter()
             .zip(out)
-            .map(|(p, t)| Ok((p.name.clone(), params::from_exec(t, self.shared.dtype)?)))
+            .map(|(p, t)| Ok((p.name.clone(), params::from_exec(t, p.kind.dtype())?)))
             .collect()
     }
 
@@ -517,14 +561,26 @@ where
     }
 
     /// Saves the parameters as a meshwork sharded checkpoint in `dir` (a new or empty
-    /// directory; anything else is refused untouched), `metadata` in its index: under
+    /// directory; anything else is refused untouched), `metadata` in its index (with
+    /// the trainer's step count, layout and replicas under `meshwork_candle`): under
     /// FSDP each replica's shards as they are split, under DDP the whole values.
     /// [`restore`](Self::restore) reads it on any number of replicas, DDP or FSDP.
     /// Over several processes every process calls it and process 0 writes.
     pub fn save(&self, dir: impl AsRef<Path>, metadata: Option<&serde_json::Value>) -> Result<()> {
         let whole = self.parameters()?;
+        // The user's metadata, with the trainer's under its own key.
+        let mut meta = match metadata {
+            Some(serde_json::Value::Object(m)) => serde_json::Value::Object(m.clone()),
+            Some(other) => serde_json::json!({ "user": other }),
+            None => serde_json::json!({}),
+        };
+        meta[META] = serde_json::json!({
+            "steps": self.steps,
+            "parallel": format!("{:?}", self.shared.parallel),
+            "replicas": self.shared.replicas,
+        });
         let written = if self.devices.first_replica() == 0 {
-            self.write(dir.as_ref(), &whole, metadata)
+            self.write(dir.as_ref(), &whole, Some(&meta))
         } else {
             Ok(())
         };
@@ -585,10 +641,12 @@ where
         Ok(())
     }
 
-    /// Restores the parameters from a checkpoint [`save`](Self::save) wrote (on any
-    /// number of replicas, DDP or FSDP), verified before anything changes, and starts
-    /// every optimizer afresh (candle's optimizers keep their state private, so a
-    /// checkpoint holds the parameters).
+    /// Restores the parameters and the step count from a checkpoint
+    /// [`save`](Self::save) wrote (on any number of replicas, DDP or FSDP), verified
+    /// before anything changes on any replica (over MPI: every process read it, or
+    /// none changes), and starts every optimizer afresh: candle's optimizers keep
+    /// their state (AdamW's moments) private, so a checkpoint holds the parameters
+    /// and a resumed AdamW run starts its moments again.
     pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<()> {
         let wanted: Vec<(String, meshwork_types::DType, Vec<usize>)> = self
             .shared
@@ -596,17 +654,32 @@ where
             .iter()
             .map(|p| (p.name.clone(), meshwork_types::DType::from(p.kind), p.shape.clone()))
             .collect();
-        let values = meshwork_strategy::read_checkpoint(dir, &wanted)?;
-        let values: Arc<Vec<Tensor>> = Arc::new(
-            values
+        let dir = dir.as_ref();
+        let read = (|| -> Result<(Vec<Tensor>, usize)> {
+            let values = meshwork_strategy::read_checkpoint(dir, &wanted)?
                 .into_iter()
-                .map(|t| params::from_exec(t, self.shared.dtype))
-                .collect::<candle_core::Result<_>>()?,
-        );
+                .zip(&self.shared.params)
+                .map(|(t, p)| params::from_exec(t, p.kind.dtype()))
+                .collect::<candle_core::Result<_>>()?;
+            let steps = meshwork_strategy::checkpoint_metadata(dir)?
+                .and_then(|m| m[META]["steps"].as_u64())
+                .and_then(|s| usize::try_from(s).ok())
+                .unwrap_or(0);
+            Ok((values, steps))
+        })();
+        // Every process reads; all of them, or none, put the values.
+        let ok = read.is_ok();
+        let values: Arc<Vec<Tensor>> =
+            Arc::new(read.as_ref().map(|(v, _)| v.clone()).unwrap_or_default());
         let (shared, replicas, optimizer) =
             (self.shared.clone(), self.replicas.clone(), self.optimizer.clone());
         let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
+            let flag = ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), if ok { 1.0 } else { 0.0 }));
+            match ctx.all_reduce(ReduceOp::Min, flag)? {
+                ExecTensor::F64(a) if a.iter().all(|&x| x == 1.0) => {}
+                _ => return Err("a process could not read the checkpoint".into()),
+            }
             let mut guard =
                 replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
             let replica = guard.as_mut().ok_or_else(|| {
@@ -626,11 +699,18 @@ where
             replica.opt = O::new(stepped(&replica.vars), optimizer.clone()).map_err(boxed)?;
             Ok(Vec::new())
         });
-        self.devices.run(program)?;
-        self.steps = 0;
+        let run = self.devices.run(program);
+        let (_, steps) = read?;
+        run?;
+        self.steps = steps;
+        self.broken = None;
         Ok(())
     }
 }
+
+/// The key of the trainer's own metadata in a checkpoint's index: the steps made, DDP
+/// or FSDP, the replicas.
+const META: &str = "meshwork_candle";
 
 /// Where the initial values come from.
 enum Source {
@@ -718,7 +798,7 @@ where
 {
     let mut vars = Vec::with_capacity(shared.params.len());
     for (p, plan) in shared.params.iter().zip(&shared.plans) {
-        let t = file.read_region(&p.name, &plan.regions[r], shared.dtype).map_err(boxed)?;
+        let t = file.read_region(&p.name, &plan.regions[r], p.kind.dtype()).map_err(boxed)?;
         vars.push(Var::from_tensor(&t).map_err(boxed)?);
     }
     finish(shared, vars, optimizer)
@@ -744,7 +824,7 @@ where
         Parallel::Fsdp => None,
     };
     let opt = O::new(stepped(&vars), optimizer.clone()).map_err(boxed)?;
-    Ok(Replica { model, vars, opt })
+    Ok(Replica { model, vars, opt, committed: false })
 }
 
 /// The variables an optimizer steps: all but the empty shards of uneven splits (there
@@ -829,8 +909,11 @@ fn train_step<M, O: Optimizer>(
         _ => f64::NAN,
     };
     let mut grads = l.backward().map_err(boxed)?;
+    // Parameters no replica has a gradient for (buffers such as BatchNorm's running
+    // statistics, or parameters this batch did not use).
+    let mut without = Vec::new();
     for b in &shared.grads {
-        match (shared.parallel, b.kind) {
+        without.extend(match (shared.parallel, b.kind) {
             (Parallel::Ddp, Kind::F32) => {
                 all_reduce::<f32>(ctx, b, shared, &replica.vars, &mut grads)?
             }
@@ -843,10 +926,45 @@ fn train_step<M, O: Optimizer>(
             (Parallel::Fsdp, Kind::F64) => {
                 reduce_scatter::<f64>(ctx, b, shared, &gathered, &replica.vars, &mut grads)?
             }
+        });
+    }
+    // What the forward wrote into them is replica 0's on every replica (PyTorch's DDP
+    // broadcasts its buffers from rank 0); under FSDP it goes back into the shards.
+    without.sort_unstable();
+    for k in without {
+        let source = match shared.parallel {
+            Parallel::Ddp => &replica.vars[k],
+            Parallel::Fsdp => &gathered[k],
+        };
+        let value = match shared.params[k].kind {
+            Kind::F32 => sync::<f32>(ctx, source.as_tensor(), &shared.params[k].shape)?,
+            Kind::F64 => sync::<f64>(ctx, source.as_tensor(), &shared.params[k].shape)?,
+        };
+        let value = match shared.parallel {
+            Parallel::Ddp => value,
+            Parallel::Fsdp => region_of(&value, &shared.plans[k].regions[r]).map_err(boxed)?,
+        };
+        if replica.vars[k].elem_count() > 0 {
+            replica.vars[k].set(&value).map_err(boxed)?;
         }
     }
+    // Every replica has its gradients: agree before any optimizer steps, so a failure
+    // anywhere up to here leaves every replica as it was.
+    ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
+    replica.committed = true;
     replica.opt.step(&grads).map_err(boxed)?;
     Ok(total / n as f64)
+}
+
+/// Replica 0's value of `t` (shape `shape`) on every replica.
+fn sync<T: Elem>(
+    ctx: &ReplicaContext,
+    t: &Tensor,
+    shape: &[usize],
+) -> std::result::Result<Tensor, ProgramError> {
+    let values = params::flat::<T>(t).map_err(boxed)?;
+    let got = T::values(ctx.broadcast(0, T::exec(values))?).ok_or("a broadcast changed dtype")?;
+    params::tensor(got, shape).map_err(boxed)
 }
 
 /// DDP: a bucket of gradients summed over the replicas and averaged; a parameter no
@@ -857,7 +975,8 @@ fn all_reduce<T: Elem>(
     shared: &Shared<impl Sized>,
     vars: &[Var],
     grads: &mut GradStore,
-) -> std::result::Result<(), ProgramError> {
+) -> std::result::Result<Vec<usize>, ProgramError> {
+    let mut without = Vec::new();
     let offsets = b.offsets();
     let values: usize = b.lens.iter().sum();
     let mut buf = vec![T::default(); b.buffer_len()];
@@ -881,9 +1000,10 @@ fn all_reduce<T: Elem>(
             grads.insert(var, params::tensor(g, &shared.params[k].shape).map_err(boxed)?);
         } else {
             grads.remove(var);
+            without.push(k);
         }
     }
-    Ok(())
+    Ok(without)
 }
 
 /// FSDP: the parameters of every bucket gathered from their shards, as variables a
@@ -947,7 +1067,8 @@ fn reduce_scatter<T: Elem>(
     whole: &[Var],
     shards: &[Var],
     grads: &mut GradStore,
-) -> std::result::Result<(), ProgramError> {
+) -> std::result::Result<Vec<usize>, ProgramError> {
+    let mut without = Vec::new();
     let (n, r) = (shared.replicas, ctx.replica_id());
     let offsets = b.offsets();
     let values: usize = b.lens.iter().sum();
@@ -972,7 +1093,9 @@ fn reduce_scatter<T: Elem>(
     for (j, &k) in b.params.iter().enumerate() {
         let shard = shards[k].as_tensor();
         let region = &shared.plans[k].regions[r];
-        if mine[values + j].to_f64() > 0.0 && elems(region) > 0 {
+        // The flag counts the replicas with a gradient: the same on every replica.
+        let some = mine[values + j].to_f64() > 0.0;
+        if some && elems(region) > 0 {
             let g: Vec<T> = mine[offsets[j]..offsets[j] + elems(region)]
                 .iter()
                 .map(|x| T::from_f64(x.to_f64() / n as f64))
@@ -981,6 +1104,9 @@ fn reduce_scatter<T: Elem>(
         } else {
             grads.remove(shard);
         }
+        if !some {
+            without.push(k);
+        }
     }
-    Ok(())
+    Ok(without)
 }

@@ -121,7 +121,7 @@ fn ddp_and_fsdp_give_one_devices_losses_for_sgd_and_adamw() {
 }
 
 #[test]
-fn ddp_replicas_stay_bit_identical_and_fsdp_shards_are_a_quarter() {
+fn ddp_replicas_stay_bit_identical_and_fsdp_shards_split_the_model_once() {
     let adamw = ParamsAdamW { lr: 0.05, ..Default::default() };
     let ddp = check::<AdamW>(4, Config::ddp().with_bucket_bytes(64), adamw.clone(), 5);
     let hashes = ddp.replica_hashes().unwrap();
@@ -329,4 +329,194 @@ fn a_safetensors_file_loads_with_each_replica_reading_its_shards() {
     .unwrap();
     assert!(matches!(e, Error::Load { .. }) && e.to_string().contains("l2.bias"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An SGD whose next update fails once, on whichever replica gets there first.
+struct Flaky(SGD);
+
+static FAIL_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Optimizer for Flaky {
+    type Config = f64;
+    fn new(vars: Vec<candle_core::Var>, lr: f64) -> candle_core::Result<Flaky> {
+        Ok(Flaky(SGD::new(vars, lr)?))
+    }
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
+        if FAIL_NEXT.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            candle_core::bail!("the optimizer failed");
+        }
+        self.0.step(grads)
+    }
+    fn learning_rate(&self) -> f64 {
+        self.0.learning_rate()
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.0.set_learning_rate(lr)
+    }
+}
+
+#[test]
+fn an_optimizer_that_fails_after_others_stepped_stops_the_trainer_until_a_restore() {
+    let dir = temp("flaky");
+    for config in [Config::ddp(), Config::fsdp()] {
+        let devices = Devices::cpu(4).unwrap();
+        let mut t =
+            Trainer::<Mlp, Flaky>::new(&devices, config.with_dtype(DType::F64), 0.3, Mlp::new)
+                .unwrap();
+        t.step(&batch(0), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap();
+        let path = dir.join(format!("{:?}", t.parallel()));
+        t.save(&path, None).unwrap();
+        FAIL_NEXT.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = t.step(&batch(1), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap_err();
+        assert!(e.to_string().contains("the optimizer failed"), "{e}");
+        let e = t.step(&batch(1), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap_err();
+        assert!(matches!(e, Error::Diverged { step: 1 }), "{e}");
+        t.restore(&path).unwrap();
+        assert_eq!(t.steps(), 1, "the step count comes back with the checkpoint");
+        assert!(t.step(&batch(1), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap().is_finite());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A model with a layer only some replicas' slices use and one no slice uses: the
+/// has-gradient flags decide what each optimizer steps.
+struct Branchy {
+    mlp: Mlp,
+    aux: Linear,
+    /// Registered with the model, used by no loss: it never has a gradient.
+    #[allow(dead_code)]
+    unused: Linear,
+}
+
+impl Branchy {
+    fn new(vb: VarBuilder<'_>) -> candle_core::Result<Branchy> {
+        Ok(Branchy {
+            mlp: Mlp::new(vb.pp("mlp"))?,
+            aux: linear(IN, 2, vb.pp("aux"))?,
+            unused: linear(IN, 2, vb.pp("unused"))?,
+        })
+    }
+
+    /// A slice's loss: the MLP's, plus the aux layer's mean output when the slice's
+    /// first label is 0.
+    fn loss(&self, b: &[Tensor]) -> candle_core::Result<Tensor> {
+        let base = self.mlp.loss(b)?;
+        if b[1].get(0)?.to_scalar::<u32>()? == 0 {
+            base + (self.aux.forward(&b[0])?.mean_all()? * 0.1)?
+        } else {
+            Ok(base)
+        }
+    }
+}
+
+#[test]
+fn parameters_some_or_no_replicas_use_step_as_one_device_would() {
+    let adamw = ParamsAdamW { lr: 0.05, weight_decay: 0.1, ..Default::default() };
+    let n = 4;
+    for config in [Config::ddp(), Config::fsdp()] {
+        let devices = Devices::cpu(n).unwrap();
+        let mut t = Trainer::<Branchy, AdamW>::new(
+            &devices,
+            config.with_dtype(DType::F64),
+            adamw.clone(),
+            Branchy::new,
+        )
+        .unwrap();
+        let init = t.parameters().unwrap();
+        // One device: the mean of the replicas' slice losses, each slice as a replica
+        // sees it — the loss whose gradient the replicas' average is.
+        let map = VarMap::new();
+        let model = Branchy::new(VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu)).unwrap();
+        for (name, v) in &init {
+            map.data().lock().unwrap()[name].set(v).unwrap();
+        }
+        let mut opt = AdamW::new(map.all_vars(), adamw.clone()).unwrap();
+        let mut used_aux = 0;
+        for s in 0..5 {
+            let b = batch(s);
+            let per = ROWS / n;
+            let mut total = Tensor::zeros((), DType::F64, &Device::Cpu).unwrap();
+            for r in 0..n {
+                let slice: Vec<Tensor> =
+                    b.iter().map(|t| t.narrow(0, r * per, per).unwrap()).collect();
+                used_aux += usize::from(slice[1].get(0).unwrap().to_scalar::<u32>().unwrap() == 0);
+                total = (total + model.loss(&slice).unwrap()).unwrap();
+            }
+            let want = (total / n as f64).unwrap();
+            let got = t.step(&b, |m: &Branchy, b: &[Tensor]| m.loss(b)).unwrap();
+            let w = want.to_scalar::<f64>().unwrap();
+            assert!(close(got, w), "{:?} step {s}: {got} vs {w}", t.parallel());
+            opt.backward_step(&want).unwrap();
+        }
+        assert!(used_aux > 0 && used_aux < 5 * n, "some slices use aux: {used_aux}");
+        let reference = map.data().lock().unwrap().clone();
+        for (name, v) in t.parameters().unwrap() {
+            for (g, w) in values(&v).iter().zip(values(reference[&name].as_tensor())) {
+                assert!(close(*g, w), "{:?} {name}: {g} vs {w}", t.parallel());
+            }
+        }
+        let start: HashMap<String, Tensor> = init.into_iter().collect();
+        let now: HashMap<String, Tensor> = t.parameters().unwrap().into_iter().collect();
+        assert_eq!(values(&now["unused.weight"]), values(&start["unused.weight"]), "never stepped");
+    }
+}
+
+/// A CNN with BatchNorm: its running statistics are written by the forward and have
+/// no gradient.
+struct Normed {
+    conv: candle_nn::Conv2d,
+    bn: candle_nn::BatchNorm,
+    head: Linear,
+}
+
+impl Normed {
+    fn new(vb: VarBuilder<'_>) -> candle_core::Result<Normed> {
+        Ok(Normed {
+            conv: candle_nn::conv2d(1, 3, 3, Default::default(), vb.pp("conv"))?,
+            bn: candle_nn::batch_norm(3, candle_nn::BatchNormConfig::default(), vb.pp("bn"))?,
+            head: linear(3 * 2 * 2, OUT, vb.pp("head"))?,
+        })
+    }
+
+    fn loss(&self, b: &[Tensor]) -> candle_core::Result<Tensor> {
+        use candle_nn::ModuleT;
+        let x = b[0]
+            .reshape((b[0].dim(0)?, 1, 2, 3))?
+            .pad_with_zeros(2, 1, 1)?
+            .pad_with_zeros(3, 1, 0)?;
+        let h = self.bn.forward_t(&self.conv.forward(&x)?, true)?.relu()?;
+        loss::cross_entropy(&self.head.forward(&h.flatten_from(1)?)?, &b[1])
+    }
+}
+
+#[test]
+fn buffers_the_forward_writes_are_replica_zeros_everywhere() {
+    let mut stats = Vec::new();
+    let mut init: Option<HashMap<String, Tensor>> = None;
+    for config in [Config::ddp(), Config::fsdp()] {
+        let devices = Devices::cpu(4).unwrap();
+        let config = config.with_dtype(DType::F64);
+        let mut t = match init.clone() {
+            None => Trainer::<Normed, SGD>::new(&devices, config, 0.1, Normed::new).unwrap(),
+            Some(v) => {
+                Trainer::<Normed, SGD>::with_values(&devices, config, 0.1, v, Normed::new).unwrap()
+            }
+        };
+        let start: HashMap<String, Tensor> = t.parameters().unwrap().into_iter().collect();
+        init.get_or_insert_with(|| start.clone());
+        for s in 0..4 {
+            t.step(&batch(s), |m: &Normed, b: &[Tensor]| m.loss(b)).unwrap();
+        }
+        let now: HashMap<String, Tensor> = t.parameters().unwrap().into_iter().collect();
+        assert_ne!(values(&now["bn.running_mean"]), values(&start["bn.running_mean"]), "moved");
+        if t.parallel() == meshwork_candle::Parallel::Ddp {
+            let h = t.replica_hashes().unwrap();
+            assert!(h.iter().all(|&x| x == h[0]), "DDP replicas stay bit-identical: {h:x?}");
+        }
+        stats.push((values(&now["bn.running_mean"]), values(&now["bn.running_var"])));
+    }
+    // The same statistics (replica 0's) whether whole or sharded.
+    for (a, b) in stats[0].0.iter().zip(&stats[1].0).chain(stats[0].1.iter().zip(&stats[1].1)) {
+        assert!(close(*a, *b), "{stats:?}");
+    }
 }

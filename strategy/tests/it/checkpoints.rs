@@ -371,3 +371,60 @@ impl CharDeviceLike for std::fs::FileType {
         self.is_char_device()
     }
 }
+
+/// `write_checkpoint` writes shards a caller holds (uneven ones in XLA's padded layout,
+/// the empty trailing region left out) and `read_checkpoint` reads them back whole; a
+/// shard off its sharding's region, device or dtype is refused before anything is
+/// written.
+#[test]
+fn shards_a_caller_holds_write_and_read_back_and_bad_ones_are_refused() {
+    use meshwork_strategy::sharding::{Mesh, Mode, NamedSharding};
+    use meshwork_strategy::types::DType;
+    use meshwork_strategy::{CheckpointEntry, read_checkpoint, write_checkpoint};
+
+    let dir = temp_dir("entries");
+    let whole = ArrayD::from_shape_vec(IxDyn(&[5, 3]), (0..15).map(f64::from).collect()).unwrap();
+    let named =
+        NamedSharding::new(Mesh::iota(&[("x", 4)]).unwrap(), "P('x')".parse().unwrap()).unwrap();
+    let sharding = named.to_sharding(2).unwrap();
+    let regions: Vec<_> = sharding
+        .index_map(&[5, 3], Mode::Uneven)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.ranges)
+        .filter(|r| r.iter().all(|x| !x.is_empty()))
+        .collect();
+    assert_eq!(regions.len(), 3, "rows 2, 2, 1 and an empty fourth");
+    let shards: Vec<_> = regions
+        .iter()
+        .enumerate()
+        .map(|(d, r)| {
+            let part = whole.slice(ndarray::s![r[0].clone(), r[1].clone()]).to_owned().into_dyn();
+            (d, r.clone(), Tensor::F64(part))
+        })
+        .collect();
+    let entry = |shards: Vec<(usize, Vec<std::ops::Range<usize>>, Tensor)>| CheckpointEntry {
+        name: "w".into(),
+        dtype: DType::F64,
+        shape: vec![5, 3],
+        hlo: sharding.hlo().clone(),
+        shards,
+    };
+    write_checkpoint(dir.join("ok"), 4, vec![entry(shards.clone())], None).unwrap();
+    let back = read_checkpoint(dir.join("ok"), &[("w".into(), DType::F64, vec![5, 3])]).unwrap();
+    assert_eq!(back, vec![Tensor::F64(whole.clone())]);
+    let mut off_device = shards.clone();
+    off_device[2].0 = 4;
+    let mut off_region = shards.clone();
+    off_region[1].1 = vec![1..3, 0..3];
+    let mut off_dtype = shards.clone();
+    off_dtype[0].2 = Tensor::F32(ArrayD::zeros(IxDyn(&[2, 3])));
+    for (k, bad) in
+        [off_device, off_region, off_dtype, shards[..2].to_vec()].into_iter().enumerate()
+    {
+        let at = dir.join(format!("bad{k}"));
+        assert!(write_checkpoint(&at, 4, vec![entry(bad)], None).is_err(), "case {k}");
+        assert!(!at.exists(), "case {k}: nothing written");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
