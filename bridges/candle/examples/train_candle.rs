@@ -1,7 +1,9 @@
 //! Trains two small candle models — an MLP and a CNN written with `candle_nn` — with
 //! DDP and FSDP on 4 meshwork devices, and prints each loss curve beside plain
 //! candle's on one device (same initial values, same global batches), then the memory
-//! each replica keeps for parameters and AdamW's state, measured by counting the heap.
+//! each replica keeps for parameters and AdamW's state, and the most it holds during a
+//! step (DDP, FSDP with the model as one unit, FSDP with a unit per layer), measured by
+//! counting the heap.
 //!
 //! `cargo run --release -p meshwork-candle --example train_candle [-- STEPS]`
 
@@ -162,35 +164,83 @@ fn curves<M: Model>(cnn: bool, steps: usize) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-/// A wider MLP for the memory count: 1024 -> 2048 -> 1024, 4.2M parameters.
-struct Wide(Linear, Linear);
+/// A deep MLP for the memory count: 8 layers of 1024 -> 1024 (8.4M parameters), ReLU
+/// between them.
+struct Deep(Vec<DeepLayer>);
 
-const WIDE: [usize; 3] = [1024, 2048, 1024];
+const WIDTH: usize = 1024;
+const DEPTH: usize = 8;
 
-impl Wide {
-    fn new(vb: VarBuilder<'_>) -> candle_core::Result<Wide> {
-        Ok(Wide(linear(WIDE[0], WIDE[1], vb.pp("fc1"))?, linear(WIDE[1], WIDE[2], vb.pp("fc2"))?))
+/// Layer `k` of [`Deep`]; also an FSDP unit.
+struct DeepLayer(Linear, bool);
+
+impl Module for DeepLayer {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.0.forward(x)?;
+        if self.1 { y.relu() } else { Ok(y) }
+    }
+}
+
+fn deep_layer(k: usize, vb: VarBuilder<'_>) -> candle_core::Result<DeepLayer> {
+    Ok(DeepLayer(linear(WIDTH, WIDTH, vb.pp(format!("fc{k}")))?, k + 1 < DEPTH))
+}
+
+impl Deep {
+    fn new(vb: VarBuilder<'_>) -> candle_core::Result<Deep> {
+        (0..DEPTH).map(|k| deep_layer(k, vb.clone())).collect::<candle_core::Result<_>>().map(Deep)
     }
     fn loss(&self, b: &[Tensor]) -> candle_core::Result<Tensor> {
-        loss::cross_entropy(&self.1.forward(&self.0.forward(&b[0])?.relu()?)?, &b[1])
+        let mut x = b[0].clone();
+        for l in &self.0 {
+            x = l.forward(&x)?;
+        }
+        loss::cross_entropy(&x, &b[1])
     }
+}
+
+/// A batch of 8 for the memory count.
+fn deep_batch() -> candle_core::Result<[Tensor; 2]> {
+    let x = Tensor::randn(0f32, 1.0, (8, WIDTH), &Device::Cpu)?;
+    Ok([x, Tensor::from_vec((0..8u32).collect::<Vec<u32>>(), 8, &Device::Cpu)?])
 }
 
 /// Live heap bytes a trainer of `config` keeps on its 4 replicas between steps (after
 /// two steps, so AdamW's state exists), and the most it held during the third.
 fn resident(config: Config) -> Result<(isize, isize), Box<dyn std::error::Error>> {
-    let x = Tensor::randn(0f32, 1.0, (8, WIDE[0]), &Device::Cpu)?;
-    let y = Tensor::from_vec((0..8u32).collect::<Vec<u32>>(), 8, &Device::Cpu)?;
-    let b = [x, y];
+    let b = deep_batch()?;
     let devices = Devices::cpu(4)?;
     let before = live();
-    let mut t = Trainer::<Wide, AdamW>::new(&devices, config, ParamsAdamW::default(), Wide::new)?;
+    let mut t = Trainer::<Deep, AdamW>::new(&devices, config, ParamsAdamW::default(), Deep::new)?;
     for _ in 0..2 {
-        t.step(&b, |m: &Wide, b: &[Tensor]| m.loss(b))?;
+        t.step(&b, |m: &Deep, b: &[Tensor]| m.loss(b))?;
     }
     let after = live();
     PEAK.store(after, Ordering::Relaxed);
-    t.step(&b, |m: &Wide, b: &[Tensor]| m.loss(b))?;
+    t.step(&b, |m: &Deep, b: &[Tensor]| m.loss(b))?;
+    let peak = PEAK.load(Ordering::Relaxed);
+    drop(t);
+    Ok((after - before, peak - before))
+}
+
+/// [`resident`] for the deep MLP as FSDP units, one layer each.
+fn resident_units() -> Result<(isize, isize), Box<dyn std::error::Error>> {
+    let b = deep_batch()?;
+    let devices = Devices::cpu(4)?;
+    let before = live();
+    let mut t = Trainer::<meshwork_candle::Units, AdamW>::units(
+        &devices,
+        Config::fsdp(),
+        ParamsAdamW::default(),
+        DEPTH,
+        deep_layer,
+    )?;
+    let head = |out: &Tensor, b: &[Tensor]| loss::cross_entropy(out, &b[1]);
+    for _ in 0..2 {
+        t.step_units(&b, head)?;
+    }
+    let after = live();
+    PEAK.store(after, Ordering::Relaxed);
+    t.step_units(&b, head)?;
     let peak = PEAK.load(Ordering::Relaxed);
     drop(t);
     Ok((after - before, peak - before))
@@ -200,12 +250,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(60);
     curves::<Mlp>(false, steps)?;
     curves::<Cnn>(true, steps)?;
-    let params = (WIDE[0] * WIDE[1] + WIDE[1] + WIDE[1] * WIDE[2] + WIDE[2]) * 4;
+    let params = DEPTH * (WIDTH * WIDTH + WIDTH) * 4;
     let (ddp, ddp_peak) = resident(Config::ddp())?;
     let (fsdp, fsdp_peak) = resident(Config::fsdp())?;
     println!(
-        "memory per replica (of 4), MLP {} -> {} -> {} (f32), counted on the heap:",
-        WIDE[0], WIDE[1], WIDE[2]
+        "memory per replica (of 4), MLP of {DEPTH} layers {WIDTH} -> {WIDTH} (f32), counted on the heap:"
     );
     println!("  the parameters once                        {:>8.1} MB", params as f64 / 1e6);
     println!(
@@ -218,10 +267,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fsdp as f64 / 4e6,
         fsdp_peak as f64 / 4e6
     );
+    let (units, units_peak) = resident_units()?;
     println!(
-        "  FSDP / DDP: {:.2}x between steps, {:.2}x at the peak (the model is one FSDP unit: a step gathers it whole)",
+        "  FSDP, one unit per layer                   {:>8.1} MB   during a step {:>8.1} MB",
+        units as f64 / 4e6,
+        units_peak as f64 / 4e6
+    );
+    println!(
+        "  FSDP / DDP: {:.2}x between steps; during a step {:.2}x as one unit (gathered whole), {:.2}x with a unit per layer",
         fsdp as f64 / ddp as f64,
-        fsdp_peak as f64 / ddp_peak as f64
+        fsdp_peak as f64 / ddp_peak as f64,
+        units_peak as f64 / ddp_peak as f64
     );
     Ok(())
 }

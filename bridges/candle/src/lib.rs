@@ -14,11 +14,20 @@
 //! DDP's memory between steps. A failure on any replica — an error or a panic in the
 //! user's code — ends the step on every replica with that error; nothing hangs.
 //!
+//! FSDP comes in two grains. With [`Trainer::new`] the whole model is one FSDP unit:
+//! it is built over the gathered parameters for each step and dropped after it, so a
+//! replica holds 1/N between steps and the whole model during one. With
+//! [`Trainer::units`] the model is a sequence of units (layers, blocks): each unit's
+//! parameters are gathered just before its forward and again before its backward,
+//! which recomputes the unit from its saved input (activation checkpointing), and its
+//! gradients are reduce-scattered right after — a replica holds one unit whole at a
+//! time.
+//!
 //! It is **not** a candle backend or a model zoo: models are plain `candle_nn` models
 //! built from a `VarBuilder`, on candle's CPU device; meshwork's devices are where
 //! the replicas run, and their collectives are meshwork's (deterministic, and the same
-//! over MPI). Under FSDP the whole model is one FSDP unit: it is built over the
-//! gathered parameters for each step and dropped after it.
+//! over MPI). Checkpoints hold the parameters and the step count: candle's optimizers
+//! keep their state private, so a restored AdamW starts its moments again.
 //!
 //! What a candle user adds — the five lines marked below:
 //!
@@ -65,4 +74,4 @@ mod params;
 mod trainer;
 
 pub use error::{Error, Result};
-pub use trainer::{Build, Config, Devices, Parallel, Trainer};
+pub use trainer::{Build, Config, Devices, Parallel, Trainer, UnitBuild, Units};

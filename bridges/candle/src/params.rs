@@ -46,6 +46,8 @@ struct Recorded {
     preset: HashMap<String, Tensor>,
     /// Variables made by the builder's initializer (no preset value).
     initialized: Vec<String>,
+    /// Calls of `get`.
+    asked: usize,
 }
 
 /// A `VarBuilder` backend that creates each variable once, from a preset value when
@@ -70,6 +72,11 @@ impl Recorder {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).initialized.clone()
     }
 
+    /// How many times the builder asked for a variable (new or not).
+    pub(crate) fn asked(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).asked
+    }
+
     /// Preset values the builder never asked for.
     pub(crate) fn unused(&self) -> Vec<String> {
         let mut v: Vec<String> =
@@ -89,6 +96,7 @@ impl SimpleBackend for Recorder {
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
         let mut r = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        r.asked += 1;
         if let Some(&k) = r.index.get(name) {
             let t = r.order[k].1.as_tensor();
             if t.shape() != &s {

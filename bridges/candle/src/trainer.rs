@@ -182,7 +182,27 @@ struct Shared<M> {
     dtype: DType,
     replicas: usize,
     first: usize,
+    /// FSDP units: each unit's parameters, gathered and reduce-scattered on their own.
+    units: Option<UnitPlan>,
 }
+
+/// A model given as units run in sequence (see [`Trainer::units`]).
+struct UnitPlan {
+    build: Arc<UnitBuild>,
+    /// Each unit's parameter indices.
+    params: Vec<Range<usize>>,
+    /// Each unit's gather buckets (forward order) and gradient buckets (reverse).
+    gathers: Vec<Vec<Bucket>>,
+    grads: Vec<Vec<Bucket>>,
+}
+
+/// Builds unit `k` of a sequence of units.
+pub type UnitBuild = dyn Fn(usize, VarBuilder<'_>) -> candle_core::Result<Box<dyn candle_core::Module + Send>>
+    + Send
+    + Sync;
+
+/// A sequence of units: what [`Trainer::units`] trains.
+pub type Units = Vec<Box<dyn candle_core::Module + Send>>;
 
 /// One replica's model (DDP), parameters (whole for DDP, its shards for FSDP) and
 /// optimizer.
@@ -232,7 +252,14 @@ where
         optimizer: O::Config,
         build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
     ) -> Result<Trainer<M, O>> {
-        Trainer::start(devices, config, optimizer, Arc::new(build), Source::Built(HashMap::new()))
+        Trainer::start(
+            devices,
+            config,
+            optimizer,
+            Arc::new(build),
+            Source::Built(HashMap::new()),
+            None,
+        )
     }
 
     /// [`new`](Self::new) with the initial values `values` (by name; all of the
@@ -244,7 +271,7 @@ where
         values: HashMap<String, Tensor>,
         build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
     ) -> Result<Trainer<M, O>> {
-        Trainer::start(devices, config, optimizer, Arc::new(build), Source::Built(values))
+        Trainer::start(devices, config, optimizer, Arc::new(build), Source::Built(values), None)
     }
 
     /// [`new`](Self::new) with the initial values read from the safetensors file at
@@ -259,7 +286,14 @@ where
         build: impl Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync + 'static,
     ) -> Result<Trainer<M, O>> {
         let file = crate::load::File::open(path.as_ref())?;
-        Trainer::start(devices, config, optimizer, Arc::new(build), Source::File(Arc::new(file)))
+        Trainer::start(
+            devices,
+            config,
+            optimizer,
+            Arc::new(build),
+            Source::File(Arc::new(file)),
+            None,
+        )
     }
 
     fn start(
@@ -268,6 +302,7 @@ where
         optimizer: O::Config,
         build: Arc<Build<M>>,
         source: Source,
+        units: Option<(Arc<UnitBuild>, Vec<Range<usize>>)>,
     ) -> Result<Trainer<M, O>> {
         if config.bucket_bytes == 0 {
             return Err(Error::Config { problem: "bucket_bytes must be at least 1".into() });
@@ -341,6 +376,37 @@ where
         } else {
             Vec::new()
         };
+        let units = match units {
+            None => None,
+            Some((build, ranges)) => {
+                if config.parallel != Parallel::Fsdp {
+                    return Err(Error::Config {
+                        problem: "units are FSDP's: use Config::fsdp()".into(),
+                    });
+                }
+                if ranges.last().map_or(0, |r| r.end) != params.len() {
+                    return Err(Error::Builder {
+                        problem: "the units asked for other parameters than the whole model".into(),
+                    });
+                }
+                let mut gathers = Vec::new();
+                let mut grads = Vec::new();
+                for r in &ranges {
+                    let plan = |b: Bucket| Bucket {
+                        params: b.params.iter().map(|&k| k + r.start).collect(),
+                        ..b
+                    };
+                    let mut g: Vec<Bucket> = bucket::plan(&lens[r.clone()], config.bucket_bytes)
+                        .into_iter()
+                        .map(plan)
+                        .collect();
+                    grads.push(g.clone());
+                    g.reverse();
+                    gathers.push(g);
+                }
+                Some(UnitPlan { build, params: ranges, gathers, grads })
+            }
+        };
         let shared = Arc::new(Shared {
             parallel: config.parallel,
             params,
@@ -351,6 +417,7 @@ where
             dtype: config.dtype,
             replicas: n,
             first: devices.first_replica(),
+            units,
         });
         let replicas: Replicas<M, O> =
             Arc::new((0..devices.local()).map(|_| Mutex::new(None)).collect());
@@ -408,6 +475,25 @@ where
     where
         F: Fn(&M, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync + 'static,
     {
+        self.run_step(batch, move |ctx, shared, replica, batch| {
+            train_step(ctx, shared, replica, batch, &loss)
+        })
+    }
+
+    /// Runs `one` (a step on one replica) on every replica.
+    fn run_step(
+        &mut self,
+        batch: &[Tensor],
+        one: impl Fn(
+            &ReplicaContext,
+            &Shared<M>,
+            &mut Replica<M, O>,
+            &[Tensor],
+        ) -> std::result::Result<f64, ProgramError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Result<f64> {
         let n = self.shared.replicas;
         for (k, t) in batch.iter().enumerate() {
             let rows = t.dims().first().copied().unwrap_or(0);
@@ -428,7 +514,7 @@ where
                 boxed(Error::Config { problem: "a replica was never initialised".into() })
             })?;
             replica.committed = false;
-            let value = train_step(ctx, &shared, replica, &batch, &loss)?;
+            let value = one(ctx, &shared, replica, &batch)?;
             Ok(vec![ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value))])
         });
         let out = match self.devices.run(program) {
@@ -708,6 +794,83 @@ where
     }
 }
 
+impl<O> Trainer<Units, O>
+where
+    O: Optimizer + Send + 'static,
+    O::Config: Clone + Send + Sync + 'static,
+{
+    /// FSDP with the model as `count` units run in sequence (transformer blocks,
+    /// layers): unit `k`, built by `build(k, vb)`, maps its input to the next unit's.
+    /// [`step_units`](Self::step_units) gathers each unit's parameters just before its
+    /// forward and again before its backward, which recomputes the unit's forward from
+    /// its saved input (activation checkpointing), reduce-scatters the unit's
+    /// gradients, and lets the gathered parameters go: a replica holds one unit whole
+    /// at a time. Units own their parameters (none shared between units) and must not
+    /// write buffers in their forward (BatchNorm in training mode), which runs twice.
+    pub fn units<U>(
+        devices: &Devices,
+        config: Config,
+        optimizer: O::Config,
+        count: usize,
+        build: impl Fn(usize, VarBuilder<'_>) -> candle_core::Result<U> + Send + Sync + 'static,
+    ) -> Result<Trainer<Units, O>>
+    where
+        U: candle_core::Module + Send + 'static,
+    {
+        if count == 0 {
+            return Err(Error::Config { problem: "a model of units needs at least one".into() });
+        }
+        let unit: Arc<UnitBuild> = Arc::new(move |k, vb| {
+            Ok(Box::new(build(k, vb)?) as Box<dyn candle_core::Module + Send>)
+        });
+        // Which parameters each unit asks for: the units built once, in order.
+        let recorder = Recorder::default();
+        let mut ranges = Vec::with_capacity(count);
+        for k in 0..count {
+            let before = recorder.vars().len();
+            let asked = recorder.asked();
+            unit(
+                k,
+                VarBuilder::from_backend(Box::new(recorder.clone()), config.dtype, Device::Cpu),
+            )?;
+            if recorder.asked() - asked != recorder.vars().len() - before {
+                return Err(Error::Builder {
+                    problem: format!(
+                        "unit {k} asked for a parameter an earlier unit has; units own their parameters"
+                    ),
+                });
+            }
+            ranges.push(before..recorder.vars().len());
+        }
+        let whole = unit.clone();
+        let model = move |vb: VarBuilder<'_>| -> candle_core::Result<Units> {
+            (0..count).map(|k| whole(k, vb.clone())).collect()
+        };
+        Trainer::start(
+            devices,
+            config,
+            optimizer,
+            Arc::new(model),
+            Source::Built(HashMap::new()),
+            Some((unit, ranges)),
+        )
+    }
+
+    /// One training step of a model of units: `batch[0]` runs through the units, and
+    /// `head(output, slice)` (no parameters of its own; a scalar, the mean over the
+    /// slice's rows) gives each replica's loss from the last unit's output and its
+    /// slice of the batch. Returns the global batch's loss.
+    pub fn step_units<F>(&mut self, batch: &[Tensor], head: F) -> Result<f64>
+    where
+        F: Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync + 'static,
+    {
+        let head = Arc::new(head);
+        self.run_step(batch, move |ctx, shared, replica, batch| {
+            unit_step(ctx, shared, replica, batch, &*head)
+        })
+    }
+}
+
 /// The key of the trainer's own metadata in a checkpoint's index: the steps made, DDP
 /// or FSDP, the replicas.
 const META: &str = "meshwork_candle";
@@ -920,11 +1083,17 @@ fn train_step<M, O: Optimizer>(
             (Parallel::Ddp, Kind::F64) => {
                 all_reduce::<f64>(ctx, b, shared, &replica.vars, &mut grads)?
             }
-            (Parallel::Fsdp, Kind::F32) => {
-                reduce_scatter::<f32>(ctx, b, shared, &gathered, &replica.vars, &mut grads)?
-            }
-            (Parallel::Fsdp, Kind::F64) => {
-                reduce_scatter::<f64>(ctx, b, shared, &gathered, &replica.vars, &mut grads)?
+            (Parallel::Fsdp, kind) => {
+                let source: Vec<Option<Tensor>> =
+                    b.params.iter().map(|&k| grads.get(gathered[k].as_tensor()).cloned()).collect();
+                match kind {
+                    Kind::F32 => {
+                        reduce_scatter::<f32>(ctx, b, shared, &source, &replica.vars, &mut grads)?
+                    }
+                    Kind::F64 => {
+                        reduce_scatter::<f64>(ctx, b, shared, &source, &replica.vars, &mut grads)?
+                    }
+                }
             }
         });
     }
@@ -950,6 +1119,105 @@ fn train_step<M, O: Optimizer>(
     }
     // Every replica has its gradients: agree before any optimizer steps, so a failure
     // anywhere up to here leaves every replica as it was.
+    ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
+    replica.committed = true;
+    replica.opt.step(&grads).map_err(boxed)?;
+    Ok(total / n as f64)
+}
+
+/// A unit built over its gathered parameters, and the gathered variables (the other
+/// units' `None`).
+type Gathered = (Box<dyn candle_core::Module + Send>, Vec<Option<Var>>);
+
+/// One step of a model of units on one replica: per unit, gather → forward → let go;
+/// then per unit in reverse, gather → recompute → backward → reduce-scatter → let go.
+fn unit_step<O: Optimizer>(
+    ctx: &ReplicaContext,
+    shared: &Shared<Units>,
+    replica: &mut Replica<Units, O>,
+    batch: &[Tensor],
+    head: &(dyn Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync),
+) -> std::result::Result<f64, ProgramError> {
+    let plan = shared.units.as_ref().ok_or("a model of units without its units")?;
+    let (n, r) = (shared.replicas, ctx.replica_id());
+    let slices = batch
+        .iter()
+        .map(|t| {
+            let per = t.dim(0)? / n;
+            t.narrow(0, r * per, per)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(boxed)?;
+    // Unit k over its gathered parameters (and the gathered variables).
+    let unit = |k: usize| -> std::result::Result<Gathered, ProgramError> {
+        let whole = gather_in(ctx, shared, &replica.vars, &plan.gathers[k])?;
+        let served: HashMap<String, Var> = plan.params[k]
+            .clone()
+            .filter_map(|i| whole[i].clone().map(|v| (shared.params[i].name.clone(), v)))
+            .collect();
+        let vb = VarBuilder::from_backend(Box::new(Served(served)), shared.dtype, Device::Cpu);
+        Ok(((plan.build)(k, vb).map_err(boxed)?, whole))
+    };
+    // Forward: each unit's input kept, its graph and parameters let go.
+    let mut inputs = Vec::with_capacity(plan.params.len());
+    let mut x = slices[0].detach();
+    for k in 0..plan.params.len() {
+        let (u, whole) = unit(k)?;
+        let y = u.forward(&x).map_err(boxed)?.detach();
+        drop((u, whole));
+        inputs.push(std::mem::replace(&mut x, y));
+    }
+    let out = Var::from_tensor(&x).map_err(boxed)?;
+    let l = head(out.as_tensor(), &slices).map_err(boxed)?;
+    let value =
+        l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
+    let [value] = value[..] else {
+        return Err(boxed(Error::Config {
+            problem: format!("the loss has {} elements; it must be a scalar", value.len()),
+        }));
+    };
+    let total =
+        ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value)))?;
+    let total = match total {
+        ExecTensor::F64(a) => a.iter().copied().next().unwrap_or(f64::NAN),
+        _ => f64::NAN,
+    };
+    let mut grads = l.backward().map_err(boxed)?;
+    let mut upstream = grads.get(out.as_tensor()).cloned();
+    // Backward: unit by unit in reverse, the forward recomputed from the saved input;
+    // the unit's output gradient times its output, summed, back-propagates exactly
+    // that gradient through the unit.
+    for k in (0..plan.params.len()).rev() {
+        let (u, whole) = unit(k)?;
+        let input = Var::from_tensor(&inputs[k]).map_err(boxed)?;
+        let y = u.forward(input.as_tensor()).map_err(boxed)?;
+        let unit_grads = match &upstream {
+            Some(dy) => {
+                Some((y * dy).and_then(|p| p.sum_all()).and_then(|s| s.backward()).map_err(boxed)?)
+            }
+            None => None,
+        };
+        for b in &plan.grads[k] {
+            let source: Vec<Option<Tensor>> = b
+                .params
+                .iter()
+                .map(|&i| {
+                    let v = whole[i].as_ref()?;
+                    unit_grads.as_ref()?.get(v.as_tensor()).cloned()
+                })
+                .collect();
+            // Buffers are not kept in a model of units (documented on `units`).
+            let _without = match b.kind {
+                Kind::F32 => {
+                    reduce_scatter::<f32>(ctx, b, shared, &source, &replica.vars, &mut grads)?
+                }
+                Kind::F64 => {
+                    reduce_scatter::<f64>(ctx, b, shared, &source, &replica.vars, &mut grads)?
+                }
+            };
+        }
+        upstream = unit_grads.as_ref().and_then(|g| g.get(input.as_tensor()).cloned());
+    }
     ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
     replica.committed = true;
     replica.opt.step(&grads).map_err(boxed)?;
@@ -1013,14 +1281,25 @@ fn gather(
     shared: &Shared<impl Sized>,
     shards: &[Var],
 ) -> std::result::Result<Vec<Var>, ProgramError> {
+    let whole = gather_in(ctx, shared, shards, &shared.gathers)?;
+    whole.into_iter().map(|v| v.ok_or_else(|| "a parameter missed the gather".into())).collect()
+}
+
+/// The parameters of `buckets` gathered (the others `None`).
+fn gather_in(
+    ctx: &ReplicaContext,
+    shared: &Shared<impl Sized>,
+    shards: &[Var],
+    buckets: &[Bucket],
+) -> std::result::Result<Vec<Option<Var>>, ProgramError> {
     let mut whole: Vec<Option<Var>> = vec![None; shards.len()];
-    for b in &shared.gathers {
+    for b in buckets {
         match b.kind {
             Kind::F32 => gather_bucket::<f32>(ctx, b, shared, shards, &mut whole)?,
             Kind::F64 => gather_bucket::<f64>(ctx, b, shared, shards, &mut whole)?,
         }
     }
-    whole.into_iter().map(|v| v.ok_or_else(|| "a parameter missed the gather".into())).collect()
+    Ok(whole)
 }
 
 fn gather_bucket<T: Elem>(
@@ -1058,13 +1337,14 @@ fn gather_bucket<T: Elem>(
     Ok(())
 }
 
-/// FSDP: a bucket of whole gradients reduce-scattered: each replica gets the sum of
-/// its shards' gradients over the replicas, averaged, as its shard variables'.
+/// FSDP: a bucket of whole gradients (`source`, one per parameter of the bucket, none
+/// where this replica has none) reduce-scattered: each replica gets the sum of its
+/// shards' gradients over the replicas, averaged, as its shard variables' in `grads`.
 fn reduce_scatter<T: Elem>(
     ctx: &ReplicaContext,
     b: &Bucket,
     shared: &Shared<impl Sized>,
-    whole: &[Var],
+    source: &[Option<Tensor>],
     shards: &[Var],
     grads: &mut GradStore,
 ) -> std::result::Result<Vec<usize>, ProgramError> {
@@ -1075,7 +1355,7 @@ fn reduce_scatter<T: Elem>(
     let chunk = b.buffer_len();
     let mut buf = vec![T::default(); chunk * n];
     for (j, &k) in b.params.iter().enumerate() {
-        let Some(g) = grads.get(whole[k].as_tensor()) else { continue };
+        let Some(g) = &source[j] else { continue };
         let (p, plan) = (&shared.params[k], &shared.plans[k]);
         let g = ArrayD::from_shape_vec(IxDyn(&p.shape), params::flat::<T>(g).map_err(boxed)?)?;
         for (q, part) in meshwork_sharding::shard(&g.view(), &plan.sharding, Mode::Uneven)?

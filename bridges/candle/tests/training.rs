@@ -520,3 +520,77 @@ fn buffers_the_forward_writes_are_replica_zeros_everywhere() {
         assert!(close(*a, *b), "{stats:?}");
     }
 }
+
+/// A layer of a model of units: linear, then tanh unless it is the last.
+struct Layer {
+    lin: Linear,
+    last: bool,
+}
+
+impl Module for Layer {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.lin.forward(x)?;
+        if self.last { Ok(y) } else { y.tanh() }
+    }
+}
+
+/// Layer `k` of IN → HIDDEN → HIDDEN → OUT.
+fn layer(k: usize, vb: VarBuilder<'_>) -> candle_core::Result<Layer> {
+    let (i, o) = match k {
+        0 => (IN, HIDDEN),
+        1 => (HIDDEN, HIDDEN),
+        _ => (HIDDEN, OUT),
+    };
+    Ok(Layer { lin: linear(i, o, vb.pp(format!("layer{k}")))?, last: k == 2 })
+}
+
+#[test]
+fn fsdp_units_gather_each_layer_and_give_one_devices_losses() {
+    let adamw = ParamsAdamW { lr: 0.05, weight_decay: 0.1, ..Default::default() };
+    for replicas in [2, 4] {
+        let devices = Devices::cpu(replicas).unwrap();
+        let mut t = Trainer::<meshwork_candle::Units, AdamW>::units(
+            &devices,
+            Config::fsdp().with_dtype(DType::F64),
+            adamw.clone(),
+            3,
+            layer,
+        )
+        .unwrap();
+        let init = t.parameters().unwrap();
+        let map = VarMap::new();
+        let vb = VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu);
+        let layers: Vec<Layer> = (0..3).map(|k| layer(k, vb.clone()).unwrap()).collect();
+        for (name, v) in &init {
+            map.data().lock().unwrap()[name].set(v).unwrap();
+        }
+        let mut opt = AdamW::new(map.all_vars(), adamw.clone()).unwrap();
+        for s in 0..5 {
+            let b = batch(s);
+            let mut x = b[0].clone();
+            for l in &layers {
+                x = l.forward(&x).unwrap();
+            }
+            let want = loss::cross_entropy(&x, &b[1]).unwrap();
+            let got = t
+                .step_units(&b, |out: &Tensor, b: &[Tensor]| loss::cross_entropy(out, &b[1]))
+                .unwrap();
+            let w = want.to_scalar::<f64>().unwrap();
+            assert!(close(got, w), "units on {replicas}, step {s}: {got} vs {w}");
+            opt.backward_step(&want).unwrap();
+        }
+        let reference = map.data().lock().unwrap().clone();
+        for (name, v) in t.parameters().unwrap() {
+            for (g, w) in values(&v).iter().zip(values(reference[&name].as_tensor())) {
+                assert!(close(*g, w), "units on {replicas}, {name}: {g} vs {w}");
+            }
+        }
+    }
+    // Units own their parameters.
+    let devices = Devices::cpu(2).unwrap();
+    let shared = |_: usize, vb: VarBuilder<'_>| linear(IN, IN, vb.pp("same"));
+    let e = Trainer::<meshwork_candle::Units, SGD>::units(&devices, Config::fsdp(), 0.1, 2, shared)
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Builder { .. }), "{e}");
+}
