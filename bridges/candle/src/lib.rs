@@ -26,8 +26,11 @@
 //! It is **not** a candle backend or a model zoo: models are plain `candle_nn` models
 //! built from a `VarBuilder`, on candle's CPU device; meshwork's devices are where
 //! the replicas run, and their collectives are meshwork's (deterministic, and the same
-//! over MPI). Checkpoints hold the parameters and the step count: candle's optimizers
-//! keep their state private, so a restored AdamW starts its moments again.
+//! over MPI). [`Trainer::save`] holds the parameters and the step count (candle's own
+//! optimizers keep their state private); with [`optim::AdamW`] — candle's AdamW, bit
+//! for bit, its state open — [`Trainer::save_with_optimizer`] holds the moments too,
+//! split as their parameters are, and a restored run continues as if uninterrupted,
+//! on any number of replicas.
 //!
 //! What a candle user adds — the five lines marked below:
 //!
@@ -70,6 +73,7 @@
 mod bucket;
 mod error;
 mod load;
+pub mod optim;
 mod params;
 mod trainer;
 

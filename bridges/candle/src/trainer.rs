@@ -15,6 +15,7 @@ use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::bucket::{self, Bucket, Kind};
+use crate::optim::Stateful;
 use crate::params::{self, Elem, Param, Recorder, Served};
 use crate::{Error, Result};
 
@@ -123,6 +124,9 @@ impl Config {
         self
     }
 }
+
+/// What [`Trainer::gathered`] takes from a replica: one tensor per parameter.
+type Pick<M, O> = dyn Fn(&Replica<M, O>) -> Vec<Option<Tensor>> + Send + Sync;
 
 /// A model builder: what `candle_nn` models are made with.
 pub type Build<M> = dyn Fn(VarBuilder<'_>) -> candle_core::Result<M> + Send + Sync;
@@ -559,6 +563,15 @@ where
 
     /// Every parameter's whole value (FSDP: gathered from the shards).
     pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        let whole = self.gathered(Arc::new(|r: &Replica<M, O>| {
+            r.vars.iter().map(|v| Some(v.as_tensor().clone())).collect()
+        }))?;
+        Ok(self.shared.params.iter().map(|p| p.name.clone()).zip(whole).collect())
+    }
+
+    /// One tensor per parameter, `pick`ed from every replica as its shard (DDP: whole;
+    /// `None` for an empty shard), gathered whole.
+    fn gathered(&self, pick: Arc<Pick<M, O>>) -> Result<Vec<Tensor>> {
         let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
         let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
@@ -566,12 +579,31 @@ where
             let replica = guard.as_ref().ok_or_else(|| {
                 boxed(Error::Config { problem: "a replica was never initialised".into() })
             })?;
+            let mine = pick(replica);
             let whole: Vec<Tensor> = match shared.parallel {
-                Parallel::Ddp => replica.vars.iter().map(|v| v.as_tensor().clone()).collect(),
-                Parallel::Fsdp => gather(ctx, &shared, &replica.vars)?
+                Parallel::Ddp => mine
                     .into_iter()
-                    .map(|v| v.as_tensor().clone())
-                    .collect(),
+                    .map(|t| t.ok_or("a DDP replica without a value"))
+                    .collect::<std::result::Result<_, _>>()?,
+                Parallel::Fsdp => {
+                    let vars = mine
+                        .into_iter()
+                        .enumerate()
+                        .map(|(k, t)| match t {
+                            Some(t) => Var::from_tensor(&t),
+                            None => Var::zeros(
+                                extent(&shared.plans[k].regions[r]),
+                                shared.params[k].kind.dtype(),
+                                &Device::Cpu,
+                            ),
+                        })
+                        .collect::<candle_core::Result<Vec<_>>>()
+                        .map_err(boxed)?;
+                    gather(ctx, &shared, &vars)?
+                        .into_iter()
+                        .map(|v| v.as_tensor().clone())
+                        .collect()
+                }
             };
             whole.iter().map(|t| params::to_exec(t).map_err(boxed)).collect()
         });
@@ -580,7 +612,7 @@ where
             .params
             .iter()
             .zip(out)
-            .map(|(p, t)| Ok((p.name.clone(), params::from_exec(t, p.kind.dtype())?)))
+            .map(|(p, t)| Ok(params::from_exec(t, p.kind.dtype())?))
             .collect()
     }
 
@@ -653,7 +685,21 @@ where
     /// [`restore`](Self::restore) reads it on any number of replicas, DDP or FSDP.
     /// Over several processes every process calls it and process 0 writes.
     pub fn save(&self, dir: impl AsRef<Path>, metadata: Option<&serde_json::Value>) -> Result<()> {
-        let whole = self.parameters()?;
+        self.save_inner(dir.as_ref(), metadata, Vec::new(), serde_json::Value::Null)
+    }
+
+    /// [`save`](Self::save) with `extra` variables (`(name, parameter, whole value)`,
+    /// split as their parameter is) and `extra_meta` beside the trainer's metadata.
+    fn save_inner(
+        &self,
+        dir: &Path,
+        metadata: Option<&serde_json::Value>,
+        extra: Vec<(String, usize, Tensor)>,
+        extra_meta: serde_json::Value,
+    ) -> Result<()> {
+        let mut whole: Vec<(String, usize, Tensor)> =
+            self.parameters()?.into_iter().enumerate().map(|(k, (name, t))| (name, k, t)).collect();
+        whole.extend(extra);
         // The user's metadata, with the trainer's under its own key.
         let mut meta = match metadata {
             Some(serde_json::Value::Object(m)) => serde_json::Value::Object(m.clone()),
@@ -664,9 +710,10 @@ where
             "steps": self.steps,
             "parallel": format!("{:?}", self.shared.parallel),
             "replicas": self.shared.replicas,
+            "optimizer": extra_meta,
         });
         let written = if self.devices.first_replica() == 0 {
-            self.write(dir.as_ref(), &whole, Some(&meta))
+            self.write(dir, &whole, Some(&meta))
         } else {
             Ok(())
         };
@@ -688,12 +735,12 @@ where
     fn write(
         &self,
         dir: &Path,
-        whole: &[(String, Tensor)],
+        whole: &[(String, usize, Tensor)],
         metadata: Option<&serde_json::Value>,
     ) -> Result<()> {
         let mut entries = Vec::with_capacity(whole.len());
-        for (k, (name, t)) in whole.iter().enumerate() {
-            let p = &self.shared.params[k];
+        for (name, k, t) in whole {
+            let (k, p) = (*k, &self.shared.params[*k]);
             let value = params::to_exec(t)?;
             let (hlo, shards) = match self.shared.parallel {
                 Parallel::Ddp => {
@@ -734,29 +781,54 @@ where
     /// their state (AdamW's moments) private, so a checkpoint holds the parameters
     /// and a resumed AdamW run starts its moments again.
     pub fn restore(&mut self, dir: impl AsRef<Path>) -> Result<()> {
-        let wanted: Vec<(String, meshwork_types::DType, Vec<usize>)> = self
+        self.restore_inner(dir.as_ref(), &[], None)
+    }
+
+    /// [`restore`](Self::restore), with each parameter's optimizer state `slots`
+    /// (saved as `optimizer/{slot}/{name}`) put back by `put` (`(optimizer, index of
+    /// the variable in the optimizer, its slots, the updates made)`).
+    fn restore_inner(
+        &mut self,
+        dir: &Path,
+        slots: &[&str],
+        put: Option<Arc<Put<O>>>,
+    ) -> Result<()> {
+        let mut wanted: Vec<(String, meshwork_types::DType, Vec<usize>)> = self
             .shared
             .params
             .iter()
             .map(|p| (p.name.clone(), meshwork_types::DType::from(p.kind), p.shape.clone()))
             .collect();
-        let dir = dir.as_ref();
-        let read = (|| -> Result<(Vec<Tensor>, usize)> {
+        for slot in slots {
+            for p in &self.shared.params {
+                wanted.push((
+                    format!("optimizer/{slot}/{}", p.name),
+                    meshwork_types::DType::from(p.kind),
+                    p.shape.clone(),
+                ));
+            }
+        }
+        let kinds: Vec<DType> = wanted
+            .iter()
+            .map(|w| if w.1 == meshwork_types::DType::F64 { DType::F64 } else { DType::F32 })
+            .collect();
+        let read = (|| -> Result<(Vec<Tensor>, usize, usize)> {
             let values = meshwork_strategy::read_checkpoint(dir, &wanted)?
                 .into_iter()
-                .zip(&self.shared.params)
-                .map(|(t, p)| params::from_exec(t, p.kind.dtype()))
+                .zip(&kinds)
+                .map(|(t, &d)| params::from_exec(t, d))
                 .collect::<candle_core::Result<_>>()?;
-            let steps = meshwork_strategy::checkpoint_metadata(dir)?
-                .and_then(|m| m[META]["steps"].as_u64())
-                .and_then(|s| usize::try_from(s).ok())
-                .unwrap_or(0);
-            Ok((values, steps))
+            let meta = meshwork_strategy::checkpoint_metadata(dir)?.unwrap_or_default();
+            let count = |v: &serde_json::Value| v.as_u64().and_then(|s| usize::try_from(s).ok());
+            let steps = count(&meta[META]["steps"]).unwrap_or(0);
+            let updates = count(&meta[META]["optimizer"]["updates"]).unwrap_or(0);
+            Ok((values, steps, updates))
         })();
         // Every process reads; all of them, or none, put the values.
         let ok = read.is_ok();
         let values: Arc<Vec<Tensor>> =
-            Arc::new(read.as_ref().map(|(v, _)| v.clone()).unwrap_or_default());
+            Arc::new(read.as_ref().map(|(v, _, _)| v.clone()).unwrap_or_default());
+        let updates = read.as_ref().map_or(0, |(_, _, u)| *u);
         let (shared, replicas, optimizer) =
             (self.shared.clone(), self.replicas.clone(), self.optimizer.clone());
         let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
@@ -771,26 +843,95 @@ where
             let replica = guard.as_mut().ok_or_else(|| {
                 boxed(Error::Config { problem: "a replica was never initialised".into() })
             })?;
+            // This replica's part of value `i` of parameter `k`.
+            let part = |i: usize, k: usize| match shared.parallel {
+                Parallel::Ddp => Ok(values[i].clone()),
+                Parallel::Fsdp => region_of(&values[i], &shared.plans[k].regions[r]),
+            };
+            let count = shared.params.len().max(1);
             for (k, v) in replica.vars.iter().enumerate() {
-                let value = match shared.parallel {
-                    Parallel::Ddp => values[k].clone(),
-                    Parallel::Fsdp => {
-                        region_of(&values[k], &shared.plans[k].regions[r]).map_err(boxed)?
-                    }
-                };
                 if v.elem_count() > 0 {
-                    v.set(&value).map_err(boxed)?;
+                    v.set(&part(k, k).map_err(boxed)?).map_err(boxed)?;
                 }
             }
             replica.opt = O::new(stepped(&replica.vars), optimizer.clone()).map_err(boxed)?;
+            if let Some(put) = &put {
+                let mut j = 0;
+                for (k, v) in replica.vars.iter().enumerate() {
+                    if v.elem_count() == 0 {
+                        continue;
+                    }
+                    let state = (1..=values.len() / count - 1)
+                        .map(|s| part(s * count + k, k))
+                        .collect::<candle_core::Result<Vec<_>>>()
+                        .map_err(boxed)?;
+                    put(&mut replica.opt, j, &state, updates).map_err(boxed)?;
+                    j += 1;
+                }
+            }
             Ok(Vec::new())
         });
         let run = self.devices.run(program);
-        let (_, steps) = read?;
+        let (_, steps, _) = read?;
         run?;
         self.steps = steps;
         self.broken = None;
         Ok(())
+    }
+}
+
+/// How [`Trainer::restore_inner`] puts an optimizer's state back.
+type Put<O> = dyn Fn(&mut O, usize, &[Tensor], usize) -> candle_core::Result<()> + Send + Sync;
+
+impl<M, O> Trainer<M, O>
+where
+    M: Send + 'static,
+    O: Stateful + Send + 'static,
+    O::Config: Clone + Send + Sync + 'static,
+{
+    /// [`save`](Self::save) with the optimizer's state: each parameter's slots
+    /// (AdamW's moments, as `optimizer/m/{name}` and `optimizer/v/{name}`, split as
+    /// the parameter is) and its update count, so that
+    /// [`restore_with_optimizer`](Self::restore_with_optimizer) — on any number of
+    /// replicas, DDP or FSDP — continues the run as if it had not stopped.
+    pub fn save_with_optimizer(
+        &self,
+        dir: impl AsRef<Path>,
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        let mut extra = Vec::new();
+        for (s, slot) in O::SLOTS.iter().enumerate() {
+            let values = self.gathered(Arc::new(move |r: &Replica<M, O>| {
+                let mut j = 0;
+                r.vars
+                    .iter()
+                    .map(|v| {
+                        (v.elem_count() > 0).then(|| {
+                            j += 1;
+                            r.opt.slots(j - 1).get(s).cloned()
+                        })?
+                    })
+                    .collect()
+            }))?;
+            for (k, t) in values.into_iter().enumerate() {
+                extra.push((format!("optimizer/{slot}/{}", self.shared.params[k].name), k, t));
+            }
+        }
+        let updates = self.replicas.first().map_or(0, |m| {
+            m.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map_or(0, |r| r.opt.updates())
+        });
+        self.save_inner(dir.as_ref(), metadata, extra, serde_json::json!({ "updates": updates }))
+    }
+
+    /// [`restore`](Self::restore) with the optimizer's state a
+    /// [`save_with_optimizer`](Self::save_with_optimizer) wrote.
+    pub fn restore_with_optimizer(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let put: Arc<Put<O>> = Arc::new(|o: &mut O, j: usize, state: &[Tensor], updates: usize| {
+            o.set_slots(j, state)?;
+            o.set_updates(updates);
+            Ok(())
+        });
+        self.restore_inner(dir.as_ref(), O::SLOTS, Some(put))
     }
 }
 
