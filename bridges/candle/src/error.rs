@@ -9,8 +9,10 @@ pub enum Error {
     Candle(#[from] candle_core::Error),
     /// A step failed on the devices: a replica's error or panic (the user's forward,
     /// backward or loss, the exchange), reported on every replica. Replicas agree
-    /// before any optimizer steps, so such a failure leaves every replica as it was;
-    /// a failure inside an optimizer's update is [`Error::Diverged`] from then on.
+    /// before any optimizer steps, so such a failure leaves every replica's
+    /// parameters and optimizer state as they were (buffers its forward wrote, such as
+    /// BatchNorm statistics, are replica 0's again after the next step); a failure
+    /// inside an optimizer's update is [`Error::Diverged`] from then on.
     #[error(transparent)]
     Devices(#[from] meshwork_executor::Error),
     /// A sharding (a dim that cannot be split, a bad mesh).
@@ -19,9 +21,9 @@ pub enum Error {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] meshwork_strategy::Error),
-    /// A replica failed in its optimizer update after the others had made theirs, so
-    /// the replicas may differ: the trainer refuses to step until
-    /// [`restore`](crate::Trainer::restore).
+    /// A replica failed in its optimizer update (or in a restore) after the others had
+    /// made theirs, so the replicas may differ: the trainer refuses to step or save
+    /// until a [`restore`](crate::Trainer::restore) succeeds.
     #[error(
         "step {step} failed in an optimizer update after other replicas had made theirs; the replicas may differ: restore a checkpoint"
     )]

@@ -589,13 +589,20 @@ where
                     let vars = mine
                         .into_iter()
                         .enumerate()
-                        .map(|(k, t)| match t {
-                            Some(t) => Var::from_tensor(&t),
-                            None => Var::zeros(
-                                extent(&shared.plans[k].regions[r]),
-                                shared.params[k].kind.dtype(),
-                                &Device::Cpu,
-                            ),
+                        .map(|(k, t)| {
+                            let region = &shared.plans[k].regions[r];
+                            match t {
+                                Some(t) => Var::from_tensor(&t),
+                                None if elems(region) == 0 => Var::zeros(
+                                    extent(region),
+                                    shared.params[k].kind.dtype(),
+                                    &Device::Cpu,
+                                ),
+                                None => candle_core::bail!(
+                                    "no value for the shard of {} on replica {r}",
+                                    shared.params[k].name
+                                ),
+                            }
                         })
                         .collect::<candle_core::Result<Vec<_>>>()
                         .map_err(boxed)?;
@@ -697,6 +704,9 @@ where
         extra: Vec<(String, usize, Tensor)>,
         extra_meta: serde_json::Value,
     ) -> Result<()> {
+        if let Some(step) = self.broken {
+            return Err(Error::Diverged { step });
+        }
         let mut whole: Vec<(String, usize, Tensor)> =
             self.parameters()?.into_iter().enumerate().map(|(k, (name, t))| (name, k, t)).collect();
         whole.extend(extra);
@@ -834,15 +844,18 @@ where
         let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
             let flag = ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), if ok { 1.0 } else { 0.0 }));
-            match ctx.all_reduce(ReduceOp::Min, flag)? {
-                ExecTensor::F64(a) if a.iter().all(|&x| x == 1.0) => {}
-                _ => return Err("a process could not read the checkpoint".into()),
-            }
             let mut guard =
                 replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
             let replica = guard.as_mut().ok_or_else(|| {
                 boxed(Error::Config { problem: "a replica was never initialised".into() })
             })?;
+            replica.committed = false;
+            match ctx.all_reduce(ReduceOp::Min, flag)? {
+                ExecTensor::F64(a) if a.iter().all(|&x| x == 1.0) => {}
+                _ => return Err("a process could not read the checkpoint".into()),
+            }
+            // From here a failure leaves replicas partly restored.
+            replica.committed = true;
             // This replica's part of value `i` of parameter `k`.
             let part = |i: usize, k: usize| match shared.parallel {
                 Parallel::Ddp => Ok(values[i].clone()),
@@ -865,23 +878,34 @@ where
                         .map(|s| part(s * count + k, k))
                         .collect::<candle_core::Result<Vec<_>>>()
                         .map_err(boxed)?;
-                    put(&mut replica.opt, j, &state, updates).map_err(boxed)?;
+                    put(&mut replica.opt, Some((j, &state)), updates).map_err(boxed)?;
                     j += 1;
                 }
+                put(&mut replica.opt, None, updates).map_err(boxed)?;
             }
             Ok(Vec::new())
         });
         let run = self.devices.run(program);
+        let committed = self.replicas.iter().any(|m| {
+            m.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|r| r.committed)
+        });
         let (_, steps, _) = read?;
-        run?;
+        if let Err(e) = run {
+            if committed {
+                self.broken = Some(self.steps);
+            }
+            return Err(e);
+        }
         self.steps = steps;
         self.broken = None;
         Ok(())
     }
 }
 
-/// How [`Trainer::restore_inner`] puts an optimizer's state back.
-type Put<O> = dyn Fn(&mut O, usize, &[Tensor], usize) -> candle_core::Result<()> + Send + Sync;
+/// How [`Trainer::restore_inner`] puts an optimizer's state back: variable `j`'s
+/// slots (`Some((j, slots))`), or the update count (`None`).
+type Put<O> =
+    dyn Fn(&mut O, Option<(usize, &[Tensor])>, usize) -> candle_core::Result<()> + Send + Sync;
 
 impl<M, O> Trainer<M, O>
 where
@@ -906,10 +930,12 @@ where
                 r.vars
                     .iter()
                     .map(|v| {
-                        (v.elem_count() > 0).then(|| {
-                            j += 1;
-                            r.opt.slots(j - 1).get(s).cloned()
-                        })?
+                        if v.elem_count() == 0 {
+                            // An empty shard (or parameter) has empty state.
+                            return v.as_tensor().zeros_like().ok();
+                        }
+                        j += 1;
+                        r.opt.slots(j - 1).get(s).cloned()
                     })
                     .collect()
             }))?;
@@ -926,11 +952,14 @@ where
     /// [`restore`](Self::restore) with the optimizer's state a
     /// [`save_with_optimizer`](Self::save_with_optimizer) wrote.
     pub fn restore_with_optimizer(&mut self, dir: impl AsRef<Path>) -> Result<()> {
-        let put: Arc<Put<O>> = Arc::new(|o: &mut O, j: usize, state: &[Tensor], updates: usize| {
-            o.set_slots(j, state)?;
-            o.set_updates(updates);
-            Ok(())
-        });
+        let put: Arc<Put<O>> =
+            Arc::new(|o: &mut O, slots: Option<(usize, &[Tensor])>, t: usize| match slots {
+                Some((j, state)) => o.set_slots(j, state),
+                None => {
+                    o.set_updates(t);
+                    Ok(())
+                }
+            });
         self.restore_inner(dir.as_ref(), O::SLOTS, Some(put))
     }
 }
@@ -946,8 +975,10 @@ where
     /// forward and again before its backward, which recomputes the unit's forward from
     /// its saved input (activation checkpointing), reduce-scatters the unit's
     /// gradients, and lets the gathered parameters go: a replica holds one unit whole
-    /// at a time. Units own their parameters (none shared between units) and must not
-    /// write buffers in their forward (BatchNorm in training mode), which runs twice.
+    /// at a time. Units own their parameters (none shared between units), and a unit's
+    /// forward runs twice, so it must be deterministic (no dropout: the recomputation
+    /// would draw another mask) and must not write buffers (BatchNorm in training
+    /// mode).
     pub fn units<U>(
         devices: &Devices,
         config: Config,
@@ -1324,7 +1355,9 @@ fn unit_step<O: Optimizer>(
         _ => f64::NAN,
     };
     let mut grads = l.backward().map_err(boxed)?;
-    let mut upstream = grads.get(out.as_tensor()).cloned();
+    // Gradients of variables carry their own graph in candle: detached, so a unit's
+    // backward does not run through the unit after it (nor keep its weights).
+    let mut upstream = grads.get(out.as_tensor()).map(Tensor::detach);
     // Backward: unit by unit in reverse, the forward recomputed from the saved input;
     // the unit's output gradient times its output, summed, back-propagates exactly
     // that gradient through the unit.
@@ -1357,7 +1390,7 @@ fn unit_step<O: Optimizer>(
                 }
             };
         }
-        upstream = unit_grads.as_ref().and_then(|g| g.get(input.as_tensor()).cloned());
+        upstream = unit_grads.as_ref().and_then(|g| g.get(input.as_tensor()).map(Tensor::detach));
     }
     ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
     replica.committed = true;
