@@ -325,12 +325,18 @@ impl ReplicaContext {
         shape[axis] /= n;
         // Fold only this rank's piece, straight from the inputs: along axis 0 it is a
         // contiguous range of every input, along another axis a strided view.
-        if axis == 0 {
+        let out = if axis == 0 {
             let len = parts[0].len() / n;
-            Ok(Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape))
+            Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape)
         } else {
-            Ok(Tensor::fold_pieces(&parts, axis, n, rank, op))
+            Tensor::fold_pieces(&parts, axis, n, rank, op)
+        };
+        // The replica that holds the last references frees every replica's input:
+        // not its work to wait for, so it hands them to the reaper.
+        if parts.iter().all(|p| Arc::strong_count(p) == 1) {
+            crate::reaper::release(parts);
         }
+        Ok(out)
     }
 
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to

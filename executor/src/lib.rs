@@ -42,6 +42,7 @@ mod hub;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod net;
+mod reaper;
 mod runtime;
 mod sink;
 mod sync;

@@ -115,20 +115,30 @@ pub(crate) fn fold<T: Element>(
     range: std::ops::Range<usize>,
     op: ReduceOp,
 ) -> Vec<T> {
-    let mut out: Vec<T> = inputs[0][range.clone()].to_vec();
-    for input in &inputs[1..] {
-        let src = &input[range.clone()];
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => {
-                out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::add(*o, x))
+    // In blocks that stay in cache: each input's block is read once and the output's
+    // written once (a pass per input over the whole output would read and write it
+    // `inputs.len()` times). Every element still folds the inputs in order.
+    const BLOCK: usize = 4096;
+    let mut out: Vec<T> = Vec::with_capacity(range.len());
+    for start in range.clone().step_by(BLOCK) {
+        let end = (start + BLOCK).min(range.end);
+        let at = out.len();
+        out.extend_from_slice(&inputs[0][start..end]);
+        let acc = &mut out[at..];
+        for input in &inputs[1..] {
+            let src = &input[start..end];
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => {
+                    acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::add(*o, x))
+                }
+                ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::min(*o, x)),
+                ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::max(*o, x)),
             }
-            ReduceOp::Min => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::min(*o, x)),
-            ReduceOp::Max => out.iter_mut().zip(src).for_each(|(o, &x)| *o = T::max(*o, x)),
         }
-    }
-    if op == ReduceOp::Mean {
-        let n = inputs.len();
-        out.iter_mut().for_each(|o| *o = T::mean(*o, n));
+        if op == ReduceOp::Mean {
+            let n = inputs.len();
+            acc.iter_mut().for_each(|o| *o = T::mean(*o, n));
+        }
     }
     out
 }
