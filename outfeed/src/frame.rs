@@ -15,6 +15,10 @@
 //! The length comes before the payload, so a reader can skip a frame it cannot deliver
 //! (unknown consumer, bad checksum) and stay in sync; it is checked against a cap
 //! before anything is allocated.
+//!
+//! Frames that never leave the process (an in-process channel, which moves the payload
+//! by pointer) carry CRC 0 and are not verified; a stream or file always carries the
+//! checksum, and recording a channel to a file fills it in.
 
 use std::io::{self, Read};
 
@@ -50,6 +54,19 @@ impl Header {
             cap: u32::MAX as u64,
         })?;
         Ok(Header { consumer, len, crc: crc32c::crc32c(payload) })
+    }
+
+    /// The header of a frame carrying `payload` for `consumer` through an in-process
+    /// channel: no checksum (`crc` 0), since the payload moves by pointer and is never
+    /// copied or written to a medium.
+    pub fn unchecked(consumer: u32, payload: &[u8]) -> Result<Header> {
+        let len = u32::try_from(payload.len()).map_err(|_| Error::FrameTooLong {
+            stream: 0,
+            consumer,
+            len: payload.len() as u64,
+            cap: u32::MAX as u64,
+        })?;
+        Ok(Header { consumer, len, crc: 0 })
     }
 
     /// The shutdown marker's header.

@@ -47,7 +47,11 @@ impl<S: Sink> Sender<S> {
     }
 
     fn send_raw(&mut self, consumer: u32, payload: Vec<u8>) -> Result<()> {
-        let header = Header::for_payload(consumer, &payload)?;
+        let header = if self.sink.checksummed() {
+            Header::for_payload(consumer, &payload)?
+        } else {
+            Header::unchecked(consumer, &payload)?
+        };
         if let Some(mut back) = self.sink.send(header, payload)? {
             back.clear();
             if self.pool.len() < 8 {

@@ -29,6 +29,13 @@ pub trait Source: Send {
 
     /// A handle that ends this source.
     fn stopper(&self) -> Arc<dyn Stop>;
+
+    /// Whether its frames carry payload checksums to verify: a stream's do (bytes
+    /// crossed a medium); an in-process channel's payloads move by pointer, so its
+    /// frames carry none and the receiver checks nothing (true by default).
+    fn checksummed(&self) -> bool {
+        true
+    }
 }
 
 /// Where a device writes its frames.
@@ -37,17 +44,31 @@ pub trait Sink: Send {
     /// without copying; a stream writes it after the header and hands the buffer back
     /// (so the sender can reuse it).
     fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>>;
+
+    /// Whether frames need a payload checksum: true for streams; an in-process
+    /// channel moves the payload by pointer and needs none (true by default).
+    fn checksummed(&self) -> bool {
+        true
+    }
 }
 
 impl<S: Sink + ?Sized> Sink for Box<S> {
     fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>> {
         (**self).send(header, payload)
     }
+
+    fn checksummed(&self) -> bool {
+        (**self).checksummed()
+    }
 }
 
 impl<S: Source + ?Sized> Source for Box<S> {
     fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
         (**self).next_frame(stream, max_payload)
+    }
+
+    fn checksummed(&self) -> bool {
+        (**self).checksummed()
     }
 
     fn stopper(&self) -> Arc<dyn Stop> {
@@ -74,6 +95,10 @@ impl Sink for ChannelSink {
     fn send(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Vec<u8>>> {
         self.tx.send(RawFrame { header, payload }).map_err(|_| Error::Closed)?;
         Ok(None)
+    }
+
+    fn checksummed(&self) -> bool {
+        false
     }
 }
 
@@ -108,6 +133,10 @@ impl Source for ChannelSource {
             Ok(frame) => Ok(Some(frame)),
             Err(_) => Ok(None),
         }
+    }
+
+    fn checksummed(&self) -> bool {
+        false
     }
 
     fn stopper(&self) -> Arc<dyn Stop> {
@@ -290,7 +319,13 @@ impl<S: Source> Source for Recording<S> {
         let io = |error| Error::Io { stream, error };
         match &frame {
             Some(f) => {
-                write_all_vectored(&mut self.file, &f.header.encode(), &f.payload).map_err(io)?;
+                // A file is a medium: its frames carry checksums, also those that came
+                // through an in-process channel without one.
+                let mut header = f.header;
+                if !self.inner.checksummed() {
+                    header.crc = crc32c::crc32c(&f.payload);
+                }
+                write_all_vectored(&mut self.file, &header.encode(), &f.payload).map_err(io)?;
                 if f.header.consumer == crate::frame::SHUTDOWN {
                     self.file.flush().map_err(io)?;
                 }
@@ -302,5 +337,9 @@ impl<S: Source> Source for Recording<S> {
 
     fn stopper(&self) -> Arc<dyn Stop> {
         self.inner.stopper()
+    }
+
+    fn checksummed(&self) -> bool {
+        self.inner.checksummed()
     }
 }

@@ -235,3 +235,31 @@ fn budgets_below_one_frame_make_progress() {
         assert!(report.metrics.queue_high_water <= budget + 64, "budget {budget}");
     }
 }
+
+/// An in-process channel moves payloads by pointer: its frames carry no checksum and
+/// the receiver verifies none, while a stream's frames carry one and a wrong one is
+/// refused (above).
+#[test]
+fn channel_frames_carry_no_checksum_and_streams_do() {
+    use meshwork_outfeed::{Sink, Source};
+    let (sink, mut source) = channel(4);
+    assert!(!sink.checksummed() && !source.checksummed());
+    assert!(StreamSink::new(Vec::new()).checksummed());
+    let mut sender = Sender::new(registry(), sink);
+    sender.send(5, &[iota_u32(16, 0)]).unwrap();
+    let frame = source.next_frame(0, 1 << 20).unwrap().unwrap();
+    assert_eq!((frame.header.consumer, frame.header.len, frame.header.crc), (5, 64, 0));
+    // Delivered as sent.
+    let (sink, source) = channel(4);
+    let (log, cb) = recorder();
+    let mut receiver =
+        Receiver::start(registry(), vec![Box::new(source)], cb, None, Config::default());
+    let mut sender = Sender::new(registry(), sink);
+    for k in 0..3 {
+        sender.send(5, &[iota_u32(16, 100 * k)]).unwrap();
+    }
+    sender.shutdown().unwrap();
+    let report = receiver.join();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(log.lock().unwrap().len(), 3);
+}
