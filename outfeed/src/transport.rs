@@ -307,9 +307,10 @@ pub struct Recording<S: Source> {
 }
 
 impl<S: Source> Recording<S> {
-    /// Records `inner`'s frames to a new file at `path`.
+    /// Records `inner`'s frames to a new file at `path`; an existing file is refused
+    /// (`io::ErrorKind::AlreadyExists`), never replaced.
     pub fn new(inner: S, path: impl AsRef<Path>) -> io::Result<Recording<S>> {
-        Ok(Recording { inner, file: BufWriter::new(File::create(path)?) })
+        Ok(Recording { inner, file: BufWriter::new(File::create_new(path)?) })
     }
 }
 

@@ -158,6 +158,12 @@ fn record_then_replay_delivers_the_same_frames() {
     )
     .join();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
+    // A second recording to the same path is refused; the first file is untouched.
+    let before = std::fs::read(&path).unwrap();
+    let (_, again) = channel(1);
+    let refused = Recording::new(again, &path).err().map(|e| e.kind());
+    assert_eq!(refused, Some(std::io::ErrorKind::AlreadyExists));
+    assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(*replayed.lock().unwrap(), *live.lock().unwrap());
     assert_eq!(replayed.lock().unwrap().len(), 11);
     std::fs::remove_dir_all(dir).unwrap();
