@@ -47,13 +47,7 @@ pub struct Header {
 impl Header {
     /// The header of a frame carrying `payload` for `consumer`.
     pub fn for_payload(consumer: u32, payload: &[u8]) -> Result<Header> {
-        let len = u32::try_from(payload.len()).map_err(|_| Error::FrameTooLong {
-            stream: 0,
-            consumer,
-            len: payload.len() as u64,
-            cap: u32::MAX as u64,
-        })?;
-        Ok(Header { consumer, len, crc: crc32c::crc32c(payload) })
+        Ok(Header { crc: crc32c::crc32c(payload), ..Header::unchecked(consumer, payload)? })
     }
 
     /// The header of a frame carrying `payload` for `consumer` through an in-process

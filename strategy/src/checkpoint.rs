@@ -274,6 +274,26 @@ pub struct CheckpointEntry {
 
 pub(crate) type Entry = CheckpointEntry;
 
+/// The distinct regions a checkpoint holds of a value of `shape` under `sharding`, in
+/// index-map order: its even split, or, where a dim does not divide, XLA's padded
+/// layout with the empty trailing regions left out.
+fn saved_regions(
+    sharding: &meshwork_sharding::Sharding,
+    shape: &[usize],
+) -> Result<Vec<Vec<std::ops::Range<usize>>>> {
+    let index = match sharding.index_map(shape, Mode::Strict) {
+        Err(meshwork_sharding::Error::Indivisible { .. }) => {
+            sharding.index_map(shape, Mode::Uneven)?
+        }
+        other => other?,
+    };
+    Ok(index
+        .into_iter()
+        .filter(|i| i.replica_id == 0 && i.ranges.iter().all(|r| !r.is_empty()))
+        .map(|i| i.ranges)
+        .collect())
+}
+
 /// Writes `entries` as a sharded checkpoint of `devices` devices in `dir` (a new or
 /// empty directory; anything else is refused untouched), `metadata` in its index:
 /// device `d` writes its regions to `shard-d.safetensors`, the index last. Every
@@ -292,17 +312,7 @@ pub fn write_checkpoint(
     for e in &entries {
         let bad = |problem: String| corrupt(dir, format!("variable {}: {problem}", e.name));
         let sharding = logical_sharding(e.hlo.clone(), devices).map_err(|x| bad(x.to_string()))?;
-        let index = match sharding.index_map(&e.shape, Mode::Strict) {
-            Err(meshwork_sharding::Error::Indivisible { .. }) => {
-                sharding.index_map(&e.shape, Mode::Uneven)?
-            }
-            other => other?,
-        };
-        let regions: Vec<_> = index
-            .into_iter()
-            .filter(|i| i.replica_id == 0 && i.ranges.iter().all(|r| !r.is_empty()))
-            .map(|i| i.ranges)
-            .collect();
+        let regions = saved_regions(&sharding, &e.shape)?;
         if e.shards.len() != regions.len() {
             return Err(bad(format!(
                 "{} shards for the {} regions of its sharding",
@@ -595,17 +605,7 @@ pub(crate) fn read(
         // even split, or, where a dim does not divide, XLA's padded layout with the
         // empty trailing regions left out (as a writer of uneven shards saves them).
         let saved_sharding = logical_sharding(hlo, saved_logical)?;
-        let index = match saved_sharding.index_map(&shape, Mode::Strict) {
-            Err(meshwork_sharding::Error::Indivisible { .. }) => {
-                saved_sharding.index_map(&shape, Mode::Uneven)?
-            }
-            other => other?,
-        };
-        let regions: Vec<_> = index
-            .into_iter()
-            .filter(|i| i.replica_id == 0 && i.ranges.iter().all(|r| !r.is_empty()))
-            .map(|i| i.ranges)
-            .collect();
+        let regions = saved_regions(&saved_sharding, &shape)?;
         let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
         if shards.len() != regions.len() {
             return Err(corrupt(

@@ -1201,14 +1201,7 @@ fn train_step<M, O: Optimizer>(
     loss: &(dyn Fn(&M, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync),
 ) -> std::result::Result<f64, ProgramError> {
     let (n, r) = (shared.replicas, ctx.replica_id());
-    let slices = batch
-        .iter()
-        .map(|t| {
-            let per = t.dim(0)? / n;
-            t.narrow(0, r * per, per)
-        })
-        .collect::<candle_core::Result<Vec<_>>>()
-        .map_err(boxed)?;
+    let slices = slice_of(batch, n, r).map_err(boxed)?;
     // FSDP: the parameters gathered, the model built over them for this step.
     let mut gathered = Vec::new();
     let built;
@@ -1228,21 +1221,9 @@ fn train_step<M, O: Optimizer>(
         }
     };
     let l = loss(model, &slices).map_err(boxed)?;
-    let value =
-        l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
-    let [value] = value[..] else {
-        return Err(boxed(Error::Config {
-            problem: format!("the loss has {} elements; it must be a scalar", value.len()),
-        }));
-    };
     // Every replica's loss before any gradient moves: a replica that failed in its
     // forward ends the step here, before any optimizer steps.
-    let total =
-        ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value)))?;
-    let total = match total {
-        ExecTensor::F64(a) => a.iter().copied().next().unwrap_or(f64::NAN),
-        _ => f64::NAN,
-    };
+    let total = loss_sum(ctx, &l)?;
     let mut grads = l.backward().map_err(boxed)?;
     // Parameters no replica has a gradient for (buffers such as BatchNorm's running
     // statistics, or parameters this batch did not use).
@@ -1291,7 +1272,7 @@ fn train_step<M, O: Optimizer>(
     }
     // Every replica has its gradients: agree before any optimizer steps, so a failure
     // anywhere up to here leaves every replica as it was.
-    ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
+    agree(ctx)?;
     replica.committed = true;
     replica.opt.step(&grads).map_err(boxed)?;
     Ok(total / n as f64)
@@ -1312,14 +1293,7 @@ fn unit_step<O: Optimizer>(
 ) -> std::result::Result<f64, ProgramError> {
     let plan = shared.units.as_ref().ok_or("a model of units without its units")?;
     let (n, r) = (shared.replicas, ctx.replica_id());
-    let slices = batch
-        .iter()
-        .map(|t| {
-            let per = t.dim(0)? / n;
-            t.narrow(0, r * per, per)
-        })
-        .collect::<candle_core::Result<Vec<_>>>()
-        .map_err(boxed)?;
+    let slices = slice_of(batch, n, r).map_err(boxed)?;
     // Unit k over its gathered parameters (and the gathered variables).
     let unit = |k: usize| -> std::result::Result<Gathered, ProgramError> {
         let whole = gather_in(ctx, shared, &replica.vars, &plan.gathers[k])?;
@@ -1341,19 +1315,7 @@ fn unit_step<O: Optimizer>(
     }
     let out = Var::from_tensor(&x).map_err(boxed)?;
     let l = head(out.as_tensor(), &slices).map_err(boxed)?;
-    let value =
-        l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
-    let [value] = value[..] else {
-        return Err(boxed(Error::Config {
-            problem: format!("the loss has {} elements; it must be a scalar", value.len()),
-        }));
-    };
-    let total =
-        ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value)))?;
-    let total = match total {
-        ExecTensor::F64(a) => a.iter().copied().next().unwrap_or(f64::NAN),
-        _ => f64::NAN,
-    };
+    let total = loss_sum(ctx, &l)?;
     let mut grads = l.backward().map_err(boxed)?;
     // Gradients of variables carry their own graph in candle: detached, so a unit's
     // backward does not run through the unit after it (nor keep its weights).
@@ -1392,10 +1354,42 @@ fn unit_step<O: Optimizer>(
         }
         upstream = unit_grads.as_ref().and_then(|g| g.get(input.as_tensor()).map(Tensor::detach));
     }
-    ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
+    agree(ctx)?;
     replica.committed = true;
     replica.opt.step(&grads).map_err(boxed)?;
     Ok(total / n as f64)
+}
+
+/// Replica `r`'s rows of every input of `batch` (split evenly over `n` replicas).
+fn slice_of(batch: &[Tensor], n: usize, r: usize) -> candle_core::Result<Vec<Tensor>> {
+    batch
+        .iter()
+        .map(|t| {
+            let per = t.dim(0)? / n;
+            t.narrow(0, r * per, per)
+        })
+        .collect()
+}
+
+/// The sum over the replicas of each one's loss `l` (a scalar).
+fn loss_sum(ctx: &ReplicaContext, l: &Tensor) -> std::result::Result<f64, ProgramError> {
+    let value =
+        l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
+    let [value] = value[..] else {
+        return Err(boxed(Error::Config {
+            problem: format!("the loss has {} elements; it must be a scalar", value.len()),
+        }));
+    };
+    match ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), value)))? {
+        ExecTensor::F64(a) => Ok(a.iter().copied().next().unwrap_or(f64::NAN)),
+        _ => Ok(f64::NAN),
+    }
+}
+
+/// Every replica got here (a collective a failed replica never reaches).
+fn agree(ctx: &ReplicaContext) -> std::result::Result<(), ProgramError> {
+    ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
+    Ok(())
 }
 
 /// Replica 0's value of `t` (shape `shape`) on every replica.
