@@ -4,9 +4,13 @@
 //!
 //! `cargo run --release -p meshwork-executor --example collectives_bench [-- RUNS MIB...]`
 //! (defaults: 5 runs, 8 and 64 MiB per replica). Prints medians, algorithm and bus
-//! bandwidth (nccl-tests definitions) and the ratio to the bound. The `*_into` rows
-//! gather into the previous run's output, as a training loop would, so they pay no
-//! fresh pages.
+//! bandwidth (nccl-tests definitions) and the ratio to the bound. Rows:
+//! - plain calls on a runtime whose devices keep buffer pools (the default): a
+//!   collective's consumed inputs go back to their device's pool, and the host hands
+//!   each run's results back (`Runtime::recycle`) once done with them, as a training
+//!   loop would, so the next run writes into kept memory;
+//! - `(fresh)`: the same call with pooling off, every result in fresh pages;
+//! - `*_into`: the caller passes the previous run's output as the output buffer.
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -60,13 +64,16 @@ struct Case {
     nccl: fn(n: f64) -> (f64, f64),
     /// The program takes the previous run's output as its output buffer (`*_into`).
     reuse: bool,
+    /// Runs with pooling off.
+    fresh: bool,
 }
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let runs = args.first().copied().unwrap_or(5).max(5);
     let sizes: Vec<usize> = if args.len() > 1 { args[1..].to_vec() } else { vec![8, 64] };
-    let rt = Runtime::new(DEVICES).expect("devices");
+    let pooled = Runtime::new(DEVICES).expect("devices");
+    let unpooled = Runtime::new(DEVICES).expect("devices").with_pool(0, 0);
     let cases = [
         Case {
             name: "all_reduce",
@@ -76,6 +83,7 @@ fn main() {
             traffic: |n| 2.0 * n,
             nccl: |n| (1.0, 2.0 * (n - 1.0) / n),
             reuse: false,
+            fresh: false,
         },
         Case {
             name: "all_gather",
@@ -83,6 +91,15 @@ fn main() {
             traffic: |n| 2.0 * n * n,
             nccl: |n| (n, (n - 1.0) / n),
             reuse: false,
+            fresh: false,
+        },
+        Case {
+            name: "all_gather (fresh)",
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i.into_iter().next().unwrap())?])),
+            traffic: |n| 2.0 * n * n,
+            nccl: |n| (n, (n - 1.0) / n),
+            reuse: false,
+            fresh: true,
         },
         Case {
             name: "all_gather_into",
@@ -95,6 +112,7 @@ fn main() {
             traffic: |n| 2.0 * n * n,
             nccl: |n| (n, (n - 1.0) / n),
             reuse: true,
+            fresh: false,
         },
         Case {
             name: "reduce_scatter",
@@ -104,6 +122,7 @@ fn main() {
             traffic: |n| n + 1.0,
             nccl: |n| (1.0, (n - 1.0) / n),
             reuse: false,
+            fresh: false,
         },
         Case {
             name: "all_to_all",
@@ -113,6 +132,27 @@ fn main() {
             traffic: |n| 2.0 * n,
             nccl: |n| (1.0, (n - 1.0) / n),
             reuse: false,
+            fresh: false,
+        },
+        Case {
+            name: "all_to_all (fresh)",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.all_to_all(0, 0, i.into_iter().next().unwrap())?])
+            }),
+            traffic: |n| 2.0 * n,
+            nccl: |n| (1.0, (n - 1.0) / n),
+            reuse: false,
+            fresh: true,
+        },
+        Case {
+            name: "reduce_scatter (fresh)",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i.into_iter().next().unwrap())?])
+            }),
+            traffic: |n| n + 1.0,
+            nccl: |n| (1.0, (n - 1.0) / n),
+            reuse: false,
+            fresh: true,
         },
         Case {
             name: "all_to_all_into",
@@ -125,6 +165,7 @@ fn main() {
             traffic: |n| 2.0 * n,
             nccl: |n| (1.0, (n - 1.0) / n),
             reuse: true,
+            fresh: false,
         },
     ];
     for mib in sizes {
@@ -137,13 +178,14 @@ fn main() {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         println!(
-            "  {:<15} {:>10} {:>12} {:>12} {:>12} {:>8}",
+            "  {:<22} {:>10} {:>12} {:>12} {:>12} {:>8}",
             "collective", "time ms", "algbw GB/s", "busbw GB/s", "bound ms", "ratio"
         );
         let inputs = (0..DEVICES)
             .map(|r| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[elements]), r as f32))])
             .collect::<Vec<_>>();
         for case in &cases {
+            pooled.release_pools();
             let mut times = Vec::with_capacity(runs);
             let mut previous: Option<Vec<Vec<Tensor>>> = None;
             for i in 0..=runs {
@@ -162,13 +204,18 @@ fn main() {
                         input.push(buffer);
                     }
                 }
+                let rt = if case.fresh { &unpooled } else { &pooled };
                 let start = Instant::now();
                 let out = rt.run(case.program.clone(), ins).expect("runs");
                 let t = start.elapsed();
                 if case.reuse {
                     previous = Some(out);
-                } else {
+                } else if case.fresh {
                     drop(out);
+                } else {
+                    for (device, o) in out.into_iter().enumerate() {
+                        o.into_iter().for_each(|t| rt.recycle(device, t).expect("a device"));
+                    }
                 }
                 if i > 0 {
                     times.push(t); // the first run faults pages in
@@ -181,7 +228,7 @@ fn main() {
             let (counted, factor) = (case.nccl)(n);
             let algbw = counted * bytes as f64 / t;
             println!(
-                "  {:<15} {:>10.1} {:>12.2} {:>12.2} {:>12.1} {:>7.2}×",
+                "  {:<22} {:>10.1} {:>12.2} {:>12.2} {:>12.1} {:>7.2}×",
                 case.name,
                 t * 1e3,
                 algbw / 1e9,

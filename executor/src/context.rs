@@ -8,6 +8,7 @@ use ndarray::ArrayD;
 use crate::direct;
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups, Round};
 use crate::net::Net;
+use crate::pool::Pool;
 use crate::sink::OutfeedSink;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -30,6 +31,8 @@ pub struct ReplicaContext {
     local_all: ReplicaGroups,
     sink: Option<Arc<dyn OutfeedSink>>,
     net: Option<Arc<Net>>,
+    /// The buffer pool of this replica's device.
+    pool: Arc<Pool>,
 }
 
 impl ReplicaContext {
@@ -40,6 +43,7 @@ impl ReplicaContext {
         hub: Arc<Hub>,
         sink: Option<Arc<dyn OutfeedSink>>,
         net: Option<Arc<Net>>,
+        pool: Arc<Pool>,
     ) -> ReplicaContext {
         let (replica, replicas) = match &net {
             Some(net) => (net.base() + local, net.replicas()),
@@ -47,7 +51,7 @@ impl ReplicaContext {
         };
         let local_all = ReplicaGroups::all(hub.replicas());
         let all = ReplicaGroups::all(replicas);
-        ReplicaContext { replica, replicas, local, device, hub, all, local_all, sink, net }
+        ReplicaContext { replica, replicas, local, device, hub, all, local_all, sink, net, pool }
     }
 
     /// The device (of this process's runtime) this replica runs on: local device `r`
@@ -64,6 +68,33 @@ impl ReplicaContext {
             self.sink.as_ref().ok_or_else(|| outfeed("the runtime has no outfeed sink".into()))?;
         sink.emit(self.replica, consumer_id, tensors)
             .map_err(|e| outfeed(format!("consumer {consumer_id}: {e}")))
+    }
+
+    /// Gives `t`'s memory to this device's buffer pool, for the next plain collective
+    /// on this device whose result has `t`'s dtype and element count (in this run or
+    /// a later one) to write into instead of fresh pages. What a training loop does
+    /// with last step's gathered parameters once it is done with them. The pool keeps
+    /// at most its capacity (see [`Runtime::with_pool`](crate::Runtime::with_pool));
+    /// what it does not keep is freed.
+    pub fn recycle(&self, t: Tensor) {
+        self.pool.put(t);
+    }
+
+    /// A buffer for a result of `dtype` and `shape` from this device's pool, if it
+    /// holds one (its elements are stale: the caller overwrites every one).
+    fn kept(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Option<Tensor> {
+        self.pool.take(dtype, shape)
+    }
+
+    /// This replica is done with `round` (of `members`): the last of them to be done
+    /// gives every member's input back to that member's device pool (in one process;
+    /// across processes the round's tensors are copies, and are freed).
+    fn done_with(&self, round: Gathered, members: &[usize]) {
+        let pools = match self.net {
+            Some(_) => Vec::new(),
+            None => self.hub.pools_of(members.iter().copied()),
+        };
+        Round::reclaim(round, &pools);
     }
 
     /// This replica's id, `0..num_replicas()`.
@@ -249,9 +280,19 @@ impl ReplicaContext {
     /// [`all_gather`](Self::all_gather) within each of `groups`, in group rank order.
     pub fn all_gather_in(&self, groups: &ReplicaGroups, axis: usize, t: Tensor) -> Result<Tensor> {
         self.check_axis("all_gather", &t, axis)?;
+        let members = self.place(groups)?.0;
+        let mut want = t.shape().to_vec();
+        want[axis] *= members.len();
         let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
-        let refs: Vec<&Tensor> = parts.iter().map(|p| &**p).collect();
-        Ok(Tensor::concat(&refs, axis))
+        let out = match self.kept(parts[0].dtype(), &want) {
+            Some(mut out) => {
+                Tensor::concat_into(&parts, axis, &mut out);
+                out
+            }
+            None => Tensor::concat(&parts.iter().map(|p| &**p).collect::<Vec<_>>(), axis),
+        };
+        self.done_with(parts, members);
+        Ok(out)
     }
 
     /// [`all_gather_in`](Self::all_gather_in) into `out`, a tensor of the result's dtype
@@ -267,13 +308,14 @@ impl ReplicaContext {
     ) -> Result<Tensor> {
         const OP: &str = "all_gather";
         self.check_axis(OP, &t, axis)?;
-        let n = self.place(groups)?.0.len();
+        let members = self.place(groups)?.0;
         let mut want = t.shape().to_vec();
-        want[axis] *= n;
+        want[axis] *= members.len();
         self.check_out(OP, &t, &want, &out)?;
         let (parts, _) = self.meet(groups, OP, format!("axis={axis}"), t)?;
         let mut out = out;
         Tensor::concat_into(&parts, axis, &mut out);
+        self.done_with(parts, members);
         Ok(out)
     }
 
@@ -325,17 +367,24 @@ impl ReplicaContext {
         shape[axis] /= n;
         // Fold only this rank's piece, straight from the inputs: along axis 0 it is a
         // contiguous range of every input, along another axis a strided view.
-        let out = if axis == 0 {
-            let len = parts[0].len() / n;
-            Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape)
-        } else {
-            Tensor::fold_pieces(&parts, axis, n, rank, op)
+        let len = parts[0].len() / n;
+        let out = match (self.kept(parts[0].dtype(), &shape), axis) {
+            (Some(mut out), 0) => {
+                Tensor::fold_range_into(&parts, op, rank * len..(rank + 1) * len, &mut out);
+                out
+            }
+            (Some(mut out), _) => {
+                Tensor::fold_pieces_into(&parts, axis, rank, op, &mut out);
+                out
+            }
+            (None, 0) => {
+                Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape)
+            }
+            (None, _) => Tensor::fold_pieces(&parts, axis, n, rank, op),
         };
-        // The replica that holds the last references frees every replica's input:
-        // not its work to wait for, so it hands them to the reaper.
-        if parts.iter().all(|p| Arc::strong_count(p) == 1) {
-            crate::reaper::release(parts);
-        }
+        // The last replica done with the inputs gives them back to their devices'
+        // pools (not its own work to free them: freeing 8 × 64 MiB takes tens of ms).
+        self.done_with(parts, members);
         Ok(out)
     }
 
@@ -353,10 +402,19 @@ impl ReplicaContext {
         concat_axis: usize,
         t: Tensor,
     ) -> Result<Tensor> {
-        self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
+        let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
+        let members = self.place(groups)?.0;
         let (parts, rank) =
             self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
-        Ok(Tensor::concat_pieces(&parts, split_axis, rank, concat_axis))
+        let out = match self.kept(parts[0].dtype(), &want) {
+            Some(mut out) => {
+                Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
+                out
+            }
+            None => Tensor::concat_pieces(&parts, split_axis, rank, concat_axis),
+        };
+        self.done_with(parts, members);
+        Ok(out)
     }
 
     /// [`all_to_all_in`](Self::all_to_all_in) into `out`, a tensor of the result's
@@ -375,6 +433,7 @@ impl ReplicaContext {
             self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
         let mut out = out;
         Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
+        self.done_with(parts, self.place(groups)?.0);
         Ok(out)
     }
 
@@ -414,7 +473,9 @@ impl ReplicaContext {
             ));
         }
         let (parts, _) = self.meet(&self.all, "broadcast", format!("root={root}"), t)?;
-        Ok((*parts[root]).clone())
+        let out = self.copy_of(&parts[root]);
+        self.done_with(parts, &self.all.groups()[0]);
+        Ok(out)
     }
 
     /// Sends the tensor along `(source, target)` pairs of replicas; a replica that is
@@ -438,9 +499,22 @@ impl ReplicaContext {
         }
         let (dtype, shape) = (t.dtype(), t.shape().to_vec());
         let (parts, _) = self.meet(&self.all, OP, format!("{pairs:?}"), t)?;
-        match pairs.iter().find(|&&(_, d)| d == self.replica) {
-            Some(&(s, _)) => Ok((*parts[s]).clone()),
-            None => Tensor::zeros(dtype, &shape),
+        let out = match pairs.iter().find(|&&(_, d)| d == self.replica) {
+            Some(&(s, _)) => self.copy_of(&parts[s]),
+            None => Tensor::zeros(dtype, &shape)?,
+        };
+        self.done_with(parts, &self.all.groups()[0]);
+        Ok(out)
+    }
+
+    /// A copy of `t` (standard layout), in a kept buffer if the pool has one.
+    fn copy_of(&self, t: &Tensor) -> Tensor {
+        match self.kept(t.dtype(), t.shape()) {
+            Some(mut out) => {
+                out.write_flat(0, t);
+                out
+            }
+            None => t.clone(),
         }
     }
 

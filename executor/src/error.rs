@@ -37,6 +37,14 @@ pub enum Error {
         /// Devices in the runtime.
         devices: usize,
     },
+    /// A device index past the runtime's devices.
+    #[error("device {device} is not one of the runtime's devices 0..{devices}")]
+    NoSuchDevice {
+        /// The device asked for.
+        device: usize,
+        /// Devices in the runtime.
+        devices: usize,
+    },
     /// Replica groups that do not cover every replica exactly once.
     #[error("replica groups {groups:?} must hold each of replicas 0..{replicas} exactly once")]
     BadGroups {

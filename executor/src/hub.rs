@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::direct::Lent;
+use crate::pool::Pool;
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Error, Result, Tensor};
 
@@ -89,6 +90,25 @@ impl Round {
     /// The tensors.
     pub(crate) fn into_tensors(self) -> Vec<Arc<Tensor>> {
         self.tensors
+    }
+
+    /// Gives every member's tensor back to its device's pool, if `round` is the last
+    /// reference to the round and the tensor's (when every member calls this once it
+    /// is done with the round, exactly one of them does the giving back). `pools` are
+    /// the members' pools in rank order (empty: the tensors are freed, off this
+    /// thread).
+    pub(crate) fn reclaim(round: Gathered, pools: &[Arc<Pool>]) {
+        let Some(round) = Arc::into_inner(round) else { return };
+        let tensors = round.into_tensors();
+        if pools.len() != tensors.len() {
+            crate::reaper::release(tensors);
+            return;
+        }
+        for (t, pool) in tensors.into_iter().zip(pools) {
+            if let Some(t) = Arc::into_inner(t) {
+                pool.put_consumed(t);
+            }
+        }
     }
 }
 
@@ -187,6 +207,8 @@ pub(crate) struct Hub {
     mailbox: Mutex<HashMap<(usize, usize, u64), Tensor>>,
     /// Signalled when a transfer arrives, a member fails or a member's run ends.
     delivered: Condvar,
+    /// Per member: its device's buffer pool (empty for a hub without devices).
+    pools: Vec<Arc<Pool>>,
 }
 
 /// What a member is doing, as far as the rendezvous can tell.
@@ -215,7 +237,22 @@ impl Hub {
             waits: Mutex::new(vec![Wait::Running; replicas]),
             mailbox: Mutex::new(HashMap::new()),
             delivered: Condvar::new(),
+            pools: Vec::new(),
         }
+    }
+
+    /// A hub whose member `i` runs on a device with pool `pools[i]`.
+    pub(crate) fn with_pools(mut self, pools: Vec<Arc<Pool>>) -> Hub {
+        self.pools = pools;
+        self
+    }
+
+    /// The pools of `members` (member indices), or none if this hub has no pools.
+    pub(crate) fn pools_of(&self, members: impl Iterator<Item = usize>) -> Vec<Arc<Pool>> {
+        if self.pools.is_empty() {
+            return Vec::new();
+        }
+        members.map(|m| self.pools[m].clone()).collect()
     }
 
     /// Leaves `t` for member `to` under `tag` (never waits). A tag still waiting to be

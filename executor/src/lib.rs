@@ -5,6 +5,10 @@
 //! (SPMD) with a context that knows its replica id and offers all-reduce, all-gather,
 //! reduce-scatter, all-to-all, broadcast, collective-permute and barrier over replica
 //! groups. A failing replica poisons its group, so peers get an error, never a hang.
+//! Each device keeps a buffer pool (see [`Runtime::with_pool`]): the inputs its
+//! collectives consumed and the tensors given back with [`ReplicaContext::recycle`]
+//! become the next results' memory, so a training loop's collectives stop paying for
+//! fresh pages.
 //!
 //! It is **not** a placer or a sharding library: it runs what it is given on the devices
 //! it is told, and moves tensors only through collectives. It does not know the outfeed
@@ -42,6 +46,7 @@ mod hub;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod net;
+mod pool;
 mod reaper;
 mod runtime;
 mod sink;

@@ -11,6 +11,7 @@ use crossbeam::channel::{Sender, unbounded};
 use crate::context::ReplicaContext;
 use crate::hub::Hub;
 use crate::net::{Interconnect, Net};
+use crate::pool::{Limits, Pool};
 use crate::sink::OutfeedSink;
 use crate::{Error, Result, Tensor};
 
@@ -36,6 +37,9 @@ pub struct Runtime {
     timeout: Duration,
     sink: Option<Arc<dyn OutfeedSink>>,
     link: Option<Arc<dyn Interconnect>>,
+    /// Per device: the buffers its collectives may write into (see
+    /// [`with_pool`](Self::with_pool)).
+    pools: Vec<Arc<Pool>>,
 }
 
 impl Runtime {
@@ -68,7 +72,49 @@ impl Runtime {
             timeout: Runtime::DEFAULT_TIMEOUT,
             sink: None,
             link: None,
+            pools: (0..devices).map(|_| Arc::new(Pool::new(Limits::DEFAULT))).collect(),
         })
+    }
+
+    /// Sets each device's buffer pool to keep at most `capacity` bytes, of buffers of
+    /// at least `smallest` bytes (default: 1 GiB of buffers of 1 MiB or more;
+    /// `capacity` 0 turns pooling off).
+    ///
+    /// A device keeps the inputs its collectives consumed and the tensors
+    /// [recycled](Self::recycle) to it, and its plain collectives (all-gather,
+    /// reduce-scatter, all-to-all, broadcast, collective-permute) write their results
+    /// into a kept buffer of the result's dtype and element count rather than fresh
+    /// memory, whose pages the kernel must fault in and zero (for an 8 × 64 MiB
+    /// all-gather, most of its time). Like a caching allocator, the pool holds on to
+    /// that memory until it is evicted (oldest first, to stay within `capacity`) or
+    /// [released](Self::release_pools).
+    pub fn with_pool(self, capacity: usize, smallest: usize) -> Runtime {
+        for pool in &self.pools {
+            pool.set_limits(Limits { capacity, smallest });
+        }
+        self
+    }
+
+    /// Gives `t`'s memory to device `device`'s pool (see
+    /// [`ReplicaContext::recycle`]): what a host loop does with a run's outputs once
+    /// it is done with them.
+    pub fn recycle(&self, device: usize, t: Tensor) -> Result<()> {
+        let pool = self
+            .pools
+            .get(device)
+            .ok_or(Error::NoSuchDevice { device, devices: self.devices.len() })?;
+        pool.put(t);
+        Ok(())
+    }
+
+    /// The bytes each device's pool keeps now, in device order.
+    pub fn pooled_bytes(&self) -> Vec<usize> {
+        self.pools.iter().map(|p| p.bytes()).collect()
+    }
+
+    /// Lets go of every buffer the pools keep.
+    pub fn release_pools(&self) {
+        self.pools.iter().for_each(|p| p.clear());
     }
 
     /// Sets how long a replica waits for its peers at a collective before the
@@ -151,16 +197,18 @@ impl Runtime {
         let net =
             self.link.clone().map(|link| Arc::new(Net::new(link, replicas, self.timeout * 2)));
         let base = net.as_ref().map_or(0, |n| n.base());
-        let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base));
+        let pools: Vec<Arc<Pool>> = placement.iter().map(|&d| self.pools[d].clone()).collect();
+        let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base).with_pools(pools));
         let (done_tx, done_rx) = unbounded::<(usize, Result<Vec<Tensor>>)>();
         let queuing = self.enqueue.lock().unwrap_or_else(PoisonError::into_inner);
         for (r, input) in inputs.into_iter().enumerate() {
             let device = placement[r];
             let (job_hub, program, done, sink, net) =
                 (hub.clone(), program.clone(), done_tx.clone(), self.sink.clone(), net.clone());
+            let pool = self.pools[device].clone();
             let job: Job = Box::new(move || {
                 let hub = job_hub;
-                let ctx = ReplicaContext::new(r, device, hub.clone(), sink, net);
+                let ctx = ReplicaContext::new(r, device, hub.clone(), sink, net, pool);
                 let id = ctx.replica_id();
                 IN_REPLICA.set(true);
                 let result = catch_unwind(AssertUnwindSafe(|| program(&ctx, input)));

@@ -109,45 +109,69 @@ macro_rules! wrap {
 
 wrap!(f32 => F32, f64 => F64, i32 => I32, i64 => I64);
 
-/// Folds `inputs[..][range]` element-wise in input order into a new vector.
+/// Elements per block of a fold: a block's inputs and result stay in cache, so each
+/// input element is read once and each result element written once (a pass per input
+/// over the whole output would read and write it `inputs.len()` times).
+const BLOCK: usize = 4096;
+
+/// Folds `rest` into `acc` element-wise in order, then divides a mean by `n`.
+fn fold_block<T: Element>(acc: &mut [T], rest: &[&[T]], op: ReduceOp, n: usize) {
+    for src in rest {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => {
+                acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::add(*o, x))
+            }
+            ReduceOp::Min => acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::min(*o, x)),
+            ReduceOp::Max => acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::max(*o, x)),
+        }
+    }
+    if op == ReduceOp::Mean {
+        acc.iter_mut().for_each(|o| *o = T::mean(*o, n));
+    }
+}
+
+/// Folds `inputs[..][range]` element-wise in input order into a new vector, block by
+/// block.
 pub(crate) fn fold<T: Element>(
     inputs: &[&[T]],
     range: std::ops::Range<usize>,
     op: ReduceOp,
 ) -> Vec<T> {
-    // In blocks that stay in cache: each input's block is read once and the output's
-    // written once (a pass per input over the whole output would read and write it
-    // `inputs.len()` times). Every element still folds the inputs in order.
-    const BLOCK: usize = 4096;
     let mut out: Vec<T> = Vec::with_capacity(range.len());
+    let mut rest: Vec<&[T]> = Vec::with_capacity(inputs.len());
     for start in range.clone().step_by(BLOCK) {
         let end = (start + BLOCK).min(range.end);
         let at = out.len();
         out.extend_from_slice(&inputs[0][start..end]);
-        let acc = &mut out[at..];
-        for input in &inputs[1..] {
-            let src = &input[start..end];
-            match op {
-                ReduceOp::Sum | ReduceOp::Mean => {
-                    acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::add(*o, x))
-                }
-                ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::min(*o, x)),
-                ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(o, &x)| *o = T::max(*o, x)),
-            }
-        }
-        if op == ReduceOp::Mean {
-            let n = inputs.len();
-            acc.iter_mut().for_each(|o| *o = T::mean(*o, n));
-        }
+        rest.clear();
+        rest.extend(inputs[1..].iter().map(|i| &i[start..end]));
+        fold_block(&mut out[at..], &rest, op, inputs.len());
     }
     out
+}
+
+/// [`fold`] into `out` (of `range.len()` elements), every element overwritten.
+pub(crate) fn fold_to<T: Element>(
+    inputs: &[&[T]],
+    range: std::ops::Range<usize>,
+    op: ReduceOp,
+    out: &mut [T],
+) {
+    let mut rest: Vec<&[T]> = Vec::with_capacity(inputs.len());
+    for start in range.clone().step_by(BLOCK) {
+        let end = (start + BLOCK).min(range.end);
+        let acc = &mut out[start - range.start..end - range.start];
+        acc.copy_from_slice(&inputs[0][start..end]);
+        rest.clear();
+        rest.extend(inputs[1..].iter().map(|i| &i[start..end]));
+        fold_block(acc, &rest, op, inputs.len());
+    }
 }
 
 /// `own[i] = src_0[i] ∘ src_1[i] ∘ ...` over `sources` sources in order, where source
 /// `me` is `own` itself and the others are `others`' consecutive runs of `own.len()`. Works in
 /// blocks that stay in cache, so each source is read once and `own` written once.
 fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize, op: ReduceOp) {
-    const BLOCK: usize = 4096;
     let len = own.len();
     let mut acc: Vec<T> = Vec::with_capacity(BLOCK.min(len));
     for start in (0..len).step_by(BLOCK) {
@@ -176,9 +200,12 @@ fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize,
     }
 }
 
-/// Folds same-shape views element-wise in order into a new standard-layout array.
-fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) -> ArrayD<T> {
-    let mut acc = views[0].as_standard_layout().into_owned();
+/// Folds same-shape views element-wise in order into `acc`, which holds the first.
+fn fold_views_rest<T: Element>(
+    acc: &mut ndarray::ArrayViewMutD<'_, T>,
+    views: &[ndarray::ArrayViewD<'_, T>],
+    op: ReduceOp,
+) {
     for v in &views[1..] {
         match op {
             ReduceOp::Sum | ReduceOp::Mean => acc.zip_mut_with(v, |a, &x| *a = T::add(*a, x)),
@@ -189,7 +216,23 @@ fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) ->
     if op == ReduceOp::Mean {
         acc.mapv_inplace(|a| T::mean(a, views.len()));
     }
+}
+
+/// Folds same-shape views element-wise in order into a new standard-layout array.
+fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) -> ArrayD<T> {
+    let mut acc = views[0].as_standard_layout().into_owned();
+    fold_views_rest(&mut acc.view_mut(), views, op);
     acc
+}
+
+/// [`fold_views`] into `out` (of the views' shape), every element overwritten.
+fn fold_views_to<T: Element>(
+    views: &[ndarray::ArrayViewD<'_, T>],
+    op: ReduceOp,
+    out: &mut ArrayD<T>,
+) {
+    out.assign(&views[0]);
+    fold_views_rest(&mut out.view_mut(), views, op);
 }
 
 impl Tensor {
@@ -346,6 +389,34 @@ impl Tensor {
         }
     }
 
+    /// [`fold_range`](Self::fold_range) into `out` (one dtype, `range.len()`
+    /// elements, standard layout), every element overwritten.
+    pub(crate) fn fold_range_into(
+        parts: &[std::sync::Arc<Tensor>],
+        op: ReduceOp,
+        range: std::ops::Range<usize>,
+        out: &mut Tensor,
+    ) {
+        macro_rules! red {
+            ($v:ident, $o:ident) => {{
+                let slices: Vec<&[_]> = parts
+                    .iter()
+                    .map(|p| match &**p {
+                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
+                        _ => unreachable!("dtypes checked at the rendezvous"),
+                    })
+                    .collect();
+                fold_to(&slices, range, op, $o.as_slice_mut().expect("standard layout"))
+            }};
+        }
+        match out {
+            Tensor::F32(o) => red!(F32, o),
+            Tensor::F64(o) => red!(F64, o),
+            Tensor::I32(o) => red!(I32, o),
+            Tensor::I64(o) => red!(I64, o),
+        }
+    }
+
     /// A 1-D tensor of `v`.
     pub(crate) fn from_vec<T: Wrap>(v: Vec<T>) -> Tensor {
         T::wrap(ndarray::Array1::from(v).into_dyn())
@@ -384,6 +455,38 @@ impl Tensor {
             Tensor::F64(_) => red!(F64),
             Tensor::I32(_) => red!(I32),
             Tensor::I64(_) => red!(I64),
+        }
+    }
+
+    /// [`fold_pieces`](Self::fold_pieces) into `out` (one dtype, the piece's shape),
+    /// every element overwritten.
+    pub(crate) fn fold_pieces_into(
+        parts: &[std::sync::Arc<Tensor>],
+        axis: usize,
+        k: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+    ) {
+        let n = parts.len();
+        let len = parts[0].shape()[axis] / n;
+        let range = ndarray::Slice::from(k * len..(k + 1) * len);
+        macro_rules! red {
+            ($v:ident, $o:ident) => {{
+                let views: Vec<_> = parts
+                    .iter()
+                    .map(|p| match &**p {
+                        Tensor::$v(a) => a.slice_axis(Axis(axis), range),
+                        _ => unreachable!("dtypes checked at the rendezvous"),
+                    })
+                    .collect();
+                fold_views_to(&views, op, $o)
+            }};
+        }
+        match out {
+            Tensor::F32(o) => red!(F32, o),
+            Tensor::F64(o) => red!(F64, o),
+            Tensor::I32(o) => red!(I32, o),
+            Tensor::I64(o) => red!(I64, o),
         }
     }
 

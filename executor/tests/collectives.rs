@@ -28,10 +28,20 @@ fn inputs() -> impl Strategy<Value = (usize, Vec<usize>, Vec<Vec<i64>>)> {
     })
 }
 
+/// Runs `program` twice on a runtime whose pools keep buffers of any size: the first
+/// run writes into fresh memory, then its results go back to the pools filled with
+/// garbage, and the second run's plain collectives write into those buffers and into
+/// the inputs the first run consumed. Both runs must agree; returns the first's.
 fn run(n: usize, shape: &[usize], data: &[Vec<i64>], program: Arc<Program>) -> Vec<ArrayD<i64>> {
-    let rt = Runtime::new(n).unwrap();
-    let ins = data.iter().map(|d| vec![t(shape, d.clone())]).collect();
-    rt.run(program, ins).unwrap().into_iter().map(|o| arr(&o[0])).collect()
+    let rt = Runtime::new(n).unwrap().with_pool(1 << 24, 0);
+    let ins: Vec<Vec<Tensor>> = data.iter().map(|d| vec![t(shape, d.clone())]).collect();
+    let first = rt.run(program.clone(), ins.clone()).unwrap();
+    for (device, out) in first.iter().enumerate() {
+        rt.recycle(device, Tensor::I64(arr(&out[0]).as_standard_layout().mapv(|_| -7777))).unwrap();
+    }
+    let second = rt.run(program, ins).unwrap();
+    assert_eq!(first, second, "results written into pooled buffers differ from fresh ones");
+    first.into_iter().map(|o| arr(&o[0])).collect()
 }
 
 fn model_reduce(arrays: &[ArrayD<i64>], op: ReduceOp) -> ArrayD<i64> {
@@ -162,6 +172,67 @@ proptest! {
             prop_assert_eq!(o, model_reduce(&members, ReduceOp::Sum));
         }
     }
+}
+
+/// The pools at work: a recycled buffer of the result's size is what the next plain
+/// collective writes into (it leaves the pool); a consumed input goes back to its
+/// device's pool only when a collective there asked for a buffer of its size (an
+/// all-to-all's input is the next all-to-all's result buffer, an all-gather's is not);
+/// small buffers and a full pool keep nothing more; an unknown device is a typed
+/// error; releasing empties every pool.
+#[test]
+fn plain_collectives_write_into_pooled_buffers_and_give_their_inputs_back() {
+    let n = 4;
+    let len = 1 << 16; // 256 KiB of f32 per input, 1 MiB per all-gather result
+    let rt = Runtime::new(n).unwrap().with_pool(8 << 20, 1 << 18);
+    let gather: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i[0].clone())?]));
+    let input = |r: usize| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), r as f32))];
+    let want: Vec<f32> = (0..n).flat_map(|r| std::iter::repeat_n(r as f32, len)).collect();
+    let check = |out: &[Vec<Tensor>], want: &[f32]| {
+        for o in out {
+            match &o[0] {
+                Tensor::F32(a) => assert_eq!(a.as_slice().unwrap(), want),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // No buffers yet: the result is fresh, and nothing asked for the inputs' size.
+    let out = rt.run(gather.clone(), (0..n).map(input).collect()).unwrap();
+    check(&out, &want);
+    assert_eq!(rt.pooled_bytes(), vec![0; n]);
+    // The results, recycled with garbage in them, are taken by the next all-gather.
+    for (d, o) in out.into_iter().enumerate() {
+        let [o] = <[Tensor; 1]>::try_from(o).unwrap();
+        let Tensor::F32(a) = o else { unreachable!() };
+        rt.recycle(d, Tensor::F32(a.mapv_into(|_| f32::NAN))).unwrap();
+    }
+    assert_eq!(rt.pooled_bytes(), vec![n * len * 4; n]);
+    let out = rt.run(gather, (0..n).map(input).collect()).unwrap();
+    check(&out, &want);
+    assert_eq!(rt.pooled_bytes(), vec![0; n]);
+    // An all-to-all asks for a buffer of its input's size: the first run's inputs are
+    // kept, and the second run takes them (and leaves its own).
+    let a2a: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?]));
+    let piece = len / n;
+    for _ in 0..2 {
+        let out = rt.run(a2a.clone(), (0..n).map(input).collect()).unwrap();
+        assert_eq!(rt.pooled_bytes(), vec![len * 4; n]);
+        for o in &out {
+            let want: Vec<f32> =
+                (0..n).flat_map(|s| std::iter::repeat_n(s as f32, piece)).collect();
+            check(std::slice::from_ref(o), &want);
+        }
+    }
+    // Too small to keep; too big for the pool; an unknown device.
+    rt.recycle(0, Tensor::F32(ArrayD::zeros(IxDyn(&[16])))).unwrap();
+    rt.recycle(1, Tensor::F32(ArrayD::zeros(IxDyn(&[4 << 20])))).unwrap();
+    assert_eq!(rt.pooled_bytes(), vec![len * 4; n]);
+    assert_eq!(
+        rt.recycle(n, Tensor::F32(ArrayD::zeros(IxDyn(&[1])))),
+        Err(Error::NoSuchDevice { device: n, devices: n })
+    );
+    rt.release_pools();
+    assert_eq!(rt.pooled_bytes(), vec![0; n]);
 }
 
 #[test]
