@@ -168,6 +168,7 @@ fn main() {
             fresh: false,
         },
     ];
+    fused(&pooled, runs);
     for mib in sizes {
         let bytes = mib << 20;
         let elements = bytes / 4;
@@ -237,5 +238,74 @@ fn main() {
                 t / bound
             );
         }
+    }
+}
+
+/// 200 gradients of 4–64 KiB each (f32, sizes from a fixed sequence), all-reduced
+/// one call per tensor, then fused into buckets of 1 MiB and of 25 MiB (PyTorch DDP's
+/// default), beside the memory-traffic bound of the same bytes.
+fn fused(rt: &Runtime, runs: usize) {
+    let sizes: Vec<usize> = (0..200u64)
+        .map(|i| {
+            let x = (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+            (4 + (x % 61) as usize) << 10
+        })
+        .collect();
+    let total: usize = sizes.iter().sum();
+    let copy_bw = memcpy_bandwidth(total, runs);
+    println!(
+        "{DEVICES} replicas × 200 tensors of 4–64 KiB f32 ({:.2} MiB per replica); memcpy {:.2} GB/s, medians of {runs}",
+        total as f64 / (1 << 20) as f64,
+        copy_bw / 1e9
+    );
+    println!(
+        "  {:<22} {:>10} {:>12} {:>8} {:>12}",
+        "all_reduce", "time ms", "bound ms", "ratio", "vs unfused"
+    );
+    let inputs: Vec<Vec<Tensor>> = (0..DEVICES)
+        .map(|r| {
+            sizes
+                .iter()
+                .map(|&b| Tensor::F32(ArrayD::from_elem(IxDyn(&[b / 4]), r as f32)))
+                .collect()
+        })
+        .collect();
+    let unfused: Arc<Program> = Arc::new(|ctx, i| {
+        i.into_iter().map(|t| ctx.all_reduce(ReduceOp::Sum, t).map_err(Into::into)).collect()
+    });
+    let fused = |bucket: usize| -> Arc<Program> {
+        Arc::new(move |ctx, i| {
+            let all = ReplicaGroups::all(ctx.num_replicas());
+            Ok(ctx.all_reduce_fused(&all, ReduceOp::Sum, i, bucket)?)
+        })
+    };
+    let bound = 2.0 * DEVICES as f64 * total as f64 / 2.0 / copy_bw;
+    let mut first = None;
+    for (name, program) in [
+        ("unfused (200 calls)", unfused),
+        ("fused, 1 MiB buckets", fused(1 << 20)),
+        ("fused, 25 MiB buckets", fused(25 << 20)),
+    ] {
+        let mut times = Vec::with_capacity(runs);
+        for i in 0..=runs {
+            let ins = inputs.clone();
+            let start = Instant::now();
+            let out = rt.run(program.clone(), ins).expect("runs");
+            let t = start.elapsed();
+            drop(out);
+            if i > 0 {
+                times.push(t);
+            }
+        }
+        let t = median(times).as_secs_f64();
+        let base = *first.get_or_insert(t);
+        println!(
+            "  {:<22} {:>10.2} {:>12.2} {:>7.2}× {:>11.2}×",
+            name,
+            t * 1e3,
+            bound * 1e3,
+            t / bound,
+            base / t
+        );
     }
 }

@@ -167,10 +167,21 @@ impl ReplicaContext {
 
     /// [`all_reduce`](Self::all_reduce) within each of `groups`.
     pub fn all_reduce_in(&self, groups: &ReplicaGroups, op: ReduceOp, t: Tensor) -> Result<Tensor> {
+        self.all_reduce_signed(groups, op, t, "")
+    }
+
+    /// [`all_reduce_in`](Self::all_reduce_in) whose signature carries `extra` too.
+    fn all_reduce_signed(
+        &self,
+        groups: &ReplicaGroups,
+        op: ReduceOp,
+        t: Tensor,
+        extra: &str,
+    ) -> Result<Tensor> {
         const OP: &str = "all_reduce";
         let shape = t.shape().to_vec();
         if let Some(net) = &self.net {
-            return self.all_reduce_across(net, groups, op, t);
+            return self.all_reduce_across(net, groups, op, t, extra);
         }
         // Every member lends its buffer; each rank folds one region of all of them
         // and writes the result into that region of each (see `direct`).
@@ -181,7 +192,7 @@ impl ReplicaContext {
         let nothing = Arc::new(Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0]))));
         let offer = Offer {
             op: OP,
-            signature: format!("{op:?} {dtype}{shape:?}"),
+            signature: format!("{op:?} {dtype}{shape:?}{extra}"),
             tensor: nothing,
             lent: Some(lent),
         };
@@ -192,6 +203,95 @@ impl ReplicaContext {
             op: OP,
         })?;
         Ok(t)
+    }
+
+    /// All-reduces many tensors (a step's gradients) in few collectives: in reverse
+    /// order (the order a backward pass produces gradients, as PyTorch's DDP buckets
+    /// them), tensors are packed end to end into one flat bucket per dtype until the
+    /// next would take it past `bucket_bytes`; each full bucket is all-reduced as one
+    /// tensor and its results copied back into the tensors' own buffers. A tensor of
+    /// `bucket_bytes` or more is all-reduced on its own, in place. Returns the results
+    /// in the order given, bit for bit what [`all_reduce_in`](Self::all_reduce_in) of
+    /// each tensor gives (reductions are element-wise, in rank order, wherever an
+    /// element sits in a bucket). Every member must pass tensors of the same dtypes
+    /// and shapes in the same order, or all get [`Error::Mismatch`]. Bucket buffers
+    /// come from and go back to the device's pool.
+    pub fn all_reduce_fused(
+        &self,
+        groups: &ReplicaGroups,
+        op: ReduceOp,
+        tensors: Vec<Tensor>,
+        bucket_bytes: usize,
+    ) -> Result<Vec<Tensor>> {
+        let mut tensors: Vec<Tensor> = tensors.into_iter().map(Tensor::standard).collect();
+        // Open buckets by dtype: the tensors in them (indices) and their bytes.
+        let mut open: Vec<(meshwork_types::DType, Vec<usize>, usize)> = Vec::new();
+        for i in (0..tensors.len()).rev() {
+            let (dtype, size) = (tensors[i].dtype(), crate::pool::bytes(&tensors[i]));
+            if size >= bucket_bytes {
+                let t = std::mem::replace(&mut tensors[i], Tensor::empty(dtype));
+                tensors[i] = self.all_reduce_signed(groups, op, t, " alone")?;
+                continue;
+            }
+            let k = match open.iter().position(|(d, _, _)| *d == dtype) {
+                Some(k) => k,
+                None => {
+                    open.push((dtype, Vec::new(), 0));
+                    open.len() - 1
+                }
+            };
+            if open[k].2 + size > bucket_bytes {
+                let (_, members, _) = std::mem::replace(&mut open[k], (dtype, Vec::new(), 0));
+                self.reduce_bucket(groups, op, &mut tensors, &members)?;
+            }
+            open[k].1.push(i);
+            open[k].2 += size;
+        }
+        // What is left open, in the order the buckets were opened.
+        for (_, members, _) in open {
+            self.reduce_bucket(groups, op, &mut tensors, &members)?;
+        }
+        Ok(tensors)
+    }
+
+    /// All-reduces `tensors[members]` (one dtype, standard layout) as one flat bucket
+    /// and writes the results back into them.
+    fn reduce_bucket(
+        &self,
+        groups: &ReplicaGroups,
+        op: ReduceOp,
+        tensors: &mut [Tensor],
+        members: &[usize],
+    ) -> Result<()> {
+        use std::hash::{Hash, Hasher};
+        if members.is_empty() {
+            return Ok(());
+        }
+        let len: usize = members.iter().map(|&i| tensors[i].len()).sum();
+        let dtype = tensors[members[0]].dtype();
+        let mut layout = rustc_hash::FxHasher::default();
+        for &i in members {
+            tensors[i].shape().hash(&mut layout);
+        }
+        let mut bucket = match self.kept(dtype, &[len]) {
+            Some(b) => b,
+            None => Tensor::zeros(dtype, &[len])?,
+        };
+        let mut at = 0;
+        for &i in members {
+            bucket.write_flat(at, &tensors[i]);
+            at += tensors[i].len();
+        }
+        let extra = format!(" fused {} tensors {:016x}", members.len(), layout.finish());
+        let bucket = self.all_reduce_signed(groups, op, bucket, &extra)?;
+        let mut at = 0;
+        for &i in members {
+            let n = tensors[i].len();
+            tensors[i].read_flat(at, &bucket);
+            at += n;
+        }
+        self.pool.put(bucket);
+        Ok(())
     }
 
     /// All-reduce in a multi-process run. Over all replicas it is hierarchical: the
@@ -205,15 +305,16 @@ impl ReplicaContext {
         groups: &ReplicaGroups,
         op: ReduceOp,
         t: Tensor,
+        extra: &str,
     ) -> Result<Tensor> {
         const OP: &str = "all_reduce";
         let shape = t.shape().to_vec();
         if *groups != self.all {
-            let (parts, _) = self.meet(groups, OP, format!("{op:?}"), t)?;
+            let (parts, _) = self.meet(groups, OP, format!("{op:?}{extra}"), t)?;
             return Ok(Tensor::fold_range(&parts, op, 0..parts[0].len()).reshape(&shape));
         }
         self.place(groups)?;
-        let signature = format!("{op:?} {}{:?} in all", t.dtype(), t.shape());
+        let signature = format!("{op:?} {}{:?}{extra} in all", t.dtype(), t.shape());
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;

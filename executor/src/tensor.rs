@@ -562,6 +562,36 @@ impl Tensor {
         })
     }
 
+    /// An empty 1-D tensor of `dtype` (a placeholder; tensors of other dtypes are
+    /// never made, so any other is f32).
+    pub(crate) fn empty(dtype: DType) -> Tensor {
+        match dtype {
+            DType::F64 => Tensor::F64(ArrayD::zeros(IxDyn(&[0]))),
+            DType::I32 => Tensor::I32(ArrayD::zeros(IxDyn(&[0]))),
+            DType::I64 => Tensor::I64(ArrayD::zeros(IxDyn(&[0]))),
+            _ => Tensor::F32(ArrayD::zeros(IxDyn(&[0]))),
+        }
+    }
+
+    /// Overwrites this standard-layout tensor's elements, in row-major order, with
+    /// elements `at..at + self.len()` of the standard-layout `src` (same dtype).
+    pub(crate) fn read_flat(&mut self, at: usize, src: &Tensor) {
+        macro_rules! go {
+            ($v:ident, $a:ident) => {{
+                let Tensor::$v(src) = src else { unreachable!("one dtype") };
+                let dst = $a.as_slice_mut().expect("standard layout");
+                let n = dst.len();
+                dst.copy_from_slice(&src.as_slice().expect("standard layout")[at..at + n]);
+            }};
+        }
+        match self {
+            Tensor::F32(a) => go!(F32, a),
+            Tensor::F64(a) => go!(F64, a),
+            Tensor::I32(a) => go!(I32, a),
+            Tensor::I64(a) => go!(I64, a),
+        }
+    }
+
     /// Overwrites elements `at..at + src.len()` of this standard-layout tensor with
     /// `src`'s elements in row-major order (same dtype).
     pub(crate) fn write_flat(&mut self, at: usize, src: &Tensor) {

@@ -17,22 +17,29 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
     let timeout = Duration::from_secs(20);
     let rt = Runtime::new(8).unwrap().with_timeout(timeout);
     let mut runner = TestRunner::new(Config { cases: 240, ..Config::default() });
-    let case = (2usize..=8, 0usize..8, 0usize..5, any::<bool>());
+    let case = (2usize..=8, 0usize..8, 0usize..7, any::<bool>());
     runner
         .run(&case, |(n, failing, at, panics)| {
             let failing = failing % n;
             let program: Arc<Program> = Arc::new(move |ctx, i| {
                 let mut t = i[0].clone();
-                for step in 0..5 {
+                let all = ReplicaGroups::all(ctx.num_replicas());
+                for step in 0..7 {
                     if ctx.replica_id() == failing && step == at {
                         if panics {
                             panic!("injected panic at step {step}");
                         }
                         return Err(format!("injected error at step {step}").into());
                     }
-                    t = match step % 3 {
+                    t = match step % 4 {
                         0 => ctx.all_reduce(ReduceOp::Sum, t)?,
                         1 => ctx.broadcast(0, t)?,
+                        // Three tensors of 32 bytes in buckets of 64: two rendezvous.
+                        3 => {
+                            let many = vec![t.clone(), t.clone(), t];
+                            let mut out = ctx.all_reduce_fused(&all, ReduceOp::Max, many, 64)?;
+                            out.pop().expect("three results")
+                        }
                         _ => {
                             ctx.barrier()?;
                             t
