@@ -1,6 +1,9 @@
-//! meshwork's all-reduce across MPI processes beside a bare MPI all-reduce of the same
-//! buffers, measured in the same run: one device per process, so the difference is
-//! what meshwork adds (the handshake, its deterministic reduction order, the copies).
+//! meshwork's all-reduce, all-gather, reduce-scatter and all-to-all across MPI
+//! processes, each beside the bare MPI call of the same buffers (`MPI_Allreduce`,
+//! `MPI_Allgather`, `MPI_Reduce_scatter_block`, `MPI_Alltoall`), measured in the same
+//! run: one device per process, so the difference is what meshwork adds (the
+//! handshake, its deterministic reduction order, the copies). Results are checked
+//! equal to MPI's.
 //!
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
@@ -8,7 +11,7 @@
 //! ```
 //!
 //! Prints medians over the runs (each run's time is the slowest process's) and the
-//! ratio meshwork / bare MPI.
+//! ratio meshwork / bare MPI (target ≤ 1.3).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -39,6 +42,15 @@ fn timed(world: &SimpleCommunicator, f: impl FnOnce()) -> Duration {
     Duration::from_secs_f64(slowest)
 }
 
+/// One collective: meshwork's program, the bare MPI call of the same bytes, and the
+/// element count of a replica's result.
+struct Case {
+    name: &'static str,
+    program: Arc<Program>,
+    bare: fn(&SimpleCommunicator, &[f32], &mut [f32]),
+    result_len: fn(len: usize, processes: usize) -> usize,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let runs = args.first().copied().unwrap_or(7).max(5);
@@ -48,42 +60,79 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mpi = Mpi::init(None)?;
     let world = SimpleCommunicator::world();
     let runtime = Runtime::new(1)?.with_interconnect(mpi.interconnect());
-    let program: Arc<Program> =
-        Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
+    let processes = mpi.processes();
     let value = mpi.process() as f32 + 1.0;
-
-    let mut ours = Vec::new();
-    let mut bare = Vec::new();
-    // One warm-up of each, then alternate so load changes hit both alike.
-    for run in 0..=runs {
-        let input = vec![vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), value))]];
-        let mut out = Vec::new();
-        let t = timed(&world, || out = runtime.run(program.clone(), input).expect("all-reduce"));
-        let want = (1..=mpi.processes()).sum::<usize>() as f32;
-        assert!(matches!(&out[0][0], Tensor::F32(a) if a.iter().all(|&x| x == want)));
-        drop(out);
-
-        let send = vec![value; len];
-        let mut recv = vec![0f32; len];
-        let b = timed(&world, || {
-            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum())
-        });
-        assert!(recv.iter().all(|&x| x == want));
-        if run > 0 {
-            ours.push(t);
-            bare.push(b);
-        }
-    }
+    let cases = [
+        Case {
+            name: "all_reduce",
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])),
+            bare: |w, s, r| w.all_reduce_into(s, r, SystemOperation::sum()),
+            result_len: |len, _| len,
+        },
+        Case {
+            name: "all_gather",
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i[0].clone())?])),
+            bare: |w, s, r| w.all_gather_into(s, r),
+            result_len: |len, p| len * p,
+        },
+        Case {
+            name: "reduce_scatter",
+            program: Arc::new(|ctx, i| {
+                Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?])
+            }),
+            bare: |w, s, r| w.reduce_scatter_block_into(s, r, SystemOperation::sum()),
+            result_len: |len, p| len / p,
+        },
+        Case {
+            name: "all_to_all",
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?])),
+            bare: |w, s, r| w.all_to_all_into(s, r),
+            result_len: |len, _| len,
+        },
+    ];
     if mpi.process() == 0 {
-        let (o, b) = (median(ours), median(bare));
         println!(
-            "all-reduce f32, {} processes x {mib} MiB, median of {runs}: meshwork {:.1} ms, \
-             bare MPI {:.1} ms, ratio {:.2} (target <= 1.3)",
-            mpi.processes(),
-            o.as_secs_f64() * 1e3,
-            b.as_secs_f64() * 1e3,
-            o.as_secs_f64() / b.as_secs_f64()
+            "f32, {processes} processes x 1 device, {mib} MiB per replica, median of {runs} \
+             (each run's time is the slowest process's)"
         );
+        println!(
+            "  {:<15} {:>12} {:>12} {:>8}",
+            "collective", "meshwork ms", "bare MPI ms", "ratio"
+        );
+    }
+    for case in &cases {
+        let mut ours = Vec::new();
+        let mut bare = Vec::new();
+        // One warm-up of each, then alternate so load changes hit both alike.
+        for run in 0..=runs {
+            let input = vec![vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), value))]];
+            let mut out = Vec::new();
+            let t = timed(&world, || out = runtime.run(case.program.clone(), input).expect("runs"));
+            let mine = match &out[0][0] {
+                Tensor::F32(a) => a.iter().copied().collect::<Vec<f32>>(),
+                other => panic!("{other:?}"),
+            };
+            drop(out);
+
+            let send = vec![value; len];
+            let mut recv = vec![0f32; (case.result_len)(len, processes)];
+            let b = timed(&world, || (case.bare)(&world, &send[..], &mut recv[..]));
+            assert!(mine == recv, "{}: meshwork and bare MPI disagree", case.name);
+            if run > 0 {
+                ours.push(t);
+                bare.push(b);
+            }
+        }
+        if mpi.process() == 0 {
+            let (o, b) = (median(ours), median(bare));
+            println!(
+                "  {:<15} {:>12.1} {:>12.1} {:>7.2}×",
+                case.name,
+                o.as_secs_f64() * 1e3,
+                b.as_secs_f64() * 1e3,
+                o.as_secs_f64() / b.as_secs_f64()
+            );
+        }
     }
     Ok(())
 }

@@ -119,8 +119,24 @@ impl ReplicaContext {
         args: String,
         t: Tensor,
     ) -> Result<(Gathered, usize)> {
+        self.meet_wanting(groups, op, args, t, None)
+    }
+
+    /// [`meet`](Self::meet), where across processes only the tensors some replica
+    /// needs move: `wants(x, y)` says whether replica `x` needs replica `y`'s tensor
+    /// (`None`: every member of its group's). A member whose tensor no replica of this
+    /// process needs is an empty placeholder in the round.
+    fn meet_wanting(
+        &self,
+        groups: &ReplicaGroups,
+        op: &'static str,
+        args: String,
+        t: Tensor,
+        wants: Option<&dyn Fn(usize, usize) -> bool>,
+    ) -> Result<(Gathered, usize)> {
         let (members, rank) = self.place(groups)?;
         let signature = format!("{args} {}{:?}", t.dtype(), t.shape());
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
         let tensor = Arc::new(t.standard());
         let Some(net) = &self.net else {
             let parts =
@@ -128,12 +144,24 @@ impl ReplicaContext {
             return Ok((parts, rank));
         };
         // Across processes: meet the local replicas, agree with the other processes,
-        // gather every replica's tensor everywhere, then keep this group's.
+        // move the tensors replicas of other processes need, then keep this group's.
         let signature = format!("{signature} in {:?}", groups.groups());
         let offer = Offer::new(op, signature.clone(), tensor);
+        let mut group_of = vec![0; self.replicas];
+        for (g, members) in groups.groups().iter().enumerate() {
+            members.iter().for_each(|&m| group_of[m] = g);
+        }
+        let same_group = |x: usize, y: usize| group_of[x] == group_of[y];
         let everyone = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(op, &signature, self.replica)?;
-            net.gather_all(&local)
+            if wants.is_none() && groups.groups().len() == 1 {
+                // Every replica needs every tensor.
+                return net.gather_all(&local);
+            }
+            let wants = wants.unwrap_or(&same_group);
+            let got = net.exchange(&local, 1, &shape, &|x, y, _| wants(x, y))?;
+            let empty = Arc::new(Tensor::empty(dtype));
+            Ok(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())).collect())
         })?;
         Ok((Round::new(members.iter().map(|&m| everyone[m].clone()).collect()), rank))
     }
@@ -384,6 +412,19 @@ impl ReplicaContext {
         let members = self.place(groups)?.0;
         let mut want = t.shape().to_vec();
         want[axis] *= members.len();
+        if let Some(net) = &self.net
+            && *groups == self.all
+            && axis == 0
+        {
+            // Replicas end to end along axis 0 are the result's row-major order.
+            let signature = format!("axis=0 {}{:?} in all", t.dtype(), t.shape());
+            let offer = Offer::new("all_gather", signature.clone(), Arc::new(t.standard()));
+            let all = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+                net.step("all_gather", &signature, self.replica)?;
+                Ok(vec![Arc::new(net.all_gather_flat(local)?)])
+            })?;
+            return Ok(take(all, 0).reshape(&want));
+        }
         let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
         let out = match self.kept(parts[0].dtype(), &want) {
             Some(mut out) => {
@@ -462,6 +503,11 @@ impl ReplicaContext {
                 ),
             ));
         }
+        if let Some(net) = &self.net
+            && *groups == self.all
+        {
+            return self.reduce_scatter_across(net, op, axis, t);
+        }
         let (parts, rank) = self.meet(groups, OP, format!("{op:?} axis={axis}"), t)?;
         let n = members.len();
         let mut shape = parts[0].shape().to_vec();
@@ -489,6 +535,85 @@ impl ReplicaContext {
         Ok(out)
     }
 
+    /// Reduce-scatter over all replicas of a multi-process run, hierarchical: the
+    /// local replicas are folded in rank order (the pieces laid end to end), process
+    /// `p` folds chunk `p` of the processes' folds in process order — the pieces of its
+    /// own replicas, the only bytes it receives — and each local replica takes its
+    /// piece. The order is the all-reduce's: a piece equals that piece of
+    /// [`all_reduce`](Self::all_reduce) bit for bit.
+    fn reduce_scatter_across(
+        &self,
+        net: &Net,
+        op: ReduceOp,
+        axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "reduce_scatter";
+        let n = self.replicas;
+        let mut piece = t.shape().to_vec();
+        piece[axis] /= n;
+        let signature = format!("{op:?} axis={axis} {}{:?} in all", t.dtype(), t.shape());
+        let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
+        let pieces = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(OP, &signature, self.replica)?;
+            let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+            let shape = local[0].shape().to_vec();
+            // One local replica: its own input is the partial (it owns it by now).
+            let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
+                Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
+                Err(local) => Tensor::fold_range(&local, fold, 0..local[0].len()).reshape(&shape),
+            };
+            let mut flat = if axis == 0 { partial } else { partial.pieces_flat(axis, n) };
+            let mut mine = net.reduce_scatter(&mut flat, op)?;
+            crate::reaper::release(flat);
+            if op == ReduceOp::Mean {
+                mine = mine.mean_of(n);
+            }
+            let d = self.hub.replicas();
+            Ok(match d {
+                1 => vec![Arc::new(mine.reshape(&piece))],
+                _ => mine.split_flat(d, &piece).into_iter().map(Arc::new).collect(),
+            })
+        })?;
+        Ok(take(pieces, self.local))
+    }
+
+    /// All-to-all over all replicas of a multi-process run: each process receives only
+    /// the pieces its own replicas need (piece `x` of every replica for replica `x`).
+    fn all_to_all_across(
+        &self,
+        net: &Net,
+        split_axis: usize,
+        concat_axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "all_to_all";
+        let n = self.replicas;
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
+        let mut piece = shape.clone();
+        piece[split_axis] /= n;
+        let signature = format!("split={split_axis} concat={concat_axis} {dtype}{shape:?} in all");
+        let t = t.standard();
+        let flat = if split_axis == 0 { t } else { t.pieces_flat(split_axis, n) };
+        let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
+        let piece_len: usize = piece.iter().product();
+        let outs = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(OP, &signature, self.replica)?;
+            let outs = net.all_to_all_pieces(&local, piece_len)?;
+            crate::reaper::release(local);
+            Ok(outs.into_iter().map(Arc::new).collect())
+        })?;
+        let flat = take(outs, self.local);
+        if concat_axis == 0 {
+            // Pieces end to end along axis 0 are the result's row-major order.
+            let mut shape = piece;
+            shape[0] *= n;
+            return Ok(flat.reshape(&shape));
+        }
+        let pieces = flat.split_flat(n, &piece);
+        Ok(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), concat_axis))
+    }
+
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to
     /// rank `k`, and concatenates what arrives along `concat_axis` in rank order.
     pub fn all_to_all(&self, split_axis: usize, concat_axis: usize, t: Tensor) -> Result<Tensor> {
@@ -504,6 +629,11 @@ impl ReplicaContext {
         t: Tensor,
     ) -> Result<Tensor> {
         let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
+        if let Some(net) = &self.net
+            && *groups == self.all
+        {
+            return self.all_to_all_across(net, split_axis, concat_axis, t);
+        }
         let members = self.place(groups)?.0;
         let (parts, rank) =
             self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
@@ -573,7 +703,9 @@ impl ReplicaContext {
                 format!("root {root} is not one of {} replicas", self.num_replicas()),
             ));
         }
-        let (parts, _) = self.meet(&self.all, "broadcast", format!("root={root}"), t)?;
+        let wants = |_: usize, y: usize| y == root;
+        let (parts, _) =
+            self.meet_wanting(&self.all, "broadcast", format!("root={root}"), t, Some(&wants))?;
         let out = self.copy_of(&parts[root]);
         self.done_with(parts, &self.all.groups()[0]);
         Ok(out)
@@ -599,7 +731,8 @@ impl ReplicaContext {
             }
         }
         let (dtype, shape) = (t.dtype(), t.shape().to_vec());
-        let (parts, _) = self.meet(&self.all, OP, format!("{pairs:?}"), t)?;
+        let wants = |x: usize, y: usize| pairs.contains(&(y, x));
+        let (parts, _) = self.meet_wanting(&self.all, OP, format!("{pairs:?}"), t, Some(&wants))?;
         let out = match pairs.iter().find(|&&(_, d)| d == self.replica) {
             Some(&(s, _)) => self.copy_of(&parts[s]),
             None => Tensor::zeros(dtype, &shape)?,
@@ -679,6 +812,19 @@ impl ReplicaContext {
     /// Waits until every replica reaches the barrier.
     pub fn barrier(&self) -> Result<()> {
         let empty = Tensor::I32(ArrayD::zeros(ndarray::IxDyn(&[0])));
-        self.meet(&self.all, "barrier", String::new(), empty).map(|_| ())
+        let nothing = |_: usize, _: usize| false;
+        self.meet_wanting(&self.all, "barrier", String::new(), empty, Some(&nothing)).map(|_| ())
+    }
+}
+
+/// Tensor `k` of a round's result: moved out by the last replica to read it, copied
+/// by the others.
+fn take(round: Gathered, k: usize) -> Tensor {
+    match Arc::try_unwrap(round) {
+        Ok(round) => {
+            let t = round.into_tensors().swap_remove(k);
+            Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone())
+        }
+        Err(shared) => (*shared[k]).clone(),
     }
 }

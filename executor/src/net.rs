@@ -147,12 +147,196 @@ impl Net {
         Ok(all.split_flat(self.replicas(), &shape).into_iter().map(Arc::new).collect())
     }
 
+    /// The items other processes need of this process's `local` tensors, and the items
+    /// this process needs of theirs, moved in one exchange: each tensor (standard
+    /// layout, all of one dtype and length) is `items` equal runs of its row-major
+    /// elements, and `wants(x, y, k)` says whether global replica `x` needs item `k` of
+    /// replica `y` (the same answer on every process). Returns, for every global replica
+    /// `y` and item `k` at `y * items + k`, the item (in `item_shape`; a whole tensor of
+    /// this process as it is) where a replica of this process needs it, else `None`.
+    /// Only needed bytes cross processes.
+    pub(crate) fn exchange(
+        &self,
+        local: &[Arc<Tensor>],
+        items: usize,
+        item_shape: &[usize],
+        wants: &dyn Fn(usize, usize, usize) -> bool,
+    ) -> Result<Vec<Option<Arc<Tensor>>>> {
+        let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
+        let item = local[0].len() / items;
+        let needs = |q: usize, y: usize, k: usize| (q * d..(q + 1) * d).any(|x| wants(x, y, k));
+        // What goes to each other process, in (replica, item) order.
+        let mut runs: Vec<(&Tensor, Range<usize>)> = Vec::new();
+        let mut send = vec![0..0; n];
+        let mut at = 0;
+        for (q, range) in send.iter_mut().enumerate() {
+            let start = at;
+            if q != p {
+                for (j, t) in local.iter().enumerate() {
+                    for k in (0..items).filter(|&k| needs(q, p * d + j, k)) {
+                        runs.push((t, k * item..(k + 1) * item));
+                        at += item;
+                    }
+                }
+            }
+            *range = start..at;
+        }
+        let from = Tensor::gather_runs(local[0].dtype(), &runs);
+        drop(runs);
+        // What comes from each, in the same order.
+        let mut recv = vec![0..0; n];
+        let mut at = 0;
+        for (q, range) in recv.iter_mut().enumerate() {
+            let start = at;
+            if q != p {
+                for y in q * d..(q + 1) * d {
+                    at += item * (0..items).filter(|&k| needs(p, y, k)).count();
+                }
+            }
+            *range = start..at;
+        }
+        let mut into = Tensor::zeros(local[0].dtype(), &[at])?;
+        self.link.all_to_all_into(&from, &send, &mut into, &recv)?;
+        drop(from);
+        let mut out: Vec<Option<Arc<Tensor>>> = vec![None; n * d * items];
+        for (q, range) in recv.iter().enumerate() {
+            let mut at = range.start;
+            for y in q * d..(q + 1) * d {
+                for k in (0..items).filter(|&k| needs(p, y, k)) {
+                    out[y * items + k] = Some(match (q == p, items) {
+                        (true, 1) if local[y - p * d].shape() == item_shape => {
+                            local[y - p * d].clone()
+                        }
+                        (true, _) if items == 1 => {
+                            Arc::new((*local[y - p * d]).clone().reshape(item_shape))
+                        }
+                        (true, _) => Arc::new(
+                            local[y - p * d]
+                                .slice_flat(k * item..(k + 1) * item)
+                                .reshape(item_shape),
+                        ),
+                        (false, _) => {
+                            at += item;
+                            Arc::new(into.slice_flat(at - item..at).reshape(item_shape))
+                        }
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every replica's tensor (`local` are this process's, standard layout, one dtype
+    /// and length), end to end in replica order in one 1-D tensor: this process's
+    /// written in place, the others' received straight into theirs.
+    pub(crate) fn all_gather_flat(&self, local: Vec<Arc<Tensor>>) -> Result<Tensor> {
+        let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
+        let len = local[0].len();
+        let mut out = Tensor::zeros(local[0].dtype(), &[n * d * len])?;
+        for (j, t) in local.iter().enumerate() {
+            out.copy_run((p * d + j) * len, t, 0..len);
+        }
+        // Freeing the inputs is not this collective's work.
+        crate::reaper::release(local);
+        let chunks: Vec<Range<usize>> = (0..n).map(|q| q * d * len..(q + 1) * d * len).collect();
+        self.link.all_gather_in_place(&mut out, &chunks)?;
+        Ok(out)
+    }
+
+    /// All-to-all of piece-major tensors: `local` are this process's replicas'
+    /// tensors (one dtype, standard layout), each `replicas()` pieces of `piece`
+    /// elements end to end. Returns, for each local replica `x`, piece `x` of every
+    /// replica's tensor end to end in replica order (1-D). Each process receives only
+    /// the pieces for its own replicas; with one device per process the pieces go
+    /// from the input and into the result with no staging copy.
+    pub(crate) fn all_to_all_pieces(
+        &self,
+        local: &[Arc<Tensor>],
+        piece: usize,
+    ) -> Result<Vec<Tensor>> {
+        let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
+        let r = n * d;
+        let dtype = local[0].dtype();
+        let mut outs: Vec<Tensor> =
+            (0..d).map(|_| Tensor::zeros(dtype, &[r * piece])).collect::<Result<_>>()?;
+        // The pieces that stay in this process.
+        for (x, out) in outs.iter_mut().enumerate() {
+            for (j, t) in local.iter().enumerate() {
+                let at = (p * d + x) * piece;
+                out.copy_run((p * d + j) * piece, t, at..at + piece);
+            }
+        }
+        if n == 1 {
+            return Ok(outs);
+        }
+        if d == 1 {
+            // Piece q of this replica goes to process q, and process q's piece lands at
+            // q in the result.
+            let ranges: Vec<Range<usize>> =
+                (0..n).map(|q| if q == p { 0..0 } else { q * piece..(q + 1) * piece }).collect();
+            self.link.all_to_all_into(&local[0], &ranges, &mut outs[0], &ranges)?;
+            return Ok(outs);
+        }
+        // To process q: for each of its replicas x, piece x of each local replica.
+        let mut runs: Vec<(&Tensor, Range<usize>)> = Vec::new();
+        let mut send = vec![0..0; n];
+        let mut at = 0;
+        for (q, range) in send.iter_mut().enumerate() {
+            let start = at;
+            if q != p {
+                for x in q * d..(q + 1) * d {
+                    for t in local {
+                        runs.push((t, x * piece..(x + 1) * piece));
+                        at += piece;
+                    }
+                }
+            }
+            *range = start..at;
+        }
+        let from = Tensor::gather_runs(dtype, &runs);
+        drop(runs);
+        let block = d * d * piece;
+        let recv: Vec<Range<usize>> = (0..n)
+            .map(|q| match q.cmp(&p) {
+                std::cmp::Ordering::Equal => 0..0,
+                std::cmp::Ordering::Less => q * block..(q + 1) * block,
+                std::cmp::Ordering::Greater => (q - 1) * block..q * block,
+            })
+            .collect();
+        let mut staged = Tensor::zeros(dtype, &[(n - 1) * block])?;
+        self.link.all_to_all_into(&from, &send, &mut staged, &recv)?;
+        drop(from);
+        for q in (0..n).filter(|&q| q != p) {
+            for (x, out) in outs.iter_mut().enumerate() {
+                // From q: (x, y) for each of q's replicas y, x-major.
+                let at = recv[q].start + x * d * piece;
+                out.copy_run(q * d * piece, &staged, at..at + d * piece);
+            }
+        }
+        Ok(outs)
+    }
+
     /// Reduces each process's `partial` (a fold of its local replicas, standard
     /// layout) across the processes, in place: process `p` folds the `p`-th chunk of
     /// every partial in process order, segment by segment through a small buffer, then
     /// the chunks are gathered. Every process gets the same bits. A mean is folded as
     /// a sum (the caller divides).
     pub(crate) fn reduce(&self, partial: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let chunks = self.fold_chunks(partial, op)?;
+        self.link.all_gather_in_place(partial, &chunks)
+    }
+
+    /// [`reduce`](Self::reduce) without the gather: returns this process's chunk of
+    /// the reduction (chunk `p` of `processes()` equal chunks, 1-D), the only bytes a
+    /// reduce-scatter needs here.
+    pub(crate) fn reduce_scatter(&self, partial: &mut Tensor, op: ReduceOp) -> Result<Tensor> {
+        let chunks = self.fold_chunks(partial, op)?;
+        Ok(partial.slice_flat(chunks[self.link.process()].clone()))
+    }
+
+    /// Folds chunk `p` of every process's `partial` into this one's, in process order;
+    /// returns the chunks.
+    fn fold_chunks(&self, partial: &mut Tensor, op: ReduceOp) -> Result<Vec<Range<usize>>> {
         /// Elements per segment and sender: a segment's buffer stays in cache.
         const SEGMENT: usize = 1 << 16;
         let (p, n, len) = (self.link.process(), self.link.processes(), partial.len());
@@ -179,7 +363,7 @@ impl Net {
             self.link.all_to_all_into(partial, &send, &mut others, &recv)?;
             partial.fold_in_place(mine.clone(), &others, p, n, fold);
         }
-        self.link.all_gather_in_place(partial, &chunks)
+        Ok(chunks)
     }
 }
 

@@ -545,6 +545,64 @@ impl Tensor {
         }
     }
 
+    /// The element runs `runs` (of standard-layout tensors of `dtype`) end to end in
+    /// one 1-D tensor.
+    pub(crate) fn gather_runs(dtype: DType, runs: &[(&Tensor, std::ops::Range<usize>)]) -> Tensor {
+        macro_rules! go {
+            ($v:ident) => {{
+                let mut out = Vec::with_capacity(runs.iter().map(|(_, r)| r.len()).sum());
+                for (t, r) in runs {
+                    let Tensor::$v(a) = t else { unreachable!("one dtype") };
+                    out.extend_from_slice(&a.as_slice().expect("standard layout")[r.clone()]);
+                }
+                Tensor::$v(ndarray::Array1::from(out).into_dyn())
+            }};
+        }
+        match dtype {
+            DType::F64 => go!(F64),
+            DType::I32 => go!(I32),
+            DType::I64 => go!(I64),
+            _ => go!(F32),
+        }
+    }
+
+    /// Piece `k` of `n` equal pieces along `axis`, for every `k` in order, each in
+    /// row-major order, end to end in one 1-D tensor (along axis 0: the elements as
+    /// they are).
+    pub(crate) fn pieces_flat(&self, axis: usize, n: usize) -> Tensor {
+        let len = self.shape()[axis] / n;
+        each!(self, a => {
+            let mut out = Vec::with_capacity(a.len());
+            for k in 0..n {
+                let piece = a.slice_axis(Axis(axis), ndarray::Slice::from(k * len..(k + 1) * len));
+                match piece.as_slice() {
+                    Some(s) => out.extend_from_slice(s),
+                    None => out.extend(piece.iter().copied()),
+                }
+            }
+            Tensor::from_vec(out)
+        })
+    }
+
+    /// Copies elements `range` of the standard-layout `src` (same dtype) to elements
+    /// `at..` of this standard-layout tensor.
+    pub(crate) fn copy_run(&mut self, at: usize, src: &Tensor, range: std::ops::Range<usize>) {
+        macro_rules! go {
+            ($v:ident, $a:ident) => {{
+                let Tensor::$v(src) = src else { unreachable!("one dtype") };
+                let src = &src.as_slice().expect("standard layout")[range];
+                $a.as_slice_mut().expect("standard layout")[at..at + src.len()]
+                    .copy_from_slice(src);
+            }};
+        }
+        match self {
+            Tensor::F32(a) => go!(F32, a),
+            Tensor::F64(a) => go!(F64, a),
+            Tensor::I32(a) => go!(I32, a),
+            Tensor::I64(a) => go!(I64, a),
+        }
+    }
+
     /// This 1-D tensor cut into `n` tensors of `shape`, in order.
     pub(crate) fn split_flat(&self, n: usize, shape: &[usize]) -> Vec<Tensor> {
         let len: usize = shape.iter().product();

@@ -49,7 +49,12 @@ enum Step {
     AllReduceInGroups(ReduceOp, usize),
     AllGather(usize),
     ReduceScatter(ReduceOp),
+    /// Along axis 1 of the transposed input (pieces that are not contiguous).
+    ReduceScatterT(ReduceOp),
     AllToAll(usize),
+    /// Split along axis 1 of the transposed input.
+    AllToAllT(usize),
+    AllGatherInGroups(usize),
     Broadcast(usize),
     Permute(usize),
     Barrier,
@@ -61,8 +66,11 @@ fn step() -> impl Strategy<Value = Step> {
         op.clone().prop_map(Step::AllReduce),
         (op.clone(), 1usize..4).prop_map(|(o, g)| Step::AllReduceInGroups(o, g)),
         (0usize..2).prop_map(Step::AllGather),
-        op.prop_map(Step::ReduceScatter),
+        op.clone().prop_map(Step::ReduceScatter),
+        op.prop_map(Step::ReduceScatterT),
         (0usize..2).prop_map(Step::AllToAll),
+        (0usize..2).prop_map(Step::AllToAllT),
+        (1usize..4).prop_map(Step::AllGatherInGroups),
         (0usize..64).prop_map(Step::Broadcast),
         (1usize..64).prop_map(Step::Permute),
         Just(Step::Barrier),
@@ -86,7 +94,14 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
                 }
                 Step::AllGather(axis) => ctx.all_gather(axis, x.clone())?,
                 Step::ReduceScatter(op) => ctx.reduce_scatter(op, 0, x.clone())?,
+                Step::ReduceScatterT(op) => ctx.reduce_scatter(op, 1, transposed(&x))?,
                 Step::AllToAll(concat) => ctx.all_to_all(0, concat, x.clone())?,
+                Step::AllToAllT(concat) => ctx.all_to_all(1, concat, transposed(&x))?,
+                Step::AllGatherInGroups(g) => {
+                    let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
+                    let groups = (0..g).map(|k| (k..n).step_by(g).collect()).collect();
+                    ctx.all_gather_in(&ctx.groups(groups)?, 1, x.clone())?
+                }
                 Step::Broadcast(root) => ctx.broadcast(root % n, x.clone())?,
                 Step::Permute(shift) => {
                     let pairs: Vec<_> = (0..n).map(|r| (r, (r + shift) % n)).collect();
@@ -101,6 +116,17 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
         }
         Ok(out)
     })
+}
+
+/// The 2-D `x` with its axes swapped (a strided view made owned, not standard layout).
+fn transposed(x: &Tensor) -> Tensor {
+    match x {
+        Tensor::F32(a) => Tensor::F32(a.clone().reversed_axes()),
+        Tensor::F64(a) => Tensor::F64(a.clone().reversed_axes()),
+        Tensor::I32(a) => Tensor::I32(a.clone().reversed_axes()),
+        Tensor::I64(a) => Tensor::I64(a.clone().reversed_axes()),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Integer-valued data in every dtype, so sums are exact in any order.
@@ -137,7 +163,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
     #[test]
     fn many_processes_compute_what_one_process_computes(
@@ -233,6 +259,16 @@ fn documented_sum(inputs: &[Tensor], p: usize, d: usize, mean: bool) -> Tensor {
     }
 }
 
+/// Rows `rows` of a 2-D float tensor.
+fn rows_of(t: &Tensor, rows: std::ops::Range<usize>) -> Tensor {
+    let s = ndarray::Slice::from(rows);
+    match t {
+        Tensor::F32(a) => Tensor::F32(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+        Tensor::F64(a) => Tensor::F64(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+        _ => unreachable!(),
+    }
+}
+
 /// Bit patterns, so that -0.0 and 0.0 differ and NaNs compare.
 fn bits(t: &Tensor) -> Vec<u64> {
     match t {
@@ -243,7 +279,7 @@ fn bits(t: &Tensor) -> Vec<u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
     /// Random floats through random collectives across processes: a sum or mean over
     /// all replicas equals the documented order bit for bit (and one process's run
@@ -274,9 +310,24 @@ proptest! {
                         }
                         _ => None,
                     };
-                    let want = match everyone {
-                        Some(op @ (ReduceOp::Sum | ReduceOp::Mean)) => {
+                    let want = match (everyone, step) {
+                        (Some(op @ (ReduceOp::Sum | ReduceOp::Mean)), _) => {
                             let model = documented_sum(&all, p, d, op == ReduceOp::Mean);
+                            if p == 1 || d == 1 {
+                                prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
+                            }
+                            model
+                        }
+                        // A reduce-scatter over all replicas: replica r's rows of the
+                        // documented sum.
+                        (_, Step::ReduceScatter(op @ (ReduceOp::Sum | ReduceOp::Mean)))
+                        | (_, Step::ReduceScatterT(op @ (ReduceOp::Sum | ReduceOp::Mean))) => {
+                            let model = documented_sum(&all, p, d, *op == ReduceOp::Mean);
+                            let rows = shape[0] / n;
+                            let mut model = rows_of(&model, r * rows..(r + 1) * rows);
+                            if matches!(step, Step::ReduceScatterT(_)) {
+                                model = transposed(&model);
+                            }
                             if p == 1 || d == 1 {
                                 prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
                             }
@@ -425,5 +476,128 @@ fn long_all_reduces_cross_segments_and_uneven_chunks() {
         run_processes(p, d, Duration::from_secs(20), program, &inputs).into_iter().enumerate()
     {
         assert_eq!(result.unwrap(), want[proc * d..(proc + 1) * d], "process {proc}");
+    }
+}
+
+/// An interconnect that counts the elements this process receives.
+struct Counting {
+    inner: Arc<dyn meshwork_executor::Interconnect>,
+    received: std::sync::atomic::AtomicUsize,
+}
+
+impl meshwork_executor::Interconnect for Counting {
+    fn process(&self) -> usize {
+        self.inner.process()
+    }
+    fn processes(&self) -> usize {
+        self.inner.processes()
+    }
+    fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>, Error> {
+        self.inner.handshake(header, timeout)
+    }
+    fn all_to_all_into(
+        &self,
+        from: &Tensor,
+        send: &[std::ops::Range<usize>],
+        into: &mut Tensor,
+        recv: &[std::ops::Range<usize>],
+    ) -> Result<(), Error> {
+        let me = self.process();
+        let n: usize =
+            recv.iter().enumerate().filter(|(q, _)| *q != me).map(|(_, r)| r.len()).sum();
+        self.received.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+        self.inner.all_to_all_into(from, send, into, recv)
+    }
+    fn all_gather_in_place(
+        &self,
+        buf: &mut Tensor,
+        chunks: &[std::ops::Range<usize>],
+    ) -> Result<(), Error> {
+        let me = self.process();
+        let n: usize =
+            chunks.iter().enumerate().filter(|(q, _)| *q != me).map(|(_, r)| r.len()).sum();
+        self.received.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+        self.inner.all_gather_in_place(buf, chunks)
+    }
+}
+
+/// Across processes only the bytes other processes need move: with 3 processes of 2
+/// devices and tensors of L elements, each process receives (P-1)·L/P elements for a
+/// reduce-scatter (its own replicas' pieces of the others' partial sums), (P-1)·d·L/P
+/// for an all-to-all (the pieces for its replicas), L for a broadcast from another
+/// process's replica and none from its own, nothing for a barrier, a grouped
+/// all-reduce within processes nothing and across them only its groups' members —
+/// where gathering every tensor everywhere would move (P-1)·d·L each time. The
+/// results are checked against one process elsewhere; here, the counts.
+#[test]
+fn across_processes_only_the_needed_elements_move() {
+    let (p, d, len) = (3usize, 2usize, 600usize);
+    type Make = fn(usize) -> Arc<Program>;
+    let cases: Vec<(&str, Make, Vec<usize>)> = vec![
+        (
+            "reduce_scatter",
+            |_| Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?])),
+            vec![(p - 1) * len / p; p],
+        ),
+        (
+            "all_to_all",
+            |_| Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?])),
+            vec![(p - 1) * d * len / p; p],
+        ),
+        (
+            "broadcast from replica 3",
+            |_| Arc::new(|ctx, i| Ok(vec![ctx.broadcast(3, i[0].clone())?])),
+            vec![len, 0, len],
+        ),
+        (
+            "barrier",
+            |_| Arc::new(|ctx, _| ctx.barrier().map(|()| vec![]).map_err(Into::into)),
+            vec![0; p],
+        ),
+        (
+            "all_reduce within each process's pairs",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 1], vec![2, 3], vec![4, 5]])?;
+                    Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, i[0].clone())?])
+                })
+            },
+            vec![0; p],
+        ),
+        (
+            "all_gather over pairs across processes 0 and 1",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 2], vec![1, 3], vec![4], vec![5]])?;
+                    Ok(vec![ctx.all_gather_in(&g, 0, i[0].clone())?])
+                })
+            },
+            vec![d * len, d * len, 0],
+        ),
+    ];
+    for (name, make, want) in cases {
+        let links = LoopbackInterconnect::group(p);
+        let counters: Vec<Arc<Counting>> = links
+            .into_iter()
+            .map(|inner| Arc::new(Counting { inner, received: 0.into() }))
+            .collect();
+        std::thread::scope(|s| {
+            for (q, link) in counters.iter().enumerate() {
+                let link = link.clone() as Arc<dyn meshwork_executor::Interconnect>;
+                let program = make(q);
+                s.spawn(move || {
+                    let rt = Runtime::new(d).unwrap().with_interconnect(link);
+                    let inputs = (0..d)
+                        .map(|k| {
+                            vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), (q * d + k) as f32))]
+                        })
+                        .collect();
+                    rt.run(program, inputs).unwrap();
+                });
+            }
+        });
+        let got: Vec<usize> =
+            counters.iter().map(|c| c.received.load(std::sync::atomic::Ordering::SeqCst)).collect();
+        assert_eq!(got, want, "{name}");
     }
 }
