@@ -110,7 +110,7 @@ fn documented_all_reduce(inputs: &[Tensor], op: ReduceOp) -> Tensor {
 }
 
 /// Every collective on every input; the outputs in a fixed order. A float sum or mean
-/// over all replicas follows [`documented_all_reduce`]'s order (not one process's plain
+/// over all replicas, and the sum reduce-scatter, follow [`documented_all_reduce`]'s order (not one process's plain
 /// rank order, so the check compares it with that model); every other output equals
 /// what one process computes, bit for bit.
 fn program() -> Arc<Program> {
@@ -179,8 +179,9 @@ fn check() -> Result<(), String> {
     let reference = Runtime::new(PROCESSES * DEVICES).map_err(e)?;
     let mut want =
         reference.run(program(), (0..PROCESSES * DEVICES).map(input).collect()).map_err(e)?;
-    // Outputs 0, 2 (sum, mean over all replicas) of the f32 and f64 inputs (0 and 1):
-    // the documented cross-process order instead of one process's rank order.
+    // Outputs 0, 2 (sum, mean over all replicas) and 11 (sum reduce-scatter) of the f32
+    // and f64 inputs (0 and 1): the documented cross-process order instead of one
+    // process's rank order.
     let per_input = want[0].len() / 4;
     let mut reordered = 0;
     for x in 0..2 {
@@ -193,6 +194,24 @@ fn check() -> Result<(), String> {
                 }
                 w[x * per_input + k] = model.clone();
             }
+        }
+        // Output 11, the sum reduce-scatter along axis 0: replica r's row of the
+        // documented all-reduce (its order across processes is the all-reduce's).
+        let model = documented_all_reduce(&all, ReduceOp::Sum);
+        for (r, w) in want.iter_mut().enumerate() {
+            let row = match &model {
+                Tensor::F32(a) => {
+                    Tensor::F32(a.slice_axis(ndarray::Axis(0), (r..r + 1).into()).to_owned())
+                }
+                Tensor::F64(a) => {
+                    Tensor::F64(a.slice_axis(ndarray::Axis(0), (r..r + 1).into()).to_owned())
+                }
+                _ => unreachable!("floats only"),
+            };
+            if w[x * per_input + 11] != row {
+                reordered += 1;
+            }
+            w[x * per_input + 11] = row;
         }
     }
     if reordered == 0 {

@@ -113,7 +113,7 @@ fn test() -> Result {
 fn model_check() -> Result {
     let target = workspace_root().join("target").join("shuttle");
     for package in ["meshwork-outfeed", "meshwork-executor"] {
-        run(cargo_cmd(&["test", "-p", package, "--lib", "model"])
+        run(cargo_cmd(&["test", "-p", package, "--lib", "::model::"])
             .env("RUSTFLAGS", "--cfg shuttle")
             .env("CARGO_TARGET_DIR", &target))?;
     }

@@ -1,5 +1,5 @@
 //! Model check of the rendezvous under shuttle's schedulers
-//! (`RUSTFLAGS="--cfg shuttle" cargo test -p meshwork-executor --lib model`): the real
+//! (`RUSTFLAGS="--cfg shuttle" cargo test -p meshwork-executor --lib ::model::`): the real
 //! hub, with shuttle's locks and condition variables, and replicas as shuttle threads.
 //! Shuttle's condition variables never time out, so these schedules check rounds,
 //! results, poisoning and signature checks, not the timeout path.

@@ -1,5 +1,5 @@
 //! Model check of the receiver's queueing, back pressure and shutdown under shuttle's
-//! schedulers (`RUSTFLAGS="--cfg shuttle" cargo test -p meshwork-outfeed --lib model`):
+//! schedulers (`RUSTFLAGS="--cfg shuttle" cargo test -p meshwork-outfeed --lib ::model::`):
 //! the real listener, worker and budget code, with shuttle's threads, locks and
 //! channels, and sources whose devices run as shuttle threads.
 
