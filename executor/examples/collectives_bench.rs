@@ -1,14 +1,16 @@
 //! All-reduce, all-gather, reduce-scatter and all-to-all of f32 across 8 devices, each
 //! beside the memory-traffic bound: the bytes the collective must read and write, at
-//! the memcpy bandwidth measured in the same run.
+//! the bandwidth of a memcpy as large as the replicas' inputs together, measured in the
+//! same run.
 //!
 //! `cargo run --release -p meshwork-executor --example collectives_bench [-- RUNS MIB...]`
 //! (defaults: 5 runs, 8 and 64 MiB per replica). Prints medians, algorithm and bus
 //! bandwidth (nccl-tests definitions) and the ratio to the bound. Rows:
-//! - plain calls on a runtime whose devices keep buffer pools (the default): a
-//!   collective's consumed inputs go back to their device's pool, and the host hands
-//!   each run's results back (`Runtime::recycle`) once done with them, as a training
-//!   loop would, so the next run writes into kept memory;
+//! - plain calls on a runtime whose devices keep buffer pools (the default): the host
+//!   fills each run's inputs in buffers from the pools (`Runtime::buffer`), the
+//!   collectives give their consumed inputs back to the pools, and the host hands each
+//!   run's results back (`Runtime::recycle`) once done with them, as a training loop
+//!   would, so a warm run neither faults in nor frees pages;
 //! - `(fresh)`: the same call with pooling off, every result in fresh pages;
 //! - `*_into`: the caller passes the previous run's output as the output buffer.
 
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshwork_executor::{Program, ReplicaGroups, Runtime, Tensor};
-use meshwork_types::ReduceOp;
+use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, IxDyn};
 
 const DEVICES: usize = 8;
@@ -172,25 +174,38 @@ fn main() {
     for mib in sizes {
         let bytes = mib << 20;
         let elements = bytes / 4;
-        let copy_bw = memcpy_bandwidth(bytes, runs);
+        // The bound's bandwidth: a memcpy as large as the replicas' inputs together,
+        // the working set the collective streams through (a memcpy of one input can
+        // run from the last-level cache, which 8 inputs together may not fit).
+        let copy_bw = memcpy_bandwidth(DEVICES * bytes, runs);
         println!(
-            "{DEVICES} × {mib} MiB f32 per replica; memcpy {:.2} GB/s ({} threads), medians of {runs}",
+            "{DEVICES} × {mib} MiB f32 per replica; memcpy of {} MiB {:.2} GB/s (of {mib} MiB {:.2} GB/s), {} threads, medians of {runs}",
+            DEVICES * mib,
             copy_bw / 1e9,
+            memcpy_bandwidth(bytes, runs) / 1e9,
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         println!(
             "  {:<22} {:>10} {:>12} {:>12} {:>12} {:>8}",
             "collective", "time ms", "algbw GB/s", "busbw GB/s", "bound ms", "ratio"
         );
-        let inputs = (0..DEVICES)
-            .map(|r| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[elements]), r as f32))])
-            .collect::<Vec<_>>();
         for case in &cases {
             pooled.release_pools();
             let mut times = Vec::with_capacity(runs);
             let mut previous: Option<Vec<Vec<Tensor>>> = None;
+            let rt = if case.fresh { &unpooled } else { &pooled };
             for i in 0..=runs {
-                let mut ins = inputs.clone();
+                // Each replica's input, r everywhere, in a buffer from its device's
+                // pool (as a training loop's would be; fresh pages when pooling is off).
+                let mut ins: Vec<Vec<Tensor>> = (0..DEVICES)
+                    .map(|r| {
+                        let mut x = rt.buffer(r, DType::F32, &[elements]).expect("a buffer");
+                        if let Tensor::F32(a) = &mut x {
+                            a.fill(r as f32);
+                        }
+                        vec![x]
+                    })
+                    .collect();
                 if case.reuse {
                     let result_len = if case.name.starts_with("all_gather") {
                         elements * DEVICES
@@ -205,7 +220,6 @@ fn main() {
                         input.push(buffer);
                     }
                 }
-                let rt = if case.fresh { &unpooled } else { &pooled };
                 let start = Instant::now();
                 let out = rt.run(case.program.clone(), ins).expect("runs");
                 let t = start.elapsed();
@@ -252,10 +266,11 @@ fn fused(rt: &Runtime, runs: usize) {
         })
         .collect();
     let total: usize = sizes.iter().sum();
-    let copy_bw = memcpy_bandwidth(total, runs);
+    let copy_bw = memcpy_bandwidth(DEVICES * total, runs);
     println!(
-        "{DEVICES} replicas × 200 tensors of 4–64 KiB f32 ({:.2} MiB per replica); memcpy {:.2} GB/s, medians of {runs}",
+        "{DEVICES} replicas × 200 tensors of 4–64 KiB f32 ({:.2} MiB per replica); memcpy of {:.2} MiB {:.2} GB/s, medians of {runs}",
         total as f64 / (1 << 20) as f64,
+        (DEVICES * total) as f64 / (1 << 20) as f64,
         copy_bw / 1e9
     );
     println!(

@@ -80,6 +80,15 @@ impl ReplicaContext {
         self.pool.put(t);
     }
 
+    /// A tensor of `dtype` and `shape` for this replica to fill: a buffer this device's
+    /// pool keeps, if it has one of that dtype and element count, otherwise zeros (see
+    /// [`Runtime::buffer`](crate::Runtime::buffer)). A kept buffer's elements are stale:
+    /// fill every one. A program that takes its gradient buffers here, and hands them to
+    /// a consuming collective, gets them back next step instead of fresh pages.
+    pub fn buffer(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
+        crate::runtime::pooled_or_zeros(&self.pool, dtype, shape)
+    }
+
     /// A buffer for a result of `dtype` and `shape` from this device's pool, if it
     /// holds one (its elements are stale: the caller overwrites every one).
     fn kept(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Option<Tensor> {

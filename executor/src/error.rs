@@ -155,6 +155,14 @@ pub enum Error {
         /// Who expected them: the caller or a launcher environment variable.
         expected_by: &'static str,
     },
+    /// A tensor of this shape and dtype would hold more bytes than memory can address.
+    #[error("a {dtype} tensor of shape {shape:?} is larger than memory can address")]
+    TooLarge {
+        /// The dtype asked for.
+        dtype: DType,
+        /// The shape asked for.
+        shape: Vec<usize>,
+    },
     /// The outfeed sink refused data.
     #[error("replica {replica}: outfeed sink failed: {message}")]
     Outfeed {

@@ -104,11 +104,13 @@ impl Round {
             crate::reaper::release(tensors);
             return;
         }
+        let mut garbage = Vec::new();
         for (t, pool) in tensors.into_iter().zip(pools) {
             if let Some(t) = Arc::into_inner(t) {
-                pool.put_consumed(t);
+                pool.put_consumed(t, &mut garbage);
             }
         }
+        crate::pool::release(garbage);
     }
 }
 

@@ -87,22 +87,26 @@ impl Pool {
         st.limits = limits;
         let evicted = st.fit(limits.capacity);
         drop(st);
-        crate::reaper::release(evicted);
+        release(evicted);
     }
 
     /// Keeps `t`'s buffer if it is standard layout and within the limits; evicts the
     /// oldest buffers to make room. What is not kept is freed by the reaper.
     pub(crate) fn put(&self, t: Tensor) {
-        self.keep(t, false);
+        let mut garbage = Vec::new();
+        self.keep(t, false, &mut garbage);
+        release(garbage);
     }
 
     /// [`put`](Self::put) for an input a collective consumed: kept only if a buffer of
-    /// its kind was asked for recently.
-    pub(crate) fn put_consumed(&self, t: Tensor) {
-        self.keep(t, true);
+    /// its kind was asked for recently. What is not kept (`t`, or older buffers it
+    /// evicts) goes into `garbage`, for the caller to free in one hand-off with the
+    /// rest of a round's.
+    pub(crate) fn put_consumed(&self, t: Tensor, garbage: &mut Vec<Tensor>) {
+        self.keep(t, true, garbage);
     }
 
-    fn keep(&self, t: Tensor, only_wanted: bool) {
+    fn keep(&self, t: Tensor, only_wanted: bool, garbage: &mut Vec<Tensor>) {
         let size = bytes(&t);
         let mut st = self.lock();
         let unwanted = only_wanted && !st.wants.contains(&(t.dtype(), t.len()));
@@ -113,15 +117,13 @@ impl Pool {
             || !standard(&t)
         {
             drop(st);
-            crate::reaper::release(t);
+            garbage.push(t);
             return;
         }
         let room = st.limits.capacity - size;
-        let evicted = st.fit(room);
+        garbage.extend(st.fit(room));
         st.bytes += size;
         st.buffers.push_back(t);
-        drop(st);
-        crate::reaper::release(evicted);
     }
 
     /// A kept buffer of `dtype` with as many elements as `shape`, reshaped to it (the
@@ -150,7 +152,7 @@ impl Pool {
     /// Lets go of every kept buffer (freed on the reaper).
     pub(crate) fn clear(&self) {
         let evicted = self.lock().fit(0);
-        crate::reaper::release(evicted);
+        release(evicted);
     }
 }
 
@@ -164,6 +166,14 @@ impl State {
             evicted.push(t);
         }
         evicted
+    }
+}
+
+/// Frees `garbage` on the reaper, in one hand-off (none if it is empty: the reaper's
+/// queue is short, and a caller that finds it full frees inline).
+pub(crate) fn release(garbage: Vec<Tensor>) {
+    if !garbage.is_empty() {
+        crate::reaper::release(garbage);
     }
 }
 
@@ -274,7 +284,7 @@ mod tests {
                 match s {
                     Step::Put { f32, len, consumed } => {
                         let t = if f32 { f32s(len, tag as f32) } else { i64s(len, tag) };
-                        if consumed { pool.put_consumed(t) } else { pool.put(t) }
+                        if consumed { pool.put_consumed(t, &mut Vec::new()) } else { pool.put(t) }
                         model.put((f32, len, tag), limits, consumed);
                     }
                     Step::Take { f32, len } => {

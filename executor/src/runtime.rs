@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam::channel::{Sender, unbounded};
+use meshwork_types::DType;
 
 use crate::context::ReplicaContext;
 use crate::hub::Hub;
@@ -105,6 +106,21 @@ impl Runtime {
             .ok_or(Error::NoSuchDevice { device, devices: self.devices.len() })?;
         pool.put(t);
         Ok(())
+    }
+
+    /// A tensor of `dtype` and `shape` for the host to fill and pass to a replica on
+    /// device `device`: a buffer that device's pool keeps, if it has one of that dtype
+    /// and element count, otherwise zeros. A kept buffer's elements are stale (whatever
+    /// it last held): fill every one. Asking also marks the kind as wanted, so when a
+    /// collective consumes the input its memory goes back to the pool instead of being
+    /// freed: a host loop that feeds every step's inputs this way, and
+    /// [recycles](Self::recycle) the outputs, allocates and frees nothing once warm.
+    pub fn buffer(&self, device: usize, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        let pool = self
+            .pools
+            .get(device)
+            .ok_or(Error::NoSuchDevice { device, devices: self.devices.len() })?;
+        pooled_or_zeros(pool, dtype, shape)
     }
 
     /// The bytes each device's pool keeps now, in device order.
@@ -279,6 +295,16 @@ impl Drop for Runtime {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// A buffer of `pool`'s of `dtype` and `shape` (stale), or zeros; the dtype and the
+/// shape's size are checked first.
+pub(crate) fn pooled_or_zeros(pool: &Pool, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    Tensor::check_size(dtype, shape)?;
+    match pool.take(dtype, shape) {
+        Some(t) => Ok(t),
+        None => Tensor::zeros(dtype, shape),
     }
 }
 

@@ -114,39 +114,90 @@ wrap!(f32 => F32, f64 => F64, i32 => I32, i64 => I64);
 /// over the whole output would read and write it `inputs.len()` times).
 const BLOCK: usize = 4096;
 
-/// Folds `rest` into `acc` element-wise in order, then divides a mean by `n`.
-fn fold_block<T: Element>(acc: &mut [T], rest: &[&[T]], op: ReduceOp, n: usize) {
-    for src in rest {
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => {
-                acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::add(*o, x))
-            }
-            ReduceOp::Min => acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::min(*o, x)),
-            ReduceOp::Max => acc.iter_mut().zip(src.iter()).for_each(|(o, &x)| *o = T::max(*o, x)),
-        }
-    }
-    if op == ReduceOp::Mean {
-        acc.iter_mut().for_each(|o| *o = T::mean(*o, n));
+/// Elements folded at once by [`fold_runs`]: a few vector registers' worth.
+const LANES: usize = 16;
+
+/// For each run `j` of `run` elements at `starts[j]` of every input: `out`'s run `j`
+/// (its elements `j * run..`) is `inputs[0][..] ∘ inputs[1][..] ∘ ...` in input order,
+/// then divided by the input count for a mean. Every input is streamed once, side by
+/// side, and `out` written once: the running value of a few elements stays in
+/// registers, so the fold costs no more memory traffic than reading its inputs.
+fn fold_runs<T: Element>(
+    inputs: &[&[T]],
+    starts: impl Iterator<Item = usize>,
+    run: usize,
+    op: ReduceOp,
+    out: &mut [T],
+) {
+    match op {
+        ReduceOp::Sum => runs_with(inputs, starts, run, out, T::add, None),
+        ReduceOp::Mean => runs_with(inputs, starts, run, out, T::add, Some(inputs.len())),
+        ReduceOp::Min => runs_with(inputs, starts, run, out, T::min, None),
+        ReduceOp::Max => runs_with(inputs, starts, run, out, T::max, None),
     }
 }
 
-/// Folds `inputs[..][range]` element-wise in input order into a new vector, block by
-/// block.
+#[inline(always)]
+fn runs_with<T: Element>(
+    inputs: &[&[T]],
+    starts: impl Iterator<Item = usize>,
+    run: usize,
+    out: &mut [T],
+    f: impl Fn(T, T) -> T + Copy,
+    mean_of: Option<usize>,
+) {
+    if run == 0 {
+        return;
+    }
+    let (first, others) = inputs.split_first().expect("at least one input");
+    let mut rest: Vec<&[T]> = Vec::with_capacity(others.len());
+    for (out, at) in out.chunks_exact_mut(run).zip(starts) {
+        rest.clear();
+        rest.extend(others.iter().map(|i| &i[at..at + run]));
+        lanes(&first[at..at + run], &rest, out, f, mean_of);
+    }
+}
+
+#[inline(always)]
+fn lanes<T: Element>(
+    first: &[T],
+    rest: &[&[T]],
+    out: &mut [T],
+    f: impl Fn(T, T) -> T,
+    mean_of: Option<usize>,
+) {
+    let len = out.len();
+    let whole = len - len % LANES;
+    for at in (0..whole).step_by(LANES) {
+        let mut acc: [T; LANES] = first[at..at + LANES].try_into().expect("LANES elements");
+        for src in rest {
+            let src: &[T; LANES] = src[at..at + LANES].try_into().expect("LANES elements");
+            for k in 0..LANES {
+                acc[k] = f(acc[k], src[k]);
+            }
+        }
+        if let Some(n) = mean_of {
+            acc.iter_mut().for_each(|a| *a = T::mean(*a, n));
+        }
+        out[at..at + LANES].copy_from_slice(&acc);
+    }
+    for at in whole..len {
+        let mut acc = first[at];
+        for src in rest {
+            acc = f(acc, src[at]);
+        }
+        out[at] = mean_of.map_or(acc, |n| T::mean(acc, n));
+    }
+}
+
+/// Folds `inputs[..][range]` element-wise in input order into a new vector.
 pub(crate) fn fold<T: Element>(
     inputs: &[&[T]],
     range: std::ops::Range<usize>,
     op: ReduceOp,
 ) -> Vec<T> {
-    let mut out: Vec<T> = Vec::with_capacity(range.len());
-    let mut rest: Vec<&[T]> = Vec::with_capacity(inputs.len());
-    for start in range.clone().step_by(BLOCK) {
-        let end = (start + BLOCK).min(range.end);
-        let at = out.len();
-        out.extend_from_slice(&inputs[0][start..end]);
-        rest.clear();
-        rest.extend(inputs[1..].iter().map(|i| &i[start..end]));
-        fold_block(&mut out[at..], &rest, op, inputs.len());
-    }
+    let mut out: Vec<T> = inputs[0][range.clone()].to_vec();
+    fold_to(inputs, range, op, &mut out);
     out
 }
 
@@ -157,15 +208,18 @@ pub(crate) fn fold_to<T: Element>(
     op: ReduceOp,
     out: &mut [T],
 ) {
-    let mut rest: Vec<&[T]> = Vec::with_capacity(inputs.len());
-    for start in range.clone().step_by(BLOCK) {
-        let end = (start + BLOCK).min(range.end);
-        let acc = &mut out[start - range.start..end - range.start];
-        acc.copy_from_slice(&inputs[0][start..end]);
-        rest.clear();
-        rest.extend(inputs[1..].iter().map(|i| &i[start..end]));
-        fold_block(acc, &rest, op, inputs.len());
-    }
+    let run = range.len();
+    fold_runs(inputs, std::iter::once(range.start), run, op, &mut out[..run]);
+}
+
+/// Where piece `k` of `n` along `axis` of a standard-layout `shape` lies: as many runs
+/// of contiguous elements as the dims before `axis` hold, each `run` long, the first
+/// at `first` and the next `stride` after it.
+fn piece_runs(shape: &[usize], axis: usize, n: usize, k: usize) -> (usize, usize, usize, usize) {
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    let run = shape[axis] / n * inner;
+    (outer, run, k * run, shape[axis] * inner)
 }
 
 /// `own[i] = src_0[i] ∘ src_1[i] ∘ ...` over `sources` sources in order, where source
@@ -200,41 +254,6 @@ fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize,
     }
 }
 
-/// Folds same-shape views element-wise in order into `acc`, which holds the first.
-fn fold_views_rest<T: Element>(
-    acc: &mut ndarray::ArrayViewMutD<'_, T>,
-    views: &[ndarray::ArrayViewD<'_, T>],
-    op: ReduceOp,
-) {
-    for v in &views[1..] {
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => acc.zip_mut_with(v, |a, &x| *a = T::add(*a, x)),
-            ReduceOp::Min => acc.zip_mut_with(v, |a, &x| *a = T::min(*a, x)),
-            ReduceOp::Max => acc.zip_mut_with(v, |a, &x| *a = T::max(*a, x)),
-        }
-    }
-    if op == ReduceOp::Mean {
-        acc.mapv_inplace(|a| T::mean(a, views.len()));
-    }
-}
-
-/// Folds same-shape views element-wise in order into a new standard-layout array.
-fn fold_views<T: Element>(views: &[ndarray::ArrayViewD<'_, T>], op: ReduceOp) -> ArrayD<T> {
-    let mut acc = views[0].as_standard_layout().into_owned();
-    fold_views_rest(&mut acc.view_mut(), views, op);
-    acc
-}
-
-/// [`fold_views`] into `out` (of the views' shape), every element overwritten.
-fn fold_views_to<T: Element>(
-    views: &[ndarray::ArrayViewD<'_, T>],
-    op: ReduceOp,
-    out: &mut ArrayD<T>,
-) {
-    out.assign(&views[0]);
-    fold_views_rest(&mut out.view_mut(), views, op);
-}
-
 impl Tensor {
     /// The element type.
     pub fn dtype(&self) -> DType {
@@ -266,8 +285,25 @@ impl Tensor {
         map!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })
     }
 
-    /// A zero-filled tensor of a dtype and shape.
+    /// Whether executor tensors hold `dtype` ([`Error::UnsupportedDType`]) and a tensor
+    /// of `shape` fits in memory's address range ([`Error::TooLarge`]).
+    pub(crate) fn check_size(dtype: DType, shape: &[usize]) -> Result<()> {
+        let width: usize = match dtype {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            other => return Err(Error::UnsupportedDType { dtype: other }),
+        };
+        let bytes = shape.iter().try_fold(width, |acc, &d| acc.checked_mul(d));
+        match bytes {
+            Some(b) if b <= isize::MAX as usize => Ok(()),
+            _ => Err(Error::TooLarge { dtype, shape: shape.to_vec() }),
+        }
+    }
+
+    /// A zero-filled tensor of a dtype and shape ([`Error::TooLarge`] if its bytes
+    /// would overflow an `isize`, checked before anything is allocated).
     pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Tensor::check_size(dtype, shape)?;
         let s = IxDyn(shape);
         Ok(match dtype {
             DType::F32 => Tensor::F32(ArrayD::zeros(s)),
@@ -428,7 +464,7 @@ impl Tensor {
     }
 
     /// Folds piece `k` of `n` equal pieces along `axis` of every part (one dtype and
-    /// shape) in order, reading the pieces in place.
+    /// shape, standard layout) in order, reading the pieces in place.
     pub(crate) fn fold_pieces(
         parts: &[std::sync::Arc<Tensor>],
         axis: usize,
@@ -436,30 +472,15 @@ impl Tensor {
         k: usize,
         op: ReduceOp,
     ) -> Tensor {
-        let len = parts[0].shape()[axis] / n;
-        let range = ndarray::Slice::from(k * len..(k + 1) * len);
-        macro_rules! red {
-            ($v:ident) => {{
-                let views: Vec<_> = parts
-                    .iter()
-                    .map(|p| match &**p {
-                        Tensor::$v(a) => a.slice_axis(Axis(axis), range),
-                        _ => unreachable!("dtypes checked at the rendezvous"),
-                    })
-                    .collect();
-                Tensor::$v(fold_views(&views, op))
-            }};
-        }
-        match &*parts[0] {
-            Tensor::F32(_) => red!(F32),
-            Tensor::F64(_) => red!(F64),
-            Tensor::I32(_) => red!(I32),
-            Tensor::I64(_) => red!(I64),
-        }
+        let mut shape = parts[0].shape().to_vec();
+        shape[axis] /= n;
+        let mut out = parts[0].gather_runs_of_piece(axis, n, k).reshape(&shape);
+        Tensor::fold_pieces_of(parts, axis, n, k, op, &mut out);
+        out
     }
 
-    /// [`fold_pieces`](Self::fold_pieces) into `out` (one dtype, the piece's shape),
-    /// every element overwritten.
+    /// [`fold_pieces`](Self::fold_pieces) into `out` (one dtype, the piece's shape,
+    /// standard layout), every element overwritten.
     pub(crate) fn fold_pieces_into(
         parts: &[std::sync::Arc<Tensor>],
         axis: usize,
@@ -467,19 +488,29 @@ impl Tensor {
         op: ReduceOp,
         out: &mut Tensor,
     ) {
-        let n = parts.len();
-        let len = parts[0].shape()[axis] / n;
-        let range = ndarray::Slice::from(k * len..(k + 1) * len);
+        Tensor::fold_pieces_of(parts, axis, parts.len(), k, op, out);
+    }
+
+    fn fold_pieces_of(
+        parts: &[std::sync::Arc<Tensor>],
+        axis: usize,
+        n: usize,
+        k: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+    ) {
+        let (outer, run, first, stride) = piece_runs(parts[0].shape(), axis, n, k);
+        let starts = (0..outer).map(|o| first + o * stride);
         macro_rules! red {
             ($v:ident, $o:ident) => {{
-                let views: Vec<_> = parts
+                let slices: Vec<&[_]> = parts
                     .iter()
                     .map(|p| match &**p {
-                        Tensor::$v(a) => a.slice_axis(Axis(axis), range),
+                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
                         _ => unreachable!("dtypes checked at the rendezvous"),
                     })
                     .collect();
-                fold_views_to(&views, op, $o)
+                fold_runs(&slices, starts, run, op, $o.as_slice_mut().expect("standard layout"))
             }};
         }
         match out {
@@ -487,6 +518,27 @@ impl Tensor {
             Tensor::F64(o) => red!(F64, o),
             Tensor::I32(o) => red!(I32, o),
             Tensor::I64(o) => red!(I64, o),
+        }
+    }
+
+    /// Piece `k` of `n` along `axis` of this standard-layout tensor, as a flat copy.
+    fn gather_runs_of_piece(&self, axis: usize, n: usize, k: usize) -> Tensor {
+        let (outer, run, first, stride) = piece_runs(self.shape(), axis, n, k);
+        macro_rules! go {
+            ($v:ident, $x:ident) => {{
+                let x = $x.as_slice().expect("offered in standard layout");
+                let mut out = Vec::with_capacity(outer * run);
+                for o in 0..outer {
+                    out.extend_from_slice(&x[first + o * stride..first + o * stride + run]);
+                }
+                Tensor::from_vec(out)
+            }};
+        }
+        match self {
+            Tensor::F32(x) => go!(F32, x),
+            Tensor::F64(x) => go!(F64, x),
+            Tensor::I32(x) => go!(I32, x),
+            Tensor::I64(x) => go!(I64, x),
         }
     }
 

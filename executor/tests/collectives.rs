@@ -236,6 +236,179 @@ fn plain_collectives_write_into_pooled_buffers_and_give_their_inputs_back() {
 }
 
 #[test]
+fn inputs_from_runtime_buffers_go_back_to_the_pools_so_a_warm_loop_allocates_nothing() {
+    let (n, len) = (4, 1 << 16);
+    let rt = Runtime::new(n).unwrap().with_pool(8 << 20, 1 << 18);
+    let scatter: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?]));
+    // Each step: inputs from the pools, filled; the results recycled.
+    let step = |k: usize| {
+        let ins: Vec<Vec<Tensor>> = (0..n)
+            .map(|r| {
+                let mut x = rt.buffer(r, DType::F32, &[len]).unwrap();
+                assert_eq!(x.shape(), &[len]);
+                let Tensor::F32(a) = &mut x else { panic!("{x:?}") };
+                a.fill((r + k) as f32);
+                vec![x]
+            })
+            .collect();
+        let out = rt.run(scatter.clone(), ins).unwrap();
+        let want = (0..n).map(|r| (r + k) as f32).sum::<f32>();
+        for (d, o) in out.into_iter().enumerate() {
+            let [o] = <[Tensor; 1]>::try_from(o).unwrap();
+            match &o {
+                Tensor::F32(a) => assert!(a.iter().all(|&v| v == want), "step {k}: {a:?}"),
+                other => panic!("{other:?}"),
+            }
+            rt.recycle(d, o).unwrap();
+        }
+    };
+    step(0);
+    // The inputs (asked for by `buffer`) came back when the reduce-scatter consumed
+    // them (the 64 KiB results are below the pool's smallest size, 256 KiB), and each
+    // step takes them again: no fresh input memory once warm.
+    assert_eq!(rt.pooled_bytes(), vec![len * 4; n]);
+    for k in 1..4 {
+        step(k);
+        assert_eq!(rt.pooled_bytes(), vec![len * 4; n], "step {k}");
+    }
+    // Bad requests are typed errors, checked before anything is allocated.
+    assert_eq!(
+        rt.buffer(n, DType::F32, &[1]).unwrap_err(),
+        Error::NoSuchDevice { device: n, devices: n }
+    );
+    assert_eq!(
+        rt.buffer(0, DType::F64, &[usize::MAX / 4, 4]).unwrap_err(),
+        Error::TooLarge { dtype: DType::F64, shape: vec![usize::MAX / 4, 4] }
+    );
+    assert!(matches!(
+        rt.buffer(0, DType::Bool, &[2]),
+        Err(Error::UnsupportedDType { dtype: DType::Bool })
+    ));
+    assert!(matches!(
+        Tensor::zeros(DType::I32, &[1 << 62, 2]),
+        Err(Error::TooLarge { dtype: DType::I32, .. })
+    ));
+    // With nothing kept of a kind, a buffer is zeros.
+    let Tensor::I64(z) = rt.buffer(1, DType::I64, &[3, 2]).unwrap() else { panic!() };
+    assert!(z.iter().all(|&v| v == 0) && z.shape() == [3, 2]);
+}
+
+/// Replica count, dtype, a 3-D shape whose `axis` divides by the count, and each
+/// replica's values (random floats, so the order of a fold shows in its bits).
+type ScatterCase = (usize, DType, Vec<usize>, usize, Vec<Vec<f64>>);
+
+fn scatter_case() -> impl Strategy<Value = ScatterCase> {
+    (1usize..=8, 0usize..3, 1usize..4, 1usize..4, 1usize..40).prop_flat_map(|(n, axis, a, b, c)| {
+        let mut shape = vec![a, b, c];
+        shape[axis] *= n;
+        let len = shape.iter().product::<usize>();
+        let dtype = prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64]);
+        let values = prop::collection::vec(prop::collection::vec(-1e3f64..1e3, len), n);
+        (Just(n), dtype, Just(shape), Just(axis), values)
+    })
+}
+
+fn typed_floats(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
+    let a = ArrayD::from_shape_vec(IxDyn(shape), v.to_vec()).unwrap();
+    match dtype {
+        DType::F32 => Tensor::F32(a.mapv(|x| x as f32)),
+        DType::F64 => Tensor::F64(a),
+        DType::I32 => Tensor::I32(a.mapv(|x| x as i32)),
+        _ => Tensor::I64(a.mapv(|x| x as i64)),
+    }
+}
+
+/// Piece `r` of every part along `axis`, folded left in part order in the element
+/// type by ndarray's own element-wise ops (a mean divides the sum by the count).
+fn model_piece(parts: &[Tensor], axis: usize, r: usize, op: ReduceOp) -> Tensor {
+    macro_rules! go {
+        ($v:ident, $t:ty, $add:expr, $div:expr) => {{
+            let views: Vec<_> = parts
+                .iter()
+                .map(|p| {
+                    let Tensor::$v(a) = p else { unreachable!() };
+                    let len = a.shape()[axis] / parts.len();
+                    a.slice_axis(Axis(axis), ndarray::Slice::from(r * len..(r + 1) * len))
+                })
+                .collect();
+            let mut acc = views[0].to_owned();
+            for v in &views[1..] {
+                acc.zip_mut_with(v, |x: &mut $t, &y: &$t| {
+                    *x = match op {
+                        ReduceOp::Sum | ReduceOp::Mean => $add(*x, y),
+                        ReduceOp::Min => {
+                            if y < *x {
+                                y
+                            } else {
+                                *x
+                            }
+                        }
+                        ReduceOp::Max => {
+                            if y > *x {
+                                y
+                            } else {
+                                *x
+                            }
+                        }
+                    }
+                });
+            }
+            if op == ReduceOp::Mean {
+                acc.mapv_inplace(|x| $div(x, parts.len()));
+            }
+            Tensor::$v(acc)
+        }};
+    }
+    match &parts[0] {
+        Tensor::F32(_) => go!(F32, f32, |x: f32, y| x + y, |x: f32, n| x / n as f32),
+        Tensor::F64(_) => go!(F64, f64, |x: f64, y| x + y, |x: f64, n| x / n as f64),
+        Tensor::I32(_) => go!(I32, i32, i32::wrapping_add, |x: i32, n| x / n as i32),
+        _ => go!(I64, i64, i64::wrapping_add, |x: i64, n| x / n as i64),
+    }
+}
+
+fn float_bits(t: &Tensor) -> Vec<u64> {
+    match t {
+        Tensor::F32(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Tensor::F64(a) => a.iter().map(|x| x.to_bits()).collect(),
+        Tensor::I32(a) => a.iter().map(|&x| x as u64).collect(),
+        Tensor::I64(a) => a.iter().map(|&x| x as u64).collect(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Every op, dtype and axis, with runs long and short (the fold works 16 elements
+    /// at a time, then the rest one by one), fresh and into pooled buffers holding
+    /// garbage: each replica's piece equals the sequential fold bit for bit.
+    #[test]
+    fn reduce_scatter_of_every_op_dtype_and_axis_is_the_sequential_fold_bit_for_bit(
+        (n, dtype, shape, axis, values) in scatter_case(),
+        op in prop::sample::select(ReduceOp::ALL.to_vec()),
+    ) {
+        let parts: Vec<Tensor> = values.iter().map(|v| typed_floats(dtype, &shape, v)).collect();
+        let rt = Runtime::new(n).unwrap().with_pool(1 << 24, 0);
+        let program: Arc<Program> =
+            Arc::new(move |ctx, i| Ok(vec![ctx.reduce_scatter(op, axis, i[0].clone())?]));
+        let first = rt.run(program.clone(), parts.iter().map(|p| vec![p.clone()]).collect()).unwrap();
+        for (d, o) in first.iter().enumerate() {
+            let garbage = typed_floats(dtype, o[0].shape(), &vec![-4.5; o[0].len()]);
+            rt.recycle(d, garbage).unwrap();
+        }
+        let second = rt.run(program, parts.iter().map(|p| vec![p.clone()]).collect()).unwrap();
+        for r in 0..n {
+            let want = model_piece(&parts, axis, r, op);
+            prop_assert_eq!(first[r][0].shape(), want.shape());
+            prop_assert_eq!(float_bits(&first[r][0]), float_bits(&want), "replica {} fresh", r);
+            prop_assert_eq!(float_bits(&second[r][0]), float_bits(&want), "replica {} pooled", r);
+        }
+    }
+}
+
+#[test]
 fn float_reductions_are_bit_identical_on_every_replica_and_run() {
     let rt = Runtime::new(4).unwrap();
     let program: Arc<Program> =
