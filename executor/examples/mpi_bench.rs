@@ -3,7 +3,9 @@
 //! `MPI_Allgather`, `MPI_Reduce_scatter_block`, `MPI_Alltoall`), measured in the same
 //! run: one device per process, so the difference is what meshwork adds (the
 //! handshake, its deterministic reduction order, the copies). Results are checked
-//! equal to MPI's.
+//! equal to MPI's. Both sides reuse their memory from run to run, as a training loop
+//! does: meshwork's inputs come from the device's pool (`Runtime::buffer`) and its
+//! results go back to it (`Runtime::recycle`); bare MPI's buffers are allocated once.
 //!
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
@@ -20,11 +22,10 @@ use std::time::{Duration, Instant};
 
 use meshwork_executor::mpi::Mpi;
 use meshwork_executor::{Program, Runtime, Tensor};
-use meshwork_types::ReduceOp;
+use meshwork_types::{DType, ReduceOp};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::CommunicatorCollectives;
-use ndarray::{ArrayD, IxDyn};
 
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
@@ -40,6 +41,11 @@ fn timed(world: &SimpleCommunicator, f: impl FnOnce()) -> Duration {
     let mut slowest = 0.0f64;
     world.all_reduce_into(&mine, &mut slowest, SystemOperation::max());
     Duration::from_secs_f64(slowest)
+}
+
+/// A program's one input, moved out (a clone would cost a fresh copy of it).
+fn first(inputs: Vec<Tensor>) -> Tensor {
+    inputs.into_iter().next().expect("one input")
 }
 
 /// One collective: meshwork's program, the bare MPI call of the same bytes, and the
@@ -65,27 +71,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cases = [
         Case {
             name: "all_reduce",
-            program: Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?])),
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, first(i))?])),
             bare: |w, s, r| w.all_reduce_into(s, r, SystemOperation::sum()),
             result_len: |len, _| len,
         },
         Case {
             name: "all_gather",
-            program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i[0].clone())?])),
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, first(i))?])),
             bare: |w, s, r| w.all_gather_into(s, r),
             result_len: |len, p| len * p,
         },
         Case {
             name: "reduce_scatter",
-            program: Arc::new(|ctx, i| {
-                Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?])
-            }),
+            program: Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, first(i))?])),
             bare: |w, s, r| w.reduce_scatter_block_into(s, r, SystemOperation::sum()),
             result_len: |len, p| len / p,
         },
         Case {
             name: "all_to_all",
-            program: Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?])),
+            program: Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, first(i))?])),
             bare: |w, s, r| w.all_to_all_into(s, r),
             result_len: |len, _| len,
         },
@@ -103,21 +107,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for case in &cases {
         let mut ours = Vec::new();
         let mut bare = Vec::new();
+        // Both sides as a training loop runs them, reusing their memory: meshwork's
+        // input filled in a buffer from the device's pool and its result recycled to
+        // it; bare MPI's send and receive buffers allocated once.
+        let send = vec![value; len];
+        let mut recv = vec![0f32; (case.result_len)(len, processes)];
         // One warm-up of each, then alternate so load changes hit both alike.
         for run in 0..=runs {
-            let input = vec![vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), value))]];
+            let mut x = runtime.buffer(0, DType::F32, &[len])?;
+            if let Tensor::F32(a) = &mut x {
+                a.fill(value);
+            }
             let mut out = Vec::new();
-            let t = timed(&world, || out = runtime.run(case.program.clone(), input).expect("runs"));
-            let mine = match &out[0][0] {
-                Tensor::F32(a) => a.iter().copied().collect::<Vec<f32>>(),
-                other => panic!("{other:?}"),
-            };
-            drop(out);
+            let t = timed(&world, || {
+                out = runtime.run(case.program.clone(), vec![vec![x]]).expect("runs")
+            });
+            let mine = out.pop().and_then(|mut o| o.pop()).expect("one output");
 
-            let send = vec![value; len];
-            let mut recv = vec![0f32; (case.result_len)(len, processes)];
+            recv.fill(0.0);
             let b = timed(&world, || (case.bare)(&world, &send[..], &mut recv[..]));
-            assert!(mine == recv, "{}: meshwork and bare MPI disagree", case.name);
+            match &mine {
+                Tensor::F32(a) => assert!(
+                    a.as_slice().expect("standard layout") == &recv[..],
+                    "{}: meshwork and bare MPI disagree",
+                    case.name
+                ),
+                other => panic!("{other:?}"),
+            }
+            runtime.recycle(0, mine)?;
             if run > 0 {
                 ours.push(t);
                 bare.push(b);

@@ -95,6 +95,28 @@ impl ReplicaContext {
         self.pool.take(dtype, shape)
     }
 
+    /// A buffer of `dtype` and `shape` from local replica `x`'s device pool, or zeros.
+    fn buffer_of(&self, x: usize, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
+        match self.hub.pools_of(std::iter::once(x)).first() {
+            Some(pool) => crate::runtime::pooled_or_zeros(pool, dtype, shape),
+            None => Tensor::zeros(dtype, shape),
+        }
+    }
+
+    /// Gives this process's replicas' inputs to a cross-process collective (`local`,
+    /// in local rank order), consumed, back to their devices' pools (freed off this
+    /// thread where not kept).
+    fn give_back(&self, local: Vec<Arc<Tensor>>) {
+        let pools = self.hub.pools_of(0..local.len());
+        let mut garbage = Vec::new();
+        for (t, pool) in local.into_iter().zip(&pools) {
+            if let Some(t) = Arc::into_inner(t) {
+                pool.put_consumed(t, &mut garbage);
+            }
+        }
+        crate::pool::release(garbage);
+    }
+
     /// This replica is done with `round` (of `members`): the last of them to be done
     /// gives every member's input back to that member's device pool (in one process;
     /// across processes the round's tensors are copies, and are freed).
@@ -359,7 +381,11 @@ impl ReplicaContext {
             // One local replica: its own input is the partial (it owns it by now).
             let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
                 Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
-                Err(local) => Tensor::fold_range(&local, fold, 0..local[0].len()),
+                Err(local) => {
+                    let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
+                    self.give_back(local);
+                    partial
+                }
             };
             let mut total = partial;
             net.reduce(&mut total, op)?;
@@ -430,7 +456,10 @@ impl ReplicaContext {
             let offer = Offer::new("all_gather", signature.clone(), Arc::new(t.standard()));
             let all = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
                 net.step("all_gather", &signature, self.replica)?;
-                Ok(vec![Arc::new(net.all_gather_flat(local)?)])
+                let out = self.buffer_of(self.local, local[0].dtype(), &want)?;
+                let out = net.all_gather_flat(&local, out)?;
+                self.give_back(local);
+                Ok(vec![Arc::new(out)])
             })?;
             return Ok(take(all, 0).reshape(&want));
         }
@@ -570,11 +599,17 @@ impl ReplicaContext {
             // One local replica: its own input is the partial (it owns it by now).
             let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
                 Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
-                Err(local) => Tensor::fold_range(&local, fold, 0..local[0].len()).reshape(&shape),
+                Err(local) => {
+                    let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
+                    self.give_back(local);
+                    partial.reshape(&shape)
+                }
             };
             let mut flat = if axis == 0 { partial } else { partial.pieces_flat(axis, n) };
-            let mut mine = net.reduce_scatter(&mut flat, op)?;
-            crate::reaper::release(flat);
+            let dtype = flat.dtype();
+            let mut mine =
+                net.reduce_scatter(&mut flat, op, |len| self.buffer_of(self.local, dtype, &[len]))?;
+            self.give_back(vec![Arc::new(flat)]);
             if op == ReduceOp::Mean {
                 mine = mine.mean_of(n);
             }
@@ -603,13 +638,18 @@ impl ReplicaContext {
         piece[split_axis] /= n;
         let signature = format!("split={split_axis} concat={concat_axis} {dtype}{shape:?} in all");
         let t = t.standard();
+        let t_len = t.len();
         let flat = if split_axis == 0 { t } else { t.pieces_flat(split_axis, n) };
         let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
         let piece_len: usize = piece.iter().product();
+        let len = t_len;
         let outs = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
-            let outs = net.all_to_all_pieces(&local, piece_len)?;
-            crate::reaper::release(local);
+            let outs = (0..local.len())
+                .map(|x| self.buffer_of(x, dtype, &[len]))
+                .collect::<Result<Vec<_>>>()?;
+            let outs = net.all_to_all_pieces(&local, piece_len, outs)?;
+            self.give_back(local);
             Ok(outs.into_iter().map(Arc::new).collect())
         })?;
         let flat = take(outs, self.local);

@@ -229,15 +229,14 @@ impl Net {
     /// Every replica's tensor (`local` are this process's, standard layout, one dtype
     /// and length), end to end in replica order in one 1-D tensor: this process's
     /// written in place, the others' received straight into theirs.
-    pub(crate) fn all_gather_flat(&self, local: Vec<Arc<Tensor>>) -> Result<Tensor> {
+    /// `out` is the result's buffer (1-D, the inputs' dtype, every replica's elements;
+    /// its old contents are overwritten).
+    pub(crate) fn all_gather_flat(&self, local: &[Arc<Tensor>], mut out: Tensor) -> Result<Tensor> {
         let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
         let len = local[0].len();
-        let mut out = Tensor::zeros(local[0].dtype(), &[n * d * len])?;
         for (j, t) in local.iter().enumerate() {
             out.copy_run((p * d + j) * len, t, 0..len);
         }
-        // Freeing the inputs is not this collective's work.
-        crate::reaper::release(local);
         let chunks: Vec<Range<usize>> = (0..n).map(|q| q * d * len..(q + 1) * d * len).collect();
         self.link.all_gather_in_place(&mut out, &chunks)?;
         Ok(out)
@@ -246,19 +245,18 @@ impl Net {
     /// All-to-all of piece-major tensors: `local` are this process's replicas'
     /// tensors (one dtype, standard layout), each `replicas()` pieces of `piece`
     /// elements end to end. Returns, for each local replica `x`, piece `x` of every
-    /// replica's tensor end to end in replica order (1-D). Each process receives only
-    /// the pieces for its own replicas; with one device per process the pieces go
-    /// from the input and into the result with no staging copy.
+    /// replica's tensor end to end in replica order (1-D), written over `outs[x]`
+    /// (of that length). Each process receives only the pieces for its own replicas;
+    /// with one device per process the pieces go from the input and into the result
+    /// with no staging copy.
     pub(crate) fn all_to_all_pieces(
         &self,
         local: &[Arc<Tensor>],
         piece: usize,
+        mut outs: Vec<Tensor>,
     ) -> Result<Vec<Tensor>> {
         let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
-        let r = n * d;
         let dtype = local[0].dtype();
-        let mut outs: Vec<Tensor> =
-            (0..d).map(|_| Tensor::zeros(dtype, &[r * piece])).collect::<Result<_>>()?;
         // The pieces that stay in this process.
         for (x, out) in outs.iter_mut().enumerate() {
             for (j, t) in local.iter().enumerate() {
@@ -329,9 +327,18 @@ impl Net {
     /// [`reduce`](Self::reduce) without the gather: returns this process's chunk of
     /// the reduction (chunk `p` of `processes()` equal chunks, 1-D), the only bytes a
     /// reduce-scatter needs here.
-    pub(crate) fn reduce_scatter(&self, partial: &mut Tensor, op: ReduceOp) -> Result<Tensor> {
+    /// The chunk is written over the buffer `out` gives for its length.
+    pub(crate) fn reduce_scatter(
+        &self,
+        partial: &mut Tensor,
+        op: ReduceOp,
+        out: impl FnOnce(usize) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let chunks = self.fold_chunks(partial, op)?;
-        Ok(partial.slice_flat(chunks[self.link.process()].clone()))
+        let mine = chunks[self.link.process()].clone();
+        let mut out = out(mine.len())?;
+        out.copy_run(0, partial, mine);
+        Ok(out)
     }
 
     /// Folds chunk `p` of every process's `partial` into this one's, in process order;

@@ -10,8 +10,22 @@ use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 
+/// `t`'s dtype and shape, every element a value no collective here computes.
+fn garbage(t: &Tensor) -> Tensor {
+    match t {
+        Tensor::F32(a) => Tensor::F32(a.mapv(|_| -7777.25)),
+        Tensor::F64(a) => Tensor::F64(a.mapv(|_| -7777.25)),
+        Tensor::I32(a) => Tensor::I32(a.mapv(|_| -7777)),
+        Tensor::I64(a) => Tensor::I64(a.mapv(|_| -7777)),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 /// Runs `program` on `processes` runtimes of `devices` devices each, one thread per
-/// process; returns each process's result.
+/// process; returns each process's result. Each runtime's pools keep buffers of any
+/// size, and a run that succeeds is run again after its outputs went back to the
+/// pools filled with garbage: the second run's collectives write into those buffers
+/// and into the inputs the first consumed, and must give the same outputs.
 fn run_processes(
     processes: usize,
     devices: usize,
@@ -28,9 +42,20 @@ fn run_processes(
                 let program = program.clone();
                 let mine = inputs[p * devices..(p + 1) * devices].to_vec();
                 s.spawn(move || {
-                    let rt = Runtime::new(devices)?.with_timeout(timeout).with_interconnect(link);
+                    let rt = Runtime::new(devices)?
+                        .with_timeout(timeout)
+                        .with_interconnect(link)
+                        .with_pool(1 << 24, 0);
                     assert_eq!(rt.first_replica(), p * devices);
-                    rt.run(program, mine)
+                    let first = rt.run(program.clone(), mine.clone())?;
+                    for (device, outputs) in first.iter().enumerate() {
+                        for o in outputs {
+                            rt.recycle(device, garbage(o))?;
+                        }
+                    }
+                    let second = rt.run(program, mine).expect("the second run");
+                    assert_eq!(first, second, "process {p}: outputs in pooled buffers differ");
+                    Ok(first)
                 })
             })
             .collect();
