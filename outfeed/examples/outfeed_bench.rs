@@ -2,7 +2,7 @@
 //! measured in the same run: a bare crossbeam bounded channel moving the same payloads
 //! (8 producers → 1 consumer), and memcpy of the same bytes between two buffers of the
 //! run's size. Payloads are built before the clock starts (a device produces them; the
-//! outfeed moves them). Median of 5 runs each.
+//! outfeed moves them). Medians of 9 runs each, the measures' runs interleaved.
 //!
 //! `cargo run --release -p meshwork-outfeed --example outfeed_bench [-- RUNS]`
 
@@ -30,10 +30,11 @@ fn registry(bytes: usize) -> Registry {
     r
 }
 
-/// Frames per source for a payload size (about 64 MiB per run in all, at least 4k
-/// frames per source for small payloads).
+/// Frames per source for a payload size (about 256 MiB per run in all, so a run
+/// streams for tens of milliseconds and thread start-up is a small part of it; at
+/// most 20k frames per source for small payloads, at least 8 for large ones).
 fn frames(bytes: usize) -> usize {
-    ((64 << 20) / SOURCES / bytes).clamp(8, 20_000)
+    ((256 << 20) / SOURCES / bytes).clamp(8, 20_000)
 }
 
 fn outfeed_in_memory(bytes: usize) -> Duration {
@@ -166,14 +167,22 @@ fn memcpy(bytes: usize) -> Duration {
 }
 
 fn main() {
-    let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5).max(5);
+    let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(9).max(5);
     println!("outfeed_bench: {SOURCES} sources -> callbacks (2 workers), median of {runs}");
     for bytes in [64usize, 4 << 10, 1 << 20] {
         let n = SOURCES * frames(bytes);
         let mb = (n * bytes) as f64 / 1e6;
-        let time = |f: &dyn Fn(usize) -> Duration| median((0..runs).map(|_| f(bytes)).collect());
-        let (mem, tcp, chan, copy) =
-            (time(&outfeed_in_memory), time(&outfeed_tcp), time(&bare_channel), time(&memcpy));
+        // The runs of each measure interleaved, so the machine's load changes hit all
+        // of them alike.
+        let mut times = [(); 4].map(|_| Vec::with_capacity(runs));
+        for _ in 0..runs {
+            let fs: [&dyn Fn(usize) -> Duration; 4] =
+                [&outfeed_in_memory, &outfeed_tcp, &bare_channel, &memcpy];
+            for (t, f) in times.iter_mut().zip(fs) {
+                t.push(f(bytes));
+            }
+        }
+        let [mem, tcp, chan, copy] = times.map(median);
         let rate = |t: Duration| n as f64 / t.as_secs_f64();
         let bw = |t: Duration| mb / 1e3 / t.as_secs_f64();
         println!(

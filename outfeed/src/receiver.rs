@@ -12,7 +12,7 @@ use meshwork_types::TensorSpec;
 use crate::frame::{RawFrame, SHUTDOWN};
 use crate::sync::{self, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, MutexGuard};
 use crate::tensor::{Tensor, decode_payload};
-use crate::transport::{Source, Stop};
+use crate::transport::{InProcess, Source, Stop};
 use crate::{Error, Registry};
 
 /// What a callback may return as an error.
@@ -85,7 +85,8 @@ pub struct Metrics {
     pub delivered: Delivered,
     /// The most payload bytes ever queued for callbacks at once.
     pub queue_high_water: usize,
-    /// Time each listener spent blocked on the byte budget.
+    /// Time each source's listener spent blocked on the byte budget, in source order
+    /// (zero for an in-process channel, which has no listener: its worker reads it).
     pub blocked: Vec<Duration>,
 }
 
@@ -115,19 +116,22 @@ impl Budget {
     /// spent waiting.
     fn acquire(&self, len: usize) -> Duration {
         let mut waited = Duration::ZERO;
-        let mut current = self.queued.load(Ordering::Acquire);
-        loop {
-            if current >= self.limit {
-                let start = Instant::now();
-                let mut guard = lock(&self.wait_lock);
-                while self.queued.load(Ordering::Acquire) >= self.limit {
-                    guard = self.freed.wait(guard).unwrap_or_else(|e| e.into_inner());
-                }
-                drop(guard);
-                waited += start.elapsed();
-                current = self.queued.load(Ordering::Acquire);
-                continue;
+        while !self.try_acquire(len) {
+            let start = Instant::now();
+            let mut guard = lock(&self.wait_lock);
+            while self.queued.load(Ordering::Acquire) >= self.limit {
+                guard = self.freed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
+            drop(guard);
+            waited += start.elapsed();
+        }
+        waited
+    }
+
+    /// Adds `len` if the queue is under the limit now; says whether it did.
+    fn try_acquire(&self, len: usize) -> bool {
+        let mut current = self.queued.load(Ordering::Acquire);
+        while current < self.limit {
             // Add only if the queue is still under the limit at this instant: it then
             // holds less than `limit` before and at most `limit - 1 + len` after, so it
             // never exceeds the budget plus one frame, however many listeners race.
@@ -137,12 +141,14 @@ impl Budget {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break,
+                Ok(_) => {
+                    self.high_water.fetch_max(current + len, Ordering::Relaxed);
+                    return true;
+                }
                 Err(now) => current = now,
             }
         }
-        self.high_water.fetch_max(current + len, Ordering::Relaxed);
-        waited
+        false
     }
 
     /// Removes `len`, waking waiting listeners if that makes room.
@@ -203,20 +209,28 @@ impl Shared {
 /// (frames, payload bytes) delivered per (source, consumer).
 type Delivered = BTreeMap<(usize, u32), (u64, u64)>;
 
+/// Frames of one source, in its order, handed to its worker at once.
 struct Job {
-    delivery: Delivery,
+    deliveries: Vec<Delivery>,
 }
+
+/// The most frames a listener hands over at once.
+const BURST: usize = 64;
 
 /// Receives frames from every source and delivers them to the callback.
 pub struct Receiver {
     shared: Arc<Shared>,
-    listeners: Vec<JoinHandle<Duration>>,
+    sources: usize,
+    /// The listeners, with their sources' indices.
+    listeners: Vec<(usize, JoinHandle<Duration>)>,
     workers: Vec<JoinHandle<Delivered>>,
     report: Option<Report>,
 }
 
 impl Receiver {
-    /// Starts one listener per source and `config.workers` callback workers.
+    /// Starts `config.workers` callback workers and a listener per source, except
+    /// for in-process [`channel`](crate::channel())s, which the workers read
+    /// themselves. Source `i` is served by worker `i % workers`.
     pub fn start(
         registry: Registry,
         sources: Vec<Box<dyn Source>>,
@@ -250,30 +264,42 @@ impl Receiver {
             stoppers,
             stop_on_error: config.stop_on_error,
         });
-        let workers = config.workers.max(1).min(sources.len().max(1));
+        let count = sources.len();
+        let workers = config.workers.max(1).min(count.max(1));
+        let max_payload = config.max_payload;
+        // In-process channels go to their workers; every other source gets a listener.
+        let mut direct: Vec<Vec<Direct>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut listened = Vec::new();
+        for (index, source) in sources.into_iter().enumerate() {
+            match in_process(&*source) {
+                Some(reader) => direct[index % workers].push(Direct { index, reader }),
+                None => listened.push((index, source)),
+            }
+        }
         let mut queues = Vec::new();
         let mut worker_handles = Vec::new();
-        for w in 0..workers {
+        for (w, direct) in direct.into_iter().enumerate() {
             let (tx, rx) = sync::unbounded::<Job>();
             queues.push(tx);
             let shared = shared.clone();
-            let handle = sync::spawn(format!("outfeed-callback-{w}"), move || worker(&shared, &rx));
+            let handle = sync::spawn(format!("outfeed-callback-{w}"), move || {
+                worker(&shared, &rx, direct, max_payload)
+            });
             worker_handles.push(handle);
         }
-        let listeners = sources
+        let listeners = listened
             .into_iter()
-            .enumerate()
             .map(|(index, source)| {
                 let shared = shared.clone();
                 let queue = queues[index % workers].clone();
-                let max_payload = config.max_payload;
-                sync::spawn(format!("outfeed-listener-{index}"), move || {
+                let handle = sync::spawn(format!("outfeed-listener-{index}"), move || {
                     listen(&shared, index, source, &queue, max_payload)
-                })
+                });
+                (index, handle)
             })
             .collect();
         drop(queues);
-        Receiver { shared, listeners, workers: worker_handles, report: None }
+        Receiver { shared, sources: count, listeners, workers: worker_handles, report: None }
     }
 
     /// Stops every source (each gets the shutdown marker, or is closed), waits until
@@ -297,9 +323,9 @@ impl Receiver {
     }
 
     fn finish(&mut self) -> Report {
-        let mut blocked = Vec::new();
-        for l in self.listeners.drain(..) {
-            blocked.push(l.join().unwrap_or_default());
+        let mut blocked = vec![Duration::ZERO; self.sources];
+        for (index, l) in self.listeners.drain(..) {
+            blocked[index] = l.join().unwrap_or_default();
         }
         let mut delivered = Delivered::new();
         for w in self.workers.drain(..) {
@@ -322,6 +348,11 @@ impl Drop for Receiver {
 }
 
 /// A listener: reads frames, validates them, waits for budget, queues them in order.
+///
+/// With nothing in hand it waits for a frame; with frames in hand it takes only those
+/// ready now, and hands the burst to its worker when none is ready, when it holds
+/// [`BURST`] frames, or before it waits for budget (the frames in hand count against
+/// the budget, and only the worker frees it).
 fn listen(
     shared: &Shared,
     index: usize,
@@ -331,20 +362,40 @@ fn listen(
 ) -> Duration {
     let mut blocked = Duration::ZERO;
     let checksummed = source.checksummed();
+    let consumers = own(&shared.consumers);
+    let mut burst: Vec<Delivery> = Vec::new();
+    // Hands the burst over; false if the worker is gone.
+    let hand_over = |burst: &mut Vec<Delivery>| {
+        burst.is_empty() || queue.send(Job { deliveries: std::mem::take(burst) }).is_ok()
+    };
     loop {
-        let frame = match source.next_frame(index, max_payload) {
+        let next = if burst.is_empty() {
+            source.next_frame(index, max_payload)
+        } else {
+            source.ready_frame(index, max_payload)
+        };
+        let frame = match next {
             Ok(Some(frame)) => frame,
+            // None ready: hand over what is in hand, then wait.
+            Ok(None) if !burst.is_empty() => {
+                if !hand_over(&mut burst) {
+                    return blocked;
+                }
+                continue;
+            }
             Ok(None) => break,
             Err(e) => {
-                // A stream that lost its place cannot be read further.
+                // A stream that lost its place cannot be read further; what came
+                // before the error is delivered.
+                hand_over(&mut burst);
                 shared.report(e);
-                break;
+                return blocked;
             }
         };
         if frame.header.consumer == SHUTDOWN {
             break;
         }
-        let delivery = match validate(shared, index, frame, checksummed) {
+        let delivery = match validate(&consumers, index, frame, checksummed) {
             Ok(d) => d,
             Err(e) => {
                 shared.report(e);
@@ -352,26 +403,46 @@ fn listen(
             }
         };
         let len = delivery.payload.len();
-        blocked += shared.budget.acquire(len);
-        if queue.send(Job { delivery }).is_err() {
-            break;
+        if !shared.budget.try_acquire(len) {
+            if !hand_over(&mut burst) {
+                return blocked;
+            }
+            blocked += shared.budget.acquire(len);
+        }
+        burst.push(delivery);
+        if burst.len() >= BURST && !hand_over(&mut burst) {
+            return blocked;
         }
     }
+    hand_over(&mut burst);
     blocked
 }
 
+/// A copy of the consumers with names and specs of this thread's own: every delivery
+/// holds a reference to them, and counting references on shared ones from several
+/// threads at once would bounce their counters between cores, frame after frame.
+fn own(consumers: &BTreeMap<u32, Entry>) -> BTreeMap<u32, Entry> {
+    consumers
+        .iter()
+        .map(|(&id, e)| {
+            let entry =
+                Entry { name: Arc::from(&*e.name), specs: Arc::from(&e.specs[..]), len: e.len };
+            (id, entry)
+        })
+        .collect()
+}
+
 /// A frame's consumer, checksum (when its source carries them) and length checked.
+/// `consumers` is the thread's own copy of the registry's entries (see [`own`]).
 fn validate(
-    shared: &Shared,
+    consumers: &BTreeMap<u32, Entry>,
     index: usize,
     frame: RawFrame,
     checksummed: bool,
 ) -> Result<Delivery, Error> {
     let consumer = frame.header.consumer;
-    let entry = shared
-        .consumers
-        .get(&consumer)
-        .ok_or(Error::UnknownConsumer { stream: index, consumer })?;
+    let entry =
+        consumers.get(&consumer).ok_or(Error::UnknownConsumer { stream: index, consumer })?;
     if checksummed {
         frame.verify(index)?;
     }
@@ -383,32 +454,124 @@ fn validate(
     Ok(Delivery { source: index, consumer, name, specs, payload: frame.payload })
 }
 
-/// A callback worker: delivers jobs in queue order, reports failures, frees budget.
-fn worker(shared: &Shared, queue: &sync::Receiver<Job>) -> Delivered {
+/// An in-process channel a worker reads itself: source `index`.
+struct Direct {
+    index: usize,
+    reader: InProcess,
+}
+
+/// A source's in-process channel, if it is one (under the model checker every source
+/// has a listener: the workers' queues are shuttle's, which cannot be selected on).
+fn in_process(source: &dyn Source) -> Option<InProcess> {
+    if cfg!(shuttle) { None } else { source.in_process() }
+}
+
+/// A callback worker: delivers, in order, the jobs its listeners queue (freeing their
+/// budget) and the frames of the in-process channels it reads itself, a burst at a
+/// time from whichever is ready; reports failures.
+fn worker(
+    shared: &Shared,
+    queue: &sync::Receiver<Job>,
+    mut direct: Vec<Direct>,
+    max_payload: u32,
+) -> Delivered {
     let mut delivered = Delivered::new();
-    for Job { delivery } in queue.iter() {
-        let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
-        match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
-            Ok(Ok(())) => {
-                let entry = delivered.entry((source, consumer)).or_default();
-                entry.0 += 1;
-                entry.1 += len as u64;
+    let queued = |deliveries: Vec<Delivery>, delivered: &mut Delivered| {
+        for d in deliveries {
+            let len = d.payload.len();
+            deliver(shared, delivered, d);
+            shared.budget.release(len);
+        }
+    };
+    if direct.is_empty() {
+        for job in queue.iter() {
+            queued(job.deliveries, &mut delivered);
+        }
+        return delivered;
+    }
+    #[cfg(not(shuttle))]
+    {
+        use crate::transport::Ready;
+        use crossbeam::channel::{Select, TryRecvError};
+        let consumers = own(&shared.consumers);
+        let mut queue_open = true;
+        while queue_open || !direct.is_empty() {
+            let ready = {
+                let mut select = Select::new();
+                for d in &direct {
+                    select.recv(&d.reader.rx);
+                }
+                if queue_open {
+                    select.recv(queue);
+                }
+                select.ready()
+            };
+            if ready == direct.len() {
+                match queue.try_recv() {
+                    Ok(job) => queued(job.deliveries, &mut delivered),
+                    Err(TryRecvError::Empty) => {}
+                    Err(TryRecvError::Disconnected) => queue_open = false,
+                }
+                continue;
             }
-            Ok(Err(e)) => {
-                shared.report(Error::Callback { stream: source, consumer, message: e.to_string() })
+            let Direct { index, reader } = &mut direct[ready];
+            let index = *index;
+            let mut ended = false;
+            for _ in 0..BURST {
+                let frame = match reader.try_next() {
+                    Ready::Frame(frame) => frame,
+                    Ready::Empty => break,
+                    Ready::Ended => {
+                        ended = true;
+                        break;
+                    }
+                };
+                if frame.header.len > max_payload {
+                    // As a listener would: the error ends the source.
+                    let (consumer, len) = (frame.header.consumer, frame.header.len);
+                    let (len, cap) = (u64::from(len), u64::from(max_payload));
+                    shared.report(Error::FrameTooLong { stream: index, consumer, len, cap });
+                    ended = true;
+                    break;
+                }
+                if frame.header.consumer == SHUTDOWN {
+                    ended = true;
+                    break;
+                }
+                match validate(&consumers, index, frame, false) {
+                    Ok(d) => deliver(shared, &mut delivered, d),
+                    Err(e) => shared.report(e),
+                }
             }
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".to_owned());
-                shared.report(Error::CallbackPanicked { stream: source, consumer, message });
+            if ended {
+                direct.swap_remove(ready);
             }
         }
-        shared.budget.release(len);
     }
     delivered
+}
+
+/// Calls the callback with `delivery`, counting it or reporting its failure.
+fn deliver(shared: &Shared, delivered: &mut Delivered, delivery: Delivery) {
+    let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
+    match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
+        Ok(Ok(())) => {
+            let entry = delivered.entry((source, consumer)).or_default();
+            entry.0 += 1;
+            entry.1 += len as u64;
+        }
+        Ok(Err(e)) => {
+            shared.report(Error::Callback { stream: source, consumer, message: e.to_string() })
+        }
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            shared.report(Error::CallbackPanicked { stream: source, consumer, message });
+        }
+    }
 }
 
 #[cfg(all(test, shuttle))]

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam::channel;
@@ -27,8 +28,25 @@ pub trait Source: Send {
     /// allocation.
     fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>>;
 
+    /// The next frame if one is ready now, without waiting: `Ok(None)` if none is (or
+    /// the source cannot tell without waiting, the default), errors as
+    /// [`next_frame`](Self::next_frame)'s. A listener that has frames in hand takes
+    /// what is ready this way and hands the burst to its worker at once.
+    fn ready_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        let _ = (stream, max_payload);
+        Ok(None)
+    }
+
     /// A handle that ends this source.
     fn stopper(&self) -> Arc<dyn Stop>;
+
+    /// For an in-process [`channel()`]: its receiving end, which a receiver's callback
+    /// workers read themselves (no listener thread and no queue in between). `None`
+    /// for every other source (the default).
+    #[doc(hidden)]
+    fn in_process(&self) -> Option<InProcess> {
+        None
+    }
 
     /// Whether its frames carry payload checksums to verify: a stream's do (bytes
     /// crossed a medium); an in-process channel's payloads move by pointer, so its
@@ -67,6 +85,10 @@ impl<S: Source + ?Sized> Source for Box<S> {
         (**self).next_frame(stream, max_payload)
     }
 
+    fn ready_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        (**self).ready_frame(stream, max_payload)
+    }
+
     fn checksummed(&self) -> bool {
         (**self).checksummed()
     }
@@ -74,15 +96,23 @@ impl<S: Source + ?Sized> Source for Box<S> {
     fn stopper(&self) -> Arc<dyn Stop> {
         (**self).stopper()
     }
+
+    fn in_process(&self) -> Option<InProcess> {
+        (**self).in_process()
+    }
 }
 
 // ---- in memory ------------------------------------------------------------------------
 
 /// An in-memory link from a device thread to the receiver, holding at most `frames`
-/// frames in flight (the receiver's byte budget bounds what is queued behind it).
+/// frames in flight. The receiver's callback workers read such channels themselves:
+/// a frame waits in its channel, never in the receiver's queue, so the channel's
+/// capacity is what bounds it (the byte budget bounds frames from other sources).
 pub fn channel(frames: usize) -> (ChannelSink, ChannelSource) {
     let (tx, rx) = channel::bounded(frames.max(1));
-    (ChannelSink { tx: tx.clone() }, ChannelSource { rx, stop: Arc::new(ChannelStop { tx }) })
+    let stopped = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(ChannelStop { tx: tx.clone(), stopped: stopped.clone() });
+    (ChannelSink { tx }, ChannelSource { reader: InProcess { rx, stopped, left: None }, stop })
 }
 
 /// The device end of [`channel()`].
@@ -102,36 +132,120 @@ impl Sink for ChannelSink {
     }
 }
 
-/// The host end of [`channel()`]: ends when every sink is dropped, or at a shutdown marker.
+/// The host end of [`channel()`]: ends at a shutdown marker (a device's
+/// [`Sender::shutdown`](crate::Sender::shutdown)), when stopped (after the frames it
+/// held then), or when every sink and the stopper are gone.
 #[derive(Debug)]
 pub struct ChannelSource {
-    rx: channel::Receiver<RawFrame>,
+    reader: InProcess,
     stop: Arc<ChannelStop>,
+}
+
+/// The receiving end of an in-process channel (see [`Source::in_process`]).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct InProcess {
+    pub(crate) rx: channel::Receiver<RawFrame>,
+    stopped: Arc<AtomicBool>,
+    /// Once stopped: how many more frames to take (those the channel held then).
+    left: Option<usize>,
+}
+
+/// What an in-process channel has now.
+pub(crate) enum Ready {
+    /// The next frame.
+    Frame(RawFrame),
+    /// Nothing yet.
+    Empty,
+    /// Nothing more: stopped and drained, or every sender gone.
+    Ended,
+}
+
+impl InProcess {
+    /// The next frame without waiting.
+    pub(crate) fn try_next(&mut self) -> Ready {
+        if self.left.is_none() && self.stopped.load(Ordering::SeqCst) {
+            // The cut: frames in the channel now are delivered, later ones are not.
+            self.left = Some(self.rx.len());
+        }
+        if self.left == Some(0) {
+            return Ready::Ended;
+        }
+        match self.rx.try_recv() {
+            Ok(frame) => {
+                if let Some(left) = &mut self.left {
+                    *left -= 1;
+                }
+                Ready::Frame(frame)
+            }
+            Err(channel::TryRecvError::Empty) => Ready::Empty,
+            Err(channel::TryRecvError::Disconnected) => Ready::Ended,
+        }
+    }
 }
 
 #[derive(Debug)]
 struct ChannelStop {
     tx: channel::Sender<RawFrame>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl Stop for ChannelStop {
     fn stop(&self) {
-        // The receiver keeps draining this channel, so the marker gets through.
-        let _ = self.tx.send(RawFrame { header: Header::shutdown(), payload: Vec::new() });
+        self.stopped.store(true, Ordering::SeqCst);
+        // Wakes a reader waiting on an empty channel. A full channel's reader is not
+        // waiting: it sees the flag. Never blocks, so a worker that stops every source
+        // (after an error) cannot wait on a channel only it drains.
+        let _ = self.tx.try_send(RawFrame { header: Header::shutdown(), payload: Vec::new() });
+    }
+}
+
+impl ChannelSource {
+    /// Frames waiting in the channel now.
+    pub fn len(&self) -> usize {
+        self.reader.rx.len()
+    }
+
+    /// Whether no frame waits in the channel now.
+    pub fn is_empty(&self) -> bool {
+        self.reader.rx.is_empty()
+    }
+
+    fn checked(frame: RawFrame, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        if frame.header.len > max_payload {
+            return Err(Error::FrameTooLong {
+                stream,
+                consumer: frame.header.consumer,
+                len: frame.header.len as u64,
+                cap: max_payload as u64,
+            });
+        }
+        Ok(Some(frame))
     }
 }
 
 impl Source for ChannelSource {
     fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
-        match self.rx.recv() {
-            Ok(frame) if frame.header.len > max_payload => Err(Error::FrameTooLong {
-                stream,
-                consumer: frame.header.consumer,
-                len: frame.header.len as u64,
-                cap: max_payload as u64,
-            }),
-            Ok(frame) => Ok(Some(frame)),
-            Err(_) => Ok(None),
+        match self.reader.try_next() {
+            Ready::Frame(frame) => ChannelSource::checked(frame, stream, max_payload),
+            Ready::Ended => Ok(None),
+            // Wait for a frame (a stop sends a marker into an empty channel).
+            Ready::Empty => match self.reader.rx.recv() {
+                Ok(frame) => {
+                    if let Some(left) = &mut self.reader.left {
+                        *left = left.saturating_sub(1);
+                    }
+                    ChannelSource::checked(frame, stream, max_payload)
+                }
+                Err(_) => Ok(None),
+            },
+        }
+    }
+
+    fn ready_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        match self.reader.try_next() {
+            Ready::Frame(frame) => ChannelSource::checked(frame, stream, max_payload),
+            Ready::Empty | Ready::Ended => Ok(None),
         }
     }
 
@@ -141,6 +255,10 @@ impl Source for ChannelSource {
 
     fn stopper(&self) -> Arc<dyn Stop> {
         self.stop.clone()
+    }
+
+    fn in_process(&self) -> Option<InProcess> {
+        Some(self.reader.clone())
     }
 }
 
@@ -314,24 +432,38 @@ impl<S: Source> Recording<S> {
     }
 }
 
+impl<S: Source> Recording<S> {
+    /// Writes `f` to the file (flushed after a shutdown marker).
+    fn record(&mut self, stream: usize, f: &RawFrame) -> Result<()> {
+        let io = |error| Error::Io { stream, error };
+        // A file is a medium: its frames carry checksums, also those that came
+        // through an in-process channel without one.
+        let mut header = f.header;
+        if !self.inner.checksummed() {
+            header.crc = crc32c::crc32c(&f.payload);
+        }
+        write_all_vectored(&mut self.file, &header.encode(), &f.payload).map_err(io)?;
+        if f.header.consumer == crate::frame::SHUTDOWN {
+            self.file.flush().map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
 impl<S: Source> Source for Recording<S> {
     fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
         let frame = self.inner.next_frame(stream, max_payload)?;
-        let io = |error| Error::Io { stream, error };
         match &frame {
-            Some(f) => {
-                // A file is a medium: its frames carry checksums, also those that came
-                // through an in-process channel without one.
-                let mut header = f.header;
-                if !self.inner.checksummed() {
-                    header.crc = crc32c::crc32c(&f.payload);
-                }
-                write_all_vectored(&mut self.file, &header.encode(), &f.payload).map_err(io)?;
-                if f.header.consumer == crate::frame::SHUTDOWN {
-                    self.file.flush().map_err(io)?;
-                }
-            }
-            None => self.file.flush().map_err(io)?,
+            Some(f) => self.record(stream, f)?,
+            None => self.file.flush().map_err(|error| Error::Io { stream, error })?,
+        }
+        Ok(frame)
+    }
+
+    fn ready_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        let frame = self.inner.ready_frame(stream, max_payload)?;
+        if let Some(f) = &frame {
+            self.record(stream, f)?;
         }
         Ok(frame)
     }

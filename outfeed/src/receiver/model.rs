@@ -44,6 +44,11 @@ impl Source for LinkSource {
         }
     }
 
+    fn ready_frame(&mut self, _stream: usize, _max: u32) -> crate::Result<Option<RawFrame>> {
+        let mut state = self.0.state.lock().unwrap();
+        Ok((!state.0.is_empty()).then(|| state.0.remove(0)))
+    }
+
     fn stopper(&self) -> Arc<dyn Stop> {
         Arc::new(LinkStop(self.0.clone()))
     }
