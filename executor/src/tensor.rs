@@ -750,7 +750,6 @@ impl Tensor {
         }
     }
 
-    /// Every element divided by `n`, as the mean of `n` values whose sum this is.
     /// Same dtype, shape and element bits (floats compared as bit patterns).
     pub(crate) fn same_bits(&self, other: &Tensor) -> bool {
         /// Over contiguous slices where both have them (a dynamic-rank iterator is an
@@ -777,6 +776,7 @@ impl Tensor {
         }
     }
 
+    /// Every element divided by `n`, as the mean of `n` values whose sum this is.
     pub(crate) fn mean_of(self, n: usize) -> Tensor {
         map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
     }

@@ -272,7 +272,8 @@ fn inputs_from_runtime_buffers_go_back_to_the_pools_so_a_warm_loop_allocates_not
         step(k);
         assert_eq!(rt.pooled_bytes(), vec![len * 4; n], "step {k}");
     }
-    // Bad requests are typed errors, checked before anything is allocated.
+    // Bad requests are typed errors: an unknown device, an unsupported dtype, a size
+    // past the address range (checked before allocating).
     assert_eq!(
         rt.buffer(n, DType::F32, &[1]).unwrap_err(),
         Error::NoSuchDevice { device: n, devices: n }

@@ -124,7 +124,7 @@ fn outfeed_tcp(bytes: usize) -> Duration {
     t
 }
 
-/// The anchor: the same payloads (cloned per frame, as the devices do) through one
+/// The anchor: the same payloads (built before the clock starts, as the devices') through one
 /// crossbeam bounded channel to one consumer that reads their length.
 fn bare_channel(bytes: usize) -> Duration {
     let n = frames(bytes);
