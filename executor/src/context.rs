@@ -117,6 +117,22 @@ impl ReplicaContext {
         crate::pool::release(garbage);
     }
 
+    /// This process's replicas' inputs folded in rank order (a mean as a sum), in their
+    /// shape: with one local replica its own input (it owns it by now), otherwise a new
+    /// fold, the inputs given back to their pools.
+    fn local_partial(&self, local: Vec<Arc<Tensor>>, op: ReduceOp) -> Tensor {
+        let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        match <[Arc<Tensor>; 1]>::try_from(local) {
+            Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
+            Err(local) => {
+                let shape = local[0].shape().to_vec();
+                let partial = Tensor::fold_range(&local, fold, 0..local[0].len()).reshape(&shape);
+                self.give_back(local);
+                partial
+            }
+        }
+    }
+
     /// This replica is done with `round` (of `members`): the last of them to be done
     /// gives every member's input back to that member's device pool (in one process;
     /// across processes the round's tensors are copies, and are freed).
@@ -377,17 +393,7 @@ impl ReplicaContext {
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
-            let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
-            // One local replica: its own input is the partial (it owns it by now).
-            let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
-                Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
-                Err(local) => {
-                    let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
-                    self.give_back(local);
-                    partial
-                }
-            };
-            let mut total = partial;
+            let mut total = self.local_partial(local, op);
             net.reduce(&mut total, op)?;
             if op == ReduceOp::Mean {
                 total = total.mean_of(self.replicas);
@@ -594,17 +600,7 @@ impl ReplicaContext {
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let pieces = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
-            let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
-            let shape = local[0].shape().to_vec();
-            // One local replica: its own input is the partial (it owns it by now).
-            let partial = match <[Arc<Tensor>; 1]>::try_from(local) {
-                Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
-                Err(local) => {
-                    let partial = Tensor::fold_range(&local, fold, 0..local[0].len());
-                    self.give_back(local);
-                    partial.reshape(&shape)
-                }
-            };
+            let partial = self.local_partial(local, op);
             let mut flat = if axis == 0 { partial } else { partial.pieces_flat(axis, n) };
             let dtype = flat.dtype();
             let mut mine =

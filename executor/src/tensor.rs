@@ -433,24 +433,8 @@ impl Tensor {
         range: std::ops::Range<usize>,
         out: &mut Tensor,
     ) {
-        macro_rules! red {
-            ($v:ident, $o:ident) => {{
-                let slices: Vec<&[_]> = parts
-                    .iter()
-                    .map(|p| match &**p {
-                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
-                        _ => unreachable!("dtypes checked at the rendezvous"),
-                    })
-                    .collect();
-                fold_to(&slices, range, op, $o.as_slice_mut().expect("standard layout"))
-            }};
-        }
-        match out {
-            Tensor::F32(o) => red!(F32, o),
-            Tensor::F64(o) => red!(F64, o),
-            Tensor::I32(o) => red!(I32, o),
-            Tensor::I64(o) => red!(I64, o),
-        }
+        let run = range.len();
+        Tensor::fold_runs_into(parts, std::iter::once(range.start), run, op, out);
     }
 
     /// A 1-D tensor of `v`.
@@ -500,7 +484,17 @@ impl Tensor {
         out: &mut Tensor,
     ) {
         let (outer, run, first, stride) = piece_runs(parts[0].shape(), axis, n, k);
-        let starts = (0..outer).map(|o| first + o * stride);
+        Tensor::fold_runs_into(parts, (0..outer).map(|o| first + o * stride), run, op, out);
+    }
+
+    /// [`fold_runs`] over every part (one dtype, standard layout) into `out`.
+    fn fold_runs_into(
+        parts: &[std::sync::Arc<Tensor>],
+        starts: impl Iterator<Item = usize>,
+        run: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+    ) {
         macro_rules! red {
             ($v:ident, $o:ident) => {{
                 let slices: Vec<&[_]> = parts
