@@ -552,30 +552,36 @@ impl ReplicaContext {
         {
             return self.reduce_scatter_across(net, op, axis, t);
         }
-        let (parts, rank) = self.meet(groups, OP, format!("{op:?} axis={axis}"), t)?;
+        // Every member lends its output buffer; the members fold the pieces chunk by
+        // chunk straight from the inputs, whichever of them are running taking the next
+        // chunk (see `direct`), so each input element is read once and each output
+        // element written once.
+        let (members, rank) = self.place(groups)?;
         let n = members.len();
-        let mut shape = parts[0].shape().to_vec();
+        let dtype = t.dtype();
+        let mut shape = t.shape().to_vec();
         shape[axis] /= n;
-        // Fold only this rank's piece, straight from the inputs: along axis 0 it is a
-        // contiguous range of every input, along another axis a strided view.
-        let len = parts[0].len() / n;
-        let out = match (self.kept(parts[0].dtype(), &shape), axis) {
-            (Some(mut out), 0) => {
-                Tensor::fold_range_into(&parts, op, rank * len..(rank + 1) * len, &mut out);
-                out
-            }
-            (Some(mut out), _) => {
-                Tensor::fold_pieces_into(&parts, axis, rank, op, &mut out);
-                out
-            }
-            (None, 0) => {
-                Tensor::fold_range(&parts, op, rank * len..(rank + 1) * len).reshape(&shape)
-            }
-            (None, _) => Tensor::fold_pieces(&parts, axis, n, rank, op),
+        let mut out = match self.kept(dtype, &shape) {
+            Some(out) => out,
+            None => Tensor::zeros(dtype, &shape)?,
         };
+        let offer = Offer {
+            op: OP,
+            signature: format!("{op:?} axis={axis} {dtype}{:?}", t.shape()),
+            tensor: Arc::new(t.standard()),
+            lent: Some(direct::Lent::of(&mut out)),
+        };
+        let round = self.hub.exchange(groups, self.replica, offer)?;
+        let chunk = direct::SCATTER_CHUNK_BYTES / dtype.size_in_bytes();
+        let shared = direct::reduce_scatter(&round, rank, op, axis, chunk);
         // The last replica done with the inputs gives them back to their devices'
         // pools (not its own work to free them: freeing 8 × 64 MiB takes tens of ms).
-        self.done_with(parts, members);
+        self.done_with(round, members);
+        shared.map_err(|k| Error::PeerFailed {
+            failed: members[k],
+            replica: self.replica,
+            op: OP,
+        })?;
         Ok(out)
     }
 

@@ -71,6 +71,10 @@ pub(crate) struct Round {
     pub(crate) lent: Vec<Option<Lent>>,
     /// Members still at work on the round's buffers (see [`Countdown`]).
     pub(crate) working: Countdown,
+    /// The next unclaimed unit of work of a round whose members share its work (a
+    /// reduce-scatter's chunks, see `direct`): claimed by `fetch_add`, so each unit
+    /// goes to exactly one member.
+    pub(crate) next: std::sync::atomic::AtomicUsize,
 }
 
 /// A shared round result.
@@ -84,7 +88,7 @@ impl Round {
 
     fn lending(tensors: Vec<Arc<Tensor>>, lent: Vec<Option<Lent>>) -> Gathered {
         let working = Countdown::new(tensors.len());
-        Arc::new(Round { tensors, lent, working })
+        Arc::new(Round { tensors, lent, working, next: std::sync::atomic::AtomicUsize::new(0) })
     }
 
     /// The tensors.

@@ -114,79 +114,104 @@ wrap!(f32 => F32, f64 => F64, i32 => I32, i64 => I64);
 /// over the whole output would read and write it `inputs.len()` times).
 const BLOCK: usize = 4096;
 
-/// Elements folded at once by [`fold_runs`]: a few vector registers' worth.
-const LANES: usize = 16;
-
-/// For each run `j` of `run` elements at `starts[j]` of every input: `out`'s run `j`
-/// (its elements `j * run..`) is `inputs[0][..] ∘ inputs[1][..] ∘ ...` in input order,
-/// then divided by the input count for a mean. Every input is streamed once, side by
-/// side, and `out` written once: the running value of a few elements stays in
-/// registers, so the fold costs no more memory traffic than reading its inputs.
-fn fold_runs<T: Element>(
+/// For each segment `(at, len)`: the next `len` elements of `out` are
+/// `inputs[0][at..] ∘ inputs[1][at..] ∘ ...` in input order, then divided by the input
+/// count for a mean. Every input is read once and `out` written once (block by block,
+/// see [`FOLD_BLOCK_BYTES`]), so the fold costs no more memory traffic than reading its
+/// inputs. The segments' lengths must add up to at most `out.len()`.
+pub(crate) fn fold_segments<T: Element>(
     inputs: &[&[T]],
-    starts: impl Iterator<Item = usize>,
-    run: usize,
+    segments: impl Iterator<Item = (usize, usize)>,
     op: ReduceOp,
     out: &mut [T],
 ) {
     match op {
-        ReduceOp::Sum => runs_with(inputs, starts, run, out, T::add, None),
-        ReduceOp::Mean => runs_with(inputs, starts, run, out, T::add, Some(inputs.len())),
-        ReduceOp::Min => runs_with(inputs, starts, run, out, T::min, None),
-        ReduceOp::Max => runs_with(inputs, starts, run, out, T::max, None),
+        ReduceOp::Sum => segments_with(inputs, segments, out, T::add, None),
+        ReduceOp::Mean => segments_with(inputs, segments, out, T::add, Some(inputs.len())),
+        ReduceOp::Min => segments_with(inputs, segments, out, T::min, None),
+        ReduceOp::Max => segments_with(inputs, segments, out, T::max, None),
     }
 }
 
 #[inline(always)]
-fn runs_with<T: Element>(
+fn segments_with<T: Element>(
     inputs: &[&[T]],
-    starts: impl Iterator<Item = usize>,
-    run: usize,
+    segments: impl Iterator<Item = (usize, usize)>,
+    mut out: &mut [T],
+    f: impl Fn(T, T) -> T + Copy,
+    mean_of: Option<usize>,
+) {
+    let (first, others) = inputs.split_first().expect("at least one input");
+    let mut rest: Vec<&[T]> = Vec::with_capacity(others.len());
+    for (at, len) in segments {
+        let (this, tail) = std::mem::take(&mut out).split_at_mut(len);
+        out = tail;
+        rest.clear();
+        rest.extend(others.iter().map(|i| &i[at..at + len]));
+        blocks(&first[at..at + len], &rest, this, f, mean_of);
+    }
+}
+
+/// The segments of the inputs that elements `range` of piece `k` of `n` equal pieces
+/// along `axis` of a standard-layout `shape` come from, as `(at, len)` in the piece's
+/// row-major order (for [`fold_segments`]).
+pub(crate) fn piece_segments(
+    shape: &[usize],
+    axis: usize,
+    n: usize,
+    k: usize,
+    range: std::ops::Range<usize>,
+) -> impl Iterator<Item = (usize, usize)> {
+    let (run, first, stride) = piece_runs(shape, axis, n, k);
+    let rows = if range.is_empty() || run == 0 {
+        0..0
+    } else {
+        range.start / run..range.end.div_ceil(run)
+    };
+    rows.map(move |o| {
+        let lo = range.start.max(o * run);
+        let hi = range.end.min((o + 1) * run);
+        (first + o * stride + lo - o * run, hi - lo)
+    })
+}
+
+/// Bytes of every input folded at once by [`fold_segments`]: one page. Each input is
+/// read in bursts of a page, one or two inputs at a time (so DRAM rows stay open and a
+/// prefetch stream or two run ahead, where streaming every input side by side thrashes
+/// them), into a block of the result that stays in L1. From memory this is 10–20%
+/// faster than folding all inputs side by side in registers; from cache it is as fast.
+const FOLD_BLOCK_BYTES: usize = 4096;
+
+#[inline(always)]
+fn blocks<T: Element>(
+    first: &[T],
+    rest: &[&[T]],
     out: &mut [T],
     f: impl Fn(T, T) -> T + Copy,
     mean_of: Option<usize>,
 ) {
-    if run == 0 {
-        return;
-    }
-    let (first, others) = inputs.split_first().expect("at least one input");
-    let mut rest: Vec<&[T]> = Vec::with_capacity(others.len());
-    for (out, at) in out.chunks_exact_mut(run).zip(starts) {
-        rest.clear();
-        rest.extend(others.iter().map(|i| &i[at..at + run]));
-        lanes(&first[at..at + run], &rest, out, f, mean_of);
-    }
-}
-
-#[inline(always)]
-fn lanes<T: Element>(
-    first: &[T],
-    rest: &[&[T]],
-    out: &mut [T],
-    f: impl Fn(T, T) -> T,
-    mean_of: Option<usize>,
-) {
+    let block = (FOLD_BLOCK_BYTES / size_of::<T>()).max(1);
     let len = out.len();
-    let whole = len - len % LANES;
-    for at in (0..whole).step_by(LANES) {
-        let mut acc: [T; LANES] = first[at..at + LANES].try_into().expect("LANES elements");
-        for src in rest {
-            let src: &[T; LANES] = src[at..at + LANES].try_into().expect("LANES elements");
-            for k in 0..LANES {
-                acc[k] = f(acc[k], src[k]);
+    for start in (0..len).step_by(block) {
+        let end = (start + block).min(len);
+        let o = &mut out[start..end];
+        o.copy_from_slice(&first[start..end]);
+        // Two inputs per pass, in input order: ((o ∘ x) ∘ y), as one by one.
+        let mut pairs = rest.chunks_exact(2);
+        for pair in &mut pairs {
+            let (x, y) = (&pair[0][start..end], &pair[1][start..end]);
+            for ((a, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *a = f(f(*a, x), y);
+            }
+        }
+        if let [x] = pairs.remainder() {
+            for (a, &x) in o.iter_mut().zip(&x[start..end]) {
+                *a = f(*a, x);
             }
         }
         if let Some(n) = mean_of {
-            acc.iter_mut().for_each(|a| *a = T::mean(*a, n));
+            o.iter_mut().for_each(|a| *a = T::mean(*a, n));
         }
-        out[at..at + LANES].copy_from_slice(&acc);
-    }
-    for at in whole..len {
-        let mut acc = first[at];
-        for src in rest {
-            acc = f(acc, src[at]);
-        }
-        out[at] = mean_of.map_or(acc, |n| T::mean(acc, n));
     }
 }
 
@@ -209,17 +234,16 @@ pub(crate) fn fold_to<T: Element>(
     out: &mut [T],
 ) {
     let run = range.len();
-    fold_runs(inputs, std::iter::once(range.start), run, op, &mut out[..run]);
+    fold_segments(inputs, std::iter::once((range.start, run)), op, &mut out[..run]);
 }
 
-/// Where piece `k` of `n` along `axis` of a standard-layout `shape` lies: as many runs
-/// of contiguous elements as the dims before `axis` hold, each `run` long, the first
-/// at `first` and the next `stride` after it.
-fn piece_runs(shape: &[usize], axis: usize, n: usize, k: usize) -> (usize, usize, usize, usize) {
+/// Where piece `k` of `n` along `axis` of a standard-layout `shape` lies: runs of
+/// `run` contiguous elements (as many as the dims before `axis` hold), the first at
+/// `first` and each next `stride` after the one before.
+fn piece_runs(shape: &[usize], axis: usize, n: usize, k: usize) -> (usize, usize, usize) {
     let inner: usize = shape[axis + 1..].iter().product();
-    let outer: usize = shape[..axis].iter().product();
     let run = shape[axis] / n * inner;
-    (outer, run, k * run, shape[axis] * inner)
+    (run, k * run, shape[axis] * inner)
 }
 
 /// `own[i] = src_0[i] ∘ src_1[i] ∘ ...` over `sources` sources in order, where source
@@ -425,18 +449,6 @@ impl Tensor {
         }
     }
 
-    /// [`fold_range`](Self::fold_range) into `out` (one dtype, `range.len()`
-    /// elements, standard layout), every element overwritten.
-    pub(crate) fn fold_range_into(
-        parts: &[std::sync::Arc<Tensor>],
-        op: ReduceOp,
-        range: std::ops::Range<usize>,
-        out: &mut Tensor,
-    ) {
-        let run = range.len();
-        Tensor::fold_runs_into(parts, std::iter::once(range.start), run, op, out);
-    }
-
     /// A 1-D tensor of `v`.
     pub(crate) fn from_vec<T: Wrap>(v: Vec<T>) -> Tensor {
         T::wrap(ndarray::Array1::from(v).into_dyn())
@@ -445,95 +457,6 @@ impl Tensor {
     /// The same elements in row-major order under `shape` (same element count).
     pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
-    }
-
-    /// Folds piece `k` of `n` equal pieces along `axis` of every part (one dtype and
-    /// shape, standard layout) in order, reading the pieces in place.
-    pub(crate) fn fold_pieces(
-        parts: &[std::sync::Arc<Tensor>],
-        axis: usize,
-        n: usize,
-        k: usize,
-        op: ReduceOp,
-    ) -> Tensor {
-        let mut shape = parts[0].shape().to_vec();
-        shape[axis] /= n;
-        let mut out = parts[0].gather_runs_of_piece(axis, n, k).reshape(&shape);
-        Tensor::fold_pieces_of(parts, axis, n, k, op, &mut out);
-        out
-    }
-
-    /// [`fold_pieces`](Self::fold_pieces) into `out` (one dtype, the piece's shape,
-    /// standard layout), every element overwritten.
-    pub(crate) fn fold_pieces_into(
-        parts: &[std::sync::Arc<Tensor>],
-        axis: usize,
-        k: usize,
-        op: ReduceOp,
-        out: &mut Tensor,
-    ) {
-        Tensor::fold_pieces_of(parts, axis, parts.len(), k, op, out);
-    }
-
-    fn fold_pieces_of(
-        parts: &[std::sync::Arc<Tensor>],
-        axis: usize,
-        n: usize,
-        k: usize,
-        op: ReduceOp,
-        out: &mut Tensor,
-    ) {
-        let (outer, run, first, stride) = piece_runs(parts[0].shape(), axis, n, k);
-        Tensor::fold_runs_into(parts, (0..outer).map(|o| first + o * stride), run, op, out);
-    }
-
-    /// [`fold_runs`] over every part (one dtype, standard layout) into `out`.
-    fn fold_runs_into(
-        parts: &[std::sync::Arc<Tensor>],
-        starts: impl Iterator<Item = usize>,
-        run: usize,
-        op: ReduceOp,
-        out: &mut Tensor,
-    ) {
-        macro_rules! red {
-            ($v:ident, $o:ident) => {{
-                let slices: Vec<&[_]> = parts
-                    .iter()
-                    .map(|p| match &**p {
-                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
-                        _ => unreachable!("dtypes checked at the rendezvous"),
-                    })
-                    .collect();
-                fold_runs(&slices, starts, run, op, $o.as_slice_mut().expect("standard layout"))
-            }};
-        }
-        match out {
-            Tensor::F32(o) => red!(F32, o),
-            Tensor::F64(o) => red!(F64, o),
-            Tensor::I32(o) => red!(I32, o),
-            Tensor::I64(o) => red!(I64, o),
-        }
-    }
-
-    /// Piece `k` of `n` along `axis` of this standard-layout tensor, as a flat copy.
-    fn gather_runs_of_piece(&self, axis: usize, n: usize, k: usize) -> Tensor {
-        let (outer, run, first, stride) = piece_runs(self.shape(), axis, n, k);
-        macro_rules! go {
-            ($v:ident, $x:ident) => {{
-                let x = $x.as_slice().expect("offered in standard layout");
-                let mut out = Vec::with_capacity(outer * run);
-                for o in 0..outer {
-                    out.extend_from_slice(&x[first + o * stride..first + o * stride + run]);
-                }
-                Tensor::from_vec(out)
-            }};
-        }
-        match self {
-            Tensor::F32(x) => go!(F32, x),
-            Tensor::F64(x) => go!(F64, x),
-            Tensor::I32(x) => go!(I32, x),
-            Tensor::I64(x) => go!(I64, x),
-        }
     }
 
     /// Piece `k` of `n` along `split_axis` of every part, concatenated along

@@ -300,7 +300,10 @@ fn inputs_from_runtime_buffers_go_back_to_the_pools_so_a_warm_loop_allocates_not
 type ScatterCase = (usize, DType, Vec<usize>, usize, Vec<Vec<f64>>);
 
 fn scatter_case() -> impl Strategy<Value = ScatterCase> {
-    (1usize..=8, 0usize..3, 1usize..4, 1usize..4, 1usize..40).prop_flat_map(|(n, axis, a, b, c)| {
+    // Runs short and long: the fold works a page of each input at a time, so pieces of
+    // more than a page of elements cross block boundaries.
+    let c = prop_oneof![1usize..40, 1000usize..1300];
+    (1usize..=8, 0usize..3, 1usize..4, 1usize..4, c).prop_flat_map(|(n, axis, a, b, c)| {
         let mut shape = vec![a, b, c];
         shape[axis] *= n;
         let len = shape.iter().product::<usize>();
@@ -382,9 +385,10 @@ fn float_bits(t: &Tensor) -> Vec<u64> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
-    /// Every op, dtype and axis, with runs long and short (the fold works 16 elements
-    /// at a time, then the rest one by one), fresh and into pooled buffers holding
-    /// garbage: each replica's piece equals the sequential fold bit for bit.
+    /// Every op, dtype and axis, with runs long and short (the fold works a page of
+    /// each input at a time, two inputs per pass, then the odd one), fresh and into
+    /// pooled buffers holding garbage: each replica's piece equals the sequential fold
+    /// bit for bit.
     #[test]
     fn reduce_scatter_of_every_op_dtype_and_axis_is_the_sequential_fold_bit_for_bit(
         (n, dtype, shape, axis, values) in scatter_case(),

@@ -31,7 +31,7 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
                         }
                         return Err(format!("injected error at step {step}").into());
                     }
-                    t = match step % 4 {
+                    t = match step % 5 {
                         0 => ctx.all_reduce(ReduceOp::Sum, t)?,
                         1 => ctx.broadcast(0, t)?,
                         // Three tensors of 32 bytes in buckets of 64: two rendezvous.
@@ -39,6 +39,12 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
                             let many = vec![t.clone(), t.clone(), t];
                             let mut out = ctx.all_reduce_fused(&all, ReduceOp::Max, many, 64)?;
                             out.pop().expect("three results")
+                        }
+                        // An all-gather, then a reduce-scatter (shared chunks) back to
+                        // the tensor's shape.
+                        4 => {
+                            let all = ctx.all_gather(0, t)?;
+                            ctx.reduce_scatter(ReduceOp::Max, 0, all)?
                         }
                         _ => {
                             ctx.barrier()?;
