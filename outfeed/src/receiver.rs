@@ -209,6 +209,42 @@ impl Shared {
 /// (frames, payload bytes) delivered per (source, consumer).
 type Delivered = BTreeMap<(usize, u32), (u64, u64)>;
 
+/// A worker's counts, with the (source, consumer) it counted last kept aside, so a run
+/// of frames of one consumer costs no map lookup per frame.
+#[derive(Default)]
+struct Tally {
+    counts: Delivered,
+    last: Option<((usize, u32), (u64, u64))>,
+}
+
+impl Tally {
+    fn add(&mut self, key: (usize, u32), bytes: u64) {
+        match &mut self.last {
+            Some((k, (frames, total))) if *k == key => {
+                *frames += 1;
+                *total += bytes;
+            }
+            _ => {
+                self.flush();
+                self.last = Some((key, (1, bytes)));
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some((key, (frames, bytes))) = self.last.take() {
+            let entry = self.counts.entry(key).or_default();
+            entry.0 += frames;
+            entry.1 += bytes;
+        }
+    }
+
+    fn into_counts(mut self) -> Delivered {
+        self.flush();
+        self.counts
+    }
+}
+
 /// Frames of one source, in its order, handed to its worker at once.
 struct Job {
     deliveries: Vec<Delivery>,
@@ -441,6 +477,19 @@ fn validate(
     checksummed: bool,
 ) -> Result<Delivery, Error> {
     let consumer = frame.header.consumer;
+    let entry = check(consumers, index, &frame, checksummed)?;
+    let (name, specs) = (entry.name.clone(), entry.specs.clone());
+    Ok(Delivery { source: index, consumer, name, specs, payload: frame.payload })
+}
+
+/// [`validate`] without building the delivery: the frame's entry.
+fn check<'a>(
+    consumers: &'a BTreeMap<u32, Entry>,
+    index: usize,
+    frame: &RawFrame,
+    checksummed: bool,
+) -> Result<&'a Entry, Error> {
+    let consumer = frame.header.consumer;
     let entry =
         consumers.get(&consumer).ok_or(Error::UnknownConsumer { stream: index, consumer })?;
     if checksummed {
@@ -450,8 +499,7 @@ fn validate(
     if len != expected {
         return Err(Error::PayloadMismatch { stream: index, consumer, len, expected });
     }
-    let (name, specs) = (entry.name.clone(), entry.specs.clone());
-    Ok(Delivery { source: index, consumer, name, specs, payload: frame.payload })
+    Ok(entry)
 }
 
 /// An in-process channel a worker reads itself: source `index`.
@@ -475,11 +523,11 @@ fn worker(
     mut direct: Vec<Direct>,
     max_payload: u32,
 ) -> Delivered {
-    let mut delivered = Delivered::new();
-    let queued = |deliveries: Vec<Delivery>, delivered: &mut Delivered| {
+    let mut delivered = Tally::default();
+    let queued = |deliveries: Vec<Delivery>, delivered: &mut Tally| {
         for d in deliveries {
             let len = d.payload.len();
-            deliver(shared, delivered, d);
+            deliver(shared, delivered, &d);
             shared.budget.release(len);
         }
     };
@@ -487,78 +535,117 @@ fn worker(
         for job in queue.iter() {
             queued(job.deliveries, &mut delivered);
         }
-        return delivered;
+        return delivered.into_counts();
     }
     #[cfg(not(shuttle))]
     {
         use crate::transport::Ready;
         use crossbeam::channel::{Select, TryRecvError};
         let consumers = own(&shared.consumers);
+        // Up to a burst of one channel's frames: how many were taken, and whether the
+        // channel has ended.
+        let burst =
+            |d: &mut Direct, delivered: &mut Tally, slot: &mut Option<Delivery>| -> (usize, bool) {
+                let Direct { index, reader } = d;
+                let index = *index;
+                for taken in 0..BURST {
+                    let frame = match reader.try_next() {
+                        Ready::Frame(frame) => frame,
+                        Ready::Empty => return (taken, false),
+                        Ready::Ended => return (taken, true),
+                    };
+                    if frame.header.len > max_payload {
+                        // As a listener would: the error ends the source.
+                        let (consumer, len) = (frame.header.consumer, frame.header.len);
+                        let (len, cap) = (u64::from(len), u64::from(max_payload));
+                        shared.report(Error::FrameTooLong { stream: index, consumer, len, cap });
+                        return (taken, true);
+                    }
+                    if frame.header.consumer == SHUTDOWN {
+                        return (taken, true);
+                    }
+                    let entry = match check(&consumers, index, &frame, false) {
+                        Ok(entry) => entry,
+                        Err(e) => {
+                            shared.report(e);
+                            continue;
+                        }
+                    };
+                    // One delivery serves a run of frames of one source and consumer: each
+                    // frame's payload moves into it for the callback and is freed after, so
+                    // a frame costs no reference counting of the consumer's name and specs.
+                    let consumer = frame.header.consumer;
+                    let reuse =
+                        matches!(slot, Some(d) if d.source == index && d.consumer == consumer);
+                    if !reuse {
+                        let (name, specs) = (entry.name.clone(), entry.specs.clone());
+                        *slot = Some(Delivery {
+                            source: index,
+                            consumer,
+                            name,
+                            specs,
+                            payload: Vec::new(),
+                        });
+                    }
+                    let d = slot.as_mut().expect("set above");
+                    d.payload = frame.payload;
+                    deliver(shared, delivered, d);
+                    drop(std::mem::take(&mut d.payload));
+                }
+                (BURST, false)
+            };
+        let mut slot: Option<Delivery> = None;
         let mut queue_open = true;
         while queue_open || !direct.is_empty() {
-            let ready = {
-                let mut select = Select::new();
-                for d in &direct {
-                    select.recv(&d.reader.rx);
+            // Whatever is ready, without blocking: a burst of each channel in turn, then
+            // the queue — no select to build while frames keep coming.
+            let mut progress = false;
+            let mut i = 0;
+            while i < direct.len() {
+                let (taken, ended) = burst(&mut direct[i], &mut delivered, &mut slot);
+                progress |= taken > 0 || ended;
+                if ended {
+                    direct.swap_remove(i);
+                } else {
+                    i += 1;
                 }
-                if queue_open {
-                    select.recv(queue);
-                }
-                select.ready()
-            };
-            if ready == direct.len() {
+            }
+            if queue_open {
                 match queue.try_recv() {
-                    Ok(job) => queued(job.deliveries, &mut delivered),
+                    Ok(job) => {
+                        queued(job.deliveries, &mut delivered);
+                        progress = true;
+                    }
                     Err(TryRecvError::Empty) => {}
-                    Err(TryRecvError::Disconnected) => queue_open = false,
+                    Err(TryRecvError::Disconnected) => {
+                        queue_open = false;
+                        progress = true;
+                    }
                 }
+            }
+            if progress {
                 continue;
             }
-            let Direct { index, reader } = &mut direct[ready];
-            let index = *index;
-            let mut ended = false;
-            for _ in 0..BURST {
-                let frame = match reader.try_next() {
-                    Ready::Frame(frame) => frame,
-                    Ready::Empty => break,
-                    Ready::Ended => {
-                        ended = true;
-                        break;
-                    }
-                };
-                if frame.header.len > max_payload {
-                    // As a listener would: the error ends the source.
-                    let (consumer, len) = (frame.header.consumer, frame.header.len);
-                    let (len, cap) = (u64::from(len), u64::from(max_payload));
-                    shared.report(Error::FrameTooLong { stream: index, consumer, len, cap });
-                    ended = true;
-                    break;
-                }
-                if frame.header.consumer == SHUTDOWN {
-                    ended = true;
-                    break;
-                }
-                match validate(&consumers, index, frame, false) {
-                    Ok(d) => deliver(shared, &mut delivered, d),
-                    Err(e) => shared.report(e),
-                }
+            // Nothing was ready: wait until something is.
+            let mut select = Select::new();
+            for d in &direct {
+                select.recv(&d.reader.rx);
             }
-            if ended {
-                direct.swap_remove(ready);
+            if queue_open {
+                select.recv(queue);
             }
+            select.ready();
         }
     }
-    delivered
+    delivered.into_counts()
 }
 
 /// Calls the callback with `delivery`, counting it or reporting its failure.
-fn deliver(shared: &Shared, delivered: &mut Delivered, delivery: Delivery) {
+fn deliver(shared: &Shared, delivered: &mut Tally, delivery: &Delivery) {
     let (source, consumer, len) = (delivery.source, delivery.consumer, delivery.payload.len());
-    match catch_unwind(AssertUnwindSafe(|| (shared.callback)(&delivery))) {
+    match catch_unwind(AssertUnwindSafe(|| (shared.callback)(delivery))) {
         Ok(Ok(())) => {
-            let entry = delivered.entry((source, consumer)).or_default();
-            entry.0 += 1;
-            entry.1 += len as u64;
+            delivered.add((source, consumer), len as u64);
         }
         Ok(Err(e)) => {
             shared.report(Error::Callback { stream: source, consumer, message: e.to_string() })

@@ -21,10 +21,12 @@ impl Consumer {
     pub fn payload_len(&self) -> Result<usize> {
         self.specs.iter().try_fold(0usize, |acc, s| {
             let bytes = s.byte_size()?;
-            acc.checked_add(bytes).ok_or(Error::Types(meshwork_types::Error::ByteSizeOverflow {
-                shape: s.shape.clone(),
-                dtype: s.dtype,
-            }))
+            acc.checked_add(bytes).ok_or_else(|| {
+                Error::Types(meshwork_types::Error::ByteSizeOverflow {
+                    shape: s.shape.clone(),
+                    dtype: s.dtype,
+                })
+            })
         })
     }
 }

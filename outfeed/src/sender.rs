@@ -10,12 +10,15 @@ pub struct Sender<S: Sink> {
     registry: Registry,
     sink: S,
     pool: Vec<Vec<u8>>,
+    /// The consumer sent to last and its payload length, so a stream of one consumer's
+    /// frames looks neither up again.
+    last: Option<(u32, usize)>,
 }
 
 impl<S: Sink> Sender<S> {
     /// A sender for `registry`'s consumers.
     pub fn new(registry: Registry, sink: S) -> Sender<S> {
-        Sender { registry, sink, pool: Vec::new() }
+        Sender { registry, sink, pool: Vec::new(), last: None }
     }
 
     /// Sends `tensors` to `consumer`, checked against its spec.
@@ -32,9 +35,18 @@ impl<S: Sink> Sender<S> {
 
     /// Sends an already-encoded payload to `consumer` (its length is checked).
     pub fn send_bytes(&mut self, consumer: u32, payload: Vec<u8>) -> Result<()> {
-        let c =
-            self.registry.get(consumer).ok_or(Error::UnknownConsumer { stream: 0, consumer })?;
-        let expected = c.payload_len()?;
+        let expected = match self.last {
+            Some((id, len)) if id == consumer => len,
+            _ => {
+                let len = self
+                    .registry
+                    .get(consumer)
+                    .ok_or(Error::UnknownConsumer { stream: 0, consumer })?
+                    .payload_len()?;
+                self.last = Some((consumer, len));
+                len
+            }
+        };
         if payload.len() != expected {
             return Err(Error::PayloadMismatch {
                 stream: 0,

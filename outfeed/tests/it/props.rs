@@ -52,6 +52,11 @@ proptest! {
             if slow {
                 std::thread::yield_now();
             }
+            // The delivery names the frame's own consumer (a worker reuses one
+            // delivery for a run of frames): its name, and specs its payload fits.
+            let len = [0, 2, 64, 1024].iter().position(|&n| n * 4 == d.payload().len());
+            assert_eq!(len, Some(d.consumer as usize), "consumer {} got a payload of {} bytes", d.consumer, d.payload().len());
+            assert_eq!(&*d.name, ["", "small", "medium", "large"][d.consumer as usize]);
             log.lock().unwrap().push((d.source, tag(&d.tensors()[0])));
             Ok(())
         };
