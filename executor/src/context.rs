@@ -17,8 +17,9 @@ use crate::{Error, Result};
 ///
 /// Every collective is a rendezvous: all replicas of the group must call the same
 /// collective with the same dtype, shape and arguments, or all of them get
-/// [`Error::Mismatch`]. Results are deterministic: reductions fold in rank order, so
-/// every replica gets bit-identical values, run after run.
+/// [`Error::Mismatch`]. Results are deterministic: reductions fold in rank order (in a
+/// multi-process run, each process's members of the group in rank order, then those
+/// folds in process order), so every replica gets bit-identical values, run after run.
 pub struct ReplicaContext {
     replica: usize,
     replicas: usize,
@@ -213,6 +214,211 @@ impl ReplicaContext {
         Ok((Round::new(members.iter().map(|&m| everyone[m].clone()).collect()), rank))
     }
 
+    /// Where `groups` put every replica of a multi-process run: each replica's group
+    /// and rank in it, and for each group the replica that carries its partial on each
+    /// process (its member there of the lowest rank), `None` where it has none.
+    fn layout(&self, groups: &ReplicaGroups) -> GroupLayout {
+        let d = self.hub.replicas();
+        let processes = self.replicas / d;
+        let mut group_of = vec![0; self.replicas];
+        let mut rank_of = vec![0; self.replicas];
+        let mut carriers = vec![vec![None; processes]; groups.groups().len()];
+        for (g, members) in groups.groups().iter().enumerate() {
+            for (k, &y) in members.iter().enumerate() {
+                group_of[y] = g;
+                rank_of[y] = k;
+                carriers[g][y / d].get_or_insert(y);
+            }
+        }
+        GroupLayout { group_of, rank_of, carriers }
+    }
+
+    /// A reduction within `groups` (not all replicas) in a multi-process run,
+    /// hierarchical: each process folds its members of each group (in group rank
+    /// order) into one partial, the processes exchange only the bytes of the partials
+    /// that members elsewhere need — the whole partial for an all-reduce (`axis`
+    /// `None`), member `k`'s piece along `axis` for a reduce-scatter — and each member
+    /// folds its piece of its group's partials in process order (a mean divides that
+    /// sum by the group size). Every member of a group gets the same bits. A
+    /// reduce-scatter over groups of unequal sizes moves its members' whole tensors
+    /// instead (each member folds its piece of them in group rank order).
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_reduce_across(
+        &self,
+        net: &Net,
+        groups: &ReplicaGroups,
+        name: &'static str,
+        args: String,
+        op: ReduceOp,
+        axis: Option<usize>,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        let (members, rank) = self.place(groups)?;
+        let m = members.len();
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
+        let mut out_shape = shape.clone();
+        if let Some(a) = axis {
+            out_shape[a] /= m;
+        }
+        let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        let t = t.standard();
+        // Piece-major, so member k's piece is one contiguous run.
+        let flat = match axis {
+            Some(a) if a != 0 => t.pieces_flat(a, m),
+            _ => t,
+        };
+        let len = flat.len();
+        let uniform = groups.groups().iter().all(|g| g.len() == m);
+        if axis.is_some() && !uniform {
+            let piece = len / m;
+            let (parts, _) = self.meet(groups, name, args, flat)?;
+            let mut out = self.output(dtype, &out_shape)?;
+            let at: Vec<(&Tensor, usize)> = parts.iter().map(|p| (&**p, rank * piece)).collect();
+            Tensor::fold_at_into(&at, piece, fold, &mut out);
+            drop(at);
+            self.done_with(parts, members);
+            return Ok(if op == ReduceOp::Mean { out.mean_of(m) } else { out });
+        }
+        let items = if axis.is_some() { m } else { 1 };
+        let piece = len / items;
+        let d = self.hub.replicas();
+        let p = self.replica / d;
+        let layout = self.layout(groups);
+        let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+        let offer = Offer::new(name, signature.clone(), Arc::new(flat));
+        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(name, &signature, self.replica)?;
+            // Each group's partial here, carried by its member of the lowest rank; the
+            // other members' tensors stay as they are (nobody asks for them).
+            let mut carried = local.clone();
+            let mut partial_of: Vec<Option<Arc<Tensor>>> = vec![None; d];
+            for g in groups.groups() {
+                let here: Vec<usize> =
+                    g.iter().filter(|&&y| y / d == p).map(|&y| y - p * d).collect();
+                let Some(&first) = here.first() else { continue };
+                let partial = if here.len() == 1 {
+                    local[first].clone()
+                } else {
+                    let mut out = self.buffer_of(first, dtype, &[len])?;
+                    let at: Vec<(&Tensor, usize)> = here.iter().map(|&j| (&*local[j], 0)).collect();
+                    Tensor::fold_at_into(&at, len, fold, &mut out);
+                    Arc::new(out)
+                };
+                carried[first] = partial.clone();
+                here.iter().for_each(|&j| partial_of[j] = Some(partial.clone()));
+            }
+            let wants = |x: usize, y: usize, k: usize| {
+                x / d != y / d
+                    && layout.group_of[x] == layout.group_of[y]
+                    && layout.carriers[layout.group_of[y]][y / d] == Some(y)
+                    && (items == 1 || k == layout.rank_of[x])
+            };
+            let got = net.exchange(&carried, items, &[piece], &wants)?;
+            drop(carried);
+            self.give_back(local);
+            // The round: each local replica's group partial, then what arrived.
+            let empty = Arc::new(Tensor::empty(dtype));
+            let mut round: Vec<Arc<Tensor>> =
+                partial_of.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())).collect();
+            round.extend(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())));
+            Ok(round)
+        })?;
+        // This member's piece of each process's partial, in process order.
+        let g = layout.group_of[self.replica];
+        let k = if items == 1 { 0 } else { rank };
+        let parts: Vec<(&Tensor, usize)> = layout.carriers[g]
+            .iter()
+            .enumerate()
+            .filter_map(|(q, carrier)| {
+                let y = (*carrier)?;
+                Some(if q == p {
+                    (&*round[self.local], k * piece)
+                } else {
+                    (&*round[d + y * items + k], 0)
+                })
+            })
+            .collect();
+        let mut out = self.output(dtype, &out_shape)?;
+        Tensor::fold_at_into(&parts, piece, fold, &mut out);
+        drop(parts);
+        self.done_with(round, &[]);
+        Ok(if op == ReduceOp::Mean { out.mean_of(m) } else { out })
+    }
+
+    /// All-to-all within `groups` (not all replicas) in a multi-process run: member `k`
+    /// receives only piece `k` of each member's tensor from other processes (groups of
+    /// unequal sizes move whole tensors instead).
+    fn grouped_all_to_all_across(
+        &self,
+        net: &Net,
+        groups: &ReplicaGroups,
+        split_axis: usize,
+        concat_axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "all_to_all";
+        let (members, rank) = self.place(groups)?;
+        let m = members.len();
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
+        let mut piece_shape = shape.clone();
+        piece_shape[split_axis] /= m;
+        let t = t.standard();
+        let flat = if split_axis == 0 { t } else { t.pieces_flat(split_axis, m) };
+        let piece = flat.len() / m;
+        let args = format!("split={split_axis} concat={concat_axis}");
+        let uniform = groups.groups().iter().all(|g| g.len() == m);
+        let pieces: Vec<Tensor> = if uniform {
+            let d = self.hub.replicas();
+            let p = self.replica / d;
+            let layout = self.layout(groups);
+            let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+            let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
+            let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+                net.step(OP, &signature, self.replica)?;
+                let wants = |x: usize, y: usize, k: usize| {
+                    x / d != y / d
+                        && layout.group_of[x] == layout.group_of[y]
+                        && k == layout.rank_of[x]
+                };
+                let got = net.exchange(&local, m, &[piece], &wants)?;
+                let empty = Arc::new(Tensor::empty(dtype));
+                let mut round = local;
+                round.extend(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())));
+                Ok(round)
+            })?;
+            let pieces = members
+                .iter()
+                .map(|&y| {
+                    let (src, at) = if y / d == p {
+                        (&round[y - p * d], rank * piece)
+                    } else {
+                        (&round[d + y * m + rank], 0)
+                    };
+                    src.slice_flat(at..at + piece).reshape(&piece_shape)
+                })
+                .collect();
+            self.done_with(round, &[]);
+            pieces
+        } else {
+            let (parts, _) = self.meet(groups, OP, args, flat)?;
+            let pieces = parts
+                .iter()
+                .map(|t| t.slice_flat(rank * piece..(rank + 1) * piece).reshape(&piece_shape))
+                .collect();
+            self.done_with(parts, members);
+            pieces
+        };
+        Ok(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), concat_axis))
+    }
+
+    /// A buffer for a result of `dtype` and `shape`: a kept one, or zeros.
+    fn output(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
+        match self.kept(dtype, shape) {
+            Some(out) => Ok(out),
+            None => Tensor::zeros(dtype, shape),
+        }
+    }
+
     /// The members of this replica's group among `groups` and its rank there.
     fn place<'g>(&self, groups: &'g ReplicaGroups) -> Result<(&'g [usize], usize)> {
         let bad = || Error::BadGroups { groups: groups.groups().to_vec(), replicas: self.replicas };
@@ -385,8 +591,15 @@ impl ReplicaContext {
         const OP: &str = "all_reduce";
         let shape = t.shape().to_vec();
         if *groups != self.all {
-            let (parts, _) = self.meet(groups, OP, format!("{op:?}{extra}"), t)?;
-            return Ok(Tensor::fold_range(&parts, op, 0..parts[0].len()).reshape(&shape));
+            return self.grouped_reduce_across(
+                net,
+                groups,
+                OP,
+                format!("{op:?}{extra}"),
+                op,
+                None,
+                t,
+            );
         }
         self.place(groups)?;
         let signature = format!("{op:?} {}{:?}{extra} in all", t.dtype(), t.shape());
@@ -547,10 +760,12 @@ impl ReplicaContext {
                 ),
             ));
         }
-        if let Some(net) = &self.net
-            && *groups == self.all
-        {
-            return self.reduce_scatter_across(net, op, axis, t);
+        if let Some(net) = &self.net {
+            if *groups == self.all {
+                return self.reduce_scatter_across(net, op, axis, t);
+            }
+            let args = format!("{op:?} axis={axis}");
+            return self.grouped_reduce_across(net, groups, OP, args, op, Some(axis), t);
         }
         // Every member lends its output buffer; the members fold the pieces chunk by
         // chunk straight from the inputs, whichever of them are running taking the next
@@ -680,10 +895,11 @@ impl ReplicaContext {
         t: Tensor,
     ) -> Result<Tensor> {
         let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
-        if let Some(net) = &self.net
-            && *groups == self.all
-        {
-            return self.all_to_all_across(net, split_axis, concat_axis, t);
+        if let Some(net) = &self.net {
+            if *groups == self.all {
+                return self.all_to_all_across(net, split_axis, concat_axis, t);
+            }
+            return self.grouped_all_to_all_across(net, groups, split_axis, concat_axis, t);
         }
         let members = self.place(groups)?.0;
         let (parts, rank) =
@@ -870,6 +1086,15 @@ impl ReplicaContext {
 
 /// Tensor `k` of a round's result: moved out by the last replica to read it, copied
 /// by the others.
+/// Where replica groups put the replicas of a multi-process run (see
+/// [`ReplicaContext::layout`]).
+struct GroupLayout {
+    group_of: Vec<usize>,
+    rank_of: Vec<usize>,
+    /// For each group, its carrier on each process.
+    carriers: Vec<Vec<Option<usize>>>,
+}
+
 fn take(round: Gathered, k: usize) -> Tensor {
     match Arc::try_unwrap(round) {
         Ok(round) => {

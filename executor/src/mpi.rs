@@ -188,6 +188,9 @@ fn all_gather_in_place_typed<T: Equivalence>(
     }
 }
 
+/// How long a handshake polls without sleeping before it sleeps between polls.
+const POLL_EAGERLY: Duration = Duration::from_millis(1);
+
 /// Point-to-point messages of meshwork on the world communicator carry this tag.
 const TAG: mpi::Tag = 0x6d77;
 
@@ -246,7 +249,8 @@ impl Interconnect for MpiLink {
     fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>> {
         let world = self.world();
         let mut all = vec![0i64; header.len() * self.processes];
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         mpi::request::scope(|scope| {
             let mut request = world.0.immediate_all_gather_into(scope, header, &mut all[..]);
             loop {
@@ -254,7 +258,15 @@ impl Interconnect for MpiLink {
                     Ok(_) => return,
                     Err(pending) if Instant::now() < deadline => {
                         request = pending;
-                        std::thread::sleep(Duration::from_micros(200));
+                        // Peers usually arrive within microseconds: poll (MPI progresses
+                        // the exchange only inside its calls), yielding the core to
+                        // whoever needs it, for a millisecond; then sleep between polls
+                        // so a long wait costs no core.
+                        if start.elapsed() < POLL_EAGERLY {
+                            std::thread::yield_now();
+                        } else {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
                     }
                     // A collective request cannot be cancelled, and waiting longer
                     // could be forever: end the job.

@@ -449,6 +449,40 @@ impl Tensor {
         }
     }
 
+    /// Folds `len` elements of each part, from its own offset (`(part, at)`: elements
+    /// `at..at + len` of a standard-layout part; one dtype), in part order into `out`
+    /// (1-D or any shape of `len` elements, standard layout), every element overwritten.
+    pub(crate) fn fold_at_into(
+        parts: &[(&Tensor, usize)],
+        len: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+    ) {
+        macro_rules! go {
+            ($v:ident, $o:ident) => {{
+                let slices: Vec<&[_]> = parts
+                    .iter()
+                    .map(|(p, at)| match p {
+                        Tensor::$v(x) => &x.as_slice().expect("standard layout")[*at..*at + len],
+                        _ => unreachable!("one dtype"),
+                    })
+                    .collect();
+                fold_segments(
+                    &slices,
+                    std::iter::once((0, len)),
+                    op,
+                    $o.as_slice_mut().expect("standard layout"),
+                )
+            }};
+        }
+        match out {
+            Tensor::F32(o) => go!(F32, o),
+            Tensor::F64(o) => go!(F64, o),
+            Tensor::I32(o) => go!(I32, o),
+            Tensor::I64(o) => go!(I64, o),
+        }
+    }
+
     /// A 1-D tensor of `v`.
     pub(crate) fn from_vec<T: Wrap>(v: Vec<T>) -> Tensor {
         T::wrap(ndarray::Array1::from(v).into_dyn())

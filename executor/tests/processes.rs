@@ -80,6 +80,10 @@ enum Step {
     /// Split along axis 1 of the transposed input.
     AllToAllT(usize),
     AllGatherInGroups(usize),
+    /// Over strided groups, along axis 0.
+    ReduceScatterInGroups(ReduceOp, usize),
+    /// Over strided groups, split along axis 0 and concatenated along axis 1.
+    AllToAllInGroups(usize),
     Broadcast(usize),
     Permute(usize),
     Barrier,
@@ -92,14 +96,23 @@ fn step() -> impl Strategy<Value = Step> {
         (op.clone(), 1usize..4).prop_map(|(o, g)| Step::AllReduceInGroups(o, g)),
         (0usize..2).prop_map(Step::AllGather),
         op.clone().prop_map(Step::ReduceScatter),
-        op.prop_map(Step::ReduceScatterT),
+        op.clone().prop_map(Step::ReduceScatterT),
         (0usize..2).prop_map(Step::AllToAll),
         (0usize..2).prop_map(Step::AllToAllT),
         (1usize..4).prop_map(Step::AllGatherInGroups),
+        (op, 1usize..4).prop_map(|(o, g)| Step::ReduceScatterInGroups(o, g)),
+        (1usize..4).prop_map(Step::AllToAllInGroups),
         (0usize..64).prop_map(Step::Broadcast),
         (1usize..64).prop_map(Step::Permute),
         Just(Step::Barrier),
     ]
+}
+
+/// At most `g` strided groups of `n` replicas (`k, k + g, ...`; the most that divide
+/// `n`), so that groups straddle processes.
+fn strided(n: usize, g: usize) -> Vec<Vec<usize>> {
+    let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
+    (0..g).map(|k| (k..n).step_by(g).collect()).collect()
 }
 
 /// A program that applies `steps` to its input, keeping every intermediate result.
@@ -112,10 +125,7 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
             let y = match *s {
                 Step::AllReduce(op) => ctx.all_reduce(op, x.clone())?,
                 Step::AllReduceInGroups(op, g) => {
-                    // Strided groups, so that groups straddle processes.
-                    let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
-                    let groups = (0..g).map(|k| (k..n).step_by(g).collect()).collect();
-                    ctx.all_reduce_in(&ctx.groups(groups)?, op, x.clone())?
+                    ctx.all_reduce_in(&ctx.groups(strided(n, g))?, op, x.clone())?
                 }
                 Step::AllGather(axis) => ctx.all_gather(axis, x.clone())?,
                 Step::ReduceScatter(op) => ctx.reduce_scatter(op, 0, x.clone())?,
@@ -123,9 +133,13 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
                 Step::AllToAll(concat) => ctx.all_to_all(0, concat, x.clone())?,
                 Step::AllToAllT(concat) => ctx.all_to_all(1, concat, transposed(&x))?,
                 Step::AllGatherInGroups(g) => {
-                    let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
-                    let groups = (0..g).map(|k| (k..n).step_by(g).collect()).collect();
-                    ctx.all_gather_in(&ctx.groups(groups)?, 1, x.clone())?
+                    ctx.all_gather_in(&ctx.groups(strided(n, g))?, 1, x.clone())?
+                }
+                Step::ReduceScatterInGroups(op, g) => {
+                    ctx.reduce_scatter_in(&ctx.groups(strided(n, g))?, op, 0, x.clone())?
+                }
+                Step::AllToAllInGroups(g) => {
+                    ctx.all_to_all_in(&ctx.groups(strided(n, g))?, 0, 1, x.clone())?
                 }
                 Step::Broadcast(root) => ctx.broadcast(root % n, x.clone())?,
                 Step::Permute(shift) => {
@@ -237,6 +251,61 @@ fn floats(f64s: bool, shape: &[usize], data: &[f64]) -> Tensor {
     }
 }
 
+/// The documented order of a sum or mean over the replicas `members` (a group, in
+/// rank order) of processes with `d` devices each: every process folds its members in
+/// rank order, the processes' folds are added in process order, a mean divides by the
+/// member count. Written over plain vectors, independently of the executor's folds.
+fn documented_group_sum(inputs: &[Tensor], members: &[usize], d: usize, mean: bool) -> Tensor {
+    fn go<T: Copy + std::ops::Add<Output = T> + std::ops::Div<Output = T>>(
+        xs: &[Vec<T>],
+        members: &[usize],
+        d: usize,
+        n: T,
+        mean: bool,
+    ) -> Vec<T> {
+        let mut processes: Vec<usize> = members.iter().map(|&y| y / d).collect();
+        processes.dedup();
+        (0..xs[0].len())
+            .map(|i| {
+                let local = |q: usize| {
+                    let mut here = members.iter().filter(|&&y| y / d == q).map(|&y| xs[y][i]);
+                    let first = here.next().expect("a member on q");
+                    here.fold(first, |acc, x| acc + x)
+                };
+                let total =
+                    processes[1..].iter().fold(local(processes[0]), |acc, &q| acc + local(q));
+                if mean { total / n } else { total }
+            })
+            .collect()
+    }
+    let shape = inputs[0].shape().to_vec();
+    let m = members.len();
+    match &inputs[0] {
+        Tensor::F32(_) => {
+            let xs: Vec<Vec<f32>> = inputs
+                .iter()
+                .map(|t| match t {
+                    Tensor::F32(a) => a.iter().copied().collect(),
+                    _ => unreachable!(),
+                })
+                .collect();
+            let v = go(&xs, members, d, m as f32, mean);
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
+        }
+        _ => {
+            let xs: Vec<Vec<f64>> = inputs
+                .iter()
+                .map(|t| match t {
+                    Tensor::F64(a) => a.iter().copied().collect(),
+                    _ => unreachable!(),
+                })
+                .collect();
+            let v = go(&xs, members, d, m as f64, mean);
+            Tensor::F64(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
+        }
+    }
+}
+
 /// The documented order of a sum or mean over all replicas of `p` processes with `d`
 /// devices each: every process folds its replicas in rank order, the processes' folds
 /// are added in process order, a mean divides by the replica count. Written over
@@ -325,19 +394,36 @@ proptest! {
             for (k, outputs) in result.iter().enumerate() {
                 let r = proc * d + k;
                 for (s, (out, step)) in outputs.iter().zip(&steps).enumerate() {
-                    // Strided groups that come out as one group of all replicas are
-                    // the all-replica all-reduce (the hierarchical order).
                     let n = p * d;
-                    let everyone = match step {
-                        Step::AllReduce(op) => Some(*op),
-                        Step::AllReduceInGroups(op, g) => {
-                            ((1..=*g).rev().find(|g| n.is_multiple_of(*g)) == Some(1)).then_some(*op)
-                        }
-                        _ => None,
+                    let group = |g: usize| {
+                        strided(n, g).into_iter().find(|m| m.contains(&r)).expect("r's group")
                     };
-                    let want = match (everyone, step) {
-                        (Some(op @ (ReduceOp::Sum | ReduceOp::Mean)), _) => {
-                            let model = documented_sum(&all, p, d, op == ReduceOp::Mean);
+                    let want = match step {
+                        Step::AllReduce(op @ (ReduceOp::Sum | ReduceOp::Mean)) => {
+                            let model = documented_sum(&all, p, d, *op == ReduceOp::Mean);
+                            if p == 1 || d == 1 {
+                                prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
+                            }
+                            model
+                        }
+                        // Within a group: its members on each process folded first, then
+                        // those folds in process order (one group of all replicas is the
+                        // all-replica order).
+                        Step::AllReduceInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g) => {
+                            let model = documented_group_sum(&all, &group(*g), d, *op == ReduceOp::Mean);
+                            if p == 1 || d == 1 {
+                                prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
+                            }
+                            model
+                        }
+                        // A reduce-scatter within a group: member k's rows of the group's
+                        // documented sum.
+                        Step::ReduceScatterInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g) => {
+                            let members = group(*g);
+                            let model = documented_group_sum(&all, &members, d, *op == ReduceOp::Mean);
+                            let rows = shape[0] / members.len();
+                            let k = members.iter().position(|&y| y == r).expect("a member");
+                            let model = rows_of(&model, k * rows..(k + 1) * rows);
                             if p == 1 || d == 1 {
                                 prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
                             }
@@ -345,8 +431,8 @@ proptest! {
                         }
                         // A reduce-scatter over all replicas: replica r's rows of the
                         // documented sum.
-                        (_, Step::ReduceScatter(op @ (ReduceOp::Sum | ReduceOp::Mean)))
-                        | (_, Step::ReduceScatterT(op @ (ReduceOp::Sum | ReduceOp::Mean))) => {
+                        Step::ReduceScatter(op @ (ReduceOp::Sum | ReduceOp::Mean))
+                        | Step::ReduceScatterT(op @ (ReduceOp::Sum | ReduceOp::Mean)) => {
                             let model = documented_sum(&all, p, d, *op == ReduceOp::Mean);
                             let rows = shape[0] / n;
                             let mut model = rows_of(&model, r * rows..(r + 1) * rows);
@@ -551,9 +637,12 @@ impl meshwork_executor::Interconnect for Counting {
 /// reduce-scatter (its own replicas' pieces of the others' partial sums), (P-1)·d·L/P
 /// for an all-to-all (the pieces for its replicas), L for a broadcast from another
 /// process's replica and none from its own, nothing for a barrier, a grouped
-/// all-reduce within processes nothing and across them only its groups' members —
-/// where gathering every tensor everywhere would move (P-1)·d·L each time. The
-/// results are checked against one process elsewhere; here, the counts.
+/// all-reduce within processes nothing and across them one partial per other process
+/// of each of its groups, a grouped reduce-scatter only its members' pieces of those
+/// partials, a grouped all-to-all only its members' pieces of the other members'
+/// tensors — where gathering every tensor everywhere would move (P-1)·d·L each time
+/// (and whole group members' tensors 4L into process 1 here). The results are checked
+/// against one process elsewhere; here, the counts.
 #[test]
 fn across_processes_only_the_needed_elements_move() {
     let (p, d, len) = (3usize, 2usize, 600usize);
@@ -598,6 +687,37 @@ fn across_processes_only_the_needed_elements_move() {
                 })
             },
             vec![d * len, d * len, 0],
+        ),
+        // Groups of three that straddle processes: [0, 1 | 2] and [3 | 4, 5].
+        (
+            "grouped all_reduce: one partial per process and group",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 1, 2], vec![3, 4, 5]])?;
+                    Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, i[0].clone())?])
+                })
+            },
+            vec![len, 2 * len, len],
+        ),
+        (
+            "grouped reduce_scatter: its members' pieces of the other processes' partials",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 1, 2], vec![3, 4, 5]])?;
+                    Ok(vec![ctx.reduce_scatter_in(&g, ReduceOp::Sum, 0, i[0].clone())?])
+                })
+            },
+            vec![2 * len / 3; p],
+        ),
+        (
+            "grouped all_to_all: its members' pieces of the other processes' members",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 1, 2], vec![3, 4, 5]])?;
+                    Ok(vec![ctx.all_to_all_in(&g, 0, 0, i[0].clone())?])
+                })
+            },
+            vec![2 * len / 3, 4 * len / 3, 2 * len / 3],
         ),
     ];
     for (name, make, want) in cases {
