@@ -119,17 +119,22 @@ impl ReplicaContext {
     }
 
     /// This process's replicas' inputs folded in rank order (a mean as a sum), in their
-    /// shape: with one local replica its own input (it owns it by now), otherwise a new
-    /// fold, the inputs given back to their pools.
-    fn local_partial(&self, local: Vec<Arc<Tensor>>, op: ReduceOp) -> Tensor {
+    /// shape: with one local replica its own input (it owns it by now), otherwise a
+    /// fold into a buffer of the first local device's pool, the inputs given back to
+    /// their pools.
+    fn local_partial(&self, local: Vec<Arc<Tensor>>, op: ReduceOp) -> Result<Tensor> {
         let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
         match <[Arc<Tensor>; 1]>::try_from(local) {
-            Ok([only]) => Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone()),
+            Ok([only]) => Ok(Arc::try_unwrap(only).unwrap_or_else(|shared| (*shared).clone())),
             Err(local) => {
-                let shape = local[0].shape().to_vec();
-                let partial = Tensor::fold_range(&local, fold, 0..local[0].len()).reshape(&shape);
+                let (dtype, shape, len) =
+                    (local[0].dtype(), local[0].shape().to_vec(), local[0].len());
+                let mut partial = self.buffer_of(0, dtype, &shape)?;
+                let at: Vec<(&Tensor, usize)> = local.iter().map(|t| (&**t, 0)).collect();
+                Tensor::fold_at_into(&at, len, fold, &mut partial);
+                drop(at);
                 self.give_back(local);
-                partial
+                Ok(partial)
             }
         }
     }
@@ -411,6 +416,23 @@ impl ReplicaContext {
         Ok(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), concat_axis))
     }
 
+    /// The one result of `round`, which every local replica gets, as this replica's own
+    /// tensor in `shape`: moved out by the last replica to read it, a copy into a
+    /// buffer of this replica's pool for the others.
+    fn own_copy(&self, round: Gathered, shape: &[usize]) -> Result<Tensor> {
+        match Arc::try_unwrap(round) {
+            Ok(round) => {
+                let t = round.into_tensors().swap_remove(0);
+                Ok(Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()).reshape(shape))
+            }
+            Err(shared) => {
+                let mut out = self.output(shared[0].dtype(), shape)?;
+                out.read_flat(0, &shared[0]);
+                Ok(out)
+            }
+        }
+    }
+
     /// A buffer for a result of `dtype` and `shape`: a kept one, or zeros.
     fn output(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
         match self.kept(dtype, shape) {
@@ -606,7 +628,7 @@ impl ReplicaContext {
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
-            let mut total = self.local_partial(local, op);
+            let mut total = self.local_partial(local, op)?;
             net.reduce(&mut total, op)?;
             if op == ReduceOp::Mean {
                 total = total.mean_of(self.replicas);
@@ -614,10 +636,7 @@ impl ReplicaContext {
             Ok(vec![Arc::new(total)])
         })?;
         // The last local replica to read the result owns it outright: no copy for it.
-        let total = Arc::try_unwrap(total)
-            .map(|round| round.into_tensors().pop().expect("one total"))
-            .unwrap_or_else(|shared| shared[0].clone());
-        Ok(Arc::try_unwrap(total).unwrap_or_else(|shared| (*shared).clone()).reshape(&shape))
+        self.own_copy(total, &shape)
     }
 
     /// Concatenates every replica's tensor along `axis`, in replica order.
@@ -680,7 +699,7 @@ impl ReplicaContext {
                 self.give_back(local);
                 Ok(vec![Arc::new(out)])
             })?;
-            return Ok(take(all, 0).reshape(&want));
+            return self.own_copy(all, &want);
         }
         let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
         let out = match self.kept(parts[0].dtype(), &want) {
@@ -819,9 +838,9 @@ impl ReplicaContext {
         piece[axis] /= n;
         let signature = format!("{op:?} axis={axis} {}{:?} in all", t.dtype(), t.shape());
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
-        let pieces = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+        let pieces = self.hub.exchange_owned(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
-            let partial = self.local_partial(local, op);
+            let partial = self.local_partial(local, op)?;
             let mut flat = if axis == 0 { partial } else { partial.pieces_flat(axis, n) };
             let dtype = flat.dtype();
             let mut mine =
@@ -831,12 +850,22 @@ impl ReplicaContext {
                 mine = mine.mean_of(n);
             }
             let d = self.hub.replicas();
-            Ok(match d {
-                1 => vec![Arc::new(mine.reshape(&piece))],
-                _ => mine.split_flat(d, &piece).into_iter().map(Arc::new).collect(),
-            })
+            if d == 1 {
+                return Ok(vec![mine.reshape(&piece)]);
+            }
+            // Each local replica's piece into a buffer of its own device's pool.
+            let len = mine.len() / d;
+            let pieces = (0..d)
+                .map(|x| {
+                    let mut out = self.buffer_of(x, dtype, &piece)?;
+                    out.read_flat(x * len, &mine);
+                    Ok(out)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.give_back(vec![Arc::new(mine)]);
+            Ok(pieces)
         })?;
-        Ok(take(pieces, self.local))
+        Ok(pieces.take_own(self.local).expect("a piece for every local replica"))
     }
 
     /// All-to-all over all replicas of a multi-process run: each process receives only
@@ -860,16 +889,16 @@ impl ReplicaContext {
         let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
         let piece_len: usize = piece.iter().product();
         let len = t_len;
-        let outs = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+        let outs = self.hub.exchange_owned(&self.local_all, self.local, offer, |local| {
             net.step(OP, &signature, self.replica)?;
             let outs = (0..local.len())
                 .map(|x| self.buffer_of(x, dtype, &[len]))
                 .collect::<Result<Vec<_>>>()?;
             let outs = net.all_to_all_pieces(&local, piece_len, outs)?;
             self.give_back(local);
-            Ok(outs.into_iter().map(Arc::new).collect())
+            Ok(outs)
         })?;
-        let flat = take(outs, self.local);
+        let flat = outs.take_own(self.local).expect("a result for every local replica");
         if concat_axis == 0 {
             // Pieces end to end along axis 0 are the result's row-major order.
             let mut shape = piece;
@@ -1093,14 +1122,4 @@ struct GroupLayout {
     rank_of: Vec<usize>,
     /// For each group, its carrier on each process.
     carriers: Vec<Vec<Option<usize>>>,
-}
-
-fn take(round: Gathered, k: usize) -> Tensor {
-    match Arc::try_unwrap(round) {
-        Ok(round) => {
-            let t = round.into_tensors().swap_remove(k);
-            Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone())
-        }
-        Err(shared) => (*shared[k]).clone(),
-    }
 }

@@ -75,6 +75,9 @@ pub(crate) struct Round {
     /// reduce-scatter's chunks, see `direct`): claimed by `fetch_add`, so each unit
     /// goes to exactly one member.
     pub(crate) next: std::sync::atomic::AtomicUsize,
+    /// Results that belong to one member each, by member index, for it to take
+    /// without a copy (see [`Hub::exchange_owned`]).
+    owned: Vec<Mutex<Option<Tensor>>>,
 }
 
 /// A shared round result.
@@ -88,7 +91,25 @@ impl Round {
 
     fn lending(tensors: Vec<Arc<Tensor>>, lent: Vec<Option<Lent>>) -> Gathered {
         let working = Countdown::new(tensors.len());
-        Arc::new(Round { tensors, lent, working, next: std::sync::atomic::AtomicUsize::new(0) })
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        Arc::new(Round { tensors, lent, working, next, owned: Vec::new() })
+    }
+
+    /// A round of results that belong to one member each.
+    fn owning(owned: Vec<Tensor>) -> Gathered {
+        Arc::new(Round {
+            tensors: Vec::new(),
+            lent: Vec::new(),
+            working: Countdown::new(0),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            owned: owned.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+        })
+    }
+
+    /// Member `k`'s own result of a round made by [`Hub::exchange_owned`], the first
+    /// time it is asked for.
+    pub(crate) fn take_own(&self, k: usize) -> Option<Tensor> {
+        lock(self.owned.get(k)?).take()
     }
 
     /// The tensors.
@@ -425,6 +446,37 @@ impl Hub {
         offer: Offer,
         finish: impl FnOnce(Vec<Arc<Tensor>>) -> Result<Vec<Arc<Tensor>>>,
     ) -> Result<Gathered> {
+        self.rendezvous(groups, replica, offer, |offers| {
+            let lent = offers.iter().map(|o| o.lent).collect();
+            let tensors = finish(offers.into_iter().map(|o| o.tensor).collect())?;
+            Ok(Round::lending(tensors, lent))
+        })
+    }
+
+    /// [`exchange_then`](Self::exchange_then) whose `finish` makes one result per
+    /// member, which each member takes for itself ([`Round::take_own`] with its member
+    /// index) without a copy.
+    pub(crate) fn exchange_owned(
+        &self,
+        groups: &ReplicaGroups,
+        replica: usize,
+        offer: Offer,
+        finish: impl FnOnce(Vec<Arc<Tensor>>) -> Result<Vec<Tensor>>,
+    ) -> Result<Gathered> {
+        self.rendezvous(groups, replica, offer, |offers| {
+            Ok(Round::owning(finish(offers.into_iter().map(|o| o.tensor).collect())?))
+        })
+    }
+
+    /// The rendezvous: the member that completes the round checks the offers and
+    /// makes the round with `build`.
+    fn rendezvous(
+        &self,
+        groups: &ReplicaGroups,
+        replica: usize,
+        offer: Offer,
+        build: impl FnOnce(Vec<Offer>) -> Result<Gathered>,
+    ) -> Result<Gathered> {
         let set = self.set(groups);
         let (g, rank) = set.place[replica];
         let group = &set.groups[g];
@@ -439,11 +491,7 @@ impl Hub {
         if st.count == group.members.len() {
             let offers: Vec<Offer> =
                 st.offers.iter_mut().map(|o| o.take().expect("all arrived")).collect();
-            let result = check(&self.global(&group.members), &offers).and_then(|()| {
-                let lent = offers.iter().map(|o| o.lent).collect();
-                let tensors = finish(offers.into_iter().map(|o| o.tensor).collect())?;
-                Ok(Round::lending(tensors, lent))
-            });
+            let result = check(&self.global(&group.members), &offers).and_then(|()| build(offers));
             {
                 let mut waits = lock(&self.waits);
                 for &m in &group.members {

@@ -215,28 +215,6 @@ fn blocks<T: Element>(
     }
 }
 
-/// Folds `inputs[..][range]` element-wise in input order into a new vector.
-pub(crate) fn fold<T: Element>(
-    inputs: &[&[T]],
-    range: std::ops::Range<usize>,
-    op: ReduceOp,
-) -> Vec<T> {
-    let mut out: Vec<T> = inputs[0][range.clone()].to_vec();
-    fold_to(inputs, range, op, &mut out);
-    out
-}
-
-/// [`fold`] into `out` (of `range.len()` elements), every element overwritten.
-pub(crate) fn fold_to<T: Element>(
-    inputs: &[&[T]],
-    range: std::ops::Range<usize>,
-    op: ReduceOp,
-    out: &mut [T],
-) {
-    let run = range.len();
-    fold_segments(inputs, std::iter::once((range.start, run)), op, &mut out[..run]);
-}
-
 /// Where piece `k` of `n` along `axis` of a standard-layout `shape` lies: runs of
 /// `run` contiguous elements (as many as the dims before `axis` hold), the first at
 /// `first` and each next `stride` after the one before.
@@ -419,33 +397,6 @@ impl Tensor {
             Tensor::F64(o) => go!(F64, o),
             Tensor::I32(o) => go!(I32, o),
             Tensor::I64(o) => go!(I64, o),
-        }
-    }
-
-    /// Folds `range` of the flattened, same-dtype, standard-layout `parts` in order into a
-    /// 1-D tensor.
-    pub(crate) fn fold_range(
-        parts: &[std::sync::Arc<Tensor>],
-        op: ReduceOp,
-        range: std::ops::Range<usize>,
-    ) -> Tensor {
-        macro_rules! red {
-            ($v:ident) => {{
-                let slices: Vec<&[_]> = parts
-                    .iter()
-                    .map(|p| match &**p {
-                        Tensor::$v(x) => x.as_slice().expect("offered in standard layout"),
-                        _ => unreachable!("dtypes checked at the rendezvous"),
-                    })
-                    .collect();
-                Tensor::$v(ndarray::Array1::from(fold(&slices, range, op)).into_dyn())
-            }};
-        }
-        match &*parts[0] {
-            Tensor::F32(_) => red!(F32),
-            Tensor::F64(_) => red!(F64),
-            Tensor::I32(_) => red!(I32),
-            Tensor::I64(_) => red!(I64),
         }
     }
 
