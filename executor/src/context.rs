@@ -576,10 +576,7 @@ impl ReplicaContext {
         for &i in members {
             tensors[i].shape().hash(&mut layout);
         }
-        let mut bucket = match self.kept(dtype, &[len]) {
-            Some(b) => b,
-            None => Tensor::zeros(dtype, &[len])?,
-        };
+        let mut bucket = self.output(dtype, &[len])?;
         let mut at = 0;
         for &i in members {
             bucket.write_flat(at, &tensors[i]);
@@ -702,13 +699,8 @@ impl ReplicaContext {
             return self.own_copy(all, &want);
         }
         let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
-        let out = match self.kept(parts[0].dtype(), &want) {
-            Some(mut out) => {
-                Tensor::concat_into(&parts, axis, &mut out);
-                out
-            }
-            None => Tensor::concat(&parts.iter().map(|p| &**p).collect::<Vec<_>>(), axis),
-        };
+        let mut out = self.output(parts[0].dtype(), &want)?;
+        Tensor::concat_into(&parts, axis, &mut out);
         self.done_with(parts, members);
         Ok(out)
     }
@@ -795,10 +787,7 @@ impl ReplicaContext {
         let dtype = t.dtype();
         let mut shape = t.shape().to_vec();
         shape[axis] /= n;
-        let mut out = match self.kept(dtype, &shape) {
-            Some(out) => out,
-            None => Tensor::zeros(dtype, &shape)?,
-        };
+        let mut out = self.output(dtype, &shape)?;
         let offer = Offer {
             op: OP,
             signature: format!("{op:?} axis={axis} {dtype}{:?}", t.shape()),
@@ -933,13 +922,8 @@ impl ReplicaContext {
         let members = self.place(groups)?.0;
         let (parts, rank) =
             self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
-        let out = match self.kept(parts[0].dtype(), &want) {
-            Some(mut out) => {
-                Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
-                out
-            }
-            None => Tensor::concat_pieces(&parts, split_axis, rank, concat_axis),
-        };
+        let mut out = self.output(parts[0].dtype(), &want)?;
+        Tensor::concat_pieces_into(&parts, split_axis, rank, concat_axis, &mut out);
         self.done_with(parts, members);
         Ok(out)
     }
@@ -1002,7 +986,7 @@ impl ReplicaContext {
         let wants = |_: usize, y: usize| y == root;
         let (parts, _) =
             self.meet_wanting(&self.all, "broadcast", format!("root={root}"), t, Some(&wants))?;
-        let out = self.copy_of(&parts[root]);
+        let out = self.copy_of(&parts[root])?;
         self.done_with(parts, &self.all.groups()[0]);
         Ok(out)
     }
@@ -1030,7 +1014,7 @@ impl ReplicaContext {
         let wants = |x: usize, y: usize| pairs.contains(&(y, x));
         let (parts, _) = self.meet_wanting(&self.all, OP, format!("{pairs:?}"), t, Some(&wants))?;
         let out = match pairs.iter().find(|&&(_, d)| d == self.replica) {
-            Some(&(s, _)) => self.copy_of(&parts[s]),
+            Some(&(s, _)) => self.copy_of(&parts[s])?,
             None => Tensor::zeros(dtype, &shape)?,
         };
         self.done_with(parts, &self.all.groups()[0]);
@@ -1038,14 +1022,10 @@ impl ReplicaContext {
     }
 
     /// A copy of `t` (standard layout), in a kept buffer if the pool has one.
-    fn copy_of(&self, t: &Tensor) -> Tensor {
-        match self.kept(t.dtype(), t.shape()) {
-            Some(mut out) => {
-                out.write_flat(0, t);
-                out
-            }
-            None => t.clone(),
-        }
+    fn copy_of(&self, t: &Tensor) -> Result<Tensor> {
+        let mut out = self.output(t.dtype(), t.shape())?;
+        out.write_flat(0, t);
+        Ok(out)
     }
 
     /// Sends `t` to replica `to` under `tag` (TensorFlow's `_Send`): it waits there

@@ -107,6 +107,15 @@ impl Pool {
     }
 
     fn keep(&self, t: Tensor, only_wanted: bool, garbage: &mut Vec<Tensor>) {
+        // A slice of a larger owned array holds the whole allocation: counting its
+        // elements would understate what the pool keeps.
+        let t = match exact(t) {
+            Ok(t) => t,
+            Err(whole) => {
+                garbage.push(whole);
+                return;
+            }
+        };
         let size = bytes(&t);
         let mut st = self.lock();
         let unwanted = only_wanted && !st.wants.contains(&(t.dtype(), t.len()));
@@ -174,6 +183,32 @@ impl State {
 pub(crate) fn release(garbage: Vec<Tensor>) {
     if !garbage.is_empty() {
         crate::reaper::release(garbage);
+    }
+}
+
+/// `t` itself if its allocation holds just its elements (in standard layout from the
+/// start), else its whole allocation as a 1-D tensor, to be freed.
+fn exact(t: Tensor) -> Result<Tensor, Tensor> {
+    macro_rules! go {
+        ($v:ident, $a:ident) => {{
+            let shape = $a.shape().to_vec();
+            let (len, standard) = ($a.len(), $a.is_standard_layout());
+            let (vec, offset) = $a.into_raw_vec_and_offset();
+            if standard && vec.len() == len && offset.unwrap_or(0) == 0 {
+                Ok(Tensor::$v(
+                    ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), vec)
+                        .expect("the elements of the shape"),
+                ))
+            } else {
+                Err(Tensor::$v(ndarray::Array1::from(vec).into_dyn()))
+            }
+        }};
+    }
+    match t {
+        Tensor::F32(a) => go!(F32, a),
+        Tensor::F64(a) => go!(F64, a),
+        Tensor::I32(a) => go!(I32, a),
+        Tensor::I64(a) => go!(I64, a),
     }
 }
 
@@ -320,5 +355,24 @@ mod tests {
         pool.put(t);
         pool.clear();
         assert_eq!(pool.bytes(), 0);
+    }
+
+    /// A slice of a larger owned array (standard layout, but holding the whole
+    /// allocation it was cut from) is not kept, so the pool's count of bytes is what it
+    /// holds; the same elements in an allocation of their own are.
+    #[test]
+    fn a_slice_of_a_larger_allocation_is_not_kept() {
+        let pool = Pool::new(Limits { capacity: 1 << 20, smallest: 0 });
+        let whole = ArrayD::from_elem(IxDyn(&[4, 8]), 1.0f32);
+        for rows in [0..2, 2..4, 1..3] {
+            let sliced = whole.clone().slice_move(ndarray::s![rows, ..]).into_dyn();
+            assert!(sliced.is_standard_layout());
+            pool.put(Tensor::F32(sliced));
+            assert_eq!(pool.bytes(), 0);
+            assert!(pool.take(DType::F32, &[16]).is_none());
+        }
+        pool.put(f32s(16, 2.0));
+        assert_eq!(pool.bytes(), 64);
+        assert_eq!(pool.take(DType::F32, &[2, 8]).map(|t| t.shape().to_vec()), Some(vec![2, 8]));
     }
 }

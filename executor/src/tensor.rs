@@ -302,16 +302,23 @@ impl Tensor {
         }
     }
 
-    /// A zero-filled tensor of a dtype and shape ([`Error::TooLarge`] if its bytes
-    /// would overflow an `isize`, checked before anything is allocated).
+    /// A zero-filled tensor of a dtype and shape: [`Error::TooLarge`] if its bytes
+    /// would overflow an `isize` (checked before anything is allocated) or the
+    /// allocator has no room for them (where `ArrayD::zeros` would abort the process).
+    /// The zeros come from the allocator's zeroed memory, so large tensors start as
+    /// untouched pages rather than a pass of writes.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor> {
         Tensor::check_size(dtype, shape)?;
-        let s = IxDyn(shape);
+        let too_large = || Error::TooLarge { dtype, shape: shape.to_vec() };
+        let len: usize = shape.iter().product();
+        fn array<T>(shape: &[usize], v: Vec<T>) -> ArrayD<T> {
+            ArrayD::from_shape_vec(IxDyn(shape), v).expect("as many elements as the shape")
+        }
         Ok(match dtype {
-            DType::F32 => Tensor::F32(ArrayD::zeros(s)),
-            DType::F64 => Tensor::F64(ArrayD::zeros(s)),
-            DType::I32 => Tensor::I32(ArrayD::zeros(s)),
-            DType::I64 => Tensor::I64(ArrayD::zeros(s)),
+            DType::F32 => Tensor::F32(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
+            DType::F64 => Tensor::F64(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
+            DType::I32 => Tensor::I32(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
+            DType::I64 => Tensor::I64(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
             other => return Err(Error::UnsupportedDType { dtype: other }),
         })
     }
@@ -442,37 +449,6 @@ impl Tensor {
     /// The same elements in row-major order under `shape` (same element count).
     pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
-    }
-
-    /// Piece `k` of `n` along `split_axis` of every part, concatenated along
-    /// `concat_axis` straight from the parts (one read and one write per element).
-    pub(crate) fn concat_pieces(
-        parts: &[std::sync::Arc<Tensor>],
-        split_axis: usize,
-        k: usize,
-        concat_axis: usize,
-    ) -> Tensor {
-        let n = parts.len();
-        let len = parts[0].shape()[split_axis] / n;
-        let range = ndarray::Slice::from(k * len..(k + 1) * len);
-        macro_rules! cat {
-            ($v:ident) => {{
-                let views: Vec<_> = parts
-                    .iter()
-                    .map(|t| match &**t {
-                        Tensor::$v(a) => a.slice_axis(Axis(split_axis), range),
-                        _ => unreachable!("checked at the rendezvous"),
-                    })
-                    .collect();
-                Tensor::$v(ndarray::concatenate(Axis(concat_axis), &views).expect("checked at the rendezvous"))
-            }};
-        }
-        match &*parts[0] {
-            Tensor::F32(_) => cat!(F32),
-            Tensor::F64(_) => cat!(F64),
-            Tensor::I32(_) => cat!(I32),
-            Tensor::I64(_) => cat!(I64),
-        }
     }
 
     /// The elements of `parts` (one dtype), each in row-major order, end to end in one
@@ -681,5 +657,56 @@ impl Tensor {
     /// Every element divided by `n`, as the mean of `n` values whose sum this is.
     pub(crate) fn mean_of(self, n: usize) -> Tensor {
         map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
+    }
+}
+
+/// Zero-filled vectors that fail instead of aborting when memory runs out.
+mod zeroed {
+    #![allow(unsafe_code)]
+
+    /// Element types whose all-zero bytes are a value (zero).
+    pub(crate) trait ZeroBits: Copy {}
+    impl ZeroBits for f32 {}
+    impl ZeroBits for f64 {}
+    impl ZeroBits for i32 {}
+    impl ZeroBits for i64 {}
+
+    /// `n` zeros, or `None` if the allocator cannot give their memory (or their size
+    /// overflows). Large sizes come as fresh zeroed pages, written only when used.
+    pub(crate) fn vec<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
+        let layout = std::alloc::Layout::array::<T>(n).ok()?;
+        if layout.size() == 0 {
+            return Some(Vec::new());
+        }
+        // SAFETY: the layout has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: `ptr` comes from the global allocator with `Layout::array::<T>(n)`,
+        // i.e. `T`'s alignment and a capacity of exactly `n` elements; its bytes are all
+        // zero, which is a valid `T` (`ZeroBits`: f32, f64, i32, i64), so all `n`
+        // elements are initialised.
+        Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        /// Under Miri (`cargo xtask miri`) this checks the allocation, the zeroes read
+        /// back and the free through `Vec`'s drop; a size past the address space is
+        /// `None`, not an abort.
+        #[test]
+        fn zeroed_vectors_are_zeros_and_huge_ones_are_refused() {
+            for n in [0usize, 1, 7, 1000] {
+                let v: Vec<f64> = super::vec(n).unwrap();
+                assert_eq!(v.len(), n);
+                assert!(v.iter().all(|&x| x.to_bits() == 0));
+                let mut w: Vec<i32> = super::vec(n).unwrap();
+                w.push(5);
+                assert_eq!(w.iter().sum::<i32>(), 5);
+            }
+            assert!(super::vec::<i64>(usize::MAX / 4).is_none());
+            assert!(super::vec::<f32>(usize::MAX).is_none());
+        }
     }
 }

@@ -21,7 +21,8 @@ tasks:
                   the model checks, Miri, the MPI test, docs, dependency edges, tidy,
                   benchmarks compile
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
-  miri            the executor's one unsafe module (direct all-reduce) under Miri
+  miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
+                  zeroed allocation) under Miri
                   (needs `rustup toolchain install nightly --component miri`)
   mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, and
                   a dying process that must abort the job (needs openmpi-bin,
@@ -126,11 +127,21 @@ fn model_check() -> Result {
 fn miri() -> Result {
     let target = workspace_root().join("target").join("miri");
     let mut cmd = Command::new("cargo");
-    cmd.args(["+nightly", "miri", "test", "-p", "meshwork-executor", "--lib", "direct"])
-        .env("MIRIFLAGS", "-Zmiri-strict-provenance -Zmiri-many-seeds=0..8")
-        .env("CARGO_TARGET_DIR", target)
-        .env_remove("RUSTC")
-        .current_dir(workspace_root());
+    cmd.args([
+        "+nightly",
+        "miri",
+        "test",
+        "-p",
+        "meshwork-executor",
+        "--lib",
+        "--",
+        "direct",
+        "tensor::zeroed",
+    ])
+    .env("MIRIFLAGS", "-Zmiri-strict-provenance -Zmiri-many-seeds=0..8")
+    .env("CARGO_TARGET_DIR", target)
+    .env_remove("RUSTC")
+    .current_dir(workspace_root());
     run(&mut cmd)
 }
 
