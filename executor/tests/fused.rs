@@ -81,10 +81,21 @@ proptest! {
             Ok(out)
         });
         let inputs: Vec<Vec<Tensor>> = (0..n).map(|r| tensors(&specs, seed, r)).collect();
+        let others: Vec<Vec<Tensor>> = (0..n).map(|r| tensors(&specs, !seed, r)).collect();
         let k = specs.len();
-        // Twice: the second time the buckets come from the pool.
-        for _ in 0..2 {
-            let out = rt.run(program.clone(), inputs.clone()).unwrap();
+        // Three runs: the inputs, other values (whose sums the buckets then hold when
+        // they go back to the pool), and the inputs again into those pooled buckets —
+        // which must come out as the first run did.
+        let mut first: Option<Vec<Vec<Tensor>>> = None;
+        for run in 0..3 {
+            let out = rt.run(program.clone(), if run == 1 { others.clone() } else { inputs.clone() }).unwrap();
+            if run == 1 {
+                continue;
+            }
+            if let Some(first) = &first {
+                prop_assert_eq!(&out, first, "a run into pooled buckets of other sums");
+            }
+            first.get_or_insert_with(|| out.clone());
             for o in &out {
                 prop_assert_eq!(o.len(), 2 * k);
                 for j in 0..k {
