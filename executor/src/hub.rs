@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::direct::Lent;
 use crate::pool::Pool;
-use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
 use crate::{Error, Result, Tensor};
 
 /// Replica groups: every replica of a run in exactly one group, members in rank order.
@@ -74,7 +74,7 @@ pub(crate) struct Round {
     /// The next unclaimed unit of work of a round whose members share its work (a
     /// reduce-scatter's chunks, see `direct`): claimed by `fetch_add`, so each unit
     /// goes to exactly one member.
-    pub(crate) next: std::sync::atomic::AtomicUsize,
+    pub(crate) next: AtomicUsize,
     /// Results that belong to one member each, by member index, for it to take
     /// without a copy (see [`Hub::exchange_owned`]).
     owned: Vec<Mutex<Option<Tensor>>>,
@@ -91,7 +91,7 @@ impl Round {
 
     fn lending(tensors: Vec<Arc<Tensor>>, lent: Vec<Option<Lent>>) -> Gathered {
         let working = Countdown::new(tensors.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
+        let next = AtomicUsize::new(0);
         Arc::new(Round { tensors, lent, working, next, owned: Vec::new() })
     }
 
@@ -101,7 +101,7 @@ impl Round {
             tensors: Vec::new(),
             lent: Vec::new(),
             working: Countdown::new(0),
-            next: std::sync::atomic::AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
             owned: owned.into_iter().map(|t| Mutex::new(Some(t))).collect(),
         })
     }

@@ -217,3 +217,96 @@ fn model_groups_and_mismatch() {
     shuttle::check_random(groups_and_mismatch, 1000);
     shuttle::check_pct(groups_and_mismatch, 1000, 3);
 }
+
+/// The shared-chunk reduce-scatter of replicas 0–2 (group `[0, 1, 2]`, six chunks of
+/// one element, claimed in any order) while replica 3 fails and poisons the hub,
+/// optionally with member `panics` panicking after the first chunk it claims (if it
+/// claims one). Every schedule must end with every member holding its piece, or every
+/// member holding the failure.
+fn direct_reduce_scatter(panics: Option<usize>) {
+    let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(3600)));
+    let groups = ReplicaGroups::new(vec![vec![0, 1, 2], vec![3]], 4).unwrap();
+    let replicas: Vec<_> = (0..4)
+        .map(|r| {
+            let (hub, groups) = (hub.clone(), groups.clone());
+            shuttle::thread::spawn(move || {
+                if r == 3 {
+                    hub.poison(3);
+                    return None;
+                }
+                let input: Vec<i64> = (0..6).map(|i| (i + 1) << (8 * r)).collect();
+                let mut out = Tensor::I64(ArrayD::from_elem(IxDyn(&[2]), -1));
+                let offer = Offer {
+                    op: "reduce_scatter",
+                    signature: "i64[6]".into(),
+                    tensor: Arc::new(Tensor::I64(
+                        ArrayD::from_shape_vec(IxDyn(&[6]), input).unwrap(),
+                    )),
+                    lent: Some(crate::direct::Lent::of(&mut out)),
+                };
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let round = hub.exchange(&groups, r, offer)?;
+                    let inject = if panics == Some(r) {
+                        crate::direct::Inject::PanicMidFold
+                    } else {
+                        crate::direct::Inject::Nothing
+                    };
+                    crate::direct::reduce_scatter_injected(&round, r, ReduceOp::Sum, 0, 1, inject)
+                        .map_err(|k| Error::PeerFailed {
+                            failed: k,
+                            replica: r,
+                            op: "reduce_scatter",
+                        })
+                }));
+                Some(match outcome {
+                    Ok(Ok(())) => Ok(out),
+                    Ok(Err(e)) => Err(Some(e)),
+                    Err(_panic) => Err(None),
+                })
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = replicas.into_iter().filter_map(|h| h.join().unwrap()).collect();
+    assert_eq!(outcomes.len(), 3);
+    // Element i of every input is (i + 1) << (8 r): piece k sums to (2k + 1, 2k + 2) · 0x010101.
+    let piece = |k: i64| {
+        Tensor::I64(
+            ArrayD::from_shape_vec(
+                IxDyn(&[2]),
+                vec![(2 * k + 1) * 0x010101, (2 * k + 2) * 0x010101],
+            )
+            .unwrap(),
+        )
+    };
+    let all_ok =
+        outcomes.iter().enumerate().all(|(r, o)| o.as_ref().is_ok_and(|t| *t == piece(r as i64)));
+    let poisoned = outcomes.iter().enumerate().all(|(r, o)| {
+        matches!(o, Err(Some(Error::PeerFailed { failed: 3, replica, .. })) if *replica == r)
+    });
+    let panicked = panics.is_some_and(|p| {
+        outcomes.iter().enumerate().all(|(r, o)| match o {
+            Err(None) => r == p,
+            Err(Some(Error::PeerFailed { failed, replica, .. })) => *failed == p && *replica == r,
+            _ => false,
+        })
+    });
+    // A member set to panic that claimed no chunk (the others took them all) does not.
+    assert!(
+        all_ok || poisoned || panicked,
+        "members of one reduce-scatter disagree on its outcome: {outcomes:?}"
+    );
+}
+
+#[test]
+fn model_direct_reduce_scatter() {
+    shuttle::check_random(|| direct_reduce_scatter(None), 1000);
+    shuttle::check_pct(|| direct_reduce_scatter(None), 1000, 3);
+}
+
+#[test]
+fn model_direct_reduce_scatter_with_a_panicking_member() {
+    for p in 0..3 {
+        shuttle::check_random(move || direct_reduce_scatter(Some(p)), 300);
+        shuttle::check_pct(move || direct_reduce_scatter(Some(p)), 300, 3);
+    }
+}
