@@ -2,7 +2,9 @@
 //! measured in the same run: a bare crossbeam bounded channel moving the same payloads
 //! (8 producers → 1 consumer), and memcpy of the same bytes between two buffers of the
 //! run's size. Payloads are built before the clock starts (a device produces them; the
-//! outfeed moves them). Medians of 9 runs each, the measures' runs interleaved.
+//! outfeed moves them). Medians of 9 runs each, the measures' runs interleaved; the
+//! ratios (in-memory outfeed against the bare channel and memcpy) are the medians of
+//! each run's ratio, so the machine's drift between runs cancels out.
 //!
 //! `cargo run --release -p meshwork-outfeed --example outfeed_bench [-- RUNS]`
 
@@ -182,6 +184,15 @@ fn main() {
                 t.push(f(bytes));
             }
         }
+        // Ratios to the anchors run by run (each run's measures sit side by side in
+        // time), then their median: the machine's drift between runs cancels out.
+        let ratio = |a: &[Duration], b: &[Duration]| {
+            let mut r: Vec<f64> =
+                a.iter().zip(b).map(|(a, b)| a.as_secs_f64() / b.as_secs_f64()).collect();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
+        let (vs_chan, vs_copy) = (ratio(&times[2], &times[0]), ratio(&times[3], &times[0]));
         let [mem, tcp, chan, copy] = times.map(median);
         let rate = |t: Duration| n as f64 / t.as_secs_f64();
         let bw = |t: Duration| mb / 1e3 / t.as_secs_f64();
@@ -192,9 +203,9 @@ fn main() {
             rate(tcp),
             bw(tcp),
             rate(chan),
-            rate(mem) / rate(chan),
+            vs_chan,
             bw(copy),
-            bw(mem) / bw(copy),
+            vs_copy,
         );
     }
 }
