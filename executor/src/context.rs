@@ -246,7 +246,7 @@ impl ReplicaContext {
     /// folds its piece of its group's partials in process order (a mean divides that
     /// sum by the group size). Every member of a group gets the same bits. A
     /// reduce-scatter over groups of unequal sizes moves its members' whole tensors
-    /// instead (each member folds its piece of them in group rank order).
+    /// instead (each member folds its piece of them in the same order).
     #[allow(clippy::too_many_arguments)]
     fn grouped_reduce_across(
         &self,
@@ -275,10 +275,28 @@ impl ReplicaContext {
         let len = flat.len();
         let uniform = groups.groups().iter().all(|g| g.len() == m);
         if axis.is_some() && !uniform {
+            // Every member's whole tensor; this member's piece of them folded in the
+            // documented order: each process's members in rank order, then the
+            // processes in order.
             let piece = len / m;
             let (parts, _) = self.meet(groups, name, args, flat)?;
+            let d = self.hub.replicas();
+            let mut processes: Vec<usize> = members.iter().map(|&y| y / d).collect();
+            processes.dedup();
+            let mut partials = Vec::with_capacity(processes.len());
+            for &q in &processes {
+                let here: Vec<(&Tensor, usize)> = members
+                    .iter()
+                    .zip(parts.iter())
+                    .filter(|(y, _)| **y / d == q)
+                    .map(|(_, t)| (&**t, rank * piece))
+                    .collect();
+                let mut partial = Tensor::zeros(dtype, &[piece])?;
+                Tensor::fold_at_into(&here, piece, fold, &mut partial);
+                partials.push(partial);
+            }
             let mut out = self.output(dtype, &out_shape)?;
-            let at: Vec<(&Tensor, usize)> = parts.iter().map(|p| (&**p, rank * piece)).collect();
+            let at: Vec<(&Tensor, usize)> = partials.iter().map(|p| (p, 0)).collect();
             Tensor::fold_at_into(&at, piece, fold, &mut out);
             drop(at);
             self.done_with(parts, members);
@@ -292,9 +310,10 @@ impl ReplicaContext {
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
         let offer = Offer::new(name, signature.clone(), Arc::new(flat));
         let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-            net.step(name, &signature, self.replica)?;
             // Each group's partial here, carried by its member of the lowest rank; the
-            // other members' tensors stay as they are (nobody asks for them).
+            // other members' tensors stay as they are (nobody asks for them). Made
+            // before the processes agree on the step: a buffer that cannot be had is
+            // then this process's failure, which the agreement tells the others.
             let mut carried = local.clone();
             let mut partial_of: Vec<Option<Arc<Tensor>>> = vec![None; d];
             for g in groups.groups() {
@@ -312,6 +331,7 @@ impl ReplicaContext {
                 carried[first] = partial.clone();
                 here.iter().for_each(|&j| partial_of[j] = Some(partial.clone()));
             }
+            net.step(name, &signature, self.replica)?;
             let wants = |x: usize, y: usize, k: usize| {
                 x / d != y / d
                     && layout.group_of[x] == layout.group_of[y]
@@ -597,8 +617,9 @@ impl ReplicaContext {
     /// All-reduce in a multi-process run. Over all replicas it is hierarchical: the
     /// local replicas are folded in rank order, the processes' folds are reduced
     /// across processes (each process folds one chunk of all of them, in process
-    /// order), and every local replica gets a copy. Any other groups gather their
-    /// inputs and fold them in rank order, exactly as one process would.
+    /// order), and every local replica gets a copy. Other groups are hierarchical too
+    /// (see `grouped_reduce_across`): each process's members of a group, then the
+    /// processes, in order.
     fn all_reduce_across(
         &self,
         net: &Net,
@@ -624,8 +645,10 @@ impl ReplicaContext {
         let signature = format!("{op:?} {}{:?}{extra} in all", t.dtype(), t.shape());
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let total = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-            net.step(OP, &signature, self.replica)?;
+            // The local fold first: a buffer it cannot have is this process's failure,
+            // told to the others by the agreement.
             let mut total = self.local_partial(local, op)?;
+            net.step(OP, &signature, self.replica)?;
             net.reduce(&mut total, op)?;
             if op == ReduceOp::Mean {
                 total = total.mean_of(self.replicas);
@@ -690,8 +713,8 @@ impl ReplicaContext {
             let signature = format!("axis=0 {}{:?} in all", t.dtype(), t.shape());
             let offer = Offer::new("all_gather", signature.clone(), Arc::new(t.standard()));
             let all = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-                net.step("all_gather", &signature, self.replica)?;
                 let out = self.buffer_of(self.local, local[0].dtype(), &want)?;
+                net.step("all_gather", &signature, self.replica)?;
                 let out = net.all_gather_flat(&local, out)?;
                 self.give_back(local);
                 Ok(vec![Arc::new(out)])
@@ -828,29 +851,34 @@ impl ReplicaContext {
         let signature = format!("{op:?} axis={axis} {}{:?} in all", t.dtype(), t.shape());
         let offer = Offer::new(OP, signature.clone(), Arc::new(t.standard()));
         let pieces = self.hub.exchange_owned(&self.local_all, self.local, offer, |local| {
-            net.step(OP, &signature, self.replica)?;
             let partial = self.local_partial(local, op)?;
             let mut flat = if axis == 0 { partial } else { partial.pieces_flat(axis, n) };
             let dtype = flat.dtype();
-            let mut mine =
-                net.reduce_scatter(&mut flat, op, |len| self.buffer_of(self.local, dtype, &[len]))?;
+            let d = self.hub.replicas();
+            // Every buffer the step needs, before the processes agree on it: one that
+            // cannot be had is then this process's failure, which the agreement tells
+            // the others (after it, they would be waiting in the exchange).
+            let mine = self.buffer_of(self.local, dtype, &[net.chunk(flat.len()).len()])?;
+            let mut pieces = match d {
+                1 => Vec::new(),
+                _ => {
+                    (0..d).map(|x| self.buffer_of(x, dtype, &piece)).collect::<Result<Vec<_>>>()?
+                }
+            };
+            net.step(OP, &signature, self.replica)?;
+            let mut mine = net.reduce_scatter(&mut flat, op, |_| Ok(mine))?;
             self.give_back(vec![Arc::new(flat)]);
             if op == ReduceOp::Mean {
                 mine = mine.mean_of(n);
             }
-            let d = self.hub.replicas();
             if d == 1 {
                 return Ok(vec![mine.reshape(&piece)]);
             }
             // Each local replica's piece into a buffer of its own device's pool.
             let len = mine.len() / d;
-            let pieces = (0..d)
-                .map(|x| {
-                    let mut out = self.buffer_of(x, dtype, &piece)?;
-                    out.read_flat(x * len, &mine);
-                    Ok(out)
-                })
-                .collect::<Result<Vec<_>>>()?;
+            for (x, out) in pieces.iter_mut().enumerate() {
+                out.read_flat(x * len, &mine);
+            }
             self.give_back(vec![Arc::new(mine)]);
             Ok(pieces)
         })?;
@@ -879,10 +907,10 @@ impl ReplicaContext {
         let piece_len: usize = piece.iter().product();
         let len = t_len;
         let outs = self.hub.exchange_owned(&self.local_all, self.local, offer, |local| {
-            net.step(OP, &signature, self.replica)?;
             let outs = (0..local.len())
                 .map(|x| self.buffer_of(x, dtype, &[len]))
                 .collect::<Result<Vec<_>>>()?;
+            net.step(OP, &signature, self.replica)?;
             let outs = net.all_to_all_pieces(&local, piece_len, outs)?;
             self.give_back(local);
             Ok(outs)

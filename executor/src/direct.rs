@@ -4,12 +4,14 @@
 //! `k` of every buffer. In a reduce-scatter the members lend their output buffers and
 //! share the work chunk by chunk — whichever members are running claim the next chunk
 //! of some piece and fold it from every input (read-only, shared) into that piece's
-//! buffer — so a member the OS has not scheduled yet holds up nobody. Either way each
+//! buffer — so the fold does not wait for a member the OS has not scheduled yet (its
+//! return does: every member waits for every share to end). Either way each
 //! input element is read once and each output element written once, with no staging
 //! buffers.
 //!
-//! This is the one place the executor shares mutable memory between threads, so it is
-//! the one place with `unsafe`. Soundness rests on three facts:
+//! This is the one place the executor shares mutable memory between threads (its other
+//! `unsafe` is a zeroed allocation in `tensor.rs` and, under the `mpi` feature, `Send`
+//! for the MPI communicator). Soundness rests on three facts:
 //! 1. **Disjoint regions.** Rank `k` touches only elements `region(k)` of each buffer
 //!    (all-reduce), or only the chunks it claimed with an atomic `fetch_add`, each
 //!    claimed by exactly one member (reduce-scatter); the regions, or the chunks of a
@@ -45,8 +47,9 @@ pub(crate) struct Lent {
     len: usize,
 }
 
-// SAFETY: a loan is only an address until `fold_region` uses it, under the rules of
-// the module docs (disjoint regions, buffers that outlive the round's countdown).
+// SAFETY: a loan is only an address until `fold_region` or `fold_chunk` uses it, under
+// the rules of the module docs (disjoint regions or claimed chunks, buffers that
+// outlive the round's countdown).
 unsafe impl Send for Lent {}
 // SAFETY: as for `Send`: shared loans are read only as addresses.
 unsafe impl Sync for Lent {}
@@ -199,7 +202,8 @@ pub(crate) const SCATTER_CHUNK_BYTES: usize = 256 << 10;
 /// claim chunks of `chunk` output elements (`c` is chunk `c / n` of piece `c % n`) until
 /// none is left, and fold each from every input in rank order into its owner's buffer.
 /// Whichever members are running do the work, so a member the OS has not scheduled
-/// yet holds up nobody; each input element is still read once and each output element
+/// yet holds up no fold (only everyone's return, which waits for every share); each
+/// input element is still read once and each output element
 /// written once. Then it waits for every member's share. On return (`Ok`) the member's
 /// own buffer holds its piece.
 ///

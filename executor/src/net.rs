@@ -80,6 +80,13 @@ impl Net {
         self.link.processes() * self.local
     }
 
+    /// This process's chunk of a tensor of `len` elements in [`reduce`](Self::reduce)
+    /// and [`reduce_scatter`](Self::reduce_scatter).
+    pub(crate) fn chunk(&self, len: usize) -> Range<usize> {
+        let (p, n) = (self.link.process(), self.link.processes());
+        p * len / n..(p + 1) * len / n
+    }
+
     /// Agrees with every process on the next collective `op` with `signature`, as seen
     /// by `replica`; fails, everywhere alike, if a process failed or disagrees.
     pub(crate) fn step(&self, op: &'static str, signature: &str, replica: usize) -> Result<()> {
@@ -139,7 +146,7 @@ impl Net {
         let (p, n) = (self.link.process(), self.link.processes());
         let mine = Tensor::flatten(local);
         let len = mine.len();
-        let mut all = Tensor::zeros(mine.dtype(), &[len * n])?;
+        let mut all = Tensor::zeros_in_step(mine.dtype(), &[len * n])?;
         all.write_flat(p * len, &mine);
         drop(mine);
         let chunks: Vec<Range<usize>> = (0..n).map(|q| q * len..(q + 1) * len).collect();
@@ -195,7 +202,7 @@ impl Net {
             }
             *range = start..at;
         }
-        let mut into = Tensor::zeros(local[0].dtype(), &[at])?;
+        let mut into = Tensor::zeros_in_step(local[0].dtype(), &[at])?;
         self.link.all_to_all_into(&from, &send, &mut into, &recv)?;
         drop(from);
         let mut out: Vec<Option<Arc<Tensor>>> = vec![None; n * d * items];
@@ -301,7 +308,7 @@ impl Net {
                 std::cmp::Ordering::Greater => (q - 1) * block..q * block,
             })
             .collect();
-        let mut staged = Tensor::zeros(dtype, &[(n - 1) * block])?;
+        let mut staged = Tensor::zeros_in_step(dtype, &[(n - 1) * block])?;
         self.link.all_to_all_into(&from, &send, &mut staged, &recv)?;
         drop(from);
         for q in (0..n).filter(|&q| q != p) {
@@ -355,7 +362,7 @@ impl Net {
             let start = (c.start + s * SEGMENT).min(c.end);
             start..(start + SEGMENT).min(c.end)
         };
-        let mut others = Tensor::zeros(partial.dtype(), &[SEGMENT.min(len) * (n - 1)])?;
+        let mut others = Tensor::zeros_in_step(partial.dtype(), &[SEGMENT.min(len) * (n - 1)])?;
         for s in 0..longest.div_ceil(SEGMENT) {
             let mine = segment(&chunks[p], s);
             let send: Vec<Range<usize>> =

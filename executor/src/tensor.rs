@@ -323,6 +323,24 @@ impl Tensor {
         })
     }
 
+    /// [`zeros`](Self::zeros) for a buffer a cross-process step needs after the
+    /// processes agreed on it: the others are already in the data exchange, so an error
+    /// here could not reach them; a size past the address space is still
+    /// [`Error::TooLarge`] (checked before the agreement by every caller's own shape),
+    /// but an allocator with no room ends the process, as Rust's out-of-memory does
+    /// (and with it the MPI job), instead of leaving the others waiting.
+    pub(crate) fn zeros_in_step(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        match Tensor::zeros(dtype, shape) {
+            Err(Error::TooLarge { .. }) if Tensor::check_size(dtype, shape).is_ok() => {
+                let bytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
+                let layout = std::alloc::Layout::from_size_align(bytes, 8)
+                    .unwrap_or(std::alloc::Layout::new::<u64>());
+                std::alloc::handle_alloc_error(layout)
+            }
+            other => other,
+        }
+    }
+
     /// Concatenates `parts` (same dtype) along `axis`.
     pub(crate) fn concat(parts: &[&Tensor], axis: usize) -> Tensor {
         macro_rules! cat {
@@ -665,11 +683,19 @@ mod zeroed {
     #![allow(unsafe_code)]
 
     /// Element types whose all-zero bytes are a value (zero).
-    pub(crate) trait ZeroBits: Copy {}
-    impl ZeroBits for f32 {}
-    impl ZeroBits for f64 {}
-    impl ZeroBits for i32 {}
-    impl ZeroBits for i64 {}
+    ///
+    /// # Safety
+    /// An implementor promises that every all-zero bit pattern of its size is a valid
+    /// value of it; [`vec`] hands such memory out as initialised elements.
+    pub(crate) unsafe trait ZeroBits: Copy {}
+    // SAFETY: all-zero bits are 0.0 and 0 for these primitive numbers.
+    unsafe impl ZeroBits for f32 {}
+    // SAFETY: as above.
+    unsafe impl ZeroBits for f64 {}
+    // SAFETY: as above.
+    unsafe impl ZeroBits for i32 {}
+    // SAFETY: as above.
+    unsafe impl ZeroBits for i64 {}
 
     /// `n` zeros, or `None` if the allocator cannot give their memory (or their size
     /// overflows). Large sizes come as fresh zeroed pages, written only when used.
@@ -705,8 +731,19 @@ mod zeroed {
                 w.push(5);
                 assert_eq!(w.iter().sum::<i32>(), 5);
             }
+            // Sizes whose layout overflows are refused before the allocator is asked.
             assert!(super::vec::<i64>(usize::MAX / 4).is_none());
             assert!(super::vec::<f32>(usize::MAX).is_none());
+        }
+
+        /// A size whose layout is valid but which no allocator can give (2^63 - 4
+        /// bytes, past any address space): the allocator's refusal is `None`, where
+        /// `vec![0; n]` would abort the process. Not under Miri, which reports the
+        /// request itself as resource exhaustion.
+        #[test]
+        #[cfg(not(miri))]
+        fn an_allocation_no_allocator_can_give_is_refused() {
+            assert!(super::vec::<f32>(isize::MAX as usize / 4).is_none());
         }
     }
 }
