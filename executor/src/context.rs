@@ -282,6 +282,7 @@ impl ReplicaContext {
             let (parts, _) = self.meet(groups, name, args, flat)?;
             let d = self.hub.replicas();
             let mut processes: Vec<usize> = members.iter().map(|&y| y / d).collect();
+            processes.sort_unstable();
             processes.dedup();
             let mut partials = Vec::with_capacity(processes.len());
             for &q in &processes {

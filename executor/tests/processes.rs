@@ -80,10 +80,13 @@ enum Step {
     /// Split along axis 1 of the transposed input.
     AllToAllT(usize),
     AllGatherInGroups(usize),
-    /// Over strided groups, along axis 0.
-    ReduceScatterInGroups(ReduceOp, usize),
-    /// Over strided groups, split along axis 0 and concatenated along axis 1.
-    AllToAllInGroups(usize),
+    /// Over strided groups, along axis 0 (or, if the flag is set, along axis 1 of the
+    /// transposed input: pieces that are not contiguous).
+    ReduceScatterInGroups(ReduceOp, usize, bool),
+    /// Over strided groups, split along axis 0 and concatenated along axis 1 (or, if
+    /// the flag is set, split along axis 1 of the transposed input and concatenated
+    /// along axis 0).
+    AllToAllInGroups(usize, bool),
     Broadcast(usize),
     Permute(usize),
     Barrier,
@@ -100,8 +103,8 @@ fn step() -> impl Strategy<Value = Step> {
         (0usize..2).prop_map(Step::AllToAll),
         (0usize..2).prop_map(Step::AllToAllT),
         (1usize..4).prop_map(Step::AllGatherInGroups),
-        (op, 1usize..4).prop_map(|(o, g)| Step::ReduceScatterInGroups(o, g)),
-        (1usize..4).prop_map(Step::AllToAllInGroups),
+        (op, 1usize..4, any::<bool>()).prop_map(|(o, g, t)| Step::ReduceScatterInGroups(o, g, t)),
+        (1usize..4, any::<bool>()).prop_map(|(g, t)| Step::AllToAllInGroups(g, t)),
         (0usize..64).prop_map(Step::Broadcast),
         (1usize..64).prop_map(Step::Permute),
         Just(Step::Barrier),
@@ -135,11 +138,17 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
                 Step::AllGatherInGroups(g) => {
                     ctx.all_gather_in(&ctx.groups(strided(n, g))?, 1, x.clone())?
                 }
-                Step::ReduceScatterInGroups(op, g) => {
+                Step::ReduceScatterInGroups(op, g, false) => {
                     ctx.reduce_scatter_in(&ctx.groups(strided(n, g))?, op, 0, x.clone())?
                 }
-                Step::AllToAllInGroups(g) => {
+                Step::ReduceScatterInGroups(op, g, true) => {
+                    ctx.reduce_scatter_in(&ctx.groups(strided(n, g))?, op, 1, transposed(&x))?
+                }
+                Step::AllToAllInGroups(g, false) => {
                     ctx.all_to_all_in(&ctx.groups(strided(n, g))?, 0, 1, x.clone())?
+                }
+                Step::AllToAllInGroups(g, true) => {
+                    ctx.all_to_all_in(&ctx.groups(strided(n, g))?, 1, 0, transposed(&x))?
                 }
                 Step::Broadcast(root) => ctx.broadcast(root % n, x.clone())?,
                 Step::Permute(shift) => {
@@ -264,6 +273,7 @@ fn documented_group_sum(inputs: &[Tensor], members: &[usize], d: usize, mean: bo
         mean: bool,
     ) -> Vec<T> {
         let mut processes: Vec<usize> = members.iter().map(|&y| y / d).collect();
+        processes.sort_unstable();
         processes.dedup();
         (0..xs[0].len())
             .map(|i| {
@@ -418,12 +428,15 @@ proptest! {
                         }
                         // A reduce-scatter within a group: member k's rows of the group's
                         // documented sum.
-                        Step::ReduceScatterInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g) => {
+                        Step::ReduceScatterInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g, t) => {
                             let members = group(*g);
                             let model = documented_group_sum(&all, &members, d, *op == ReduceOp::Mean);
                             let rows = shape[0] / members.len();
                             let k = members.iter().position(|&y| y == r).expect("a member");
-                            let model = rows_of(&model, k * rows..(k + 1) * rows);
+                            let mut model = rows_of(&model, k * rows..(k + 1) * rows);
+                            if *t {
+                                model = transposed(&model);
+                            }
                             if p == 1 || d == 1 {
                                 prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
                             }
@@ -448,6 +461,84 @@ proptest! {
                     };
                     prop_assert_eq!(bits(out), bits(&want), "replica {} step {} {:?}", r, s, step);
                 }
+            }
+        }
+    }
+}
+
+/// Groups of unequal sizes across processes (2 processes × 2 devices, groups `[0, 2, 1]`
+/// — process 0's members are ranks 0 and 2 — and `[3]`), where a reduce-scatter moves
+/// whole tensors: integers equal one
+/// process's run; random floats follow the documented order bit for bit (each
+/// process's members in rank order, then the processes), along axis 0 and along the
+/// strided axis 1; an all-to-all equals one process's run.
+#[test]
+fn unequal_groups_across_processes_follow_the_documented_order() {
+    let (p, d) = (2, 2);
+    let groups = vec![vec![0, 2, 1], vec![3]];
+    let program = |axis: usize| -> Arc<Program> {
+        Arc::new(move |ctx, i| {
+            let g = ctx.groups(vec![vec![0, 2, 1], vec![3]])?;
+            let x = if axis == 0 { i[0].clone() } else { transposed(&i[0]) };
+            Ok(vec![
+                ctx.reduce_scatter_in(&g, ReduceOp::Sum, axis, x.clone())?,
+                ctx.all_to_all_in(&g, axis, 1 - axis, x.clone())?,
+                ctx.all_reduce_in(&g, ReduceOp::Mean, x)?,
+            ])
+        })
+    };
+    // Integers: any order gives the same sums.
+    let ints: Vec<Vec<Tensor>> = (0..4)
+        .map(|r| {
+            vec![tensor(
+                3,
+                &[6, 2],
+                &(0..12).map(|e| (r * 100 + e) as i64 - 300).collect::<Vec<_>>(),
+            )]
+        })
+        .collect();
+    for axis in [0, 1] {
+        let one = run_one(p * d, program(axis), &ints);
+        for (q, result) in run_processes(p, d, Duration::from_secs(20), program(axis), &ints)
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(result.unwrap(), one[q * d..(q + 1) * d].to_vec(), "axis {axis}");
+        }
+    }
+    // Floats whose sums round: replicas 0 and 1 (ranks 0 and 2) fold first, then
+    // process 1's replica 2 (rank 1) — not the rank order (0 + 2) + 1.
+    let floats: Vec<Vec<Tensor>> = (0..4)
+        .map(|r| {
+            let v: Vec<f32> =
+                (0..12).map(|e| ((r * 7919 + e * 104_729) % 1000) as f32 * 0.1 + 1e-3).collect();
+            vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[6, 2]), v).unwrap())]
+        })
+        .collect();
+    let all: Vec<Tensor> = floats.iter().map(|i| i[0].clone()).collect();
+    for axis in [0, 1] {
+        let got = run_processes(p, d, Duration::from_secs(20), program(axis), &floats);
+        for (q, result) in got.into_iter().enumerate() {
+            for (k, outputs) in result.unwrap().iter().enumerate() {
+                let r = q * d + k;
+                let members = groups.iter().find(|g| g.contains(&r)).unwrap();
+                let rank = members.iter().position(|&y| y == r).unwrap();
+                let rows = 6 / members.len();
+                let mut piece = rows_of(
+                    &documented_group_sum(&all, members, d, false),
+                    rank * rows..(rank + 1) * rows,
+                );
+                let mut mean = documented_group_sum(&all, members, d, true);
+                if axis == 1 {
+                    piece = transposed(&piece);
+                    mean = transposed(&mean);
+                }
+                assert_eq!(
+                    bits(&outputs[0]),
+                    bits(&piece),
+                    "replica {r} axis {axis}: reduce-scatter"
+                );
+                assert_eq!(bits(&outputs[2]), bits(&mean), "replica {r} axis {axis}: all-reduce");
             }
         }
     }
