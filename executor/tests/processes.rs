@@ -466,79 +466,72 @@ proptest! {
     }
 }
 
-/// Groups of unequal sizes across processes (2 processes × 2 devices, groups `[0, 2, 1]`
-/// — process 0's members are ranks 0 and 2 — and `[3]`), where a reduce-scatter moves
-/// whole tensors: integers equal one
-/// process's run; random floats follow the documented order bit for bit (each
-/// process's members in rank order, then the processes), along axis 0 and along the
-/// strided axis 1; an all-to-all equals one process's run.
+/// Groups whose rank order interleaves the processes (2 processes × 2 devices): `[0, 2,
+/// 1]` and `[3]`, of unequal sizes, where a reduce-scatter moves whole tensors, and
+/// `[0, 3, 1, 2]`, one group of all replicas in another order, which takes the grouped
+/// hierarchical path. Integers equal one process's run; floats whose sums round follow
+/// the documented order bit for bit (each process's members in rank order — replicas 0
+/// and 1 first — then the processes), not the rank order, along axis 0 and along the
+/// strided axis 1; all-to-alls equal one process's run.
 #[test]
-fn unequal_groups_across_processes_follow_the_documented_order() {
+fn groups_across_processes_fold_in_the_documented_order() {
     let (p, d) = (2, 2);
-    let groups = vec![vec![0, 2, 1], vec![3]];
-    let program = |axis: usize| -> Arc<Program> {
-        Arc::new(move |ctx, i| {
-            let g = ctx.groups(vec![vec![0, 2, 1], vec![3]])?;
-            let x = if axis == 0 { i[0].clone() } else { transposed(&i[0]) };
-            Ok(vec![
-                ctx.reduce_scatter_in(&g, ReduceOp::Sum, axis, x.clone())?,
-                ctx.all_to_all_in(&g, axis, 1 - axis, x.clone())?,
-                ctx.all_reduce_in(&g, ReduceOp::Mean, x)?,
-            ])
-        })
-    };
-    // Integers: any order gives the same sums.
-    let ints: Vec<Vec<Tensor>> = (0..4)
-        .map(|r| {
-            vec![tensor(
-                3,
-                &[6, 2],
-                &(0..12).map(|e| (r * 100 + e) as i64 - 300).collect::<Vec<_>>(),
-            )]
-        })
-        .collect();
-    for axis in [0, 1] {
-        let one = run_one(p * d, program(axis), &ints);
-        for (q, result) in run_processes(p, d, Duration::from_secs(20), program(axis), &ints)
-            .into_iter()
-            .enumerate()
-        {
-            assert_eq!(result.unwrap(), one[q * d..(q + 1) * d].to_vec(), "axis {axis}");
+    for groups in [vec![vec![0, 2, 1], vec![3]], vec![vec![0, 3, 1, 2]]] {
+        let program = |axis: usize| -> Arc<Program> {
+            let groups = groups.clone();
+            Arc::new(move |ctx, i| {
+                let g = ctx.groups(groups.clone())?;
+                let x = if axis == 0 { i[0].clone() } else { transposed(&i[0]) };
+                Ok(vec![
+                    ctx.reduce_scatter_in(&g, ReduceOp::Sum, axis, x.clone())?,
+                    ctx.all_to_all_in(&g, axis, 1 - axis, x.clone())?,
+                    ctx.all_reduce_in(&g, ReduceOp::Mean, x)?,
+                ])
+            })
+        };
+        // Integers: any order gives the same sums.
+        let ints: Vec<Vec<Tensor>> = (0..4)
+            .map(|r| {
+                let v: Vec<i64> = (0..24).map(|e| (r * 100 + e) as i64 - 300).collect();
+                vec![tensor(3, &[12, 2], &v)]
+            })
+            .collect();
+        for axis in [0, 1] {
+            let one = run_one(p * d, program(axis), &ints);
+            let got = run_processes(p, d, Duration::from_secs(20), program(axis), &ints);
+            for (q, result) in got.into_iter().enumerate() {
+                let want = one[q * d..(q + 1) * d].to_vec();
+                assert_eq!(result.unwrap(), want, "{groups:?} axis {axis}");
+            }
         }
-    }
-    // Floats whose sums round: replicas 0 and 1 (ranks 0 and 2) fold first, then
-    // process 1's replica 2 (rank 1) — not the rank order (0 + 2) + 1.
-    let floats: Vec<Vec<Tensor>> = (0..4)
-        .map(|r| {
-            let v: Vec<f32> =
-                (0..12).map(|e| ((r * 7919 + e * 104_729) % 1000) as f32 * 0.1 + 1e-3).collect();
-            vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[6, 2]), v).unwrap())]
-        })
-        .collect();
-    let all: Vec<Tensor> = floats.iter().map(|i| i[0].clone()).collect();
-    for axis in [0, 1] {
-        let got = run_processes(p, d, Duration::from_secs(20), program(axis), &floats);
-        for (q, result) in got.into_iter().enumerate() {
-            for (k, outputs) in result.unwrap().iter().enumerate() {
-                let r = q * d + k;
-                let members = groups.iter().find(|g| g.contains(&r)).unwrap();
-                let rank = members.iter().position(|&y| y == r).unwrap();
-                let rows = 6 / members.len();
-                let mut piece = rows_of(
-                    &documented_group_sum(&all, members, d, false),
-                    rank * rows..(rank + 1) * rows,
-                );
-                let mut mean = documented_group_sum(&all, members, d, true);
-                if axis == 1 {
-                    piece = transposed(&piece);
-                    mean = transposed(&mean);
+        let floats: Vec<Vec<Tensor>> = (0..4)
+            .map(|r| {
+                let v: Vec<f32> = (0..24)
+                    .map(|e| ((r * 7919 + e * 104_729) % 1000) as f32 * 0.1 + 1e-3)
+                    .collect();
+                vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[12, 2]), v).unwrap())]
+            })
+            .collect();
+        let all: Vec<Tensor> = floats.iter().map(|i| i[0].clone()).collect();
+        for axis in [0, 1] {
+            let got = run_processes(p, d, Duration::from_secs(20), program(axis), &floats);
+            for (q, result) in got.into_iter().enumerate() {
+                for (k, outputs) in result.unwrap().iter().enumerate() {
+                    let r = q * d + k;
+                    let members = groups.iter().find(|g| g.contains(&r)).unwrap();
+                    let rank = members.iter().position(|&y| y == r).unwrap();
+                    let rows = 12 / members.len();
+                    let sum = documented_group_sum(&all, members, d, false);
+                    let mut piece = rows_of(&sum, rank * rows..(rank + 1) * rows);
+                    let mut mean = documented_group_sum(&all, members, d, true);
+                    if axis == 1 {
+                        piece = transposed(&piece);
+                        mean = transposed(&mean);
+                    }
+                    let at = format!("{groups:?}, replica {r}, axis {axis}");
+                    assert_eq!(bits(&outputs[0]), bits(&piece), "{at}: reduce-scatter");
+                    assert_eq!(bits(&outputs[2]), bits(&mean), "{at}: all-reduce");
                 }
-                assert_eq!(
-                    bits(&outputs[0]),
-                    bits(&piece),
-                    "replica {r} axis {axis}: reduce-scatter"
-                );
-                assert_eq!(bits(&outputs[2]), bits(&mean), "replica {r} axis {axis}: all-reduce");
             }
         }
     }
