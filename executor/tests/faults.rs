@@ -40,9 +40,15 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
                             let mut out = ctx.all_reduce_fused(&all, ReduceOp::Max, many, 64)?;
                             out.pop().expect("three results")
                         }
-                        // An all-gather, then a reduce-scatter (shared chunks) back to
-                        // the tensor's shape.
+                        // A reduce-scatter (shared chunks) of the tensor repeated once
+                        // per replica, back to the tensor's shape; then an all-gather and
+                        // a reduce-scatter of it.
                         4 => {
+                            let n = ctx.num_replicas();
+                            let Tensor::F64(a) = &t else { unreachable!("f64 inputs") };
+                            let views = vec![a.view(); n];
+                            let tiled = ndarray::concatenate(ndarray::Axis(0), &views).unwrap();
+                            let t = ctx.reduce_scatter(ReduceOp::Max, 0, Tensor::F64(tiled))?;
                             let all = ctx.all_gather(0, t)?;
                             ctx.reduce_scatter(ReduceOp::Max, 0, all)?
                         }

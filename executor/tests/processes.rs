@@ -575,7 +575,8 @@ fn float_all_reduce_across_processes_is_a_fixed_fold_with_identical_bits() {
     }
 }
 
-/// A replica that fails in one process, before or after a collective: every process's
+/// A replica that fails in one process, before or after a collective (a grouped
+/// reduce-scatter across processes, an all-reduce, an all-gather): every process's
 /// run ends promptly, and each names the failed replica.
 #[test]
 fn a_failure_in_one_process_ends_the_run_everywhere() {
@@ -584,10 +585,13 @@ fn a_failure_in_one_process_ends_the_run_everywhere() {
         for at in 0..3 {
             let program: Arc<Program> = Arc::new(move |ctx, i| {
                 let mut x = i[0].clone();
+                // Groups of three that straddle the processes.
+                let g = ctx.groups(vec![vec![0, 2, 4], vec![1, 3, 5]])?;
                 for step in 0..2 {
                     if ctx.replica_id() == failing && step == at {
                         return Err(format!("replica {failing} gives up at step {at}").into());
                     }
+                    x = ctx.reduce_scatter_in(&g, ReduceOp::Sum, 0, x)?;
                     x = ctx.all_reduce(ReduceOp::Sum, x)?;
                     x = ctx.all_gather(0, x)?;
                 }
@@ -597,7 +601,7 @@ fn a_failure_in_one_process_ends_the_run_everywhere() {
                 Ok(vec![x])
             });
             let inputs: Vec<Vec<Tensor>> = (0..p * d)
-                .map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[2]), r as i64))])
+                .map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[6]), r as i64))])
                 .collect();
             let start = Instant::now();
             let results = run_processes(p, d, Duration::from_secs(20), program, &inputs);
