@@ -10,9 +10,13 @@
 //!   first bound one minute and 1.25× the next; the second follows both.
 //!
 //! Beside the all-reduce, the plain all-gather and the reduce-scatters, JAX's `psum`,
-//! `all_gather` and `psum_scatter` of the same sizes (`benches/jax/collectives_jax.py`,
-//! 8 forced host devices, `shard_map`; needs `pip install jax==0.10.2 numpy`), timed
-//! call by call right after each of meshwork's, so both see the machine in one state.
+//! `all_gather` and `psum_scatter` of the same sizes (`benches/jax/collectives_jax.py
+//! --serve`, 8 forced host devices, `shard_map`; needs `pip install jax==0.10.2
+//! numpy`), run between the two halves of meshwork's runs of the same case (so a drift
+//! of the machine shows on both). Every timed call of either comes right after the same
+//! pass of the yardsticks over the working set, which also leaves meshwork's freshly
+//! written inputs out of the caches, as JAX's are. "vs JAX" is the ratio of the two
+//! medians.
 //!
 //! `cargo run --release -p meshwork-executor --example collectives_bench [-- RUNS MIB... NAME...]`
 //! (defaults: 11 runs, 8 and 64 MiB per replica, every case; a NAME keeps the cases whose
@@ -313,7 +317,9 @@ fn main() {
             let mut jax_times = Vec::with_capacity(runs);
             let mut previous: Option<Vec<Vec<Tensor>>> = None;
             let rt = if case.fresh { &unpooled } else { &pooled };
-            let mut once = || {
+            // One call: the inputs made, then (when measuring) a pass of each yardstick,
+            // which also leaves the inputs out of the caches as JAX's are, then the call.
+            let mut once = |probe: Option<&mut Probe>| -> (Duration, Option<Rates>) {
                 // Each replica's input, r everywhere, in a buffer from its device's
                 // pool (as a training loop's would be; fresh pages when pooling is off).
                 let mut ins: Vec<Vec<Tensor>> = (0..DEVICES)
@@ -339,6 +345,7 @@ fn main() {
                         input.push(buffer);
                     }
                 }
+                let rates = probe.map(Probe::measure);
                 let start = Instant::now();
                 let out = rt.run(case.program.clone(), ins).expect("runs");
                 let t = start.elapsed();
@@ -351,7 +358,7 @@ fn main() {
                         o.into_iter().for_each(|t| rt.recycle(device, t).expect("a device"));
                     }
                 }
-                t
+                (t, rates)
             };
             // Warm loops, as a training loop runs: meshwork's runs in two halves with
             // JAX's runs between them (A-B-A, so a drift of the machine's state shows in
@@ -361,10 +368,10 @@ fn main() {
             // Each timed run right after a pass of each yardstick, so its bounds are
             // those of the machine's state at that moment.
             let mut timed = |n: usize, times: &mut Vec<(Duration, Rates)>, probe: &mut Probe| {
-                once();
+                once(None);
                 for _ in 0..n {
-                    let rates = probe.measure();
-                    times.push((once(), rates));
+                    let (t, rates) = once(Some(&mut *probe));
+                    times.push((t, rates.expect("measured")));
                 }
             };
             timed(first_half, &mut times, &mut probe);
