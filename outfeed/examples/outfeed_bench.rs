@@ -1,9 +1,10 @@
 //! 8 device threads stream frames to host callbacks through the receiver, beside anchors
 //! measured in the same run: a bare crossbeam bounded channel moving the same payloads
-//! (8 producers → 1 consumer), and memcpy of the same bytes between two buffers of the
-//! run's size. Payloads are built before the clock starts (a device produces them; the
+//! (8 producers → 1 consumer), bare channels in the receiver's own shape (one per
+//! producer, two consumer threads), and memcpy of the same bytes between two buffers of
+//! the run's size. Payloads are built before the clock starts (a device produces them; the
 //! outfeed moves them). Medians of 9 runs each, the measures' runs interleaved; the
-//! ratios (in-memory outfeed against the bare channel and memcpy) are the medians of
+//! ratios (in-memory outfeed against each bare-channel anchor and memcpy) are the medians of
 //! each run's ratio, so the machine's drift between runs cancels out.
 //!
 //! `cargo run --release -p meshwork-outfeed --example outfeed_bench [-- RUNS]`
@@ -157,6 +158,79 @@ fn bare_channel(bytes: usize) -> Duration {
     start.elapsed()
 }
 
+/// The anchor in the outfeed's own shape: a bounded channel (64) per source, and two
+/// consumer threads each draining its half of them (source `s` on thread `s % 2`, a
+/// burst of each in turn, a select when none has one), reading each payload's length.
+fn bare_channels(bytes: usize) -> Duration {
+    use crossbeam::channel::{Receiver as Rx, Select, TryRecvError};
+    let n = frames(bytes);
+    let payloads: Vec<Vec<Vec<u8>>> =
+        (0..SOURCES).map(|_| (0..n).map(|_| vec![7u8; bytes]).collect()).collect();
+    let start = Instant::now();
+    let mut halves: [Vec<Rx<Vec<u8>>>; 2] = [Vec::new(), Vec::new()];
+    let producers: Vec<_> = payloads
+        .into_iter()
+        .enumerate()
+        .map(|(s, payloads)| {
+            let (tx, rx) = crossbeam::channel::bounded::<Vec<u8>>(64);
+            halves[s % 2].push(rx);
+            std::thread::spawn(move || {
+                for p in payloads {
+                    tx.send(p).unwrap();
+                }
+            })
+        })
+        .collect();
+    let consumers: Vec<_> = halves
+        .into_iter()
+        .map(|mut rxs| {
+            std::thread::spawn(move || {
+                let mut total = 0u64;
+                while !rxs.is_empty() {
+                    let mut progress = false;
+                    let mut i = 0;
+                    while i < rxs.len() {
+                        let mut ended = false;
+                        for _ in 0..64 {
+                            match rxs[i].try_recv() {
+                                Ok(p) => {
+                                    total += p.len() as u64;
+                                    progress = true;
+                                }
+                                Err(TryRecvError::Empty) => break,
+                                Err(TryRecvError::Disconnected) => {
+                                    ended = true;
+                                    break;
+                                }
+                            }
+                        }
+                        if ended {
+                            rxs.swap_remove(i);
+                            progress = true;
+                        } else {
+                            i += 1;
+                        }
+                    }
+                    if !progress {
+                        let mut select = Select::new();
+                        rxs.iter().for_each(|r| {
+                            select.recv(r);
+                        });
+                        select.ready();
+                    }
+                }
+                total
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().unwrap();
+    }
+    let total: u64 = consumers.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(total, (SOURCES * n * bytes) as u64);
+    start.elapsed()
+}
+
 /// One copy of the run's bytes between two warm buffers of that size.
 fn memcpy(bytes: usize) -> Duration {
     let total = SOURCES * frames(bytes) * bytes;
@@ -176,10 +250,10 @@ fn main() {
         let mb = (n * bytes) as f64 / 1e6;
         // The runs of each measure interleaved, so the machine's load changes hit all
         // of them alike.
-        let mut times = [(); 4].map(|_| Vec::with_capacity(runs));
+        let mut times = [(); 5].map(|_| Vec::with_capacity(runs));
         for _ in 0..runs {
-            let fs: [&dyn Fn(usize) -> Duration; 4] =
-                [&outfeed_in_memory, &outfeed_tcp, &bare_channel, &memcpy];
+            let fs: [&dyn Fn(usize) -> Duration; 5] =
+                [&outfeed_in_memory, &outfeed_tcp, &bare_channel, &memcpy, &bare_channels];
             for (t, f) in times.iter_mut().zip(fs) {
                 t.push(f(bytes));
             }
@@ -193,17 +267,20 @@ fn main() {
             r[r.len() / 2]
         };
         let (vs_chan, vs_copy) = (ratio(&times[2], &times[0]), ratio(&times[3], &times[0]));
-        let [mem, tcp, chan, copy] = times.map(median);
+        let vs_chans = ratio(&times[4], &times[0]);
+        let [mem, tcp, chan, copy, chans] = times.map(median);
         let rate = |t: Duration| n as f64 / t.as_secs_f64();
         let bw = |t: Duration| mb / 1e3 / t.as_secs_f64();
         println!(
-            "  {bytes:>7} B x {n:>6}: in-memory {:>9.0} frames/s {:>6.2} GB/s | tcp {:>9.0} frames/s {:>6.2} GB/s | bare channel {:>9.0} frames/s ({:.2}x) | memcpy {:>6.2} GB/s ({:.2}x)",
+            "  {bytes:>7} B x {n:>6}: in-memory {:>9.0} frames/s {:>6.2} GB/s | tcp {:>9.0} frames/s {:>6.2} GB/s | bare channel {:>9.0} frames/s ({:.2}x) | 8 channels, 2 threads {:>9.0} frames/s ({:.2}x) | memcpy {:>6.2} GB/s ({:.2}x)",
             rate(mem),
             bw(mem),
             rate(tcp),
             bw(tcp),
             rate(chan),
             vs_chan,
+            rate(chans),
+            vs_chans,
             bw(copy),
             vs_copy,
         );
