@@ -10,7 +10,12 @@
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
 //! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB]]   # default 7 runs, 64 MiB
+//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB]]   # and the grouped forms
 //! ```
+//!
+//! With an even number of processes, 4 or more, it also times the grouped forms within
+//! two groups — the even and the odd replicas, each straddling processes — beside the
+//! bare call on each half's own communicator (`MPI_Comm_split`).
 //!
 //! Prints medians over the runs (each run's time is the slowest process's) and the
 //! ratio meshwork / bare MPI (target ≤ 1.3).
@@ -24,7 +29,7 @@ use meshwork_executor::mpi::Mpi;
 use meshwork_executor::{Program, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use mpi::collective::SystemOperation;
-use mpi::topology::SimpleCommunicator;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -55,6 +60,14 @@ struct Case {
     program: Arc<Program>,
     bare: fn(&SimpleCommunicator, &[f32], &mut [f32]),
     result_len: fn(len: usize, processes: usize) -> usize,
+    /// Within two groups (even and odd replicas), against the bare call on each half's
+    /// communicator (`MPI_Comm_split`); needs an even number of processes, 4 or more.
+    grouped: bool,
+}
+
+/// The even and the odd replicas of `n`, the groups of the grouped cases.
+fn halves(n: usize) -> Vec<Vec<usize>> {
+    vec![(0..n).step_by(2).collect(), (1..n).step_by(2).collect()]
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,37 +87,90 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             program: Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, first(i))?])),
             bare: |w, s, r| w.all_reduce_into(s, r, SystemOperation::sum()),
             result_len: |len, _| len,
+            grouped: false,
         },
         Case {
             name: "all_gather",
             program: Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, first(i))?])),
             bare: |w, s, r| w.all_gather_into(s, r),
             result_len: |len, p| len * p,
+            grouped: false,
         },
         Case {
             name: "reduce_scatter",
             program: Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, first(i))?])),
             bare: |w, s, r| w.reduce_scatter_block_into(s, r, SystemOperation::sum()),
             result_len: |len, p| len / p,
+            grouped: false,
         },
         Case {
             name: "all_to_all",
             program: Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, first(i))?])),
             bare: |w, s, r| w.all_to_all_into(s, r),
             result_len: |len, _| len,
+            grouped: false,
+        },
+        Case {
+            name: "all_reduce (halves)",
+            program: Arc::new(|ctx, i| {
+                let g = ctx.groups(halves(ctx.num_replicas()))?;
+                Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, first(i))?])
+            }),
+            bare: |w, s, r| w.all_reduce_into(s, r, SystemOperation::sum()),
+            result_len: |len, _| len,
+            grouped: true,
+        },
+        Case {
+            name: "all_gather (halves)",
+            program: Arc::new(|ctx, i| {
+                let g = ctx.groups(halves(ctx.num_replicas()))?;
+                Ok(vec![ctx.all_gather_in(&g, 0, first(i))?])
+            }),
+            bare: |w, s, r| w.all_gather_into(s, r),
+            result_len: |len, p| len * (p / 2),
+            grouped: true,
+        },
+        Case {
+            name: "reduce_scatter (halves)",
+            program: Arc::new(|ctx, i| {
+                let g = ctx.groups(halves(ctx.num_replicas()))?;
+                Ok(vec![ctx.reduce_scatter_in(&g, ReduceOp::Sum, 0, first(i))?])
+            }),
+            bare: |w, s, r| w.reduce_scatter_block_into(s, r, SystemOperation::sum()),
+            result_len: |len, p| len / (p / 2),
+            grouped: true,
+        },
+        Case {
+            name: "all_to_all (halves)",
+            program: Arc::new(|ctx, i| {
+                let g = ctx.groups(halves(ctx.num_replicas()))?;
+                Ok(vec![ctx.all_to_all_in(&g, 0, 0, first(i))?])
+            }),
+            bare: |w, s, r| w.all_to_all_into(s, r),
+            result_len: |len, _| len,
+            grouped: true,
         },
     ];
+    // The grouped cases' bare calls run on this process's half of the world.
+    let half = (processes >= 4 && processes % 2 == 0)
+        .then(|| world.split_by_color(Color::with_value((mpi.process() % 2) as i32)))
+        .flatten();
     if mpi.process() == 0 {
         println!(
             "f32, {processes} processes x 1 device, {mib} MiB per replica, median of {runs} \
              (each run's time is the slowest process's)"
         );
         println!(
-            "  {:<15} {:>12} {:>12} {:>8}",
+            "  {:<24} {:>12} {:>12} {:>8}",
             "collective", "meshwork ms", "bare MPI ms", "ratio"
         );
     }
     for case in &cases {
+        let comm = match (case.grouped, &half) {
+            (false, _) => &world,
+            (true, Some(half)) => half,
+            (true, None) => continue,
+        };
         let mut ours = Vec::new();
         let mut bare = Vec::new();
         // Both sides as a training loop runs them, reusing their memory: meshwork's
@@ -125,7 +191,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mine = out.pop().and_then(|mut o| o.pop()).expect("one output");
 
             recv.fill(0.0);
-            let b = timed(&world, || (case.bare)(&world, &send[..], &mut recv[..]));
+            let b = timed(&world, || (case.bare)(comm, &send[..], &mut recv[..]));
             match &mine {
                 Tensor::F32(a) => assert!(
                     a.as_slice().expect("standard layout") == &recv[..],
@@ -143,7 +209,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if mpi.process() == 0 {
             let (o, b) = (median(ours), median(bare));
             println!(
-                "  {:<15} {:>12.1} {:>12.1} {:>7.2}×",
+                "  {:<24} {:>12.1} {:>12.1} {:>7.2}×",
                 case.name,
                 o.as_secs_f64() * 1e3,
                 b.as_secs_f64() * 1e3,
