@@ -308,13 +308,23 @@ impl ReplicaContext {
         let d = self.hub.replicas();
         let p = self.replica / d;
         let layout = self.layout(groups);
+        let wants = |x: usize, y: usize, k: usize| {
+            x / d != y / d
+                && layout.group_of[x] == layout.group_of[y]
+                && layout.carriers[layout.group_of[y]][y / d] == Some(y)
+                && (items == 1 || k == layout.rank_of[x])
+        };
+        // What moves: the same on every process and for every local replica.
+        let plan = net.plan(len, items, &wants);
+        let offsets = plan.offsets();
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
         let offer = Offer::new(name, signature.clone(), Arc::new(flat));
         let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             // Each group's partial here, carried by its member of the lowest rank; the
-            // other members' tensors stay as they are (nobody asks for them). Made
-            // before the processes agree on the step: a buffer that cannot be had is
-            // then this process's failure, which the agreement tells the others.
+            // other members' tensors stay as they are (nobody asks for them). Made, with
+            // the buffer the others' partials arrive in, before the processes agree on
+            // the step: a buffer that cannot be had is then this process's failure,
+            // which the agreement tells the others.
             let mut carried = local.clone();
             let mut partial_of: Vec<Option<Arc<Tensor>>> = vec![None; d];
             for g in groups.groups() {
@@ -332,21 +342,16 @@ impl ReplicaContext {
                 carried[first] = partial.clone();
                 here.iter().for_each(|&j| partial_of[j] = Some(partial.clone()));
             }
+            let mut arrived = self.buffer_of(0, dtype, &[plan.recv_len()])?;
             net.step(name, &signature, self.replica)?;
-            let wants = |x: usize, y: usize, k: usize| {
-                x / d != y / d
-                    && layout.group_of[x] == layout.group_of[y]
-                    && layout.carriers[layout.group_of[y]][y / d] == Some(y)
-                    && (items == 1 || k == layout.rank_of[x])
-            };
-            let got = net.exchange(&carried, items, &[piece], &wants)?;
+            net.exchange_into(&plan, &carried, &mut arrived)?;
             drop(carried);
             self.give_back(local);
             // The round: each local replica's group partial, then what arrived.
             let empty = Arc::new(Tensor::empty(dtype));
             let mut round: Vec<Arc<Tensor>> =
                 partial_of.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())).collect();
-            round.extend(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())));
+            round.push(Arc::new(arrived));
             Ok(round)
         })?;
         // This member's piece of each process's partial, in process order.
@@ -360,15 +365,34 @@ impl ReplicaContext {
                 Some(if q == p {
                     (&*round[self.local], k * piece)
                 } else {
-                    (&*round[d + y * items + k], 0)
+                    (&*round[d], offsets[y * items + k].expect("a needed item arrived"))
                 })
             })
             .collect();
         let mut out = self.output(dtype, &out_shape)?;
         Tensor::fold_at_into(&parts, piece, fold, &mut out);
         drop(parts);
-        self.done_with(round, &[]);
+        self.reclaim_local(round);
         Ok(if op == ReduceOp::Mean { out.mean_of(m) } else { out })
+    }
+
+    /// This replica is done with a cross-process `round` whose tensors are this
+    /// process's buffers — one per local replica (its device's), then one of the first
+    /// device's: the last replica done gives each back to its device's pool (what a
+    /// pool does not keep goes to the reaper).
+    fn reclaim_local(&self, round: Gathered) {
+        let Some(round) = Arc::into_inner(round) else { return };
+        let d = self.hub.replicas();
+        let pools = self.hub.pools_of(0..d);
+        let mut garbage = Vec::new();
+        for (j, t) in round.into_tensors().into_iter().enumerate() {
+            let Some(t) = Arc::into_inner(t) else { continue };
+            match pools.get(if j < d { j } else { 0 }) {
+                Some(pool) => pool.put_consumed(t, &mut garbage),
+                None => garbage.push(t),
+            }
+        }
+        crate::pool::release(garbage);
     }
 
     /// All-to-all within `groups` (not all replicas) in a multi-process run: member `k`
@@ -393,48 +417,69 @@ impl ReplicaContext {
         let piece = flat.len() / m;
         let args = format!("split={split_axis} concat={concat_axis}");
         let uniform = groups.groups().iter().all(|g| g.len() == m);
-        let pieces: Vec<Tensor> = if uniform {
-            let d = self.hub.replicas();
-            let p = self.replica / d;
-            let layout = self.layout(groups);
-            let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
-            let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
-            let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-                net.step(OP, &signature, self.replica)?;
-                let wants = |x: usize, y: usize, k: usize| {
-                    x / d != y / d
-                        && layout.group_of[x] == layout.group_of[y]
-                        && k == layout.rank_of[x]
-                };
-                let got = net.exchange(&local, m, &[piece], &wants)?;
-                let empty = Arc::new(Tensor::empty(dtype));
-                let mut round = local;
-                round.extend(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())));
-                Ok(round)
-            })?;
-            let pieces = members
-                .iter()
-                .map(|&y| {
-                    let (src, at) = if y / d == p {
-                        (&round[y - p * d], rank * piece)
-                    } else {
-                        (&round[d + y * m + rank], 0)
-                    };
-                    src.slice_flat(at..at + piece).reshape(&piece_shape)
-                })
-                .collect();
-            self.done_with(round, &[]);
-            pieces
-        } else {
-            let (parts, _) = self.meet(groups, OP, args, flat)?;
-            let pieces = parts
-                .iter()
-                .map(|t| t.slice_flat(rank * piece..(rank + 1) * piece).reshape(&piece_shape))
-                .collect();
-            self.done_with(parts, members);
-            pieces
+        let mut want = piece_shape.clone();
+        want[concat_axis] *= m;
+        // This member's piece of every member's tensor, in rank order, as (tensor,
+        // offset), into a buffer of the result's shape.
+        let assemble = |parts: &[(&Tensor, usize)]| -> Result<Tensor> {
+            let mut out = self.output(dtype, &want)?;
+            if concat_axis == 0 {
+                // Pieces end to end along axis 0 are the result's row-major order.
+                for (i, &(src, at)) in parts.iter().enumerate() {
+                    out.copy_run(i * piece, src, at..at + piece);
+                }
+            } else {
+                let pieces: Vec<Arc<Tensor>> = parts
+                    .iter()
+                    .map(|&(src, at)| {
+                        Arc::new(src.slice_flat(at..at + piece).reshape(&piece_shape))
+                    })
+                    .collect();
+                Tensor::concat_into(&pieces, concat_axis, &mut out);
+            }
+            Ok(out)
         };
-        Ok(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), concat_axis))
+        if !uniform {
+            let (parts, _) = self.meet(groups, OP, args, flat)?;
+            let at: Vec<(&Tensor, usize)> = parts.iter().map(|t| (&**t, rank * piece)).collect();
+            let out = assemble(&at);
+            drop(at);
+            self.done_with(parts, members);
+            return out;
+        }
+        let d = self.hub.replicas();
+        let p = self.replica / d;
+        let layout = self.layout(groups);
+        let wants = |x: usize, y: usize, k: usize| {
+            x / d != y / d && layout.group_of[x] == layout.group_of[y] && k == layout.rank_of[x]
+        };
+        let plan = net.plan(flat.len(), m, &wants);
+        let offsets = plan.offsets();
+        let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+        let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
+        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            // The buffer the others' pieces arrive in, before the agreement (see
+            // `grouped_reduce_across`).
+            let mut arrived = self.buffer_of(0, dtype, &[plan.recv_len()])?;
+            net.step(OP, &signature, self.replica)?;
+            net.exchange_into(&plan, &local, &mut arrived)?;
+            // The round: the local inputs (their own pieces are read from them), then
+            // what arrived.
+            let mut round = local;
+            round.push(Arc::new(arrived));
+            Ok(round)
+        })?;
+        let parts: Vec<(&Tensor, usize)> = members
+            .iter()
+            .map(|&y| match y / d == p {
+                true => (&*round[y - p * d], rank * piece),
+                false => (&*round[d], offsets[y * m + rank].expect("a needed piece arrived")),
+            })
+            .collect();
+        let out = assemble(&parts);
+        drop(parts);
+        self.reclaim_local(round);
+        out
     }
 
     /// The one result of `round`, which every local replica gets, as this replica's own

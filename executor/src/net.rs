@@ -154,6 +154,89 @@ impl Net {
         Ok(all.split_flat(self.replicas(), &shape).into_iter().map(Arc::new).collect())
     }
 
+    /// What an exchange of items moves (see [`exchange`](Self::exchange)): the same on
+    /// every process, computed from `wants` alone, so a caller can size its receive
+    /// buffer before the processes agree on the step.
+    pub(crate) fn plan(
+        &self,
+        len: usize,
+        items: usize,
+        wants: &dyn Fn(usize, usize, usize) -> bool,
+    ) -> Plan {
+        let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
+        let item = len / items;
+        let needs = |q: usize, y: usize, k: usize| (q * d..(q + 1) * d).any(|x| wants(x, y, k));
+        // What goes to each other process, in (replica, item) order, and what comes from
+        // each, in the same order.
+        let mut send = vec![Vec::new(); n];
+        let mut recv = vec![Vec::new(); n];
+        for q in (0..n).filter(|&q| q != p) {
+            for j in 0..d {
+                send[q].extend((0..items).filter(|&k| needs(q, p * d + j, k)).map(|k| (j, k)));
+            }
+            for y in q * d..(q + 1) * d {
+                recv[q].extend((0..items).filter(|&k| needs(p, y, k)).map(|k| (y, k)));
+            }
+        }
+        let recv_len = item * recv.iter().map(Vec::len).sum::<usize>();
+        Plan { item, items, send, recv, recv_len, local: d }
+    }
+
+    /// Moves the items of `plan`: this process's `local` tensors (standard layout, one
+    /// dtype, the plan's length) to the processes whose replicas need them, and theirs
+    /// into `into` (at least `plan.recv_len()` elements, its old contents overwritten).
+    /// Returns, for every global replica `y` and item `k` at `y * items + k`, where in
+    /// `into` that item arrived (`None` for items of this process and items not
+    /// needed here). With one local tensor whose items for each process are one run,
+    /// they are sent straight from it; otherwise through one staging buffer. Only
+    /// needed bytes cross processes.
+    pub(crate) fn exchange_into(
+        &self,
+        plan: &Plan,
+        local: &[Arc<Tensor>],
+        into: &mut Tensor,
+    ) -> Result<Vec<Option<usize>>> {
+        let (p, n) = (self.link.process(), self.link.processes());
+        let item = plan.item;
+        let contiguous = |runs: &[(usize, usize)]| runs.windows(2).all(|w| w[1].1 == w[0].1 + 1);
+        let direct = local.len() == 1 && plan.send.iter().all(|runs| contiguous(runs));
+        let staged;
+        let (from, send): (&Tensor, Vec<Range<usize>>) = if direct {
+            let ranges = plan
+                .send
+                .iter()
+                .map(|runs| match (runs.first(), runs.last()) {
+                    (Some(&(_, a)), Some(&(_, b))) => a * item..(b + 1) * item,
+                    _ => 0..0,
+                })
+                .collect();
+            (&local[0], ranges)
+        } else {
+            let mut runs: Vec<(&Tensor, Range<usize>)> = Vec::new();
+            let mut ranges = vec![0..0; n];
+            let mut at = 0;
+            for (q, range) in ranges.iter_mut().enumerate() {
+                let start = at;
+                for &(j, k) in &plan.send[q] {
+                    runs.push((&*local[j], k * item..(k + 1) * item));
+                    at += item;
+                }
+                *range = start..at;
+            }
+            staged = Tensor::gather_runs(local[0].dtype(), &runs);
+            (&staged, ranges)
+        };
+        let mut recv = vec![0..0; n];
+        let mut at = 0;
+        for (q, range) in recv.iter_mut().enumerate() {
+            *range = at..at + item * plan.recv[q].len();
+            at = range.end;
+        }
+        debug_assert!(recv[p].is_empty(), "nothing comes from this process itself");
+        self.link.all_to_all_into(from, &send, into, &recv)?;
+        Ok(plan.offsets())
+    }
+
     /// The items other processes need of this process's `local` tensors, and the items
     /// this process needs of theirs, moved in one exchange: each tensor (standard
     /// layout, all of one dtype and length) is `items` equal runs of its row-major
@@ -169,65 +252,26 @@ impl Net {
         item_shape: &[usize],
         wants: &dyn Fn(usize, usize, usize) -> bool,
     ) -> Result<Vec<Option<Arc<Tensor>>>> {
-        let (p, n, d) = (self.link.process(), self.link.processes(), self.local);
-        let item = local[0].len() / items;
-        let needs = |q: usize, y: usize, k: usize| (q * d..(q + 1) * d).any(|x| wants(x, y, k));
-        // What goes to each other process, in (replica, item) order.
-        let mut runs: Vec<(&Tensor, Range<usize>)> = Vec::new();
-        let mut send = vec![0..0; n];
-        let mut at = 0;
-        for (q, range) in send.iter_mut().enumerate() {
-            let start = at;
-            if q != p {
-                for (j, t) in local.iter().enumerate() {
-                    for k in (0..items).filter(|&k| needs(q, p * d + j, k)) {
-                        runs.push((t, k * item..(k + 1) * item));
-                        at += item;
-                    }
-                }
+        let (p, d) = (self.link.process(), self.local);
+        let plan = self.plan(local[0].len(), items, wants);
+        let item = plan.item;
+        let mut into = Tensor::zeros_in_step(local[0].dtype(), &[plan.recv_len])?;
+        let offsets = self.exchange_into(&plan, local, &mut into)?;
+        let mut out: Vec<Option<Arc<Tensor>>> = vec![None; offsets.len()];
+        for (at, slot) in offsets.iter().zip(out.iter_mut()) {
+            if let Some(at) = at {
+                *slot = Some(Arc::new(into.slice_flat(*at..*at + item).reshape(item_shape)));
             }
-            *range = start..at;
         }
-        let from = Tensor::gather_runs(local[0].dtype(), &runs);
-        drop(runs);
-        // What comes from each, in the same order.
-        let mut recv = vec![0..0; n];
-        let mut at = 0;
-        for (q, range) in recv.iter_mut().enumerate() {
-            let start = at;
-            if q != p {
-                for y in q * d..(q + 1) * d {
-                    at += item * (0..items).filter(|&k| needs(p, y, k)).count();
-                }
-            }
-            *range = start..at;
-        }
-        let mut into = Tensor::zeros_in_step(local[0].dtype(), &[at])?;
-        self.link.all_to_all_into(&from, &send, &mut into, &recv)?;
-        drop(from);
-        let mut out: Vec<Option<Arc<Tensor>>> = vec![None; n * d * items];
-        for (q, range) in recv.iter().enumerate() {
-            let mut at = range.start;
-            for y in q * d..(q + 1) * d {
-                for k in (0..items).filter(|&k| needs(p, y, k)) {
-                    out[y * items + k] = Some(match (q == p, items) {
-                        (true, 1) if local[y - p * d].shape() == item_shape => {
-                            local[y - p * d].clone()
-                        }
-                        (true, _) if items == 1 => {
-                            Arc::new((*local[y - p * d]).clone().reshape(item_shape))
-                        }
-                        (true, _) => Arc::new(
-                            local[y - p * d]
-                                .slice_flat(k * item..(k + 1) * item)
-                                .reshape(item_shape),
-                        ),
-                        (false, _) => {
-                            at += item;
-                            Arc::new(into.slice_flat(at - item..at).reshape(item_shape))
-                        }
-                    });
-                }
+        // This process's own items where its replicas need them.
+        for (j, t) in local.iter().enumerate() {
+            let y = p * d + j;
+            for k in (0..items).filter(|&k| (p * d..(p + 1) * d).any(|x| wants(x, y, k))) {
+                out[y * items + k] = Some(match items {
+                    1 if t.shape() == item_shape => t.clone(),
+                    1 => Arc::new((**t).clone().reshape(item_shape)),
+                    _ => Arc::new(t.slice_flat(k * item..(k + 1) * item).reshape(item_shape)),
+                });
             }
         }
         Ok(out)
@@ -378,6 +422,43 @@ impl Net {
             partial.fold_in_place(mine.clone(), &others, p, n, fold);
         }
         Ok(chunks)
+    }
+}
+
+/// An exchange's moves (see [`Net::plan`]).
+pub(crate) struct Plan {
+    /// Elements per item.
+    item: usize,
+    /// Items per tensor.
+    items: usize,
+    /// For each process: the (local tensor, item) it gets from this one, in order.
+    send: Vec<Vec<(usize, usize)>>,
+    /// For each process: the (global replica, item) this one gets from it, in order.
+    recv: Vec<Vec<(usize, usize)>>,
+    recv_len: usize,
+    /// Replicas per process.
+    local: usize,
+}
+
+impl Plan {
+    /// Elements the receive buffer needs.
+    pub(crate) fn recv_len(&self) -> usize {
+        self.recv_len
+    }
+
+    /// Where each item arrives in the receive buffer, as
+    /// [`Net::exchange_into`] returns it.
+    pub(crate) fn offsets(&self) -> Vec<Option<usize>> {
+        let slots = self.recv.len() * self.local * self.items;
+        let mut offsets = vec![None; slots];
+        let mut at = 0;
+        for runs in &self.recv {
+            for &(y, k) in runs {
+                offsets[y * self.items + k] = Some(at);
+                at += self.item;
+            }
+        }
+        offsets
     }
 }
 
