@@ -303,11 +303,22 @@ impl ReplicaContext {
             self.done_with(parts, members);
             return Ok(if op == ReduceOp::Mean { out.mean_of(m) } else { out });
         }
+        let d = self.hub.replicas();
+        let layout = self.layout(groups);
+        // An all-reduce whose groups each span the same number of processes, over a
+        // tensor that splits evenly among them, goes as NCCL's: the processes of a group
+        // reduce-scatter its partials (each folds one chunk), then all-gather the chunks.
+        let spans: Vec<usize> =
+            layout.carriers.iter().map(|c| c.iter().flatten().count()).collect();
+        let k = spans[0];
+        if axis.is_none() && k > 1 && spans.iter().all(|&s| s == k) && len.is_multiple_of(k) {
+            let total =
+                self.grouped_all_reduce_in_chunks(net, groups, &layout, name, &args, op, flat)?;
+            return Ok(if op == ReduceOp::Mean { total.mean_of(m) } else { total }.reshape(&shape));
+        }
         let items = if axis.is_some() { m } else { 1 };
         let piece = len / items;
-        let d = self.hub.replicas();
         let p = self.replica / d;
-        let layout = self.layout(groups);
         let wants = |x: usize, y: usize, k: usize| {
             x / d != y / d
                 && layout.group_of[x] == layout.group_of[y]
@@ -393,6 +404,134 @@ impl ReplicaContext {
             }
         }
         crate::pool::release(garbage);
+    }
+
+    /// The grouped all-reduce across processes in two exchanges, when every group spans
+    /// `K` processes and `flat` (this replica's input, 1-D) splits into `K` chunks: each
+    /// process folds its members of each group into a partial (in group rank order);
+    /// the `i`-th process of a group receives chunk `i` of the group's other partials
+    /// and folds chunk `i` of the total (partials in process order — the order of the
+    /// one-exchange form, bit for bit); then the processes of the group exchange their
+    /// chunks. Each process receives `2(K-1)/K` of a tensor per group instead of
+    /// `K-1` tensors, and folds a `K`-th of it. A mean is left as the sum (the caller
+    /// divides). Returns this replica's group total.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_all_reduce_in_chunks(
+        &self,
+        net: &Net,
+        groups: &ReplicaGroups,
+        layout: &GroupLayout,
+        name: &'static str,
+        args: &str,
+        op: ReduceOp,
+        flat: Tensor,
+    ) -> Result<Tensor> {
+        let fold = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        let (dtype, len) = (flat.dtype(), flat.len());
+        let d = self.hub.replicas();
+        let p = self.replica / d;
+        // Each group's processes in order, and where each process stands among them.
+        let spans: Vec<Vec<usize>> = layout
+            .carriers
+            .iter()
+            .map(|c| c.iter().enumerate().filter(|(_, y)| y.is_some()).map(|(q, _)| q).collect())
+            .collect();
+        let k_chunks = spans[0].len();
+        let chunk = len / k_chunks;
+        let index = |g: usize, q: usize| spans[g].iter().position(|&s| s == q);
+        let carrier = |y: usize| layout.carriers[layout.group_of[y]][y / d] == Some(y);
+        let peers = |x: usize, y: usize| {
+            x / d != y / d && layout.group_of[x] == layout.group_of[y] && carrier(x) && carrier(y)
+        };
+        // 1: the `i`-th process of a group gets chunk `i` of the others' partials;
+        // 2: every process of it gets chunk `j` of the `j`-th process's fold.
+        let scatter = |x: usize, y: usize, c: usize| {
+            peers(x, y) && index(layout.group_of[x], x / d) == Some(c)
+        };
+        let gather = |x: usize, y: usize, c: usize| {
+            peers(x, y) && index(layout.group_of[y], y / d) == Some(c)
+        };
+        let (plan1, plan2) = (net.plan(len, k_chunks, &scatter), net.plan(len, k_chunks, &gather));
+        let (at1, at2) = (plan1.offsets(), plan2.offsets());
+        let signature = format!("{args} {dtype}[{len}] in {:?} in chunks", groups.groups());
+        let offer = Offer::new(name, signature.clone(), Arc::new(flat));
+        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            // Every buffer before the agreement (see `grouped_reduce_across`): each
+            // local group's partial and total, and the two receive buffers.
+            let mut carried = local.clone();
+            let mut totals: Vec<(usize, Tensor)> = Vec::new();
+            for (g, members) in groups.groups().iter().enumerate() {
+                let here: Vec<usize> =
+                    members.iter().filter(|&&y| y / d == p).map(|&y| y - p * d).collect();
+                let Some(&first) = here.first() else { continue };
+                if here.len() > 1 {
+                    let mut partial = self.buffer_of(first, dtype, &[len])?;
+                    let at: Vec<(&Tensor, usize)> = here.iter().map(|&j| (&*local[j], 0)).collect();
+                    Tensor::fold_at_into(&at, len, fold, &mut partial);
+                    carried[first] = Arc::new(partial);
+                }
+                totals.push((g, self.buffer_of(first, dtype, &[len])?));
+            }
+            let mut arrived1 = self.buffer_of(0, dtype, &[plan1.recv_len()])?;
+            let mut arrived2 = self.buffer_of(0, dtype, &[plan2.recv_len()])?;
+            net.step(name, &signature, self.replica)?;
+            net.exchange_into(&plan1, &carried, &mut arrived1)?;
+            // This process's chunk of each local group's total, partials in process order.
+            for (g, total) in &mut totals {
+                let i = index(*g, p).expect("a group with members here");
+                let parts: Vec<(&Tensor, usize)> = spans[*g]
+                    .iter()
+                    .map(|&q| {
+                        let y = layout.carriers[*g][q].expect("a carrier on each of its processes");
+                        match q == p {
+                            true => (&*carried[y - p * d], i * chunk),
+                            false => (&arrived1, at1[y * k_chunks + i].expect("a chunk arrived")),
+                        }
+                    })
+                    .collect();
+                let mut mine = Tensor::zeros_in_step(dtype, &[chunk])?;
+                Tensor::fold_at_into(&parts, chunk, fold, &mut mine);
+                total.copy_run(i * chunk, &mine, 0..chunk);
+            }
+            // The totals, carried for the gather by the same members.
+            let mut gathered = local.clone();
+            let mut carrier_of = vec![0; d];
+            for (g, total) in totals {
+                let here: Vec<usize> = groups.groups()[g]
+                    .iter()
+                    .filter(|&&y| y / d == p)
+                    .map(|&y| y - p * d)
+                    .collect();
+                here.iter().for_each(|&j| carrier_of[j] = here[0]);
+                gathered[here[0]] = Arc::new(total);
+            }
+            net.exchange_into(&plan2, &gathered, &mut arrived2)?;
+            drop(carried);
+            self.give_back(local);
+            // Each total's other chunks, from the processes that folded them.
+            let mut gathered: Vec<Option<Tensor>> = gathered
+                .into_iter()
+                .enumerate()
+                .map(|(j, t)| if carrier_of[j] == j { Arc::into_inner(t) } else { None })
+                .collect();
+            for (j, slot) in gathered.iter_mut().enumerate() {
+                let Some(total) = slot else { continue };
+                let g = layout.group_of[p * d + j];
+                for (c, &q) in spans[g].iter().enumerate().filter(|&(_, &q)| q != p) {
+                    let y = layout.carriers[g][q].expect("a carrier on each of its processes");
+                    let at = at2[y * k_chunks + c].expect("a chunk arrived");
+                    total.copy_run(c * chunk, &arrived2, at..at + chunk);
+                }
+            }
+            let totals: Vec<Arc<Tensor>> = gathered
+                .into_iter()
+                .map(|t| Arc::new(t.unwrap_or_else(|| Tensor::empty(dtype))))
+                .collect();
+            // The round: each local replica's group total (at its group's carrier).
+            self.give_back(vec![Arc::new(arrived1), Arc::new(arrived2)]);
+            Ok((0..d).map(|j| totals[carrier_of[j]].clone()).collect())
+        })?;
+        self.own_copy_of(round, self.local, &[len])
     }
 
     /// All-to-all within `groups` (not all replicas) in a multi-process run: member `k`
@@ -486,14 +625,29 @@ impl ReplicaContext {
     /// tensor in `shape`: moved out by the last replica to read it, a copy into a
     /// buffer of this replica's pool for the others.
     fn own_copy(&self, round: Gathered, shape: &[usize]) -> Result<Tensor> {
+        self.own_copy_of(round, 0, shape)
+    }
+
+    /// [`own_copy`](Self::own_copy) of the round's tensor `j` (others' tensors in it
+    /// are left to the reaper).
+    fn own_copy_of(&self, round: Gathered, j: usize, shape: &[usize]) -> Result<Tensor> {
         match Arc::try_unwrap(round) {
             Ok(round) => {
-                let t = round.into_tensors().swap_remove(0);
-                Ok(Arc::try_unwrap(t).unwrap_or_else(|shared| (*shared).clone()).reshape(shape))
+                let mut tensors = round.into_tensors();
+                let t = tensors.swap_remove(j);
+                crate::pool::release(tensors.into_iter().filter_map(Arc::into_inner).collect());
+                match Arc::try_unwrap(t) {
+                    Ok(t) => Ok(t.reshape(shape)),
+                    Err(shared) => {
+                        let mut out = self.output(shared.dtype(), shape)?;
+                        out.read_flat(0, &shared);
+                        Ok(out)
+                    }
+                }
             }
             Err(shared) => {
-                let mut out = self.output(shared[0].dtype(), shape)?;
-                out.read_flat(0, &shared[0]);
+                let mut out = self.output(shared[j].dtype(), shape)?;
+                out.read_flat(0, &shared[j]);
                 Ok(out)
             }
         }

@@ -724,13 +724,13 @@ impl meshwork_executor::Interconnect for Counting {
 /// devices and tensors of L elements, each process receives (P-1)·L/P elements for a
 /// reduce-scatter (its own replicas' pieces of the others' partial sums), (P-1)·d·L/P
 /// for an all-to-all (the pieces for its replicas), L for a broadcast from another
-/// process's replica and none from its own, nothing for a barrier, a grouped
-/// all-reduce within processes nothing and across them one partial per other process
-/// of each of its groups, a grouped reduce-scatter only its members' pieces of those
-/// partials, a grouped all-to-all only its members' pieces of the other members'
-/// tensors — where gathering every tensor everywhere would move (P-1)·d·L each time
-/// (and whole group members' tensors 4L into process 1 here). The results are checked
-/// against one process elsewhere; here, the counts.
+/// process's replica and none from its own, nothing for a barrier; for a grouped
+/// all-reduce nothing within processes and across them 2·(K-1)/K·L per group (K the
+/// processes it spans: a reduce-scatter of the processes' partials, then an
+/// all-gather), for a grouped reduce-scatter only its members' pieces of the other
+/// processes' partials, for a grouped all-to-all only its members' pieces of the other
+/// members' tensors — where gathering every tensor everywhere would move (P-1)·d·L each
+/// time. The results are checked against one process elsewhere; here, the counts.
 #[test]
 fn across_processes_only_the_needed_elements_move() {
     let (p, d, len) = (3usize, 2usize, 600usize);
@@ -786,6 +786,18 @@ fn across_processes_only_the_needed_elements_move() {
                 })
             },
             vec![len, 2 * len, len],
+        ),
+        // Groups that span all three processes, one member on each: each process
+        // folds a third of each group's total and gathers the other two thirds.
+        (
+            "grouped all_reduce over three processes: a reduce-scatter, then an all-gather",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 2, 4], vec![1, 3, 5]])?;
+                    Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, i[0].clone())?])
+                })
+            },
+            vec![2 * (2 * len / 3 + 2 * len / 3); p],
         ),
         (
             "grouped reduce_scatter: its members' pieces of the other processes' partials",
