@@ -528,7 +528,14 @@ impl ReplicaContext {
                 .map(|t| Arc::new(t.unwrap_or_else(|| Tensor::empty(dtype))))
                 .collect();
             // The round: each local replica's group total (at its group's carrier).
-            self.give_back(vec![Arc::new(arrived1), Arc::new(arrived2)]);
+            // The receive buffers back to the first device's pool, where they came from.
+            let mut garbage = vec![arrived1, arrived2];
+            if let Some(pool) = self.hub.pools_of(std::iter::once(0)).first() {
+                let mut unkept = Vec::new();
+                garbage.drain(..).for_each(|t| pool.put_consumed(t, &mut unkept));
+                garbage = unkept;
+            }
+            crate::pool::release(garbage);
             Ok((0..d).map(|j| totals[carrier_of[j]].clone()).collect())
         })?;
         self.own_copy_of(round, self.local, &[len])

@@ -199,7 +199,7 @@ type Case = (usize, usize, usize, Vec<usize>, Vec<Vec<i64>>);
 /// Processes, devices per process, dtype, shape (rows divisible by the replica count)
 /// and each replica's data.
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 1usize..=3, 0usize..4, 1usize..3, 1usize..4).prop_flat_map(
+    (1usize..=4, 1usize..=3, 0usize..4, 1usize..3, 1usize..4).prop_flat_map(
         |(p, d, dtype, k, cols)| {
             let n = p * d;
             let shape = vec![n * k, cols];
@@ -242,7 +242,7 @@ fn float() -> impl Strategy<Value = f64> {
 /// Processes, devices per process, f32 or f64, shape (rows divisible by the replica
 /// count) and each replica's random floats.
 fn float_case() -> impl Strategy<Value = (usize, usize, bool, Vec<usize>, Vec<Vec<f64>>)> {
-    (1usize..=3, 1usize..=3, any::<bool>(), 1usize..3, 1usize..4).prop_flat_map(
+    (1usize..=4, 1usize..=3, any::<bool>(), 1usize..3, 1usize..4).prop_flat_map(
         |(p, d, f64s, k, cols)| {
             let n = p * d;
             let data = prop::collection::vec(prop::collection::vec(float(), n * k * cols), n);
