@@ -80,7 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = SimpleCommunicator::world();
     let runtime = Runtime::new(1)?.with_interconnect(mpi.interconnect());
     let processes = mpi.processes();
-    let value = mpi.process() as f32 + 1.0;
+    // Every element a small integer that varies with the process and the position, so
+    // sums are exact and a piece or chunk out of place shows in the comparison.
+    let values: Vec<f32> = (0..len).map(|i| (mpi.process() + 1 + i % 7) as f32).collect();
     let cases = [
         Case {
             name: "all_reduce",
@@ -160,6 +162,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "f32, {processes} processes x 1 device, {mib} MiB per replica, median of {runs} \
              (each run's time is the slowest process's)"
         );
+        if half.is_some() {
+            println!(
+                "  (halves: bare MPI on each half's own communicator; meshwork's exchanges \
+                 run over all processes)"
+            );
+        }
         println!(
             "  {:<24} {:>12} {:>12} {:>8}",
             "collective", "meshwork ms", "bare MPI ms", "ratio"
@@ -176,13 +184,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Both sides as a training loop runs them, reusing their memory: meshwork's
         // input filled in a buffer from the device's pool and its result recycled to
         // it; bare MPI's send and receive buffers allocated once.
-        let send = vec![value; len];
+        let send = values.clone();
         let mut recv = vec![0f32; (case.result_len)(len, processes)];
         // One warm-up of each, then alternate so load changes hit both alike.
         for run in 0..=runs {
             let mut x = runtime.buffer(0, DType::F32, &[len])?;
             if let Tensor::F32(a) = &mut x {
-                a.fill(value);
+                a.as_slice_mut().expect("standard layout").copy_from_slice(&values);
             }
             let mut out = Vec::new();
             let t = timed(&world, || {

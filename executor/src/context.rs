@@ -312,6 +312,7 @@ impl ReplicaContext {
             layout.carriers.iter().map(|c| c.iter().flatten().count()).collect();
         let k = spans[0];
         if axis.is_none() && k > 1 && spans.iter().all(|&s| s == k) && len.is_multiple_of(k) {
+            let args = format!("{args} {shape:?}");
             let total =
                 self.grouped_all_reduce_in_chunks(net, groups, &layout, name, &args, op, flat)?;
             return Ok(if op == ReduceOp::Mean { total.mean_of(m) } else { total }.reshape(&shape));
@@ -489,12 +490,23 @@ impl ReplicaContext {
                         }
                     })
                     .collect();
-                let mut mine = Tensor::zeros_in_step(dtype, &[chunk])?;
-                Tensor::fold_at_into(&parts, chunk, fold, &mut mine);
-                total.copy_run(i * chunk, &mine, 0..chunk);
+                Tensor::fold_at_into_at(&parts, chunk, fold, total, i * chunk);
             }
-            // The totals, carried for the gather by the same members.
-            let mut gathered = local.clone();
+            // The partials and inputs are done with: back to their pools (the inputs
+            // first, so none is still held by the partials' list).
+            let partials: Vec<Tensor> = std::mem::take(&mut carried)
+                .into_iter()
+                .enumerate()
+                .filter_map(
+                    |(j, t)| if Arc::ptr_eq(&t, &local[j]) { None } else { Arc::into_inner(t) },
+                )
+                .collect();
+            self.give_back(local);
+            crate::pool::release(partials);
+            // The totals, carried for the gather by the same members (nothing is sent
+            // of the others' placeholders).
+            let empty = Arc::new(Tensor::empty(dtype));
+            let mut gathered = vec![empty; d];
             let mut carrier_of = vec![0; d];
             for (g, total) in totals {
                 let here: Vec<usize> = groups.groups()[g]
@@ -506,8 +518,6 @@ impl ReplicaContext {
                 gathered[here[0]] = Arc::new(total);
             }
             net.exchange_into(&plan2, &gathered, &mut arrived2)?;
-            drop(carried);
-            self.give_back(local);
             // Each total's other chunks, from the processes that folded them.
             let mut gathered: Vec<Option<Tensor>> = gathered
                 .into_iter()

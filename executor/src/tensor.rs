@@ -434,6 +434,18 @@ impl Tensor {
         op: ReduceOp,
         out: &mut Tensor,
     ) {
+        Tensor::fold_at_into_at(parts, len, op, out, 0);
+    }
+
+    /// [`fold_at_into`](Self::fold_at_into) into elements `out_at..out_at + len` of
+    /// `out`, the rest of it left as it is.
+    pub(crate) fn fold_at_into_at(
+        parts: &[(&Tensor, usize)],
+        len: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+        out_at: usize,
+    ) {
         macro_rules! go {
             ($v:ident, $o:ident) => {{
                 let slices: Vec<&[_]> = parts
@@ -443,12 +455,8 @@ impl Tensor {
                         _ => unreachable!("one dtype"),
                     })
                     .collect();
-                fold_segments(
-                    &slices,
-                    std::iter::once((0, len)),
-                    op,
-                    $o.as_slice_mut().expect("standard layout"),
-                )
+                let out = &mut $o.as_slice_mut().expect("standard layout")[out_at..out_at + len];
+                fold_segments(&slices, std::iter::once((0, len)), op, out)
             }};
         }
         match out {

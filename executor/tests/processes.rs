@@ -537,6 +537,53 @@ fn groups_across_processes_fold_in_the_documented_order() {
     }
 }
 
+/// A grouped all-reduce across processes whose length does not split among the
+/// processes its groups span (7 elements, K = 2) moves the whole partials instead, in
+/// the same documented order; and members whose shapes differ (though their element
+/// counts agree) fail the run, on the chunked path as on every other.
+#[test]
+fn grouped_all_reduces_of_odd_lengths_and_of_mismatched_shapes() {
+    let (p, d) = (2, 2);
+    let members = vec![0, 3, 1, 2];
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        let g = ctx.groups(vec![vec![0, 3, 1, 2]])?;
+        Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, i[0].clone())?])
+    });
+    let floats: Vec<Vec<Tensor>> = (0..4)
+        .map(|r| {
+            let v: Vec<f32> =
+                (0..7).map(|e| ((r * 7919 + e * 104_729) % 1000) as f32 * 0.1 + 1e-3).collect();
+            vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[7]), v).unwrap())]
+        })
+        .collect();
+    let all: Vec<Tensor> = floats.iter().map(|i| i[0].clone()).collect();
+    let want = documented_group_sum(&all, &members, d, false);
+    for result in run_processes(p, d, Duration::from_secs(20), program.clone(), &floats) {
+        for out in result.unwrap() {
+            assert_eq!(bits(&out[0]), bits(&want));
+        }
+    }
+    // Replica 2 offers [3, 2] where the others offer [2, 3]: six elements each.
+    let shaped: Vec<Vec<Tensor>> = (0..4)
+        .map(|r| {
+            let shape = if r == 2 { [3, 2] } else { [2, 3] };
+            vec![Tensor::F32(ArrayD::from_elem(IxDyn(&shape), r as f32))]
+        })
+        .collect();
+    for (q, result) in
+        run_processes(p, d, Duration::from_secs(20), program, &shaped).into_iter().enumerate()
+    {
+        // Replica 2's process sees the mismatch; the other hears of its failure.
+        assert!(
+            matches!(
+                result,
+                Err(Error::Mismatch { .. }) | Err(Error::PeerFailed { failed: 2, .. })
+            ),
+            "process {q}: {result:?}"
+        );
+    }
+}
+
 /// Floats whose sums round: over all replicas, the processes fold their own replicas
 /// first and then each other's folds, in process order. Every replica gets the same
 /// bits, and they equal that model.
@@ -776,9 +823,10 @@ fn across_processes_only_the_needed_elements_move() {
             },
             vec![d * len, d * len, 0],
         ),
-        // Groups of three that straddle processes: [0, 1 | 2] and [3 | 4, 5].
+        // Groups of three that straddle processes: [0, 1 | 2] and [3 | 4, 5] (K = 2:
+        // half of each group's total folded here, the other half gathered).
         (
-            "grouped all_reduce: one partial per process and group",
+            "grouped all_reduce over two processes per group: a half each way",
             |_| {
                 Arc::new(|ctx, i| {
                     let g = ctx.groups(vec![vec![0, 1, 2], vec![3, 4, 5]])?;
