@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
+use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 use mpi::{Count, Rank, Threading};
@@ -150,18 +151,54 @@ fn count(n: usize) -> Result<Count> {
         .map_err(|_| Error::Mpi { message: format!("{n} elements exceed MPI's int range") })
 }
 
-fn all_to_all_typed<T: Equivalence>(
+/// Each process's range straight to it, point to point: a process exchanges messages
+/// only with the processes it sends to or receives from (both sides know which: the
+/// ranges match pairwise), so processes with nothing to exchange — the other groups of
+/// a grouped collective — do not wait for each other, as they would in an
+/// `MPI_Alltoallv` over the world. Its own range is a copy.
+fn all_to_all_typed<T: Equivalence + Copy>(
     world: &SimpleCommunicator,
+    me: usize,
     from: &[T],
     send: &[Range<usize>],
     into: &mut [T],
     recv: &[Range<usize>],
 ) -> Result<()> {
-    let counts = |r: &[Range<usize>]| r.iter().map(|r| count(r.len())).collect::<Result<Vec<_>>>();
-    let displs = |r: &[Range<usize>]| r.iter().map(|r| count(r.start)).collect::<Result<Vec<_>>>();
-    let send = Partition::new(from, counts(send)?, displs(send)?);
-    let mut recv = PartitionMut::new(into, counts(recv)?, displs(recv)?);
-    world.all_to_all_varcount_into(&send, &mut recv);
+    for r in send.iter().chain(recv) {
+        count(r.len())?;
+    }
+    into[recv[me].clone()].copy_from_slice(&from[send[me].clone()]);
+    // The receive ranges are disjoint: one mutable slice of `into` per sender.
+    let mut senders: Vec<usize> =
+        (0..recv.len()).filter(|&q| q != me && !recv[q].is_empty()).collect();
+    senders.sort_by_key(|&q| recv[q].start);
+    let mut slices: Vec<(usize, &mut [T])> = Vec::with_capacity(senders.len());
+    let (mut rest, mut at) = (into, 0);
+    for q in senders {
+        let r = recv[q].clone();
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+        let (mine, tail) = tail.split_at_mut(r.len());
+        slices.push((q, mine));
+        (rest, at) = (tail, r.end);
+    }
+    mpi::request::scope(|scope| {
+        let mut requests = Vec::new();
+        for (q, buf) in slices {
+            let source = world.process_at_rank(q as Rank);
+            requests.push(source.immediate_receive_into_with_tag(scope, buf, TAG));
+        }
+        let mut sends = Vec::new();
+        for (q, r) in send.iter().enumerate().filter(|(q, r)| *q != me && !r.is_empty()) {
+            let target = world.process_at_rank(q as Rank);
+            sends.push(target.immediate_send_with_tag(scope, &from[r.clone()], TAG));
+        }
+        for request in requests {
+            request.wait();
+        }
+        for request in sends {
+            request.wait();
+        }
+    });
     Ok(())
 }
 
@@ -295,7 +332,8 @@ impl Interconnect for MpiLink {
         recv: &[Range<usize>],
     ) -> Result<()> {
         let world = self.world();
-        typed2!(from, into, f, i => all_to_all_typed(&world.0, f, send, i, recv))
+        let me = self.process;
+        typed2!(from, into, f, i => all_to_all_typed(&world.0, me, f, send, i, recv))
     }
 
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
