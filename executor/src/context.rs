@@ -551,6 +551,69 @@ impl ReplicaContext {
         self.own_copy_of(round, self.local, &[len])
     }
 
+    /// All-gather in a multi-process run other than over all replicas along axis 0:
+    /// each process receives, into a pooled buffer taken before the agreement, only the
+    /// tensors of other processes' members of its replicas' groups, and each member
+    /// assembles its result from those and its own process's inputs.
+    fn grouped_all_gather_across(
+        &self,
+        net: &Net,
+        groups: &ReplicaGroups,
+        axis: usize,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "all_gather";
+        let (members, _) = self.place(groups)?;
+        let m = members.len();
+        let (dtype, shape) = (t.dtype(), t.shape().to_vec());
+        let mut want = shape.clone();
+        want[axis] *= m;
+        let t = t.standard();
+        let len = t.len();
+        let d = self.hub.replicas();
+        let p = self.replica / d;
+        let layout = self.layout(groups);
+        let wants = |x: usize, y: usize, _: usize| {
+            x / d != y / d && layout.group_of[x] == layout.group_of[y]
+        };
+        let plan = net.plan(len, 1, &wants);
+        let offsets = plan.offsets();
+        let signature = format!("axis={axis} {dtype}{shape:?} in {:?}", groups.groups());
+        let offer = Offer::new(OP, signature.clone(), Arc::new(t));
+        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            let mut arrived = self.buffer_of(0, dtype, &[plan.recv_len()])?;
+            net.step(OP, &signature, self.replica)?;
+            net.exchange_into(&plan, &local, &mut arrived)?;
+            // The round: the local inputs, then what arrived.
+            let mut round = local;
+            round.push(Arc::new(arrived));
+            Ok(round)
+        })?;
+        let parts: Vec<(&Tensor, usize)> = members
+            .iter()
+            .map(|&y| match y / d == p {
+                true => (&*round[y - p * d], 0),
+                false => (&*round[d], offsets[y].expect("a needed tensor arrived")),
+            })
+            .collect();
+        let mut out = self.output(dtype, &want)?;
+        if axis == 0 {
+            // Members end to end along axis 0 are the result's row-major order.
+            for (i, &(src, at)) in parts.iter().enumerate() {
+                out.copy_run(i * len, src, at..at + len);
+            }
+        } else {
+            let tensors: Vec<Arc<Tensor>> = parts
+                .iter()
+                .map(|&(src, at)| Arc::new(src.slice_flat(at..at + len).reshape(&shape)))
+                .collect();
+            Tensor::concat_into(&tensors, axis, &mut out);
+        }
+        drop(parts);
+        self.reclaim_local(round);
+        Ok(out)
+    }
+
     /// All-to-all within `groups` (not all replicas) in a multi-process run: member `k`
     /// receives only piece `k` of each member's tensor from other processes (groups of
     /// unequal sizes move whole tensors instead).
@@ -937,6 +1000,9 @@ impl ReplicaContext {
                 Ok(vec![Arc::new(out)])
             })?;
             return self.own_copy(all, &want);
+        }
+        if let Some(net) = &self.net {
+            return self.grouped_all_gather_across(net, groups, axis, t);
         }
         let (parts, _) = self.meet(groups, "all_gather", format!("axis={axis}"), t)?;
         let mut out = self.output(parts[0].dtype(), &want)?;
