@@ -7,7 +7,7 @@ use ndarray::ArrayD;
 
 use crate::direct;
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups, Round};
-use crate::net::Net;
+use crate::net::{Net, Plan};
 use crate::pool::Pool;
 use crate::sink::OutfeedSink;
 use crate::tensor::Tensor;
@@ -564,53 +564,99 @@ impl ReplicaContext {
     ) -> Result<Tensor> {
         const OP: &str = "all_gather";
         let (members, _) = self.place(groups)?;
-        let m = members.len();
         let (dtype, shape) = (t.dtype(), t.shape().to_vec());
-        let mut want = shape.clone();
-        want[axis] *= m;
         let t = t.standard();
         let len = t.len();
         let d = self.hub.replicas();
-        let p = self.replica / d;
         let layout = self.layout(groups);
         let wants = |x: usize, y: usize, _: usize| {
             x / d != y / d && layout.group_of[x] == layout.group_of[y]
         };
         let plan = net.plan(len, 1, &wants);
-        let offsets = plan.offsets();
         let signature = format!("axis={axis} {dtype}{shape:?} in {:?}", groups.groups());
-        let offer = Offer::new(OP, signature.clone(), Arc::new(t));
-        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+        let round = self.exchange_planned(net, &plan, OP, signature, t)?;
+        let parts = self.planned_items(&round, members, &plan.offsets(), 1, 0, len);
+        let out = self.concat_parts(&parts, &shape, axis);
+        drop(parts);
+        self.reclaim_local(round);
+        out
+    }
+
+    /// Offers `flat` to the local replicas' round; once for them all, takes a pooled
+    /// buffer for what `plan` brings — before the processes agree on the step, so a
+    /// buffer that cannot be had is this process's failure, which the agreement tells
+    /// the others — agrees, and moves the items. The round holds the local replicas'
+    /// tensors, then that buffer.
+    fn exchange_planned(
+        &self,
+        net: &Net,
+        plan: &Plan,
+        op: &'static str,
+        signature: String,
+        flat: Tensor,
+    ) -> Result<Gathered> {
+        let dtype = flat.dtype();
+        let offer = Offer::new(op, signature.clone(), Arc::new(flat));
+        self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             let mut arrived = self.buffer_of(0, dtype, &[plan.recv_len()])?;
-            net.step(OP, &signature, self.replica)?;
-            net.exchange_into(&plan, &local, &mut arrived)?;
-            // The round: the local inputs, then what arrived.
+            net.step(op, &signature, self.replica)?;
+            net.exchange_into(plan, &local, &mut arrived)?;
             let mut round = local;
             round.push(Arc::new(arrived));
             Ok(round)
-        })?;
-        let parts: Vec<(&Tensor, usize)> = members
+        })
+    }
+
+    /// Item `k` (of `items`, `item` elements each) of each of `members`' tensors, in
+    /// rank order, as (tensor, offset) in a round of
+    /// [`exchange_planned`](Self::exchange_planned): this process's members' in their
+    /// inputs, the others' where they arrived (`offsets`, the plan's).
+    fn planned_items<'r>(
+        &self,
+        round: &'r Round,
+        members: &[usize],
+        offsets: &[Option<usize>],
+        items: usize,
+        k: usize,
+        item: usize,
+    ) -> Vec<(&'r Tensor, usize)> {
+        let d = self.hub.replicas();
+        let p = self.replica / d;
+        members
             .iter()
             .map(|&y| match y / d == p {
-                true => (&*round[y - p * d], 0),
-                false => (&*round[d], offsets[y].expect("a needed tensor arrived")),
+                true => (&*round[y - p * d], k * item),
+                false => (&*round[d], offsets[y * items + k].expect("a needed item arrived")),
             })
-            .collect();
+            .collect()
+    }
+
+    /// `parts` — (tensor, offset) of as many elements as `shape` holds, each a tensor of
+    /// `shape` in row-major order — concatenated in order along `axis`, into a buffer
+    /// from the pool.
+    fn concat_parts(
+        &self,
+        parts: &[(&Tensor, usize)],
+        shape: &[usize],
+        axis: usize,
+    ) -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        let mut want = shape.to_vec();
+        want[axis] *= parts.len();
+        let dtype = parts.first().map_or(meshwork_types::DType::F32, |(t, _)| t.dtype());
         let mut out = self.output(dtype, &want)?;
         if axis == 0 {
-            // Members end to end along axis 0 are the result's row-major order.
+            // Parts end to end along axis 0 are the result's row-major order.
             for (i, &(src, at)) in parts.iter().enumerate() {
                 out.copy_run(i * len, src, at..at + len);
             }
         } else {
             let tensors: Vec<Arc<Tensor>> = parts
                 .iter()
-                .map(|&(src, at)| Arc::new(src.slice_flat(at..at + len).reshape(&shape)))
+                .map(|&(src, at)| Arc::new(src.slice_flat(at..at + len).reshape(shape)))
                 .collect();
             Tensor::concat_into(&tensors, axis, &mut out);
         }
-        drop(parts);
-        self.reclaim_local(round);
         Ok(out)
     }
 
@@ -636,66 +682,24 @@ impl ReplicaContext {
         let piece = flat.len() / m;
         let args = format!("split={split_axis} concat={concat_axis}");
         let uniform = groups.groups().iter().all(|g| g.len() == m);
-        let mut want = piece_shape.clone();
-        want[concat_axis] *= m;
-        // This member's piece of every member's tensor, in rank order, as (tensor,
-        // offset), into a buffer of the result's shape.
-        let assemble = |parts: &[(&Tensor, usize)]| -> Result<Tensor> {
-            let mut out = self.output(dtype, &want)?;
-            if concat_axis == 0 {
-                // Pieces end to end along axis 0 are the result's row-major order.
-                for (i, &(src, at)) in parts.iter().enumerate() {
-                    out.copy_run(i * piece, src, at..at + piece);
-                }
-            } else {
-                let pieces: Vec<Arc<Tensor>> = parts
-                    .iter()
-                    .map(|&(src, at)| {
-                        Arc::new(src.slice_flat(at..at + piece).reshape(&piece_shape))
-                    })
-                    .collect();
-                Tensor::concat_into(&pieces, concat_axis, &mut out);
-            }
-            Ok(out)
-        };
         if !uniform {
             let (parts, _) = self.meet(groups, OP, args, flat)?;
             let at: Vec<(&Tensor, usize)> = parts.iter().map(|t| (&**t, rank * piece)).collect();
-            let out = assemble(&at);
+            let out = self.concat_parts(&at, &piece_shape, concat_axis);
             drop(at);
             self.done_with(parts, members);
             return out;
         }
         let d = self.hub.replicas();
-        let p = self.replica / d;
         let layout = self.layout(groups);
         let wants = |x: usize, y: usize, k: usize| {
             x / d != y / d && layout.group_of[x] == layout.group_of[y] && k == layout.rank_of[x]
         };
         let plan = net.plan(flat.len(), m, &wants);
-        let offsets = plan.offsets();
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
-        let offer = Offer::new(OP, signature.clone(), Arc::new(flat));
-        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-            // The buffer the others' pieces arrive in, before the agreement (see
-            // `grouped_reduce_across`).
-            let mut arrived = self.buffer_of(0, dtype, &[plan.recv_len()])?;
-            net.step(OP, &signature, self.replica)?;
-            net.exchange_into(&plan, &local, &mut arrived)?;
-            // The round: the local inputs (their own pieces are read from them), then
-            // what arrived.
-            let mut round = local;
-            round.push(Arc::new(arrived));
-            Ok(round)
-        })?;
-        let parts: Vec<(&Tensor, usize)> = members
-            .iter()
-            .map(|&y| match y / d == p {
-                true => (&*round[y - p * d], rank * piece),
-                false => (&*round[d], offsets[y * m + rank].expect("a needed piece arrived")),
-            })
-            .collect();
-        let out = assemble(&parts);
+        let round = self.exchange_planned(net, &plan, OP, signature, flat)?;
+        let parts = self.planned_items(&round, members, &plan.offsets(), m, rank, piece);
+        let out = self.concat_parts(&parts, &piece_shape, concat_axis);
         drop(parts);
         self.reclaim_local(round);
         out

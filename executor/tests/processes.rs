@@ -317,50 +317,11 @@ fn documented_group_sum(inputs: &[Tensor], members: &[usize], d: usize, mean: bo
 }
 
 /// The documented order of a sum or mean over all replicas of `p` processes with `d`
-/// devices each: every process folds its replicas in rank order, the processes' folds
-/// are added in process order, a mean divides by the replica count. Written over
-/// plain vectors, independently of the executor's folds.
+/// devices each: the group of every replica (every process folds its replicas in rank
+/// order, the processes' folds are added in process order, a mean divides by the
+/// replica count).
 fn documented_sum(inputs: &[Tensor], p: usize, d: usize, mean: bool) -> Tensor {
-    fn go<T: Copy + std::ops::Add<Output = T> + std::ops::Div<Output = T>>(
-        xs: &[Vec<T>],
-        p: usize,
-        d: usize,
-        n: T,
-        mean: bool,
-    ) -> Vec<T> {
-        (0..xs[0].len())
-            .map(|i| {
-                let local = |q: usize| (1..d).fold(xs[q * d][i], |acc, k| acc + xs[q * d + k][i]);
-                let total = (1..p).fold(local(0), |acc, q| acc + local(q));
-                if mean { total / n } else { total }
-            })
-            .collect()
-    }
-    let shape = inputs[0].shape().to_vec();
-    match &inputs[0] {
-        Tensor::F32(_) => {
-            let xs: Vec<Vec<f32>> = inputs
-                .iter()
-                .map(|t| match t {
-                    Tensor::F32(a) => a.iter().copied().collect(),
-                    _ => unreachable!(),
-                })
-                .collect();
-            let v = go(&xs, p, d, (p * d) as f32, mean);
-            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
-        }
-        _ => {
-            let xs: Vec<Vec<f64>> = inputs
-                .iter()
-                .map(|t| match t {
-                    Tensor::F64(a) => a.iter().copied().collect(),
-                    _ => unreachable!(),
-                })
-                .collect();
-            let v = go(&xs, p, d, (p * d) as f64, mean);
-            Tensor::F64(ArrayD::from_shape_vec(IxDyn(&shape), v).unwrap())
-        }
-    }
+    documented_group_sum(inputs, &(0..p * d).collect::<Vec<_>>(), d, mean)
 }
 
 /// Rows `rows` of a 2-D float tensor.
