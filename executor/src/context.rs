@@ -7,7 +7,7 @@ use ndarray::ArrayD;
 
 use crate::direct;
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups, Round};
-use crate::net::{Net, Plan};
+use crate::net::{Net, Plan, Straight};
 use crate::pool::Pool;
 use crate::sink::OutfeedSink;
 use crate::tensor::Tensor;
@@ -574,6 +574,16 @@ impl ReplicaContext {
         };
         let plan = net.plan(len, 1, &wants);
         let signature = format!("axis={axis} {dtype}{shape:?} in {:?}", groups.groups());
+        if axis == 0
+            && let Some(ranges) = plan.straight(&|y, _| layout.rank_of[y] * len)
+        {
+            // One device per process: the others' tensors arrive in place in the result.
+            let mut want = shape.clone();
+            want[0] *= members.len();
+            let mut out = self.output(dtype, &want)?;
+            out.copy_run(layout.rank_of[self.replica] * len, &t, 0..len);
+            return self.exchange_straight(net, OP, signature, t, out, &ranges);
+        }
         let round = self.exchange_planned(net, &plan, OP, signature, t)?;
         let parts = self.planned_items(&round, members, &plan.offsets(), 1, 0, len);
         let out = self.concat_parts(&parts, &shape, axis);
@@ -605,6 +615,28 @@ impl ReplicaContext {
             round.push(Arc::new(arrived));
             Ok(round)
         })
+    }
+
+    /// With one device per process: agrees on the step and moves `ranges` from `flat`
+    /// (this replica's input) straight into `out` (its result, its own part already
+    /// there), with no receive buffer and no copy after.
+    fn exchange_straight(
+        &self,
+        net: &Net,
+        op: &'static str,
+        signature: String,
+        flat: Tensor,
+        mut out: Tensor,
+        ranges: &Straight,
+    ) -> Result<Tensor> {
+        let offer = Offer::new(op, signature.clone(), Arc::new(flat));
+        let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
+            net.step(op, &signature, self.replica)?;
+            net.exchange_straight(&local[0], &mut out, ranges)?;
+            Ok(local)
+        })?;
+        self.reclaim_local(round);
+        Ok(out)
     }
 
     /// Item `k` (of `items`, `item` elements each) of each of `members`' tensors, in
@@ -697,6 +729,17 @@ impl ReplicaContext {
         };
         let plan = net.plan(flat.len(), m, &wants);
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+        if concat_axis == 0
+            && let Some(ranges) = plan.straight(&|y, _| layout.rank_of[y] * piece)
+        {
+            // One device per process: the others' pieces arrive in place in the result.
+            let mut want = piece_shape.clone();
+            want[0] *= m;
+            let mut out = self.output(dtype, &want)?;
+            let own = rank * piece..(rank + 1) * piece;
+            out.copy_run(own.start, &flat, own);
+            return self.exchange_straight(net, OP, signature, flat, out, &ranges);
+        }
         let round = self.exchange_planned(net, &plan, OP, signature, flat)?;
         let parts = self.planned_items(&round, members, &plan.offsets(), m, rank, piece);
         let out = self.concat_parts(&parts, &piece_shape, concat_axis);

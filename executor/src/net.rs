@@ -237,6 +237,17 @@ impl Net {
         Ok(plan.offsets())
     }
 
+    /// Moves what a plan's [`Straight`] ranges say, from this process's one replica's
+    /// tensor `from` straight into its result `into`.
+    pub(crate) fn exchange_straight(
+        &self,
+        from: &Tensor,
+        into: &mut Tensor,
+        ranges: &Straight,
+    ) -> Result<()> {
+        self.link.all_to_all_into(from, &ranges.send, into, &ranges.recv)
+    }
+
     /// The items other processes need of this process's `local` tensors, and the items
     /// this process needs of theirs, moved in one exchange: each tensor (standard
     /// layout, all of one dtype and length) is `items` equal runs of its row-major
@@ -460,6 +471,38 @@ impl Plan {
         }
         offsets
     }
+
+    /// With one replica per process, the exchange as ranges straight from that
+    /// replica's tensor and into its result, where item `k` of replica `y` lands at
+    /// element `at(y, k)` — if what goes to each process is one run of the tensor and
+    /// what comes from each lands as one run of the result; else `None`.
+    pub(crate) fn straight(&self, at: &dyn Fn(usize, usize) -> usize) -> Option<Straight> {
+        if self.local != 1 {
+            return None;
+        }
+        let item = self.item;
+        let one_run = |starts: &[usize]| match starts {
+            [] => Some(0..0),
+            [first, ..] => starts
+                .windows(2)
+                .all(|w| w[1] == w[0] + item)
+                .then(|| *first..first + item * starts.len()),
+        };
+        let send = self.send.iter().map(|runs| {
+            one_run(&runs.iter().map(|&(_, k)| k * item).collect::<Vec<_>>())
+        });
+        let recv = self.recv.iter().map(|runs| {
+            one_run(&runs.iter().map(|&(y, k)| at(y, k)).collect::<Vec<_>>())
+        });
+        Some(Straight { send: send.collect::<Option<_>>()?, recv: recv.collect::<Option<_>>()? })
+    }
+}
+
+/// An exchange with one replica per process as element ranges, straight from that
+/// replica's tensor and into its result (see [`Plan::straight`]).
+pub(crate) struct Straight {
+    send: Vec<Range<usize>>,
+    recv: Vec<Range<usize>>,
 }
 
 /// Several "processes" in one address space, joined by shared memory: for testing a

@@ -79,7 +79,8 @@ enum Step {
     AllToAll(usize),
     /// Split along axis 1 of the transposed input.
     AllToAllT(usize),
-    AllGatherInGroups(usize),
+    /// Over strided groups, along the given axis.
+    AllGatherInGroups(usize, usize),
     /// Over strided groups, along axis 0 (or, if the flag is set, along axis 1 of the
     /// transposed input: pieces that are not contiguous).
     ReduceScatterInGroups(ReduceOp, usize, bool),
@@ -102,7 +103,7 @@ fn step() -> impl Strategy<Value = Step> {
         op.clone().prop_map(Step::ReduceScatterT),
         (0usize..2).prop_map(Step::AllToAll),
         (0usize..2).prop_map(Step::AllToAllT),
-        (1usize..4).prop_map(Step::AllGatherInGroups),
+        (1usize..4, 0usize..2).prop_map(|(g, axis)| Step::AllGatherInGroups(g, axis)),
         (op, 1usize..4, any::<bool>()).prop_map(|(o, g, t)| Step::ReduceScatterInGroups(o, g, t)),
         (1usize..4, any::<bool>()).prop_map(|(g, t)| Step::AllToAllInGroups(g, t)),
         (0usize..64).prop_map(Step::Broadcast),
@@ -135,8 +136,8 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
                 Step::ReduceScatterT(op) => ctx.reduce_scatter(op, 1, transposed(&x))?,
                 Step::AllToAll(concat) => ctx.all_to_all(0, concat, x.clone())?,
                 Step::AllToAllT(concat) => ctx.all_to_all(1, concat, transposed(&x))?,
-                Step::AllGatherInGroups(g) => {
-                    ctx.all_gather_in(&ctx.groups(strided(n, g))?, 1, x.clone())?
+                Step::AllGatherInGroups(g, axis) => {
+                    ctx.all_gather_in(&ctx.groups(strided(n, g))?, axis, x.clone())?
                 }
                 Step::ReduceScatterInGroups(op, g, false) => {
                     ctx.reduce_scatter_in(&ctx.groups(strided(n, g))?, op, 0, x.clone())?
