@@ -205,6 +205,8 @@ impl ReplicaContext {
             members.iter().for_each(|&m| group_of[m] = g);
         }
         let same_group = |x: usize, y: usize| group_of[x] == group_of[y];
+        // Whose tensors a replica needs: named by `op` and its arguments where given.
+        let custom = wants.is_some();
         let everyone = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             net.step(op, &signature, self.replica)?;
             if wants.is_none() && groups.groups().len() == 1 {
@@ -212,7 +214,8 @@ impl ReplicaContext {
                 return net.gather_all(&local);
             }
             let wants = wants.unwrap_or(&same_group);
-            let got = net.exchange(&local, 1, &shape, &|x, y, _| wants(x, y))?;
+            let key = format!("meet {op} {signature} {}", custom);
+            let got = net.exchange(key, &local, 1, &shape, &|x, y, _| wants(x, y))?;
             let empty = Arc::new(Tensor::empty(dtype));
             Ok(got.into_iter().map(|t| t.unwrap_or_else(|| empty.clone())).collect())
         })?;
@@ -327,9 +330,9 @@ impl ReplicaContext {
                 && (items == 1 || k == layout.rank_of[x])
         };
         // What moves: the same on every process and for every local replica.
-        let plan = net.plan(len, items, &wants);
-        let offsets = plan.offsets();
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+        let plan = net.plan(format!("partials {name} {signature}"), len, items, &wants);
+        let offsets = plan.offsets();
         let offer = Offer::new(name, signature.clone(), Arc::new(flat));
         let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             // Each group's partial here, carried by its member of the lowest rank; the
@@ -452,9 +455,10 @@ impl ReplicaContext {
         let gather = |x: usize, y: usize, c: usize| {
             peers(x, y) && index(layout.group_of[y], y / d) == Some(c)
         };
-        let (plan1, plan2) = (net.plan(len, k_chunks, &scatter), net.plan(len, k_chunks, &gather));
-        let (at1, at2) = (plan1.offsets(), plan2.offsets());
         let signature = format!("{args} {dtype}[{len}] in {:?} in chunks", groups.groups());
+        let plan1 = net.plan(format!("scatter {name} {signature}"), len, k_chunks, &scatter);
+        let plan2 = net.plan(format!("gather {name} {signature}"), len, k_chunks, &gather);
+        let (at1, at2) = (plan1.offsets(), plan2.offsets());
         let offer = Offer::new(name, signature.clone(), Arc::new(flat));
         let round = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
             // Every buffer before the agreement (see `grouped_reduce_across`): each
@@ -572,8 +576,8 @@ impl ReplicaContext {
         let wants = |x: usize, y: usize, _: usize| {
             x / d != y / d && layout.group_of[x] == layout.group_of[y]
         };
-        let plan = net.plan(len, 1, &wants);
         let signature = format!("axis={axis} {dtype}{shape:?} in {:?}", groups.groups());
+        let plan = net.plan(format!("grouped {OP} {signature}"), len, 1, &wants);
         if axis == 0
             && let Some(ranges) = plan.straight(&|y, _| layout.rank_of[y] * len)
         {
@@ -727,8 +731,8 @@ impl ReplicaContext {
         let wants = |x: usize, y: usize, k: usize| {
             x / d != y / d && layout.group_of[x] == layout.group_of[y] && k == layout.rank_of[x]
         };
-        let plan = net.plan(flat.len(), m, &wants);
         let signature = format!("{args} {dtype}{shape:?} in {:?}", groups.groups());
+        let plan = net.plan(format!("grouped {OP} {signature}"), flat.len(), m, &wants);
         if concat_axis == 0
             && let Some(ranges) = plan.straight(&|y, _| layout.rank_of[y] * piece)
         {

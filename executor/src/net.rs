@@ -3,7 +3,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -63,11 +63,18 @@ pub(crate) struct Net {
     timeout: Duration,
     /// A handshake of this run failed: the processes stopped talking for this run.
     broken: AtomicBool,
+    /// Exchange plans by key (see [`plan`](Self::plan)).
+    plans: Mutex<rustc_hash::FxHashMap<String, Arc<Plan>>>,
 }
+
+/// How many exchange plans a run keeps: a training step repeats a few dozen collective
+/// signatures (one per parameter at most); past this many the plans are dropped and
+/// made again as needed.
+const PLANS_KEPT: usize = 256;
 
 impl Net {
     pub(crate) fn new(link: Arc<dyn Interconnect>, local: usize, timeout: Duration) -> Net {
-        Net { link, local, timeout, broken: AtomicBool::new(false) }
+        Net { link, local, timeout, broken: AtomicBool::new(false), plans: Mutex::default() }
     }
 
     /// The first global replica id of this process.
@@ -156,8 +163,33 @@ impl Net {
 
     /// What an exchange of items moves (see [`exchange`](Self::exchange)): the same on
     /// every process, computed from `wants` alone, so a caller can size its receive
-    /// buffer before the processes agree on the step.
+    /// buffer before the processes agree on the step. Made once per `key` and kept
+    /// (the local replicas of a step, and the steps after it, share it): `key` must
+    /// determine `len`, `items` and `wants` — callers name their call site and the
+    /// step's whole signature (collective, arguments, dtype, shape and groups).
     pub(crate) fn plan(
+        &self,
+        key: String,
+        len: usize,
+        items: usize,
+        wants: &dyn Fn(usize, usize, usize) -> bool,
+    ) -> Arc<Plan> {
+        let plans = || self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(plan) = plans().get(&key) {
+            debug_assert!(plan.item * plan.items == len && plan.items == items, "{key}");
+            return plan.clone();
+        }
+        // Made outside the lock: the first replicas of a step may each make it.
+        let plan = Arc::new(self.make_plan(len, items, wants));
+        let mut plans = plans();
+        if plans.len() >= PLANS_KEPT {
+            plans.clear();
+        }
+        plans.insert(key, plan.clone());
+        plan
+    }
+
+    fn make_plan(
         &self,
         len: usize,
         items: usize,
@@ -256,15 +288,17 @@ impl Net {
     /// `y` and item `k` at `y * items + k`, the item (in `item_shape`; a whole tensor of
     /// this process as it is) where a replica of this process needs it, else `None`.
     /// Only needed bytes cross processes.
+    /// `key` names the exchange's plan (see [`plan`](Self::plan)).
     pub(crate) fn exchange(
         &self,
+        key: String,
         local: &[Arc<Tensor>],
         items: usize,
         item_shape: &[usize],
         wants: &dyn Fn(usize, usize, usize) -> bool,
     ) -> Result<Vec<Option<Arc<Tensor>>>> {
         let (p, d) = (self.link.process(), self.local);
-        let plan = self.plan(local[0].len(), items, wants);
+        let plan = self.plan(key, local[0].len(), items, wants);
         let item = plan.item;
         let mut into = Tensor::zeros_in_step(local[0].dtype(), &[plan.recv_len])?;
         let offsets = self.exchange_into(&plan, local, &mut into)?;
@@ -585,5 +619,42 @@ impl Interconnect for LoopbackInterconnect {
             buf.write_flat(c.start, &all[q]);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Moves = Vec<Vec<(usize, usize)>>;
+
+    /// What `plan` has this process send, as (local tensor, item) for each process,
+    /// and receive, as (global replica, item) from each.
+    fn moves(plan: &Plan) -> (Moves, Moves) {
+        (plan.send.clone(), plan.recv.clone())
+    }
+
+    #[test]
+    fn plans_are_kept_by_key_and_made_again_when_too_many() {
+        let link = LoopbackInterconnect::group(2).swap_remove(1);
+        let net = Net::new(link, 2, Duration::from_secs(1));
+        // Only replica 1 (of process 0) needs one tensor: replica 2's (here, local 0).
+        let one = |x: usize, y: usize, _: usize| x == 1 && y == 2;
+        let all = |_: usize, _: usize, _: usize| true;
+        let a = net.plan("one".into(), 8, 1, &one);
+        assert_eq!(moves(&a), (vec![vec![(0, 0)], vec![]], vec![vec![], vec![]]));
+        assert_eq!(a.recv_len(), 0);
+        // The same key is the kept plan, whatever the closure; another key is its own.
+        assert!(Arc::ptr_eq(&a, &net.plan("one".into(), 8, 1, &all)));
+        let b = net.plan("all".into(), 8, 1, &all);
+        assert_eq!(b.recv[0], vec![(0, 0), (1, 0)]);
+        assert_eq!(b.recv_len(), 16);
+        // Past the limit the kept plans go, and a key's plan is made again.
+        for i in 0..PLANS_KEPT {
+            net.plan(format!("filler {i}"), 8, 1, &all);
+        }
+        let again = net.plan("one".into(), 8, 1, &one);
+        assert!(!Arc::ptr_eq(&a, &again));
+        assert_eq!(moves(&again), moves(&a));
     }
 }
