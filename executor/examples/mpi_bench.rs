@@ -217,7 +217,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if mpi.process() == 0 {
             let (o, b) = (median(ours), median(bare));
             println!(
-                "  {:<24} {:>12.1} {:>12.1} {:>7.2}×",
+                "  {:<24} {:>12.2} {:>12.2} {:>7.2}×",
                 case.name,
                 o.as_secs_f64() * 1e3,
                 b.as_secs_f64() * 1e3,

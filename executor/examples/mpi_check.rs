@@ -259,5 +259,17 @@ fn check() -> Result<(), String> {
     println!(
         "process {p}: a failure in process 1 ended the run in process {p} with an error naming replica 3"
     );
+
+    // Messages of at most 5 elements: every exchange of more goes in several, in order,
+    // and the results must not change.
+    mpi.set_max_message(5);
+    let inputs = (first..first + DEVICES).map(input).collect();
+    let split = runtime.run(program(), inputs).map_err(e)?;
+    mpi.set_max_message(usize::MAX);
+    let same = |a: &[Vec<Tensor>]| a.iter().flatten().map(bits).collect::<Vec<_>>();
+    if same(&split) != same(&got) {
+        return Err(format!("process {p}: messages of at most 5 elements change the results"));
+    }
+    println!("process {p}: messages of at most 5 elements give the same bits");
     Ok(())
 }

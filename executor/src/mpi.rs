@@ -9,7 +9,7 @@
 //! processes do not arrive within the runtime's timeout.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
-use mpi::{Count, Rank, Threading};
+use mpi::{Rank, Threading};
 
 use crate::net::Interconnect;
 use crate::{Error, Result, Tensor};
@@ -63,7 +63,12 @@ impl Mpi {
         }
         LIVE.store(true, Ordering::SeqCst);
         abort_on_panic();
-        let link = MpiLink { world: Mutex::new(World(world)), process, processes };
+        let link = MpiLink {
+            world: Mutex::new(World(world)),
+            process,
+            processes,
+            max_message: AtomicUsize::new(MAX_MESSAGE),
+        };
         Ok(Mpi { link: Arc::new(link), _universe: universe })
     }
 
@@ -80,6 +85,15 @@ impl Mpi {
     /// The link for [`Runtime::with_interconnect`](crate::Runtime::with_interconnect).
     pub fn interconnect(&self) -> Arc<dyn Interconnect> {
         self.link.clone()
+    }
+
+    /// Caps the elements of one MPI message (at most `i32::MAX`, MPI's count; at
+    /// least 1): longer runs go as several messages in order. Every process must set
+    /// the same cap, between runs. The default, 2^30, lets exchanges of any size
+    /// through; a small cap tests the splitting.
+    pub fn set_max_message(&self, elements: usize) {
+        let cap = elements.clamp(1, MAX_MESSAGE_LIMIT);
+        self.link.max_message.store(cap, Ordering::SeqCst);
     }
 
     /// Ends the whole MPI job (every process) with `code`.
@@ -137,36 +151,43 @@ struct MpiLink {
     world: Mutex<World>,
     process: usize,
     processes: usize,
+    /// Elements per MPI message (see [`Mpi::set_max_message`]).
+    max_message: AtomicUsize,
 }
+
+/// Elements per MPI message by default: a count MPI's `int` holds, of any dtype.
+const MAX_MESSAGE: usize = 1 << 30;
+
+/// The largest count MPI's `int` holds.
+const MAX_MESSAGE_LIMIT: usize = i32::MAX as usize;
 
 impl MpiLink {
     fn world(&self) -> std::sync::MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-/// A count or displacement as MPI's `int`.
-fn count(n: usize) -> Result<Count> {
-    Count::try_from(n)
-        .map_err(|_| Error::Mpi { message: format!("{n} elements exceed MPI's int range") })
+    fn max_message(&self) -> usize {
+        self.max_message.load(Ordering::SeqCst)
+    }
 }
 
 /// Each process's range straight to it, point to point: a process exchanges messages
 /// only with the processes it sends to or receives from (both sides know which: the
 /// ranges match pairwise), so processes with nothing to exchange — the other groups of
 /// a grouped collective — do not wait for each other, as they would in an
-/// `MPI_Alltoallv` over the world. Its own range is a copy.
+/// `MPI_Alltoallv` over the world. Its own range is a copy. A range longer than `max`
+/// elements goes as several messages in order (MPI keeps the order of messages between
+/// two processes with one tag, and both sides split a range alike), so no count
+/// exceeds MPI's `int`.
 fn all_to_all_typed<T: Equivalence + Copy>(
     world: &SimpleCommunicator,
     me: usize,
+    max: usize,
     from: &[T],
     send: &[Range<usize>],
     into: &mut [T],
     recv: &[Range<usize>],
-) -> Result<()> {
-    for r in send.iter().chain(recv) {
-        count(r.len())?;
-    }
+) {
     into[recv[me].clone()].copy_from_slice(&from[send[me].clone()]);
     // The receive ranges are disjoint: one mutable slice of `into` per sender.
     let mut senders: Vec<usize> =
@@ -185,12 +206,16 @@ fn all_to_all_typed<T: Equivalence + Copy>(
         let mut requests = Vec::new();
         for (q, buf) in slices {
             let source = world.process_at_rank(q as Rank);
-            requests.push(source.immediate_receive_into_with_tag(scope, buf, TAG));
+            for piece in buf.chunks_mut(max) {
+                requests.push(source.immediate_receive_into_with_tag(scope, piece, TAG));
+            }
         }
         let mut sends = Vec::new();
         for (q, r) in send.iter().enumerate().filter(|(q, r)| *q != me && !r.is_empty()) {
             let target = world.process_at_rank(q as Rank);
-            sends.push(target.immediate_send_with_tag(scope, &from[r.clone()], TAG));
+            for piece in from[r.clone()].chunks(max) {
+                sends.push(target.immediate_send_with_tag(scope, piece, TAG));
+            }
         }
         for request in requests {
             request.wait();
@@ -199,13 +224,14 @@ fn all_to_all_typed<T: Equivalence + Copy>(
             request.wait();
         }
     });
-    Ok(())
 }
 
-/// In `p - 1` rounds of paired send-receive, process `p` sends its chunk to
-/// `p + k` and receives `p - k`'s chunk (mod the process count) straight into place.
+/// In `p - 1` rounds, process `p` sends its chunk to `p + k` and receives `p - k`'s
+/// chunk (mod the process count) straight into place, each in messages of at most
+/// `max` elements (see [`all_to_all_typed`]).
 fn all_gather_in_place_typed<T: Equivalence>(
     world: &SimpleCommunicator,
+    max: usize,
     buf: &mut [T],
     chunks: &[Range<usize>],
     me: usize,
@@ -214,14 +240,20 @@ fn all_gather_in_place_typed<T: Equivalence>(
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
         let (mine, theirs) = disjoint(buf, chunks[me].clone(), chunks[from].clone());
-        mpi::point_to_point::send_receive_into_with_tags(
-            mine,
-            &world.process_at_rank(to as Rank),
-            TAG,
-            theirs,
-            &world.process_at_rank(from as Rank),
-            TAG,
-        );
+        let (to, from) = (world.process_at_rank(to as Rank), world.process_at_rank(from as Rank));
+        mpi::request::scope(|scope| {
+            let receives: Vec<_> = theirs
+                .chunks_mut(max)
+                .map(|piece| from.immediate_receive_into_with_tag(scope, piece, TAG))
+                .collect();
+            let sends: Vec<_> = mine
+                .chunks(max)
+                .map(|piece| to.immediate_send_with_tag(scope, piece, TAG))
+                .collect();
+            receives.into_iter().chain(sends).for_each(|request| {
+                request.wait();
+            });
+        });
     }
 }
 
@@ -332,18 +364,21 @@ impl Interconnect for MpiLink {
         recv: &[Range<usize>],
     ) -> Result<()> {
         let world = self.world();
-        let me = self.process;
-        typed2!(from, into, f, i => all_to_all_typed(&world.0, me, f, send, i, recv))
+        let (me, max) = (self.process, self.max_message());
+        typed2!(from, into, f, i => {
+            all_to_all_typed(&world.0, me, max, f, send, i, recv);
+            Ok(())
+        })
     }
 
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
         let world = self.world();
-        let me = self.process;
+        let (me, max) = (self.process, self.max_message());
         match buf {
-            Tensor::F32(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
-            Tensor::F64(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
-            Tensor::I32(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
-            Tensor::I64(a) => all_gather_in_place_typed(&world.0, slice(a)?, chunks, me),
+            Tensor::F32(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
+            Tensor::F64(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
+            Tensor::I32(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
+            Tensor::I64(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
         }
         Ok(())
     }

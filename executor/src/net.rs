@@ -3,8 +3,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use meshwork_types::ReduceOp;
@@ -522,12 +522,14 @@ impl Plan {
                 .all(|w| w[1] == w[0] + item)
                 .then(|| *first..first + item * starts.len()),
         };
-        let send = self.send.iter().map(|runs| {
-            one_run(&runs.iter().map(|&(_, k)| k * item).collect::<Vec<_>>())
-        });
-        let recv = self.recv.iter().map(|runs| {
-            one_run(&runs.iter().map(|&(y, k)| at(y, k)).collect::<Vec<_>>())
-        });
+        let send = self
+            .send
+            .iter()
+            .map(|runs| one_run(&runs.iter().map(|&(_, k)| k * item).collect::<Vec<_>>()));
+        let recv = self
+            .recv
+            .iter()
+            .map(|runs| one_run(&runs.iter().map(|&(y, k)| at(y, k)).collect::<Vec<_>>()));
         Some(Straight { send: send.collect::<Option<_>>()?, recv: recv.collect::<Option<_>>()? })
     }
 }
