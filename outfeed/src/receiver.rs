@@ -508,10 +508,9 @@ struct Direct {
     reader: InProcess,
 }
 
-/// A source's in-process channel, if it is one (under the model checker every source
-/// has a listener: the workers' queues are shuttle's, which cannot be selected on).
+/// A source's in-process channel, if it is one.
 fn in_process(source: &dyn Source) -> Option<InProcess> {
-    if cfg!(shuttle) { None } else { source.in_process() }
+    source.in_process()
 }
 
 /// A callback worker: delivers, in order, the jobs its listeners queue (freeing their
@@ -537,10 +536,9 @@ fn worker(
         }
         return delivered.into_counts();
     }
-    #[cfg(not(shuttle))]
     {
+        use crate::sync::TryRecvError;
         use crate::transport::Ready;
-        use crossbeam::channel::{Select, TryRecvError};
         let consumers = own(&shared.consumers);
         // Up to a burst of one channel's frames: how many were taken, and whether the
         // channel has ended.
@@ -627,14 +625,20 @@ fn worker(
                 continue;
             }
             // Nothing was ready: wait until something is.
-            let mut select = Select::new();
-            for d in &direct {
-                select.recv(&d.reader.rx);
+            #[cfg(not(shuttle))]
+            {
+                let mut select = crossbeam::channel::Select::new();
+                for d in &direct {
+                    select.recv(&d.reader.rx);
+                }
+                if queue_open {
+                    select.recv(queue);
+                }
+                select.ready();
             }
-            if queue_open {
-                select.recv(queue);
-            }
-            select.ready();
+            // The model checker's channels cannot be selected on: let the others run.
+            #[cfg(shuttle)]
+            shuttle::thread::yield_now();
         }
     }
     delivered.into_counts()

@@ -6,12 +6,11 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crossbeam::channel;
-
 use crate::frame::{Header, RawFrame, read_frame};
+use crate::sync::{AtomicBool, channel};
 use crate::{Error, Result};
 
 /// Makes a source's `next_frame` return soon (the seed's "send the shutdown header to

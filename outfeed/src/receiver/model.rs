@@ -8,7 +8,7 @@ use std::sync::Arc;
 use shuttle::sync::{Condvar, Mutex};
 
 use crate::frame::{Header, RawFrame};
-use crate::transport::{Source, Stop};
+use crate::transport::{Sink, Source, Stop};
 use crate::{Config, Delivery, Receiver, Registry};
 
 /// A device link: frames pushed by a device thread, taken by the listener; `stop` (or the
@@ -111,24 +111,93 @@ fn scenario() {
     assert!(report.metrics.queue_high_water <= 6 + 8, "{}", report.metrics.queue_high_water);
     let delivered = delivered.lock().unwrap();
     for (source, &must) in before.iter().enumerate() {
-        let seqs: Vec<u8> = delivered
-            .iter()
-            .filter(|(s, ..)| *s == source)
-            .map(|(_, tag, seq)| {
-                assert_eq!(*tag as usize, source);
-                *seq
-            })
-            .collect();
-        assert!(
-            seqs.len() >= must,
-            "source {source}: {} delivered, {must} pushed before shutdown",
-            seqs.len()
-        );
-        assert_eq!(
-            seqs,
-            (0..seqs.len() as u8).collect::<Vec<_>>(),
-            "source {source} out of order or duplicated"
-        );
+        check_source(&delivered, source, must);
+    }
+}
+
+/// Source `source` delivered at least `must` frames, in its order, each once.
+fn check_source(delivered: &[(usize, u8, u8)], source: usize, must: usize) {
+    let seqs: Vec<u8> = delivered
+        .iter()
+        .filter(|(s, ..)| *s == source)
+        .map(|(_, tag, seq)| {
+            assert_eq!(*tag as usize, source);
+            *seq
+        })
+        .collect();
+    assert!(
+        seqs.len() >= must,
+        "source {source}: {} delivered, {must} pushed before shutdown",
+        seqs.len()
+    );
+    assert_eq!(seqs, (0..seqs.len() as u8).collect::<Vec<_>>(), "source {source} out of order");
+}
+
+/// One worker reads two in-process channels itself (bursts from each in turn, waiting
+/// when none is ready) and the queue a listener fills from a third source, while the
+/// host shuts down at an arbitrary point. Channel 0's device sends 3 frames into a
+/// channel of 1 (blocking when it is full), channel 1's sends 3 then its shutdown
+/// marker. Every frame sent before `shutdown()` is delivered exactly once and in order,
+/// a device blocked on a full channel is released when the worker ends, and nothing
+/// deadlocks.
+fn in_process_scenario() {
+    let mut registry = Registry::new();
+    registry.register(1, "small", vec!["u8[4]".parse().unwrap()]).unwrap();
+    registry.register(2, "large", vec!["u8[8]".parse().unwrap()]).unwrap();
+    let (sink0, source0) = crate::channel(1);
+    let (sink1, source1) = crate::channel(2);
+    let link = Arc::new(Link::default());
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let log = delivered.clone();
+    let cb = move |d: &Delivery| {
+        log.lock().unwrap().push((d.source, d.payload()[0], d.payload()[1]));
+        Ok(())
+    };
+    let sources: Vec<Box<dyn Source>> =
+        vec![Box::new(source0), Box::new(source1), Box::new(LinkSource(link.clone()))];
+    let config = Config { budget: 6, workers: 1, ..Config::default() };
+    let mut receiver = Receiver::start(registry, sources, Arc::new(cb), None, config);
+    let sent: Vec<Arc<Mutex<usize>>> = (0..3).map(|_| Arc::default()).collect();
+    let mut devices = Vec::new();
+    for (d, sink) in [(0usize, sink0), (1, sink1)] {
+        let count = sent[d].clone();
+        devices.push(shuttle::thread::spawn(move || {
+            let mut sink = sink;
+            for seq in 0..3u8 {
+                let f = frame(d as u8, seq, if seq == 1 { 8 } else { 4 });
+                if sink.send(f.header, f.payload).is_err() {
+                    return;
+                }
+                *count.lock().unwrap() += 1;
+            }
+            if d == 1 {
+                let _ = sink.send(Header::shutdown(), Vec::new());
+            }
+        }));
+    }
+    let count = sent[2].clone();
+    devices.push(shuttle::thread::spawn(move || {
+        for seq in 0..3u8 {
+            let mut state = link.state.lock().unwrap();
+            if state.1 {
+                return;
+            }
+            state.0.push(frame(2, seq, 4));
+            *count.lock().unwrap() += 1;
+            drop(state);
+            link.ready.notify_all();
+        }
+    }));
+    shuttle::thread::yield_now();
+    let before: Vec<usize> = sent.iter().map(|c| *c.lock().unwrap()).collect();
+    let report = receiver.shutdown();
+    for d in devices {
+        d.join().unwrap();
+    }
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let delivered = delivered.lock().unwrap();
+    for (source, &must) in before.iter().enumerate() {
+        check_source(&delivered, source, must);
     }
 }
 
@@ -140,4 +209,14 @@ fn model_random_schedules() {
 #[test]
 fn model_pct_schedules() {
     shuttle::check_pct(scenario, 2000, 3);
+}
+
+#[test]
+fn model_in_process_random_schedules() {
+    shuttle::check_random(in_process_scenario, 2000);
+}
+
+#[test]
+fn model_in_process_pct_schedules() {
+    shuttle::check_pct(in_process_scenario, 2000, 3);
 }
