@@ -61,6 +61,6 @@ pub use registry::{Consumer, Registry};
 pub use sender::Sender;
 pub use tensor::{Tensor, decode_payload, encode_payload};
 pub use transport::{
-    ChannelSink, ChannelSource, Recording, Sink, Source, Stop, StreamSink, StreamSource,
-    TcpSources, channel,
+    ChannelSink, ChannelSource, Recording, STREAM_BUFFER, Sink, Source, Stop, StreamSink,
+    StreamSource, TcpSources, channel,
 };

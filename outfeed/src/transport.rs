@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::frame::{Header, RawFrame, read_frame};
+use crate::frame::{HEADER_LEN, Header, RawFrame, read_frame};
 use crate::sync::{AtomicBool, channel};
 use crate::{Error, Result};
 
@@ -263,11 +263,16 @@ impl Source for ChannelSource {
 
 // ---- byte streams ------------------------------------------------------------------------
 
-/// Frames read from any byte stream (a socket, a file, a pipe).
+/// Frames read from any byte stream (a socket, a file, a pipe), through a buffer of
+/// [`STREAM_BUFFER`] bytes: the frames a read brings in whole are taken without waiting
+/// ([`Source::ready_frame`]), so a listener hands them to its worker as one burst.
 pub struct StreamSource {
-    reader: Box<dyn Read + Send>,
+    reader: BufReader<Box<dyn Read + Send>>,
     stop: Arc<dyn Stop>,
 }
+
+/// The read buffer of a [`StreamSource`]: 16 frames of 4 KiB.
+pub const STREAM_BUFFER: usize = 64 << 10;
 
 struct NoStop;
 
@@ -301,20 +306,25 @@ impl StreamSource {
     /// Frames from `reader`; it ends at end of stream (or a shutdown marker). Nothing can
     /// stop it early: use this for streams that end by themselves.
     pub fn new(reader: impl Read + Send + 'static) -> StreamSource {
-        StreamSource { reader: Box::new(BufReader::new(reader)), stop: Arc::new(NoStop) }
+        StreamSource::with_stop(reader, Arc::new(NoStop))
+    }
+
+    fn with_stop(reader: impl Read + Send + 'static, stop: Arc<dyn Stop>) -> StreamSource {
+        let reader: Box<dyn Read + Send> = Box::new(reader);
+        StreamSource { reader: BufReader::with_capacity(STREAM_BUFFER, reader), stop }
     }
 
     /// Frames from a TCP connection; stopping closes it for reading.
     pub fn tcp(stream: TcpStream) -> io::Result<StreamSource> {
         let stop = Arc::new(TcpStop(Mutex::new(Some(stream.try_clone()?))));
-        Ok(StreamSource { reader: Box::new(BufReader::new(stream)), stop })
+        Ok(StreamSource::with_stop(stream, stop))
     }
 
     /// Frames from a Unix-socket connection; stopping closes it for reading.
     #[cfg(unix)]
     pub fn unix(stream: std::os::unix::net::UnixStream) -> io::Result<StreamSource> {
         let stop = Arc::new(UnixStop(Mutex::new(Some(stream.try_clone()?))));
-        Ok(StreamSource { reader: Box::new(BufReader::new(stream)), stop })
+        Ok(StreamSource::with_stop(stream, stop))
     }
 
     /// Replays the frames recorded in a file.
@@ -325,6 +335,19 @@ impl StreamSource {
 
 impl Source for StreamSource {
     fn next_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        read_frame(&mut self.reader, stream, max_payload)
+    }
+
+    /// The next frame if its header is in the buffer and so is its payload (or the
+    /// header alone is an error): reading it then waits for nothing.
+    fn ready_frame(&mut self, stream: usize, max_payload: u32) -> Result<Option<RawFrame>> {
+        let buffered = self.reader.buffer();
+        let Some(head) = buffered.first_chunk::<HEADER_LEN>() else { return Ok(None) };
+        let header = Header::decode(head, stream)?;
+        let whole = header.len > max_payload || buffered.len() - HEADER_LEN >= header.len as usize;
+        if !whole {
+            return Ok(None);
+        }
         read_frame(&mut self.reader, stream, max_payload)
     }
 

@@ -188,3 +188,115 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
         other => panic!("new dtype {other}"),
     }
 }
+
+/// A byte stream that hands out at most `chunk` bytes per read, as a socket may, and
+/// counts its reads.
+struct Trickle {
+    bytes: Vec<u8>,
+    at: usize,
+    chunk: usize,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Trickle {
+    fn new(bytes: Vec<u8>, chunk: usize) -> Trickle {
+        Trickle { bytes, at: 0, chunk, reads: Arc::default() }
+    }
+}
+
+impl std::io::Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let n = buf.len().min(self.chunk).min(self.bytes.len() - self.at);
+        buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Frames of the given payload lengths, the payload of frame `i` filled with `i`, as
+/// one byte stream.
+fn stream_of(lens: &[usize]) -> (Vec<meshwork_outfeed::frame::RawFrame>, Vec<u8>) {
+    use meshwork_outfeed::frame::{Header, RawFrame};
+    use meshwork_outfeed::{Sink, StreamSink};
+    let frames: Vec<RawFrame> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let payload = vec![i as u8; n];
+            RawFrame { header: Header::for_payload(1 + i as u32 % 3, &payload).unwrap(), payload }
+        })
+        .collect();
+    let mut sink = StreamSink::new(Vec::new());
+    for f in &frames {
+        sink.send(f.header, f.payload.clone()).unwrap();
+    }
+    (frames, sink.into_inner())
+}
+
+proptest! {
+    /// A stream source yields every frame once and in order whatever mix of waiting
+    /// reads (`next_frame`) and ready takes (`ready_frame`, which must never wait and
+    /// never consume a frame it does not return) takes them, however the stream
+    /// splits its bytes.
+    #[test]
+    fn prop_stream_frames_come_whole_and_in_order_ready_or_not(
+        lens in proptest::collection::vec(prop_oneof![0usize..64, 0usize..70_000], 0..24),
+        chunk in prop_oneof![1usize..64, 1usize..200_000],
+        ready in proptest::collection::vec(any::<bool>(), 0..64),
+    ) {
+        let (frames, bytes) = stream_of(&lens);
+        let trickle = Trickle::new(bytes, chunk);
+        let reads = trickle.reads.clone();
+        let mut source = meshwork_outfeed::StreamSource::new(trickle);
+        let mut got = Vec::new();
+        let mut step = 0;
+        loop {
+            if ready.get(step).copied().unwrap_or(false) {
+                let before = reads.load(std::sync::atomic::Ordering::SeqCst);
+                while let Some(f) = source.ready_frame(0, u32::MAX).unwrap() {
+                    got.push(f);
+                }
+                prop_assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), before, "ready_frame read the stream");
+            }
+            step += 1;
+            match source.next_frame(0, u32::MAX).unwrap() {
+                Some(f) => got.push(f),
+                None => break,
+            }
+        }
+        prop_assert_eq!(got, frames);
+    }
+}
+
+/// Frames a read brought in whole are ready at once, and a frame cut by the buffer
+/// waits for the next read.
+#[test]
+fn stream_frames_in_the_buffer_are_ready_without_waiting() {
+    let (frames, bytes) = stream_of(&[10, 0, 4096, 7]);
+    let mut source = meshwork_outfeed::StreamSource::new(std::io::Cursor::new(bytes.clone()));
+    assert_eq!(source.ready_frame(0, u32::MAX).unwrap(), None, "nothing read yet");
+    assert_eq!(source.next_frame(0, u32::MAX).unwrap().as_ref(), Some(&frames[0]));
+    for f in &frames[1..] {
+        assert_eq!(source.ready_frame(0, u32::MAX).unwrap().as_ref(), Some(f));
+    }
+    assert_eq!(source.ready_frame(0, u32::MAX).unwrap(), None);
+    assert_eq!(source.next_frame(0, u32::MAX).unwrap(), None);
+
+    // The first read brings 100 bytes: frame 0 (30 bytes), frame 1 (20) and 50 of frame 2.
+    let mut source = meshwork_outfeed::StreamSource::new(Trickle::new(bytes.clone(), 100));
+    assert_eq!(source.next_frame(0, u32::MAX).unwrap().as_ref(), Some(&frames[0]));
+    assert_eq!(source.ready_frame(0, u32::MAX).unwrap().as_ref(), Some(&frames[1]));
+    assert_eq!(source.ready_frame(0, u32::MAX).unwrap(), None, "frame 2 is cut");
+    assert_eq!(source.next_frame(0, u32::MAX).unwrap().as_ref(), Some(&frames[2]));
+
+    // A frame over the cap is refused from its buffered header alone.
+    let mut source = meshwork_outfeed::StreamSource::new(std::io::Cursor::new(bytes));
+    source.next_frame(0, u32::MAX).unwrap();
+    source.ready_frame(0, u32::MAX).unwrap();
+    let err = source.ready_frame(3, 100).unwrap_err();
+    assert!(
+        matches!(err, meshwork_outfeed::Error::FrameTooLong { stream: 3, len: 4096, cap: 100, .. }),
+        "{err:?}"
+    );
+}
