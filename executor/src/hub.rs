@@ -126,7 +126,7 @@ impl Round {
         let Some(round) = Arc::into_inner(round) else { return };
         let tensors = round.into_tensors();
         if pools.len() != tensors.len() {
-            crate::reaper::release(tensors);
+            crate::pool::release(tensors.into_iter().filter_map(Arc::into_inner).collect());
             return;
         }
         let mut garbage = Vec::new();

@@ -179,12 +179,17 @@ impl State {
 }
 
 /// Frees `garbage` on the reaper, in one hand-off (none if it is empty: the reaper's
-/// queue is short, and a caller that finds it full frees inline).
+/// queue is short, and a caller that finds it full frees inline) — or here if it holds
+/// less than [`REAP_FROM`] bytes, which frees faster than waking the reaper would.
 pub(crate) fn release(garbage: Vec<Tensor>) {
-    if !garbage.is_empty() {
+    if garbage.iter().map(bytes).sum::<usize>() >= REAP_FROM {
         crate::reaper::release(garbage);
     }
 }
+
+/// The least garbage worth the reaper: freeing less costs less than a thread's wake-up
+/// (a small collective's consumed inputs would otherwise wake it every call).
+pub(crate) const REAP_FROM: usize = 1 << 20;
 
 /// `t` itself if its allocation holds just its elements (in standard layout from the
 /// start), else its whole allocation as a 1-D tensor, to be freed.
