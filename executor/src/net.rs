@@ -63,9 +63,12 @@ pub(crate) struct Net {
     timeout: Duration,
     /// A handshake of this run failed: the processes stopped talking for this run.
     broken: AtomicBool,
-    /// Exchange plans by key (see [`plan`](Self::plan)).
-    plans: Mutex<rustc_hash::FxHashMap<String, Arc<Plan>>>,
+    /// Exchange plans by key (see [`plan`](Self::plan)), the runtime's.
+    plans: Arc<Plans>,
 }
+
+/// Exchange plans by key (see [`Net::plan`]): a runtime's, kept from run to run.
+pub(crate) type Plans = Mutex<rustc_hash::FxHashMap<String, Arc<Plan>>>;
 
 /// How many exchange plans a run keeps: a training step repeats a few dozen collective
 /// signatures (one per parameter at most); past this many the plans are dropped and
@@ -73,8 +76,15 @@ pub(crate) struct Net {
 const PLANS_KEPT: usize = 256;
 
 impl Net {
-    pub(crate) fn new(link: Arc<dyn Interconnect>, local: usize, timeout: Duration) -> Net {
-        Net { link, local, timeout, broken: AtomicBool::new(false), plans: Mutex::default() }
+    /// `plans` keeps the plans this run makes for later runs: the runtime's, whose
+    /// runs all have the same processes and `local` replicas each.
+    pub(crate) fn new(
+        link: Arc<dyn Interconnect>,
+        local: usize,
+        timeout: Duration,
+        plans: Arc<Plans>,
+    ) -> Net {
+        Net { link, local, timeout, broken: AtomicBool::new(false), plans }
     }
 
     /// The first global replica id of this process.
@@ -166,7 +176,8 @@ impl Net {
     /// buffer before the processes agree on the step. Made once per `key` and kept
     /// (the local replicas of a step, and the steps after it, share it): `key` must
     /// determine `len`, `items` and `wants` — callers name their call site and the
-    /// step's whole signature (collective, arguments, dtype, shape and groups).
+    /// step's whole signature (collective, arguments, dtype, shape and groups). The
+    /// plans outlive the run: its runtime's later runs share them.
     pub(crate) fn plan(
         &self,
         key: String,
@@ -637,9 +648,9 @@ mod tests {
     }
 
     #[test]
-    fn plans_are_kept_by_key_and_made_again_when_too_many() {
+    fn plans_are_kept_by_key_across_runs_and_made_again_when_too_many() {
         let link = LoopbackInterconnect::group(2).swap_remove(1);
-        let net = Net::new(link, 2, Duration::from_secs(1));
+        let net = Net::new(link, 2, Duration::from_secs(1), Arc::default());
         // Only replica 1 (of process 0) needs one tensor: replica 2's (here, local 0).
         let one = |x: usize, y: usize, _: usize| x == 1 && y == 2;
         let all = |_: usize, _: usize, _: usize| true;
@@ -658,5 +669,9 @@ mod tests {
         let again = net.plan("one".into(), 8, 1, &one);
         assert!(!Arc::ptr_eq(&a, &again));
         assert_eq!(moves(&again), moves(&a));
+        // A later run of the same runtime (another `Net` on its plans) finds them.
+        let link = LoopbackInterconnect::group(2).swap_remove(1);
+        let later = Net::new(link, 2, Duration::from_secs(1), net.plans.clone());
+        assert!(Arc::ptr_eq(&again, &later.plan("one".into(), 8, 1, &all)));
     }
 }

@@ -11,7 +11,7 @@ use meshwork_types::DType;
 
 use crate::context::ReplicaContext;
 use crate::hub::Hub;
-use crate::net::{Interconnect, Net};
+use crate::net::{Interconnect, Net, Plans};
 use crate::pool::{Limits, Pool};
 use crate::sink::OutfeedSink;
 use crate::{Error, Result, Tensor};
@@ -38,6 +38,9 @@ pub struct Runtime {
     timeout: Duration,
     sink: Option<Arc<dyn OutfeedSink>>,
     link: Option<Arc<dyn Interconnect>>,
+    /// The cross-process exchange plans of this runtime's runs (see `Net::plan`):
+    /// kept from run to run, as a training loop repeats its steps.
+    plans: Arc<Plans>,
     /// Per device: the buffers its collectives may write into (see
     /// [`with_pool`](Self::with_pool)).
     pools: Vec<Arc<Pool>>,
@@ -73,6 +76,7 @@ impl Runtime {
             timeout: Runtime::DEFAULT_TIMEOUT,
             sink: None,
             link: None,
+            plans: Arc::default(),
             pools: (0..devices).map(|_| Arc::new(Pool::new(Limits::DEFAULT))).collect(),
         })
     }
@@ -154,6 +158,7 @@ impl Runtime {
     /// same number of devices.
     pub fn with_interconnect(mut self, link: Arc<dyn Interconnect>) -> Runtime {
         self.link = Some(link);
+        self.plans = Arc::default();
         self
     }
 
@@ -210,8 +215,9 @@ impl Runtime {
             return Err(Error::Placement { placement: placement.to_vec(), devices });
         }
         // Processes that wait on each other also wait out each other's local timeouts.
-        let net =
-            self.link.clone().map(|link| Arc::new(Net::new(link, replicas, self.timeout * 2)));
+        let net = self.link.clone().map(|link| {
+            Arc::new(Net::new(link, replicas, self.timeout * 2, self.plans.clone()))
+        });
         let base = net.as_ref().map_or(0, |n| n.base());
         let pools: Vec<Arc<Pool>> = placement.iter().map(|&d| self.pools[d].clone()).collect();
         let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base).with_pools(pools));
