@@ -215,9 +215,10 @@ impl Runtime {
             return Err(Error::Placement { placement: placement.to_vec(), devices });
         }
         // Processes that wait on each other also wait out each other's local timeouts.
-        let net = self.link.clone().map(|link| {
-            Arc::new(Net::new(link, replicas, self.timeout * 2, self.plans.clone()))
-        });
+        let net = self
+            .link
+            .clone()
+            .map(|link| Arc::new(Net::new(link, replicas, self.timeout * 2, self.plans.clone())));
         let base = net.as_ref().map_or(0, |n| n.base());
         let pools: Vec<Arc<Pool>> = placement.iter().map(|&d| self.pools[d].clone()).collect();
         let hub = Arc::new(Hub::new(replicas, self.timeout).with_base(base).with_pools(pools));
