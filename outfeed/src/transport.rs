@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::frame::{HEADER_LEN, Header, RawFrame, read_frame};
-use crate::sync::{AtomicBool, channel};
+use crate::sync::{AtomicBool, AtomicUsize, channel};
 use crate::{Error, Result};
 
 /// Makes a source's `next_frame` return soon (the seed's "send the shutdown header to
@@ -111,13 +111,42 @@ pub fn channel(frames: usize) -> (ChannelSink, ChannelSource) {
     let (tx, rx) = channel::bounded(frames.max(1));
     let stopped = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(ChannelStop { tx: tx.clone(), stopped: stopped.clone() });
-    (ChannelSink { tx }, ChannelSource { reader: InProcess { rx, stopped, left: None }, stop })
+    let sinks = Arc::new(Sinks { live: AtomicUsize::new(1), stopped: stopped.clone() });
+    let reader = InProcess { rx, stopped, left: None };
+    (ChannelSink { tx, sinks }, ChannelSource { reader, stop })
 }
 
-/// The device end of [`channel()`].
-#[derive(Debug, Clone)]
+/// The device end of [`channel()`]. When the last clone of a channel's sink is gone
+/// (a device done, or its thread unwound by a panic), the channel ends after the frames
+/// sent before, as a stop ends it: the stopper's own sender would otherwise keep it open
+/// and its reader waiting for ever.
+#[derive(Debug)]
 pub struct ChannelSink {
     tx: channel::Sender<RawFrame>,
+    sinks: Arc<Sinks>,
+}
+
+/// How many clones of a channel's sink are alive.
+#[derive(Debug)]
+struct Sinks {
+    live: AtomicUsize,
+    stopped: Arc<AtomicBool>,
+}
+
+impl Clone for ChannelSink {
+    fn clone(&self) -> ChannelSink {
+        self.sinks.live.fetch_add(1, Ordering::SeqCst);
+        ChannelSink { tx: self.tx.clone(), sinks: self.sinks.clone() }
+    }
+}
+
+impl Drop for ChannelSink {
+    fn drop(&mut self) {
+        if self.sinks.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // No frame can come after this one's: end the channel after what it holds.
+            end_channel(&self.sinks.stopped, &self.tx);
+        }
+    }
 }
 
 impl Sink for ChannelSink {
@@ -133,7 +162,7 @@ impl Sink for ChannelSink {
 
 /// The host end of [`channel()`]: ends at a shutdown marker (a device's
 /// [`Sender::shutdown`](crate::Sender::shutdown)), when stopped (after the frames it
-/// held then), or when every sink and the stopper are gone.
+/// held then), or once every clone of its sink is gone (after every frame they sent).
 #[derive(Debug)]
 pub struct ChannelSource {
     reader: InProcess,
@@ -191,12 +220,18 @@ struct ChannelStop {
 
 impl Stop for ChannelStop {
     fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
-        // Wakes a reader waiting on an empty channel. A full channel's reader is not
-        // waiting: it sees the flag. Never blocks, so a worker that stops every source
-        // (after an error) cannot wait on a channel only it drains.
-        let _ = self.tx.try_send(RawFrame { header: Header::shutdown(), payload: Vec::new() });
+        end_channel(&self.stopped, &self.tx);
     }
+}
+
+/// Ends an in-process channel after the frames it holds now: raises its flag (its
+/// reader takes what the channel holds when it sees the flag, then ends) and wakes a
+/// reader waiting on an empty channel with a shutdown marker. A full channel's reader
+/// is not waiting: it sees the flag. Never blocks, so a worker that stops every source
+/// (after an error) cannot wait on a channel only it drains.
+fn end_channel(stopped: &AtomicBool, tx: &channel::Sender<RawFrame>) {
+    stopped.store(true, Ordering::SeqCst);
+    let _ = tx.try_send(RawFrame { header: Header::shutdown(), payload: Vec::new() });
 }
 
 impl ChannelSource {

@@ -139,8 +139,10 @@ fn check_source(delivered: &[(usize, u8, u8)], source: usize, must: usize) {
 /// channel of 1 (blocking when it is full), channel 1's sends 3 then its shutdown
 /// marker. Every frame sent before `shutdown()` is delivered exactly once and in order,
 /// a device blocked on a full channel is released when the worker ends, and nothing
-/// deadlocks.
-fn in_process_scenario() {
+/// deadlocks. With `join`, the host waits for the sources to end by themselves instead:
+/// channel 0's when its sink is dropped (no marker), the listened one's when its device
+/// closes it; then every frame sent is delivered.
+fn in_process_scenario(join: bool) {
     let mut registry = Registry::new();
     registry.register(1, "small", vec!["u8[4]".parse().unwrap()]).unwrap();
     registry.register(2, "large", vec!["u8[8]".parse().unwrap()]).unwrap();
@@ -187,13 +189,27 @@ fn in_process_scenario() {
             drop(state);
             link.ready.notify_all();
         }
+        if join {
+            LinkStop(link).stop();
+        }
     }));
-    shuttle::thread::yield_now();
-    let before: Vec<usize> = sent.iter().map(|c| *c.lock().unwrap()).collect();
-    let report = receiver.shutdown();
-    for d in devices {
-        d.join().unwrap();
-    }
+    let (report, before) = if join {
+        let report = receiver.join();
+        for d in devices {
+            d.join().unwrap();
+        }
+        let all: Vec<usize> = sent.iter().map(|c| *c.lock().unwrap()).collect();
+        assert_eq!(all, [3, 3, 3], "every device sends everything when nobody stops it");
+        (report, all)
+    } else {
+        shuttle::thread::yield_now();
+        let before: Vec<usize> = sent.iter().map(|c| *c.lock().unwrap()).collect();
+        let report = receiver.shutdown();
+        for d in devices {
+            d.join().unwrap();
+        }
+        (report, before)
+    };
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let delivered = delivered.lock().unwrap();
     for (source, &must) in before.iter().enumerate() {
@@ -213,10 +229,20 @@ fn model_pct_schedules() {
 
 #[test]
 fn model_in_process_random_schedules() {
-    shuttle::check_random(in_process_scenario, 2000);
+    shuttle::check_random(|| in_process_scenario(false), 2000);
 }
 
 #[test]
 fn model_in_process_pct_schedules() {
-    shuttle::check_pct(in_process_scenario, 2000, 3);
+    shuttle::check_pct(|| in_process_scenario(false), 2000, 3);
+}
+
+#[test]
+fn model_in_process_join_random_schedules() {
+    shuttle::check_random(|| in_process_scenario(true), 1000);
+}
+
+#[test]
+fn model_in_process_join_pct_schedules() {
+    shuttle::check_pct(|| in_process_scenario(true), 1000, 3);
 }

@@ -168,3 +168,69 @@ fn record_then_replay_delivers_the_same_frames() {
     assert_eq!(replayed.lock().unwrap().len(), 11);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `f` on its own thread, failing the test if it has not returned in 20 s (instead of
+/// hanging it).
+fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("returned within 20 s: no hang")
+}
+
+#[test]
+fn a_channel_ends_after_its_frames_once_every_sink_is_gone() {
+    // Read directly: nothing sent, the sink dropped — the source ends (with the
+    // shutdown marker that wakes a waiting reader, as a stop's does).
+    let (sink, mut source) = channel(1);
+    drop(sink);
+    let frames = within_20s(move || {
+        let mut frames = Vec::new();
+        while let Some(f) = source.next_frame(0, 1 << 20).unwrap() {
+            frames.push(f.header.consumer);
+        }
+        frames
+    });
+    assert!(frames.is_empty() || frames == [0], "{frames:?}");
+
+    // Devices that finish (one of them by panicking) without a shutdown marker: `join`
+    // returns with every frame they sent, in order; a clone keeps the channel open
+    // until it too is gone.
+    let (a, source_a) = channel(2);
+    let (b, source_b) = channel(2);
+    let (log, cb) = recorder();
+    let sources: Vec<Box<dyn Source>> = vec![Box::new(source_a), Box::new(source_b)];
+    let mut receiver = Receiver::start(registry(), sources, cb, None, Config::default());
+    let a2 = a.clone();
+    let devices = [
+        std::thread::spawn(move || {
+            let mut device = Sender::new(registry(), a);
+            for i in 0..5 {
+                device.send(5, &[iota_u32(16, i)]).unwrap();
+            }
+        }),
+        std::thread::spawn(move || {
+            let mut device = Sender::new(registry(), b);
+            for i in 0..3 {
+                device.send(5, &[iota_u32(16, i)]).unwrap();
+            }
+            panic!("device b dies without a shutdown marker");
+        }),
+    ];
+    for d in devices {
+        let _ = d.join();
+    }
+    let mut late = Sender::new(registry(), a2);
+    late.send(5, &[iota_u32(16, 5)]).unwrap();
+    drop(late);
+    let report = within_20s(move || receiver.join());
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let log = log.lock().unwrap();
+    for (source, n) in [(0usize, 6u32), (1, 3)] {
+        let got: Vec<_> =
+            log.iter().filter(|(s, ..)| *s == source).map(|(.., t)| t.clone()).collect();
+        let want: Vec<_> = (0..n).map(|i| vec![iota_u32(16, i)]).collect();
+        assert_eq!(got, want, "source {source}");
+    }
+}
