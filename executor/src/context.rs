@@ -1066,6 +1066,11 @@ impl ReplicaContext {
     /// and shape (for example the previous step's result), which it returns filled. A
     /// large result then costs no fresh memory (for an 8 × 64 MiB all-gather, fresh
     /// pages are most of the time). Replicas may mix this with `all_gather_in`.
+    ///
+    /// Across processes it moves what `all_gather_in` moves (only the tensors other
+    /// processes' members need): `out` goes to this device's pool first and the result
+    /// is written into a buffer taken from it — `out` itself wherever the pool keeps
+    /// buffers of its size (see [`Runtime::with_pool`](crate::Runtime::with_pool)).
     pub fn all_gather_into(
         &self,
         groups: &ReplicaGroups,
@@ -1079,6 +1084,10 @@ impl ReplicaContext {
         let mut want = t.shape().to_vec();
         want[axis] *= members.len();
         self.check_out(OP, &t, &want, &out)?;
+        if self.net.is_some() {
+            self.recycle(out);
+            return self.all_gather_in(groups, axis, t);
+        }
         let (parts, _) = self.meet(groups, OP, format!("axis={axis}"), t)?;
         let mut out = out;
         Tensor::concat_into(&parts, axis, &mut out);
@@ -1291,7 +1300,8 @@ impl ReplicaContext {
     }
 
     /// [`all_to_all_in`](Self::all_to_all_in) into `out`, a tensor of the result's
-    /// dtype and shape, which it returns filled (see [`all_gather_into`](Self::all_gather_into)).
+    /// dtype and shape, which it returns filled (see [`all_gather_into`](Self::all_gather_into),
+    /// also for what it does across processes).
     pub fn all_to_all_into(
         &self,
         groups: &ReplicaGroups,
@@ -1302,6 +1312,10 @@ impl ReplicaContext {
     ) -> Result<Tensor> {
         let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
         self.check_out("all_to_all", &t, &want, &out)?;
+        if self.net.is_some() {
+            self.recycle(out);
+            return self.all_to_all_in(groups, split_axis, concat_axis, t);
+        }
         let (parts, rank) =
             self.meet(groups, "all_to_all", format!("split={split_axis} concat={concat_axis}"), t)?;
         let mut out = out;

@@ -88,6 +88,16 @@ enum Step {
     /// the flag is set, split along axis 1 of the transposed input and concatenated
     /// along axis 0).
     AllToAllInGroups(usize, bool),
+    /// Over strided groups in reverse rank order, along the given axis, into a buffer
+    /// of garbage.
+    GatherIntoReversed(usize, usize),
+    /// Over strided groups in reverse rank order, split and concatenated along axis 0,
+    /// into a buffer of garbage.
+    AllToAllIntoReversed(usize),
+    /// A fused all-reduce over strided groups with the given bucket size, of the input,
+    /// its transpose and the input again: each result must be bit for bit the unfused
+    /// all-reduce's (checked in the program); the step's output is the first.
+    Fused(ReduceOp, usize, usize),
     Broadcast(usize),
     Permute(usize),
     Barrier,
@@ -104,8 +114,13 @@ fn step() -> impl Strategy<Value = Step> {
         (0usize..2).prop_map(Step::AllToAll),
         (0usize..2).prop_map(Step::AllToAllT),
         (1usize..4, 0usize..2).prop_map(|(g, axis)| Step::AllGatherInGroups(g, axis)),
-        (op, 1usize..4, any::<bool>()).prop_map(|(o, g, t)| Step::ReduceScatterInGroups(o, g, t)),
+        (op.clone(), 1usize..4, any::<bool>())
+            .prop_map(|(o, g, t)| Step::ReduceScatterInGroups(o, g, t)),
         (1usize..4, any::<bool>()).prop_map(|(g, t)| Step::AllToAllInGroups(g, t)),
+        (1usize..4, 0usize..2).prop_map(|(g, axis)| Step::GatherIntoReversed(g, axis)),
+        (1usize..4).prop_map(Step::AllToAllIntoReversed),
+        (op, 1usize..4, prop_oneof![Just(1usize), 8usize..600])
+            .prop_map(|(o, g, b)| Step::Fused(o, g, b)),
         (0usize..64).prop_map(Step::Broadcast),
         (1usize..64).prop_map(Step::Permute),
         Just(Step::Barrier),
@@ -117,6 +132,11 @@ fn step() -> impl Strategy<Value = Step> {
 fn strided(n: usize, g: usize) -> Vec<Vec<usize>> {
     let g = (1..=g).rev().find(|g| n.is_multiple_of(*g)).unwrap_or(1);
     (0..g).map(|k| (k..n).step_by(g).collect()).collect()
+}
+
+/// `groups`, each in reverse rank order.
+fn reversed(groups: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    groups.into_iter().map(|g| g.into_iter().rev().collect()).collect()
 }
 
 /// A program that applies `steps` to its input, keeping every intermediate result.
@@ -150,6 +170,29 @@ fn program(steps: Vec<Step>) -> Arc<Program> {
                 }
                 Step::AllToAllInGroups(g, true) => {
                     ctx.all_to_all_in(&ctx.groups(strided(n, g))?, 1, 0, transposed(&x))?
+                }
+                Step::GatherIntoReversed(g, axis) => {
+                    let groups = reversed(strided(n, g));
+                    let mut shape = x.shape().to_vec();
+                    shape[axis] *= groups[0].len();
+                    let out = garbage(&Tensor::zeros(x.dtype(), &shape)?);
+                    ctx.all_gather_into(&ctx.groups(groups)?, axis, x.clone(), out)?
+                }
+                Step::AllToAllIntoReversed(g) => {
+                    let groups = ctx.groups(reversed(strided(n, g)))?;
+                    ctx.all_to_all_into(&groups, 0, 0, x.clone(), garbage(&x))?
+                }
+                Step::Fused(op, g, bucket) => {
+                    let groups = ctx.groups(strided(n, g))?;
+                    let ts = vec![x.clone(), transposed(&x), x.clone()];
+                    let fused = ctx.all_reduce_fused(&groups, op, ts.clone(), bucket)?;
+                    for (f, t) in fused.iter().zip(ts) {
+                        let single = ctx.all_reduce_in(&groups, op, t)?;
+                        if bits(f) != bits(&single) {
+                            return Err(format!("fused {f:?}, unfused {single:?}").into());
+                        }
+                    }
+                    fused.into_iter().next().expect("three results")
                 }
                 Step::Broadcast(root) => ctx.broadcast(root % n, x.clone())?,
                 Step::Permute(shift) => {
@@ -335,13 +378,16 @@ fn rows_of(t: &Tensor, rows: std::ops::Range<usize>) -> Tensor {
     }
 }
 
-/// Bit patterns, so that -0.0 and 0.0 differ and NaNs compare.
-fn bits(t: &Tensor) -> Vec<u64> {
-    match t {
+/// Bit patterns (and the shape), so that -0.0 and 0.0 differ and NaNs compare.
+fn bits(t: &Tensor) -> (Vec<usize>, Vec<u64>) {
+    let values = match t {
         Tensor::F32(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
         Tensor::F64(a) => a.iter().map(|x| x.to_bits()).collect(),
-        _ => unreachable!(),
-    }
+        Tensor::I32(a) => a.iter().map(|&x| x as u64).collect(),
+        Tensor::I64(a) => a.iter().map(|&x| x as u64).collect(),
+        other => panic!("unexpected {other:?}"),
+    };
+    (t.shape().to_vec(), values)
 }
 
 proptest! {
@@ -381,7 +427,8 @@ proptest! {
                         // Within a group: its members on each process folded first, then
                         // those folds in process order (one group of all replicas is the
                         // all-replica order).
-                        Step::AllReduceInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g) => {
+                        Step::AllReduceInGroups(op @ (ReduceOp::Sum | ReduceOp::Mean), g)
+                        | Step::Fused(op @ (ReduceOp::Sum | ReduceOp::Mean), g, _) => {
                             let model = documented_group_sum(&all, &group(*g), d, *op == ReduceOp::Mean);
                             if p == 1 || d == 1 {
                                 prop_assert_eq!(bits(&model), bits(&one[r][s]), "orders coincide");
@@ -754,6 +801,30 @@ fn across_processes_only_the_needed_elements_move() {
             "all_to_all",
             |_| Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?])),
             vec![(p - 1) * d * len / p; p],
+        ),
+        (
+            "all_to_all into a given buffer",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let all = ctx.groups(vec![(0..ctx.num_replicas()).collect()])?;
+                    let out = garbage(&i[0]);
+                    Ok(vec![ctx.all_to_all_into(&all, 0, 0, i[0].clone(), out)?])
+                })
+            },
+            vec![(p - 1) * d * len / p; p],
+        ),
+        (
+            "all_gather into a given buffer over pairs across processes 0 and 1",
+            |_| {
+                Arc::new(|ctx, i| {
+                    let g = ctx.groups(vec![vec![0, 2], vec![1, 3], vec![4], vec![5]])?;
+                    let mut shape = i[0].shape().to_vec();
+                    shape[0] *= if ctx.replica_id() < 4 { 2 } else { 1 };
+                    let out = Tensor::zeros(i[0].dtype(), &shape)?;
+                    Ok(vec![ctx.all_gather_into(&g, 0, i[0].clone(), out)?])
+                })
+            },
+            vec![d * len, d * len, 0],
         ),
         (
             "broadcast from replica 3",
