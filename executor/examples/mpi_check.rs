@@ -1,8 +1,11 @@
 //! The MPI test (`cargo xtask mpi-test`): run under `mpirun -np 2`, each process with
 //! 2 devices. Every collective over the 4 replicas must give what one process with 4
 //! devices gives (each process computes that reference itself), and a replica failing
-//! in one process must end the run in both with an error naming it. Exits non-zero,
-//! naming the first difference, otherwise.
+//! in one process must end the run in both with an error naming it. The program runs
+//! again with MPI messages of at most 5 elements (the same bits), with message caps
+//! that differ between the processes (both fail at the agreement), and with 1 device
+//! per process over groups in reverse order (the paths that receive straight into the
+//! result). Exits non-zero, naming the first difference, otherwise.
 //!
 //! With an argument it checks that a dying process cannot hang the job instead:
 //! `panic` — process 1 panics outside any replica while process 0 waits in a
@@ -265,11 +268,70 @@ fn check() -> Result<(), String> {
     mpi.set_max_message(5);
     let inputs = (first..first + DEVICES).map(input).collect();
     let split = runtime.run(program(), inputs).map_err(e)?;
-    mpi.set_max_message(usize::MAX);
     let same = |a: &[Vec<Tensor>]| a.iter().flatten().map(bits).collect::<Vec<_>>();
     if same(&split) != same(&got) {
         return Err(format!("process {p}: messages of at most 5 elements change the results"));
     }
     println!("process {p}: messages of at most 5 elements give the same bits");
+
+    // Caps that differ between the processes: every process fails at the first
+    // collective's agreement, naming the settings, and the next run (caps alike again)
+    // works.
+    mpi.set_max_message(5 + p);
+    let inputs = (first..first + DEVICES).map(input).collect();
+    match runtime.run(program(), inputs) {
+        Err(Error::Mismatch { expected, actual, .. })
+            if expected.contains("message cap") && actual.contains("message cap") => {}
+        other => return Err(format!("process {p}: caps 5 and 6 gave {other:?}")),
+    }
+    mpi.set_max_message(Mpi::DEFAULT_MAX_MESSAGE);
+    let inputs = (first..first + DEVICES).map(input).collect();
+    let after = runtime.run(program(), inputs).map_err(e)?;
+    if same(&after) != same(&got) {
+        return Err(format!("process {p}: a run after a mismatch of caps differs"));
+    }
+    println!("process {p}: caps that differ between processes fail alike, then runs go on");
+    one_device_per_process(&mpi)
+}
+
+/// With one device per process, grouped collectives over the replicas in reverse order
+/// (`[[1, 0]]`: not "all replicas", so the grouped paths, and for an all-gather or
+/// all-to-all along axis 0 the one that receives straight into the result) must give
+/// what one process with 2 devices gives, bit for bit, with whole messages and with
+/// messages of at most 5 elements.
+fn one_device_per_process(mpi: &Mpi) -> Result<(), String> {
+    let (p, e) = (mpi.process(), |e: Error| e.to_string());
+    let program: Arc<Program> = Arc::new(|ctx, inputs| {
+        let reversed = ctx.groups(vec![vec![1, 0]])?;
+        let mut out = Vec::new();
+        for x in inputs {
+            out.push(ctx.all_gather_in(&reversed, 0, x.clone())?);
+            out.push(ctx.all_gather_in(&reversed, 1, x.clone())?);
+            out.push(ctx.all_to_all_in(&reversed, 0, 0, x.clone())?);
+            out.push(ctx.all_to_all_in(&reversed, 0, 1, x.clone())?);
+            out.push(ctx.reduce_scatter_in(&reversed, ReduceOp::Sum, 0, x.clone())?);
+            out.push(ctx.all_reduce_in(&reversed, ReduceOp::Sum, x)?);
+        }
+        Ok(out)
+    });
+    let runtime = Runtime::new(1).map_err(e)?.with_interconnect(mpi.interconnect());
+    let want =
+        Runtime::new(PROCESSES).map_err(e)?.run(program.clone(), (0..2).map(input).collect());
+    let want = want.map_err(e)?.swap_remove(p);
+    for cap in [Mpi::DEFAULT_MAX_MESSAGE, 5] {
+        mpi.set_max_message(cap);
+        let got = runtime.run(program.clone(), vec![input(p)]).map_err(e)?.swap_remove(0);
+        mpi.set_max_message(Mpi::DEFAULT_MAX_MESSAGE);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if bits(g) != bits(w) || g.shape() != w.shape() {
+                return Err(format!(
+                    "1 device per process, cap {cap}, output {i}: got {g:?}, want {w:?}"
+                ));
+            }
+        }
+    }
+    println!(
+        "process {p}: with 1 device per process, grouped collectives in reverse order equal one process's"
+    );
     Ok(())
 }

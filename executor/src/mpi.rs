@@ -67,10 +67,14 @@ impl Mpi {
             world: Mutex::new(World(world)),
             process,
             processes,
-            max_message: AtomicUsize::new(MAX_MESSAGE),
+            max_message: AtomicUsize::new(Mpi::DEFAULT_MAX_MESSAGE),
         };
         Ok(Mpi { link: Arc::new(link), _universe: universe })
     }
+
+    /// The elements of one MPI message unless [`set_max_message`](Self::set_max_message)
+    /// says otherwise: 2^30, a count MPI's `int` holds, of any dtype.
+    pub const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
 
     /// This process's rank.
     pub fn process(&self) -> usize {
@@ -89,8 +93,10 @@ impl Mpi {
 
     /// Caps the elements of one MPI message (at most `i32::MAX`, MPI's count; at
     /// least 1): longer runs go as several messages in order. Every process must set
-    /// the same cap, between runs. The default, 2^30, lets exchanges of any size
-    /// through; a small cap tests the splitting.
+    /// the same cap, between runs: each collective's agreement compares them, and
+    /// processes whose caps differ all fail there with [`Error::Mismatch`]. The
+    /// default, [`Mpi::DEFAULT_MAX_MESSAGE`], lets exchanges of any size through; a
+    /// small cap tests the splitting.
     pub fn set_max_message(&self, elements: usize) {
         let cap = elements.clamp(1, MAX_MESSAGE_LIMIT);
         self.link.max_message.store(cap, Ordering::SeqCst);
@@ -154,9 +160,6 @@ struct MpiLink {
     /// Elements per MPI message (see [`Mpi::set_max_message`]).
     max_message: AtomicUsize,
 }
-
-/// Elements per MPI message by default: a count MPI's `int` holds, of any dtype.
-const MAX_MESSAGE: usize = 1 << 30;
 
 /// The largest count MPI's `int` holds.
 const MAX_MESSAGE_LIMIT: usize = i32::MAX as usize;
@@ -369,6 +372,10 @@ impl Interconnect for MpiLink {
             all_to_all_typed(&world.0, me, max, f, send, i, recv);
             Ok(())
         })
+    }
+
+    fn settings(&self) -> i64 {
+        self.max_message() as i64
     }
 
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {

@@ -47,6 +47,14 @@ pub trait Interconnect: Send + Sync {
     /// return every `chunks[p]` holds process `p`'s part (the chunks are disjoint and
     /// the same on every process).
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()>;
+
+    /// This link's settings that every process must share, as a number (for MPI, the
+    /// message cap): every step's agreement compares it, so processes set differently
+    /// all fail alike at their next collective instead of exchanging messages they
+    /// split differently. The default, 0, is a link without such settings.
+    fn settings(&self) -> i64 {
+        0
+    }
 }
 
 const STEP: i64 = 1;
@@ -126,7 +134,9 @@ impl Net {
         self.agree("end of run", header, self.base())
     }
 
-    fn agree(&self, op: &'static str, header: [i64; 2], replica: usize) -> Result<()> {
+    /// The handshake: `[kind, detail]` and the link's settings from every process.
+    fn agree(&self, op: &'static str, [kind, detail]: [i64; 2], replica: usize) -> Result<()> {
+        let header = [kind, detail, self.link.settings()];
         let all = self.link.handshake(&header, self.timeout).inspect_err(|_| self.stop())?;
         let rows: Vec<&[i64]> = all.chunks(header.len()).collect();
         if let Some(row) = rows.iter().find(|row| row[0] == FAILED) {
@@ -135,7 +145,11 @@ impl Net {
         }
         if let Some(p) = rows.iter().position(|row| **row != header) {
             self.stop();
+            let settings_differ = rows.iter().all(|row| row[..2] == header[..2]);
             let what = |row: &[i64]| match row[0] {
+                _ if settings_differ => {
+                    format!("link settings {} (for MPI, its message cap)", row[2])
+                }
                 STEP => format!("a collective with signature hash {:016x}", row[1]),
                 _ => "the end of its run".to_string(),
             };
