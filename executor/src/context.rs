@@ -394,7 +394,7 @@ impl ReplicaContext {
     /// This replica is done with a cross-process `round` whose tensors are this
     /// process's buffers — one per local replica (its device's), then one of the first
     /// device's: the last replica done gives each back to its device's pool (what a
-    /// pool does not keep goes to the reaper).
+    /// pool does not keep is freed, see `pool::release`).
     fn reclaim_local(&self, round: Gathered) {
         let Some(round) = Arc::into_inner(round) else { return };
         let d = self.hub.replicas();
@@ -760,7 +760,7 @@ impl ReplicaContext {
     }
 
     /// [`own_copy`](Self::own_copy) of the round's tensor `j` (others' tensors in it
-    /// are left to the reaper).
+    /// are freed, see `pool::release`).
     fn own_copy_of(&self, round: Gathered, j: usize, shape: &[usize]) -> Result<Tensor> {
         match Arc::try_unwrap(round) {
             Ok(round) => {

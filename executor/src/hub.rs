@@ -121,7 +121,7 @@ impl Round {
     /// reference to the round and the tensor's (when every member calls this once it
     /// is done with the round, exactly one of them does the giving back). `pools` are
     /// the members' pools in rank order (empty: the tensors are freed, off this
-    /// thread).
+    /// thread when large: see `pool::release`).
     pub(crate) fn reclaim(round: Gathered, pools: &[Arc<Pool>]) {
         let Some(round) = Arc::into_inner(round) else { return };
         let tensors = round.into_tensors();

@@ -78,10 +78,10 @@ pub(crate) struct Net {
 /// Exchange plans by key (see [`Net::plan`]): a runtime's, kept from run to run.
 pub(crate) type Plans = Mutex<rustc_hash::FxHashMap<String, Arc<Plan>>>;
 
-/// How many exchange plans a run keeps: a training step repeats a few dozen collective
-/// signatures (one per parameter at most); past this many the plans are dropped and
-/// made again as needed.
-const PLANS_KEPT: usize = 256;
+/// How many exchange plans a runtime keeps: a training step repeats a few dozen to a
+/// few hundred collective signatures (one per parameter at most); past this many the
+/// plans are dropped and made again as needed.
+const PLANS_KEPT: usize = 1024;
 
 impl Net {
     /// `plans` keeps the plans this run makes for later runs: the runtime's, whose

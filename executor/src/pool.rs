@@ -91,7 +91,7 @@ impl Pool {
     }
 
     /// Keeps `t`'s buffer if it is standard layout and within the limits; evicts the
-    /// oldest buffers to make room. What is not kept is freed by the reaper.
+    /// oldest buffers to make room. What is not kept is freed (see [`release`]).
     pub(crate) fn put(&self, t: Tensor) {
         let mut garbage = Vec::new();
         self.keep(t, false, &mut garbage);
@@ -158,7 +158,7 @@ impl Pool {
         self.lock().bytes
     }
 
-    /// Lets go of every kept buffer (freed on the reaper).
+    /// Lets go of every kept buffer (freed, see [`release`]).
     pub(crate) fn clear(&self) {
         let evicted = self.lock().fit(0);
         release(evicted);
@@ -182,6 +182,9 @@ impl State {
 /// queue is short, and a caller that finds it full frees inline) — or here if it holds
 /// less than [`REAP_FROM`] bytes, which frees faster than waking the reaper would.
 pub(crate) fn release(garbage: Vec<Tensor>) {
+    // Sized by allocation: a slice of a larger array frees all of it.
+    let garbage: Vec<Tensor> =
+        garbage.into_iter().map(|t| exact(t).unwrap_or_else(|w| w)).collect();
     if garbage.iter().map(bytes).sum::<usize>() >= REAP_FROM {
         crate::reaper::release(garbage);
     }
