@@ -244,6 +244,7 @@ proptest! {
         lens in proptest::collection::vec(prop_oneof![0usize..64, 0usize..70_000], 0..24),
         chunk in prop_oneof![1usize..64, 1usize..200_000],
         ready in proptest::collection::vec(any::<bool>(), 0..64),
+        cap in prop_oneof![Just(u32::MAX), 0u32..80_000],
     ) {
         let (frames, bytes) = stream_of(&lens);
         let trickle = Trickle::new(bytes, chunk);
@@ -251,21 +252,39 @@ proptest! {
         let mut source = meshwork_outfeed::StreamSource::new(trickle);
         let mut got = Vec::new();
         let mut step = 0;
-        loop {
+        // Frames up to the first one over the cap, then that frame's error, whichever
+        // way it is read.
+        let error = loop {
             if ready.get(step).copied().unwrap_or(false) {
                 let before = reads.load(std::sync::atomic::Ordering::SeqCst);
-                while let Some(f) = source.ready_frame(0, u32::MAX).unwrap() {
-                    got.push(f);
-                }
+                let taken = loop {
+                    match source.ready_frame(0, cap) {
+                        Ok(Some(f)) => got.push(f),
+                        Ok(None) => break None,
+                        Err(e) => break Some(e),
+                    }
+                };
                 prop_assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), before, "ready_frame read the stream");
+                if let Some(e) = taken {
+                    break Some(e);
+                }
             }
             step += 1;
-            match source.next_frame(0, u32::MAX).unwrap() {
-                Some(f) => got.push(f),
-                None => break,
+            match source.next_frame(0, cap) {
+                Ok(Some(f)) => got.push(f),
+                Ok(None) => break None,
+                Err(e) => break Some(e),
             }
+        };
+        let over = lens.iter().position(|&n| n as u64 > u64::from(cap));
+        prop_assert_eq!(&got[..], &frames[..over.unwrap_or(frames.len())]);
+        match (over, error) {
+            (None, None) => {}
+            (Some(k), Some(meshwork_outfeed::Error::FrameTooLong { len, .. })) => {
+                prop_assert_eq!(len, lens[k] as u64);
+            }
+            (over, error) => prop_assert!(false, "frame {:?} over the cap, error {:?}", over, error),
         }
-        prop_assert_eq!(got, frames);
     }
 }
 
@@ -299,4 +318,41 @@ fn stream_frames_in_the_buffer_are_ready_without_waiting() {
         matches!(err, meshwork_outfeed::Error::FrameTooLong { stream: 3, len: 4096, cap: 100, .. }),
         "{err:?}"
     );
+
+    // A bad header in the buffer is the stream's error, as a waiting read reports it.
+    let (_, mut bad) = stream_of(&[10, 10]);
+    bad[30] ^= 0xff; // the second frame's magic
+    let mut source = meshwork_outfeed::StreamSource::new(std::io::Cursor::new(bad));
+    source.next_frame(0, u32::MAX).unwrap();
+    let err = source.ready_frame(4, u32::MAX).unwrap_err();
+    assert!(matches!(err, meshwork_outfeed::Error::BadMagic { stream: 4, .. }), "{err:?}");
+
+    // A recording of a stream records the frames it hands out ready, in order.
+    let dir = std::env::temp_dir().join(format!(
+        "meshwork-ready-recording-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("frames.bin");
+    let (frames, bytes) = stream_of(&[3, 5, 7]);
+    let stream = meshwork_outfeed::StreamSource::new(std::io::Cursor::new(bytes));
+    let mut recording = meshwork_outfeed::Recording::new(stream, &path).unwrap();
+    let mut got = vec![recording.next_frame(0, u32::MAX).unwrap().unwrap()];
+    while let Some(f) = recording.ready_frame(0, u32::MAX).unwrap() {
+        got.push(f);
+    }
+    assert_eq!(recording.next_frame(0, u32::MAX).unwrap(), None);
+    drop(recording);
+    let mut replay = meshwork_outfeed::StreamSource::file(&path).unwrap();
+    let mut replayed = Vec::new();
+    while let Some(f) = replay.next_frame(0, u32::MAX).unwrap() {
+        replayed.push(f);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(got, frames);
+    assert_eq!(replayed.len(), 3);
+    for (r, f) in replayed.iter().zip(&frames) {
+        assert_eq!((r.header.consumer, &r.payload), (f.header.consumer, &f.payload));
+    }
 }
