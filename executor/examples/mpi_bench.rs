@@ -9,8 +9,8 @@
 //!
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
-//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB]]   # default 7 runs, 64 MiB
-//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB]]   # and the grouped forms
+//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB | KIBk]]   # default 7 runs, 64 MiB
+//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB | KIBk]]   # and the grouped forms
 //! ```
 //!
 //! With an even number of processes, 4 or more, it also times the grouped forms within
@@ -71,10 +71,16 @@ fn halves(n: usize) -> Vec<Vec<usize>> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let runs = args.first().copied().unwrap_or(7).max(5);
-    let mib = args.get(1).copied().unwrap_or(64);
-    let len = mib * (1 << 20) / 4;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runs = args.first().and_then(|a| a.parse().ok()).unwrap_or(7usize).max(5);
+    // MiB per replica, or KiB with a `k` suffix (latency: what meshwork adds per call).
+    let size = args.get(1).map_or("64", String::as_str);
+    let (kib, unit) = match size.strip_suffix('k') {
+        Some(k) => (k.parse::<usize>()?, "KiB"),
+        None => (size.parse::<usize>()? << 10, "MiB"),
+    };
+    let len = (kib << 10) / 4;
+    let mib = if unit == "KiB" { kib } else { kib >> 10 };
 
     let mpi = Mpi::init(None)?;
     let world = SimpleCommunicator::world();
@@ -159,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flatten();
     if mpi.process() == 0 {
         println!(
-            "f32, {processes} processes x 1 device, {mib} MiB per replica, median of {runs} \
+            "f32, {processes} processes x 1 device, {mib} {unit} per replica, median of {runs} \
              (each run's time is the slowest process's)"
         );
         if half.is_some() {
@@ -217,7 +223,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if mpi.process() == 0 {
             let (o, b) = (median(ours), median(bare));
             println!(
-                "  {:<24} {:>12.2} {:>12.2} {:>7.2}×",
+                "  {:<24} {:>12.3} {:>12.3} {:>7.2}×",
                 case.name,
                 o.as_secs_f64() * 1e3,
                 b.as_secs_f64() * 1e3,
