@@ -734,6 +734,55 @@ fn long_all_reduces_cross_segments_and_uneven_chunks() {
     }
 }
 
+/// Float sums that round, of a few elements (chunks of one or none), of a few thousand
+/// and long enough to cross the reduction's segments: all follow the documented order
+/// bit for bit (each process's replicas in rank order, then the processes in order).
+#[test]
+fn float_all_reduces_short_and_long_follow_the_documented_order() {
+    for (p, d, len) in [(3, 2, 5), (3, 2, 2000), (3, 1, 2 * 65536 + 7), (2, 2, 70_000)] {
+        let inputs: Vec<Vec<Tensor>> = (0..p * d)
+            .map(|r| {
+                let v: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let z = ((r * 7919 + i * 104_729) % 100_003) as f32;
+                        (z * 1.618_034).sin() * 10f32.powi((i % 9) as i32 - 4)
+                    })
+                    .collect();
+                vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
+            })
+            .collect();
+        let program: Arc<Program> = Arc::new(|ctx, i| {
+            Ok(vec![
+                ctx.all_reduce(ReduceOp::Sum, i[0].clone())?,
+                ctx.all_reduce(ReduceOp::Mean, i[0].clone())?,
+            ])
+        });
+        let all: Vec<Tensor> = inputs.iter().map(|i| i[0].clone()).collect();
+        let want = [documented_sum(&all, p, d, false), documented_sum(&all, p, d, true)];
+        // With one replica per process the orders coincide; otherwise the data must
+        // tell them apart.
+        let one = run_one(p * d, program.clone(), &inputs);
+        assert!(
+            d == 1 || (0..p * d).any(|r| bits(&one[r][0]) != bits(&want[0])),
+            "{len} elements: the data must tell the orders apart"
+        );
+        for (proc, result) in run_processes(p, d, Duration::from_secs(20), program.clone(), &inputs)
+            .into_iter()
+            .enumerate()
+        {
+            for (k, outputs) in result.unwrap().iter().enumerate() {
+                for (s, w) in want.iter().enumerate() {
+                    assert!(
+                        bits(&outputs[s]) == bits(w),
+                        "{p} processes x {d}, {len} elements: replica {} output {s}",
+                        proc * d + k
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// An interconnect that counts the elements this process receives.
 struct Counting {
     inner: Arc<dyn meshwork_executor::Interconnect>,
