@@ -9,8 +9,8 @@
 //!
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
-//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB | KIBk]]   # default 7 runs, 64 MiB
-//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB | KIBk]]   # and the grouped forms
+//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB | KIBk [NAME...]]]   # default 7 runs, 64 MiB, every case
+//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB | KIBk [NAME...]]]   # and the grouped forms
 //! ```
 //!
 //! With an even number of processes, 4 or more, it also times the grouped forms within
@@ -179,7 +179,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "collective", "meshwork ms", "bare MPI ms", "ratio"
         );
     }
-    for case in &cases {
+    // Further arguments keep the cases whose names contain one of them.
+    let names = &args[args.len().min(2)..];
+    for case in cases
+        .iter()
+        .filter(|c| names.is_empty() || names.iter().any(|n| c.name.contains(n.as_str())))
+    {
         let comm = match (case.grouped, &half) {
             (false, _) => &world,
             (true, Some(half)) => half,
