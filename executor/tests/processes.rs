@@ -636,41 +636,50 @@ fn float_all_reduce_across_processes_is_a_fixed_fold_with_identical_bits() {
 /// run ends promptly, and each names the failed replica.
 #[test]
 fn a_failure_in_one_process_ends_the_run_everywhere() {
-    let (p, d) = (3, 2);
-    for failing in 0..p * d {
-        for at in 0..3 {
-            let program: Arc<Program> = Arc::new(move |ctx, i| {
-                let mut x = i[0].clone();
-                // Groups of three that straddle the processes.
-                let g = ctx.groups(vec![vec![0, 2, 4], vec![1, 3, 5]])?;
-                for step in 0..2 {
-                    if ctx.replica_id() == failing && step == at {
-                        return Err(format!("replica {failing} gives up at step {at}").into());
+    // 3 processes x 2 devices, groups of three that straddle them; 4 x 1, pairs across
+    // processes (where a grouped all-gather and all-to-all receive straight into their
+    // results).
+    for (p, d) in [(3, 2), (4, 1)] {
+        for failing in 0..p * d {
+            for at in 0..3 {
+                let program: Arc<Program> = Arc::new(move |ctx, i| {
+                    let mut x = i[0].clone();
+                    let g = match d {
+                        2 => ctx.groups(vec![vec![0, 2, 4], vec![1, 3, 5]])?,
+                        _ => ctx.groups(vec![vec![0, 2], vec![1, 3]])?,
+                    };
+                    for step in 0..2 {
+                        if ctx.replica_id() == failing && step == at {
+                            return Err(format!("replica {failing} gives up at step {at}").into());
+                        }
+                        x = ctx.reduce_scatter_in(&g, ReduceOp::Sum, 0, x)?;
+                        x = ctx.all_reduce(ReduceOp::Sum, x)?;
+                        x = match d {
+                            2 => ctx.all_gather(0, x)?,
+                            _ => ctx.all_to_all_in(&g, 0, 0, ctx.all_gather_in(&g, 0, x)?)?,
+                        };
                     }
-                    x = ctx.reduce_scatter_in(&g, ReduceOp::Sum, 0, x)?;
-                    x = ctx.all_reduce(ReduceOp::Sum, x)?;
-                    x = ctx.all_gather(0, x)?;
-                }
-                if ctx.replica_id() == failing && at == 2 {
-                    return Err("gives up at the end".into());
-                }
-                Ok(vec![x])
-            });
-            let inputs: Vec<Vec<Tensor>> = (0..p * d)
-                .map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[6]), r as i64))])
-                .collect();
-            let start = Instant::now();
-            let results = run_processes(p, d, Duration::from_secs(20), program, &inputs);
-            assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
-            for (proc, result) in results.into_iter().enumerate() {
-                match result {
-                    Err(Error::ReplicaFailed { replica, .. }) => {
-                        assert_eq!(replica, failing, "process {proc}")
+                    if ctx.replica_id() == failing && at == 2 {
+                        return Err("gives up at the end".into());
                     }
-                    Err(Error::PeerFailed { failed, .. }) => {
-                        assert_eq!(failed, failing, "process {proc}")
+                    Ok(vec![x])
+                });
+                let inputs: Vec<Vec<Tensor>> = (0..p * d)
+                    .map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[6]), r as i64))])
+                    .collect();
+                let start = Instant::now();
+                let results = run_processes(p, d, Duration::from_secs(20), program, &inputs);
+                assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+                for (proc, result) in results.into_iter().enumerate() {
+                    match result {
+                        Err(Error::ReplicaFailed { replica, .. }) => {
+                            assert_eq!(replica, failing, "process {proc}")
+                        }
+                        Err(Error::PeerFailed { failed, .. }) => {
+                            assert_eq!(failed, failing, "process {proc}")
+                        }
+                        other => panic!("process {proc}: replica {failing} at {at}: {other:?}"),
                     }
-                    other => panic!("process {proc}: replica {failing} at {at}: {other:?}"),
                 }
             }
         }
