@@ -552,7 +552,12 @@ impl ReplicaContext {
             crate::pool::release(garbage);
             Ok((0..d).map(|j| totals[carrier_of[j]].clone()).collect())
         })?;
-        self.own_copy_of(round, self.local, &[len])
+        // Tensor `j` of the round is a total from the pool of its group's carrier here.
+        let origin = |j: usize| {
+            let carrier = layout.carriers[layout.group_of[p * d + j]][p];
+            carrier.map_or(j, |y| y - p * d)
+        };
+        self.own_copy_of(round, self.local, &[len], &origin)
     }
 
     /// All-gather in a multi-process run other than over all replicas along axis 0:
@@ -687,11 +692,7 @@ impl ReplicaContext {
                 out.copy_run(i * len, src, at..at + len);
             }
         } else {
-            let tensors: Vec<Arc<Tensor>> = parts
-                .iter()
-                .map(|&(src, at)| Arc::new(src.slice_flat(at..at + len).reshape(shape)))
-                .collect();
-            Tensor::concat_into(&tensors, axis, &mut out);
+            Tensor::concat_runs_into(parts, shape, axis, &mut out);
         }
         Ok(out)
     }
@@ -754,21 +755,60 @@ impl ReplicaContext {
 
     /// The one result of `round`, which every local replica gets, as this replica's own
     /// tensor in `shape`: moved out by the last replica to read it, a copy into a
-    /// buffer of this replica's pool for the others.
+    /// buffer of this replica's pool for the others. The tensor came from the first
+    /// local device's pool.
     fn own_copy(&self, round: Gathered, shape: &[usize]) -> Result<Tensor> {
-        self.own_copy_of(round, 0, shape)
+        self.own_copy_of(round, 0, shape, &|_| 0)
     }
 
-    /// [`own_copy`](Self::own_copy) of the round's tensor `j` (others' tensors in it
-    /// are freed, see `pool::release`).
-    fn own_copy_of(&self, round: Gathered, j: usize, shape: &[usize]) -> Result<Tensor> {
+    /// [`own_copy`](Self::own_copy) of the round's tensor `j`, where the round's tensor
+    /// `i` came from local replica `origin(i)`'s device pool. A replica that finds the
+    /// round shared copies; whichever replica lets go of the round last gives its
+    /// tensors back to their pools — except, if it found the round unshared, the one
+    /// it takes, for which it gives a buffer of its own pool of that kind (if it has
+    /// one) to that tensor's pool. The copies come from the copiers' own pools, so every
+    /// pool gets back what it gave, whichever replicas copy and whichever reads last,
+    /// and none drains into fresh pages while another fills up.
+    fn own_copy_of(
+        &self,
+        round: Gathered,
+        j: usize,
+        shape: &[usize],
+        origin: &dyn Fn(usize) -> usize,
+    ) -> Result<Tensor> {
+        // The round's tensors (but `keep`) back to the pools they came from.
+        let give_back = |tensors: Vec<Arc<Tensor>>, keep: Option<usize>| {
+            let pools = self.hub.pools_of(0..tensors.len());
+            let mut mine = None;
+            let mut garbage = Vec::new();
+            for (i, t) in tensors.into_iter().enumerate() {
+                if Some(i) == keep {
+                    mine = Some(t);
+                } else if let Some(t) = Arc::into_inner(t) {
+                    match pools.get(origin(i)) {
+                        Some(pool) => pool.put_consumed(t, &mut garbage),
+                        None => garbage.push(t),
+                    }
+                }
+            }
+            crate::pool::release(garbage);
+            (mine, pools)
+        };
         match Arc::try_unwrap(round) {
             Ok(round) => {
-                let mut tensors = round.into_tensors();
-                let t = tensors.swap_remove(j);
-                crate::pool::release(tensors.into_iter().filter_map(Arc::into_inner).collect());
+                let (mine, pools) = give_back(round.into_tensors(), Some(j));
+                let t = mine.expect("the round has this replica's tensor");
                 match Arc::try_unwrap(t) {
-                    Ok(t) => Ok(t.reshape(shape)),
+                    Ok(t) => {
+                        let from = origin(j);
+                        if from != self.local
+                            && let Some(pool) = pools.get(from)
+                            && let Some(spare) = self.pool.take(t.dtype(), t.shape())
+                        {
+                            pool.put(spare);
+                        }
+                        Ok(t.reshape(shape))
+                    }
                     Err(shared) => {
                         let mut out = self.output(shared.dtype(), shape)?;
                         out.read_flat(0, &shared);
@@ -779,6 +819,10 @@ impl ReplicaContext {
             Err(shared) => {
                 let mut out = self.output(shared[j].dtype(), shape)?;
                 out.read_flat(0, &shared[j]);
+                // The others may have let go while this one copied.
+                if let Some(round) = Arc::into_inner(shared) {
+                    give_back(round.into_tensors(), None);
+                }
                 Ok(out)
             }
         }
@@ -1044,7 +1088,8 @@ impl ReplicaContext {
             let signature = format!("axis=0 {}{:?} in all", t.dtype(), t.shape());
             let offer = Offer::new("all_gather", signature.clone(), Arc::new(t.standard()));
             let all = self.hub.exchange_then(&self.local_all, self.local, offer, |local| {
-                let out = self.buffer_of(self.local, local[0].dtype(), &want)?;
+                // From the first device's pool, where `own_copy` says it came from.
+                let out = self.buffer_of(0, local[0].dtype(), &want)?;
                 net.step("all_gather", &signature, self.replica)?;
                 let out = net.all_gather_flat(&local, out)?;
                 self.give_back(local);
@@ -1069,8 +1114,10 @@ impl ReplicaContext {
     ///
     /// Across processes it moves what `all_gather_in` moves (only the tensors other
     /// processes' members need): `out` goes to this device's pool first and the result
-    /// is written into a buffer taken from it — `out` itself wherever the pool keeps
-    /// buffers of its size (see [`Runtime::with_pool`](crate::Runtime::with_pool)).
+    /// is written into a buffer taken from it — `out` itself, or another buffer of its
+    /// size the pool keeps — wherever the pool keeps buffers of its size (see
+    /// [`Runtime::with_pool`](crate::Runtime::with_pool)); with pooling off, or a result
+    /// outside the pool's limits, `out` is freed and the result is fresh memory.
     pub fn all_gather_into(
         &self,
         groups: &ReplicaGroups,
@@ -1265,8 +1312,16 @@ impl ReplicaContext {
             shape[0] *= n;
             return Ok(flat.reshape(&shape));
         }
-        let pieces = flat.split_flat(n, &piece);
-        Ok(Tensor::concat(&pieces.iter().collect::<Vec<_>>(), concat_axis))
+        // The pieces, read in place, end to end along the axis into a pooled buffer;
+        // the pieces' buffer back to the pool.
+        let mut shape = piece.clone();
+        shape[concat_axis] *= n;
+        let mut out = self.output(dtype, &shape)?;
+        let runs: Vec<(&Tensor, usize)> = (0..n).map(|k| (&flat, k * piece_len)).collect();
+        Tensor::concat_runs_into(&runs, &piece, concat_axis, &mut out);
+        drop(runs);
+        self.recycle(flat);
+        Ok(out)
     }
 
     /// Splits the tensor into group-size pieces along `split_axis`, sends piece `k` to

@@ -69,11 +69,14 @@ struct State {
     bytes: usize,
     /// The kinds of the last requests, least recent first, each once.
     wants: VecDeque<(DType, usize)>,
+    /// Requests of a size the pool keeps that it had no buffer for.
+    misses: usize,
 }
 
 impl Pool {
     pub(crate) fn new(limits: Limits) -> Pool {
-        let state = State { limits, buffers: VecDeque::new(), bytes: 0, wants: VecDeque::new() };
+        let state =
+            State { limits, buffers: VecDeque::new(), bytes: 0, wants: VecDeque::new(), misses: 0 };
         Pool { state: Mutex::new(state) }
     }
 
@@ -146,7 +149,13 @@ impl Pool {
             st.wants.pop_front();
         }
         st.wants.push_back((dtype, len));
-        let at = st.buffers.iter().rposition(|b| b.dtype() == dtype && b.len() == len)?;
+        let Some(at) = st.buffers.iter().rposition(|b| b.dtype() == dtype && b.len() == len) else {
+            let size = len * width(dtype);
+            if size > 0 && size >= st.limits.smallest && size <= st.limits.capacity {
+                st.misses += 1;
+            }
+            return None;
+        };
         let t = st.buffers.remove(at).expect("found");
         st.bytes -= bytes(&t);
         drop(st);
@@ -156,6 +165,11 @@ impl Pool {
     /// Bytes kept now.
     pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
+    }
+
+    /// Requests of a size this pool keeps that it had no buffer for, so far.
+    pub(crate) fn misses(&self) -> usize {
+        self.lock().misses
     }
 
     /// Lets go of every kept buffer (freed, see [`release`]).

@@ -132,6 +132,14 @@ impl Runtime {
         self.pools.iter().map(|p| p.bytes()).collect()
     }
 
+    /// How many buffers of at least the pool's smallest size each device's pool was
+    /// asked for and did not have, since the runtime started, in device order: each
+    /// such request was met with fresh memory. A warm training loop whose pools are
+    /// large enough stops adding to these.
+    pub fn pool_misses(&self) -> Vec<usize> {
+        self.pools.iter().map(|p| p.misses()).collect()
+    }
+
     /// Lets go of every buffer the pools keep.
     pub fn release_pools(&self) {
         self.pools.iter().for_each(|p| p.clear());

@@ -341,28 +341,6 @@ impl Tensor {
         }
     }
 
-    /// Concatenates `parts` (same dtype) along `axis`.
-    pub(crate) fn concat(parts: &[&Tensor], axis: usize) -> Tensor {
-        macro_rules! cat {
-            ($v:ident) => {{
-                let views: Vec<_> = parts
-                    .iter()
-                    .map(|t| match t {
-                        Tensor::$v(a) => a.view(),
-                        _ => unreachable!("checked at the rendezvous"),
-                    })
-                    .collect();
-                Tensor::$v(ndarray::concatenate(Axis(axis), &views).expect("checked at the rendezvous"))
-            }};
-        }
-        match parts[0] {
-            Tensor::F32(_) => cat!(F32),
-            Tensor::F64(_) => cat!(F64),
-            Tensor::I32(_) => cat!(I32),
-            Tensor::I64(_) => cat!(I64),
-        }
-    }
-
     /// Writes `parts` (one dtype) end to end along `axis` into `out`, whose shape is
     /// theirs with `axis` summed.
     pub(crate) fn concat_into(parts: &[std::sync::Arc<Tensor>], axis: usize, out: &mut Tensor) {
@@ -378,6 +356,43 @@ impl Tensor {
                         _ => dst.assign(a),
                     }
                     at += len;
+                }
+            }};
+        }
+        match out {
+            Tensor::F32(o) => go!(F32, o),
+            Tensor::F64(o) => go!(F64, o),
+            Tensor::I32(o) => go!(I32, o),
+            Tensor::I64(o) => go!(I64, o),
+        }
+    }
+
+    /// Runs of row-major elements — `(tensor, offset)`, each as many elements as
+    /// `piece` holds, read in place from a standard-layout tensor — taken as tensors of
+    /// shape `piece` and written end to end along `axis` into `out` (of one dtype with
+    /// them, its shape `piece`'s with `axis` times the number of runs). No copy is made
+    /// on the way.
+    pub(crate) fn concat_runs_into(
+        runs: &[(&Tensor, usize)],
+        piece: &[usize],
+        axis: usize,
+        out: &mut Tensor,
+    ) {
+        let len: usize = piece.iter().product();
+        let width = piece[axis];
+        macro_rules! go {
+            ($v:ident, $o:ident) => {{
+                for (k, &(t, at)) in runs.iter().enumerate() {
+                    let Tensor::$v(a) = t else { unreachable!("one dtype") };
+                    let src = &a.as_slice().expect("standard layout")[at..at + len];
+                    let view = ndarray::ArrayView::from_shape(IxDyn(piece), src)
+                        .expect("the run holds the piece's elements");
+                    let slice = ndarray::Slice::from(k * width..(k + 1) * width);
+                    let mut dst = $o.slice_axis_mut(Axis(axis), slice);
+                    match dst.as_slice_mut() {
+                        Some(d) => d.copy_from_slice(src),
+                        None => dst.assign(&view),
+                    }
                 }
             }};
         }

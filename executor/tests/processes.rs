@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshwork_executor::{Error, LoopbackInterconnect, Program, Runtime, Tensor};
-use meshwork_types::ReduceOp;
+use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 
@@ -832,6 +832,92 @@ impl meshwork_executor::Interconnect for Counting {
         self.received.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
         self.inner.all_gather_in_place(buf, chunks)
     }
+    fn settings(&self) -> i64 {
+        self.inner.settings()
+    }
+}
+
+/// A loopback link whose settings (see `Interconnect::settings`) are whatever its
+/// process's cell says.
+struct Configured {
+    inner: Arc<dyn meshwork_executor::Interconnect>,
+    settings: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl meshwork_executor::Interconnect for Configured {
+    fn process(&self) -> usize {
+        self.inner.process()
+    }
+    fn processes(&self) -> usize {
+        self.inner.processes()
+    }
+    fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>, Error> {
+        self.inner.handshake(header, timeout)
+    }
+    fn all_to_all_into(
+        &self,
+        from: &Tensor,
+        send: &[std::ops::Range<usize>],
+        into: &mut Tensor,
+        recv: &[std::ops::Range<usize>],
+    ) -> Result<(), Error> {
+        self.inner.all_to_all_into(from, send, into, recv)
+    }
+    fn all_gather_in_place(
+        &self,
+        buf: &mut Tensor,
+        chunks: &[std::ops::Range<usize>],
+    ) -> Result<(), Error> {
+        self.inner.all_gather_in_place(buf, chunks)
+    }
+    fn settings(&self) -> i64 {
+        self.settings.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Processes whose links' settings differ (for MPI, the message cap) all fail at the
+/// first collective's agreement with a mismatch that names them, instead of exchanging;
+/// once the settings agree again, the same runtimes run.
+#[test]
+fn links_set_differently_fail_alike_at_the_agreement() {
+    let p = 3;
+    let cells: Vec<Arc<std::sync::atomic::AtomicI64>> =
+        (0..p).map(|q| Arc::new(std::sync::atomic::AtomicI64::new(5 + (q == 2) as i64))).collect();
+    let links = LoopbackInterconnect::group(p);
+    let program: Arc<Program> =
+        Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
+    type Runs = (Result<Vec<Vec<Tensor>>, Error>, Vec<Vec<Tensor>>);
+    let results: Vec<Runs> = std::thread::scope(|s| {
+        let handles: Vec<_> = links
+            .into_iter()
+            .zip(&cells)
+            .map(|(inner, cell)| {
+                let (program, settings) = (program.clone(), cell.clone());
+                s.spawn(move || {
+                    let q = inner.process();
+                    let link = Arc::new(Configured { inner, settings: settings.clone() });
+                    let rt = Runtime::new(1).unwrap().with_interconnect(link);
+                    let input =
+                        || vec![vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[4]), q as i64))]];
+                    let first = rt.run(program.clone(), input());
+                    // Each process agrees again before its next run's first handshake.
+                    settings.store(5, std::sync::atomic::Ordering::SeqCst);
+                    (first, rt.run(program, input()).expect("agreeing settings run"))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a process thread")).collect()
+    });
+    for (q, (first, second)) in results.into_iter().enumerate() {
+        match first {
+            Err(Error::Mismatch { expected, actual, .. }) => {
+                assert!(expected.contains("link settings 5"), "process {q}: {expected}");
+                assert!(actual.contains("link settings 6"), "process {q}: {actual}");
+            }
+            other => panic!("process {q}: settings 5, 5, 6 gave {other:?}"),
+        }
+        assert_eq!(second, vec![vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[4]), 3))]]);
+    }
 }
 
 /// Across processes only the bytes other processes need move: with 3 processes of 2
@@ -983,5 +1069,62 @@ fn across_processes_only_the_needed_elements_move() {
         let got: Vec<usize> =
             counters.iter().map(|c| c.received.load(std::sync::atomic::Ordering::SeqCst)).collect();
         assert_eq!(got, want, "{name}");
+    }
+}
+
+/// A training loop across processes (2 × 2 devices) whose inputs come from the pools
+/// and whose results go back to them every step: once warm, the device pools meet every
+/// request for a buffer, whichever local replica runs a cross-process step and
+/// whichever reads its result last (replica 0 of each process arrives late, so it runs
+/// the step). Before, a shared result whose readers overlapped was copied by all of
+/// them and then freed, not given back, so its pool handed out fresh pages every step;
+/// and an all-to-all concatenating along axis 1 built its result in fresh memory.
+#[test]
+fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
+    let (p, d, shape) = (2usize, 2usize, [256usize, 1024usize]);
+    let program: Arc<Program> = Arc::new(|ctx, i| {
+        if ctx.replica_id() % 2 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let [a, b, c] = <[Tensor; 3]>::try_from(i).expect("three inputs");
+        Ok(vec![ctx.all_gather(0, a)?, ctx.all_to_all(0, 1, b)?, ctx.all_reduce(ReduceOp::Sum, c)?])
+    });
+    let links = LoopbackInterconnect::group(p);
+    let misses: Vec<Vec<Vec<usize>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = links
+            .into_iter()
+            .map(|link| {
+                let program = program.clone();
+                s.spawn(move || {
+                    let rt = Runtime::new(d).unwrap().with_interconnect(link);
+                    let mut misses = Vec::new();
+                    for _ in 0..24 {
+                        let inputs = (0..d)
+                            .map(|k| (0..3).map(|_| rt.buffer(k, DType::F32, &shape)).collect())
+                            .collect::<Result<Vec<Vec<Tensor>>, Error>>()
+                            .unwrap();
+                        let outputs = rt.run(program.clone(), inputs).unwrap();
+                        for (k, outs) in outputs.into_iter().enumerate() {
+                            for o in outs {
+                                rt.recycle(k, o).unwrap();
+                            }
+                        }
+                        misses.push(rt.pool_misses());
+                    }
+                    misses
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a process thread")).collect()
+    });
+    // An interleaving of the replicas not seen before can need one more buffer in
+    // circulation, once; the fault was a miss every step.
+    for (proc, steps) in misses.iter().enumerate() {
+        for device in 0..d {
+            assert!(
+                steps[23][device] - steps[6][device] <= 2,
+                "process {proc}, device {device}: pool misses after each step: {steps:?}"
+            );
+        }
     }
 }
