@@ -9,11 +9,18 @@
 //!
 //! ```text
 //! cargo build --release -p meshwork-executor --features mpi --example mpi_bench
-//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB | KIBk [NAME...]]]   # default 7 runs, 64 MiB, every case
-//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB | KIBk [NAME...]]]   # and the grouped forms
+//! mpirun -np 2 target/release/examples/mpi_bench [RUNS [MIB | KIBk [xCALLS] [NAME...]]]
+//! mpirun -np 4 target/release/examples/mpi_bench [RUNS [MIB | KIBk [xCALLS] [NAME...]]]
 //! ```
 //!
-//! With an even number of processes, 4 or more, it also times the grouped forms within
+//! Defaults: 7 runs, 64 MiB per replica, 1 call per run, every case. With `xN` each
+//! timed run makes N calls (on N pooled inputs) and the bare side N calls, and times are
+//! per call: what the collectives of a training step cost once its run is under way,
+//! without the run's own start and end (the hand-off to the device thread, the
+//! processes' start skew absorbed by the first agreement, the end-of-run agreement),
+//! which one call per run carries whole.
+//!
+//! With an even number of processes (4 with `-np 4`), it also times the grouped forms within
 //! two groups — the even and the odd replicas, each straddling processes — beside the
 //! bare call on each half's own communicator (`MPI_Comm_split`).
 //!
@@ -81,6 +88,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let len = (kib << 10) / 4;
     let mib = if unit == "KiB" { kib } else { kib >> 10 };
+    // `xN`: N calls per run (per call times: what a training step's collectives cost
+    // once the run is under way); further arguments keep the cases whose names contain
+    // one of them.
+    let rest = &args[args.len().min(2)..];
+    let calls = rest
+        .iter()
+        .find_map(|a| a.strip_prefix('x').and_then(|n| n.parse::<usize>().ok()))
+        .unwrap_or(1)
+        .max(1);
+    let names: Vec<&String> = rest.iter().filter(|a| !a.starts_with('x')).collect();
 
     let mpi = Mpi::init(None)?;
     let world = SimpleCommunicator::world();
@@ -165,7 +182,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flatten();
     if mpi.process() == 0 {
         println!(
-            "f32, {processes} processes x 1 device, {mib} {unit} per replica, median of {runs} \
+            "f32, {processes} processes x 1 device, {mib} {unit} per replica, {calls} call(s) \
+             per run (times per call), median of {runs} \
              (each run's time is the slowest process's)"
         );
         if half.is_some() {
@@ -179,8 +197,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "collective", "meshwork ms", "bare MPI ms", "ratio"
         );
     }
-    // Further arguments keep the cases whose names contain one of them.
-    let names = &args[args.len().min(2)..];
+
     for case in cases
         .iter()
         .filter(|c| names.is_empty() || names.iter().any(|n| c.name.contains(n.as_str())))
@@ -197,32 +214,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // it; bare MPI's send and receive buffers allocated once.
         let send = values.clone();
         let mut recv = vec![0f32; (case.result_len)(len, processes)];
+        // `calls` calls of the case's program in one run, one per input.
+        let one = case.program.clone();
+        let program: Arc<Program> = Arc::new(move |ctx, inputs| {
+            let mut outs = Vec::new();
+            for x in inputs {
+                outs.extend(one(ctx, vec![x])?);
+            }
+            Ok(outs)
+        });
         // One warm-up of each, then alternate so load changes hit both alike.
         for run in 0..=runs {
-            let mut x = runtime.buffer(0, DType::F32, &[len])?;
-            if let Tensor::F32(a) = &mut x {
-                a.as_slice_mut().expect("standard layout").copy_from_slice(&values);
+            let mut inputs = Vec::new();
+            for _ in 0..calls {
+                let mut x = runtime.buffer(0, DType::F32, &[len])?;
+                if let Tensor::F32(a) = &mut x {
+                    a.as_slice_mut().expect("standard layout").copy_from_slice(&values);
+                }
+                inputs.push(x);
             }
             let mut out = Vec::new();
-            let t = timed(&world, || {
-                out = runtime.run(case.program.clone(), vec![vec![x]]).expect("runs")
-            });
-            let mine = out.pop().and_then(|mut o| o.pop()).expect("one output");
+            let t =
+                timed(&world, || out = runtime.run(program.clone(), vec![inputs]).expect("runs"));
+            let mine = out.pop().expect("one replica's outputs");
 
             recv.fill(0.0);
-            let b = timed(&world, || (case.bare)(comm, &send[..], &mut recv[..]));
-            match &mine {
-                Tensor::F32(a) => assert!(
-                    a.as_slice().expect("standard layout") == &recv[..],
-                    "{}: meshwork and bare MPI disagree",
-                    case.name
-                ),
-                other => panic!("{other:?}"),
+            let b = timed(&world, || {
+                for _ in 0..calls {
+                    (case.bare)(comm, &send[..], &mut recv[..]);
+                }
+            });
+            for o in mine {
+                match &o {
+                    Tensor::F32(a) => assert!(
+                        a.as_slice().expect("standard layout") == &recv[..],
+                        "{}: meshwork and bare MPI disagree",
+                        case.name
+                    ),
+                    other => panic!("{other:?}"),
+                }
+                runtime.recycle(0, o)?;
             }
-            runtime.recycle(0, mine)?;
             if run > 0 {
-                ours.push(t);
-                bare.push(b);
+                ours.push(t / calls as u32);
+                bare.push(b / calls as u32);
             }
         }
         if mpi.process() == 0 {
