@@ -212,8 +212,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Both sides as a training loop runs them, reusing their memory: meshwork's
         // input filled in a buffer from the device's pool and its result recycled to
         // it; bare MPI's send and receive buffers allocated once.
-        let send = values.clone();
-        let mut recv = vec![0f32; (case.result_len)(len, processes)];
+        // A buffer pair per call, as a step's collectives have their own tensors.
+        let sends: Vec<Vec<f32>> = (0..calls).map(|_| values.clone()).collect();
+        let mut recvs = vec![vec![0f32; (case.result_len)(len, processes)]; calls];
         // `calls` calls of the case's program in one run, one per input.
         let one = case.program.clone();
         let program: Arc<Program> = Arc::new(move |ctx, inputs| {
@@ -238,13 +239,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 timed(&world, || out = runtime.run(program.clone(), vec![inputs]).expect("runs"));
             let mine = out.pop().expect("one replica's outputs");
 
-            recv.fill(0.0);
+            recvs.iter_mut().for_each(|r| r.fill(0.0));
             let b = timed(&world, || {
-                for _ in 0..calls {
+                for (send, recv) in sends.iter().zip(recvs.iter_mut()) {
                     (case.bare)(comm, &send[..], &mut recv[..]);
                 }
             });
-            for o in mine {
+            for (o, recv) in mine.into_iter().zip(&recvs) {
                 match &o {
                     Tensor::F32(a) => assert!(
                         a.as_slice().expect("standard layout") == &recv[..],
