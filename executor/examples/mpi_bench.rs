@@ -14,13 +14,14 @@
 //! ```
 //!
 //! Defaults: 7 runs, 64 MiB per replica, 1 call per run, every case. With `xN` each
-//! timed run makes N calls (on N pooled inputs) and the bare side N calls, and times are
-//! per call: what the collectives of a training step cost once its run is under way,
-//! without the run's own start and end (the hand-off to the device thread, the
-//! processes' start skew absorbed by the first agreement, the end-of-run agreement),
-//! which one call per run carries whole.
+//! timed run makes N calls (on N pooled inputs) and the bare side N calls (on N buffer
+//! pairs), and times are per call: what the collectives of a training step cost, with
+//! the run's own start and end (the hand-off to the device thread, the processes' start
+//! skew absorbed by the first agreement, the end-of-run agreement) amortized over N
+//! calls instead of carried whole by one. The pools are sized to keep N calls' inputs
+//! and results.
 //!
-//! With an even number of processes (4 with `-np 4`), it also times the grouped forms within
+//! With an even number of processes, 4 or more, it also times the grouped forms within
 //! two groups — the even and the odd replicas, each straddling processes — beside the
 //! bare call on each half's own communicator (`MPI_Comm_split`).
 //!
@@ -101,8 +102,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mpi = Mpi::init(None)?;
     let world = SimpleCommunicator::world();
-    let runtime = Runtime::new(1)?.with_interconnect(mpi.interconnect());
     let processes = mpi.processes();
+    // Room in the pool for N calls' inputs and results (the largest, an all-gather's,
+    // is `processes` inputs), twice over.
+    let pool = (1usize << 30).max(2 * calls * (processes + 1) * len * 4);
+    let runtime = Runtime::new(1)?.with_pool(pool, 1 << 20).with_interconnect(mpi.interconnect());
     // Every element a small integer that varies with the process and the position, so
     // sums are exact and a piece or chunk out of place shows in the comparison.
     let values: Vec<f32> = (0..len).map(|i| (mpi.process() + 1 + i % 7) as f32).collect();

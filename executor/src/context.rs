@@ -387,7 +387,13 @@ impl ReplicaContext {
         let mut out = self.output(dtype, &out_shape)?;
         Tensor::fold_at_into(&parts, piece, fold, &mut out);
         drop(parts);
-        self.reclaim_local(round);
+        // Local replica `j`'s entry is its group's partial, made in (or, for a group of
+        // one here, the input of) the group's carrier here; then the arrivals, pool 0's.
+        let origin = |j: usize| match j < d {
+            true => layout.carriers[layout.group_of[p * d + j]][p].map_or(j, |y| y - p * d),
+            false => 0,
+        };
+        self.reclaim_local_from(round, &origin);
         Ok(if op == ReduceOp::Mean { out.mean_of(m) } else { out })
     }
 
@@ -396,13 +402,19 @@ impl ReplicaContext {
     /// device's: the last replica done gives each back to its device's pool (what a
     /// pool does not keep is freed, see `pool::release`).
     fn reclaim_local(&self, round: Gathered) {
-        let Some(round) = Arc::into_inner(round) else { return };
         let d = self.hub.replicas();
-        let pools = self.hub.pools_of(0..d);
+        self.reclaim_local_from(round, &|j| if j < d { j } else { 0 });
+    }
+
+    /// [`reclaim_local`](Self::reclaim_local) of a round whose tensor `j` came from
+    /// local replica `origin(j)`'s device pool.
+    fn reclaim_local_from(&self, round: Gathered, origin: &dyn Fn(usize) -> usize) {
+        let Some(round) = Arc::into_inner(round) else { return };
+        let pools = self.hub.pools_of(0..self.hub.replicas());
         let mut garbage = Vec::new();
         for (j, t) in round.into_tensors().into_iter().enumerate() {
             let Some(t) = Arc::into_inner(t) else { continue };
-            match pools.get(if j < d { j } else { 0 }) {
+            match pools.get(origin(j)) {
                 Some(pool) => pool.put_consumed(t, &mut garbage),
                 None => garbage.push(t),
             }
@@ -497,16 +509,24 @@ impl ReplicaContext {
                 Tensor::fold_at_into_at(&parts, chunk, fold, total, i * chunk);
             }
             // The partials and inputs are done with: back to their pools (the inputs
-            // first, so none is still held by the partials' list).
-            let partials: Vec<Tensor> = std::mem::take(&mut carried)
+            // first, so none is still held by the partials' list; a partial to the pool
+            // of the carrier it was made in).
+            let partials: Vec<(usize, Tensor)> = std::mem::take(&mut carried)
                 .into_iter()
                 .enumerate()
-                .filter_map(
-                    |(j, t)| if Arc::ptr_eq(&t, &local[j]) { None } else { Arc::into_inner(t) },
-                )
+                .filter(|(j, t)| !Arc::ptr_eq(t, &local[*j]))
+                .filter_map(|(j, t)| Arc::into_inner(t).map(|t| (j, t)))
                 .collect();
             self.give_back(local);
-            crate::pool::release(partials);
+            let pools = self.hub.pools_of(0..d);
+            let mut garbage = Vec::new();
+            for (j, t) in partials {
+                match pools.get(j) {
+                    Some(pool) => pool.put_consumed(t, &mut garbage),
+                    None => garbage.push(t),
+                }
+            }
+            crate::pool::release(garbage);
             // The totals, carried for the gather by the same members (nothing is sent
             // of the others' placeholders).
             let empty = Arc::new(Tensor::empty(dtype));
@@ -766,9 +786,10 @@ impl ReplicaContext {
     /// round shared copies; whichever replica lets go of the round last gives its
     /// tensors back to their pools — except, if it found the round unshared, the one
     /// it takes, for which it gives a buffer of its own pool of that kind (if it has
-    /// one) to that tensor's pool. The copies come from the copiers' own pools, so every
-    /// pool gets back what it gave, whichever replicas copy and whichever reads last,
-    /// and none drains into fresh pages while another fills up.
+    /// one) to that tensor's pool. The copies come from the copiers' own pools, so in a
+    /// loop whose results go back to their devices' pools every pool gets back what it
+    /// gave, whichever replicas copy and whichever reads last, and none drains into
+    /// fresh pages while another fills up.
     fn own_copy_of(
         &self,
         round: Gathered,
@@ -778,7 +799,7 @@ impl ReplicaContext {
     ) -> Result<Tensor> {
         // The round's tensors (but `keep`) back to the pools they came from.
         let give_back = |tensors: Vec<Arc<Tensor>>, keep: Option<usize>| {
-            let pools = self.hub.pools_of(0..tensors.len());
+            let pools = self.hub.pools_of(0..self.hub.replicas());
             let mut mine = None;
             let mut garbage = Vec::new();
             for (i, t) in tensors.into_iter().enumerate() {
@@ -803,7 +824,7 @@ impl ReplicaContext {
                         let from = origin(j);
                         if from != self.local
                             && let Some(pool) = pools.get(from)
-                            && let Some(spare) = self.pool.take(t.dtype(), t.shape())
+                            && let Some(spare) = self.pool.take_spare(t.dtype(), t.len())
                         {
                             pool.put(spare);
                         }
@@ -1114,8 +1135,9 @@ impl ReplicaContext {
     ///
     /// Across processes it moves what `all_gather_in` moves (only the tensors other
     /// processes' members need): `out` goes to this device's pool first and the result
-    /// is written into a buffer taken from it — `out` itself, or another buffer of its
-    /// size the pool keeps — wherever the pool keeps buffers of its size (see
+    /// is written into a pooled buffer of its size — `out` itself or another the pools
+    /// keep (with several devices per process, a result all of them share comes from
+    /// the first device's pool) — wherever the pool keeps buffers of its size (see
     /// [`Runtime::with_pool`](crate::Runtime::with_pool)); with pooling off, or a result
     /// outside the pool's limits, `out` is freed and the result is fresh memory.
     pub fn all_gather_into(

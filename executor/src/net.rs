@@ -146,7 +146,7 @@ impl Net {
         // The first process that disagrees with process 0: every process names the same.
         if let Some(p) = rows.iter().position(|row| *row != rows[0]) {
             self.stop();
-            let settings_differ = rows.iter().all(|row| row[..2] == rows[0][..2]);
+            let settings_differ = rows[p][..2] == rows[0][..2];
             let what = |row: &[i64]| match row[0] {
                 _ if settings_differ => {
                     format!("link settings {} (for MPI, its message cap)", row[2])

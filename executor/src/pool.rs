@@ -162,6 +162,16 @@ impl Pool {
         Some(t.reshape(shape))
     }
 
+    /// A kept buffer of `dtype` with `len` elements, if the pool has one, without
+    /// counting a request: for moving a spare between pools, which asks for no memory.
+    pub(crate) fn take_spare(&self, dtype: DType, len: usize) -> Option<Tensor> {
+        let mut st = self.lock();
+        let at = st.buffers.iter().rposition(|b| b.dtype() == dtype && b.len() == len)?;
+        let t = st.buffers.remove(at).expect("found");
+        st.bytes -= bytes(&t);
+        Some(t)
+    }
+
     /// Bytes kept now.
     pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes

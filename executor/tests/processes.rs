@@ -910,9 +910,18 @@ fn links_set_differently_fail_alike_at_the_agreement() {
     });
     for (q, (first, second)) in results.into_iter().enumerate() {
         match first {
-            Err(Error::Mismatch { expected, actual, .. }) => {
-                assert!(expected.contains("link settings 5"), "process {q}: {expected}");
-                assert!(actual.contains("link settings 6"), "process {q}: {actual}");
+            // Every process names the same pair: process 0, and process 2, the first
+            // that disagrees with it.
+            Err(Error::Mismatch { expected, actual, first, replica, .. }) => {
+                assert!(
+                    expected.starts_with("process 0 is at link settings 5"),
+                    "process {q}: {expected}"
+                );
+                assert!(
+                    actual.starts_with("process 2 is at link settings 6"),
+                    "process {q}: {actual}"
+                );
+                assert_eq!((first, replica), (0, 2), "process {q}");
             }
             other => panic!("process {q}: settings 5, 5, 6 gave {other:?}"),
         }
@@ -1077,8 +1086,13 @@ fn across_processes_only_the_needed_elements_move() {
 /// request for a buffer, whichever local replica runs a cross-process step and
 /// whichever reads its result last (replica 0 of each process arrives late, so it runs
 /// the step). Before, a shared result whose readers overlapped was copied by all of
-/// them and then freed, not given back, so its pool handed out fresh pages every step;
-/// and an all-to-all concatenating along axis 1 built its result in fresh memory.
+/// them and then freed, not given back, so its pool handed out fresh pages every step.
+/// The all-reduce in groups `[1, 0, 3, 2]` takes the two-exchange grouped path, whose
+/// partials and totals come from the pool of local replica 1 of process 0 (its group's
+/// first member there; before, it freed its partials every step), and the reduce-scatter
+/// in groups `[0, 1, 3, 2]` the one-exchange path, whose partial on each process comes
+/// from its group's first member's pool (before, a partial went back to the pool of the
+/// last local replica whose entry held it: device 1's on process 0).
 #[test]
 fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
     let (p, d, shape) = (2usize, 2usize, [256usize, 1024usize]);
@@ -1086,8 +1100,15 @@ fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
         if ctx.replica_id() % 2 == 0 {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let [a, b, c] = <[Tensor; 3]>::try_from(i).expect("three inputs");
-        Ok(vec![ctx.all_gather(0, a)?, ctx.all_to_all(0, 1, b)?, ctx.all_reduce(ReduceOp::Sum, c)?])
+        let [a, b, c, e, f] = <[Tensor; 5]>::try_from(i).expect("five inputs");
+        let reordered = ctx.groups(vec![vec![1, 0, 3, 2]])?;
+        Ok(vec![
+            ctx.all_gather(0, a)?,
+            ctx.all_to_all(0, 1, b)?,
+            ctx.all_reduce(ReduceOp::Sum, c)?,
+            ctx.all_reduce_in(&reordered, ReduceOp::Sum, e)?,
+            ctx.reduce_scatter_in(&ctx.groups(vec![vec![0, 1, 3, 2]])?, ReduceOp::Sum, 0, f)?,
+        ])
     });
     let links = LoopbackInterconnect::group(p);
     let misses: Vec<Vec<Vec<usize>>> = std::thread::scope(|s| {
@@ -1100,7 +1121,7 @@ fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
                     let mut misses = Vec::new();
                     for _ in 0..24 {
                         let inputs = (0..d)
-                            .map(|k| (0..3).map(|_| rt.buffer(k, DType::F32, &shape)).collect())
+                            .map(|k| (0..5).map(|_| rt.buffer(k, DType::F32, &shape)).collect())
                             .collect::<Result<Vec<Vec<Tensor>>, Error>>()
                             .unwrap();
                         let outputs = rt.run(program.clone(), inputs).unwrap();
