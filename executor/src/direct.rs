@@ -375,9 +375,26 @@ mod tests {
     use crate::hub::{Hub, Offer, ReplicaGroups};
     use crate::tensor::Tensor;
 
-    /// What a member left with: its buffer and the all-reduce's outcome, or the
-    /// message of its panic.
+    /// What a member left with: its buffer (its input for an all-reduce, its output
+    /// for a reduce-scatter) and the collective's outcome, or the message of its panic.
     type Outcome = std::thread::Result<(Tensor, Result<(), Error>)>;
+
+    /// Member `failing` panicked and every other member got `PeerFailed` naming it.
+    fn only_the_failing_member_panicked(outcomes: Vec<Outcome>, failing: usize, op: &'static str) {
+        let n = outcomes.len();
+        for (r, outcome) in outcomes.into_iter().enumerate() {
+            if r == failing {
+                assert!(outcome.is_err(), "member {r} of {n} should have panicked");
+            } else {
+                let (_, result) = outcome.unwrap();
+                assert_eq!(
+                    result,
+                    Err(Error::PeerFailed { failed: failing, replica: r, op }),
+                    "member {r} of {n}, member {failing} failing"
+                );
+            }
+        }
+    }
 
     /// Runs one direct all-reduce of `inputs[r]` on `n = inputs.len()` threads. Member
     /// `panics` (if any) panics mid-fold, member `odd` (if any) offers another
@@ -469,22 +486,7 @@ mod tests {
                     None,
                     None,
                 );
-                for (r, outcome) in outcomes.into_iter().enumerate() {
-                    if r == failing {
-                        assert!(outcome.is_err(), "member {r} of {n} should have panicked");
-                    } else {
-                        let (_, result) = outcome.unwrap();
-                        assert_eq!(
-                            result,
-                            Err(Error::PeerFailed {
-                                failed: failing,
-                                replica: r,
-                                op: "all_reduce"
-                            }),
-                            "member {r} of {n}, member {failing} failing"
-                        );
-                    }
-                }
+                only_the_failing_member_panicked(outcomes, failing, "all_reduce");
             }
         }
     }
@@ -537,9 +539,6 @@ mod tests {
         }
     }
 
-    /// What a member of a reduce-scatter left with: its output buffer and the outcome.
-    type ScatterOutcome = std::thread::Result<(Tensor, Result<(), Error>)>;
-
     /// Runs one shared reduce-scatter of `inputs[r]` along `axis` on `n = inputs.len()`
     /// threads in chunks of `chunk` elements, each member lending an output buffer of
     /// garbage (-9). Member `panics` (if any) panics after folding the first chunk it
@@ -551,7 +550,7 @@ mod tests {
         axis: usize,
         chunk: usize,
         (panics, odd, poisons): (Option<usize>, Option<usize>, Option<usize>),
-    ) -> Vec<ScatterOutcome> {
+    ) -> Vec<Outcome> {
         let n = inputs.len();
         let hub = Arc::new(Hub::new(n, Duration::from_secs(60)));
         let threads: Vec<_> = inputs
@@ -703,22 +702,7 @@ mod tests {
                 let inputs = (0..n).map(|r| f32s(r, 12)).collect();
                 let outcomes =
                     run_scatter(inputs, ReduceOp::Sum, 0, 1, (Some(failing), None, None));
-                for (r, outcome) in outcomes.into_iter().enumerate() {
-                    if r == failing {
-                        assert!(outcome.is_err(), "member {r} of {n} should have panicked");
-                    } else {
-                        let (_, result) = outcome.unwrap();
-                        assert_eq!(
-                            result,
-                            Err(Error::PeerFailed {
-                                failed: failing,
-                                replica: r,
-                                op: "reduce_scatter"
-                            }),
-                            "member {r} of {n}, member {failing} failing"
-                        );
-                    }
-                }
+                only_the_failing_member_panicked(outcomes, failing, "reduce_scatter");
             }
         }
     }

@@ -792,10 +792,12 @@ fn float_all_reduces_short_and_long_follow_the_documented_order() {
     }
 }
 
-/// An interconnect that counts the elements this process receives.
+/// An interconnect that counts the elements this process receives, and whose settings
+/// (see `Interconnect::settings`) are those of its cell if it has one.
 struct Counting {
     inner: Arc<dyn meshwork_executor::Interconnect>,
     received: std::sync::atomic::AtomicUsize,
+    settings: Option<Arc<std::sync::atomic::AtomicI64>>,
 }
 
 impl meshwork_executor::Interconnect for Counting {
@@ -833,45 +835,10 @@ impl meshwork_executor::Interconnect for Counting {
         self.inner.all_gather_in_place(buf, chunks)
     }
     fn settings(&self) -> i64 {
-        self.inner.settings()
-    }
-}
-
-/// A loopback link whose settings (see `Interconnect::settings`) are whatever its
-/// process's cell says.
-struct Configured {
-    inner: Arc<dyn meshwork_executor::Interconnect>,
-    settings: Arc<std::sync::atomic::AtomicI64>,
-}
-
-impl meshwork_executor::Interconnect for Configured {
-    fn process(&self) -> usize {
-        self.inner.process()
-    }
-    fn processes(&self) -> usize {
-        self.inner.processes()
-    }
-    fn handshake(&self, header: &[i64], timeout: Duration) -> Result<Vec<i64>, Error> {
-        self.inner.handshake(header, timeout)
-    }
-    fn all_to_all_into(
-        &self,
-        from: &Tensor,
-        send: &[std::ops::Range<usize>],
-        into: &mut Tensor,
-        recv: &[std::ops::Range<usize>],
-    ) -> Result<(), Error> {
-        self.inner.all_to_all_into(from, send, into, recv)
-    }
-    fn all_gather_in_place(
-        &self,
-        buf: &mut Tensor,
-        chunks: &[std::ops::Range<usize>],
-    ) -> Result<(), Error> {
-        self.inner.all_gather_in_place(buf, chunks)
-    }
-    fn settings(&self) -> i64 {
-        self.settings.load(std::sync::atomic::Ordering::SeqCst)
+        match &self.settings {
+            Some(cell) => cell.load(std::sync::atomic::Ordering::SeqCst),
+            None => self.inner.settings(),
+        }
     }
 }
 
@@ -895,7 +862,8 @@ fn links_set_differently_fail_alike_at_the_agreement() {
                 let (program, settings) = (program.clone(), cell.clone());
                 s.spawn(move || {
                     let q = inner.process();
-                    let link = Arc::new(Configured { inner, settings: settings.clone() });
+                    let cell = Some(settings.clone());
+                    let link = Arc::new(Counting { inner, received: 0.into(), settings: cell });
                     let rt = Runtime::new(1).unwrap().with_interconnect(link);
                     let input =
                         || vec![vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[4]), q as i64))]];
@@ -1058,7 +1026,7 @@ fn across_processes_only_the_needed_elements_move() {
         let links = LoopbackInterconnect::group(p);
         let counters: Vec<Arc<Counting>> = links
             .into_iter()
-            .map(|inner| Arc::new(Counting { inner, received: 0.into() }))
+            .map(|inner| Arc::new(Counting { inner, received: 0.into(), settings: None }))
             .collect();
         std::thread::scope(|s| {
             for (q, link) in counters.iter().enumerate() {

@@ -9,7 +9,7 @@ use meshwork_outfeed::{
     Config, Delivery, Error, Receiver, Registry, Sender, StreamSink, StreamSource, channel,
 };
 
-use crate::common::{iota_u32, recorder};
+use crate::common::{iota_u32, recorder, within_a_minute};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
@@ -280,16 +280,6 @@ fn payload_of(k: u32) -> Vec<u8> {
     let specs = registry().get(5).unwrap().specs.clone();
     meshwork_outfeed::encode_payload(5, &specs, &[iota_u32(16, k)], &mut out).unwrap();
     out
-}
-
-/// Runs `f` on its own thread; a hang fails the test after a minute instead of hanging
-/// the suite.
-fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(f());
-    });
-    done_rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the receiver hung")
 }
 
 /// A stopped channel that is full (so the stop's marker cannot get in) still ends:

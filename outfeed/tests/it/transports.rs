@@ -6,7 +6,7 @@ use meshwork_outfeed::{
     Config, Receiver, Recording, Registry, Sender, Source, StreamSink, StreamSource, channel,
 };
 
-use crate::common::{iota_u32, recorder};
+use crate::common::{iota_u32, recorder, within_a_minute};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
@@ -169,23 +169,13 @@ fn record_then_replay_delivers_the_same_frames() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// `f` on its own thread, failing the test if it has not returned in 20 s (instead of
-/// hanging it).
-fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("returned within 20 s: no hang")
-}
-
 #[test]
 fn a_channel_ends_after_its_frames_once_every_sink_is_gone() {
     // Read directly: nothing sent, the sink dropped — the source ends (with the
     // shutdown marker that wakes a waiting reader, as a stop's does).
     let (sink, mut source) = channel(1);
     drop(sink);
-    let frames = within_20s(move || {
+    let frames = within_a_minute(move || {
         let mut frames = Vec::new();
         while let Some(f) = source.next_frame(0, 1 << 20).unwrap() {
             frames.push(f.header.consumer);
@@ -224,7 +214,7 @@ fn a_channel_ends_after_its_frames_once_every_sink_is_gone() {
     let mut late = Sender::new(registry(), a2);
     late.send(5, &[iota_u32(16, 5)]).unwrap();
     drop(late);
-    let report = within_20s(move || receiver.join());
+    let report = within_a_minute(move || receiver.join());
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let log = log.lock().unwrap();
     for (source, n) in [(0usize, 6u32), (1, 3)] {
