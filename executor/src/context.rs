@@ -10,8 +10,9 @@ use crate::hub::{Gathered, Hub, Offer, ReplicaGroups, Round};
 use crate::net::{Net, Plan, Straight};
 use crate::pool::Pool;
 use crate::sink::OutfeedSink;
-use crate::tensor::Tensor;
+use crate::tensor::TensorOps;
 use crate::{Error, Result};
+use meshwork_types::Tensor;
 
 /// One replica's view of a run: who it is, and the collectives over its peers.
 ///
@@ -34,6 +35,15 @@ pub struct ReplicaContext {
     net: Option<Arc<Net>>,
     /// The buffer pool of this replica's device.
     pool: Arc<Pool>,
+}
+
+/// Refuses a tensor of a dtype collectives do not carry (f32, f64, i32 and i64 only),
+/// before any replica waits for it.
+fn carried(op: &'static str, t: &Tensor) -> Result<()> {
+    if crate::tensor::carried(t.dtype()) {
+        return Ok(());
+    }
+    Err(Error::UnsupportedDType { op, dtype: t.dtype() })
 }
 
 impl ReplicaContext {
@@ -100,7 +110,7 @@ impl ReplicaContext {
     fn buffer_of(&self, x: usize, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
         match self.hub.pools_of(std::iter::once(x)).first() {
             Some(pool) => crate::runtime::pooled_or_zeros(pool, dtype, shape),
-            None => Tensor::zeros(dtype, shape),
+            None => Tensor::zeroed(dtype, shape),
         }
     }
 
@@ -295,7 +305,7 @@ impl ReplicaContext {
                     .filter(|(y, _)| **y / d == q)
                     .map(|(_, t)| (&**t, rank * piece))
                     .collect();
-                let mut partial = Tensor::zeros(dtype, &[piece])?;
+                let mut partial = Tensor::zeroed(dtype, &[piece])?;
                 Tensor::fold_at_into(&here, piece, fold, &mut partial);
                 partials.push(partial);
             }
@@ -318,7 +328,7 @@ impl ReplicaContext {
             let args = format!("{args} {shape:?}");
             let total =
                 self.grouped_all_reduce_in_chunks(net, groups, &layout, name, &args, op, flat)?;
-            return Ok(if op == ReduceOp::Mean { total.mean_of(m) } else { total }.reshape(&shape));
+            return Ok(if op == ReduceOp::Mean { total.mean_of(m) } else { total }.reshaped(&shape));
         }
         let items = if axis.is_some() { m } else { 1 };
         let piece = len / items;
@@ -828,7 +838,7 @@ impl ReplicaContext {
                         {
                             pool.put(spare);
                         }
-                        Ok(t.reshape(shape))
+                        Ok(t.reshaped(shape))
                     }
                     Err(shared) => {
                         let mut out = self.output(shared.dtype(), shape)?;
@@ -853,7 +863,7 @@ impl ReplicaContext {
     fn output(&self, dtype: meshwork_types::DType, shape: &[usize]) -> Result<Tensor> {
         match self.kept(dtype, shape) {
             Some(out) => Ok(out),
-            None => Tensor::zeros(dtype, shape),
+            None => Tensor::zeroed(dtype, shape),
         }
     }
 
@@ -897,6 +907,7 @@ impl ReplicaContext {
         t: Tensor,
         extra: &str,
     ) -> Result<Tensor> {
+        carried("all_reduce", &t)?;
         const OP: &str = "all_reduce";
         let shape = t.shape().to_vec();
         if let Some(net) = &self.net {
@@ -942,6 +953,9 @@ impl ReplicaContext {
         tensors: Vec<Tensor>,
         bucket_bytes: usize,
     ) -> Result<Vec<Tensor>> {
+        for t in &tensors {
+            carried("all_reduce", t)?;
+        }
         let mut tensors: Vec<Tensor> = tensors.into_iter().map(Tensor::standard).collect();
         // Open buckets by dtype: the tensors in them (indices) and their bytes.
         let mut open: Vec<(meshwork_types::DType, Vec<usize>, usize)> = Vec::new();
@@ -1097,6 +1111,7 @@ impl ReplicaContext {
 
     /// [`all_gather`](Self::all_gather) within each of `groups`, in group rank order.
     pub fn all_gather_in(&self, groups: &ReplicaGroups, axis: usize, t: Tensor) -> Result<Tensor> {
+        carried("all_gather", &t)?;
         self.check_axis("all_gather", &t, axis)?;
         let members = self.place(groups)?.0;
         let mut want = t.shape().to_vec();
@@ -1147,6 +1162,7 @@ impl ReplicaContext {
         t: Tensor,
         out: Tensor,
     ) -> Result<Tensor> {
+        carried("all_gather", &t)?;
         const OP: &str = "all_gather";
         self.check_axis(OP, &t, axis)?;
         let members = self.place(groups)?.0;
@@ -1193,6 +1209,7 @@ impl ReplicaContext {
         axis: usize,
         t: Tensor,
     ) -> Result<Tensor> {
+        carried("reduce_scatter", &t)?;
         const OP: &str = "reduce_scatter";
         self.check_axis(OP, &t, axis)?;
         let (members, _) = self.place(groups)?;
@@ -1284,7 +1301,7 @@ impl ReplicaContext {
                 mine = mine.mean_of(n);
             }
             if d == 1 {
-                return Ok(vec![mine.reshape(&piece)]);
+                return Ok(vec![mine.reshaped(&piece)]);
             }
             // Each local replica's piece into a buffer of its own device's pool.
             let len = mine.len() / d;
@@ -1332,7 +1349,7 @@ impl ReplicaContext {
             // Pieces end to end along axis 0 are the result's row-major order.
             let mut shape = piece;
             shape[0] *= n;
-            return Ok(flat.reshape(&shape));
+            return Ok(flat.reshaped(&shape));
         }
         // The pieces, read in place, end to end along the axis into a pooled buffer;
         // the pieces' buffer back to the pool.
@@ -1360,6 +1377,7 @@ impl ReplicaContext {
         concat_axis: usize,
         t: Tensor,
     ) -> Result<Tensor> {
+        carried("all_to_all", &t)?;
         let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
         if let Some(net) = &self.net {
             if *groups == self.all {
@@ -1387,6 +1405,7 @@ impl ReplicaContext {
         t: Tensor,
         out: Tensor,
     ) -> Result<Tensor> {
+        carried("all_to_all", &t)?;
         let want = self.check_all_to_all(groups, split_axis, concat_axis, &t)?;
         self.check_out("all_to_all", &t, &want, &out)?;
         if self.net.is_some() {
@@ -1430,6 +1449,7 @@ impl ReplicaContext {
 
     /// Every replica gets the tensor of replica `root`.
     pub fn broadcast(&self, root: usize, t: Tensor) -> Result<Tensor> {
+        carried("broadcast", &t)?;
         if root >= self.num_replicas() {
             return Err(self.bad(
                 "broadcast",
@@ -1448,6 +1468,7 @@ impl ReplicaContext {
     /// no pair's target gets zeros of its own tensor's shape. Sources and targets must
     /// each be distinct.
     pub fn collective_permute(&self, pairs: &[(usize, usize)], t: Tensor) -> Result<Tensor> {
+        carried("collective_permute", &t)?;
         const OP: &str = "collective_permute";
         let n = self.num_replicas();
         let (mut src, mut dst) = (vec![false; n], vec![false; n]);
@@ -1468,7 +1489,7 @@ impl ReplicaContext {
         let (parts, _) = self.meet_wanting(&self.all, OP, format!("{pairs:?}"), t, Some(&wants))?;
         let out = match pairs.iter().find(|&&(_, d)| d == self.replica) {
             Some(&(s, _)) => self.copy_of(&parts[s])?,
-            None => Tensor::zeros(dtype, &shape)?,
+            None => Tensor::zeroed(dtype, &shape)?,
         };
         self.done_with(parts, &self.all.groups()[0]);
         Ok(out)
@@ -1486,6 +1507,7 @@ impl ReplicaContext {
     /// once between receipts (sending it again to the same replica before it was
     /// received is an [`Error::BadArgument`]). Within one process only.
     pub fn send(&self, to: usize, tag: u64, t: Tensor) -> Result<()> {
+        carried("send", &t)?;
         let local = self.local_peer("send", to)?;
         self.hub.send(self.local, local, tag, t)
     }

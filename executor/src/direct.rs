@@ -38,7 +38,8 @@ use meshwork_types::{DType, ReduceOp};
 use ndarray::ArrayD;
 
 use crate::hub::Round;
-use crate::tensor::{Element, Tensor};
+use crate::tensor::Element;
+use meshwork_types::Tensor;
 
 /// A buffer lent for one round: where its elements start, and how many there are.
 #[derive(Clone, Copy)]
@@ -62,12 +63,12 @@ impl Lent {
             let s = a.as_slice_mut().expect("offered in standard layout");
             Lent { ptr: s.as_mut_ptr().cast(), len: s.len() }
         }
-        match t {
-            Tensor::F32(a) => lend(a),
-            Tensor::F64(a) => lend(a),
-            Tensor::I32(a) => lend(a),
-            Tensor::I64(a) => lend(a),
+        macro_rules! go {
+            ($v:ident, $a:ident) => {
+                lend($a)
+            };
         }
+        crate::tensor::numeric!(t, a => go)
     }
 }
 
@@ -303,6 +304,7 @@ unsafe fn fold_chunk(
         Tensor::F64(_) => go!(F64, f64),
         Tensor::I32(_) => go!(I32, i32),
         Tensor::I64(_) => go!(I64, i64),
+        other => unreachable!("reductions of {} are refused at entry", other.dtype()),
     }
 }
 
@@ -373,7 +375,7 @@ mod tests {
     use super::{Inject, Lent, all_reduce_injected, reduce_scatter_injected};
     use crate::Error;
     use crate::hub::{Hub, Offer, ReplicaGroups};
-    use crate::tensor::Tensor;
+    use meshwork_types::Tensor;
 
     /// What a member left with: its buffer (its input for an all-reduce, its output
     /// for a reduce-scatter) and the collective's outcome, or the message of its panic.
@@ -562,12 +564,7 @@ mod tests {
                     let mut shape = t.shape().to_vec();
                     shape[axis] /= n;
                     let len = shape.iter().product();
-                    let mut out = match &t {
-                        Tensor::F32(_) => Tensor::F32(ArrayD::from_elem(IxDyn(&shape), -9.0)),
-                        Tensor::F64(_) => Tensor::F64(ArrayD::from_elem(IxDyn(&shape), -9.0)),
-                        Tensor::I32(_) => Tensor::I32(ArrayD::from_elem(IxDyn(&shape), -9)),
-                        Tensor::I64(_) => Tensor::I64(ArrayD::from_elem(IxDyn(&shape), -9)),
-                    };
+                    let mut out = Tensor::from_f64(t.dtype(), &shape, &vec![-9.0; len]).unwrap();
                     assert_eq!(out.len(), len);
                     if poisons == Some(r) {
                         hub.poison(r);
@@ -605,12 +602,7 @@ mod tests {
         let pieces: Vec<Vec<f64>> = inputs
             .iter()
             .map(|t| {
-                let a: ArrayD<f64> = match t {
-                    Tensor::F32(a) => a.mapv(f64::from),
-                    Tensor::F64(a) => a.clone(),
-                    Tensor::I32(a) => a.mapv(f64::from),
-                    Tensor::I64(a) => a.mapv(|x| x as f64),
-                };
+                let a = ArrayD::from_shape_vec(IxDyn(t.shape()), t.to_f64()).unwrap();
                 let w = a.shape()[axis] / n;
                 a.slice_axis(ndarray::Axis(axis), ndarray::Slice::from(k * w..(k + 1) * w))
                     .iter()
@@ -632,12 +624,7 @@ mod tests {
     }
 
     fn values(t: &Tensor) -> Vec<f64> {
-        match t {
-            Tensor::F32(a) => a.iter().map(|&x| f64::from(x)).collect(),
-            Tensor::F64(a) => a.iter().copied().collect(),
-            Tensor::I32(a) => a.iter().map(|&x| f64::from(x)).collect(),
-            Tensor::I64(a) => a.iter().map(|&x| x as f64).collect(),
-        }
+        t.to_f64()
     }
 
     /// Three members, pieces of two rows of a 3-wide run along axis 1 and along axis

@@ -11,9 +11,11 @@ pub enum Error {
     /// A vocabulary value (dtype, shape, device id) in the input was invalid.
     #[error(transparent)]
     Types(#[from] meshwork_types::Error),
-    /// A dtype the executor's tensors do not carry.
-    #[error("dtype {dtype} is not supported by executor tensors (f32, f64, i32, i64)")]
+    /// A dtype the collectives do not carry.
+    #[error("{op} of a {dtype} tensor: collectives carry f32, f64, i32 and i64")]
     UnsupportedDType {
+        /// The collective (or `buffer`).
+        op: &'static str,
         /// The dtype.
         dtype: DType,
     },

@@ -56,7 +56,7 @@ mod tensor;
 pub use context::ReplicaContext;
 pub use error::{Error, Result};
 pub use hub::ReplicaGroups;
+pub use meshwork_types::Tensor;
 pub use net::{Interconnect, LoopbackInterconnect};
 pub use runtime::{Program, ProgramError, Runtime};
 pub use sink::OutfeedSink;
-pub use tensor::Tensor;

@@ -21,6 +21,7 @@ use mpi::traits::CommunicatorCollectives;
 use mpi::{Rank, Threading};
 
 use crate::net::Interconnect;
+use crate::tensor::TensorOps;
 use crate::{Error, Result, Tensor};
 
 /// Whether MPI is initialised and not yet finalised (the panic hook may abort then).

@@ -10,6 +10,7 @@ use std::time::Duration;
 use meshwork_types::ReduceOp;
 
 use crate::hub::{Gathered, Hub, Offer, ReplicaGroups};
+use crate::tensor::TensorOps;
 use crate::{Error, Result, Tensor};
 
 /// How the processes of a multi-process run move data between them.
@@ -178,7 +179,7 @@ impl Net {
         let (p, n) = (self.link.process(), self.link.processes());
         let mine = Tensor::flatten(local);
         let len = mine.len();
-        let mut all = Tensor::zeros_in_step(mine.dtype(), &[len * n])?;
+        let mut all = Tensor::zeroed_in_step(mine.dtype(), &[len * n])?;
         all.write_flat(p * len, &mine);
         drop(mine);
         let chunks: Vec<Range<usize>> = (0..n).map(|q| q * len..(q + 1) * len).collect();
@@ -326,12 +327,12 @@ impl Net {
         let (p, d) = (self.link.process(), self.local);
         let plan = self.plan(key, local[0].len(), items, wants);
         let item = plan.item;
-        let mut into = Tensor::zeros_in_step(local[0].dtype(), &[plan.recv_len])?;
+        let mut into = Tensor::zeroed_in_step(local[0].dtype(), &[plan.recv_len])?;
         let offsets = self.exchange_into(&plan, local, &mut into)?;
         let mut out: Vec<Option<Arc<Tensor>>> = vec![None; offsets.len()];
         for (at, slot) in offsets.iter().zip(out.iter_mut()) {
             if let Some(at) = at {
-                *slot = Some(Arc::new(into.slice_flat(*at..*at + item).reshape(item_shape)));
+                *slot = Some(Arc::new(into.slice_flat(*at..*at + item).reshaped(item_shape)));
             }
         }
         // This process's own items where its replicas need them.
@@ -340,8 +341,8 @@ impl Net {
             for k in (0..items).filter(|&k| (p * d..(p + 1) * d).any(|x| wants(x, y, k))) {
                 out[y * items + k] = Some(match items {
                     1 if t.shape() == item_shape => t.clone(),
-                    1 => Arc::new((**t).clone().reshape(item_shape)),
-                    _ => Arc::new(t.slice_flat(k * item..(k + 1) * item).reshape(item_shape)),
+                    1 => Arc::new((**t).clone().reshaped(item_shape)),
+                    _ => Arc::new(t.slice_flat(k * item..(k + 1) * item).reshaped(item_shape)),
                 });
             }
         }
@@ -423,7 +424,7 @@ impl Net {
                 std::cmp::Ordering::Greater => (q - 1) * block..q * block,
             })
             .collect();
-        let mut staged = Tensor::zeros_in_step(dtype, &[(n - 1) * block])?;
+        let mut staged = Tensor::zeroed_in_step(dtype, &[(n - 1) * block])?;
         self.link.all_to_all_into(&from, &send, &mut staged, &recv)?;
         drop(from);
         for q in (0..n).filter(|&q| q != p) {
@@ -477,7 +478,7 @@ impl Net {
             let start = (c.start + s * SEGMENT).min(c.end);
             start..(start + SEGMENT).min(c.end)
         };
-        let mut others = Tensor::zeros_in_step(partial.dtype(), &[SEGMENT.min(len) * (n - 1)])?;
+        let mut others = Tensor::zeroed_in_step(partial.dtype(), &[SEGMENT.min(len) * (n - 1)])?;
         for s in 0..longest.div_ceil(SEGMENT) {
             let mine = segment(&chunks[p], s);
             let send: Vec<Range<usize>> =

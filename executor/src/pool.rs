@@ -26,7 +26,8 @@ use std::collections::VecDeque;
 use meshwork_types::DType;
 
 use crate::sync::{Mutex, MutexGuard};
-use crate::tensor::Tensor;
+use crate::tensor::TensorOps;
+use meshwork_types::Tensor;
 
 /// Bytes per element of a tensor dtype.
 fn width(dtype: DType) -> usize {
@@ -159,7 +160,7 @@ impl Pool {
         let t = st.buffers.remove(at).expect("found");
         st.bytes -= bytes(&t);
         drop(st);
-        Some(t.reshape(shape))
+        Some(t.reshaped(shape))
     }
 
     /// A kept buffer of `dtype` with `len` elements, if the pool has one, without
@@ -236,21 +237,11 @@ fn exact(t: Tensor) -> Result<Tensor, Tensor> {
             }
         }};
     }
-    match t {
-        Tensor::F32(a) => go!(F32, a),
-        Tensor::F64(a) => go!(F64, a),
-        Tensor::I32(a) => go!(I32, a),
-        Tensor::I64(a) => go!(I64, a),
-    }
+    crate::tensor::every!(t, a => go)
 }
 
 fn standard(t: &Tensor) -> bool {
-    match t {
-        Tensor::F32(a) => a.is_standard_layout(),
-        Tensor::F64(a) => a.is_standard_layout(),
-        Tensor::I32(a) => a.is_standard_layout(),
-        Tensor::I64(a) => a.is_standard_layout(),
-    }
+    t.is_standard_layout()
 }
 
 // Under `--cfg shuttle` the pool's lock is shuttle's, usable only inside a model run.
@@ -261,7 +252,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{Limits, Pool, bytes};
-    use crate::tensor::Tensor;
+    use meshwork_types::Tensor;
 
     fn f32s(len: usize, tag: f32) -> Tensor {
         Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), tag))

@@ -14,6 +14,7 @@ use crate::hub::Hub;
 use crate::net::{Interconnect, Net, Plans};
 use crate::pool::{Limits, Pool};
 use crate::sink::OutfeedSink;
+use crate::tensor::TensorOps;
 use crate::{Error, Result, Tensor};
 
 /// The error a program may return: any error, converted back to [`Error`] when it is one.
@@ -319,7 +320,7 @@ pub(crate) fn pooled_or_zeros(pool: &Pool, dtype: DType, shape: &[usize]) -> Res
     Tensor::check_size(dtype, shape)?;
     match pool.take(dtype, shape) {
         Some(t) => Ok(t),
-        None => Tensor::zeros(dtype, shape),
+        None => Tensor::zeroed(dtype, shape),
     }
 }
 

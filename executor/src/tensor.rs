@@ -1,47 +1,83 @@
-//! A dtype-erased tensor over `ndarray` arrays, with the element-wise reductions
-//! collectives need.
+//! What the collectives do with host tensors (`meshwork_types::Tensor`): the
+//! element-wise reductions, the copies between pieces and runs, and a zeroed
+//! allocation that fails instead of aborting.
 
-use meshwork_types::{DType, ReduceOp};
+use meshwork_types::{DType, Element as _, ReduceOp, Tensor};
 use ndarray::{ArrayD, Axis, IxDyn};
 
 use crate::{Error, Result};
 
-/// A tensor of one of the dtypes a training step needs.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Tensor {
-    /// `f32`.
-    F32(ArrayD<f32>),
-    /// `f64`.
-    F64(ArrayD<f64>),
-    /// `i32`.
-    I32(ArrayD<i32>),
-    /// `i64`.
-    I64(ArrayD<i64>),
+/// Runs `$go!(Variant, array)` on the array inside a tensor of one of the dtypes the
+/// collectives carry (f32, f64, i32, i64; every public collective checks its input's
+/// dtype first, so another one here is a broken invariant).
+macro_rules! numeric {
+    ($t:expr, $o:ident => $go:ident) => {
+        match $t {
+            Tensor::F32($o) => $go!(F32, $o),
+            Tensor::F64($o) => $go!(F64, $o),
+            Tensor::I32($o) => $go!(I32, $o),
+            Tensor::I64($o) => $go!(I64, $o),
+            other => unreachable!(
+                "collectives carry f32, f64, i32 and i64 (checked at entry), not {}",
+                other.dtype()
+            ),
+        }
+    };
 }
+pub(crate) use numeric;
 
-/// Applies `$body` to the array in any variant, re-wrapping a returned array.
+/// Runs `$go!(Variant, array)` on the array inside a tensor of any dtype.
+macro_rules! every {
+    ($t:expr, $o:ident => $go:ident) => {
+        match $t {
+            Tensor::Bool($o) => $go!(Bool, $o),
+            Tensor::U8($o) => $go!(U8, $o),
+            Tensor::U16($o) => $go!(U16, $o),
+            Tensor::U32($o) => $go!(U32, $o),
+            Tensor::U64($o) => $go!(U64, $o),
+            Tensor::I8($o) => $go!(I8, $o),
+            Tensor::I16($o) => $go!(I16, $o),
+            Tensor::I32($o) => $go!(I32, $o),
+            Tensor::I64($o) => $go!(I64, $o),
+            Tensor::F16($o) => $go!(F16, $o),
+            Tensor::BF16($o) => $go!(BF16, $o),
+            Tensor::F32($o) => $go!(F32, $o),
+            Tensor::F64($o) => $go!(F64, $o),
+        }
+    };
+}
+pub(crate) use every;
+
+/// Applies `$body` to the array in a tensor of a collective's dtype, re-wrapping a
+/// returned array.
 macro_rules! map {
-    ($t:expr, $a:ident => $body:expr) => {
-        match $t {
-            Tensor::F32($a) => Tensor::F32($body),
-            Tensor::F64($a) => Tensor::F64($body),
-            Tensor::I32($a) => Tensor::I32($body),
-            Tensor::I64($a) => Tensor::I64($body),
+    ($t:expr, $a:ident => $body:expr) => {{
+        macro_rules! go {
+            ($v:ident, $x:ident) => {{
+                let $a = $x;
+                Tensor::$v($body)
+            }};
         }
-    };
+        numeric!($t, x => go)
+    }};
 }
 
-/// Applies `$body` to the array in any variant.
+/// Applies `$body` to the array in a tensor of a collective's dtype.
 macro_rules! each {
-    ($t:expr, $a:ident => $body:expr) => {
-        match $t {
-            Tensor::F32($a) => $body,
-            Tensor::F64($a) => $body,
-            Tensor::I32($a) => $body,
-            Tensor::I64($a) => $body,
+    ($t:expr, $a:ident => $body:expr) => {{
+        macro_rules! go {
+            ($v:ident, $x:ident) => {{
+                let $a = $x;
+                $body
+            }};
         }
-    };
+        numeric!($t, x => go)
+    }};
+}
+
+/// Whether collectives carry `dtype`: f32, f64, i32 and i64.
+pub(crate) fn carried(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64)
 }
 
 /// Element types with the four reductions.
@@ -91,23 +127,6 @@ macro_rules! int_element {
 
 float_element!(f32, f64);
 int_element!(i32, i64);
-
-/// Element types a [`Tensor`] can be built from.
-pub(crate) trait Wrap: Sized {
-    fn wrap(a: ArrayD<Self>) -> Tensor;
-}
-
-macro_rules! wrap {
-    ($($t:ty => $v:ident),*) => {$(
-        impl Wrap for $t {
-            fn wrap(a: ArrayD<$t>) -> Tensor {
-                Tensor::$v(a)
-            }
-        }
-    )*};
-}
-
-wrap!(f32 => F32, f64 => F64, i32 => I32, i64 => I64);
 
 /// Elements per block of a fold: a block's inputs and result stay in cache, so each
 /// input element is read once and each result element written once (a pass per input
@@ -256,44 +275,136 @@ fn fold_into<T: Element>(own: &mut [T], others: &[T], me: usize, sources: usize,
     }
 }
 
-impl Tensor {
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            Tensor::F32(_) => DType::F32,
-            Tensor::F64(_) => DType::F64,
-            Tensor::I32(_) => DType::I32,
-            Tensor::I64(_) => DType::I64,
-        }
-    }
-
-    /// The dims.
-    pub fn shape(&self) -> &[usize] {
-        each!(self, a => a.shape())
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        each!(self, a => a.len())
-    }
-
-    /// Whether it has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
+/// The executor's own work on tensors: the fast zeroed allocation, and the copies and
+/// folds its collectives are made of.
+pub(crate) trait TensorOps: Sized {
     /// The same data in standard (row-major, contiguous) layout.
-    pub(crate) fn standard(self) -> Tensor {
-        map!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })
-    }
+    fn standard(self) -> Tensor;
 
     /// Whether executor tensors hold `dtype` ([`Error::UnsupportedDType`]) and a tensor
     /// of `shape` fits in memory's address range ([`Error::TooLarge`]).
-    pub(crate) fn check_size(dtype: DType, shape: &[usize]) -> Result<()> {
+    fn check_size(dtype: DType, shape: &[usize]) -> Result<()>;
+
+    /// A zero-filled tensor of a dtype and shape: [`Error::TooLarge`] if its bytes
+    /// would overflow an `isize` (checked before anything is allocated) or the
+    /// allocator has no room for them (where `ArrayD::zeros` would abort the process).
+    /// The zeros come from the allocator's zeroed memory, so large tensors start as
+    /// untouched pages rather than a pass of writes.
+    fn zeroed(dtype: DType, shape: &[usize]) -> Result<Tensor>;
+
+    /// [`zeros`](Self::zeros) for a buffer a cross-process step needs after the
+    /// processes agreed on it: the others are already in the data exchange, so an error
+    /// here could not reach them; a size past the address space is still
+    /// [`Error::TooLarge`] (checked before the agreement by every caller's own shape),
+    /// but an allocator with no room ends the process, as Rust's out-of-memory does
+    /// (and with it the MPI job), instead of leaving the others waiting.
+    fn zeroed_in_step(dtype: DType, shape: &[usize]) -> Result<Tensor>;
+
+    /// Writes `parts` (one dtype) end to end along `axis` into `out`, whose shape is
+    /// theirs with `axis` summed.
+    fn concat_into(parts: &[std::sync::Arc<Tensor>], axis: usize, out: &mut Tensor);
+
+    /// Runs of row-major elements — `(tensor, offset)`, each as many elements as
+    /// `piece` holds, read in place from a standard-layout tensor — taken as tensors of
+    /// shape `piece` and written end to end along `axis` into `out` (of one dtype with
+    /// them, its shape `piece`'s with `axis` times the number of runs). No copy is made
+    /// on the way.
+    fn concat_runs_into(runs: &[(&Tensor, usize)], piece: &[usize], axis: usize, out: &mut Tensor);
+
+    /// [`concat_pieces`](Self::concat_pieces) into `out`.
+    fn concat_pieces_into(
+        parts: &[std::sync::Arc<Tensor>],
+        split_axis: usize,
+        k: usize,
+        concat_axis: usize,
+        out: &mut Tensor,
+    );
+
+    /// Folds `len` elements of each part, from its own offset (`(part, at)`: elements
+    /// `at..at + len` of a standard-layout part; one dtype), in part order into `out`
+    /// (1-D or any shape of `len` elements, standard layout), every element overwritten.
+    fn fold_at_into(parts: &[(&Tensor, usize)], len: usize, op: ReduceOp, out: &mut Tensor);
+
+    /// [`fold_at_into`](Self::fold_at_into) into elements `out_at..out_at + len` of
+    /// `out`, the rest of it left as it is.
+    fn fold_at_into_at(
+        parts: &[(&Tensor, usize)],
+        len: usize,
+        op: ReduceOp,
+        out: &mut Tensor,
+        out_at: usize,
+    );
+
+    /// A 1-D tensor of `v`.
+    fn flat<T: meshwork_types::Element>(v: Vec<T>) -> Tensor;
+
+    /// The same elements in row-major order under `shape` (same element count).
+    fn reshaped(self, shape: &[usize]) -> Tensor;
+
+    /// The elements of `parts` (one dtype), each in row-major order, end to end in one
+    /// 1-D tensor.
+    fn flatten(parts: &[std::sync::Arc<Tensor>]) -> Tensor;
+
+    /// The element runs `runs` (of standard-layout tensors of `dtype`) end to end in
+    /// one 1-D tensor.
+    fn gather_runs(dtype: DType, runs: &[(&Tensor, std::ops::Range<usize>)]) -> Tensor;
+
+    /// Piece `k` of `n` equal pieces along `axis`, for every `k` in order, each in
+    /// row-major order, end to end in one 1-D tensor (along axis 0: the elements as
+    /// they are).
+    fn pieces_flat(&self, axis: usize, n: usize) -> Tensor;
+
+    /// Copies elements `range` of the standard-layout `src` (same dtype) to elements
+    /// `at..` of this standard-layout tensor.
+    fn copy_run(&mut self, at: usize, src: &Tensor, range: std::ops::Range<usize>);
+
+    /// This 1-D tensor cut into `n` tensors of `shape`, in order.
+    fn split_flat(&self, n: usize, shape: &[usize]) -> Vec<Tensor>;
+
+    /// Elements `range` of this tensor's row-major order, as a new 1-D tensor.
+    fn slice_flat(&self, range: std::ops::Range<usize>) -> Tensor;
+
+    /// An empty 1-D tensor of `dtype` (a placeholder; tensors of other dtypes are
+    /// never made, so any other is f32).
+    fn empty(dtype: DType) -> Tensor;
+
+    /// Overwrites this standard-layout tensor's elements, in row-major order, with
+    /// elements `at..at + self.len()` of the standard-layout `src` (same dtype).
+    fn read_flat(&mut self, at: usize, src: &Tensor);
+
+    /// Overwrites elements `at..at + src.len()` of this standard-layout tensor with
+    /// `src`'s elements in row-major order (same dtype).
+    fn write_flat(&mut self, at: usize, src: &Tensor);
+
+    /// Folds, in order, `n` equal chunks into elements `own` of this 1-D
+    /// standard-layout tensor: chunk `me` is those elements themselves, the others are
+    /// `others`' consecutive runs of `own.len()` (same dtype), in order.
+    fn fold_in_place(
+        &mut self,
+        own: std::ops::Range<usize>,
+        others: &Tensor,
+        me: usize,
+        n: usize,
+        op: ReduceOp,
+    );
+
+    /// Same dtype, shape and element bits (floats compared as bit patterns).
+    fn same_bits(&self, other: &Tensor) -> bool;
+
+    /// Every element divided by `n`, as the mean of `n` values whose sum this is.
+    fn mean_of(self, n: usize) -> Tensor;
+}
+
+impl TensorOps for Tensor {
+    fn standard(self) -> Tensor {
+        map!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })
+    }
+
+    fn check_size(dtype: DType, shape: &[usize]) -> Result<()> {
         let width: usize = match dtype {
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
-            other => return Err(Error::UnsupportedDType { dtype: other }),
+            other => return Err(Error::UnsupportedDType { op: "buffer", dtype: other }),
         };
         let bytes = shape.iter().try_fold(width, |acc, &d| acc.checked_mul(d));
         match bytes {
@@ -302,12 +413,7 @@ impl Tensor {
         }
     }
 
-    /// A zero-filled tensor of a dtype and shape: [`Error::TooLarge`] if its bytes
-    /// would overflow an `isize` (checked before anything is allocated) or the
-    /// allocator has no room for them (where `ArrayD::zeros` would abort the process).
-    /// The zeros come from the allocator's zeroed memory, so large tensors start as
-    /// untouched pages rather than a pass of writes.
-    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    fn zeroed(dtype: DType, shape: &[usize]) -> Result<Tensor> {
         Tensor::check_size(dtype, shape)?;
         let too_large = || Error::TooLarge { dtype, shape: shape.to_vec() };
         let len: usize = shape.iter().product();
@@ -319,18 +425,12 @@ impl Tensor {
             DType::F64 => Tensor::F64(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
             DType::I32 => Tensor::I32(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
             DType::I64 => Tensor::I64(array(shape, zeroed::vec(len).ok_or_else(too_large)?)),
-            other => return Err(Error::UnsupportedDType { dtype: other }),
+            other => return Err(Error::UnsupportedDType { op: "buffer", dtype: other }),
         })
     }
 
-    /// [`zeros`](Self::zeros) for a buffer a cross-process step needs after the
-    /// processes agreed on it: the others are already in the data exchange, so an error
-    /// here could not reach them; a size past the address space is still
-    /// [`Error::TooLarge`] (checked before the agreement by every caller's own shape),
-    /// but an allocator with no room ends the process, as Rust's out-of-memory does
-    /// (and with it the MPI job), instead of leaving the others waiting.
-    pub(crate) fn zeros_in_step(dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        match Tensor::zeros(dtype, shape) {
+    fn zeroed_in_step(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        match Tensor::zeroed(dtype, shape) {
             Err(Error::TooLarge { .. }) if Tensor::check_size(dtype, shape).is_ok() => {
                 let bytes = shape.iter().product::<usize>() * dtype.size_in_bytes();
                 let layout = std::alloc::Layout::from_size_align(bytes, 8)
@@ -341,9 +441,7 @@ impl Tensor {
         }
     }
 
-    /// Writes `parts` (one dtype) end to end along `axis` into `out`, whose shape is
-    /// theirs with `axis` summed.
-    pub(crate) fn concat_into(parts: &[std::sync::Arc<Tensor>], axis: usize, out: &mut Tensor) {
+    fn concat_into(parts: &[std::sync::Arc<Tensor>], axis: usize, out: &mut Tensor) {
         macro_rules! go {
             ($v:ident, $o:ident) => {{
                 let mut at = 0;
@@ -359,25 +457,10 @@ impl Tensor {
                 }
             }};
         }
-        match out {
-            Tensor::F32(o) => go!(F32, o),
-            Tensor::F64(o) => go!(F64, o),
-            Tensor::I32(o) => go!(I32, o),
-            Tensor::I64(o) => go!(I64, o),
-        }
+        numeric!(out, o => go)
     }
 
-    /// Runs of row-major elements — `(tensor, offset)`, each as many elements as
-    /// `piece` holds, read in place from a standard-layout tensor — taken as tensors of
-    /// shape `piece` and written end to end along `axis` into `out` (of one dtype with
-    /// them, its shape `piece`'s with `axis` times the number of runs). No copy is made
-    /// on the way.
-    pub(crate) fn concat_runs_into(
-        runs: &[(&Tensor, usize)],
-        piece: &[usize],
-        axis: usize,
-        out: &mut Tensor,
-    ) {
+    fn concat_runs_into(runs: &[(&Tensor, usize)], piece: &[usize], axis: usize, out: &mut Tensor) {
         let len: usize = piece.iter().product();
         let width = piece[axis];
         macro_rules! go {
@@ -396,16 +479,10 @@ impl Tensor {
                 }
             }};
         }
-        match out {
-            Tensor::F32(o) => go!(F32, o),
-            Tensor::F64(o) => go!(F64, o),
-            Tensor::I32(o) => go!(I32, o),
-            Tensor::I64(o) => go!(I64, o),
-        }
+        numeric!(out, o => go)
     }
 
-    /// [`concat_pieces`](Self::concat_pieces) into `out`.
-    pub(crate) fn concat_pieces_into(
+    fn concat_pieces_into(
         parts: &[std::sync::Arc<Tensor>],
         split_axis: usize,
         k: usize,
@@ -432,29 +509,14 @@ impl Tensor {
                 }
             }};
         }
-        match out {
-            Tensor::F32(o) => go!(F32, o),
-            Tensor::F64(o) => go!(F64, o),
-            Tensor::I32(o) => go!(I32, o),
-            Tensor::I64(o) => go!(I64, o),
-        }
+        numeric!(out, o => go)
     }
 
-    /// Folds `len` elements of each part, from its own offset (`(part, at)`: elements
-    /// `at..at + len` of a standard-layout part; one dtype), in part order into `out`
-    /// (1-D or any shape of `len` elements, standard layout), every element overwritten.
-    pub(crate) fn fold_at_into(
-        parts: &[(&Tensor, usize)],
-        len: usize,
-        op: ReduceOp,
-        out: &mut Tensor,
-    ) {
+    fn fold_at_into(parts: &[(&Tensor, usize)], len: usize, op: ReduceOp, out: &mut Tensor) {
         Tensor::fold_at_into_at(parts, len, op, out, 0);
     }
 
-    /// [`fold_at_into`](Self::fold_at_into) into elements `out_at..out_at + len` of
-    /// `out`, the rest of it left as it is.
-    pub(crate) fn fold_at_into_at(
+    fn fold_at_into_at(
         parts: &[(&Tensor, usize)],
         len: usize,
         op: ReduceOp,
@@ -474,27 +536,18 @@ impl Tensor {
                 fold_segments(&slices, std::iter::once((0, len)), op, out)
             }};
         }
-        match out {
-            Tensor::F32(o) => go!(F32, o),
-            Tensor::F64(o) => go!(F64, o),
-            Tensor::I32(o) => go!(I32, o),
-            Tensor::I64(o) => go!(I64, o),
-        }
+        numeric!(out, o => go)
     }
 
-    /// A 1-D tensor of `v`.
-    pub(crate) fn from_vec<T: Wrap>(v: Vec<T>) -> Tensor {
+    fn flat<T: meshwork_types::Element>(v: Vec<T>) -> Tensor {
         T::wrap(ndarray::Array1::from(v).into_dyn())
     }
 
-    /// The same elements in row-major order under `shape` (same element count).
-    pub(crate) fn reshape(self, shape: &[usize]) -> Tensor {
+    fn reshaped(self, shape: &[usize]) -> Tensor {
         map!(self, a => a.into_shape_with_order(IxDyn(shape)).expect("same element count"))
     }
 
-    /// The elements of `parts` (one dtype), each in row-major order, end to end in one
-    /// 1-D tensor.
-    pub(crate) fn flatten(parts: &[std::sync::Arc<Tensor>]) -> Tensor {
+    fn flatten(parts: &[std::sync::Arc<Tensor>]) -> Tensor {
         macro_rules! flat {
             ($v:ident) => {{
                 let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
@@ -508,17 +561,16 @@ impl Tensor {
                 Tensor::$v(ndarray::Array1::from(out).into_dyn())
             }};
         }
-        match &*parts[0] {
-            Tensor::F32(_) => flat!(F32),
-            Tensor::F64(_) => flat!(F64),
-            Tensor::I32(_) => flat!(I32),
-            Tensor::I64(_) => flat!(I64),
+        macro_rules! go {
+            ($v:ident, $x:ident) => {{
+                let _ = $x;
+                flat!($v)
+            }};
         }
+        numeric!(&*parts[0], x => go)
     }
 
-    /// The element runs `runs` (of standard-layout tensors of `dtype`) end to end in
-    /// one 1-D tensor.
-    pub(crate) fn gather_runs(dtype: DType, runs: &[(&Tensor, std::ops::Range<usize>)]) -> Tensor {
+    fn gather_runs(dtype: DType, runs: &[(&Tensor, std::ops::Range<usize>)]) -> Tensor {
         macro_rules! go {
             ($v:ident) => {{
                 let mut out = Vec::with_capacity(runs.iter().map(|(_, r)| r.len()).sum());
@@ -533,14 +585,12 @@ impl Tensor {
             DType::F64 => go!(F64),
             DType::I32 => go!(I32),
             DType::I64 => go!(I64),
-            _ => go!(F32),
+            DType::F32 => go!(F32),
+            other => unreachable!("collectives carry f32, f64, i32 and i64, not {other}"),
         }
     }
 
-    /// Piece `k` of `n` equal pieces along `axis`, for every `k` in order, each in
-    /// row-major order, end to end in one 1-D tensor (along axis 0: the elements as
-    /// they are).
-    pub(crate) fn pieces_flat(&self, axis: usize, n: usize) -> Tensor {
+    fn pieces_flat(&self, axis: usize, n: usize) -> Tensor {
         let len = self.shape()[axis] / n;
         each!(self, a => {
             let mut out = Vec::with_capacity(a.len());
@@ -551,13 +601,11 @@ impl Tensor {
                     None => out.extend(piece.iter().copied()),
                 }
             }
-            Tensor::from_vec(out)
+            Tensor::flat(out)
         })
     }
 
-    /// Copies elements `range` of the standard-layout `src` (same dtype) to elements
-    /// `at..` of this standard-layout tensor.
-    pub(crate) fn copy_run(&mut self, at: usize, src: &Tensor, range: std::ops::Range<usize>) {
+    fn copy_run(&mut self, at: usize, src: &Tensor, range: std::ops::Range<usize>) {
         macro_rules! go {
             ($v:ident, $a:ident) => {{
                 let Tensor::$v(src) = src else { unreachable!("one dtype") };
@@ -566,45 +614,29 @@ impl Tensor {
                     .copy_from_slice(src);
             }};
         }
-        match self {
-            Tensor::F32(a) => go!(F32, a),
-            Tensor::F64(a) => go!(F64, a),
-            Tensor::I32(a) => go!(I32, a),
-            Tensor::I64(a) => go!(I64, a),
-        }
+        numeric!(self, a => go)
     }
 
-    /// This 1-D tensor cut into `n` tensors of `shape`, in order.
-    pub(crate) fn split_flat(&self, n: usize, shape: &[usize]) -> Vec<Tensor> {
+    fn split_flat(&self, n: usize, shape: &[usize]) -> Vec<Tensor> {
         let len: usize = shape.iter().product();
-        (0..n).map(|k| self.slice_flat(k * len..(k + 1) * len).reshape(shape)).collect()
+        (0..n).map(|k| self.slice_flat(k * len..(k + 1) * len).reshaped(shape)).collect()
     }
 
-    /// Elements `range` of this tensor's row-major order, as a new 1-D tensor.
-    pub(crate) fn slice_flat(&self, range: std::ops::Range<usize>) -> Tensor {
+    fn slice_flat(&self, range: std::ops::Range<usize>) -> Tensor {
         each!(self, a => {
             let v = match a.as_slice() {
                 Some(s) => s[range].to_vec(),
                 None => a.iter().skip(range.start).take(range.len()).copied().collect(),
             };
-            Tensor::from_vec(v)
+            Tensor::flat(v)
         })
     }
 
-    /// An empty 1-D tensor of `dtype` (a placeholder; tensors of other dtypes are
-    /// never made, so any other is f32).
-    pub(crate) fn empty(dtype: DType) -> Tensor {
-        match dtype {
-            DType::F64 => Tensor::F64(ArrayD::zeros(IxDyn(&[0]))),
-            DType::I32 => Tensor::I32(ArrayD::zeros(IxDyn(&[0]))),
-            DType::I64 => Tensor::I64(ArrayD::zeros(IxDyn(&[0]))),
-            _ => Tensor::F32(ArrayD::zeros(IxDyn(&[0]))),
-        }
+    fn empty(dtype: DType) -> Tensor {
+        meshwork_types::with_element!(dtype, T => T::wrap(ArrayD::from_elem(IxDyn(&[0]), T::default())))
     }
 
-    /// Overwrites this standard-layout tensor's elements, in row-major order, with
-    /// elements `at..at + self.len()` of the standard-layout `src` (same dtype).
-    pub(crate) fn read_flat(&mut self, at: usize, src: &Tensor) {
+    fn read_flat(&mut self, at: usize, src: &Tensor) {
         macro_rules! go {
             ($v:ident, $a:ident) => {{
                 let Tensor::$v(src) = src else { unreachable!("one dtype") };
@@ -613,17 +645,10 @@ impl Tensor {
                 dst.copy_from_slice(&src.as_slice().expect("standard layout")[at..at + n]);
             }};
         }
-        match self {
-            Tensor::F32(a) => go!(F32, a),
-            Tensor::F64(a) => go!(F64, a),
-            Tensor::I32(a) => go!(I32, a),
-            Tensor::I64(a) => go!(I64, a),
-        }
+        numeric!(self, a => go)
     }
 
-    /// Overwrites elements `at..at + src.len()` of this standard-layout tensor with
-    /// `src`'s elements in row-major order (same dtype).
-    pub(crate) fn write_flat(&mut self, at: usize, src: &Tensor) {
+    fn write_flat(&mut self, at: usize, src: &Tensor) {
         macro_rules! go {
             ($v:ident, $a:ident) => {{
                 let Tensor::$v(src) = src else { unreachable!("one dtype") };
@@ -634,18 +659,10 @@ impl Tensor {
                 }
             }};
         }
-        match self {
-            Tensor::F32(a) => go!(F32, a),
-            Tensor::F64(a) => go!(F64, a),
-            Tensor::I32(a) => go!(I32, a),
-            Tensor::I64(a) => go!(I64, a),
-        }
+        numeric!(self, a => go)
     }
 
-    /// Folds, in order, `n` equal chunks into elements `own` of this 1-D
-    /// standard-layout tensor: chunk `me` is those elements themselves, the others are
-    /// `others`' consecutive runs of `own.len()` (same dtype), in order.
-    pub(crate) fn fold_in_place(
+    fn fold_in_place(
         &mut self,
         own: std::ops::Range<usize>,
         others: &Tensor,
@@ -661,16 +678,10 @@ impl Tensor {
                 fold_into(dst, o, me, n, op)
             }};
         }
-        match self {
-            Tensor::F32(a) => go!(F32, a),
-            Tensor::F64(a) => go!(F64, a),
-            Tensor::I32(a) => go!(I32, a),
-            Tensor::I64(a) => go!(I64, a),
-        }
+        numeric!(self, a => go)
     }
 
-    /// Same dtype, shape and element bits (floats compared as bit patterns).
-    pub(crate) fn same_bits(&self, other: &Tensor) -> bool {
+    fn same_bits(&self, other: &Tensor) -> bool {
         /// Over contiguous slices where both have them (a dynamic-rank iterator is an
         /// order of magnitude slower), element by element otherwise.
         fn same<T: Copy, B: PartialEq>(
@@ -695,8 +706,7 @@ impl Tensor {
         }
     }
 
-    /// Every element divided by `n`, as the mean of `n` values whose sum this is.
-    pub(crate) fn mean_of(self, n: usize) -> Tensor {
+    fn mean_of(self, n: usize) -> Tensor {
         map!(self, a => a.mapv_into(|x| Element::mean(x, n)))
     }
 }

@@ -284,11 +284,11 @@ fn inputs_from_runtime_buffers_go_back_to_the_pools_so_a_warm_loop_allocates_not
     );
     assert!(matches!(
         rt.buffer(0, DType::Bool, &[2]),
-        Err(Error::UnsupportedDType { dtype: DType::Bool })
+        Err(Error::UnsupportedDType { dtype: DType::Bool, op: "buffer" })
     ));
     assert!(matches!(
         Tensor::zeros(DType::I32, &[1 << 62, 2]),
-        Err(Error::TooLarge { dtype: DType::I32, .. })
+        Err(meshwork_types::Error::ByteSizeOverflow { dtype: DType::I32, .. })
     ));
     // With nothing kept of a kind, a buffer is zeros.
     let Tensor::I64(z) = rt.buffer(1, DType::I64, &[3, 2]).unwrap() else { panic!() };

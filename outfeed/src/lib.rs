@@ -54,12 +54,13 @@ mod tensor;
 mod transport;
 
 pub use error::{Error, Result};
+pub use meshwork_types::Tensor;
 pub use receiver::{
     Callback, CallbackError, Config, Delivery, ErrorCallback, Metrics, Receiver, Report,
 };
 pub use registry::{Consumer, Registry};
 pub use sender::Sender;
-pub use tensor::{Tensor, decode_payload, encode_payload};
+pub use tensor::{decode_payload, encode_payload};
 pub use transport::{
     ChannelSink, ChannelSource, Recording, STREAM_BUFFER, Sink, Source, Stop, StreamSink,
     StreamSource, TcpSources, channel,

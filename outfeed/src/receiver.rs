@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use meshwork_types::TensorSpec;
 
+use crate::Tensor;
 use crate::frame::{RawFrame, SHUTDOWN};
 use crate::sync::{self, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, MutexGuard};
-use crate::tensor::{Tensor, decode_payload};
+use crate::tensor::decode_payload;
 use crate::transport::{InProcess, Source, Stop};
 use crate::{Error, Registry};
 

@@ -1,7 +1,8 @@
 //! The device side: encodes tensors into frames and hands them to a sink.
 
+use crate::Tensor;
 use crate::frame::Header;
-use crate::tensor::{Tensor, encode_payload};
+use crate::tensor::encode_payload;
 use crate::{Error, Registry, Result, Sink};
 
 /// Sends frames for registered consumers through a [`Sink`]. Payload buffers come back

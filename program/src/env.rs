@@ -9,8 +9,9 @@
 
 use meshwork_types::{ReduceOp, TensorSpec};
 
-use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
+use meshwork_types::{Element, Tensor};
+use ndarray::{ArrayD, Axis, Slice};
 
 /// The collectives of the device running a program (one replica of a group).
 ///
@@ -195,71 +196,23 @@ pub(crate) fn communicate(
     Ok(out)
 }
 
-/// Copies `rows` rows of `inner` elements: row `r` of `src` from `src_at(r)` to
-/// `dst_at(r)` of `dst`.
-fn copy_rows<T: Copy>(
-    src: &[T],
-    dst: &mut [T],
-    rows: usize,
-    inner: usize,
-    src_at: impl Fn(usize) -> usize,
-    dst_at: impl Fn(usize) -> usize,
-) {
-    for r in 0..rows {
-        let (s, d) = (src_at(r), dst_at(r));
-        dst[d..d + inner].copy_from_slice(&src[s..s + inner]);
-    }
-}
-
-/// `(outer, len, inner)`: the elements before, along and after `axis`.
-fn split_dims(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
-}
-
 /// Block `pos` of `n` along `axis` of `x` (of result spec `spec`).
 fn block(x: &Tensor, axis: usize, pos: usize, n: usize, spec: &TensorSpec) -> Result<Tensor> {
-    let (outer, len, inner) = split_dims(x.shape().dims(), axis);
-    let part = len / n.max(1);
-    let run = part * inner;
-    macro_rules! cut {
-        ($v:expr, $wrap:path) => {{
-            let mut out = Vec::with_capacity(outer * run);
-            for o in 0..outer {
-                let s = (o * len + pos * part) * inner;
-                out.extend_from_slice(&$v[s..s + run]);
-            }
-            $wrap(out)
-        }};
-    }
-    let data = match x.data() {
-        Data::F32(v) => cut!(v, Data::F32),
-        Data::F64(v) => cut!(v, Data::F64),
-        Data::I32(v) => cut!(v, Data::I32),
-        Data::I64(v) => cut!(v, Data::I64),
-        Data::Bool(v) => cut!(v, Data::Bool),
-    };
-    Tensor::new(spec.shape.clone(), data)
+    let part = x.shape()[axis] / n.max(1);
+    let range = Slice::from(pos * part..(pos + 1) * part);
+    let out = meshwork_types::map_tensor!(x, a => a.slice_axis(Axis(axis), range).to_owned());
+    debug_assert_eq!(out.shape(), spec.shape.dims(), "inference sized the block");
+    Ok(out.into_standard_layout())
 }
 
 /// `x` placed at block `pos` along `axis` of zeros of spec `spec`.
 fn place(x: &Tensor, axis: usize, pos: usize, spec: &TensorSpec) -> Result<Tensor> {
-    let (outer, part, inner) = split_dims(x.shape().dims(), axis);
-    let len = spec.shape.dims()[axis];
-    let total = spec.shape.num_elements();
-    let run = part * inner;
-    macro_rules! put {
-        ($v:expr, $zero:expr, $wrap:path) => {{
-            let mut out = vec![$zero; total];
-            copy_rows($v, &mut out, outer, run, |o| o * run, |o| (o * len + pos * part) * inner);
-            $wrap(out)
-        }};
+    fn put<T: Element>(x: &ArrayD<T>, out: &mut Tensor, axis: usize, pos: usize) {
+        let part = x.shape()[axis];
+        let out = T::unwrap_mut(out).expect("zeros of the operand's dtype");
+        out.slice_axis_mut(Axis(axis), Slice::from(pos * part..(pos + 1) * part)).assign(x);
     }
-    let data = match x.data() {
-        Data::F32(v) => put!(v, 0.0, Data::F32),
-        Data::F64(v) => put!(v, 0.0, Data::F64),
-        Data::I32(v) => put!(v, 0, Data::I32),
-        Data::I64(v) => put!(v, 0, Data::I64),
-        Data::Bool(v) => put!(v, false, Data::Bool),
-    };
-    Tensor::new(spec.shape.clone(), data)
+    let mut out = Tensor::zeros(spec.dtype, spec.shape.dims())?;
+    meshwork_types::each_tensor!(x, a => put(a, &mut out, axis, pos));
+    Ok(out)
 }

@@ -71,10 +71,10 @@ pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
 pub use grad::{grad, vjp};
 pub use graph::{Graph, Var};
+pub use meshwork_types::Tensor;
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
 pub use optim::{Optimizer, TrainStep};
 pub use program::{Instr, Param, Program, Value};
-pub use tensor::{Data, Tensor};
 
 #[cfg(test)]
 mod tests;

@@ -16,8 +16,8 @@ use meshwork_types::{DType, Shape, TensorSpec};
 
 use crate::builder::Builder;
 use crate::program::{Program, Value};
-use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
+use meshwork_types::Tensor;
 
 /// An optimizer and its hyper-parameters (the learning rate is an input of the step,
 /// so schedules need no new program).
@@ -257,21 +257,18 @@ impl TrainStep {
     }
 }
 
+/// Zeros of `spec` (f32 or f64): an allocation the allocator cannot give is an error,
+/// not an abort.
 fn zeros(spec: &TensorSpec) -> Result<Tensor> {
-    let n = spec.shape.num_elements();
-    let data = match spec.dtype {
-        DType::F32 => Data::F32(vec![0.0; n]),
-        DType::F64 => Data::F64(vec![0.0; n]),
-        other => {
-            return Err(Error::UnsupportedDType { at: "optimizer state".into(), dtype: other });
-        }
-    };
-    Tensor::new(spec.shape.clone(), data)
+    match spec.dtype {
+        DType::F32 | DType::F64 => Ok(Tensor::zeros(spec.dtype, spec.shape.dims())?),
+        other => Err(Error::UnsupportedDType { at: "optimizer state".into(), dtype: other }),
+    }
 }
 
 fn scalar(dtype: DType, x: f64) -> Result<Tensor> {
-    match dtype {
+    Ok(match dtype {
         DType::F32 => Tensor::f32(&[], vec![x as f32]),
         _ => Tensor::f64(&[], vec![x]),
-    }
+    }?)
 }

@@ -7,12 +7,11 @@
 //! reference that hid a bad index would hide a bug); `one_hot` of an index outside
 //! `0..depth` is a row of zeros, as in JAX.
 
-use meshwork_types::{DType, Shape};
+use meshwork_types::{DType, Tensor};
 
 use crate::env::{Env, communicate};
 use crate::op::{Binary, Compare, Op, Padding, Reduction, Unary};
 use crate::program::{Program, Value};
-use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
 
 /// Elements in a computing type.
@@ -83,30 +82,33 @@ impl Val {
 }
 
 fn from_tensor(t: &Tensor) -> Val {
-    from_data(t.shape().dims(), t.data())
+    from_data(t.shape(), t)
 }
 
-fn from_data(dims: &[usize], data: &Data) -> Val {
+/// A value of `dims` from a tensor of its elements (any shape and layout: they are
+/// read in row-major order).
+fn from_data(dims: &[usize], data: &Tensor) -> Val {
     let buf = match data {
-        Data::F32(v) => Buf::F(v.iter().map(|&x| f64::from(x)).collect()),
-        Data::F64(v) => Buf::F(v.clone()),
-        Data::I32(v) => Buf::I(v.iter().map(|&x| i64::from(x)).collect()),
-        Data::I64(v) => Buf::I(v.clone()),
-        Data::Bool(v) => Buf::B(v.clone()),
+        Tensor::F32(a) => Buf::F(a.iter().map(|&x| f64::from(x)).collect()),
+        Tensor::F64(a) => Buf::F(a.iter().copied().collect()),
+        Tensor::I32(a) => Buf::I(a.iter().map(|&x| i64::from(x)).collect()),
+        Tensor::I64(a) => Buf::I(a.iter().copied().collect()),
+        Tensor::Bool(a) => Buf::B(a.iter().copied().collect()),
+        other => unreachable!("programs do not compute in {} (checked at entry)", other.dtype()),
     };
     Val { dims: dims.to_vec(), dtype: data.dtype(), buf }
 }
 
 fn to_tensor(v: Val) -> Result<Tensor> {
-    let data = match (v.dtype, v.buf) {
-        (DType::F32, Buf::F(x)) => Data::F32(x.into_iter().map(|e| e as f32).collect()),
-        (DType::F64, Buf::F(x)) => Data::F64(x),
-        (DType::I32, Buf::I(x)) => Data::I32(x.into_iter().map(|e| e as i32).collect()),
-        (DType::I64, Buf::I(x)) => Data::I64(x),
-        (DType::Bool, Buf::B(x)) => Data::Bool(x),
+    let dims = &v.dims;
+    Ok(match (v.dtype, v.buf) {
+        (DType::F32, Buf::F(x)) => Tensor::f32(dims, x.into_iter().map(|e| e as f32).collect()),
+        (DType::F64, Buf::F(x)) => Tensor::f64(dims, x),
+        (DType::I32, Buf::I(x)) => Tensor::i32(dims, x.into_iter().map(|e| e as i32).collect()),
+        (DType::I64, Buf::I(x)) => Tensor::i64(dims, x),
+        (DType::Bool, Buf::B(x)) => Tensor::bool(dims, x),
         (dtype, _) => unreachable!("a value of {dtype} in the wrong buffer"),
-    };
-    Tensor::new(Shape::new(&v.dims)?, data)
+    }?)
 }
 
 /// The padding before the first element along one spatial dim of `size`, for a kernel
@@ -357,15 +359,15 @@ pub(crate) fn check_inputs<T: std::borrow::Borrow<Tensor>>(
 /// path for the ops it has no kernel of its own for.
 pub(crate) fn eval_op(
     op: &Op,
-    args: &[(&[usize], &Data)],
+    args: &[(&[usize], &Tensor)],
     spec: &meshwork_types::TensorSpec,
     at: &str,
-) -> Result<Data> {
+) -> Result<Tensor> {
     let vals: Vec<Val> = args.iter().map(|(d, data)| from_data(d, data)).collect();
     let refs: Vec<&Val> = vals.iter().collect();
     let dims = spec.shape.dims().to_vec();
     let buf = step(op, &refs, &dims, at)?;
-    Ok(to_tensor(Val::new(dims, spec.dtype, buf))?.into_data())
+    to_tensor(Val::new(dims, spec.dtype, buf))
 }
 
 /// One instruction: the elements of its result (of `dims`).

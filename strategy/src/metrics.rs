@@ -90,7 +90,7 @@ impl Streams {
         let on_delivery = move |d: &outfeed::Delivery| {
             let mut tensors = d.tensors().into_iter();
             let step = match tensors.next() {
-                Some(outfeed::Tensor::I64(a)) => a.iter().next().copied().unwrap_or(0) as u64,
+                Some(Tensor::I64(a)) => a.iter().next().copied().unwrap_or(0) as u64,
                 _ => 0,
             };
             let event = MetricEvent {
@@ -98,7 +98,7 @@ impl Streams {
                 replica: (first + d.source) / logical,
                 consumer: d.consumer,
                 name: d.name.to_string(),
-                tensors: tensors.filter_map(from_outfeed).collect(),
+                tensors: tensors.collect(),
             };
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
@@ -184,29 +184,8 @@ impl OutfeedSink for Sink {
             .checked_sub(self.0.first)
             .and_then(|k| self.0.senders.get(k))
             .ok_or("no metrics stream for this device")?;
-        let tensors: Vec<outfeed::Tensor> = tensors.iter().map(to_outfeed).collect();
-        sender.lock().unwrap_or_else(|p| p.into_inner()).send(consumer_id, &tensors)?;
+        sender.lock().unwrap_or_else(|p| p.into_inner()).send(consumer_id, tensors)?;
         self.0.sent.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
-}
-
-fn to_outfeed(t: &Tensor) -> outfeed::Tensor {
-    match t {
-        Tensor::F32(a) => outfeed::Tensor::F32(a.clone()),
-        Tensor::F64(a) => outfeed::Tensor::F64(a.clone()),
-        Tensor::I32(a) => outfeed::Tensor::I32(a.clone()),
-        Tensor::I64(a) => outfeed::Tensor::I64(a.clone()),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    }
-}
-
-fn from_outfeed(t: outfeed::Tensor) -> Option<Tensor> {
-    Some(match t {
-        outfeed::Tensor::F32(a) => Tensor::F32(a),
-        outfeed::Tensor::F64(a) => Tensor::F64(a),
-        outfeed::Tensor::I32(a) => Tensor::I32(a),
-        outfeed::Tensor::I64(a) => Tensor::I64(a),
-        _ => return None,
-    })
 }

@@ -10,8 +10,10 @@ use crate::Error;
 /// Its text form is the short Rust-style name (`f32`, `bf16`, `bool`). Parsing also
 /// accepts NumPy/JAX names (`float32`, `bfloat16`, `int64`, `bool_`) and XLA's names
 /// (`pred`, `s32`), so specs can be pasted from either world.
+///
+/// The enum is exhaustive on purpose: [`Tensor`](crate::Tensor) has one variant per
+/// dtype, and a new dtype is a change the compiler walks every `match` through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
 pub enum DType {
     /// Boolean, one byte per element.
     Bool,

@@ -78,6 +78,28 @@ pub enum Error {
         /// Its element type.
         dtype: DType,
     },
+    /// A tensor's values are not as many as its shape's elements.
+    #[error("a tensor of shape {dims:?} given {elements} elements")]
+    TensorSize {
+        /// The dims asked for.
+        dims: Vec<usize>,
+        /// The number of elements given.
+        elements: usize,
+    },
+    /// A tensor's bytes are not as many as its spec needs.
+    #[error("a tensor {spec} given {bytes} bytes")]
+    TensorBytes {
+        /// The tensor's dtype and shape.
+        spec: crate::TensorSpec,
+        /// The bytes given.
+        bytes: usize,
+    },
+    /// The allocator has no room for a tensor.
+    #[error("no memory for a tensor of {bytes} bytes")]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: usize,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

@@ -1,10 +1,13 @@
-//! The shared vocabulary of meshwork: [`DeviceId`], [`DType`], [`Shape`], [`TensorSpec`]
-//! and [`ReduceOp`].
+//! The shared vocabulary of meshwork: [`DeviceId`], [`DType`], [`Shape`], [`TensorSpec`],
+//! [`ReduceOp`] and the host [`Tensor`].
 //!
 //! Every other meshwork crate speaks these types, so this crate stays small: plain data
-//! with checked constructors, text forms that parse back to the same value, and nothing
-//! else. It is **not** a tensor library (no storage, no arithmetic), it knows nothing of
-//! graphs, meshes, threads or streams, and it depends on no other meshwork crate. Serde
+//! with checked constructors, text forms that parse back to the same value, and one
+//! host tensor type (an `ndarray` array of one of the dtypes) that the executor, the
+//! program layer, the outfeed, checkpoints and the bridges all pass around without
+//! conversions. It is **not** a tensor library (no arithmetic: that is the program
+//! layer's), it knows nothing of graphs, meshes, threads or streams, and it depends on
+//! no other meshwork crate. Serde
 //! support (hand-written, no derive macros) is behind the `serde` feature; proptest
 //! strategies for every type are behind the `proptest` feature, in the `testing` module.
 //!
@@ -32,6 +35,7 @@ mod reduce;
 #[cfg(feature = "serde")]
 mod serde_impls;
 mod shape;
+mod tensor;
 #[cfg(any(test, feature = "proptest"))]
 pub mod testing;
 #[cfg(test)]
@@ -42,3 +46,4 @@ pub use dtype::DType;
 pub use error::{Error, Result, ShapeSyntax};
 pub use reduce::ReduceOp;
 pub use shape::{Shape, TensorSpec};
+pub use tensor::{Element, Tensor, bf16, f16};

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 
-use crate::{DType, DeviceId, ReduceOp, Shape, TensorSpec};
+use crate::{DType, DeviceId, ReduceOp, Shape, Tensor, TensorSpec};
 
 /// Any device id.
 pub fn device_id() -> impl Strategy<Value = DeviceId> {
@@ -30,4 +30,15 @@ pub fn shape(max_rank: usize, max_dim: usize) -> impl Strategy<Value = Shape> {
 /// Tensor specs over [`dtype`] and [`shape`].
 pub fn tensor_spec(max_rank: usize, max_dim: usize) -> impl Strategy<Value = TensorSpec> {
     (dtype(), shape(max_rank, max_dim)).prop_map(|(dtype, shape)| TensorSpec { dtype, shape })
+}
+
+/// Tensors of any dtype over [`shape`], their elements any bit pattern (floats include
+/// NaNs and infinities: compare them by [`Tensor::to_le_bytes`]).
+pub fn tensor(max_rank: usize, max_dim: usize) -> impl Strategy<Value = Tensor> {
+    tensor_spec(max_rank, max_dim).prop_flat_map(|spec| {
+        let bytes = spec.byte_size().expect("small specs");
+        proptest::collection::vec(any::<u8>(), bytes).prop_map(move |b| {
+            Tensor::from_le_bytes(spec.dtype, spec.shape.dims(), &b).expect("as many bytes")
+        })
+    })
 }

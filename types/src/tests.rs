@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use crate::testing;
-use crate::{DType, DeviceId, Error, ReduceOp, Shape, ShapeSyntax, TensorSpec};
+use crate::{DType, DeviceId, Error, ReduceOp, Shape, ShapeSyntax, Tensor, TensorSpec};
 
 fn check_roundtrip<T>(value: &T)
 where
@@ -217,4 +217,71 @@ mod serde_roundtrip {
         let err = serde_json::from_str::<DType>("\"f31\"").unwrap_err();
         assert!(err.to_string().contains("unknown dtype `f31`"), "{err}");
     }
+}
+
+proptest! {
+    /// A tensor's bytes make the same tensor back (bit for bit, NaNs included), in any
+    /// memory layout: a transposed array's bytes are its row-major elements, which a
+    /// copy into standard layout also gives.
+    #[test]
+    fn prop_tensor_bytes_roundtrip(t in testing::tensor(4, 5)) {
+        let bytes = t.to_le_bytes();
+        prop_assert_eq!(bytes.len(), t.byte_size());
+        let back = Tensor::from_le_bytes(t.dtype(), t.shape(), &bytes)?;
+        prop_assert_eq!(back.to_le_bytes(), bytes.clone());
+        prop_assert_eq!(back.spec(), t.spec());
+        let transposed = crate::map_tensor!(t.clone(), a => a.reversed_axes());
+        let copied = transposed.clone().into_standard_layout();
+        prop_assert!(copied.is_standard_layout());
+        prop_assert_eq!(transposed.to_le_bytes(), copied.to_le_bytes());
+        // Reshaping keeps the row-major elements.
+        let flat = transposed.clone().reshape(&[transposed.len()])?;
+        prop_assert_eq!(flat.to_le_bytes(), copied.to_le_bytes());
+        // One byte short or over is refused, naming the spec.
+        if !bytes.is_empty() {
+            let short = Tensor::from_le_bytes(t.dtype(), t.shape(), &bytes[1..]);
+            let is_bytes_error = matches!(short, Err(Error::TensorBytes { .. }));
+            prop_assert!(is_bytes_error);
+        }
+    }
+
+    /// `to_f64` reads the elements in row-major order, whatever the layout, and
+    /// `from_f64` of f64 values gives them back exactly.
+    #[test]
+    fn prop_tensor_f64_values(dims in proptest::collection::vec(0usize..4, 0..4), seed in any::<u64>()) {
+        let n: usize = dims.iter().product();
+        let values: Vec<f64> = (0..n).map(|k| (seed.wrapping_mul(k as u64 + 1) % 1000) as f64 - 500.0).collect();
+        let t = Tensor::from_f64(DType::F64, &dims, &values)?;
+        prop_assert_eq!(t.to_f64(), values.clone());
+        let i = Tensor::from_f64(DType::I32, &dims, &values)?;
+        prop_assert_eq!(i.to_f64(), values);
+    }
+}
+
+/// Element counts, sizes and conversions that cannot be a tensor are typed errors.
+#[test]
+fn tensors_refuse_wrong_counts_and_sizes() {
+    assert_eq!(
+        Tensor::f64(&[2, 2], vec![1.0]).unwrap_err(),
+        Error::TensorSize { dims: vec![2, 2], elements: 1 }
+    );
+    assert!(matches!(
+        Tensor::zeros(DType::F32, &[usize::MAX / 2, 4]),
+        Err(Error::ElementCountOverflow { .. })
+    ));
+    assert!(matches!(
+        Tensor::zeros(DType::F64, &[1 << 61]),
+        Err(Error::ByteSizeOverflow { .. } | Error::OutOfMemory { .. })
+    ));
+    let z = Tensor::zeros(DType::BF16, &[2, 3]).unwrap();
+    assert_eq!((z.dtype(), z.shape(), z.to_f64()), (DType::BF16, &[2usize, 3][..], vec![0.0; 6]));
+    assert!(matches!(z.clone().reshape(&[4]), Err(Error::TensorSize { .. })));
+    // Floats to integers truncate toward zero and saturate; NaN is 0 (XLA's convert).
+    let t = Tensor::from_f64(DType::I32, &[5], &[3e9, -3e9, f64::NAN, 2.7, -2.7]).unwrap();
+    assert_eq!(t.as_slice::<i32>().unwrap(), &[i32::MAX, i32::MIN, 0, 2, -2]);
+    let u = Tensor::from_f64(DType::U8, &[3], &[-1.0, 300.0, f64::INFINITY]).unwrap();
+    assert_eq!(u.as_slice::<u8>().unwrap(), &[0, 255, 255]);
+    // The typed accessors see only their own dtype.
+    assert!(t.as_slice::<i64>().is_none() && t.as_array::<f32>().is_none());
+    assert!(t.into_array::<f32>().is_err());
 }

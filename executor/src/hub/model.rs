@@ -11,6 +11,7 @@ use ndarray::{ArrayD, IxDyn};
 use super::{Hub, Offer, ReplicaGroups};
 use meshwork_types::ReduceOp;
 
+use crate::tensor::TensorOps;
 use crate::{Error, Tensor};
 
 const REPLICAS: usize = 3;

@@ -181,11 +181,17 @@ fn random_tensor(spec: &TensorSpec, seed: u64) -> Tensor {
         DType::I16 => Tensor::I16(arr!(|x: u64| x as i16)),
         DType::I32 => Tensor::I32(arr!(|x: u64| x as i32)),
         DType::I64 => Tensor::I64(arr!(|x: u64| x as i64)),
-        DType::F16 => Tensor::F16(arr!(|x: u64| x as u16)),
-        DType::BF16 => Tensor::BF16(arr!(|x: u64| x as u16)),
+        // Any bit pattern but a NaN's (which compares unequal to itself).
+        DType::F16 => Tensor::F16(arr!(|x: u64| {
+            let v = meshwork_types::f16::from_bits(x as u16);
+            if v.is_nan() { meshwork_types::f16::ZERO } else { v }
+        })),
+        DType::BF16 => Tensor::BF16(arr!(|x: u64| {
+            let v = meshwork_types::bf16::from_bits(x as u16);
+            if v.is_nan() { meshwork_types::bf16::ZERO } else { v }
+        })),
         DType::F32 => Tensor::F32(arr!(|x: u64| (x % 1000) as f32 / 7.0)),
         DType::F64 => Tensor::F64(arr!(|x: u64| (x % 100_000) as f64 / 3.0)),
-        other => panic!("new dtype {other}"),
     }
 }
 

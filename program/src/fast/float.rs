@@ -1,6 +1,6 @@
 //! The float types the fast interpreter computes in natively (f32 and f64).
 
-use crate::tensor::Data;
+use meshwork_types::Tensor;
 
 /// f32 or f64, with the elementwise functions the ops need.
 pub(crate) trait Float:
@@ -38,9 +38,9 @@ pub(crate) trait Float:
     fn powf(self, y: Self) -> Self;
     fn is_nan(self) -> bool;
     /// The elements of `d`, which is of this type.
-    fn slice(d: &Data) -> &[Self];
+    fn slice(d: &Tensor) -> &[Self];
     /// The elements of `d`, which is of this type, to write.
-    fn slice_mut(d: &mut Data) -> &mut [Self];
+    fn slice_mut(d: &mut Tensor) -> &mut [Self];
 
     /// `jnp.maximum`: NaN if either is.
     #[inline(always)]
@@ -119,25 +119,11 @@ macro_rules! float {
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
             }
-            fn slice(d: &Data) -> &[Self] {
-                match d {
-                    Data::$variant(v) => v,
-                    other => unreachable!(
-                        "a {} buffer where the plan expects {}",
-                        other.dtype(),
-                        stringify!($t)
-                    ),
-                }
+            fn slice(d: &Tensor) -> &[Self] {
+                crate::tensor::elems(d)
             }
-            fn slice_mut(d: &mut Data) -> &mut [Self] {
-                match d {
-                    Data::$variant(v) => v,
-                    other => unreachable!(
-                        "a {} buffer where the plan expects {}",
-                        other.dtype(),
-                        stringify!($t)
-                    ),
-                }
+            fn slice_mut(d: &mut Tensor) -> &mut [Self] {
+                crate::tensor::elems_mut(d)
             }
         }
     };

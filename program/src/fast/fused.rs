@@ -11,7 +11,7 @@ use meshwork_types::DType;
 use super::float::Float;
 use crate::op::{Binary, Compare, Op, Unary};
 use crate::program::{Program, Value};
-use crate::tensor::Data;
+use meshwork_types::Tensor;
 
 /// Elements per chunk: the registers of a chunk stay in L1.
 const CHUNK: usize = 512;
@@ -323,13 +323,13 @@ enum Out<'a, T> {
 /// outputs' data in `group.outputs` order. `alloc` hands out buffers.
 pub(crate) fn run<T: Float>(
     group: &Group,
-    inputs: &[&Data],
+    inputs: &[&Tensor],
     options: &super::Options,
-    alloc: &mut dyn FnMut(DType, usize) -> Data,
-) -> Vec<Data> {
+    alloc: &mut dyn FnMut(DType, usize) -> Tensor,
+) -> Vec<Tensor> {
     let threads = options.threads;
     let total: usize = group.dims.iter().product();
-    let mut outs: Vec<Data> = group
+    let mut outs: Vec<Tensor> = group
         .outputs
         .iter()
         .map(|&(_, _, b)| alloc(if b { DType::Bool } else { group.dtype }, total))
@@ -343,8 +343,8 @@ pub(crate) fn run<T: Float>(
     let mut per_part: Vec<Vec<Out<'_, T>>> = (0..parts).map(|_| Vec::new()).collect();
     for d in outs.iter_mut() {
         match d {
-            Data::Bool(v) => {
-                let mut rest: &mut [bool] = v;
+            d if d.dtype() == DType::Bool => {
+                let mut rest: &mut [bool] = crate::tensor::elems_mut(d);
                 for (p, part) in per_part.iter_mut().enumerate() {
                     let (head, tail) = rest.split_at_mut(bounds[p + 1] - bounds[p]);
                     part.push(Out::Bool(head));
@@ -382,7 +382,7 @@ pub(crate) fn run<T: Float>(
 /// x86-64 with SSE2 only, half the vector width).
 fn dispatch<T: Float>(
     group: &Group,
-    inputs: &[&Data],
+    inputs: &[&Tensor],
     start: usize,
     end: usize,
     outs: Vec<Out<'_, T>>,
@@ -406,7 +406,7 @@ fn dispatch<T: Float>(
 #[allow(unsafe_code)]
 unsafe fn run_range_avx2<T: Float>(
     group: &Group,
-    inputs: &[&Data],
+    inputs: &[&Tensor],
     start: usize,
     end: usize,
     outs: Vec<Out<'_, T>>,
@@ -474,7 +474,7 @@ unsafe fn stream_copy_avx<T: Float>(dst: &mut [T], src: &[T]) {
 #[inline(always)]
 fn run_range<T: Float>(
     group: &Group,
-    inputs: &[&Data],
+    inputs: &[&Tensor],
     start: usize,
     end: usize,
     mut outs: Vec<Out<'_, T>>,
@@ -506,7 +506,7 @@ fn run_range<T: Float>(
     for (k, (load, src)) in group.loads.iter().zip(inputs).enumerate() {
         if uniform[k] {
             let v = if load.bool {
-                let Data::Bool(v) = src else { unreachable!("a bool load") };
+                let v: &[bool] = crate::tensor::elems(src);
                 if v[0] { T::ONE } else { T::ZERO }
             } else {
                 floats[k][0]
@@ -556,7 +556,7 @@ fn run_range<T: Float>(
             let s = load.strides[r - 1];
             let dst = &mut lbuf[k][..n];
             if load.bool {
-                let Data::Bool(v) = src else { unreachable!("a bool load") };
+                let v: &[bool] = crate::tensor::elems(src);
                 for (e, o) in dst.iter_mut().enumerate() {
                     *o = if v[off + e * s] { T::ONE } else { T::ZERO };
                 }

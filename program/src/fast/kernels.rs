@@ -13,13 +13,14 @@ use super::float::Float;
 use crate::op::{Padding, Reduction};
 use crate::reference::pad_before;
 pub(crate) use crate::reference::{split, strides};
-use crate::tensor::Data;
+use crate::tensor::{elems, elems_mut};
 use crate::{Error, Result};
+use meshwork_types::Tensor;
 
 /// Hands out buffers (from the executable's pool or fresh).
 pub(crate) trait Alloc {
     /// A buffer of `len` elements of `dtype`, contents unspecified.
-    fn alloc(&mut self, dtype: DType, len: usize) -> Data;
+    fn alloc(&mut self, dtype: DType, len: usize) -> Tensor;
     /// The thread budget.
     fn threads(&self) -> usize;
 }
@@ -71,42 +72,27 @@ pub(crate) fn gather<T: Copy>(
     }
 }
 
-/// Applies `$body` (an expression over `$v: &[T]` making `Vec<T>`-shaped output through
-/// `$out`) for the dtype of `$data`.
+/// Applies `$body` (an expression over `$v: &[T]` writing `$out: &mut [T]`, a fresh
+/// buffer of `$len` elements of the same dtype) for the dtype of `$data`.
 macro_rules! per_dtype {
     ($alloc:expr, $data:expr, $len:expr, |$v:ident, $out:ident| $body:expr) => {{
         let len = $len;
-        match $data {
-            Data::F32($v) => {
-                let mut d = $alloc.alloc(DType::F32, len);
-                let Data::F32($out) = &mut d else { unreachable!() };
+        macro_rules! go {
+            ($t:ty) => {{
+                let $v: &[$t] = elems($data);
+                let mut d = $alloc.alloc(<$t as meshwork_types::Element>::DTYPE, len);
+                let $out: &mut [$t] = elems_mut(&mut d);
                 $body;
                 d
-            }
-            Data::F64($v) => {
-                let mut d = $alloc.alloc(DType::F64, len);
-                let Data::F64($out) = &mut d else { unreachable!() };
-                $body;
-                d
-            }
-            Data::I32($v) => {
-                let mut d = $alloc.alloc(DType::I32, len);
-                let Data::I32($out) = &mut d else { unreachable!() };
-                $body;
-                d
-            }
-            Data::I64($v) => {
-                let mut d = $alloc.alloc(DType::I64, len);
-                let Data::I64($out) = &mut d else { unreachable!() };
-                $body;
-                d
-            }
-            Data::Bool($v) => {
-                let mut d = $alloc.alloc(DType::Bool, len);
-                let Data::Bool($out) = &mut d else { unreachable!() };
-                $body;
-                d
-            }
+            }};
+        }
+        match $data.dtype() {
+            DType::F32 => go!(f32),
+            DType::F64 => go!(f64),
+            DType::I32 => go!(i32),
+            DType::I64 => go!(i64),
+            DType::Bool => go!(bool),
+            other => unreachable!("programs do not compute in {other} (checked when built)"),
         }
     }};
 }
@@ -114,11 +100,11 @@ macro_rules! per_dtype {
 /// A strided view copied out (transpose, broadcast, slice), any dtype.
 pub(crate) fn view(
     a: &mut dyn Alloc,
-    x: &Data,
+    x: &Tensor,
     offset: usize,
     strides: &[usize],
     dims: &[usize],
-) -> Data {
+) -> Tensor {
     let len = dims.iter().product();
     per_dtype!(a, x, len, |v, out| gather(v, offset, strides, dims, out))
 }
@@ -126,10 +112,10 @@ pub(crate) fn view(
 /// Concatenation along `axis` of operands of `dims`, any dtype.
 pub(crate) fn concat(
     a: &mut dyn Alloc,
-    args: &[(&[usize], &Data)],
+    args: &[(&[usize], &Tensor)],
     axis: usize,
     dims: &[usize],
-) -> Data {
+) -> Tensor {
     fn go<T: Copy>(parts: &[(usize, &[T])], outer: usize, out: &mut [T]) {
         let mut pos = 0usize;
         for o in 0..outer {
@@ -142,38 +128,40 @@ pub(crate) fn concat(
     let outer: usize = dims[..axis].iter().product();
     let inner: usize = dims[axis + 1..].iter().product();
     let len = dims.iter().product();
-    macro_rules! parts {
-        ($variant:ident) => {
-            args.iter()
-                .map(|(d, data)| match data {
-                    Data::$variant(v) => (d[axis] * inner, v.as_slice()),
-                    _ => unreachable!("inference checked one dtype"),
-                })
-                .collect::<Vec<_>>()
-        };
+    fn typed<T: meshwork_types::Element>(
+        args: &[(&[usize], &Tensor)],
+        axis: usize,
+        inner: usize,
+        outer: usize,
+        d: &mut Tensor,
+    ) {
+        let parts: Vec<(usize, &[T])> =
+            args.iter().map(|(dims, data)| (dims[axis] * inner, elems::<T>(data))).collect();
+        go(&parts, outer, elems_mut::<T>(d))
     }
     let mut d = a.alloc(args[0].1.dtype(), len);
-    match &mut d {
-        Data::F32(out) => go(&parts!(F32), outer, out),
-        Data::F64(out) => go(&parts!(F64), outer, out),
-        Data::I32(out) => go(&parts!(I32), outer, out),
-        Data::I64(out) => go(&parts!(I64), outer, out),
-        Data::Bool(out) => go(&parts!(Bool), outer, out),
+    match d.dtype() {
+        DType::F32 => typed::<f32>(args, axis, inner, outer, &mut d),
+        DType::F64 => typed::<f64>(args, axis, inner, outer, &mut d),
+        DType::I32 => typed::<i32>(args, axis, inner, outer, &mut d),
+        DType::I64 => typed::<i64>(args, axis, inner, outer, &mut d),
+        DType::Bool => typed::<bool>(args, axis, inner, outer, &mut d),
+        other => unreachable!("programs do not compute in {other} (checked when built)"),
     }
     d
 }
 
 /// Integer indices as i64.
-fn indices(d: &Data) -> Vec<i64> {
-    match d {
-        Data::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
-        Data::I64(v) => v.clone(),
-        other => unreachable!("inference checked integer indices, not {}", other.dtype()),
+fn indices(d: &Tensor) -> Vec<i64> {
+    match d.dtype() {
+        DType::I32 => elems::<i32>(d).iter().map(|&x| i64::from(x)).collect(),
+        DType::I64 => elems::<i64>(d).to_vec(),
+        other => unreachable!("inference checked integer indices, not {other}"),
     }
 }
 
 /// Checked rows of `indices` along an axis of `n`.
-fn rows(idx: &Data, n: usize, axis: usize, what: &str, at: &str) -> Result<Vec<usize>> {
+fn rows(idx: &Tensor, n: usize, axis: usize, what: &str, at: &str) -> Result<Vec<usize>> {
     indices(idx)
         .into_iter()
         .map(|i| {
@@ -188,11 +176,11 @@ fn rows(idx: &Data, n: usize, axis: usize, what: &str, at: &str) -> Result<Vec<u
 /// error naming the instruction.
 pub(crate) fn take(
     a: &mut dyn Alloc,
-    table: (&[usize], &Data),
-    idx: &Data,
+    table: (&[usize], &Tensor),
+    idx: &Tensor,
     axis: usize,
     at: &str,
-) -> Result<Data> {
+) -> Result<Tensor> {
     let (td, tv) = table;
     let (before, n, after) = split(td, axis);
     let rows = rows(idx, n, axis, "table", at)?;
@@ -213,11 +201,11 @@ pub(crate) fn take(
 pub(crate) fn scatter_add<T: Float>(
     a: &mut dyn Alloc,
     x: (&[usize], &[T]),
-    idx: &Data,
+    idx: &Tensor,
     upd: &[T],
     axis: usize,
     at: &str,
-) -> Result<Data> {
+) -> Result<Tensor> {
     let (xd, xv) = x;
     let (before, n, after) = split(xd, axis);
     let rows = rows(idx, n, axis, "operand", at)?;
@@ -238,7 +226,7 @@ pub(crate) fn scatter_add<T: Float>(
 }
 
 /// One-hot rows of `depth` of type `T`; indices outside `0..depth` give zeros.
-pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Data, depth: usize) -> Data {
+pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Tensor, depth: usize) -> Tensor {
     let idx = indices(idx);
     let mut d = a.alloc(T::DTYPE, idx.len() * depth);
     let out = T::slice_mut(&mut d);
@@ -280,7 +268,7 @@ pub(crate) fn reduce<T: Float>(
     dims: &[usize],
     axes: &[usize],
     kind: Reduction,
-) -> Data {
+) -> Tensor {
     let r = dims.len();
     let count: usize = axes.iter().map(|&d| dims[d]).product();
     let kept: usize = (0..r).filter(|d| !axes.contains(d)).map(|d| dims[d]).product();
@@ -337,7 +325,7 @@ pub(crate) fn softmax<T: Float>(
     dims: &[usize],
     axis: usize,
     log: bool,
-) -> Data {
+) -> Tensor {
     let mut d = a.alloc(T::DTYPE, x.len());
     let out = T::slice_mut(&mut d);
     let (_, n, inner) = split(dims, axis);
@@ -615,7 +603,7 @@ pub(crate) fn dot_general<T: Float>(
     rhs_contract: &[usize],
     lhs_batch: &[usize],
     rhs_batch: &[usize],
-) -> Data {
+) -> Tensor {
     let (ld, lv) = lhs;
     let (rd, rv) = rhs;
     let lfree: Vec<usize> =
@@ -716,7 +704,7 @@ impl Conv {
         x: &[T],
         w: &[T],
         at: &str,
-    ) -> Result<Data> {
+    ) -> Result<Tensor> {
         let (rows, cols) = self.patches(at)?;
         let p = self.im2col(x, at)?;
         let o = self.w[3];
@@ -735,7 +723,7 @@ impl Conv {
         g: &[T],
         w: &[T],
         at: &str,
-    ) -> Result<Data> {
+    ) -> Result<Tensor> {
         let (rows, cols) = self.patches(at)?;
         let o = self.w[3];
         let mut dp = vec![T::ZERO; rows * cols];
@@ -756,7 +744,7 @@ impl Conv {
         x: &[T],
         g: &[T],
         at: &str,
-    ) -> Result<Data> {
+    ) -> Result<Tensor> {
         let (rows, cols) = self.patches(at)?;
         let p = self.im2col(x, at)?;
         let o = self.w[3];

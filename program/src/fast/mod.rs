@@ -44,8 +44,9 @@ use self::kernels::{Alloc, Conv};
 use crate::env::{Env, communicate};
 use crate::op::Op;
 use crate::program::{Program, Value};
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{flat, shaped, supported};
 use crate::{Result, reference};
+use meshwork_types::{Tensor, TensorSpec};
 
 /// How a program is compiled and run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,18 +117,20 @@ enum Step {
 /// of sizes the program never makes (a training loop's fed batches, say) are freed.
 #[derive(Debug, Default)]
 struct Pool {
-    free: HashMap<(DType, usize), Vec<Data>>,
+    free: HashMap<(DType, usize), Vec<Tensor>>,
     demand: HashMap<(DType, usize), usize>,
     bytes: usize,
 }
 
 impl Pool {
-    fn put(&mut self, d: Data, limit: usize) {
-        let size = d.len() * d.dtype().size_in_bytes();
+    fn put(&mut self, d: Tensor, limit: usize) {
+        let size = d.byte_size();
         let class = (d.dtype(), d.len());
         let demand = self.demand.get(&class).copied().unwrap_or(0);
         let pooled = self.free.get(&class).map_or(0, Vec::len);
-        if d.is_empty() || pooled >= demand || self.bytes + size > limit {
+        // A buffer a kernel could not write as slices (another layout) is not kept.
+        let usable = d.is_standard_layout() && supported(d.dtype());
+        if d.is_empty() || !usable || pooled >= demand || self.bytes + size > limit {
             return;
         }
         self.bytes += size;
@@ -140,7 +143,7 @@ impl Pool {
         *d = (*d).max(count);
     }
 
-    fn take(&mut self, dtype: DType, len: usize) -> Option<Data> {
+    fn take(&mut self, dtype: DType, len: usize) -> Option<Tensor> {
         let d = self.free.get_mut(&(dtype, len))?.pop()?;
         self.bytes -= len * dtype.size_in_bytes();
         Some(d)
@@ -165,12 +168,28 @@ pub struct Executable {
 /// What a value holds during a run.
 enum Slot<'a> {
     Empty,
-    Borrowed(&'a Data),
-    Owned(Data),
+    Borrowed(&'a Tensor),
+    Owned(Tensor),
+}
+
+impl<'a> Slot<'a> {
+    /// An input's slot: read in place when in standard layout, else copied into it.
+    fn borrowed(t: &'a Tensor) -> Slot<'a> {
+        if t.is_standard_layout() {
+            Slot::Borrowed(t)
+        } else {
+            Slot::Owned(t.clone().into_standard_layout())
+        }
+    }
+
+    /// An input's slot, taken.
+    fn owned(t: Tensor) -> Slot<'a> {
+        Slot::Owned(t.into_standard_layout())
+    }
 }
 
 impl Slot<'_> {
-    fn data(&self) -> &Data {
+    fn data(&self) -> &Tensor {
         match self {
             Slot::Borrowed(d) => d,
             Slot::Owned(d) => d,
@@ -186,18 +205,20 @@ struct Ctx<'p> {
     counts: HashMap<(DType, usize), usize>,
 }
 
-fn fresh(dtype: DType, len: usize) -> Data {
+/// A zeroed 1-D buffer of a dtype programs compute in.
+fn fresh(dtype: DType, len: usize) -> Tensor {
     match dtype {
-        DType::F32 => Data::F32(vec![0.0; len]),
-        DType::F64 => Data::F64(vec![0.0; len]),
-        DType::I32 => Data::I32(vec![0; len]),
-        DType::I64 => Data::I64(vec![0; len]),
-        _ => Data::Bool(vec![false; len]),
+        DType::F32 => flat(vec![0f32; len]),
+        DType::F64 => flat(vec![0f64; len]),
+        DType::I32 => flat(vec![0i32; len]),
+        DType::I64 => flat(vec![0i64; len]),
+        DType::Bool => flat(vec![false; len]),
+        other => unreachable!("programs do not compute in {other} (checked when built)"),
     }
 }
 
 impl Alloc for Ctx<'_> {
-    fn alloc(&mut self, dtype: DType, len: usize) -> Data {
+    fn alloc(&mut self, dtype: DType, len: usize) -> Tensor {
         let count = self.counts.entry((dtype, len)).or_insert(0);
         *count += 1;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,7 +311,7 @@ impl Executable {
     /// Runs the program on `inputs` (one per parameter, of its spec).
     pub fn run(&self, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
         reference::check_inputs(&self.program, inputs)?;
-        let slots = inputs.iter().map(|t| Slot::Borrowed(t.data())).collect();
+        let slots = inputs.iter().map(Slot::borrowed).collect();
         self.on_pool(slots, env)
     }
 
@@ -326,8 +347,8 @@ impl Executable {
         let slots = inputs
             .into_iter()
             .map(|t| match t {
-                Input::Owned(t) => Slot::Owned(t.into_data()),
-                Input::Borrowed(t) => Slot::Borrowed(t.data()),
+                Input::Owned(t) => Slot::owned(t),
+                Input::Borrowed(t) => Slot::borrowed(t),
             })
             .collect();
         self.on_pool(slots, env)
@@ -337,30 +358,31 @@ impl Executable {
     /// program no longer reads them (JAX's `donate_argnums` for every input).
     pub fn run_owned(&self, inputs: Vec<Tensor>, env: &Env<'_>) -> Result<Vec<Tensor>> {
         reference::check_inputs(&self.program, &inputs)?;
-        let slots = inputs.into_iter().map(|t| Slot::Owned(t.into_data())).collect();
+        let slots = inputs.into_iter().map(Slot::owned).collect();
         self.on_pool(slots, env)
     }
 
-    /// A buffer of `len` elements of `dtype` from the pool (contents: whatever they
-    /// were), or a fresh zeroed one: for filling an input of the next run, which
+    /// A tensor of `spec` from the pool (contents: whatever they were), or a fresh
+    /// zeroed one, in standard layout: for filling an input of the next run, which
     /// [`run_owned`](Self::run_owned) gives back to the pool after its last use — so a
     /// loop that feeds a program this way reuses the same memory every step.
     ///
-    /// A dtype programs do not compute in is refused; `len` is the caller's to size
-    /// (a buffer as large as an input of the program it feeds).
-    pub fn buffer(&self, dtype: DType, len: usize) -> Result<Data> {
-        if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool) {
+    /// A dtype programs do not compute in is refused; the size is the caller's to
+    /// bound (a buffer as large as an input of the program it feeds).
+    pub fn buffer(&self, spec: &TensorSpec) -> Result<Tensor> {
+        let (dtype, len) = (spec.dtype, spec.shape.num_elements());
+        if !supported(dtype) {
             return Err(crate::Error::UnsupportedDType { at: "buffer".into(), dtype });
         }
         let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len);
-        Ok(taken.unwrap_or_else(|| fresh(dtype, len)))
+        Ok(shaped(taken.unwrap_or_else(|| fresh(dtype, len)), spec.shape.dims()))
     }
 
     /// Gives tensors (results of earlier runs no longer needed) back to the pool.
     pub fn recycle(&self, tensors: Vec<Tensor>) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         for t in tensors {
-            pool.put(t.into_data(), self.options.pool_bytes);
+            pool.put(t, self.options.pool_bytes);
         }
     }
 
@@ -381,7 +403,7 @@ impl Executable {
                             .iter()
                             .map(|a| self.tensor_of(a, slots[a.index()].data()))
                             .collect::<Result<Vec<_>>>()?;
-                        communicate(env, &instr.op, args, &instr.spec, &at)?.into_data()
+                        communicate(env, &instr.op, args, &instr.spec, &at)?.into_standard_layout()
                     } else if matches!(instr.op, Op::Reshape { .. })
                         && self.frees[s].contains(&instr.args[0])
                         && matches!(slots[instr.args[0].index()], Slot::Owned(_))
@@ -392,7 +414,7 @@ impl Executable {
                             _ => unreachable!("checked owned"),
                         }
                     } else {
-                        let args: Vec<(&[usize], &Data)> = instr
+                        let args: Vec<(&[usize], &Tensor)> = instr
                             .args
                             .iter()
                             .map(|a| {
@@ -406,7 +428,7 @@ impl Executable {
                 }
                 Step::Fused(g) => {
                     let group = &self.groups[*g];
-                    let inputs: Vec<&Data> =
+                    let inputs: Vec<&Tensor> =
                         group.loads.iter().map(|l| slots[l.value.index()].data()).collect();
                     let mut alloc = |dtype: DType, len: usize| ctx.alloc(dtype, len);
                     let outs = match group.dtype {
@@ -441,14 +463,14 @@ impl Executable {
                 slots[r.index()].data().clone()
             };
             let spec = p.spec(*r).expect("a defined value");
-            out.push(Tensor::new(spec.shape.clone(), data)?);
+            out.push(shaped(data, spec.shape.dims()));
         }
         Ok(out)
     }
 
-    fn tensor_of(&self, v: &Value, d: &Data) -> Result<Tensor> {
+    fn tensor_of(&self, v: &Value, d: &Tensor) -> Result<Tensor> {
         let spec = self.program.spec(*v).expect("a defined value");
-        Tensor::new(spec.shape.clone(), d.clone())
+        Ok(shaped(d.clone(), spec.shape.dims()))
     }
 }
 
@@ -462,11 +484,11 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 /// interpreter has none: integer arithmetic, `argmax`, `pad`, `iota`, conversions).
 fn exec(
     op: &Op,
-    args: &[(&[usize], &Data)],
-    spec: &meshwork_types::TensorSpec,
+    args: &[(&[usize], &Tensor)],
+    spec: &TensorSpec,
     at: &str,
     a: &mut Ctx<'_>,
-) -> Result<Data> {
+) -> Result<Tensor> {
     let dims = spec.shape.dims();
     let float = spec.dtype.is_float();
     macro_rules! float_kernel {
@@ -484,12 +506,7 @@ fn exec(
         };
     }
     Ok(match op {
-        Op::Constant { value, dtype } => match dtype {
-            DType::F32 => Data::F32(vec![*value as f32]),
-            DType::F64 => Data::F64(vec![*value]),
-            DType::I32 => Data::I32(vec![*value as i32]),
-            _ => Data::I64(vec![*value as i64]),
-        },
+        Op::Constant { .. } => reference::eval_op(op, args, spec, at)?,
         Op::Reshape { .. } => args[0].1.clone(),
         Op::Transpose { perm } => {
             let xs = kernels::strides(args[0].0);

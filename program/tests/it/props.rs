@@ -301,7 +301,7 @@ proptest! {
                     let mut f = feed.clone();
                     let mut x = f[k].to_f64();
                     x[i] += d;
-                    f[k] = Tensor::f64(f[k].shape().dims(), x).unwrap();
+                    f[k] = Tensor::f64(f[k].shape(), x).unwrap();
                     loss_of(&p, &f)
                 };
                 let fd = (shifted(h) - shifted(-h)) / (2.0 * h);
@@ -350,13 +350,13 @@ proptest! {
         let feed64: Vec<Tensor> = feed32
             .iter()
             .map(|t| match t.spec().dtype {
-                DType::F32 => Tensor::f64(t.shape().dims(), t.to_f64()).unwrap(),
+                DType::F32 => Tensor::f64(t.shape(), t.to_f64()).unwrap(),
                 _ => t.clone(),
             })
             .collect();
         let a = fast::evaluate(&p32, &feed32).unwrap();
         let b = fast::evaluate(&p64, &feed64).unwrap();
-        let last = Tensor::f64(a[0].shape().dims(), a[0].to_f64()).unwrap();
+        let last = Tensor::f64(a[0].shape(), a[0].to_f64()).unwrap();
         prop_assume!(b[0].to_f64().iter().all(|x| x.is_finite() && x.abs() < 1e4));
         if let Err(e) = close(&last, &b[0], 1e-3) {
             prop_assert!(false, "{}\n{}", e, p64);

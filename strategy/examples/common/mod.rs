@@ -95,7 +95,7 @@ pub(crate) fn token_batches(
                 let r = (s * batch + i) % rows_total;
                 rows.extend_from_slice(&tokens[r * width..(r + 1) * width]);
             }
-            Tensor::i32(&[batch, width], rows)
+            Ok(Tensor::i32(&[batch, width], rows)?)
         })
         .collect()
 }

@@ -21,7 +21,7 @@ use meshwork_program::{Builder, Env, Op, Program, Tensor, Value};
 use meshwork_types::{DType, TensorSpec};
 
 use crate::Result;
-use crate::spmd::run::{ReplicaError, from_exec};
+use crate::spmd::run::{ReplicaError, boolean};
 
 /// A value the part receives.
 struct Receipt {
@@ -214,7 +214,8 @@ impl Segments {
                 };
                 let Some((i, t)) = got else { break };
                 let receipt = &self.receipts[waiting.swap_remove(i)];
-                slots[receipt.value.index()] = Some(Input::Owned(from_exec(t, receipt.bool)?));
+                let t = if receipt.bool { boolean(t) } else { t };
+                slots[receipt.value.index()] = Some(Input::Owned(t));
                 arrive(receipt.value, &mut missing, &mut ready);
             }
             let Some(s) = ready.pop_first() else {

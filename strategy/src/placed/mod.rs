@@ -42,7 +42,7 @@ use meshwork_program::fast::{Input, Options};
 use meshwork_program::{Builder, Catalogue, Channels, Env, Program, Tensor, Value};
 use meshwork_types::{DType, TensorSpec};
 
-use crate::spmd::run::{ReplicaError, from_exec, run_replicas, to_exec};
+use crate::spmd::run::{ReplicaError, boolean, numeric, run_replicas};
 use crate::{Error, Result, Strategy};
 
 mod cost;
@@ -628,7 +628,7 @@ impl ReplicaChannels<'_> {
 
 impl Channels for ReplicaChannels<'_> {
     fn send(&self, channel: u32, peer: usize, x: Tensor) -> meshwork_program::Result<()> {
-        self.ctx.send(peer, u64::from(channel), to_exec(x)?).map_err(|e| self.comm("send", e))
+        self.ctx.send(peer, u64::from(channel), numeric(x).0).map_err(|e| self.comm("send", e))
     }
 
     fn recv(
@@ -638,7 +638,7 @@ impl Channels for ReplicaChannels<'_> {
         spec: &TensorSpec,
     ) -> meshwork_program::Result<Tensor> {
         let t = self.ctx.recv(peer, u64::from(channel)).map_err(|e| self.comm("recv", e))?;
-        from_exec(t, spec.dtype == DType::Bool)
+        Ok(if spec.dtype == DType::Bool { boolean(t) } else { t })
     }
 
     fn sends_wait(&self) -> bool {

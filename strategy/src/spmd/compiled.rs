@@ -6,6 +6,7 @@ use meshwork_program::fast::{Executable, Input, Options};
 use meshwork_program::{Env, Op, Optimizer, Program, Tensor, TrainStep, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
+use meshwork_types::TensorSpec;
 
 use super::run::{
     FeedPlan, FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with,
@@ -418,7 +419,7 @@ impl Compiled<'_> {
         for step in feeds {
             let mut parts_of: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
             for (t, (_, plan)) in step.iter().zip(fed) {
-                let take = |r: usize, dtype, len| lock(&self.devices[r]).exe.buffer(dtype, len);
+                let take = |r: usize, spec: &TensorSpec| lock(&self.devices[r]).exe.buffer(spec);
                 let parts = split_with(plan, t, take)?;
                 for (r, part) in parts.into_iter().enumerate() {
                     parts_of[r].push(part);

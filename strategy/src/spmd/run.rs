@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use meshwork_executor::{ReplicaContext, ReplicaGroups, Tensor as ExecTensor};
+use meshwork_executor::{ReplicaContext, ReplicaGroups};
 use meshwork_program::fast::{Executable, Options};
-use meshwork_program::{Collectives, Data, Env, HostSink, Tensor};
+use meshwork_program::{Collectives, Env, HostSink};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, Mode, assemble, shard};
-use meshwork_types::{ReduceOp, Shape};
-use ndarray::{ArrayD, ArrayViewD, IxDyn};
+use meshwork_types::{Element, ReduceOp, Shape, Tensor, TensorSpec, each_tensor, with_element};
+use ndarray::ArrayD;
 
 use super::Partitioned;
 use crate::{Error, Result};
@@ -20,37 +20,20 @@ fn comm(e: impl std::fmt::Display) -> meshwork_program::Error {
     meshwork_program::Error::Communication { at: "collective".into(), problem: e.to_string() }
 }
 
-/// A program tensor as an executor tensor (moving the elements; bools travel as i32).
-pub(crate) fn to_exec(t: Tensor) -> meshwork_program::Result<ExecTensor> {
-    let dims = IxDyn(t.shape().dims());
-    let bad = |e: ndarray::ShapeError| comm(e);
-    Ok(match t.into_data() {
-        Data::F32(v) => ExecTensor::F32(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        Data::F64(v) => ExecTensor::F64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        Data::I32(v) => ExecTensor::I32(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        Data::I64(v) => ExecTensor::I64(ArrayD::from_shape_vec(dims, v).map_err(bad)?),
-        Data::Bool(v) => ExecTensor::I32(
-            ArrayD::from_shape_vec(dims, v.into_iter().map(i32::from).collect()).map_err(bad)?,
-        ),
-    })
+/// A bool tensor as i32 (collectives carry numbers), with whether it was one.
+pub(crate) fn numeric(t: Tensor) -> (Tensor, bool) {
+    match t {
+        Tensor::Bool(a) => (Tensor::I32(a.mapv(i32::from)), true),
+        t => (t, false),
+    }
 }
 
-fn raw<T: Clone>(a: ArrayD<T>) -> Vec<T> {
-    if a.is_standard_layout() { a.into_raw_vec_and_offset().0 } else { a.iter().cloned().collect() }
-}
-
-/// An executor tensor as a program tensor of dtype `bool` if `as_bool`.
-pub(crate) fn from_exec(t: ExecTensor, as_bool: bool) -> meshwork_program::Result<Tensor> {
-    let shape = Shape::new(t.shape())?;
-    let data = match t {
-        ExecTensor::F32(a) => Data::F32(raw(a)),
-        ExecTensor::F64(a) => Data::F64(raw(a)),
-        ExecTensor::I32(a) if as_bool => Data::Bool(raw(a).into_iter().map(|x| x != 0).collect()),
-        ExecTensor::I32(a) => Data::I32(raw(a)),
-        ExecTensor::I64(a) => Data::I64(raw(a)),
-        other => return Err(comm(format!("unsupported executor tensor {:?}", other.dtype()))),
-    };
-    Tensor::new(shape, data)
+/// An i32 result back as the bool tensor it was made from.
+pub(crate) fn boolean(t: Tensor) -> Tensor {
+    match t {
+        Tensor::I32(a) => Tensor::Bool(a.mapv(|x| x != 0)),
+        t => t,
+    }
 }
 
 /// The program crate's collectives over an executor replica (replica ids are mesh
@@ -90,16 +73,16 @@ impl<'a> MeshCollectives<'a> {
     fn run(
         &self,
         x: Tensor,
-        f: impl FnOnce(ExecTensor) -> meshwork_executor::Result<ExecTensor>,
+        f: impl FnOnce(Tensor) -> meshwork_executor::Result<Tensor>,
     ) -> meshwork_program::Result<Tensor> {
-        let as_bool = x.data().dtype() == meshwork_types::DType::Bool;
-        let out = f(to_exec(x)?).map_err(|e| {
+        let (x, as_bool) = numeric(x);
+        let out = f(x).map_err(|e| {
             if matches!(e, meshwork_executor::Error::PeerFailed { .. }) {
                 *self.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
             }
             comm(e)
         })?;
-        from_exec(out, as_bool)
+        Ok(if as_bool { boolean(out) } else { out })
     }
 }
 
@@ -168,40 +151,19 @@ impl HostSink for FirstReplicaHost<'_> {
             return Ok(());
         }
         let mut tensors = Vec::with_capacity(values.len() + 1);
-        tensors.push(ExecTensor::I64(ndarray::arr0(self.step as i64).into_dyn()));
-        for v in values {
-            tensors.push(to_exec(v.clone())?);
-        }
+        tensors.push(Tensor::I64(ndarray::arr0(self.step as i64).into_dyn()));
+        tensors.extend(values.iter().cloned());
         self.ctx.emit(consumer, &tensors).map_err(comm)
     }
 }
 
 /// Splits global `t` into each mesh position's part under `layout` (never pending).
 pub(crate) fn split(mesh: &Mesh, layout: &Layout, t: &Tensor) -> Result<Vec<Tensor>> {
-    let rank = t.shape().rank();
-    let sharding = layout.to_named(mesh)?.to_sharding(rank)?;
-    let dims = t.shape().dims();
-    fn parts<T: Copy>(
-        dims: &[usize],
-        v: &[T],
-        s: &meshwork_sharding::Sharding,
-    ) -> Result<Vec<Vec<T>>> {
-        let view = ArrayViewD::from_shape(IxDyn(dims), v).map_err(|e| Error::Partition {
-            value: String::new(),
-            op: "split",
-            problem: e.to_string(),
-        })?;
-        Ok(shard(&view, s, Mode::Strict)?.into_iter().map(|p| raw(p.data)).collect())
+    fn parts<T: Element>(a: &ArrayD<T>, s: &meshwork_sharding::Sharding) -> Result<Vec<Tensor>> {
+        Ok(shard(&a.view(), s, Mode::Strict)?.into_iter().map(|p| T::wrap(p.data)).collect())
     }
-    let local = Shape::new(&layout.local_shape(mesh, dims)?)?;
-    let per: Vec<Data> = match t.data() {
-        Data::F32(v) => parts(dims, v, &sharding)?.into_iter().map(Data::F32).collect(),
-        Data::F64(v) => parts(dims, v, &sharding)?.into_iter().map(Data::F64).collect(),
-        Data::I32(v) => parts(dims, v, &sharding)?.into_iter().map(Data::I32).collect(),
-        Data::I64(v) => parts(dims, v, &sharding)?.into_iter().map(Data::I64).collect(),
-        Data::Bool(v) => parts(dims, v, &sharding)?.into_iter().map(Data::Bool).collect(),
-    };
-    per.into_iter().map(|d| Ok(Tensor::new(local.clone(), d)?)).collect()
+    let sharding = layout.to_named(mesh)?.to_sharding(t.shape().len())?;
+    each_tensor!(t, a => parts(a, &sharding))
 }
 
 /// How a fed parameter is split, worked out once: its layout as a sharding over the
@@ -221,72 +183,48 @@ impl FeedPlan {
     }
 }
 
-/// [`split`] by `plan`, into buffers `take(position, dtype, len)` hands out (a device's
-/// pool), so a loop feeding the same shapes every step writes into memory it already
-/// has.
+/// [`split`] by `plan`, into buffers `take(position, spec)` hands out (a device's
+/// pool: standard layout, of the part's spec), so a loop feeding the same shapes every
+/// step writes into memory it already has.
 pub(crate) fn split_with(
     plan: &FeedPlan,
     t: &Tensor,
-    take: impl Fn(usize, meshwork_types::DType, usize) -> meshwork_program::Result<Data>,
+    take: impl Fn(usize, &TensorSpec) -> meshwork_program::Result<Tensor>,
 ) -> Result<Vec<Tensor>> {
-    let dims = t.shape().dims();
-    let local = &plan.local;
-    let len: usize = local.iter().product();
-    let dtype = t.data().dtype();
+    let local = TensorSpec::new(t.dtype(), Shape::new(&plan.local)?);
     let n = plan.sharding.device_assignment().len();
-    let mut bufs: Vec<Data> =
-        (0..n).map(|r| take(r, dtype, len)).collect::<meshwork_program::Result<_>>()?;
-    fn fill<T: Copy + Send + Sync>(
-        dims: &[usize],
-        local: &[usize],
-        v: &[T],
-        s: &meshwork_sharding::Sharding,
-        mut outs: Vec<&mut [T]>,
-    ) -> Result<()> {
+    let mut bufs: Vec<Tensor> =
+        (0..n).map(|r| take(r, &local)).collect::<meshwork_program::Result<_>>()?;
+    fn fill<T: Element>(plan: &FeedPlan, global: &ArrayD<T>, bufs: &mut [Tensor]) -> Result<()> {
+        let local = &plan.local;
+        let mut outs = Vec::with_capacity(bufs.len());
+        for b in bufs.iter_mut() {
+            let (dtype, shape) = (b.dtype(), b.shape().to_vec());
+            match T::unwrap_mut(b) {
+                Some(o) if o.shape() == local.as_slice() => outs.push(o.view_mut()),
+                _ => {
+                    return Err(Error::Partition {
+                        value: String::new(),
+                        op: "split",
+                        problem: format!(
+                            "a pooled buffer of {dtype}{shape:?} for a part of {}{local:?}",
+                            T::DTYPE
+                        ),
+                    });
+                }
+            }
+        }
         // One part (one device, or every device a whole copy): a plain copy.
-        if dims == local {
-            for o in outs.iter_mut() {
-                o.copy_from_slice(v);
+        if global.shape() == local.as_slice() {
+            for o in &mut outs {
+                o.assign(global);
             }
             return Ok(());
         }
-        let bad = |e: ndarray::ShapeError| Error::Partition {
-            value: String::new(),
-            op: "split",
-            problem: e.to_string(),
-        };
-        let view = ArrayViewD::from_shape(IxDyn(dims), v).map_err(bad)?;
-        let mut views = outs
-            .into_iter()
-            .map(|o| ndarray::ArrayViewMutD::from_shape(IxDyn(local), o).map_err(bad))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(meshwork_sharding::shard_into(&view, s, Mode::Strict, &mut views)?)
+        Ok(meshwork_sharding::shard_into(&global.view(), &plan.sharding, Mode::Strict, &mut outs)?)
     }
-    macro_rules! go {
-        ($variant:ident, $v:expr) => {{
-            let outs = bufs
-                .iter_mut()
-                .map(|b| match b {
-                    Data::$variant(x) => Ok(x.as_mut_slice()),
-                    other => Err(Error::DTypeMismatch {
-                        what: "a pooled buffer",
-                        expected: dtype,
-                        actual: other.dtype(),
-                    }),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            fill(dims, local, $v, &plan.sharding, outs)?
-        }};
-    }
-    match t.data() {
-        Data::F32(v) => go!(F32, v),
-        Data::F64(v) => go!(F64, v),
-        Data::I32(v) => go!(I32, v),
-        Data::I64(v) => go!(I64, v),
-        Data::Bool(v) => go!(Bool, v),
-    }
-    let shape = Shape::new(local)?;
-    bufs.into_iter().map(|d| Ok(Tensor::new(shape.clone(), d)?)).collect()
+    each_tensor!(t, a => fill(plan, a, &mut bufs))?;
+    Ok(bufs)
 }
 
 /// Assembles a global tensor of `shape` from each mesh position's part under `layout`
@@ -301,41 +239,24 @@ pub(crate) fn join(
         return Ok(parts[0].clone());
     }
     let sharding = layout.to_named(mesh)?.to_sharding(shape.len())?;
-    let bad = |e: ndarray::ShapeError| Error::Partition {
-        value: String::new(),
-        op: "join",
-        problem: e.to_string(),
-    };
-    macro_rules! glue {
-        ($variant:ident) => {{
-            let views = parts
-                .iter()
-                .map(|p| match p.data() {
-                    Data::$variant(v) => {
-                        ArrayViewD::from_shape(IxDyn(p.shape().dims()), v.as_slice()).map_err(bad)
-                    }
-                    other => Err(Error::DTypeMismatch {
-                        what: "a value's parts",
-                        expected: layout_dtype(parts),
-                        actual: other.dtype(),
-                    }),
+    fn glue<T: Element>(
+        parts: &[Tensor],
+        sharding: &meshwork_sharding::Sharding,
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        let views = parts
+            .iter()
+            .map(|p| {
+                p.as_array::<T>().map(|a| a.view()).ok_or(Error::DTypeMismatch {
+                    what: "a value's parts",
+                    expected: T::DTYPE,
+                    actual: p.dtype(),
                 })
-                .collect::<Result<Vec<_>>>()?;
-            Data::$variant(raw(assemble(&views, &sharding, shape, Mode::Strict)?))
-        }};
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(T::wrap(assemble(&views, sharding, shape, Mode::Strict)?))
     }
-    let data = match parts[0].data() {
-        Data::F32(_) => glue!(F32),
-        Data::F64(_) => glue!(F64),
-        Data::I32(_) => glue!(I32),
-        Data::I64(_) => glue!(I64),
-        Data::Bool(_) => glue!(Bool),
-    };
-    Ok(Tensor::new(Shape::new(shape)?, data)?)
-}
-
-fn layout_dtype(parts: &[Tensor]) -> meshwork_types::DType {
-    parts[0].data().dtype()
+    with_element!(parts[0].dtype(), T => glue::<T>(parts, &sharding, shape))
 }
 
 /// How a replica's part of a run failed.

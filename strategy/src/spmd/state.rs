@@ -11,14 +11,12 @@
 
 use std::path::Path;
 
-use meshwork_program::{Data, Tensor};
 use meshwork_sharding::{Mode, ReshardableVariable, Sharding, VariableFormat};
-use meshwork_types::{DType, Shape};
-use ndarray::{ArrayD, IxDyn};
+use meshwork_types::{DType, Element, Tensor};
+use ndarray::ArrayD;
 use serde_json::Value as Json;
 
 use super::compiled::{Compiled, CompiledTrainStep};
-use super::run::{from_exec, to_exec};
 use crate::checkpoint::{self, Entry, Ops};
 use crate::{Error, Result};
 
@@ -51,10 +49,6 @@ macro_rules! each {
     };
 }
 
-fn bad_shape(e: ndarray::ShapeError) -> Error {
-    Error::Compiled { problem: format!("a resident part's shape: {e}") }
-}
-
 /// Program tensors (one dtype) as arrays, in a [`Var`] of `format`.
 fn var_of(
     dtype: DType,
@@ -62,44 +56,40 @@ fn var_of(
     parts: Vec<Tensor>,
     format: VariableFormat,
 ) -> Result<Var> {
-    macro_rules! go {
-        ($variant:ident) => {{
-            let arrays = parts
-                .into_iter()
-                .map(|t| {
-                    let dims = t.shape().dims().to_vec();
-                    match t.into_data() {
-                        Data::$variant(v) => {
-                            ArrayD::from_shape_vec(IxDyn(&dims), v).map_err(bad_shape)
-                        }
-                        other => Err(Error::DTypeMismatch {
-                            what: "a resident parameter's parts",
-                            expected: dtype,
-                            actual: other.dtype(),
-                        }),
-                    }
+    fn arrays<T: Element>(dtype: DType, parts: Vec<Tensor>) -> Result<Vec<ArrayD<T>>> {
+        parts
+            .into_iter()
+            .map(|t| {
+                T::take(t).map_err(|other| Error::DTypeMismatch {
+                    what: "a resident parameter's parts",
+                    expected: dtype,
+                    actual: other.dtype(),
                 })
-                .collect::<Result<Vec<_>>>()?;
+            })
+            .collect()
+    }
+    macro_rules! go {
+        ($variant:ident, $t:ty) => {
             Var::$variant(ReshardableVariable::from_shards(
                 shape.to_vec(),
-                arrays,
+                arrays::<$t>(dtype, parts)?,
                 format,
                 Mode::Strict,
             )?)
-        }};
+        };
     }
     Ok(match dtype {
-        DType::F32 => go!(F32),
-        DType::F64 => go!(F64),
-        DType::I32 => go!(I32),
-        DType::I64 => go!(I64),
-        _ => go!(Bool),
+        DType::F32 => go!(F32, f32),
+        DType::F64 => go!(F64, f64),
+        DType::I32 => go!(I32, i32),
+        DType::I64 => go!(I64, i64),
+        DType::Bool => go!(Bool, bool),
+        other => return Err(Error::Compiled { problem: format!("a resident {other} value") }),
     })
 }
 
-fn tensor_of<T: Clone>(a: &ArrayD<T>, wrap: fn(Vec<T>) -> Data) -> Result<Tensor> {
-    let shape = Shape::new(a.shape())?;
-    Ok(Tensor::new(shape, wrap(a.iter().cloned().collect()))?)
+fn tensor_of<T: Element>(a: &ArrayD<T>) -> Tensor {
+    T::wrap(a.clone())
 }
 
 impl Var {
@@ -123,32 +113,15 @@ impl Var {
 
     /// The whole value.
     fn value(&self) -> Result<Tensor> {
-        match self {
-            Var::F32(v) => tensor_of(&v.value()?, Data::F32),
-            Var::F64(v) => tensor_of(&v.value()?, Data::F64),
-            Var::I32(v) => tensor_of(&v.value()?, Data::I32),
-            Var::I64(v) => tensor_of(&v.value()?, Data::I64),
-            Var::Bool(v) => tensor_of(&v.value()?, Data::Bool),
-        }
+        Ok(each!(self, |v| tensor_of(&v.value()?)))
     }
 
     /// The shards (index-map order), or the whole value alone in the default format.
     fn shards(&self) -> Result<Vec<Tensor>> {
-        macro_rules! go {
-            ($v:ident, $variant:ident) => {
-                match $v.shards() {
-                    Some(s) => s.iter().map(|a| tensor_of(a, Data::$variant)).collect(),
-                    None => Ok(vec![self.value()?]),
-                }
-            };
-        }
-        match self {
-            Var::F32(v) => go!(v, F32),
-            Var::F64(v) => go!(v, F64),
-            Var::I32(v) => go!(v, I32),
-            Var::I64(v) => go!(v, I64),
-            Var::Bool(v) => go!(v, Bool),
-        }
+        each!(self, |v| match v.shards() {
+            Some(s) => Ok(s.iter().map(tensor_of).collect()),
+            None => Ok(vec![self.value()?]),
+        })
     }
 }
 
@@ -311,7 +284,7 @@ impl Compiled<'_> {
             let mut shards = Vec::new();
             for (r, (entry, t)) in index.into_iter().zip(parts).enumerate() {
                 if entry.replica_id == 0 {
-                    shards.push((r, entry.ranges, to_exec(t)?));
+                    shards.push((r, entry.ranges, t));
                 }
             }
             out.push(Entry {
@@ -381,10 +354,9 @@ impl Compiled<'_> {
         let extra = values.split_off(resident.len());
         let mut parts = Vec::with_capacity(resident.len());
         for (&k, value) in resident.iter().zip(values) {
-            let value = from_exec(value, false)?;
             parts.push((k, self.split_resident(k, &value)?));
         }
-        let extra = extra.into_iter().map(|t| Ok(from_exec(t, false)?)).collect::<Result<_>>()?;
+
         Ok((parts, extra))
     }
 }
@@ -393,7 +365,7 @@ fn step_entry(steps: usize) -> Result<Entry> {
     let count = i64::try_from(steps).map_err(|_| Error::Compiled {
         problem: format!("a step count of {steps} does not fit a checkpoint's i64"),
     })?;
-    let t = to_exec(Tensor::i64(&[], vec![count])?)?;
+    let t = Tensor::i64(&[], vec![count])?;
     Ok(Entry {
         name: STEP_VARIABLE.to_string(),
         dtype: DType::I64,
@@ -444,10 +416,7 @@ impl CompiledTrainStep<'_> {
     pub fn restore_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
         let extra = [(STEP_VARIABLE.to_string(), DType::I64, Vec::new())];
         let (parts, extra) = self.compiled.read(dir.as_ref(), &extra)?;
-        let saved = match extra[0].data() {
-            Data::I64(v) => v.first().copied(),
-            _ => None,
-        };
+        let saved = extra[0].as_array::<i64>().and_then(|a| a.iter().next().copied());
         let step = saved.and_then(|s| usize::try_from(s).ok()).ok_or_else(|| Error::Compiled {
             problem: format!("the saved step count {saved:?} is not a count of steps"),
         })?;

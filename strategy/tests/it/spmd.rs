@@ -160,7 +160,7 @@ fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize
     for _ in 0..6 {
         let mesh = Mesh::iota(MESHES[rng.below(MESHES.len())]).unwrap();
         let layouts: Vec<Option<Layout>> =
-            feed.iter().map(|t| Some(random_layout(&mut rng, &mesh, t.shape().dims()))).collect();
+            feed.iter().map(|t| Some(random_layout(&mut rng, &mesh, t.shape()))).collect();
         let sharded = layouts.iter().flatten().any(|l| !l.is_replicated());
         pick = Some((mesh, layouts));
         if sharded {
@@ -399,7 +399,7 @@ fn several_steps_per_host_call_are_the_same_steps_and_fail_whole() {
     let before: Vec<f64> = step.get("layers.0.attn.wq").unwrap().to_f64();
     let moment: Vec<f64> = step.get("optimizer.m.layers.0.attn.wq").unwrap().to_f64();
     let mut bad = batches(3..6);
-    let (rows, width) = (bad[1][0].shape().dims()[0], bad[1][0].shape().dims()[1]);
+    let (rows, width) = (bad[1][0].shape()[0], bad[1][0].shape()[1]);
     let mut ids: Vec<i32> = bad[1][0].to_f64().iter().map(|&v| v as i32).collect();
     ids[width + 2] = 10_000;
     bad[1][0] = Tensor::i32(&[rows, width], ids).unwrap();
@@ -531,18 +531,16 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
 
     // The compiled checkpoint restores into a strategy's variables by name.
     let host = Strategy::data_parallel(2).unwrap();
-    let zeros = |shape: &[usize]| {
-        meshwork_strategy::executor::Tensor::F64(ndarray::ArrayD::zeros(ndarray::IxDyn(shape)))
-    };
+    let zeros = |shape: &[usize]| Tensor::F64(ndarray::ArrayD::zeros(ndarray::IxDyn(shape)));
     let want = sgd.get("layers.1.attn.wo").unwrap();
     let wo = host
-        .create_variable("layers.1.attn.wo", zeros(want.shape().dims()), VariableOptions::default())
+        .create_variable("layers.1.attn.wo", zeros(want.shape()), VariableOptions::default())
         .unwrap();
     host.restore_checkpoint(&dir).unwrap();
     let got = host.read_variable(&wo).unwrap();
-    assert_eq!(got.shape(), want.shape().dims());
+    assert_eq!(got.shape(), want.shape());
     let got: Vec<f64> = match got {
-        meshwork_strategy::executor::Tensor::F64(a) => a.iter().copied().collect(),
+        Tensor::F64(a) => a.iter().copied().collect(),
         other => panic!("{other:?}"),
     };
     assert_eq!(got, want.to_f64());
@@ -799,7 +797,7 @@ fn emitted_metrics_stream_through_the_outfeed_each_step() {
     for (s, (e, loss)) in events.iter().zip(&losses).enumerate() {
         assert_eq!((e.step, e.replica, e.consumer), (s as u64, 0, 7));
         match &e.tensors[..] {
-            [meshwork_strategy::Tensor::F64(t)] => assert_eq!(t.iter().next(), Some(loss)),
+            [Tensor::F64(t)] => assert_eq!(t.iter().next(), Some(loss)),
             other => panic!("{other:?}"),
         }
     }
@@ -952,7 +950,7 @@ fn a_strategy_checkpoint_restores_into_a_compiled_program() {
         ..VariableOptions::default()
     };
     let w = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[4, 6]), value.clone()).unwrap();
-    host.create_variable("w", meshwork_strategy::Tensor::F64(w), options).unwrap();
+    host.create_variable("w", Tensor::F64(w), options).unwrap();
     let dir = temp_dir("from-strategy");
     host.save_checkpoint(&dir).unwrap();
 

@@ -167,7 +167,7 @@ fn model(a: &Args, init: Option<&HashMap<String, Tensor>>) -> Result<Transformer
     if let Some(init) = init {
         let dims = |name: &str| -> Result<Vec<usize>, Usage> {
             init.get(name)
-                .map(|t| t.shape().dims().to_vec())
+                .map(|t| t.shape().to_vec())
                 .ok_or_else(|| usage("init", format!("has no tensor {name:?}")))
         };
         let embed = dims("embed")?;
@@ -284,7 +284,7 @@ fn read_init(path: &str, limit: u64) -> Result<HashMap<String, Tensor>, Usage> {
 /// A tensor of `dtype` with `t`'s values.
 fn cast(t: &Tensor, dtype: DType) -> Result<Tensor, Usage> {
     let values = t.to_f64();
-    let dims = t.shape().dims();
+    let dims = t.shape();
     let made = match dtype {
         DType::F64 => Tensor::f64(dims, values),
         _ => Tensor::f32(dims, values.into_iter().map(|v| v as f32).collect()),
@@ -556,7 +556,7 @@ impl Examples {
 
     /// The feeds of rows `idx`.
     fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>, Exit> {
-        let failed = |e: meshwork_program::Error| Exit::Failed(e.to_string());
+        let failed = |e: meshwork_strategy::types::Error| Exit::Failed(e.to_string());
         match self {
             Examples::Tokens { width, tokens } => {
                 let mut out = Vec::with_capacity(idx.len() * width);
@@ -871,11 +871,11 @@ fn start<'s>(
     for p in &program.params()[fed..] {
         let t =
             init.get(&p.name).ok_or_else(|| Exit::Usage(format!("--init has no {}", p.name)))?;
-        if t.shape().dims() != p.spec.shape.dims() {
+        if t.shape() != p.spec.shape.dims() {
             return Err(Exit::Usage(format!(
                 "--init: {} is {:?}, the model's is {:?}",
                 p.name,
-                t.shape().dims(),
+                t.shape(),
                 p.spec.shape.dims()
             )));
         }
@@ -1427,7 +1427,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             .and_then(|(_, m)| m["hidden"].as_u64())
             .and_then(|h| usize::try_from(h).ok());
         let init_hidden =
-            file.as_ref().and_then(|f| f.get("w1")).and_then(|t| t.shape().dims().get(1).copied());
+            file.as_ref().and_then(|f| f.get("w1")).and_then(|t| t.shape().get(1).copied());
         let hidden: usize = a.parse_or(
             "hidden",
             saved_hidden.or(init_hidden).unwrap_or(32),
@@ -1493,7 +1493,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         let from_file = match &file {
             Some(f) => {
                 let out = |name: &str| {
-                    f.get(name).and_then(|t| match t.shape().dims() {
+                    f.get(name).and_then(|t| match t.shape() {
                         &[3, 3, _, o] => Some(o),
                         _ => None,
                     })
