@@ -10,7 +10,7 @@ use std::sync::{Arc, LazyLock};
 
 use divan::Bencher;
 use divan::counter::BytesCount;
-use meshwork_executor::{Program, Runtime, Tensor};
+use meshwork_executor::{ReplicaFn, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 
@@ -21,7 +21,7 @@ fn main() {
     divan::main();
 }
 
-fn bench(bencher: Bencher<'_, '_>, bytes: usize, program: Arc<Program>) {
+fn bench(bencher: Bencher<'_, '_>, bytes: usize, program: Arc<ReplicaFn>) {
     let inputs: Vec<Vec<Tensor>> = (0..DEVICES)
         .map(|r| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[bytes / 4]), r as f32))])
         .collect();
@@ -61,7 +61,7 @@ fn all_to_all(bencher: Bencher<'_, '_>, bytes: usize) {
 
 #[divan::bench]
 fn barrier(bencher: Bencher<'_, '_>) {
-    let program: Arc<Program> =
+    let program: Arc<ReplicaFn> =
         Arc::new(|ctx, _| ctx.barrier().map(|()| vec![]).map_err(Into::into));
     bencher.bench_local(|| RUNTIME.run(program.clone(), vec![vec![]; DEVICES]).expect("runs"));
 }

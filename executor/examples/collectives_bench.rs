@@ -35,7 +35,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Program, ReplicaGroups, Runtime, Tensor};
+use meshwork_executor::{ReplicaFn, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, IxDyn};
 
@@ -146,7 +146,7 @@ impl Probe {
 
 struct Case {
     name: &'static str,
-    program: Arc<Program>,
+    program: Arc<ReplicaFn>,
     /// Bytes read and bytes written, over all replicas, as multiples of one input.
     traffic: fn(n: f64) -> (f64, f64),
     /// (bytes nccl-tests counts, as a multiple of one input; bus-bandwidth factor).
@@ -514,10 +514,10 @@ fn fused(rt: &Runtime, runs: usize) {
                 .collect()
         })
         .collect();
-    let unfused: Arc<Program> = Arc::new(|ctx, i| {
+    let unfused: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         i.into_iter().map(|t| ctx.all_reduce(ReduceOp::Sum, t).map_err(Into::into)).collect()
     });
-    let fused = |bucket: usize| -> Arc<Program> {
+    let fused = |bucket: usize| -> Arc<ReplicaFn> {
         Arc::new(move |ctx, i| {
             let all = ReplicaGroups::all(ctx.num_replicas());
             Ok(ctx.all_reduce_fused(&all, ReduceOp::Sum, i, bucket)?)

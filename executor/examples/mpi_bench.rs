@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshwork_executor::mpi::Mpi;
-use meshwork_executor::{Program, Runtime, Tensor};
+use meshwork_executor::{ReplicaFn, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use mpi::collective::SystemOperation;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -65,7 +65,7 @@ fn first(inputs: Vec<Tensor>) -> Tensor {
 /// element count of a replica's result.
 struct Case {
     name: &'static str,
-    program: Arc<Program>,
+    program: Arc<ReplicaFn>,
     bare: fn(&SimpleCommunicator, &[f32], &mut [f32]),
     result_len: fn(len: usize, processes: usize) -> usize,
     /// Within two groups (even and odd replicas), against the bare call on each half's
@@ -221,7 +221,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut recvs = vec![vec![0f32; (case.result_len)(len, processes)]; calls];
         // `calls` calls of the case's program in one run, one per input.
         let one = case.program.clone();
-        let program: Arc<Program> = Arc::new(move |ctx, inputs| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, inputs| {
             let mut outs = Vec::new();
             for x in inputs {
                 outs.extend(one(ctx, vec![x])?);

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use meshwork_executor::mpi::Mpi;
-use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_executor::{Error, ReplicaFn, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 
@@ -116,7 +116,7 @@ fn documented_all_reduce(inputs: &[Tensor], op: ReduceOp) -> Tensor {
 /// over all replicas, and the sum reduce-scatter, follow [`documented_all_reduce`]'s order (not one process's plain
 /// rank order, so the check compares it with that model); every other output equals
 /// what one process computes, bit for bit.
-fn program() -> Arc<Program> {
+fn program() -> Arc<ReplicaFn> {
     Arc::new(|ctx, inputs| {
         let n = ctx.num_replicas();
         let halves = ctx.groups(vec![vec![0, 2], vec![1, 3]])?;
@@ -241,7 +241,7 @@ fn check() -> Result<(), String> {
 
     // Replica 3 (in process 1) fails after one collective: both processes must end
     // the run with an error naming it, and the runtime must stay usable.
-    let failing: Arc<Program> = Arc::new(|ctx, i| {
+    let failing: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         let x = ctx.all_reduce(ReduceOp::Sum, i[0].clone())?;
         if ctx.replica_id() == 3 {
             return Err("replica 3 gives up".into());
@@ -301,7 +301,7 @@ fn check() -> Result<(), String> {
 /// messages of at most 5 elements.
 fn one_device_per_process(mpi: &Mpi) -> Result<(), String> {
     let (p, e) = (mpi.process(), |e: Error| e.to_string());
-    let program: Arc<Program> = Arc::new(|ctx, inputs| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, inputs| {
         let reversed = ctx.groups(vec![vec![1, 0]])?;
         let mut out = Vec::new();
         for x in inputs {

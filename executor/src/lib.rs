@@ -24,12 +24,12 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use meshwork_executor::{Program, Runtime, Tensor};
+//! use meshwork_executor::{ReplicaFn, Runtime, Tensor};
 //! use meshwork_types::ReduceOp;
 //! use ndarray::arr1;
 //!
 //! let runtime = Runtime::new(4)?;
-//! let program: Arc<Program> = Arc::new(|ctx, inputs| {
+//! let program: Arc<ReplicaFn> = Arc::new(|ctx, inputs| {
 //!     let sum = ctx.all_reduce(ReduceOp::Sum, inputs[0].clone())?;
 //!     Ok(vec![sum])
 //! });
@@ -58,5 +58,5 @@ pub use error::{Error, Result};
 pub use hub::ReplicaGroups;
 pub use meshwork_types::Tensor;
 pub use net::{Interconnect, LoopbackInterconnect};
-pub use runtime::{Program, ProgramError, Runtime};
+pub use runtime::{ReplicaError, ReplicaFn, Runtime};
 pub use sink::OutfeedSink;

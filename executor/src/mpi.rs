@@ -21,7 +21,6 @@ use mpi::traits::CommunicatorCollectives;
 use mpi::{Rank, Threading};
 
 use crate::net::Interconnect;
-use crate::tensor::TensorOps;
 use crate::{Error, Result, Tensor};
 
 /// Whether MPI is initialised and not yet finalised (the panic hook may abort then).
@@ -387,6 +386,11 @@ impl Interconnect for MpiLink {
             Tensor::F64(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
             Tensor::I32(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
             Tensor::I64(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
+            other => {
+                return Err(Error::Mpi {
+                    message: format!("an all-gather of {} (collectives refuse it)", other.dtype()),
+                });
+            }
         }
         Ok(())
     }

@@ -18,10 +18,10 @@ use crate::tensor::TensorOps;
 use crate::{Error, Result, Tensor};
 
 /// The error a program may return: any error, converted back to [`Error`] when it is one.
-pub type ProgramError = Box<dyn std::error::Error + Send + Sync>;
+pub type ReplicaError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A program run once per replica: its context and its inputs in, its outputs out.
-pub type Program = dyn Fn(&ReplicaContext, Vec<Tensor>) -> std::result::Result<Vec<Tensor>, ProgramError>
+pub type ReplicaFn = dyn Fn(&ReplicaContext, Vec<Tensor>) -> std::result::Result<Vec<Tensor>, ReplicaError>
     + Send
     + Sync;
 
@@ -196,7 +196,11 @@ impl Runtime {
     /// its peers are released with [`Error::PeerFailed`] rather than left waiting, and
     /// the run returns the first failure's own error (the lowest replica among those
     /// that did not merely see a peer fail).
-    pub fn run(&self, program: Arc<Program>, inputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
+    pub fn run(
+        &self,
+        program: Arc<ReplicaFn>,
+        inputs: Vec<Vec<Tensor>>,
+    ) -> Result<Vec<Vec<Tensor>>> {
         let placement: Vec<usize> = (0..inputs.len()).collect();
         self.run_on(program, inputs, &placement)
     }
@@ -208,7 +212,7 @@ impl Runtime {
     /// process's replicas onto its devices.
     pub fn run_on(
         &self,
-        program: Arc<Program>,
+        program: Arc<ReplicaFn>,
         inputs: Vec<Vec<Tensor>>,
         placement: &[usize],
     ) -> Result<Vec<Vec<Tensor>>> {

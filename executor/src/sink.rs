@@ -1,7 +1,7 @@
 //! The trait programs stream data out through; `strategy` connects it to the outfeed.
 
 use crate::Tensor;
-use crate::runtime::ProgramError;
+use crate::runtime::ReplicaError;
 
 /// Where [`ReplicaContext::emit`](crate::ReplicaContext::emit) sends a replica's
 /// tensors: a consumer id picks the stream, as in the outfeed's registry.
@@ -15,5 +15,5 @@ pub trait OutfeedSink: Send + Sync {
         replica: usize,
         consumer_id: u32,
         tensors: &[Tensor],
-    ) -> Result<(), ProgramError>;
+    ) -> Result<(), ReplicaError>;
 }

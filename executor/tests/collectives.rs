@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshwork_executor::{Error, Program, ReplicaGroups, Runtime, Tensor};
+use meshwork_executor::{Error, ReplicaFn, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
@@ -32,7 +32,7 @@ fn inputs() -> impl Strategy<Value = (usize, Vec<usize>, Vec<Vec<i64>>)> {
 /// run writes into fresh memory, then its results go back to the pools filled with
 /// garbage, and the second run's plain collectives write into those buffers and into
 /// the inputs the first run consumed. Both runs must agree; returns the first's.
-fn run(n: usize, shape: &[usize], data: &[Vec<i64>], program: Arc<Program>) -> Vec<ArrayD<i64>> {
+fn run(n: usize, shape: &[usize], data: &[Vec<i64>], program: Arc<ReplicaFn>) -> Vec<ArrayD<i64>> {
     let rt = Runtime::new(n).unwrap().with_pool(1 << 24, 0);
     let ins: Vec<Vec<Tensor>> = data.iter().map(|d| vec![t(shape, d.clone())]).collect();
     let first = rt.run(program.clone(), ins.clone()).unwrap();
@@ -96,7 +96,7 @@ proptest! {
         // The same along axis 1 of the transposed (non-standard layout) inputs.
         let rt = Runtime::new(n).unwrap();
         let ins = data.iter().map(|d| vec![Tensor::I64(arr(&t(&shape, d.clone())).reversed_axes())]).collect();
-        let scatter: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 1, i[0].clone())?]));
+        let scatter: Arc<ReplicaFn> = Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 1, i[0].clone())?]));
         for (r, o) in rt.run(scatter, ins).unwrap().into_iter().enumerate() {
             let want = sum.slice_axis(Axis(0), ndarray::Slice::from(r * rows..(r + 1) * rows)).reversed_axes();
             prop_assert_eq!(arr(&o[0]), want);
@@ -118,7 +118,7 @@ proptest! {
     fn gathers_into_reused_buffers_equal_fresh_ones((n, shape, data) in inputs(), axis in 0usize..2, concat in 0usize..2) {
         // Each replica gathers twice, the second time into its first result (and an
         // all-to-all into a buffer of garbage): both equal the fresh results.
-        let program: Arc<Program> = Arc::new(move |ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
             let all = ctx.groups(vec![(0..ctx.num_replicas()).collect()])?;
             let fresh = ctx.all_gather(axis, i[0].clone())?;
             let again = ctx.all_gather_into(&all, axis, i[0].clone(), fresh.clone())?;
@@ -185,7 +185,7 @@ fn plain_collectives_write_into_pooled_buffers_and_give_their_inputs_back() {
     let n = 4;
     let len = 1 << 16; // 256 KiB of f32 per input, 1 MiB per all-gather result
     let rt = Runtime::new(n).unwrap().with_pool(8 << 20, 1 << 18);
-    let gather: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i[0].clone())?]));
+    let gather: Arc<ReplicaFn> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(0, i[0].clone())?]));
     let input = |r: usize| vec![Tensor::F32(ArrayD::from_elem(IxDyn(&[len]), r as f32))];
     let want: Vec<f32> = (0..n).flat_map(|r| std::iter::repeat_n(r as f32, len)).collect();
     let check = |out: &[Vec<Tensor>], want: &[f32]| {
@@ -212,7 +212,7 @@ fn plain_collectives_write_into_pooled_buffers_and_give_their_inputs_back() {
     assert_eq!(rt.pooled_bytes(), vec![0; n]);
     // An all-to-all asks for a buffer of its input's size: the first run's inputs are
     // kept, and the second run takes them (and leaves its own).
-    let a2a: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?]));
+    let a2a: Arc<ReplicaFn> = Arc::new(|ctx, i| Ok(vec![ctx.all_to_all(0, 0, i[0].clone())?]));
     let piece = len / n;
     for _ in 0..2 {
         let out = rt.run(a2a.clone(), (0..n).map(input).collect()).unwrap();
@@ -239,7 +239,7 @@ fn plain_collectives_write_into_pooled_buffers_and_give_their_inputs_back() {
 fn inputs_from_runtime_buffers_go_back_to_the_pools_so_a_warm_loop_allocates_nothing() {
     let (n, len) = (4, 1 << 16);
     let rt = Runtime::new(n).unwrap().with_pool(8 << 20, 1 << 18);
-    let scatter: Arc<Program> =
+    let scatter: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, i[0].clone())?]));
     // Each step: inputs from the pools, filled; the results recycled.
     let step = |k: usize| {
@@ -396,7 +396,7 @@ proptest! {
     ) {
         let parts: Vec<Tensor> = values.iter().map(|v| typed_floats(dtype, &shape, v)).collect();
         let rt = Runtime::new(n).unwrap().with_pool(1 << 24, 0);
-        let program: Arc<Program> =
+        let program: Arc<ReplicaFn> =
             Arc::new(move |ctx, i| Ok(vec![ctx.reduce_scatter(op, axis, i[0].clone())?]));
         let first = rt.run(program.clone(), parts.iter().map(|p| vec![p.clone()]).collect()).unwrap();
         for (d, o) in first.iter().enumerate() {
@@ -416,7 +416,7 @@ proptest! {
 #[test]
 fn float_reductions_are_bit_identical_on_every_replica_and_run() {
     let rt = Runtime::new(4).unwrap();
-    let program: Arc<Program> =
+    let program: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Mean, i[0].clone())?]));
     let ins = || {
         (0..4)
@@ -441,7 +441,7 @@ fn ones(n: usize) -> Vec<Vec<Tensor>> {
 #[test]
 fn a_failing_replica_releases_its_peers_and_the_runtime_stays_usable() {
     let rt = Runtime::new(3).unwrap();
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         if ctx.replica_id() == 1 {
             return Err("out of memory".into());
         }
@@ -449,7 +449,7 @@ fn a_failing_replica_releases_its_peers_and_the_runtime_stays_usable() {
     });
     let err = rt.run(program, ones(3)).unwrap_err();
     assert_eq!(err, Error::ReplicaFailed { replica: 1, message: "out of memory".into() });
-    let ok: Arc<Program> =
+    let ok: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
     assert_eq!(rt.run(ok, ones(3)).unwrap()[2][0], t(&[2], vec![3, 3]));
 }
@@ -457,7 +457,7 @@ fn a_failing_replica_releases_its_peers_and_the_runtime_stays_usable() {
 #[test]
 fn a_panicking_replica_is_reported_not_propagated() {
     let rt = Runtime::new(2).unwrap();
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         ctx.barrier()?;
         if ctx.replica_id() == 0 {
             panic!("kernel bug");
@@ -471,7 +471,7 @@ fn a_panicking_replica_is_reported_not_propagated() {
 #[test]
 fn mismatched_shapes_fail_every_replica_with_both_sides_named() {
     let rt = Runtime::new(2).unwrap();
-    let program: Arc<Program> = Arc::new(|ctx, _| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         let len = 2 + ctx.replica_id();
         Ok(vec![ctx.all_reduce(ReduceOp::Sum, t(&[len], vec![0; len]))?])
     });
@@ -487,7 +487,7 @@ fn mismatched_shapes_fail_every_replica_with_both_sides_named() {
 #[test]
 fn a_replica_that_ends_its_run_without_a_collective_is_a_mismatch_naming_it() {
     let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_secs(60));
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         if ctx.replica_id() == 2 {
             return Ok(i);
         }
@@ -507,7 +507,7 @@ fn a_replica_that_ends_its_run_without_a_collective_is_a_mismatch_naming_it() {
 #[test]
 fn a_replica_that_is_late_for_a_collective_times_out_naming_it() {
     let rt = Runtime::new(3).unwrap().with_timeout(Duration::from_millis(200));
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         if ctx.replica_id() == 2 {
             std::thread::sleep(Duration::from_millis(600));
         }
@@ -525,36 +525,36 @@ fn a_replica_that_is_late_for_a_collective_times_out_naming_it() {
 fn bad_arguments_are_typed_errors() {
     assert_eq!(Runtime::new(0).err(), Some(Error::NoDevices));
     let rt = Runtime::new(2).unwrap();
-    let noop: Arc<Program> = Arc::new(|_, i| Ok(i));
+    let noop: Arc<ReplicaFn> = Arc::new(|_, i| Ok(i));
     assert_eq!(
         rt.run(noop.clone(), ones(3)).unwrap_err(),
         Error::ReplicaCount { replicas: 3, devices: 2 }
     );
     assert_eq!(rt.run(noop, vec![]).unwrap_err(), Error::ReplicaCount { replicas: 0, devices: 2 });
-    let scatter: Arc<Program> = Arc::new(|ctx, _| {
+    let scatter: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         Ok(vec![ctx.reduce_scatter(ReduceOp::Sum, 0, t(&[3], vec![1, 2, 3]))?])
     });
     assert!(matches!(
         rt.run(scatter, ones(2)).unwrap_err(),
         Error::BadArgument { op: "reduce_scatter", .. }
     ));
-    let axis: Arc<Program> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(1, i[0].clone())?]));
+    let axis: Arc<ReplicaFn> = Arc::new(|ctx, i| Ok(vec![ctx.all_gather(1, i[0].clone())?]));
     assert!(matches!(
         rt.run(axis, ones(2)).unwrap_err(),
         Error::BadArgument { op: "all_gather", .. }
     ));
-    let groups: Arc<Program> = Arc::new(|ctx, _| {
+    let groups: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         Ok(vec![ctx.groups(vec![vec![0], vec![0, 1]]).map(|_| t(&[0], vec![]))?])
     });
     assert!(matches!(rt.run(groups, ones(2)).unwrap_err(), Error::BadGroups { .. }));
-    let perm: Arc<Program> =
+    let perm: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.collective_permute(&[(0, 1), (1, 1)], i[0].clone())?]));
     assert!(matches!(
         rt.run(perm, ones(2)).unwrap_err(),
         Error::BadArgument { op: "collective_permute", .. }
     ));
     // An output buffer of the wrong shape or dtype names both.
-    let into: Arc<Program> = Arc::new(|ctx, i| {
+    let into: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         let all = ctx.groups(vec![vec![0, 1]])?;
         Ok(vec![ctx.all_gather_into(&all, 0, i[0].clone(), t(&[3], vec![0, 0, 0]))?])
     });
@@ -636,7 +636,7 @@ proptest! {
     ) {
         let rt = Runtime::new(n).unwrap();
         let g = groups.clone();
-        let program: Arc<Program> = Arc::new(move |ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
             let groups = ctx.groups(g.clone())?;
             let reduced = ctx.all_reduce_in(&groups, op, i[0].clone())?;
             let gathered = ctx.all_gather_in(&groups, 1, i[0].clone())?;
@@ -662,7 +662,7 @@ proptest! {
 
 #[test]
 fn emit_reaches_the_sink_in_each_replicas_order() {
-    use meshwork_executor::{OutfeedSink, ProgramError};
+    use meshwork_executor::{OutfeedSink, ReplicaError};
     use std::sync::Mutex;
     #[derive(Default)]
     struct Record(Mutex<Vec<(usize, u32, i64)>>);
@@ -672,7 +672,7 @@ fn emit_reaches_the_sink_in_each_replicas_order() {
             replica: usize,
             consumer_id: u32,
             tensors: &[Tensor],
-        ) -> Result<(), ProgramError> {
+        ) -> Result<(), ReplicaError> {
             if consumer_id == 0 {
                 return Err("consumer 0 is the shutdown marker".into());
             }
@@ -682,7 +682,7 @@ fn emit_reaches_the_sink_in_each_replicas_order() {
     }
     let sink = Arc::new(Record::default());
     let rt = Runtime::new(3).unwrap().with_sink(sink.clone());
-    let program: Arc<Program> = Arc::new(|ctx, _| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         for step in 0..4 {
             ctx.emit(7, &[t(&[1], vec![step * 10 + ctx.replica_id() as i64])])?;
         }
@@ -695,14 +695,14 @@ fn emit_reaches_the_sink_in_each_replicas_order() {
         let mine: Vec<i64> = got.iter().filter(|e| e.0 == r && e.1 == 7).map(|e| e.2).collect();
         assert_eq!(mine, (0..4).map(|s| s * 10 + r as i64).collect::<Vec<_>>());
     }
-    let bad: Arc<Program> = Arc::new(|ctx, _| Ok(ctx.emit(0, &[]).map(|()| vec![])?));
+    let bad: Arc<ReplicaFn> = Arc::new(|ctx, _| Ok(ctx.emit(0, &[]).map(|()| vec![])?));
     match rt.run(bad, vec![vec![]; 1]).unwrap_err() {
         Error::Outfeed { replica: 0, message } => {
             assert!(message.contains("shutdown marker"), "{message}")
         }
         other => panic!("expected an outfeed error, got {other}"),
     }
-    let no_sink: Arc<Program> = Arc::new(|ctx, _| Ok(ctx.emit(1, &[]).map(|()| vec![])?));
+    let no_sink: Arc<ReplicaFn> = Arc::new(|ctx, _| Ok(ctx.emit(1, &[]).map(|()| vec![])?));
     assert!(matches!(
         Runtime::new(1).unwrap().run(no_sink, vec![vec![]]).unwrap_err(),
         Error::Outfeed { replica: 0, .. }
@@ -715,7 +715,7 @@ fn emit_reaches_the_sink_in_each_replicas_order() {
 #[test]
 fn run_on_places_replicas_on_the_devices_named() {
     let rt = Runtime::new(4).unwrap();
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         let thread = std::thread::current().name().unwrap_or_default().to_string();
         let want = format!("meshwork-cpu:{}", ctx.device().0);
         assert_eq!(thread, want, "replica {} runs on its device's thread", ctx.replica_id());
@@ -749,7 +749,7 @@ fn first_difference_compares_bits_and_gives_every_member_one_verdict() {
         (vec![f(f32::NAN), f(f32::NAN), f(1.0), f(1.0)], [None, None]),
     ];
     for (inputs, want) in cases {
-        let program: Arc<Program> = Arc::new(|ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
             let groups = ReplicaGroups::new(vec![vec![0, 1], vec![2, 3]], 4).unwrap();
             let mine = Arc::new(i[0].clone());
             let verdict = ctx.first_difference_in(&groups, mine.clone())?;

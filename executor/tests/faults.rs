@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Error, Program, ReplicaGroups, Runtime, Tensor};
+use meshwork_executor::{Error, ReplicaFn, ReplicaGroups, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
@@ -21,7 +21,7 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
     runner
         .run(&case, |(n, failing, at, panics)| {
             let failing = failing % n;
-            let program: Arc<Program> = Arc::new(move |ctx, i| {
+            let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
                 let mut t = i[0].clone();
                 let all = ReplicaGroups::all(ctx.num_replicas());
                 for step in 0..7 {
@@ -79,7 +79,7 @@ fn a_random_failure_at_a_random_collective_always_ends_the_run_with_its_error() 
         })
         .unwrap();
     // Every device thread is free: a full-width run still completes.
-    let ok: Arc<Program> =
+    let ok: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Max, i[0].clone())?]));
     let inputs = (0..8).map(|r| vec![Tensor::I32(ArrayD::from_elem(IxDyn(&[1]), r))]).collect();
     assert!(
@@ -122,7 +122,7 @@ fn replicas_calling_a_collective_with_different_groups_get_mismatch_at_once() {
         }),
     ];
     for (name, rounds, choose) in cases {
-        let program: Arc<Program> = Arc::new(move |ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
             let mut t = i[0].clone();
             for round in 0..rounds {
                 if let Some(groups) = choose(ctx.replica_id(), round) {
@@ -142,7 +142,7 @@ fn replicas_calling_a_collective_with_different_groups_get_mismatch_at_once() {
         assert!(matches!(err, Error::Mismatch { .. }), "{name}: {err}");
     }
     // The runtime is usable afterwards, and pairs that agree complete.
-    let program: Arc<Program> = Arc::new(move |ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
         Ok(vec![ctx.all_reduce_in(
             &g(vec![vec![0, 1], vec![2, 3]]),
             ReduceOp::Sum,

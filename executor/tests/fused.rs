@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_executor::{Error, ReplicaFn, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
@@ -71,7 +71,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let rt = Runtime::new(n).unwrap().with_pool(1 << 20, 0);
-        let program: Arc<Program> = Arc::new(move |ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
             let all = ctx.groups(vec![(0..ctx.num_replicas()).collect()])?;
             let fused = ctx.all_reduce_fused(&all, op, i.clone(), bucket)?;
             let mut out = fused;
@@ -127,7 +127,7 @@ fn fused_lists_that_differ_between_replicas_are_a_mismatch() {
         [vec![f32s(&[4]), f32s(&[2])], vec![f32s(&[6])], vec![f32s(&[2]), f32s(&[4]), f32s(&[0])]]
     {
         let other = Arc::new(other);
-        let program: Arc<Program> = Arc::new(move |ctx, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, _| {
             let all = ctx.groups(vec![vec![0, 1]])?;
             let mine =
                 if ctx.replica_id() == 0 { vec![f32s(&[2]), f32s(&[4])] } else { (*other).clone() };

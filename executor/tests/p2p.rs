@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Error, Program, Runtime, Tensor};
+use meshwork_executor::{Error, ReplicaFn, Runtime, Tensor};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 
@@ -47,7 +47,7 @@ proptest! {
         let transfers = Arc::new(transfers);
         let rt = Runtime::new(n).unwrap().with_timeout(Duration::from_secs(20));
         let t = transfers.clone();
-        let program: Arc<Program> = Arc::new(move |ctx, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, _| {
             let me = ctx.replica_id();
             // A replica-specific order of its sends and of its receipts.
             let mut out: Vec<_> = t.iter().filter(|x| x.0 == me).copied().collect();
@@ -102,7 +102,7 @@ fn a_receiver_is_released_when_its_sender_fails_or_ends_without_sending() {
     let timeout = Duration::from_secs(30);
     let rt = Runtime::new(3).unwrap().with_timeout(timeout);
     for how in ["error", "panic", "ends"] {
-        let program: Arc<Program> = Arc::new(move |ctx, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, _| {
             match ctx.replica_id() {
                 // Replica 0 waits on replica 2, which waits on replica 1.
                 0 => {
@@ -140,7 +140,7 @@ fn a_receiver_is_released_when_its_sender_fails_or_ends_without_sending() {
         }
     }
     // The devices are free for the next run.
-    let program: Arc<Program> = Arc::new(|ctx, _| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         if ctx.replica_id() == 0 {
             ctx.send(1, 0, scalar(4.0))?;
             Ok(Vec::new())
@@ -155,7 +155,7 @@ fn a_receiver_is_released_when_its_sender_fails_or_ends_without_sending() {
 #[test]
 fn a_tag_sent_twice_before_its_receipt_or_to_oneself_is_refused() {
     let rt = Runtime::new(2).unwrap();
-    let program: Arc<Program> = Arc::new(|ctx, _| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         if ctx.replica_id() == 0 {
             ctx.send(1, 5, scalar(1.0))?;
             ctx.send(1, 5, scalar(2.0))?;
@@ -167,7 +167,7 @@ fn a_tag_sent_twice_before_its_receipt_or_to_oneself_is_refused() {
         matches!(&err, Error::BadArgument { op: "send", replica: 0, problem } if problem.contains("tag 5")),
         "{err}"
     );
-    let program: Arc<Program> = Arc::new(|ctx, _| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, _| {
         ctx.recv(ctx.replica_id(), 0)?;
         Ok(Vec::new())
     });
@@ -175,7 +175,7 @@ fn a_tag_sent_twice_before_its_receipt_or_to_oneself_is_refused() {
     assert!(matches!(&err, Error::BadArgument { op: "recv", .. }), "{err}");
     for wanted in [vec![], vec![(1, 0), (0, 1)]] {
         let w = wanted.clone();
-        let program: Arc<Program> = Arc::new(move |ctx, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx, _| {
             if ctx.replica_id() == 0 {
                 ctx.recv_any(&w)?;
             }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{Error, LoopbackInterconnect, Program, Runtime, Tensor};
+use meshwork_executor::{Error, LoopbackInterconnect, ReplicaFn, Runtime, Tensor};
 use meshwork_types::{DType, ReduceOp};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
@@ -30,7 +30,7 @@ fn run_processes(
     processes: usize,
     devices: usize,
     timeout: Duration,
-    program: Arc<Program>,
+    program: Arc<ReplicaFn>,
     inputs: &[Vec<Tensor>],
 ) -> Vec<Result<Vec<Vec<Tensor>>, Error>> {
     let links = LoopbackInterconnect::group(processes);
@@ -63,7 +63,7 @@ fn run_processes(
     })
 }
 
-fn run_one(devices: usize, program: Arc<Program>, inputs: &[Vec<Tensor>]) -> Vec<Vec<Tensor>> {
+fn run_one(devices: usize, program: Arc<ReplicaFn>, inputs: &[Vec<Tensor>]) -> Vec<Vec<Tensor>> {
     Runtime::new(devices).unwrap().run(program, inputs.to_vec()).unwrap()
 }
 
@@ -140,7 +140,7 @@ fn reversed(groups: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
 }
 
 /// A program that applies `steps` to its input, keeping every intermediate result.
-fn program(steps: Vec<Step>) -> Arc<Program> {
+fn program(steps: Vec<Step>) -> Arc<ReplicaFn> {
     Arc::new(move |ctx, inputs| {
         let n = ctx.num_replicas();
         let x = inputs[0].clone();
@@ -486,7 +486,7 @@ proptest! {
 fn groups_across_processes_fold_in_the_documented_order() {
     let (p, d) = (2, 2);
     for groups in [vec![vec![0, 2, 1], vec![3]], vec![vec![0, 3, 1, 2]]] {
-        let program = |axis: usize| -> Arc<Program> {
+        let program = |axis: usize| -> Arc<ReplicaFn> {
             let groups = groups.clone();
             Arc::new(move |ctx, i| {
                 let g = ctx.groups(groups.clone())?;
@@ -554,7 +554,7 @@ fn groups_across_processes_fold_in_the_documented_order() {
 fn grouped_all_reduces_of_odd_lengths_and_of_mismatched_shapes() {
     let (p, d) = (2, 2);
     let members = vec![0, 3, 1, 2];
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         let g = ctx.groups(vec![vec![0, 3, 1, 2]])?;
         Ok(vec![ctx.all_reduce_in(&g, ReduceOp::Sum, i[0].clone())?])
     });
@@ -606,7 +606,7 @@ fn float_all_reduce_across_processes_is_a_fixed_fold_with_identical_bits() {
             vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
         })
         .collect();
-    let program: Arc<Program> =
+    let program: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
     let f = |t: &Tensor| match t {
         Tensor::F32(a) => a.iter().copied().collect::<Vec<f32>>(),
@@ -642,7 +642,7 @@ fn a_failure_in_one_process_ends_the_run_everywhere() {
     for (p, d) in [(3, 2), (4, 1)] {
         for failing in 0..p * d {
             for at in 0..3 {
-                let program: Arc<Program> = Arc::new(move |ctx, i| {
+                let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
                     let mut x = i[0].clone();
                     let g = match d {
                         2 => ctx.groups(vec![vec![0, 2, 4], vec![1, 3, 5]])?,
@@ -689,7 +689,7 @@ fn a_failure_in_one_process_ends_the_run_everywhere() {
 /// Processes whose programs diverge (one does an extra collective) all get an error.
 #[test]
 fn diverging_processes_all_get_a_mismatch() {
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         let x = ctx.all_reduce(ReduceOp::Sum, i[0].clone())?;
         if ctx.replica_id() >= 2 {
             return Ok(vec![ctx.all_gather(0, x)?]);
@@ -729,7 +729,7 @@ fn long_all_reduces_cross_segments_and_uneven_chunks() {
             vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
         })
         .collect();
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         ReduceOp::ALL
             .iter()
             .map(|&op| ctx.all_reduce(op, i[0].clone()).map_err(Into::into))
@@ -760,7 +760,7 @@ fn float_all_reduces_short_and_long_follow_the_documented_order() {
                 vec![Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[len]), v).unwrap())]
             })
             .collect();
-        let program: Arc<Program> = Arc::new(|ctx, i| {
+        let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
             Ok(vec![
                 ctx.all_reduce(ReduceOp::Sum, i[0].clone())?,
                 ctx.all_reduce(ReduceOp::Mean, i[0].clone())?,
@@ -851,7 +851,7 @@ fn links_set_differently_fail_alike_at_the_agreement() {
     let cells: Vec<Arc<std::sync::atomic::AtomicI64>> =
         (0..p).map(|q| Arc::new(std::sync::atomic::AtomicI64::new(5 + (q == 2) as i64))).collect();
     let links = LoopbackInterconnect::group(p);
-    let program: Arc<Program> =
+    let program: Arc<ReplicaFn> =
         Arc::new(|ctx, i| Ok(vec![ctx.all_reduce(ReduceOp::Sum, i[0].clone())?]));
     type Runs = (Result<Vec<Vec<Tensor>>, Error>, Vec<Vec<Tensor>>);
     let results: Vec<Runs> = std::thread::scope(|s| {
@@ -911,7 +911,7 @@ fn links_set_differently_fail_alike_at_the_agreement() {
 #[test]
 fn across_processes_only_the_needed_elements_move() {
     let (p, d, len) = (3usize, 2usize, 600usize);
-    type Make = fn(usize) -> Arc<Program>;
+    type Make = fn(usize) -> Arc<ReplicaFn>;
     let cases: Vec<(&str, Make, Vec<usize>)> = vec![
         (
             "reduce_scatter",
@@ -1064,7 +1064,7 @@ fn across_processes_only_the_needed_elements_move() {
 #[test]
 fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
     let (p, d, shape) = (2usize, 2usize, [256usize, 1024usize]);
-    let program: Arc<Program> = Arc::new(|ctx, i| {
+    let program: Arc<ReplicaFn> = Arc::new(|ctx, i| {
         if ctx.replica_id() % 2 == 0 {
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use meshwork_executor::{OutfeedSink, ProgramError, Tensor};
+use meshwork_executor::{OutfeedSink, ReplicaError, Tensor};
 use meshwork_outfeed as outfeed;
 use meshwork_types::{Shape, TensorSpec};
 
@@ -179,7 +179,7 @@ impl OutfeedSink for Sink {
         replica: usize,
         consumer_id: u32,
         tensors: &[Tensor],
-    ) -> std::result::Result<(), ProgramError> {
+    ) -> std::result::Result<(), ReplicaError> {
         let sender = replica
             .checked_sub(self.0.first)
             .and_then(|k| self.0.senders.get(k))

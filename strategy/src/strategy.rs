@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use meshwork_executor::{Program, ProgramError, Runtime, Tensor};
+use meshwork_executor::{ReplicaError, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 
 use crate::assignment::DeviceAssignment;
@@ -513,7 +513,7 @@ impl Strategy {
             })
             .collect();
         let stash: Arc<Mutex<Vec<(usize, Error)>>> = Arc::default();
-        let program: Arc<Program> = {
+        let program: Arc<meshwork_executor::ReplicaFn> = {
             let (info, stash) = (info.clone(), stash.clone());
             Arc::new(move |ectx, inputs| {
                 let e = ectx.replica_id();
@@ -528,7 +528,7 @@ impl Strategy {
                     step: 0,
                     vars: RefCell::new(vars.to_vec()),
                 };
-                let fail = |err: Error| -> ProgramError {
+                let fail = |err: Error| -> ReplicaError {
                     match err {
                         Error::Executor(err) => Box::new(err),
                         err => {

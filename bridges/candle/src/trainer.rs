@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Optimizer, VarBuilder};
-use meshwork_executor::{Program, ProgramError, ReplicaContext, Runtime, Tensor as ExecTensor};
+use meshwork_executor::{ReplicaContext, ReplicaError, ReplicaFn, Runtime, Tensor as ExecTensor};
 use meshwork_sharding::{HloSharding, Mesh, Mode, NamedSharding, Sharding};
 use meshwork_types::ReduceOp;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
@@ -56,7 +56,7 @@ impl Devices {
     }
 
     /// Runs `program` once per local replica; returns local replica 0's outputs.
-    fn run(&self, program: Arc<Program>) -> Result<Vec<ExecTensor>> {
+    fn run(&self, program: Arc<ReplicaFn>) -> Result<Vec<ExecTensor>> {
         let mut out = self.runtime.run(program, vec![Vec::new(); self.local()])?;
         Ok(out.swap_remove(0))
     }
@@ -221,7 +221,7 @@ struct Replica<M, O> {
 
 type Replicas<M, O> = Arc<Vec<Mutex<Option<Replica<M, O>>>>>;
 
-fn boxed(e: impl Into<Error>) -> ProgramError {
+fn boxed(e: impl Into<Error>) -> ReplicaError {
     Box::new(e.into())
 }
 
@@ -441,7 +441,7 @@ where
         drop(host);
         // DDP starts from the values above; FSDP from a file reads its shards.
         let file = file.filter(|_| config.parallel == Parallel::Fsdp);
-        let program: Arc<Program> = {
+        let program: Arc<ReplicaFn> = {
             let (shared, replicas, optimizer) =
                 (shared.clone(), replicas.clone(), optimizer.clone());
             Arc::new(move |ctx: &ReplicaContext, _| {
@@ -493,7 +493,7 @@ where
             &Shared<M>,
             &mut Replica<M, O>,
             &[Tensor],
-        ) -> std::result::Result<f64, ProgramError>
+        ) -> std::result::Result<f64, ReplicaError>
         + Send
         + Sync
         + 'static,
@@ -510,7 +510,7 @@ where
         }
         let batch: Arc<Vec<Tensor>> = Arc::new(batch.to_vec());
         let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
-        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
             let mut guard =
                 replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
@@ -573,7 +573,7 @@ where
     /// `None` for an empty shard), gathered whole.
     fn gathered(&self, pick: Arc<Pick<M, O>>) -> Result<Vec<Tensor>> {
         let (shared, replicas) = (self.shared.clone(), self.replicas.clone());
-        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
             let guard = replicas[r - shared.first].lock().unwrap_or_else(PoisonError::into_inner);
             let replica = guard.as_ref().ok_or_else(|| {
@@ -729,7 +729,7 @@ where
         };
         // Every process returns once process 0 has written, with its outcome.
         let ok = written.is_ok();
-        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx: &ReplicaContext, _| {
             let flag = ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), if ok { 1.0 } else { 0.0 }));
             Ok(vec![ctx.broadcast(0, flag)?])
         });
@@ -841,7 +841,7 @@ where
         let updates = read.as_ref().map_or(0, |(_, _, u)| *u);
         let (shared, replicas, optimizer) =
             (self.shared.clone(), self.replicas.clone(), self.optimizer.clone());
-        let program: Arc<Program> = Arc::new(move |ctx: &ReplicaContext, _| {
+        let program: Arc<ReplicaFn> = Arc::new(move |ctx: &ReplicaContext, _| {
             let r = ctx.replica_id();
             let flag = ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), if ok { 1.0 } else { 0.0 }));
             let mut guard =
@@ -1092,7 +1092,7 @@ fn init_broadcast<M, O>(
     shared: &Shared<M>,
     values: &[Tensor],
     optimizer: &O::Config,
-) -> std::result::Result<Replica<M, O>, ProgramError>
+) -> std::result::Result<Replica<M, O>, ReplicaError>
 where
     O: Optimizer,
     O::Config: Clone,
@@ -1126,7 +1126,7 @@ fn init_from_file<M, O>(
     file: &crate::load::File,
     r: usize,
     optimizer: &O::Config,
-) -> std::result::Result<Replica<M, O>, ProgramError>
+) -> std::result::Result<Replica<M, O>, ReplicaError>
 where
     O: Optimizer,
     O::Config: Clone,
@@ -1144,7 +1144,7 @@ fn finish<M, O>(
     shared: &Shared<M>,
     vars: Vec<Var>,
     optimizer: &O::Config,
-) -> std::result::Result<Replica<M, O>, ProgramError>
+) -> std::result::Result<Replica<M, O>, ReplicaError>
 where
     O: Optimizer,
     O::Config: Clone,
@@ -1174,7 +1174,7 @@ fn broadcast<T: Elem>(
     shared: &Shared<impl Sized>,
     values: &[Tensor],
     whole: &mut [Option<Tensor>],
-) -> std::result::Result<(), ProgramError> {
+) -> std::result::Result<(), ReplicaError> {
     let offsets = b.offsets();
     let mut buf = vec![T::default(); b.lens.iter().sum()];
     if ctx.replica_id() == 0 {
@@ -1199,7 +1199,7 @@ fn train_step<M, O: Optimizer>(
     replica: &mut Replica<M, O>,
     batch: &[Tensor],
     loss: &(dyn Fn(&M, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync),
-) -> std::result::Result<f64, ProgramError> {
+) -> std::result::Result<f64, ReplicaError> {
     let (n, r) = (shared.replicas, ctx.replica_id());
     let slices = slice_of(batch, n, r).map_err(boxed)?;
     // FSDP: the parameters gathered, the model built over them for this step.
@@ -1290,12 +1290,12 @@ fn unit_step<O: Optimizer>(
     replica: &mut Replica<Units, O>,
     batch: &[Tensor],
     head: &(dyn Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor> + Send + Sync),
-) -> std::result::Result<f64, ProgramError> {
+) -> std::result::Result<f64, ReplicaError> {
     let plan = shared.units.as_ref().ok_or("a model of units without its units")?;
     let (n, r) = (shared.replicas, ctx.replica_id());
     let slices = slice_of(batch, n, r).map_err(boxed)?;
     // Unit k over its gathered parameters (and the gathered variables).
-    let unit = |k: usize| -> std::result::Result<Gathered, ProgramError> {
+    let unit = |k: usize| -> std::result::Result<Gathered, ReplicaError> {
         let whole = gather_in(ctx, shared, &replica.vars, &plan.gathers[k])?;
         let served: HashMap<String, Var> = plan.params[k]
             .clone()
@@ -1372,7 +1372,7 @@ fn slice_of(batch: &[Tensor], n: usize, r: usize) -> candle_core::Result<Vec<Ten
 }
 
 /// The sum over the replicas of each one's loss `l` (a scalar).
-fn loss_sum(ctx: &ReplicaContext, l: &Tensor) -> std::result::Result<f64, ProgramError> {
+fn loss_sum(ctx: &ReplicaContext, l: &Tensor) -> std::result::Result<f64, ReplicaError> {
     let value =
         l.to_dtype(DType::F64).and_then(|v| v.flatten_all()?.to_vec1::<f64>()).map_err(boxed)?;
     let [value] = value[..] else {
@@ -1387,7 +1387,7 @@ fn loss_sum(ctx: &ReplicaContext, l: &Tensor) -> std::result::Result<f64, Progra
 }
 
 /// Every replica got here (a collective a failed replica never reaches).
-fn agree(ctx: &ReplicaContext) -> std::result::Result<(), ProgramError> {
+fn agree(ctx: &ReplicaContext) -> std::result::Result<(), ReplicaError> {
     ctx.all_reduce(ReduceOp::Sum, ExecTensor::F64(ArrayD::from_elem(IxDyn(&[]), 1.0)))?;
     Ok(())
 }
@@ -1397,7 +1397,7 @@ fn sync<T: Elem>(
     ctx: &ReplicaContext,
     t: &Tensor,
     shape: &[usize],
-) -> std::result::Result<Tensor, ProgramError> {
+) -> std::result::Result<Tensor, ReplicaError> {
     let values = params::flat::<T>(t).map_err(boxed)?;
     let got = T::values(ctx.broadcast(0, T::exec(values))?).ok_or("a broadcast changed dtype")?;
     params::tensor(got, shape).map_err(boxed)
@@ -1411,7 +1411,7 @@ fn all_reduce<T: Elem>(
     shared: &Shared<impl Sized>,
     vars: &[Var],
     grads: &mut GradStore,
-) -> std::result::Result<Vec<usize>, ProgramError> {
+) -> std::result::Result<Vec<usize>, ReplicaError> {
     let mut without = Vec::new();
     let offsets = b.offsets();
     let values: usize = b.lens.iter().sum();
@@ -1448,7 +1448,7 @@ fn gather(
     ctx: &ReplicaContext,
     shared: &Shared<impl Sized>,
     shards: &[Var],
-) -> std::result::Result<Vec<Var>, ProgramError> {
+) -> std::result::Result<Vec<Var>, ReplicaError> {
     let whole = gather_in(ctx, shared, shards, &shared.gathers)?;
     whole.into_iter().map(|v| v.ok_or_else(|| "a parameter missed the gather".into())).collect()
 }
@@ -1459,7 +1459,7 @@ fn gather_in(
     shared: &Shared<impl Sized>,
     shards: &[Var],
     buckets: &[Bucket],
-) -> std::result::Result<Vec<Option<Var>>, ProgramError> {
+) -> std::result::Result<Vec<Option<Var>>, ReplicaError> {
     let mut whole: Vec<Option<Var>> = vec![None; shards.len()];
     for b in buckets {
         match b.kind {
@@ -1476,7 +1476,7 @@ fn gather_bucket<T: Elem>(
     shared: &Shared<impl Sized>,
     shards: &[Var],
     whole: &mut [Option<Var>],
-) -> std::result::Result<(), ProgramError> {
+) -> std::result::Result<(), ReplicaError> {
     let offsets = b.offsets();
     let slot: usize = b.lens.iter().sum();
     let mut buf = vec![T::default(); slot];
@@ -1515,7 +1515,7 @@ fn reduce_scatter<T: Elem>(
     source: &[Option<Tensor>],
     shards: &[Var],
     grads: &mut GradStore,
-) -> std::result::Result<Vec<usize>, ProgramError> {
+) -> std::result::Result<Vec<usize>, ReplicaError> {
     let mut without = Vec::new();
     let (n, r) = (shared.replicas, ctx.replica_id());
     let offsets = b.offsets();

@@ -289,7 +289,7 @@ pub(crate) fn run_replicas(
 ) -> Result<()> {
     let stash: Arc<Mutex<Vec<(usize, meshwork_program::Error)>>> = Arc::default();
     let s = stash.clone();
-    let program: Arc<meshwork_executor::Program> =
+    let program: Arc<meshwork_executor::ReplicaFn> =
         Arc::new(move |ctx: &ReplicaContext, _| match f(ctx) {
             Ok(()) => Ok(Vec::new()),
             // The executor reports the replica that failed first, not the peers
