@@ -383,6 +383,11 @@ impl Builder {
             operands: specs.iter().map(|s| (*s).clone()).collect(),
             problem,
         })?;
+        // The one check of a result's dtype (a parameter's is in `param`): every
+        // value of a program is of a dtype both interpreters compute in.
+        if !supported(spec.dtype) {
+            return Err(Error::UnsupportedDType { at: self.at(name), dtype: spec.dtype });
+        }
         let v = Value(self.specs.len() as u32);
         self.specs.push(spec.clone());
         let mut colocate = self.colocation.clone();

@@ -327,7 +327,28 @@ pub fn evaluate_with(program: &Program, inputs: &[Tensor], env: &Env<'_>) -> Res
         debug_assert_eq!(buf.len(), dims.iter().product::<usize>());
         vals.push(Val::new(dims, dtype, buf));
     }
-    program.results().iter().map(|&Value(k)| to_tensor(vals[k as usize].clone())).collect()
+    let out = program
+        .results()
+        .iter()
+        .map(|&Value(k)| to_tensor(vals[k as usize].clone()))
+        .collect::<Result<Vec<_>>>()?;
+    check_outputs(program, &out, "the reference interpreter")?;
+    Ok(out)
+}
+
+/// Checks that every result is of its value's spec: an interpreter that made another
+/// dtype or shape has a bug, reported as an error rather than handed on.
+pub(crate) fn check_outputs(program: &Program, outputs: &[Tensor], who: &str) -> Result<()> {
+    for (k, (&v, t)) in program.results().iter().zip(outputs).enumerate() {
+        let want = program.spec(v).expect("a defined value");
+        if t.spec() != *want {
+            return Err(Error::Runtime {
+                at: format!("result {k} ({v})"),
+                problem: format!("{who} made {}, the program says {want}", t.spec()),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks one input per parameter, each of its parameter's spec.
@@ -704,7 +725,15 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             let x = args[0];
             match (&x.buf, dtype.is_float(), *dtype == DType::Bool) {
                 (Buf::F(v), true, _) => Buf::F(v.clone()),
-                (Buf::F(v), false, false) => Buf::I(v.iter().map(|&e| e as i64).collect()),
+                // Truncated toward zero and saturated to the integer dtype's range, NaN
+                // to 0, as XLA's convert (Rust's `as` from f64 does all three).
+                (Buf::F(v), false, false) => {
+                    let (lo, hi) = match dtype {
+                        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+                        _ => (i64::MIN, i64::MAX),
+                    };
+                    Buf::I(v.iter().map(|&e| (e as i64).clamp(lo, hi)).collect())
+                }
                 (Buf::F(v), false, true) => Buf::B(v.iter().map(|&e| e != 0.0).collect()),
                 (Buf::I(v), true, _) => Buf::F(v.iter().map(|&e| e as f64).collect()),
                 (Buf::I(v), false, false) => Buf::I(v.clone()),
@@ -740,24 +769,21 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
 /// reads in a table of `table` dims; `Err` with the first index outside the axis.
 fn take_map(table: &[usize], axis: usize, idx: &Val, out: &[usize]) -> Result<Vec<usize>, i64> {
     let n = table[axis];
+    // Every index is checked, also those an empty result never reads.
+    if let Some(&i) = idx.ints().iter().find(|&&i| usize::try_from(i).map_or(true, |r| r >= n)) {
+        return Err(i);
+    }
     let (ts, is) = (strides(table), strides(&idx.dims));
     let ni = idx.dims.len();
     let mut map = Vec::with_capacity(out.iter().product());
-    let mut bad = None;
     for_each_index(out, |o| {
         let i = idx.ints()[(0..ni).map(|k| o[axis + k] * is[k]).sum::<usize>()];
-        let row = usize::try_from(i).ok().filter(|&r| r < n).unwrap_or_else(|| {
-            bad.get_or_insert(i);
-            0
-        });
+        let row = usize::try_from(i).expect("checked above");
         let before = (0..axis).map(|d| o[d] * ts[d]);
         let after = (axis + 1..table.len()).map(|d| o[d - 1 + ni] * ts[d]);
         map.push(row * ts[axis] + before.chain(after).sum::<usize>());
     });
-    match bad {
-        Some(i) => Err(i),
-        None => Ok(map),
-    }
+    Ok(map)
 }
 
 /// `(product of dims before axis, dims[axis], product of dims after)`.

@@ -8,10 +8,7 @@
 use meshwork_types::{DType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
-/// The dtypes programs compute in.
-pub(crate) fn supported(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)
-}
+pub(crate) use crate::infer::supported;
 
 /// A 1-D tensor of `values`.
 pub(crate) fn flat<T: Element>(values: Vec<T>) -> Tensor {

@@ -234,7 +234,7 @@ fn any_op() -> impl Strategy<Value = Op> {
         (dims(), dims(), dims()).prop_map(|(start, stop, step)| Op::Slice { start, stop, step }),
         axis().prop_map(|axis| Op::Concat { axis }),
         axis().prop_map(|axis| Op::Take { axis }),
-        (0usize..usize::MAX).prop_map(|depth| Op::OneHot { depth, dtype: DType::F64 }),
+        (0usize..usize::MAX, any_dtype()).prop_map(|(depth, dtype)| Op::OneHot { depth, dtype }),
         axis().prop_map(|axis| Op::Argmax { axis }),
         (0usize..4, 0usize..4, any::<bool>()).prop_map(|(s, t, same)| Op::Conv2d {
             strides: [s, t],
@@ -246,10 +246,10 @@ fn any_op() -> impl Strategy<Value = Op> {
             concat_axis: c,
             groups
         }),
-        (proptest::collection::vec(0usize..usize::MAX, 0..4), axis())
-            .prop_map(|(shape, axis)| { Op::Iota { dtype: DType::I32, shape, axis } }),
-        any::<f64>().prop_map(|value| Op::Constant { value, dtype: DType::I64 }),
-        any::<f64>().prop_map(|value| Op::Constant { value, dtype: DType::I32 }),
+        (proptest::collection::vec(0usize..usize::MAX, 0..4), axis(), any_dtype())
+            .prop_map(|(shape, axis, dtype)| { Op::Iota { dtype, shape, axis } }),
+        (any::<f64>(), any_dtype()).prop_map(|(value, dtype)| Op::Constant { value, dtype }),
+        (-3i32..3, any_dtype()).prop_map(|(v, dtype)| Op::Constant { value: f64::from(v), dtype }),
         (dims(), dims(), dims()).prop_map(|(low, high, interior)| Op::Pad { low, high, interior }),
         axis().prop_map(|axis| Op::ScatterAdd { axis }),
         (0usize..4, any::<bool>(), proptest::array::uniform4(0usize..usize::MAX)).prop_map(
@@ -266,8 +266,7 @@ fn any_op() -> impl Strategy<Value = Op> {
                 filter
             }
         ),
-        prop::sample::select(vec![DType::F32, DType::I32, DType::Bool, DType::U8])
-            .prop_map(|dtype| Op::Convert { dtype }),
+        any_dtype().prop_map(|dtype| Op::Convert { dtype }),
         axis().prop_map(|axis| Op::Softmax { axis }),
         axis().prop_map(|axis| Op::LogSoftmax { axis }),
         groups().prop_map(|groups| Op::AllReduce { op: meshwork_types::ReduceOp::Sum, groups }),
@@ -281,36 +280,72 @@ fn any_op() -> impl Strategy<Value = Op> {
         (axis(), groups()).prop_map(|(axis, groups)| Op::ShardSlice { axis, groups }),
         (axis(), groups()).prop_map(|(axis, groups)| Op::ShardPad { axis, groups }),
         (any::<u32>(), 0usize..8).prop_map(|(channel, peer)| Op::Send { channel, peer }),
-        (any::<u32>(), proptest::collection::vec(0usize..usize::MAX, 0..4))
-            .prop_map(|(channel, shape)| Op::Recv { channel, peer: 1, dtype: DType::F32, shape }),
+        (any::<u32>(), proptest::collection::vec(0usize..usize::MAX, 0..4), any_dtype())
+            .prop_map(|(channel, shape, dtype)| Op::Recv { channel, peer: 1, dtype, shape }),
         any::<u32>().prop_map(|consumer| Op::Emit { consumer }),
     ]
 }
 
+/// Any dtype, the ones programs compute in most often.
+fn any_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![
+        3 => prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool]),
+        1 => prop::sample::select(DType::ALL.to_vec()),
+    ]
+}
+
 fn any_spec() -> impl Strategy<Value = TensorSpec> {
-    let dtype =
-        prop::sample::select(vec![DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool]);
-    (dtype, proptest::collection::vec(0usize..6, 0..5))
+    (any_dtype(), proptest::collection::vec(0usize..6, 0..5))
         .prop_map(|(d, dims)| TensorSpec::new(d, meshwork_types::Shape::new(&dims).unwrap()))
 }
 
+/// The dtypes the interpreters compute in (independent of the crate's own list).
+const COMPUTED: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool];
+
 proptest! {
+    /// Any op over operands of any dtype: the builder refuses a parameter or result of
+    /// a dtype the interpreters cannot compute in, and a program it accepts runs on
+    /// both interpreters (when small and local) to results of its specs, or fails with
+    /// an error — never a panic, never a tensor of another dtype or shape.
     #[test]
     fn prop_the_builder_never_panics(op in any_op(), specs in proptest::collection::vec(any_spec(), 0..4)) {
         let mut b = Builder::new();
-        let vals: Vec<Value> = specs
-            .iter()
-            .enumerate()
-            .map(|(k, s)| b.param(&format!("p{k}"), s.clone()).unwrap())
-            .collect();
+        let mut vals = Vec::new();
+        for (k, s) in specs.iter().enumerate() {
+            match b.param(&format!("p{k}"), s.clone()) {
+                Ok(v) => vals.push(v),
+                Err(e) => {
+                    prop_assert!(!COMPUTED.contains(&s.dtype), "{} refused: {}", s, e);
+                    prop_assert!(matches!(e, Error::UnsupportedDType { .. }), "{}", e);
+                    return Ok(());
+                }
+            }
+            prop_assert!(COMPUTED.contains(&s.dtype), "a {} parameter accepted", s);
+        }
         match b.push(op.clone(), &vals) {
             Ok(v) => {
-                let s = b.spec(v).unwrap();
+                let s = b.spec(v).unwrap().clone();
+                prop_assert!(COMPUTED.contains(&s.dtype), "a {} result accepted", s);
                 prop_assert!(s.shape.dims().iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_some());
                 let p = b.finish(&[v]).unwrap();
                 // The text names the op and every operand.
                 let text = p.to_string();
                 prop_assert!(text.contains(op.name()), "{}", text);
+                let small = s.shape.num_elements() <= 1 << 12
+                    && specs.iter().all(|t| t.shape.num_elements() <= 1 << 12);
+                if small && !op.communicates() {
+                    let feed: Vec<Tensor> = specs
+                        .iter()
+                        .map(|t| Tensor::zeros(t.dtype, t.shape.dims()).unwrap())
+                        .collect();
+                    let fast = crate::fast::evaluate(&p, &feed);
+                    let reference = crate::reference::evaluate(&p, &feed);
+                    prop_assert_eq!(fast.is_ok(), reference.is_ok(), "{} {:?} {:?}", text, fast, reference);
+                    if let (Ok(f), Ok(r)) = (fast, reference) {
+                        prop_assert_eq!(f[0].spec(), s.clone(), "fast: {}", text);
+                        prop_assert_eq!(r[0].spec(), s, "reference: {}", text);
+                    }
+                }
             }
             Err(e) => {
                 let text = e.to_string();
@@ -605,11 +640,15 @@ proptest! {
     #[test]
     fn prop_text_roundtrips(op in any_op(), specs in proptest::collection::vec(any_spec(), 0..4)) {
         let mut b = Builder::new();
-        let vals: Vec<Value> = specs
+        // Parameters of dtypes programs do not compute in are refused (see above).
+        let Ok(vals) = specs
             .iter()
             .enumerate()
-            .map(|(k, s)| b.param(&format!("p{k}"), s.clone()).unwrap())
-            .collect();
+            .map(|(k, s)| b.param(&format!("p{k}"), s.clone()))
+            .collect::<Result<Vec<Value>, _>>()
+        else {
+            return Ok(());
+        };
         if let Ok(v) = b.push(op, &vals) {
             let p = b.finish(&[v]).unwrap();
             let text = p.to_string();
@@ -1386,4 +1425,66 @@ fn a_clipped_step_scales_the_gradients_to_the_global_norm() {
         }
     }
     assert!(TrainStep::clipped(&p, loss, &[w], Optimizer::Sgd, Some(0.0)).is_err());
+}
+
+/// Float → int `convert` truncates toward zero and saturates, NaN → 0, as XLA does:
+/// JAX 0.10.2's `jit` maps f32 [3e9, -3e9, NaN, inf, -inf, 2.7, -2.7] to i32
+/// [2147483647, -2147483648, 0, 2147483647, -2147483648, 2, -2]. Both interpreters, from
+/// both float dtypes, into every integer dtype programs compute in.
+#[test]
+fn float_to_int_convert_saturates_as_xla_does() {
+    let inputs = [3e9, -3e9, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 2.7, -2.7, 1e20, -1e20];
+    let i32_want = [i32::MAX, i32::MIN, 0, i32::MAX, i32::MIN, 2, -2, i32::MAX, i32::MIN];
+    let i64_want =
+        [3_000_000_000, -3_000_000_000, 0, i64::MAX, i64::MIN, 2, -2, i64::MAX, i64::MIN];
+    for from in [DType::F32, DType::F64] {
+        for to in [DType::I32, DType::I64] {
+            let mut b = Builder::new();
+            let x = b.param("x", TensorSpec::new(from, "[9]".parse().unwrap())).unwrap();
+            let y = b.convert(x, to).unwrap();
+            let p = b.finish(&[y]).unwrap();
+            let feed = [Tensor::from_f64(from, &[9], &inputs).unwrap()];
+            let want: Vec<f64> = match to {
+                DType::I32 => i32_want.iter().map(|&v| f64::from(v)).collect(),
+                _ => i64_want.iter().map(|&v| v as f64).collect(),
+            };
+            let reference = crate::reference::evaluate(&p, &feed).unwrap();
+            let fast = crate::fast::evaluate(&p, &feed).unwrap();
+            for (name, got) in [("reference", &reference[0]), ("fast", &fast[0])] {
+                assert_eq!(got.dtype(), to, "{name} {from}->{to}");
+                // f32's 3e9 is 3000000000 exactly; i64's extremes compare as f64.
+                assert_eq!(got.to_f64(), want, "{name} {from}->{to}");
+            }
+            if to == DType::I64 {
+                let exact: Vec<i64> = reference[0].as_slice::<i64>().unwrap().to_vec();
+                assert_eq!(exact, i64_want, "{from}->i64 exactly");
+            }
+        }
+    }
+}
+
+/// A value of a dtype the interpreters do not compute in (f16, bf16, the unsigned and
+/// narrow integers) is refused where it would enter a program: a parameter, or an
+/// instruction's result (a constant, an iota, a one-hot, a convert, a receive), built
+/// or parsed.
+#[test]
+fn ops_refuse_dtypes_the_interpreters_cannot_compute() {
+    let parsed = "%0 = f16[] constant(), value=1\nreturn %0".parse::<Program>();
+    assert!(
+        matches!(&parsed, Err(Error::Parse { line: 1, problem, .. }) if problem.contains("dtype f16")),
+        "{parsed:?}"
+    );
+    let mut b = Builder::new();
+    let e = b.iota(DType::U8, &[3], 0).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedDType { dtype: DType::U8, .. }), "{e:?}");
+    assert!(b.constant(1.0, DType::BF16).is_err());
+    let i = b.param("i", spec("i32[4]")).unwrap();
+    let e = b.one_hot(i, 3, DType::F16).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedDType { dtype: DType::F16, .. }), "{e:?}");
+    assert!(b.convert(i, DType::U16).is_err());
+    assert!(b.param("h", spec("bf16[2]")).is_err());
+    // What is supported still builds.
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64] {
+        assert!(b.iota(dtype, &[3], 0).is_ok() && b.constant(1.0, dtype).is_ok());
+    }
 }

@@ -465,6 +465,7 @@ impl Executable {
             let spec = p.spec(*r).expect("a defined value");
             out.push(shaped(data, spec.shape.dims()));
         }
+        reference::check_outputs(p, &out, "the fast interpreter")?;
         Ok(out)
     }
 

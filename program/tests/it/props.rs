@@ -234,19 +234,22 @@ fn recipe() -> impl Strategy<Value = Recipe> {
     proptest::collection::vec(any::<(u8, u8, u8, u8)>(), 1..=12)
 }
 
-/// `|a - b| <= tol (1 + max |b|)` elementwise (a tolerance relative to the tensor's
-/// scale), or exact equality for integers and bools.
+/// `|a - b| <= tol (1 + max |b|)` elementwise over finite `b` (a tolerance relative to
+/// the scale of the tensor's finite elements); an infinity or NaN in either must be the
+/// same in both; integers and bools compare exactly.
 fn close(a: &Tensor, b: &Tensor, tol: f64) -> Result<(), String> {
     if a.spec() != b.spec() {
         return Err(format!("{} vs {}", a.spec(), b.spec()));
     }
     let (x, y) = (a.to_f64(), b.to_f64());
-    let scale = 1.0 + y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let scale = 1.0 + y.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
     for (k, (p, q)) in x.iter().zip(&y).enumerate() {
-        let ok = if a.spec().dtype.is_float() {
-            (p - q).abs() <= tol * scale || (p.is_nan() && q.is_nan()) || p == q
-        } else {
+        let ok = if !a.spec().dtype.is_float() {
             p == q
+        } else if p.is_finite() && q.is_finite() {
+            (p - q).abs() <= tol * scale
+        } else {
+            p == q || (p.is_nan() && q.is_nan())
         };
         if !ok {
             return Err(format!("element {k}: {p} vs {q}"));
@@ -479,4 +482,25 @@ fn elementwise_chains_fuse_into_groups() {
     for (a, b) in got.iter().zip(&want) {
         close(a, b, 1e-5).unwrap();
     }
+}
+
+/// The comparison itself: an infinity or NaN in the reference neither widens the
+/// tolerance of the other elements nor matches anything but itself.
+#[test]
+fn close_compares_non_finite_values_exactly_and_finite_ones_on_a_finite_scale() {
+    let t = |v: Vec<f64>| Tensor::f64(&[v.len()], v).unwrap();
+    // A finite element far off, beside an infinity both hold.
+    assert!(close(&t(vec![0.0, f64::INFINITY]), &t(vec![5.0, f64::INFINITY]), 1e-9).is_err());
+    assert!(close(&t(vec![1.0, f64::NAN]), &t(vec![1.0, f64::NAN]), 1e-9).is_ok());
+    assert!(close(&t(vec![1.0, f64::INFINITY]), &t(vec![1.0, f64::NAN]), 1e-9).is_err());
+    assert!(close(&t(vec![f64::NEG_INFINITY]), &t(vec![f64::INFINITY]), 1e-9).is_err());
+    assert!(close(&t(vec![1e308]), &t(vec![f64::INFINITY]), 1e-9).is_err());
+    assert!(close(&t(vec![f64::INFINITY]), &t(vec![1e308]), 1e-9).is_err());
+    // Within tolerance of the finite elements' scale.
+    assert!(
+        close(&t(vec![100.0 + 1e-8, f64::INFINITY]), &t(vec![100.0, f64::INFINITY]), 1e-9).is_ok()
+    );
+    assert!(
+        close(&t(vec![100.0 + 1e-5, f64::INFINITY]), &t(vec![100.0, f64::INFINITY]), 1e-9).is_err()
+    );
 }
