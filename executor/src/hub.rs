@@ -416,7 +416,7 @@ impl Hub {
                     .collect();
                 let set = Arc::new(GroupSet { key: groups.clone(), groups: members, place });
                 if let Some(f) = *lock(&self.failed) {
-                    set.poison(f);
+                    set.poison(f + self.base);
                 }
                 set
             })
@@ -680,20 +680,21 @@ impl Hub {
     }
 
     /// Marks `replica` as failed: every peer waiting (now or later) gets an error.
-    pub(crate) fn poison(&self, replica: usize) {
+    pub(crate) fn poison(&self, member: usize) {
         let mut failed = lock(&self.failed);
         if failed.is_none() {
-            *failed = Some(replica);
+            *failed = Some(member);
         }
         drop(failed);
         for set in lock(&self.sets).values() {
-            set.poison(replica);
+            set.poison(member + self.base);
         }
         self.wake_receivers();
     }
 }
 
 impl GroupSet {
+    /// Fails every group's round: `replica` (an id across processes) failed.
     fn poison(&self, replica: usize) {
         for group in &self.groups {
             let mut st = lock(&group.state);
@@ -733,3 +734,44 @@ fn check(members: &[usize], offers: &[Offer]) -> Result<()> {
 
 #[cfg(all(test, shuttle))]
 mod model;
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use meshwork_types::Tensor;
+
+    use super::{Hub, Offer};
+    use crate::{Error, ReplicaGroups};
+
+    /// The hub of a process whose replicas are numbered from 4 (members 0 and 1 are
+    /// replicas 4 and 5): when member 0 fails, a collective and a receive waiting in
+    /// member 1 both name replica 4 as the one that failed and 5 as the one that waited.
+    #[test]
+    fn a_failed_member_is_named_by_its_replica_id_everywhere() {
+        let hub = Arc::new(Hub::new(2, Duration::from_secs(20)).with_base(4));
+        let waiting = {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                let t = Arc::new(Tensor::i64(&[1], vec![5]).unwrap());
+                hub.exchange(&ReplicaGroups::all(2), 1, Offer::new("all_gather", "x".into(), t))
+                    .map(|_| ())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        hub.poison(0);
+        let collective = waiting.join().unwrap().unwrap_err();
+        assert_eq!(collective, Error::PeerFailed { failed: 4, replica: 5, op: "all_gather" });
+        let receive = hub.recv_any(1, &[(0, 7)], true).unwrap_err();
+        assert_eq!(receive, Error::PeerFailed { failed: 4, replica: 5, op: "recv" });
+        // A set of groups made after the failure fails the same way.
+        let t = Arc::new(Tensor::i64(&[1], vec![5]).unwrap());
+        let groups = ReplicaGroups::new(vec![vec![1, 0]], 2).unwrap();
+        let later = hub.exchange(&groups, 1, Offer::new("all_reduce", "y".into(), t));
+        assert_eq!(
+            later.err(),
+            Some(Error::PeerFailed { failed: 4, replica: 5, op: "all_reduce" })
+        );
+    }
+}

@@ -64,7 +64,7 @@ impl Mpi {
         LIVE.store(true, Ordering::SeqCst);
         abort_on_panic();
         let link = MpiLink {
-            world: Mutex::new(World(world)),
+            world: World(world),
             process,
             processes,
             max_message: AtomicUsize::new(Mpi::DEFAULT_MAX_MESSAGE),
@@ -106,7 +106,7 @@ impl Mpi {
     /// It does not wait for a collective in flight on another thread: ending the job
     /// is what ends that collective.
     pub fn abort(&self, code: i32) -> ! {
-        SimpleCommunicator::world().abort(code)
+        abort_serialized(&SERIAL, ABORT_WAIT, || SimpleCommunicator::world().abort(code))
     }
 }
 
@@ -138,9 +138,64 @@ fn abort_on_panic() {
             {
                 eprintln!("meshwork: a panic ends this process; aborting the MPI job");
             }
-            SimpleCommunicator::world().abort(101);
+            abort_serialized(&SERIAL, ABORT_WAIT, || SimpleCommunicator::world().abort(101));
         }
     }));
+}
+
+/// The lock every MPI call of this process is made under (thread level Serialized).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// How many [`Held`] guards of [`SERIAL`] this thread holds (0 or 1).
+    static HOLDING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// [`SERIAL`], held: MPI may be called until it drops.
+struct Held<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+}
+
+impl<'a> Held<'a> {
+    fn take(lock: &'a Mutex<()>) -> Held<'a> {
+        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+        HOLDING.set(HOLDING.get() + 1);
+        Held { _guard: guard }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        HOLDING.set(HOLDING.get() - 1);
+    }
+}
+
+/// How long an abort waits for a call in flight on another thread to return.
+const ABORT_WAIT: Duration = Duration::from_secs(5);
+
+/// Calls `abort` (which ends the process: an `MPI_Abort`) the way every MPI call is
+/// made, under `lock`: at once when this thread holds it already (a panic inside an
+/// MPI call of its own), else once another thread's call in flight returns — or,
+/// when that call does not return within `wait` (a collective whose peers are gone),
+/// regardless: ending the job is then the only way to end that call, and a job that
+/// never ends is worse than an abort that overlaps it.
+fn abort_serialized(lock: &Mutex<()>, wait: Duration, abort: impl FnOnce()) -> ! {
+    let deadline = Instant::now() + wait;
+    let _held = loop {
+        if HOLDING.get() > 0 {
+            break None;
+        }
+        match lock.try_lock() {
+            Ok(guard) => break Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => break None,
+        }
+    };
+    abort();
+    unreachable!("MPI_Abort returned")
 }
 
 /// The world communicator, used by one thread at a time.
@@ -149,12 +204,29 @@ struct World(SimpleCommunicator);
 // SAFETY: under Open MPI a communicator handle is a raw pointer, so rsmpi's
 // communicator is not `Send`. MPI is initialised at thread level Serialized (or
 // Multiple): any thread may call it as long as calls do not overlap, and every use of
-// this handle goes through the mutex in `MpiLink`.
+// this handle goes through `MpiLink::world`, which holds `SERIAL` — as do the aborts
+// (`abort_serialized`), the only MPI calls made without this handle.
 #[allow(unsafe_code)]
 unsafe impl Send for World {}
+// SAFETY: as for `Send`: the handle is only used under `SERIAL`.
+#[allow(unsafe_code)]
+unsafe impl Sync for World {}
+
+/// The world, with `SERIAL` held.
+struct WorldGuard<'a> {
+    world: &'a World,
+    _held: Held<'static>,
+}
+
+impl std::ops::Deref for WorldGuard<'_> {
+    type Target = World;
+    fn deref(&self) -> &World {
+        self.world
+    }
+}
 
 struct MpiLink {
-    world: Mutex<World>,
+    world: World,
     process: usize,
     processes: usize,
     /// Elements per MPI message (see [`Mpi::set_max_message`]).
@@ -165,8 +237,9 @@ struct MpiLink {
 const MAX_MESSAGE_LIMIT: usize = i32::MAX as usize;
 
 impl MpiLink {
-    fn world(&self) -> std::sync::MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    /// The world communicator, with every MPI call of this process held off.
+    fn world(&self) -> WorldGuard<'_> {
+        WorldGuard { world: &self.world, _held: Held::take(&SERIAL) }
     }
 
     fn max_message(&self) -> usize {
@@ -398,4 +471,73 @@ impl Interconnect for MpiLink {
 
 fn slice<T>(a: &mut ndarray::ArrayD<T>) -> Result<&mut [T]> {
     a.as_slice_mut().ok_or_else(|| Error::Mpi { message: "a tensor not in standard layout".into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::{Held, abort_serialized};
+
+    /// Runs `abort_serialized` on a thread of its own with an "abort" that records
+    /// whether the lock's other holder was still inside its call, then ends the thread
+    /// (as `MPI_Abort` ends the process).
+    fn aborts_during_call(
+        lock: &'static Mutex<()>,
+        wait: Duration,
+        hold: Duration,
+    ) -> (bool, Duration) {
+        let inside = Arc::new(AtomicBool::new(false));
+        let holder = {
+            let inside = inside.clone();
+            std::thread::spawn(move || {
+                let _held = Held::take(lock);
+                inside.store(true, Ordering::SeqCst);
+                std::thread::sleep(hold);
+                inside.store(false, Ordering::SeqCst);
+            })
+        };
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let start = Instant::now();
+        let seen = inside.clone();
+        let aborter = std::thread::spawn(move || {
+            let saw = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                abort_serialized(lock, wait, || {
+                    std::panic::panic_any((seen.load(Ordering::SeqCst), start.elapsed()));
+                })
+            }));
+            *saw.unwrap_err().downcast::<(bool, Duration)>().unwrap()
+        });
+        let seen = aborter.join().unwrap();
+        holder.join().unwrap();
+        seen
+    }
+
+    /// An abort from another thread waits for the MPI call in flight to return (thread
+    /// level Serialized allows no overlap); one that would wait for ever goes ahead
+    /// after its bound; one from the thread inside the call (a panic there) goes ahead
+    /// at once.
+    #[test]
+    fn an_abort_is_serialized_with_the_calls_in_flight() {
+        static A: Mutex<()> = Mutex::new(());
+        let (during, took) =
+            aborts_during_call(&A, Duration::from_secs(10), Duration::from_millis(100));
+        assert!(!during, "aborted while another thread was inside an MPI call");
+        assert!(took >= Duration::from_millis(50), "{took:?}");
+        static B: Mutex<()> = Mutex::new(());
+        let (during, took) =
+            aborts_during_call(&B, Duration::from_millis(50), Duration::from_millis(400));
+        assert!(during && took < Duration::from_millis(350), "bounded: {took:?}");
+        static C: Mutex<()> = Mutex::new(());
+        let _held = Held::take(&C);
+        let start = Instant::now();
+        let went = std::panic::catch_unwind(|| {
+            abort_serialized(&C, Duration::from_secs(10), || panic!("aborted"))
+        });
+        assert!(went.is_err() && start.elapsed() < Duration::from_secs(1));
+    }
 }

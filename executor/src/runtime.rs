@@ -261,7 +261,7 @@ impl Runtime {
                 };
                 drop(ctx);
                 if result.is_err() {
-                    hub.poison(id);
+                    hub.poison(r);
                 } else {
                     // Peers still waiting for this replica in a collective fail now.
                     hub.end(r);
@@ -270,7 +270,7 @@ impl Runtime {
                 let _ = done.send((r, result));
             });
             if self.devices[device].send(job).is_err() {
-                hub.poison(base + r);
+                hub.poison(r);
                 let _ = done_tx.send((
                     r,
                     Err(Error::ReplicaFailed {

@@ -1117,3 +1117,25 @@ fn pools_stay_balanced_across_processes_whichever_replica_reads_last() {
         }
     }
 }
+
+/// Point-to-point transfers stay within one process: across processes a receive is
+/// refused at once, naming the replica by its id across the processes (so no hub of a
+/// process numbered from other than 0 ever waits in one).
+#[test]
+fn a_receive_across_processes_is_refused_naming_the_replica() {
+    let program: Arc<ReplicaFn> = Arc::new(move |ctx, i| {
+        if ctx.replica_id() == 3 {
+            ctx.recv(2, 7)?;
+        }
+        Ok(i)
+    });
+    let inputs: Vec<Vec<Tensor>> =
+        (0..4).map(|r| vec![Tensor::I64(ArrayD::from_elem(IxDyn(&[1]), r as i64))]).collect();
+    let results = run_processes(2, 2, Duration::from_secs(20), program, &inputs);
+    match &results[1] {
+        Err(Error::BadArgument { op: "recv", replica: 3, problem }) => {
+            assert!(problem.contains("within one process"), "{problem}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -5,7 +5,7 @@
 //! elements and takes the value's shape when it leaves the run, and an input that is
 //! not in standard layout is copied into it once, on entry.
 
-use meshwork_types::{DType, Element, Tensor};
+use meshwork_types::{Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
 pub(crate) use crate::infer::supported;
