@@ -22,7 +22,14 @@ use crate::{Error, Result};
 /// A program under construction that hands out [`Var`]s.
 ///
 /// ```
-/// use meshwork_program::{nn, Graph};
+/// use meshwork_program::{Builder, Graph, Result, Value};
+///
+/// // A layer written against the builder, as `meshwork-nn`'s are.
+/// fn scaled_tanh(b: &mut Builder, x: Value) -> Result<Value> {
+///     let s = b.param("scale", "f32[16]".parse()?)?;
+///     let t = b.tanh(x)?;
+///     b.mul(t, s)
+/// }
 ///
 /// let g = Graph::new();
 /// let x = g.param("x", "f32[8,4]".parse()?)?;
@@ -31,8 +38,8 @@ use crate::{Error, Result};
 ///     let b = g.param("b", "f32[16]".parse()?)?;
 ///     (x.matmul(w)? + b)?.relu()
 /// })?;
-/// // Layers written against the builder (the `nn` composites) take part too.
-/// let y = g.scope("ln", |g| g.apply(|b| nn::layer_norm(b, y.value(), 1e-5)))?;
+/// // Layers written against the builder take part too.
+/// let y = g.scope("ln", |g| g.apply(|b| scaled_tanh(b, y.value())))?;
 /// let loss = (y * y)?.reduce_mean(&[0, 1], false)?;
 /// let p = g.finish(&[loss])?;
 /// assert_eq!(p.params()[2].name, "layer.b");
@@ -94,8 +101,8 @@ impl Graph {
         f(&mut *self.builder("with")?)
     }
 
-    /// Runs a layer written against [`Builder`] (an [`nn`](crate::nn) composite) and
-    /// returns its result as a handle: `g.apply(|b| nn::layer_norm(b, x.value(), 1e-5))`.
+    /// Runs a layer written against [`Builder`] (as `meshwork-nn`'s are) and returns its
+    /// result as a handle: `g.apply(|b| meshwork_nn::layer_norm(b, x.value(), 1e-5))`.
     pub fn apply(&self, f: impl FnOnce(&mut Builder) -> Result<Value>) -> Result<Var<'_>> {
         self.make("apply", f)
     }

@@ -17,16 +17,16 @@
 //! The text form reads back (`text.parse::<Program>()`, rebuilt through the builder,
 //! so parsed programs are checked like built ones). [`grad`] and [`vjp`] differentiate
 //! a program into a new one (reverse mode, following JAX at ties and kinks);
-//! [`TrainStep`] makes forward, backward and an [`Optimizer`]'s update one program;
-//! [`nn`] has the layers models are written with (the transformer of the JAX reference
-//! run among them). Two interpreters run programs: [`reference`](mod@reference) (naive loops, the
+//! [`Program::combine_all_reduces`] merges independent all-reduces as XLA's combiner
+//! does. Two interpreters run programs: [`reference`](mod@reference) (naive loops, the
 //! oracle) and [`fast`](mod@fast) (GEMM-backed products, fused elementwise chains, pooled
 //! buffers, a thread budget). Collectives, `send`/`recv` and `emit` run through the
 //! [`Collectives`], [`Channels`] and [`HostSink`] of an [`Env`], which the strategy
 //! crate implements over the executor and the outfeed.
 //!
-//! It is **not** a partitioner or a placer (those meet programs in the strategy crate)
-//! and it depends on no sibling crate, only on `types`.
+//! It is **not** a model library (layers, optimizers and training steps are
+//! `meshwork-nn`'s), a partitioner or a placer (`meshwork-partition`), and it depends on
+//! no sibling crate, only on `types`.
 //!
 //! ```
 //! use meshwork_program::Builder;
@@ -57,9 +57,7 @@ pub mod fast;
 mod grad;
 mod graph;
 mod infer;
-pub mod nn;
 mod op;
-mod optim;
 mod program;
 pub mod reference;
 mod tensor;
@@ -73,7 +71,6 @@ pub use grad::{grad, vjp};
 pub use graph::{Graph, Var};
 pub use meshwork_types::Tensor;
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
-pub use optim::{Optimizer, TrainStep};
 pub use program::{Instr, Param, Program, Value};
 
 #[cfg(test)]

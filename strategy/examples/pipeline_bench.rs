@@ -22,8 +22,9 @@
 
 use std::time::Instant;
 
-use meshwork_program::nn::Pipeline;
-use meshwork_program::{Builder, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_nn::Pipeline;
+use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::PlaceOptions;
 use meshwork_strategy::sharding::Mesh;

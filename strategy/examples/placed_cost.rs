@@ -16,7 +16,8 @@
 
 use std::time::Instant;
 
-use meshwork_program::{Builder, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::{PlaceOptions, Placed, ProgramCost};
 use meshwork_strategy::types::DType;

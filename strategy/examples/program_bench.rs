@@ -18,8 +18,9 @@
 
 use std::time::Instant;
 
+use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::fast::{Executable, Options};
-use meshwork_program::{Builder, Env, Optimizer, Tensor, TrainStep};
+use meshwork_program::{Builder, Env, Tensor};
 use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
 use meshwork_strategy::types::{DType, Shape, TensorSpec};
 

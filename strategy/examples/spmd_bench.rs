@@ -3,7 +3,7 @@
 //! and its loss out) on the meshes 1x1, 2x1, 1x2 and 2x2 (`data x model`), beside
 //! JAX's `jit` + `NamedSharding` of the same model on the same meshes, in one run:
 //!
-//! 1. the transformer of `program/testdata/transformer` at V256 T128 D256 H8 L4 F1024,
+//! 1. the transformer of `nn/testdata` at V256 T128 D256 H8 L4 F1024,
 //!    f32, batch 16, Adam (lr 1e-3), rows over `data`, Megatron's specs over `model`
 //!    (tokens/s), beside `strategy/benches/jax/transformer_train_jax.py`;
 //! 2. the MLP 256 -> 1024 -> 16, f32, batch 256, SGD (lr 0.1), `w1`/`b1` by columns
@@ -26,7 +26,8 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
-use meshwork_program::{Builder, Optimizer, Tensor};
+use meshwork_nn::Optimizer;
+use meshwork_program::{Builder, Tensor};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::spmd::{Shardings, megatron_spec};

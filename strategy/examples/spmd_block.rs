@@ -11,7 +11,8 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
-use meshwork_program::{Builder, Value, nn};
+use meshwork_nn as nn;
+use meshwork_program::{Builder, Value};
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::sharding::spmd::Layout;
 use meshwork_strategy::spmd::{megatron_spec, partition};

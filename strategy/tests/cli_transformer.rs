@@ -19,7 +19,7 @@ fn temp(tag: &str) -> PathBuf {
 }
 
 fn reference(name: &str) -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../program/testdata/transformer");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/testdata");
     dir.join(name).to_str().unwrap().to_string()
 }
 

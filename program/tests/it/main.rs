@@ -2,4 +2,3 @@
 
 mod oracle;
 mod props;
-mod transformer;

@@ -6,7 +6,9 @@
 
 use std::time::Instant;
 
-use meshwork_program::{Builder, Optimizer, Program, Tensor, Value, nn};
+use meshwork_nn as nn;
+use meshwork_nn::Optimizer;
+use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::spmd::Shardings;
 use meshwork_strategy::types::{DType, Shape, TensorSpec};

@@ -2,8 +2,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::fast::{Executable, Input, Options};
-use meshwork_program::{Env, Op, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_program::{Env, Op, Program, Tensor, Value};
 use meshwork_sharding::spmd::Layout;
 use meshwork_sharding::{Mesh, PartitionSpec};
 use meshwork_types::TensorSpec;

@@ -12,7 +12,8 @@
 //!
 //! ```
 //! use meshwork_strategy::Strategy;
-//! use meshwork_strategy::program::{Builder, Optimizer, Tensor};
+//! use meshwork_strategy::nn::Optimizer;
+//! use meshwork_strategy::program::{Builder, Tensor};
 //! use meshwork_strategy::sharding::Mesh;
 //! use meshwork_strategy::spmd::Shardings;
 //!

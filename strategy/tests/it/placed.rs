@@ -5,7 +5,7 @@
 //! one-device run; TensorFlow's resource-edge and soft-placement rules decide where
 //! variables' updates and kernel-less ops go.
 
-use meshwork_program::nn::Pipeline;
+use meshwork_nn::Pipeline;
 use meshwork_program::{Builder, Catalogue, Kernels, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::{PlaceOptions, Placed};
@@ -223,11 +223,11 @@ fn a_failure_on_one_device_ends_the_step_everywhere_and_keeps_the_variables() {
 fn train_placed<'s>(
     strategy: &'s Strategy,
     pipeline: &Pipeline,
-    optimizer: meshwork_program::Optimizer,
+    optimizer: meshwork_nn::Optimizer,
     lr: f64,
 ) -> (Vec<f64>, Json, Placed<'s>) {
     use crate::spmd::files;
-    use meshwork_program::TrainStep;
+    use meshwork_nn::TrainStep;
     use meshwork_types::{Shape, TensorSpec};
     let (expected, _, _, _) = files::reference_model();
     let (model, batch) = files::reference_transformer(&expected);
@@ -290,8 +290,8 @@ fn trains_as_jax(pipeline: &Pipeline) -> (u64, Program) {
     let strategy = Strategy::data_parallel(devices).unwrap();
     let mut sgd = None;
     for (optimizer, lr, key) in [
-        (meshwork_program::Optimizer::Sgd, 0.1, "losses_sgd"),
-        (meshwork_program::Optimizer::adam(), 0.01, "losses_adam"),
+        (meshwork_nn::Optimizer::Sgd, 0.1, "losses_sgd"),
+        (meshwork_nn::Optimizer::adam(), 0.01, "losses_adam"),
     ] {
         let (got, expected, placed) = train_placed(&strategy, pipeline, optimizer, lr);
         let want: Vec<f64> =
@@ -459,7 +459,7 @@ fn a_program_without_device_scopes_spreads_by_cost() {
 /// caps and trains as on one device; caps too small for any placement are refused.
 #[test]
 fn memory_caps_split_a_training_step_or_refuse_it() {
-    use meshwork_program::{Optimizer, TrainStep};
+    use meshwork_nn::{Optimizer, TrainStep};
     let mut b = Builder::new();
     let x = b.param("x", "f64[8,32]".parse().unwrap()).unwrap();
     let mut h = x;

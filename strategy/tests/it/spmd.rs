@@ -212,7 +212,8 @@ fn every_oracle_case_partitioned_on_a_random_mesh_matches_one_device() {
 /// partitioned gradients equal one device's, combined or not.
 #[test]
 fn megatron_decoder_block_two_all_reduces_each_way() {
-    use meshwork_program::{Builder, nn};
+    use meshwork_nn as nn;
+    use meshwork_program::Builder;
     let mut b = Builder::new();
     let x = b.param("x", "f64[4,8,16]".parse().unwrap()).unwrap();
     let y = b.scope("layers.0", |b| nn::decoder_block(b, x, 4, 32)).unwrap();
@@ -294,10 +295,10 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
     assert_eq!(got, uncombined);
 }
 
-#[path = "../../../program/tests/it/files.rs"]
+#[path = "../../../nn/tests/it/files.rs"]
 pub(crate) mod files;
 
-/// The JAX reference transformer's training step (`program/testdata/transformer`)
+/// The JAX reference transformer's training step (`nn/testdata`)
 /// compiled on `strategy` over a `data × model` mesh (rows over data, Megatron's
 /// specs over model), its weights set to the reference's initial values; with
 /// `expected.json`.
@@ -305,7 +306,7 @@ fn reference_step(
     strategy: &Strategy,
     data: usize,
     model: usize,
-    optimizer: meshwork_program::Optimizer,
+    optimizer: meshwork_nn::Optimizer,
 ) -> (meshwork_strategy::spmd::CompiledTrainStep<'_>, Json) {
     use meshwork_strategy::spmd::Shardings;
     let (expected, program, loss, _) = files::reference_model();
@@ -352,7 +353,7 @@ pub(crate) fn reference_rows(s: usize) -> Tensor {
 fn train_on_mesh(
     data: usize,
     model: usize,
-    optimizer: meshwork_program::Optimizer,
+    optimizer: meshwork_nn::Optimizer,
     lr: f64,
 ) -> (Vec<f64>, Json) {
     let strategy = Strategy::data_parallel(data * model).unwrap();
@@ -373,10 +374,9 @@ fn assert_losses(mesh: &str, got: &[f64], want: &Json) {
 #[test]
 fn the_reference_transformer_trains_as_jax_on_every_mesh() {
     for (data, model) in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)] {
-        let (sgd, expected) = train_on_mesh(data, model, meshwork_program::Optimizer::Sgd, 0.1);
+        let (sgd, expected) = train_on_mesh(data, model, meshwork_nn::Optimizer::Sgd, 0.1);
         assert_losses(&format!("{data}x{model}"), &sgd, &expected["losses_sgd"]);
-        let (adam, expected) =
-            train_on_mesh(data, model, meshwork_program::Optimizer::adam(), 0.01);
+        let (adam, expected) = train_on_mesh(data, model, meshwork_nn::Optimizer::adam(), 0.01);
         assert_losses(&format!("{data}x{model}"), &adam, &expected["losses_adam"]);
     }
 }
@@ -388,7 +388,7 @@ fn the_reference_transformer_trains_as_jax_on_every_mesh() {
 #[test]
 fn several_steps_per_host_call_are_the_same_steps_and_fail_whole() {
     let strategy = Strategy::data_parallel(4).unwrap();
-    let (mut step, expected) = reference_step(&strategy, 2, 2, meshwork_program::Optimizer::adam());
+    let (mut step, expected) = reference_step(&strategy, 2, 2, meshwork_nn::Optimizer::adam());
     let want: Vec<f64> =
         expected["losses_adam"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
     let batches = |r: std::ops::Range<usize>| -> Vec<Vec<Tensor>> {
@@ -428,7 +428,7 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 /// count travel in the checkpoint), each position's file holding only its regions.
 #[test]
 fn compiled_state_saved_on_one_mesh_restores_onto_another() {
-    use meshwork_program::Optimizer;
+    use meshwork_nn::Optimizer;
     type Mesh2 = (usize, usize);
     let cases: [(Mesh2, Mesh2, Optimizer, f64, &str); 3] = [
         ((2, 2), (1, 4), Optimizer::adam(), 0.01, "losses_adam"),
@@ -463,7 +463,7 @@ fn compiled_state_saved_on_one_mesh_restores_onto_another() {
 /// same layout nothing moves; its default format is the whole values.
 #[test]
 fn resident_state_moves_through_the_reshard_state_machine() {
-    let adam = meshwork_program::Optimizer::adam();
+    let adam = meshwork_nn::Optimizer::adam();
     let two = Strategy::data_parallel(2).unwrap();
     let (mut step, expected) = reference_step(&two, 2, 1, adam);
     let mut losses = reference_steps(&mut step, 0..10, 0.01);
@@ -504,7 +504,7 @@ fn resident_state_moves_through_the_reshard_state_machine() {
 #[test]
 fn what_does_not_fit_is_refused_and_changes_nothing() {
     use meshwork_strategy::VariableOptions;
-    let adam = meshwork_program::Optimizer::adam();
+    let adam = meshwork_nn::Optimizer::adam();
     let strategy = Strategy::data_parallel(2).unwrap();
     let (mut step, _) = reference_step(&strategy, 1, 2, adam);
     reference_steps(&mut step, 0..2, 0.01);
@@ -512,7 +512,7 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
 
     // A SGD step's checkpoint has no Adam moments.
     let dir = temp_dir("mismatch");
-    let (sgd, _) = reference_step(&strategy, 1, 2, meshwork_program::Optimizer::Sgd);
+    let (sgd, _) = reference_step(&strategy, 1, 2, meshwork_nn::Optimizer::Sgd);
     sgd.save_checkpoint(&dir).unwrap();
     let err = step.restore_checkpoint(&dir).unwrap_err();
     assert!(err.to_string().contains("not in the checkpoint"), "{err}");
@@ -553,7 +553,7 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
 #[test]
 fn a_checkpoint_manager_keeps_compiled_steps() {
     use meshwork_strategy::CheckpointManager;
-    let adam = meshwork_program::Optimizer::adam();
+    let adam = meshwork_nn::Optimizer::adam();
     let root = temp_dir("manager");
     let strategy = Strategy::data_parallel(2).unwrap();
     let (mut step, expected) = reference_step(&strategy, 2, 1, adam);
@@ -588,7 +588,9 @@ fn a_checkpoint_manager_keeps_compiled_steps() {
 /// backward, closures over the strategy) on one device, within 1e-12 relative in f64.
 #[test]
 fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
-    use meshwork_program::{Builder, Optimizer, nn};
+    use meshwork_nn as nn;
+    use meshwork_nn::Optimizer;
+    use meshwork_program::Builder;
     use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
     let (features, hidden, classes, batch, rows, steps, lr) = (12, 16, 4, 8, 40, 12, 0.5);
     let data = Dataset::synthetic(3, rows, features, classes);
@@ -656,7 +658,8 @@ fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
 /// keeps it gets its gradient reduce-scattered the same way in a training step.
 #[test]
 fn a_pending_sum_wanted_sharded_is_reduce_scattered() {
-    use meshwork_program::{Builder, Optimizer};
+    use meshwork_nn::Optimizer;
+    use meshwork_program::Builder;
     use meshwork_strategy::spmd::Shardings;
     let mesh = Mesh::iota(&[("model", 2)]).unwrap();
     let mut b = Builder::new();
@@ -728,7 +731,7 @@ fn a_pending_sum_wanted_sharded_is_reduce_scattered() {
 /// and optimizer state as they were, and training goes on as JAX's.
 #[test]
 fn a_failed_step_leaves_the_resident_state_as_it_was() {
-    let adam = meshwork_program::Optimizer::adam();
+    let adam = meshwork_nn::Optimizer::adam();
     let strategy = Strategy::data_parallel(4).unwrap();
     let (mut step, expected) = reference_step(&strategy, 2, 2, adam);
     let mut losses = reference_steps(&mut step, 0..3, 0.01);
@@ -750,7 +753,9 @@ fn a_failed_step_leaves_the_resident_state_as_it_was() {
 /// loss the step returns.
 #[test]
 fn emitted_metrics_stream_through_the_outfeed_each_step() {
-    use meshwork_program::{Builder, Optimizer, nn};
+    use meshwork_nn as nn;
+    use meshwork_nn::Optimizer;
+    use meshwork_program::Builder;
     use meshwork_strategy::{MetricEvent, MetricSpec};
     use std::sync::{Arc, Mutex};
     let mut b = Builder::new();
@@ -917,7 +922,7 @@ fn the_reference_transformer_step_has_megatrons_collectives() {
     let layers = expected["config"]["layers"].as_u64().unwrap() as usize;
     for (d, m) in [(1, 2), (2, 2), (2, 1)] {
         let strategy = Strategy::data_parallel(d * m).unwrap();
-        let (step, _) = reference_step(&strategy, d, m, meshwork_program::Optimizer::adam());
+        let (step, _) = reference_step(&strategy, d, m, meshwork_nn::Optimizer::adam());
         let part = step.compiled().partitioned();
         let on = |axis: &str| -> Vec<&meshwork_strategy::spmd::Collective> {
             part.collectives().iter().filter(|c| c.axes == [axis.to_string()]).collect()

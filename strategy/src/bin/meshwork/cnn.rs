@@ -2,7 +2,7 @@
 //! linear head on NHWC images (trained by the transformer's trainer, `lm.rs`,
 //! data-parallel on a mesh's data axis).
 
-use meshwork_program::nn;
+use meshwork_nn as nn;
 use meshwork_program::{Builder, Padding, Value};
 
 use crate::args::{Args, Usage};

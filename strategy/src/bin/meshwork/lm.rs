@@ -8,9 +8,10 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_nn::{Pipeline, Transformer};
 use meshwork_program::fast::Input;
-use meshwork_program::nn::{Pipeline, Transformer};
-use meshwork_program::{Builder, Optimizer, Program, Tensor, TrainStep, Value};
+use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::PlaceOptions;
 use meshwork_strategy::sharding::Mesh;
@@ -766,8 +767,7 @@ impl Eval {
                 vec![0],
             ),
         };
-        let loss =
-            meshwork_program::nn::softmax_cross_entropy(&mut b, logits, labels).map_err(bad)?;
+        let loss = meshwork_nn::softmax_cross_entropy(&mut b, logits, labels).map_err(bad)?;
         let pred = b.argmax(logits, -1).map_err(bad)?;
         let pred = b.convert(pred, DType::I32).map_err(bad)?;
         let hit = b.eq(pred, labels).map_err(bad)?;
@@ -819,9 +819,8 @@ fn loss_program(
             model.loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro))
         }
         (Net::Cnn(c), Layout::Mesh { .. }) => {
-            crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes).and_then(|logits| {
-                meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1])
-            })
+            crate::cnn::logits(&mut b, feeds[0], c.filters, c.classes)
+                .and_then(|logits| meshwork_nn::softmax_cross_entropy(&mut b, logits, feeds[1]))
         }
         (Net::Cnn(c), Layout::Pipeline { replicas, stages, micro }) => crate::cnn::loss_pipelined(
             &mut b,
@@ -831,9 +830,8 @@ fn loss_program(
             &|b, x, st| crate::cnn::logits_on(b, x, c.filters, c.classes, st),
         ),
         (Net::Mlp(m), Layout::Mesh { .. }) => {
-            crate::cnn::mlp_logits_on(&mut b, feeds[0], m.hidden, m.classes, &[]).and_then(
-                |logits| meshwork_program::nn::softmax_cross_entropy(&mut b, logits, feeds[1]),
-            )
+            crate::cnn::mlp_logits_on(&mut b, feeds[0], m.hidden, m.classes, &[])
+                .and_then(|logits| meshwork_nn::softmax_cross_entropy(&mut b, logits, feeds[1]))
         }
         (Net::Mlp(m), Layout::Pipeline { replicas, stages, micro }) => crate::cnn::loss_pipelined(
             &mut b,

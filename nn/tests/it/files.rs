@@ -1,15 +1,16 @@
-//! Reading the transformer reference run's files (`testdata/transformer/`): the
+//! Reading the transformer reference run's files (`nn/testdata/`): the
 //! safetensors initial weights and the `.npy` token rows. Shared with the strategy
 //! crate's SPMD training tests.
 
 use std::collections::HashMap;
 
-use meshwork_program::{Builder, Program, Value, nn};
+use meshwork_nn as nn;
+use meshwork_program::{Builder, Program, Value};
 use meshwork_types::{DType, Shape, TensorSpec};
 use serde_json::Value as Json;
 
 pub(crate) fn testdata(name: &str) -> Vec<u8> {
-    let path = format!("{}/../program/testdata/transformer/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../nn/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 

@@ -12,12 +12,8 @@
 //! | Adam | `m = β₁ m + (1-β₁) g`; `v = β₂ v + (1-β₂) g²`; `p -= lr (m / (1-β₁ᵗ)) / (sqrt(v / (1-β₂ᵗ)) + ε)` |
 //! | AdamW (decoupled decay) | Adam's update plus `lr λ p` |
 
-use meshwork_types::{DType, Shape, TensorSpec};
-
-use crate::builder::Builder;
-use crate::program::{Program, Value};
-use crate::{Error, Result};
-use meshwork_types::Tensor;
+use meshwork_program::{Builder, Error, Program, Result, Value};
+use meshwork_types::{DType, Shape, Tensor, TensorSpec};
 
 /// An optimizer and its hyper-parameters (the learning rate is an input of the step,
 /// so schedules need no new program).
@@ -122,7 +118,7 @@ impl TrainStep {
                 problem: format!("the maximum norm {c} is not a positive number"),
             });
         }
-        let g = crate::grad(program, loss, wrt)?;
+        let g = meshwork_program::grad(program, loss, wrt)?;
         let mut b = Builder::from_program(&g)?;
         let dtype = g.spec(g.results()[0]).expect("the loss").dtype;
         // The gradients, clipped.
@@ -186,51 +182,50 @@ impl TrainStep {
             let (p, gw) = (w, grads[k]);
             let st = &state[k * names.len()..(k + 1) * names.len()];
             // As TensorFlow's optimizers, each update is colocated with its parameter.
-            let device = b.device_of(p)?.to_string();
-            let outer = b.swap_request(device, vec![p]);
-            let updated = match optimizer {
-                Optimizer::Sgd => {
-                    let d = b.mul(lr, gw)?;
-                    b.sub(p, d)?
-                }
-                Optimizer::Momentum { momentum } => {
-                    let mu = c(&mut b, momentum)?;
-                    let mm = b.mul(mu, st[0])?;
-                    let m = b.add(mm, gw)?;
-                    new_state.push(m);
-                    let d = b.mul(lr, m)?;
-                    b.sub(p, d)?
-                }
-                Optimizer::Adam { beta1, beta2, eps }
-                | Optimizer::AdamW { beta1, beta2, eps, .. } => {
-                    let (c1, c2) = corrections.expect("made for Adam");
-                    let (b1, nb1) = (c(&mut b, beta1)?, c(&mut b, 1.0 - beta1)?);
-                    let (b2, nb2) = (c(&mut b, beta2)?, c(&mut b, 1.0 - beta2)?);
-                    let m0 = b.mul(b1, st[0])?;
-                    let m1 = b.mul(nb1, gw)?;
-                    let m = b.add(m0, m1)?;
-                    let g2 = b.mul(gw, gw)?;
-                    let v0 = b.mul(b2, st[1])?;
-                    let v1 = b.mul(nb2, g2)?;
-                    let v = b.add(v0, v1)?;
-                    new_state.push(m);
-                    new_state.push(v);
-                    let mhat = b.div(m, c1)?;
-                    let vhat = b.div(v, c2)?;
-                    let root = b.sqrt(vhat)?;
-                    let e = c(&mut b, eps)?;
-                    let den = b.add(root, e)?;
-                    let mut upd = b.div(mhat, den)?;
-                    if let Optimizer::AdamW { weight_decay, .. } = optimizer {
-                        let wd = c(&mut b, weight_decay)?;
-                        let decay = b.mul(wd, p)?;
-                        upd = b.add(upd, decay)?;
+            let updated = b.colocate_with(p, |b| {
+                Ok(match optimizer {
+                    Optimizer::Sgd => {
+                        let d = b.mul(lr, gw)?;
+                        b.sub(p, d)?
                     }
-                    let d = b.mul(lr, upd)?;
-                    b.sub(p, d)?
-                }
-            };
-            b.swap_request(outer.0, outer.1);
+                    Optimizer::Momentum { momentum } => {
+                        let mu = c(b, momentum)?;
+                        let mm = b.mul(mu, st[0])?;
+                        let m = b.add(mm, gw)?;
+                        new_state.push(m);
+                        let d = b.mul(lr, m)?;
+                        b.sub(p, d)?
+                    }
+                    Optimizer::Adam { beta1, beta2, eps }
+                    | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+                        let (c1, c2) = corrections.expect("made for Adam");
+                        let (b1, nb1) = (c(b, beta1)?, c(b, 1.0 - beta1)?);
+                        let (b2, nb2) = (c(b, beta2)?, c(b, 1.0 - beta2)?);
+                        let m0 = b.mul(b1, st[0])?;
+                        let m1 = b.mul(nb1, gw)?;
+                        let m = b.add(m0, m1)?;
+                        let g2 = b.mul(gw, gw)?;
+                        let v0 = b.mul(b2, st[1])?;
+                        let v1 = b.mul(nb2, g2)?;
+                        let v = b.add(v0, v1)?;
+                        new_state.push(m);
+                        new_state.push(v);
+                        let mhat = b.div(m, c1)?;
+                        let vhat = b.div(v, c2)?;
+                        let root = b.sqrt(vhat)?;
+                        let e = c(b, eps)?;
+                        let den = b.add(root, e)?;
+                        let mut upd = b.div(mhat, den)?;
+                        if let Optimizer::AdamW { weight_decay, .. } = optimizer {
+                            let wd = c(b, weight_decay)?;
+                            let decay = b.mul(wd, p)?;
+                            upd = b.add(upd, decay)?;
+                        }
+                        let d = b.mul(lr, upd)?;
+                        b.sub(p, d)?
+                    }
+                })
+            })?;
             new_params.push(updated);
         }
         let mut results = vec![g.results()[0]];

@@ -4,8 +4,9 @@
 //! steps to a relative 1e-9, for SGD and Adam — the builder, `nn`, autodiff, the
 //! optimizers and the fast interpreter together against an independent oracle.
 
+use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::fast::{Executable, Options};
-use meshwork_program::{Env, Optimizer, Tensor, TrainStep, Value};
+use meshwork_program::{Env, Tensor, Value};
 use serde_json::Value as Json;
 
 #[path = "files.rs"]

@@ -1,0 +1,5 @@
+//! The models and training steps through their public API: optimizers against their
+//! formulas, and the transformer against the JAX reference run.
+
+mod steps;
+mod transformer;
