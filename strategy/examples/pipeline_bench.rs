@@ -26,9 +26,9 @@ use meshwork_nn::Pipeline;
 use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
+use meshwork_strategy::partition::{Shardings, megatron_spec};
 use meshwork_strategy::placed::PlaceOptions;
 use meshwork_strategy::sharding::Mesh;
-use meshwork_strategy::spmd::{Shardings, megatron_spec};
 use meshwork_strategy::types::DType;
 
 #[path = "common/mod.rs"]

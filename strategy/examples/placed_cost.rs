@@ -19,7 +19,7 @@ use std::time::Instant;
 use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
-use meshwork_strategy::placed::{PlaceOptions, Placed, ProgramCost};
+use meshwork_strategy::placed::{PlaceOptions, Placed};
 use meshwork_strategy::types::DType;
 
 #[path = "common/mod.rs"]
@@ -104,7 +104,7 @@ fn report(
 fn main() -> Result<(), Error> {
     let strategy = Strategy::data_parallel(2)?;
     let t = Instant::now();
-    let cost = ProgramCost::measure(&strategy)?;
+    let cost = strategy.measure_cost()?;
     let r = cost.rates("CPU");
     println!(
         "Measured in {:.2} s on {} cores: f32 matmul {:.1} GFLOP/s, elementwise {:.0} M/s, tanh {:.0} M/s, \

@@ -29,8 +29,8 @@
 use meshwork_nn::Optimizer;
 use meshwork_program::{Builder, Tensor};
 use meshwork_strategy::Strategy;
+use meshwork_strategy::partition::{Shardings, megatron_spec};
 use meshwork_strategy::sharding::Mesh;
-use meshwork_strategy::spmd::{Shardings, megatron_spec};
 use meshwork_strategy::types::DType;
 
 #[path = "common/mod.rs"]

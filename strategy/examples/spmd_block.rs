@@ -13,9 +13,9 @@
 
 use meshwork_nn as nn;
 use meshwork_program::{Builder, Value};
+use meshwork_strategy::partition::{megatron_spec, partition};
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::sharding::spmd::Layout;
-use meshwork_strategy::spmd::{megatron_spec, partition};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();

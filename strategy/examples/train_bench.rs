@@ -12,8 +12,8 @@
 
 use meshwork_strategy::Strategy;
 use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
+use meshwork_strategy::partition::{Shardings, megatron_spec};
 use meshwork_strategy::sharding::Mesh;
-use meshwork_strategy::spmd::{Shardings, megatron_spec};
 use meshwork_strategy::types::DType;
 
 #[path = "common/mod.rs"]

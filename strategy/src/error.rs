@@ -29,42 +29,16 @@ pub enum Error {
     /// A program error.
     #[error(transparent)]
     Program(#[from] meshwork_program::Error),
-    /// A dim of a program value does not split over the mesh axes its layout tiles it by.
-    #[error("{value}: dim {dim} of size {size} does not split into {tiles} tiles over the mesh")]
-    Indivisible {
-        /// The value (its name, or `%k`).
-        value: String,
-        /// The dim.
-        dim: usize,
-        /// Its size.
-        size: usize,
-        /// The tiles the layout cuts it into.
-        tiles: usize,
-    },
     /// A compiled program's device state cannot serve the call.
     #[error("compiled program: {problem}")]
     Compiled {
         /// What is wrong.
         problem: String,
     },
-    /// A program that cannot be placed or run as asked (see `Strategy::place`).
-    #[error("placed program: {value}: {problem}")]
-    Placed {
-        /// The value, parameter or call concerned (empty for the program as a whole).
-        value: String,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A program the partitioner cannot partition as asked.
-    #[error("cannot partition {value} ({op}): {problem}")]
-    Partition {
-        /// The value (its name, or `%k`; empty for the program as a whole).
-        value: String,
-        /// The op or step concerned.
-        op: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
+    /// A program the partitioner cannot partition or place, or a compiled or placed
+    /// program cannot run, as asked.
+    #[error(transparent)]
+    Partition(Box<meshwork_partition::Error>),
 
     /// A topology that holds no devices, or hosts that do not divide it.
     #[error("topology {shape:?} with {devices_per_host} devices per host is not a valid mesh")]
@@ -291,3 +265,28 @@ pub enum Error {
 
 /// `Result` with the façade's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The partitioner's error about `value` in `op`, as the façade's.
+pub(crate) fn partition_error(
+    value: impl Into<String>,
+    op: &'static str,
+    problem: impl Into<String>,
+) -> Error {
+    meshwork_partition::Error::Partition { value: value.into(), op, problem: problem.into() }.into()
+}
+
+/// A sibling's error the partitioner passed on is that sibling's error here too (a
+/// placement the placer refused is [`Error::Placer`] whoever asked for it); the
+/// partitioner's own are [`Error::Partition`].
+impl From<meshwork_partition::Error> for Error {
+    fn from(e: meshwork_partition::Error) -> Error {
+        use meshwork_partition::Error as P;
+        match e {
+            P::Types(e) => Error::Types(e),
+            P::Program(e) => Error::Program(e),
+            P::Sharding(e) => Error::Sharding(e),
+            P::Placer(e) => Error::Placer(e),
+            other => Error::Partition(Box::new(other)),
+        }
+    }
+}

@@ -82,12 +82,14 @@ pub use dataset::{
     DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,
     Remainder,
 };
+pub(crate) use error::partition_error;
 pub use error::{Error, Result};
 pub use manager::{CheckpointManager, MARKER as CHECKPOINT_MARKER, find_checkpoint, step_name};
 pub use meshwork_executor as executor;
 pub use meshwork_executor::Tensor;
 pub use meshwork_nn as nn;
 pub use meshwork_outfeed as outfeed;
+pub use meshwork_partition as partition;
 pub use meshwork_placer as placer;
 pub use meshwork_program as program;
 pub use meshwork_sharding as sharding;

@@ -10,7 +10,7 @@ use meshwork_nn as nn;
 use meshwork_nn::Optimizer;
 use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
-use meshwork_strategy::spmd::Shardings;
+use meshwork_strategy::partition::Shardings;
 use meshwork_strategy::types::{DType, Shape, TensorSpec};
 
 /// The median of `v` (the upper one of an even count).

@@ -3,77 +3,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_partition::spmd::{Partitioned, Shardings, partition};
 use meshwork_program::fast::{Executable, Input, Options};
 use meshwork_program::{Env, Op, Program, Tensor, Value};
-use meshwork_sharding::spmd::Layout;
-use meshwork_sharding::{Mesh, PartitionSpec};
 use meshwork_types::TensorSpec;
 
 use super::run::{
     FeedPlan, FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with,
 };
-use super::{Partitioned, partition};
-use crate::{Error, Result, Strategy};
-
-/// A mesh and the partition specs of some of a program's parameters (by name); the
-/// others are left to propagation.
-#[derive(Debug, Clone)]
-pub struct Shardings {
-    mesh: Mesh,
-    specs: Vec<(String, PartitionSpec)>,
-}
-
-impl Shardings {
-    /// No parameter annotated yet.
-    pub fn new(mesh: Mesh) -> Shardings {
-        Shardings { mesh, specs: Vec::new() }
-    }
-
-    /// Parameter `param` laid out by `spec` (`"P('data', None)"`).
-    pub fn with(self, param: &str, spec: &str) -> Result<Shardings> {
-        Ok(self.with_spec(param, spec.parse()?))
-    }
-
-    /// Parameter `param` laid out by `spec`.
-    pub fn with_spec(mut self, param: &str, spec: PartitionSpec) -> Shardings {
-        self.specs.retain(|(n, _)| n != param);
-        self.specs.push((param.to_string(), spec));
-        self
-    }
-
-    /// The mesh.
-    pub fn mesh(&self) -> &Mesh {
-        &self.mesh
-    }
-
-    /// The spec given for `param`, if any.
-    pub fn spec(&self, param: &str) -> Option<&PartitionSpec> {
-        self.specs.iter().find(|(n, _)| n == param).map(|(_, s)| s)
-    }
-
-    /// Each parameter's layout (`None` where not given); a spec naming no parameter of
-    /// `program` is an error.
-    pub fn layouts(&self, program: &Program) -> Result<Vec<Option<Layout>>> {
-        for (name, _) in &self.specs {
-            if !program.params().iter().any(|p| &p.name == name) {
-                return Err(Error::Partition {
-                    value: name.clone(),
-                    op: "shardings",
-                    problem: "the program has no parameter of this name".into(),
-                });
-            }
-        }
-        program
-            .params()
-            .iter()
-            .map(|p| {
-                self.spec(&p.name)
-                    .map(|s| Ok(Layout::from_spec(&self.mesh, s, p.spec.shape.rank())?))
-                    .transpose()
-            })
-            .collect()
-    }
-}
+use crate::{Error, Result, Strategy, partition_error};
 
 /// One device's share of a compiled program: its interpreter, the parameters it
 /// keeps, and what a step feeds and returns.
@@ -150,37 +88,36 @@ impl Strategy {
         let mut pairs = Vec::with_capacity(carry.len());
         for &(r, name) in carry {
             let p = program.params().iter().position(|p| p.name == name).ok_or_else(|| {
-                Error::Partition {
-                    value: name.to_string(),
-                    op: "compile",
-                    problem: "carried into a parameter the program does not have".into(),
-                }
+                partition_error(
+                    name.to_string(),
+                    "compile",
+                    "carried into a parameter the program does not have",
+                )
             })?;
-            let spec = program.spec(*program.results().get(r).ok_or_else(|| Error::Partition {
-                value: name.to_string(),
-                op: "compile",
-                problem: format!(
-                    "carried from result {r}; the program has {}",
-                    program.results().len()
-                ),
+            let spec = program.spec(*program.results().get(r).ok_or_else(|| {
+                partition_error(
+                    name.to_string(),
+                    "compile",
+                    format!("carried from result {r}; the program has {}", program.results().len()),
+                )
             })?);
             if spec != Some(&program.params()[p].spec) {
-                return Err(Error::Partition {
-                    value: name.to_string(),
-                    op: "compile",
-                    problem: format!("result {r} is not of the parameter's spec"),
-                });
+                return Err(partition_error(
+                    name.to_string(),
+                    "compile",
+                    format!("result {r} is not of the parameter's spec"),
+                ));
             }
             if let Some(&(r0, p0)) = pairs.iter().find(|&&(r0, p0)| r0 == r || p0 == p) {
-                return Err(Error::Partition {
-                    value: name.to_string(),
-                    op: "compile",
-                    problem: if r0 == r {
+                return Err(partition_error(
+                    name.to_string(),
+                    "compile",
+                    if r0 == r {
                         format!("result {r} is carried twice (into two parameters)")
                     } else {
                         format!("carried from results {r0} and {r} (p{p0})")
                     },
-                });
+                ));
             }
             pairs.push((r, p));
         }
@@ -243,11 +180,11 @@ impl Compiled<'_> {
 
     pub(super) fn param(&self, name: &str) -> Result<usize> {
         self.part.global().params().iter().position(|p| p.name == name).ok_or_else(|| {
-            Error::Partition {
-                value: name.to_string(),
-                op: "compiled",
-                problem: "the program has no parameter of this name".into(),
-            }
+            partition_error(
+                name.to_string(),
+                "compiled",
+                "the program has no parameter of this name",
+            )
         })
     }
 
@@ -264,11 +201,11 @@ impl Compiled<'_> {
     pub(super) fn split_resident(&self, k: usize, value: &Tensor) -> Result<Vec<Tensor>> {
         let p = &self.part.global().params()[k];
         if value.spec() != p.spec {
-            return Err(Error::Partition {
-                value: p.name.clone(),
-                op: "set",
-                problem: format!("given {}, the parameter is {}", value.spec(), p.spec),
-            });
+            return Err(partition_error(
+                p.name.clone(),
+                "set",
+                format!("given {}, the parameter is {}", value.spec(), p.spec),
+            ));
         }
         if !self.resident[k] {
             self.resident_only(&p.name)?;
@@ -316,11 +253,11 @@ impl Compiled<'_> {
     }
 
     fn resident_only(&self, name: &str) -> Result<()> {
-        Err(Error::Partition {
-            value: name.to_string(),
-            op: "compiled",
-            problem: "not a resident parameter (no result is carried into it)".into(),
-        })
+        Err(partition_error(
+            name.to_string(),
+            "compiled",
+            "not a resident parameter (no result is carried into it)",
+        ))
     }
 
     /// Resident parameter `name`, assembled from the devices.
@@ -380,11 +317,11 @@ impl Compiled<'_> {
         let global = self.part.global();
         let fed = &self.feeds;
         if let Some(bad) = feeds.iter().find(|f| f.len() != fed.len()) {
-            return Err(Error::Partition {
-                value: String::new(),
-                op: "step",
-                problem: format!("{} feeds for {} non-resident parameters", bad.len(), fed.len()),
-            });
+            return Err(partition_error(
+                String::new(),
+                "step",
+                format!("{} feeds for {} non-resident parameters", bad.len(), fed.len()),
+            ));
         }
         if feeds.is_empty() {
             return Ok(Vec::new());
@@ -408,11 +345,11 @@ impl Compiled<'_> {
             for (t, (k, _)) in step.iter().zip(fed) {
                 let p = &global.params()[*k];
                 if t.spec() != p.spec {
-                    return Err(Error::Partition {
-                        value: p.name.clone(),
-                        op: "step",
-                        problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
-                    });
+                    return Err(partition_error(
+                        p.name.clone(),
+                        "step",
+                        format!("fed {}, the parameter is {}", t.spec(), p.spec),
+                    ));
                 }
             }
         }

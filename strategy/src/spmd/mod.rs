@@ -42,38 +42,12 @@
 //! ```
 
 mod compiled;
-mod partition;
-mod rules;
 pub(crate) mod run;
 mod state;
 
-pub use compiled::{Compiled, CompiledTrainStep, Shardings};
-pub use partition::{Collective, PartitionOptions, Partitioned, partition, partition_with};
+pub use compiled::{Compiled, CompiledTrainStep};
+pub use meshwork_partition::spmd::{Shardings, megatron_spec};
 pub use state::{ResidentState, STEP_VARIABLE};
-
-use meshwork_sharding::{DimSpec, PartitionSpec};
-
-/// The Megatron-style tensor-parallel spec over mesh axis `model` of a parameter of
-/// the program crate's `nn` layers, by name: attention's `wq`, `wk`, `wv` and the MLP's
-/// `w1` split by columns (and `b1` with them), attention's `wo` and the MLP's `w2` by
-/// rows; everything else (embeddings, layer norms, `b2`, `unembed`) replicated. With
-/// it, a decoder block's forward pass needs exactly two all-reduces over `model` (after
-/// `wo` and after `w2`) and its backward pass two (the input gradients of the
-/// column-split layers).
-pub fn megatron_spec(name: &str, rank: usize) -> PartitionSpec {
-    let model = || DimSpec::Axes(vec!["model".to_string()]);
-    let columns = ["attn.wq", "attn.wk", "attn.wv", "mlp.w1"];
-    let rows = ["attn.wo", "mlp.w2"];
-    if rank == 2 && columns.iter().any(|c| name.ends_with(c)) {
-        PartitionSpec::new(vec![DimSpec::Replicated, model()])
-    } else if (rank == 2 && rows.iter().any(|r| name.ends_with(r)))
-        || (rank == 1 && name.ends_with("mlp.b1"))
-    {
-        PartitionSpec::new(vec![model()])
-    } else {
-        PartitionSpec::replicated()
-    }
-}
 
 #[cfg(test)]
 mod tests;

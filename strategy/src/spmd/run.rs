@@ -13,8 +13,8 @@ use meshwork_sharding::{Mesh, Mode, assemble, shard};
 use meshwork_types::{Element, ReduceOp, Shape, Tensor, TensorSpec, each_tensor, with_element};
 use ndarray::ArrayD;
 
-use super::Partitioned;
-use crate::{Error, Result};
+use crate::{Error, Result, partition_error};
+use meshwork_partition::spmd::Partitioned;
 
 fn comm(e: impl std::fmt::Display) -> meshwork_program::Error {
     meshwork_program::Error::Communication { at: "collective".into(), problem: e.to_string() }
@@ -203,14 +203,14 @@ pub(crate) fn split_with(
             match T::unwrap_mut(b) {
                 Some(o) if o.shape() == local.as_slice() => outs.push(o.view_mut()),
                 _ => {
-                    return Err(Error::Partition {
-                        value: String::new(),
-                        op: "split",
-                        problem: format!(
+                    return Err(partition_error(
+                        String::new(),
+                        "split",
+                        format!(
                             "a pooled buffer of {dtype}{shape:?} for a part of {}{local:?}",
                             T::DTYPE
                         ),
-                    });
+                    ));
                 }
             }
         }
@@ -325,11 +325,11 @@ impl crate::Strategy {
     pub(crate) fn mesh_placement(&self, mesh: &Mesh) -> Result<Vec<usize>> {
         let devices = self.runtime().devices();
         if self.is_multi_process() {
-            return Err(Error::Partition {
-                value: String::new(),
-                op: "run",
-                problem: "SPMD programs run on the devices of one process".into(),
-            });
+            return Err(partition_error(
+                String::new(),
+                "run",
+                "SPMD programs run on the devices of one process",
+            ));
         }
         mesh.devices()
             .iter()
@@ -338,13 +338,11 @@ impl crate::Strategy {
                 if d < devices {
                     Ok(d)
                 } else {
-                    Err(Error::Partition {
-                        value: String::new(),
-                        op: "run",
-                        problem: format!(
-                            "mesh {mesh} names device {d}; the strategy has {devices}"
-                        ),
-                    })
+                    Err(partition_error(
+                        String::new(),
+                        "run",
+                        format!("mesh {mesh} names device {d}; the strategy has {devices}"),
+                    ))
                 }
             })
             .collect()
@@ -408,19 +406,19 @@ fn placeholder() -> Tensor {
 /// Checks that `inputs` are the program's parameters, by spec.
 pub(crate) fn check_inputs(program: &meshwork_program::Program, inputs: &[Tensor]) -> Result<()> {
     if inputs.len() != program.params().len() {
-        return Err(Error::Partition {
-            value: String::new(),
-            op: "run",
-            problem: format!("{} inputs for {} parameters", inputs.len(), program.params().len()),
-        });
+        return Err(partition_error(
+            String::new(),
+            "run",
+            format!("{} inputs for {} parameters", inputs.len(), program.params().len()),
+        ));
     }
     for (t, p) in inputs.iter().zip(program.params()) {
         if t.spec() != p.spec {
-            return Err(Error::Partition {
-                value: p.name.clone(),
-                op: "run",
-                problem: format!("fed {}, the parameter is {}", t.spec(), p.spec),
-            });
+            return Err(partition_error(
+                p.name.clone(),
+                "run",
+                format!("fed {}, the parameter is {}", t.spec(), p.spec),
+            ));
         }
     }
     Ok(())

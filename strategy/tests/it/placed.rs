@@ -105,9 +105,9 @@ fn a_variables_update_requested_elsewhere_is_placed_with_it() {
     let cpu = |i: usize| format!("/job:localhost/replica:0/task:0/device:CPU:{i}");
     assert_eq!(placed.device(w).unwrap(), cpu(1));
     assert_eq!(placed.device(y).unwrap(), cpu(0));
-    let assign = placed.graph().graph.id("w/assign").unwrap();
-    let read = placed.graph().graph.id("w/read").unwrap();
-    let on = |n| placed.devices().devices()[placed.placement().device(n)].name().to_string();
+    let assign = placed.plan().graph().graph.id("w/assign").unwrap();
+    let read = placed.plan().graph().graph.id("w/read").unwrap();
+    let on = |n| placed.devices().devices()[placed.plan().placement().device(n)].name().to_string();
     assert_eq!(on(assign), cpu(1), "the update goes with its variable");
     assert_eq!(on(read), cpu(1));
     let why = placed.explain(w).unwrap().to_string();
@@ -363,42 +363,9 @@ fn the_reference_transformer_trains_as_jax_on_2_replicas_of_2_stages() {
     );
 }
 
-/// Work is counted from the program: 2 FLOPs per multiply-add of a contraction, one
-/// element per element of cheap kernels, transcendentals apart.
-#[test]
-fn an_instructions_work_is_counted_from_its_shapes() {
-    use meshwork_strategy::placed::work;
-    let mut b = Builder::new();
-    let x = b.param("x", "f32[2,4,3]".parse().unwrap()).unwrap();
-    let w = b.param("w", "f32[2,3,5]".parse().unwrap()).unwrap();
-    let y = b.dot_general(x, w, &[2], &[1], &[0], &[0]).unwrap();
-    let t = b.tanh(y).unwrap();
-    let s = b.reduce_sum(t, &[1], false).unwrap();
-    let d = b.convert(s, DType::F64).unwrap();
-    let n = b.neg(d).unwrap();
-    let p = b.finish(&[n]).unwrap();
-    let of = |v: Value| work(&p, p.instr(v).unwrap());
-    // Brute force: one multiply-add per (batch, row, column, contracted index).
-    let mut madds = 0;
-    for _ in 0..2 {
-        for _ in 0..4 {
-            for _ in 0..5 {
-                for _ in 0..3 {
-                    madds += 1;
-                }
-            }
-        }
-    }
-    assert_eq!(of(y).matmul_flops, 2.0 * madds as f64);
-    assert_eq!((of(t).transcendentals, of(t).elements), (40.0, 0.0));
-    assert_eq!(of(s).elements, 40.0, "a reduction reads its operand");
-    assert!(!of(d).wide && of(n).wide, "f64 work runs at f64 rates");
-    assert!(of(y).elements == 0.0 && of(y).transcendentals == 0.0);
-}
-
 /// Fixed rates, so that estimates do not depend on this machine's load.
 fn fixed_cost() -> meshwork_strategy::placed::ProgramCost {
-    use meshwork_strategy::placed::{DeviceRates, ProgramCost, Rates};
+    use meshwork_strategy::partition::placed::{DeviceRates, ProgramCost, Rates};
     let single = Rates { matmul_flops: 2e10, elements: 1e9, transcendentals: 2e8, overhead: 2e-6 };
     let double = Rates { matmul_flops: 1e10, ..single };
     ProgramCost::uniform(DeviceRates { single, double }, 1e10, 1e-5)

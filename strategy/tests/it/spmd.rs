@@ -7,9 +7,9 @@
 
 use meshwork_program::{Program, Tensor, Value, fast};
 use meshwork_strategy::Strategy;
+use meshwork_strategy::partition::{megatron_spec, partition};
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::sharding::spmd::Layout;
-use meshwork_strategy::spmd::{megatron_spec, partition};
 use serde_json::Value as Json;
 
 #[path = "../../../program/tests/it/case.rs"]
@@ -234,7 +234,9 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
             Some(Layout::from_spec(&mesh, &spec, rank).unwrap())
         })
         .collect();
-    let on = |c: &&meshwork_strategy::spmd::Collective, axis: &str| c.axes == [axis.to_string()];
+    let on = |c: &&meshwork_strategy::partition::spmd::Collective, axis: &str| {
+        c.axes == [axis.to_string()]
+    };
     let forward = partition(&program, &mesh, &inputs, &[None]).unwrap();
     let model: Vec<_> = forward.collectives().iter().filter(|c| on(c, "model")).collect();
     assert_eq!(model.len(), 2, "{:?}", forward.collectives());
@@ -263,12 +265,12 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
     };
     assert_eq!((launches("data"), launches("model")), (1, 4), "{back}");
     assert_eq!(back.launches(), 5);
-    let apart = meshwork_strategy::spmd::partition_with(
+    let apart = meshwork_strategy::partition::partition_with(
         &grads,
         &mesh,
         &inputs,
         &outputs,
-        &meshwork_strategy::spmd::PartitionOptions { combine_bytes: 0 },
+        &meshwork_strategy::partition::spmd::PartitionOptions { combine_bytes: 0 },
     )
     .unwrap();
     assert_eq!(apart.launches(), weights + 1 + 4);
@@ -308,7 +310,7 @@ fn reference_step(
     model: usize,
     optimizer: meshwork_nn::Optimizer,
 ) -> (meshwork_strategy::spmd::CompiledTrainStep<'_>, Json) {
-    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::partition::Shardings;
     let (expected, program, loss, _) = files::reference_model();
     let weights: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
     let mesh = Mesh::iota(&[("data", data), ("model", model)]).unwrap();
@@ -660,7 +662,7 @@ fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
 fn a_pending_sum_wanted_sharded_is_reduce_scattered() {
     use meshwork_nn::Optimizer;
     use meshwork_program::Builder;
-    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::partition::Shardings;
     let mesh = Mesh::iota(&[("model", 2)]).unwrap();
     let mut b = Builder::new();
     let x = b.param("x", "f64[4,6]".parse().unwrap()).unwrap();
@@ -808,19 +810,14 @@ fn emitted_metrics_stream_through_the_outfeed_each_step() {
     }
 }
 
-/// What the partitioner and a compiled program cannot do is a typed error that says
-/// what and where: an indivisible dim (naming the value and dim, also for a value
-/// inside the program), a layout of the wrong rank or another mesh, a pending
-/// parameter or result, a program that already communicates, a spec for no parameter,
-/// a carry of another spec, feeds of the wrong count or spec, a resident parameter
-/// never set.
+/// What a compiled program cannot do is a typed error that says what and where: a
+/// spec for no parameter, a carry of another spec, feeds of the wrong count or spec, a
+/// resident parameter never set.
 #[test]
-fn what_cannot_be_partitioned_is_a_typed_error() {
+fn what_cannot_be_compiled_is_a_typed_error() {
     use meshwork_program::Builder;
-    use meshwork_strategy::Error;
-    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::partition::Shardings;
     let mesh = Mesh::iota(&[("data", 2), ("model", 2)]).unwrap();
-    let layout = |spec: &str, rank| Layout::from_spec(&mesh, &spec.parse().unwrap(), rank).unwrap();
     let mut b = Builder::new();
     let x = b.param("x", "f64[5,4]".parse().unwrap()).unwrap();
     let w = b.param("w", "f64[4,6]".parse().unwrap()).unwrap();
@@ -828,44 +825,6 @@ fn what_cannot_be_partitioned_is_a_typed_error() {
     let z = b.name(z, "z").unwrap();
     let r = b.reshape(z, &[3, 10]).unwrap();
     let program = b.finish(&[r]).unwrap();
-
-    let err = partition(&program, &mesh, &[Some(layout("P('data')", 2)), None], &[None]);
-    let err = err.unwrap_err();
-    assert!(
-        matches!(&err, Error::Indivisible { value, dim: 0, size: 5, tiles: 2 } if value == "x"),
-        "{err}"
-    );
-    // z [5, 6] tiled on dim 1 by w's columns is fine; asking the result [3, 10] for
-    // rows over data is not.
-    let err = partition(
-        &program,
-        &mesh,
-        &[None, Some(layout("P(None, 'model')", 2))],
-        &[Some(layout("P('data')", 2))],
-    )
-    .unwrap_err();
-    assert!(matches!(&err, Error::Indivisible { dim: 0, size: 3, tiles: 2, .. }), "{err}");
-    let err = partition(&program, &mesh, &[Some(layout("P()", 3)), None], &[None]).unwrap_err();
-    assert!(err.to_string().contains("a rank-3 layout for a rank-2 value"), "{err}");
-    let other = Mesh::iota(&[("a", 2), ("b", 2), ("c", 2)]).unwrap();
-    let far = Layout::from_spec(&other, &"P('c')".parse().unwrap(), 2).unwrap();
-    let err = partition(&program, &mesh, &[Some(far), None], &[None]).unwrap_err();
-    assert!(err.to_string().contains("another mesh"), "{err}");
-    let pending = Layout::new(&mesh, vec![vec![], vec![]], vec![1]).unwrap();
-    let err = partition(&program, &mesh, &[Some(pending.clone()), None], &[None]).unwrap_err();
-    assert!(err.to_string().contains("x (layout): a parameter cannot be a pending sum"), "{err}");
-    let err = partition(&program, &mesh, &[None, None], &[Some(pending)]).unwrap_err();
-    assert!(err.to_string().contains("a result cannot be a pending sum"), "{err}");
-    let err = partition(&program, &mesh, &[None], &[None]).unwrap_err();
-    assert!(err.to_string().contains("1 input and 1 output layouts"), "{err}");
-
-    let mut b = Builder::new();
-    let x = b.param("x", "f64[4]".parse().unwrap()).unwrap();
-    let s = b.all_reduce(x, meshwork_strategy::ReduceOp::Sum, &[vec![0, 1]]).unwrap();
-    let communicating = b.finish(&[s]).unwrap();
-    let err = partition(&communicating, &mesh, &[None], &[None]).unwrap_err();
-    assert!(err.to_string().contains("already communicates"), "{err}");
-
     let strategy = Strategy::data_parallel(4).unwrap();
     let unknown = Shardings::new(mesh.clone()).with("y", "P('data')").unwrap();
     let err = strategy.compile(&program, &unknown, &[]).err().unwrap();
@@ -924,7 +883,7 @@ fn the_reference_transformer_step_has_megatrons_collectives() {
         let strategy = Strategy::data_parallel(d * m).unwrap();
         let (step, _) = reference_step(&strategy, d, m, meshwork_nn::Optimizer::adam());
         let part = step.compiled().partitioned();
-        let on = |axis: &str| -> Vec<&meshwork_strategy::spmd::Collective> {
+        let on = |axis: &str| -> Vec<&meshwork_strategy::partition::spmd::Collective> {
             part.collectives().iter().filter(|c| c.axes == [axis.to_string()]).collect()
         };
         let model = on("model");
@@ -944,7 +903,7 @@ fn the_reference_transformer_step_has_megatrons_collectives() {
 #[test]
 fn a_strategy_checkpoint_restores_into_a_compiled_program() {
     use meshwork_program::Builder;
-    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::partition::Shardings;
     use meshwork_strategy::{DeviceAssignment, Topology, VariableOptions};
     let value: Vec<f64> = (0..24).map(|k| k as f64 * 0.25 - 3.0).collect();
     let topology = Topology::new(vec![4], 4).unwrap();
@@ -979,7 +938,7 @@ fn a_strategy_checkpoint_restores_into_a_compiled_program() {
 #[test]
 fn two_compiled_programs_step_at_once_on_one_strategy() {
     use meshwork_program::Builder;
-    use meshwork_strategy::spmd::Shardings;
+    use meshwork_strategy::partition::Shardings;
     let mesh = Mesh::iota(&[("data", 4)]).unwrap();
     let strategy = Strategy::data_parallel(4).unwrap();
     let mut b = Builder::new();
@@ -1008,8 +967,8 @@ fn two_compiled_programs_step_at_once_on_one_strategy() {
 }
 
 /// The MLP's shardings: the batch over `data`, Megatron's column/row split over `model`.
-fn mlp_shardings(mesh: Mesh) -> meshwork_strategy::spmd::Shardings {
-    meshwork_strategy::spmd::Shardings::new(mesh)
+fn mlp_shardings(mesh: Mesh) -> meshwork_strategy::partition::Shardings {
+    meshwork_strategy::partition::Shardings::new(mesh)
         .with("x", "P('data')")
         .and_then(|s| s.with("labels", "P('data')"))
         .and_then(|s| s.with("w1", "P(None, 'model')"))

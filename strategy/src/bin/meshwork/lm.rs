@@ -13,9 +13,9 @@ use meshwork_nn::{Pipeline, Transformer};
 use meshwork_program::fast::Input;
 use meshwork_program::{Builder, Program, Tensor, Value};
 use meshwork_strategy::Strategy;
+use meshwork_strategy::partition::{Shardings, megatron_spec};
 use meshwork_strategy::placed::PlaceOptions;
 use meshwork_strategy::sharding::Mesh;
-use meshwork_strategy::spmd::{Shardings, megatron_spec};
 use meshwork_strategy::types::{DType, Shape, TensorSpec};
 
 use crate::args::{self, Args, Exit, Usage, outln};

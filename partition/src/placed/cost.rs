@@ -1,21 +1,20 @@
 //! The cost of a placed program's instructions: work counted from the program (matmul
-//! FLOPs, elements, transcendental elements, bytes), times measured kernel rates per
-//! device type, and transfers over measured links — the placer's
-//! [`CostModel`](meshwork_placer::CostModel) for [`Strategy::place_with_cost`].
+//! FLOPs, elements, transcendental elements, bytes), times kernel rates per device type,
+//! and transfers over a link — the placer's [`CostModel`](meshwork_placer::CostModel)
+//! for [`place_program`](super::place_program) with a cost. The rates and the link are
+//! the caller's to give: measured on the machine (the strategy crate times its
+//! interpreter and its devices), or fixed.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use meshwork_placer::{CostModel, Device, Graph, NodeId};
-use meshwork_program::fast::{Executable, Options};
-use meshwork_program::{Binary, Builder, Env, Instr, Op, Program, Tensor, Unary};
+use meshwork_program::{Binary, Instr, Op, Program, Unary};
 use meshwork_types::{DType, TensorSpec};
 
-use super::{PlaceOptions, ProgramGraph};
-use crate::{Error, Result, Strategy};
+use super::ProgramGraph;
 
 /// Bytes of a dense tensor of `spec` (saturating).
-pub(crate) fn spec_bytes(spec: &TensorSpec) -> u64 {
+pub fn spec_bytes(spec: &TensorSpec) -> u64 {
     spec.byte_size().map_or(u64::MAX, |b| b as u64)
 }
 
@@ -176,22 +175,6 @@ impl ProgramCost {
         self
     }
 
-    /// Rates measured on this machine with the fast interpreter, with the threads a
-    /// device of `strategy` gets (every device type runs on the CPU here: each gets
-    /// the CPU's rates), and the link measured by sending between two of its
-    /// devices (none with one device). Takes about a second.
-    pub fn measure(strategy: &Strategy) -> Result<ProgramCost> {
-        let devices = strategy.runtime().devices();
-        let options = Options::for_devices(devices);
-        let rates = DeviceRates {
-            single: measure_rates(DType::F32, options)?,
-            double: measure_rates(DType::F64, options)?,
-        };
-        let (bandwidth, latency) =
-            if devices > 1 { measure_link(strategy, &rates.single)? } else { (f64::INFINITY, 0.0) };
-        Ok(ProgramCost::uniform(rates, bandwidth, latency))
-    }
-
     /// The rates of `device_type`.
     pub fn rates(&self, device_type: &str) -> &DeviceRates {
         self.rates.get(device_type).unwrap_or(&self.default_rates)
@@ -254,91 +237,4 @@ impl CostModel for NodeCosts<'_> {
     fn capacity(&self, device: &Device) -> u64 {
         self.cost.capacity.get(device.name()).copied().unwrap_or(self.cost.default_capacity)
     }
-}
-
-/// The median seconds of `run` over repeats filling about `budget`.
-fn median_seconds(budget: Duration, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
-    run()?; // warm up: pools, pages
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < 3 || (start.elapsed() < budget && times.len() < 200) {
-        let t = Instant::now();
-        run()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
-fn measure_rates(dtype: DType, options: Options) -> Result<Rates> {
-    let budget = Duration::from_millis(60);
-    let time = |program: Program, inputs: Vec<Tensor>| -> Result<f64> {
-        let exe = Executable::compile(&program, options);
-        let env = Env::local();
-        median_seconds(budget, || exe.run(&inputs, &env).map(drop).map_err(Error::from))
-    };
-    let spec = |dims: &[usize]| -> Result<TensorSpec> {
-        Ok(TensorSpec::new(dtype, meshwork_types::Shape::new(dims)?))
-    };
-    let tensor = |dims: &[usize]| -> Result<Tensor> {
-        let n = dims.iter().product();
-        let values: Vec<f64> = (0..n).map(|i| ((i % 7) as f64 - 3.0) * 0.1).collect();
-        Ok(match dtype {
-            DType::F64 => Tensor::f64(dims, values)?,
-            _ => Tensor::f32(dims, values.into_iter().map(|v| v as f32).collect())?,
-        })
-    };
-    // Dispatch: a chain of small reductions the interpreter cannot fuse.
-    const CHAIN: usize = 32;
-    let mut b = Builder::new();
-    let mut x = b.param("x", spec(&[1])?)?;
-    for _ in 0..CHAIN {
-        x = b.reduce_sum(x, &[0], true)?;
-    }
-    let overhead = time(b.finish(&[x])?, vec![tensor(&[1])?])? / CHAIN as f64;
-    let n = 256;
-    let mut b = Builder::new();
-    let (l, r) = (b.param("l", spec(&[n, n])?)?, b.param("r", spec(&[n, n])?)?);
-    let y = b.matmul(l, r)?;
-    let t = time(b.finish(&[y])?, vec![tensor(&[n, n])?, tensor(&[n, n])?])?;
-    let matmul_flops = 2.0 * (n * n * n) as f64 / (t - overhead).max(1e-9);
-    let m = 1 << 20;
-    let mut b = Builder::new();
-    let (l, r) = (b.param("l", spec(&[m])?)?, b.param("r", spec(&[m])?)?);
-    let y = b.add(l, r)?;
-    let t = time(b.finish(&[y])?, vec![tensor(&[m])?, tensor(&[m])?])?;
-    let elements = m as f64 / (t - overhead).max(1e-9);
-    let mut b = Builder::new();
-    let l = b.param("l", spec(&[m])?)?;
-    let y = b.tanh(l)?;
-    let t = time(b.finish(&[y])?, vec![tensor(&[m])?])?;
-    let transcendentals = m as f64 / (t - overhead).max(1e-9);
-    Ok(Rates { matmul_flops, elements, transcendentals, overhead })
-}
-
-/// (bandwidth, latency) between devices 0 and 1 of `strategy`: a scalar bounced
-/// between them, then a 4 MiB tensor.
-fn measure_link(strategy: &Strategy, rates: &Rates) -> Result<(f64, f64)> {
-    const HOPS: usize = 16;
-    let bounce = |elements: usize| -> Result<f64> {
-        let spec = TensorSpec::new(DType::F32, meshwork_types::Shape::new(&[elements])?);
-        let mut b = Builder::new();
-        let mut x = b.device("CPU:0", |b| b.param("x", spec.clone()))?;
-        for h in 0..HOPS {
-            x = b.device(&format!("CPU:{}", (h + 1) % 2), |b| b.neg(x))?;
-        }
-        let program = b.finish(&[x])?;
-        let placed = strategy.place(&program, &[], &PlaceOptions::default())?;
-        let input = Tensor::f32(&[elements], vec![1.0; elements])?;
-        let seconds = median_seconds(Duration::from_millis(60), || {
-            placed.step(std::slice::from_ref(&input)).map(drop)
-        })?;
-        let ops = HOPS as f64 * (rates.overhead + elements as f64 / rates.elements);
-        Ok(((seconds - ops) / HOPS as f64).max(1e-9))
-    };
-    let latency = bounce(1)?;
-    let big = 1 << 20;
-    let per = bounce(big)?;
-    let bandwidth = (4 * big) as f64 / (per - latency).max(1e-9);
-    Ok((bandwidth, latency))
 }
