@@ -1,8 +1,6 @@
 //! The façade's error type: its siblings' errors, wrapped, and its own checks (with
 //! `tf.distribute`'s wording where TensorFlow has a message for the same mistake).
 
-use std::path::PathBuf;
-
 use meshwork_types::DType;
 
 /// Everything that can go wrong in the façade: a sibling crate's error, or one of the
@@ -212,35 +210,9 @@ pub enum Error {
         /// What went wrong.
         problem: String,
     },
-    /// A checkpoint that cannot be written or read, or is incomplete or corrupt.
-    #[error("checkpoint {}: {problem}", path.display())]
-    Checkpoint {
-        /// The file or directory.
-        path: PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A checkpoint directory meshwork will not use (a file, a symbolic link, a device,
-    /// a non-empty directory that is not meshwork's, one another run holds), or a
-    /// managed save it refuses (a step that exists).
-    #[error("checkpoint directory {}: {problem}", path.display())]
-    CheckpointDir {
-        /// The directory (or the entry in it).
-        path: PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A checkpoint manager could not save a step (a full disk, a file-size limit):
-    /// nothing of the step is left under its `step-…` name.
-    #[error("checkpoint directory {}: cannot save step {step}: {problem}", path.display())]
-    CheckpointSave {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The step.
-        step: usize,
-        /// What failed (the operating system's words).
-        problem: String,
-    },
+    /// A checkpoint could not be written or read, or its directory used.
+    #[error(transparent)]
+    Checkpoint(#[from] meshwork_checkpoint::Error),
     /// Training produced a loss that is not a finite number (it diverged, or the
     /// inputs or weights held NaN or infinity).
     #[error("step {step}: the loss is {loss}, not a finite number; training stopped there")]
@@ -250,16 +222,6 @@ pub enum Error {
         step: usize,
         /// The loss.
         loss: f64,
-    },
-    /// A checkpoint whose variables do not match the strategy's.
-    #[error("checkpoint {}: variable {variable}: {problem}", path.display())]
-    CheckpointMismatch {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The variable.
-        variable: String,
-        /// What differs.
-        problem: String,
     },
 }
 

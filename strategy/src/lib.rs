@@ -59,11 +59,10 @@
 //! ```
 
 mod assignment;
-mod checkpoint;
+mod checkpoints;
 mod context;
 mod dataset;
 mod error;
-mod manager;
 mod metrics;
 pub mod mlp;
 mod ops;
@@ -74,9 +73,6 @@ mod values;
 mod variable;
 
 pub use assignment::{DeviceAssignment, Topology};
-pub use checkpoint::{
-    CheckpointEntry, checkpoint_metadata, checkpoint_variables, read_checkpoint, write_checkpoint,
-};
 pub use context::StrategyContext;
 pub use dataset::{
     DistributedBatch, DistributedDataset, InputContext, PerHostDataset, Pipeline, PipelineFn,
@@ -84,7 +80,7 @@ pub use dataset::{
 };
 pub(crate) use error::partition_error;
 pub use error::{Error, Result};
-pub use manager::{CheckpointManager, MARKER as CHECKPOINT_MARKER, find_checkpoint, step_name};
+pub use meshwork_checkpoint as checkpoint;
 pub use meshwork_executor as executor;
 pub use meshwork_executor::Tensor;
 pub use meshwork_nn as nn;

@@ -19,9 +19,11 @@ use ndarray::{Array1, Array2, ArrayD, Axis, Ix1, Ix2, NdFloat};
 
 use serde_json::{Value, json};
 
+use meshwork_checkpoint::CheckpointManager;
+
 use crate::{
-    Arg, CheckpointManager, DeviceAssignment, Error, Layout, MetricEvent, MetricSpec, Result,
-    Strategy, StrategyContext, Topology, Variable, VariableOptions,
+    Arg, DeviceAssignment, Error, Layout, MetricEvent, MetricSpec, Result, Strategy,
+    StrategyContext, Topology, Variable, VariableOptions,
 };
 
 /// A classification dataset: rows of features and their class ids.
@@ -477,7 +479,7 @@ fn train_as<T: Real>(
     check_mesh(config, init.hidden())?;
     let mut checkpoints = checkpoints;
     let resume = match &config.resume {
-        Some(path) => Some(crate::find_checkpoint(path)?.0),
+        Some(path) => Some(meshwork_checkpoint::find_checkpoint(path)?.0),
         None => None,
     };
     let (d, m) = (config.data, config.model);
@@ -521,14 +523,15 @@ fn train_as<T: Real>(
         && let Some(&newest) = m.steps()?.last()
         && newest > first
     {
-        return Err(Error::CheckpointDir {
+        return Err(meshwork_checkpoint::Error::Directory {
             path: m.root().to_path_buf(),
             problem: format!(
                 "already holds checkpoints up to {}, which this run (starting at step \
                  {first}) would not continue; resume from it, or give another directory",
-                crate::step_name(newest)
+                meshwork_checkpoint::step_name(newest)
             ),
-        });
+        }
+        .into());
     }
     let hidden = init.hidden();
     let mut saved = None;
@@ -536,7 +539,7 @@ fn train_as<T: Real>(
         if let Some(m) = &mut checkpoints
             && m.steps()?.last() != Some(&step)
         {
-            saved = Some(m.save(strategy, step, &run_metadata(config, data, hidden, step))?);
+            saved = Some(strategy.save_to(m, step, &run_metadata(config, data, hidden, step))?);
         }
         Ok(())
     };

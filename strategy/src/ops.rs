@@ -6,7 +6,7 @@ use std::ops::Range;
 use meshwork_executor::Tensor;
 use meshwork_sharding::{Mode, Sharding};
 use meshwork_types::DType;
-use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use ndarray::{Axis, Slice};
 
 use crate::{Error, Result};
 
@@ -207,47 +207,6 @@ pub(crate) fn assemble(shards: &[Tensor], sharding: &Sharding, shape: &[usize]) 
     Ok(with_views!("shards", &refs, |views, wrap| {
         wrap(meshwork_sharding::assemble(&views, sharding, shape, Mode::Strict)?)
     }))
-}
-
-/// A tensor of `dtype` and `shape` from little-endian bytes.
-pub(crate) fn from_le_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Option<Tensor> {
-    let n: usize = shape.iter().product();
-    macro_rules! go {
-        ($t:ty, $v:ident) => {{
-            let size = std::mem::size_of::<$t>();
-            if bytes.len() != n * size {
-                return None;
-            }
-            let v: Vec<$t> = bytes
-                .chunks_exact(size)
-                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk size")))
-                .collect();
-            Tensor::$v(ArrayD::from_shape_vec(IxDyn(shape), v).ok()?)
-        }};
-    }
-    Some(match dtype {
-        DType::F32 => go!(f32, F32),
-        DType::F64 => go!(f64, F64),
-        DType::I32 => go!(i32, I32),
-        DType::I64 => go!(i64, I64),
-        _ => return None,
-    })
-}
-
-/// The tensor's elements as little-endian bytes, row-major.
-pub(crate) fn to_le_bytes(t: &Tensor) -> Vec<u8> {
-    macro_rules! go {
-        ($a:ident) => {
-            $a.iter().flat_map(|x| x.to_le_bytes()).collect()
-        };
-    }
-    match t {
-        Tensor::F32(a) => go!(a),
-        Tensor::F64(a) => go!(a),
-        Tensor::I32(a) => go!(a),
-        Tensor::I64(a) => go!(a),
-        other => unreachable!("executor tensors have four dtypes, not {}", other.dtype()),
-    }
 }
 
 /// The destination shards of `plan` from `shards` (its source shards).

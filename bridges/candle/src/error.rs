@@ -20,7 +20,7 @@ pub enum Error {
     Sharding(#[from] meshwork_sharding::Error),
     /// A checkpoint could not be written or read.
     #[error(transparent)]
-    Checkpoint(#[from] meshwork_strategy::Error),
+    Checkpoint(#[from] meshwork_checkpoint::Error),
     /// A replica failed in its optimizer update (or in a restore) after the others had
     /// made theirs, so the replicas may differ: the trainer refuses to step or save
     /// until a [`restore`](crate::Trainer::restore) succeeds.

@@ -768,7 +768,7 @@ where
                     (plan.sharding.hlo().clone(), shards)
                 }
             };
-            entries.push(meshwork_strategy::CheckpointEntry {
+            entries.push(meshwork_checkpoint::CheckpointEntry {
                 name: name.clone(),
                 dtype: meshwork_types::DType::from(p.kind),
                 shape: p.shape.clone(),
@@ -780,7 +780,7 @@ where
             Parallel::Ddp => 1,
             Parallel::Fsdp => self.shared.replicas,
         };
-        meshwork_strategy::write_checkpoint(dir, devices, entries, metadata)?;
+        meshwork_checkpoint::write_checkpoint(dir, devices, entries, metadata)?;
         Ok(())
     }
 
@@ -823,12 +823,12 @@ where
             .map(|w| if w.1 == meshwork_types::DType::F64 { DType::F64 } else { DType::F32 })
             .collect();
         let read = (|| -> Result<(Vec<Tensor>, usize, usize)> {
-            let values = meshwork_strategy::read_checkpoint(dir, &wanted)?
+            let values = meshwork_checkpoint::read_checkpoint(dir, &wanted)?
                 .into_iter()
                 .zip(&kinds)
                 .map(|(t, &d)| params::from_exec(t, d))
                 .collect::<candle_core::Result<_>>()?;
-            let meta = meshwork_strategy::checkpoint_metadata(dir)?.unwrap_or_default();
+            let meta = meshwork_checkpoint::checkpoint_metadata(dir)?.unwrap_or_default();
             let count = |v: &serde_json::Value| v.as_u64().and_then(|s| usize::try_from(s).ok());
             let steps = count(&meta[META]["steps"]).unwrap_or(0);
             let updates = count(&meta[META]["optimizer"]["updates"]).unwrap_or(0);

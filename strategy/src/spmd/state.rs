@@ -17,8 +17,8 @@ use ndarray::ArrayD;
 use serde_json::Value as Json;
 
 use super::compiled::{Compiled, CompiledTrainStep};
-use crate::checkpoint::{self, Entry, Ops};
 use crate::{Error, Result};
+use meshwork_checkpoint::{CheckpointEntry as Entry, CheckpointManager};
 
 /// A resident parameter (by index) and its parts, by mesh position.
 type Parts = (usize, Vec<Tensor>);
@@ -267,9 +267,10 @@ impl Compiled<'_> {
         Ok(moved)
     }
 
-    /// The checkpoint entries of the resident parameters: each position's distinct
-    /// regions.
-    fn entries(&self) -> Result<Vec<Entry>> {
+    /// The checkpoint entries of the resident parameters: each mesh position's
+    /// distinct regions, over the mesh's positions
+    /// ([`mesh().size()`](meshwork_sharding::Mesh::size) of them).
+    pub fn checkpoint_entries(&self) -> Result<Vec<Entry>> {
         let part = self.partitioned();
         let mut out = Vec::new();
         for (k, parts) in self.snapshot()? {
@@ -299,10 +300,10 @@ impl Compiled<'_> {
     }
 
     fn write(&self, dir: &Path, extra: Vec<Entry>, metadata: Option<&Json>) -> Result<()> {
-        let mut entries = self.entries()?;
+        let mut entries = self.checkpoint_entries()?;
         entries.extend(extra);
         let n = self.partitioned().mesh().size();
-        checkpoint::write(dir, n, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
+        Ok(meshwork_checkpoint::write_checkpoint(dir, n, entries, metadata)?)
     }
 
     /// Saves the resident parameters as a sharded checkpoint in `dir` (a new or empty
@@ -350,7 +351,7 @@ impl Compiled<'_> {
             })
             .collect();
         wanted.extend(extra.iter().cloned());
-        let mut values = checkpoint::read(dir, &wanted, "the compiled program")?;
+        let mut values = meshwork_checkpoint::read_checkpoint(dir, &wanted)?;
         let extra = values.split_off(resident.len());
         let mut parts = Vec::with_capacity(resident.len());
         for (&k, value) in resident.iter().zip(values) {
@@ -409,6 +410,20 @@ impl CompiledTrainStep<'_> {
         metadata: &Json,
     ) -> Result<()> {
         self.compiled.write(dir.as_ref(), vec![step_entry(self.steps)?], Some(metadata))
+    }
+
+    /// Saves the weights, the optimizer state and the step count as step `step` of
+    /// `manager`'s directory, with `metadata` in the index.
+    pub fn save_to(
+        &self,
+        manager: &mut CheckpointManager,
+        step: usize,
+        metadata: &Json,
+    ) -> Result<std::path::PathBuf> {
+        let mut entries = self.compiled.checkpoint_entries()?;
+        entries.push(step_entry(self.steps)?);
+        let n = self.compiled.partitioned().mesh().size();
+        Ok(manager.save(step, metadata, n, entries)?)
     }
 
     /// Restores the weights, optimizer state and step count from `dir` (saved on any

@@ -551,10 +551,10 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
 
 /// A checkpoint manager keeps a compiled step's checkpoints as a strategy's: each
 /// step renamed into place, the newest `keep`, the latest restorable on another mesh;
-/// a writer that saves nothing is refused.
+/// a step that exists is refused.
 #[test]
 fn a_checkpoint_manager_keeps_compiled_steps() {
-    use meshwork_strategy::CheckpointManager;
+    use meshwork_strategy::checkpoint::CheckpointManager;
     let adam = meshwork_nn::Optimizer::adam();
     let root = temp_dir("manager");
     let strategy = Strategy::data_parallel(2).unwrap();
@@ -564,18 +564,18 @@ fn a_checkpoint_manager_keeps_compiled_steps() {
     for (range, at) in [(0..3, 3), (3..7, 7)] {
         losses.extend(reference_steps(&mut step, range, 0.01));
         let meta = serde_json::json!({ "at": at });
-        manager.save_with(at, &meta, |dir, m| step.save_checkpoint_with_metadata(dir, m)).unwrap();
+        step.save_to(&mut manager, at, &meta).unwrap();
     }
     assert_eq!(manager.steps().unwrap(), vec![7]);
-    let err = manager.save_with(8, &serde_json::json!({}), |_, _| Ok(())).unwrap_err();
-    assert!(err.to_string().contains("saved no meshwork checkpoint"), "{err}");
+    let err = step.save_to(&mut manager, 7, &serde_json::json!({})).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
     assert_eq!(manager.steps().unwrap(), vec![7]);
     let (_, latest) = manager.latest().unwrap().unwrap();
     let other = Strategy::data_parallel(4).unwrap();
     let (mut resumed, _) = reference_step(&other, 2, 2, adam);
     resumed.restore_checkpoint(&latest).unwrap();
     assert_eq!(
-        meshwork_strategy::checkpoint_metadata(&latest).unwrap(),
+        meshwork_strategy::checkpoint::checkpoint_metadata(&latest).unwrap(),
         Some(serde_json::json!({ "at": 7 }))
     );
     losses.extend(reference_steps(&mut resumed, 7..20, 0.01));

@@ -629,8 +629,13 @@ trait Run {
     }
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor, Exit>;
-    /// Saves the weights, optimizer state and `steps` as a checkpoint in `dir`.
-    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()>;
+    /// Saves the weights, optimizer state and `steps` as step `steps` of `manager`.
+    fn save(
+        &mut self,
+        manager: &mut meshwork_strategy::checkpoint::CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> StrategyResult<std::path::PathBuf>;
     /// Restores a checkpoint (saved by any layout); returns its step count.
     fn restore(&mut self, dir: &Path) -> StrategyResult<usize>;
 }
@@ -649,9 +654,14 @@ impl Run for SpmdRun<'_> {
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.0.get(name).map_err(|e| Exit::Failed(e.to_string()))
     }
-    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()> {
+    fn save(
+        &mut self,
+        manager: &mut meshwork_strategy::checkpoint::CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> StrategyResult<std::path::PathBuf> {
         self.0.set_steps(steps);
-        self.0.save_checkpoint_with_metadata(dir, meta)
+        self.0.save_to(manager, steps, meta)
     }
     fn restore(&mut self, dir: &Path) -> StrategyResult<usize> {
         self.0.restore_checkpoint(dir)?;
@@ -708,14 +718,19 @@ impl Run for PlacedRun<'_> {
     fn weight(&self, name: &str) -> Result<Tensor, Exit> {
         self.placed.get(name).map_err(|e| Exit::Failed(e.to_string()))
     }
-    fn save(&mut self, dir: &Path, meta: &serde_json::Value, steps: usize) -> StrategyResult<()> {
+    fn save(
+        &mut self,
+        manager: &mut meshwork_strategy::checkpoint::CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> StrategyResult<std::path::PathBuf> {
         let names = self.state_names();
         self.with_host(|host| {
             for name in &names {
                 host.set(name, &self.placed.get(name)?)?;
             }
             host.set_steps(steps);
-            host.save_checkpoint_with_metadata(dir, meta)
+            host.save_to(manager, steps, meta)
         })
     }
     fn restore(&mut self, dir: &Path) -> StrategyResult<usize> {
@@ -1387,8 +1402,9 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     let resume = match a.get("resume") {
         None => None,
         Some(p) => {
-            let (dir, _) = meshwork_strategy::find_checkpoint(p).map_err(|e| usage("resume", e))?;
-            let meta = meshwork_strategy::checkpoint_metadata(&dir)
+            let (dir, _) = meshwork_strategy::checkpoint::find_checkpoint(p)
+                .map_err(|e| usage("resume", e))?;
+            let meta = meshwork_strategy::checkpoint::checkpoint_metadata(&dir)
                 .map_err(|e| usage("resume", e))?
                 .filter(|m| m["model"] == a.get("model").unwrap_or("transformer"))
                 .ok_or_else(|| {
@@ -1791,7 +1807,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
     };
     // Every check passed: now the outputs are made.
     let mut manager = checkpoint_dir
-        .map(|d| meshwork_strategy::CheckpointManager::open(d, keep))
+        .map(|d| meshwork_strategy::checkpoint::CheckpointManager::open(d, keep))
         .transpose()
         .map_err(|e| usage("checkpoint-dir", e))?;
     if let Some(m) = &manager
@@ -1873,7 +1889,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         if let Some(m) = manager.as_mut()
             && (s + 1 == steps || (checkpoint_every > 0 && (s + 1) % checkpoint_every == 0))
         {
-            let saved = m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1));
+            let saved = run.save(m, &meta, s + 1);
             kept(json, &losses, saved.map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}"))))?;
             saved_at = Some(s + 1);
         }
@@ -1928,7 +1944,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
             if let Some(m) = manager.as_mut()
                 && saved_at != Some(s + 1)
             {
-                m.save_with(s + 1, &meta, |dir, md| run.save(dir, md, s + 1))
+                run.save(m, &meta, s + 1)
                     .map_err(|e| Exit::Failed(format!("--checkpoint-dir: {e}")))?;
             }
             if let Some(p) = a.get("losses-json") {

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use meshwork_strategy::Error as StrategyError;
+use meshwork_strategy::checkpoint::{CheckpointManager, Error as CheckpointError};
 use meshwork_strategy::mlp::{self, Dataset, Params, Progress, TrainConfig};
 use meshwork_strategy::types::DType;
-use meshwork_strategy::{CheckpointManager, Error as StrategyError};
 use ndarray::{Array1, Array2, Ix2};
 use serde_json::Value;
 
@@ -500,12 +501,15 @@ impl Saved {
 
 /// `--resume`: the checkpoint and its metadata.
 fn saved_run(path: &str) -> Result<Saved, Usage> {
-    let (dir, step) = meshwork_strategy::find_checkpoint(path).map_err(|e| usage("resume", e))?;
-    let mut meta = meshwork_strategy::checkpoint_metadata(&dir).map_err(|e| usage("resume", e))?;
+    let (dir, step) =
+        meshwork_strategy::checkpoint::find_checkpoint(path).map_err(|e| usage("resume", e))?;
+    let mut meta =
+        meshwork_strategy::checkpoint::checkpoint_metadata(&dir).map_err(|e| usage("resume", e))?;
     if meta.is_none() {
         // A checkpoint without run metadata (saved by the library, or by an earlier
         // meshwork): the model's sizes and dtype from its variables.
-        let vars = meshwork_strategy::checkpoint_variables(&dir).map_err(|e| usage("resume", e))?;
+        let vars = meshwork_strategy::checkpoint::checkpoint_variables(&dir)
+            .map_err(|e| usage("resume", e))?;
         let find = |name: &str| vars.iter().find(|(n, _, _)| n == name);
         if let (Some((_, dtype, w1)), Some((_, _, w2))) = (find("w1"), find("w2"))
             && let ([features, hidden], [_, classes]) = (w1.as_slice(), w2.as_slice())
@@ -543,18 +547,15 @@ pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Usage> {
 fn strategy_error(e: StrategyError, config: &TrainConfig) -> Exit {
     match &e {
         StrategyError::NonFiniteLoss { .. } => Exit::Failed(format!("training diverged: {e}")),
-        StrategyError::CheckpointSave { path, step, problem } => Exit::Failed(format!(
-            "--checkpoint-dir {}: cannot save step {step}: {problem}",
-            path.display()
-        )),
-        StrategyError::CheckpointDir { path, problem } if config.checkpoint_dir.is_some() => {
+        StrategyError::Checkpoint(CheckpointError::Save { path, step, problem }) => Exit::Failed(
+            format!("--checkpoint-dir {}: cannot save step {step}: {problem}", path.display()),
+        ),
+        StrategyError::Checkpoint(CheckpointError::Directory { path, problem })
+            if config.checkpoint_dir.is_some() =>
+        {
             Exit::Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
         }
-        StrategyError::Checkpoint { .. }
-        | StrategyError::CheckpointMismatch { .. }
-        | StrategyError::CheckpointDir { .. }
-            if config.resume.is_some() =>
-        {
+        StrategyError::Checkpoint(_) if config.resume.is_some() => {
             Exit::Usage(format!("--resume: {e}"))
         }
         _ => Exit::Failed(e.to_string()),
@@ -762,7 +763,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
         // Created, checked and locked now and held through the run, so a directory
         // that cannot be used fails before any step.
         let m = CheckpointManager::open(dir, keep).map_err(|e| match e {
-            StrategyError::CheckpointDir { path, problem } => {
+            CheckpointError::Directory { path, problem } => {
                 Usage(format!("--checkpoint-dir {}: {problem}", path.display()))
             }
             e => usage("checkpoint-dir", e),
@@ -775,7 +776,7 @@ pub(crate) fn run(argv: &[String]) -> Result<(), Exit> {
                 "checkpoint-dir",
                 format!(
                     "{dir} already holds checkpoints up to {}, which this run (starting at step {start}) would not continue; resume from it with --resume {dir}, or give another directory",
-                    meshwork_strategy::step_name(newest)
+                    meshwork_strategy::checkpoint::step_name(newest)
                 ),
             )
             .into());

@@ -12,7 +12,7 @@
 //! - [`CheckpointManager::open`] creates `DIR` if absent and accepts it if it is empty
 //!   or already marked as meshwork's; a file, a symbolic link, a device or a non-empty
 //!   directory without the marker is refused and left untouched. It then takes the
-//!   lock (a second run on the same directory gets [`Error::CheckpointDir`] at once)
+//!   lock (a second run on the same directory gets [`Error::Directory`] at once)
 //!   and removes the temporary entries a killed run left (only names meshwork makes).
 //! - [`CheckpointManager::save`] writes a step into `.partial-step-…` (index last),
 //!   renames it to `step-NNNNNNNN`, then updates `latest` atomically (a temporary
@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::checkpoint::{Ops, is_checkpoint, sync_dir};
-use crate::{Error, Result, Strategy};
+use crate::format::{CheckpointEntry, Ops, check, is_checkpoint, sync_dir, write};
+use crate::{Error, Result};
 
 /// The marker file that makes a directory meshwork's.
 pub const MARKER: &str = "meshwork-checkpoints.json";
@@ -58,7 +58,7 @@ fn parse_step(name: &str) -> Option<usize> {
 }
 
 fn refuse(path: &Path, problem: impl Into<String>) -> Error {
-    Error::CheckpointDir { path: path.to_path_buf(), problem: problem.into() }
+    Error::Directory { path: path.to_path_buf(), problem: problem.into() }
 }
 
 /// What is at `path`, in words, for a refusal.
@@ -227,42 +227,24 @@ impl CheckpointManager {
         Ok(self.steps()?.last().map(|&s| (s, self.root.join(step_name(s)))))
     }
 
-    /// Saves `strategy`'s variables (with `metadata` in the index) as step `step`:
-    /// written aside, renamed to `step-NNNNNNNN`, `latest` updated, then the oldest
-    /// steps beyond `keep` deleted. Refuses a step that already exists.
-    pub fn save(&mut self, strategy: &Strategy, step: usize, metadata: &Value) -> Result<PathBuf> {
-        if strategy.is_multi_process() {
-            return Err(refuse(
-                &self.root,
-                "a checkpoint manager serves a single-process strategy; with several \
-                 processes use Strategy::save_checkpoint",
-            ));
-        }
-        self.save_step(step, &mut |aside, ops| {
-            strategy.save_checkpoint_with(aside, Some(metadata), ops)
-        })
-    }
-
-    /// [`save`](Self::save) with any writer of a checkpoint: `write(dir, metadata)`
-    /// saves one into the new directory `dir` (aside, renamed into place once it
-    /// returns) — a compiled program's
-    /// ([`CompiledTrainStep::save_checkpoint_with_metadata`](crate::spmd::CompiledTrainStep::save_checkpoint_with_metadata)),
-    /// say.
-    pub fn save_with(
+    /// Saves `entries` — the shards of a checkpoint over `devices` positions, checked
+    /// as [`write_checkpoint`](crate::write_checkpoint) checks them — with `metadata`
+    /// in the index as step `step`: written aside, renamed to `step-NNNNNNNN`,
+    /// `latest` updated, then the oldest steps beyond `keep` deleted. Refuses a step
+    /// that already exists. A save that fails (a full disk) is [`Error::Save`], naming
+    /// the directory and the step, and leaves nothing under the step's name.
+    pub fn save(
         &mut self,
         step: usize,
         metadata: &Value,
-        write: impl FnOnce(&Path, &Value) -> Result<()>,
+        devices: usize,
+        entries: Vec<CheckpointEntry>,
     ) -> Result<PathBuf> {
-        let mut write = Some(write);
-        self.save_step(step, &mut |aside, _| {
-            let write = write.take().expect("a step is written once");
-            write(aside, metadata)?;
-            if is_checkpoint(aside) {
-                Ok(())
-            } else {
-                Err(refuse(aside, "the writer saved no meshwork checkpoint there"))
-            }
+        check(&self.root, devices, &entries)?;
+        let mut entries = Some(entries);
+        self.save_step(step, &mut |aside, ops| {
+            let entries = entries.take().expect("a step is written once");
+            write(aside, devices, entries, Some(metadata), ops)
         })
     }
 
@@ -286,8 +268,8 @@ impl CheckpointManager {
         }
         let mut ops = ops;
         self.write_step(write, step, &aside, &target, &mut ops).map_err(|e| match e {
-            Error::Checkpoint { problem, .. } | Error::CheckpointDir { problem, .. } => {
-                Error::CheckpointSave { path: self.root.clone(), step, problem }
+            Error::File { problem, .. } | Error::Directory { problem, .. } => {
+                Error::Save { path: self.root.clone(), step, problem }
             }
             other => other,
         })?;
@@ -363,7 +345,7 @@ fn complete_steps(root: &Path) -> Result<Vec<usize>> {
         .filter_map(|e| {
             let step = parse_step(e.file_name().to_str()?)?;
             let meta = fs::symlink_metadata(e.path()).ok()?;
-            (meta.is_dir() && is_checkpoint(&e.path())).then_some(step)
+            (meta.is_dir() && is_checkpoint(e.path())).then_some(step)
         })
         .collect();
     steps.sort_unstable();

@@ -1,9 +1,9 @@
-//! Sharded checkpoints: every variable's distinct shards in safetensors files (one per
-//! logical device), and a JSON index with the mesh, each variable's sharding and shard
-//! regions, CRC32C checksums of every file and optional run metadata. The index is
-//! written last, so a directory without it is not a checkpoint; restoring verifies
-//! sizes, checksums, dtypes and shapes before any variable changes, then lays the
-//! values out in the strategy's current sharding — which may differ from the saved one.
+//! The checkpoint format: every variable's distinct shards in safetensors files (one
+//! per device position), and a JSON index with each variable's dtype, shape, sharding
+//! and shard regions, CRC32C checksums of every file and tensor, and optional run
+//! metadata. The index is written last, so a directory without it is not a checkpoint;
+//! reading verifies sizes, checksums, dtypes and shapes before any value is returned,
+//! and assembles each variable whole — whatever sharding and how many devices saved it.
 //!
 //! Writing never replaces or deletes anything it did not create: a checkpoint goes into
 //! a new (or empty) directory. Rolling checkpoints of a training run, each written aside
@@ -14,36 +14,58 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use meshwork_executor::Tensor;
-use meshwork_sharding::{HloSharding, Mode};
-use meshwork_types::DType;
+use meshwork_sharding::{HloSharding, Mode, Sharding};
+use meshwork_types::{DType, DeviceId, Element, Shape, Tensor, TensorSpec};
 use ndarray::{ArrayD, IxDyn, Slice};
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
-use crate::strategy::Strategy;
-use crate::variable::{Aggregation, Synchronization, VarState, logical_sharding};
-use crate::{Error, Result, ops};
+use crate::{Error, Result};
 
 const FORMAT: &str = "meshwork-checkpoint";
+/// Most device positions a checkpoint has (device ids are 32-bit).
+const MAX_DEVICES: usize = 1 << 24;
 const VERSION: u64 = 1;
 const INDEX: &str = "index.json";
 
 fn io(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Checkpoint { path: path.to_path_buf(), problem: e.to_string() }
+    Error::File { path: path.to_path_buf(), problem: e.to_string() }
 }
 
 fn corrupt(path: &Path, problem: impl Into<String>) -> Error {
-    Error::Checkpoint { path: path.to_path_buf(), problem: problem.into() }
+    Error::File { path: path.to_path_buf(), problem: problem.into() }
 }
 
+/// A dtype's safetensors name: every dtype of a host tensor has one.
 fn st_dtype(d: DType) -> safetensors::Dtype {
+    use safetensors::Dtype as S;
     match d {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::F64 => safetensors::Dtype::F64,
-        DType::I32 => safetensors::Dtype::I32,
-        _ => safetensors::Dtype::I64,
+        DType::Bool => S::BOOL,
+        DType::U8 => S::U8,
+        DType::U16 => S::U16,
+        DType::U32 => S::U32,
+        DType::U64 => S::U64,
+        DType::I8 => S::I8,
+        DType::I16 => S::I16,
+        DType::I32 => S::I32,
+        DType::I64 => S::I64,
+        DType::F16 => S::F16,
+        DType::BF16 => S::BF16,
+        DType::F32 => S::F32,
+        DType::F64 => S::F64,
     }
+}
+
+/// `dtype[shape]` for messages.
+fn spec(dtype: DType, shape: &[usize]) -> String {
+    Shape::new(shape)
+        .map(|s| TensorSpec::new(dtype, s).to_string())
+        .unwrap_or_else(|_| format!("{dtype}{shape:?}"))
+}
+
+/// `hlo` over device positions `0..devices`.
+pub(crate) fn positions(hlo: HloSharding, devices: usize) -> Result<Sharding> {
+    Ok(Sharding::new(hlo, (0..devices as u32).map(DeviceId).collect())?)
 }
 
 /// The file-system operations of a save, counted so a test can stop the save after
@@ -104,76 +126,8 @@ pub(crate) fn sync_dir(path: &Path) {
     }
 }
 
-/// The value a checkpoint keeps of a variable: the synchronised value of a
-/// sync-on-write variable, the aggregated read of a sync-on-read one (replica 0's copy
-/// when it has no aggregation).
-fn saved_value(s: &VarState) -> Result<Tensor> {
-    if s.sync == Synchronization::OnRead && s.aggregation == Aggregation::None {
-        s.value_of(0)
-    } else {
-        s.read()
-    }
-}
-
-impl Strategy {
-    /// Saves every variable as a new checkpoint in `dir`: created if absent, or an
-    /// existing empty directory. Anything else at `dir` is refused and left alone —
-    /// this never replaces or deletes what it did not write. The index is written last,
-    /// so a save cut short leaves no directory that restores. For rolling checkpoints
-    /// of a training run use a [`CheckpointManager`](crate::CheckpointManager).
-    ///
-    /// With several processes every process calls it: process 0 writes (every
-    /// process holds the same sync-on-write values) and all return once it has.
-    pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
-        self.save_checkpoint_with(dir.as_ref(), None, &mut Ops::real())
-    }
-
-    /// [`save_checkpoint`](Self::save_checkpoint) with `metadata` (any JSON: a run's
-    /// configuration, say) kept in the index, where
-    /// [`checkpoint_metadata`](crate::checkpoint_metadata) reads it back.
-    pub fn save_checkpoint_with_metadata(
-        &self,
-        dir: impl AsRef<Path>,
-        metadata: &Value,
-    ) -> Result<()> {
-        self.save_checkpoint_with(dir.as_ref(), Some(metadata), &mut Ops::real())
-    }
-
-    pub(crate) fn save_checkpoint_with(
-        &self,
-        dir: &Path,
-        metadata: Option<&Value>,
-        ops: &mut Ops,
-    ) -> Result<()> {
-        if !self.is_multi_process() {
-            return save(self, dir, metadata, ops);
-        }
-        if let Some(s) = self.states().iter().find(|s| s.sync == Synchronization::OnRead) {
-            return Err(Error::Variable {
-                variable: s.name.clone(),
-                problem: "is synchronised on read, and other processes hold some of its copies: \
-                          a multi-process checkpoint cannot save it"
-                    .into(),
-            });
-        }
-        let written =
-            if self.local_replicas().start == 0 { save(self, dir, metadata, ops) } else { Ok(()) };
-        self.sync()?;
-        written
-    }
-
-    /// Restores every variable of this strategy from `dir`, resharding each onto the
-    /// strategy's current layout. Refuses (changing nothing) a missing index, a file
-    /// whose size or checksum differs from the index, or a variable that is missing or
-    /// has another dtype or shape.
-    pub fn restore_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
-        restore(self, dir.as_ref())
-    }
-}
-
-/// The metadata a checkpoint was saved with
-/// ([`Strategy::save_checkpoint_with_metadata`]), `None` if it has none. Reads only the
-/// index; [`Strategy::restore_checkpoint`] verifies the rest.
+/// The metadata a checkpoint was saved with, `None` if it has none. Reads only the
+/// index; [`read_checkpoint`] verifies the rest.
 pub fn checkpoint_metadata(dir: impl AsRef<Path>) -> Result<Option<Value>> {
     let index_path = dir.as_ref().join(INDEX);
     let index = read_index(&index_path)?;
@@ -238,7 +192,8 @@ fn read_index(index_path: &Path) -> Result<Value> {
 
 /// Whether `dir` holds a meshwork checkpoint index (a complete checkpoint, unless its
 /// files were damaged since).
-pub(crate) fn is_checkpoint(dir: &Path) -> bool {
+pub fn is_checkpoint(dir: impl AsRef<Path>) -> bool {
+    let dir = dir.as_ref();
     read_index(&dir.join(INDEX)).is_ok()
 }
 
@@ -251,12 +206,9 @@ struct Saved {
     bytes: Vec<u8>,
 }
 
-/// One variable on its way into a checkpoint: its sharding over device positions
-/// `0..n` and the shard of each distinct region (replica 0 of it), with the position
-/// whose file holds it.
-/// One variable of a sharded checkpoint as its writer holds it: for writers that keep
-/// their own shards (a training step compiled by [`spmd`](crate::spmd), a bridge to
-/// another library) rather than a strategy's variables.
+/// One variable of a sharded checkpoint as its writer holds it: its sharding over
+/// device positions `0..n` and the shard of each distinct region (replica 0 of it),
+/// with the position whose file holds it.
 #[derive(Debug, Clone)]
 pub struct CheckpointEntry {
     /// The variable's name.
@@ -272,15 +224,10 @@ pub struct CheckpointEntry {
     pub shards: Vec<(usize, Vec<std::ops::Range<usize>>, Tensor)>,
 }
 
-pub(crate) type Entry = CheckpointEntry;
-
 /// The distinct regions a checkpoint holds of a value of `shape` under `sharding`, in
 /// index-map order: its even split, or, where a dim does not divide, XLA's padded
 /// layout with the empty trailing regions left out.
-fn saved_regions(
-    sharding: &meshwork_sharding::Sharding,
-    shape: &[usize],
-) -> Result<Vec<Vec<std::ops::Range<usize>>>> {
+fn saved_regions(sharding: &Sharding, shape: &[usize]) -> Result<Vec<Vec<std::ops::Range<usize>>>> {
     let index = match sharding.index_map(shape, Mode::Strict) {
         Err(meshwork_sharding::Error::Indivisible { .. }) => {
             sharding.index_map(shape, Mode::Uneven)?
@@ -308,10 +255,20 @@ pub fn write_checkpoint(
     metadata: Option<&Value>,
 ) -> Result<()> {
     let dir = dir.as_ref();
-    // Everything checked before the directory is made: what a reader will check.
-    for e in &entries {
+    check(dir, devices, &entries)?;
+    write(dir, devices, entries, metadata, &mut Ops::real())
+}
+
+/// Checks `entries` as a reader will, before anything is written: every non-empty
+/// region of every variable's sharding over `devices` positions given once, in
+/// index-map order, of the variable's dtype.
+pub(crate) fn check(dir: &Path, devices: usize, entries: &[CheckpointEntry]) -> Result<()> {
+    if devices == 0 || devices > MAX_DEVICES {
+        return Err(corrupt(dir, format!("{devices} device positions (1 to {MAX_DEVICES})")));
+    }
+    for e in entries {
         let bad = |problem: String| corrupt(dir, format!("variable {}: {problem}", e.name));
-        let sharding = logical_sharding(e.hlo.clone(), devices).map_err(|x| bad(x.to_string()))?;
+        let sharding = positions(e.hlo.clone(), devices).map_err(|x| bad(x.to_string()))?;
         let regions = saved_regions(&sharding, &e.shape)?;
         if e.shards.len() != regions.len() {
             return Err(bad(format!(
@@ -340,7 +297,7 @@ pub fn write_checkpoint(
             }
         }
     }
-    write(dir, devices, 1, entries.into_iter().map(Ok), metadata, &mut Ops::real())
+    Ok(())
 }
 
 /// Reads the variables `wanted` (`(name, dtype, shape)`) whole from the checkpoint in
@@ -350,30 +307,7 @@ pub fn read_checkpoint(
     dir: impl AsRef<Path>,
     wanted: &[(String, DType, Vec<usize>)],
 ) -> Result<Vec<Tensor>> {
-    read(dir.as_ref(), wanted, "the reader")
-}
-
-fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops) -> Result<()> {
-    let logical = strategy.num_logical_devices();
-    let states = strategy.states();
-    let entries = states.iter().map(|s| {
-        let value = saved_value(s)?;
-        let shards = ops::shard(&value, &s.sharding)?;
-        Ok(Entry {
-            name: s.name.clone(),
-            dtype: s.dtype,
-            shape: s.shape.clone(),
-            hlo: s.sharding.hlo().clone(),
-            shards: s
-                .index
-                .iter()
-                .zip(shards)
-                .filter(|(index, _)| index.replica_id == 0)
-                .map(|(index, shard)| (index.device.0 as usize, index.ranges.clone(), shard))
-                .collect(),
-        })
-    });
-    write(dir, logical, strategy.num_replicas_in_sync(), entries, metadata, ops)
+    read(dir.as_ref(), wanted)
 }
 
 /// Writes a checkpoint of `entries` (over `devices` positions, one shard file each)
@@ -381,8 +315,7 @@ fn save(strategy: &Strategy, dir: &Path, metadata: Option<&Value>, ops: &mut Ops
 pub(crate) fn write(
     dir: &Path,
     devices: usize,
-    replicas: usize,
-    entries: impl Iterator<Item = Result<Entry>>,
+    entries: Vec<CheckpointEntry>,
     metadata: Option<&Value>,
     ops: &mut Ops,
 ) -> Result<()> {
@@ -416,11 +349,10 @@ pub(crate) fn write(
         let mut files: Vec<Vec<Saved>> = vec![Vec::new(); devices];
         let mut variables = Vec::new();
         for entry in entries {
-            let entry = entry?;
             let mut listed = Vec::new();
             for (k, (device, ranges, shard)) in entry.shards.iter().enumerate() {
                 let tensor = format!("{}/{k}", entry.name);
-                let bytes = ops::to_le_bytes(shard);
+                let bytes = shard.to_le_bytes();
                 listed.push(json!({
                     "file": format!("shard-{device}.safetensors"),
                     "tensor": tensor,
@@ -462,7 +394,6 @@ pub(crate) fn write(
         let index = json!({
             "format": FORMAT,
             "version": VERSION,
-            "replicas": replicas,
             "logical_devices": devices,
             "variables": variables,
             "files": listed,
@@ -497,34 +428,27 @@ fn field<'a>(v: &'a Value, key: &str, path: &Path) -> Result<&'a Value> {
 }
 
 fn usize_of(v: &Value, path: &Path) -> Result<usize> {
-    v.as_u64().map(|n| n as usize).ok_or_else(|| corrupt(path, format!("{v} is not a count")))
-}
-
-fn restore(strategy: &Strategy, dir: &Path) -> Result<()> {
-    let wanted: Vec<(String, DType, Vec<usize>)> =
-        strategy.states().iter().map(|s| (s.name.clone(), s.dtype, s.shape.clone())).collect();
-    let values = read(dir, &wanted, "the strategy")?;
-    let variables = strategy.variables();
-    for (v, value) in variables.iter().zip(&values) {
-        strategy.assign_variable(v, value)?;
-    }
-    Ok(())
+    v.as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| corrupt(path, format!("{v} is not a count")))
 }
 
 /// Reads the variables `wanted` (name, dtype, shape) from the checkpoint in `dir`,
 /// each assembled whole, after verifying every file's size and checksum, every
 /// shard's checksum and region, and each variable's dtype and shape. Nothing is read
 /// into a caller's state until all of it checks out.
-/// A dtype or shape that differs is a mismatch saying what `holder` ("the strategy")
-/// has.
-pub(crate) fn read(
-    dir: &Path,
-    wanted: &[(String, DType, Vec<usize>)],
-    holder: &str,
-) -> Result<Vec<Tensor>> {
+fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor>> {
     let index_path = dir.join(INDEX);
     let index = read_index(&index_path)?;
     let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
+    let listed = field(&index, "files", &index_path)?.as_array().map_or(0, Vec::len);
+    // One shard file per position: the count sizes nothing before it is checked.
+    if saved_logical == 0 || saved_logical > MAX_DEVICES || saved_logical != listed {
+        return Err(corrupt(
+            &index_path,
+            format!("{saved_logical} device positions and {listed} shard files"),
+        ));
+    }
     // Every file: present, of the recorded size and checksum.
     let mut contents = std::collections::HashMap::new();
     for f in field(&index, "files", &index_path)?.as_array().into_iter().flatten() {
@@ -565,18 +489,13 @@ pub(crate) fn read(
         })
         .collect::<Result<_>>()?;
     let saved = field(&index, "variables", &index_path)?.as_array().cloned().unwrap_or_default();
-    let mismatch = |variable: &str, problem: String| Error::CheckpointMismatch {
-        path: dir.to_path_buf(),
-        variable: variable.into(),
-        problem,
-    };
     // Build every variable's global value before changing any.
     let mut values = Vec::new();
     for (name, want_dtype, want_shape) in wanted {
         let entry = saved
             .iter()
             .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
-            .ok_or_else(|| mismatch(name, "not in the checkpoint".into()))?;
+            .ok_or_else(|| Error::Missing { path: dir.to_path_buf(), variable: name.clone() })?;
         let dtype: DType = field(entry, "dtype", &index_path)?
             .as_str()
             .and_then(|d| d.parse().ok())
@@ -588,14 +507,12 @@ pub(crate) fn read(
             .map(|d| usize_of(d, &index_path))
             .collect::<Result<_>>()?;
         if dtype != *want_dtype || shape != *want_shape {
-            return Err(mismatch(
-                name,
-                format!(
-                    "saved as {}, {holder} has {}",
-                    crate::variable::spec(dtype, &shape),
-                    crate::variable::spec(*want_dtype, want_shape)
-                ),
-            ));
+            return Err(Error::Mismatch {
+                path: dir.to_path_buf(),
+                variable: name.clone(),
+                saved: spec(dtype, &shape),
+                wanted: spec(*want_dtype, want_shape),
+            });
         }
         let hlo: HloSharding = field(entry, "sharding", &index_path)?
             .as_str()
@@ -604,7 +521,7 @@ pub(crate) fn read(
         // The saved regions must tile the value exactly as the saved sharding says: its
         // even split, or, where a dim does not divide, XLA's padded layout with the
         // empty trailing regions left out (as a writer of uneven shards saves them).
-        let saved_sharding = logical_sharding(hlo, saved_logical)?;
+        let saved_sharding = positions(hlo, saved_logical)?;
         let regions = saved_regions(&saved_sharding, &shape)?;
         let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
         if shards.len() != regions.len() {
@@ -645,7 +562,7 @@ pub(crate) fn read(
                 ));
             }
             let extent: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
-            let data = ops::from_le_bytes(dtype, &extent, view.data()).ok_or_else(|| {
+            let data = Tensor::from_le_bytes(dtype, &extent, view.data()).map_err(|_| {
                 corrupt(
                     &dir.join(file),
                     format!("tensor {tensor}: {} bytes for {extent:?}", view.data().len()),
@@ -658,18 +575,14 @@ pub(crate) fn read(
     Ok(values)
 }
 
-/// Copies `shard` into `global` at `ranges`.
+/// Copies `shard` (of `global`'s dtype, as both were made from the index's) into
+/// `global` at `ranges`.
 fn place(global: &mut Tensor, shard: &Tensor, ranges: &[std::ops::Range<usize>]) {
-    fn go<T: Clone>(g: &mut ArrayD<T>, s: &ArrayD<T>, ranges: &[std::ops::Range<usize>]) {
+    fn go<T: Element>(g: &mut Tensor, s: &ArrayD<T>, ranges: &[std::ops::Range<usize>]) {
+        let g = T::unwrap_mut(g).expect("a shard of the variable's dtype");
         let mut view = g.slice_each_axis_mut(|ax| Slice::from(ranges[ax.axis.index()].clone()));
         let shape = view.shape().to_vec();
         view.assign(&s.view().into_shape_with_order(IxDyn(&shape)).expect("same extent"));
     }
-    match (global, shard) {
-        (Tensor::F32(g), Tensor::F32(s)) => go(g, s, ranges),
-        (Tensor::F64(g), Tensor::F64(s)) => go(g, s, ranges),
-        (Tensor::I32(g), Tensor::I32(s)) => go(g, s, ranges),
-        (Tensor::I64(g), Tensor::I64(s)) => go(g, s, ranges),
-        _ => unreachable!("one dtype"),
-    }
+    meshwork_types::each_tensor!(shard, s => go(global, s, ranges))
 }
