@@ -59,6 +59,7 @@
 //! ```
 
 mod assignment;
+pub mod backend;
 mod checkpoints;
 mod context;
 mod dataset;

@@ -8,6 +8,7 @@ use meshwork_executor::{ReplicaError, Runtime, Tensor};
 use meshwork_types::ReduceOp;
 
 use crate::assignment::DeviceAssignment;
+use crate::backend::{Backend, Interpreter};
 use crate::context::{RunInfo, StrategyContext, VarMeta};
 use crate::values::{Arg, PerReplica};
 use crate::variable::{Aggregation, Layout, Synchronization, VarState, Variable, VariableOptions};
@@ -23,6 +24,8 @@ pub type ReplicaFn = dyn Fn(&StrategyContext<'_>, &[Tensor]) -> Result<Vec<Tenso
 /// only if every replica succeeds (and, under aggregation NONE, agrees).
 pub struct Strategy {
     runtime: Runtime,
+    /// What runs partitioned and placed programs on the devices.
+    backend: Arc<dyn Backend>,
     assignment: DeviceAssignment,
     vars: Mutex<Vec<VarState>>,
     /// The logical device variables are created on (`experimental_logical_device`).
@@ -95,6 +98,7 @@ impl Strategy {
         let devices = assignment.num_replicas() * assignment.num_logical_devices();
         Ok(Strategy {
             runtime: Runtime::new(assignment.num_devices().max(devices))?,
+            backend: Arc::new(Interpreter),
             assignment,
             vars: Mutex::new(Vec::new()),
             scope: Mutex::new(Vec::new()),
@@ -184,9 +188,21 @@ impl Strategy {
         }
     }
 
-    /// The executor runtime the strategy runs on.
-    pub(crate) fn runtime(&self) -> &Runtime {
+    /// The executor runtime the strategy runs on: its devices, their buffer pools,
+    /// its timeout and interconnect.
+    pub fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    /// Runs partitioned and placed programs ([`compile`](Self::compile),
+    /// [`place`](Self::place)) on `backend` instead of the [`Interpreter`].
+    pub fn with_backend(self, backend: Arc<dyn Backend>) -> Strategy {
+        Strategy { backend, ..self }
+    }
+
+    /// What runs partitioned and placed programs on the devices.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
     }
 
     /// The device assignment.

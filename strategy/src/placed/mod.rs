@@ -30,23 +30,17 @@
 //! waits out a long backward needs the longer one.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
-use meshwork_executor::ReplicaContext;
 pub use meshwork_partition::placed::{PlaceOptions, PlacedProgram, ProgramCost, Transfer};
 use meshwork_partition::placed::{Sink, Source, place_program};
 use meshwork_placer::{CostPlacement, DeviceSet, Explanation};
-use meshwork_program::fast::{Input, Options};
-use meshwork_program::{Channels, Env, Program, Tensor, Value};
-use meshwork_types::{DType, TensorSpec};
+use meshwork_program::{Program, Tensor, Value};
 
-use crate::spmd::run::{ReplicaError, boolean, numeric, run_replicas};
+use crate::backend::PlacedExecutable;
 use crate::{Error, Result, Strategy};
 
-mod dataflow;
 mod measure;
-
-use dataflow::Segments;
 
 /// A program placed on a strategy's devices and split into one program per device.
 /// Variables (the carried parameters) stay on their devices between steps.
@@ -54,19 +48,12 @@ pub struct Placed<'s> {
     strategy: &'s Strategy,
     /// What the placer decided, and each device's part.
     plan: PlacedProgram,
-    /// Per part, the resident values of its variables (in its sources' order), on
-    /// the part's device.
-    resident: Arc<Vec<Mutex<Vec<Option<Tensor>>>>>,
+    /// The parts on the strategy's back end, with the variables.
+    exe: Box<dyn PlacedExecutable>,
     /// Per parameter: the (part, slot) of its resident value if it is a variable.
     slot: Vec<Option<(usize, usize)>>,
     /// Held while a step runs: one step of a placed program at a time.
     busy: Mutex<()>,
-    /// Each part cut into segments, shared with the device threads.
-    exes: Arc<Vec<Segments>>,
-    /// Each part's inputs, shared with the device threads.
-    sources: Arc<Vec<Vec<Source>>>,
-    /// The executor device of each part.
-    executors: Vec<usize>,
 }
 
 impl fmt::Debug for Placed<'_> {
@@ -127,80 +114,19 @@ impl Strategy {
         let runtime_devices = self.runtime().devices();
         let plan = place_program(program, carry, options, runtime_devices, cost)?;
         let np = program.params().len();
-        let parts = plan.parts();
         let mut slot = vec![None; np];
-        let mut resident = Vec::with_capacity(parts.len());
-        for (r, part) in parts.iter().enumerate() {
-            let mut held = Vec::new();
+        for (r, part) in plan.parts().iter().enumerate() {
+            let mut held = 0;
             for s in &part.sources {
                 if let Source::Variable(k) = *s {
-                    slot[k] = Some((r, held.len()));
-                    held.push(None);
+                    slot[k] = Some((r, held));
+                    held += 1;
                 }
             }
-            resident.push(Mutex::new(held));
         }
-        // A device is a fixed share of the machine's cores, used or not: a placement
-        // that leaves devices idle does not get their cores.
-        let options = Options::for_devices(runtime_devices);
-        let exes = Arc::new(
-            parts.iter().map(|p| Segments::new(&p.program, options)).collect::<Result<Vec<_>>>()?,
-        );
-        Ok(Placed {
-            strategy: self,
-            resident: Arc::new(resident),
-            slot,
-            busy: Mutex::new(()),
-            exes,
-            executors: parts.iter().map(|p| p.device).collect(),
-            sources: Arc::new(parts.iter().map(|p| p.sources.clone()).collect()),
-            plan,
-        })
-    }
-}
-
-/// The program crate's channels over an executor replica (peers are replicas).
-struct ReplicaChannels<'a> {
-    ctx: &'a ReplicaContext,
-    /// The executor's error when a transfer failed because a peer had.
-    peer: Mutex<Option<meshwork_executor::Error>>,
-}
-
-impl ReplicaChannels<'_> {
-    fn comm(&self, op: &str, e: meshwork_executor::Error) -> meshwork_program::Error {
-        if matches!(e, meshwork_executor::Error::PeerFailed { .. }) {
-            *lock(&self.peer) = Some(e.clone());
-        }
-        meshwork_program::Error::Communication { at: op.to_string(), problem: e.to_string() }
-    }
-
-    /// This replica's failure: the executor's `PeerFailed` when a transfer failed
-    /// because another replica had (so the run reports that replica's own error).
-    fn failure(&self, e: meshwork_program::Error) -> ReplicaError {
-        match lock(&self.peer).take() {
-            Some(peer) => ReplicaError::Peer(peer),
-            None => ReplicaError::Program(e),
-        }
-    }
-}
-
-impl Channels for ReplicaChannels<'_> {
-    fn send(&self, channel: u32, peer: usize, x: Tensor) -> meshwork_program::Result<()> {
-        self.ctx.send(peer, u64::from(channel), numeric(x).0).map_err(|e| self.comm("send", e))
-    }
-
-    fn recv(
-        &self,
-        channel: u32,
-        peer: usize,
-        spec: &TensorSpec,
-    ) -> meshwork_program::Result<Tensor> {
-        let t = self.ctx.recv(peer, u64::from(channel)).map_err(|e| self.comm("recv", e))?;
-        Ok(if spec.dtype == DType::Bool { boolean(t) } else { t })
-    }
-
-    fn sends_wait(&self) -> bool {
-        false // the executor's mailbox: a send leaves the tensor and returns
+        let placement: Vec<usize> = plan.parts().iter().map(|p| p.device).collect();
+        let exe = self.backend().compile_placed(plan.parts(), &placement, runtime_devices)?;
+        Ok(Placed { strategy: self, plan, exe, slot, busy: Mutex::new(()) })
     }
 }
 
@@ -292,7 +218,7 @@ impl Placed<'_> {
             ));
         }
         let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        self.resident[r].lock().unwrap_or_else(PoisonError::into_inner)[j] = Some(value);
+        self.exe.put(r, j, value);
         Ok(())
     }
 
@@ -300,9 +226,7 @@ impl Placed<'_> {
     pub fn get(&self, name: &str) -> Result<Tensor> {
         let (_, r, j) = self.variable(name)?;
         let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        self.resident[r].lock().unwrap_or_else(PoisonError::into_inner)[j]
-            .clone()
-            .ok_or_else(|| placed_error(name.to_string(), "has no value yet"))
+        self.exe.fetch(r, j).ok_or_else(|| placed_error(name.to_string(), "has no value yet"))
     }
 
     /// Runs one step: `feeds` are the fed parameters in order; returns the program's
@@ -327,7 +251,7 @@ impl Placed<'_> {
         let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         for (k, p) in self.plan.program().params().iter().enumerate() {
             if let Some((r, j)) = self.slot[k]
-                && self.resident[r].lock().unwrap_or_else(PoisonError::into_inner)[j].is_none()
+                && !self.exe.is_set(r, j)
             {
                 return Err(placed_error(
                     p.name.clone(),
@@ -335,13 +259,13 @@ impl Placed<'_> {
                 ));
             }
         }
-        let n = self.plan.parts().len();
         // Each device's feeds, moved to it; its variables are read in place there.
         let feeds_of: Vec<Vec<Tensor>> = self
-            .sources
+            .plan
+            .parts()
             .iter()
-            .map(|sources| {
-                sources
+            .map(|part| {
+                part.sources
                     .iter()
                     .filter_map(|s| match *s {
                         Source::Feed(f) => Some(feeds[f].clone()),
@@ -350,47 +274,17 @@ impl Placed<'_> {
                     .collect()
             })
             .collect();
-        let slots: Arc<Vec<Mutex<Vec<Tensor>>>> =
-            Arc::new(feeds_of.into_iter().map(Mutex::new).collect());
-        let outs: Arc<Vec<Mutex<Vec<Tensor>>>> =
-            Arc::new((0..n).map(|_| Mutex::new(Vec::new())).collect());
-        let (exes, resident, o) = (self.exes.clone(), self.resident.clone(), outs.clone());
-        let sources = self.sources.clone();
-        run_replicas(
-            self.strategy.runtime(),
-            &self.executors,
-            Arc::new(move |ctx| {
-                let r = ctx.replica_id();
-                let mut fed = std::mem::take(&mut *lock(&slots[r])).into_iter();
-                let held = lock(&resident[r]);
-                let mut vars = held.iter();
-                let mut inputs = Vec::with_capacity(sources[r].len());
-                for s in &sources[r] {
-                    inputs.push(match s {
-                        Source::Feed(_) => Input::Owned(fed.next().expect("a feed per source")),
-                        Source::Variable(_) => Input::Borrowed(
-                            vars.next().and_then(Option::as_ref).expect("checked before the step"),
-                        ),
-                    });
-                }
-                let channels = ReplicaChannels { ctx, peer: Mutex::new(None) };
-                let env = Env::local().with_channels(&channels);
-                let out = exes[r].run(ctx, inputs, &env, &|e| channels.failure(e))?;
-                *lock(&o[r]) = out;
-                Ok(())
-            }),
-        )?;
+        let outs = self.exe.run(self.strategy, feeds_of)?;
         // Every device finished: results out, updates in.
         let mut results: Vec<Option<Tensor>> = vec![None; self.plan.program().results().len()];
-        for (r, (part, out)) in self.plan.parts().iter().zip(outs.iter()).enumerate() {
-            let out = std::mem::take(&mut *lock(out));
+        for (r, (part, out)) in self.plan.parts().iter().zip(outs).enumerate() {
             for (sink, t) in part.sinks.iter().zip(out) {
                 match *sink {
                     Sink::Result(k) => results[k] = Some(t),
                     Sink::Update(k) => {
                         let (vr, j) = self.slot[k].expect("an updated parameter is a variable");
                         debug_assert_eq!(vr, r);
-                        lock(&self.resident[vr])[j] = Some(t);
+                        self.exe.put(vr, j, t);
                     }
                     Sink::Token => {}
                 }
@@ -403,10 +297,6 @@ impl Placed<'_> {
 /// The placed-program error about `value`.
 fn placed_error(value: impl Into<String>, problem: impl Into<String>) -> Error {
     meshwork_partition::Error::Placed { value: value.into(), problem: problem.into() }.into()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl fmt::Display for Placed<'_> {

@@ -1,30 +1,15 @@
 //! Compiled SPMD programs whose state stays on the devices across steps.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_partition::spmd::{Partitioned, Shardings, partition};
-use meshwork_program::fast::{Executable, Input, Options};
-use meshwork_program::{Env, Op, Program, Tensor, Value};
+use meshwork_program::{Program, Tensor, Value};
 use meshwork_types::TensorSpec;
 
-use super::run::{
-    FeedPlan, FirstReplicaHost, MeshCollectives, join, run_replicas, split, split_with,
-};
+use super::layout::{FeedPlan, join, split, split_with};
+use crate::backend::SpmdExecutable;
 use crate::{Error, Result, Strategy, partition_error};
-
-/// One device's share of a compiled program: its interpreter, the parameters it
-/// keeps, and what a step feeds and returns.
-struct Device {
-    exe: Executable,
-    resident: Vec<Option<Tensor>>,
-    /// Each step's feeds (a host call may run several steps).
-    feed: Vec<Vec<Tensor>>,
-    /// The last step's carried results, `(parameter, value)`, until every device is done.
-    staged: Vec<(usize, Tensor)>,
-    /// Each step's results that are not carried.
-    out: Vec<Vec<Tensor>>,
-}
 
 /// A partitioned program compiled onto a strategy's devices, with some parameters
 /// resident: each device keeps its part of them between steps, a step moves only the
@@ -35,34 +20,23 @@ struct Device {
 /// then do they replace the parameters (the old buffers go back to the devices' pools
 /// for the next step to write into). So a step that fails — a bad index in a batch, a
 /// failing peer — returns its error and leaves the resident state as it was, on every
-/// device. Calls are serialised: one step, read or write of the state at a time. A
-/// one-device program that neither communicates nor emits runs its step on the
-/// calling thread (no hand-over to the device's thread and back).
+/// device. Calls are serialised: one step, read or write of the state at a time. The
+/// strategy's [`Backend`](crate::backend::Backend) compiles and runs the per-device
+/// program.
 pub struct Compiled<'s> {
     strategy: &'s Strategy,
     part: Partitioned,
-    placement: Vec<usize>,
-    devices: Arc<Vec<Mutex<Device>>>,
+    /// The per-device program on the strategy's back end, with the resident parts.
+    exe: Box<dyn SpmdExecutable>,
     /// `(result, parameter)`: the result replaces the parameter after each step.
     carry: Vec<(usize, usize)>,
     resident: Vec<bool>,
     /// How each fed (non-resident) parameter is split, in parameter order.
     feeds: Vec<(usize, FeedPlan)>,
-    /// Whether the program streams anything to the host (`emit`).
-    emits: bool,
     /// Held through a step and through every read or write of the resident state.
     busy: Mutex<()>,
     /// Steps run.
     runs: std::sync::atomic::AtomicU64,
-}
-
-/// The message of a panic payload.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -133,23 +107,11 @@ impl Strategy {
             outputs[r] = Some(first.inputs()[p].clone());
         }
         let part = partition(program, mesh, &fixed, &outputs)?;
-        let options = Options::for_devices(mesh.size());
-        let devices = (0..mesh.size())
-            .map(|_| {
-                Mutex::new(Device {
-                    exe: Executable::compile(part.program(), options),
-                    resident: vec![None; np],
-                    feed: Vec::new(),
-                    staged: Vec::new(),
-                    out: Vec::new(),
-                })
-            })
-            .collect();
         let mut resident = vec![false; np];
         for &(_, p) in &pairs {
             resident[p] = true;
         }
-        let emits = part.program().instrs().iter().any(|i| matches!(i.op, Op::Emit { .. }));
+        let exe = self.backend().compile_spmd(part.program(), &placement, &resident, &pairs)?;
         let feeds = (0..np)
             .filter(|&k| !resident[k])
             .map(|k| {
@@ -160,12 +122,10 @@ impl Strategy {
         Ok(Compiled {
             strategy: self,
             part,
-            placement,
-            devices: Arc::new(devices),
+            exe,
             carry: pairs,
             resident,
             feeds,
-            emits,
             busy: Mutex::new(()),
             runs: std::sync::atomic::AtomicU64::new(0),
         })
@@ -217,11 +177,8 @@ impl Compiled<'_> {
     pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) {
         let _busy = lock(&self.busy);
         for (k, parts) in parts {
-            for (d, part) in self.devices.iter().zip(parts) {
-                let mut d = lock(d);
-                if let Some(old) = d.resident[k].replace(part) {
-                    d.exe.recycle(vec![old]);
-                }
+            for (r, part) in parts.into_iter().enumerate() {
+                self.exe.put(r, k, part);
             }
         }
     }
@@ -242,10 +199,9 @@ impl Compiled<'_> {
     /// `busy`).
     fn parts_of(&self, k: usize) -> Result<Vec<Tensor>> {
         let name = &self.part.global().params()[k].name;
-        self.devices
-            .iter()
-            .map(|d| {
-                lock(d).resident[k].clone().ok_or_else(|| Error::Compiled {
+        (0..self.part.mesh().size())
+            .map(|r| {
+                self.exe.fetch(r, k).ok_or_else(|| Error::Compiled {
                     problem: format!("resident parameter {name} was never set"),
                 })
             })
@@ -327,10 +283,9 @@ impl Compiled<'_> {
             return Ok(Vec::new());
         }
         // Every device's resident parts must all be there, before any feed is split.
-        for d in self.devices.iter() {
-            let d = lock(d);
+        for r in 0..self.part.mesh().size() {
             let unset =
-                (0..self.resident.len()).find(|&k| self.resident[k] && d.resident[k].is_none());
+                (0..self.resident.len()).find(|&k| self.resident[k] && !self.exe.is_set(r, k));
             if let Some(k) = unset {
                 return Err(Error::Compiled {
                     problem: format!(
@@ -357,7 +312,7 @@ impl Compiled<'_> {
         for step in feeds {
             let mut parts_of: Vec<Vec<Tensor>> = vec![Vec::with_capacity(fed.len()); mesh.size()];
             for (t, (_, plan)) in step.iter().zip(fed) {
-                let take = |r: usize, spec: &TensorSpec| lock(&self.devices[r]).exe.buffer(spec);
+                let take = |r: usize, spec: &TensorSpec| self.exe.buffer(r, spec);
                 let parts = split_with(plan, t, take)?;
                 for (r, part) in parts.into_iter().enumerate() {
                     parts_of[r].push(part);
@@ -367,97 +322,13 @@ impl Compiled<'_> {
                 per[r].push(p);
             }
         }
-        for (d, feed) in self.devices.iter().zip(per) {
-            lock(d).feed = feed;
-        }
-        let devices = self.devices.clone();
-        let carry = self.carry.clone();
-        let communicates = self.part.launches() > 0;
         let nres = global.results().len();
-        // One device's share of the steps, given what each may talk to (`envs[i]`,
-        // step `i`'s).
-        let device_step = move |d: &mut Device, envs: &[Env<'_>]| -> meshwork_program::Result<()> {
-            let steps = std::mem::take(&mut d.feed);
-            let mut outs = Vec::with_capacity(steps.len());
-            // The carried results so far, by parameter: the next step's inputs.
-            let mut staged: Vec<Option<Tensor>> = vec![None; d.resident.len()];
-            for (i, step_feed) in steps.into_iter().enumerate() {
-                let mut feed = step_feed.into_iter();
-                // Resident parts are read in place (or the previous step's carried
-                // results taken), feeds taken.
-                let mut now = std::mem::replace(&mut staged, vec![None; d.resident.len()]);
-                let inputs = d
-                    .resident
-                    .iter()
-                    .zip(now.iter_mut())
-                    .map(|(slot, carried)| match (carried.take(), slot) {
-                        (Some(t), _) => Ok(Input::Owned(t)),
-                        (None, Some(t)) => Ok(Input::Borrowed(t)),
-                        (None, None) => feed.next().map(Input::Owned).ok_or_else(|| {
-                            meshwork_program::Error::Communication {
-                                at: "step".into(),
-                                problem: "a feed is missing (a partitioner bug)".into(),
-                            }
-                        }),
-                    })
-                    .collect::<meshwork_program::Result<Vec<_>>>()?;
-                let out = d.exe.run_inputs(inputs, &envs[i])?;
-                let mut out: Vec<Option<Tensor>> = out.into_iter().map(Some).collect();
-                for &(r, p) in carry.iter() {
-                    staged[p] = out[r].take();
-                }
-                outs.push((0..nres).filter_map(|r| out[r].take()).collect());
-            }
-            d.staged = staged.into_iter().enumerate().filter_map(|(p, t)| Some((p, t?))).collect();
-            d.out = outs;
-            Ok(())
-        };
-        let run = if self.devices.len() == 1 && !communicates && !self.emits {
-            // Nothing to meet or stream: the one device's work runs here, without
-            // the hand-over to its thread and back.
-            // A panic in a kernel is this step's error, as on the devices' threads.
-            let mut d = lock(&devices[0]);
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                device_step(&mut d, &vec![Env::local(); feeds.len()])
-            })) {
-                Ok(done) => done.map_err(Error::from),
-                Err(panic) => Err(Error::Compiled {
-                    problem: format!("the step panicked: {}", panic_text(&*panic)),
-                }),
-            }
-        } else {
-            run_replicas(
-                self.strategy.runtime(),
-                &self.placement,
-                Arc::new(move |ctx| {
-                    let mut d = lock(&devices[ctx.replica_id()]);
-                    let coll = MeshCollectives::new(ctx);
-                    let hosts: Vec<FirstReplicaHost<'_>> = (0..d.feed.len())
-                        .map(|i| FirstReplicaHost { ctx, step: tag + i as u64 })
-                        .collect();
-                    // A program that does not communicate (one device) runs without
-                    // collectives, which lets it run on the kernels' pool.
-                    let envs: Vec<Env<'_>> = hosts
-                        .iter()
-                        .map(|host| {
-                            if communicates {
-                                Env::local().with_collectives(&coll).with_host(host)
-                            } else {
-                                Env::local().with_host(host)
-                            }
-                        })
-                        .collect();
-                    device_step(&mut d, &envs).map_err(|e| coll.failure(e))
-                }),
-            )
-        };
+        let run = self.exe.run(self.strategy, per, tag);
         // The results are assembled first (reading each device's outputs): if that
         // fails, nothing is committed.
-        let assembled = run.and_then(|()| {
+        let assembled = run.and_then(|mut outs| {
             let kept: Vec<usize> =
                 (0..nres).filter(|r| !self.carry.iter().any(|(c, _)| c == r)).collect();
-            let mut outs: Vec<Vec<Vec<Tensor>>> =
-                self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
             let mut all = Vec::with_capacity(feeds.len());
             for step in 0..feeds.len() {
                 let mut results = Vec::with_capacity(kept.len());
@@ -473,22 +344,7 @@ impl Compiled<'_> {
             Ok(all)
         });
         // All devices or none: the carried results replace the parameters only now.
-        for d in self.devices.iter() {
-            let mut d = lock(d);
-            let d = &mut *d;
-            let staged = std::mem::take(&mut d.staged);
-            if assembled.is_ok() {
-                for (p, t) in staged {
-                    if let Some(old) = d.resident[p].replace(t) {
-                        d.exe.recycle(vec![old]);
-                    }
-                }
-            } else {
-                d.exe.recycle(staged.into_iter().map(|(_, t)| t).collect());
-                d.out.clear();
-                d.feed.clear();
-            }
-        }
+        self.exe.commit(assembled.is_ok());
         let results = assembled?;
         self.runs.fetch_add(feeds.len() as u64, std::sync::atomic::Ordering::SeqCst);
         Ok(results)

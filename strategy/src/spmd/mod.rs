@@ -42,12 +42,9 @@
 //! ```
 
 mod compiled;
-pub(crate) mod run;
+mod layout;
 mod state;
 
 pub use compiled::{Compiled, CompiledTrainStep};
 pub use meshwork_partition::spmd::{Shardings, megatron_spec};
 pub use state::{ResidentState, STEP_VARIABLE};
-
-#[cfg(test)]
-mod tests;

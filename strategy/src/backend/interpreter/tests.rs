@@ -9,7 +9,7 @@ use meshwork_program::fast::{Executable, Options};
 use meshwork_program::{Builder, Env, Program, Tensor, Value, vjp};
 use meshwork_types::ReduceOp;
 
-use super::run::{MeshCollectives, run_replicas};
+use super::{MeshCollectives, run_replicas};
 use crate::Strategy;
 
 /// A deterministic stream in [-1, 1).

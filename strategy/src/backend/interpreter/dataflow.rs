@@ -20,8 +20,8 @@ use meshwork_program::fast::{Executable, Input, Options};
 use meshwork_program::{Builder, Env, Op, Program, Tensor, Value};
 use meshwork_types::{DType, TensorSpec};
 
+use super::{ReplicaError, boolean};
 use crate::Result;
-use crate::spmd::run::{ReplicaError, boolean};
 
 /// A value the part receives.
 struct Receipt {
@@ -292,8 +292,7 @@ mod tests {
     use meshwork_program::{Builder, Env, Tensor};
 
     use super::Segments;
-    use crate::placed::ReplicaChannels;
-    use crate::spmd::run::run_replicas;
+    use crate::backend::interpreter::{ReplicaChannels, run_replicas};
 
     /// Device 0 first receives `u` then makes `w`; device 1 makes `u` from `w`. Run in
     /// program order, both would wait for ever; as a dataflow, device 0 makes and sends

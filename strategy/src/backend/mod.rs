@@ -1,0 +1,107 @@
+//! What runs the programs the partitioner makes on a strategy's devices: the
+//! per-device program of an SPMD partition on every mesh position, or each part of a
+//! placed program on its device, with state resident on the devices between steps.
+//!
+//! [`Compiled`](crate::spmd::Compiled) and [`Placed`](crate::placed::Placed) are the
+//! façade's handles: they check what a caller gives them, split global tensors into
+//! per-device parts and assemble results, and decide when a step's updates are kept.
+//! A [`Backend`] does the rest — compiling the per-device programs for the devices,
+//! holding the parts that stay there, running steps. [`Interpreter`] is meshwork's own:
+//! the fast interpreter on the executor's devices, collectives and transfers through
+//! the executor, `emit` through the strategy's outfeed. A strategy runs on the
+//! interpreter unless given another ([`Strategy::with_backend`](crate::Strategy::with_backend)).
+
+use std::fmt;
+
+use meshwork_partition::placed::Part;
+use meshwork_program::Program;
+use meshwork_types::{Tensor, TensorSpec};
+
+use crate::{Result, Strategy};
+
+mod interpreter;
+
+pub use interpreter::Interpreter;
+
+/// Compiles the programs of partitioned and placed programs for a strategy's devices.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Its name, for reports (`interpreter`).
+    fn name(&self) -> &'static str;
+
+    /// Compiles `program`, the program every position of a mesh runs (its collectives
+    /// over replica groups of positions), position `r` on the strategy's device
+    /// `placement[r]`. Parameter `k` is resident when `resident[k]` (kept on the
+    /// devices between steps, [`SpmdExecutable::put`]), fed otherwise; each `(result,
+    /// parameter)` of `carry` makes that result the parameter's next value.
+    fn compile_spmd(
+        &self,
+        program: &Program,
+        placement: &[usize],
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Result<Box<dyn SpmdExecutable>>;
+
+    /// Compiles each part of a placed program, part `p` on the strategy's device
+    /// `placement[p]`, of a strategy of `devices` devices (whose share of the machine
+    /// each device gets, used by the placement or not).
+    fn compile_placed(
+        &self,
+        parts: &[Part],
+        placement: &[usize],
+        devices: usize,
+    ) -> Result<Box<dyn PlacedExecutable>>;
+}
+
+/// An SPMD program compiled onto the devices of a mesh, with its resident parameters'
+/// parts on them.
+pub trait SpmdExecutable: Send + Sync {
+    /// A tensor of `spec` on position `r`, to fill with a feed's part (contents
+    /// unspecified; from the device's pool where it has one).
+    fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor>;
+
+    /// Makes `part` position `r`'s part of resident parameter `param`.
+    fn put(&self, r: usize, param: usize, part: Tensor);
+
+    /// A copy of position `r`'s part of resident parameter `param`, if it has one.
+    fn fetch(&self, r: usize, param: usize) -> Option<Tensor>;
+
+    /// Whether position `r` holds a part of resident parameter `param`.
+    fn is_set(&self, r: usize, param: usize) -> bool;
+
+    /// Runs `feeds[r].len()` steps (the same count on every position): `feeds[r][i]`
+    /// is position `r`'s parts of step `i`'s fed parameters, in parameter order. Step
+    /// `i + 1` reads step `i`'s carried results in place of the parameters they carry
+    /// into; the last step's carried results are staged, not kept, until
+    /// [`commit`](Self::commit). Returns each position's results of each step that are
+    /// not carried, in result order. What the program `emit`s streams to `strategy`'s
+    /// metrics from position 0, tagged `tag + i`.
+    fn run(
+        &self,
+        strategy: &Strategy,
+        feeds: Vec<Vec<Vec<Tensor>>>,
+        tag: u64,
+    ) -> Result<Vec<Vec<Vec<Tensor>>>>;
+
+    /// Keeps the staged carried results of the last [`run`](Self::run) as the resident
+    /// parameters' parts (`keep`), or drops them.
+    fn commit(&self, keep: bool);
+}
+
+/// A placed program's parts compiled onto their devices, with its variables there.
+pub trait PlacedExecutable: Send + Sync {
+    /// Makes `value` variable `slot` of part `part` (its `Source::Variable`s, in
+    /// order).
+    fn put(&self, part: usize, slot: usize, value: Tensor);
+
+    /// A copy of variable `slot` of part `part`, if set.
+    fn fetch(&self, part: usize, slot: usize) -> Option<Tensor>;
+
+    /// Whether variable `slot` of part `part` is set.
+    fn is_set(&self, part: usize, slot: usize) -> bool;
+
+    /// Runs one step: `feeds[p]` are part `p`'s fed inputs (its `Source::Feed`s, in
+    /// order); its variables are read where they are. Returns each part's results, in
+    /// its sinks' order. A failure on any device ends the step on all of them with
+    /// that device's error.
+    fn run(&self, strategy: &Strategy, feeds: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>>;
+}
