@@ -159,23 +159,38 @@ pub fn checkpoint_variables(dir: impl AsRef<Path>) -> Result<Vec<(String, DType,
     Ok(out)
 }
 
+/// The bytes of the regular file `path`, at most `max` of them; `Ok(None)` when it
+/// holds more. Opened without waiting (a FIFO with no writer would block an ordinary
+/// open for ever) and refused unless it is a regular file.
+fn read_regular(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if meta.len() > max {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
 fn read_index(index_path: &Path) -> Result<Value> {
     // An index is a few kilobytes per variable; refuse to read a huge file into memory.
     const MAX_INDEX: u64 = 256 << 20;
-    let len = fs::metadata(index_path)
+    let text = read_regular(index_path, MAX_INDEX)
         .map_err(|e| {
             corrupt(index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
         })?
-        .len();
-    if len > MAX_INDEX {
-        return Err(corrupt(
-            index_path,
-            format!("the index is {len} bytes: not a checkpoint index"),
-        ));
-    }
-    let text = fs::read(index_path).map_err(|e| {
-        corrupt(index_path, format!("cannot read the index ({e}): not a complete checkpoint"))
-    })?;
+        .ok_or_else(|| {
+            corrupt(
+                index_path,
+                format!("the index is over {MAX_INDEX} bytes: not a checkpoint index"),
+            )
+        })?;
     let index: Value =
         serde_json::from_slice(&text).map_err(|e| corrupt(index_path, format!("bad JSON: {e}")))?;
     if field(&index, "format", index_path)?.as_str() != Some(FORMAT) {
@@ -468,7 +483,9 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
                 format!("{on_disk} bytes, the index says {want}: cut short or changed"),
             ));
         }
-        let bytes = fs::read(&path).map_err(|e| io(&path, e))?;
+        let bytes = read_regular(&path, want as u64)
+            .map_err(|e| io(&path, e))?
+            .ok_or_else(|| corrupt(&path, format!("more bytes than the {want} the index says")))?;
         if bytes.len() != want {
             return Err(corrupt(
                 &path,

@@ -5,7 +5,7 @@ use meshwork_program::{Builder, Result, Value};
 
 use crate::layers::softmax_cross_entropy;
 
-/// Where a pipelined training step runs ([`Transformer::loss_pipelined`]): D
+/// Where a pipelined training step runs ([`Transformer::loss_pipelined`](crate::Transformer::loss_pipelined)): D
 /// data-parallel replicas of K pipeline stages each (D × K devices), and the
 /// micro-batches each replica's share of a batch is cut into.
 #[derive(Debug, Clone, PartialEq, Eq)]

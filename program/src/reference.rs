@@ -304,6 +304,16 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     evaluate_with(program, inputs, &Env::local())
 }
 
+/// Refuses a result of `elements` the allocator has no room for, before it is
+/// computed: its buffer (8 bytes an element) and an index map as large (the most an
+/// instruction here holds beside its operands) are asked for, and given back.
+fn room_for(elements: usize) -> Result<()> {
+    let bytes = elements.saturating_mul(16);
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).map_err(|_| meshwork_types::Error::OutOfMemory { bytes })?;
+    Ok(())
+}
+
 /// [`evaluate`] with the collectives, channels and host sink of `env`.
 pub fn evaluate_with(program: &Program, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
     check_inputs(program, inputs)?;
@@ -323,6 +333,7 @@ pub fn evaluate_with(program: &Program, inputs: &[Tensor], env: &Env<'_>) -> Res
             continue;
         }
         let args: Vec<&Val> = instr.args.iter().map(|a| &vals[a.index()]).collect();
+        room_for(dims.iter().product())?;
         let buf = step(&instr.op, &args, &dims, &at)?;
         debug_assert_eq!(buf.len(), dims.iter().product::<usize>());
         vals.push(Val::new(dims, dtype, buf));

@@ -6,14 +6,9 @@
 //! not in standard layout is copied into it once, on entry.
 
 use meshwork_types::{Element, Tensor};
-use ndarray::{ArrayD, IxDyn};
+use ndarray::IxDyn;
 
 pub(crate) use crate::infer::supported;
-
-/// A 1-D tensor of `values`.
-pub(crate) fn flat<T: Element>(values: Vec<T>) -> Tensor {
-    T::wrap(ArrayD::from_shape_vec(IxDyn(&[values.len()]), values).expect("a 1-D length"))
-}
 
 /// The elements of a buffer of `T` (standard layout, as every buffer of a run is).
 pub(crate) fn elems<T: Element>(t: &Tensor) -> &[T] {

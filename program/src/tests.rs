@@ -1348,3 +1348,22 @@ fn ops_refuse_dtypes_the_interpreters_cannot_compute() {
         assert!(b.iota(dtype, &[3], 0).is_ok() && b.constant(1.0, dtype).is_ok());
     }
 }
+
+/// A buffer sized by a program's shapes that the allocator cannot give is an error of
+/// the run, not an abort of the process (8 TiB of f64, past any machine's memory and
+/// swap), in both interpreters and in `Executable::buffer`.
+#[test]
+fn a_buffer_too_large_for_memory_is_an_error_not_an_abort() {
+    let huge = 1usize << 40;
+    let mut b = Builder::new();
+    let one = b.constant(1.0, DType::F64).unwrap();
+    let wide = b.broadcast_to(one, &[huge]).unwrap();
+    let program = b.finish(&[wide]).unwrap();
+    let fast = crate::fast::Executable::compile(&program, crate::fast::Options::for_devices(1));
+    let err = fast.run(&[], &crate::Env::local()).unwrap_err();
+    assert!(err.to_string().contains("memory"), "{err}");
+    let spec = TensorSpec::new(DType::F64, meshwork_types::Shape::new(&[huge]).unwrap());
+    assert!(fast.buffer(&spec).unwrap_err().to_string().contains("memory"));
+    let err = crate::reference::evaluate(&program, &[]).unwrap_err();
+    assert!(err.to_string().contains("memory"), "{err}");
+}

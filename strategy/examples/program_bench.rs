@@ -5,7 +5,7 @@
 //! 2. a 5-op elementwise chain over 16 Mi f32 (one fused pass) beside the
 //!    memory-traffic bound (a copy of the same bytes on the same threads);
 //! 3. the training step of `train_bench`'s MLP (256 -> 1024 -> 16, f32, batch 256,
-//!    SGD) as one program, beside the hand-written step of `mlp.rs` on a 1x1 mesh and
+//!    SGD) as one program, beside the hand-written step of `common/mlp.rs` on a 1x1 mesh and
 //!    JAX's jit step on one device.
 //!
 //! JAX's figures come from `strategy/benches/jax/*.py`, run here when `python3` can
@@ -16,12 +16,15 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
+#[path = "common/mlp.rs"]
+mod mlp;
+use mlp::{Dataset, Params, TrainConfig};
+
 use std::time::Instant;
 
 use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_program::fast::{Executable, Options};
 use meshwork_program::{Builder, Env, Tensor};
-use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
 use meshwork_strategy::types::{DType, Shape, TensorSpec};
 
 fn median(mut v: Vec<f64>) -> f64 {

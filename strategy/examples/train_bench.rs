@@ -10,8 +10,11 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
+#[path = "common/mlp.rs"]
+mod mlp;
+use mlp::{Dataset, Params, TrainConfig};
+
 use meshwork_strategy::Strategy;
-use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
 use meshwork_strategy::partition::{Shardings, megatron_spec};
 use meshwork_strategy::sharding::Mesh;
 use meshwork_strategy::types::DType;
@@ -81,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     })?;
                     Ok((steps * batch) as f64 / report.elapsed.as_secs_f64())
                 })
-                .collect::<Result<_, meshwork_strategy::Error>>()?;
+                .collect::<Result<_, mlp::Error>>()?;
         rates.sort_by(|a, b| a.total_cmp(b));
         let rate = rates[rates.len() / 2];
         let base = *base.get_or_insert(rate);

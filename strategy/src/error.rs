@@ -213,16 +213,6 @@ pub enum Error {
     /// A checkpoint could not be written or read, or its directory used.
     #[error(transparent)]
     Checkpoint(#[from] meshwork_checkpoint::Error),
-    /// Training produced a loss that is not a finite number (it diverged, or the
-    /// inputs or weights held NaN or infinity).
-    #[error("step {step}: the loss is {loss}, not a finite number; training stopped there")]
-    NonFiniteLoss {
-        /// The step, counted from 1 as progress reports count them (its checkpoint
-        /// would be `step-{step}` once made).
-        step: usize,
-        /// The loss.
-        loss: f64,
-    },
 }
 
 /// `Result` with the façade's [`Error`].

@@ -1,5 +1,5 @@
 //! meshwork's façade: the distribution API users program against, in the manner of
-//! `tf.distribute.TPUStrategy`, and the `meshwork` command line.
+//! `tf.distribute.TPUStrategy`, and what runs programs on the devices.
 //!
 //! It is the only crate that sees all five siblings (placer, sharding, outfeed,
 //! executor, program): it re-exports them and writes the adapters where they meet (the
@@ -8,8 +8,10 @@
 //! sharding propagation and run on the executor's devices with their state resident).
 //!
 //! It is **not** where semantics live: sharding rules, placement rules, wire formats,
-//! collective algorithms, ops and their gradients belong to the sibling crates, and
-//! this crate only composes them. A replica's function for [`Strategy::run`] is plain
+//! collective algorithms, ops and their gradients belong to the sibling crates, the
+//! partitioner and the placed-program split to `meshwork-partition`, the checkpoint
+//! format to `meshwork-checkpoint`, and this crate only composes them. Nor is it the
+//! training loop (`meshwork-train`) or the command line (`meshwork-cli`). A replica's function for [`Strategy::run`] is plain
 //! Rust over `ndarray` tensors; a [`program`] is partitioned for you by [`spmd`].
 //!
 //! - [`DeviceAssignment`] places replicas and their logical devices on a [`Topology`];
@@ -36,6 +38,10 @@
 //!   micro-batched pipelines (`nn::Transformer::loss_pipelined`) train this way, and
 //!   [`Strategy::place_with_cost`] places a program without device scopes by a cost
 //!   model counted from it, under memory caps.
+//! - [`backend`]: what runs a partitioned or placed program on the devices is one
+//!   seam, [`backend::Backend`]; the interpreter on the executor's CPU devices is its
+//!   implementation, and another back end sits beside it
+//!   ([`Strategy::with_backend`]).
 //!
 //! ```
 //! use meshwork_strategy::{Aggregation, Arg, PerReplica, ReduceOp, Strategy, Tensor, VariableOptions};
@@ -65,7 +71,6 @@ mod context;
 mod dataset;
 mod error;
 mod metrics;
-pub mod mlp;
 mod ops;
 pub mod placed;
 pub mod spmd;

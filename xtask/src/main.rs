@@ -30,7 +30,7 @@ tasks:
   test            the README test command: cargo test --workspace
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
-  deps            check the crate graph: siblings never depend on each other
+  deps            check the crate graph: each crate depends only on the layers below it
   tidy            source rules: no stub macros, no ignored or should-panic tests,
                   every lib.rs opens with a //! doc
   help            this text
@@ -88,7 +88,10 @@ fn ci() -> Result {
             "meshwork-sharding",
             "--all-features",
             "--lib",
-        ])
+        ])?;
+        // The MPI link's own unit tests (an abort serialized with the calls in flight),
+        // in one process: the `mpi` feature needs the MPI library CI installs.
+        cargo(&["test", "-p", "meshwork-executor", "--features", "mpi", "--lib", "mpi::"])
     })?;
     step("model check (shuttle)", model_check)?;
     step("miri (executor's unsafe code)", miri)?;
@@ -160,6 +163,7 @@ fn deps_check() -> Result {
         .map_err(|e| format!("cargo metadata printed invalid JSON: {e}"))?;
     let violations = deps::check(&metadata)?;
     if violations.is_empty() {
+        print!("{}", deps::graph(&metadata)?);
         println!("deps: crate graph ok");
         Ok(())
     } else {

@@ -4,7 +4,7 @@
 //!
 //! The sharding crate owns the semantics (layouts, propagation, the transitions
 //! between layouts); this module maps each program op onto one of its op rules
-//! ([`rules`]) and rewrites programs ([`partition`]).
+//! (its private `rules` module) and rewrites programs ([`partition`]).
 
 mod partition;
 mod rules;

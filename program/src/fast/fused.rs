@@ -325,17 +325,17 @@ pub(crate) fn run<T: Float>(
     group: &Group,
     inputs: &[&Tensor],
     options: &super::Options,
-    alloc: &mut dyn FnMut(DType, usize) -> Tensor,
-) -> Vec<Tensor> {
+    alloc: &mut dyn FnMut(DType, usize) -> crate::Result<Tensor>,
+) -> crate::Result<Vec<Tensor>> {
     let threads = options.threads;
     let total: usize = group.dims.iter().product();
     let mut outs: Vec<Tensor> = group
         .outputs
         .iter()
         .map(|&(_, _, b)| alloc(if b { DType::Bool } else { group.dtype }, total))
-        .collect();
+        .collect::<crate::Result<_>>()?;
     if total == 0 {
-        return outs;
+        return Ok(outs);
     }
     let parts = if total >= PARALLEL_MIN { threads.clamp(1, total / CHUNK + 1) } else { 1 };
     // Split every output into the same `parts` ranges.
@@ -375,7 +375,7 @@ pub(crate) fn run<T: Float>(
             }
         });
     }
-    outs
+    Ok(outs)
 }
 
 /// Runs [`run_range`] compiled for AVX2 where the CPU has it (the default target is

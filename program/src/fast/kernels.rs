@@ -20,7 +20,7 @@ use meshwork_types::Tensor;
 /// Hands out buffers (from the executable's pool or fresh).
 pub(crate) trait Alloc {
     /// A buffer of `len` elements of `dtype`, contents unspecified.
-    fn alloc(&mut self, dtype: DType, len: usize) -> Tensor;
+    fn alloc(&mut self, dtype: DType, len: usize) -> Result<Tensor>;
     /// The thread budget.
     fn threads(&self) -> usize;
 }
@@ -80,7 +80,7 @@ macro_rules! per_dtype {
         macro_rules! go {
             ($t:ty) => {{
                 let $v: &[$t] = elems($data);
-                let mut d = $alloc.alloc(<$t as meshwork_types::Element>::DTYPE, len);
+                let mut d = $alloc.alloc(<$t as meshwork_types::Element>::DTYPE, len)?;
                 let $out: &mut [$t] = elems_mut(&mut d);
                 $body;
                 d
@@ -104,9 +104,9 @@ pub(crate) fn view(
     offset: usize,
     strides: &[usize],
     dims: &[usize],
-) -> Tensor {
+) -> Result<Tensor> {
     let len = dims.iter().product();
-    per_dtype!(a, x, len, |v, out| gather(v, offset, strides, dims, out))
+    Ok(per_dtype!(a, x, len, |v, out| gather(v, offset, strides, dims, out)))
 }
 
 /// Concatenation along `axis` of operands of `dims`, any dtype.
@@ -115,7 +115,7 @@ pub(crate) fn concat(
     args: &[(&[usize], &Tensor)],
     axis: usize,
     dims: &[usize],
-) -> Tensor {
+) -> Result<Tensor> {
     fn go<T: Copy>(parts: &[(usize, &[T])], outer: usize, out: &mut [T]) {
         let mut pos = 0usize;
         for o in 0..outer {
@@ -139,7 +139,7 @@ pub(crate) fn concat(
             args.iter().map(|(dims, data)| (dims[axis] * inner, elems::<T>(data))).collect();
         go(&parts, outer, elems_mut::<T>(d))
     }
-    let mut d = a.alloc(args[0].1.dtype(), len);
+    let mut d = a.alloc(args[0].1.dtype(), len)?;
     match d.dtype() {
         DType::F32 => typed::<f32>(args, axis, inner, outer, &mut d),
         DType::F64 => typed::<f64>(args, axis, inner, outer, &mut d),
@@ -148,7 +148,7 @@ pub(crate) fn concat(
         DType::Bool => typed::<bool>(args, axis, inner, outer, &mut d),
         other => unreachable!("programs do not compute in {other} (checked when built)"),
     }
-    d
+    Ok(d)
 }
 
 /// Integer indices as i64.
@@ -209,7 +209,7 @@ pub(crate) fn scatter_add<T: Float>(
     let (xd, xv) = x;
     let (before, n, after) = split(xd, axis);
     let rows = rows(idx, n, axis, "operand", at)?;
-    let mut d = a.alloc(T::DTYPE, xv.len());
+    let mut d = a.alloc(T::DTYPE, xv.len())?;
     let out = T::slice_mut(&mut d);
     out.copy_from_slice(xv);
     let mut pos = 0usize;
@@ -226,9 +226,9 @@ pub(crate) fn scatter_add<T: Float>(
 }
 
 /// One-hot rows of `depth` of type `T`; indices outside `0..depth` give zeros.
-pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Tensor, depth: usize) -> Tensor {
+pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Tensor, depth: usize) -> Result<Tensor> {
     let idx = indices(idx);
-    let mut d = a.alloc(T::DTYPE, idx.len() * depth);
+    let mut d = a.alloc(T::DTYPE, idx.len() * depth)?;
     let out = T::slice_mut(&mut d);
     out.fill(T::ZERO);
     for (k, &i) in idx.iter().enumerate() {
@@ -236,7 +236,7 @@ pub(crate) fn one_hot<T: Float>(a: &mut dyn Alloc, idx: &Tensor, depth: usize) -
             out[k * depth + c] = T::ONE;
         }
     }
-    d
+    Ok(d)
 }
 
 /// A sum of a contiguous run, eight lanes at a time (vectorizes; pairs rounding
@@ -268,11 +268,11 @@ pub(crate) fn reduce<T: Float>(
     dims: &[usize],
     axes: &[usize],
     kind: Reduction,
-) -> Tensor {
+) -> Result<Tensor> {
     let r = dims.len();
     let count: usize = axes.iter().map(|&d| dims[d]).product();
     let kept: usize = (0..r).filter(|d| !axes.contains(d)).map(|d| dims[d]).product();
-    let mut d = a.alloc(T::DTYPE, kept);
+    let mut d = a.alloc(T::DTYPE, kept)?;
     let out = T::slice_mut(&mut d);
     let is_prefix = axes.iter().enumerate().all(|(k, &ax)| k == ax);
     let is_suffix = axes.iter().rev().enumerate().all(|(k, &ax)| ax == r - 1 - k);
@@ -309,7 +309,7 @@ pub(crate) fn reduce<T: Float>(
         let c = T::from_usize(count);
         out.iter_mut().for_each(|o| *o = *o / c);
     }
-    d
+    Ok(d)
 }
 
 /// The larger, ignoring NaN (the reference's `f64::max`).
@@ -325,12 +325,12 @@ pub(crate) fn softmax<T: Float>(
     dims: &[usize],
     axis: usize,
     log: bool,
-) -> Tensor {
-    let mut d = a.alloc(T::DTYPE, x.len());
+) -> Result<Tensor> {
+    let mut d = a.alloc(T::DTYPE, x.len())?;
     let out = T::slice_mut(&mut d);
     let (_, n, inner) = split(dims, axis);
     if x.is_empty() || n == 0 {
-        return d;
+        return Ok(d);
     }
     let threads = a.threads();
     if inner == 1 && threads > 1 && x.len() >= 1 << 15 {
@@ -341,14 +341,14 @@ pub(crate) fn softmax<T: Float>(
                 s.spawn(move |_| softmax_rows(xs, os, n, log));
             }
         });
-        return d;
+        return Ok(d);
     }
     if inner == 1 {
         softmax_rows(x, out, n, log);
-        return d;
+        return Ok(d);
     }
     softmax_strided(x, out, dims, axis, log);
-    d
+    Ok(d)
 }
 
 /// Softmax of consecutive rows of `n`, compiled for AVX2 where the CPU has it.
@@ -603,7 +603,7 @@ pub(crate) fn dot_general<T: Float>(
     rhs_contract: &[usize],
     lhs_batch: &[usize],
     rhs_batch: &[usize],
-) -> Tensor {
+) -> Result<Tensor> {
     let (ld, lv) = lhs;
     let (rd, rv) = rhs;
     let lfree: Vec<usize> =
@@ -617,9 +617,9 @@ pub(crate) fn dot_general<T: Float>(
     let l = as_matrix(lv, ld, [lhs_batch, &lfree, lhs_contract], &mut lc);
     let r = as_matrix(rv, rd, [rhs_batch, rhs_contract, &rfree], &mut rc);
     let threads = a.threads();
-    let mut d = a.alloc(T::DTYPE, b * m * n);
+    let mut d = a.alloc(T::DTYPE, b * m * n)?;
     gemm(b, m, n, k, l, r, T::slice_mut(&mut d), threads);
-    d
+    Ok(d)
 }
 
 /// Input padding before the first row and column of a convolution (TF's SAME split,
@@ -709,7 +709,7 @@ impl Conv {
         let p = self.im2col(x, at)?;
         let o = self.w[3];
         let threads = a.threads();
-        let mut d = a.alloc(T::DTYPE, rows * o);
+        let mut d = a.alloc(T::DTYPE, rows * o)?;
         let lhs = Mat { data: &p, batch: 0, row: cols, col: 1 };
         let rhs = Mat { data: w, batch: 0, row: o, col: 1 };
         gemm(1, rows, o, cols, lhs, rhs, T::slice_mut(&mut d), threads);
@@ -730,7 +730,7 @@ impl Conv {
         let lhs = Mat { data: g, batch: 0, row: o, col: 1 };
         let rhs = Mat { data: w, batch: 0, row: 1, col: o };
         gemm(1, rows, cols, o, lhs, rhs, &mut dp, a.threads());
-        let mut d = a.alloc(T::DTYPE, self.x.iter().product());
+        let mut d = a.alloc(T::DTYPE, self.x.iter().product())?;
         let dx = T::slice_mut(&mut d);
         dx.fill(T::ZERO);
         self.walk(|pi, xi| dx[xi] += dp[pi]);
@@ -749,7 +749,7 @@ impl Conv {
         let p = self.im2col(x, at)?;
         let o = self.w[3];
         let threads = a.threads();
-        let mut d = a.alloc(T::DTYPE, cols * o);
+        let mut d = a.alloc(T::DTYPE, cols * o)?;
         let lhs = Mat { data: &p, batch: 0, row: 1, col: cols };
         let rhs = Mat { data: g, batch: 0, row: o, col: 1 };
         gemm(1, cols, o, rows, lhs, rhs, T::slice_mut(&mut d), threads);

@@ -44,7 +44,7 @@ use self::kernels::{Alloc, Conv};
 use crate::env::{Env, communicate};
 use crate::op::Op;
 use crate::program::{Program, Value};
-use crate::tensor::{flat, shaped, supported};
+use crate::tensor::{shaped, supported};
 use crate::{Result, reference};
 use meshwork_types::{Tensor, TensorSpec};
 
@@ -205,25 +205,22 @@ struct Ctx<'p> {
     counts: HashMap<(DType, usize), usize>,
 }
 
-/// A zeroed 1-D buffer of a dtype programs compute in.
-fn fresh(dtype: DType, len: usize) -> Tensor {
-    match dtype {
-        DType::F32 => flat(vec![0f32; len]),
-        DType::F64 => flat(vec![0f64; len]),
-        DType::I32 => flat(vec![0i32; len]),
-        DType::I64 => flat(vec![0i64; len]),
-        DType::Bool => flat(vec![false; len]),
-        other => unreachable!("programs do not compute in {other} (checked when built)"),
-    }
+/// A zeroed 1-D buffer: an error, not an abort, when the allocator has no room for
+/// it (its size comes from the program's shapes, which come from input).
+fn fresh(dtype: DType, len: usize) -> Result<Tensor> {
+    Ok(Tensor::zeros(dtype, &[len])?)
 }
 
 impl Alloc for Ctx<'_> {
-    fn alloc(&mut self, dtype: DType, len: usize) -> Tensor {
+    fn alloc(&mut self, dtype: DType, len: usize) -> Result<Tensor> {
         let count = self.counts.entry((dtype, len)).or_insert(0);
         *count += 1;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         pool.demanded((dtype, len), *count);
-        pool.take(dtype, len).unwrap_or_else(|| fresh(dtype, len))
+        match pool.take(dtype, len) {
+            Some(t) => Ok(t),
+            None => fresh(dtype, len),
+        }
     }
 
     fn threads(&self) -> usize {
@@ -375,7 +372,11 @@ impl Executable {
             return Err(crate::Error::UnsupportedDType { at: "buffer".into(), dtype });
         }
         let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take(dtype, len);
-        Ok(shaped(taken.unwrap_or_else(|| fresh(dtype, len)), spec.shape.dims()))
+        let buffer = match taken {
+            Some(t) => t,
+            None => fresh(dtype, len)?,
+        };
+        Ok(shaped(buffer, spec.shape.dims()))
     }
 
     /// Gives tensors (results of earlier runs no longer needed) back to the pool.
@@ -434,7 +435,7 @@ impl Executable {
                     let outs = match group.dtype {
                         DType::F32 => fused::run::<f32>(group, &inputs, &self.options, &mut alloc),
                         _ => fused::run::<f64>(group, &inputs, &self.options, &mut alloc),
-                    };
+                    }?;
                     for (d, &(_, v, _)) in outs.into_iter().zip(&group.outputs) {
                         slots[v.index()] = Slot::Owned(d);
                     }
@@ -512,19 +513,19 @@ fn exec(
         Op::Transpose { perm } => {
             let xs = kernels::strides(args[0].0);
             let st: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-            kernels::view(a, args[0].1, 0, &st, dims)
+            kernels::view(a, args[0].1, 0, &st, dims)?
         }
         Op::BroadcastTo { .. } => {
             let st = fused::broadcast_strides(args[0].0, dims);
-            kernels::view(a, args[0].1, 0, &st, dims)
+            kernels::view(a, args[0].1, 0, &st, dims)?
         }
         Op::Slice { start, step, .. } => {
             let xs = kernels::strides(args[0].0);
             let offset = start.iter().zip(&xs).map(|(s, x)| s * x).sum();
             let st: Vec<usize> = step.iter().zip(&xs).map(|(s, x)| s * x).collect();
-            kernels::view(a, args[0].1, offset, &st, dims)
+            kernels::view(a, args[0].1, offset, &st, dims)?
         }
-        Op::Concat { axis } => kernels::concat(a, args, *axis, dims),
+        Op::Concat { axis } => kernels::concat(a, args, *axis, dims)?,
         Op::Take { axis } => kernels::take(a, (args[0].0, args[0].1), args[1].1, *axis, at)?,
         Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } if float => {
             float_kernel!(T, {
@@ -536,17 +537,17 @@ fn exec(
                     rhs_contract,
                     lhs_batch,
                     rhs_batch,
-                )
+                )?
             })
         }
         Op::Reduce { kind, axes, .. } if float => {
-            float_kernel!(T, kernels::reduce::<T>(a, T::slice(args[0].1), args[0].0, axes, *kind))
+            float_kernel!(T, kernels::reduce::<T>(a, T::slice(args[0].1), args[0].0, axes, *kind)?)
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             let log = matches!(op, Op::LogSoftmax { .. });
-            float_kernel!(T, kernels::softmax::<T>(a, T::slice(args[0].1), args[0].0, *axis, log))
+            float_kernel!(T, kernels::softmax::<T>(a, T::slice(args[0].1), args[0].0, *axis, log)?)
         }
-        Op::OneHot { depth, .. } => float_kernel!(T, kernels::one_hot::<T>(a, args[0].1, *depth)),
+        Op::OneHot { depth, .. } => float_kernel!(T, kernels::one_hot::<T>(a, args[0].1, *depth)?),
         Op::ScatterAdd { axis } if float => float_kernel!(T, {
             kernels::scatter_add::<T>(
                 a,

@@ -3,12 +3,12 @@
 //!
 //! A program's device requests ([`Builder::device`](meshwork_program::Builder::device),
 //! [`colocate_with`](meshwork_program::Builder::colocate_with)) become a placer
-//! [`Graph`]: a fed parameter is a `Placeholder`; a parameter the program updates
+//! [`Graph`](meshwork_placer::Graph): a fed parameter is a `Placeholder`; a parameter the program updates
 //! (carried) is a resource variable — a `VarHandleOp`, the `ReadVariableOp` its
 //! readers read, and an `AssignVariableOp` per update, requested where the update's
 //! instruction is, so TensorFlow's resource-edge rule puts reads and updates with the
 //! variable; each instruction is a node of op type `op:dtype` whose kernels the
-//! program crate's [`Catalogue`] lists. [`meshwork_placer::place`] decides (soft
+//! program crate's [`Catalogue`](meshwork_program::Catalogue) lists. [`meshwork_placer::place`] decides (soft
 //! placement, colocation groups, TF's errors), then the program is split into one
 //! program per device with a `send`/`recv` pair for every value that crosses devices
 //! (one transfer per value and destination device, as TensorFlow's partitioner

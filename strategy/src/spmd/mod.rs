@@ -4,7 +4,8 @@
 //!
 //! The sharding crate owns the semantics (layouts, propagation, transitions); this
 //! module maps each program op onto one of its op rules, rewrites programs
-//! ([`partition`]) and runs them on a strategy's devices:
+//! ([`partition`](meshwork_partition::spmd::partition)) and runs them on a strategy's
+//! devices:
 //! [`Strategy::run_partitioned`](crate::Strategy::run_partitioned) for one run,
 //! [`Strategy::compile`](crate::Strategy::compile) and
 //! [`Strategy::compile_train_step`](crate::Strategy::compile_train_step) for steps whose

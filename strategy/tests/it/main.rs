@@ -3,6 +3,9 @@
 
 mod api;
 mod checkpoints;
+// The hand-written MLP: the oracle the program layer's MLP is compared with.
+#[path = "../../examples/common/mlp.rs"]
+mod mlp;
 mod placed;
 mod processes;
 mod properties;

@@ -586,14 +586,14 @@ fn a_checkpoint_manager_keeps_compiled_steps() {
 
 /// The main job's MLP written with the `nn` layers (`linear`, `relu`,
 /// `softmax_cross_entropy`) and trained by `compile_train_step` (SGD) on every mesh:
-/// each step's loss equals the hand-written MLP of `mlp.rs` (its own forward and
+/// each step's loss equals the hand-written MLP of `examples/common/mlp.rs` (its own forward and
 /// backward, closures over the strategy) on one device, within 1e-12 relative in f64.
 #[test]
 fn the_nn_mlp_trains_as_the_hand_written_one_on_every_mesh() {
+    use crate::mlp::{self, Dataset, Params, TrainConfig};
     use meshwork_nn as nn;
     use meshwork_nn::Optimizer;
     use meshwork_program::Builder;
-    use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
     let (features, hidden, classes, batch, rows, steps, lr) = (12, 16, 4, 8, 40, 12, 0.5);
     let data = Dataset::synthetic(3, rows, features, classes);
     let init = Params::init(3, features, hidden, classes);

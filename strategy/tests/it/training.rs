@@ -3,12 +3,12 @@
 
 use std::ops::ControlFlow;
 
-use meshwork_strategy::mlp::{self, Dataset, Params, TrainConfig};
+use crate::mlp::{self, Dataset, Params, TrainConfig};
 use meshwork_strategy::types::DType;
 
 /// With 3 and 4 data replicas every run gives the same loss bits: the global loss adds
 /// the replicas' sums in replica order, whatever order their metric streams arrive in
-/// (the unit test in `mlp.rs` shows the order itself with sums that tell orders apart).
+/// (the unit test in `examples/common/mlp.rs` shows the order itself with sums that tell orders apart).
 #[test]
 fn losses_are_bit_identical_run_after_run_with_several_data_replicas() {
     let data = Dataset::synthetic(5, 96, 6, 4);

@@ -25,9 +25,26 @@ fn add_edge(metadata: &mut Value, from: &str, to: &str, kind: Value) {
         .push(json!({ "name": to, "kind": kind, "path": "irrelevant" }));
 }
 
+/// The one violation adding `from -> to` of `kind` makes.
+fn one_violation(from: &str, to: &str, kind: Value) -> Violation {
+    let mut metadata = workspace_metadata();
+    add_edge(&mut metadata, from, to, kind.clone());
+    let violations = check(&metadata).unwrap();
+    assert_eq!(violations.len(), 1, "{from} -> {to} ({kind}): {violations:?}");
+    let v = violations[0].clone();
+    assert_eq!((v.from.as_str(), v.to.as_str()), (from, to));
+    assert_eq!(v.kind, kind.as_str().unwrap_or("normal"));
+    v
+}
+
 #[test]
-fn the_workspace_passes() {
-    assert_eq!(check(&workspace_metadata()).unwrap(), vec![]);
+fn the_workspace_passes_and_every_member_has_a_layer() {
+    let metadata = workspace_metadata();
+    assert_eq!(check(&metadata).unwrap(), vec![]);
+    for p in metadata["packages"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        assert!(LAYERS.iter().any(|(n, _)| *n == name), "{name} has no layer");
+    }
 }
 
 #[test]
@@ -35,38 +52,53 @@ fn every_sibling_edge_fails() {
     for from in SIBLINGS {
         for to in SIBLINGS.into_iter().filter(|&to| to != from) {
             for kind in [Value::Null, json!("dev"), json!("build")] {
-                let mut metadata = workspace_metadata();
-                add_edge(&mut metadata, from, to, kind.clone());
-                let violations = check(&metadata).unwrap();
-                assert_eq!(violations.len(), 1, "{from} -> {to} ({kind})");
-                let v = &violations[0];
-                assert_eq!((v.from.as_str(), v.to.as_str()), (from, to));
-                assert_eq!(v.kind, kind.as_str().unwrap_or("normal"));
+                let v = one_violation(from, to, kind);
                 assert!(v.to_string().contains("siblings never depend on each other"), "{v}");
             }
         }
     }
 }
 
+/// Every edge that points up or sideways fails: a layer below on one above, anything
+/// on the binary or a bridge, types or xtask on any workspace crate.
 #[test]
-fn types_xtask_and_facade_edges_fail() {
-    for (from, to, rule) in [
-        ("meshwork-types", "meshwork-sharding", "types depends on no workspace crate"),
+fn edges_that_point_up_fail() {
+    for (from, to, says) in [
+        ("meshwork-types", "meshwork-sharding", "meshwork-types depends on no workspace crate"),
         ("xtask", "meshwork-types", "xtask depends on no workspace crate"),
         (
             "meshwork-placer",
             "meshwork-strategy",
-            "nothing depends on the strategy façade (but a bridge)",
+            "meshwork-placer may depend on meshwork-types only",
         ),
-        ("meshwork-strategy", "meshwork-candle", "nothing depends on a bridge"),
-        ("meshwork-executor", "meshwork-candle", "nothing depends on a bridge"),
+        ("meshwork-program", "meshwork-nn", "may depend on meshwork-types only"),
+        (
+            "meshwork-nn",
+            "meshwork-partition",
+            "meshwork-nn may depend on meshwork-program, meshwork-types only",
+        ),
+        ("meshwork-checkpoint", "meshwork-strategy", "may depend on"),
+        ("meshwork-strategy", "meshwork-train", "may depend on"),
+        ("meshwork-train", "meshwork-cli", "may depend on"),
+        ("meshwork-strategy", "meshwork-candle", "may depend on"),
+        ("meshwork-candle", "meshwork-strategy", "may depend on"),
+        ("meshwork-cli", "meshwork-strategy", "may depend on"),
     ] {
-        let mut metadata = workspace_metadata();
-        add_edge(&mut metadata, from, to, Value::Null);
-        let violations = check(&metadata).unwrap();
-        assert_eq!(violations.len(), 1, "{from} -> {to}");
-        assert_eq!(violations[0].rule, rule);
+        let v = one_violation(from, to, Value::Null);
+        assert!(v.rule.contains(says), "{from} -> {to}: {v}");
     }
+}
+
+#[test]
+fn a_crate_without_a_layer_fails() {
+    let mut metadata = workspace_metadata();
+    metadata["packages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": "meshwork-new", "dependencies": [{ "name": "meshwork-types", "kind": null }] }));
+    let violations = check(&metadata).unwrap();
+    assert_eq!(violations.len(), 1);
+    assert!(violations[0].rule.contains("has no place in the crate graph"), "{:?}", violations[0]);
 }
 
 #[test]
@@ -74,8 +106,12 @@ fn allowed_edges_and_external_crates_pass() {
     let mut metadata = workspace_metadata();
     add_edge(&mut metadata, "meshwork-strategy", "meshwork-placer", Value::Null);
     add_edge(&mut metadata, "meshwork-placer", "meshwork-types", json!("dev"));
+    add_edge(&mut metadata, "meshwork-cli", "meshwork-train", json!("dev"));
     add_edge(&mut metadata, "meshwork-types", "serde", Value::Null);
     assert_eq!(check(&metadata).unwrap(), vec![]);
+    let graph = graph(&workspace_metadata()).unwrap();
+    assert!(graph.lines().any(|l| l.starts_with("cli") && l.contains("train")), "{graph}");
+    assert!(graph.lines().any(|l| l == "types       <- -"), "{graph}");
 }
 
 #[test]

@@ -1,0 +1,593 @@
+//! The command line: every command's flags (clap's derive), their values parsed and
+//! checked alone (sizes, meshes, dtypes); what they mean together is the trainer's to
+//! check.
+
+use std::path::PathBuf;
+
+use clap::error::ErrorKind;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use meshwork_train::{Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule};
+use meshwork_types::DType;
+
+use crate::out::{Exit, out};
+
+/// The commands, for `help COMMAND`.
+pub(crate) const COMMANDS: [&str; 5] = ["train", "inspect", "shard", "reshard", "place"];
+
+/// meshwork — run one model on many devices.
+///
+/// Bad input exits with status 2 and one line naming the problem and the flag; a
+/// failed training run exits with 1, an interrupted one (Ctrl-C, SIGTERM) with 130.
+#[derive(Debug, Parser)]
+#[command(name = "meshwork", version, disable_help_subcommand = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+}
+
+/// A command.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Train a model on a data x model device mesh: the MLP (the main job), the
+    /// reference transformer or a CNN.
+    Train(Box<TrainArgs>),
+    /// The transformer's training step as each device of a mesh runs it.
+    Inspect(InspectArgs),
+    /// Draw which device holds which block of a sharded array.
+    ///
+    /// Prints the shard shape, the XLA sharding and the index map (each device and the
+    /// index ranges it holds, with its replica id where several devices hold the same
+    /// block), and for arrays of rank 1 or 2 draws which device holds which block (no
+    /// picture is drawn for rank 3 and up). Takes arrays of at most 2^48 elements and
+    /// meshes of at most 8192 devices.
+    Shard(ShardArgs),
+    /// The transfer plan between two shardings of an array.
+    ///
+    /// The transfer plan between two shardings: the box copies, and the elements and
+    /// bytes that cross devices against the array's total (its elements, and its bytes at
+    /// --dtype). More than 100% crosses when the target replicates blocks onto devices
+    /// that lacked them. Takes arrays of at most 2^48 elements and meshes of at most 8192
+    /// devices.
+    Reshard(ReshardArgs),
+    /// Place a dataflow graph's ops on devices (TensorFlow's placer rules).
+    ///
+    /// Places a graph ({"nodes": [...]}, TensorFlow's placer rules) and prints node, op and
+    /// device. The op catalog comes from --ops or the graph file's "op_catalog". Short
+    /// device names get the /job:localhost/replica:0/task:0/device: prefix. Files of at
+    /// most 64 MiB are read.
+    Place(PlaceArgs),
+    /// The version.
+    #[command(hide = true)]
+    Version,
+}
+
+/// `--model`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Model {
+    /// h = relu(x·W1 + b1), z = h·W2 + b2 (the main job).
+    Mlp,
+    /// The reference decoder-only transformer.
+    Transformer,
+    /// Two convolutions and a linear head on images.
+    Cnn,
+}
+
+impl From<Model> for ModelKind {
+    fn from(m: Model) -> ModelKind {
+        match m {
+            Model::Mlp => ModelKind::Mlp,
+            Model::Transformer => ModelKind::Transformer,
+            Model::Cnn => ModelKind::Cnn,
+        }
+    }
+}
+
+/// `--optimizer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Optimizer {
+    /// Plain SGD.
+    Sgd,
+    /// SGD with momentum 0.9.
+    Momentum,
+    /// Adam (β 0.9, 0.999).
+    Adam,
+    /// AdamW, weight decay 0.01.
+    Adamw,
+}
+
+impl From<Optimizer> for OptimizerKind {
+    fn from(o: Optimizer) -> OptimizerKind {
+        match o {
+            Optimizer::Sgd => OptimizerKind::Sgd,
+            Optimizer::Momentum => OptimizerKind::Momentum,
+            Optimizer::Adam => OptimizerKind::Adam,
+            Optimizer::Adamw => OptimizerKind::AdamW,
+        }
+    }
+}
+
+/// `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Float {
+    /// 32-bit floats.
+    F32,
+    /// 64-bit floats.
+    F64,
+}
+
+impl From<Float> for DType {
+    fn from(f: Float) -> DType {
+        match f {
+            Float::F32 => DType::F32,
+            Float::F64 => DType::F64,
+        }
+    }
+}
+
+/// `--schedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ScheduleArg {
+    /// The learning rate after warm-up.
+    Constant,
+    /// A cosine decay to 0 at the last step.
+    Cosine,
+}
+
+/// `DxM` → `(D, M)`.
+fn mesh_2d(text: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{text:?} is not a mesh like 2x2 (data x model)");
+    let (d, m) = text.split_once(['x', 'X']).ok_or_else(bad)?;
+    let d: usize = d.trim().parse().map_err(|_| bad())?;
+    let m: usize = m.trim().parse().map_err(|_| bad())?;
+    if d == 0 || m == 0 {
+        return Err(format!("{text:?}: a mesh needs at least one device along each axis"));
+    }
+    Ok((d, m))
+}
+
+/// `F1,F2`.
+fn two_counts(text: &str) -> Result<[usize; 2], String> {
+    let counts: Vec<usize> = text
+        .split(',')
+        .map(|d| d.trim().parse().map_err(|_| format!("{text:?} is not two counts like 8,16")))
+        .collect::<Result<_, _>>()?;
+    <[usize; 2]>::try_from(counts).map_err(|_| format!("{text:?}: give two counts, F1,F2"))
+}
+
+/// `8G`, `512M`, `4096` → bytes (at least 1).
+fn bytes(text: &str) -> Result<u64, String> {
+    let bad = || format!("{text:?} is not a size like 8G, 512M or 4096");
+    let t = text.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((at, 'K' | 'k')) => (&t[..at], 10),
+        Some((at, 'M' | 'm')) => (&t[..at], 20),
+        Some((at, 'G' | 'g')) => (&t[..at], 30),
+        Some((at, 'T' | 't')) => (&t[..at], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(bad)
+}
+
+/// `meshwork train`'s flags.
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct TrainArgs {
+    /// The model (see `meshwork help train --model M` for its defaults and flags)
+    #[arg(long, value_enum, default_value_t = Model::Mlp)]
+    pub(crate) model: Model,
+    /// Data x model devices (default 2x2 for the MLP, else 1x1; each device is a thread)
+    #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
+    mesh: Option<(usize, usize)>,
+    /// A pipeline of K stages per data replica (--mesh Dx1)
+    #[arg(long, value_name = "K")]
+    stages: Option<usize>,
+    /// Micro-batches per replica and step in a pipeline (default 1)
+    #[arg(long, value_name = "M")]
+    microbatches: Option<usize>,
+    /// The last step (default 200 for the MLP, else 100); a resumed run continues up to it
+    #[arg(long, value_name = "N")]
+    steps: Option<usize>,
+    /// Rows per step (default 64, CNN 32, transformer 8); step s takes rows s·B … s·B+B−1 of the data (mod its size)
+    #[arg(long, value_name = "B")]
+    batch: Option<usize>,
+    /// ... or the rows in a per-epoch permutation drawn from --seed
+    #[arg(long)]
+    shuffle: bool,
+    /// The optimizer (default sgd for the MLP, else adam)
+    #[arg(long, value_enum)]
+    optimizer: Option<Optimizer>,
+    /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
+    #[arg(long, value_name = "LR")]
+    lr: Option<f64>,
+    /// Linear warm-up of the learning rate over N steps
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    warmup: usize,
+    /// The learning rate after warm-up
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Constant)]
+    schedule: ScheduleArg,
+    /// Clip the gradients to this global norm
+    #[arg(long, value_name = "NORM")]
+    clip_norm: Option<f64>,
+    /// The weights' dtype (default f64 for the MLP, else f32)
+    #[arg(long, value_enum)]
+    dtype: Option<Float>,
+    /// Seeds the built-in data, the initial weights and --shuffle
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// The MLP's hidden units (default 32)
+    #[arg(long, value_name = "H")]
+    hidden: Option<usize>,
+    /// The MLP's classes (default: the largest label + 1)
+    #[arg(long, value_name = "N")]
+    classes: Option<usize>,
+    /// The CNN's two convolutions' filters (default 8,16)
+    #[arg(long, value_name = "F1,F2", value_parser = two_counts)]
+    filters: Option<[usize; 2]>,
+    /// The transformer's decoder blocks (default 2)
+    #[arg(long, value_name = "L")]
+    layers: Option<usize>,
+    /// The transformer's width (default 64)
+    #[arg(long, value_name = "D")]
+    dim: Option<usize>,
+    /// The transformer's attention heads (default 4)
+    #[arg(long, value_name = "H")]
+    heads: Option<usize>,
+    /// The transformer's MLP width (default 256)
+    #[arg(long, value_name = "F")]
+    ffn: Option<usize>,
+    /// The transformer's vocabulary (default 256)
+    #[arg(long, value_name = "V")]
+    vocab: Option<usize>,
+    /// The transformer's context length (default 32)
+    #[arg(long, value_name = "T")]
+    seq: Option<usize>,
+    /// Features or images [rows, ...] (.npy) instead of the built-in data
+    #[arg(long, value_name = "X.npy", requires = "data_y", conflicts_with_all = ["text", "data_tokens"])]
+    data_x: Option<PathBuf>,
+    /// Labels: class ids [rows] or one-hot [rows, classes] (.npy)
+    #[arg(long, value_name = "Y.npy", requires = "data_x")]
+    data_y: Option<PathBuf>,
+    /// The transformer's token rows [rows, seq + 1] (.npy)
+    #[arg(long, value_name = "TOKENS.npy", conflicts_with = "text")]
+    data_tokens: Option<PathBuf>,
+    /// A text file whose bytes are the transformer's tokens (--vocab 256)
+    #[arg(long, value_name = "FILE")]
+    text: Option<PathBuf>,
+    /// Initial weights (safetensors, f32 or f64), by the model's names
+    #[arg(long, value_name = "INIT.safetensors")]
+    init: Option<PathBuf>,
+    /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh
+    #[arg(long, value_name = "PATH")]
+    resume: Option<PathBuf>,
+    /// Evaluate on held-out rows every N steps (and after the last)
+    #[arg(long, value_name = "N")]
+    eval_every: Option<usize>,
+    /// The fraction of the rows held out for --eval-every (default 0.1)
+    #[arg(long, value_name = "F")]
+    eval_fraction: Option<f64>,
+    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every N steps
+    #[arg(long, value_name = "N")]
+    checkpoint_every: Option<usize>,
+    /// Checkpoints kept in --checkpoint-dir, newest first (default 3)
+    #[arg(long, value_name = "N")]
+    keep: Option<usize>,
+    /// Steps per host call
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    steps_per_run: usize,
+    /// Refuse a run estimated to hold more than SIZE (suffixes K, M, G, T; default 8G)
+    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    max_memory: Option<u64>,
+    /// Check every step's loss against one device's even for a large run
+    #[arg(long, conflicts_with = "no_check")]
+    check: bool,
+    /// Skip the comparison with a one-device run of the same steps
+    #[arg(long)]
+    no_check: bool,
+    /// No progress and no summary (errors still say what failed)
+    #[arg(long)]
+    quiet: bool,
+    /// Every step's global loss as a JSON list (also when the run fails or is interrupted; a resumed run's holds the earlier steps too); an existing file is replaced only if it is such a list
+    #[arg(long, value_name = "FILE")]
+    losses_json: Option<PathBuf>,
+    /// A JSON line per step as the run goes (a new file)
+    #[arg(long, value_name = "FILE")]
+    metrics_jsonl: Option<PathBuf>,
+    /// The loss per step as an SVG line chart (a new file)
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    /// Whether `--quiet` was given.
+    pub(crate) fn quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// The run's settings.
+    pub(crate) fn config(&self) -> Config {
+        let data = match (&self.data_x, &self.data_y, &self.text, &self.data_tokens) {
+            (Some(x), Some(y), _, _) => Data::Npy { x: x.clone(), y: y.clone() },
+            (_, _, Some(t), _) => Data::Text(t.clone()),
+            (_, _, _, Some(t)) => Data::Tokens(t.clone()),
+            _ => Data::BuiltIn,
+        };
+        Config {
+            model: self.model.into(),
+            layers: self.layers,
+            dim: self.dim,
+            heads: self.heads,
+            ffn: self.ffn,
+            vocab: self.vocab,
+            seq: self.seq,
+            hidden: self.hidden,
+            classes: self.classes,
+            filters: self.filters,
+            data,
+            init: self.init.clone(),
+            resume: self.resume.clone(),
+            mesh: self.mesh,
+            stages: self.stages,
+            microbatches: self.microbatches,
+            steps: self.steps,
+            batch: self.batch,
+            optimizer: self.optimizer.map(Into::into),
+            lr: self.lr,
+            dtype: self.dtype.map(Into::into),
+            seed: self.seed,
+            shuffle: self.shuffle,
+            warmup: self.warmup,
+            schedule: match self.schedule {
+                ScheduleArg::Constant => Schedule::Constant,
+                ScheduleArg::Cosine => Schedule::Cosine,
+            },
+            clip_norm: self.clip_norm,
+            eval_every: self.eval_every,
+            eval_fraction: self.eval_fraction,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            checkpoint_every: self.checkpoint_every,
+            keep: self.keep,
+            steps_per_run: self.steps_per_run,
+            max_memory: self.max_memory.unwrap_or(DEFAULT_MAX_MEMORY),
+            check: if self.check {
+                Check::Always
+            } else if self.no_check {
+                Check::Never
+            } else {
+                Check::Auto
+            },
+            losses_json: self.losses_json.clone(),
+            metrics_jsonl: self.metrics_jsonl.clone(),
+            plot: self.plot.clone(),
+        }
+    }
+}
+
+/// `meshwork inspect`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// The model (the transformer's step is what it prints)
+    #[arg(long, value_enum)]
+    model: Model,
+    /// Data x model devices
+    #[arg(long, value_name = "DxM", value_parser = mesh_2d, default_value = "1x2")]
+    mesh: (usize, usize),
+    /// The transformer's decoder blocks (default 2)
+    #[arg(long, value_name = "L")]
+    layers: Option<usize>,
+    /// The transformer's width (default 64)
+    #[arg(long, value_name = "D")]
+    dim: Option<usize>,
+    /// The transformer's attention heads (default 4)
+    #[arg(long, value_name = "H")]
+    heads: Option<usize>,
+    /// The transformer's MLP width (default 256)
+    #[arg(long, value_name = "F")]
+    ffn: Option<usize>,
+    /// The transformer's vocabulary (default 256)
+    #[arg(long, value_name = "V")]
+    vocab: Option<usize>,
+    /// The transformer's context length (default 32)
+    #[arg(long, value_name = "T")]
+    seq: Option<usize>,
+    /// The sizes from a file's tensors (safetensors)
+    #[arg(long, value_name = "INIT.safetensors")]
+    init: Option<PathBuf>,
+    /// Rows per step
+    #[arg(long, value_name = "B", default_value_t = 8)]
+    batch: usize,
+    /// The optimizer
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    optimizer: Optimizer,
+    /// The weights' dtype
+    #[arg(long, value_enum, default_value_t = Float::F32)]
+    dtype: Float,
+    /// Refuse a step estimated to hold more than SIZE (suffixes K, M, G, T)
+    #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
+    max_memory: u64,
+}
+
+impl InspectArgs {
+    /// The step's settings, as a training run's.
+    pub(crate) fn config(&self) -> Result<Config, Exit> {
+        if self.model != Model::Transformer {
+            return Err(Exit::Usage("inspect needs --model transformer".into()));
+        }
+        Ok(Config {
+            layers: self.layers,
+            dim: self.dim,
+            heads: self.heads,
+            ffn: self.ffn,
+            vocab: self.vocab,
+            seq: self.seq,
+            init: self.init.clone(),
+            mesh: Some(self.mesh),
+            batch: Some(self.batch),
+            optimizer: Some(self.optimizer.into()),
+            dtype: Some(self.dtype.into()),
+            max_memory: self.max_memory,
+            ..Config::new(ModelKind::Transformer)
+        })
+    }
+}
+
+/// `meshwork shard`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct ShardArgs {
+    /// The array's shape
+    #[arg(long, value_name = "8,8", required = true)]
+    pub(crate) shape: Option<String>,
+    /// The mesh's axis sizes
+    #[arg(long, value_name = "2x4", required = true)]
+    pub(crate) mesh: Option<String>,
+    /// The mesh's axis names
+    #[arg(long, value_name = "a,b", required = true)]
+    pub(crate) axes: Option<String>,
+    /// A JAX PartitionSpec over the named mesh axes, no longer than the array's rank, or an XLA sharding such as "{devices=[2,4]<=[8]}" over the mesh's devices
+    #[arg(long, value_name = "SPEC", required = true)]
+    pub(crate) spec: Option<String>,
+}
+
+/// `meshwork reshard`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct ReshardArgs {
+    /// The array's shape
+    #[arg(long, value_name = "8,8", required = true)]
+    pub(crate) shape: Option<String>,
+    /// The mesh's axis sizes
+    #[arg(long, value_name = "2x4", required = true)]
+    pub(crate) mesh: Option<String>,
+    /// The mesh's axis names
+    #[arg(long, value_name = "a,b", required = true)]
+    pub(crate) axes: Option<String>,
+    /// The source sharding (a PartitionSpec or an XLA sharding)
+    #[arg(long, value_name = "SPEC", required = true)]
+    pub(crate) from: Option<String>,
+    /// The target sharding
+    #[arg(long, value_name = "SPEC", required = true)]
+    pub(crate) to: Option<String>,
+    /// The element type the bytes are counted in
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub(crate) dtype: String,
+}
+
+/// `meshwork place`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct PlaceArgs {
+    /// The graph
+    #[arg(value_name = "GRAPH.json", required = true)]
+    pub(crate) graph: Option<PathBuf>,
+    /// The devices, like CPU:0,CPU:1,GPU:0
+    #[arg(long, value_name = "DEVICES", required = true)]
+    pub(crate) devices: Option<String>,
+    /// The op catalog, if not in the graph file
+    #[arg(long, value_name = "CATALOG.json")]
+    pub(crate) ops: Option<PathBuf>,
+    /// Soft placement: an op's unsupported device request falls back
+    #[arg(long)]
+    pub(crate) soft: bool,
+    /// The placed graph in Graphviz's dot
+    #[arg(long)]
+    pub(crate) dot: bool,
+    /// Why NODE landed where it did
+    #[arg(long, value_name = "NODE")]
+    pub(crate) explain: Option<String>,
+}
+
+/// The `--model` named in `argv` (for the train page's notes), if it names one.
+pub(crate) fn model_named(argv: &[String]) -> Option<Model> {
+    let mut named = None;
+    for (k, a) in argv.iter().enumerate() {
+        let value = match a.strip_prefix("--model=") {
+            Some(v) => Some(v),
+            None if a == "--model" => argv.get(k + 1).map(String::as_str),
+            None => None,
+        };
+        if let Some(v) = value {
+            named = Model::from_str(v, false).ok();
+        }
+    }
+    named
+}
+
+/// What `meshwork help train [--model M]` adds to the flags: the model's defaults and
+/// its own flags, and how a run ends.
+pub(crate) fn train_notes(model: Option<Model>) -> String {
+    let model_text = match model.unwrap_or(Model::Mlp) {
+        Model::Mlp => {
+            "\
+--model mlp (the main job): h = relu(x·W1 + b1), z = h·W2 + b2, softmax cross-entropy,
+on a data x model mesh: the batch split over the data axis, W1 by columns and W2 by rows
+over the model axis. Defaults: --mesh 2x2, --steps 200, --batch 64, --optimizer sgd,
+--lr 0.5, --dtype f64, --hidden 32. The built-in data: 512 rows of 8 features in 3
+classes, drawn from --seed. Its flags: --hidden, --classes, --data-x/--data-y, --init
+(w1 [features, hidden], b1 [hidden], w2 [hidden, classes], b2 [classes]). A checkpoint
+of an earlier meshwork (its \"meshwork-mlp\" metadata, or none: the sizes from the
+variables' shapes) resumes."
+        }
+        Model::Transformer => {
+            "\
+--model transformer: the reference decoder-only transformer (next-token loss), on a mesh
+(heads and the MLP split over the model axis, Megatron's way) or in a pipeline of
+--stages (GPipe, --microbatches). Defaults: --mesh 1x1, --steps 100, --batch 8,
+--optimizer adam, --lr 0.01, --dtype f32, --layers 2 --dim 64 --heads 4 --ffn 256
+--vocab 256 --seq 32. Data: built-in rows drawn from --seed, --text FILE (bytes as
+tokens), or --data-tokens TOKENS.npy [rows, seq + 1]. --init takes the sizes from its
+tensors (with --heads)."
+        }
+        Model::Cnn => {
+            "\
+--model cnn: conv3x3(F1) relu, conv3x3/2(F2) relu, a linear head, on NHWC images, over
+the data axis (--mesh Dx1) or in a pipeline of up to 3 stages. Defaults: --mesh 1x1,
+--steps 100, --batch 32, --optimizer adam, --lr 0.01, --dtype f32, --filters 8,16.
+Data: built-in 8x8x1 images drawn from --seed, or --data-x [N, H, W, C] with --data-y."
+        }
+    };
+    format!(
+        "{model_text}
+
+Every step's loss is compared with the same step on one device, for runs estimated at
+1 GB or less (--check for larger ones, --no-check to skip it).
+
+Ctrl-C (SIGINT) or SIGTERM finishes the current host call, saves a checkpoint if
+--checkpoint-dir is given, writes --losses-json and exits with status 130; a second one
+exits at once. A loss that is not finite stops the run with status 1, and so does a
+one-device check that fails."
+    )
+}
+
+/// A clap error as one line: its message and the list it gives (the missing flags),
+/// without the usage and the pointer to `--help`.
+pub(crate) fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    text.lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What a clap error ends in: help and the version printed (status 0), anything else
+/// one line naming the flag and the command's help page (status 2).
+pub(crate) fn clap_exit(e: clap::Error, argv: &[String]) -> Result<(), Exit> {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => out(format_args!("{}", e.render())),
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            out(format_args!("{}", e.render()))?;
+            Err(Exit::Usage("a command is missing; see `meshwork help`".into()))
+        }
+        _ => {
+            let command = argv
+                .iter()
+                .skip(1)
+                .find(|a| COMMANDS.contains(&a.as_str()))
+                .map_or(String::new(), |c| format!(" {c}"));
+            Err(Exit::Usage(format!("{}; see `meshwork help{command}`", one_line(&e))))
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The `meshwork` binary end to end: the main job as the README runs it, each
+//! command's flags parsed into one-line errors naming the flag (exit 2), the help pages,
+//! and the inspection tools. What the trainer does is tested in-process in
+//! `meshwork-train`; here only that the binary hands it the flags and reports its end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn meshwork(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_meshwork")).args(args).output().expect("the binary runs")
+}
+
+fn testdata(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(rel).to_str().unwrap().to_string()
+}
+
+/// The losses the main job printed before the one trainer (kept with the trainer).
+fn main_job_before() -> Vec<f64> {
+    let path: PathBuf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/main-job/losses-200.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// `meshwork train` with every default, as the README runs it: the headline and the
+/// summary on stdout, a progress line a tenth of the run apart on stderr, and the
+/// losses the binary wrote before the one trainer (within 1e-12).
+#[test]
+fn the_main_job_runs_as_the_readme_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let losses = dir.path().join("l.json");
+    let out = meshwork(&["train", "--losses-json", losses.to_str().unwrap()]);
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.starts_with("training MLP 8 -> 32 -> 3 on 512 rows (f64, sgd, lr 0.5) on mesh 2x2, batch 64, 200 steps\n"), "{stdout}");
+    for label in [
+        "final loss",
+        "loss curve",
+        "accuracy",
+        "throughput",
+        "check        every step equal to one device's",
+    ] {
+        assert!(stdout.lines().any(|l| l.trim_start().starts_with(label)), "no {label}: {stdout}");
+    }
+    let steps: Vec<&str> = stderr.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(steps.len(), 11, "step 1 and every 20th: {stderr}");
+    assert!(steps[0].starts_with("step     1/200 loss 1.067104"), "{stderr}");
+    let got: Vec<f64> = serde_json::from_slice(&std::fs::read(&losses).unwrap()).unwrap();
+    let want = main_job_before();
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-12 * w.abs(), "step {k}: {g} vs {w}");
+    }
+    // Quiet: nothing on either stream.
+    let out = meshwork(&["train", "--steps", "5", "--quiet"]);
+    assert!(out.status.success() && out.stdout.is_empty() && out.stderr.is_empty());
+}
+
+/// Runs `args`; expects exit 2 and one line on stderr, `meshwork: error: …` containing
+/// each of `says`.
+fn refused(args: &[&str], says: &[&str]) {
+    let out = meshwork(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    assert!(err.starts_with("meshwork: error: "), "{args:?}: {err}");
+    for s in says {
+        assert!(err.contains(s), "{args:?}: want {s:?} in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Flags the parser refuses and settings the trainer refuses both end as one line
+/// naming the flag, exit 2; the parser's say which help page to read.
+#[test]
+fn bad_input_exits_2_with_one_line_naming_the_flag() {
+    refused(&["train", "--warp"], &["'--warp'", "meshwork help train"]);
+    refused(&["train", "--steps", "-1"], &["--steps <N>", "invalid digit"]);
+    refused(&["train", "--steps", "ten"], &["--steps <N>"]);
+    refused(&["train", "--mesh", "two"], &["--mesh <DxM>", "\"two\" is not a mesh like 2x2"]);
+    refused(&["train", "--mesh", "0x2"], &["--mesh <DxM>", "at least one device"]);
+    refused(&["train", "--dtype", "f16"], &["--dtype <DTYPE>", "f16"]);
+    refused(&["train", "--model", "convnet"], &["--model <MODEL>", "convnet"]);
+    refused(&["train", "--optimizer", "lamb"], &["--optimizer <OPTIMIZER>", "lamb"]);
+    refused(&["train", "--filters", "4"], &["--filters <F1,F2>", "give two counts"]);
+    refused(&["train", "--max-memory", "lots"], &["--max-memory <SIZE>", "not a size"]);
+    refused(&["train", "--data-x", "x.npy"], &["--data-y <Y.npy>"]);
+    refused(&["train", "--text", "a", "--data-tokens", "b"], &["--text", "--data-tokens"]);
+    refused(&["train", "--check", "--no-check"], &["--check", "--no-check"]);
+    refused(&["train", "--steps", "2", "--steps", "3"], &["--steps <N>"]);
+    refused(&["train", "--checkpoint-dir"], &["--checkpoint-dir <DIR>"]);
+    refused(&["train", "stray"], &["'stray'"]);
+    refused(&["train", "-s", "5"], &["'-s'"]);
+    refused(&["frobnicate"], &["'frobnicate'", "meshwork help"]);
+    refused(&["help", "bogus"], &["no help on \"bogus\""]);
+    refused(&["help", "train", "shard"], &["help takes one command"]);
+    refused(&["version", "extra"], &["'extra'"]);
+    refused(&["inspect"], &["--model <MODEL>", "meshwork help inspect"]);
+    refused(&["inspect", "--model", "cnn"], &["inspect needs --model transformer"]);
+    // The trainer's refusals, through the binary.
+    refused(
+        &["train", "--steps", "2", "--mesh", "3x1"],
+        &["--batch 64 does not split over the 3 data replicas of --mesh 3x1"],
+    );
+    refused(&["train", "--lr", "-1"], &["--lr -1 must be a positive number"]);
+    refused(
+        &["train", "--model", "mlp", "--stages", "3", "--mesh", "2x1"],
+        &["--stages 3: the MLP has 2 layers"],
+    );
+    refused(&["train", "--checkpoint-every", "5"], &["--checkpoint-every needs --checkpoint-dir"]);
+    refused(&["inspect", "--model", "transformer", "--vocab", "100000000000"], &["--max-memory: "]);
+    refused(&["inspect", "--model", "transformer", "--mesh", "1x3"], &["--mesh 1x3"]);
+}
+
+/// The help pages: the commands, each command's flags (`train --help` and `help train`
+/// alike), the model's defaults for `help train --model M`, the version.
+#[test]
+fn help_and_version() {
+    let ok = |args: &[&str]| {
+        let out = meshwork(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = ok(&["help"]);
+    for command in ["train", "inspect", "shard", "reshard", "place"] {
+        assert!(top.contains(command), "{top}");
+    }
+    assert_eq!(ok(&[]), top);
+    let train = ok(&["train", "--help"]);
+    assert_eq!(ok(&["help", "train"]), train);
+    assert!(
+        train.contains("--checkpoint-every <N>") && train.contains("--model mlp (the main job)"),
+        "{train}"
+    );
+    let transformer = ok(&["help", "train", "--model", "transformer"]);
+    assert_eq!(ok(&["train", "--model", "transformer", "--help"]), transformer);
+    assert!(
+        transformer.contains("--model transformer: the reference decoder-only transformer"),
+        "{transformer}"
+    );
+    assert!(ok(&["help", "train", "--model=cnn"]).contains("--model cnn: conv3x3(F1)"));
+    for topic in ["inspect", "shard", "reshard", "place"] {
+        assert_eq!(ok(&["help", topic]), ok(&[topic, "--help"]), "{topic}");
+    }
+    let version = format!("meshwork {}\n", env!("CARGO_PKG_VERSION"));
+    assert!(ok(&["--version"]).starts_with("meshwork "));
+    assert_eq!(ok(&["version"]), version);
+}
+
+/// `inspect` prints the partitioned transformer step the trainer builds.
+#[test]
+fn inspect_prints_the_partitioned_step() {
+    let out = meshwork(&["inspect", "--model", "transformer", "--mesh", "1x2", "--layers", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("12 collectives in 12 launches (12 all_reduce over model)"), "{text}");
+}
+
+#[test]
+fn the_inspection_tools_draw_shardings_plans_and_placements() {
+    let out = meshwork(&[
+        "shard",
+        "--shape",
+        "8,8",
+        "--mesh",
+        "2x4",
+        "--axes",
+        "a,b",
+        "--spec",
+        "P('a','b')",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("[4:8, 6:8]") && text.contains("shard shape: [4, 2] of [8, 8]"),
+        "{text}"
+    );
+    assert!(text.contains("XLA sharding: {devices=[2,4]<=[8]}"), "{text}");
+    let out = meshwork(&[
+        "shard",
+        "--shape",
+        "8,8",
+        "--mesh",
+        "2x4",
+        "--axes",
+        "a,b",
+        "--spec",
+        "{devices=[1,8]<=[8]}",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("shard shape: [8, 1]"));
+
+    let out = meshwork(&[
+        "reshard",
+        "--shape",
+        "8,8",
+        "--mesh",
+        "2x4",
+        "--axes",
+        "a,b",
+        "--from",
+        "P('a','b')",
+        "--to",
+        "P('b','a')",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("moved          48 of 64 elements (75.0%), 192 of 256 bytes"), "{text}");
+
+    let graph = testdata("graph.json");
+    let out = meshwork(&["place", &graph, "--devices", "CPU:0,CPU:1,XLA_CPU:0", "--soft"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = |node: &str| {
+        text.lines().find(|l| l.starts_with(&format!("{node} "))).unwrap_or_default().to_string()
+    };
+    // The resource edge keeps the read and the update with the variable.
+    assert!(
+        line("read_w").ends_with("device:CPU:1") && line("update").ends_with("device:CPU:1"),
+        "{text}"
+    );
+    assert!(line("grad").ends_with("device:XLA_CPU:0"), "{text}");
+    let out = meshwork(&["place", &graph, "--devices", "CPU:0,CPU:1,XLA_CPU:0", "--soft", "--dot"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("digraph"));
+    let out = meshwork(&[
+        "place",
+        &graph,
+        "--devices",
+        "CPU:0,CPU:1,XLA_CPU:0",
+        "--soft",
+        "--explain",
+        "log",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("constraint: log requests '/device:XLA_CPU:0'")
+    );
+    // Without soft placement TF refuses the impossible request, and so do we.
+    let out = meshwork(&["place", &graph, "--devices", "CPU:0,CPU:1,XLA_CPU:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("Could not satisfy explicit device specification")
+    );
+}

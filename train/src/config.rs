@@ -1,0 +1,231 @@
+//! What a run is asked to do: every setting of `meshwork train`, each `None` where the
+//! model's default applies (the MLP's main job trains 200 steps of 64 rows with SGD at
+//! 0.5 in f64 on a 2x2 mesh; the transformer and the CNN 100 steps with Adam at 0.01 in
+//! f32 on one device).
+
+use std::path::PathBuf;
+
+use meshwork_nn::Optimizer;
+use meshwork_types::DType;
+
+/// Which model a run trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelKind {
+    /// `h = relu(x·W1 + b1)`, `z = h·W2 + b2`, softmax cross-entropy: the main job.
+    #[default]
+    Mlp,
+    /// Two convolutions and a linear head on NHWC images.
+    Cnn,
+    /// The reference decoder-only transformer (next-token loss).
+    Transformer,
+}
+
+impl ModelKind {
+    /// `mlp`, `cnn`, `transformer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+            ModelKind::Transformer => "transformer",
+        }
+    }
+}
+
+/// Which optimizer updates the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// Plain SGD.
+    Sgd,
+    /// SGD with momentum 0.9 (PyTorch's, no dampening).
+    Momentum,
+    /// Adam (β 0.9, 0.999; ε 1e-8).
+    Adam,
+    /// AdamW with weight decay 0.01.
+    AdamW,
+}
+
+impl OptimizerKind {
+    /// The optimizer.
+    pub fn optimizer(self) -> Optimizer {
+        match self {
+            OptimizerKind::Sgd => Optimizer::Sgd,
+            OptimizerKind::Momentum => Optimizer::Momentum { momentum: 0.9 },
+            OptimizerKind::Adam => Optimizer::adam(),
+            OptimizerKind::AdamW => Optimizer::adamw(0.01),
+        }
+    }
+}
+
+/// The learning rate after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedule {
+    /// Constant.
+    #[default]
+    Constant,
+    /// Cosine decay to 0 at the last step.
+    Cosine,
+}
+
+/// Whether every step's loss is checked against one device's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Check {
+    /// For runs estimated at 1 GB or less.
+    #[default]
+    Auto,
+    /// Always (`--check`).
+    Always,
+    /// Never (`--no-check`).
+    Never,
+}
+
+/// Where the rows come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Data {
+    /// The model's built-in rows (drawn from the seed).
+    #[default]
+    BuiltIn,
+    /// Features or images `[N, …]` and class ids (`--data-x`, `--data-y`).
+    Npy {
+        /// The inputs.
+        x: PathBuf,
+        /// The labels.
+        y: PathBuf,
+    },
+    /// Token rows `[N, T+1]` (`--data-tokens`).
+    Tokens(PathBuf),
+    /// A text file's bytes as tokens (`--text`).
+    Text(PathBuf),
+}
+
+/// A training run's settings: the command line's flags, by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `--model`.
+    pub model: ModelKind,
+    /// `--layers`, the transformer's decoder blocks.
+    pub layers: Option<usize>,
+    /// `--dim`.
+    pub dim: Option<usize>,
+    /// `--heads`.
+    pub heads: Option<usize>,
+    /// `--ffn`.
+    pub ffn: Option<usize>,
+    /// `--vocab`.
+    pub vocab: Option<usize>,
+    /// `--seq`.
+    pub seq: Option<usize>,
+    /// `--hidden`, the MLP's hidden units.
+    pub hidden: Option<usize>,
+    /// `--classes`, the MLP's classes when its labels do not say them all.
+    pub classes: Option<usize>,
+    /// `--filters`, the CNN's two convolutions' channels.
+    pub filters: Option<[usize; 2]>,
+    /// The rows.
+    pub data: Data,
+    /// `--init`, initial weights (a safetensors file).
+    pub init: Option<PathBuf>,
+    /// `--resume`, a checkpoint directory (its latest step) or one step of it.
+    pub resume: Option<PathBuf>,
+    /// `--mesh DxM`.
+    pub mesh: Option<(usize, usize)>,
+    /// `--stages`: a pipeline of that many stages per data replica.
+    pub stages: Option<usize>,
+    /// `--microbatches` per replica and step in a pipeline.
+    pub microbatches: Option<usize>,
+    /// `--steps`: the last step (a resumed run continues up to it).
+    pub steps: Option<usize>,
+    /// `--batch`: rows per step.
+    pub batch: Option<usize>,
+    /// `--optimizer`.
+    pub optimizer: Option<OptimizerKind>,
+    /// `--lr`.
+    pub lr: Option<f64>,
+    /// `--dtype`: f32 or f64.
+    pub dtype: Option<DType>,
+    /// `--seed`: the built-in rows, the initial weights and the shuffled order.
+    pub seed: u64,
+    /// `--shuffle`: rows in a per-epoch permutation drawn from the seed.
+    pub shuffle: bool,
+    /// `--warmup` steps of linear learning-rate warm-up.
+    pub warmup: usize,
+    /// `--schedule`.
+    pub schedule: Schedule,
+    /// `--clip-norm`: gradients clipped to this global norm.
+    pub clip_norm: Option<f64>,
+    /// `--eval-every`: evaluate on held-out rows every that many steps.
+    pub eval_every: Option<usize>,
+    /// `--eval-fraction` of the rows held out (default 0.1).
+    pub eval_fraction: Option<f64>,
+    /// `--checkpoint-dir`: a directory meshwork owns.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// `--checkpoint-every` steps (and at the end).
+    pub checkpoint_every: Option<usize>,
+    /// `--keep` checkpoints (default 3).
+    pub keep: Option<usize>,
+    /// `--steps-per-run`: steps per host call.
+    pub steps_per_run: usize,
+    /// `--max-memory` in bytes: a run estimated to hold more is refused.
+    pub max_memory: u64,
+    /// `--check` / `--no-check`.
+    pub check: Check,
+    /// `--losses-json`: every step's loss as a JSON list.
+    pub losses_json: Option<PathBuf>,
+    /// `--metrics-jsonl`: a JSON line per step as the run goes.
+    pub metrics_jsonl: Option<PathBuf>,
+    /// `--plot`: the losses as an SVG line chart.
+    pub plot: Option<PathBuf>,
+}
+
+/// The default `--max-memory`: 8 GiB.
+pub const DEFAULT_MAX_MEMORY: u64 = 8 << 30;
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            model: ModelKind::Mlp,
+            layers: None,
+            dim: None,
+            heads: None,
+            ffn: None,
+            vocab: None,
+            seq: None,
+            hidden: None,
+            classes: None,
+            filters: None,
+            data: Data::BuiltIn,
+            init: None,
+            resume: None,
+            mesh: None,
+            stages: None,
+            microbatches: None,
+            steps: None,
+            batch: None,
+            optimizer: None,
+            lr: None,
+            dtype: None,
+            seed: 0,
+            shuffle: false,
+            warmup: 0,
+            schedule: Schedule::Constant,
+            clip_norm: None,
+            eval_every: None,
+            eval_fraction: None,
+            checkpoint_dir: None,
+            checkpoint_every: None,
+            keep: None,
+            steps_per_run: 1,
+            max_memory: DEFAULT_MAX_MEMORY,
+            check: Check::Auto,
+            losses_json: None,
+            metrics_jsonl: None,
+            plot: None,
+        }
+    }
+}
+
+impl Config {
+    /// The settings of `--model model`, everything else at its default.
+    pub fn new(model: ModelKind) -> Config {
+        Config { model, ..Config::default() }
+    }
+}

@@ -1,0 +1,416 @@
+//! The rows a run reads: classification rows (features and class ids) for the MLP,
+//! images and class ids for the CNN, token rows for the transformer — from `.npy`
+//! files, a text file's bytes, or built in — and how a step's rows become its feeds.
+
+use std::path::Path;
+
+use meshwork_types::{DType, Tensor};
+use ndarray::{Array2, Ix2};
+
+use crate::rng::SplitMix;
+use crate::{Error, Result, npy};
+
+/// A classification dataset: rows of features and their class ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classification {
+    /// `[rows, features]`.
+    pub x: Array2<f64>,
+    /// The class of each row, `0..classes`.
+    pub labels: Vec<usize>,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+/// Rows, features and classes of the main job's built-in data.
+pub const BUILT_IN_CLASSIFICATION: (usize, usize, usize) = (512, 8, 3);
+
+impl Classification {
+    /// The built-in data: `rows` Gaussian points in `features` dims, labelled by the
+    /// arg-max of a fixed random teacher (`classes` classes), all from `seed`.
+    pub fn synthetic(seed: u64, rows: usize, features: usize, classes: usize) -> Classification {
+        let mut rng = SplitMix::new(seed ^ 0x6d65_7368_776f_726b);
+        let x = Array2::from_shape_fn((rows, features), |_| rng.normal());
+        let teacher = Array2::from_shape_fn((features, classes), |_| rng.normal());
+        let scores = x.dot(&teacher);
+        let labels = scores.outer_iter().map(|row| arg_max(row.iter().copied())).collect();
+        Classification { x, labels, classes }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.x.nrows()
+    }
+
+    /// Features per row.
+    pub fn features(&self) -> usize {
+        self.x.ncols()
+    }
+
+    /// Reads features `[rows, features]` from `x` and labels (class ids `[rows]` or
+    /// `[rows, 1]`, or one-hot `[rows, classes]`) from `y`, within `limit` bytes each.
+    /// Without `classes` the largest label sets the classes, and may be at most twice
+    /// the rows (a stray id would otherwise build a huge layer).
+    pub fn from_npy(
+        x: &Path,
+        y: &Path,
+        limit: u64,
+        classes: Option<usize>,
+    ) -> Result<Classification> {
+        let (xs, ys) = (x.display(), y.display());
+        let xa = npy::read("data-x", x, limit)?;
+        if xa.ndim() != 2 {
+            return Err(Error::flag(
+                "data-x",
+                format!("{xs} has shape {:?}; want [rows, features]", xa.shape()),
+            ));
+        }
+        let xa: Array2<f64> = xa.into_dimensionality::<Ix2>().expect("rank 2");
+        if xa.nrows() == 0 || xa.ncols() == 0 {
+            return Err(Error::flag(
+                "data-x",
+                format!("{xs} holds no data (shape {:?})", xa.shape()),
+            ));
+        }
+        if xa.iter().any(|v| !v.is_finite()) {
+            return Err(Error::flag("data-x", format!("{xs} holds NaN or infinite values")));
+        }
+        let ya = npy::read("data-y", y, limit)?;
+        let ids = |y: ndarray::ArrayD<f64>| -> Result<Vec<usize>> {
+            y.iter()
+                .map(|&v| (v >= 0.0 && v.fract() == 0.0 && v < 1e15).then_some(v as usize))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    Error::flag("data-y", format!("{ys}: class ids must be whole numbers ≥ 0"))
+                })
+        };
+        let (labels, found) = match ya.shape() {
+            // Class ids, or a column of them as `y.reshape(-1, 1)` saves them.
+            [_] | [_, 1] => {
+                let labels = ids(ya)?;
+                let found = labels.iter().max().map_or(0, |m| m + 1);
+                (labels, found)
+            }
+            [_, _] => {
+                let onehot = ya.into_dimensionality::<Ix2>().expect("rank 2");
+                let labels = onehot
+                    .outer_iter()
+                    .map(|row| {
+                        let ones: Vec<usize> = row
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, v)| **v == 1.0)
+                            .map(|(k, _)| k)
+                            .collect();
+                        (ones.len() == 1 && row.iter().all(|v| *v == 0.0 || *v == 1.0))
+                            .then(|| ones[0])
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        Error::flag(
+                            "data-y",
+                            format!("{ys}: one-hot rows must hold one 1 and otherwise 0"),
+                        )
+                    })?;
+                (labels, onehot.ncols())
+            }
+            other => {
+                return Err(Error::flag(
+                    "data-y",
+                    format!(
+                        "{ys} has shape {other:?}; want class ids [rows] or [rows, 1], or one-hot [rows, classes]"
+                    ),
+                ));
+            }
+        };
+        if labels.len() != xa.nrows() {
+            return Err(Error::flag(
+                "data-y",
+                format!("{} labels for {} rows of --data-x", labels.len(), xa.nrows()),
+            ));
+        }
+        let classes = match classes {
+            Some(c) if c < found => {
+                return Err(Error::flag(
+                    "classes",
+                    format!("{c} classes, but {ys} holds class {} (ids count from 0)", found - 1),
+                ));
+            }
+            Some(c) => c,
+            None if found > 2 * labels.len() => {
+                return Err(Error::flag(
+                    "data-y",
+                    format!(
+                        "{ys} holds class {} but only {} rows: give --classes N if the model really has {found} classes",
+                        found - 1,
+                        labels.len()
+                    ),
+                ));
+            }
+            None => found,
+        };
+        if classes < 2 {
+            return Err(Error::flag(
+                "data-y",
+                format!("{ys} has {classes} class; need at least 2"),
+            ));
+        }
+        Ok(Classification { x: xa, labels, classes })
+    }
+
+    /// A CRC-32C of the rows, features, values and labels: what the main job's
+    /// checkpoints recorded of their data before the one trainer.
+    pub fn fingerprint(&self) -> u32 {
+        let mut crc = crc32c::crc32c(&(self.rows() as u64).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &(self.features() as u64).to_le_bytes());
+        for v in &self.x {
+            crc = crc32c::crc32c_append(crc, &v.to_le_bytes());
+        }
+        for &l in &self.labels {
+            crc = crc32c::crc32c_append(crc, &(l as u64).to_le_bytes());
+        }
+        crc
+    }
+
+    /// The fraction of rows whose arg-max logit (`logits`, `[rows, classes]` flat) is
+    /// their label.
+    pub fn accuracy(&self, logits: &[f64]) -> f64 {
+        let right = logits
+            .chunks(self.classes.max(1))
+            .zip(&self.labels)
+            .filter(|(row, label)| arg_max(row.iter().copied()) == **label)
+            .count();
+        right as f64 / self.rows().max(1) as f64
+    }
+}
+
+/// The index of the first largest value.
+fn arg_max(values: impl Iterator<Item = f64>) -> usize {
+    values.enumerate().fold((0, f64::NEG_INFINITY), |b, (k, v)| if v > b.1 { (k, v) } else { b }).0
+}
+
+/// Images `[N, H, W, C]` as f64 and class ids `[N]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Images {
+    /// `[N, H, W, C]`.
+    pub dims: [usize; 4],
+    /// The pixels, row-major.
+    pub x: Vec<f64>,
+    /// The class ids.
+    pub y: Vec<i32>,
+    /// The classes.
+    pub classes: usize,
+}
+
+impl Images {
+    /// The built-in images: 512 8x8 one-channel images of 4 classes, a brighter quadrant
+    /// each under noise, from `seed`.
+    pub fn synthetic(seed: u64) -> Images {
+        let (n, h, w) = (512, 8, 8);
+        let mut rng = SplitMix::new(seed ^ 0x696d_6167_6573);
+        let mut x = Vec::with_capacity(n * h * w);
+        let mut y = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = rng.below(4);
+            for r in 0..h {
+                for c in 0..w {
+                    let lit = usize::from(r >= h / 2) * 2 + usize::from(c >= w / 2) == k;
+                    x.push(if lit { 0.5 } else { 0.0 } + 2.0 * (rng.uniform() - 0.5));
+                }
+            }
+            y.push(k as i32);
+        }
+        Images { dims: [n, h, w, 1], x, y, classes: 4 }
+    }
+
+    /// Images `[N, H, W, C]` from `x` and class ids `[N]` (or `[N, 1]`) from `y`, within
+    /// `limit` bytes each.
+    pub fn from_npy(x: &Path, y: &Path, limit: u64) -> Result<Images> {
+        let (xs, ys) = (x.display(), y.display());
+        let xa = npy::read("data-x", x, limit)?;
+        let [n, h, w, c] = xa.shape()[..] else {
+            return Err(Error::flag(
+                "data-x",
+                format!("{xs} has shape {:?}; want [N, H, W, C]", xa.shape()),
+            ));
+        };
+        if n == 0 || h < 2 || w < 2 || c == 0 {
+            return Err(Error::flag(
+                "data-x",
+                format!("{xs}: images of shape {:?} are too small", xa.shape()),
+            ));
+        }
+        if let Some((k, v)) = xa.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::flag(
+                "data-x",
+                format!("{xs}: value {k} (flat) is {v}, not a finite number"),
+            ));
+        }
+        let ya = npy::read("data-y", y, limit)?;
+        if ya.shape() != [n] && ya.shape() != [n, 1] {
+            return Err(Error::flag(
+                "data-y",
+                format!("{ys} has shape {:?}; want [{n}] (or [{n}, 1])", ya.shape()),
+            ));
+        }
+        let mut labels = Vec::with_capacity(n);
+        for (i, &v) in ya.iter().enumerate() {
+            if v.fract() != 0.0 || !(0.0..65536.0).contains(&v) {
+                return Err(Error::flag(
+                    "data-y",
+                    format!("{ys}: row {i} holds {v}, not a class id"),
+                ));
+            }
+            labels.push(v as i32);
+        }
+        let classes = labels.iter().copied().max().unwrap_or(0) as usize + 1;
+        if classes < 2 {
+            return Err(Error::flag("data-y", format!("{ys} holds one class")));
+        }
+        // The classes are the largest id + 1; one stray id must not build a head of
+        // thousands of classes that no row has.
+        if classes > 2 * n {
+            return Err(Error::flag(
+                "data-y",
+                format!(
+                    "{ys}: the largest class id {} is more than twice the {n} rows; is it a stray label?",
+                    classes - 1
+                ),
+            ));
+        }
+        Ok(Images { dims: [n, h, w, c], x: xa.iter().copied().collect(), y: labels, classes })
+    }
+}
+
+/// Rows of the built-in token data.
+pub const BUILT_IN_ROWS: usize = 512;
+
+/// Token rows `[N, T + 1]` of a vocabulary of `vocab`: the built-in rows (a noisy affine
+/// sequence a model can learn: each token is 3·previous + 1 mod V, one in eight random),
+/// from `seed`.
+pub fn token_rows_synthetic(seed: u64, vocab: usize, seq: usize) -> (usize, Vec<i32>) {
+    let mut rng = SplitMix::new(seed ^ 0x746f_6b65_6e73);
+    let width = seq + 1;
+    let v = vocab;
+    let mut tokens = Vec::with_capacity(BUILT_IN_ROWS * width);
+    for _ in 0..BUILT_IN_ROWS {
+        let mut t = rng.below(v);
+        for _ in 0..width {
+            tokens.push(t as i32);
+            t = if rng.uniform() < 0.125 { rng.below(v) } else { (3 * t + 1) % v };
+        }
+    }
+    (BUILT_IN_ROWS, tokens)
+}
+
+/// Token rows `[N, T + 1]` of a text file's bytes (tokens of a vocabulary of 256): row
+/// `i` is bytes `i·T … i·T + T`. Reads at most `limit` bytes.
+pub fn token_rows_of_text(path: &Path, seq: usize, limit: u64) -> Result<(usize, Vec<i32>)> {
+    let bytes = crate::files::read_file("text", path, limit)?;
+    let width = seq + 1;
+    let n = bytes.len().saturating_sub(1) / seq;
+    if n == 0 {
+        return Err(Error::flag(
+            "text",
+            format!(
+                "{} has {} bytes: fewer than one row of --seq {seq} + 1",
+                path.display(),
+                bytes.len()
+            ),
+        ));
+    }
+    let mut tokens = Vec::with_capacity(n * width);
+    for i in 0..n {
+        let row = &bytes[i * seq..i * seq + width];
+        tokens.extend(row.iter().map(|&b| i32::from(b)));
+    }
+    Ok((n, tokens))
+}
+
+/// Token rows `[N, T + 1]` of ids below `vocab` from a `.npy` file, within `limit` bytes.
+pub fn token_rows_of_npy(
+    path: &Path,
+    vocab: usize,
+    seq: usize,
+    limit: u64,
+) -> Result<(usize, Vec<i32>)> {
+    let width = seq + 1;
+    let shown = path.display();
+    let x = npy::read("data-tokens", path, limit)?;
+    let shape = x.shape().to_vec();
+    if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
+        return Err(Error::flag(
+            "data-tokens",
+            format!("{shown} has shape {shape:?}; want [rows, {width}] (--seq {seq} + 1)"),
+        ));
+    }
+    let mut tokens = Vec::with_capacity(x.len());
+    for (k, &t) in x.iter().enumerate() {
+        if t.fract() != 0.0 || t < 0.0 || t >= vocab as f64 {
+            return Err(Error::flag(
+                "data-tokens",
+                format!(
+                    "{shown}: row {}, column {} holds {t}, not a token id below --vocab {vocab}",
+                    k / width,
+                    k % width
+                ),
+            ));
+        }
+        tokens.push(t as i32);
+    }
+    Ok((shape[0], tokens))
+}
+
+/// The rows a run reads, as the model takes them.
+#[derive(Debug, Clone)]
+pub(crate) enum Examples {
+    /// Token rows `[N, T+1]`.
+    Tokens { width: usize, tokens: Vec<i32> },
+    /// Inputs `[N, dims…]` (images, features) and class ids.
+    Images { per: usize, dims: Vec<usize>, x: Vec<f64>, y: Vec<i32> },
+}
+
+impl Examples {
+    /// A CRC-32C of the rows (their values, labels and shape): a resumed run tells
+    /// whether it reads the data the checkpoint's run read.
+    pub(crate) fn fingerprint(&self) -> u32 {
+        match self {
+            Examples::Tokens { width, tokens } => {
+                let crc = crc32c::crc32c(&(*width as u64).to_le_bytes());
+                tokens.iter().fold(crc, |c, t| crc32c::crc32c_append(c, &t.to_le_bytes()))
+            }
+            Examples::Images { dims, x, y, .. } => {
+                let crc = dims
+                    .iter()
+                    .fold(0, |c, d| crc32c::crc32c_append(c, &(*d as u64).to_le_bytes()));
+                let crc = x.iter().fold(crc, |c, v| crc32c::crc32c_append(c, &v.to_le_bytes()));
+                y.iter().fold(crc, |c, l| crc32c::crc32c_append(c, &l.to_le_bytes()))
+            }
+        }
+    }
+
+    /// The feeds of rows `idx`: token rows `i32[B, T+1]`, or inputs of `dtype` and
+    /// class ids `i32[B]`.
+    pub(crate) fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>> {
+        let failed = |e: meshwork_types::Error| Error::failed(e);
+        match self {
+            Examples::Tokens { width, tokens } => {
+                let mut out = Vec::with_capacity(idx.len() * width);
+                for &r in idx {
+                    out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
+                }
+                Ok(vec![Tensor::i32(&[idx.len(), *width], out).map_err(failed)?])
+            }
+            Examples::Images { per, dims, x, y } => {
+                let mut xs = Vec::with_capacity(idx.len() * per);
+                for &r in idx {
+                    xs.extend_from_slice(&x[r * per..(r + 1) * per]);
+                }
+                let mut shape = vec![idx.len()];
+                shape.extend(dims);
+                let x = Tensor::from_f64(dtype, &shape, &xs).map_err(failed)?;
+                let ys = idx.iter().map(|&r| y[r]).collect();
+                Ok(vec![x, Tensor::i32(&[idx.len()], ys).map_err(failed)?])
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The trainer's error type.
+
+/// How a run ends when it does not finish.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bad input: a setting, file or checkpoint that cannot be used, found before the
+    /// first step, in one line naming the setting (by its command-line flag,
+    /// `--batch`) and what is wrong with it. Nothing was written.
+    #[error("{0}")]
+    Usage(String),
+    /// The run started and failed: a loss that is not a finite number, a one-device
+    /// check that failed, a checkpoint that could not be saved. The losses so far were
+    /// written where asked.
+    #[error("{0}")]
+    Failed(String),
+    /// Stopped on request (a signal) after the current host call; a checkpoint was
+    /// saved where asked, and the losses written.
+    #[error("stopped on request")]
+    Interrupted,
+}
+
+impl Error {
+    /// A usage error naming `--flag`: `--flag: problem`.
+    pub(crate) fn flag(flag: &str, problem: impl std::fmt::Display) -> Error {
+        Error::Usage(format!("--{flag}: {problem}"))
+    }
+
+    /// A usage error in the caller's words.
+    pub(crate) fn usage(message: impl Into<String>) -> Error {
+        Error::Usage(message.into())
+    }
+
+    /// A failed run, in the caller's words.
+    pub(crate) fn failed(message: impl std::fmt::Display) -> Error {
+        Error::Failed(message.to_string())
+    }
+}
+
+/// `Result` with the trainer's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,348 @@
+//! The models the trainer trains — the MLP, the CNN and the reference transformer of
+//! `meshwork-nn` — as one [`Net`]: what each feeds per step, its loss program on a mesh
+//! or in a pipeline, its evaluation, its initial weights, its shardings, and what it
+//! holds in memory.
+
+use std::collections::HashMap;
+
+use meshwork_nn::{Cnn, Mlp, Pipeline, Transformer, loss_pipelined, softmax_cross_entropy};
+use meshwork_partition::spmd::megatron_spec;
+use meshwork_program::{Builder, Program, Value};
+use meshwork_sharding::PartitionSpec;
+use meshwork_types::{DType, Shape, Tensor, TensorSpec};
+
+use crate::rng::SplitMix;
+use crate::{Error, Result};
+
+/// How a run's steps are spread over the devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// SPMD on a `data x model` mesh.
+    Mesh {
+        /// Data-parallel replicas.
+        data: usize,
+        /// Model-parallel devices per replica.
+        model: usize,
+    },
+    /// `replicas` replicas of a pipeline of `stages` stages, each replica's rows cut
+    /// into `micro` micro-batches.
+    Pipeline {
+        /// Data-parallel replicas.
+        replicas: usize,
+        /// Stages per replica.
+        stages: usize,
+        /// Micro-batches per replica and step.
+        micro: usize,
+    },
+}
+
+impl Layout {
+    /// The devices it takes.
+    pub fn devices(&self) -> usize {
+        match *self {
+            Layout::Mesh { data, model } => data * model,
+            Layout::Pipeline { replicas, stages, .. } => replicas * stages,
+        }
+    }
+
+    /// `mesh 2x2`, `2 x 3-stage pipeline, 4 micro-batches`.
+    pub fn describe(&self) -> String {
+        match *self {
+            Layout::Mesh { data, model } => format!("mesh {data}x{model}"),
+            Layout::Pipeline { replicas, stages, micro } => {
+                format!("{replicas} x {stages}-stage pipeline, {micro} micro-batches")
+            }
+        }
+    }
+}
+
+/// The model a run trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// The reference decoder-only transformer.
+    Transformer(Transformer),
+    /// Two convolutions and a linear head on images.
+    Cnn(Cnn),
+    /// A two-layer perceptron.
+    Mlp(Mlp),
+}
+
+fn spec(dtype: DType, dims: &[usize]) -> meshwork_program::Result<TensorSpec> {
+    Ok(TensorSpec::new(dtype, Shape::new(dims)?))
+}
+
+impl Net {
+    /// `mlp`, `cnn` or `transformer`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Net::Transformer(_) => "transformer",
+            Net::Cnn(_) => "cnn",
+            Net::Mlp(_) => "mlp",
+        }
+    }
+
+    /// Parameters fed each step, before the weights: the rows, or inputs and labels.
+    pub fn fed(&self) -> usize {
+        match self {
+            Net::Transformer(_) => 1,
+            Net::Cnn(_) | Net::Mlp(_) => 2,
+        }
+    }
+
+    /// What a row counts for in throughput: its tokens, or one sample.
+    pub fn per_row(&self) -> (usize, &'static str) {
+        match self {
+            Net::Transformer(m) => (m.seq, "tokens"),
+            Net::Cnn(_) | Net::Mlp(_) => (1, "samples"),
+        }
+    }
+
+    /// Whether the accuracy of an evaluation counts classes (or next tokens).
+    pub fn classifies(&self) -> bool {
+        !matches!(self, Net::Transformer(_))
+    }
+
+    /// A checkpoint's description of the model.
+    pub(crate) fn meta(&self) -> serde_json::Value {
+        match self {
+            Net::Transformer(m) => serde_json::json!({
+                "model": "transformer", "layers": m.layers, "dim": m.dim, "heads": m.heads,
+                "ffn": m.ffn, "vocab": m.vocab, "seq": m.seq,
+            }),
+            Net::Cnn(c) => serde_json::json!({
+                "model": "cnn", "image": c.image, "classes": c.classes, "filters": c.filters,
+            }),
+            Net::Mlp(m) => serde_json::json!({
+                "model": "mlp", "features": m.features, "hidden": m.hidden, "classes": m.classes,
+            }),
+        }
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            Net::Transformer(m) => format!(
+                "transformer L{} D{} H{} F{} V{} T{}",
+                m.layers, m.dim, m.heads, m.ffn, m.vocab, m.seq
+            ),
+            Net::Cnn(c) => format!(
+                "CNN conv3x3x{} conv3x3x{}/2 linear({}) on {}x{}x{} images",
+                c.filters[0], c.filters[1], c.classes, c.image[0], c.image[1], c.image[2]
+            ),
+            Net::Mlp(m) => format!("MLP {} -> {} -> {}", m.features, m.hidden, m.classes),
+        }
+    }
+
+    /// The fed parameters for `batch` rows.
+    pub(crate) fn feeds(
+        &self,
+        b: &mut Builder,
+        batch: usize,
+        dtype: DType,
+    ) -> meshwork_program::Result<Vec<Value>> {
+        Ok(match self {
+            Net::Transformer(m) => vec![b.param("rows", spec(DType::I32, &[batch, m.seq + 1])?)?],
+            Net::Cnn(c) => {
+                let [h, w, ch] = c.image;
+                vec![
+                    b.param("x", spec(dtype, &[batch, h, w, ch])?)?,
+                    b.param("y", spec(DType::I32, &[batch])?)?,
+                ]
+            }
+            Net::Mlp(m) => vec![
+                b.param("x", spec(dtype, &[batch, m.features])?)?,
+                b.param("y", spec(DType::I32, &[batch])?)?,
+            ],
+        })
+    }
+
+    /// The loss program of `batch` rows laid out by `layout` (device scopes for a
+    /// pipeline), and its loss value: the fed parameters first, then the weights.
+    pub(crate) fn loss_program(
+        &self,
+        batch: usize,
+        dtype: DType,
+        layout: Layout,
+    ) -> Result<(Program, Value)> {
+        let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
+        let mut b = Builder::new();
+        let feeds = self.feeds(&mut b, batch, dtype).map_err(bad)?;
+        let classify = |b: &mut Builder, logits: Value| softmax_cross_entropy(b, logits, feeds[1]);
+        let loss = match (self, layout) {
+            (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
+            (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
+                .loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
+            (Net::Cnn(c), Layout::Mesh { .. }) => {
+                c.logits(&mut b, feeds[0]).and_then(|l| classify(&mut b, l))
+            }
+            (Net::Mlp(m), Layout::Mesh { .. }) => {
+                m.logits(&mut b, feeds[0]).and_then(|l| classify(&mut b, l))
+            }
+            (net, Layout::Pipeline { replicas, stages, micro }) => {
+                let logits_on = |b: &mut Builder, x: Value, st: &[&str]| match net {
+                    Net::Cnn(c) => c.logits_on(b, x, st),
+                    Net::Mlp(m) => m.logits_on(b, x, st),
+                    Net::Transformer(_) => unreachable!("matched above"),
+                };
+                let pipeline = Pipeline::cpus(replicas, stages, micro);
+                loss_pipelined(&mut b, feeds[0], feeds[1], &pipeline, &logits_on)
+            }
+        }
+        .map_err(bad)?;
+        Ok((b.finish(&[loss]).map_err(bad)?, loss))
+    }
+
+    /// The evaluation program of `batch` rows: the mean loss and accuracy (of the class,
+    /// or of the next token), the fed parameters first, then the weights.
+    pub(crate) fn eval_program(&self, batch: usize, dtype: DType) -> Result<Program> {
+        let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
+        let mut b = Builder::new();
+        let feeds = self.feeds(&mut b, batch, dtype).map_err(bad)?;
+        let (logits, labels, axes) = match self {
+            Net::Transformer(model) => {
+                let rows = feeds[0];
+                let inputs = b.slice(rows, &[0, 0], &[batch, model.seq], &[1, 1]).map_err(bad)?;
+                let targets =
+                    b.slice(rows, &[0, 1], &[batch, model.seq + 1], &[1, 1]).map_err(bad)?;
+                (model.logits(&mut b, inputs, dtype).map_err(bad)?, targets, vec![0, 1])
+            }
+            Net::Cnn(c) => (c.logits(&mut b, feeds[0]).map_err(bad)?, feeds[1], vec![0]),
+            Net::Mlp(m) => (m.logits(&mut b, feeds[0]).map_err(bad)?, feeds[1], vec![0]),
+        };
+        let loss = softmax_cross_entropy(&mut b, logits, labels).map_err(bad)?;
+        let pred = b.argmax(logits, -1).map_err(bad)?;
+        let pred = b.convert(pred, DType::I32).map_err(bad)?;
+        let hit = b.eq(pred, labels).map_err(bad)?;
+        let hit = b.convert(hit, dtype).map_err(bad)?;
+        let accuracy = b.reduce_mean(hit, &axes, false).map_err(bad)?;
+        b.finish(&[loss, accuracy]).map_err(bad)
+    }
+
+    /// Each weight's partition spec on a `data x model` mesh: the MLP's hidden layer
+    /// over `model` (W1 by columns, b1 with it, W2 by rows), the transformer's blocks
+    /// by Megatron's specs, the rest replicated.
+    pub(crate) fn weight_spec(&self, name: &str, rank: usize) -> PartitionSpec {
+        let parse = |s: &str| s.parse().expect("a valid partition spec");
+        match (self, name) {
+            (Net::Mlp(_), "w1") => parse("P(None, 'model')"),
+            (Net::Mlp(_), "b1") => parse("P('model')"),
+            (Net::Mlp(_), "w2") => parse("P('model', None)"),
+            (Net::Mlp(_) | Net::Cnn(_), _) => PartitionSpec::replicated(),
+            (Net::Transformer(_), _) => megatron_spec(name, rank),
+        }
+    }
+
+    /// Its weights' element count.
+    pub fn parameters(&self) -> f64 {
+        match self {
+            Net::Transformer(m) => {
+                let [v, t, d, f, l] = [m.vocab, m.seq, m.dim, m.ffn, m.layers].map(|x| x as f64);
+                2.0 * v * d + t * d + l * (4.0 * d * d + 2.0 * d * f + f + 5.0 * d) + 2.0 * d
+            }
+            Net::Cnn(c) => c.parameters() as f64,
+            Net::Mlp(m) => m.parameters() as f64,
+        }
+    }
+
+    /// Elements of a row's fed inputs (tokens, pixels or features, and labels).
+    pub(crate) fn row_elements(&self) -> f64 {
+        match self {
+            Net::Transformer(m) => (m.seq + 1) as f64,
+            Net::Cnn(c) => (c.image.iter().product::<usize>() + 1) as f64,
+            Net::Mlp(m) => (m.features + 1) as f64,
+        }
+    }
+
+    /// Activation elements a step computes per row (forward values and their
+    /// gradients).
+    fn activations_per_row(&self) -> f64 {
+        match self {
+            Net::Transformer(m) => {
+                let [v, t, d, f, l, h] =
+                    [m.vocab, m.seq, m.dim, m.ffn, m.layers, m.heads].map(|x| x as f64);
+                (t + 1.0) * (l * (12.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v)
+            }
+            Net::Cnn(c) => {
+                let [hh, w, ch] = c.image.map(|x| x as f64);
+                let [f1, f2, k] = [c.filters[0], c.filters[1], c.classes].map(|x| x as f64);
+                hh * w * (ch + 3.0 * f1 + 3.0 * f2) + 3.0 * k
+            }
+            Net::Mlp(m) => {
+                let [f, h, k] = [m.features, m.hidden, m.classes].map(|x| x as f64);
+                f + 3.0 * h + 3.0 * k
+            }
+        }
+    }
+
+    /// Bytes a run holds at once, roughly (in f64, so no size overflows): every
+    /// device's weights with their gradients, optimizer state and working copies, a
+    /// step's activations, a host call's batches (`steps_per_run` of `batch` rows,
+    /// built at once and split per device), and the one-device check's copy of it all.
+    pub fn memory_estimate(
+        &self,
+        batch: usize,
+        steps_per_run: usize,
+        dtype: DType,
+        devices: usize,
+        check: bool,
+    ) -> f64 {
+        let size = dtype.size_in_bytes() as f64;
+        let b = batch as f64;
+        let copies = devices as f64 + f64::from(u8::from(check));
+        let weights = self.parameters() * 6.0 * copies * size;
+        let activations = b * self.activations_per_row() * 2.0 * copies.min(2.0) * size;
+        // The host call's feeds: the global batches, then their parts on the devices
+        // (the check's too), in f64 where they are read and in the dtype where fed.
+        let calls = steps_per_run.max(1) as f64;
+        let feeds =
+            calls * b * self.row_elements() * (8.0 + size * (1.0 + f64::from(u8::from(check))));
+        weights + activations + feeds
+    }
+
+    /// Initial weights drawn from `seed` for the weights of `program` (its parameters
+    /// after the fed ones): the MLP's as the main job has always drawn them (scaled
+    /// normals, zero biases, one stream), the others at the reference run's scales
+    /// (matrices and filters at `1/sqrt(fan_in)`).
+    pub(crate) fn random_init(
+        &self,
+        program: &Program,
+        seed: u64,
+    ) -> Result<HashMap<String, Tensor>> {
+        let failed = |e: meshwork_types::Error| Error::failed(e);
+        if let Net::Mlp(m) = self {
+            let (f, h, c) = (m.features, m.hidden, m.classes);
+            let mut rng = SplitMix::new(seed ^ 0x696e_6974);
+            let (s1, s2) = (1.0 / (f as f64).sqrt(), 1.0 / (h as f64).sqrt());
+            let w1: Vec<f64> = (0..f * h).map(|_| rng.normal() * s1).collect();
+            let w2: Vec<f64> = (0..h * c).map(|_| rng.normal() * s2).collect();
+            return Ok(HashMap::from([
+                ("w1".to_string(), Tensor::f64(&[f, h], w1).map_err(failed)?),
+                ("b1".to_string(), Tensor::f64(&[h], vec![0.0; h]).map_err(failed)?),
+                ("w2".to_string(), Tensor::f64(&[h, c], w2).map_err(failed)?),
+                ("b2".to_string(), Tensor::f64(&[c], vec![0.0; c]).map_err(failed)?),
+            ]));
+        }
+        let mut rng = SplitMix::new(seed ^ 0x5851_f42d_4c95_7f2d);
+        let mut out = HashMap::new();
+        for p in &program.params()[self.fed()..] {
+            let d = p.spec.shape.dims();
+            let n = p.spec.shape.num_elements();
+            let name = p.name.as_str();
+            let (scale, shift) = if name == "embed" {
+                (0.5, 0.0)
+            } else if name == "pos" {
+                (0.1, 0.0)
+            } else if name.ends_with(".scale") {
+                (0.1, 1.0)
+            } else if name.ends_with(".bias") || name.ends_with(".b1") || name.ends_with(".b2") {
+                (0.0, 0.0)
+            } else {
+                let fan_in = n / d.last().copied().unwrap_or(1).max(1);
+                (1.0 / (fan_in.max(1) as f64).sqrt(), 0.0)
+            };
+            let values = (0..n).map(|_| shift + scale * rng.normal()).collect();
+            out.insert(p.name.clone(), Tensor::f64(d, values).map_err(failed)?);
+        }
+        Ok(out)
+    }
+}

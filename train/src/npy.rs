@@ -1,0 +1,214 @@
+//! Reading NumPy `.npy` files (format versions 1–3, little-endian or single-byte
+//! numbers, C order) into f64 arrays, within a byte limit.
+
+use std::io::Read;
+use std::path::Path;
+
+use ndarray::{ArrayD, IxDyn};
+
+use crate::files::open_regular;
+use crate::{Error, Result};
+
+/// A `.npy` file's shape and values as f64, or what is wrong with it, naming `--flag`.
+/// Reads only the bytes the header declares, and refuses a header of more than 1 MiB,
+/// one that declares more than the file holds, or more than `limit` bytes of data
+/// (counting the f64 values they become) — before allocating them. Only a regular
+/// file is read (a FIFO or device is refused without waiting on it).
+pub fn read(flag: &str, path: &Path, limit: u64) -> Result<ArrayD<f64>> {
+    read_within(flag, path, limit).map_err(|e| match e {
+        Problem::Usage(e) => e,
+        Problem::Text(t) => Error::flag(flag, t),
+    })
+}
+
+/// What went wrong: the opener's own error, or words about the file.
+enum Problem {
+    Usage(Error),
+    Text(String),
+}
+
+impl From<String> for Problem {
+    fn from(t: String) -> Problem {
+        Problem::Text(t)
+    }
+}
+
+fn read_within(flag: &str, path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, Problem> {
+    let shown = path.display().to_string();
+    let cannot = |e: std::io::Error| format!("cannot read {shown}: {e}");
+    let (mut file, size) = open_regular(&format!("--{flag}"), path).map_err(Problem::Usage)?;
+    let bad = |e: String| format!("{shown} is not a readable .npy file: {e}");
+    // Magic, version and header length (2 bytes in version 1, 4 in versions 2 and 3).
+    let mut head = [0u8; 12];
+    let got = read_up_to(&mut file, &mut head[..10]).map_err(cannot)?;
+    if got < 10 || &head[..6] != b"\x93NUMPY" {
+        return Err(bad("no NumPy magic".into()).into());
+    }
+    let (len, start) = match head[6] {
+        1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
+        2 | 3 => {
+            file.read_exact(&mut head[10..12])
+                .map_err(|e| bad(format!("header cut short ({e})")))?;
+            (u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize, 12)
+        }
+        v => return Err(bad(format!("unsupported format version {v}")).into()),
+    };
+    // Headers are a short dict padded to 64 bytes; a megabyte is far beyond any.
+    if len > MAX_HEADER || (start + len) as u64 > size {
+        return Err(bad(format!("its header claims {len} bytes, more than the file holds")).into());
+    }
+    let mut bytes = head[..start].to_vec();
+    bytes.resize(start + len, 0);
+    file.read_exact(&mut bytes[start..]).map_err(|e| bad(format!("header cut short ({e})")))?;
+    let header = parse_header(&bytes[start..start + len]).map_err(bad)?;
+    // The raw bytes and the f64 values they become are held at once.
+    let fits = |b: &usize| {
+        header
+            .count
+            .checked_mul(8)
+            .and_then(|d| d.checked_add(*b))
+            .is_some_and(|t| t as u64 <= limit)
+    };
+    let want = header.count.checked_mul(header.size).filter(fits).ok_or_else(|| {
+        bad(format!(
+            "its shape {:?} of {} needs more than the {limit}-byte limit (--max-memory) to read",
+            header.shape, header.descr
+        ))
+    })?;
+    let have = size - (start + len) as u64;
+    if have != want as u64 {
+        return Err(bad(format!(
+            "the header declares {want} data bytes (shape {:?} of {}), the file holds {have}",
+            header.shape, header.descr
+        ))
+        .into());
+    }
+    let mut data = vec![0u8; want];
+    file.read_exact(&mut data)
+        .map_err(|e| bad(format!("{want} data bytes declared, fewer present ({e})")))?;
+    Ok(decode(&header, &data).map_err(bad)?)
+}
+
+/// The largest header read: headers are a short dict padded to 64 bytes.
+pub const MAX_HEADER: usize = 1 << 20;
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// What a header says.
+struct Header {
+    descr: String,
+    shape: Vec<usize>,
+    count: usize,
+    size: usize,
+}
+
+fn parse_header(header: &[u8]) -> Result<Header, String> {
+    let header = std::str::from_utf8(header).map_err(|_| "header is not text")?;
+    let descr = value(header, "descr").ok_or("no descr in the header")?;
+    let quote =
+        descr.chars().next().filter(|c| *c == '\'' || *c == '"').ok_or("descr is not a string")?;
+    let descr = &descr[1..];
+    let descr = &descr[..descr.find(quote).ok_or("descr is not a string")?];
+    if value(header, "fortran_order").is_some_and(|v| v.starts_with("True")) {
+        return Err("Fortran order is not supported; save with C order".into());
+    }
+    let shape_text = value(header, "shape").ok_or("no shape in the header")?;
+    let inner = shape_text.trim_start_matches('(');
+    let close = inner.find(')').ok_or("the header's shape has no closing parenthesis")?;
+    let inner = &inner[..close];
+    let shape: Vec<usize> = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| format!("bad shape ({inner})")))
+        .collect::<Result<_, _>>()?;
+    let count = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("shape ({inner}) has more elements than memory can address"))?;
+    let size = match descr {
+        "<f8" | "<i8" | "<u8" => 8,
+        "<f4" | "<i4" | "<u4" => 4,
+        "<i2" | "<u2" => 2,
+        "|i1" | "|u1" | "|b1" => 1,
+        other => {
+            return Err(format!(
+                "unsupported dtype {other:?} (want little-endian floats or integers)"
+            ));
+        }
+    };
+    Ok(Header { descr: descr.to_string(), shape, count, size })
+}
+
+fn decode(header: &Header, data: &[u8]) -> Result<ArrayD<f64>, String> {
+    let (shape, descr) = (&header.shape, header.descr.as_str());
+    let n = header.count;
+    macro_rules! read {
+        ($t:ty) => {{
+            let size = std::mem::size_of::<$t>();
+            if data.len() != n * size {
+                return Err(format!("{} data bytes for shape {shape:?} of {descr}", data.len()));
+            }
+            data.chunks_exact(size)
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("size")) as f64)
+                .collect::<Vec<f64>>()
+        }};
+    }
+    let values = match descr {
+        "<f8" => read!(f64),
+        "<f4" => read!(f32),
+        "<i8" => read!(i64),
+        "<i4" => read!(i32),
+        "<i2" => read!(i16),
+        "|i1" => read!(i8),
+        "|u1" | "|b1" => read!(u8),
+        "<u2" => read!(u16),
+        "<u4" => read!(u32),
+        "<u8" => read!(u64),
+        other => {
+            return Err(format!(
+                "unsupported dtype {other:?} (want little-endian floats or integers)"
+            ));
+        }
+    };
+    ArrayD::from_shape_vec(IxDyn(shape), values).map_err(|e| e.to_string())
+}
+
+/// The text after `'key':` in a header dict, up to the end.
+fn value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    let at = header.find(&format!("'{key}'"))?;
+    let rest = &header[at + key.len() + 2..];
+    Some(rest.trim_start().strip_prefix(':')?.trim_start())
+}
+
+/// Writes a 2-D f64 array as `.npy` (for tests and tools).
+pub fn write_f64(path: &Path, a: &ndarray::Array2<f64>) -> std::io::Result<()> {
+    let shape = format!("({}, {})", a.nrows(), a.ncols());
+    let mut header = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    for x in a.iter() {
+        out.extend(x.to_le_bytes());
+    }
+    std::fs::write(path, out)
+}
+
+#[cfg(test)]
+mod tests;

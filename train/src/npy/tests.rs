@@ -1,0 +1,73 @@
+//! What NumPy writes reads back; what it does not is refused, naming the flag.
+
+use super::*;
+
+/// `read` with the flag `data-x`, its error as text.
+fn read_text(path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, String> {
+    read("data-x", path, limit).map_err(|e| e.to_string())
+}
+
+#[test]
+fn reads_what_numpy_writes_and_refuses_the_rest() {
+    let a = ndarray::Array2::from_shape_fn((3, 2), |(i, j)| (i * 2 + j) as f64 * 0.5);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.npy");
+    write_f64(&path, &a).unwrap();
+    assert_eq!(read_text(&path, 1 << 30).unwrap(), a.clone().into_dyn());
+    // Over the byte limit: refused before reading the data.
+    let e = read_text(&path, 47).unwrap_err();
+    assert!(e.starts_with("--data-x: ") && e.contains("limit"), "{e}");
+    // 48 data bytes fit under 60, but not with the 48 bytes of f64 they become.
+    assert!(read_text(&path, 60).unwrap_err().contains("limit"));
+    assert!(read_text(&path, 96).is_ok());
+    let good = std::fs::read(&path).unwrap();
+    // Cut short, or with bytes beyond what the header declares.
+    std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+    assert!(read_text(&path, 1 << 30).unwrap_err().contains("data bytes"));
+    std::fs::write(&path, [&good[..], &[0u8; 8]].concat()).unwrap();
+    assert!(read_text(&path, 1 << 30).unwrap_err().contains("data bytes"));
+    // A header that claims a huge shape: refused without allocating it.
+    let huge = String::from_utf8_lossy(&good).replace("(3, 2)", "(300000000000, 2)");
+    let mut bytes = good[..10].to_vec();
+    bytes.extend(huge.as_bytes()[10..].iter().take(good.len() - 10 - 48 + 6));
+    std::fs::write(&path, &bytes).unwrap();
+    let e = read_text(&path, 1 << 30).unwrap_err();
+    assert!(e.contains("limit") || e.contains("header"), "{e}");
+    // A version-1 header of length 0 (then bytes): an error, not a panic.
+    std::fs::write(&path, b"\x93NUMPY\x01\x00\x00\x00abcdefgh").unwrap();
+    assert!(read_text(&path, 1 << 30).is_err());
+    // Not NumPy at all, an endless device, a directory.
+    std::fs::write(&path, b"not numpy at all").unwrap();
+    assert!(read_text(&path, 1 << 30).unwrap_err().contains("magic"));
+    let e = read_text(Path::new("/dev/zero"), 1 << 30).unwrap_err();
+    assert!(e.contains("a device, not a regular file"), "{e}");
+    assert!(read_text(dir.path(), 1 << 30).unwrap_err().contains("directory"));
+}
+
+/// Every dtype NumPy writes little-endian reads as its values in f64.
+#[test]
+fn every_integer_and_float_dtype_reads_as_f64() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.npy");
+    let cases: [(&str, Vec<u8>); 5] = [
+        ("<f4", [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ("<i4", [7i32, -3].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ("<i8", [7i64, -3].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ("|u1", vec![7, 250]),
+        ("<u2", [7u16, 65535].iter().flat_map(|v| v.to_le_bytes()).collect()),
+    ];
+    let want = [[1.5, -2.0], [7.0, -3.0], [7.0, -3.0], [7.0, 250.0], [7.0, 65535.0]];
+    for ((descr, data), want) in cases.into_iter().zip(want) {
+        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (2,), }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend((header.len() as u16).to_le_bytes());
+        bytes.extend(header.as_bytes());
+        bytes.extend(data);
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(read_text(&path, 1 << 20).unwrap().into_raw_vec_and_offset().0, want, "{descr}");
+    }
+}

@@ -1,0 +1,920 @@
+//! From a run's settings to what it will do: every setting checked (alone, against the
+//! others, against the data, the initial weights and a resumed checkpoint) and the
+//! memory the run will hold estimated — all before anything is written or allocated
+//! by size. A refusal is one line naming the flag.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use meshwork_checkpoint::find_checkpoint;
+use meshwork_nn::{Cnn, Mlp, Optimizer, Transformer};
+use meshwork_types::{DType, Tensor};
+use serde_json::Value;
+
+use crate::config::{Check, Config, Data, ModelKind, OptimizerKind, Schedule};
+use crate::data::{self, BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
+use crate::files::{Output, check_output, read_losses};
+use crate::model::{Layout, Net};
+use crate::report::number_text;
+use crate::resume::{Origin, Saved};
+use crate::{Error, Result, init};
+
+/// Most devices a run may use: each is a thread of this process.
+pub const MAX_DEVICES: usize = 1024;
+/// Most steps a run may take (its losses are kept).
+pub const MAX_STEPS: usize = 100_000_000;
+/// Runs estimated to hold at most this many bytes are checked against one device by
+/// default.
+const CHECK_BYTES: f64 = 1e9;
+
+/// A run, resolved and checked.
+pub(crate) struct Plan {
+    pub(crate) net: Net,
+    pub(crate) layout: Layout,
+    pub(crate) batch: usize,
+    pub(crate) steps: usize,
+    pub(crate) dtype: DType,
+    pub(crate) optimizer: Optimizer,
+    pub(crate) lr: f64,
+    pub(crate) warmup: usize,
+    pub(crate) cosine: bool,
+    pub(crate) clip: Option<f64>,
+    pub(crate) seed: u64,
+    pub(crate) shuffle: bool,
+    pub(crate) steps_per_run: usize,
+    /// Steps between evaluations (0: none).
+    pub(crate) eval_every: usize,
+    /// Rows trained on (the first `rows`), and held out after them.
+    pub(crate) rows: usize,
+    pub(crate) held: usize,
+    pub(crate) examples: Examples,
+    /// The main job's data (for the final accuracy of an MLP without held-out rows).
+    pub(crate) classification: Option<Classification>,
+    /// Initial weights by name (in the file's dtype), unless resumed.
+    pub(crate) init: Option<HashMap<String, Tensor>>,
+    pub(crate) saved: Option<Saved>,
+    pub(crate) meta: Value,
+    pub(crate) warnings: Vec<String>,
+    pub(crate) check: bool,
+    pub(crate) never_check: bool,
+    pub(crate) checkpoint_dir: Option<PathBuf>,
+    pub(crate) checkpoint_every: usize,
+    pub(crate) keep: usize,
+    pub(crate) losses_json: Option<PathBuf>,
+    /// The losses a resumed run's `--losses-json` holds of the steps before it.
+    pub(crate) losses_before: Vec<Option<f64>>,
+    pub(crate) metrics_jsonl: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+}
+
+fn usage(message: impl Into<String>) -> Error {
+    Error::usage(message)
+}
+
+/// `DxM` as given.
+fn mesh_text((d, m): (usize, usize)) -> String {
+    format!("{d}x{m}")
+}
+
+/// The checked plan of `config`.
+pub(crate) fn plan(config: &Config) -> Result<Plan> {
+    let kind = config.model;
+    let mlp = kind == ModelKind::Mlp;
+    let limit = config.max_memory;
+    // Where it runs.
+    let (data_axis, model_axis) = config.mesh.unwrap_or(if mlp { (2, 2) } else { (1, 1) });
+    if data_axis == 0 || model_axis == 0 {
+        return Err(usage(format!(
+            "--mesh {}: a mesh needs at least one device along each axis",
+            mesh_text((data_axis, model_axis))
+        )));
+    }
+    let stages = config.stages.unwrap_or(1);
+    let micro = config.microbatches.unwrap_or(1);
+    if stages == 0 || micro == 0 {
+        return Err(usage("--stages and --microbatches must be at least 1"));
+    }
+    if stages > 1 && model_axis > 1 {
+        return Err(usage(format!(
+            "--stages {stages} with --mesh {data_axis}x{model_axis}: a pipeline's replicas are the mesh's data axis (use --mesh {data_axis}x1)"
+        )));
+    }
+    if micro > 1 && stages == 1 {
+        return Err(usage("--microbatches needs --stages K (a pipeline)"));
+    }
+    let devices = data_axis
+        .checked_mul(model_axis)
+        .and_then(|d| d.checked_mul(stages))
+        .filter(|&d| d <= MAX_DEVICES)
+        .ok_or_else(|| {
+            usage(format!(
+                "--mesh {data_axis}x{model_axis} with {stages} stages is more than {MAX_DEVICES} devices; each device of a CPU mesh is a thread"
+            ))
+        })?;
+    let layout = if stages > 1 {
+        Layout::Pipeline { replicas: data_axis, stages, micro }
+    } else {
+        Layout::Mesh { data: data_axis, model: model_axis }
+    };
+    // How much, how fast.
+    let steps = config.steps.unwrap_or(if mlp { 200 } else { 100 });
+    let batch = config.batch.unwrap_or(match kind {
+        ModelKind::Mlp => 64,
+        ModelKind::Cnn => 32,
+        ModelKind::Transformer => 8,
+    });
+    if steps == 0 {
+        return Err(usage("--steps must be at least 1"));
+    }
+    if batch == 0 {
+        return Err(usage("--batch must be at least 1"));
+    }
+    if steps > MAX_STEPS {
+        return Err(usage(format!("--steps {steps} is more than {MAX_STEPS}")));
+    }
+    match layout {
+        Layout::Mesh { .. } if !batch.is_multiple_of(data_axis) => {
+            return Err(usage(format!(
+                "--batch {batch} does not split over the {data_axis} data replicas of --mesh {data_axis}x{model_axis}"
+            )));
+        }
+        Layout::Pipeline { .. } if !batch.is_multiple_of(data_axis.saturating_mul(micro)) => {
+            return Err(usage(format!(
+                "--batch {batch} does not split into {data_axis} replicas × {micro} micro-batches"
+            )));
+        }
+        _ => {}
+    }
+    let optimizer_kind =
+        config.optimizer.unwrap_or(if mlp { OptimizerKind::Sgd } else { OptimizerKind::Adam });
+    let optimizer = optimizer_kind.optimizer();
+    let lr = config.lr.unwrap_or(if mlp {
+        0.5
+    } else if matches!(optimizer_kind, OptimizerKind::Adam | OptimizerKind::AdamW) {
+        0.01
+    } else {
+        0.1
+    });
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(usage(format!("--lr {} must be a positive number", number_text(lr))));
+    }
+    let dtype_flag = config.dtype;
+    if let Some(d) = dtype_flag
+        && !matches!(d, DType::F32 | DType::F64)
+    {
+        return Err(usage(format!("--dtype {d} is not f32 or f64")));
+    }
+    if config.steps_per_run == 0 {
+        return Err(usage("--steps-per-run must be at least 1"));
+    }
+    if let Some(c) = config.clip_norm
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(usage(format!("--clip-norm {c} must be a positive number")));
+    }
+    let cosine = config.schedule == Schedule::Cosine;
+    // Outputs: known writable before any work, each its own path, nothing of the
+    // user's replaced.
+    if let Some(p) = &config.losses_json {
+        check_output("losses-json", p, Output::Losses)?;
+    }
+    if let Some(p) = &config.plot {
+        check_output("plot", p, Output::New)?;
+    }
+    if let Some(p) = &config.metrics_jsonl {
+        check_output("metrics-jsonl", p, Output::New)?;
+    }
+    let outputs: Vec<(&str, &Path)> = [
+        ("losses-json", config.losses_json.as_deref()),
+        ("metrics-jsonl", config.metrics_jsonl.as_deref()),
+        ("plot", config.plot.as_deref()),
+        ("checkpoint-dir", config.checkpoint_dir.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(f, p)| p.map(|p| (f, p)))
+    .collect();
+    for (i, (f, p)) in outputs.iter().enumerate() {
+        if let Some((g, _)) = outputs[..i].iter().find(|(_, q)| q == p) {
+            return Err(Error::flag(
+                f,
+                format!("{} is also --{g}'s; give each output its own path", p.display()),
+            ));
+        }
+    }
+    // Checkpoints.
+    for (flag, given) in
+        [("checkpoint-every", config.checkpoint_every.is_some()), ("keep", config.keep.is_some())]
+    {
+        if given && config.checkpoint_dir.is_none() {
+            return Err(usage(format!("--{flag} needs --checkpoint-dir")));
+        }
+    }
+    let keep = config.keep.unwrap_or(3);
+    if keep == 0 {
+        return Err(usage("--keep must be at least 1 (the newest checkpoint)"));
+    }
+    if let Some(d) = &config.checkpoint_dir
+        && let Ok(meta) = std::fs::symlink_metadata(d)
+        && !meta.is_dir()
+    {
+        return Err(Error::usage(format!(
+            "--checkpoint-dir {}: it is {}, not a directory meshwork made",
+            d.display(),
+            crate::files::kind(&meta)
+        )));
+    }
+    if config.init.is_some() && config.resume.is_some() {
+        return Err(usage(
+            "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint)",
+        ));
+    }
+    let saved = config.resume.as_deref().map(|p| Saved::read(p, kind.name())).transpose()?;
+    if let Some(saved) = &saved
+        && saved.step >= steps
+    {
+        return Err(Error::flag(
+            "resume",
+            format!(
+                "the checkpoint is at step {}; --steps {steps} leaves nothing to run",
+                saved.step
+            ),
+        ));
+    }
+    let file = config.init.as_deref().map(|p| init::read_init(p, limit)).transpose()?;
+    let data_flags = |what: &str, refused: &[(&str, bool)]| -> Result<()> {
+        for (flag, given) in refused {
+            if *given {
+                return Err(usage(format!("--{flag} is not the {what}'s")));
+            }
+        }
+        Ok(())
+    };
+    let (is_text, is_tokens, is_npy) = (
+        matches!(config.data, Data::Text(_)),
+        matches!(config.data, Data::Tokens(_)),
+        matches!(config.data, Data::Npy { .. }),
+    );
+    let transformer_flags = [
+        ("layers", config.layers.is_some()),
+        ("dim", config.dim.is_some()),
+        ("heads", config.heads.is_some()),
+        ("ffn", config.ffn.is_some()),
+        ("vocab", config.vocab.is_some()),
+        ("seq", config.seq.is_some()),
+    ];
+    let mut dtype = dtype_flag.unwrap_or(if mlp { DType::F64 } else { DType::F32 });
+    if let Some(saved) = &saved
+        && let Some(theirs) = saved.dtype()?
+    {
+        match dtype_flag {
+            Some(d) if d != theirs => {
+                return Err(Error::flag(
+                    "resume",
+                    format!("{} was trained in {theirs}; --dtype is {d}", saved.dir.display()),
+                ));
+            }
+            _ => dtype = theirs,
+        }
+    }
+    let mut classification = None;
+    let (net, examples, rows_all) = match kind {
+        ModelKind::Mlp => {
+            data_flags(
+                "MLP",
+                &[
+                    ("text", is_text),
+                    ("data-tokens", is_tokens),
+                    ("filters", config.filters.is_some()),
+                ],
+            )?;
+            data_flags("MLP", &transformer_flags)?;
+            if let Some(c) = config.classes
+                && c < 2
+            {
+                return Err(usage(format!("--classes {c}: need at least 2")));
+            }
+            if stages > 2 {
+                return Err(usage(format!("--stages {stages}: the MLP has 2 layers")));
+            }
+            let data = match &config.data {
+                Data::BuiltIn => {
+                    let (rows, features, classes) = BUILT_IN_CLASSIFICATION;
+                    if let Some(c) = config.classes
+                        && c != classes
+                    {
+                        return Err(usage(format!(
+                            "--classes {c}: the built-in data has {classes} classes (give --data-x and --data-y for other data)"
+                        )));
+                    }
+                    Classification::synthetic(config.seed, rows, features, classes)
+                }
+                Data::Npy { x, y } => Classification::from_npy(x, y, limit, config.classes)?,
+                _ => unreachable!("refused above"),
+            };
+            // The hidden units: the flag, or the file's, or the checkpoint's; a flag that
+            // disagrees with either is refused.
+            let from_file = match &file {
+                Some(f) => Some(mlp_init_hidden(f, &data)?),
+                None => None,
+            };
+            let from_saved = match &saved {
+                Some(s) => Some(s.size("hidden")?),
+                None => None,
+            };
+            if let (Some(h), Some(f)) = (config.hidden, from_file)
+                && h != f
+            {
+                return Err(usage(format!(
+                    "--hidden {h} disagrees with --init, whose w1 has {f} hidden units"
+                )));
+            }
+            if let (Some(h), Some(s), Some(saved)) = (config.hidden, from_saved, &saved)
+                && h != s
+            {
+                return Err(Error::flag(
+                    "resume",
+                    format!(
+                        "{} holds a model with hidden {s}; --hidden is {h}",
+                        saved.dir.display()
+                    ),
+                ));
+            }
+            let hidden = config.hidden.or(from_file).or(from_saved).unwrap_or(32);
+            if hidden == 0 {
+                return Err(usage("--hidden must be at least 1"));
+            }
+            if let Some(saved) = &saved {
+                for (what, flag, ours) in
+                    [("features", "data-x", data.features()), ("classes", "data-y", data.classes)]
+                {
+                    let theirs = saved.size(what)?;
+                    if theirs != ours {
+                        return Err(Error::flag(
+                            "resume",
+                            format!(
+                                "{} holds a model with {theirs} {what}; --{flag} gives {ours}",
+                                saved.dir.display()
+                            ),
+                        ));
+                    }
+                }
+            }
+            if !hidden.is_multiple_of(model_axis) {
+                return Err(usage(format!(
+                    "--hidden {hidden} does not split over the {model_axis} model devices of --mesh {data_axis}x{model_axis}"
+                )));
+            }
+            let net = Mlp { features: data.features(), hidden, classes: data.classes };
+            let n = data.rows();
+            let x: Vec<f64> = data.x.iter().copied().collect();
+            let y = data.labels.iter().map(|&l| l as i32).collect();
+            let examples = Examples::Images { per: net.features, dims: vec![net.features], x, y };
+            classification = Some(data);
+            (Net::Mlp(net), examples, n)
+        }
+        ModelKind::Cnn => {
+            if model_axis > 1 {
+                return Err(usage(format!(
+                    "--mesh {data_axis}x{model_axis}: the CNN's weights are not split over a model axis (--mesh Dx1, or --stages K)"
+                )));
+            }
+            if stages > 3 {
+                return Err(usage(format!("--stages {stages}: the CNN has 3 layers")));
+            }
+            data_flags(
+                "CNN",
+                &[
+                    ("text", is_text),
+                    ("data-tokens", is_tokens),
+                    ("hidden", config.hidden.is_some()),
+                    ("classes", config.classes.is_some()),
+                ],
+            )?;
+            data_flags("CNN", &transformer_flags)?;
+            let images = match &config.data {
+                Data::BuiltIn => Images::synthetic(config.seed),
+                Data::Npy { x, y } => Images::from_npy(x, y, limit)?,
+                _ => unreachable!("refused above"),
+            };
+            // The filters: from --init's convolutions (HWIO), the checkpoint's run, or
+            // --filters; a flag that disagrees with the file or the checkpoint is refused.
+            let from_file = match &file {
+                Some(f) => {
+                    let out = |name: &str| {
+                        f.get(name).and_then(|t| match t.shape() {
+                            &[3, 3, _, o] => Some(o),
+                            _ => None,
+                        })
+                    };
+                    match (out("conv1.weight"), out("conv2.weight")) {
+                        (Some(f1), Some(f2)) => Some([f1, f2]),
+                        _ => {
+                            return Err(Error::flag(
+                                "init",
+                                "the CNN needs conv1.weight and conv2.weight of shape [3, 3, in, out]",
+                            ));
+                        }
+                    }
+                }
+                None => None,
+            };
+            let from_saved = match &saved {
+                Some(s) => s.filters()?,
+                None => None,
+            };
+            let [f1, f2] = match config.filters {
+                None => from_saved.or(from_file).unwrap_or([8, 16]),
+                Some([f1, f2]) => {
+                    for (whose, had) in
+                        [("--init's convolutions", from_file), ("the checkpoint", from_saved)]
+                    {
+                        if let Some([g1, g2]) = had
+                            && [g1, g2] != [f1, f2]
+                        {
+                            return Err(Error::flag(
+                                "filters",
+                                format!("{f1},{f2} disagrees with {whose}, which have {g1},{g2}"),
+                            ));
+                        }
+                    }
+                    [f1, f2]
+                }
+            };
+            if f1 == 0 || f2 == 0 {
+                return Err(usage(format!("--filters {f1},{f2}: each convolution needs a filter")));
+            }
+            let [n, h, w, c] = images.dims;
+            let net = Cnn { image: [h, w, c], classes: images.classes, filters: [f1, f2] };
+            if let Some(saved) = &saved
+                && saved.image() != Some(serde_json::json!(net.image))
+            {
+                return Err(Error::flag(
+                    "resume",
+                    format!(
+                        "the checkpoint's images are {}, the data's {:?}",
+                        saved.image().unwrap_or_default(),
+                        net.image
+                    ),
+                ));
+            }
+            let examples =
+                Examples::Images { per: h * w * c, dims: vec![h, w, c], x: images.x, y: images.y };
+            (Net::Cnn(net), examples, n)
+        }
+        ModelKind::Transformer => {
+            data_flags(
+                "transformer",
+                &[
+                    ("data-x", is_npy),
+                    ("data-y", is_npy),
+                    ("filters", config.filters.is_some()),
+                    ("hidden", config.hidden.is_some()),
+                    ("classes", config.classes.is_some()),
+                ],
+            )?;
+            if file.is_some() && config.heads.is_none() {
+                return Err(heads_with_init());
+            }
+            let model = match &saved {
+                Some(saved) => transformer_from_saved(config, saved)?,
+                None => transformer_from_flags(config, file.as_ref())?,
+            };
+            if let Layout::Mesh { model: m, .. } = layout
+                && (!model.heads.is_multiple_of(m) || !model.ffn.is_multiple_of(m))
+            {
+                return Err(usage(format!(
+                    "--mesh {data_axis}x{m}: the model axis must divide --heads {} and --ffn {}",
+                    model.heads, model.ffn
+                )));
+            }
+            // Block i goes on stage ⌊i·K/L⌋ and the head on the last: up to L + 1 stages
+            // leave none idle.
+            if stages > model.layers.saturating_add(1) {
+                return Err(usage(format!(
+                    "--stages {stages}: the transformer's {} blocks and its head fill at most {} stages",
+                    model.layers,
+                    model.layers.saturating_add(1)
+                )));
+            }
+            let net = Net::Transformer(model);
+            check_memory(&net, batch, config.steps_per_run, dtype, devices, limit)?;
+            let (n, tokens) = match &config.data {
+                Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, model.seq),
+                Data::Text(path) => {
+                    if model.vocab != 256 {
+                        return Err(Error::flag(
+                            "text",
+                            format!(
+                                "bytes are tokens of a vocabulary of 256, not --vocab {}",
+                                model.vocab
+                            ),
+                        ));
+                    }
+                    // The bytes and their tokens (4 bytes each) are held at once.
+                    data::token_rows_of_text(path, model.seq, limit / 5)?
+                }
+                Data::Tokens(path) => data::token_rows_of_npy(path, model.vocab, model.seq, limit)?,
+                Data::Npy { .. } => unreachable!("refused above"),
+            };
+            (net, Examples::Tokens { width: model.seq + 1, tokens }, n)
+        }
+    };
+    check_memory(&net, batch, config.steps_per_run, dtype, devices, limit)?;
+    if let Some(f) = &file {
+        check_init(&net, f, classification.as_ref())?;
+    }
+    // What a checkpoint records of the run, and what a resume compares.
+    let mut meta = net.meta();
+    meta["dtype"] = dtype.to_string().into();
+    meta["optimizer"] = format!("{optimizer:?}").into();
+    meta["clip_norm"] = serde_json::json!(config.clip_norm);
+    meta["batch"] = batch.into();
+    meta["seed"] = config.seed.into();
+    meta["shuffle"] = config.shuffle.into();
+    meta["lr"] = lr.into();
+    meta["warmup"] = config.warmup.into();
+    meta["schedule"] = (if cosine { "cosine" } else { "constant" }).into();
+    meta["cosine_steps"] = serde_json::json!(cosine.then_some(steps));
+    let eval_every = config.eval_every.unwrap_or(0);
+    if config.eval_every.is_some() && eval_every == 0 {
+        return Err(usage("--eval-every must be at least 1 (a step count)"));
+    }
+    let fraction = config.eval_fraction.unwrap_or(0.1);
+    if config.eval_fraction.is_some() && eval_every == 0 {
+        return Err(usage("--eval-fraction needs --eval-every N"));
+    }
+    if !(fraction > 0.0 && fraction < 1.0) {
+        return Err(usage(format!("--eval-fraction {fraction} is not between 0 and 1")));
+    }
+    meta["eval_fraction"] = serde_json::json!((eval_every > 0).then_some(fraction));
+    meta["data"] = match &config.data {
+        Data::BuiltIn => serde_json::json!([null, null, null]),
+        Data::Tokens(p) => serde_json::json!([p, null, null]),
+        Data::Text(p) => serde_json::json!([null, p, null]),
+        Data::Npy { x, .. } => serde_json::json!([null, null, x]),
+    };
+    meta["rows"] = rows_all.into();
+    meta["data_fingerprint"] = examples.fingerprint().into();
+    let mut warnings = Vec::new();
+    if let Some(saved) = &saved {
+        compare(saved, &meta, classification.as_ref(), &mut warnings)?;
+    }
+    let held = if eval_every > 0 { (fraction * rows_all as f64).ceil() as usize } else { 0 };
+    let rows = rows_all - held.min(rows_all);
+    if eval_every > 0 && (held < batch || rows == 0) {
+        return Err(usage(format!(
+            "--eval-fraction {fraction} of {rows_all} rows holds out {held}: need at least --batch {batch} held out and a row to train on"
+        )));
+    }
+    // A checkpoint directory holding later steps than this run starts from would mix
+    // two runs.
+    let first = saved.as_ref().map_or(0, |s| s.step);
+    if let Some(d) = &config.checkpoint_dir
+        && d.is_dir()
+        && let Ok((_, Some(latest))) = find_checkpoint(d)
+        && latest > first
+    {
+        return Err(Error::flag(
+            "checkpoint-dir",
+            format!(
+                "{} already holds checkpoints up to step {latest}, which this run (from step {first}) would not continue; resume from it with --resume, or give another directory",
+                d.display()
+            ),
+        ));
+    }
+    // A resumed run's losses file holds every step's loss: the earlier steps' come from
+    // the file the saved run wrote.
+    let losses_before = match (&saved, &config.losses_json) {
+        (Some(saved), Some(path)) => earlier_losses(saved, path)?,
+        _ => Vec::new(),
+    };
+    let small =
+        net.memory_estimate(batch, config.steps_per_run, dtype, devices, true) <= CHECK_BYTES;
+    let check = devices > 1
+        && match config.check {
+            Check::Never => false,
+            Check::Always => true,
+            Check::Auto => small,
+        };
+    Ok(Plan {
+        net,
+        layout,
+        batch,
+        steps,
+        dtype,
+        optimizer,
+        lr,
+        warmup: config.warmup,
+        cosine,
+        clip: config.clip_norm,
+        seed: config.seed,
+        shuffle: config.shuffle,
+        steps_per_run: config.steps_per_run,
+        eval_every,
+        rows,
+        held,
+        examples,
+        classification,
+        init: file,
+        saved,
+        meta,
+        warnings,
+        check,
+        never_check: config.check == Check::Never,
+        checkpoint_dir: config.checkpoint_dir.clone(),
+        checkpoint_every: config.checkpoint_every.unwrap_or(0),
+        keep,
+        losses_json: config.losses_json.clone(),
+        losses_before,
+        metrics_jsonl: config.metrics_jsonl.clone(),
+        plot: config.plot.clone(),
+    })
+}
+
+/// Refuses a run whose estimated memory is over `limit` (`--max-memory`).
+fn check_memory(
+    net: &Net,
+    batch: usize,
+    steps_per_run: usize,
+    dtype: DType,
+    devices: usize,
+    limit: u64,
+) -> Result<()> {
+    let need = net.memory_estimate(batch, steps_per_run, dtype, devices, true);
+    if need > limit as f64 {
+        return Err(memory_error(need, limit));
+    }
+    Ok(())
+}
+
+/// `--max-memory`'s refusal.
+pub(crate) fn memory_error(need: f64, limit: u64) -> Error {
+    usage(format!(
+        "--max-memory: the run would hold about {:.2} GB, more than {:.2} GB; give smaller sizes, --batch or --steps-per-run, or a larger --max-memory",
+        need / 1e9,
+        limit as f64 / 1e9
+    ))
+}
+
+/// The refusal of `--init` without `--heads`: the file does not say how many heads
+/// the attention has.
+pub(crate) fn heads_with_init() -> Error {
+    Error::flag(
+        "heads",
+        "an --init file does not say how many heads its attention has; give --heads",
+    )
+}
+
+/// The MLP's hidden units an `--init` file's w1 says, its four tensors checked against
+/// the data: names, ranks and shapes.
+fn mlp_init_hidden(f: &HashMap<String, Tensor>, data: &Classification) -> Result<usize> {
+    let get = |name: &str, rank: usize| -> Result<Vec<usize>> {
+        let t = f.get(name).ok_or_else(|| {
+            Error::flag("init", format!("has no tensor {name:?} (want w1, b1, w2, b2)"))
+        })?;
+        if t.shape().len() != rank {
+            return Err(Error::flag(
+                "init",
+                format!("{name} has shape {:?}; want rank {rank}", t.shape()),
+            ));
+        }
+        Ok(t.shape().to_vec())
+    };
+    let (s1, sb1, s2, sb2) = (get("w1", 2)?, get("b1", 1)?, get("w2", 2)?, get("b2", 1)?);
+    let hidden = s1[1];
+    if hidden == 0 {
+        return Err(Error::flag(
+            "init",
+            format!("w1 has shape {s1:?}; a model needs at least 1 hidden unit"),
+        ));
+    }
+    let want = [
+        ("w1", &s1, vec![data.features(), hidden]),
+        ("b1", &sb1, vec![hidden]),
+        ("w2", &s2, vec![hidden, data.classes]),
+        ("b2", &sb2, vec![data.classes]),
+    ];
+    for (name, got, want) in want {
+        if *got != want {
+            return Err(Error::flag(
+                "init",
+                format!(
+                    "{name} has shape {got:?}; the data ({} features, {} classes) needs {want:?}",
+                    data.features(),
+                    data.classes
+                ),
+            ));
+        }
+    }
+    Ok(hidden)
+}
+
+/// Every weight the model has is in the `--init` file, of its shape.
+fn check_init(net: &Net, f: &HashMap<String, Tensor>, data: Option<&Classification>) -> Result<()> {
+    if let (Net::Mlp(_), Some(data)) = (net, data) {
+        mlp_init_hidden(f, data)?;
+    }
+    let (program, _) = net.loss_program(1, DType::F64, Layout::Mesh { data: 1, model: 1 })?;
+    for p in &program.params()[net.fed()..] {
+        let t = f.get(&p.name).ok_or_else(|| Error::flag("init", format!("has no {}", p.name)))?;
+        if t.shape() != p.spec.shape.dims() {
+            return Err(Error::flag(
+                "init",
+                format!("{} is {:?}, the model's is {:?}", p.name, t.shape(), p.spec.shape.dims()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The transformer's sizes from the flags, or from `--init`'s tensors (a flag that
+/// disagrees is an error naming both).
+pub(crate) fn transformer_from_flags(
+    config: &Config,
+    init: Option<&HashMap<String, Tensor>>,
+) -> Result<Transformer> {
+    let flag = |name: &str, given: Option<usize>, default: usize| -> Result<(usize, bool)> {
+        match given {
+            None => Ok((default, false)),
+            Some(0) => Err(Error::flag(name, "must be at least 1")),
+            Some(v) => Ok((v, true)),
+        }
+    };
+    let (mut layers, mut dim, mut ffn, mut vocab, mut seq) = (
+        flag("layers", config.layers, 2)?,
+        flag("dim", config.dim, 64)?,
+        flag("ffn", config.ffn, 256)?,
+        flag("vocab", config.vocab, 256)?,
+        flag("seq", config.seq, 32)?,
+    );
+    let heads = flag("heads", config.heads, 4)?.0;
+    if let Some(init) = init {
+        let dims = |name: &str| -> Result<Vec<usize>> {
+            init.get(name)
+                .map(|t| t.shape().to_vec())
+                .ok_or_else(|| Error::flag("init", format!("has no tensor {name:?}")))
+        };
+        let embed = dims("embed")?;
+        let pos = dims("pos")?;
+        let w1 = dims("layers.0.mlp.w1")?;
+        let (Some(&v), Some(&d), Some(&t), Some(&f)) =
+            (embed.first(), embed.get(1), pos.first(), w1.get(1))
+        else {
+            return Err(Error::flag("init", "embed, pos and layers.0.mlp.w1 must be matrices"));
+        };
+        let l = (0..).take_while(|i| init.contains_key(&format!("layers.{i}.attn.wq"))).count();
+        for (name, slot, from_file) in [
+            ("layers", &mut layers, l),
+            ("dim", &mut dim, d),
+            ("ffn", &mut ffn, f),
+            ("vocab", &mut vocab, v),
+            ("seq", &mut seq, t),
+        ] {
+            if slot.1 && slot.0 != from_file {
+                return Err(Error::flag(
+                    name,
+                    format!("{} disagrees with --init, whose tensors say {from_file}", slot.0),
+                ));
+            }
+            slot.0 = from_file;
+        }
+    }
+    transformer(vocab.0, seq.0, dim.0, heads, layers.0, ffn.0)
+}
+
+/// The transformer's sizes from a resumed checkpoint's metadata (checked as flags);
+/// a flag must agree.
+fn transformer_from_saved(config: &Config, saved: &Saved) -> Result<Transformer> {
+    let size = |name: &str, given: Option<usize>| -> Result<usize> {
+        let theirs = saved.size(name)?;
+        match given {
+            Some(v) if v != theirs => Err(Error::flag(
+                "resume",
+                format!(
+                    "{} holds a model with {name} {theirs}; --{name} is {v}",
+                    saved.dir.display()
+                ),
+            )),
+            _ => Ok(theirs),
+        }
+    };
+    transformer(
+        size("vocab", config.vocab)?,
+        size("seq", config.seq)?,
+        size("dim", config.dim)?,
+        size("heads", config.heads)?,
+        size("layers", config.layers)?,
+        size("ffn", config.ffn)?,
+    )
+}
+
+/// A transformer whose heads divide its dim.
+fn transformer(
+    vocab: usize,
+    seq: usize,
+    dim: usize,
+    heads: usize,
+    layers: usize,
+    ffn: usize,
+) -> Result<Transformer> {
+    if heads == 0 || !dim.is_multiple_of(heads) {
+        return Err(Error::flag("heads", format!("{heads} heads do not divide --dim {dim}")));
+    }
+    Ok(Transformer { vocab, seq, dim, heads, layers, ffn })
+}
+
+/// Compares this run with the checkpoint's: the model's optimizer must be the same
+/// (its state is saved); what may legitimately change (the learning rate and its
+/// schedule, the batch, clipping, the seed and shuffling, the held-out fraction, the
+/// data) is warned about, one line each.
+fn compare(
+    saved: &Saved,
+    meta: &Value,
+    classification: Option<&Classification>,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let dir = saved.dir.display();
+    let theirs = &saved.meta;
+    if let Some(o) = theirs.get("optimizer")
+        && *o != meta["optimizer"]
+    {
+        return Err(Error::flag(
+            "resume",
+            format!(
+                "{dir} was saved by a run with optimizer {o}; this one has {} (its state cannot carry over)",
+                meta["optimizer"]
+            ),
+        ));
+    }
+    for (key, flag) in [
+        ("lr", "--lr"),
+        ("batch", "--batch"),
+        ("warmup", "--warmup"),
+        ("schedule", "--schedule"),
+        ("cosine_steps", "--steps (the cosine schedule's length)"),
+        ("clip_norm", "--clip-norm"),
+        ("seed", "--seed"),
+        ("shuffle", "--shuffle"),
+        ("eval_fraction", "--eval-fraction"),
+    ] {
+        if let Some(v) = theirs.get(key)
+            && *v != meta[key]
+        {
+            warnings.push(format!(
+                "{flag} {} differs from the checkpoint's {v} ({dir}); continuing with {}",
+                meta[key], meta[key]
+            ));
+        }
+    }
+    let other_data = match saved.origin {
+        Origin::Trainer => {
+            theirs.get("data_fingerprint").is_some_and(|f| *f != meta["data_fingerprint"])
+                || theirs.get("rows").is_some_and(|r| *r != meta["rows"])
+        }
+        Origin::MainJob => {
+            let fp = classification.map(Classification::fingerprint);
+            theirs.get("main_job_fingerprint").and_then(Value::as_u64) != fp.map(u64::from)
+        }
+        Origin::Bare => false,
+    };
+    if other_data {
+        warnings.push(format!(
+            "the data differ from the data the checkpoint was trained on ({} rows then, {} now)",
+            theirs.get("rows").map_or("?".into(), |r| r.to_string()),
+            meta["rows"]
+        ));
+    }
+    Ok(())
+}
+
+/// The losses of the steps before a resumed run: the first `step` of the losses list
+/// at `path` (the file the saved run wrote). A file that does not hold them is
+/// refused, saying why: the file would otherwise hold only the resumed steps.
+fn earlier_losses(saved: &Saved, path: &Path) -> Result<Vec<Option<f64>>> {
+    let step = saved.step;
+    if step == 0 {
+        return Ok(Vec::new());
+    }
+    let why = "a resumed run writes every step's loss into --losses-json";
+    if !path.exists() {
+        return Err(Error::flag(
+            "losses-json",
+            format!(
+                "{} does not exist, and {why}: give the losses file of the run that saved the checkpoint (it holds the first {step} steps)",
+                path.display()
+            ),
+        ));
+    }
+    let losses = read_losses("losses-json", path)?;
+    if losses.len() < step {
+        return Err(Error::flag(
+            "losses-json",
+            format!(
+                "{} holds {} losses, and {why}: the checkpoint is at step {step}; give the losses file of the run that saved it",
+                path.display(),
+                losses.len()
+            ),
+        ));
+    }
+    Ok(losses[..step].to_vec())
+}

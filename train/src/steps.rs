@@ -1,0 +1,286 @@
+//! A run's steps on a strategy: a training step compiled over a mesh (SPMD) or placed
+//! as a pipeline, behind one [`Steps`] trait, and the held-out evaluation.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use meshwork_checkpoint::CheckpointManager;
+use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_partition::spmd::Shardings;
+use meshwork_program::fast::{Executable, Input, Options};
+use meshwork_program::{Env, Program, Value};
+use meshwork_sharding::Mesh;
+use meshwork_strategy::Strategy;
+use meshwork_strategy::placed::{PlaceOptions, Placed};
+use meshwork_strategy::spmd::CompiledTrainStep;
+use meshwork_types::{DType, Tensor};
+
+use crate::init::cast;
+use crate::model::{Layout, Net};
+use crate::{Error, Result};
+
+/// A training run's steps, whatever runs them.
+pub(crate) trait Steps {
+    /// Steps `first..first + feeds.len()` at learning rates `lrs`, in one host call
+    /// where the run can (a compiled step), one by one otherwise; their losses.
+    fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>>;
+    /// Weight `name`'s current value.
+    fn weight(&self, name: &str) -> Result<Tensor>;
+    /// Sets weight (or optimizer state) `name`.
+    fn set(&mut self, name: &str, value: Tensor) -> Result<()>;
+    /// Saves the weights, optimizer state and `steps` as step `steps` of `manager`,
+    /// `meta` in its index.
+    fn save(
+        &mut self,
+        manager: &mut CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> meshwork_strategy::Result<PathBuf>;
+    /// Restores a checkpoint of this trainer (saved by any layout); its step count.
+    fn restore(&mut self, dir: &Path) -> meshwork_strategy::Result<usize>;
+    /// Sets the step count (of a checkpoint restored by weights alone).
+    fn set_steps(&mut self, steps: usize);
+}
+
+fn failed(e: impl std::fmt::Display) -> Error {
+    Error::failed(e)
+}
+
+/// A training step compiled over a mesh.
+struct Spmd<'s>(CompiledTrainStep<'s>);
+
+impl Steps for Spmd<'_> {
+    fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], _: usize) -> Result<Vec<f64>> {
+        self.0.run_steps(feeds, lrs).map_err(failed)
+    }
+    fn weight(&self, name: &str) -> Result<Tensor> {
+        self.0.get(name).map_err(failed)
+    }
+    fn set(&mut self, name: &str, value: Tensor) -> Result<()> {
+        self.0.set(name, &value).map_err(failed)
+    }
+    fn save(
+        &mut self,
+        manager: &mut CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> meshwork_strategy::Result<PathBuf> {
+        self.0.set_steps(steps);
+        self.0.save_to(manager, steps, meta)
+    }
+    fn restore(&mut self, dir: &Path) -> meshwork_strategy::Result<usize> {
+        self.0.restore_checkpoint(dir)?;
+        Ok(self.0.steps())
+    }
+    fn set_steps(&mut self, steps: usize) {
+        self.0.set_steps(steps);
+    }
+}
+
+/// A training step placed as a pipeline.
+struct Pipelined<'s> {
+    placed: Placed<'s>,
+    step: TrainStep,
+    /// The one-device loss program, which checkpoints are written and read through.
+    host: (Program, Value, Vec<Value>, Optimizer, Option<f64>),
+    /// Parameters fed each step.
+    fed: usize,
+    /// The steps taken.
+    steps: usize,
+}
+
+impl Pipelined<'_> {
+    /// A one-device training step to write or read checkpoints through (a pipeline's
+    /// weights and state are whole tensors, as one device holds them).
+    fn with_host<T>(
+        &self,
+        f: impl FnOnce(&mut CompiledTrainStep<'_>) -> meshwork_strategy::Result<T>,
+    ) -> meshwork_strategy::Result<T> {
+        let (program, loss, weights, optimizer, clip) = &self.host;
+        let one = Strategy::data_parallel(1)?;
+        let mesh = Mesh::iota(&[("data", 1), ("model", 1)])?;
+        let mut host = one.compile_train_step_clipped(
+            program,
+            *loss,
+            weights,
+            *optimizer,
+            *clip,
+            &Shardings::new(mesh),
+        )?;
+        f(&mut host)
+    }
+
+    /// The weights' and optimizer state's names.
+    fn state_names(&self) -> Vec<String> {
+        let ps = self.step.program.params();
+        ps[self.fed..ps.len() - 2].iter().map(|p| p.name.clone()).collect()
+    }
+}
+
+impl Steps for Pipelined<'_> {
+    fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>> {
+        let mut losses = Vec::with_capacity(feeds.len());
+        for (i, (f, &lr)) in feeds.iter().zip(lrs).enumerate() {
+            let [lr, count] = self.step.scalars(lr, first + i).map_err(failed)?;
+            let mut all = f.to_vec();
+            all.extend([lr, count]);
+            let out = self.placed.step(&all).map_err(failed)?;
+            losses.push(out[0].to_f64()[0]);
+            self.steps = first + i + 1;
+        }
+        Ok(losses)
+    }
+    fn weight(&self, name: &str) -> Result<Tensor> {
+        self.placed.get(name).map_err(failed)
+    }
+    fn set(&mut self, name: &str, value: Tensor) -> Result<()> {
+        self.placed.set(name, value).map_err(failed)
+    }
+    fn save(
+        &mut self,
+        manager: &mut CheckpointManager,
+        meta: &serde_json::Value,
+        steps: usize,
+    ) -> meshwork_strategy::Result<PathBuf> {
+        let names = self.state_names();
+        self.with_host(|host| {
+            for name in &names {
+                host.set(name, &self.placed.get(name)?)?;
+            }
+            host.set_steps(steps);
+            host.save_to(manager, steps, meta)
+        })
+    }
+    fn restore(&mut self, dir: &Path) -> meshwork_strategy::Result<usize> {
+        let names = self.state_names();
+        let (values, steps) = self.with_host(|host| {
+            host.restore_checkpoint(dir)?;
+            let values =
+                names.iter().map(|n| host.get(n)).collect::<meshwork_strategy::Result<Vec<_>>>()?;
+            Ok((values, host.steps()))
+        })?;
+        for (name, t) in names.iter().zip(values) {
+            self.placed.set(name, t)?;
+        }
+        self.steps = steps;
+        Ok(steps)
+    }
+    fn set_steps(&mut self, steps: usize) {
+        self.steps = steps;
+    }
+}
+
+/// What a run trains: the model, its batch, dtype, optimizer, clipping and weights.
+pub(crate) struct Recipe<'a> {
+    pub(crate) net: &'a Net,
+    pub(crate) batch: usize,
+    pub(crate) dtype: DType,
+    pub(crate) optimizer: Optimizer,
+    pub(crate) clip: Option<f64>,
+    pub(crate) init: &'a HashMap<String, Tensor>,
+}
+
+/// Compiles (or places) the training step of `recipe` laid out by `layout` on
+/// `strategy`, its weights set from the recipe's.
+pub(crate) fn start<'s>(
+    strategy: &'s Strategy,
+    layout: Layout,
+    recipe: &Recipe<'_>,
+) -> Result<Box<dyn Steps + 's>> {
+    let Recipe { net, batch, dtype, optimizer, clip, init } = *recipe;
+    let fed = net.fed();
+    let (program, loss) = net.loss_program(batch, dtype, layout)?;
+    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+    let weight = |name: &str| -> Result<Tensor> {
+        let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
+        cast(t, dtype)
+    };
+    match layout {
+        Layout::Mesh { data, model } => {
+            let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
+            let mut shardings = Shardings::new(mesh);
+            for p in &program.params()[..fed] {
+                shardings = shardings.with(&p.name, "P('data')").map_err(failed)?;
+            }
+            for p in &program.params()[fed..] {
+                shardings =
+                    shardings.with_spec(&p.name, net.weight_spec(&p.name, p.spec.shape.rank()));
+            }
+            let step = strategy
+                .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
+                .map_err(failed)?;
+            for p in &program.params()[fed..] {
+                step.set(&p.name, &weight(&p.name)?).map_err(failed)?;
+            }
+            Ok(Box::new(Spmd(step)))
+        }
+        Layout::Pipeline { .. } => {
+            let step =
+                TrainStep::clipped(&program, loss, &weights, optimizer, clip).map_err(failed)?;
+            let sp = &step.program;
+            let carry: Vec<(usize, usize)> =
+                (1..sp.results().len()).map(|r| (r, r - 1 + fed)).collect();
+            let placed = strategy.place(sp, &carry, &PlaceOptions::default()).map_err(failed)?;
+            for p in &program.params()[fed..] {
+                placed.set(&p.name, weight(&p.name)?).map_err(failed)?;
+            }
+            let first_state = fed + weights.len();
+            for (k, t) in step.init_state().map_err(failed)?.into_iter().enumerate() {
+                placed.set(&sp.params()[first_state + k].name, t).map_err(failed)?;
+            }
+            let (host_program, host_loss) =
+                net.loss_program(batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
+            let host = (host_program, host_loss, weights.clone(), optimizer, clip);
+            Ok(Box::new(Pipelined { placed, step, host, fed, steps: 0 }))
+        }
+    }
+}
+
+/// The held-out evaluation: the loss and accuracy (of the next token, or the class)
+/// of `batch` rows at a time.
+pub(crate) struct Eval {
+    exe: Executable,
+    program: Program,
+    fed: usize,
+    /// The held-out rows' feeds, `batch` rows at a time.
+    chunks: Vec<Vec<Tensor>>,
+}
+
+impl Eval {
+    pub(crate) fn new(
+        net: &Net,
+        dtype: DType,
+        batch: usize,
+        chunks: Vec<Vec<Tensor>>,
+    ) -> Result<Eval> {
+        let program = net.eval_program(batch, dtype)?;
+        let exe = Executable::compile(&program, Options::for_devices(1));
+        Ok(Eval { exe, program, fed: net.fed(), chunks })
+    }
+
+    /// Rows it evaluates.
+    pub(crate) fn rows(&self) -> usize {
+        self.chunks.iter().map(|c| c[0].shape()[0]).sum()
+    }
+
+    /// (loss, accuracy) over the held-out rows with `steps`' weights.
+    pub(crate) fn run(&self, steps: &dyn Steps) -> Result<(f64, f64)> {
+        let mut weights = Vec::new();
+        for p in &self.program.params()[self.fed..] {
+            weights.push(steps.weight(&p.name)?);
+        }
+        let (mut loss, mut accuracy) = (0.0, 0.0);
+        for chunk in &self.chunks {
+            // The rows and the weights are read in place.
+            let inputs = chunk.iter().chain(&weights).map(Input::Borrowed).collect();
+            let out = self
+                .exe
+                .run_inputs(inputs, &Env::local())
+                .map_err(|e| Error::failed(format!("evaluation: {e}")))?;
+            loss += out[0].to_f64()[0];
+            accuracy += out[1].to_f64()[0];
+        }
+        let k = self.chunks.len().max(1) as f64;
+        Ok((loss / k, accuracy / k))
+    }
+}
