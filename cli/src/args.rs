@@ -169,6 +169,29 @@ fn bytes(text: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(bad)
 }
 
+/// The transformer's sizes, each at its default when not given (or from `--init`).
+#[derive(Debug, Args)]
+pub(crate) struct Sizes {
+    /// The transformer's decoder blocks (default 2)
+    #[arg(long, value_name = "L")]
+    layers: Option<usize>,
+    /// The transformer's width (default 64)
+    #[arg(long, value_name = "D")]
+    dim: Option<usize>,
+    /// The transformer's attention heads (default 4)
+    #[arg(long, value_name = "H")]
+    heads: Option<usize>,
+    /// The transformer's MLP width (default 256)
+    #[arg(long, value_name = "F")]
+    ffn: Option<usize>,
+    /// The transformer's vocabulary (default 256)
+    #[arg(long, value_name = "V")]
+    vocab: Option<usize>,
+    /// The transformer's context length (default 32)
+    #[arg(long, value_name = "T")]
+    seq: Option<usize>,
+}
+
 /// `meshwork train`'s flags.
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
@@ -224,24 +247,8 @@ pub(crate) struct TrainArgs {
     /// The CNN's two convolutions' filters (default 8,16)
     #[arg(long, value_name = "F1,F2", value_parser = two_counts)]
     filters: Option<[usize; 2]>,
-    /// The transformer's decoder blocks (default 2)
-    #[arg(long, value_name = "L")]
-    layers: Option<usize>,
-    /// The transformer's width (default 64)
-    #[arg(long, value_name = "D")]
-    dim: Option<usize>,
-    /// The transformer's attention heads (default 4)
-    #[arg(long, value_name = "H")]
-    heads: Option<usize>,
-    /// The transformer's MLP width (default 256)
-    #[arg(long, value_name = "F")]
-    ffn: Option<usize>,
-    /// The transformer's vocabulary (default 256)
-    #[arg(long, value_name = "V")]
-    vocab: Option<usize>,
-    /// The transformer's context length (default 32)
-    #[arg(long, value_name = "T")]
-    seq: Option<usize>,
+    #[command(flatten)]
+    sizes: Sizes,
     /// Features or images [rows, ...] (.npy) instead of the built-in data
     #[arg(long, value_name = "X.npy", requires = "data_y", conflicts_with_all = ["text", "data_tokens"])]
     data_x: Option<PathBuf>,
@@ -317,12 +324,12 @@ impl TrainArgs {
         };
         Config {
             model: self.model.into(),
-            layers: self.layers,
-            dim: self.dim,
-            heads: self.heads,
-            ffn: self.ffn,
-            vocab: self.vocab,
-            seq: self.seq,
+            layers: self.sizes.layers,
+            dim: self.sizes.dim,
+            heads: self.sizes.heads,
+            ffn: self.sizes.ffn,
+            vocab: self.sizes.vocab,
+            seq: self.sizes.seq,
             hidden: self.hidden,
             classes: self.classes,
             filters: self.filters,
@@ -375,24 +382,8 @@ pub(crate) struct InspectArgs {
     /// Data x model devices
     #[arg(long, value_name = "DxM", value_parser = mesh_2d, default_value = "1x2")]
     mesh: (usize, usize),
-    /// The transformer's decoder blocks (default 2)
-    #[arg(long, value_name = "L")]
-    layers: Option<usize>,
-    /// The transformer's width (default 64)
-    #[arg(long, value_name = "D")]
-    dim: Option<usize>,
-    /// The transformer's attention heads (default 4)
-    #[arg(long, value_name = "H")]
-    heads: Option<usize>,
-    /// The transformer's MLP width (default 256)
-    #[arg(long, value_name = "F")]
-    ffn: Option<usize>,
-    /// The transformer's vocabulary (default 256)
-    #[arg(long, value_name = "V")]
-    vocab: Option<usize>,
-    /// The transformer's context length (default 32)
-    #[arg(long, value_name = "T")]
-    seq: Option<usize>,
+    #[command(flatten)]
+    sizes: Sizes,
     /// The sizes from a file's tensors (safetensors)
     #[arg(long, value_name = "INIT.safetensors")]
     init: Option<PathBuf>,
@@ -417,12 +408,12 @@ impl InspectArgs {
             return Err(Exit::Usage("inspect needs --model transformer".into()));
         }
         Ok(Config {
-            layers: self.layers,
-            dim: self.dim,
-            heads: self.heads,
-            ffn: self.ffn,
-            vocab: self.vocab,
-            seq: self.seq,
+            layers: self.sizes.layers,
+            dim: self.sizes.dim,
+            heads: self.sizes.heads,
+            ffn: self.sizes.ffn,
+            vocab: self.sizes.vocab,
+            seq: self.sizes.seq,
             init: self.init.clone(),
             mesh: Some(self.mesh),
             batch: Some(self.batch),
