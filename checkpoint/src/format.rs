@@ -24,7 +24,7 @@ use crate::{Error, Result};
 
 const FORMAT: &str = "meshwork-checkpoint";
 /// Most device positions a checkpoint has (device ids are 32-bit).
-const MAX_DEVICES: usize = 1 << 24;
+const MAX_POSITIONS: usize = 1 << 24;
 const VERSION: u64 = 1;
 const INDEX: &str = "index.json";
 
@@ -278,8 +278,8 @@ pub fn write_checkpoint(
 /// region of every variable's sharding over `devices` positions given once, in
 /// index-map order, of the variable's dtype.
 pub(crate) fn check(dir: &Path, devices: usize, entries: &[CheckpointEntry]) -> Result<()> {
-    if devices == 0 || devices > MAX_DEVICES {
-        return Err(corrupt(dir, format!("{devices} device positions (1 to {MAX_DEVICES})")));
+    if devices == 0 || devices > MAX_POSITIONS {
+        return Err(corrupt(dir, format!("{devices} device positions (1 to {MAX_POSITIONS})")));
     }
     for e in entries {
         let bad = |problem: String| corrupt(dir, format!("variable {}: {problem}", e.name));
@@ -458,7 +458,7 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
     let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
     let listed = field(&index, "files", &index_path)?.as_array().map_or(0, Vec::len);
     // One shard file per position: the count sizes nothing before it is checked.
-    if saved_logical == 0 || saved_logical > MAX_DEVICES || saved_logical != listed {
+    if saved_logical == 0 || saved_logical > MAX_POSITIONS || saved_logical != listed {
         return Err(corrupt(
             &index_path,
             format!("{saved_logical} device positions and {listed} shard files"),

@@ -28,6 +28,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -162,12 +163,30 @@ impl CheckpointManager {
             write_replace(root, MARKER, &text, &mut Ops::real())?;
         }
         let lock_path = root.join(LOCK);
+        // Never waits on a FIFO or follows a link put in the lock file's place.
+        if let Ok(meta) = fs::symlink_metadata(&lock_path)
+            && !meta.is_file()
+        {
+            return Err(refuse(
+                root,
+                format!("its lock file {LOCK} is {}, not a regular file", kind(&meta)),
+            ));
+        }
         let lock = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(|e| refuse(root, format!("cannot create its lock file: {e}")))?;
+        let lock_meta =
+            lock.metadata().map_err(|e| refuse(root, format!("cannot read its lock file: {e}")))?;
+        if !lock_meta.is_file() {
+            return Err(refuse(
+                root,
+                format!("its lock file {LOCK} is {}, not a regular file", kind(&lock_meta)),
+            ));
+        }
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
@@ -325,7 +344,14 @@ fn write_replace(dir: &Path, name: &str, bytes: &[u8], ops: &mut Ops) -> Result<
     let tmp = dir.join(format!("{TMP}{name}-{}", std::process::id()));
     let path = dir.join(name);
     let write = || -> std::io::Result<()> {
-        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        // Meshwork's own temporary name: a stale one (a killed run of this process id)
+        // is removed, and the new one is created, never opened through a link.
+        let _ = fs::remove_file(&tmp);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     };

@@ -297,7 +297,7 @@ pub(crate) struct TrainArgs {
     /// No progress and no summary (errors still say what failed)
     #[arg(long)]
     quiet: bool,
-    /// Every step's global loss as a JSON list (also when the run fails or is interrupted; a resumed run's holds the earlier steps too); an existing file is replaced only if it is such a list
+    /// Every step's global loss as a JSON list, written at the end, at every checkpoint and when the run fails or is interrupted (a resumed run's holds the earlier steps too: give the file the saving run wrote); an existing file is replaced only if it is such a list
     #[arg(long, value_name = "FILE")]
     losses_json: Option<PathBuf>,
     /// A JSON line per step as the run goes (a new file)

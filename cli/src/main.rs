@@ -94,8 +94,9 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
         _ => argv,
     };
     let model = args::model_named(&argv);
-    let command =
-        Cli::command().mut_subcommand("train", |c| c.after_long_help(args::train_notes(model)));
+    let notes = args::train_notes(model);
+    let command = Cli::command()
+        .mut_subcommand("train", |c| c.after_help(notes.clone()).after_long_help(notes));
     let matches = match command.try_get_matches_from(&argv) {
         Ok(m) => m,
         Err(e) => return args::clap_exit(e, &argv),

@@ -23,7 +23,7 @@ const MAX_ELEMENTS: usize = 1 << 48;
 
 /// The largest mesh `shard` and `reshard` take: a reshard plan compares every target
 /// shard with every source region, so its time grows with the square of the devices.
-const MAX_DEVICES: usize = 8192;
+const MAX_MESH_DEVICES: usize = 8192;
 
 /// The largest file `place` reads (a graph or an op catalog).
 const MAX_FILE_BYTES: u64 = 64 << 20;
@@ -104,11 +104,13 @@ fn mesh(text: &str, axes: &str, command: &str) -> Result<Mesh, Exit> {
         return Err(bad("axes", format!("axis name {:?} appears twice", names[i])));
     }
     match sizes.iter().try_fold(1usize, |n, &s| n.checked_mul(s)) {
-        Some(n) if n <= MAX_DEVICES => {}
+        Some(n) if n <= MAX_MESH_DEVICES => {}
         _ => {
             return Err(bad(
                 "mesh",
-                format!("{text:?} has more than {MAX_DEVICES} devices, the most {command} takes"),
+                format!(
+                    "{text:?} has more than {MAX_MESH_DEVICES} devices, the most {command} takes"
+                ),
             ));
         }
     }

@@ -2,6 +2,8 @@
 //! run with a progress display, and its report as a summary.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use meshwork_train::{Error, Observer, Start, Step, Trainer, loss_text, stop_on_signals};
@@ -18,9 +20,14 @@ pub(crate) fn exit(e: Error) -> Exit {
 }
 
 /// On a terminal, a progress bar (redrawn on stderr); otherwise a line a tenth of the
-/// run apart. Warnings go to stderr, the headline to stdout.
+/// run apart. Warnings go to stderr, the headline to stdout; a reader that closed
+/// stdout stops the run (after its host call, saved), as `meshwork train | head -1`
+/// asks.
 struct Progress {
     quiet: bool,
+    /// The run's stop flag, and whether stdout was found closed.
+    stop: Arc<AtomicBool>,
+    closed: bool,
     bar: Option<ProgressBar>,
     /// Steps between lines, and the run's first step (its line is always drawn).
     every: usize,
@@ -35,7 +42,10 @@ impl Observer for Progress {
         if self.quiet {
             return;
         }
-        let _ = out(format_args!("{}\n", start.headline));
+        if let Err(Exit::Closed) = out(format_args!("{}\n", start.headline)) {
+            self.closed = true;
+            self.stop.store(true, Ordering::SeqCst);
+        }
         self.every = (start.steps / 10).max(1);
         self.first = start.first;
         if std::io::stderr().is_terminal() {
@@ -101,8 +111,18 @@ impl Observer for Progress {
 pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
     let trainer = Trainer::new(&args.config()).map_err(exit)?;
     let stop = stop_on_signals().map_err(exit)?;
-    let mut progress = Progress { quiet: args.quiet(), bar: None, every: 1, first: 0 };
+    let mut progress = Progress {
+        quiet: args.quiet(),
+        stop: stop.clone(),
+        closed: false,
+        bar: None,
+        every: 1,
+        first: 0,
+    };
     let report = trainer.run(&mut progress, &stop).map_err(exit)?;
+    if progress.closed {
+        return Err(Exit::Closed);
+    }
     if !args.quiet() {
         for line in report.summary() {
             outln!("{line}");

@@ -493,3 +493,26 @@ fn a_failed_save_names_the_checkpoint_directory_and_the_step() {
         .collect();
     assert!(names.is_empty(), "{names:?}");
 }
+
+/// A reader that closes the pipe stops a long run (after its host call, as a signal
+/// would) and the command ends quietly with status 0, instead of training to the end.
+#[test]
+fn a_closed_pipe_stops_a_long_run() {
+    let tmp = scratch();
+    let started = std::time::Instant::now();
+    let mut child = Command::new(BIN)
+        .current_dir(tmp.path())
+        .args(["train", "--steps", "10000000", "--no-check", "--losses-json", "l.json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "it trained on");
+    let losses: Vec<f64> =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("l.json")).unwrap()).unwrap();
+    assert!(!losses.is_empty() && losses.len() < 10_000_000, "{} losses", losses.len());
+}

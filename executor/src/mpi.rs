@@ -205,7 +205,10 @@ struct World(SimpleCommunicator);
 // communicator is not `Send`. MPI is initialised at thread level Serialized (or
 // Multiple): any thread may call it as long as calls do not overlap, and every use of
 // this handle goes through `MpiLink::world`, which holds `SERIAL` — as do the aborts
-// (`abort_serialized`), the only MPI calls made without this handle.
+// (`abort_serialized`), the only MPI calls made without this handle, with one
+// exception: when another thread's call has not returned within `ABORT_WAIT` (its
+// peers are gone), the abort goes ahead beside it, since ending the job is then the
+// only way to end that call.
 #[allow(unsafe_code)]
 unsafe impl Send for World {}
 // SAFETY: as for `Send`: the handle is only used under `SERIAL`.

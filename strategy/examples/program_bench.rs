@@ -36,14 +36,16 @@ fn spec(dims: &[usize]) -> TensorSpec {
     TensorSpec::new(DType::F32, Shape::new(dims).expect("a small shape"))
 }
 
+/// `n` values in [-0.5, 0.5) from SplitMix64 (the stream the trainer draws from).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
+    let mut s = seed;
     (0..n)
         .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
         .collect()
 }

@@ -170,17 +170,6 @@ impl Classification {
         }
         crc
     }
-
-    /// The fraction of rows whose arg-max logit (`logits`, `[rows, classes]` flat) is
-    /// their label.
-    pub fn accuracy(&self, logits: &[f64]) -> f64 {
-        let right = logits
-            .chunks(self.classes.max(1))
-            .zip(&self.labels)
-            .filter(|(row, label)| arg_max(row.iter().copied()) == **label)
-            .count();
-        right as f64 / self.rows().max(1) as f64
-    }
 }
 
 /// The index of the first largest value.
@@ -303,9 +292,13 @@ pub fn token_rows_synthetic(seed: u64, vocab: usize, seq: usize) -> (usize, Vec<
 }
 
 /// Token rows `[N, T + 1]` of a text file's bytes (tokens of a vocabulary of 256): row
-/// `i` is bytes `i·T … i·T + T`. Reads at most `limit` bytes.
+/// `i` is bytes `i·T … i·T + T`. The bytes and their tokens (4 bytes each, `(T + 1)/T`
+/// of them a byte) are held at once within `limit` bytes, so at most
+/// `limit · T / (5T + 4)` bytes are read.
 pub fn token_rows_of_text(path: &Path, seq: usize, limit: u64) -> Result<(usize, Vec<i32>)> {
-    let bytes = crate::files::read_file("text", path, limit)?;
+    let seq_bytes = seq.max(1) as u128;
+    let read_limit = (u128::from(limit) * seq_bytes / (5 * seq_bytes + 4)) as u64;
+    let bytes = crate::files::read_file("text", path, read_limit)?;
     let width = seq + 1;
     let n = bytes.len().saturating_sub(1) / seq;
     if n == 0 {

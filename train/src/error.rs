@@ -6,18 +6,17 @@
 pub enum Error {
     /// Bad input: a setting, file or checkpoint that cannot be used, found before the
     /// first step, in one line naming the setting (by its command-line flag,
-    /// `--batch`) and what is wrong with it. Nothing was written.
+    /// `--batch`) and what is wrong with it. No step ran and nothing of the user's was
+    /// changed (the one thing a refusal may leave is a checkpoint directory the run
+    /// had just made and marked as meshwork's).
     #[error("{0}")]
     Usage(String),
     /// The run started and failed: a loss that is not a finite number, a one-device
     /// check that failed, a checkpoint that could not be saved. The losses so far were
-    /// written where asked.
+    /// written where asked. (A run stopped on request is not an error: its
+    /// [`Report`](crate::Report) says it stopped.)
     #[error("{0}")]
     Failed(String),
-    /// Stopped on request (a signal) after the current host call; a checkpoint was
-    /// saved where asked, and the losses written.
-    #[error("stopped on request")]
-    Interrupted,
 }
 
 impl Error {

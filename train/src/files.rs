@@ -171,8 +171,9 @@ pub(crate) fn temp_beside(path: &Path) -> PathBuf {
 /// Makes the entries just created or renamed in `dir` durable (where the platform
 /// supports syncing a directory).
 fn sync_dir(dir: &Path, log: &mut Vec<&'static str>) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+    if let Ok(d) = File::open(dir)
+        && d.sync_all().is_ok()
+    {
         log.push("sync directory");
     }
 }

@@ -193,8 +193,16 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     .into_iter()
     .filter_map(|(f, p)| p.map(|p| (f, p)))
     .collect();
+    // Compared as the files they name: `l.json` and `./l.json` are one file.
+    let named = |p: &Path| {
+        let parent = p.parent().filter(|q| !q.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        (
+            std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf()),
+            p.file_name().map(ToOwned::to_owned),
+        )
+    };
     for (i, (f, p)) in outputs.iter().enumerate() {
-        if let Some((g, _)) = outputs[..i].iter().find(|(_, q)| q == p) {
+        if let Some((g, _)) = outputs[..i].iter().find(|(_, q)| q == p || named(q) == named(p)) {
             return Err(Error::flag(
                 f,
                 format!("{} is also --{g}'s; give each output its own path", p.display()),
@@ -229,17 +237,6 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         ));
     }
     let saved = config.resume.as_deref().map(|p| Saved::read(p, kind.name())).transpose()?;
-    if let Some(saved) = &saved
-        && saved.step >= steps
-    {
-        return Err(Error::flag(
-            "resume",
-            format!(
-                "the checkpoint is at step {}; --steps {steps} leaves nothing to run",
-                saved.step
-            ),
-        ));
-    }
     let file = config.init.as_deref().map(|p| init::read_init(p, limit)).transpose()?;
     let data_flags = |what: &str, refused: &[(&str, bool)]| -> Result<()> {
         for (flag, given) in refused {
@@ -367,7 +364,18 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             let net = Mlp { features: data.features(), hidden, classes: data.classes };
             let n = data.rows();
             let x: Vec<f64> = data.x.iter().copied().collect();
-            let y = data.labels.iter().map(|&l| l as i32).collect();
+            let y = data
+                .labels
+                .iter()
+                .map(|&l| {
+                    i32::try_from(l).map_err(|_| {
+                        Error::flag(
+                            "data-y",
+                            format!("class {l} is past the 2^31 classes a label holds"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<i32>>>()?;
             let examples = Examples::Images { per: net.features, dims: vec![net.features], x, y };
             classification = Some(data);
             (Net::Mlp(net), examples, n)
@@ -497,7 +505,15 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
                 )));
             }
             let net = Net::Transformer(model);
-            check_memory(&net, batch, config.steps_per_run, dtype, devices, limit)?;
+            check_memory(
+                &net,
+                batch,
+                config.steps_per_run,
+                dtype,
+                devices,
+                bookkeeping(config, steps),
+                limit,
+            )?;
             let (n, tokens) = match &config.data {
                 Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, model.seq),
                 Data::Text(path) => {
@@ -510,8 +526,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
                             ),
                         ));
                     }
-                    // The bytes and their tokens (4 bytes each) are held at once.
-                    data::token_rows_of_text(path, model.seq, limit / 5)?
+                    data::token_rows_of_text(path, model.seq, limit)?
                 }
                 Data::Tokens(path) => data::token_rows_of_npy(path, model.vocab, model.seq, limit)?,
                 Data::Npy { .. } => unreachable!("refused above"),
@@ -519,7 +534,15 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             (net, Examples::Tokens { width: model.seq + 1, tokens }, n)
         }
     };
-    check_memory(&net, batch, config.steps_per_run, dtype, devices, limit)?;
+    check_memory(
+        &net,
+        batch,
+        config.steps_per_run,
+        dtype,
+        devices,
+        bookkeeping(config, steps),
+        limit,
+    )?;
     if let Some(f) = &file {
         check_init(&net, f, classification.as_ref())?;
     }
@@ -585,7 +608,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // A resumed run's losses file holds every step's loss: the earlier steps' come from
     // the file the saved run wrote.
     let losses_before = match (&saved, &config.losses_json) {
-        (Some(saved), Some(path)) => earlier_losses(saved, path)?,
+        (Some(saved), Some(path)) if saved.step < steps => earlier_losses(saved, path)?,
         _ => Vec::new(),
     };
     let small =
@@ -631,16 +654,26 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     })
 }
 
-/// Refuses a run whose estimated memory is over `limit` (`--max-memory`).
+/// What a run keeps per step beside the model: each step's loss (8 bytes) and, with
+/// `--losses-json`, its list and JSON text (about 40 more); per step of a host call, the
+/// losses, the one-device check's and the learning rates in flight (48 bytes).
+fn bookkeeping(config: &Config, steps: usize) -> f64 {
+    let per_step = if config.losses_json.is_some() { 48.0 } else { 8.0 };
+    per_step * steps as f64 + 48.0 * config.steps_per_run as f64
+}
+
+/// Refuses a run whose estimated memory (the model's, and `extra` bytes of
+/// bookkeeping) is over `limit` (`--max-memory`).
 fn check_memory(
     net: &Net,
     batch: usize,
     steps_per_run: usize,
     dtype: DType,
     devices: usize,
+    extra: f64,
     limit: u64,
 ) -> Result<()> {
-    let need = net.memory_estimate(batch, steps_per_run, dtype, devices, true);
+    let need = net.memory_estimate(batch, steps_per_run, dtype, devices, true) + extra;
     if need > limit as f64 {
         return Err(memory_error(need, limit));
     }
@@ -650,7 +683,7 @@ fn check_memory(
 /// `--max-memory`'s refusal.
 pub(crate) fn memory_error(need: f64, limit: u64) -> Error {
     usage(format!(
-        "--max-memory: the run would hold about {:.2} GB, more than {:.2} GB; give smaller sizes, --batch or --steps-per-run, or a larger --max-memory",
+        "--max-memory: the run would hold about {:.2} GB, more than {:.2} GB; give smaller sizes, --batch, --steps or --steps-per-run, or a larger --max-memory",
         need / 1e9,
         limit as f64 / 1e9
     ))

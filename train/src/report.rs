@@ -77,6 +77,13 @@ impl Report {
             self.dtype,
             first + made
         ));
+        if self.losses.is_empty() && !self.stopped {
+            out.push(format!(
+                "  nothing to run: the checkpoint is at step {first}, already at or past --steps {}",
+                self.steps
+            ));
+            return out;
+        }
         if let (Some(first_loss), Some(last)) = (self.losses.first(), self.losses.last()) {
             out.push(format!(
                 "  final loss   {}  (first {})",

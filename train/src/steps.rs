@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use meshwork_checkpoint::CheckpointManager;
 use meshwork_nn::{Optimizer, TrainStep};
 use meshwork_partition::spmd::Shardings;
-use meshwork_program::fast::{Executable, Input, Options};
-use meshwork_program::{Env, Program, Value};
+use meshwork_program::{Program, Value};
 use meshwork_sharding::Mesh;
 use meshwork_strategy::Strategy;
 use meshwork_strategy::placed::{PlaceOptions, Placed};
-use meshwork_strategy::spmd::CompiledTrainStep;
+use meshwork_strategy::spmd::{Compiled, CompiledTrainStep};
 use meshwork_types::{DType, Tensor};
 
 use crate::init::cast;
@@ -236,26 +235,32 @@ pub(crate) fn start<'s>(
     }
 }
 
-/// The held-out evaluation: the loss and accuracy (of the next token, or the class)
-/// of `batch` rows at a time.
-pub(crate) struct Eval {
-    exe: Executable,
-    program: Program,
-    fed: usize,
-    /// The held-out rows' feeds, `batch` rows at a time.
+/// An evaluation: the mean loss and accuracy (of the next token, or the class) of
+/// `batch` rows at a time, compiled on a one-device strategy (so it runs on the
+/// strategy's back end, as the steps do) and fed the run's current weights.
+pub(crate) struct Eval<'s> {
+    compiled: Compiled<'s>,
+    /// The weights' names, in the evaluation program's parameter order.
+    weights: Vec<String>,
+    /// The rows' feeds, `batch` rows at a time.
     chunks: Vec<Vec<Tensor>>,
 }
 
-impl Eval {
+impl<'s> Eval<'s> {
+    /// The evaluation of `chunks` (each the feeds of `batch` rows) on `one`, a
+    /// strategy of one device.
     pub(crate) fn new(
+        one: &'s Strategy,
         net: &Net,
         dtype: DType,
         batch: usize,
         chunks: Vec<Vec<Tensor>>,
-    ) -> Result<Eval> {
+    ) -> Result<Eval<'s>> {
         let program = net.eval_program(batch, dtype)?;
-        let exe = Executable::compile(&program, Options::for_devices(1));
-        Ok(Eval { exe, program, fed: net.fed(), chunks })
+        let mesh = Mesh::iota(&[("data", 1), ("model", 1)]).map_err(failed)?;
+        let compiled = one.compile(&program, &Shardings::new(mesh), &[]).map_err(failed)?;
+        let weights = program.params()[net.fed()..].iter().map(|p| p.name.clone()).collect();
+        Ok(Eval { compiled, weights, chunks })
     }
 
     /// Rows it evaluates.
@@ -263,19 +268,17 @@ impl Eval {
         self.chunks.iter().map(|c| c[0].shape()[0]).sum()
     }
 
-    /// (loss, accuracy) over the held-out rows with `steps`' weights.
+    /// (loss, accuracy) over its rows with `steps`' current weights.
     pub(crate) fn run(&self, steps: &dyn Steps) -> Result<(f64, f64)> {
-        let mut weights = Vec::new();
-        for p in &self.program.params()[self.fed..] {
-            weights.push(steps.weight(&p.name)?);
-        }
+        let weights =
+            self.weights.iter().map(|name| steps.weight(name)).collect::<Result<Vec<_>>>()?;
         let (mut loss, mut accuracy) = (0.0, 0.0);
         for chunk in &self.chunks {
-            // The rows and the weights are read in place.
-            let inputs = chunk.iter().chain(&weights).map(Input::Borrowed).collect();
+            let mut feeds = chunk.clone();
+            feeds.extend(weights.iter().cloned());
             let out = self
-                .exe
-                .run_inputs(inputs, &Env::local())
+                .compiled
+                .step(&feeds)
                 .map_err(|e| Error::failed(format!("evaluation: {e}")))?;
             loss += out[0].to_f64()[0];
             accuracy += out[1].to_f64()[0];

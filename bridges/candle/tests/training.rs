@@ -237,19 +237,10 @@ fn bad_input_is_a_typed_error() {
     assert!(e.to_string().contains("scalar"), "{e}");
 }
 
-fn temp(tag: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "meshwork-candle-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ))
-}
-
 #[test]
 fn checkpoints_restore_on_another_replica_count_and_layout() {
-    let dir = temp("ckpt");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     let adamw = ParamsAdamW { lr: 0.05, ..Default::default() };
     let saved = check::<AdamW>(4, Config::fsdp(), adamw.clone(), 3);
     saved.save(dir.join("fsdp4"), Some(&serde_json::json!({"step": 3}))).unwrap();
@@ -288,12 +279,12 @@ fn checkpoints_restore_on_another_replica_count_and_layout() {
     }
     // Never over something that exists.
     assert!(saved.save(dir.join("fsdp4"), None).is_err());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn a_safetensors_file_loads_with_each_replica_reading_its_shards() {
-    let dir = temp("st");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("init.safetensors");
     let mut init = HashMap::new();
@@ -340,7 +331,6 @@ fn a_safetensors_file_loads_with_each_replica_reading_its_shards() {
     .err()
     .unwrap();
     assert!(matches!(e, Error::Load { .. }) && e.to_string().contains("l2.bias"), "{e}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// An SGD whose next update fails once, on whichever replica gets there first.
@@ -369,7 +359,8 @@ impl Optimizer for Flaky {
 
 #[test]
 fn an_optimizer_that_fails_after_others_stepped_stops_the_trainer_until_a_restore() {
-    let dir = temp("flaky");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     for config in [Config::ddp(), Config::fsdp()] {
         let devices = Devices::cpu(4).unwrap();
         let mut t =
@@ -387,7 +378,6 @@ fn an_optimizer_that_fails_after_others_stepped_stops_the_trainer_until_a_restor
         assert_eq!(t.steps(), 1, "the step count comes back with the checkpoint");
         assert!(t.step(&batch(1), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap().is_finite());
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A model with a layer only some replicas' slices use and one no slice uses: the
@@ -610,7 +600,8 @@ fn fsdp_units_gather_each_layer_and_give_one_devices_losses() {
 #[test]
 fn a_run_saved_with_its_optimizer_state_resumes_on_another_layout_as_if_uninterrupted() {
     use meshwork_candle::optim::AdamW as StatefulAdamW;
-    let dir = temp("resume");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     let adamw = ParamsAdamW { lr: 0.05, weight_decay: 0.1, ..Default::default() };
     // The bridge's AdamW is candle's, bit for bit: DDP with it equals plain candle's.
     let mut t = check::<StatefulAdamW>(4, Config::fsdp(), adamw.clone(), 3);
@@ -642,7 +633,6 @@ fn a_run_saved_with_its_optimizer_state_resumes_on_another_layout_as_if_uninterr
         let second = fresh.step(&batch(4), |m: &Mlp, b: &[Tensor]| m.loss(b)).unwrap();
         assert!(close(got, rest[0]) && !close(second, rest[1]), "{second} vs {}", rest[1]);
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// On 8 replicas with `aux.weight` split along its 6 columns, replica 4 holds an
@@ -652,7 +642,8 @@ fn a_run_saved_with_its_optimizer_state_resumes_on_another_layout_as_if_uninterr
 #[test]
 fn optimizer_state_finds_its_shard_past_empty_ones() {
     use meshwork_candle::optim::AdamW as StatefulAdamW;
-    let dir = temp("empty-shards");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     let adamw = ParamsAdamW { lr: 0.05, weight_decay: 0.1, ..Default::default() };
     let config = || Config::fsdp().with_dtype(DType::F64).with_shard_dim("aux.weight", 1);
     let devices = Devices::cpu(8).unwrap();
@@ -680,5 +671,4 @@ fn optimizer_state_finds_its_shard_past_empty_ones() {
             assert!(close(got, *want), "{:?}, step {s}: {got} vs {want}", r.parallel());
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -170,3 +170,30 @@ fn the_checkpoint_directory_is_meshworks_or_refused_untouched() {
     assert_eq!(find_checkpoint(made.join("step-00000002")).unwrap().1, Some(2));
     drop(m);
 }
+
+/// What is put in the place of the directory's own files — a FIFO or a link as its lock
+/// file, a link as a temporary name — is refused, never waited on or written through.
+#[test]
+fn a_fifo_or_link_in_place_of_the_lock_file_is_refused_without_waiting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ck");
+    drop(CheckpointManager::open(&root, 3).unwrap());
+    std::fs::remove_file(root.join(".lock")).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(root.join(".lock")).status().unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = root.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(CheckpointManager::open(&at, 3).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("refused, not waiting");
+    let e = got.unwrap_err();
+    assert!(e.contains("lock file") && e.contains("a named pipe"), "{e}");
+    // A link as the lock file: not followed (the file it names stays as it was).
+    std::fs::remove_file(root.join(".lock")).unwrap();
+    let theirs = tmp.path().join("theirs.txt");
+    std::fs::write(&theirs, "a user's file").unwrap();
+    std::os::unix::fs::symlink(&theirs, root.join(".lock")).unwrap();
+    assert!(CheckpointManager::open(&root, 3).is_err());
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "a user's file");
+}

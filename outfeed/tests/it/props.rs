@@ -334,12 +334,8 @@ fn stream_frames_in_the_buffer_are_ready_without_waiting() {
     assert!(matches!(err, meshwork_outfeed::Error::BadMagic { stream: 4, .. }), "{err:?}");
 
     // A recording of a stream records the frames it hands out ready, in order.
-    let dir = std::env::temp_dir().join(format!(
-        "meshwork-ready-recording-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("frames.bin");
     let (frames, bytes) = stream_of(&[3, 5, 7]);
     let stream = meshwork_outfeed::StreamSource::new(std::io::Cursor::new(bytes));
@@ -355,7 +351,6 @@ fn stream_frames_in_the_buffer_are_ready_without_waiting() {
     while let Some(f) = replay.next_frame(0, u32::MAX).unwrap() {
         replayed.push(f);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(got, frames);
     assert_eq!(replayed.len(), 3);
     for (r, f) in replayed.iter().zip(&frames) {

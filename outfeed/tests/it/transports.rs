@@ -128,8 +128,8 @@ fn unix_socket() {
 
 #[test]
 fn record_then_replay_delivers_the_same_frames() {
-    let dir = std::env::temp_dir().join(format!("outfeed-record-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("run.outfeed");
     let (sink, source) = channel(8);
     let (live, cb) = recorder();
@@ -166,7 +166,6 @@ fn record_then_replay_delivers_the_same_frames() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(*replayed.lock().unwrap(), *live.lock().unwrap());
     assert_eq!(replayed.lock().unwrap().len(), 11);
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

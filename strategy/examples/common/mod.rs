@@ -20,14 +20,18 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// A deterministic standard-normal-ish stream (sum of uniforms), scaled.
+/// The benchmarks' inputs: SplitMix64, the stream meshwork's trainer draws from
+/// (`meshwork_train::rng::SplitMix`, which these examples sit below), seeded by the
+/// wrapped value.
 pub(crate) struct Noise(pub(crate) u64);
 
 impl Noise {
     pub(crate) fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     }
     pub(crate) fn normal(&mut self) -> f64 {
         (0..4).map(|_| self.uniform()).sum::<f64>() * 3f64.sqrt() - 2.0 * 3f64.sqrt()

@@ -9,15 +9,6 @@ use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let stamp =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let dir =
-        std::env::temp_dir().join(format!("meshwork-ckpt-{tag}-{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A strategy of `replicas` x `logical` devices with three variables (f32 [4,8],
 /// f64 [8], i64 [2,4]) laid out by `layouts`, filled from `seed`.
 fn strategy(
@@ -84,13 +75,13 @@ proptest! {
         (r2, l2, lay2) in mesh(),
         seed in any::<u64>(),
     ) {
-        let dir = temp_dir("mesh");
+        let tmp_dir = tempfile::tempdir().unwrap();
+        let dir = tmp_dir.path().to_path_buf();
         let (saved, want) = strategy(r1, l1, lay1, seed);
         saved.save_checkpoint(dir.join("ckpt")).unwrap();
         let (restored, _) = strategy(r2, l2, lay2, seed.wrapping_add(1));
         restored.restore_checkpoint(dir.join("ckpt")).unwrap();
         prop_assert_eq!(values(&restored), want);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -100,7 +91,8 @@ proptest! {
         cut in any::<prop::sample::Index>(),
         seed in any::<u64>(),
     ) {
-        let dir = temp_dir("cut");
+        let tmp_dir = tempfile::tempdir().unwrap();
+        let dir = tmp_dir.path().to_path_buf();
         let ckpt = dir.join("ckpt");
         let (saved, _) = strategy(r, l, lay.clone(), seed);
         saved.save_checkpoint(&ckpt).unwrap();
@@ -113,7 +105,6 @@ proptest! {
         let err = target.restore_checkpoint(&ckpt).unwrap_err();
         prop_assert!(matches!(err, Error::Checkpoint(_)), "{}", err);
         prop_assert_eq!(values(&target), before);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -126,7 +117,8 @@ fn corrupt_one_byte(path: &Path) {
 
 #[test]
 fn damaged_or_mismatching_checkpoints_are_refused_with_what_is_wrong() {
-    let dir = temp_dir("bad");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     let ckpt = dir.join("ckpt");
     let (s, _) =
         strategy(2, 2, [Layout::Split(vec![2, 1]), Layout::Replicated, Layout::Replicated], 3);
@@ -182,7 +174,6 @@ fn damaged_or_mismatching_checkpoints_are_refused_with_what_is_wrong() {
         .unwrap();
     let err = extra.restore_checkpoint(&ckpt).unwrap_err().to_string();
     assert!(err.contains("variable missing: not in the checkpoint"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -186,7 +186,8 @@ fn reductions_gathers_and_refusals_span_the_processes() {
 
 #[test]
 fn a_checkpoint_saved_by_process_zero_restores_in_every_process() {
-    let dir = std::env::temp_dir().join(format!("meshwork-mp-ckpt-{}", std::process::id()));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let ckpt = dir.join("ckpt");
     let values = in_processes(|_, s| {
         let w = s
@@ -200,7 +201,6 @@ fn a_checkpoint_saved_by_process_zero_restores_in_every_process() {
     for v in values {
         assert_eq!(as_f64(&v), vec![1.0, 2.0, 3.0, 4.0]);
     }
-    std::fs::remove_dir_all(dir).unwrap();
     // A per-replica argument must hold this process's replicas only.
     let err = in_processes(|_, s| {
         s.run(

@@ -419,12 +419,6 @@ fn several_steps_per_host_call_are_the_same_steps_and_fail_whole() {
     assert!(step.run_steps(&batches(0..2), &[0.01]).is_err(), "a rate per batch");
 }
 
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let stamp =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    std::env::temp_dir().join(format!("meshwork-spmd-{tag}-{}-{stamp}", std::process::id()))
-}
-
 /// Ten steps on one mesh, a sharded checkpoint, ten more on another mesh restored
 /// from it: JAX's twenty losses at every step (SGD and Adam, whose moments and step
 /// count travel in the checkpoint), each position's file holding only its regions.
@@ -438,7 +432,8 @@ fn compiled_state_saved_on_one_mesh_restores_onto_another() {
         ((2, 1), (1, 2), Optimizer::Sgd, 0.1, "losses_sgd"),
     ];
     for ((d0, m0), (d1, m1), optimizer, lr, key) in cases {
-        let dir = temp_dir("restore");
+        let tmp_dir = tempfile::tempdir().unwrap();
+        let dir = tmp_dir.path().to_path_buf();
         let first = Strategy::data_parallel(d0 * m0).unwrap();
         let (mut step, expected) = reference_step(&first, d0, m0, optimizer);
         let mut losses = reference_steps(&mut step, 0..10, lr);
@@ -456,7 +451,6 @@ fn compiled_state_saved_on_one_mesh_restores_onto_another() {
         }
         losses.extend(reference_steps(&mut resumed, 10..20, lr));
         assert_losses(&format!("{d0}x{m0} then {d1}x{m1}"), &losses, &expected[key]);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -513,7 +507,8 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
     let before = step.get("layers.1.attn.wo").unwrap();
 
     // A SGD step's checkpoint has no Adam moments.
-    let dir = temp_dir("mismatch");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     let (sgd, _) = reference_step(&strategy, 1, 2, meshwork_nn::Optimizer::Sgd);
     sgd.save_checkpoint(&dir).unwrap();
     let err = step.restore_checkpoint(&dir).unwrap_err();
@@ -546,7 +541,6 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
         other => panic!("{other:?}"),
     };
     assert_eq!(got, want.to_f64());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A checkpoint manager keeps a compiled step's checkpoints as a strategy's: each
@@ -556,7 +550,8 @@ fn what_does_not_fit_is_refused_and_changes_nothing() {
 fn a_checkpoint_manager_keeps_compiled_steps() {
     use meshwork_strategy::checkpoint::CheckpointManager;
     let adam = meshwork_nn::Optimizer::adam();
-    let root = temp_dir("manager");
+    let tmp_root = tempfile::tempdir().unwrap();
+    let root = tmp_root.path().to_path_buf();
     let strategy = Strategy::data_parallel(2).unwrap();
     let (mut step, expected) = reference_step(&strategy, 2, 1, adam);
     let mut manager = CheckpointManager::open(&root, 1).unwrap();
@@ -581,7 +576,6 @@ fn a_checkpoint_manager_keeps_compiled_steps() {
     losses.extend(reference_steps(&mut resumed, 7..20, 0.01));
     assert_losses("2x1 then 2x2", &losses, &expected["losses_adam"]);
     drop(manager);
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// The main job's MLP written with the `nn` layers (`linear`, `relu`,
@@ -915,7 +909,8 @@ fn a_strategy_checkpoint_restores_into_a_compiled_program() {
     };
     let w = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[4, 6]), value.clone()).unwrap();
     host.create_variable("w", Tensor::F64(w), options).unwrap();
-    let dir = temp_dir("from-strategy");
+    let tmp_dir = tempfile::tempdir().unwrap();
+    let dir = tmp_dir.path().to_path_buf();
     host.save_checkpoint(&dir).unwrap();
 
     let mut b = Builder::new();
@@ -929,7 +924,6 @@ fn a_strategy_checkpoint_restores_into_a_compiled_program() {
     let compiled = strategy.compile(&program, &shardings, &[(0, "w")]).unwrap();
     compiled.restore_checkpoint(&dir).unwrap();
     assert_eq!(compiled.get("w").unwrap().to_f64(), value);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Two compiled programs with collectives stepped at once from two threads on one

@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use meshwork_train::{Check, Config, Data, ModelKind};
+use meshwork_train::{Config, Data, ModelKind};
 use meshwork_types::DType;
 
-use crate::{
-    config, reference, refused, refused_with, run, testdata, write_npy, write_safetensors_f64,
-};
+use crate::{config, reference, refused, refused_with, testdata, write_npy, write_safetensors_f64};
 
 /// The MLP on the JAX case's files.
 fn on_files(x: &Path, y: &Path) -> Config {
@@ -304,6 +302,15 @@ fn outputs_are_checked_first_and_a_users_files_are_untouched() {
         &Config { losses_json: Some(m.clone()), metrics_jsonl: Some(m.clone()), ..t.clone() },
         "is also --losses-json's",
     );
+    // The same file by another name.
+    refused_with(
+        &Config {
+            losses_json: Some(m.clone()),
+            plot: Some(dir.path().join(".").join("m.jsonl")),
+            ..t.clone()
+        },
+        "is also --losses-json's",
+    );
     let long = Config { steps: Some(100_000_000), ..config(ModelKind::Mlp) };
     for (c, says) in [
         (
@@ -360,6 +367,16 @@ fn the_memory_estimate_counts_a_host_calls_batches() {
     };
     assert!(meshwork_train::Trainer::new(&t(1)).is_ok());
     refused_with(&t(10_000_000), "--max-memory");
+    // Per step, the losses kept (and, with --losses-json, their list and text).
+    let long = |losses_json: Option<PathBuf>| Config {
+        steps: Some(100_000_000),
+        max_memory: 1 << 30,
+        losses_json,
+        ..config(ModelKind::Mlp)
+    };
+    assert!(meshwork_train::Trainer::new(&long(None)).is_ok());
+    let dir = tempfile::tempdir().unwrap();
+    refused_with(&long(Some(dir.path().join("l.json"))), "--max-memory");
     // Within a limit the batches of a smaller call fit.
     let limit = |spr: usize| Config { max_memory: 200 << 20, ..t(spr) };
     assert!(meshwork_train::Trainer::new(&limit(100)).is_ok());
@@ -411,5 +428,4 @@ fn a_diverging_run_fails_naming_the_step_and_keeps_its_losses() {
     let written = crate::read_losses(&file);
     assert_eq!(written.len(), 2);
     assert!(written[0].is_some() && written[1].is_none(), "{written:?}");
-    let _ = (Check::Auto, run);
 }

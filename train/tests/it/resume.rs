@@ -57,8 +57,14 @@ fn a_run_resumed_on_another_mesh_continues_the_uninterrupted_run() {
         assert_close(&rest.losses, &whole[10..], 1e-12, &format!("{mesh:?}"));
         assert_close(&read_finite(&file), &whole, 1e-12, "the losses file holds every step");
     }
-    // The directory itself resumes from its latest step (24): nothing left to run.
-    refused_with(&Config { resume: Some(ck), ..mlp((2, 2), 24) }, "nothing to run");
+    // The directory itself resumes from its latest step (24): nothing left to run, and
+    // nothing written (a finished job run again is a no-op).
+    let done = dir.path().join("done.json");
+    let again =
+        run(&Config { resume: Some(ck), losses_json: Some(done.clone()), ..mlp((2, 2), 24) });
+    assert!(again.losses.is_empty() && again.first_step == 24);
+    assert!(again.summary()[1].contains("nothing to run: the checkpoint is at step 24"));
+    assert!(!done.exists());
 }
 
 /// A resumed run's `--losses-json` must hold the steps before it: a file that does not
@@ -274,7 +280,7 @@ fn a_transformer_resumes_on_another_mesh_or_pipeline() {
         &resumed(Config { init: Some(reference("init.safetensors")), ..reference_run(30) }),
         "--init and --resume",
     );
-    refused_with(&resumed(reference_run(10)), "nothing to run");
+    assert!(run(&resumed(reference_run(10))).losses.is_empty(), "nothing to run");
     refused_with(&resumed(Config { dim: Some(48), ..reference_run(30) }), "--dim is 48");
     // Other data (the built-in rows) is a warning, not a refusal.
     let other =

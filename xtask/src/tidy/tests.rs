@@ -2,10 +2,10 @@ use std::fs;
 
 use super::*;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xtask-tidy-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(dir.join("krate/src")).unwrap();
+/// A temporary workspace with one crate's `src/`, removed when the test ends.
+fn scratch() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("krate/src")).unwrap();
     dir
 }
 
@@ -16,7 +16,8 @@ fn the_workspace_is_tidy() {
 
 #[test]
 fn stubs_ignored_tests_and_undocumented_roots_are_reported() {
-    let dir = scratch("bad");
+    let tmp = scratch();
+    let dir = tmp.path().to_path_buf();
     let stub = ["fn f() { ", "todo", "!() }\n"].concat();
     fs::write(dir.join("krate/src/lib.rs"), ["pub mod m;\n", &stub].concat()).unwrap();
     let ignored = ["#[test]\n#[", "ignore]\nfn t() {}\n"].concat();
@@ -30,13 +31,12 @@ fn stubs_ignored_tests_and_undocumented_roots_are_reported() {
     assert!(problems[0].starts_with("krate/src/lib.rs:2:"), "{}", problems[0]);
     assert!(problems[1].contains("opens with a `//!` doc"), "{}", problems[1]);
     assert!(problems[2].starts_with("krate/src/m.rs:2:"), "{}", problems[2]);
-    fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn a_documented_root_without_stubs_passes() {
-    let dir = scratch("good");
+    let tmp = scratch();
+    let dir = tmp.path().to_path_buf();
     fs::write(dir.join("krate/src/lib.rs"), "//! A crate.\npub fn f() {}\n").unwrap();
     assert_eq!(check(&dir).unwrap(), Vec::<String>::new());
-    fs::remove_dir_all(dir).unwrap();
 }
