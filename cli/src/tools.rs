@@ -3,13 +3,11 @@
 //! Every failure is one line naming the flag (or argument) at fault, status 2; output
 //! goes through [`out`], so a closed pipe ends the command quietly.
 
-use std::ops::Range;
 use std::path::Path;
 
 use meshwork_placer::{self as placer, DeviceSet, PlacerOptions};
 use meshwork_sharding::{
-    HloSharding, Mesh, Mode, NamedSharding, PartitionSpec, ReshardPlan, ShardIndex, Sharding,
-    visualize,
+    HloSharding, Mesh, Mode, NamedSharding, PartitionSpec, Sharding, describe, describe_reshard,
 };
 use meshwork_types::{DType, Shape};
 
@@ -130,12 +128,6 @@ fn sharding(flag: &str, text: &str, mesh: &Mesh, rank: usize) -> Result<Sharding
     }
 }
 
-/// `[0:4, 4:8, 0:2]`.
-fn ranges(r: &[Range<usize>]) -> String {
-    let parts: Vec<String> = r.iter().map(|r| format!("{}:{}", r.start, r.end)).collect();
-    format!("[{}]", parts.join(", "))
-}
-
 /// `meshwork shard`.
 pub(crate) fn shard(a: &ShardArgs) -> Result<(), Exit> {
     run_shard(a).map_err(one_line)
@@ -146,35 +138,7 @@ fn run_shard(a: &ShardArgs) -> Result<(), Exit> {
     let dims = shape.dims();
     let mesh = mesh(given(&a.mesh, "mesh")?, given(&a.axes, "axes")?, "shard")?;
     let s = sharding("spec", given(&a.spec, "spec")?, &mesh, dims.len())?;
-    // Everything is computed before anything is printed: a failure prints no half.
-    let shard = s.shard_shape(dims, Mode::Strict).map_err(|e| bad("spec", e))?;
-    let map: Vec<ShardIndex> = s.index_map(dims, Mode::Strict).map_err(|e| bad("spec", e))?;
-    let picture = match dims.len() {
-        1 | 2 => Some(visualize(&s, dims, Mode::Strict).map_err(|e| bad("spec", e))?),
-        _ => None,
-    };
-    match picture {
-        Some(picture) => outln!("{picture}"),
-        None => {
-            outln!("(no picture for rank {}: only arrays of rank 1 and 2 are drawn)", dims.len())
-        }
-    }
-    outln!("shard shape: {shard:?} of {dims:?}");
-    outln!("XLA sharding: {}", s.hlo());
-    let replicated = map.iter().any(|e| e.replica_id > 0);
-    outln!(
-        "index map ({} devices: the index ranges each holds{}):",
-        map.len(),
-        if replicated { ", and which copy of its block" } else { "" }
-    );
-    for e in &map {
-        if replicated {
-            outln!("  device {}: {} (replica {})", e.device.0, ranges(&e.ranges), e.replica_id);
-        } else {
-            outln!("  device {}: {}", e.device.0, ranges(&e.ranges));
-        }
-    }
-    Ok(())
+    out(format_args!("{}", describe(&s, dims).map_err(|e| bad("spec", e))?))
 }
 
 /// `meshwork reshard`.
@@ -186,50 +150,15 @@ fn run_reshard(a: &ReshardArgs) -> Result<(), Exit> {
     let shape = array_shape(given(&a.shape, "shape")?, "reshard")?;
     let dims = shape.dims();
     let dtype: DType = a.dtype.parse().map_err(|e| bad("dtype", e))?;
-    let array_bytes = shape.byte_size(dtype).map_err(|e| bad("shape", e))?;
+    shape.byte_size(dtype).map_err(|e| bad("shape", e))?;
     let mesh = mesh(given(&a.mesh, "mesh")?, given(&a.axes, "axes")?, "reshard")?;
     let from = sharding("from", given(&a.from, "from")?, &mesh, dims.len())?;
     let to = sharding("to", given(&a.to, "to")?, &mesh, dims.len())?;
     // Each sharding is checked on its own first, so the error names the flag at fault.
     from.index_map(dims, Mode::Strict).map_err(|e| bad("from", e))?;
     to.index_map(dims, Mode::Strict).map_err(|e| bad("to", e))?;
-    let plan = ReshardPlan::new(&from, &to, dims, Mode::Strict).map_err(|e| bad("to", e))?;
-    // Sums in u128: a replicated target holds the array once per device.
-    let size = dtype.size_in_bytes() as u128;
-    let elements = |r: &[Range<usize>]| r.iter().map(|r| r.len() as u128).product::<u128>();
-    let local = plan.transfers().iter().filter(|t| t.is_local()).count();
-    let moved: u128 =
-        plan.transfers().iter().filter(|t| !t.is_local()).map(|t| elements(&t.region)).sum();
-    let held: u128 = plan.target_index().iter().map(|e| elements(&e.ranges)).sum();
-    let total = shape.num_elements() as u128;
-    outln!("reshard {dims:?} {dtype}: {} -> {}", from.hlo(), to.hlo());
-    outln!("  array          {total} elements, {array_bytes} bytes");
-    let copies = if total > 0 && held.is_multiple_of(total) {
-        match held / total {
-            1 => " (the array once)".to_string(),
-            k => format!(" (the array {k} times over)"),
-        }
-    } else {
-        String::new()
-    };
-    outln!(
-        "  target shards  {held} elements, {} bytes on {} devices{copies}",
-        held * size,
-        plan.target_index().len()
-    );
-    outln!(
-        "  transfers      {} ({local} local copies, {} between devices)",
-        plan.transfers().len(),
-        plan.transfers().len() - local
-    );
-    let keeps =
-        if moved == 0 { "; nothing crosses devices: each device keeps what it holds" } else { "" };
-    outln!(
-        "  moved          {moved} of {total} elements ({:.1}%), {} of {array_bytes} bytes, against the array's total{keeps}",
-        100.0 * moved as f64 / total.max(1) as f64,
-        moved * size,
-    );
-    Ok(())
+    let text = describe_reshard(&from, &to, dims, dtype).map_err(|e| bad("to", e))?;
+    out(format_args!("{text}"))
 }
 
 fn full_name(d: &str) -> String {
@@ -315,16 +244,5 @@ fn run_place(a: &PlaceArgs) -> Result<(), Exit> {
         out(format_args!("{}", placer::to_dot(&graph, &devices, &placement)))?;
         return Ok(());
     }
-    let width = graph.nodes().map(|(_, n)| n.name.len()).max().unwrap_or(4).max(4);
-    let op_width = graph.nodes().map(|(_, n)| n.op.len()).max().unwrap_or(2).max(2);
-    outln!("{:width$}  {:op_width$}  device", "node", "op");
-    for (id, n) in graph.nodes() {
-        outln!(
-            "{:width$}  {:op_width$}  {}",
-            n.name,
-            n.op,
-            devices.devices()[placement.device(id)].name()
-        );
-    }
-    Ok(())
+    out(format_args!("{}", placer::table(&graph, &devices, &placement)))
 }

@@ -57,4 +57,4 @@ pub use json::{
 pub use name::{DeviceName, MergeConflict, MergeMode, NameField, compare_full_names};
 pub use place::{LogEntry, Placement, PlacerOptions, Reason, place};
 pub use registry::{ArgKind, Kernel, OpDef, OpRegistry, Registry};
-pub use report::{Explanation, explain, to_dot};
+pub use report::{Explanation, explain, table, to_dot};

@@ -149,6 +149,19 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
+/// The placement as a table: one line per node (name, op, full device name) under a
+/// header, columns padded to their widest entry.
+pub fn table(graph: &Graph, devices: &DeviceSet, placement: &Placement) -> String {
+    let width = graph.nodes().map(|(_, n)| n.name.len()).max().unwrap_or(4).max(4);
+    let op_width = graph.nodes().map(|(_, n)| n.op.len()).max().unwrap_or(2).max(2);
+    let mut out = format!("{:width$}  {:op_width$}  device\n", "node", "op");
+    for (id, n) in graph.nodes() {
+        let device = devices.devices()[placement.device(id)].name();
+        let _ = writeln!(out, "{:width$}  {:op_width$}  {device}", n.name, n.op);
+    }
+    out
+}
+
 /// The placed graph in Graphviz DOT: one colour per device (with a legend), data edges
 /// solid, control edges dashed.
 pub fn to_dot(graph: &Graph, devices: &DeviceSet, placement: &Placement) -> String {

@@ -60,7 +60,7 @@ pub use mesh::{AxisType, Mesh};
 pub use named::NamedSharding;
 pub use reshard::{ReshardPlan, Transfer};
 pub use sharding::{Mode, ShardIndex, Sharding};
-pub use show::visualize;
+pub use show::{describe, describe_reshard, visualize};
 pub use spec::{DimSpec, PartitionSpec};
 pub use tile::{Iota, MAX_TILES, TileAssignment};
 pub use variable::{ReshardableVariable, VariableFormat};
