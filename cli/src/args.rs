@@ -425,9 +425,9 @@ impl InspectArgs {
     }
 }
 
-/// `meshwork shard`'s flags.
+/// An array's shape and a named mesh: what `shard` and `reshard` lay out.
 #[derive(Debug, Args)]
-pub(crate) struct ShardArgs {
+pub(crate) struct ArrayOnMesh {
     /// The array's shape
     #[arg(long, value_name = "8,8", required = true)]
     pub(crate) shape: Option<String>,
@@ -437,6 +437,13 @@ pub(crate) struct ShardArgs {
     /// The mesh's axis names
     #[arg(long, value_name = "a,b", required = true)]
     pub(crate) axes: Option<String>,
+}
+
+/// `meshwork shard`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct ShardArgs {
+    #[command(flatten)]
+    pub(crate) array: ArrayOnMesh,
     /// A JAX PartitionSpec over the named mesh axes, no longer than the array's rank, or an XLA sharding such as "{devices=[2,4]<=[8]}" over the mesh's devices
     #[arg(long, value_name = "SPEC", required = true)]
     pub(crate) spec: Option<String>,
@@ -445,15 +452,8 @@ pub(crate) struct ShardArgs {
 /// `meshwork reshard`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct ReshardArgs {
-    /// The array's shape
-    #[arg(long, value_name = "8,8", required = true)]
-    pub(crate) shape: Option<String>,
-    /// The mesh's axis sizes
-    #[arg(long, value_name = "2x4", required = true)]
-    pub(crate) mesh: Option<String>,
-    /// The mesh's axis names
-    #[arg(long, value_name = "a,b", required = true)]
-    pub(crate) axes: Option<String>,
+    #[command(flatten)]
+    pub(crate) array: ArrayOnMesh,
     /// The source sharding (a PartitionSpec or an XLA sharding)
     #[arg(long, value_name = "SPEC", required = true)]
     pub(crate) from: Option<String>,

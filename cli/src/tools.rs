@@ -134,9 +134,9 @@ pub(crate) fn shard(a: &ShardArgs) -> Result<(), Exit> {
 }
 
 fn run_shard(a: &ShardArgs) -> Result<(), Exit> {
-    let shape = array_shape(given(&a.shape, "shape")?, "shard")?;
+    let shape = array_shape(given(&a.array.shape, "shape")?, "shard")?;
     let dims = shape.dims();
-    let mesh = mesh(given(&a.mesh, "mesh")?, given(&a.axes, "axes")?, "shard")?;
+    let mesh = mesh(given(&a.array.mesh, "mesh")?, given(&a.array.axes, "axes")?, "shard")?;
     let s = sharding("spec", given(&a.spec, "spec")?, &mesh, dims.len())?;
     out(format_args!("{}", describe(&s, dims).map_err(|e| bad("spec", e))?))
 }
@@ -147,11 +147,11 @@ pub(crate) fn reshard(a: &ReshardArgs) -> Result<(), Exit> {
 }
 
 fn run_reshard(a: &ReshardArgs) -> Result<(), Exit> {
-    let shape = array_shape(given(&a.shape, "shape")?, "reshard")?;
+    let shape = array_shape(given(&a.array.shape, "shape")?, "reshard")?;
     let dims = shape.dims();
     let dtype: DType = a.dtype.parse().map_err(|e| bad("dtype", e))?;
     shape.byte_size(dtype).map_err(|e| bad("shape", e))?;
-    let mesh = mesh(given(&a.mesh, "mesh")?, given(&a.axes, "axes")?, "reshard")?;
+    let mesh = mesh(given(&a.array.mesh, "mesh")?, given(&a.array.axes, "axes")?, "reshard")?;
     let from = sharding("from", given(&a.from, "from")?, &mesh, dims.len())?;
     let to = sharding("to", given(&a.to, "to")?, &mesh, dims.len())?;
     // Each sharding is checked on its own first, so the error names the flag at fault.

@@ -273,6 +273,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             _ => dtype = theirs,
         }
     }
+    // The model's memory and the run's bookkeeping against --max-memory (checked before
+    // the transformer's rows are read, and for every model once its data are known).
+    let memory = |net: &Net| {
+        let extra = bookkeeping(config, steps);
+        check_memory(net, batch, config.steps_per_run, dtype, devices, extra, limit)
+    };
     let mut classification = None;
     let (net, examples, rows_all) = match kind {
         ModelKind::Mlp => {
@@ -505,15 +511,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
                 )));
             }
             let net = Net::Transformer(model);
-            check_memory(
-                &net,
-                batch,
-                config.steps_per_run,
-                dtype,
-                devices,
-                bookkeeping(config, steps),
-                limit,
-            )?;
+            memory(&net)?;
             let (n, tokens) = match &config.data {
                 Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, model.seq),
                 Data::Text(path) => {
@@ -534,15 +532,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             (net, Examples::Tokens { width: model.seq + 1, tokens }, n)
         }
     };
-    check_memory(
-        &net,
-        batch,
-        config.steps_per_run,
-        dtype,
-        devices,
-        bookkeeping(config, steps),
-        limit,
-    )?;
+    memory(&net)?;
     if let Some(f) = &file {
         check_init(&net, f, classification.as_ref())?;
     }
