@@ -429,14 +429,14 @@ impl InspectArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ArrayOnMesh {
     /// The array's shape
-    #[arg(long, value_name = "8,8", required = true)]
-    pub(crate) shape: Option<String>,
+    #[arg(long, value_name = "8,8")]
+    pub(crate) shape: String,
     /// The mesh's axis sizes
-    #[arg(long, value_name = "2x4", required = true)]
-    pub(crate) mesh: Option<String>,
+    #[arg(long, value_name = "2x4")]
+    pub(crate) mesh: String,
     /// The mesh's axis names
-    #[arg(long, value_name = "a,b", required = true)]
-    pub(crate) axes: Option<String>,
+    #[arg(long, value_name = "a,b")]
+    pub(crate) axes: String,
 }
 
 /// `meshwork shard`'s flags.
@@ -445,8 +445,8 @@ pub(crate) struct ShardArgs {
     #[command(flatten)]
     pub(crate) array: ArrayOnMesh,
     /// A JAX PartitionSpec over the named mesh axes, no longer than the array's rank, or an XLA sharding such as "{devices=[2,4]<=[8]}" over the mesh's devices
-    #[arg(long, value_name = "SPEC", required = true)]
-    pub(crate) spec: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) spec: String,
 }
 
 /// `meshwork reshard`'s flags.
@@ -455,11 +455,11 @@ pub(crate) struct ReshardArgs {
     #[command(flatten)]
     pub(crate) array: ArrayOnMesh,
     /// The source sharding (a PartitionSpec or an XLA sharding)
-    #[arg(long, value_name = "SPEC", required = true)]
-    pub(crate) from: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) from: String,
     /// The target sharding
-    #[arg(long, value_name = "SPEC", required = true)]
-    pub(crate) to: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) to: String,
     /// The element type the bytes are counted in
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub(crate) dtype: String,
@@ -469,11 +469,11 @@ pub(crate) struct ReshardArgs {
 #[derive(Debug, Args)]
 pub(crate) struct PlaceArgs {
     /// The graph
-    #[arg(value_name = "GRAPH.json", required = true)]
-    pub(crate) graph: Option<PathBuf>,
+    #[arg(value_name = "GRAPH.json")]
+    pub(crate) graph: PathBuf,
     /// The devices, like CPU:0,CPU:1,GPU:0
-    #[arg(long, value_name = "DEVICES", required = true)]
-    pub(crate) devices: Option<String>,
+    #[arg(long, value_name = "DEVICES")]
+    pub(crate) devices: String,
     /// The op catalog, if not in the graph file
     #[arg(long, value_name = "CATALOG.json")]
     pub(crate) ops: Option<PathBuf>,

@@ -47,11 +47,6 @@ fn one_line(exit: Exit) -> Exit {
     }
 }
 
-/// A flag clap has made sure of.
-fn given<'a>(value: &'a Option<String>, flag: &str) -> Result<&'a str, Exit> {
-    value.as_deref().ok_or_else(|| Exit::Usage(format!("--{flag} is required")))
-}
-
 /// `8,8` → `[8, 8]`.
 fn dims(flag: &str, text: &str) -> Result<Vec<usize>, Exit> {
     text.split(',')
@@ -134,10 +129,10 @@ pub(crate) fn shard(a: &ShardArgs) -> Result<(), Exit> {
 }
 
 fn run_shard(a: &ShardArgs) -> Result<(), Exit> {
-    let shape = array_shape(given(&a.array.shape, "shape")?, "shard")?;
+    let shape = array_shape(&a.array.shape, "shard")?;
     let dims = shape.dims();
-    let mesh = mesh(given(&a.array.mesh, "mesh")?, given(&a.array.axes, "axes")?, "shard")?;
-    let s = sharding("spec", given(&a.spec, "spec")?, &mesh, dims.len())?;
+    let mesh = mesh(&a.array.mesh, &a.array.axes, "shard")?;
+    let s = sharding("spec", &a.spec, &mesh, dims.len())?;
     out(format_args!("{}", describe(&s, dims).map_err(|e| bad("spec", e))?))
 }
 
@@ -147,13 +142,13 @@ pub(crate) fn reshard(a: &ReshardArgs) -> Result<(), Exit> {
 }
 
 fn run_reshard(a: &ReshardArgs) -> Result<(), Exit> {
-    let shape = array_shape(given(&a.array.shape, "shape")?, "reshard")?;
+    let shape = array_shape(&a.array.shape, "reshard")?;
     let dims = shape.dims();
     let dtype: DType = a.dtype.parse().map_err(|e| bad("dtype", e))?;
     shape.byte_size(dtype).map_err(|e| bad("shape", e))?;
-    let mesh = mesh(given(&a.array.mesh, "mesh")?, given(&a.array.axes, "axes")?, "reshard")?;
-    let from = sharding("from", given(&a.from, "from")?, &mesh, dims.len())?;
-    let to = sharding("to", given(&a.to, "to")?, &mesh, dims.len())?;
+    let mesh = mesh(&a.array.mesh, &a.array.axes, "reshard")?;
+    let from = sharding("from", &a.from, &mesh, dims.len())?;
+    let to = sharding("to", &a.to, &mesh, dims.len())?;
     // Each sharding is checked on its own first, so the error names the flag at fault.
     from.index_map(dims, Mode::Strict).map_err(|e| bad("from", e))?;
     to.index_map(dims, Mode::Strict).map_err(|e| bad("to", e))?;
@@ -194,8 +189,7 @@ pub(crate) fn place(a: &PlaceArgs) -> Result<(), Exit> {
 }
 
 fn run_place(a: &PlaceArgs) -> Result<(), Exit> {
-    let graph_path =
-        a.graph.as_deref().ok_or_else(|| Exit::Usage("place needs a GRAPH.json".into()))?;
+    let graph_path = a.graph.as_path();
     let path = graph_path.display();
     let text = read_json_file("GRAPH.json", graph_path)?;
     let graph = placer::graph_from_json(&text).map_err(|e| Exit::Usage(format!("{path}: {e}")))?;
@@ -228,8 +222,7 @@ fn run_place(a: &PlaceArgs) -> Result<(), Exit> {
         None => Exit::Usage(format!("{path}: its \"op_catalog\" is not an op catalog: {e}")),
     })?;
     let registry = placer::registry_from_catalog(&catalog);
-    let names: Vec<String> =
-        given(&a.devices, "devices")?.split(',').map(|d| full_name(d.trim())).collect();
+    let names: Vec<String> = a.devices.split(',').map(|d| full_name(d.trim())).collect();
     let devices = DeviceSet::new(&names).map_err(|e| bad("devices", e))?;
     let options = PlacerOptions { allow_soft_placement: a.soft, ..PlacerOptions::default() };
     if let Some(node) = a.explain.as_deref() {

@@ -183,9 +183,10 @@ fn sync_dir(dir: &Path, log: &mut Vec<&'static str>) {
 /// `log` as it is made.
 fn write_temp(path: &Path, bytes: &[u8], log: &mut Vec<&'static str>) -> std::io::Result<PathBuf> {
     let tmp = temp_beside(path);
+    // Created new (never a file already there), so only what this call made is removed.
+    let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    log.push("create temporary");
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        log.push("create temporary");
         f.write_all(bytes)?;
         log.push("write");
         f.sync_all()?;

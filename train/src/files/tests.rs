@@ -117,3 +117,19 @@ fn outputs_are_checked_before_any_work_and_left_untouched() {
     // Only what was there before: the probe file is gone.
     assert_eq!(std::fs::read_dir(d).unwrap().count(), 2);
 }
+
+/// A file already at the temporary name (not meshwork's to touch) makes the write fail
+/// and is left as it was.
+#[test]
+fn a_file_at_the_temporary_name_is_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("losses.json");
+    let squatter = temp_beside(&path);
+    std::fs::write(&squatter, "someone else's").unwrap();
+    assert_eq!(
+        write_atomic(&path, b"[1.0]").unwrap_err().kind(),
+        std::io::ErrorKind::AlreadyExists
+    );
+    assert_eq!(std::fs::read_to_string(&squatter).unwrap(), "someone else's");
+    assert!(!path.exists());
+}
