@@ -2,23 +2,73 @@
 //! `program/testdata/FORMAT.md` (default: the vendored `testdata/cases.jsonl`):
 //!
 //! ```text
-//! cargo run --release -p meshwork-program --example program_conformance -- FILE.jsonl...
+//! cargo run --release -p meshwork-program --example program_conformance -- \
+//!     [--backend interp|xla] [--pjrt-plugin PATH] FILE.jsonl...
 //! ```
 //!
 //! For each case: the program builds with JAX's output specs, its text reads back, and
 //! the outputs and `vjp`'s gradients match JAX's within `1e-9 (1 + |want|)` when run by
-//! **both** interpreters (the reference and the fast one). Prints each failing case,
-//! then `N passed, M failed`; exits 1 if any failed.
+//! **both** interpreters (the reference and the fast one; `--backend interp`, the
+//! default) or by XLA through a PJRT plugin on one device (`--backend xla`; the plugin
+//! named by `--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`). Prints each failing case, then
+//! `N passed, M failed` as the last line; exits 1 if any failed, 2 on bad flags.
 
-#![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
+#![allow(clippy::print_stdout, clippy::print_stderr, missing_docs, unsafe_code)]
 
 #[path = "../tests/it/oracle.rs"]
 mod oracle;
 
 use std::process::ExitCode;
 
+/// What runs the cases.
+enum Backend {
+    Interpreters,
+    Xla(meshwork_xla::Session),
+}
+
 fn main() -> ExitCode {
-    let mut paths: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let (mut backend, mut plugin) = (String::from("interp"), None);
+    while args.first().is_some_and(|a| a.starts_with("--")) {
+        let flag = args.remove(0);
+        let Some(value) = (!args.is_empty()).then(|| args.remove(0)) else {
+            eprintln!("program_conformance: {flag} needs a value");
+            return ExitCode::from(2);
+        };
+        match flag.as_str() {
+            "--backend" => backend = value,
+            "--pjrt-plugin" => plugin = Some(std::path::PathBuf::from(value)),
+            _ => {
+                eprintln!("program_conformance: unknown flag {flag}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let backend = match backend.as_str() {
+        "interp" => Backend::Interpreters,
+        "xla" => {
+            // XLA's own logging to standard error is silenced unless asked for.
+            if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+                // SAFETY: no other thread runs yet (first thing in main).
+                unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2") };
+            }
+            let session = meshwork_xla::find::plugin_path(plugin.as_deref())
+                .and_then(|p| meshwork_xla::find::load(&p))
+                .and_then(|p| meshwork_xla::Session::new(&p, 1));
+            match session {
+                Ok(s) => Backend::Xla(s),
+                Err(e) => {
+                    eprintln!("program_conformance: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        other => {
+            eprintln!("program_conformance: --backend is interp or xla, not {other}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut paths = args;
     if paths.is_empty() {
         paths.push(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl").to_owned());
     }
@@ -41,8 +91,13 @@ fn main() -> ExitCode {
                 }
             };
             // A malformed case is a failure of that case, not a crash of the run.
-            let outcome = std::panic::catch_unwind(|| oracle::check_case(&case))
-                .unwrap_or_else(|_| Err("the case is malformed".into()));
+            let outcome = std::panic::catch_unwind(|| match &backend {
+                Backend::Interpreters => oracle::check_case(&case),
+                Backend::Xla(session) => oracle::check_case_with(&case, "xla", &|p, i| {
+                    session.run(p, i).map_err(|e| e.to_string())
+                }),
+            })
+            .unwrap_or_else(|_| Err("the case is malformed".into()));
             match outcome {
                 Ok(()) => passed += 1,
                 Err(e) => {

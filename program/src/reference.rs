@@ -2,10 +2,10 @@
 //! fast — the oracle the fast interpreter and the property tests are checked against.
 //!
 //! Float ops compute in f64 and round the result to the value's dtype; integer ops
-//! compute in i64 with wrapping arithmetic and wrap to the value's dtype. `take` with
-//! an index outside the table is an error naming the instruction (JAX clamps; a
-//! reference that hid a bad index would hide a bug); `one_hot` of an index outside
-//! `0..depth` is a row of zeros, as in JAX.
+//! compute in i64 with wrapping arithmetic and wrap to the value's dtype. `take` and
+//! `scatter_add` clamp an index outside the axis into it, as XLA's `gather` does (the
+//! meaning the XLA back end gives them; `scatter_add` stays `take`'s transpose);
+//! `one_hot` of an index outside `0..depth` is a row of zeros, as in JAX.
 
 use meshwork_types::{DType, Tensor};
 
@@ -562,9 +562,8 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
         }
         Op::Take { axis } => {
             let table = args[0];
-            let map = take_map(&table.dims, *axis, args[1], dims).map_err(|i| {
-                let n = table.dims[*axis];
-                runtime(at, &format!("index {i} is outside 0..{n} of the table's axis {axis}"))
+            let map = take_map(&table.dims, *axis, args[1], dims).map_err(|()| {
+                runtime(at, &format!("indices into the table's axis {axis}, which is empty"))
             })?;
             table.buf.pick(&map)
         }
@@ -690,9 +689,8 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
         Op::ScatterAdd { axis } => {
             let (x, upd) = (args[0], args[2]);
             // Where each update goes: where `take` would have read it from.
-            let targets = take_map(&x.dims, *axis, args[1], &upd.dims).map_err(|i| {
-                let n = x.dims[*axis];
-                runtime(at, &format!("index {i} is outside 0..{n} of the operand's axis {axis}"))
+            let targets = take_map(&x.dims, *axis, args[1], &upd.dims).map_err(|()| {
+                runtime(at, &format!("indices into the operand's axis {axis}, which is empty"))
             })?;
             match (&x.buf, &upd.buf) {
                 (Buf::F(v), Buf::F(u)) => {
@@ -777,19 +775,19 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
 }
 
 /// For each element of `take(table, idx, axis)` (of `out` dims), the flat index it
-/// reads in a table of `table` dims; `Err` with the first index outside the axis.
-fn take_map(table: &[usize], axis: usize, idx: &Val, out: &[usize]) -> Result<Vec<usize>, i64> {
+/// reads in a table of `table` dims, each index clamped into the axis; `Err` when
+/// there are indices into an empty axis.
+fn take_map(table: &[usize], axis: usize, idx: &Val, out: &[usize]) -> Result<Vec<usize>, ()> {
     let n = table[axis];
-    // Every index is checked, also those an empty result never reads.
-    if let Some(&i) = idx.ints().iter().find(|&&i| usize::try_from(i).map_or(true, |r| r >= n)) {
-        return Err(i);
+    if n == 0 && !idx.ints().is_empty() {
+        return Err(());
     }
     let (ts, is) = (strides(table), strides(&idx.dims));
     let ni = idx.dims.len();
     let mut map = Vec::with_capacity(out.iter().product());
     for_each_index(out, |o| {
         let i = idx.ints()[(0..ni).map(|k| o[axis + k] * is[k]).sum::<usize>()];
-        let row = usize::try_from(i).expect("checked above");
+        let row = i.clamp(0, n as i64 - 1) as usize;
         let before = (0..axis).map(|d| o[d] * ts[d]);
         let after = (axis + 1..table.len()).map(|d| o[d - 1 + ni] * ts[d]);
         map.push(row * ts[axis] + before.chain(after).sum::<usize>());

@@ -366,12 +366,21 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
     let t = Tensor::f64(&[3, 2], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
     let ok = reference::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![2, 0]).unwrap()]).unwrap();
     assert_eq!(ok[0], Tensor::f64(&[2, 2], vec![4.0, 5.0, 0.0, 1.0]).unwrap());
-    // An index outside the table: a typed error naming the instruction.
-    let err = reference::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![0, 3]).unwrap()]);
-    match err {
+    // An index outside the table is clamped into it, as XLA's gather does (the XLA
+    // back end's tests check the two agree).
+    let out = reference::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![-1, 3]).unwrap()]);
+    assert_eq!(out.unwrap()[0], Tensor::f64(&[2, 2], vec![0.0, 1.0, 4.0, 5.0]).unwrap());
+    // Indices into an empty axis: a typed error naming the instruction.
+    let mut b = Builder::new();
+    let empty = b.param("table", spec("f64[0,2]")).unwrap();
+    let idx = b.param("idx", spec("i64[1]")).unwrap();
+    let rows = b.take(empty, idx, 0).unwrap();
+    let e = b.finish(&[rows]).unwrap();
+    let none = Tensor::f64(&[0, 2], vec![]).unwrap();
+    match reference::evaluate(&e, &[none, Tensor::i64(&[1], vec![0]).unwrap()]) {
         Err(Error::Runtime { at, problem }) => {
             assert_eq!(at, "%2 (take)");
-            assert!(problem.contains("index 3 is outside 0..3"), "{problem}");
+            assert!(problem.contains("empty"), "{problem}");
         }
         other => panic!("{other:?}"),
     }
@@ -384,8 +393,11 @@ fn the_reference_interpreter_refuses_what_it_cannot_compute() {
         Tensor::f64(&[2, 2], vec![1.0]),
         Err(meshwork_types::Error::TensorSize { .. })
     ));
-    // The fast interpreter refuses the same way.
-    let err = crate::fast::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![0, 3]).unwrap()]);
+    // The fast interpreter clamps and refuses the same way.
+    let out = crate::fast::evaluate(&p, &[t.clone(), Tensor::i64(&[2], vec![-1, 3]).unwrap()]);
+    assert_eq!(out.unwrap()[0], Tensor::f64(&[2, 2], vec![0.0, 1.0, 4.0, 5.0]).unwrap());
+    let none = Tensor::f64(&[0, 2], vec![]).unwrap();
+    let err = crate::fast::evaluate(&e, &[none, Tensor::i64(&[1], vec![0]).unwrap()]);
     assert!(matches!(err, Err(Error::Runtime { ref at, .. }) if at == "%2 (take)"), "{err:?}");
     // Integer floor division: MIN / -1 wraps, x / 0 is a typed error, in both.
     let mut b = Builder::new();

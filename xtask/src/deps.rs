@@ -44,6 +44,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     ("meshwork-outfeed", &[]),
     ("meshwork-executor", &[]),
     ("meshwork-program", &[]),
+    ("meshwork-xla", &["meshwork-program"]),
     ("meshwork-nn", &["meshwork-program"]),
     ("meshwork-partition", &["meshwork-program", "meshwork-sharding", "meshwork-placer"]),
     ("meshwork-checkpoint", &["meshwork-sharding"]),
@@ -81,6 +82,9 @@ pub(crate) const ALLOWED: &[(&str, &str)] = &[
     // The partitioner's tests partition the models (a dev-dependency only: nn and
     // partition are peers on program).
     ("meshwork-partition", "meshwork-nn"),
+    // The program conformance example runs the oracle through XLA too (`--backend
+    // xla`; a dev-dependency only: xla lowers programs).
+    ("meshwork-program", "meshwork-xla"),
 ];
 
 /// A forbidden edge.

@@ -160,20 +160,18 @@ fn indices(d: &Tensor) -> Vec<i64> {
     }
 }
 
-/// Checked rows of `indices` along an axis of `n`.
+/// Rows of `indices` along an axis of `n`, each clamped into `0..n` (XLA's `gather`;
+/// see the reference interpreter). An empty axis has no row to clamp to: an error.
 fn rows(idx: &Tensor, n: usize, axis: usize, what: &str, at: &str) -> Result<Vec<usize>> {
-    indices(idx)
-        .into_iter()
-        .map(|i| {
-            usize::try_from(i).ok().filter(|&r| r < n).ok_or_else(|| {
-                runtime(at, format!("index {i} is outside 0..{n} of the {what}'s axis {axis}"))
-            })
-        })
-        .collect()
+    let idx = indices(idx);
+    if n == 0 && !idx.is_empty() {
+        return Err(runtime(at, format!("indices into the {what}'s axis {axis}, which is empty")));
+    }
+    Ok(idx.into_iter().map(|i| i.clamp(0, n as i64 - 1) as usize).collect())
 }
 
-/// `take(table, indices, axis)`, any table dtype; an index outside the axis is an
-/// error naming the instruction.
+/// `take(table, indices, axis)`, any table dtype; an index outside the axis is
+/// clamped into it.
 pub(crate) fn take(
     a: &mut dyn Alloc,
     table: (&[usize], &Tensor),

@@ -61,9 +61,20 @@ pub(crate) type Interpreter = fn(&Program, &[Tensor]) -> meshwork_program::Resul
 pub(crate) const INTERPRETERS: [(&str, Interpreter); 2] =
     [("reference", reference::evaluate), ("fast", fast::evaluate)];
 
+/// Anything that runs a program on host tensors: an interpreter, or XLA through a
+/// plugin (the conformance example's `--backend xla`).
+pub(crate) type Runner<'a> = &'a dyn Fn(&Program, &[Tensor]) -> Result<Vec<Tensor>, String>;
+
 /// Rule 2: the interpreter's outputs are JAX's within the tolerance.
 fn check_outputs(case: &Json, program: &Program, run: Interpreter) -> Result<(), String> {
-    let got = run(program, &inputs(case)?).map_err(|e| e.to_string())?;
+    check_outputs_with(case, program, &|p: &Program, i: &[Tensor]| {
+        run(p, i).map_err(|e| e.to_string())
+    })
+}
+
+/// Rule 2 for any runner.
+fn check_outputs_with(case: &Json, program: &Program, run: Runner<'_>) -> Result<(), String> {
+    let got = run(program, &inputs(case)?)?;
     let want = case["expected"].as_array().ok_or("no `expected`")?;
     if got.len() != want.len() {
         return Err(format!("{} outputs, JAX {}", got.len(), want.len()));
@@ -78,6 +89,13 @@ fn check_outputs(case: &Json, program: &Program, run: Interpreter) -> Result<(),
 /// the oracle's cotangents, gives JAX's gradients within the tolerance; the gradient
 /// program's text (with `pad`, `scatter_add` and the conv2d backprops) reads back.
 fn check_gradients(case: &Json, program: &Program, run: Interpreter) -> Result<(), String> {
+    check_gradients_with(case, program, &|p: &Program, i: &[Tensor]| {
+        run(p, i).map_err(|e| e.to_string())
+    })
+}
+
+/// Rule 3 for any runner.
+fn check_gradients_with(case: &Json, program: &Program, run: Runner<'_>) -> Result<(), String> {
     let wrt: Vec<(usize, String)> = case["inputs"]
         .as_array()
         .ok_or("no `inputs`")?
@@ -94,7 +112,7 @@ fn check_gradients(case: &Json, program: &Program, run: Interpreter) -> Result<(
     let mut feed = inputs(case)?;
     let cotangents = case["cotangents"].as_array().ok_or("no `cotangents`")?;
     feed.extend(cotangents.iter().filter(|c| !c.is_null()).map(tensor));
-    let grads = run(&back, &feed).map_err(|e| e.to_string())?;
+    let grads = run(&back, &feed)?;
     let n = program.results().len();
     for (k, (_, name)) in wrt.iter().enumerate() {
         let got = grads.get(n + k).ok_or(format!("no gradient of {name}"))?;
@@ -114,6 +132,15 @@ pub(crate) fn check_case(case: &Json) -> Result<(), String> {
         check_gradients(case, &program, run).map_err(|e| format!("{name} interpreter: {e}"))?;
     }
     Ok(())
+}
+
+/// Every rule for one oracle case with `run` in place of the interpreters (the
+/// conformance example's other back ends).
+#[allow(dead_code)] // used by the conformance example, which includes this file
+pub(crate) fn check_case_with(case: &Json, name: &str, run: Runner<'_>) -> Result<(), String> {
+    let program = check_specs(case)?;
+    check_outputs_with(case, &program, run).map_err(|e| format!("{name}: {e}"))?;
+    check_gradients_with(case, &program, run).map_err(|e| format!("{name}: {e}"))
 }
 
 /// Applies `rule` to every vendored case; asserts all 1500 pass it.

@@ -1,0 +1,850 @@
+//! A meshwork [`Program`] lowered to a StableHLO module in MLIR's generic text form,
+//! which every PJRT plugin reads (format `"mlir"`): one `func.func @main` whose
+//! arguments are the program's parameters and whose results are its results, then
+//! what it `emit`s.
+//!
+//! Each op keeps the meaning the program layer gives it, lowered as JAX lowers the same
+//! function (`jnp.floor_divide` on integers is a truncating divide corrected by the
+//! remainder's sign, `argmax` a max then the first index reaching it, `softmax` the
+//! max-shifted exponentials). Where the program layer leaves a meaning to the back end,
+//! XLA's holds, and the interpreters were made to agree:
+//! - `take` clamps an index outside the axis into it (XLA's `gather`), and so does
+//!   `scatter_add`, its transpose (its indices are clamped before XLA's `scatter`,
+//!   which would drop such an update);
+//! - float → int `convert` truncates toward zero, saturates, and maps NaN to 0;
+//! - `max`/`min` and `reduce_max` propagate NaN.
+//!
+//! What the interpreters refuse at run time and XLA cannot (integer division by zero,
+//! a negative integer power) gives XLA's values: `x / 0` is `-1` and `x ^ -n` is 0
+//! except for `x = ±1`.
+
+use std::fmt::Write as _;
+
+use meshwork_program::{Binary, Compare, Op, Padding, Program, Reduction, Unary, Value};
+use meshwork_types::{DType, ReduceOp, TensorSpec};
+
+use crate::{Error, Result};
+
+/// How a program is lowered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// Replicas the module runs on (`mhlo.num_replicas`); 0 or 1 for one device.
+    pub replicas: usize,
+    /// `(result, parameter)` pairs: the parameter's buffer is donated to the result
+    /// (`tf.aliasing_output`), as `jax.jit(donate_argnums=…)` does.
+    pub donate: Vec<(usize, usize)>,
+}
+
+/// A lowered program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lowered {
+    /// The module's text.
+    pub text: String,
+    /// The module's outputs: the program's results, then each `emit`'s operands.
+    pub outputs: Vec<TensorSpec>,
+    /// Each `emit`, in program order: its consumer and how many outputs it adds.
+    pub emits: Vec<(u32, usize)>,
+}
+
+/// The StableHLO element type of a dtype.
+fn element(dtype: DType) -> Result<&'static str, String> {
+    Ok(match dtype {
+        DType::Bool => "i1",
+        DType::I8 => "i8",
+        DType::I16 => "i16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U8 => "ui8",
+        DType::U16 => "ui16",
+        DType::U32 => "ui32",
+        DType::U64 => "ui64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+    })
+}
+
+/// `tensor<2x3xf32>`.
+fn ty(dtype: DType, dims: &[usize]) -> String {
+    let mut s = String::from("tensor<");
+    for d in dims {
+        let _ = write!(s, "{d}x");
+    }
+    s.push_str(element(dtype).unwrap_or("f32"));
+    s.push('>');
+    s
+}
+
+/// `array<i64: 1, 2>`.
+fn i64s(v: impl IntoIterator<Item = impl std::fmt::Display>) -> String {
+    let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
+    if items.is_empty() { "array<i64>".into() } else { format!("array<i64: {}>", items.join(", ")) }
+}
+
+/// `[1, 2]`.
+fn list(v: &[usize]) -> String {
+    let items: Vec<String> = v.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// `dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>`, rows padded with -1 to one length.
+fn groups_attr(groups: &[Vec<usize>]) -> String {
+    let width = groups.iter().map(Vec::len).max().unwrap_or(0);
+    let rows: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let mut r: Vec<String> = g.iter().map(ToString::to_string).collect();
+            r.resize(width, "-1".into());
+            format!("[{}]", r.join(", "))
+        })
+        .collect();
+    format!("dense<[{}]> : tensor<{}x{}xi64>", rows.join(", "), groups.len(), width)
+}
+
+/// A rank-0 constant's literal: exact (hexadecimal bits for floats).
+fn literal(dtype: DType, value: f64) -> String {
+    match dtype {
+        DType::F64 => format!("0x{:016X}", value.to_bits()),
+        DType::F32 => format!("0x{:08X}", (value as f32).to_bits()),
+        DType::Bool => (value != 0.0).to_string(),
+        _ => (value as i64).to_string(),
+    }
+}
+
+/// The module being written.
+struct Emitter<'p> {
+    program: &'p Program,
+    body: String,
+    next: usize,
+    /// The name of each program value (`%arg0`, `%3`).
+    names: Vec<String>,
+    /// Extra outputs of `emit`s: names and specs.
+    emitted: Vec<(String, TensorSpec)>,
+    emits: Vec<(u32, usize)>,
+    /// Where the current instruction is, for errors.
+    at: String,
+}
+
+impl Emitter<'_> {
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%t{}", self.next)
+    }
+
+    /// Writes `%r = "name"(operands) {attrs} : (operand types) -> result type`.
+    fn op(&mut self, name: &str, operands: &[(&str, &str)], attrs: &str, result: &str) -> String {
+        self.op_region(name, operands, "", attrs, result)
+    }
+
+    fn op_region(
+        &mut self,
+        name: &str,
+        operands: &[(&str, &str)],
+        region: &str,
+        attrs: &str,
+        result: &str,
+    ) -> String {
+        let r = self.fresh();
+        let names: Vec<&str> = operands.iter().map(|o| o.0).collect();
+        let types: Vec<&str> = operands.iter().map(|o| o.1).collect();
+        let _ = write!(self.body, "    {r} = \"stablehlo.{name}\"({})", names.join(", "));
+        if !region.is_empty() {
+            let _ = write!(self.body, " ({region})");
+        }
+        if !attrs.is_empty() {
+            let _ = write!(self.body, " {{{attrs}}}");
+        }
+        let _ = writeln!(self.body, " : ({}) -> {result}", types.join(", "));
+        r
+    }
+
+    /// A scalar constant broadcast to `dims`.
+    fn splat(&mut self, dtype: DType, value: f64, dims: &[usize]) -> String {
+        let scalar = ty(dtype, &[]);
+        let c = self.op(
+            "constant",
+            &[],
+            &format!("value = dense<{}> : {scalar}", literal(dtype, value)),
+            &scalar,
+        );
+        if dims.is_empty() {
+            return c;
+        }
+        self.op(
+            "broadcast_in_dim",
+            &[(&c, &scalar)],
+            "broadcast_dimensions = array<i64>",
+            &ty(dtype, dims),
+        )
+    }
+
+    /// NumPy broadcasting of `x` (of `from` dims) to `to` dims.
+    fn broadcast(&mut self, x: &str, dtype: DType, from: &[usize], to: &[usize]) -> String {
+        if from == to {
+            return x.to_string();
+        }
+        let offset = to.len() - from.len();
+        self.op(
+            "broadcast_in_dim",
+            &[(x, &ty(dtype, from))],
+            &format!("broadcast_dimensions = {}", i64s(offset..to.len())),
+            &ty(dtype, to),
+        )
+    }
+
+    /// `x` broadcast along the dims not in `kept` (`kept[i]` is where dim `i` of `x`
+    /// goes in `to`).
+    fn broadcast_dims(
+        &mut self,
+        x: &str,
+        dtype: DType,
+        from: &[usize],
+        kept: &[usize],
+        to: &[usize],
+    ) -> String {
+        self.op(
+            "broadcast_in_dim",
+            &[(x, &ty(dtype, from))],
+            &format!("broadcast_dimensions = {}", i64s(kept.iter())),
+            &ty(dtype, to),
+        )
+    }
+
+    /// A binary elementwise op on operands of the same dims.
+    fn binary(&mut self, name: &str, a: &str, b: &str, dtype: DType, dims: &[usize]) -> String {
+        let t = ty(dtype, dims);
+        self.op(name, &[(a, &t), (b, &t)], "", &t)
+    }
+
+    fn unary(&mut self, name: &str, a: &str, dtype: DType, dims: &[usize]) -> String {
+        let t = ty(dtype, dims);
+        self.op(name, &[(a, &t)], "", &t)
+    }
+
+    fn compare(&mut self, dir: &str, a: &str, b: &str, dtype: DType, dims: &[usize]) -> String {
+        let t = ty(dtype, dims);
+        self.op(
+            "compare",
+            &[(a, &t), (b, &t)],
+            &format!("comparison_direction = #stablehlo<comparison_direction {dir}>"),
+            &ty(DType::Bool, dims),
+        )
+    }
+
+    /// The body of a two-operand scalar computation (`add`, `maximum`, …).
+    fn region(name: &str, dtype: DType) -> String {
+        let t = ty(dtype, &[]);
+        format!(
+            "{{\n    ^bb0(%a: {t}, %b: {t}):\n      %c = \"stablehlo.{name}\"(%a, %b) : ({t}, {t}) -> {t}\n      \"stablehlo.return\"(%c) : ({t}) -> ()\n    }}"
+        )
+    }
+
+    /// A reduction of `x` over `axes` with `name` (`add`, `maximum`, `minimum`)
+    /// starting from `init`.
+    fn reduce(
+        &mut self,
+        name: &str,
+        init: f64,
+        x: &str,
+        dtype: DType,
+        dims: &[usize],
+        axes: &[usize],
+    ) -> String {
+        let zero = self.splat(dtype, init, &[]);
+        let out: Vec<usize> =
+            (0..dims.len()).filter(|d| !axes.contains(d)).map(|d| dims[d]).collect();
+        let scalar = ty(dtype, &[]);
+        self.op_region(
+            "reduce",
+            &[(x, &ty(dtype, dims)), (&zero, &scalar)],
+            &Self::region(name, dtype),
+            &format!("dimensions = {}", i64s(axes.iter())),
+            &ty(dtype, &out),
+        )
+    }
+
+    fn fail(&self, problem: impl Into<String>) -> Error {
+        Error::Lower { at: self.at.clone(), problem: problem.into() }
+    }
+}
+
+/// The smallest value of an integer or float dtype (a max-reduction's start).
+fn lowest(dtype: DType) -> f64 {
+    match dtype {
+        DType::I32 => f64::from(i32::MIN),
+        DType::I64 => i64::MIN as f64,
+        DType::Bool => 0.0,
+        _ => f64::NEG_INFINITY,
+    }
+}
+
+/// `stablehlo` reduction op and start for a collective's [`ReduceOp`].
+fn combiner(op: ReduceOp) -> (&'static str, f64) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => ("add", 0.0),
+        ReduceOp::Min => ("minimum", f64::INFINITY),
+        ReduceOp::Max => ("maximum", f64::NEG_INFINITY),
+    }
+}
+
+/// Lowers `program` to a StableHLO module.
+pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
+    let np = program.params().len();
+    let mut e = Emitter {
+        program,
+        body: String::new(),
+        next: 0,
+        names: (0..np).map(|k| format!("%arg{k}")).collect(),
+        emitted: Vec::new(),
+        emits: Vec::new(),
+        at: String::new(),
+    };
+    for (i, instr) in program.instrs().iter().enumerate() {
+        e.at = format!("%{} = {}", np + i, instr.op.name());
+        let name = lower_instr(&mut e, instr, np + i)?;
+        e.names.push(name);
+    }
+    let mut outputs: Vec<TensorSpec> = Vec::new();
+    let mut returned: Vec<String> = Vec::new();
+    for &r in program.results() {
+        let spec = spec_of(program, r);
+        returned.push(e.names[r.index()].clone());
+        outputs.push(spec);
+    }
+    for (name, spec) in &e.emitted {
+        returned.push(name.clone());
+        outputs.push(spec.clone());
+    }
+    let replicas = options.replicas.max(1);
+    let mut text = format!(
+        "module @meshwork attributes {{mhlo.num_replicas = {replicas} : i32, mhlo.num_partitions = 1 : i32}} {{\n  func.func public @main("
+    );
+    for (k, p) in program.params().iter().enumerate() {
+        if k > 0 {
+            text.push_str(", ");
+        }
+        let _ = write!(text, "%arg{k}: {}", ty(p.spec.dtype, p.spec.shape.dims()));
+        if let Some(&(result, _)) = options.donate.iter().find(|&&(_, param)| param == k) {
+            let _ = write!(text, " {{tf.aliasing_output = {result} : i32}}");
+        }
+    }
+    let types: Vec<String> = outputs.iter().map(|s| ty(s.dtype, s.shape.dims())).collect();
+    let _ = writeln!(text, ") -> ({}) {{", types.join(", "));
+    text.push_str(&e.body);
+    let _ = writeln!(
+        text,
+        "    \"func.return\"({}) : ({}) -> ()",
+        returned.join(", "),
+        types.join(", ")
+    );
+    text.push_str("  }\n}\n");
+    Ok(Lowered { text, outputs, emits: e.emits })
+}
+
+fn spec_of(program: &Program, v: Value) -> TensorSpec {
+    program
+        .spec(v)
+        .cloned()
+        .unwrap_or_else(|| TensorSpec::new(DType::F32, meshwork_types::Shape::scalar()))
+}
+
+/// Lowers one instruction; returns the name of its value.
+fn lower_instr(
+    e: &mut Emitter<'_>,
+    instr: &meshwork_program::Instr,
+    _index: usize,
+) -> Result<String> {
+    let program = e.program;
+    let args: Vec<String> = instr.args.iter().map(|a| e.names[a.index()].clone()).collect();
+    let specs: Vec<TensorSpec> = instr.args.iter().map(|&a| spec_of(program, a)).collect();
+    let out = instr.spec.clone();
+    let (dt, dims) = (out.dtype, out.shape.dims().to_vec());
+    element(dt).map_err(|p| e.fail(p))?;
+    let arg_ty = |k: usize| ty(specs[k].dtype, specs[k].shape.dims());
+    let a_dims = |k: usize| specs[k].shape.dims().to_vec();
+    Ok(match &instr.op {
+        Op::Unary(u) => {
+            let x = &args[0];
+            match u {
+                Unary::Neg => e.unary("negate", x, dt, &dims),
+                Unary::Exp => e.unary("exponential", x, dt, &dims),
+                Unary::Log => e.unary("log", x, dt, &dims),
+                Unary::Tanh => e.unary("tanh", x, dt, &dims),
+                Unary::Logistic => e.unary("logistic", x, dt, &dims),
+                Unary::Sqrt => e.unary("sqrt", x, dt, &dims),
+                Unary::Rsqrt => e.unary("rsqrt", x, dt, &dims),
+                Unary::Abs => e.unary("abs", x, dt, &dims),
+                Unary::Sin => e.unary("sine", x, dt, &dims),
+                Unary::Cos => e.unary("cosine", x, dt, &dims),
+                Unary::Square => e.binary("multiply", x, x, dt, &dims),
+                Unary::Relu => {
+                    let zero = e.splat(dt, 0.0, &dims);
+                    e.binary("maximum", x, &zero, dt, &dims)
+                }
+                Unary::Gelu => {
+                    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as jax.nn.gelu.
+                    let x2 = e.binary("multiply", x, x, dt, &dims);
+                    let x3 = e.binary("multiply", &x2, x, dt, &dims);
+                    let c = e.splat(dt, 0.044715, &dims);
+                    let cx3 = e.binary("multiply", &c, &x3, dt, &dims);
+                    let inner = e.binary("add", x, &cx3, dt, &dims);
+                    let k = e.splat(dt, (2.0 / std::f64::consts::PI).sqrt(), &dims);
+                    let arg = e.binary("multiply", &k, &inner, dt, &dims);
+                    let t = e.unary("tanh", &arg, dt, &dims);
+                    let one = e.splat(dt, 1.0, &dims);
+                    let s = e.binary("add", &one, &t, dt, &dims);
+                    let half = e.splat(dt, 0.5, &dims);
+                    let cdf = e.binary("multiply", &half, &s, dt, &dims);
+                    e.binary("multiply", x, &cdf, dt, &dims)
+                }
+                Unary::StopGradient => x.clone(),
+            }
+        }
+        Op::Binary(b) => {
+            let adt = specs[0].dtype;
+            let x = e.broadcast(&args[0], adt, &a_dims(0), &dims);
+            let y = e.broadcast(&args[1], adt, &a_dims(1), &dims);
+            let name = match b {
+                Binary::Add => "add",
+                Binary::Sub => "subtract",
+                Binary::Mul => "multiply",
+                Binary::Max => "maximum",
+                Binary::Min => "minimum",
+                Binary::Pow => "power",
+                Binary::Div if dt.is_float() => "divide",
+                Binary::Div => {
+                    // Floor division: the truncated quotient, less one where the
+                    // remainder is not zero and the operands' signs differ.
+                    let q = e.binary("divide", &x, &y, dt, &dims);
+                    let r = e.binary("remainder", &x, &y, dt, &dims);
+                    let zero = e.splat(dt, 0.0, &dims);
+                    let nonzero = e.compare("NE", &r, &zero, dt, &dims);
+                    let xn = e.compare("LT", &x, &zero, dt, &dims);
+                    let yn = e.compare("LT", &y, &zero, dt, &dims);
+                    let differ = e.compare("NE", &xn, &yn, DType::Bool, &dims);
+                    let fix = e.binary("and", &nonzero, &differ, DType::Bool, &dims);
+                    let one = e.splat(dt, 1.0, &dims);
+                    let q1 = e.binary("subtract", &q, &one, dt, &dims);
+                    let (bt, t) = (ty(DType::Bool, &dims), ty(dt, &dims));
+                    return Ok(e.op("select", &[(&fix, &bt), (&q1, &t), (&q, &t)], "", &t));
+                }
+            };
+            e.binary(name, &x, &y, dt, &dims)
+        }
+        Op::Compare(c) => {
+            let adt = specs[0].dtype;
+            let x = e.broadcast(&args[0], adt, &a_dims(0), &dims);
+            let y = e.broadcast(&args[1], adt, &a_dims(1), &dims);
+            let dir = match c {
+                Compare::Lt => "LT",
+                Compare::Le => "LE",
+                Compare::Gt => "GT",
+                Compare::Ge => "GE",
+                Compare::Eq => "EQ",
+                Compare::Ne => "NE",
+            };
+            e.compare(dir, &x, &y, adt, &dims)
+        }
+        Op::Select => {
+            let p = e.broadcast(&args[0], DType::Bool, &a_dims(0), &dims);
+            let t = e.broadcast(&args[1], dt, &a_dims(1), &dims);
+            let f = e.broadcast(&args[2], dt, &a_dims(2), &dims);
+            let (bt, vt) = (ty(DType::Bool, &dims), ty(dt, &dims));
+            e.op("select", &[(&p, &bt), (&t, &vt), (&f, &vt)], "", &vt)
+        }
+        Op::Constant { value, dtype } => e.splat(*dtype, *value, &[]),
+        Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {
+            let mut fields = Vec::new();
+            if !lhs_batch.is_empty() {
+                fields.push(format!("lhs_batching_dimensions = {}", list(lhs_batch)));
+                fields.push(format!("rhs_batching_dimensions = {}", list(rhs_batch)));
+            }
+            if !lhs_contract.is_empty() {
+                fields.push(format!("lhs_contracting_dimensions = {}", list(lhs_contract)));
+                fields.push(format!("rhs_contracting_dimensions = {}", list(rhs_contract)));
+            }
+            let attrs = format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", "));
+            e.op("dot_general", &[(&args[0], &arg_ty(0)), (&args[1], &arg_ty(1))], &attrs, &ty(dt, &dims))
+        }
+        Op::Reduce { kind, axes, keepdims } => {
+            let (x, xd) = (&args[0], a_dims(0));
+            let reduced: Vec<usize> = (0..xd.len()).filter(|d| !axes.contains(d)).map(|d| xd[d]).collect();
+            let mut r = match kind {
+                Reduction::Sum | Reduction::Mean => e.reduce("add", 0.0, x, dt, &xd, axes),
+                Reduction::Max => e.reduce("maximum", lowest(dt), x, dt, &xd, axes),
+            };
+            if *kind == Reduction::Mean {
+                let count: usize = axes.iter().map(|&a| xd[a]).product();
+                let n = e.splat(dt, count as f64, &reduced);
+                r = e.binary("divide", &r, &n, dt, &reduced);
+            }
+            if *keepdims && reduced != dims {
+                r = e.op("reshape", &[(&r, &ty(dt, &reduced))], "", &ty(dt, &dims));
+            }
+            r
+        }
+        Op::Reshape { .. } => e.op("reshape", &[(&args[0], &arg_ty(0))], "", &ty(dt, &dims)),
+        Op::Transpose { perm } => e.op(
+            "transpose",
+            &[(&args[0], &arg_ty(0))],
+            &format!("permutation = {}", i64s(perm.iter())),
+            &ty(dt, &dims),
+        ),
+        Op::BroadcastTo { .. } => {
+            let d = a_dims(0);
+            e.broadcast(&args[0], dt, &d, &dims)
+        }
+        Op::Slice { start, stop, step } => e.op(
+            "slice",
+            &[(&args[0], &arg_ty(0))],
+            &format!(
+                "start_indices = {}, limit_indices = {}, strides = {}",
+                i64s(start.iter()),
+                i64s(stop.iter()),
+                i64s(step.iter())
+            ),
+            &ty(dt, &dims),
+        ),
+        Op::Concat { axis } => {
+            let types: Vec<String> = (0..args.len()).map(arg_ty).collect();
+            let ops: Vec<(&str, &str)> = args.iter().zip(&types).map(|(a, t)| (a.as_str(), t.as_str())).collect();
+            e.op("concatenate", &ops, &format!("dimension = {axis} : i64"), &ty(dt, &dims))
+        }
+        Op::Take { axis } => {
+            let (td, id) = (a_dims(0), a_dims(1));
+            let ni = id.len();
+            let offset: Vec<usize> =
+                (0..td.len()).filter(|&d| d != *axis).map(|d| if d < *axis { d } else { d - 1 + ni }).collect();
+            let mut sizes = td.clone();
+            sizes[*axis] = 1;
+            let mut fields = Vec::new();
+            if !offset.is_empty() {
+                fields.push(format!("offset_dims = {}", list(&offset)));
+            }
+            fields.push(format!("collapsed_slice_dims = [{axis}]"));
+            fields.push(format!("start_index_map = [{axis}]"));
+            fields.push(format!("index_vector_dim = {ni}"));
+            e.op(
+                "gather",
+                &[(&args[0], &arg_ty(0)), (&args[1], &arg_ty(1))],
+                &format!(
+                    "dimension_numbers = #stablehlo.gather<{}>, indices_are_sorted = false, slice_sizes = {}",
+                    fields.join(", "),
+                    i64s(sizes.iter())
+                ),
+                &ty(dt, &dims),
+            )
+        }
+        Op::ScatterAdd { axis } => {
+            let (od, id) = (a_dims(0), a_dims(1));
+            let ni = id.len();
+            let window: Vec<usize> =
+                (0..od.len()).filter(|&d| d != *axis).map(|d| if d < *axis { d } else { d - 1 + ni }).collect();
+            let mut fields = Vec::new();
+            if !window.is_empty() {
+                fields.push(format!("update_window_dims = {}", list(&window)));
+            }
+            fields.push(format!("inserted_window_dims = [{axis}]"));
+            fields.push(format!("scatter_dims_to_operand_dims = [{axis}]"));
+            fields.push(format!("index_vector_dim = {ni}"));
+            let idt = specs[1].dtype;
+            let lo = e.splat(idt, 0.0, &id);
+            let hi = e.splat(idt, od[*axis].saturating_sub(1) as f64, &id);
+            let it = arg_ty(1);
+            let clamped = e.op("clamp", &[(&lo, &it), (&args[1], &it), (&hi, &it)], "", &it);
+            e.op_region(
+                "scatter",
+                &[(&args[0], &arg_ty(0)), (&clamped, &it), (&args[2], &arg_ty(2))],
+                &Emitter::region("add", dt),
+                &format!(
+                    "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<{}>, unique_indices = false",
+                    fields.join(", ")
+                ),
+                &ty(dt, &dims),
+            )
+        }
+        Op::OneHot { depth: _, dtype } => {
+            let (idt, id) = (specs[0].dtype, a_dims(0));
+            let kept: Vec<usize> = (0..id.len()).collect();
+            let b = e.broadcast_dims(&args[0], idt, &id, &kept, &dims);
+            let iota = e.op("iota", &[], &format!("iota_dimension = {} : i64", id.len()), &ty(idt, &dims));
+            let eq = e.compare("EQ", &b, &iota, idt, &dims);
+            e.op("convert", &[(&eq, &ty(DType::Bool, &dims))], "", &ty(*dtype, &dims))
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            let x = &args[0];
+            let kept: Vec<usize> = (0..dims.len()).filter(|d| d != axis).collect();
+            let rd: Vec<usize> = kept.iter().map(|&d| dims[d]).collect();
+            let m = e.reduce("maximum", f64::NEG_INFINITY, x, dt, &dims, &[*axis]);
+            let bm = e.broadcast_dims(&m, dt, &rd, &kept, &dims);
+            let shifted = e.binary("subtract", x, &bm, dt, &dims);
+            let ex = e.unary("exponential", &shifted, dt, &dims);
+            let s = e.reduce("add", 0.0, &ex, dt, &dims, &[*axis]);
+            if matches!(instr.op, Op::Softmax { .. }) {
+                let bs = e.broadcast_dims(&s, dt, &rd, &kept, &dims);
+                e.binary("divide", &ex, &bs, dt, &dims)
+            } else {
+                let ls = e.unary("log", &s, dt, &rd);
+                let bls = e.broadcast_dims(&ls, dt, &rd, &kept, &dims);
+                e.binary("subtract", &shifted, &bls, dt, &dims)
+            }
+        }
+        Op::Argmax { axis } => {
+            // The first index reaching the maximum (a NaN counts as the maximum).
+            let (xdt, xd) = (specs[0].dtype, a_dims(0));
+            let x = &args[0];
+            let kept: Vec<usize> = (0..xd.len()).filter(|d| d != axis).collect();
+            let m = e.reduce("maximum", lowest(xdt), x, xdt, &xd, &[*axis]);
+            let bm = e.broadcast_dims(&m, xdt, &dims, &kept, &xd);
+            let mut hit = e.compare("EQ", x, &bm, xdt, &xd);
+            if xdt.is_float() {
+                let nan = e.compare("NE", x, x, xdt, &xd);
+                hit = e.binary("or", &hit, &nan, DType::Bool, &xd);
+            }
+            let iota = e.op("iota", &[], &format!("iota_dimension = {axis} : i64"), &ty(DType::I64, &xd));
+            let n = e.splat(DType::I64, xd[*axis] as f64, &xd);
+            let (bt, it) = (ty(DType::Bool, &xd), ty(DType::I64, &xd));
+            let idx = e.op("select", &[(&hit, &bt), (&iota, &it), (&n, &it)], "", &it);
+            e.reduce("minimum", i64::MAX as f64, &idx, DType::I64, &xd, &[*axis])
+        }
+        Op::Conv2d { strides, padding } => {
+            let (xd, wd) = (a_dims(0), a_dims(1));
+            let pads = conv_pads(*padding, &xd, &wd, *strides, &dims);
+            conv(e, &args, &[arg_ty(0), arg_ty(1)], "[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]", *strides, [1, 1], [1, 1], pads, &ty(dt, &dims))
+        }
+        Op::Conv2dBackpropInput { strides, padding, input } => {
+            // The gradient flows back through a convolution of the stride-dilated
+            // output gradient with the spatially reversed filter, its in and out
+            // features swapped.
+            let (gd, wd) = (a_dims(0), a_dims(1));
+            let fwd = conv_pads(*padding, input, &wd, *strides, &gd);
+            let mut pads = [[0i64; 2]; 2];
+            for s in 0..2 {
+                let k = wd[s] as i64;
+                let lo = k - 1 - fwd[s][0];
+                let span = (gd[1 + s] as i64 - 1) * strides[s] as i64 + 1;
+                pads[s] = [lo, input[1 + s] as i64 + k - 1 - lo - span];
+            }
+            let wt = arg_ty(1);
+            let rev = e.op("reverse", &[(&args[1], &wt)], "dimensions = array<i64: 0, 1>", &wt);
+            conv(e, &[args[0].clone(), rev], &[arg_ty(0), wt], "[b, 0, 1, f]x[0, 1, o, i]->[b, 0, 1, f]", [1, 1], *strides, [1, 1], pads, &ty(dt, &dims))
+        }
+        Op::Conv2dBackpropFilter { strides, padding, filter } => {
+            // The filter's gradient: the input (batch as features) convolved with the
+            // output gradient dilated by the strides.
+            let (xd, gd) = (a_dims(0), a_dims(1));
+            let fwd = conv_pads(*padding, &xd, filter, *strides, &gd);
+            let mut pads = [[0i64; 2]; 2];
+            for s in 0..2 {
+                let lo = fwd[s][0];
+                let span = (gd[1 + s] as i64 - 1) * strides[s] as i64;
+                pads[s] = [lo, filter[s] as i64 + span - lo - xd[1 + s] as i64];
+            }
+            conv(e, &args, &[arg_ty(0), arg_ty(1)], "[f, 0, 1, b]x[i, 0, 1, o]->[0, 1, b, f]", [1, 1], [1, 1], *strides, pads, &ty(dt, &dims))
+        }
+        Op::Pad { low, high, interior } => {
+            let zero = e.splat(dt, 0.0, &[]);
+            e.op(
+                "pad",
+                &[(&args[0], &arg_ty(0)), (&zero, &ty(dt, &[]))],
+                &format!(
+                    "edge_padding_high = {}, edge_padding_low = {}, interior_padding = {}",
+                    i64s(high.iter()),
+                    i64s(low.iter()),
+                    i64s(interior.iter())
+                ),
+                &ty(dt, &dims),
+            )
+        }
+        Op::Convert { dtype } => {
+            if specs[0].dtype == *dtype {
+                args[0].clone()
+            } else {
+                e.op("convert", &[(&args[0], &arg_ty(0))], "", &ty(dt, &dims))
+            }
+        }
+        Op::Iota { dtype, shape, axis } => e.op("iota", &[], &format!("iota_dimension = {axis} : i64"), &ty(*dtype, shape)),
+        Op::AllReduce { op, groups } => {
+            let (name, init) = combiner(*op);
+            let _ = init;
+            let t = ty(dt, &dims);
+            let mut r = e.op_region(
+                "all_reduce",
+                &[(&args[0], &t)],
+                &Emitter::region(name, dt),
+                &format!("replica_groups = {}", groups_attr(groups)),
+                &t,
+            );
+            if *op == ReduceOp::Mean {
+                let n = groups.first().map_or(1, Vec::len);
+                let c = e.splat(dt, n as f64, &dims);
+                r = e.binary("divide", &r, &c, dt, &dims);
+            }
+            r
+        }
+        Op::AllGather { axis, groups } => e.op(
+            "all_gather",
+            &[(&args[0], &arg_ty(0))],
+            &format!("all_gather_dim = {axis} : i64, replica_groups = {}", groups_attr(groups)),
+            &ty(dt, &dims),
+        ),
+        Op::ReduceScatter { op, axis, groups } => {
+            let (name, _) = combiner(*op);
+            let mut r = e.op_region(
+                "reduce_scatter",
+                &[(&args[0], &arg_ty(0))],
+                &Emitter::region(name, dt),
+                &format!("replica_groups = {}, scatter_dimension = {axis} : i64", groups_attr(groups)),
+                &ty(dt, &dims),
+            );
+            if *op == ReduceOp::Mean {
+                let n = groups.first().map_or(1, Vec::len);
+                let c = e.splat(dt, n as f64, &dims);
+                r = e.binary("divide", &r, &c, dt, &dims);
+            }
+            r
+        }
+        Op::AllToAll { split_axis, concat_axis, groups } => e.op(
+            "all_to_all",
+            &[(&args[0], &arg_ty(0))],
+            &format!(
+                "concat_dimension = {concat_axis} : i64, replica_groups = {}, split_count = {} : i64, split_dimension = {split_axis} : i64",
+                groups_attr(groups),
+                groups.first().map_or(1, Vec::len)
+            ),
+            &ty(dt, &dims),
+        ),
+        Op::CollectivePermute { pairs } => {
+            let rows: Vec<String> = pairs.iter().map(|(s, t)| format!("[{s}, {t}]")).collect();
+            e.op(
+                "collective_permute",
+                &[(&args[0], &arg_ty(0))],
+                &format!(
+                    "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[{}]> : tensor<{}x2xi64>",
+                    rows.join(", "),
+                    pairs.len()
+                ),
+                &ty(dt, &dims),
+            )
+        }
+        Op::ShardSlice { axis, groups } => {
+            let start = block_start(e, groups, dims[*axis]);
+            let xd = a_dims(0);
+            let idx = dynamic_indices(e, &start, *axis, xd.len());
+            let ops: Vec<(&str, String)> =
+                std::iter::once((args[0].as_str(), arg_ty(0))).chain(idx.iter().map(|i| (i.as_str(), ty(DType::I64, &[])))).collect();
+            let refs: Vec<(&str, &str)> = ops.iter().map(|(a, t)| (*a, t.as_str())).collect();
+            e.op("dynamic_slice", &refs, &format!("slice_sizes = {}", i64s(dims.iter())), &ty(dt, &dims))
+        }
+        Op::ShardPad { axis, groups } => {
+            let xd = a_dims(0);
+            let start = block_start(e, groups, xd[*axis]);
+            let zeros = e.splat(dt, 0.0, &dims);
+            let idx = dynamic_indices(e, &start, *axis, xd.len());
+            let t = ty(dt, &dims);
+            let ops: Vec<(&str, String)> = [(zeros.as_str(), t.clone()), (args[0].as_str(), arg_ty(0))]
+                .into_iter()
+                .chain(idx.iter().map(|i| (i.as_str(), ty(DType::I64, &[]))))
+                .collect();
+            let refs: Vec<(&str, &str)> = ops.iter().map(|(a, t)| (*a, t.as_str())).collect();
+            e.op("dynamic_update_slice", &refs, "", &t)
+        }
+        Op::Emit { consumer } => {
+            let n = args.len();
+            for (a, s) in args.iter().zip(&specs) {
+                e.emitted.push((a.clone(), s.clone()));
+            }
+            e.emits.push((*consumer, n));
+            e.splat(DType::Bool, 1.0, &[])
+        }
+        Op::Send { .. } | Op::Recv { .. } => {
+            return Err(e.fail(
+                "send and recv run between the parts of a placed program, which the XLA back \
+                 end does not run yet (pipelines come with meshes)",
+            ));
+        }
+    })
+}
+
+/// Where this replica's block of an axis of `block` elements starts: its position in
+/// its group times `block`, looked up by `replica_id` (an i64 scalar).
+fn block_start(e: &mut Emitter<'_>, groups: &[Vec<usize>], block: usize) -> String {
+    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1);
+    let mut table = vec![0i64; replicas];
+    for g in groups {
+        for (k, &r) in g.iter().enumerate() {
+            table[r] = (k * block) as i64;
+        }
+    }
+    let values: Vec<String> = table.iter().map(ToString::to_string).collect();
+    let tt = format!("tensor<{replicas}xi64>");
+    let t = e.op("constant", &[], &format!("value = dense<[{}]> : {tt}", values.join(", ")), &tt);
+    let id = e.op("replica_id", &[], "", "tensor<ui32>");
+    let id64 = e.op("convert", &[(&id, "tensor<ui32>")], "", "tensor<i64>");
+    let one = e.op("reshape", &[(&id64, "tensor<i64>")], "", "tensor<1xi64>");
+    let at = e.op(
+        "dynamic_slice",
+        &[(&t, &tt), (&id64, "tensor<i64>")],
+        "slice_sizes = array<i64: 1>",
+        "tensor<1xi64>",
+    );
+    let _ = one;
+    e.op("reshape", &[(&at, "tensor<1xi64>")], "", "tensor<i64>")
+}
+
+/// The start indices of a dynamic slice along `axis` (zero elsewhere).
+fn dynamic_indices(e: &mut Emitter<'_>, start: &str, axis: usize, rank: usize) -> Vec<String> {
+    let zero = e.splat(DType::I64, 0.0, &[]);
+    (0..rank).map(|d| if d == axis { start.to_string() } else { zero.clone() }).collect()
+}
+
+/// The `[low, high]` padding of each spatial dim of a conv2d (NHWC input `x`, HWIO
+/// filter `w`, output `out`).
+fn conv_pads(
+    padding: Padding,
+    x: &[usize],
+    w: &[usize],
+    strides: [usize; 2],
+    out: &[usize],
+) -> [[i64; 2]; 2] {
+    let mut pads = [[0i64; 2]; 2];
+    if padding == Padding::Same {
+        for s in 0..2 {
+            let need = (out[1 + s] as i64 - 1) * strides[s] as i64 + w[s] as i64 - x[1 + s] as i64;
+            let total = need.max(0);
+            pads[s] = [total / 2, total - total / 2];
+        }
+    }
+    pads
+}
+
+/// A `stablehlo.convolution`.
+#[allow(clippy::too_many_arguments)]
+fn conv(
+    e: &mut Emitter<'_>,
+    args: &[String],
+    types: &[String],
+    layout: &str,
+    strides: [usize; 2],
+    lhs_dilation: [usize; 2],
+    rhs_dilation: [usize; 2],
+    pads: [[i64; 2]; 2],
+    result: &str,
+) -> String {
+    e.op(
+        "convolution",
+        &[(&args[0], &types[0]), (&args[1], &types[1])],
+        &format!(
+            "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<{layout}>, feature_group_count = 1 : i64, lhs_dilation = {}, padding = dense<[[{}, {}], [{}, {}]]> : tensor<2x2xi64>, rhs_dilation = {}, window_strides = {}",
+            i64s(lhs_dilation.iter()),
+            pads[0][0],
+            pads[0][1],
+            pads[1][0],
+            pads[1][1],
+            i64s(rhs_dilation.iter()),
+            i64s(strides.iter())
+        ),
+        result,
+    )
+}

@@ -1,0 +1,92 @@
+//! A client with a cache of compiled programs: what runs a meshwork [`Program`] on a
+//! plugin's device, one call at a time (the conformance runner and the tools), and
+//! what the strategy's XLA back end builds on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use meshwork_program::Program;
+use meshwork_types::Tensor;
+
+use crate::lower::{LowerOptions, Lowered, lower};
+use crate::{Arg, Client, CompileOptions, Error, Executable, NamedValueOf, Plugin, Result};
+
+/// A program compiled by XLA, with what its lowering says about its outputs.
+#[derive(Debug)]
+pub struct Compiled {
+    /// The loaded executable.
+    pub executable: Executable,
+    /// The lowered module (text, output specs, emits).
+    pub lowered: Lowered,
+}
+
+/// A client and the programs compiled on it, each compiled once per text.
+#[derive(Debug)]
+pub struct Session {
+    client: Client,
+    cache: Mutex<HashMap<String, Arc<Compiled>>>,
+    compiles: AtomicUsize,
+}
+
+impl Session {
+    /// A session on a new client of `plugin`. `cpu_devices` asks a CPU plugin for that
+    /// many devices (`cpu_device_count`); a plugin that refuses the option (a GPU
+    /// plugin) is asked again without it.
+    pub fn new(plugin: &Plugin, cpu_devices: usize) -> Result<Session> {
+        let option = [("cpu_device_count", NamedValueOf::Int(cpu_devices as i64))];
+        let client = match plugin.client(&option) {
+            Ok(c) => c,
+            Err(Error::Plugin { .. }) => plugin.client(&[])?,
+            Err(e) => return Err(e),
+        };
+        Ok(Session::with_client(client))
+    }
+
+    /// A session on `client`.
+    pub fn with_client(client: Client) -> Session {
+        Session { client, cache: Mutex::new(HashMap::new()), compiles: AtomicUsize::new(0) }
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// How many programs XLA compiled for this session (cache misses).
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// `program` lowered with `options` and compiled, from the cache when the same
+    /// module was compiled before.
+    pub fn compile(&self, program: &Program, options: &LowerOptions) -> Result<Arc<Compiled>> {
+        let lowered = lower(program, options)?;
+        let key = lowered.text.clone();
+        if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        let compile =
+            CompileOptions { replicas: options.replicas.max(1), ..CompileOptions::default() };
+        let executable = self
+            .client
+            .compile("mlir", lowered.text.as_bytes(), &compile.encode())
+            .map_err(|e| e.during("compile"))?;
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        let compiled = Arc::new(Compiled { executable, lowered });
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+
+    /// Runs `program` on device 0 with host `inputs` and returns its outputs (results,
+    /// then what it emits) on the host.
+    pub fn run(&self, program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let compiled = self.compile(program, &LowerOptions::default())?;
+        let device = self.client.device(0)?;
+        let buffers =
+            inputs.iter().map(|t| self.client.put(t, device)).collect::<Result<Vec<_>>>()?;
+        let outs =
+            compiled.executable.execute(vec![buffers.iter().map(Arg::Borrowed).collect()])?;
+        outs.into_iter().next().unwrap_or_default().iter().map(crate::Buffer::to_host).collect()
+    }
+}
