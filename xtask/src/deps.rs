@@ -45,6 +45,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     ("meshwork-executor", &[]),
     ("meshwork-program", &[]),
     ("meshwork-xla", &["meshwork-program"]),
+    ("meshwork-pjrt-mock", &[]),
     ("meshwork-nn", &["meshwork-program"]),
     ("meshwork-partition", &["meshwork-program", "meshwork-sharding", "meshwork-placer"]),
     ("meshwork-checkpoint", &["meshwork-sharding"]),

@@ -9,6 +9,7 @@
 mod deps;
 mod mpi;
 mod tidy;
+mod xla;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -18,7 +19,8 @@ cargo xtask <task>
 
 tasks:
   ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
-                  the model checks, Miri, the MPI test, docs, dependency edges, tidy,
+                  the model checks, Miri, the MPI test, the XLA test, docs, dependency
+                  edges, tidy,
                   benchmarks compile
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
   miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
@@ -28,6 +30,11 @@ tasks:
                   a dying process that must abort the job (needs openmpi-bin,
                   libopenmpi-dev and libclang-dev)
   test            the README test command: cargo test --workspace
+  xla-test        the XLA back end with the pinned CPU plugin (MESHWORK_PJRT_PLUGIN,
+                  or xla-cpu-pjrt installed under target/pjrt/ with pip): the tests
+                  that need a plugin, the 1500 oracle programs through XLA, and the
+                  loader's failure paths under valgrind
+  pjrt            install the pinned CPU plugin under target/pjrt/ and print its path
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
   deps            check the crate graph: each crate depends only on the layers below it
@@ -47,6 +54,8 @@ fn main() -> ExitCode {
         "docs" => docs(),
         "model" => model_check(),
         "mpi-test" => mpi::mpi_test(),
+        "xla-test" => xla::xla_test(),
+        "pjrt" => xla::plugin().map(|p| println!("{}", p.display())),
         "miri" => miri(),
         "deps" => deps_check(),
         "tidy" => tidy_check(),
@@ -96,6 +105,7 @@ fn ci() -> Result {
     step("model check (shuttle)", model_check)?;
     step("miri (executor's unsafe code)", miri)?;
     step("mpi test", mpi::mpi_test)?;
+    step("xla test", xla::xla_test)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;

@@ -1,0 +1,149 @@
+//! A mock PJRT plugin: a `cdylib` exporting `GetPjrtApi`, for the failure paths of
+//! `meshwork-xla`'s loader (tested in `xla/tests/mock.rs`, and under valgrind's
+//! memcheck in CI, which a real 250 MB plugin would make too slow).
+//!
+//! What it is: a `PJRT_Api` table whose version and `struct_size` a test sets through
+//! `mock_configure` before loading it (each test loads its own copy of the file, so
+//! each copy has its own settings), where every function exists and returns a
+//! heap-allocated `PJRT_Error` that the caller must destroy, except
+//! `PJRT_Plugin_Initialize`, `PJRT_Plugin_Attributes` and the error functions.
+//! What it is not: a device. `PJRT_Client_Create` fails with the message
+//! `mock plugin: no devices` and code `UNAVAILABLE`.
+//!
+//! ```no_run
+//! // Loaded by path like any plugin; see xla/tests/mock.rs.
+//! ```
+
+#![allow(unsafe_code, missing_docs)]
+
+use std::ffi::{c_char, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+
+/// Function slots in PJRT API 0.81's `PJRT_Api`.
+const SLOTS: usize = 118;
+/// `struct_size`, `extension_start`, and the version's four words.
+const HEAD_WORDS: usize = 5;
+
+static MAJOR: AtomicI32 = AtomicI32::new(0);
+static MINOR: AtomicI32 = AtomicI32::new(81);
+static SIZE: AtomicUsize = AtomicUsize::new((HEAD_WORDS + SLOTS) * 8);
+static TABLE: OnceLock<Table> = OnceLock::new();
+
+/// The table, as words: the head, then the function pointers.
+#[repr(C, align(8))]
+struct Table([usize; HEAD_WORDS + SLOTS]);
+
+/// A `PJRT_Error`: its message and code.
+struct MockError {
+    message: String,
+    code: i32,
+}
+
+#[repr(C)]
+struct Header {
+    struct_size: usize,
+    extension_start: *mut c_void,
+}
+
+/// Sets the version and `struct_size` the next `GetPjrtApi` reports (the first call
+/// fixes them for this copy of the library).
+#[unsafe(no_mangle)]
+pub extern "C" fn mock_configure(major: i32, minor: i32, struct_size: usize) {
+    MAJOR.store(major, Ordering::SeqCst);
+    MINOR.store(minor, Ordering::SeqCst);
+    SIZE.store(struct_size, Ordering::SeqCst);
+}
+
+fn error(message: &str, code: i32) -> *mut c_void {
+    Box::into_raw(Box::new(MockError { message: message.to_owned(), code })).cast()
+}
+
+unsafe extern "C" fn error_destroy(args: *mut c_void) -> *mut c_void {
+    // SAFETY: PJRT_Error_Destroy_Args { header, PJRT_Error* error }; the error was
+    // made by `error` above and is destroyed once.
+    unsafe {
+        let err = *args.cast::<u8>().add(16).cast::<*mut MockError>();
+        drop(Box::from_raw(err));
+    }
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn error_message(args: *mut c_void) -> *mut c_void {
+    // SAFETY: PJRT_Error_Message_Args { header, error, message (out), size (out) }.
+    unsafe {
+        let base = args.cast::<u8>();
+        let err = &*(*base.add(16).cast::<*const MockError>());
+        *base.add(24).cast::<*const c_char>() = err.message.as_ptr().cast();
+        *base.add(32).cast::<usize>() = err.message.len();
+    }
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn error_code(args: *mut c_void) -> *mut c_void {
+    // SAFETY: PJRT_Error_GetCode_Args { header, error, code (out) }.
+    unsafe {
+        let base = args.cast::<u8>();
+        let err = &*(*base.add(16).cast::<*const MockError>());
+        *base.add(24).cast::<i32>() = err.code;
+    }
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn ok(args: *mut c_void) -> *mut c_void {
+    // SAFETY: every args struct starts with its size; a caller that passes a struct
+    // smaller than the header is refused, as a real plugin refuses it.
+    let size = unsafe { (*args.cast::<Header>()).struct_size };
+    if size < size_of::<Header>() {
+        error("mock plugin: args struct too small", 3)
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+unsafe extern "C" fn attributes(args: *mut c_void) -> *mut c_void {
+    // SAFETY: PJRT_Plugin_Attributes_Args { header, attributes (out), num (out) }.
+    unsafe {
+        let base = args.cast::<u8>();
+        *base.add(16).cast::<*const c_void>() = std::ptr::null();
+        *base.add(24).cast::<usize>() = 0;
+    }
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn client_create(_args: *mut c_void) -> *mut c_void {
+    error("mock plugin: no devices", 14)
+}
+
+unsafe extern "C" fn unimplemented(_args: *mut c_void) -> *mut c_void {
+    error("mock plugin: not implemented", 12)
+}
+
+/// The plugin's entry point.
+#[unsafe(no_mangle)]
+pub extern "C" fn GetPjrtApi() -> *const c_void {
+    let table = TABLE.get_or_init(|| {
+        type F = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+        let mut words = [0usize; HEAD_WORDS + SLOTS];
+        words[0] = SIZE.load(Ordering::SeqCst);
+        words[2] = 24; // PJRT_Api_Version's struct_size
+        let (major, minor) = (MAJOR.load(Ordering::SeqCst), MINOR.load(Ordering::SeqCst));
+        words[4] = (major as u32 as usize) | ((minor as u32 as usize) << 32);
+        let f = |g: F| g as usize;
+        for slot in 0..SLOTS {
+            words[HEAD_WORDS + slot] = f(unimplemented);
+        }
+        for (slot, g) in [
+            (0, error_destroy as F),
+            (1, error_message),
+            (2, error_code),
+            (3, ok),
+            (4, attributes),
+            (10, client_create),
+        ] {
+            words[HEAD_WORDS + slot] = f(g);
+        }
+        Table(words)
+    });
+    (table as *const Table).cast()
+}

@@ -1,0 +1,125 @@
+//! The loader's failure paths against a mock plugin (`xla/mock`, a `cdylib` exporting
+//! `GetPjrtApi` with an adjustable version and table size): a file that is not a
+//! plugin, another major version, an older minor version, a table too short for the
+//! functions meshwork calls, and a plugin error that must be read and destroyed. CI
+//! runs this file under valgrind's memcheck too (`cargo xtask valgrind`), where a
+//! leaked or twice-destroyed `PJRT_Error` or a read past the table is an error.
+
+#![allow(unsafe_code)] // only to call the mock's `mock_configure` before loading it
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use meshwork_xla::{Code, Error, Plugin};
+
+/// The mock plugin, built once (a nested cargo in a target directory of its own).
+fn mock_library() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mock-plugin");
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "meshwork-pjrt-mock", "--target-dir"])
+            .arg(&target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "the mock plugin builds");
+        target.join("debug").join("libmeshwork_pjrt_mock.so")
+    })
+}
+
+/// A copy of the mock of its own (its own statics) reporting `major.minor` and a
+/// `PJRT_Api` of `size` bytes.
+fn mock(dir: &Path, major: i32, minor: i32, size: usize) -> PathBuf {
+    let path = dir.join(format!("mock-{major}-{minor}-{size}.so"));
+    std::fs::copy(mock_library(), &path).unwrap();
+    // SAFETY: the mock is this workspace's own test library; `mock_configure` is
+    // `extern "C" fn(i32, i32, usize)`. The handle is leaked so that the loader's
+    // later `dlopen` of the same path finds the configured copy.
+    unsafe {
+        let lib = libloading::Library::new(&path).unwrap();
+        let configure: libloading::Symbol<'_, extern "C" fn(i32, i32, usize)> =
+            lib.get(b"mock_configure\0").unwrap();
+        configure(major, minor, size);
+        std::mem::forget(lib);
+    }
+    path
+}
+
+/// A full 0.81 table: the head (40 bytes) and 118 function pointers.
+const FULL: usize = 40 + 118 * 8;
+
+#[test]
+fn a_file_that_is_not_a_plugin_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.so");
+    std::fs::write(&junk, b"not an ELF file").unwrap();
+    for path in [junk, dir.path().join("missing.so")] {
+        match Plugin::load(&path) {
+            Err(e @ Error::NotAPlugin { .. }) => {
+                assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_shared_library_without_get_pjrt_api_is_not_a_plugin() {
+    // A real shared library, but not a plugin: libc.
+    let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("libc.so.6 on this Linux");
+    let e = Plugin::load(libc).unwrap_err();
+    assert!(e.to_string().contains("exports no `GetPjrtApi`"), "{e}");
+}
+
+#[test]
+fn another_major_version_or_an_older_minor_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (major, minor) in [(1, 0), (0, 80), (-1, 81)] {
+        match Plugin::load(&mock(dir.path(), major, minor, FULL)) {
+            Err(e @ Error::Version { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(&format!("PJRT API {major}.{minor}")), "{text}");
+                assert!(text.contains("0.81"), "{text}");
+            }
+            other => panic!("{major}.{minor}: {other:?}"),
+        }
+    }
+    // A newer minor version loads (the API only grows).
+    Plugin::load(&mock(dir.path(), 0, 115, FULL)).unwrap();
+}
+
+#[test]
+fn a_table_too_short_for_a_function_is_refused_without_calling_beyond_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Up to and including slot 19: PJRT_Client_Compile (slot 20) lies beyond it.
+    match Plugin::load(&mock(dir.path(), 0, 81, 40 + 20 * 8)) {
+        Err(Error::Missing { function, .. }) => assert_eq!(function, "PJRT_Client_Compile"),
+        other => panic!("{other:?}"),
+    }
+    // Shorter than the head itself.
+    assert!(matches!(Plugin::load(&mock(dir.path(), 0, 81, 16)), Err(Error::NotAPlugin { .. })));
+}
+
+#[test]
+fn a_plugin_error_carries_its_message_and_code_and_is_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::load(&mock(dir.path(), 0, 81, FULL)).unwrap();
+    assert_eq!(plugin.version(), (0, 81));
+    assert!(plugin.attributes().unwrap().is_empty());
+    for _ in 0..3 {
+        match plugin.client(&[]) {
+            Err(Error::Plugin { call, code, message }) => {
+                assert_eq!(call, "PJRT_Client_Create");
+                assert_eq!(code, Code::Other(14));
+                assert_eq!(message, "mock plugin: no devices");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The XLA back end's checks: the pinned CPU plugin (installed under `target/pjrt/`
+//! from its wheel when no `MESHWORK_PJRT_PLUGIN` is set), the tests that need it, the
+//! oracle programs through XLA, and the loader's failure paths under valgrind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Result, cargo_cmd, run, workspace_root};
+
+/// The pinned plugin: OpenXLA's CPU plugin wheel (PJRT API 0.81).
+const REQUIREMENT: &str = "xla-cpu-pjrt==0.0.1";
+/// The wheel's SHA-256, checked by pip (`--require-hashes`).
+const SHA256: &str = "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc";
+/// The plugin's path inside the wheel.
+const MEMBER: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
+
+/// The plugin the XLA checks use: `MESHWORK_PJRT_PLUGIN` if set (it must exist), else
+/// the pinned wheel's, installed under `target/pjrt/` on first use.
+pub(crate) fn plugin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MESHWORK_PJRT_PLUGIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("MESHWORK_PJRT_PLUGIN names {}, which is not a file", p.display()))
+        };
+    }
+    let dir = workspace_root().join("target").join("pjrt");
+    let so = dir.join("xla_cpu_pjrt.so");
+    if so.is_file() {
+        return Ok(so);
+    }
+    install(&dir, &so)?;
+    Ok(so)
+}
+
+/// Downloads the pinned wheel with pip (hash checked) and unpacks the plugin.
+fn install(dir: &Path, so: &Path) -> Result {
+    println!("xtask: installing {REQUIREMENT} under {}", dir.display());
+    let wheels = dir.join("wheel");
+    std::fs::create_dir_all(&wheels)
+        .map_err(|e| format!("cannot create {}: {e}", wheels.display()))?;
+    let requirements = dir.join("requirements.txt");
+    std::fs::write(&requirements, format!("{REQUIREMENT} --hash=sha256:{SHA256}\n"))
+        .map_err(|e| format!("cannot write {}: {e}", requirements.display()))?;
+    run(Command::new("python3")
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
+        .args(["--require-hashes", "-r"])
+        .arg(&requirements)
+        .arg("-d")
+        .arg(&wheels))
+    .map_err(|e| format!("{e} (the XLA checks need python3 with pip to fetch the plugin)"))?;
+    let wheel = std::fs::read_dir(&wheels)
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or("pip downloaded no wheel")?;
+    // Unpacked to a temporary name, then renamed: an interrupted install leaves no
+    // half-written plugin behind.
+    let partial = dir.join("xla_cpu_pjrt.so.partial");
+    let script = "import sys, zipfile, shutil\n\
+                  with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, \
+                  open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n";
+    run(Command::new("python3").args(["-c", script]).arg(&wheel).arg(MEMBER).arg(&partial))?;
+    std::fs::rename(&partial, so).map_err(|e| format!("cannot rename {}: {e}", partial.display()))
+}
+
+/// The tests that need a plugin, the oracle through XLA, and the loader under valgrind.
+pub(crate) fn xla_test() -> Result {
+    let plugin = plugin()?;
+    println!("xtask: PJRT plugin {}", plugin.display());
+    let with_plugin = |cmd: &mut Command| {
+        cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
+    };
+    let mut tests = cargo_cmd(&["test", "-p", "meshwork-xla", "--features", "plugin-tests"]);
+    with_plugin(&mut tests);
+    run(&mut tests)?;
+    let mut conformance = cargo_cmd(&[
+        "run",
+        "--release",
+        "-p",
+        "meshwork-program",
+        "--example",
+        "program_conformance",
+        "--",
+        "--backend",
+        "xla",
+    ]);
+    with_plugin(&mut conformance);
+    run(&mut conformance)?;
+    valgrind()
+}
+
+/// The mock-plugin tests (`xla/tests/mock.rs`) under valgrind's memcheck: a leaked
+/// plugin error, a read past the API table or a use after free fails the step.
+pub(crate) fn valgrind() -> Result {
+    // Built and run once natively first: that also builds the mock plugin itself.
+    run(&mut cargo_cmd(&["test", "-p", "meshwork-xla", "--test", "mock"]))?;
+    let output = cargo_cmd(&[
+        "test",
+        "-p",
+        "meshwork-xla",
+        "--test",
+        "mock",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .output()
+    .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let binary = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "mock")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or("cargo built no `mock` test binary")?;
+    run(Command::new("valgrind")
+        .args([
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "-q",
+        ])
+        .arg(&binary)
+        .arg("--test-threads=1")
+        .current_dir(workspace_root().join("xla")))
+    .map_err(|e| format!("{e} (valgrind's memcheck over the PJRT loader's failure paths)"))
+}
