@@ -213,6 +213,9 @@ pub enum Error {
     /// A checkpoint could not be written or read, or its directory used.
     #[error(transparent)]
     Checkpoint(#[from] meshwork_checkpoint::Error),
+    /// XLA through a PJRT plugin: loading, lowering, compiling or running.
+    #[error(transparent)]
+    Xla(#[from] meshwork_xla::Error),
 }
 
 /// `Result` with the façade's [`Error`].

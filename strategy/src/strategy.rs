@@ -188,6 +188,28 @@ impl Strategy {
         }
     }
 
+    /// Streams `values`, emitted by a program a back end ran on executor replica
+    /// `replica` at step `step`, to the metrics callback (what
+    /// [`StrategyContext::emit`] does on the interpreter's devices).
+    pub(crate) fn host_emit(
+        &self,
+        replica: usize,
+        consumer: u32,
+        step: u64,
+        values: Vec<Tensor>,
+    ) -> Result<()> {
+        use meshwork_executor::OutfeedSink;
+        let streams = self.metrics.clone().ok_or_else(|| Error::Metrics {
+            problem: "a program emits, and the strategy streams no metrics".into(),
+        })?;
+        let mut tensors = Vec::with_capacity(values.len() + 1);
+        tensors.push(Tensor::I64(ndarray::arr0(step as i64).into_dyn()));
+        tensors.extend(values);
+        crate::metrics::Sink(streams)
+            .emit(replica, consumer, &tensors)
+            .map_err(|e| Error::Metrics { problem: format!("consumer {consumer}: {e}") })
+    }
+
     /// The executor runtime the strategy runs on: its devices, their buffer pools,
     /// its timeout and interconnect.
     pub fn runtime(&self) -> &Runtime {

@@ -60,6 +60,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "meshwork-nn",
             "meshwork-partition",
             "meshwork-checkpoint",
+            "meshwork-xla",
         ],
     ),
     (

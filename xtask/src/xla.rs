@@ -66,6 +66,9 @@ fn install(dir: &Path, so: &Path) -> Result {
     std::fs::rename(&partial, so).map_err(|e| format!("cannot rename {}: {e}", partial.display()))
 }
 
+/// The packages whose `plugin-tests` feature builds tests that need a plugin.
+const PLUGIN_TESTS: [&str; 2] = ["meshwork-xla", "meshwork-strategy"];
+
 /// The tests that need a plugin, the oracle through XLA, and the loader under valgrind.
 pub(crate) fn xla_test() -> Result {
     let plugin = plugin()?;
@@ -73,9 +76,11 @@ pub(crate) fn xla_test() -> Result {
     let with_plugin = |cmd: &mut Command| {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
     };
-    let mut tests = cargo_cmd(&["test", "-p", "meshwork-xla", "--features", "plugin-tests"]);
-    with_plugin(&mut tests);
-    run(&mut tests)?;
+    for package in PLUGIN_TESTS {
+        let mut tests = cargo_cmd(&["test", "-p", package, "--features", "plugin-tests"]);
+        with_plugin(&mut tests);
+        run(&mut tests)?;
+    }
     let mut conformance = cargo_cmd(&[
         "run",
         "--release",

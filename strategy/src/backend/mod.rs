@@ -20,8 +20,10 @@ use meshwork_types::{Tensor, TensorSpec};
 use crate::{Result, Strategy};
 
 mod interpreter;
+mod xla;
 
 pub use interpreter::Interpreter;
+pub use xla::Xla;
 
 /// Compiles the programs of partitioned and placed programs for a strategy's devices.
 pub trait Backend: Send + Sync + fmt::Debug {
@@ -59,11 +61,13 @@ pub trait SpmdExecutable: Send + Sync {
     /// unspecified; from the device's pool where it has one).
     fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor>;
 
-    /// Makes `part` position `r`'s part of resident parameter `param`.
-    fn put(&self, r: usize, param: usize, part: Tensor);
+    /// Makes `part` position `r`'s part of resident parameter `param` (a copy to the
+    /// device, which may fail: out of device memory).
+    fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()>;
 
-    /// A copy of position `r`'s part of resident parameter `param`, if it has one.
-    fn fetch(&self, r: usize, param: usize) -> Option<Tensor>;
+    /// A copy of position `r`'s part of resident parameter `param`, if it has one (a
+    /// copy from the device, which may fail).
+    fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>>;
 
     /// Whether position `r` holds a part of resident parameter `param`.
     fn is_set(&self, r: usize, param: usize) -> bool;

@@ -152,7 +152,7 @@ impl Compiled<'_> {
     pub fn set(&self, name: &str, value: &Tensor) -> Result<()> {
         let k = self.param(name)?;
         let parts = self.split_resident(k, value)?;
-        self.install(vec![(k, parts)]);
+        self.install(vec![(k, parts)])?;
         Ok(())
     }
 
@@ -174,13 +174,14 @@ impl Compiled<'_> {
     }
 
     /// Puts each resident parameter's parts (one per mesh position) on the devices.
-    pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) {
+    pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) -> Result<()> {
         let _busy = lock(&self.busy);
         for (k, parts) in parts {
             for (r, part) in parts.into_iter().enumerate() {
-                self.exe.put(r, k, part);
+                self.exe.put(r, k, part)?;
             }
         }
+        Ok(())
     }
 
     /// The parameters kept on the devices, by index.
@@ -201,7 +202,7 @@ impl Compiled<'_> {
         let name = &self.part.global().params()[k].name;
         (0..self.part.mesh().size())
             .map(|r| {
-                self.exe.fetch(r, k).ok_or_else(|| Error::Compiled {
+                self.exe.fetch(r, k)?.ok_or_else(|| Error::Compiled {
                     problem: format!("resident parameter {name} was never set"),
                 })
             })

@@ -263,7 +263,7 @@ impl Compiled<'_> {
         for (&k, &j) in resident.iter().zip(&at) {
             parts.push((k, state.vars[j].1.shards()?));
         }
-        self.install(parts);
+        self.install(parts)?;
         Ok(moved)
     }
 
@@ -330,7 +330,7 @@ impl Compiled<'_> {
     /// damaged file changes nothing.
     pub fn restore_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
         let values = self.read(dir.as_ref(), &[])?.0;
-        self.install(values);
+        self.install(values)?;
         Ok(())
     }
 
@@ -435,7 +435,7 @@ impl CompiledTrainStep<'_> {
         let step = saved.and_then(|s| usize::try_from(s).ok()).ok_or_else(|| Error::Compiled {
             problem: format!("the saved step count {saved:?} is not a count of steps"),
         })?;
-        self.compiled.install(parts);
+        self.compiled.install(parts)?;
         self.steps = step;
         Ok(())
     }

@@ -86,15 +86,16 @@ impl SpmdExecutable for Devices {
         Ok(lock(&self.devices[r]).exe.buffer(spec)?)
     }
 
-    fn put(&self, r: usize, param: usize, part: Tensor) {
+    fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()> {
         let mut d = lock(&self.devices[r]);
         if let Some(old) = d.resident[param].replace(part) {
             d.exe.recycle(vec![old]);
         }
+        Ok(())
     }
 
-    fn fetch(&self, r: usize, param: usize) -> Option<Tensor> {
-        lock(&self.devices[r]).resident[param].clone()
+    fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>> {
+        Ok(lock(&self.devices[r]).resident[param].clone())
     }
 
     fn is_set(&self, r: usize, param: usize) -> bool {

@@ -1,0 +1,159 @@
+//! The strategy on the XLA back end (a PJRT plugin named by `MESHWORK_PJRT_PLUGIN`;
+//! built with the `plugin-tests` feature, run by `cargo xtask xla-test` and CI, where
+//! a missing plugin fails): compiled training steps give the interpreter's losses and
+//! weights, several steps per call, emits through the outfeed, checkpoints between the
+//! two back ends, and a mesh refused until meshes come.
+
+use std::sync::{Arc, Mutex};
+
+use meshwork_program::{Builder, Program, Value};
+use meshwork_strategy::backend::Xla;
+use meshwork_strategy::nn::Optimizer;
+use meshwork_strategy::partition::Shardings;
+use meshwork_strategy::sharding::Mesh;
+use meshwork_strategy::spmd::CompiledTrainStep;
+use meshwork_strategy::{MetricEvent, MetricSpec, Strategy, Tensor};
+
+fn xla() -> Arc<Xla> {
+    let path = meshwork_xla::find::plugin_path(None)
+        .expect("set MESHWORK_PJRT_PLUGIN to a PJRT plugin (cargo xtask xla-test does)");
+    let plugin = meshwork_xla::find::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Xla::new(&plugin).unwrap())
+}
+
+/// A two-layer MLP with softmax cross-entropy that also emits its loss (consumer 7).
+fn mlp() -> (Program, Value, Vec<Value>) {
+    use meshwork_strategy::nn;
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[8,6]".parse().unwrap()).unwrap();
+    let labels = b.param("labels", "i32[8]".parse().unwrap()).unwrap();
+    let h = nn::linear(&mut b, x, 8, "w1", Some("b1")).unwrap();
+    let h = b.tanh(h).unwrap();
+    let z = nn::linear(&mut b, h, 3, "w2", None).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut b, z, labels).unwrap();
+    let tok = b.emit(&[loss], 7).unwrap();
+    let program = b.finish(&[loss, tok]).unwrap();
+    let weights = (2..5).map(|k| Value(k as u32)).collect();
+    (program, loss, weights)
+}
+
+fn batch(s: usize) -> Vec<Tensor> {
+    let x: Vec<f64> = (0..48).map(|i| ((i * 3 + s * 5) as f64 * 0.21).sin()).collect();
+    let labels: Vec<i32> = (0..8).map(|i| ((i + s) % 3) as i32).collect();
+    vec![Tensor::f64(&[8, 6], x).unwrap(), Tensor::i32(&[8], labels).unwrap()]
+}
+
+fn init(step: &CompiledTrainStep<'_>, program: &Program) {
+    for (k, p) in program.params().iter().enumerate().skip(2) {
+        let n = p.spec.shape.num_elements();
+        let v: Vec<f64> = (0..n).map(|i| ((i + 13 * k) as f64 * 0.7).cos() * 0.5).collect();
+        step.set(&p.name, &Tensor::f64(p.spec.shape.dims(), v).unwrap()).unwrap();
+    }
+}
+
+fn one_device() -> Shardings {
+    Shardings::new(Mesh::iota(&[("data", 1)]).unwrap())
+}
+
+fn metrics() -> (Arc<Mutex<Vec<MetricEvent>>>, Strategy) {
+    let events: Arc<Mutex<Vec<MetricEvent>>> = Arc::default();
+    let seen = events.clone();
+    let spec = MetricSpec { id: 7, name: "loss".into(), specs: vec!["f64[]".parse().unwrap()] };
+    let strategy = Strategy::data_parallel(1)
+        .unwrap()
+        .with_metrics(
+            &[spec],
+            Arc::new(move |e: &MetricEvent| seen.lock().unwrap().push(e.clone())),
+        )
+        .unwrap();
+    (events, strategy)
+}
+
+#[test]
+fn a_training_step_on_xla_gives_the_interpreters_losses_weights_and_emits() {
+    let (program, loss, weights) = mlp();
+    let (events, strategy) = metrics();
+    let strategy = strategy.with_backend(xla());
+    assert_eq!(strategy.backend().name(), "xla");
+    let (_, interp) = metrics();
+    let mut losses = Vec::new();
+    for optimizer in [Optimizer::Sgd, Optimizer::adam()] {
+        let mut on_xla = strategy
+            .compile_train_step(&program, loss, &weights, optimizer, &one_device())
+            .unwrap();
+        let mut reference =
+            interp.compile_train_step(&program, loss, &weights, optimizer, &one_device()).unwrap();
+        init(&on_xla, &program);
+        init(&reference, &program);
+        // One step per call, then several per call (enqueued before any is read).
+        let mut got: Vec<f64> = (0..3).map(|s| on_xla.step(&batch(s), 0.1).unwrap()).collect();
+        let batches: Vec<Vec<Tensor>> = (3..7).map(batch).collect();
+        got.extend(on_xla.run_steps(&batches, &[0.1; 4]).unwrap());
+        let want: Vec<f64> = (0..7).map(|s| reference.step(&batch(s), 0.1).unwrap()).collect();
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-12 * w.abs(), "{optimizer:?} step {s}: {g} vs {w}");
+        }
+        for name in ["w1", "b1", "w2"] {
+            let (g, w) =
+                (on_xla.get(name).unwrap().to_f64(), reference.get(name).unwrap().to_f64());
+            for (a, b) in g.iter().zip(&w) {
+                assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{name}: {a} vs {b}");
+            }
+        }
+        assert_eq!(on_xla.steps(), 7);
+        losses.extend(got);
+    }
+    strategy.flush_metrics(std::time::Duration::from_secs(10)).unwrap();
+    let events = events.lock().unwrap();
+    assert_eq!(events.len(), 14, "one loss record per step");
+    // Each emitted loss is its step's, tagged with the step's number.
+    for (k, (e, loss)) in events.iter().zip(&losses).enumerate() {
+        assert_eq!(e.step, (k % 7) as u64);
+        assert_eq!(e.tensors[0].to_f64(), [*loss]);
+    }
+}
+
+#[test]
+fn a_checkpoint_saved_from_xla_restores_on_the_interpreter_and_back() {
+    let (program, loss, weights) = mlp();
+    let (_, strategy) = metrics();
+    let strategy = strategy.with_backend(xla());
+    let (_, interp) = metrics();
+    let adam = Optimizer::adam();
+    let mut on_xla =
+        strategy.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
+    init(&on_xla, &program);
+    for s in 0..3 {
+        on_xla.step(&batch(s), 0.05).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("from-xla");
+    on_xla.save_checkpoint(&saved).unwrap();
+    let mut on_interp =
+        interp.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
+    on_interp.restore_checkpoint(&saved).unwrap();
+    assert_eq!(on_interp.steps(), 3);
+    // Both continue alike, and the interpreter's checkpoint restores onto XLA.
+    let (a, b) = (on_xla.step(&batch(3), 0.05).unwrap(), on_interp.step(&batch(3), 0.05).unwrap());
+    assert!((a - b).abs() <= 1e-12 * b.abs(), "{a} vs {b}");
+    let back = dir.path().join("from-interp");
+    on_interp.save_checkpoint(&back).unwrap();
+    let mut again =
+        strategy.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
+    again.restore_checkpoint(&back).unwrap();
+    let (c, d) = (again.step(&batch(4), 0.05).unwrap(), on_interp.step(&batch(4), 0.05).unwrap());
+    assert!((c - d).abs() <= 1e-12 * d.abs(), "{c} vs {d}");
+}
+
+#[test]
+fn a_mesh_larger_than_one_device_is_refused_until_meshes_come() {
+    let (program, loss, weights) = mlp();
+    let strategy = Strategy::data_parallel(2).unwrap().with_backend(xla());
+    let shardings =
+        Shardings::new(Mesh::iota(&[("data", 2)]).unwrap()).with("x", "P('data')").unwrap();
+    let err = strategy
+        .compile_train_step(&program, loss, &weights, Optimizer::Sgd, &shardings)
+        .map(drop)
+        .unwrap_err();
+    assert!(err.to_string().contains("one device"), "{err}");
+}
