@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use meshwork_train::{Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule};
+use meshwork_train::{
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule,
+};
 use meshwork_types::DType;
 
 use crate::out::{Exit, out};
@@ -199,9 +201,15 @@ pub(crate) struct TrainArgs {
     /// The model (see `meshwork help train --model M` for its defaults and flags)
     #[arg(long, value_enum, default_value_t = Model::Mlp)]
     pub(crate) model: Model,
-    /// Data x model devices (default 2x2 for the MLP, else 1x1; each device is a thread)
+    /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
     #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
     mesh: Option<(usize, usize)>,
+    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device for now)
+    #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
+    backend: BackendArg,
+    /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs
+    #[arg(long, value_name = "PATH")]
+    pjrt_plugin: Option<PathBuf>,
     /// A pipeline of K stages per data replica (--mesh Dx1)
     #[arg(long, value_name = "K")]
     stages: Option<usize>,
@@ -337,6 +345,7 @@ impl TrainArgs {
             init: self.init.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
+            backend: backend_kind(self.backend, &self.pjrt_plugin),
             stages: self.stages,
             microbatches: self.microbatches,
             steps: self.steps,
@@ -373,6 +382,23 @@ impl TrainArgs {
     }
 }
 
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendArg {
+    /// meshwork's interpreter on CPU threads.
+    Interpreter,
+    /// XLA through a PJRT plugin (--pjrt-plugin or MESHWORK_PJRT_PLUGIN).
+    Xla,
+}
+
+/// The back end `--backend` and `--pjrt-plugin` name.
+fn backend_kind(backend: BackendArg, plugin: &Option<PathBuf>) -> BackendKind {
+    match backend {
+        BackendArg::Interpreter => BackendKind::Interpreter,
+        BackendArg::Xla => BackendKind::Xla { plugin: plugin.clone() },
+    }
+}
+
 /// `meshwork inspect`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct InspectArgs {
@@ -399,6 +425,9 @@ pub(crate) struct InspectArgs {
     /// Refuse a step estimated to hold more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
+    /// xla: print the per-device step as the StableHLO module XLA compiles (no plugin needed)
+    #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
+    backend: BackendArg,
 }
 
 impl InspectArgs {
@@ -420,6 +449,7 @@ impl InspectArgs {
             optimizer: Some(self.optimizer.into()),
             dtype: Some(self.dtype.into()),
             max_memory: self.max_memory,
+            backend: backend_kind(self.backend, &None),
             ..Config::new(ModelKind::Transformer)
         })
     }

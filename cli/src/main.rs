@@ -34,6 +34,7 @@ use crate::args::{Cli, Command};
 use crate::out::{Exit, note};
 
 fn main() -> ExitCode {
+    quiet_xla();
     match run(std::env::args_os().collect()) {
         Ok(()) | Err(Exit::Closed) => ExitCode::SUCCESS,
         Err(Exit::Usage(message)) => {
@@ -45,6 +46,17 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
         Err(Exit::Interrupted) => ExitCode::from(130),
+    }
+}
+
+/// XLA's own logging (a PJRT plugin's, to standard error) off unless the user asked for
+/// it with `TF_CPP_MIN_LOG_LEVEL`: meshwork's lines are what a run prints.
+#[allow(unsafe_code)]
+fn quiet_xla() {
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        // SAFETY: the first thing `main` does, before any other thread exists, so no
+        // thread reads the environment while it changes.
+        unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2") };
     }
 }
 

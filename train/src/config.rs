@@ -97,6 +97,20 @@ pub enum Data {
     Text(PathBuf),
 }
 
+/// What runs the steps (`--backend`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// meshwork's interpreter on CPU threads (the default).
+    #[default]
+    Interpreter,
+    /// XLA through a PJRT plugin: `--pjrt-plugin PATH`, or `MESHWORK_PJRT_PLUGIN`
+    /// when `None`. One device (`--mesh 1x1`) for now.
+    Xla {
+        /// `--pjrt-plugin`.
+        plugin: Option<PathBuf>,
+    },
+}
+
 /// A training run's settings: the command line's flags, by name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -128,6 +142,8 @@ pub struct Config {
     pub resume: Option<PathBuf>,
     /// `--mesh DxM`.
     pub mesh: Option<(usize, usize)>,
+    /// `--backend` (and `--pjrt-plugin`).
+    pub backend: BackendKind,
     /// `--stages`: a pipeline of that many stages per data replica.
     pub stages: Option<usize>,
     /// `--microbatches` per replica and step in a pipeline.
@@ -196,6 +212,7 @@ impl Default for Config {
             init: None,
             resume: None,
             mesh: None,
+            backend: BackendKind::Interpreter,
             stages: None,
             microbatches: None,
             steps: None,

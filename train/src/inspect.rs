@@ -1,5 +1,6 @@
 //! `meshwork inspect --model transformer`: the transformer's training step as each
-//! device of a `data x model` mesh runs it, and what its collectives cost.
+//! device of a `data x model` mesh runs it, and what its collectives cost; with
+//! `--backend xla`, the StableHLO module XLA compiles for it.
 
 use std::collections::BTreeMap;
 
@@ -68,6 +69,15 @@ pub fn inspect(config: &Config) -> Result<String> {
         .compile_train_step(&program, loss, &weights, optimizer, &shardings)
         .map_err(Error::failed)?;
     let part = step.compiled().partitioned();
+    if matches!(config.backend, crate::config::BackendKind::Xla { .. }) {
+        // The module XLA compiles for each device, its state donated step to step.
+        let carry = step.compiled().carry_pairs();
+        let options =
+            meshwork_strategy::xla::lower::LowerOptions { replicas: devices, donate: carry };
+        let lowered = meshwork_strategy::xla::lower::lower(part.program(), &options)
+            .map_err(Error::failed)?;
+        return Ok(lowered.text);
+    }
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for c in part.collectives() {
         *kinds.entry(format!("{} over {}", c.op, c.axes.join("+"))).or_default() += 1;

@@ -54,7 +54,9 @@ mod steps;
 mod stop;
 mod trainer;
 
-pub use config::{Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule};
+pub use config::{
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule,
+};
 pub use error::{Error, Result};
 pub use init::read_init;
 pub use inspect::inspect;

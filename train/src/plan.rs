@@ -11,7 +11,7 @@ use meshwork_nn::{Cnn, Mlp, Optimizer, Transformer};
 use meshwork_types::{DType, Tensor};
 use serde_json::Value;
 
-use crate::config::{Check, Config, Data, ModelKind, OptimizerKind, Schedule};
+use crate::config::{BackendKind, Check, Config, Data, ModelKind, OptimizerKind, Schedule};
 use crate::data::{self, BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
 use crate::files::{Output, check_output, read_losses};
 use crate::model::{Layout, Net};
@@ -65,6 +65,8 @@ pub(crate) struct Plan {
     pub(crate) losses_before: Vec<Option<f64>>,
     pub(crate) metrics_jsonl: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
+    /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
+    pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
 }
 
 fn usage(message: impl Into<String>) -> Error {
@@ -82,7 +84,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let mlp = kind == ModelKind::Mlp;
     let limit = config.max_memory;
     // Where it runs.
-    let (data_axis, model_axis) = config.mesh.unwrap_or(if mlp { (2, 2) } else { (1, 1) });
+    let xla = matches!(config.backend, BackendKind::Xla { .. });
+    let default_mesh = if mlp && !xla { (2, 2) } else { (1, 1) };
+    let (data_axis, model_axis) = config.mesh.unwrap_or(default_mesh);
     if data_axis == 0 || model_axis == 0 {
         return Err(usage(format!(
             "--mesh {}: a mesh needs at least one device along each axis",
@@ -116,6 +120,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     } else {
         Layout::Mesh { data: data_axis, model: model_axis }
     };
+    if xla && devices > 1 {
+        return Err(usage(format!(
+            "--backend xla runs on one device for now (--mesh 1x1, no --stages); {} needs {devices}: meshes and pipelines on XLA come next",
+            layout.describe()
+        )));
+    }
     // How much, how fast.
     let steps = config.steps.unwrap_or(if mlp { 200 } else { 100 });
     let batch = config.batch.unwrap_or(match kind {
@@ -603,7 +613,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     };
     let small =
         net.memory_estimate(batch, config.steps_per_run, dtype, devices, true) <= CHECK_BYTES;
-    let check = devices > 1
+    // On XLA, one device is checked against the interpreter's one device.
+    let check = (devices > 1 || xla)
         && match config.check {
             Check::Never => false,
             Check::Always => true,
@@ -641,7 +652,23 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         losses_before,
         metrics_jsonl: config.metrics_jsonl.clone(),
         plot: config.plot.clone(),
+        xla: xla_backend(&config.backend)?,
     })
+}
+
+/// `--backend xla`'s back end: the plugin (`--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`)
+/// loaded and a client made on it, before any long work; a missing or bad plugin is
+/// a usage error naming the flag.
+fn xla_backend(
+    backend: &BackendKind,
+) -> Result<Option<std::sync::Arc<meshwork_strategy::backend::Xla>>> {
+    use meshwork_strategy::xla::find;
+    let BackendKind::Xla { plugin } = backend else { return Ok(None) };
+    let flag = if plugin.is_some() { "pjrt-plugin" } else { "backend" };
+    let path = find::plugin_path(plugin.as_deref()).map_err(|e| Error::flag(flag, e))?;
+    let plugin = find::load(&path).map_err(|e| Error::flag(flag, e))?;
+    let xla = meshwork_strategy::backend::Xla::new(&plugin).map_err(|e| Error::flag(flag, e))?;
+    Ok(Some(std::sync::Arc::new(xla)))
 }
 
 /// What a run keeps per step beside the model: each step's loss (8 bytes) and, with

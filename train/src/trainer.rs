@@ -191,7 +191,12 @@ impl Trainer {
         }
         let one_device = Layout::Mesh { data: 1, model: 1 };
         let devices = p.layout.devices();
-        let where_ = p.layout.describe();
+        let where_ = match &p.xla {
+            Some(xla) => {
+                format!("{} on XLA ({})", p.layout.describe(), xla.session().client().platform())
+            }
+            None => p.layout.describe(),
+        };
         let init = match p.init.take() {
             Some(file) => file,
             None => {
@@ -200,6 +205,10 @@ impl Trainer {
             }
         };
         let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
+        let strategy = match &p.xla {
+            Some(xla) => strategy.with_backend(xla.clone()),
+            None => strategy,
+        };
         let recipe = Recipe {
             net: &p.net,
             batch: p.batch,

@@ -81,6 +81,19 @@ pub(crate) fn xla_test() -> Result {
         with_plugin(&mut tests);
         run(&mut tests)?;
     }
+    // The trainer's XLA tests live in its one integration binary.
+    let mut trainer = cargo_cmd(&[
+        "test",
+        "-p",
+        "meshwork-train",
+        "--features",
+        "plugin-tests",
+        "--test",
+        "it",
+        "xla::",
+    ]);
+    with_plugin(&mut trainer);
+    run(&mut trainer)?;
     let mut conformance = cargo_cmd(&[
         "run",
         "--release",

@@ -133,6 +133,12 @@ impl Strategy {
 }
 
 impl Compiled<'_> {
+    /// The `(result, parameter)` pairs whose result becomes the parameter's next value
+    /// (what a back end donates step to step).
+    pub fn carry_pairs(&self) -> Vec<(usize, usize)> {
+        self.carry.clone()
+    }
+
     /// The partitioned program.
     pub fn partitioned(&self) -> &Partitioned {
         &self.part

@@ -7,6 +7,9 @@ mod mlp;
 mod refusals;
 mod resume;
 mod transformer;
+// The XLA back end, with a PJRT plugin (`--features plugin-tests`).
+#[cfg(feature = "plugin-tests")]
+mod xla;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,0 +1,145 @@
+//! The trainer on XLA (`--backend xla`, a PJRT plugin named by `MESHWORK_PJRT_PLUGIN`;
+//! built with the `plugin-tests` feature, run by `cargo xtask xla-test` and CI): JAX's
+//! transformer and MLP runs on one XLA device, every model checked step by step
+//! against the interpreter, checkpoints moving between the back ends, and the
+//! refusals.
+
+use meshwork_train::{BackendKind, CheckOutcome, Config, Data, ModelKind, OptimizerKind};
+use meshwork_types::DType;
+
+use crate::{assert_close, config, expected, losses, reference, refused_with, run, testdata};
+
+fn xla() -> BackendKind {
+    BackendKind::Xla { plugin: None }
+}
+
+/// JAX's reference command (its tokens and initial weights, 20 steps of 8 rows, f64)
+/// on one XLA device.
+fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
+    Config {
+        data: Data::Tokens(reference("tokens.npy")),
+        init: Some(reference("init.safetensors")),
+        heads: Some(4),
+        batch: Some(8),
+        dtype: Some(DType::F64),
+        optimizer: Some(optimizer),
+        lr: Some(lr),
+        steps: Some(20),
+        backend: xla(),
+        ..config(ModelKind::Transformer)
+    }
+}
+
+#[test]
+fn the_reference_transformer_matches_jax_on_xla() {
+    for (optimizer, lr, key) in
+        [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
+    {
+        let report = run(&reference_run(optimizer, lr));
+        assert_close(&report.losses, &expected(key), 1e-9, &format!("xla {key}"));
+        assert!(report.layout.contains("XLA"), "{}", report.layout);
+        // Checked step by step against the interpreter on one device.
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
+        // Several steps per host call, and evaluated on held-out rows.
+        let got = losses(&Config {
+            steps_per_run: 4,
+            eval_every: Some(5),
+            ..reference_run(optimizer, lr)
+        });
+        assert_close(&got, &expected(key), 1e-9, &format!("xla 4 per call {key}"));
+    }
+}
+
+#[test]
+fn jaxs_mlp_case_matches_on_xla() {
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(testdata("jax/losses.json")).unwrap()).unwrap();
+    let jax = |key: &[&str]| -> Vec<f64> {
+        serde_json::from_value(key.iter().fold(&json, |v, k| &v[*k]).clone()).unwrap()
+    };
+    let case = |optimizer: OptimizerKind, lr: f64| Config {
+        data: Data::Npy { x: testdata("jax/x.npy"), y: testdata("jax/y.npy") },
+        init: Some(testdata("jax/init.safetensors")),
+        batch: Some(16),
+        steps: Some(12),
+        mesh: Some((1, 1)),
+        optimizer: Some(optimizer),
+        lr: Some(lr),
+        backend: xla(),
+        ..config(ModelKind::Mlp)
+    };
+    assert_close(&losses(&case(OptimizerKind::Sgd, 0.3)), &jax(&["losses"]), 1e-12, "sgd");
+    let momentum = losses(&case(OptimizerKind::Momentum, 0.1));
+    assert_close(&momentum, &jax(&["momentum", "losses"]), 1e-12, "momentum");
+    let adamw = losses(&case(OptimizerKind::AdamW, 0.01));
+    assert_close(&adamw, &jax(&["adamw", "losses"]), 1e-12, "adamw");
+}
+
+#[test]
+fn every_model_trains_on_xla_as_on_the_interpreter() {
+    for model in [ModelKind::Mlp, ModelKind::Cnn, ModelKind::Transformer] {
+        for dtype in [DType::F32, DType::F64] {
+            let on = |backend: BackendKind| Config {
+                steps: Some(6),
+                dtype: Some(dtype),
+                mesh: Some((1, 1)),
+                clip_norm: Some(1.0),
+                warmup: 2,
+                backend,
+                ..config(model)
+            };
+            let report = run(&on(xla()));
+            let want = losses(&on(BackendKind::Interpreter));
+            let tol = if dtype == DType::F64 { 1e-12 } else { 1e-4 };
+            assert_close(&report.losses, &want, tol, &format!("{model:?} {dtype}"));
+            assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{model:?}");
+        }
+    }
+}
+
+#[test]
+fn a_run_saved_on_xla_resumes_on_the_interpreter_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let base = |backend: BackendKind, steps: usize| Config {
+        steps: Some(steps),
+        mesh: Some((1, 1)),
+        optimizer: Some(OptimizerKind::Adam),
+        lr: Some(0.01),
+        backend,
+        ..config(ModelKind::Mlp)
+    };
+    let whole = losses(&base(BackendKind::Interpreter, 30));
+    run(&Config {
+        checkpoint_dir: Some(ck.clone()),
+        checkpoint_every: Some(10),
+        ..base(xla(), 10)
+    });
+    let middle = run(&Config {
+        resume: Some(ck.join("step-00000010")),
+        checkpoint_dir: Some(dir.path().join("ck2")),
+        ..base(BackendKind::Interpreter, 20)
+    });
+    let last = run(&Config { resume: Some(dir.path().join("ck2")), ..base(xla(), 30) });
+    assert_close(&middle.losses, &whole[10..20], 1e-12, "interpreter after xla");
+    assert_close(&last.losses, &whole[20..30], 1e-12, "xla after the interpreter");
+}
+
+#[test]
+fn xla_refuses_meshes_pipelines_and_a_bad_plugin_before_any_work() {
+    let mlp = |c: Config| Config { backend: xla(), ..c };
+    refused_with(&mlp(Config { mesh: Some((2, 2)), ..config(ModelKind::Mlp) }), "one device");
+    refused_with(&mlp(Config { stages: Some(2), ..config(ModelKind::Mlp) }), "one device");
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.so");
+    std::fs::write(&junk, b"not a plugin").unwrap();
+    refused_with(
+        &Config { backend: BackendKind::Xla { plugin: Some(junk) }, ..config(ModelKind::Mlp) },
+        "--pjrt-plugin",
+    );
+    // A model larger than --max-memory is refused as on the interpreter.
+    refused_with(
+        &mlp(Config { max_memory: 1 << 10, ..config(ModelKind::Transformer) }),
+        "--max-memory",
+    );
+}
