@@ -25,6 +25,7 @@ const SLOTS: usize = 118;
 /// `struct_size`, `extension_start`, and the version's four words.
 const HEAD_WORDS: usize = 5;
 
+static CONFIGURED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static MAJOR: AtomicI32 = AtomicI32::new(0);
 static MINOR: AtomicI32 = AtomicI32::new(81);
 static SIZE: AtomicUsize = AtomicUsize::new((HEAD_WORDS + SLOTS) * 8);
@@ -47,9 +48,12 @@ struct Header {
 }
 
 /// Sets the version and `struct_size` the next `GetPjrtApi` reports (the first call
-/// fixes them for this copy of the library).
+/// fixes them for this copy of the library). Without it, the environment's
+/// `MOCK_PJRT_VERSION` (`major.minor`) and `MOCK_PJRT_STRUCT_SIZE` are read, for tests
+/// that load the mock in another process (the `meshwork` binary's).
 #[unsafe(no_mangle)]
 pub extern "C" fn mock_configure(major: i32, minor: i32, struct_size: usize) {
+    CONFIGURED.store(true, Ordering::SeqCst);
     MAJOR.store(major, Ordering::SeqCst);
     MINOR.store(minor, Ordering::SeqCst);
     SIZE.store(struct_size, Ordering::SeqCst);
@@ -119,10 +123,27 @@ unsafe extern "C" fn unimplemented(_args: *mut c_void) -> *mut c_void {
     error("mock plugin: not implemented", 12)
 }
 
+/// The version and size from `MOCK_PJRT_VERSION` and `MOCK_PJRT_STRUCT_SIZE`, where set.
+fn from_environment() {
+    if let Some((major, minor)) = std::env::var("MOCK_PJRT_VERSION")
+        .ok()
+        .and_then(|v| v.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?))))
+    {
+        MAJOR.store(major, Ordering::SeqCst);
+        MINOR.store(minor, Ordering::SeqCst);
+    }
+    if let Some(size) = std::env::var("MOCK_PJRT_STRUCT_SIZE").ok().and_then(|v| v.parse().ok()) {
+        SIZE.store(size, Ordering::SeqCst);
+    }
+}
+
 /// The plugin's entry point.
 #[unsafe(no_mangle)]
 pub extern "C" fn GetPjrtApi() -> *const c_void {
     let table = TABLE.get_or_init(|| {
+        if !CONFIGURED.load(Ordering::SeqCst) {
+            from_environment();
+        }
         type F = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
         let mut words = [0usize; HEAD_WORDS + SLOTS];
         words[0] = SIZE.load(Ordering::SeqCst);

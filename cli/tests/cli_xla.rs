@@ -1,0 +1,101 @@
+//! `--backend xla`'s refusals from the binary, none of which needs a real plugin: no
+//! plugin named, a file that is not a plugin, a plugin of another PJRT version and one
+//! whose client cannot start (the mock plugin, `xla/mock`). Each is exit 2 with one
+//! line naming the flag, before anything is trained or written.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The mock plugin, built once (a nested cargo in a target directory of its own).
+fn mock() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mock-plugin");
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "meshwork-pjrt-mock", "--target-dir"])
+            .arg(&target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "the mock plugin builds");
+        target.join("debug").join("libmeshwork_pjrt_mock.so")
+    })
+}
+
+fn meshwork(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_meshwork"));
+    c.args(args).env_remove("MESHWORK_PJRT_PLUGIN");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the binary runs")
+}
+
+/// Exit 2 with one line on standard error containing each of `says`, nothing on
+/// standard output.
+fn refused(out: &Output, says: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    for s in says {
+        assert!(err.contains(s), "want {s:?} in {err:?}");
+    }
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn no_plugin_says_how_to_get_one() {
+    let out = meshwork(&["train", "--backend", "xla"], &[]);
+    refused(&out, &["--backend", "MESHWORK_PJRT_PLUGIN", "pip install xla-cpu-pjrt", "jax[cuda13]"]);
+}
+
+#[test]
+fn a_file_that_is_not_a_plugin_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.so");
+    std::fs::write(&junk, b"not a plugin").unwrap();
+    let out = meshwork(&["train", "--backend", "xla", "--pjrt-plugin", junk.to_str().unwrap()], &[]);
+    refused(&out, &["--pjrt-plugin", "not a PJRT plugin"]);
+    // The same file named by the environment.
+    let out = meshwork(&["train", "--backend", "xla"], &[("MESHWORK_PJRT_PLUGIN", junk.to_str().unwrap())]);
+    refused(&out, &["--backend", "not a PJRT plugin"]);
+}
+
+#[test]
+fn a_plugin_of_another_pjrt_version_is_refused() {
+    let plugin = mock().to_str().unwrap();
+    for version in ["1.0", "0.54"] {
+        let out = meshwork(
+            &["train", "--backend", "xla", "--pjrt-plugin", plugin],
+            &[("MOCK_PJRT_VERSION", version)],
+        );
+        refused(&out, &[&format!("PJRT API {version}"), "0.81"]);
+    }
+}
+
+#[test]
+fn a_plugin_whose_client_fails_is_refused_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let losses = dir.path().join("losses.json");
+    let out = meshwork(
+        &[
+            "train",
+            "--backend",
+            "xla",
+            "--pjrt-plugin",
+            mock().to_str().unwrap(),
+            "--losses-json",
+            losses.to_str().unwrap(),
+        ],
+        &[],
+    );
+    refused(&out, &["--pjrt-plugin", "mock plugin: no devices"]);
+    assert!(!losses.exists(), "nothing written");
+}
+
+#[test]
+fn a_mesh_on_xla_is_refused_until_meshes_come() {
+    let out = meshwork(&["train", "--backend", "xla", "--mesh", "2x2"], &[]);
+    refused(&out, &["one device", "--mesh 1x1"]);
+}
