@@ -47,7 +47,10 @@ fn refused(out: &Output, says: &[&str]) {
 #[test]
 fn no_plugin_says_how_to_get_one() {
     let out = meshwork(&["train", "--backend", "xla"], &[]);
-    refused(&out, &["--backend", "MESHWORK_PJRT_PLUGIN", "pip install xla-cpu-pjrt", "jax[cuda13]"]);
+    refused(
+        &out,
+        &["--backend", "MESHWORK_PJRT_PLUGIN", "pip install xla-cpu-pjrt", "jax[cuda13]"],
+    );
 }
 
 #[test]
@@ -55,10 +58,14 @@ fn a_file_that_is_not_a_plugin_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.so");
     std::fs::write(&junk, b"not a plugin").unwrap();
-    let out = meshwork(&["train", "--backend", "xla", "--pjrt-plugin", junk.to_str().unwrap()], &[]);
+    let out =
+        meshwork(&["train", "--backend", "xla", "--pjrt-plugin", junk.to_str().unwrap()], &[]);
     refused(&out, &["--pjrt-plugin", "not a PJRT plugin"]);
     // The same file named by the environment.
-    let out = meshwork(&["train", "--backend", "xla"], &[("MESHWORK_PJRT_PLUGIN", junk.to_str().unwrap())]);
+    let out = meshwork(
+        &["train", "--backend", "xla"],
+        &[("MESHWORK_PJRT_PLUGIN", junk.to_str().unwrap())],
+    );
     refused(&out, &["--backend", "not a PJRT plugin"]);
 }
 

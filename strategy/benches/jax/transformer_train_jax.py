@@ -8,7 +8,7 @@ import os, sys, time, statistics
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "program", "testdata", "transformer"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "nn", "testdata"))
 import gen_transformer_case as ref
 jax.config.update("jax_enable_x64", False)
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 10
