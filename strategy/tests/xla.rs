@@ -157,3 +157,69 @@ fn a_mesh_larger_than_one_device_is_refused_until_meshes_come() {
         .unwrap_err();
     assert!(err.to_string().contains("one device"), "{err}");
 }
+
+/// Every collective of the program IR, lowered to StableHLO and run by XLA on 4 CPU
+/// devices (`num_replicas = 4`), gives what the executor's collectives give the
+/// interpreter running the same program on 4 devices.
+#[test]
+fn collectives_on_xla_devices_agree_with_the_executors() {
+    use meshwork_strategy::ReduceOp;
+    use meshwork_strategy::backend::{Backend, Interpreter};
+    use meshwork_strategy::xla::{Arg, Session, lower::LowerOptions};
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4,2]".parse().unwrap()).unwrap();
+    let all = [vec![0, 1, 2, 3]];
+    let pairs = [vec![0, 1], vec![2, 3]];
+    let outs = vec![
+        b.all_reduce(x, ReduceOp::Sum, &all).unwrap(),
+        b.all_reduce(x, ReduceOp::Max, &[vec![0, 2], vec![1, 3]]).unwrap(),
+        b.all_reduce(x, ReduceOp::Min, &pairs).unwrap(),
+        b.all_reduce(x, ReduceOp::Mean, &pairs).unwrap(),
+        b.all_gather(x, 1, &pairs).unwrap(),
+        b.reduce_scatter(x, ReduceOp::Sum, 0, &all).unwrap(),
+        b.reduce_scatter(x, ReduceOp::Mean, 1, &[vec![1, 0], vec![3, 2]]).unwrap(),
+        b.all_to_all(x, 0, 1, &all).unwrap(),
+        b.collective_permute(x, &[(0, 1), (1, 2), (2, 3)]).unwrap(),
+        b.shard_slice(x, 0, &pairs).unwrap(),
+        b.shard_pad(x, 1, &[vec![1, 0], vec![3, 2]]).unwrap(),
+    ];
+    let program = b.finish(&outs).unwrap();
+    let inputs: Vec<Tensor> = (0..4)
+        .map(|r| {
+            Tensor::f64(&[4, 2], (0..8).map(|i| ((i * 7 + r * 3) % 11) as f64 - 4.5).collect())
+                .unwrap()
+        })
+        .collect();
+    // The interpreter on 4 executor devices.
+    let strategy = Strategy::data_parallel(4).unwrap();
+    let interp = Interpreter.compile_spmd(&program, &[0, 1, 2, 3], &[false], &[]).unwrap();
+    let want =
+        interp.run(&strategy, inputs.iter().map(|t| vec![vec![t.clone()]]).collect(), 0).unwrap();
+    // XLA on 4 CPU devices of one client.
+    let path = meshwork_xla::find::plugin_path(None).expect("MESHWORK_PJRT_PLUGIN");
+    let session = Session::new(&meshwork_xla::find::load(&path).unwrap(), 4).unwrap();
+    let compiled =
+        session.compile(&program, &LowerOptions { replicas: 4, donate: Vec::new() }).unwrap();
+    let client = session.client();
+    let buffers: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(r, t)| client.put(t, client.device(r).unwrap()).unwrap())
+        .collect();
+    let got = compiled
+        .executable
+        .execute(buffers.iter().map(|b| vec![Arg::Borrowed(b)]).collect())
+        .unwrap();
+    for r in 0..4 {
+        for (k, (g, w)) in got[r].iter().zip(&want[r][0]).enumerate() {
+            let g = g.to_host().unwrap();
+            assert_eq!(g.spec(), w.spec(), "replica {r} output {k}");
+            for (a, b) in g.to_f64().iter().zip(w.to_f64()) {
+                assert!(
+                    (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                    "replica {r} output {k}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

@@ -652,15 +652,27 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         losses_before,
         metrics_jsonl: config.metrics_jsonl.clone(),
         plot: config.plot.clone(),
-        xla: xla_backend(&config.backend)?,
+        xla: xla_backend(
+            &config.backend,
+            net_need(&net, batch, config.steps_per_run, dtype, devices),
+        )?,
     })
 }
 
 /// `--backend xla`'s back end: the plugin (`--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`)
 /// loaded and a client made on it, before any long work; a missing or bad plugin is
 /// a usage error naming the flag.
+/// What a run holds on its device(s), by the same estimate `--max-memory` is checked
+/// against.
+fn net_need(net: &Net, batch: usize, steps_per_run: usize, dtype: DType, devices: usize) -> f64 {
+    net.memory_estimate(batch, steps_per_run, dtype, devices, true)
+}
+
+/// A run estimated to hold `need` bytes on the device is refused here when the
+/// device reports less memory (a GPU's allocator does; the CPU plugin does not).
 fn xla_backend(
     backend: &BackendKind,
+    need: f64,
 ) -> Result<Option<std::sync::Arc<meshwork_strategy::backend::Xla>>> {
     use meshwork_strategy::xla::find;
     let BackendKind::Xla { plugin } = backend else { return Ok(None) };
@@ -668,6 +680,21 @@ fn xla_backend(
     let path = find::plugin_path(plugin.as_deref()).map_err(|e| Error::flag(flag, e))?;
     let plugin = find::load(&path).map_err(|e| Error::flag(flag, e))?;
     let xla = meshwork_strategy::backend::Xla::new(&plugin).map_err(|e| Error::flag(flag, e))?;
+    let client = xla.session().client();
+    let limit = client
+        .device(0)
+        .ok()
+        .and_then(|d| client.memory_stats(d))
+        .and_then(|m| m.bytes_limit.map(|l| (l - m.bytes_in_use).max(0)));
+    if let Some(free) = limit
+        && need > free as f64
+    {
+        return Err(Error::usage(format!(
+            "--backend xla: the run would hold about {:.2} GB on the device, which has {:.2} GB free; give smaller sizes or --batch",
+            need / 1e9,
+            free as f64 / 1e9
+        )));
+    }
     Ok(Some(std::sync::Arc::new(xla)))
 }
 

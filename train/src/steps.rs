@@ -45,18 +45,29 @@ fn failed(e: impl std::fmt::Display) -> Error {
     Error::failed(e)
 }
 
+/// A step's failure: a device out of memory is the user's to fix (exit 2, naming the
+/// flags that shrink a step); anything else fails the run.
+fn step_failed(e: meshwork_strategy::Error) -> Error {
+    match &e {
+        meshwork_strategy::Error::Xla(x) if x.is_out_of_memory() => Error::usage(format!(
+            "the device ran out of memory ({e}); lower --batch or --steps-per-run, or use a smaller model"
+        )),
+        _ => Error::failed(e),
+    }
+}
+
 /// A training step compiled over a mesh.
 struct Spmd<'s>(CompiledTrainStep<'s>);
 
 impl Steps for Spmd<'_> {
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], _: usize) -> Result<Vec<f64>> {
-        self.0.run_steps(feeds, lrs).map_err(failed)
+        self.0.run_steps(feeds, lrs).map_err(step_failed)
     }
     fn weight(&self, name: &str) -> Result<Tensor> {
         self.0.get(name).map_err(failed)
     }
     fn set(&mut self, name: &str, value: Tensor) -> Result<()> {
-        self.0.set(name, &value).map_err(failed)
+        self.0.set(name, &value).map_err(step_failed)
     }
     fn save(
         &mut self,
@@ -207,9 +218,9 @@ pub(crate) fn start<'s>(
             }
             let step = strategy
                 .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
-                .map_err(failed)?;
+                .map_err(step_failed)?;
             for p in &program.params()[fed..] {
-                step.set(&p.name, &weight(&p.name)?).map_err(failed)?;
+                step.set(&p.name, &weight(&p.name)?).map_err(step_failed)?;
             }
             Ok(Box::new(Spmd(step)))
         }

@@ -721,7 +721,7 @@ fn lower_instr(
                 "collective_permute",
                 &[(&args[0], &arg_ty(0))],
                 &format!(
-                    "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, source_target_pairs = dense<[{}]> : tensor<{}x2xi64>",
+                    "source_target_pairs = dense<[{}]> : tensor<{}x2xi64>",
                     rows.join(", "),
                     pairs.len()
                 ),
