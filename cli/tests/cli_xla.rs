@@ -106,3 +106,16 @@ fn a_mesh_on_xla_is_refused_until_meshes_come() {
     let out = meshwork(&["train", "--backend", "xla", "--mesh", "2x2"], &[]);
     refused(&out, &["one device", "--mesh 1x1"]);
 }
+
+#[test]
+fn inspect_prints_the_stablehlo_module_without_a_plugin() {
+    let out =
+        meshwork(&["inspect", "--model", "transformer", "--backend", "xla", "--mesh", "1x2"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("\"builtin.module\"() ({"), "{text:.200}");
+    assert!(text.contains("mhlo.num_replicas = 2 : i32"));
+    // The Megatron split's all-reduces over the model axis, and the state donated.
+    assert!(text.contains("\"stablehlo.all_reduce\""));
+    assert!(text.contains("tf.aliasing_output"));
+}

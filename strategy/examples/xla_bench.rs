@@ -3,7 +3,8 @@
 //! an MLP (256 -> 1024 -> 16, f32, batch 256, SGD; samples/s), each compiled by
 //! `Strategy::compile_train_step` on one device and run on the interpreter and on XLA
 //! through a PJRT plugin, medians of 5 runs, beside JAX's `jit` of the same model
-//! (`strategy/benches/jax/`, its 1x1 row) where python3 can import jax.
+//! (`strategy/benches/jax/`, its 1x1 row, on one forced host device) where python3 can
+//! import jax.
 //!
 //! ```text
 //! MESHWORK_PJRT_PLUGIN=/path/to/plugin.so \
@@ -137,6 +138,22 @@ fn one_device() -> Result<Shardings, meshwork_strategy::Error> {
     Ok(Shardings::new(Mesh::iota(&[("data", 1), ("model", 1)])?))
 }
 
+/// A JAX script of `strategy/benches/jax/` on one forced host device, as meshwork's XLA
+/// runs on one device (the scripts force 4 unless told), its stdout lines; `None`
+/// when JAX is absent.
+fn jax_one_device(script: &str, args: &[&str]) -> Option<Vec<String>> {
+    let path = format!("{}/benches/jax/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .env("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect())
+}
+
 /// One row: the interpreter's and XLA's medians, and JAX's figure.
 fn row(
     what: &str,
@@ -204,7 +221,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "small" | "small64" => {
                 let batch = if w == "small" { 16 } else { 64 };
                 let jax = if jax_on {
-                    common::jax("transformer_train_jax.py", &[&steps.to_string()])
+                    jax_one_device("transformer_train_jax.py", &[&steps.to_string()])
                 } else {
                     None
                 };
@@ -233,7 +250,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             _ => {
                 let jax = if jax_on {
-                    common::jax("mlp_train_jax.py", &["1024", &steps.to_string()])
+                    jax_one_device("mlp_train_jax.py", &["1024", &steps.to_string()])
                 } else {
                     None
                 };

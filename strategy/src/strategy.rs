@@ -188,6 +188,11 @@ impl Strategy {
         }
     }
 
+    /// Whether what programs emit has somewhere to go ([`with_metrics`](Self::with_metrics)).
+    pub(crate) fn has_metrics(&self) -> bool {
+        self.metrics.is_some()
+    }
+
     /// Streams `values`, emitted by a program a back end ran on executor replica
     /// `replica` at step `step`, to the metrics callback (what
     /// [`StrategyContext::emit`] does on the interpreter's devices).

@@ -211,6 +211,7 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
         .execute(buffers.iter().map(|b| vec![Arg::Borrowed(b)]).collect())
         .unwrap();
     for r in 0..4 {
+        assert_eq!(got[r].len(), want[r][0].len(), "replica {r}: every output");
         for (k, (g, w)) in got[r].iter().zip(&want[r][0]).enumerate() {
             let g = g.to_host().unwrap();
             assert_eq!(g.spec(), w.spec(), "replica {r} output {k}");
@@ -222,4 +223,25 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
             }
         }
     }
+}
+
+/// What can fail on the host fails before the device state is donated: a program that
+/// emits on a strategy without metrics, and a feed of the wrong spec, leave the
+/// weights where they were, and training goes on.
+#[test]
+fn a_step_refused_on_the_host_leaves_the_device_state_as_it_was() {
+    let (program, loss, weights) = mlp();
+    let bare = Strategy::data_parallel(1).unwrap().with_backend(xla());
+    let mut step = bare
+        .compile_train_step(&program, loss, &weights, Optimizer::adam(), &one_device())
+        .unwrap();
+    init(&step, &program);
+    let before = step.get("w1").unwrap();
+    let err = step.step(&batch(0), 0.1).unwrap_err();
+    assert!(err.to_string().contains("metrics"), "{err}");
+    assert_eq!(step.get("w1").unwrap(), before);
+    let wrong = vec![Tensor::f64(&[8, 5], vec![0.0; 40]).unwrap(), batch(0)[1].clone()];
+    assert!(step.step(&wrong, 0.1).is_err());
+    assert_eq!(step.get("w1").unwrap(), before);
+    assert_eq!(step.steps(), 0);
 }

@@ -73,7 +73,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_flag_wins_and_no_plugin_is_a_typed_error() {
+    fn the_flag_wins_over_the_environment() {
         assert_eq!(plugin_path(Some(Path::new("/x.so"))).unwrap(), PathBuf::from("/x.so"));
     }
 

@@ -1,7 +1,10 @@
 //! A meshwork [`Program`] lowered to a StableHLO module in MLIR's generic text form,
 //! which every PJRT plugin reads (format `"mlir"`): one `func.func @main` whose
-//! arguments are the program's parameters and whose results are its results, then
-//! what it `emit`s.
+//! arguments are the program's parameters, then what it `recv`s, and whose results are
+//! its results, then what it `emit`s, then what it `send`s. A placed program's parts
+//! are separate executables, so their transfers are the runtime's (a device-to-device
+//! copy from one part's output to another's parameter), not XLA channels between
+//! programs.
 //!
 //! Each op keeps the meaning the program layer gives it, lowered as JAX lowers the same
 //! function (`jnp.floor_divide` on integers is a truncating divide corrected by the
@@ -40,10 +43,30 @@ pub struct LowerOptions {
 pub struct Lowered {
     /// The module's text.
     pub text: String,
-    /// The module's outputs: the program's results, then each `emit`'s operands.
+    /// The module's outputs: the program's results, then each `emit`'s operands, then
+    /// each `send`'s operand.
     pub outputs: Vec<TensorSpec>,
     /// Each `emit`, in program order: its consumer and how many outputs it adds.
     pub emits: Vec<(u32, usize)>,
+    /// Each `send`, in program order: an output the runtime moves to the peer device
+    /// (after the results and the emits' outputs).
+    pub sends: Vec<Transfer>,
+    /// Each `recv`, in program order: a parameter the runtime fills from the peer
+    /// device (after the program's parameters).
+    pub recvs: Vec<Transfer>,
+}
+
+/// A tensor a `send` or `recv` moves between devices: in the lowered module an output
+/// (send) or a parameter (recv), which the runtime moves with a device-to-device copy,
+/// so that one executable per device needs no cross-program channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// The channel, shared by the matching send and recv.
+    pub channel: u32,
+    /// The other device.
+    pub peer: usize,
+    /// What moves.
+    pub spec: TensorSpec,
 }
 
 /// The StableHLO element type of a dtype.
@@ -122,6 +145,10 @@ struct Emitter<'p> {
     /// Extra outputs of `emit`s: names and specs.
     emitted: Vec<(String, TensorSpec)>,
     emits: Vec<(u32, usize)>,
+    /// Values sent (extra outputs after the emits'), and what they are.
+    sent: Vec<String>,
+    sends: Vec<Transfer>,
+    recvs: Vec<Transfer>,
     /// Where the current instruction is, for errors.
     at: String,
 }
@@ -279,12 +306,13 @@ fn lowest(dtype: DType) -> f64 {
     }
 }
 
-/// `stablehlo` reduction op and start for a collective's [`ReduceOp`].
-fn combiner(op: ReduceOp) -> (&'static str, f64) {
+/// The `stablehlo` op that combines a collective's [`ReduceOp`] (a mean sums, then
+/// divides).
+fn combiner(op: ReduceOp) -> &'static str {
     match op {
-        ReduceOp::Sum | ReduceOp::Mean => ("add", 0.0),
-        ReduceOp::Min => ("minimum", f64::INFINITY),
-        ReduceOp::Max => ("maximum", f64::NEG_INFINITY),
+        ReduceOp::Sum | ReduceOp::Mean => "add",
+        ReduceOp::Min => "minimum",
+        ReduceOp::Max => "maximum",
     }
 }
 
@@ -298,17 +326,21 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
         names: (0..np).map(|k| format!("%arg{k}")).collect(),
         emitted: Vec::new(),
         emits: Vec::new(),
+        sent: Vec::new(),
+        sends: Vec::new(),
+        recvs: Vec::new(),
         at: String::new(),
     };
     for (i, instr) in program.instrs().iter().enumerate() {
         e.at = format!("%{} = {}", np + i, instr.op.name());
-        let name = lower_instr(&mut e, instr, np + i)?;
+        let name = lower_instr(&mut e, instr)?;
         e.names.push(name);
     }
     let mut outputs: Vec<TensorSpec> = Vec::new();
     let mut returned: Vec<String> = Vec::new();
     for &r in program.results() {
-        let spec = spec_of(program, r);
+        e.at = format!("result {r}");
+        let spec = spec_of(&e, r)?;
         returned.push(e.names[r.index()].clone());
         outputs.push(spec);
     }
@@ -316,21 +348,36 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
         returned.push(name.clone());
         outputs.push(spec.clone());
     }
-    let replicas = options.replicas.max(1);
-    let mut text = format!(
-        "module @meshwork attributes {{mhlo.num_replicas = {replicas} : i32, mhlo.num_partitions = 1 : i32}} {{\n  func.func public @main("
-    );
-    for (k, p) in program.params().iter().enumerate() {
-        if k > 0 {
-            text.push_str(", ");
-        }
-        let _ = write!(text, "%arg{k}: {}", ty(p.spec.dtype, p.spec.shape.dims()));
-        if let Some(&(result, _)) = options.donate.iter().find(|&&(_, param)| param == k) {
-            let _ = write!(text, " {{tf.aliasing_output = {result} : i32}}");
-        }
+    for (name, t) in e.sent.iter().zip(&e.sends) {
+        returned.push(name.clone());
+        outputs.push(t.spec.clone());
     }
+    // The module and its function in generic form too: `builtin.module` holding a
+    // `func.func` whose one block takes the arguments.
+    let replicas = options.replicas.max(1);
+    let mut args: Vec<(String, String)> = program
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(k, p)| (format!("%arg{k}"), ty(p.spec.dtype, p.spec.shape.dims())))
+        .collect();
+    args.extend(
+        e.recvs
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (format!("%recv{k}"), ty(t.spec.dtype, t.spec.shape.dims()))),
+    );
+    let arg_types: Vec<&str> = args.iter().map(|a| a.1.as_str()).collect();
+    let block: Vec<String> = args.iter().map(|(n, t)| format!("{n}: {t}")).collect();
     let types: Vec<String> = outputs.iter().map(|s| ty(s.dtype, s.shape.dims())).collect();
-    let _ = writeln!(text, ") -> ({}) {{", types.join(", "));
+    let arg_attrs: Vec<String> = (0..args.len())
+        .map(|k| match options.donate.iter().find(|&&(_, param)| param == k) {
+            Some(&(result, _)) => format!("{{tf.aliasing_output = {result} : i32}}"),
+            None => "{}".into(),
+        })
+        .collect();
+    let mut text = String::from("\"builtin.module\"() ({\n  \"func.func\"() ({\n");
+    let _ = writeln!(text, "  ^bb0({}):", block.join(", "));
     text.push_str(&e.body);
     let _ = writeln!(
         text,
@@ -338,26 +385,30 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
         returned.join(", "),
         types.join(", ")
     );
-    text.push_str("  }\n}\n");
-    Ok(Lowered { text, outputs, emits: e.emits })
+    let _ = writeln!(
+        text,
+        "  }}) {{arg_attrs = [{}], function_type = ({}) -> ({}), sym_name = \"main\", sym_visibility = \"public\"}} : () -> ()",
+        arg_attrs.join(", "),
+        arg_types.join(", "),
+        types.join(", ")
+    );
+    let _ = writeln!(
+        text,
+        "}}) {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {replicas} : i32, sym_name = \"meshwork\"}} : () -> ()"
+    );
+    Ok(Lowered { text, outputs, emits: e.emits, sends: e.sends, recvs: e.recvs })
 }
 
-fn spec_of(program: &Program, v: Value) -> TensorSpec {
-    program
-        .spec(v)
-        .cloned()
-        .unwrap_or_else(|| TensorSpec::new(DType::F32, meshwork_types::Shape::scalar()))
+/// The spec of `v`, or a lowering error (a value the program does not define).
+fn spec_of(e: &Emitter<'_>, v: Value) -> Result<TensorSpec> {
+    e.program.spec(v).cloned().ok_or_else(|| e.fail(format!("{v} is not a value of the program")))
 }
 
 /// Lowers one instruction; returns the name of its value.
-fn lower_instr(
-    e: &mut Emitter<'_>,
-    instr: &meshwork_program::Instr,
-    _index: usize,
-) -> Result<String> {
-    let program = e.program;
+fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<String> {
     let args: Vec<String> = instr.args.iter().map(|a| e.names[a.index()].clone()).collect();
-    let specs: Vec<TensorSpec> = instr.args.iter().map(|&a| spec_of(program, a)).collect();
+    let specs: Vec<TensorSpec> =
+        instr.args.iter().map(|&a| spec_of(e, a)).collect::<Result<_>>()?;
     let out = instr.spec.clone();
     let (dt, dims) = (out.dtype, out.shape.dims().to_vec());
     element(dt).map_err(|p| e.fail(p))?;
@@ -666,8 +717,7 @@ fn lower_instr(
         }
         Op::Iota { dtype, shape, axis } => e.op("iota", &[], &format!("iota_dimension = {axis} : i64"), &ty(*dtype, shape)),
         Op::AllReduce { op, groups } => {
-            let (name, init) = combiner(*op);
-            let _ = init;
+            let name = combiner(*op);
             let t = ty(dt, &dims);
             let mut r = e.op_region(
                 "all_reduce",
@@ -677,8 +727,8 @@ fn lower_instr(
                 &t,
             );
             if *op == ReduceOp::Mean {
-                let n = groups.first().map_or(1, Vec::len);
-                let c = e.splat(dt, n as f64, &dims);
+                // Groups may differ in size: each replica divides by its own group's.
+                let c = group_size(e, groups, dt, &dims);
                 r = e.binary("divide", &r, &c, dt, &dims);
             }
             r
@@ -690,7 +740,7 @@ fn lower_instr(
             &ty(dt, &dims),
         ),
         Op::ReduceScatter { op, axis, groups } => {
-            let (name, _) = combiner(*op);
+            let name = combiner(*op);
             let mut r = e.op_region(
                 "reduce_scatter",
                 &[(&args[0], &arg_ty(0))],
@@ -699,8 +749,8 @@ fn lower_instr(
                 &ty(dt, &dims),
             );
             if *op == ReduceOp::Mean {
-                let n = groups.first().map_or(1, Vec::len);
-                let c = e.splat(dt, n as f64, &dims);
+                // Scattering groups are of one size (the builder checks).
+                let c = group_size(e, groups, dt, &dims);
                 r = e.binary("divide", &r, &c, dt, &dims);
             }
             r
@@ -758,11 +808,14 @@ fn lower_instr(
             e.emits.push((*consumer, n));
             e.splat(DType::Bool, 1.0, &[])
         }
-        Op::Send { .. } | Op::Recv { .. } => {
-            return Err(e.fail(
-                "send and recv run between the parts of a placed program, which the XLA back \
-                 end does not run yet (pipelines come with meshes)",
-            ));
+        Op::Send { channel, peer } => {
+            e.sent.push(args[0].clone());
+            e.sends.push(Transfer { channel: *channel, peer: *peer, spec: specs[0].clone() });
+            e.splat(DType::Bool, 1.0, &[])
+        }
+        Op::Recv { channel, peer, .. } => {
+            e.recvs.push(Transfer { channel: *channel, peer: *peer, spec: out.clone() });
+            format!("%recv{}", e.recvs.len() - 1)
         }
     })
 }
@@ -782,15 +835,54 @@ fn block_start(e: &mut Emitter<'_>, groups: &[Vec<usize>], block: usize) -> Stri
     let t = e.op("constant", &[], &format!("value = dense<[{}]> : {tt}", values.join(", ")), &tt);
     let id = e.op("replica_id", &[], "", "tensor<ui32>");
     let id64 = e.op("convert", &[(&id, "tensor<ui32>")], "", "tensor<i64>");
-    let one = e.op("reshape", &[(&id64, "tensor<i64>")], "", "tensor<1xi64>");
     let at = e.op(
         "dynamic_slice",
         &[(&t, &tt), (&id64, "tensor<i64>")],
         "slice_sizes = array<i64: 1>",
         "tensor<1xi64>",
     );
-    let _ = one;
     e.op("reshape", &[(&at, "tensor<1xi64>")], "", "tensor<i64>")
+}
+
+/// The size of this replica's group as a `dtype` tensor of `dims`: a constant when
+/// every group has one size, else looked up by `replica_id`.
+fn group_size(e: &mut Emitter<'_>, groups: &[Vec<usize>], dtype: DType, dims: &[usize]) -> String {
+    let first = groups.first().map_or(1, Vec::len);
+    if groups.iter().all(|g| g.len() == first) {
+        return e.splat(dtype, first as f64, dims);
+    }
+    // The block start of a block of 1 is a replica's position; a table of sizes is the
+    // same lookup with each replica's group size in place of its position.
+    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1);
+    let mut table = vec![1i64; replicas];
+    for g in groups {
+        for &r in g {
+            table[r] = g.len() as i64;
+        }
+    }
+    let values: Vec<String> = table.iter().map(ToString::to_string).collect();
+    let tt = format!("tensor<{replicas}xi64>");
+    let t = e.op("constant", &[], &format!("value = dense<[{}]> : {tt}", values.join(", ")), &tt);
+    let id = e.op("replica_id", &[], "", "tensor<ui32>");
+    let id64 = e.op("convert", &[(&id, "tensor<ui32>")], "", "tensor<i64>");
+    let at = e.op(
+        "dynamic_slice",
+        &[(&t, &tt), (&id64, "tensor<i64>")],
+        "slice_sizes = array<i64: 1>",
+        "tensor<1xi64>",
+    );
+    let n = e.op("reshape", &[(&at, "tensor<1xi64>")], "", "tensor<i64>");
+    let scalar = ty(dtype, &[]);
+    let n = e.op("convert", &[(&n, "tensor<i64>")], "", &scalar);
+    if dims.is_empty() {
+        return n;
+    }
+    e.op(
+        "broadcast_in_dim",
+        &[(&n, &scalar)],
+        "broadcast_dimensions = array<i64>",
+        &ty(dtype, dims),
+    )
 }
 
 /// The start indices of a dynamic slice along `axis` (zero elsewhere).
@@ -847,4 +939,91 @@ fn conv(
         ),
         result,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use meshwork_program::Builder;
+
+    use super::*;
+
+    /// The lines of `text` that apply `op`.
+    fn count(text: &str, op: &str) -> usize {
+        text.lines().filter(|l| l.contains(&format!("\"stablehlo.{op}\""))).count()
+    }
+
+    #[test]
+    fn integer_floor_division_corrects_the_truncated_quotient_as_jax_does() {
+        let mut b = Builder::new();
+        let x = b.param("x", "i64[3]".parse().unwrap()).unwrap();
+        let y = b.param("y", "i64[3]".parse().unwrap()).unwrap();
+        let q = b.div(x, y).unwrap();
+        let f = b.param("f", "f64[3]".parse().unwrap()).unwrap();
+        let g = b.div(f, f).unwrap();
+        let p = b.finish(&[q, g]).unwrap();
+        let text = lower(&p, &LowerOptions::default()).unwrap().text;
+        assert_eq!(count(&text, "divide"), 2, "{text}");
+        assert_eq!(count(&text, "remainder"), 1);
+        assert_eq!(count(&text, "select"), 1);
+        // Generic form throughout: the module and the function too.
+        assert!(text.starts_with("\"builtin.module\"() ({"), "{text}");
+        assert!(text.contains("\"func.func\"() ({"));
+        assert!(text.contains("function_type = (tensor<3xi64>, tensor<3xi64>, tensor<3xf64>) -> (tensor<3xi64>, tensor<3xf64>)"), "{text}");
+    }
+
+    #[test]
+    fn donated_parameters_alias_their_results() {
+        let mut b = Builder::new();
+        let w = b.param("w", "f32[2,2]".parse().unwrap()).unwrap();
+        let x = b.param("x", "f32[2,2]".parse().unwrap()).unwrap();
+        let loss = b.reduce_sum(x, &[0, 1], false).unwrap();
+        let w2 = b.add(w, x).unwrap();
+        let p = b.finish(&[loss, w2]).unwrap();
+        let text = lower(&p, &LowerOptions { replicas: 1, donate: vec![(1, 0)] }).unwrap().text;
+        assert!(text.contains("arg_attrs = [{tf.aliasing_output = 1 : i32}, {}]"), "{text}");
+    }
+
+    #[test]
+    fn emits_sends_and_recvs_are_outputs_and_parameters_in_program_order() {
+        let mut b = Builder::new();
+        let x = b.param("x", "f32[4]".parse().unwrap()).unwrap();
+        let r = b.recv(&"i32[2]".parse().unwrap(), 9, 3).unwrap();
+        b.send(x, 4, 1).unwrap();
+        b.emit(&[x, r], 7).unwrap();
+        let p = b.finish(&[x]).unwrap();
+        let l = lower(&p, &LowerOptions::default()).unwrap();
+        let specs: Vec<String> = l.outputs.iter().map(ToString::to_string).collect();
+        assert_eq!(specs, ["f32[4]", "f32[4]", "i32[2]", "f32[4]"]);
+        assert_eq!(l.emits, [(7, 2)]);
+        assert_eq!(l.sends, [Transfer { channel: 4, peer: 1, spec: "f32[4]".parse().unwrap() }]);
+        assert_eq!(l.recvs, [Transfer { channel: 9, peer: 3, spec: "i32[2]".parse().unwrap() }]);
+        assert!(
+            l.text.contains("^bb0(%arg0: tensor<4xf32>, %recv0: tensor<2xi32>):"),
+            "{}",
+            l.text
+        );
+    }
+
+    #[test]
+    fn a_mean_over_groups_of_different_sizes_divides_by_each_replicas_group() {
+        let mut b = Builder::new();
+        let x = b.param("x", "f64[2]".parse().unwrap()).unwrap();
+        let m = b.all_reduce(x, ReduceOp::Mean, &[vec![0, 1, 2], vec![3]]).unwrap();
+        let p = b.finish(&[m]).unwrap();
+        let text = lower(&p, &LowerOptions { replicas: 4, donate: Vec::new() }).unwrap().text;
+        assert!(text.contains("dense<[3, 3, 3, 1]> : tensor<4xi64>"), "{text}");
+        assert!(
+            text.contains("replica_groups = dense<[[0, 1, 2], [3, -1, -1]]> : tensor<2x3xi64>"),
+            "{text}"
+        );
+        assert!(text.contains("mhlo.num_replicas = 4 : i32"));
+    }
+
+    #[test]
+    fn constants_are_exact() {
+        assert_eq!(literal(DType::F64, 0.1), "0x3FB999999999999A");
+        assert_eq!(literal(DType::F32, f64::NEG_INFINITY), "0xFF800000");
+        assert_eq!(literal(DType::I64, -3.0), "-3");
+        assert_eq!(literal(DType::Bool, 1.0), "true");
+    }
 }

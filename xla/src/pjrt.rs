@@ -289,7 +289,8 @@ union NamedUnion {
     int64: i64,
     int64_array: *const i64,
     float: f32,
-    boolean: bool,
+    /// C's `bool`, read as a byte so that any value the plugin writes is valid.
+    boolean: u8,
 }
 
 const NAMED_STRING: i32 = 0;
@@ -396,19 +397,26 @@ impl Api {
             }
             Err(_) => String::from("(the plugin has no PJRT_Error_Message)"),
         };
+        let destroy = |e: *mut Raw| {
+            if let Ok(f) = self.function(Slot::ErrorDestroy) {
+                let mut destroy = ErrorDestroyArgs::new();
+                destroy.error = e;
+                // SAFETY: `e` is a live error the plugin returned, destroyed exactly
+                // once, here (its message was copied out before).
+                unsafe { f((&mut destroy as *mut ErrorDestroyArgs).cast()) };
+            }
+        };
         if let Ok(f) = self.function(Slot::ErrorGetCode) {
             // SAFETY: as above; the call only writes `code.code`.
             let nested = unsafe { f((&mut code as *mut ErrorGetCodeArgs).cast()) };
             if !nested.is_null() {
-                code.code = 2; // UNKNOWN; the nested error is leaked rather than recursed into
+                // Getting the code failed: UNKNOWN, and that error destroyed too (not
+                // read, so no recursion).
+                code.code = 2;
+                destroy(nested);
             }
         }
-        if let Ok(f) = self.function(Slot::ErrorDestroy) {
-            let mut destroy = ErrorDestroyArgs::new();
-            destroy.error = error;
-            // SAFETY: `error` is live and destroyed exactly once, here.
-            unsafe { f((&mut destroy as *mut ErrorDestroyArgs).cast()) };
-        }
+        destroy(error);
         Error::Plugin { call, code: Code::from_raw(code.code), message: text }
     }
 
@@ -491,6 +499,8 @@ pub enum NamedValueOf {
     Float(f32),
     /// A bool.
     Bool(bool),
+    /// A value of a kind this binding does not know (its tag), from a newer plugin.
+    Unknown(i32),
 }
 
 /// A loaded PJRT plugin (a shared library exporting `GetPjrtApi`), initialized once.
@@ -515,7 +525,24 @@ impl Plugin {
     /// Loads the plugin at `path`: opens the library, calls `GetPjrtApi`, checks the
     /// API version (major [`MAJOR`], minor at least [`MIN_MINOR`]) and that the table
     /// holds every function meshwork calls, then runs `PJRT_Plugin_Initialize`.
+    ///
+    /// A plugin stays loaded for the rest of the process, as JAX keeps its plugins: a
+    /// second load of the same file returns the first (initialized once), and the
+    /// library is never unloaded under the threads and static state it started.
     pub fn load(path: &Path) -> Result<Plugin> {
+        static LOADED: std::sync::Mutex<Vec<(PathBuf, Arc<Api>)>> =
+            std::sync::Mutex::new(Vec::new());
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let mut loaded = LOADED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, api)) = loaded.iter().find(|(p, _)| *p == key) {
+            return Ok(Plugin { api: Arc::clone(api) });
+        }
+        let plugin = Plugin::load_new(path)?;
+        loaded.push((key, Arc::clone(&plugin.api)));
+        Ok(plugin)
+    }
+
+    fn load_new(path: &Path) -> Result<Plugin> {
         let not_a_plugin = |reason: String| Error::NotAPlugin { path: path.to_owned(), reason };
         // SAFETY: loading a library runs its initializers. The path is one the user
         // named as a PJRT plugin; a library that is not one is refused below before
@@ -534,15 +561,19 @@ impl Plugin {
         if table.is_null() {
             return Err(not_a_plugin("`GetPjrtApi` returned null".into()));
         }
-        // SAFETY: `table` is non-null and points to a `PJRT_Api`, whose head (struct
-        // size and version) every API version has; read by value.
-        let (size, major, minor) = unsafe {
-            let head = ptr::read(table);
-            (head.struct_size, head.version.major, head.version.minor)
-        };
+        // SAFETY: `table` is non-null and points to a `PJRT_Api`, which starts with
+        // its `size_t struct_size` in every API version; read by value, before
+        // anything else of it.
+        let size = unsafe { ptr::read(table.cast::<usize>()) };
         if size < size_of::<ApiHead>() {
             return Err(not_a_plugin(format!("its PJRT_Api is {size} bytes, too small")));
         }
+        // SAFETY: the table is at least as long as the head (checked just above),
+        // which holds the version; read by value.
+        let (major, minor) = unsafe {
+            let head = ptr::read(table);
+            (head.version.major, head.version.minor)
+        };
         if major != MAJOR || minor < MIN_MINOR {
             return Err(Error::Version { path: path.to_owned(), major, minor });
         }
@@ -606,8 +637,9 @@ impl Plugin {
                     NamedValueOf::Float(f) => {
                         (v.kind, v.value) = (NAMED_FLOAT, NamedUnion { float: *f });
                     }
+                    NamedValueOf::Unknown(_) => {}
                     NamedValueOf::Bool(b) => {
-                        (v.kind, v.value) = (NAMED_BOOL, NamedUnion { boolean: *b });
+                        (v.kind, v.value) = (NAMED_BOOL, NamedUnion { boolean: u8::from(*b) });
                     }
                 }
                 v
@@ -647,7 +679,12 @@ impl Plugin {
             let mut kind = DescriptionKindArgs::new();
             kind.description = d.description;
             self.api.call(Slot::DeviceDescriptionKind, &mut kind)?;
-            devices.push(Device { raw, id: id.id, kind: copy_str(kind.kind, kind.kind_size) });
+            devices.push(Device {
+                client: Arc::clone(&inner),
+                raw,
+                id: id.id,
+                kind: copy_str(kind.kind, kind.kind_size),
+            });
         }
         let mut name = ClientPlatformNameArgs::new();
         name.client = inner.raw;
@@ -702,7 +739,8 @@ fn read_named(v: &NamedValue) -> NamedValueOf {
             ),
             NAMED_INT64_LIST => NamedValueOf::Ints(Vec::new()),
             NAMED_FLOAT => NamedValueOf::Float(v.value.float),
-            _ => NamedValueOf::Bool(v.value.boolean),
+            NAMED_BOOL => NamedValueOf::Bool(v.value.boolean != 0),
+            other => NamedValueOf::Unknown(other),
         }
     }
 }
@@ -732,17 +770,25 @@ impl Drop for ClientInner {
     }
 }
 
-/// A device of a client (its addressable devices, in the plugin's order).
-#[derive(Debug, Clone)]
+/// A device of a client (its addressable devices, in the plugin's order). Keeps its
+/// client alive; the client's functions refuse another client's device.
+#[derive(Clone)]
 pub struct Device {
+    client: Arc<ClientInner>,
     raw: *mut Raw,
     id: i32,
     kind: String,
 }
 
-// SAFETY: a device pointer is an immutable handle owned by its client; it is only
-// passed back to the same client's functions while the client lives (the `Client`
-// that hands out `&Device` outlives the borrow).
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({}, {})", self.id, self.kind)
+    }
+}
+
+// SAFETY: a device pointer is an immutable handle owned by its client, which the
+// `Device` keeps alive (`client`); it is only passed back to that client's functions
+// (each checks the device is its own).
 unsafe impl Send for Device {}
 // SAFETY: as above.
 unsafe impl Sync for Device {}
@@ -797,8 +843,19 @@ impl Client {
         self.devices.get(index).ok_or(Error::NoDevice { index, count: self.devices.len() })
     }
 
-    /// The device's memory, where the plugin reports it (`None` where it does not).
+    /// [`Error::Arguments`] unless `device` is this client's.
+    fn own(&self, device: &Device) -> Result<()> {
+        if Arc::ptr_eq(&device.client, &self.inner) {
+            Ok(())
+        } else {
+            Err(Error::Arguments(format!("device {} belongs to another client", device.id)))
+        }
+    }
+
+    /// The device's memory, where the plugin reports it (`None` where it does not, or
+    /// for another client's device).
     pub fn memory_stats(&self, device: &Device) -> Option<MemoryStats> {
+        self.own(device).ok()?;
         let mut args = DeviceMemoryStatsArgs::new();
         args.device = device.raw;
         self.inner.api.call(Slot::DeviceMemoryStats, &mut args).ok()?;
@@ -848,6 +905,7 @@ impl Client {
     /// Copies `tensor` to `device`. The copy is complete when this returns (the host
     /// memory may be reused at once).
     pub fn put(&self, tensor: &Tensor, device: &Device) -> Result<Buffer> {
+        self.own(device)?;
         let bytes = tensor_bytes(tensor);
         let dims: Vec<i64> = tensor.shape().iter().map(|&d| d as i64).collect();
         let mut args = BufferFromHostArgs::new();
@@ -1051,6 +1109,16 @@ impl Executable {
         if args.iter().any(|a| a.len() != num_args) {
             return Err(Error::Arguments("every device needs the same number of arguments".into()));
         }
+        let foreign = args.iter().flatten().any(|a| {
+            let b = match a {
+                Arg::Borrowed(b) => *b,
+                Arg::Donated(b) => b,
+            };
+            !Arc::ptr_eq(&b.client, &self.client)
+        });
+        if foreign {
+            return Err(Error::Arguments("a buffer belongs to another client".into()));
+        }
         let raw_args: Vec<Vec<*mut Raw>> =
             args.iter().map(|list| list.iter().map(Arg::raw).collect()).collect();
         let arg_ptrs: Vec<*const *mut Raw> = raw_args.iter().map(|l| l.as_ptr()).collect();
@@ -1074,15 +1142,28 @@ impl Executable {
         self.client.api.call(Slot::LoadedExecutableExecute, &mut exec)?;
         // Donated arguments are dropped here (after the enqueue), borrowed ones stay.
         drop(args);
-        Ok(outputs
+        // Every output is owned from here (a null one is an error after the others are
+        // taken, so none leaks).
+        let owned: Vec<Vec<Option<Buffer>>> = outputs
             .into_iter()
             .map(|list| {
                 list.into_iter()
-                    .filter(|p| !p.is_null())
-                    .map(|raw| Buffer { client: Arc::clone(&self.client), raw })
+                    .map(|raw| {
+                        (!raw.is_null()).then(|| Buffer { client: Arc::clone(&self.client), raw })
+                    })
                     .collect()
             })
-            .collect())
+            .collect();
+        owned
+            .into_iter()
+            .map(|list| {
+                list.into_iter().collect::<Option<Vec<Buffer>>>().ok_or_else(|| Error::Plugin {
+                    call: "PJRT_LoadedExecutable_Execute",
+                    code: Code::Internal,
+                    message: "an output buffer is missing".into(),
+                })
+            })
+            .collect()
     }
 
     /// The program as XLA optimized it: its format (`hlo_with_config`: a serialized

@@ -31,13 +31,13 @@ pub struct Session {
 
 impl Session {
     /// A session on a new client of `plugin`. `cpu_devices` asks a CPU plugin for that
-    /// many devices (`cpu_device_count`); a plugin that refuses the option (a GPU
-    /// plugin) is asked again without it.
+    /// many devices (`cpu_device_count`); a plugin that refuses the option as an
+    /// invalid argument (a GPU plugin) is asked again without it.
     pub fn new(plugin: &Plugin, cpu_devices: usize) -> Result<Session> {
         let option = [("cpu_device_count", NamedValueOf::Int(cpu_devices as i64))];
         let client = match plugin.client(&option) {
             Ok(c) => c,
-            Err(Error::Plugin { .. }) => plugin.client(&[])?,
+            Err(Error::Plugin { code: crate::Code::InvalidArgument, .. }) => plugin.client(&[])?,
             Err(e) => return Err(e),
         };
         Ok(Session::with_client(client))

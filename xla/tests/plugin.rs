@@ -72,16 +72,90 @@ fn a_client_dropped_before_its_buffers_and_executables_leaves_them_usable() {
 
 #[test]
 fn buffers_dropped_while_an_execution_reads_them_do_not_change_its_result() {
-    let session = Session::new(&plugin(), 1).unwrap();
-    let compiled = session.compile(&mlp(), &Default::default()).unwrap();
-    let device = session.client().device(0).unwrap();
-    let want = session.run(&mlp(), &inputs()).unwrap();
-    for _ in 0..20 {
-        let xs: Vec<_> =
-            inputs().iter().map(|t| session.client().put(t, device).unwrap()).collect();
-        // Given to the execution: dropped as soon as it is enqueued.
-        let out =
-            compiled.executable.execute(vec![xs.into_iter().map(Arg::Donated).collect()]).unwrap();
-        assert_eq!(out[0][0].to_host().unwrap(), want[0]);
+    // A chain of 512x512 products (long enough to be running when `execute` returns).
+    let mut b = Builder::new();
+    let x = b.param("x", "f32[512,512]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f32[512,512]".parse().unwrap()).unwrap();
+    let mut h = x;
+    for _ in 0..8 {
+        h = b.matmul(h, w).unwrap();
+        h = b.push(Op::Unary(Unary::Tanh), &[h]).unwrap();
     }
+    let p = b.finish(&[h]).unwrap();
+    let values = |m: i32| (0..512 * 512).map(move |i| ((i % m) - m / 2) as f32 / (10 * m) as f32);
+    let feed = [
+        Tensor::f32(&[512, 512], values(97).collect()).unwrap(),
+        Tensor::f32(&[512, 512], values(89).collect()).unwrap(),
+    ];
+    let session = Session::new(&plugin(), 1).unwrap();
+    let want = session.run(&p, &feed).unwrap();
+    let compiled = session.compile(&p, &Default::default()).unwrap();
+    let device = session.client().device(0).unwrap();
+    for donate in [false, true] {
+        for _ in 0..5 {
+            let xs: Vec<_> =
+                feed.iter().map(|t| session.client().put(t, device).unwrap()).collect();
+            let out = if donate {
+                // Given to the execution: dropped as soon as it is enqueued.
+                compiled.executable.execute(vec![xs.into_iter().map(Arg::Donated).collect()])
+            } else {
+                // Lent to it, and dropped by the caller right after the enqueue.
+                let out = compiled.executable.execute(vec![xs.iter().map(Arg::Borrowed).collect()]);
+                drop(xs);
+                out
+            };
+            assert_eq!(out.unwrap()[0][0].to_host().unwrap(), want[0]);
+        }
+    }
+}
+
+#[test]
+fn a_device_or_buffer_of_another_client_is_refused() {
+    let one = Session::new(&plugin(), 1).unwrap();
+    let other = Session::new(&plugin(), 1).unwrap();
+    let t = Tensor::f64(&[2], vec![1.0, 2.0]).unwrap();
+    let foreign = other.client().device(0).unwrap().clone();
+    assert!(matches!(one.client().put(&t, &foreign), Err(Error::Arguments(_))));
+    assert!(one.client().memory_stats(&foreign).is_none());
+    let b = other.client().put(&t, &foreign).unwrap();
+    let mut pb = Builder::new();
+    let x = pb.param("x", "f64[2]".parse().unwrap()).unwrap();
+    let p = pb.finish(&[x]).unwrap();
+    let compiled = one.compile(&p, &Default::default()).unwrap();
+    let refused = compiled.executable.execute(vec![vec![Arg::Borrowed(&b)]]);
+    assert!(matches!(refused, Err(Error::Arguments(_))));
+    // A buffer outlives the session that made it: it keeps its client.
+    drop(other);
+    assert_eq!(b.to_host().unwrap(), t);
+}
+
+#[test]
+fn send_recv_and_emit_become_parameters_and_outputs_of_the_executable() {
+    use meshwork_types::DType;
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[3]".parse().unwrap()).unwrap();
+    let r = b.recv(&"f64[2]".parse().unwrap(), 5, 1).unwrap();
+    let two = b.constant(2.0, DType::F64).unwrap();
+    let y = b.mul(x, two).unwrap();
+    b.send(y, 6, 1).unwrap();
+    b.emit(&[x, r], 3).unwrap();
+    let z = b.reduce_sum(r, &[0], false).unwrap();
+    let p = b.finish(&[z]).unwrap();
+    let session = Session::new(&plugin(), 1).unwrap();
+    let compiled = session.compile(&p, &Default::default()).unwrap();
+    let lowered = &compiled.lowered;
+    assert_eq!(lowered.recvs.len(), 1);
+    assert_eq!((lowered.recvs[0].channel, lowered.recvs[0].peer), (5, 1));
+    assert_eq!(lowered.sends.len(), 1);
+    assert_eq!((lowered.sends[0].channel, lowered.sends[0].peer), (6, 1));
+    assert_eq!(lowered.emits, [(3, 2)]);
+    let device = session.client().device(0).unwrap();
+    let xs =
+        session.client().put(&Tensor::f64(&[3], vec![1.0, 2.0, 3.0]).unwrap(), device).unwrap();
+    let rs = session.client().put(&Tensor::f64(&[2], vec![10.0, 20.0]).unwrap(), device).unwrap();
+    let out =
+        compiled.executable.execute(vec![vec![Arg::Borrowed(&xs), Arg::Borrowed(&rs)]]).unwrap();
+    let host: Vec<Vec<f64>> = out[0].iter().map(|b| b.to_host().unwrap().to_f64()).collect();
+    // The result, the emitted x and r, then the sent 2x.
+    assert_eq!(host, [vec![30.0], vec![1.0, 2.0, 3.0], vec![10.0, 20.0], vec![2.0, 4.0, 6.0]]);
 }

@@ -20,6 +20,7 @@ fn agree(session: &Session, program: &Program, inputs: &[Tensor]) {
         ("fast", fast::evaluate),
     ] {
         let got = run(program, inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(got.len(), xla.len(), "{name}: every output");
         for (g, x) in got.iter().zip(&xla) {
             assert_eq!(g.spec(), x.spec());
             let same = g

@@ -67,7 +67,7 @@ fn install(dir: &Path, so: &Path) -> Result {
 }
 
 /// The packages whose `plugin-tests` feature builds tests that need a plugin.
-const PLUGIN_TESTS: [&str; 2] = ["meshwork-xla", "meshwork-strategy"];
+const PLUGIN_TESTS: [&str; 3] = ["meshwork-xla", "meshwork-strategy", "meshwork-cli"];
 
 /// The tests that need a plugin, the oracle through XLA, and the loader under valgrind.
 pub(crate) fn xla_test() -> Result {

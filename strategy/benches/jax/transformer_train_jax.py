@@ -32,6 +32,7 @@ def step(p, m, v, t, batch):
 
 print(f"JAX {jax.__version__}: transformer V{cfg['vocab']} T{cfg['seq']} D{cfg['dim']} H{cfg['heads']} L{cfg['layers']} F{cfg['ffn']}, f32, batch {cfg['batch']}, Adam, {STEPS} steps per run, median of 5")
 for d, mm in [(1, 1), (2, 1), (1, 2), (2, 2)]:
+    if d * mm > len(jax.devices()): continue  # XLA_FLAGS may force fewer host devices (1 for a one-device row)
     mesh = Mesh(np.array(jax.devices()[: d * mm]).reshape(d, mm), ("data", "model"))
     ps = {k: NamedSharding(mesh, spec(k)) for k in p0}
     bs = NamedSharding(mesh, P("data", None))

@@ -65,6 +65,16 @@ pub trait SpmdExecutable: Send + Sync {
     /// device, which may fail: out of device memory).
     fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()>;
 
+    /// Makes each `(r, param, part)` of `parts` position `r`'s part of resident
+    /// parameter `param`, all or none: a part that cannot be put leaves every resident
+    /// part as it was.
+    fn put_all(&self, parts: Vec<(usize, usize, Tensor)>) -> Result<()> {
+        for (r, param, part) in parts {
+            self.put(r, param, part)?;
+        }
+        Ok(())
+    }
+
     /// A copy of position `r`'s part of resident parameter `param`, if it has one (a
     /// copy from the device, which may fail).
     fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>>;

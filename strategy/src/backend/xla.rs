@@ -13,8 +13,11 @@
 //!   error saying so.
 //!
 //! Donation has JAX's cost: a step that fails on the device after its state was
-//! donated leaves that state unset (the next step reports the parameter never set),
-//! where the interpreter keeps the state from before the step.
+//! donated leaves that state unset (the next step reports the parameter lost), where
+//! the interpreter keeps the state from before the step. Everything that can fail on
+//! the host — the feeds' uploads for every step of the call, a metrics stream for what
+//! the program emits — is done or checked before anything is donated, so only a
+//! failure of the device itself loses the state.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -138,6 +141,21 @@ impl SpmdExecutable for XlaSpmd {
         Ok(())
     }
 
+    fn put_all(&self, parts: Vec<(usize, usize, Tensor)>) -> Result<()> {
+        // Every part uploaded first, then swapped in: a failed upload changes nothing.
+        let device = self.session.client().device(0)?;
+        let mut uploaded = Vec::with_capacity(parts.len());
+        for (r, param, part) in parts {
+            Self::position(r)?;
+            uploaded.push((param, self.session.client().put(&part, device)?));
+        }
+        let mut state = self.state();
+        for (param, buffer) in uploaded {
+            state.params[param] = Some(buffer);
+        }
+        Ok(())
+    }
+
     fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>> {
         Self::position(r)?;
         let state = self.state();
@@ -158,28 +176,48 @@ impl SpmdExecutable for XlaSpmd {
         tag: u64,
     ) -> Result<Vec<Vec<Vec<Tensor>>>> {
         let steps = feeds.into_iter().next().unwrap_or_default();
+        if self.emits && !strategy.has_metrics() {
+            return Err(Error::Metrics {
+                problem: "the program emits, and the strategy streams no metrics (with_metrics)"
+                    .into(),
+            });
+        }
         let client = self.session.client();
         let device = client.device(0)?;
+        // Every step's feeds on the device before anything is donated.
+        let mut uploaded: Vec<Vec<Buffer>> = Vec::with_capacity(steps.len());
+        for step_feed in &steps {
+            let want = self.resident.iter().filter(|&&r| !r).count();
+            if step_feed.len() != want {
+                return Err(Error::Compiled {
+                    problem: format!(
+                        "{} feeds for {want} fed parameters (a partitioner bug)",
+                        step_feed.len()
+                    ),
+                });
+            }
+            uploaded.push(
+                step_feed
+                    .iter()
+                    .map(|t| client.put(t, device))
+                    .collect::<meshwork_xla::Result<_>>()?,
+            );
+        }
+        drop(steps);
         let mut state = self.state();
         let np = state.params.len();
+        if let Some(p) = (0..np).find(|&p| self.resident[p] && state.params[p].is_none()) {
+            return Err(unset(p));
+        }
         let carried_into: Vec<Option<usize>> =
             (0..np).map(|p| self.carry.iter().find(|&&(_, q)| q == p).map(|&(r, _)| r)).collect();
         // The carried results so far, by parameter: the next step's inputs.
         let mut carried: Vec<Option<Buffer>> = (0..np).map(|_| None).collect();
-        let mut pending: Vec<Vec<Buffer>> = Vec::with_capacity(steps.len());
-        for step_feed in steps {
-            let mut feed = step_feed.iter();
-            let mut uploads: Vec<Option<Buffer>> = Vec::with_capacity(np);
-            for p in 0..np {
-                uploads.push(if self.resident[p] {
-                    None
-                } else {
-                    let t = feed.next().ok_or_else(|| Error::Compiled {
-                        problem: "a feed is missing (a partitioner bug)".into(),
-                    })?;
-                    Some(client.put(t, device)?)
-                });
-            }
+        let mut pending: Vec<Vec<Buffer>> = Vec::with_capacity(uploaded.len());
+        for step_feed in uploaded {
+            let mut feed = step_feed.into_iter();
+            let uploads: Vec<Option<Buffer>> =
+                (0..np).map(|p| if self.resident[p] { None } else { feed.next() }).collect();
             // What the step owns (fed, carried, or a resident parameter the step
             // replaces, donated to it), then what it only reads.
             let mut owned: Vec<Option<Buffer>> = Vec::with_capacity(np);

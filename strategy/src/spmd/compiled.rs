@@ -180,14 +180,15 @@ impl Compiled<'_> {
     }
 
     /// Puts each resident parameter's parts (one per mesh position) on the devices.
+    /// All or none: a part the back end cannot put (out of device memory) leaves
+    /// every parameter as it was.
     pub(super) fn install(&self, parts: Vec<(usize, Vec<Tensor>)>) -> Result<()> {
         let _busy = lock(&self.busy);
-        for (k, parts) in parts {
-            for (r, part) in parts.into_iter().enumerate() {
-                self.exe.put(r, k, part)?;
-            }
-        }
-        Ok(())
+        let all = parts
+            .into_iter()
+            .flat_map(|(k, parts)| parts.into_iter().enumerate().map(move |(r, t)| (r, k, t)))
+            .collect();
+        self.exe.put_all(all)
     }
 
     /// The parameters kept on the devices, by index.

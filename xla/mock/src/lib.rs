@@ -10,8 +10,15 @@
 //! What it is not: a device. `PJRT_Client_Create` fails with the message
 //! `mock plugin: no devices` and code `UNAVAILABLE`.
 //!
-//! ```no_run
-//! // Loaded by path like any plugin; see xla/tests/mock.rs.
+//! ```
+//! // A test configures its copy before loading it by path (xla/tests/mock.rs); linked
+//! // directly, the table is the same: `struct_size` first, then the version.
+//! meshwork_pjrt_mock::mock_configure(0, 81, 40 + 118 * 8);
+//! let api = meshwork_pjrt_mock::GetPjrtApi().cast::<usize>();
+//! // SAFETY: the mock's table holds `struct_size` bytes, at least its first words.
+//! let (size, version) = unsafe { (*api, *api.add(4)) };
+//! assert_eq!(size, 40 + 118 * 8);
+//! assert_eq!(version >> 32, 81);
 //! ```
 
 #![allow(unsafe_code, missing_docs)]
@@ -29,11 +36,9 @@ static CONFIGURED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 static MAJOR: AtomicI32 = AtomicI32::new(0);
 static MINOR: AtomicI32 = AtomicI32::new(81);
 static SIZE: AtomicUsize = AtomicUsize::new((HEAD_WORDS + SLOTS) * 8);
-static TABLE: OnceLock<Table> = OnceLock::new();
-
-/// The table, as words: the head, then the function pointers.
-#[repr(C, align(8))]
-struct Table([usize; HEAD_WORDS + SLOTS]);
+/// The table as the plugin hands it out: exactly `struct_size` bytes on the heap (in
+/// words), so that valgrind's memcheck flags a loader that reads past it.
+static TABLE: OnceLock<&'static [usize]> = OnceLock::new();
 
 /// A `PJRT_Error`: its message and code.
 struct MockError {
@@ -154,6 +159,7 @@ pub extern "C" fn GetPjrtApi() -> *const c_void {
         for slot in 0..SLOTS {
             words[HEAD_WORDS + slot] = f(unimplemented);
         }
+        let size = words[0];
         for (slot, g) in [
             (0, error_destroy as F),
             (1, error_message),
@@ -164,7 +170,10 @@ pub extern "C" fn GetPjrtApi() -> *const c_void {
         ] {
             words[HEAD_WORDS + slot] = f(g);
         }
-        Table(words)
+        // At least one word (the size itself), at most the whole table.
+        let kept = size.div_ceil(8).clamp(1, words.len());
+        let table: &'static [usize] = Box::leak(words[..kept].to_vec().into_boxed_slice());
+        table
     });
-    (table as *const Table).cast()
+    table.as_ptr().cast()
 }
