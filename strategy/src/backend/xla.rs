@@ -86,6 +86,7 @@ impl Backend for Xla {
                 params: (0..np).map(|_| None).collect(),
                 staged: Vec::new(),
             }),
+            pool: Mutex::new(Vec::new()),
             emits: program.instrs().iter().any(|i| matches!(i.op, Op::Emit { .. })),
         }))
     }
@@ -115,8 +116,14 @@ struct XlaSpmd {
     results: usize,
     resident: Vec<bool>,
     state: Mutex<State>,
+    /// Host tensors a step's feeds were split into, kept after their upload for the
+    /// next step's feeds: no fresh pages to fault in and zero each step.
+    pool: Mutex<Vec<Tensor>>,
     emits: bool,
 }
+
+/// The most host tensors [`XlaSpmd::pool`] keeps.
+const POOL: usize = 64;
 
 impl XlaSpmd {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -130,7 +137,11 @@ impl XlaSpmd {
 
 impl SpmdExecutable for XlaSpmd {
     fn buffer(&self, _r: usize, spec: &TensorSpec) -> Result<Tensor> {
-        Ok(Tensor::zeros(spec.dtype, spec.shape.dims())?)
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        match pool.iter().position(|t| t.dtype() == spec.dtype && t.shape() == spec.shape.dims()) {
+            Some(k) => Ok(pool.swap_remove(k)),
+            None => Ok(Tensor::zeros(spec.dtype, spec.shape.dims())?),
+        }
     }
 
     fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()> {
@@ -203,7 +214,15 @@ impl SpmdExecutable for XlaSpmd {
                     .collect::<meshwork_xla::Result<_>>()?,
             );
         }
-        drop(steps);
+        {
+            // Uploaded: the host copies go back to the pool for the next call's feeds.
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in steps.into_iter().flatten() {
+                if pool.len() < POOL {
+                    pool.push(t);
+                }
+            }
+        }
         let mut state = self.state();
         let np = state.params.len();
         if let Some(p) = (0..np).find(|&p| self.resident[p] && state.params[p].is_none()) {
