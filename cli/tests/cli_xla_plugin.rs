@@ -10,7 +10,12 @@ fn meshwork(args: &[&str]) -> std::process::Output {
         std::env::var_os("MESHWORK_PJRT_PLUGIN").is_some(),
         "set MESHWORK_PJRT_PLUGIN to a PJRT plugin (cargo xtask xla-test does)"
     );
-    Command::new(env!("CARGO_BIN_EXE_meshwork")).args(args).output().expect("the binary runs")
+    // The binary silences XLA's logging itself (whatever the test runner set).
+    Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .args(args)
+        .env_remove("TF_CPP_MIN_LOG_LEVEL")
+        .output()
+        .expect("the binary runs")
 }
 
 #[test]

@@ -50,6 +50,8 @@ pub(crate) struct Streams {
     sent: AtomicU64,
     delivered: Arc<Delivered>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// What each consumer takes.
+    consumers: Vec<MetricSpec>,
 }
 
 /// Records delivered so far, with a condition variable to wait on.
@@ -127,7 +129,26 @@ impl Streams {
             sent: AtomicU64::new(0),
             delivered,
             errors,
+            consumers: consumers.to_vec(),
         })
+    }
+
+    /// Whether consumer `id` is registered and takes records of `specs`.
+    pub(crate) fn takes(&self, id: u32, specs: &[TensorSpec]) -> Result<()> {
+        match self.consumers.iter().find(|c| c.id == id) {
+            Some(c) if c.specs == specs => Ok(()),
+            Some(c) => Err(Error::Metrics {
+                problem: format!(
+                    "consumer {id} ({}) takes {:?}, a program emits {:?}",
+                    c.name,
+                    c.specs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    specs.iter().map(ToString::to_string).collect::<Vec<_>>()
+                ),
+            }),
+            None => {
+                Err(Error::Metrics { problem: format!("no metrics consumer {id} is registered") })
+            }
+        }
     }
 
     /// Waits until every record sent so far reached the callback (or `timeout`).

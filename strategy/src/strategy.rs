@@ -188,9 +188,20 @@ impl Strategy {
         }
     }
 
-    /// Whether what programs emit has somewhere to go ([`with_metrics`](Self::with_metrics)).
-    pub(crate) fn has_metrics(&self) -> bool {
-        self.metrics.is_some()
+    /// Whether records of `specs` emitted to `consumer` have somewhere to go: a
+    /// metrics stream ([`with_metrics`](Self::with_metrics)) whose consumer takes them.
+    pub(crate) fn takes_metrics(
+        &self,
+        consumer: u32,
+        specs: &[meshwork_types::TensorSpec],
+    ) -> Result<()> {
+        match &self.metrics {
+            Some(m) => m.takes(consumer, specs),
+            None => Err(Error::Metrics {
+                problem: "a program emits, and the strategy streams no metrics (with_metrics)"
+                    .into(),
+            }),
+        }
     }
 
     /// Streams `values`, emitted by a program a back end ran on executor replica

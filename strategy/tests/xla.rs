@@ -175,6 +175,8 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
         b.all_reduce(x, ReduceOp::Max, &[vec![0, 2], vec![1, 3]]).unwrap(),
         b.all_reduce(x, ReduceOp::Min, &pairs).unwrap(),
         b.all_reduce(x, ReduceOp::Mean, &pairs).unwrap(),
+        // Groups of different sizes: each replica divides by its own group's.
+        b.all_reduce(x, ReduceOp::Mean, &[vec![0, 1, 2], vec![3]]).unwrap(),
         b.all_gather(x, 1, &pairs).unwrap(),
         b.reduce_scatter(x, ReduceOp::Sum, 0, &all).unwrap(),
         b.reduce_scatter(x, ReduceOp::Mean, 1, &[vec![1, 0], vec![3, 2]]).unwrap(),
@@ -226,22 +228,29 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
 }
 
 /// What can fail on the host fails before the device state is donated: a program that
-/// emits on a strategy without metrics, and a feed of the wrong spec, leave the
-/// weights where they were, and training goes on.
+/// emits on a strategy without metrics, or to a consumer that is not registered, leaves
+/// the weights where they were and takes no step.
 #[test]
 fn a_step_refused_on_the_host_leaves_the_device_state_as_it_was() {
     let (program, loss, weights) = mlp();
-    let bare = Strategy::data_parallel(1).unwrap().with_backend(xla());
-    let mut step = bare
-        .compile_train_step(&program, loss, &weights, Optimizer::adam(), &one_device())
-        .unwrap();
-    init(&step, &program);
-    let before = step.get("w1").unwrap();
-    let err = step.step(&batch(0), 0.1).unwrap_err();
-    assert!(err.to_string().contains("metrics"), "{err}");
-    assert_eq!(step.get("w1").unwrap(), before);
-    let wrong = vec![Tensor::f64(&[8, 5], vec![0.0; 40]).unwrap(), batch(0)[1].clone()];
-    assert!(step.step(&wrong, 0.1).is_err());
-    assert_eq!(step.get("w1").unwrap(), before);
-    assert_eq!(step.steps(), 0);
+    let other = MetricSpec { id: 8, name: "other".into(), specs: vec!["f64[]".parse().unwrap()] };
+    let strategies = [
+        Strategy::data_parallel(1).unwrap().with_backend(xla()),
+        Strategy::data_parallel(1)
+            .unwrap()
+            .with_metrics(&[other], Arc::new(|_: &MetricEvent| {}))
+            .unwrap()
+            .with_backend(xla()),
+    ];
+    for strategy in &strategies {
+        let mut step = strategy
+            .compile_train_step(&program, loss, &weights, Optimizer::adam(), &one_device())
+            .unwrap();
+        init(&step, &program);
+        let before = step.get("w1").unwrap();
+        let err = step.step(&batch(0), 0.1).unwrap_err();
+        assert!(err.to_string().contains("metrics"), "{err}");
+        assert_eq!(step.get("w1").unwrap(), before);
+        assert_eq!(step.steps(), 0);
+    }
 }

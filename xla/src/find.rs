@@ -73,7 +73,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_flag_wins_over_the_environment() {
+    fn a_flag_is_taken_as_given() {
         assert_eq!(plugin_path(Some(Path::new("/x.so"))).unwrap(), PathBuf::from("/x.so"));
     }
 

@@ -2,9 +2,10 @@
 //! which every PJRT plugin reads (format `"mlir"`): one `func.func @main` whose
 //! arguments are the program's parameters, then what it `recv`s, and whose results are
 //! its results, then what it `emit`s, then what it `send`s. A placed program's parts
-//! are separate executables, so their transfers are the runtime's (a device-to-device
-//! copy from one part's output to another's parameter), not XLA channels between
-//! programs.
+//! would be separate executables, so their transfers are meant for the runtime (a copy
+//! from one part's output to another's parameter), not XLA channels between programs;
+//! no runtime moves them yet (the strategy's XLA back end refuses programs that send
+//! or receive).
 //!
 //! Each op keeps the meaning the program layer gives it, lowered as JAX lowers the same
 //! function (`jnp.floor_divide` on integers is a truncating divide corrected by the
@@ -57,8 +58,8 @@ pub struct Lowered {
 }
 
 /// A tensor a `send` or `recv` moves between devices: in the lowered module an output
-/// (send) or a parameter (recv), which the runtime moves with a device-to-device copy,
-/// so that one executable per device needs no cross-program channel.
+/// (send) or a parameter (recv), for a runtime to move between executables (none does
+/// yet), so that one executable per device needs no cross-program channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transfer {
     /// The channel, shared by the matching send and recv.
@@ -151,6 +152,8 @@ struct Emitter<'p> {
     recvs: Vec<Transfer>,
     /// Where the current instruction is, for errors.
     at: String,
+    /// The replicas the module runs on (the size of per-replica tables).
+    replicas: usize,
 }
 
 impl Emitter<'_> {
@@ -330,6 +333,7 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
         sends: Vec::new(),
         recvs: Vec::new(),
         at: String::new(),
+        replicas: options.replicas.max(1),
     };
     for (i, instr) in program.instrs().iter().enumerate() {
         e.at = format!("%{} = {}", np + i, instr.op.name());
@@ -823,7 +827,7 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
 /// Where this replica's block of an axis of `block` elements starts: its position in
 /// its group times `block`, looked up by `replica_id` (an i64 scalar).
 fn block_start(e: &mut Emitter<'_>, groups: &[Vec<usize>], block: usize) -> String {
-    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1);
+    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1).max(e.replicas);
     let mut table = vec![0i64; replicas];
     for g in groups {
         for (k, &r) in g.iter().enumerate() {
@@ -853,7 +857,7 @@ fn group_size(e: &mut Emitter<'_>, groups: &[Vec<usize>], dtype: DType, dims: &[
     }
     // The block start of a block of 1 is a replica's position; a table of sizes is the
     // same lookup with each replica's group size in place of its position.
-    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1);
+    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1).max(e.replicas);
     let mut table = vec![1i64; replicas];
     for g in groups {
         for &r in g {

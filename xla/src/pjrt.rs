@@ -552,12 +552,43 @@ impl Plugin {
             unsafe { libloading::Library::new(path) }.map_err(|e| not_a_plugin(e.to_string()))?;
         // SAFETY: `GetPjrtApi` is declared `const PJRT_Api* GetPjrtApi(void)` by the
         // PJRT plugin interface; the symbol's type is only trusted after it is found.
-        let get: libloading::Symbol<'_, unsafe extern "C" fn() -> *const ApiHead> =
-            unsafe { library.get(b"GetPjrtApi\0") }
-                .map_err(|_| not_a_plugin("it exports no `GetPjrtApi`".into()))?;
-        // SAFETY: calling the plugin's entry point, which takes nothing and returns a
-        // pointer to its static API table (or null).
-        let table = unsafe { get() };
+        let table = {
+            let get: libloading::Symbol<'_, unsafe extern "C" fn() -> *const ApiHead> =
+                unsafe { library.get(b"GetPjrtApi\0") }
+                    .map_err(|_| not_a_plugin("it exports no `GetPjrtApi`".into()))?;
+            // SAFETY: calling the plugin's entry point, which takes nothing and returns
+            // a pointer to its static API table (or null).
+            unsafe { get() }
+        };
+        // From here the plugin's code has run: whatever it started (threads, static
+        // state) keeps its code, so a plugin refused now stays loaded, never unloaded
+        // under it.
+        let head = Self::check_head(table, path);
+        let (size, major, minor) = match head {
+            Ok(h) => h,
+            Err(e) => {
+                std::mem::forget(library);
+                return Err(e);
+            }
+        };
+        let api =
+            Api { table, size, path: path.to_owned(), version: (major, minor), _library: library };
+        let ready = ALL_SLOTS
+            .iter()
+            .try_for_each(|&slot| api.function(slot).map(drop))
+            .and_then(|()| api.call(Slot::PluginInitialize, &mut PluginInitializeArgs::new()));
+        if let Err(e) = ready {
+            // Only the library is kept (never unloaded); the rest is freed.
+            let Api { _library: library, .. } = api;
+            std::mem::forget(library);
+            return Err(e);
+        }
+        Ok(Plugin { api: Arc::new(api) })
+    }
+
+    /// The table's size and version, checked: `(struct_size, major, minor)`.
+    fn check_head(table: *const ApiHead, path: &Path) -> Result<(usize, i32, i32)> {
+        let not_a_plugin = |reason: String| Error::NotAPlugin { path: path.to_owned(), reason };
         if table.is_null() {
             return Err(not_a_plugin("`GetPjrtApi` returned null".into()));
         }
@@ -577,13 +608,7 @@ impl Plugin {
         if major != MAJOR || minor < MIN_MINOR {
             return Err(Error::Version { path: path.to_owned(), major, minor });
         }
-        let api =
-            Api { table, size, path: path.to_owned(), version: (major, minor), _library: library };
-        for slot in ALL_SLOTS {
-            api.function(slot)?;
-        }
-        api.call(Slot::PluginInitialize, &mut PluginInitializeArgs::new())?;
-        Ok(Plugin { api: Arc::new(api) })
+        Ok((size, major, minor))
     }
 
     /// The plugin's file.
@@ -611,6 +636,10 @@ impl Plugin {
 
     /// Creates a client with `options` (the CPU plugin reads `cpu_device_count`).
     pub fn client(&self, options: &[(&str, NamedValueOf)]) -> Result<Client> {
+        if let Some((name, _)) = options.iter().find(|(_, v)| matches!(v, NamedValueOf::Unknown(_)))
+        {
+            return Err(Error::Arguments(format!("create option {name} has no value to send")));
+        }
         // The strings and arrays the named values point into, alive for the call.
         let named: Vec<NamedValue> = options
             .iter()
@@ -637,7 +666,7 @@ impl Plugin {
                     NamedValueOf::Float(f) => {
                         (v.kind, v.value) = (NAMED_FLOAT, NamedUnion { float: *f });
                     }
-                    NamedValueOf::Unknown(_) => {}
+                    NamedValueOf::Unknown(_) => {} // refused before the call
                     NamedValueOf::Bool(b) => {
                         (v.kind, v.value) = (NAMED_BOOL, NamedUnion { boolean: u8::from(*b) });
                     }

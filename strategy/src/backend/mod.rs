@@ -67,7 +67,10 @@ pub trait SpmdExecutable: Send + Sync {
 
     /// Makes each `(r, param, part)` of `parts` position `r`'s part of resident
     /// parameter `param`, all or none: a part that cannot be put leaves every resident
-    /// part as it was.
+    /// part as it was. The default puts one at a time, which is all or none for a back
+    /// end whose `put` cannot fail (the interpreter's); one whose can (XLA's, out of
+    /// device memory) puts every part first and then swaps them in, holding old and
+    /// new at once for that moment.
     fn put_all(&self, parts: Vec<(usize, usize, Tensor)>) -> Result<()> {
         for (r, param, part) in parts {
             self.put(r, param, part)?;

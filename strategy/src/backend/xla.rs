@@ -22,7 +22,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_partition::placed::Part;
-use meshwork_program::{Op, Program};
+use meshwork_program::Program;
 use meshwork_types::{Tensor, TensorSpec};
 use meshwork_xla::lower::LowerOptions;
 use meshwork_xla::session::Compiled;
@@ -75,6 +75,25 @@ impl Backend for Xla {
         }
         let options = LowerOptions { replicas: 1, donate: carry.to_vec() };
         let compiled = self.session.compile(program, &options)?;
+        let lowered = &compiled.lowered;
+        if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
+            return Err(Error::Compiled {
+                problem: "the program sends or receives, which the XLA back end does not run \
+                          yet (transfers between devices come with meshes and pipelines)"
+                    .into(),
+            });
+        }
+        // What each emit streams: the outputs after the results, in emit order.
+        let mut at = program.results().len();
+        let emits = lowered
+            .emits
+            .iter()
+            .map(|&(consumer, n)| {
+                let specs = lowered.outputs[at..at + n].to_vec();
+                at += n;
+                (consumer, specs)
+            })
+            .collect();
         let np = program.params().len();
         Ok(Box::new(XlaSpmd {
             session: Arc::clone(&self.session),
@@ -87,7 +106,7 @@ impl Backend for Xla {
                 staged: Vec::new(),
             }),
             pool: Mutex::new(Vec::new()),
-            emits: program.instrs().iter().any(|i| matches!(i.op, Op::Emit { .. })),
+            emits,
         }))
     }
 
@@ -119,7 +138,8 @@ struct XlaSpmd {
     /// Host tensors a step's feeds were split into, kept after their upload for the
     /// next step's feeds: no fresh pages to fault in and zero each step.
     pool: Mutex<Vec<Tensor>>,
-    emits: bool,
+    /// Each `emit`: its consumer and what it streams.
+    emits: Vec<(u32, Vec<TensorSpec>)>,
 }
 
 /// The most host tensors [`XlaSpmd::pool`] keeps.
@@ -187,11 +207,10 @@ impl SpmdExecutable for XlaSpmd {
         tag: u64,
     ) -> Result<Vec<Vec<Vec<Tensor>>>> {
         let steps = feeds.into_iter().next().unwrap_or_default();
-        if self.emits && !strategy.has_metrics() {
-            return Err(Error::Metrics {
-                problem: "the program emits, and the strategy streams no metrics (with_metrics)"
-                    .into(),
-            });
+        // Every emit's consumer must take what it emits: checked now, as a failure to
+        // stream after the state is donated would lose the state.
+        for (consumer, specs) in &self.emits {
+            strategy.takes_metrics(*consumer, specs)?;
         }
         let client = self.session.client();
         let device = client.device(0)?;
@@ -280,12 +299,10 @@ impl SpmdExecutable for XlaSpmd {
             let mut host =
                 outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
             let emitted = host.split_off(kept.min(host.len()));
-            if self.emits {
-                let mut rest = emitted.into_iter();
-                for &(consumer, n) in &self.compiled.lowered.emits {
-                    let values: Vec<Tensor> = rest.by_ref().take(n).collect();
-                    strategy.host_emit(0, consumer, tag + i as u64, values)?;
-                }
+            let mut rest = emitted.into_iter();
+            for (consumer, specs) in &self.emits {
+                let values: Vec<Tensor> = rest.by_ref().take(specs.len()).collect();
+                strategy.host_emit(0, *consumer, tag + i as u64, values)?;
             }
             results.push(host);
         }
