@@ -204,7 +204,7 @@ pub(crate) struct TrainArgs {
     /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
     #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
     mesh: Option<(usize, usize)>,
-    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device for now)
+    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device or a mesh; no pipelines yet)
     #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
     backend: BackendArg,
     /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs

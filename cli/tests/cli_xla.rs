@@ -102,9 +102,9 @@ fn a_plugin_whose_client_fails_is_refused_with_its_message() {
 }
 
 #[test]
-fn a_mesh_on_xla_is_refused_until_meshes_come() {
-    let out = meshwork(&["train", "--backend", "xla", "--mesh", "2x2"], &[]);
-    refused(&out, &["one device", "--mesh 1x1"]);
+fn a_pipeline_on_xla_is_refused_until_pipelines_come() {
+    let out = meshwork(&["train", "--backend", "xla", "--mesh", "2x1", "--stages", "2"], &[]);
+    refused(&out, &["--backend xla runs SPMD meshes", "pipelines on XLA come next"]);
 }
 
 #[test]

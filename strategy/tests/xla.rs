@@ -56,10 +56,15 @@ fn one_device() -> Shardings {
 }
 
 fn metrics() -> (Arc<Mutex<Vec<MetricEvent>>>, Strategy) {
+    metrics_on(1)
+}
+
+/// A strategy of `devices` devices streaming the loss (consumer 7) to a list.
+fn metrics_on(devices: usize) -> (Arc<Mutex<Vec<MetricEvent>>>, Strategy) {
     let events: Arc<Mutex<Vec<MetricEvent>>> = Arc::default();
     let seen = events.clone();
     let spec = MetricSpec { id: 7, name: "loss".into(), specs: vec!["f64[]".parse().unwrap()] };
-    let strategy = Strategy::data_parallel(1)
+    let strategy = Strategy::data_parallel(devices)
         .unwrap()
         .with_metrics(
             &[spec],
@@ -145,17 +150,47 @@ fn a_checkpoint_saved_from_xla_restores_on_the_interpreter_and_back() {
     assert!((c - d).abs() <= 1e-12 * d.abs(), "{c} vs {d}");
 }
 
+/// A training step on a `data x model` mesh of XLA devices (meshwork's partitioner,
+/// XLA's collectives over the positions) gives the interpreter's losses and weights on
+/// the same mesh, with every parameter and optimizer slot resident on its device.
 #[test]
-fn a_mesh_larger_than_one_device_is_refused_until_meshes_come() {
+fn a_training_step_on_an_xla_mesh_gives_the_interpreters() {
     let (program, loss, weights) = mlp();
-    let strategy = Strategy::data_parallel(2).unwrap().with_backend(xla());
-    let shardings =
-        Shardings::new(Mesh::iota(&[("data", 2)]).unwrap()).with("x", "P('data')").unwrap();
-    let err = strategy
-        .compile_train_step(&program, loss, &weights, Optimizer::Sgd, &shardings)
-        .map(drop)
-        .unwrap_err();
-    assert!(err.to_string().contains("one device"), "{err}");
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
+    let on_xla = {
+        let (_, s) = metrics_on(4);
+        s.with_backend(Arc::new(Xla::with_devices(&plugin, 4).unwrap()))
+    };
+    let (_, interp) = metrics_on(4);
+    let shardings = Shardings::new(Mesh::iota(&[("data", 2), ("model", 2)]).unwrap())
+        .with("x", "P('data')")
+        .unwrap()
+        .with("labels", "P('data')")
+        .unwrap()
+        .with("w1", "P(None, 'model')")
+        .unwrap()
+        .with("b1", "P('model')")
+        .unwrap()
+        .with("w2", "P('model', None)")
+        .unwrap();
+    let adam = Optimizer::adam();
+    let mut a = on_xla.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
+    let mut b = interp.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
+    init(&a, &program);
+    init(&b, &program);
+    let mut got: Vec<f64> = (0..3).map(|s| a.step(&batch(s), 0.05).unwrap()).collect();
+    got.extend(a.run_steps(&(3..6).map(batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
+    let want: Vec<f64> = (0..6).map(|s| b.step(&batch(s), 0.05).unwrap()).collect();
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
+    }
+    for name in ["w1", "b1", "w2", "optimizer.m.w1"] {
+        let (g, w) = (a.get(name).unwrap().to_f64(), b.get(name).unwrap().to_f64());
+        assert_eq!(g.len(), w.len());
+        for (x, y) in g.iter().zip(&w) {
+            assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{name}: {x} vs {y}");
+        }
+    }
 }
 
 /// Every collective of the program IR, lowered to StableHLO and run by XLA on 4 CPU

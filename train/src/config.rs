@@ -104,7 +104,7 @@ pub enum BackendKind {
     #[default]
     Interpreter,
     /// XLA through a PJRT plugin: `--pjrt-plugin PATH`, or `MESHWORK_PJRT_PLUGIN`
-    /// when `None`. One device (`--mesh 1x1`) for now.
+    /// when `None`. One device or a `--mesh DxM`; no pipelines yet.
     Xla {
         /// `--pjrt-plugin`.
         plugin: Option<PathBuf>,

@@ -120,9 +120,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     } else {
         Layout::Mesh { data: data_axis, model: model_axis }
     };
-    if xla && devices > 1 {
+    if xla && stages > 1 {
         return Err(usage(format!(
-            "--backend xla runs on one device for now (--mesh 1x1, no --stages); {} needs {devices}: meshes and pipelines on XLA come next",
+            "--backend xla runs SPMD meshes (--mesh DxM); {} needs transfers between the stages' executables: pipelines on XLA come next",
             layout.describe()
         )));
     }
@@ -655,6 +655,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         xla: xla_backend(
             &config.backend,
             net_need(&net, batch, config.steps_per_run, dtype, devices),
+            devices,
         )?,
     })
 }
@@ -673,13 +674,15 @@ fn net_need(net: &Net, batch: usize, steps_per_run: usize, dtype: DType, devices
 fn xla_backend(
     backend: &BackendKind,
     need: f64,
+    devices: usize,
 ) -> Result<Option<std::sync::Arc<meshwork_strategy::backend::Xla>>> {
     use meshwork_strategy::xla::find;
     let BackendKind::Xla { plugin } = backend else { return Ok(None) };
     let flag = if plugin.is_some() { "pjrt-plugin" } else { "backend" };
     let path = find::plugin_path(plugin.as_deref()).map_err(|e| Error::flag(flag, e))?;
     let plugin = find::load(&path).map_err(|e| Error::flag(flag, e))?;
-    let xla = meshwork_strategy::backend::Xla::new(&plugin).map_err(|e| Error::flag(flag, e))?;
+    let xla = meshwork_strategy::backend::Xla::with_devices(&plugin, devices)
+        .map_err(|e| Error::flag(flag, e))?;
     let client = xla.session().client();
     let limit = client
         .device(0)

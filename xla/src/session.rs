@@ -58,16 +58,35 @@ impl Session {
         self.compiles.load(Ordering::Relaxed)
     }
 
-    /// `program` lowered with `options` and compiled, from the cache when the same
-    /// module was compiled before.
+    /// `program` lowered with `options` and compiled (replica `r` on XLA's default
+    /// device `r`), from the cache when the same module was compiled before.
     pub fn compile(&self, program: &Program, options: &LowerOptions) -> Result<Arc<Compiled>> {
+        self.compile_on(program, options, &[])
+    }
+
+    /// [`compile`](Self::compile) with replica `r` on the device whose id is
+    /// `devices[r]` (one per replica; empty for XLA's default assignment).
+    pub fn compile_on(
+        &self,
+        program: &Program,
+        options: &LowerOptions,
+        devices: &[i64],
+    ) -> Result<Arc<Compiled>> {
         let lowered = lower(program, options)?;
-        let key = lowered.text.clone();
+        let replicas = options.replicas.max(1);
+        if !devices.is_empty() && devices.len() != replicas {
+            return Err(Error::Arguments(format!(
+                "{} devices assigned to {replicas} replicas",
+                devices.len()
+            )));
+        }
+        let mut key = lowered.text.clone();
+        key.push_str(&format!("// devices {devices:?}"));
         if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(Arc::clone(c));
         }
         let compile =
-            CompileOptions { replicas: options.replicas.max(1), ..CompileOptions::default() };
+            CompileOptions { replicas, devices: devices.to_vec(), ..CompileOptions::default() };
         let executable = self
             .client
             .compile("mlir", lowered.text.as_bytes(), &compile.encode())

@@ -8,9 +8,12 @@
 //!   them all before reading any result back (asynchronous dispatch).
 //! - A step moves only its fed parameters (the batch) in and its results (loss,
 //!   metrics, what it `emit`s) out.
-//! - Programs are compiled once per module text (the session's cache).
-//! - One device for now: a mesh of more than one position, or a placed program, is an
-//!   error saying so.
+//! - Programs are compiled once per module text and device assignment (the session's
+//!   cache).
+//! - A mesh of N positions runs the partitioned per-device program compiled once with
+//!   `num_replicas = N`, replica `r` on the client's device `placement[r]`: its
+//!   collectives are XLA's over replica groups of positions. Placed programs (their
+//!   transfers between separate executables) are refused until pipelines come.
 //!
 //! Donation has JAX's cost: a step that fails on the device after its state was
 //! donated leaves that state unset (the next step reports the parameter lost), where
@@ -31,16 +34,34 @@ use meshwork_xla::{Arg, Buffer, Plugin, Session};
 use super::{Backend, PlacedExecutable, SpmdExecutable};
 use crate::{Error, Result, Strategy};
 
-/// XLA on a PJRT plugin's device 0.
+/// XLA on a PJRT plugin's devices: the strategy's device `d` is the client's device
+/// `d`.
 #[derive(Debug, Clone)]
 pub struct Xla {
     session: Arc<Session>,
 }
 
 impl Xla {
-    /// A back end on a new client of `plugin` (one device).
+    /// A back end on a new client of `plugin` with one device.
     pub fn new(plugin: &Plugin) -> Result<Xla> {
-        Ok(Xla { session: Arc::new(Session::new(plugin, 1)?) })
+        Xla::with_devices(plugin, 1)
+    }
+
+    /// A back end on a new client of `plugin` asked for `devices` devices (a CPU
+    /// plugin makes that many; a GPU plugin has one per GPU): an error when the client
+    /// has fewer.
+    pub fn with_devices(plugin: &Plugin, devices: usize) -> Result<Xla> {
+        let session = Session::new(plugin, devices.max(1))?;
+        let have = session.client().devices().len();
+        if have < devices {
+            return Err(Error::Compiled {
+                problem: format!(
+                    "the PJRT client ({}) has {have} devices, the strategy needs {devices}",
+                    session.client().platform()
+                ),
+            });
+        }
+        Ok(Xla { session: Arc::new(session) })
     }
 
     /// The session: its client and its compiled programs.
@@ -49,11 +70,11 @@ impl Xla {
     }
 }
 
-fn one_device(what: &str, n: usize) -> Error {
+fn no_pipelines(n: usize) -> Error {
     Error::Compiled {
         problem: format!(
-            "the XLA back end runs one device; this {what} needs {n} (meshes and pipelines \
-             on XLA come next)"
+            "the XLA back end runs SPMD programs on meshes; this placed program of {n} parts \
+             needs transfers between executables, which come with pipelines on XLA"
         ),
     }
 }
@@ -70,11 +91,16 @@ impl Backend for Xla {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
-        if placement.len() != 1 {
-            return Err(one_device("mesh", placement.len()));
-        }
-        let options = LowerOptions { replicas: 1, donate: carry.to_vec() };
-        let compiled = self.session.compile(program, &options)?;
+        let client = self.session.client();
+        let devices: Vec<meshwork_xla::Device> = placement
+            .iter()
+            .map(|&d| client.device(d).cloned())
+            .collect::<meshwork_xla::Result<_>>()?;
+        let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id())).collect();
+        let n = placement.len();
+        let options = LowerOptions { replicas: n, donate: carry.to_vec() };
+        let compiled =
+            self.session.compile_on(program, &options, if n > 1 { &ids } else { &[] })?;
         let lowered = &compiled.lowered;
         if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
             return Err(Error::Compiled {
@@ -101,9 +127,10 @@ impl Backend for Xla {
             carry: carry.to_vec(),
             results: program.results().len(),
             resident: resident.to_vec(),
+            devices,
             state: Mutex::new(State {
-                params: (0..np).map(|_| None).collect(),
-                staged: Vec::new(),
+                params: (0..n).map(|_| (0..np).map(|_| None).collect()).collect(),
+                staged: (0..n).map(|_| Vec::new()).collect(),
             }),
             pool: Mutex::new(Vec::new()),
             emits,
@@ -116,21 +143,25 @@ impl Backend for Xla {
         _placement: &[usize],
         _devices: usize,
     ) -> Result<Box<dyn PlacedExecutable>> {
-        Err(one_device("placed program", parts.len()))
+        Err(no_pipelines(parts.len()))
     }
 }
 
-/// The device's resident parameters and a run's staged results.
+/// Each position's resident parameters and a run's staged results.
 struct State {
-    params: Vec<Option<Buffer>>,
-    /// The last run's carried results, `(parameter, buffer)`, until committed.
-    staged: Vec<(usize, Buffer)>,
+    /// `params[r][k]`: position `r`'s part of parameter `k`.
+    params: Vec<Vec<Option<Buffer>>>,
+    /// The last run's carried results by position, `(parameter, buffer)`, until
+    /// committed.
+    staged: Vec<Vec<(usize, Buffer)>>,
 }
 
-/// A program compiled by XLA on one device.
+/// A program compiled by XLA for the positions of a mesh.
 struct XlaSpmd {
     session: Arc<Session>,
     compiled: Arc<Compiled>,
+    /// Each position's device.
+    devices: Vec<meshwork_xla::Device>,
     carry: Vec<(usize, usize)>,
     results: usize,
     resident: Vec<bool>,
@@ -150,8 +181,11 @@ impl XlaSpmd {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn position(r: usize) -> Result<()> {
-        if r == 0 { Ok(()) } else { Err(one_device("position", r + 1)) }
+    /// Position `r`'s device, or an error for a position the mesh does not have.
+    fn device(&self, r: usize) -> Result<&meshwork_xla::Device> {
+        self.devices.get(r).ok_or_else(|| Error::Compiled {
+            problem: format!("position {r} of a mesh of {}", self.devices.len()),
+        })
     }
 }
 
@@ -165,39 +199,35 @@ impl SpmdExecutable for XlaSpmd {
     }
 
     fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()> {
-        Self::position(r)?;
-        let device = self.session.client().device(0)?;
-        let buffer = self.session.client().put(&part, device)?;
-        self.state().params[param] = Some(buffer);
+        let buffer = self.session.client().put(&part, self.device(r)?)?;
+        self.state().params[r][param] = Some(buffer);
         Ok(())
     }
 
     fn put_all(&self, parts: Vec<(usize, usize, Tensor)>) -> Result<()> {
         // Every part uploaded first, then swapped in: a failed upload changes nothing.
-        let device = self.session.client().device(0)?;
         let mut uploaded = Vec::with_capacity(parts.len());
         for (r, param, part) in parts {
-            Self::position(r)?;
-            uploaded.push((param, self.session.client().put(&part, device)?));
+            uploaded.push((r, param, self.session.client().put(&part, self.device(r)?)?));
         }
         let mut state = self.state();
-        for (param, buffer) in uploaded {
-            state.params[param] = Some(buffer);
+        for (r, param, buffer) in uploaded {
+            state.params[r][param] = Some(buffer);
         }
         Ok(())
     }
 
     fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>> {
-        Self::position(r)?;
+        self.device(r)?;
         let state = self.state();
-        Ok(match &state.params[param] {
+        Ok(match &state.params[r][param] {
             Some(b) => Some(b.to_host()?),
             None => None,
         })
     }
 
     fn is_set(&self, r: usize, param: usize) -> bool {
-        r == 0 && self.state().params[param].is_some()
+        self.state().params.get(r).is_some_and(|p| p[param].is_some())
     }
 
     fn run(
@@ -206,117 +236,152 @@ impl SpmdExecutable for XlaSpmd {
         feeds: Vec<Vec<Vec<Tensor>>>,
         tag: u64,
     ) -> Result<Vec<Vec<Vec<Tensor>>>> {
-        let steps = feeds.into_iter().next().unwrap_or_default();
+        let n = self.devices.len();
+        if feeds.len() != n {
+            return Err(Error::Compiled {
+                problem: format!("feeds for {} positions of a mesh of {n}", feeds.len()),
+            });
+        }
+        let steps = feeds.first().map_or(0, Vec::len);
         // Every emit's consumer must take what it emits: checked now, as a failure to
         // stream after the state is donated would lose the state.
         for (consumer, specs) in &self.emits {
             strategy.takes_metrics(*consumer, specs)?;
         }
         let client = self.session.client();
-        let device = client.device(0)?;
-        // Every step's feeds on the device before anything is donated.
-        let mut uploaded: Vec<Vec<Buffer>> = Vec::with_capacity(steps.len());
-        for step_feed in &steps {
-            let want = self.resident.iter().filter(|&&r| !r).count();
-            if step_feed.len() != want {
+        let want = self.resident.iter().filter(|&&r| !r).count();
+        // Every step's feeds on every device before anything is donated:
+        // `uploaded[i][r]` is step `i`'s feeds on position `r`.
+        let mut uploaded: Vec<Vec<Vec<Buffer>>> =
+            (0..steps).map(|_| Vec::with_capacity(n)).collect();
+        for (r, position) in feeds.iter().enumerate() {
+            if position.len() != steps {
                 return Err(Error::Compiled {
-                    problem: format!(
-                        "{} feeds for {want} fed parameters (a partitioner bug)",
-                        step_feed.len()
-                    ),
+                    problem: "positions fed different numbers of steps (a partitioner bug)".into(),
                 });
             }
-            uploaded.push(
-                step_feed
-                    .iter()
-                    .map(|t| client.put(t, device))
-                    .collect::<meshwork_xla::Result<_>>()?,
-            );
+            let device = self.device(r)?;
+            for (i, step_feed) in position.iter().enumerate() {
+                if step_feed.len() != want {
+                    return Err(Error::Compiled {
+                        problem: format!(
+                            "{} feeds for {want} fed parameters (a partitioner bug)",
+                            step_feed.len()
+                        ),
+                    });
+                }
+                uploaded[i].push(
+                    step_feed
+                        .iter()
+                        .map(|t| client.put(t, device))
+                        .collect::<meshwork_xla::Result<_>>()?,
+                );
+            }
         }
         {
             // Uploaded: the host copies go back to the pool for the next call's feeds.
             let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-            for t in steps.into_iter().flatten() {
+            for t in feeds.into_iter().flatten().flatten() {
                 if pool.len() < POOL {
                     pool.push(t);
                 }
             }
         }
         let mut state = self.state();
-        let np = state.params.len();
-        if let Some(p) = (0..np).find(|&p| self.resident[p] && state.params[p].is_none()) {
-            return Err(unset(p));
+        let np = self.resident.len();
+        for r in 0..n {
+            if let Some(p) = (0..np).find(|&p| self.resident[p] && state.params[r][p].is_none()) {
+                return Err(unset(p));
+            }
         }
-        let carried_into: Vec<Option<usize>> =
-            (0..np).map(|p| self.carry.iter().find(|&&(_, q)| q == p).map(|&(r, _)| r)).collect();
-        // The carried results so far, by parameter: the next step's inputs.
-        let mut carried: Vec<Option<Buffer>> = (0..np).map(|_| None).collect();
-        let mut pending: Vec<Vec<Buffer>> = Vec::with_capacity(uploaded.len());
+        let carried_into: Vec<bool> =
+            (0..np).map(|p| self.carry.iter().any(|&(_, q)| q == p)).collect();
+        // The carried results so far, by position and parameter: the next step's
+        // inputs.
+        let mut carried: Vec<Vec<Option<Buffer>>> =
+            (0..n).map(|_| (0..np).map(|_| None).collect()).collect();
+        // `pending[i][r]`: step `i`'s outputs on position `r` that are not carried.
+        let mut pending: Vec<Vec<Vec<Buffer>>> = Vec::with_capacity(steps);
         for step_feed in uploaded {
-            let mut feed = step_feed.into_iter();
-            let uploads: Vec<Option<Buffer>> =
-                (0..np).map(|p| if self.resident[p] { None } else { feed.next() }).collect();
-            // What the step owns (fed, carried, or a resident parameter the step
-            // replaces, donated to it), then what it only reads.
-            let mut owned: Vec<Option<Buffer>> = Vec::with_capacity(np);
-            for (p, upload) in uploads.into_iter().enumerate() {
-                owned.push(match (upload, carried[p].take()) {
-                    (Some(b), _) | (None, Some(b)) => Some(b),
-                    (None, None) if carried_into[p].is_some() => {
-                        Some(state.params[p].take().ok_or_else(|| unset(p))?)
-                    }
-                    (None, None) => None,
-                });
+            // What each position's step owns (fed, carried, or a resident parameter
+            // the step replaces, donated to it); then what it only reads.
+            let mut owned: Vec<Vec<Option<Buffer>>> = Vec::with_capacity(n);
+            for (r, feed) in step_feed.into_iter().enumerate() {
+                let mut feed = feed.into_iter();
+                let mut mine = Vec::with_capacity(np);
+                for p in 0..np {
+                    mine.push(match (self.resident[p], carried[r][p].take()) {
+                        (false, _) => feed.next(),
+                        (true, Some(b)) => Some(b),
+                        (true, None) if carried_into[p] => {
+                            Some(state.params[r][p].take().ok_or_else(|| unset(p))?)
+                        }
+                        (true, None) => None,
+                    });
+                }
+                owned.push(mine);
             }
-            let mut args: Vec<Arg<'_>> = Vec::with_capacity(np);
-            for (p, b) in owned.into_iter().enumerate() {
-                args.push(match b {
-                    Some(b) => Arg::Donated(b),
-                    None => Arg::Borrowed(state.params[p].as_ref().ok_or_else(|| unset(p))?),
-                });
+            let mut args: Vec<Vec<Arg<'_>>> = Vec::with_capacity(n);
+            for (r, mine) in owned.into_iter().enumerate() {
+                let mut list = Vec::with_capacity(np);
+                for (p, b) in mine.into_iter().enumerate() {
+                    list.push(match b {
+                        Some(b) => Arg::Donated(b),
+                        None => Arg::Borrowed(state.params[r][p].as_ref().ok_or_else(|| unset(p))?),
+                    });
+                }
+                args.push(list);
             }
-            let mut outs: Vec<Option<Buffer>> = self
-                .compiled
-                .executable
-                .execute(vec![args])?
-                .into_iter()
-                .next()
-                .unwrap_or_default()
-                .into_iter()
-                .map(Some)
-                .collect();
-            for &(r, p) in &self.carry {
-                carried[p] = outs.get_mut(r).and_then(Option::take);
+            let outs = self.compiled.executable.execute(args)?;
+            let mut step_out = Vec::with_capacity(n);
+            for (r, outs) in outs.into_iter().enumerate() {
+                let mut outs: Vec<Option<Buffer>> = outs.into_iter().map(Some).collect();
+                for &(k, p) in &self.carry {
+                    carried[r][p] = outs.get_mut(k).and_then(Option::take);
+                }
+                step_out.push(outs.into_iter().flatten().collect());
             }
-            pending.push(outs.into_iter().flatten().collect());
+            pending.push(step_out);
         }
-        state.staged = carried.into_iter().enumerate().filter_map(|(p, b)| Some((p, b?))).collect();
+        state.staged = carried
+            .into_iter()
+            .map(|c| c.into_iter().enumerate().filter_map(|(p, b)| Some((p, b?))).collect())
+            .collect();
         drop(state);
         // Every step is enqueued; now the results come back, in order.
         let kept = self.results - self.carry.len();
-        let mut results = Vec::with_capacity(pending.len());
-        for (i, outs) in pending.into_iter().enumerate() {
-            let mut host =
-                outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
-            let emitted = host.split_off(kept.min(host.len()));
-            let mut rest = emitted.into_iter();
-            for (consumer, specs) in &self.emits {
-                let values: Vec<Tensor> = rest.by_ref().take(specs.len()).collect();
-                strategy.host_emit(0, *consumer, tag + i as u64, values)?;
+        let mut results: Vec<Vec<Vec<Tensor>>> =
+            (0..n).map(|_| Vec::with_capacity(steps)).collect();
+        for (i, step_out) in pending.into_iter().enumerate() {
+            for (r, outs) in step_out.into_iter().enumerate() {
+                let mut host =
+                    outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
+                let emitted = host.split_off(kept.min(host.len()));
+                // What the program emits streams from position 0, as on the interpreter.
+                if r == 0 {
+                    let mut rest = emitted.into_iter();
+                    for (consumer, specs) in &self.emits {
+                        let values: Vec<Tensor> = rest.by_ref().take(specs.len()).collect();
+                        strategy.host_emit(0, *consumer, tag + i as u64, values)?;
+                    }
+                }
+                results[r].push(host);
             }
-            results.push(host);
         }
-        Ok(vec![results])
+        Ok(results)
     }
 
     fn commit(&self, keep: bool) {
         let mut state = self.state();
         let staged = std::mem::take(&mut state.staged);
         if keep {
-            for (p, b) in staged {
-                state.params[p] = Some(b);
+            for (r, staged) in staged.into_iter().enumerate() {
+                for (p, b) in staged {
+                    state.params[r][p] = Some(b);
+                }
             }
         }
+        state.staged = (0..self.devices.len()).map(|_| Vec::new()).collect();
     }
 }
 
