@@ -613,7 +613,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     };
     let small =
         net.memory_estimate(batch, config.steps_per_run, dtype, devices, true) <= CHECK_BYTES;
-    // On XLA, one device is checked against the interpreter's one device.
+    // On XLA (one device or a mesh), each step is checked against the interpreter on one
+    // device.
     let check = (devices > 1 || xla)
         && match config.check {
             Check::Never => false,
