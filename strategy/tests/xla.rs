@@ -289,3 +289,54 @@ fn a_step_refused_on_the_host_leaves_the_device_state_as_it_was() {
         assert_eq!(step.steps(), 0);
     }
 }
+
+/// A run saved from XLA devices on one mesh restores onto another mesh of XLA devices
+/// and onto the interpreter, and the reverse, through the sharded checkpoints: each
+/// continues the run the saving one would have made.
+#[test]
+fn checkpoints_move_between_xla_meshes_and_the_interpreter() {
+    let (program, loss, weights) = mlp();
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
+    let mesh = |d: usize, m: usize| {
+        let mut s = Shardings::new(Mesh::iota(&[("data", d), ("model", m)]).unwrap())
+            .with("x", "P('data')")
+            .unwrap()
+            .with("labels", "P('data')")
+            .unwrap();
+        if m > 1 {
+            s = s.with("w1", "P(None, 'model')").unwrap().with("w2", "P('model', None)").unwrap();
+        }
+        s
+    };
+    let on_xla = |n: usize| {
+        let (_, s) = metrics_on(n);
+        s.with_backend(Arc::new(Xla::with_devices(&plugin, n).unwrap()))
+    };
+    let adam = Optimizer::adam();
+    // The uninterrupted run, on the interpreter on one device.
+    let (_, one) = metrics_on(1);
+    let mut whole = one.compile_train_step(&program, loss, &weights, adam, &mesh(1, 1)).unwrap();
+    init(&whole, &program);
+    let want: Vec<f64> = (0..9).map(|s| whole.step(&batch(s), 0.05).unwrap()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    // Steps 0..3 on XLA 2x2, saved.
+    let xla4 = on_xla(4);
+    let mut a = xla4.compile_train_step(&program, loss, &weights, adam, &mesh(2, 2)).unwrap();
+    init(&a, &program);
+    let mut got: Vec<f64> = (0..3).map(|s| a.step(&batch(s), 0.05).unwrap()).collect();
+    a.save_checkpoint(dir.path().join("a")).unwrap();
+    // Steps 3..6 on the interpreter 1x2, restored from it and saved.
+    let (_, two) = metrics_on(2);
+    let mut b = two.compile_train_step(&program, loss, &weights, adam, &mesh(1, 2)).unwrap();
+    b.restore_checkpoint(dir.path().join("a")).unwrap();
+    got.extend((3..6).map(|s| b.step(&batch(s), 0.05).unwrap()));
+    b.save_checkpoint(dir.path().join("b")).unwrap();
+    // Steps 6..9 on XLA 4x1, restored from the interpreter's.
+    let mut c = xla4.compile_train_step(&program, loss, &weights, adam, &mesh(4, 1)).unwrap();
+    c.restore_checkpoint(dir.path().join("b")).unwrap();
+    assert_eq!(c.steps(), 6);
+    got.extend((6..9).map(|s| c.step(&batch(s), 0.05).unwrap()));
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
+    }
+}
