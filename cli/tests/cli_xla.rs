@@ -3,25 +3,11 @@
 //! whose client cannot start (the mock plugin, `xla/mock`). Each is exit 2 with one
 //! line naming the flag, before anything is trained or written.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-/// The mock plugin, built once (a nested cargo in a target directory of its own).
-fn mock() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mock-plugin");
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "meshwork-pjrt-mock", "--target-dir"])
-            .arg(&target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "the mock plugin builds");
-        target.join("debug").join("libmeshwork_pjrt_mock.so")
-    })
-}
+#[path = "../../xla/tests/common/mock_plugin.rs"]
+mod mock_plugin;
+use mock_plugin::mock_library as mock;
 
 fn meshwork(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_meshwork"));

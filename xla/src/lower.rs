@@ -827,11 +827,23 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
 /// Where this replica's block of an axis of `block` elements starts: its position in
 /// its group times `block`, looked up by `replica_id` (an i64 scalar).
 fn block_start(e: &mut Emitter<'_>, groups: &[Vec<usize>], block: usize) -> String {
+    per_replica(e, groups, 0, |k, _| (k * block) as i64)
+}
+
+/// An i64 scalar of this replica's entry in a table by replica: `value(position in
+/// its group, group size)`, or `absent` for a replica in no group. Looked up by
+/// `replica_id`.
+fn per_replica(
+    e: &mut Emitter<'_>,
+    groups: &[Vec<usize>],
+    absent: i64,
+    value: impl Fn(usize, usize) -> i64,
+) -> String {
     let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1).max(e.replicas);
-    let mut table = vec![0i64; replicas];
+    let mut table = vec![absent; replicas];
     for g in groups {
         for (k, &r) in g.iter().enumerate() {
-            table[r] = (k * block) as i64;
+            table[r] = value(k, g.len());
         }
     }
     let values: Vec<String> = table.iter().map(ToString::to_string).collect();
@@ -855,27 +867,7 @@ fn group_size(e: &mut Emitter<'_>, groups: &[Vec<usize>], dtype: DType, dims: &[
     if groups.iter().all(|g| g.len() == first) {
         return e.splat(dtype, first as f64, dims);
     }
-    // The block start of a block of 1 is a replica's position; a table of sizes is the
-    // same lookup with each replica's group size in place of its position.
-    let replicas = groups.iter().flatten().copied().max().map_or(1, |m| m + 1).max(e.replicas);
-    let mut table = vec![1i64; replicas];
-    for g in groups {
-        for &r in g {
-            table[r] = g.len() as i64;
-        }
-    }
-    let values: Vec<String> = table.iter().map(ToString::to_string).collect();
-    let tt = format!("tensor<{replicas}xi64>");
-    let t = e.op("constant", &[], &format!("value = dense<[{}]> : {tt}", values.join(", ")), &tt);
-    let id = e.op("replica_id", &[], "", "tensor<ui32>");
-    let id64 = e.op("convert", &[(&id, "tensor<ui32>")], "", "tensor<i64>");
-    let at = e.op(
-        "dynamic_slice",
-        &[(&t, &tt), (&id64, "tensor<i64>")],
-        "slice_sizes = array<i64: 1>",
-        "tensor<1xi64>",
-    );
-    let n = e.op("reshape", &[(&at, "tensor<1xi64>")], "", "tensor<i64>");
+    let n = per_replica(e, groups, 1, |_, size| size as i64);
     let scalar = ty(dtype, &[]);
     let n = e.op("convert", &[(&n, "tensor<i64>")], "", &scalar);
     if dims.is_empty() {

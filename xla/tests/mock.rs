@@ -8,26 +8,13 @@
 #![allow(unsafe_code)] // only to call the mock's `mock_configure` before loading it
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 
 use meshwork_xla::{Code, Error, Plugin};
 
-/// The mock plugin, built once (a nested cargo in a target directory of its own).
-fn mock_library() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mock-plugin");
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "meshwork-pjrt-mock", "--target-dir"])
-            .arg(&target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "the mock plugin builds");
-        target.join("debug").join("libmeshwork_pjrt_mock.so")
-    })
+mod common {
+    pub(crate) mod mock_plugin;
 }
+use common::mock_plugin::mock_library;
 
 /// A copy of the mock of its own (its own statics) reporting `major.minor` and a
 /// `PJRT_Api` of `size` bytes.

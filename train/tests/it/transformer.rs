@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// JAX's reference command: its tokens and initial weights, 20 steps of 8 rows in f64.
-fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
+pub(crate) fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
     Config {
         data: Data::Tokens(reference("tokens.npy")),
         init: Some(reference("init.safetensors")),

@@ -7,27 +7,16 @@
 use meshwork_train::{BackendKind, CheckOutcome, Config, Data, ModelKind, OptimizerKind};
 use meshwork_types::DType;
 
-use crate::{assert_close, config, expected, losses, reference, refused_with, run, testdata};
+use crate::{assert_close, config, expected, losses, refused_with, run, testdata};
 
 fn xla() -> BackendKind {
     BackendKind::Xla { plugin: None }
 }
 
 /// JAX's reference command (its tokens and initial weights, 20 steps of 8 rows, f64)
-/// on one XLA device.
+/// on XLA.
 fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
-    Config {
-        data: Data::Tokens(reference("tokens.npy")),
-        init: Some(reference("init.safetensors")),
-        heads: Some(4),
-        batch: Some(8),
-        dtype: Some(DType::F64),
-        optimizer: Some(optimizer),
-        lr: Some(lr),
-        steps: Some(20),
-        backend: xla(),
-        ..config(ModelKind::Transformer)
-    }
+    Config { backend: xla(), ..crate::transformer::reference_run(optimizer, lr) }
 }
 
 /// JAX's run on every mesh through XLA: meshwork's partitioner splits the step
