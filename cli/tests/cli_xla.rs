@@ -88,12 +88,6 @@ fn a_plugin_whose_client_fails_is_refused_with_its_message() {
 }
 
 #[test]
-fn a_pipeline_on_xla_is_refused_until_pipelines_come() {
-    let out = meshwork(&["train", "--backend", "xla", "--mesh", "2x1", "--stages", "2"], &[]);
-    refused(&out, &["--backend xla runs SPMD meshes", "pipelines on XLA come next"]);
-}
-
-#[test]
 fn inspect_prints_the_stablehlo_module_without_a_plugin() {
     let out =
         meshwork(&["inspect", "--model", "transformer", "--backend", "xla", "--mesh", "1x2"], &[]);

@@ -2,7 +2,7 @@
 //! built with the `plugin-tests` feature, run by `cargo xtask xla-test` and CI, where
 //! a missing plugin fails): compiled training steps give the interpreter's losses and
 //! weights, several steps per call, emits through the outfeed, checkpoints between the
-//! two back ends, and a mesh refused until meshes come.
+//! two back ends, meshes, and placed programs with device-to-device transfers.
 
 use std::sync::{Arc, Mutex};
 
@@ -338,5 +338,55 @@ fn checkpoints_move_between_xla_meshes_and_the_interpreter() {
     got.extend((6..9).map(|s| c.step(&batch(s), 0.05).unwrap()));
     for (s, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
+    }
+}
+
+/// A program placed on 3 XLA devices, its variable `w` on device 2, a feed on device
+/// 1, the compute on device 0 — transfers both ways within a step — gives the
+/// interpreter's results and variables step after step, and a step moves only its
+/// feed in and its results out through the host: the values crossing devices go
+/// device to device.
+#[test]
+fn a_placed_program_on_xla_devices_gives_the_interpreters_without_host_round_trips() {
+    use meshwork_strategy::placed::PlaceOptions;
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:2", |b| b.param("w", "f64[4]".parse()?)).unwrap();
+    let x = b.device("/device:CPU:1", |b| b.param("x", "f64[4]".parse()?)).unwrap();
+    let x2 = b.device("/device:CPU:1", |b| b.mul(x, x)).unwrap();
+    let y = b.device("/device:CPU:0", |b| b.mul(w, x2)).unwrap();
+    let t = b.device("/device:CPU:0", |b| b.tanh(y)).unwrap();
+    let s = b.device("/device:CPU:0", |b| b.reduce_sum(t, &[0], false)).unwrap();
+    let g = b.device("/device:CPU:1", |b| b.mul(t, x)).unwrap();
+    let new_w = b.device("/device:CPU:2", |b| b.sub(w, g)).unwrap();
+    let p = b.finish(&[s, new_w]).unwrap();
+
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
+    let backend = Arc::new(Xla::with_devices(&plugin, 3).unwrap());
+    let on_xla = Strategy::data_parallel(3).unwrap().with_backend(backend.clone());
+    let interp = Strategy::data_parallel(3).unwrap();
+    let a = on_xla.place(&p, &[(1, 0)], &PlaceOptions::default()).unwrap();
+    let b = interp.place(&p, &[(1, 0)], &PlaceOptions::default()).unwrap();
+    assert_eq!(a.plan().parts().len(), 3, "{a}");
+    let w0 = Tensor::f64(&[4], vec![0.5, -1.0, 0.25, 2.0]).unwrap();
+    a.set("w", w0.clone()).unwrap();
+    b.set("w", w0).unwrap();
+    let client = backend.session().client();
+    for step in 0..4 {
+        let x: Vec<f64> = (0..4).map(|i| ((i + 3 * step) as f64 * 0.7).sin()).collect();
+        let feed = [Tensor::f64(&[4], x).unwrap()];
+        let before = client.transfers();
+        let got = a.step(&feed).unwrap();
+        let moved = client.transfers() - before;
+        let want = b.step(&feed).unwrap();
+        assert!((got[0].to_f64()[0] - want[0].to_f64()[0]).abs() <= 1e-12, "step {step}");
+        assert_eq!(moved.host_to_device, 32, "only the feed goes in: {moved:?}");
+        assert_eq!(moved.device_to_host, 8, "only the result comes out: {moved:?}");
+        // Every value crossing devices once, device to device: the plan's bytes.
+        assert_eq!(moved.device_to_device, a.transfer_bytes(), "{moved:?}");
+        assert!(moved.device_to_device > 0);
+        let (gw, ww) = (a.get("w").unwrap().to_f64(), b.get("w").unwrap().to_f64());
+        for (u, v) in gw.iter().zip(&ww) {
+            assert!((u - v).abs() <= 1e-12 * (1.0 + v.abs()), "step {step}: w {gw:?} vs {ww:?}");
+        }
     }
 }

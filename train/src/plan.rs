@@ -120,12 +120,6 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     } else {
         Layout::Mesh { data: data_axis, model: model_axis }
     };
-    if xla && stages > 1 {
-        return Err(usage(format!(
-            "--backend xla runs SPMD meshes (--mesh DxM); {} needs transfers between the stages' executables: pipelines on XLA come next",
-            layout.describe()
-        )));
-    }
     // How much, how fast.
     let steps = config.steps.unwrap_or(if mlp { 200 } else { 100 });
     let batch = config.batch.unwrap_or(match kind {

@@ -42,6 +42,6 @@ pub use error::{Error, Result};
 pub use options::CompileOptions;
 pub use pjrt::{
     Arg, Buffer, Client, Code, Device, Executable, MAJOR, MIN_MINOR, MemoryStats, NamedValueOf,
-    Plugin,
+    Plugin, Transfers,
 };
 pub use session::Session;

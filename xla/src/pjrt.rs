@@ -87,6 +87,7 @@ enum Slot {
     BufferElementType = 59,
     BufferDimensions = 60,
     BufferOnDeviceSizeInBytes = 64,
+    BufferCopyToDevice = 69,
     BufferToHostBuffer = 70,
 }
 
@@ -120,6 +121,7 @@ impl Slot {
             Slot::BufferElementType => "PJRT_Buffer_ElementType",
             Slot::BufferDimensions => "PJRT_Buffer_Dimensions",
             Slot::BufferOnDeviceSizeInBytes => "PJRT_Buffer_OnDeviceSizeInBytes",
+            Slot::BufferCopyToDevice => "PJRT_Buffer_CopyToDevice",
             Slot::BufferToHostBuffer => "PJRT_Buffer_ToHostBuffer",
         }
     }
@@ -259,6 +261,7 @@ args!(ExecuteArgs {
 });
 args!(BufferDestroyArgs { buffer: *mut Raw });
 args!(BufferElementTypeArgs { buffer: *mut Raw, kind: i32 });
+args!(BufferCopyToDeviceArgs { buffer: *mut Raw, dst_device: *mut Raw, dst_buffer: *mut Raw });
 args!(BufferDimensionsArgs { buffer: *mut Raw, dims: *const i64, num_dims: usize });
 args!(BufferSizeArgs { buffer: *mut Raw, size: usize });
 args!(BufferToHostArgs {
@@ -685,7 +688,11 @@ impl Plugin {
                 message: "returned no client".into(),
             });
         }
-        let inner = Arc::new(ClientInner { api: Arc::clone(&self.api), raw: args.client });
+        let inner = Arc::new(ClientInner {
+            api: Arc::clone(&self.api),
+            raw: args.client,
+            moved: Default::default(),
+        });
         let mut devices_args = ClientAddressableDevicesArgs::new();
         devices_args.client = inner.raw;
         self.api.call(Slot::ClientAddressableDevices, &mut devices_args)?;
@@ -724,7 +731,7 @@ impl Plugin {
 }
 
 /// Every slot, checked at load time so that a short table fails there, not mid-run.
-const ALL_SLOTS: [Slot; 28] = [
+const ALL_SLOTS: [Slot; 29] = [
     Slot::ErrorDestroy,
     Slot::ErrorMessage,
     Slot::ErrorGetCode,
@@ -752,6 +759,7 @@ const ALL_SLOTS: [Slot; 28] = [
     Slot::BufferElementType,
     Slot::BufferDimensions,
     Slot::BufferOnDeviceSizeInBytes,
+    Slot::BufferCopyToDevice,
     Slot::BufferToHostBuffer,
 ];
 
@@ -782,6 +790,15 @@ fn read_named(v: &NamedValue) -> NamedValueOf {
 struct ClientInner {
     api: Arc<Api>,
     raw: *mut Raw,
+    /// Bytes moved by this binding's calls: host to device, device to host, device
+    /// to device.
+    moved: [std::sync::atomic::AtomicU64; 3],
+}
+
+impl ClientInner {
+    fn count(&self, which: usize, bytes: usize) {
+        self.moved[which].fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 // SAFETY: a PJRT client is thread-safe (the C API's objects may be used from any
@@ -843,6 +860,28 @@ pub struct MemoryStats {
     pub bytes_limit: Option<i64>,
 }
 
+/// Bytes a client's buffers moved ([`Client::transfers`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfers {
+    /// Uploads ([`Client::put`]).
+    pub host_to_device: u64,
+    /// Downloads ([`Buffer::to_host`]).
+    pub device_to_host: u64,
+    /// Copies between devices ([`Buffer::copy_to`]).
+    pub device_to_device: u64,
+}
+
+impl std::ops::Sub for Transfers {
+    type Output = Transfers;
+    fn sub(self, earlier: Transfers) -> Transfers {
+        Transfers {
+            host_to_device: self.host_to_device - earlier.host_to_device,
+            device_to_host: self.device_to_host - earlier.device_to_host,
+            device_to_device: self.device_to_device - earlier.device_to_device,
+        }
+    }
+}
+
 /// A PJRT client: the devices of one plugin in this process.
 pub struct Client {
     inner: Arc<ClientInner>,
@@ -860,6 +899,13 @@ impl Client {
     /// The platform's name (`cpu`, `cuda`).
     pub fn platform(&self) -> &str {
         &self.platform
+    }
+
+    /// The bytes this client's buffers moved so far, counted as the copies are made
+    /// (uploads, downloads, device-to-device copies).
+    pub fn transfers(&self) -> Transfers {
+        let read = |k: usize| self.inner.moved[k].load(std::sync::atomic::Ordering::Relaxed);
+        Transfers { host_to_device: read(0), device_to_host: read(1), device_to_device: read(2) }
     }
 
     /// The addressable devices.
@@ -950,6 +996,7 @@ impl Client {
         self.inner
             .api
             .await_event("PJRT_Client_BufferFromHostBuffer", args.done_with_host_buffer)?;
+        self.inner.count(0, bytes.len());
         Ok(buffer)
     }
 }
@@ -1044,6 +1091,40 @@ impl Buffer {
         Ok(args.size)
     }
 
+    /// Copies it to `device` of the same client, device to device (no host round
+    /// trip where the plugin has a direct path). Returns when the copy is enqueued:
+    /// the copy is ready when read, as an execution's outputs are.
+    pub fn copy_to(&self, device: &Device) -> Result<Buffer> {
+        if !Arc::ptr_eq(&device.client, &self.client) {
+            return Err(Error::Arguments(format!(
+                "a copy to device {}, which belongs to another client",
+                device.id
+            )));
+        }
+        let mut args = BufferCopyToDeviceArgs::new();
+        args.buffer = self.raw;
+        args.dst_device = device.raw;
+        self.client.api.call(Slot::BufferCopyToDevice, &mut args)?;
+        if args.dst_buffer.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_Buffer_CopyToDevice",
+                code: Code::Internal,
+                message: "returned no buffer".into(),
+            });
+        }
+        let copy = Buffer { client: Arc::clone(&self.client), raw: args.dst_buffer };
+        self.client.count(2, self.logical_bytes()?);
+        Ok(copy)
+    }
+
+    /// Its elements' bytes (dtype size times element count).
+    fn logical_bytes(&self) -> Result<usize> {
+        let (dtype, dims) = (self.dtype()?, self.dims()?);
+        meshwork_types::Shape::new(&dims)
+            .and_then(|s| s.byte_size(dtype))
+            .map_err(|e| Error::Host(e.to_string()))
+    }
+
     /// Copies it to the host (waiting for the computation that makes it).
     pub fn to_host(&self) -> Result<Tensor> {
         let (dtype, dims) = (self.dtype()?, self.dims()?);
@@ -1068,6 +1149,7 @@ impl Buffer {
         self.client.api.call(Slot::BufferToHostBuffer, &mut args)?;
         // `bytes` must outlive the copy: the event is awaited before it is read.
         self.client.api.await_event("PJRT_Buffer_ToHostBuffer", args.event)?;
+        self.client.count(1, want);
         Tensor::from_le_bytes(dtype, &dims, &bytes).map_err(|e| Error::Host(e.to_string()))
     }
 }

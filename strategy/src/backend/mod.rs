@@ -19,6 +19,7 @@ use meshwork_types::{Tensor, TensorSpec};
 
 use crate::{Result, Strategy};
 
+mod cut;
 mod interpreter;
 mod xla;
 
@@ -52,6 +53,31 @@ pub trait Backend: Send + Sync + fmt::Debug {
         placement: &[usize],
         devices: usize,
     ) -> Result<Box<dyn PlacedExecutable>>;
+}
+
+/// Where each result of `part` goes: `Some(slot)` for the variable (among its
+/// `Source::Variable`s) that a `Sink::Update` replaces, `None` otherwise; an error for
+/// an update of a variable the part does not hold (a partitioner bug).
+pub(crate) fn placed_sinks(part: &Part) -> Result<Vec<Option<usize>>> {
+    use meshwork_partition::placed::{Sink, Source};
+    part.sinks
+        .iter()
+        .map(|s| match *s {
+            Sink::Update(k) => part
+                .sources
+                .iter()
+                .filter(|s| matches!(s, Source::Variable(_)))
+                .position(|s| *s == Source::Variable(k))
+                .map(Some)
+                .ok_or_else(|| crate::Error::Compiled {
+                    problem: format!(
+                        "a part on device {} updates variable {k}, which it does not hold",
+                        part.device
+                    ),
+                }),
+            Sink::Result(_) | Sink::Token => Ok(None),
+        })
+        .collect()
 }
 
 /// An SPMD program compiled onto the devices of a mesh, with its resident parameters'
@@ -107,18 +133,21 @@ pub trait SpmdExecutable: Send + Sync {
 /// A placed program's parts compiled onto their devices, with its variables there.
 pub trait PlacedExecutable: Send + Sync {
     /// Makes `value` variable `slot` of part `part` (its `Source::Variable`s, in
-    /// order).
-    fn put(&self, part: usize, slot: usize, value: Tensor);
+    /// order): a copy to the device, which may fail (out of device memory).
+    fn put(&self, part: usize, slot: usize, value: Tensor) -> Result<()>;
 
-    /// A copy of variable `slot` of part `part`, if set.
-    fn fetch(&self, part: usize, slot: usize) -> Option<Tensor>;
+    /// A copy of variable `slot` of part `part`, if set (a copy from the device,
+    /// which may fail).
+    fn fetch(&self, part: usize, slot: usize) -> Result<Option<Tensor>>;
 
     /// Whether variable `slot` of part `part` is set.
     fn is_set(&self, part: usize, slot: usize) -> bool;
 
     /// Runs one step: `feeds[p]` are part `p`'s fed inputs (its `Source::Feed`s, in
-    /// order); its variables are read where they are. Returns each part's results, in
-    /// its sinks' order. A failure on any device ends the step on all of them with
-    /// that device's error.
+    /// order); its variables are read where they are, and its `Sink::Update`s become
+    /// their next values on the device — only if every device finished the step; a
+    /// step that fails anywhere leaves them as they were. Returns each part's
+    /// `Sink::Result` values, in its sinks' order. A failure on any device ends the
+    /// step on all of them with that device's error.
     fn run(&self, strategy: &Strategy, feeds: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>>;
 }

@@ -52,6 +52,8 @@ pub struct Placed<'s> {
     exe: Box<dyn PlacedExecutable>,
     /// Per parameter: the (part, slot) of its resident value if it is a variable.
     slot: Vec<Option<(usize, usize)>>,
+    /// Per result of the program, whether a step returns it (it is not carried).
+    returned: Vec<bool>,
     /// Held while a step runs: one step of a placed program at a time.
     busy: Mutex<()>,
 }
@@ -125,8 +127,21 @@ impl Strategy {
             }
         }
         let placement: Vec<usize> = plan.parts().iter().map(|p| p.device).collect();
-        let exe = self.backend().compile_placed(plan.parts(), &placement, runtime_devices)?;
-        Ok(Placed { strategy: self, plan, exe, slot, busy: Mutex::new(()) })
+        // A carried result stays on its device as the variable's next value; only the
+        // others come back from a step.
+        let carried: Vec<bool> =
+            (0..program.results().len()).map(|k| carry.iter().any(|&(r, _)| r == k)).collect();
+        let mut parts = plan.parts().to_vec();
+        for part in &mut parts {
+            for sink in &mut part.sinks {
+                if matches!(*sink, Sink::Result(k) if carried[k]) {
+                    *sink = Sink::Token;
+                }
+            }
+        }
+        let returned = carried.iter().map(|&c| !c).collect();
+        let exe = self.backend().compile_placed(&parts, &placement, runtime_devices)?;
+        Ok(Placed { strategy: self, plan, exe, slot, returned, busy: Mutex::new(()) })
     }
 }
 
@@ -218,19 +233,19 @@ impl Placed<'_> {
             ));
         }
         let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        self.exe.put(r, j, value);
-        Ok(())
+        self.exe.put(r, j, value)
     }
 
     /// Variable `name`'s current value.
     pub fn get(&self, name: &str) -> Result<Tensor> {
         let (_, r, j) = self.variable(name)?;
         let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        self.exe.fetch(r, j).ok_or_else(|| placed_error(name.to_string(), "has no value yet"))
+        self.exe.fetch(r, j)?.ok_or_else(|| placed_error(name.to_string(), "has no value yet"))
     }
 
     /// Runs one step: `feeds` are the fed parameters in order; returns the program's
-    /// results. Carried results become the variables' values only if every device
+    /// results that are not carried, in order (as a compiled SPMD step does). Carried
+    /// results become the variables' values, on their devices, only if every device
     /// finished the step; a step that fails anywhere leaves them as they were.
     pub fn step(&self, feeds: &[Tensor]) -> Result<Vec<Tensor>> {
         if feeds.len() != self.plan.feeds().len() {
@@ -275,22 +290,25 @@ impl Placed<'_> {
             })
             .collect();
         let outs = self.exe.run(self.strategy, feeds_of)?;
-        // Every device finished: results out, updates in.
+        // Every device finished (its updates kept on the devices): the results out.
         let mut results: Vec<Option<Tensor>> = vec![None; self.plan.program().results().len()];
-        for (r, (part, out)) in self.plan.parts().iter().zip(outs).enumerate() {
-            for (sink, t) in part.sinks.iter().zip(out) {
-                match *sink {
-                    Sink::Result(k) => results[k] = Some(t),
-                    Sink::Update(k) => {
-                        let (vr, j) = self.slot[k].expect("an updated parameter is a variable");
-                        debug_assert_eq!(vr, r);
-                        self.exe.put(vr, j, t);
-                    }
-                    Sink::Token => {}
-                }
+        for (part, out) in self.plan.parts().iter().zip(outs) {
+            let sinks = part.sinks.iter().filter_map(|s| match *s {
+                Sink::Result(k) => Some(k),
+                Sink::Update(_) | Sink::Token => None,
+            });
+            for (k, t) in sinks.zip(out) {
+                results[k] = Some(t);
             }
         }
-        Ok(results.into_iter().map(|t| t.expect("every result has a device")).collect())
+        results
+            .into_iter()
+            .zip(&self.returned)
+            .filter(|(_, r)| **r)
+            .map(|(t, _)| {
+                t.ok_or_else(|| placed_error(String::new(), "a result no device returned"))
+            })
+            .collect()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use meshwork_partition::placed::{Part, Source};
+use meshwork_partition::placed::{Part, Sink, Source};
 use meshwork_program::Env;
 use meshwork_program::fast::{Input, Options};
 use meshwork_types::Tensor;
@@ -12,6 +12,7 @@ use meshwork_types::Tensor;
 use super::dataflow::Segments;
 use super::{ReplicaChannels, lock, run_replicas};
 use crate::backend::PlacedExecutable;
+use crate::backend::placed_sinks;
 use crate::{Result, Strategy};
 
 /// The parts, on their devices.
@@ -22,6 +23,11 @@ pub(super) struct Parts {
     sources: Arc<Vec<Vec<Source>>>,
     /// Per part, its variables' values (in its sources' order), on its device.
     resident: Arc<Vec<Mutex<Vec<Option<Tensor>>>>>,
+    /// Per part, where each result goes: `Some(slot)` for the variable it updates,
+    /// `None` for a step result (or nothing).
+    sinks: Vec<Vec<Option<usize>>>,
+    /// Per part, its sinks as declared.
+    kinds: Vec<Vec<Sink>>,
     /// The device of each part.
     placement: Vec<usize>,
 }
@@ -44,18 +50,21 @@ impl Parts {
             exes: Arc::new(exes),
             sources: Arc::new(parts.iter().map(|p| p.sources.clone()).collect()),
             resident: Arc::new(resident),
+            sinks: parts.iter().map(placed_sinks).collect::<Result<_>>()?,
+            kinds: parts.iter().map(|p| p.sinks.clone()).collect(),
             placement: placement.to_vec(),
         })
     }
 }
 
 impl PlacedExecutable for Parts {
-    fn put(&self, part: usize, slot: usize, value: Tensor) {
+    fn put(&self, part: usize, slot: usize, value: Tensor) -> Result<()> {
         lock(&self.resident[part])[slot] = Some(value);
+        Ok(())
     }
 
-    fn fetch(&self, part: usize, slot: usize) -> Option<Tensor> {
-        lock(&self.resident[part])[slot].clone()
+    fn fetch(&self, part: usize, slot: usize) -> Result<Option<Tensor>> {
+        Ok(lock(&self.resident[part])[slot].clone())
     }
 
     fn is_set(&self, part: usize, slot: usize) -> bool {
@@ -94,6 +103,21 @@ impl PlacedExecutable for Parts {
                 Ok(())
             }),
         )?;
-        Ok(outs.iter().map(|o| std::mem::take(&mut *lock(o))).collect())
+        // Every device finished: updates to the variables, results out.
+        let mut results = Vec::with_capacity(n);
+        for (p, o) in outs.iter().enumerate() {
+            let out = std::mem::take(&mut *lock(o));
+            let mut held = lock(&self.resident[p]);
+            let mut kept = Vec::new();
+            for ((to, kind), t) in self.sinks[p].iter().zip(&self.kinds[p]).zip(out) {
+                match (to, kind) {
+                    (Some(j), _) => held[*j] = Some(t),
+                    (None, Sink::Result(_)) => kept.push(t),
+                    (None, _) => {}
+                }
+            }
+            results.push(kept);
+        }
+        Ok(results)
     }
 }

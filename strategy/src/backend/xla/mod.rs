@@ -12,8 +12,10 @@
 //!   cache).
 //! - A mesh of N positions runs the partitioned per-device program compiled once with
 //!   `num_replicas = N`, replica `r` on the client's device `placement[r]`: its
-//!   collectives are XLA's over replica groups of positions. Placed programs (their
-//!   transfers between separate executables) are refused until pipelines come.
+//!   collectives are XLA's over replica groups of positions.
+//! - A placed program (a pipeline's stages) runs each part cut into segments
+//!   ([`placed`]), one executable per segment on the part's device, its transfers
+//!   PJRT device-to-device copies.
 //!
 //! Donation has JAX's cost: a step that fails on the device after its state was
 //! donated leaves that state unset (the next step reports the parameter lost), where
@@ -33,6 +35,8 @@ use meshwork_xla::{Arg, Buffer, Plugin, Session};
 
 use super::{Backend, PlacedExecutable, SpmdExecutable};
 use crate::{Error, Result, Strategy};
+
+mod placed;
 
 /// XLA on a PJRT plugin's devices: the strategy's device `d` is the client's device
 /// `d`.
@@ -70,15 +74,6 @@ impl Xla {
     }
 }
 
-fn no_pipelines(n: usize) -> Error {
-    Error::Compiled {
-        problem: format!(
-            "the XLA back end runs SPMD programs on meshes; this placed program of {n} parts \
-             needs transfers between executables, which come with pipelines on XLA"
-        ),
-    }
-}
-
 impl Backend for Xla {
     fn name(&self) -> &'static str {
         "xla"
@@ -99,8 +94,7 @@ impl Backend for Xla {
         let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id())).collect();
         let n = placement.len();
         let options = LowerOptions { replicas: n, donate: carry.to_vec() };
-        let compiled =
-            self.session.compile_on(program, &options, if n > 1 { &ids } else { &[] })?;
+        let compiled = self.session.compile_on(program, &options, &ids)?;
         let lowered = &compiled.lowered;
         if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
             return Err(Error::Compiled {
@@ -140,10 +134,10 @@ impl Backend for Xla {
     fn compile_placed(
         &self,
         parts: &[Part],
-        _placement: &[usize],
+        placement: &[usize],
         _devices: usize,
     ) -> Result<Box<dyn PlacedExecutable>> {
-        Err(no_pipelines(parts.len()))
+        Ok(Box::new(placed::XlaPlaced::compile(&self.session, parts, placement)?))
     }
 }
 
