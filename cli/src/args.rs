@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meshwork_train::{
-    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule,
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Partitioner,
+    Schedule,
 };
 use meshwork_types::DType;
 
@@ -204,9 +205,12 @@ pub(crate) struct TrainArgs {
     /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
     #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
     mesh: Option<(usize, usize)>,
-    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device or a mesh; no pipelines yet)
+    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device, a mesh or a pipeline)
     #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
     backend: BackendArg,
+    /// Who splits a mesh's step with --backend xla: meshwork's partitioner (per-device programs), or XLA's (the global program with its shardings, as jax.jit)
+    #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
+    partitioner: PartitionerArg,
     /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs
     #[arg(long, value_name = "PATH")]
     pjrt_plugin: Option<PathBuf>,
@@ -322,15 +326,15 @@ impl TrainArgs {
         self.quiet
     }
 
-    /// The run's settings.
-    pub(crate) fn config(&self) -> Config {
+    /// The run's settings; a flag that needs another is a usage error.
+    pub(crate) fn config(&self) -> Result<Config, Exit> {
         let data = match (&self.data_x, &self.data_y, &self.text, &self.data_tokens) {
             (Some(x), Some(y), _, _) => Data::Npy { x: x.clone(), y: y.clone() },
             (_, _, Some(t), _) => Data::Text(t.clone()),
             (_, _, _, Some(t)) => Data::Tokens(t.clone()),
             _ => Data::BuiltIn,
         };
-        Config {
+        Ok(Config {
             model: self.model.into(),
             layers: self.sizes.layers,
             dim: self.sizes.dim,
@@ -345,7 +349,7 @@ impl TrainArgs {
             init: self.init.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
-            backend: backend_kind(self.backend, &self.pjrt_plugin),
+            backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
             stages: self.stages,
             microbatches: self.microbatches,
             steps: self.steps,
@@ -378,7 +382,7 @@ impl TrainArgs {
             losses_json: self.losses_json.clone(),
             metrics_jsonl: self.metrics_jsonl.clone(),
             plot: self.plot.clone(),
-        }
+        })
     }
 }
 
@@ -391,11 +395,32 @@ pub(crate) enum BackendArg {
     Xla,
 }
 
-/// The back end `--backend` and `--pjrt-plugin` name.
-fn backend_kind(backend: BackendArg, plugin: &Option<PathBuf>) -> BackendKind {
+/// `--partitioner`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PartitionerArg {
+    /// meshwork's partitioner: per-device programs with its collectives.
+    Meshwork,
+    /// XLA's SPMD partitioner (--backend xla).
+    Xla,
+}
+
+/// The back end `--backend`, `--pjrt-plugin` and `--partitioner` name.
+fn backend_kind(
+    backend: BackendArg,
+    plugin: &Option<PathBuf>,
+    partitioner: PartitionerArg,
+) -> Result<BackendKind, Exit> {
+    let partitioner = match partitioner {
+        PartitionerArg::Meshwork => Partitioner::Meshwork,
+        PartitionerArg::Xla => Partitioner::Xla,
+    };
     match backend {
-        BackendArg::Interpreter => BackendKind::Interpreter,
-        BackendArg::Xla => BackendKind::Xla { plugin: plugin.clone() },
+        BackendArg::Interpreter if partitioner == Partitioner::Xla => Err(Exit::Usage(
+            "--partitioner xla needs --backend xla (the interpreter runs meshwork's partitions)"
+                .into(),
+        )),
+        BackendArg::Interpreter => Ok(BackendKind::Interpreter),
+        BackendArg::Xla => Ok(BackendKind::Xla { plugin: plugin.clone(), partitioner }),
     }
 }
 
@@ -449,7 +474,7 @@ impl InspectArgs {
             optimizer: Some(self.optimizer.into()),
             dtype: Some(self.dtype.into()),
             max_memory: self.max_memory,
-            backend: backend_kind(self.backend, &None),
+            backend: backend_kind(self.backend, &None, PartitionerArg::Meshwork)?,
             ..Config::new(ModelKind::Transformer)
         })
     }

@@ -109,7 +109,7 @@ impl Observer for Progress {
 
 /// Trains as `args` say; the summary on stdout unless `--quiet`.
 pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
-    let trainer = Trainer::new(&args.config()).map_err(exit)?;
+    let trainer = Trainer::new(&args.config()?).map_err(exit)?;
     let stop = stop_on_signals().map_err(exit)?;
     let mut progress = Progress {
         quiet: args.quiet(),

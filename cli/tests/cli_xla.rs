@@ -99,3 +99,9 @@ fn inspect_prints_the_stablehlo_module_without_a_plugin() {
     assert!(text.contains("\"stablehlo.all_reduce\""));
     assert!(text.contains("tf.aliasing_output"));
 }
+
+#[test]
+fn xlas_partitioner_needs_the_xla_back_end() {
+    let out = meshwork(&["train", "--partitioner", "xla", "--mesh", "2x1"], &[]);
+    refused(&out, &["--partitioner xla needs --backend xla"]);
+}

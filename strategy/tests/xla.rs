@@ -199,7 +199,7 @@ fn a_training_step_on_an_xla_mesh_gives_the_interpreters() {
 #[test]
 fn collectives_on_xla_devices_agree_with_the_executors() {
     use meshwork_strategy::ReduceOp;
-    use meshwork_strategy::backend::{Backend, Interpreter};
+    use meshwork_strategy::backend::Interpreter;
     use meshwork_strategy::xla::{Arg, Session, lower::LowerOptions};
     let mut b = Builder::new();
     let x = b.param("x", "f64[4,2]".parse().unwrap()).unwrap();
@@ -229,14 +229,14 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
         .collect();
     // The interpreter on 4 executor devices.
     let strategy = Strategy::data_parallel(4).unwrap();
-    let interp = Interpreter.compile_spmd(&program, &[0, 1, 2, 3], &[false], &[]).unwrap();
+    let interp = Interpreter.compile_per_device(&program, &[0, 1, 2, 3], &[false], &[]);
     let want =
         interp.run(&strategy, inputs.iter().map(|t| vec![vec![t.clone()]]).collect(), 0).unwrap();
     // XLA on 4 CPU devices of one client.
     let path = meshwork_xla::find::plugin_path(None).expect("MESHWORK_PJRT_PLUGIN");
     let session = Session::new(&meshwork_xla::find::load(&path).unwrap(), 4).unwrap();
     let compiled =
-        session.compile(&program, &LowerOptions { replicas: 4, donate: Vec::new() }).unwrap();
+        session.compile(&program, &LowerOptions { replicas: 4, ..Default::default() }).unwrap();
     let client = session.client();
     let buffers: Vec<_> = inputs
         .iter()

@@ -104,12 +104,16 @@ pub enum BackendKind {
     #[default]
     Interpreter,
     /// XLA through a PJRT plugin: `--pjrt-plugin PATH`, or `MESHWORK_PJRT_PLUGIN`
-    /// when `None`. One device or a `--mesh DxM`; no pipelines yet.
+    /// when `None`. One device, a `--mesh DxM`, or a pipeline.
     Xla {
         /// `--pjrt-plugin`.
         plugin: Option<PathBuf>,
+        /// `--partitioner`: who splits a mesh's step, meshwork or XLA.
+        partitioner: Partitioner,
     },
 }
+
+pub use meshwork_strategy::backend::Partitioner;
 
 /// A training run's settings: the command line's flags, by name.
 #[derive(Debug, Clone, PartialEq)]

@@ -72,8 +72,11 @@ pub fn inspect(config: &Config) -> Result<String> {
     if matches!(config.backend, crate::config::BackendKind::Xla { .. }) {
         // The module XLA compiles for each device, its state donated step to step.
         let carry = step.compiled().carry_pairs();
-        let options =
-            meshwork_strategy::xla::lower::LowerOptions { replicas: devices, donate: carry };
+        let options = meshwork_strategy::xla::lower::LowerOptions {
+            replicas: devices,
+            donate: carry,
+            ..Default::default()
+        };
         let lowered = meshwork_strategy::xla::lower::lower(part.program(), &options)
             .map_err(Error::failed)?;
         return Ok(lowered.text);

@@ -55,7 +55,8 @@ mod stop;
 mod trainer;
 
 pub use config::{
-    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Schedule,
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Partitioner,
+    Schedule,
 };
 pub use error::{Error, Result};
 pub use init::read_init;

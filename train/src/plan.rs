@@ -11,7 +11,9 @@ use meshwork_nn::{Cnn, Mlp, Optimizer, Transformer};
 use meshwork_types::{DType, Tensor};
 use serde_json::Value;
 
-use crate::config::{BackendKind, Check, Config, Data, ModelKind, OptimizerKind, Schedule};
+use crate::config::{
+    BackendKind, Check, Config, Data, ModelKind, OptimizerKind, Partitioner, Schedule,
+};
 use crate::data::{self, BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
 use crate::files::{Output, check_output, read_losses};
 use crate::model::{Layout, Net};
@@ -120,6 +122,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     } else {
         Layout::Mesh { data: data_axis, model: model_axis }
     };
+    if stages > 1
+        && matches!(config.backend, BackendKind::Xla { partitioner: Partitioner::Xla, .. })
+    {
+        return Err(usage(format!(
+            "--partitioner xla splits SPMD meshes; {} is placed stage by stage (drop --partitioner xla)",
+            layout.describe()
+        )));
+    }
     // How much, how fast.
     let steps = config.steps.unwrap_or(if mlp { 200 } else { 100 });
     let batch = config.batch.unwrap_or(match kind {
@@ -672,12 +682,13 @@ fn xla_backend(
     devices: usize,
 ) -> Result<Option<std::sync::Arc<meshwork_strategy::backend::Xla>>> {
     use meshwork_strategy::xla::find;
-    let BackendKind::Xla { plugin } = backend else { return Ok(None) };
+    let BackendKind::Xla { plugin, partitioner } = backend else { return Ok(None) };
     let flag = if plugin.is_some() { "pjrt-plugin" } else { "backend" };
     let path = find::plugin_path(plugin.as_deref()).map_err(|e| Error::flag(flag, e))?;
     let plugin = find::load(&path).map_err(|e| Error::flag(flag, e))?;
     let xla = meshwork_strategy::backend::Xla::with_devices(&plugin, devices)
-        .map_err(|e| Error::flag(flag, e))?;
+        .map_err(|e| Error::flag(flag, e))?
+        .with_partitioner(*partitioner);
     let client = xla.session().client();
     let limit = client
         .device(0)

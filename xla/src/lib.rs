@@ -33,6 +33,7 @@
 
 mod error;
 pub mod find;
+pub mod hlo;
 pub mod lower;
 mod options;
 mod pjrt;

@@ -2,10 +2,13 @@
 //! which every PJRT plugin reads (format `"mlir"`): one `func.func @main` whose
 //! arguments are the program's parameters, then what it `recv`s, and whose results are
 //! its results, then what it `emit`s, then what it `send`s. A placed program's parts
-//! would be separate executables, so their transfers are meant for the runtime (a copy
-//! from one part's output to another's parameter), not XLA channels between programs;
-//! no runtime moves them yet (the strategy's XLA back end refuses programs that send
-//! or receive).
+//! are separate executables, so their transfers are for the runtime (the strategy's
+//! XLA back end copies a part's output to another part's device), not XLA channels
+//! between programs.
+//!
+//! A module for XLA's partitioner carries `mhlo.sharding` on its arguments and results
+//! (XLA's `HloSharding` text, as JAX writes it for `jit` with `NamedSharding`s) and
+//! `mhlo.num_partitions`; it is compiled with `use_spmd_partitioning`.
 //!
 //! Each op keeps the meaning the program layer gives it, lowered as JAX lowers the same
 //! function (`jnp.floor_divide` on integers is a truncating divide corrected by the
@@ -37,6 +40,29 @@ pub struct LowerOptions {
     /// `(result, parameter)` pairs: the parameter's buffer is donated to the result
     /// (`tf.aliasing_output`), as `jax.jit(donate_argnums=…)` does.
     pub donate: Vec<(usize, usize)>,
+    /// Partitions for XLA's SPMD partitioner (`mhlo.num_partitions`); 0 or 1 for none.
+    pub partitions: usize,
+    /// With partitions: each parameter's sharding, XLA's `HloSharding` text
+    /// (`{devices=[2,1]<=[2]}`); empty for none.
+    pub param_shardings: Vec<String>,
+    /// With partitions: each result's sharding (what the program `emit`s is
+    /// `{replicated}`); empty for none.
+    pub result_shardings: Vec<String>,
+}
+
+/// `s` as an MLIR string literal.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\22"),
+            '\\' => out.push_str("\\5C"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// A lowered program.
@@ -359,6 +385,7 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
     // The module and its function in generic form too: `builtin.module` holding a
     // `func.func` whose one block takes the arguments.
     let replicas = options.replicas.max(1);
+    let partitions = options.partitions.max(1);
     let mut args: Vec<(String, String)> = program
         .params()
         .iter()
@@ -374,12 +401,44 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
     let arg_types: Vec<&str> = args.iter().map(|a| a.1.as_str()).collect();
     let block: Vec<String> = args.iter().map(|(n, t)| format!("{n}: {t}")).collect();
     let types: Vec<String> = outputs.iter().map(|s| ty(s.dtype, s.shape.dims())).collect();
+    let sharded = !options.param_shardings.is_empty() || !options.result_shardings.is_empty();
+    if sharded
+        && (options.param_shardings.len() != program.params().len()
+            || options.result_shardings.len() != program.results().len()
+            || !e.recvs.is_empty())
+    {
+        return Err(Error::Arguments(format!(
+            "shardings for {} parameters and {} results of a program of {} and {}{}",
+            options.param_shardings.len(),
+            options.result_shardings.len(),
+            program.params().len(),
+            program.results().len(),
+            if e.recvs.is_empty() { "" } else { " that receives (XLA partitions whole programs)" }
+        )));
+    }
     let arg_attrs: Vec<String> = (0..args.len())
-        .map(|k| match options.donate.iter().find(|&&(_, param)| param == k) {
-            Some(&(result, _)) => format!("{{tf.aliasing_output = {result} : i32}}"),
-            None => "{}".into(),
+        .map(|k| {
+            let mut attrs = Vec::new();
+            if let Some(s) = options.param_shardings.get(k) {
+                attrs.push(format!("mhlo.sharding = {}", quoted(s)));
+            }
+            if let Some(&(result, _)) = options.donate.iter().find(|&&(_, param)| param == k) {
+                attrs.push(format!("tf.aliasing_output = {result} : i32"));
+            }
+            format!("{{{}}}", attrs.join(", "))
         })
         .collect();
+    let res_attrs = if sharded {
+        let all: Vec<String> = (0..outputs.len())
+            .map(|k| {
+                let s = options.result_shardings.get(k).map_or("{replicated}", String::as_str);
+                format!("{{mhlo.sharding = {}}}", quoted(s))
+            })
+            .collect();
+        format!(", res_attrs = [{}]", all.join(", "))
+    } else {
+        String::new()
+    };
     let mut text = String::from("\"builtin.module\"() ({\n  \"func.func\"() ({\n");
     let _ = writeln!(text, "  ^bb0({}):", block.join(", "));
     text.push_str(&e.body);
@@ -391,14 +450,14 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
     );
     let _ = writeln!(
         text,
-        "  }}) {{arg_attrs = [{}], function_type = ({}) -> ({}), sym_name = \"main\", sym_visibility = \"public\"}} : () -> ()",
+        "  }}) {{arg_attrs = [{}], function_type = ({}) -> ({}){res_attrs}, sym_name = \"main\", sym_visibility = \"public\"}} : () -> ()",
         arg_attrs.join(", "),
         arg_types.join(", "),
         types.join(", ")
     );
     let _ = writeln!(
         text,
-        "}}) {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {replicas} : i32, sym_name = \"meshwork\"}} : () -> ()"
+        "}}) {{mhlo.num_partitions = {partitions} : i32, mhlo.num_replicas = {replicas} : i32, sym_name = \"meshwork\"}} : () -> ()"
     );
     Ok(Lowered { text, outputs, emits: e.emits, sends: e.sends, recvs: e.recvs })
 }
@@ -975,7 +1034,10 @@ mod tests {
         let loss = b.reduce_sum(x, &[0, 1], false).unwrap();
         let w2 = b.add(w, x).unwrap();
         let p = b.finish(&[loss, w2]).unwrap();
-        let text = lower(&p, &LowerOptions { replicas: 1, donate: vec![(1, 0)] }).unwrap().text;
+        let text =
+            lower(&p, &LowerOptions { replicas: 1, donate: vec![(1, 0)], ..Default::default() })
+                .unwrap()
+                .text;
         assert!(text.contains("arg_attrs = [{tf.aliasing_output = 1 : i32}, {}]"), "{text}");
     }
 
@@ -1006,7 +1068,7 @@ mod tests {
         let x = b.param("x", "f64[2]".parse().unwrap()).unwrap();
         let m = b.all_reduce(x, ReduceOp::Mean, &[vec![0, 1, 2], vec![3]]).unwrap();
         let p = b.finish(&[m]).unwrap();
-        let text = lower(&p, &LowerOptions { replicas: 4, donate: Vec::new() }).unwrap().text;
+        let text = lower(&p, &LowerOptions { replicas: 4, ..Default::default() }).unwrap().text;
         assert!(text.contains("dense<[3, 3, 3, 1]> : tensor<4xi64>"), "{text}");
         assert!(
             text.contains("replica_groups = dense<[[0, 1, 2], [3, -1, -1]]> : tensor<2x3xi64>"),

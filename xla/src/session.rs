@@ -65,7 +65,9 @@ impl Session {
     }
 
     /// [`compile`](Self::compile) with replica `r` on the device whose id is
-    /// `devices[r]` (one per replica; empty for XLA's default assignment).
+    /// `devices[r]` (one per replica; empty for XLA's default assignment). With
+    /// `options.partitions` above 1, the module is XLA's to partition
+    /// (`use_spmd_partitioning`), partition `p` of replica `r` on `devices[r·P + p]`.
     pub fn compile_on(
         &self,
         program: &Program,
@@ -74,9 +76,10 @@ impl Session {
     ) -> Result<Arc<Compiled>> {
         let lowered = lower(program, options)?;
         let replicas = options.replicas.max(1);
-        if !devices.is_empty() && devices.len() != replicas {
+        let partitions = options.partitions.max(1);
+        if !devices.is_empty() && devices.len() != replicas * partitions {
             return Err(Error::Arguments(format!(
-                "{} devices assigned to {replicas} replicas",
+                "{} devices assigned to {replicas} replicas of {partitions} partitions",
                 devices.len()
             )));
         }
@@ -85,8 +88,13 @@ impl Session {
         if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(Arc::clone(c));
         }
-        let compile =
-            CompileOptions { replicas, devices: devices.to_vec(), ..CompileOptions::default() };
+        let compile = CompileOptions {
+            replicas,
+            partitions,
+            spmd_partitioning: partitions > 1,
+            devices: devices.to_vec(),
+            ..CompileOptions::default()
+        };
         let executable = self
             .client
             .compile("mlir", lowered.text.as_bytes(), &compile.encode())

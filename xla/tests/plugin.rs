@@ -159,3 +159,58 @@ fn send_recv_and_emit_become_parameters_and_outputs_of_the_executable() {
     // The result, the emitted x and r, then the sent 2x.
     assert_eq!(host, [vec![30.0], vec![1.0, 2.0, 3.0], vec![10.0, 20.0], vec![2.0, 4.0, 6.0]]);
 }
+
+/// XLA's partitioner splits a program whose arguments and results carry
+/// `mhlo.sharding`: `x` split by rows over 2 partitions, `w` replicated, the result
+/// split as `x` — each device computes its rows, with no collective; with the result
+/// replicated instead, XLA gathers it, and its optimized HLO says so.
+#[test]
+fn xlas_partitioner_splits_a_program_by_its_shardings() {
+    use meshwork_xla::lower::LowerOptions;
+    let session = Session::new(&plugin(), 2).unwrap();
+    let client = session.client();
+    let ids: Vec<i64> = client.devices()[..2].iter().map(|d| i64::from(d.id())).collect();
+    let (x, w) = (inputs()[0].clone(), inputs()[1].clone());
+    let want = reference::evaluate(&mlp(), &inputs()).unwrap()[0].to_f64();
+    let rows = |t: &Tensor, r: std::ops::Range<usize>| {
+        Tensor::f64(&[2, 3], t.to_f64()[r.start * 3..r.end * 3].to_vec()).unwrap()
+    };
+    for (out, gathers) in [("{devices=[2,1]<=[2]}", false), ("{replicated}", true)] {
+        let options = LowerOptions {
+            partitions: 2,
+            param_shardings: vec!["{devices=[2,1]<=[2]}".into(), "{replicated}".into()],
+            result_shardings: vec![out.into()],
+            ..LowerOptions::default()
+        };
+        let compiled = session.compile_on(&mlp(), &options, &ids).unwrap();
+        let (_, hlo) = compiled.executable.optimized_program().unwrap();
+        let ops = meshwork_xla::hlo::collectives(&hlo).unwrap();
+        let expected_ops = if gathers {
+            vec![meshwork_xla::hlo::CollectiveOp { kind: "all-gather".into(), bytes: 64 }]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(ops, expected_ops, "{out}");
+        let args: Vec<Vec<meshwork_xla::Buffer>> = (0..2)
+            .map(|p| {
+                let d = &client.devices()[p];
+                vec![
+                    client.put(&rows(&x, 2 * p..2 * p + 2), d).unwrap(),
+                    client.put(&w, d).unwrap(),
+                ]
+            })
+            .collect();
+        let outs = compiled
+            .executable
+            .execute(args.iter().map(|a| a.iter().map(Arg::Borrowed).collect()).collect())
+            .unwrap();
+        for (p, o) in outs.iter().enumerate() {
+            let got = o[0].to_host().unwrap().to_f64();
+            let mine = if gathers { &want[..] } else { &want[4 * p..4 * p + 4] };
+            assert_eq!(got.len(), mine.len(), "{out}");
+            for (a, b) in got.iter().zip(mine) {
+                assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{out} {p}: {a} vs {b}");
+            }
+        }
+    }
+}

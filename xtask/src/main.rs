@@ -34,6 +34,9 @@ tasks:
                   or xla-cpu-pjrt installed under target/pjrt/ with pip): the tests
                   that need a plugin, the 1500 oracle programs through XLA, and the
                   loader's failure paths under valgrind
+  xla-oracle      all 1500 oracle programs on random meshes of 1-8 XLA CPU devices with
+                  random shardings, split by meshwork's partitioner and by XLA's
+                  (xla-test runs a seeded tenth)
   pjrt            install the pinned CPU plugin under target/pjrt/ and print its path
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         "model" => model_check(),
         "mpi-test" => mpi::mpi_test(),
         "xla-test" => xla::xla_test(),
+        "xla-oracle" => xla::xla_oracle(),
         "pjrt" => xla::plugin().map(|p| println!("{}", p.display())),
         "miri" => miri(),
         "deps" => deps_check(),

@@ -110,6 +110,29 @@ pub(crate) fn xla_test() -> Result {
     valgrind()
 }
 
+/// Every oracle program on XLA meshes with both partitioners (the strategy's
+/// `xla_oracle` test with `MESHWORK_XLA_ORACLE=all`).
+pub(crate) fn xla_oracle() -> Result {
+    let plugin = plugin()?;
+    let mut all = cargo_cmd(&[
+        "test",
+        "--release",
+        "-p",
+        "meshwork-strategy",
+        "--features",
+        "plugin-tests",
+        "--test",
+        "it",
+        "xla_oracle",
+        "--",
+        "--nocapture",
+    ]);
+    all.env("MESHWORK_PJRT_PLUGIN", &plugin)
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .env("MESHWORK_XLA_ORACLE", "all");
+    run(&mut all)
+}
+
 /// The mock-plugin tests (`xla/tests/mock.rs`) under valgrind's memcheck: a leaked
 /// plugin error, a read past the API table or a use after free fails the step.
 pub(crate) fn valgrind() -> Result {

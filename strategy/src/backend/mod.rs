@@ -14,7 +14,7 @@
 use std::fmt;
 
 use meshwork_partition::placed::Part;
-use meshwork_program::Program;
+use meshwork_partition::spmd::Partitioned;
 use meshwork_types::{Tensor, TensorSpec};
 
 use crate::{Result, Strategy};
@@ -26,19 +26,41 @@ mod xla;
 pub use interpreter::Interpreter;
 pub use xla::Xla;
 
+/// Which partitioner splits an SPMD program for its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Partitioner {
+    /// meshwork's (`partition`): the back end compiles the per-device program, whose
+    /// collectives meshwork inserted.
+    #[default]
+    Meshwork,
+    /// XLA's SPMD partitioner: the back end compiles the global program with its
+    /// inputs' and outputs' shardings (`mhlo.sharding`), and XLA inserts the
+    /// collectives (as `jax.jit` with `NamedSharding`s).
+    Xla,
+}
+
 /// Compiles the programs of partitioned and placed programs for a strategy's devices.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Its name, for reports (`interpreter`).
     fn name(&self) -> &'static str;
 
-    /// Compiles `program`, the program every position of a mesh runs (its collectives
-    /// over replica groups of positions), position `r` on the strategy's device
-    /// `placement[r]`. Parameter `k` is resident when `resident[k]` (kept on the
-    /// devices between steps, [`SpmdExecutable::put`]), fed otherwise; each `(result,
-    /// parameter)` of `carry` makes that result the parameter's next value.
+    /// Which partitioner splits its SPMD programs.
+    fn partitioner(&self) -> Partitioner {
+        Partitioner::Meshwork
+    }
+
+    /// Compiles `part` for the positions of its mesh, position `r` on the strategy's
+    /// device `placement[r]`: its per-device program (every position runs it, its
+    /// collectives over replica groups of positions) — or, for a back end with a
+    /// partitioner of its own ([`Partitioner::Xla`]), its global program with the
+    /// same input and output layouts, split by that partitioner; either way position
+    /// `r` takes and gives its parts as the layouts say. Parameter `k` is resident
+    /// when `resident[k]` (kept on the devices between steps, [`SpmdExecutable::put`]),
+    /// fed otherwise; each `(result, parameter)` of `carry` makes that result the
+    /// parameter's next value.
     fn compile_spmd(
         &self,
-        program: &Program,
+        part: &Partitioned,
         placement: &[usize],
         resident: &[bool],
         carry: &[(usize, usize)],

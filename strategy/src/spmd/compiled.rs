@@ -111,7 +111,7 @@ impl Strategy {
         for &(_, p) in &pairs {
             resident[p] = true;
         }
-        let exe = self.backend().compile_spmd(part.program(), &placement, &resident, &pairs)?;
+        let exe = self.backend().compile_spmd(&part, &placement, &resident, &pairs)?;
         let feeds = (0..np)
             .filter(|&k| !resident[k])
             .map(|k| {

@@ -156,12 +156,7 @@ impl crate::Strategy {
                 per[r].push(part);
             }
         }
-        let exe = self.backend().compile_spmd(
-            p.program(),
-            &placement,
-            &vec![false; inputs.len()],
-            &[],
-        )?;
+        let exe = self.backend().compile_spmd(p, &placement, &vec![false; inputs.len()], &[])?;
         let per = per.into_iter().map(|feed| vec![feed]).collect();
         let mut outs: Vec<Vec<Tensor>> =
             exe.run(self, per, 0)?.into_iter().map(|mut o| o.remove(0)).collect();

@@ -12,6 +12,8 @@ mod properties;
 mod seed;
 mod spmd;
 mod training;
+#[cfg(feature = "plugin-tests")]
+mod xla_oracle;
 
 use meshwork_strategy::Tensor;
 use ndarray::{ArrayD, IxDyn};

@@ -149,12 +149,9 @@ impl OracleCase {
     }
 }
 
-/// One case on one random mesh: outputs and gradients against one device and JAX.
-fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
-    let oracle = OracleCase::new(case)?;
-    let (back, feed) = (&oracle.back, &oracle.feed);
-
-    // A random mesh; of a few tries, the first on which some input is sharded.
+/// Case `index`'s random mesh (of 1 to 8 devices) and its inputs' random layouts that
+/// divide them: of a few tries, the first on which some input is sharded.
+pub(crate) fn random_mesh(index: usize, feed: &[Tensor]) -> (Mesh, Vec<Option<Layout>>) {
     let mut rng = Rng(index as u64 * 7919 + 17);
     let mut pick = None;
     for _ in 0..6 {
@@ -167,7 +164,14 @@ fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize
             break;
         }
     }
-    let (mesh, layouts) = pick.unwrap();
+    pick.expect("six tries")
+}
+
+/// One case on one random mesh: outputs and gradients against one device and JAX.
+fn check(strategy: &Strategy, index: usize, case: &Json) -> Result<(usize, usize), String> {
+    let oracle = OracleCase::new(case)?;
+    let (back, feed) = (&oracle.back, &oracle.feed);
+    let (mesh, layouts) = random_mesh(index, feed);
     let outputs = vec![None; back.results().len()];
     let p = partition(back, &mesh, &layouts, &outputs).map_err(|e| format!("partition: {e}"))?;
     let got = strategy.run_partitioned(&p, feed).map_err(|e| format!("run on {mesh}: {e}\n{p}"))?;

@@ -4,13 +4,19 @@
 //! against the interpreter, checkpoints moving between the back ends, and the
 //! refusals.
 
-use meshwork_train::{BackendKind, CheckOutcome, Config, Data, ModelKind, OptimizerKind};
+use meshwork_train::{
+    BackendKind, CheckOutcome, Config, Data, ModelKind, OptimizerKind, Partitioner,
+};
 use meshwork_types::DType;
 
 use crate::{assert_close, config, expected, losses, refused_with, run, testdata};
 
 fn xla() -> BackendKind {
-    BackendKind::Xla { plugin: None }
+    BackendKind::Xla { plugin: None, partitioner: Partitioner::Meshwork }
+}
+
+fn xla_partitioned() -> BackendKind {
+    BackendKind::Xla { plugin: None, partitioner: Partitioner::Xla }
 }
 
 /// JAX's reference command (its tokens and initial weights, 20 steps of 8 rows, f64)
@@ -33,6 +39,31 @@ fn the_reference_transformer_matches_jax_on_xla_meshes() {
             assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
         }
     }
+}
+
+/// JAX's run on every mesh with XLA's partitioner: the global step compiled with
+/// Megatron's shardings as `mhlo.sharding`, XLA inserting the collectives, as
+/// `jax.jit` with `NamedSharding`s does.
+#[test]
+fn the_reference_transformer_matches_jax_with_xlas_partitioner() {
+    for mesh in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)] {
+        for (optimizer, lr, key) in
+            [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
+        {
+            let report = run(&Config {
+                mesh: Some(mesh),
+                backend: xla_partitioned(),
+                ..reference_run(optimizer, lr)
+            });
+            let what = format!("xla partitioner {mesh:?} {key}");
+            assert_close(&report.losses, &expected(key), 1e-9, &what);
+            assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
+        }
+    }
+    refused_with(
+        &Config { stages: Some(2), backend: xla_partitioned(), ..config(ModelKind::Mlp) },
+        "--partitioner xla",
+    );
 }
 
 /// JAX's run as pipelines through XLA: the placed stages, each segment of each stage
@@ -159,7 +190,10 @@ fn xla_refuses_a_bad_plugin_before_any_work() {
     let junk = dir.path().join("junk.so");
     std::fs::write(&junk, b"not a plugin").unwrap();
     refused_with(
-        &Config { backend: BackendKind::Xla { plugin: Some(junk) }, ..config(ModelKind::Mlp) },
+        &Config {
+            backend: BackendKind::Xla { plugin: Some(junk), partitioner: Partitioner::Meshwork },
+            ..config(ModelKind::Mlp)
+        },
         "--pjrt-plugin",
     );
     // A model larger than --max-memory is refused as on the interpreter.

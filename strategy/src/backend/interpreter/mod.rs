@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_executor::{ReplicaContext, ReplicaGroups};
 use meshwork_partition::placed::Part;
+use meshwork_partition::spmd::Partitioned;
 use meshwork_program::{Channels, Collectives, HostSink, Program};
 use meshwork_types::{DType, ReduceOp, Tensor, TensorSpec};
 
@@ -25,6 +26,21 @@ mod tests;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Interpreter;
 
+impl Interpreter {
+    /// Compiles a per-device program written by hand (as `shard_map`'s body: its
+    /// collectives over replica groups of positions), position `r` on the strategy's
+    /// device `placement[r]`; otherwise as [`Backend::compile_spmd`].
+    pub fn compile_per_device(
+        &self,
+        program: &Program,
+        placement: &[usize],
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Box<dyn SpmdExecutable> {
+        Box::new(spmd::Devices::compile(program, placement, resident, carry))
+    }
+}
+
 impl Backend for Interpreter {
     fn name(&self) -> &'static str {
         "interpreter"
@@ -32,12 +48,12 @@ impl Backend for Interpreter {
 
     fn compile_spmd(
         &self,
-        program: &Program,
+        part: &Partitioned,
         placement: &[usize],
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
-        Ok(Box::new(spmd::Devices::compile(program, placement, resident, carry)))
+        Ok(Box::new(spmd::Devices::compile(part.program(), placement, resident, carry)))
     }
 
     fn compile_placed(

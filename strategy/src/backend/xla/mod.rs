@@ -27,13 +27,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshwork_partition::placed::Part;
-use meshwork_program::Program;
+use meshwork_partition::spmd::Partitioned;
+use meshwork_sharding::Mesh;
+use meshwork_sharding::spmd::Layout;
 use meshwork_types::{Tensor, TensorSpec};
 use meshwork_xla::lower::LowerOptions;
 use meshwork_xla::session::Compiled;
 use meshwork_xla::{Arg, Buffer, Plugin, Session};
 
-use super::{Backend, PlacedExecutable, SpmdExecutable};
+use super::{Backend, Partitioner, PlacedExecutable, SpmdExecutable};
 use crate::{Error, Result, Strategy};
 
 mod placed;
@@ -43,6 +45,7 @@ mod placed;
 #[derive(Debug, Clone)]
 pub struct Xla {
     session: Arc<Session>,
+    partitioner: Partitioner,
 }
 
 impl Xla {
@@ -65,12 +68,63 @@ impl Xla {
                 ),
             });
         }
-        Ok(Xla { session: Arc::new(session) })
+        Ok(Xla { session: Arc::new(session), partitioner: Partitioner::Meshwork })
+    }
+
+    /// This back end with SPMD programs split by `partitioner`: meshwork's (the
+    /// default) or XLA's own.
+    pub fn with_partitioner(self, partitioner: Partitioner) -> Xla {
+        Xla { partitioner, ..self }
     }
 
     /// The session: its client and its compiled programs.
     pub fn session(&self) -> &Session {
         &self.session
+    }
+
+    /// The collectives of `part` as XLA compiled it for the client's first devices
+    /// (one per position) with this back end's partitioner, read from the optimized
+    /// HLO: meshwork's, as XLA kept or combined them, or those XLA's partitioner
+    /// inserted.
+    pub fn collectives(&self, part: &Partitioned) -> Result<Vec<meshwork_xla::hlo::CollectiveOp>> {
+        let client = self.session.client();
+        let ids = (0..part.mesh().size())
+            .map(|d| client.device(d).map(|d| i64::from(d.id())))
+            .collect::<meshwork_xla::Result<Vec<_>>>()?;
+        let (compiled, _) = self.compile_part(part, &ids, &[])?;
+        let (_, hlo) = compiled.executable.optimized_program()?;
+        Ok(meshwork_xla::hlo::collectives(&hlo)?)
+    }
+
+    /// `part` lowered for this back end's partitioner and compiled with position `r`
+    /// on the device whose id is `ids[r]`; with XLA's partitioner, the positions whose
+    /// parts of each result must be zeros (see `XlaSpmd::zero`).
+    fn compile_part(
+        &self,
+        part: &Partitioned,
+        ids: &[i64],
+        carry: &[(usize, usize)],
+    ) -> Result<(Arc<Compiled>, Vec<Vec<bool>>)> {
+        let n = ids.len();
+        let (program, options, zero) = match self.partitioner {
+            Partitioner::Meshwork => (
+                part.program(),
+                LowerOptions { replicas: n, donate: carry.to_vec(), ..LowerOptions::default() },
+                Vec::new(),
+            ),
+            Partitioner::Xla => {
+                let (params, results, zero) = xla_shardings(part, carry)?;
+                let options = LowerOptions {
+                    partitions: n,
+                    donate: carry.to_vec(),
+                    param_shardings: params,
+                    result_shardings: results,
+                    ..LowerOptions::default()
+                };
+                (part.global(), options, zero)
+            }
+        };
+        Ok((self.session.compile_on(program, &options, ids)?, zero))
     }
 }
 
@@ -79,9 +133,13 @@ impl Backend for Xla {
         "xla"
     }
 
+    fn partitioner(&self) -> Partitioner {
+        self.partitioner
+    }
+
     fn compile_spmd(
         &self,
-        program: &Program,
+        part: &Partitioned,
         placement: &[usize],
         resident: &[bool],
         carry: &[(usize, usize)],
@@ -92,9 +150,12 @@ impl Backend for Xla {
             .map(|&d| client.device(d).cloned())
             .collect::<meshwork_xla::Result<_>>()?;
         let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id())).collect();
+        let (compiled, zero) = self.compile_part(part, &ids, carry)?;
         let n = placement.len();
-        let options = LowerOptions { replicas: n, donate: carry.to_vec() };
-        let compiled = self.session.compile_on(program, &options, &ids)?;
+        let program = match self.partitioner {
+            Partitioner::Meshwork => part.program(),
+            Partitioner::Xla => part.global(),
+        };
         let lowered = &compiled.lowered;
         if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
             return Err(Error::Compiled {
@@ -128,6 +189,7 @@ impl Backend for Xla {
             }),
             pool: Mutex::new(Vec::new()),
             emits,
+            zero,
         }))
     }
 
@@ -165,6 +227,11 @@ struct XlaSpmd {
     pool: Mutex<Vec<Tensor>>,
     /// Each `emit`: its consumer and what it streams.
     emits: Vec<(u32, Vec<TensorSpec>)>,
+    /// Per result not carried (XLA's partitioner only), the positions whose part is
+    /// zeros: a result meshwork's layout leaves a pending sum over some axes is whole
+    /// on every device from XLA, so only the first position along those axes gives
+    /// it, and the parts still sum to the value.
+    zero: Vec<Vec<bool>>,
 }
 
 /// The most host tensors [`XlaSpmd::pool`] keeps.
@@ -351,6 +418,11 @@ impl SpmdExecutable for XlaSpmd {
                 let mut host =
                     outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
                 let emitted = host.split_off(kept.min(host.len()));
+                for (j, t) in host.iter_mut().enumerate() {
+                    if self.zero.get(j).is_some_and(|z| z[r]) {
+                        *t = Tensor::zeros(t.dtype(), t.shape())?;
+                    }
+                }
                 // What the program emits streams from position 0, as on the interpreter.
                 if r == 0 {
                     let mut rest = emitted.into_iter();
@@ -385,4 +457,59 @@ fn unset(p: usize) -> Error {
             "resident parameter {p} is not on the device (never set, or lost in a failed step)"
         ),
     }
+}
+
+/// Each parameter's and result's `HloSharding` text, and per result not carried the
+/// positions whose part is zeros.
+type XlaShardings = (Vec<String>, Vec<String>, Vec<Vec<bool>>);
+
+/// XLA's shardings of `part`'s global program: each parameter's and result's layout as
+/// an `HloSharding` over the mesh's positions (partition `r` is position `r`), a
+/// pending sum written as replication; and per result not carried, the positions
+/// whose part must be zeros for the parts to sum to the value (see `XlaSpmd::zero`).
+/// A layout that does not divide its value is refused: XLA pads such shards, where
+/// meshwork's parts are uneven.
+fn xla_shardings(part: &Partitioned, carry: &[(usize, usize)]) -> Result<XlaShardings> {
+    let mesh = part.mesh();
+    let axes: Vec<(&str, usize)> =
+        mesh.axis_names().iter().map(String::as_str).zip(mesh.shape().iter().copied()).collect();
+    let positions = Mesh::iota(&axes)?;
+    let global = part.global();
+    let hlo = |l: &Layout, shape: &[usize], what: &str| -> Result<String> {
+        let tiles = l.tiles(mesh);
+        if let Some(d) = (0..shape.len()).find(|&d| !shape[d].is_multiple_of(tiles[d].max(1))) {
+            return Err(Error::Compiled {
+                problem: format!(
+                    "{what}: dim {d} of {shape:?} is split {} ways unevenly, which XLA's \
+                     partitioner pads (use --partitioner meshwork, or sizes that divide)",
+                    tiles[d]
+                ),
+            });
+        }
+        Ok(l.without_partial().to_hlo(&positions)?.to_string())
+    };
+    let params = global
+        .params()
+        .iter()
+        .zip(part.inputs())
+        .map(|(p, l)| hlo(l, p.spec.shape.dims(), &format!("parameter {}", p.name)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut results = Vec::with_capacity(global.results().len());
+    let mut zero = Vec::new();
+    for (k, (v, l)) in global.results().iter().zip(part.outputs()).enumerate() {
+        let shape = global.spec(*v).map(|s| s.shape.dims().to_vec()).unwrap_or_default();
+        results.push(hlo(l, &shape, &format!("result {k}"))?);
+        if carry.iter().any(|&(r, _)| r == k) {
+            continue;
+        }
+        // Position r's coordinate along each axis, row-major.
+        let coordinate = |r: usize, a: usize| {
+            let stride: usize = mesh.shape()[a + 1..].iter().product();
+            (r / stride) % mesh.shape()[a]
+        };
+        zero.push(
+            (0..mesh.size()).map(|r| l.partial().iter().any(|&a| coordinate(r, a) != 0)).collect(),
+        );
+    }
+    Ok((params, results, zero))
 }
