@@ -450,16 +450,39 @@ pub(crate) struct InspectArgs {
     /// Refuse a step estimated to hold more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
-    /// xla: print the per-device step as the StableHLO module XLA compiles (no plugin needed)
+    /// xla: print the per-device step as the StableHLO module XLA compiles (no plugin needed); with --json, run on XLA
     #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
     backend: BackendArg,
+    /// The PJRT plugin for --backend xla --json (default: $MESHWORK_PJRT_PLUGIN)
+    #[arg(long, value_name = "PATH")]
+    pjrt_plugin: Option<PathBuf>,
+    /// With --backend xla: who splits the step (meshwork, or XLA's partitioner)
+    #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
+    partitioner: PartitionerArg,
+    /// With --json: a pipeline of K stages per data replica (--mesh Dx1)
+    #[arg(long, value_name = "K")]
+    stages: Option<usize>,
+    /// With --json: micro-batches per replica and step in a pipeline
+    #[arg(long, value_name = "M")]
+    microbatches: Option<usize>,
+    /// Run 3 steps of any --model and print, as one JSON object, what the run really does: bytes held per device, bytes moved per step, compilations (read from the runtime)
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 impl InspectArgs {
     /// The step's settings, as a training run's.
     pub(crate) fn config(&self) -> Result<Config, Exit> {
-        if self.model != Model::Transformer {
-            return Err(Exit::Usage("inspect needs --model transformer".into()));
+        if self.model != Model::Transformer && !self.json {
+            return Err(Exit::Usage("inspect needs --model transformer (or --json)".into()));
+        }
+        if !self.json && (self.stages.is_some() || self.microbatches.is_some()) {
+            return Err(Exit::Usage("--stages and --microbatches need --json".into()));
+        }
+        if !self.json && self.partitioner == PartitionerArg::Xla {
+            return Err(Exit::Usage(
+                "--partitioner xla: without --json inspect prints meshwork's per-device module; add --json to run and measure XLA's partitioning".into(),
+            ));
         }
         Ok(Config {
             layers: self.sizes.layers,
@@ -474,8 +497,12 @@ impl InspectArgs {
             optimizer: Some(self.optimizer.into()),
             dtype: Some(self.dtype.into()),
             max_memory: self.max_memory,
-            backend: backend_kind(self.backend, &None, PartitionerArg::Meshwork)?,
-            ..Config::new(ModelKind::Transformer)
+            backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
+            stages: self.stages,
+            microbatches: self.microbatches,
+            steps: Some(3),
+            check: Check::Never,
+            ..Config::new(self.model.into())
         })
     }
 }

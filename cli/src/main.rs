@@ -118,7 +118,13 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
         None => out::out(format_args!("{}", Cli::command().render_long_help())),
         Some(Command::Train(a)) => train::run(&a),
         Some(Command::Inspect(a)) => {
-            let text = meshwork_train::inspect(&a.config()?).map_err(train::exit)?;
+            let config = a.config()?;
+            let text = if a.json {
+                meshwork_train::inspect_json(&config)
+            } else {
+                meshwork_train::inspect(&config)
+            }
+            .map_err(train::exit)?;
             out::out(format_args!("{text}"))
         }
         Some(Command::Shard(a)) => tools::shard(&a),

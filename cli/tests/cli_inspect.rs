@@ -456,3 +456,23 @@ fn help_describes_the_index_map_the_totals_and_the_limits() {
     let place = page("place");
     assert!(place.contains("64 MiB") && place.contains("op_catalog"), "{place}");
 }
+
+/// `inspect --json` runs 3 steps of any model and prints one JSON object of what the
+/// runtime measured; without `--json` a pipeline or XLA's partitioner is refused.
+#[test]
+fn inspect_json_prints_what_three_steps_measured() {
+    let out = meshwork(&["inspect", "--model", "mlp", "--mesh", "2x1", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["steps"], 3);
+    assert_eq!(json["devices"].as_array().unwrap().len(), 2);
+    let per_step = &json["per_step"];
+    // Each of the 2 devices gets half the batch and the two scalars.
+    let batch = per_step["batch_bytes"].as_u64().unwrap();
+    assert_eq!(per_step["host_to_device_bytes"].as_u64().unwrap(), batch + 2 * 8, "{json}");
+    // The MLP on 2x1: the gradients all-reduced over `data` each step.
+    assert!(per_step["collective_bytes"].as_u64().unwrap() > 0, "{json}");
+    let out = meshwork(&["inspect", "--model", "transformer", "--stages", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--stages and --microbatches need --json"), "{}", stderr(&out));
+}

@@ -99,3 +99,116 @@ pub fn inspect(config: &Config) -> Result<String> {
     );
     Ok(out)
 }
+
+/// Steps `inspect --json` runs and measures.
+const MEASURED_STEPS: usize = 3;
+
+/// What a run of `config` really does, measured on its back end: it is planned as a
+/// training run (every flag checked as `train` checks it), compiled, and run for 3
+/// steps on the run's first batches; then the figures are read from the runtime — the
+/// bytes each device holds of each weight and optimizer slot (its buffers' sizes),
+/// the bytes moved per step (the back end's counts of what it uploaded, downloaded,
+/// and what its collectives and transfers produced), and the compilations made. One
+/// JSON object:
+///
+/// ```json
+/// {"model": "...", "backend": "xla", "partitioner": "meshwork", "layout": "...",
+///  "devices": [{"device": 0, "param_bytes": 0, "optimizer_bytes": 0}],
+///  "weights": [{"name": "w1", "bytes": [[0, 1024]], "whole_bytes": 1024}],
+///  "per_step": {"host_to_device_bytes": 0, "device_to_host_bytes": 0,
+///               "collective_bytes": 0, "batch_bytes": 0},
+///  "compiles": 1, "steps": 3}
+/// ```
+///
+/// `batch_bytes` is one step's batch. A step hands each device its part of the batch
+/// (by the batch's layout: on a `1xM` mesh every device gets all of it, as
+/// `jax.device_put` with `P('data')` does) and the learning rate and step count; that
+/// is all `host_to_device_bytes` holds. `collective_bytes` sums each collective's
+/// result over the devices (a placed program's: each transfer).
+pub fn inspect_json(config: &Config) -> Result<String> {
+    use crate::steps::{Recipe, start};
+    let mut p = crate::plan::plan(config)?;
+    let devices = p.layout.devices();
+    let one_device = Layout::Mesh { data: 1, model: 1 };
+    let init = match p.init.take() {
+        Some(file) => file,
+        None => {
+            let (program, _) = p.net.loss_program(p.batch, p.dtype, one_device)?;
+            p.net.random_init(&program, p.seed)?
+        }
+    };
+    let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
+    let strategy = match &p.xla {
+        Some(xla) => strategy.with_backend(xla.clone()),
+        None => strategy,
+    };
+    let compiles_before = strategy.backend().compiles();
+    let recipe = Recipe {
+        net: &p.net,
+        batch: p.batch,
+        dtype: p.dtype,
+        optimizer: p.optimizer,
+        clip: p.clip,
+        init: &init,
+    };
+    let mut run = start(&strategy, p.layout, &recipe)?;
+    let before = run.traffic();
+    let mut batch_bytes = 0;
+    for s in 0..MEASURED_STEPS {
+        let idx: Vec<usize> = (0..p.batch).map(|i| (s * p.batch + i) % p.rows.max(1)).collect();
+        let feed = p.examples.batch(&idx, p.dtype)?;
+        batch_bytes = feed.iter().map(|t| t.byte_size() as u64).sum::<u64>();
+        run.steps(&[feed], &[p.lr], s)?;
+    }
+    let after = run.traffic();
+    let compiles = strategy.backend().compiles() - compiles_before;
+    let held = run.held()?;
+    let mut per_device: BTreeMap<usize, (u64, u64)> = (0..devices).map(|d| (d, (0, 0))).collect();
+    for (name, at) in &held {
+        for &(d, bytes) in at {
+            let slot = per_device.entry(d).or_default();
+            if name.starts_with("optimizer.") {
+                slot.1 += bytes;
+            } else {
+                slot.0 += bytes;
+            }
+        }
+    }
+    // Each weight's whole size, from the one-device program (a slot's is its weight's).
+    let (whole_program, _) = p.net.loss_program(p.batch, p.dtype, one_device)?;
+    let whole = |name: &str| -> Option<usize> {
+        let weight = name
+            .strip_prefix("optimizer.")
+            .and_then(|rest| rest.split_once('.').map(|(_, w)| w))
+            .unwrap_or(name);
+        let param = whole_program.params().iter().find(|q| q.name == weight)?;
+        param.spec.byte_size().ok()
+    };
+    let steps = (after.steps - before.steps).max(1);
+    let per_step = |a: u64, b: u64| (a - b) / steps;
+    let partitioner = match &config.backend {
+        crate::config::BackendKind::Xla { partitioner, .. } => format!("{partitioner:?}"),
+        crate::config::BackendKind::Interpreter => "Meshwork".into(),
+    };
+    let json = serde_json::json!({
+        "model": p.net.describe(),
+        "backend": strategy.backend().name(),
+        "partitioner": partitioner.to_lowercase(),
+        "layout": p.layout.describe(),
+        "devices": per_device.iter().map(|(d, (w, o))| serde_json::json!({
+            "device": d, "param_bytes": w, "optimizer_bytes": o,
+        })).collect::<Vec<_>>(),
+        "weights": held.iter().map(|(name, at)| serde_json::json!({
+            "name": name, "bytes": at, "whole_bytes": whole(name),
+        })).collect::<Vec<_>>(),
+        "per_step": {
+            "host_to_device_bytes": per_step(after.host_to_device, before.host_to_device),
+            "device_to_host_bytes": per_step(after.device_to_host, before.device_to_host),
+            "collective_bytes": per_step(after.between_devices, before.between_devices),
+            "batch_bytes": batch_bytes,
+        },
+        "compiles": compiles,
+        "steps": after.steps - before.steps,
+    });
+    serde_json::to_string_pretty(&json).map_err(Error::failed)
+}

@@ -60,7 +60,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use init::read_init;
-pub use inspect::inspect;
+pub use inspect::{inspect, inspect_json};
 pub use model::{Layout, Net};
 pub use observe::{Observer, Quiet, Start, Step};
 pub use plan::{MAX_DEVICES, MAX_STEPS};

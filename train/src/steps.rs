@@ -10,6 +10,7 @@ use meshwork_partition::spmd::Shardings;
 use meshwork_program::{Program, Value};
 use meshwork_sharding::Mesh;
 use meshwork_strategy::Strategy;
+use meshwork_strategy::backend::Traffic;
 use meshwork_strategy::placed::{PlaceOptions, Placed};
 use meshwork_strategy::spmd::{Compiled, CompiledTrainStep};
 use meshwork_types::{DType, Tensor};
@@ -19,6 +20,9 @@ use crate::model::{Layout, Net};
 use crate::{Error, Result};
 
 /// A training run's steps, whatever runs them.
+/// Each weight's and optimizer slot's name with the (device, bytes) holding it.
+pub(crate) type Held = Vec<(String, Vec<(usize, u64)>)>;
+
 pub(crate) trait Steps {
     /// Steps `first..first + feeds.len()` at learning rates `lrs`, in one host call
     /// where the run can (a compiled step), one by one otherwise; their losses.
@@ -39,6 +43,11 @@ pub(crate) trait Steps {
     fn restore(&mut self, dir: &Path) -> meshwork_strategy::Result<usize>;
     /// Sets the step count (of a checkpoint restored by weights alone).
     fn set_steps(&mut self, steps: usize);
+    /// Each weight's and optimizer slot's name with the (device, bytes) it is held in
+    /// between steps, as the back end reports them.
+    fn held(&self) -> Result<Held>;
+    /// What its steps moved so far, as the back end counted it.
+    fn traffic(&self) -> Traffic;
 }
 
 fn failed(e: impl std::fmt::Display) -> Error {
@@ -84,6 +93,21 @@ impl Steps for Spmd<'_> {
     }
     fn set_steps(&mut self, steps: usize) {
         self.0.set_steps(steps);
+    }
+    fn held(&self) -> Result<Held> {
+        let compiled = self.0.compiled();
+        compiled
+            .resident()
+            .into_iter()
+            .map(|name| {
+                // Mesh position r runs on the strategy's device r (an iota mesh).
+                let bytes = compiled.held_bytes(&name).map_err(failed)?;
+                Ok((name, bytes.into_iter().enumerate().collect()))
+            })
+            .collect()
+    }
+    fn traffic(&self) -> Traffic {
+        self.0.compiled().traffic()
     }
 }
 
@@ -177,6 +201,18 @@ impl Steps for Pipelined<'_> {
     }
     fn set_steps(&mut self, steps: usize) {
         self.steps = steps;
+    }
+    fn held(&self) -> Result<Held> {
+        self.state_names()
+            .into_iter()
+            .map(|name| {
+                let at = self.placed.held_bytes(&name).map_err(failed)?;
+                Ok((name, vec![at]))
+            })
+            .collect()
+    }
+    fn traffic(&self) -> Traffic {
+        self.placed.traffic()
     }
 }
 

@@ -26,6 +26,59 @@ mod xla;
 pub use interpreter::Interpreter;
 pub use xla::Xla;
 
+/// What an executable's steps moved, counted by its runtime as it moved it: bytes,
+/// summed over the steps it ran and over its devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// From the host to the devices: what steps were fed (not `put`s of resident
+    /// values).
+    pub host_to_device: u64,
+    /// From the devices to the host: what steps returned and emitted (not `fetch`es).
+    pub device_to_host: u64,
+    /// Between devices: each collective's result on each device (its bytes in the
+    /// program XLA compiled, or as the executor's collectives return it), and each
+    /// transfer of a placed program.
+    pub between_devices: u64,
+    /// Steps run.
+    pub steps: u64,
+}
+
+/// Counts an executable's [`Traffic`] from any thread.
+#[derive(Debug, Default)]
+pub(crate) struct TrafficCounter([std::sync::atomic::AtomicU64; 4]);
+
+impl TrafficCounter {
+    fn add(&self, k: usize, bytes: u64) {
+        self.0[k].fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(crate) fn fed(&self, bytes: u64) {
+        self.add(0, bytes);
+    }
+    pub(crate) fn returned(&self, bytes: u64) {
+        self.add(1, bytes);
+    }
+    pub(crate) fn moved(&self, bytes: u64) {
+        self.add(2, bytes);
+    }
+    pub(crate) fn stepped(&self, steps: u64) {
+        self.add(3, steps);
+    }
+    pub(crate) fn get(&self) -> Traffic {
+        let read = |k: usize| self.0[k].load(std::sync::atomic::Ordering::Relaxed);
+        Traffic {
+            host_to_device: read(0),
+            device_to_host: read(1),
+            between_devices: read(2),
+            steps: read(3),
+        }
+    }
+}
+
+/// The bytes of `tensors`.
+pub(crate) fn bytes_of<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    tensors.into_iter().map(|t| t.byte_size() as u64).sum()
+}
+
 /// Which partitioner splits an SPMD program for its devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Partitioner {
@@ -48,6 +101,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn partitioner(&self) -> Partitioner {
         Partitioner::Meshwork
     }
+
+    /// How many programs it compiled so far (XLA: compilations its session made,
+    /// cache hits not counted; the interpreter: programs it prepared).
+    fn compiles(&self) -> u64;
 
     /// Compiles `part` for the positions of its mesh, position `r` on the strategy's
     /// device `placement[r]`: its per-device program (every position runs it, its
@@ -133,6 +190,13 @@ pub trait SpmdExecutable: Send + Sync {
     /// Whether position `r` holds a part of resident parameter `param`.
     fn is_set(&self, r: usize, param: usize) -> bool;
 
+    /// The bytes position `r`'s part of resident parameter `param` takes where it is
+    /// held (the device buffer's size), if set.
+    fn held_bytes(&self, r: usize, param: usize) -> Result<Option<u64>>;
+
+    /// What its runs moved so far.
+    fn traffic(&self) -> Traffic;
+
     /// Runs `feeds[r].len()` steps (the same count on every position): `feeds[r][i]`
     /// is position `r`'s parts of step `i`'s fed parameters, in parameter order. Step
     /// `i + 1` reads step `i`'s carried results in place of the parameters they carry
@@ -164,6 +228,12 @@ pub trait PlacedExecutable: Send + Sync {
 
     /// Whether variable `slot` of part `part` is set.
     fn is_set(&self, part: usize, slot: usize) -> bool;
+
+    /// The bytes variable `slot` of part `part` takes on its device, if set.
+    fn held_bytes(&self, part: usize, slot: usize) -> Result<Option<u64>>;
+
+    /// What its steps moved so far.
+    fn traffic(&self) -> Traffic;
 
     /// Runs one step: `feeds[p]` are part `p`'s fed inputs (its `Source::Feed`s, in
     /// order); its variables are read where they are, and its `Sink::Update`s become

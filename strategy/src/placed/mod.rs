@@ -236,6 +236,23 @@ impl Placed<'_> {
         self.exe.put(r, j, value)
     }
 
+    /// The device (index into [`devices`](Self::devices)) holding variable `name` and
+    /// the bytes it takes there, as its back end reports them.
+    pub fn held_bytes(&self, name: &str) -> Result<(usize, u64)> {
+        let (_, r, j) = self.variable(name)?;
+        let _step = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes = self
+            .exe
+            .held_bytes(r, j)?
+            .ok_or_else(|| placed_error(name.to_string(), "has no value yet"))?;
+        Ok((self.plan.parts()[r].device, bytes))
+    }
+
+    /// What its steps moved so far, as its back end counted it.
+    pub fn traffic(&self) -> crate::backend::Traffic {
+        self.exe.traffic()
+    }
+
     /// Variable `name`'s current value.
     pub fn get(&self, name: &str) -> Result<Tensor> {
         let (_, r, j) = self.variable(name)?;

@@ -238,6 +238,28 @@ impl Compiled<'_> {
         join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts)
     }
 
+    /// The bytes each mesh position holds of resident parameter `name` between steps,
+    /// as its back end reports them (a device buffer's size on XLA).
+    pub fn held_bytes(&self, name: &str) -> Result<Vec<u64>> {
+        let k = self.param(name)?;
+        if !self.resident[k] {
+            self.resident_only(name)?;
+        }
+        let _busy = lock(&self.busy);
+        (0..self.part.mesh().size())
+            .map(|r| {
+                self.exe.held_bytes(r, k)?.ok_or_else(|| Error::Compiled {
+                    problem: format!("resident parameter {name} was never set"),
+                })
+            })
+            .collect()
+    }
+
+    /// What its steps moved so far, as its back end counted it.
+    pub fn traffic(&self) -> crate::backend::Traffic {
+        self.exe.traffic()
+    }
+
     /// The names of the resident parameters, in parameter order.
     pub fn resident(&self) -> Vec<String> {
         let params = self.part.global().params();

@@ -164,3 +164,45 @@ pub(crate) fn step_dirs(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Checks `inspect --json` of `config`, a transformer on a `1xM` mesh of `m` devices:
+/// Megatron-sharded weights and their Adam slots at 1/m per device (the rest whole),
+/// a step's uploads exactly each device's batch and scalars, one compilation.
+pub(crate) fn check_inspect_json(config: &Config, m: u64) {
+    let text = meshwork_train::inspect_json(config).unwrap_or_else(|e| panic!("{e}"));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut split = 0;
+    for w in json["weights"].as_array().unwrap() {
+        let name = w["name"].as_str().unwrap();
+        let weight = name.strip_prefix("optimizer.").map_or(name, |r| r.split_once('.').unwrap().1);
+        let whole = w["whole_bytes"].as_u64().unwrap();
+        // Megatron's: the attention's projections and the MLP's weights (and its
+        // first bias) split over `model`; embeddings, norms and other biases whole.
+        let megatron = ["attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w1", "mlp.w2", "mlp.b1"];
+        let sharded = megatron.iter().any(|s| weight.ends_with(s));
+        let at = w["bytes"].as_array().unwrap();
+        assert_eq!(at.len() as u64, m, "{name}: held on every device");
+        for d in at {
+            let bytes = d[1].as_u64().unwrap();
+            let want = if sharded { whole / m } else { whole };
+            assert_eq!(bytes, want, "{name} on device {}: {bytes} of {whole}", d[0]);
+        }
+        split += usize::from(sharded);
+    }
+    assert!(split >= 12, "{split} sharded weights and slots: {text}");
+    let per_step = &json["per_step"];
+    let batch = per_step["batch_bytes"].as_u64().unwrap();
+    // Each device the whole batch, a learning rate and a step count (f32 and i32).
+    assert_eq!(per_step["host_to_device_bytes"].as_u64().unwrap(), m * (batch + 8), "{text}");
+    // Each device's copy of the loss.
+    assert_eq!(per_step["device_to_host_bytes"].as_u64().unwrap(), m * 4, "{text}");
+    assert!(per_step["collective_bytes"].as_u64().unwrap() > 0, "{text}");
+    assert_eq!(json["compiles"], 1, "{text}");
+    assert_eq!(json["steps"], 3, "{text}");
+    let devices = json["devices"].as_array().unwrap();
+    assert_eq!(devices.len() as u64, m);
+    for d in devices {
+        let (p, o) = (d["param_bytes"].as_u64().unwrap(), d["optimizer_bytes"].as_u64().unwrap());
+        assert_eq!(o, 2 * p, "Adam's two slots per weight: {text}");
+    }
+}

@@ -262,3 +262,19 @@ fn inspect_prints_each_devices_step_with_megatrons_collectives() {
             .unwrap_err();
     assert!(e.to_string().contains("--mesh 1x3"), "{e}");
 }
+
+/// `inspect --json` on the interpreter, the transformer on a 1x4 mesh: read from the
+/// tensors each position holds, every Megatron-sharded weight and both its Adam slots
+/// are held at a quarter per device, the rest whole; a step feeds each device the
+/// whole batch (rows are split over `data`, here 1) and its two scalars, and nothing
+/// else; it compiles once.
+#[test]
+fn inspect_json_measures_the_interpreters_run() {
+    let config = Config {
+        mesh: Some((1, 4)),
+        optimizer: Some(OptimizerKind::Adam),
+        check: meshwork_train::Check::Never,
+        ..config(ModelKind::Transformer)
+    };
+    crate::check_inspect_json(&config, 4);
+}

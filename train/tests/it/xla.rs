@@ -202,3 +202,21 @@ fn xla_refuses_a_bad_plugin_before_any_work() {
         "--max-memory",
     );
 }
+
+/// `inspect --json` on XLA, the transformer on 1x4 with each partitioner, read from
+/// the runtime (device buffers' sizes, the bytes uploaded and downloaded, XLA's
+/// compilations): every Megatron-sharded weight and its Adam slots at a quarter per
+/// device, a step's uploads exactly each device's batch and scalars, one compile.
+#[test]
+fn inspect_json_measures_xla_runs_with_each_partitioner() {
+    for backend in [xla(), xla_partitioned()] {
+        let config = Config {
+            mesh: Some((1, 4)),
+            optimizer: Some(OptimizerKind::Adam),
+            check: meshwork_train::Check::Never,
+            backend,
+            ..config(ModelKind::Transformer)
+        };
+        crate::check_inspect_json(&config, 4);
+    }
+}

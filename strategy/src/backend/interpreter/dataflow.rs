@@ -196,7 +196,7 @@ mod tests {
                 let r = ctx.replica_id();
                 let q = Tensor::f64(&[2], vec![0.5, -1.0]).unwrap();
                 let inputs = if r == 0 { vec![Input::Owned(q)] } else { Vec::new() };
-                let channels = ReplicaChannels { ctx, peer: Mutex::new(None) };
+                let channels = ReplicaChannels { ctx, peer: Mutex::new(None), counter: None };
                 let env = Env::local().with_channels(&channels);
                 let got = parts[r].run(ctx, inputs, &env, &|e| channels.failure(e))?;
                 o.lock().unwrap()[r] = got[0].to_f64();

@@ -26,6 +26,13 @@ mod tests;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Interpreter;
 
+/// Programs the interpreter prepared in this process.
+static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn compiled_one() {
+    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl Interpreter {
     /// Compiles a per-device program written by hand (as `shard_map`'s body: its
     /// collectives over replica groups of positions), position `r` on the strategy's
@@ -37,6 +44,7 @@ impl Interpreter {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Box<dyn SpmdExecutable> {
+        compiled_one();
         Box::new(spmd::Devices::compile(program, placement, resident, carry))
     }
 }
@@ -53,6 +61,7 @@ impl Backend for Interpreter {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
+        compiled_one();
         Ok(Box::new(spmd::Devices::compile(part.program(), placement, resident, carry)))
     }
 
@@ -62,7 +71,12 @@ impl Backend for Interpreter {
         placement: &[usize],
         devices: usize,
     ) -> Result<Box<dyn PlacedExecutable>> {
+        compiled_one();
         Ok(Box::new(placed::Parts::compile(parts, placement, devices)?))
+    }
+
+    fn compiles(&self) -> u64 {
+        COMPILES.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -94,6 +108,8 @@ pub(crate) fn boolean(t: Tensor) -> Tensor {
 /// positions); replica groups are validated once per distinct list.
 pub(crate) struct MeshCollectives<'a> {
     pub(crate) ctx: &'a ReplicaContext,
+    /// Counts each collective's result, where the run is counted.
+    counter: Option<&'a crate::backend::TrafficCounter>,
     groups: Mutex<HashMap<Vec<Vec<usize>>, ReplicaGroups>>,
     /// The executor's error when a collective failed because a peer had.
     peer: Mutex<Option<meshwork_executor::Error>>,
@@ -101,7 +117,15 @@ pub(crate) struct MeshCollectives<'a> {
 
 impl<'a> MeshCollectives<'a> {
     pub(crate) fn new(ctx: &'a ReplicaContext) -> MeshCollectives<'a> {
-        MeshCollectives { ctx, groups: Mutex::default(), peer: Mutex::default() }
+        MeshCollectives { ctx, counter: None, groups: Mutex::default(), peer: Mutex::default() }
+    }
+
+    /// Collectives whose results `counter` counts.
+    pub(crate) fn counted(
+        ctx: &'a ReplicaContext,
+        counter: &'a crate::backend::TrafficCounter,
+    ) -> MeshCollectives<'a> {
+        MeshCollectives { counter: Some(counter), ..MeshCollectives::new(ctx) }
     }
 
     /// This replica's failure: the executor's `PeerFailed` when a collective failed
@@ -136,6 +160,9 @@ impl<'a> MeshCollectives<'a> {
             }
             comm(e)
         })?;
+        if let Some(c) = self.counter {
+            c.moved(out.byte_size() as u64);
+        }
         Ok(if as_bool { boolean(out) } else { out })
     }
 }
@@ -197,12 +224,17 @@ impl Collectives for MeshCollectives<'_> {
 pub(crate) struct FirstReplicaHost<'a> {
     pub(crate) ctx: &'a ReplicaContext,
     pub(crate) step: u64,
+    /// Counts what it streams to the host.
+    pub(crate) counter: Option<&'a crate::backend::TrafficCounter>,
 }
 
 impl HostSink for FirstReplicaHost<'_> {
     fn emit(&self, consumer: u32, values: &[Tensor]) -> meshwork_program::Result<()> {
         if self.ctx.replica_id() != 0 {
             return Ok(());
+        }
+        if let Some(c) = self.counter {
+            c.returned(crate::backend::bytes_of(values));
         }
         let mut tensors = Vec::with_capacity(values.len() + 1);
         tensors.push(Tensor::I64(ndarray::arr0(self.step as i64).into_dyn()));
@@ -275,6 +307,8 @@ pub(crate) struct ReplicaChannels<'a> {
     pub(crate) ctx: &'a ReplicaContext,
     /// The executor's error when a transfer failed because a peer had.
     pub(crate) peer: Mutex<Option<meshwork_executor::Error>>,
+    /// Counts what it sends, where the run is counted.
+    pub(crate) counter: Option<&'a crate::backend::TrafficCounter>,
 }
 
 impl ReplicaChannels<'_> {
@@ -297,6 +331,9 @@ impl ReplicaChannels<'_> {
 
 impl Channels for ReplicaChannels<'_> {
     fn send(&self, channel: u32, peer: usize, x: Tensor) -> meshwork_program::Result<()> {
+        if let Some(c) = self.counter {
+            c.moved(x.byte_size() as u64);
+        }
         self.ctx.send(peer, u64::from(channel), numeric(x).0).map_err(|e| self.comm("send", e))
     }
 

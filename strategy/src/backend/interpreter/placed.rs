@@ -30,6 +30,8 @@ pub(super) struct Parts {
     kinds: Vec<Vec<Sink>>,
     /// The device of each part.
     placement: Vec<usize>,
+    /// What its steps moved.
+    traffic: Arc<crate::backend::TrafficCounter>,
 }
 
 impl Parts {
@@ -53,6 +55,7 @@ impl Parts {
             sinks: parts.iter().map(placed_sinks).collect::<Result<_>>()?,
             kinds: parts.iter().map(|p| p.sinks.clone()).collect(),
             placement: placement.to_vec(),
+            traffic: Arc::default(),
         })
     }
 }
@@ -71,8 +74,18 @@ impl PlacedExecutable for Parts {
         lock(&self.resident[part])[slot].is_some()
     }
 
+    fn held_bytes(&self, part: usize, slot: usize) -> Result<Option<u64>> {
+        Ok(lock(&self.resident[part])[slot].as_ref().map(|t| t.byte_size() as u64))
+    }
+
+    fn traffic(&self) -> crate::backend::Traffic {
+        self.traffic.get()
+    }
+
     fn run(&self, strategy: &Strategy, feeds: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
         let n = self.exes.len();
+        self.traffic.fed(crate::backend::bytes_of(feeds.iter().flatten()));
+        let traffic = self.traffic.clone();
         let slots: Arc<Vec<Mutex<Vec<Tensor>>>> =
             Arc::new(feeds.into_iter().map(Mutex::new).collect());
         let outs: Arc<Vec<Mutex<Vec<Tensor>>>> =
@@ -96,7 +109,8 @@ impl PlacedExecutable for Parts {
                         ),
                     });
                 }
-                let channels = ReplicaChannels { ctx, peer: Mutex::new(None) };
+                let channels =
+                    ReplicaChannels { ctx, peer: Mutex::new(None), counter: Some(&traffic) };
                 let env = Env::local().with_channels(&channels);
                 let out = exes[r].run(ctx, inputs, &env, &|e| channels.failure(e))?;
                 *lock(&o[r]) = out;
@@ -118,6 +132,8 @@ impl PlacedExecutable for Parts {
             }
             results.push(kept);
         }
+        self.traffic.returned(crate::backend::bytes_of(results.iter().flatten()));
+        self.traffic.stepped(1);
         Ok(results)
     }
 }

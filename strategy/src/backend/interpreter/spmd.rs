@@ -34,6 +34,8 @@ pub(super) struct Devices {
     communicates: bool,
     /// Whether it streams anything to the host (`emit`).
     emits: bool,
+    /// What its runs moved.
+    traffic: Arc<crate::backend::TrafficCounter>,
 }
 
 /// The message of a panic payload.
@@ -77,6 +79,7 @@ impl Devices {
                 .iter()
                 .any(|i| i.op.communicates() && !matches!(i.op, Op::Emit { .. })),
             emits: program.instrs().iter().any(|i| matches!(i.op, Op::Emit { .. })),
+            traffic: Arc::default(),
         }
     }
 }
@@ -102,6 +105,14 @@ impl SpmdExecutable for Devices {
         lock(&self.devices[r]).resident[param].is_some()
     }
 
+    fn held_bytes(&self, r: usize, param: usize) -> Result<Option<u64>> {
+        Ok(lock(&self.devices[r]).resident[param].as_ref().map(|t| t.byte_size() as u64))
+    }
+
+    fn traffic(&self) -> crate::backend::Traffic {
+        self.traffic.get()
+    }
+
     fn run(
         &self,
         strategy: &Strategy,
@@ -109,11 +120,13 @@ impl SpmdExecutable for Devices {
         tag: u64,
     ) -> Result<Vec<Vec<Vec<Tensor>>>> {
         let steps = feeds.first().map_or(0, Vec::len);
+        self.traffic.fed(crate::backend::bytes_of(feeds.iter().flatten().flatten()));
         for (d, feed) in self.devices.iter().zip(feeds) {
             lock(d).feed = feed;
         }
         let devices = self.devices.clone();
         let carry = self.carry.clone();
+        let traffic = self.traffic.clone();
         let (communicates, nres) = (self.communicates, self.results);
         // One device's share of the steps, given what each may talk to (`envs[i]`,
         // step `i`'s).
@@ -172,9 +185,13 @@ impl SpmdExecutable for Devices {
                 &self.placement,
                 Arc::new(move |ctx| {
                     let mut d = lock(&devices[ctx.replica_id()]);
-                    let coll = MeshCollectives::new(ctx);
+                    let coll = MeshCollectives::counted(ctx, &traffic);
                     let hosts: Vec<FirstReplicaHost<'_>> = (0..d.feed.len())
-                        .map(|i| FirstReplicaHost { ctx, step: tag + i as u64 })
+                        .map(|i| FirstReplicaHost {
+                            ctx,
+                            step: tag + i as u64,
+                            counter: Some(&traffic),
+                        })
                         .collect();
                     // A program that does not communicate (one device) runs without
                     // collectives, which lets it run on the kernels' pool.
@@ -196,7 +213,11 @@ impl SpmdExecutable for Devices {
             self.commit(false);
             return Err(e);
         }
-        Ok(self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect())
+        let out: Vec<Vec<Vec<Tensor>>> =
+            self.devices.iter().map(|d| std::mem::take(&mut lock(d).out)).collect();
+        self.traffic.returned(crate::backend::bytes_of(out.iter().flatten().flatten()));
+        self.traffic.stepped(steps as u64);
+        Ok(out)
     }
 
     fn commit(&self, keep: bool) {

@@ -137,6 +137,10 @@ impl Backend for Xla {
         self.partitioner
     }
 
+    fn compiles(&self) -> u64 {
+        self.session.compiles() as u64
+    }
+
     fn compile_spmd(
         &self,
         part: &Partitioned,
@@ -176,7 +180,12 @@ impl Backend for Xla {
             })
             .collect();
         let np = program.params().len();
+        // What the compiled program's collectives produce on each device per step.
+        let (_, hlo) = compiled.executable.optimized_program()?;
+        let collective_bytes = meshwork_xla::hlo::collectives(&hlo)?.iter().map(|c| c.bytes).sum();
         Ok(Box::new(XlaSpmd {
+            collective_bytes,
+            traffic: super::TrafficCounter::default(),
             session: Arc::clone(&self.session),
             compiled,
             carry: carry.to_vec(),
@@ -227,6 +236,11 @@ struct XlaSpmd {
     pool: Mutex<Vec<Tensor>>,
     /// Each `emit`: its consumer and what it streams.
     emits: Vec<(u32, Vec<TensorSpec>)>,
+    /// The bytes its collectives produce on each device per step (from the HLO XLA
+    /// compiled).
+    collective_bytes: u64,
+    /// What its runs moved.
+    traffic: super::TrafficCounter,
     /// Per result not carried (XLA's partitioner only), the positions whose part is
     /// zeros: a result meshwork's layout leaves a pending sum over some axes is whole
     /// on every device from XLA, so only the first position along those axes gives
@@ -291,6 +305,19 @@ impl SpmdExecutable for XlaSpmd {
         self.state().params.get(r).is_some_and(|p| p[param].is_some())
     }
 
+    fn held_bytes(&self, r: usize, param: usize) -> Result<Option<u64>> {
+        self.device(r)?;
+        let state = self.state();
+        Ok(match &state.params[r][param] {
+            Some(b) => Some(b.device_bytes()? as u64),
+            None => None,
+        })
+    }
+
+    fn traffic(&self) -> super::Traffic {
+        self.traffic.get()
+    }
+
     fn run(
         &self,
         strategy: &Strategy,
@@ -339,6 +366,7 @@ impl SpmdExecutable for XlaSpmd {
                 );
             }
         }
+        self.traffic.fed(super::bytes_of(feeds.iter().flatten().flatten()));
         {
             // Uploaded: the host copies go back to the pool for the next call's feeds.
             let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
@@ -417,6 +445,7 @@ impl SpmdExecutable for XlaSpmd {
             for (r, outs) in step_out.into_iter().enumerate() {
                 let mut host =
                     outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
+                self.traffic.returned(super::bytes_of(&host));
                 let emitted = host.split_off(kept.min(host.len()));
                 for (j, t) in host.iter_mut().enumerate() {
                     if self.zero.get(j).is_some_and(|z| z[r]) {
@@ -434,6 +463,8 @@ impl SpmdExecutable for XlaSpmd {
                 results[r].push(host);
             }
         }
+        self.traffic.moved(self.collective_bytes * (n * steps) as u64);
+        self.traffic.stepped(steps as u64);
         Ok(results)
     }
 

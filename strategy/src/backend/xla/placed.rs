@@ -49,6 +49,8 @@ pub(super) struct XlaPlaced {
     parts: Vec<PartExe>,
     /// Per part, its variables (in its sources' order) on its device.
     resident: Mutex<Vec<Vec<Option<Buffer>>>>,
+    /// What its steps moved.
+    traffic: crate::backend::TrafficCounter,
 }
 
 fn problem(p: impl Into<String>) -> Error {
@@ -153,7 +155,12 @@ impl XlaPlaced {
                 returned: part.sinks.iter().map(|s| matches!(s, Sink::Result(_))).collect(),
             });
         }
-        Ok(XlaPlaced { session: Arc::clone(session), parts: out, resident: Mutex::new(resident) })
+        Ok(XlaPlaced {
+            session: Arc::clone(session),
+            parts: out,
+            resident: Mutex::new(resident),
+            traffic: crate::backend::TrafficCounter::default(),
+        })
     }
 
     fn resident(&self) -> std::sync::MutexGuard<'_, Vec<Vec<Option<Buffer>>>> {
@@ -218,6 +225,19 @@ impl PlacedExecutable for XlaPlaced {
         self.resident().get(part).and_then(|p| p.get(slot)).is_some_and(Option::is_some)
     }
 
+    fn held_bytes(&self, part: usize, slot: usize) -> Result<Option<u64>> {
+        self.part(part)?;
+        match self.resident()[part].get(slot) {
+            Some(Some(b)) => Ok(Some(b.device_bytes()? as u64)),
+            Some(None) => Ok(None),
+            None => Err(problem(format!("variable {slot} of part {part}"))),
+        }
+    }
+
+    fn traffic(&self) -> crate::backend::Traffic {
+        self.traffic.get()
+    }
+
     fn run(&self, _strategy: &Strategy, feeds: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
         let n = self.parts.len();
         if feeds.len() != n {
@@ -244,6 +264,7 @@ impl PlacedExecutable for XlaPlaced {
                 made: (0..exe.cut.uses.len()).map(|_| None).collect(),
             });
         }
+        self.traffic.fed(crate::backend::bytes_of(feeds.iter().flatten()));
         drop(feeds);
         // Enqueue: round the devices, each its first ready segment, until all are.
         let mut missing: Vec<Vec<usize>> =
@@ -286,10 +307,14 @@ impl PlacedExecutable for XlaPlaced {
                         arrive(exe, v, &mut missing[p], &mut ready[p]);
                     }
                 }
-                for (b, &(q, r)) in outs.zip(&exe.sends[s]) {
+                let specs = exe.pieces[s].lowered.sends.iter().map(|t| &t.spec);
+                for ((b, &(q, r)), spec) in outs.zip(&exe.sends[s]).zip(specs) {
                     let to = &self.parts[q];
                     let v = to.cut.receipts[r].value;
-                    values[q].made[v.index()] = Some(b.copy_to(&to.device)?);
+                    // Counted by its spec: asking the plugin would wait for the copy.
+                    let copy = b.copy_to(&to.device)?;
+                    self.traffic.moved(spec.byte_size().unwrap_or(0) as u64);
+                    values[q].made[v.index()] = Some(copy);
                     arrive(to, v, &mut missing[q], &mut ready[q]);
                 }
                 done += 1;
@@ -343,6 +368,8 @@ impl PlacedExecutable for XlaPlaced {
                 held[j] = Some(b);
             }
         }
+        self.traffic.returned(crate::backend::bytes_of(results.iter().flatten()));
+        self.traffic.stepped(1);
         Ok(results)
     }
 }
