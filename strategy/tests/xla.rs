@@ -390,3 +390,57 @@ fn a_placed_program_on_xla_devices_gives_the_interpreters_without_host_round_tri
         }
     }
 }
+
+/// The seed's variable-reshard state machine over device buffers: resident state
+/// taken from XLA devices on a 2x1 mesh moves onto a 1x2 mesh (unsharded and sharded
+/// anew) and onto 2x2 with XLA's partitioner, stays put on the same mesh, and the
+/// steps after it are the uninterrupted interpreter run's.
+#[test]
+fn resident_state_reshards_between_xla_meshes_and_partitioners() {
+    use meshwork_strategy::backend::Partitioner;
+    let (program, loss, weights) = mlp();
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
+    let on = |p: Partitioner| {
+        let (_, s) = metrics_on(4);
+        s.with_backend(Arc::new(Xla::with_devices(&plugin, 4).unwrap().with_partitioner(p)))
+    };
+    let shardings = |d: usize, m: usize| {
+        Shardings::new(Mesh::iota(&[("data", d), ("model", m)]).unwrap())
+            .with("x", "P('data')")
+            .unwrap()
+            .with("labels", "P('data')")
+            .unwrap()
+            .with("w1", "P(None, 'model')")
+            .unwrap()
+            .with("b1", "P('model')")
+            .unwrap()
+            .with("w2", "P('model', None)")
+            .unwrap()
+    };
+    let adam = Optimizer::adam();
+    let (_, interp) = metrics_on(4);
+    let mut whole = interp.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
+    init(&whole, &program);
+    let want: Vec<f64> = (0..9).map(|s| whole.step(&batch(s), 0.05).unwrap()).collect();
+
+    let (a, b, c) = (on(Partitioner::Meshwork), on(Partitioner::Meshwork), on(Partitioner::Xla));
+    let mut first = a.compile_train_step(&program, loss, &weights, adam, &shardings(2, 1)).unwrap();
+    init(&first, &program);
+    let mut got: Vec<f64> = (0..3).map(|s| first.step(&batch(s), 0.05).unwrap()).collect();
+    let mut state = first.state().unwrap();
+    // The same mesh and layouts: nothing moves.
+    let mut same = a.compile_train_step(&program, loss, &weights, adam, &shardings(2, 1)).unwrap();
+    assert!(!same.put_state(&mut state.clone()).unwrap());
+    // Onto 1x2: moved, and training goes on.
+    let mut second = b.compile_train_step(&program, loss, &weights, adam, &shardings(1, 2)).unwrap();
+    assert!(second.put_state(&mut state).unwrap());
+    got.extend((3..6).map(|s| second.step(&batch(s), 0.05).unwrap()));
+    // Onto 2x2 split by XLA's partitioner.
+    let mut state = second.state().unwrap();
+    let mut third = c.compile_train_step(&program, loss, &weights, adam, &shardings(2, 2)).unwrap();
+    assert!(third.put_state(&mut state).unwrap());
+    got.extend((6..9).map(|s| third.step(&batch(s), 0.05).unwrap()));
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
+    }
+}
