@@ -112,9 +112,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect())
     };
-    let plugin = meshwork_strategy::xla::find::load(&meshwork_strategy::xla::find::plugin_path(
-        None,
-    )?)?;
+    let plugin =
+        meshwork_strategy::xla::find::load(&meshwork_strategy::xla::find::plugin_path(None)?)?;
     let meshwork_xla = Arc::new(Xla::with_devices(&plugin, 4)?);
     let xla_xla = Arc::new(Xla::with_devices(&plugin, 4)?.with_partitioner(Partitioner::Xla));
     let model = common::TRANSFORMER;
@@ -138,10 +137,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "  mesh  tokens/s: interpreter  XLA+meshwork  XLA+XLA-part       JAX   vs JAX (mw, xla)   \
          collective MB/step (interp, mw, xla)   wire MB/step  minimum"
     );
-    let named: Vec<(usize, usize)> = MESHES
-        .into_iter()
-        .filter(|(d, m)| args.iter().any(|a| *a == format!("{d}x{m}")))
-        .collect();
+    let named: Vec<(usize, usize)> =
+        MESHES.into_iter().filter(|(d, m)| args.iter().any(|a| *a == format!("{d}x{m}"))).collect();
     for (d, m) in if named.is_empty() { MESHES.to_vec() } else { named } {
         let mesh = Mesh::iota(&[("data", d), ("model", m)])?;
         let mut shardings = Shardings::new(mesh).with("rows", "P('data')")?;
@@ -168,10 +165,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         minimum += 4 * model.layers as u64 * all_reduce_bytes(act, m as u64, devices);
         let jax = common::jax_figure(&jax_lines, d, m);
         let (j, vs) = match jax {
-            Some(j) => (
-                format!("{j:>9.0}"),
-                format!("{:>6.2}x {:>6.2}x", on_mw.rate / j, on_xla.rate / j),
-            ),
+            Some(j) => {
+                (format!("{j:>9.0}"), format!("{:>6.2}x {:>6.2}x", on_mw.rate / j, on_xla.rate / j))
+            }
             None => (format!("{:>9}", "no JAX"), format!("{:>14}", "-")),
         };
         let mb = |b: u64| b as f64 / 1e6;

@@ -419,7 +419,8 @@ fn resident_state_reshards_between_xla_meshes_and_partitioners() {
     };
     let adam = Optimizer::adam();
     let (_, interp) = metrics_on(4);
-    let mut whole = interp.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
+    let mut whole =
+        interp.compile_train_step(&program, loss, &weights, adam, &one_device()).unwrap();
     init(&whole, &program);
     let want: Vec<f64> = (0..9).map(|s| whole.step(&batch(s), 0.05).unwrap()).collect();
 
@@ -432,7 +433,8 @@ fn resident_state_reshards_between_xla_meshes_and_partitioners() {
     let mut same = a.compile_train_step(&program, loss, &weights, adam, &shardings(2, 1)).unwrap();
     assert!(!same.put_state(&mut state.clone()).unwrap());
     // Onto 1x2: moved, and training goes on.
-    let mut second = b.compile_train_step(&program, loss, &weights, adam, &shardings(1, 2)).unwrap();
+    let mut second =
+        b.compile_train_step(&program, loss, &weights, adam, &shardings(1, 2)).unwrap();
     assert!(second.put_state(&mut state).unwrap());
     got.extend((3..6).map(|s| second.step(&batch(s), 0.05).unwrap()));
     // Onto 2x2 split by XLA's partitioner.
