@@ -155,6 +155,35 @@ fn every_model_trains_on_xla_as_on_the_interpreter() {
     }
 }
 
+/// Every model on a 2x1 mesh with each partitioner, and as a 2-stage pipeline of 2
+/// micro-batches, through XLA: the interpreter's losses on the same layout (f64).
+#[test]
+fn every_model_trains_on_xla_meshes_and_pipelines_as_on_the_interpreter() {
+    for model in [ModelKind::Mlp, ModelKind::Cnn, ModelKind::Transformer] {
+        let layouts = [(Some((2, 1)), None, None), (Some((1, 1)), Some(2), Some(2))];
+        for (mesh, stages, microbatches) in layouts {
+            let on = |backend: BackendKind| Config {
+                steps: Some(4),
+                dtype: Some(DType::F64),
+                mesh,
+                stages,
+                microbatches,
+                backend,
+                ..config(model)
+            };
+            let want = losses(&on(BackendKind::Interpreter));
+            let backends: &[BackendKind] =
+                if stages.is_some() { &[xla()] } else { &[xla(), xla_partitioned()] };
+            for backend in backends {
+                let what = format!("{model:?} {mesh:?} {stages:?} {backend:?}");
+                let report = run(&on(backend.clone()));
+                assert_close(&report.losses, &want, 1e-12, &what);
+                assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{what}");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_run_saved_on_xla_resumes_on_the_interpreter_and_back() {
     let dir = tempfile::tempdir().unwrap();
