@@ -18,13 +18,13 @@
 //! all-reduced over `data`, two all-reduces per block each way over `model`).
 //!
 //! ```text
-//! MESHWORK_PJRT_PLUGIN=/path/to/plugin.so \
+//! MESHWORK_PJRT_PLUGIN=/path/to/plugin.so TF_CPP_MIN_LOG_LEVEL=2 \
 //!     cargo run --release -p meshwork-strategy --example xla_mesh_bench [-- steps=N nojax DxM…]
 //! ```
 //!
 //! (the meshes named, or all four; JAX still runs all four, as its script does).
 
-#![allow(clippy::print_stdout, clippy::print_stderr, missing_docs, unsafe_code)]
+#![allow(clippy::print_stdout, missing_docs)]
 
 #[path = "common/mod.rs"]
 mod common;
@@ -92,10 +92,6 @@ fn all_reduce_bytes(bytes: u64, k: u64, devices: u64) -> u64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        // SAFETY: first thing in main, before any other thread.
-        unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2") };
-    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let steps: usize =
         args.iter().find_map(|a| a.strip_prefix("steps=")?.parse().ok()).unwrap_or(5);

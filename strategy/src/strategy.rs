@@ -98,7 +98,7 @@ impl Strategy {
         let devices = assignment.num_replicas() * assignment.num_logical_devices();
         Ok(Strategy {
             runtime: Runtime::new(assignment.num_devices().max(devices))?,
-            backend: Arc::new(Interpreter),
+            backend: Arc::new(Interpreter::new()),
             assignment,
             vars: Mutex::new(Vec::new()),
             scope: Mutex::new(Vec::new()),

@@ -229,7 +229,7 @@ fn collectives_on_xla_devices_agree_with_the_executors() {
         .collect();
     // The interpreter on 4 executor devices.
     let strategy = Strategy::data_parallel(4).unwrap();
-    let interp = Interpreter.compile_per_device(&program, &[0, 1, 2, 3], &[false], &[]);
+    let interp = Interpreter::new().compile_per_device(&program, &[0, 1, 2, 3], &[false], &[]);
     let want =
         interp.run(&strategy, inputs.iter().map(|t| vec![vec![t.clone()]]).collect(), 0).unwrap();
     // XLA on 4 CPU devices of one client.

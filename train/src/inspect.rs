@@ -117,8 +117,11 @@ const MEASURED_STEPS: usize = 3;
 ///  "weights": [{"name": "w1", "bytes": [[0, 1024]], "whole_bytes": 1024}],
 ///  "per_step": {"host_to_device_bytes": 0, "device_to_host_bytes": 0,
 ///               "collective_bytes": 0, "batch_bytes": 0},
-///  "compiles": 1, "steps": 3}
+///  "compiles": 1, "compiles_in_steps": 0, "steps": 3}
 /// ```
+///
+/// `compiles` counts every compilation of the run, `compiles_in_steps` those made
+/// while the steps ran (none: everything is compiled before the first step).
 ///
 /// `batch_bytes` is one step's batch. A step hands each device its part of the batch
 /// (by the batch's layout: on a `1xM` mesh every device gets all of it, as
@@ -152,6 +155,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         init: &init,
     };
     let mut run = start(&strategy, p.layout, &recipe)?;
+    let compiled = strategy.backend().compiles();
     let before = run.traffic();
     let mut batch_bytes = 0;
     for s in 0..MEASURED_STEPS {
@@ -208,6 +212,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
             "batch_bytes": batch_bytes,
         },
         "compiles": compiles,
+        "compiles_in_steps": strategy.backend().compiles() - compiled,
         "steps": after.steps - before.steps,
     });
     serde_json::to_string_pretty(&json).map_err(Error::failed)

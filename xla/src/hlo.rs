@@ -3,7 +3,8 @@
 //! serialized `HloModuleProtoWithConfig`): its collectives, each with the bytes it
 //! produces per device. A few fields of XLA's `hlo.proto` and `xla_data.proto` are
 //! read by hand (no generated code, as for the compile options); everything else is
-//! skipped by its wire type.
+//! skipped by its wire type. A collective inside a loop's body is counted once, as
+//! written (meshwork's programs have no loops; XLA rarely makes one of a collective).
 
 use crate::{Error, Result};
 
@@ -48,7 +49,7 @@ pub fn collectives(module: &[u8]) -> Result<Vec<CollectiveOp>> {
             }
             let Some(kind) = collective_kind(&opcode) else { continue };
             let bytes = match shape {
-                Some(s) => result_bytes(s, opcode.ends_with("-start")).map_err(|e| bad(&e))?,
+                Some(s) => result_bytes(s, start_form(&opcode)).map_err(|e| bad(&e))?,
                 None => 0,
             };
             out.push(CollectiveOp { kind: kind.to_string(), bytes });
@@ -65,9 +66,31 @@ fn collective_kind(opcode: &str) -> Option<&str> {
         .find(|&k| k == base)
 }
 
-/// A `ShapeProto`'s bytes; for an asynchronous `-start`, whose shape is a tuple of
-/// its operands and its results, the results' half.
-fn result_bytes(shape: &[u8], start: bool) -> std::result::Result<u64, String> {
+/// Where an asynchronous `-start`'s shape holds its results: `all-reduce-start`'s is
+/// its results' (as the synchronous op's); `all-gather-start`'s a tuple of its
+/// operands then its results; `collective-permute-start`'s a tuple of its operand,
+/// its output and context scalars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// The shape is the results'.
+    Whole,
+    /// The tuple's second half.
+    SecondHalf,
+    /// The tuple's element 1.
+    Second,
+}
+
+fn start_form(opcode: &str) -> Start {
+    match opcode {
+        "all-gather-start" => Start::SecondHalf,
+        "collective-permute-start" => Start::Second,
+        _ => Start::Whole,
+    }
+}
+
+/// A `ShapeProto`'s bytes (a tuple's, summed), taking the part `start` says holds the
+/// results.
+fn result_bytes(shape: &[u8], start: Start) -> std::result::Result<u64, String> {
     let (mut element, mut dims, mut tuple) = (0u64, Vec::new(), Vec::new());
     for (field, value) in fields(shape)? {
         match (field, value) {
@@ -85,9 +108,13 @@ fn result_bytes(shape: &[u8], start: bool) -> std::result::Result<u64, String> {
     }
     // PrimitiveType: TUPLE = 13.
     if element == 13 {
-        let parts = tuple.iter().map(|s| result_bytes(s, false)).collect::<Result<Vec<_>, _>>()?;
-        let from = if start { parts.len() / 2 } else { 0 };
-        return Ok(parts[from..].iter().sum());
+        let parts =
+            tuple.iter().map(|s| result_bytes(s, Start::Whole)).collect::<Result<Vec<_>, _>>()?;
+        return Ok(match start {
+            Start::Whole => parts.iter().sum(),
+            Start::SecondHalf => parts[parts.len() / 2..].iter().sum(),
+            Start::Second => parts.get(1).copied().unwrap_or(0),
+        });
     }
     let size = match element {
         1..=2 | 6 => 1,       // PRED, S8, U8
@@ -203,6 +230,22 @@ mod tests {
         bytes(4, &shape(11, &[8]), &mut tuple);
         bytes(2, &instruction("all-gather-start", &tuple), &mut computation);
         bytes(2, &instruction("all-gather-done", &shape(11, &[8])), &mut computation);
+        // A combined asynchronous all-reduce: its shape is its two results'.
+        let mut pair = Vec::new();
+        key(2, 0, &mut pair);
+        put(13, &mut pair);
+        bytes(4, &shape(12, &[3]), &mut pair);
+        bytes(4, &shape(12, &[5]), &mut pair);
+        bytes(2, &instruction("all-reduce-start", &pair), &mut computation);
+        // A permute's: its operand, its output, two u32 contexts.
+        let mut permute = Vec::new();
+        key(2, 0, &mut permute);
+        put(13, &mut permute);
+        bytes(4, &shape(11, &[6]), &mut permute);
+        bytes(4, &shape(11, &[6]), &mut permute);
+        bytes(4, &shape(8, &[]), &mut permute);
+        bytes(4, &shape(8, &[]), &mut permute);
+        bytes(2, &instruction("collective-permute-start", &permute), &mut computation);
         bytes(2, &instruction("add", &shape(12, &[4, 8])), &mut computation);
         let mut module = Vec::new();
         bytes(1, b"jit_f", &mut module);
@@ -213,6 +256,8 @@ mod tests {
         let want = vec![
             CollectiveOp { kind: "all-reduce".into(), bytes: 256 },
             CollectiveOp { kind: "all-gather".into(), bytes: 32 },
+            CollectiveOp { kind: "all-reduce".into(), bytes: 64 },
+            CollectiveOp { kind: "collective-permute".into(), bytes: 24 },
         ];
         assert_eq!(collectives(&with_config).unwrap(), want);
         assert_eq!(collectives(&module).unwrap(), want);

@@ -871,13 +871,14 @@ pub struct Transfers {
     pub device_to_device: u64,
 }
 
+/// What moved between two readings (saturating at 0).
 impl std::ops::Sub for Transfers {
     type Output = Transfers;
     fn sub(self, earlier: Transfers) -> Transfers {
         Transfers {
-            host_to_device: self.host_to_device - earlier.host_to_device,
-            device_to_host: self.device_to_host - earlier.device_to_host,
-            device_to_device: self.device_to_device - earlier.device_to_device,
+            host_to_device: self.host_to_device.saturating_sub(earlier.host_to_device),
+            device_to_host: self.device_to_host.saturating_sub(earlier.device_to_host),
+            device_to_device: self.device_to_device.saturating_sub(earlier.device_to_device),
         }
     }
 }

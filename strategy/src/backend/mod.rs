@@ -26,8 +26,12 @@ mod xla;
 pub use interpreter::Interpreter;
 pub use xla::Xla;
 
-/// What an executable's steps moved, counted by its runtime as it moved it: bytes,
-/// summed over the steps it ran and over its devices.
+/// What an executable's steps moved: bytes, summed over the steps it ran and over its
+/// devices. On XLA, the client's own counts of the bytes it uploaded, downloaded and
+/// copied between devices during the steps, and the collectives' results as the
+/// compiled program produces them (from its optimized HLO, each collective once per
+/// execution); on the interpreter, the tensors handed to and returned by its devices,
+/// each collective's result as the executor returned it, each transfer as sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// From the host to the devices: what steps were fed (not `put`s of resident

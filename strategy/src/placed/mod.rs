@@ -310,9 +310,10 @@ impl Placed<'_> {
         // Every device finished (its updates kept on the devices): the results out.
         let mut results: Vec<Option<Tensor>> = vec![None; self.plan.program().results().len()];
         for (part, out) in self.plan.parts().iter().zip(outs) {
+            // The results the back end returns: those not carried, as compiled.
             let sinks = part.sinks.iter().filter_map(|s| match *s {
-                Sink::Result(k) => Some(k),
-                Sink::Update(_) | Sink::Token => None,
+                Sink::Result(k) if self.returned[k] => Some(k),
+                Sink::Result(_) | Sink::Update(_) | Sink::Token => None,
             });
             for (k, t) in sinks.zip(out) {
                 results[k] = Some(t);

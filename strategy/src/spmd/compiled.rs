@@ -249,7 +249,10 @@ impl Compiled<'_> {
         (0..self.part.mesh().size())
             .map(|r| {
                 self.exe.held_bytes(r, k)?.ok_or_else(|| Error::Compiled {
-                    problem: format!("resident parameter {name} was never set"),
+                    problem: format!(
+                        "resident parameter {name} is not on the devices (never set, or lost \
+                         in a failed step)"
+                    ),
                 })
             })
             .collect()

@@ -501,3 +501,24 @@ fn memory_caps_split_a_training_step_or_refuse_it() {
         "{err}"
     );
 }
+
+/// A carried result before a returned one on the same device (`[new_w, loss]` both
+/// made on device 0, `new_w` into `w` on device 1): the step returns the loss alone,
+/// and `w` takes `new_w` on its device.
+#[test]
+fn a_carried_result_before_a_returned_one_keeps_each_in_its_place() {
+    let strategy = Strategy::data_parallel(2).unwrap();
+    let mut b = Builder::new();
+    let w = b.device("/device:CPU:1", |b| b.param("w", "f64[2]".parse()?)).unwrap();
+    let x = b.param("x", "f64[2]".parse().unwrap()).unwrap();
+    let y = b.device("/device:CPU:0", |b| b.mul(w, x)).unwrap();
+    let new_w = b.device("/device:CPU:0", |b| b.sub(w, y)).unwrap();
+    let loss = b.device("/device:CPU:0", |b| b.reduce_sum(y, &[0], false)).unwrap();
+    let p = b.finish(&[new_w, loss]).unwrap();
+    let placed = strategy.place(&p, &[(0, 0)], &PlaceOptions::default()).unwrap();
+    placed.set("w", Tensor::f64(&[2], vec![1.0, 2.0]).unwrap()).unwrap();
+    let out = placed.step(&[Tensor::f64(&[2], vec![0.5, 3.0]).unwrap()]).unwrap();
+    assert_eq!(out.len(), 1, "only the loss comes back");
+    assert_eq!(out[0].to_f64(), vec![6.5]);
+    assert_eq!(placed.get("w").unwrap().to_f64(), vec![0.5, -4.0]);
+}

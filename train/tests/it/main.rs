@@ -198,6 +198,7 @@ pub(crate) fn check_inspect_json(config: &Config, m: u64) {
     assert_eq!(per_step["device_to_host_bytes"].as_u64().unwrap(), m * 4, "{text}");
     assert!(per_step["collective_bytes"].as_u64().unwrap() > 0, "{text}");
     assert_eq!(json["compiles"], 1, "{text}");
+    assert_eq!(json["compiles_in_steps"], 0, "{text}");
     assert_eq!(json["steps"], 3, "{text}");
     let devices = json["devices"].as_array().unwrap();
     assert_eq!(devices.len() as u64, m);

@@ -70,17 +70,17 @@ fn the_reference_transformer_matches_jax_with_xlas_partitioner() {
 /// an executable on its device, activations and gradients copied device to device.
 #[test]
 fn the_reference_transformer_matches_jax_as_xla_pipelines() {
-    for (stages, micro) in [(2, 1), (3, 1), (2, 4)] {
+    for (replicas, stages, micro) in [(1, 2, 1), (1, 3, 1), (1, 2, 4), (2, 2, 2)] {
         for (optimizer, lr, key) in
             [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
         {
             let report = run(&Config {
-                mesh: Some((1, 1)),
+                mesh: Some((replicas, 1)),
                 stages: Some(stages),
                 microbatches: Some(micro),
                 ..reference_run(optimizer, lr)
             });
-            let what = format!("xla {stages} stages, {micro} micro-batches, {key}");
+            let what = format!("xla {replicas}x{stages} stages, {micro} micro-batches, {key}");
             assert_close(&report.losses, &expected(key), 1e-9, &what);
             assert!(report.layout.contains("pipeline"), "{}", report.layout);
             assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
@@ -248,4 +248,38 @@ fn inspect_json_measures_xla_runs_with_each_partitioner() {
         };
         crate::check_inspect_json(&config, 4);
     }
+}
+
+/// `inspect --json` of a 2-stage pipeline: XLA holds what the interpreter holds on each
+/// device, copies device to device what the interpreter's devices send each other,
+/// uploads only the batch and the scalars, and compiles each segment once for the 3
+/// steps.
+#[test]
+fn inspect_json_measures_an_xla_pipeline_as_the_interpreters() {
+    let on = |backend: BackendKind| {
+        let config = Config {
+            mesh: Some((1, 1)),
+            stages: Some(2),
+            microbatches: Some(2),
+            check: meshwork_train::Check::Never,
+            backend,
+            ..config(ModelKind::Transformer)
+        };
+        let text = meshwork_train::inspect_json(&config).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let (x, i) = (on(xla()), on(BackendKind::Interpreter));
+    assert_eq!(x["devices"], i["devices"], "bytes held per device");
+    for key in ["collective_bytes", "host_to_device_bytes", "device_to_host_bytes"] {
+        assert_eq!(x["per_step"][key], i["per_step"][key], "{key}: {x} vs {i}");
+    }
+    let batch = x["per_step"]["batch_bytes"].as_u64().unwrap();
+    // The batch to the first stage, the learning rate and step count (f32, i32) once.
+    assert_eq!(x["per_step"]["host_to_device_bytes"].as_u64().unwrap(), batch + 8, "{x}");
+    assert!(x["per_step"]["collective_bytes"].as_u64().unwrap() > 0, "{x}");
+    // Every segment compiled before the first step, none while the steps ran.
+    assert!(x["compiles"].as_u64().unwrap() > 2, "{x}");
+    assert_eq!(x["compiles_in_steps"], 0, "{x}");
+    assert_eq!(i["compiles"], 1);
+    assert_eq!(i["compiles_in_steps"], 0);
 }

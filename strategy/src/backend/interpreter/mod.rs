@@ -23,17 +23,22 @@ mod tests;
 
 /// meshwork's own back end: the fast interpreter on the executor's devices. Each
 /// device gets an equal share of the machine's cores (`cores / devices` threads).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Interpreter;
-
-/// Programs the interpreter prepared in this process.
-static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn compiled_one() {
-    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// Clones share its count of the programs it prepared.
+#[derive(Debug, Clone, Default)]
+pub struct Interpreter {
+    compiles: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Interpreter {
+    /// A back end that has prepared nothing yet.
+    pub fn new() -> Interpreter {
+        Interpreter::default()
+    }
+
+    fn compiled_one(&self) {
+        self.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Compiles a per-device program written by hand (as `shard_map`'s body: its
     /// collectives over replica groups of positions), position `r` on the strategy's
     /// device `placement[r]`; otherwise as [`Backend::compile_spmd`].
@@ -44,7 +49,7 @@ impl Interpreter {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Box<dyn SpmdExecutable> {
-        compiled_one();
+        self.compiled_one();
         Box::new(spmd::Devices::compile(program, placement, resident, carry))
     }
 }
@@ -61,7 +66,7 @@ impl Backend for Interpreter {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
-        compiled_one();
+        self.compiled_one();
         Ok(Box::new(spmd::Devices::compile(part.program(), placement, resident, carry)))
     }
 
@@ -71,12 +76,12 @@ impl Backend for Interpreter {
         placement: &[usize],
         devices: usize,
     ) -> Result<Box<dyn PlacedExecutable>> {
-        compiled_one();
+        self.compiled_one();
         Ok(Box::new(placed::Parts::compile(parts, placement, devices)?))
     }
 
     fn compiles(&self) -> u64 {
-        COMPILES.load(std::sync::atomic::Ordering::Relaxed)
+        self.compiles.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

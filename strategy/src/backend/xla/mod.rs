@@ -180,9 +180,14 @@ impl Backend for Xla {
             })
             .collect();
         let np = program.params().len();
-        // What the compiled program's collectives produce on each device per step.
-        let (_, hlo) = compiled.executable.optimized_program()?;
-        let collective_bytes = meshwork_xla::hlo::collectives(&hlo)?.iter().map(|c| c.bytes).sum();
+        // What the compiled program's collectives produce on each device per step, where
+        // the plugin gives the optimized program (not counted where it does not).
+        let collective_bytes = compiled
+            .executable
+            .optimized_program()
+            .ok()
+            .and_then(|(_, hlo)| meshwork_xla::hlo::collectives(&hlo).ok())
+            .map_or(0, |ops| ops.iter().map(|c| c.bytes).sum());
         Ok(Box::new(XlaSpmd {
             collective_bytes,
             traffic: super::TrafficCounter::default(),
@@ -237,7 +242,7 @@ struct XlaSpmd {
     /// Each `emit`: its consumer and what it streams.
     emits: Vec<(u32, Vec<TensorSpec>)>,
     /// The bytes its collectives produce on each device per step (from the HLO XLA
-    /// compiled).
+    /// compiled; 0 where the plugin does not give it).
     collective_bytes: u64,
     /// What its runs moved.
     traffic: super::TrafficCounter,
@@ -337,6 +342,7 @@ impl SpmdExecutable for XlaSpmd {
             strategy.takes_metrics(*consumer, specs)?;
         }
         let client = self.session.client();
+        let moved_before = client.transfers();
         let want = self.resident.iter().filter(|&&r| !r).count();
         // Every step's feeds on every device before anything is donated:
         // `uploaded[i][r]` is step `i`'s feeds on position `r`.
@@ -366,7 +372,6 @@ impl SpmdExecutable for XlaSpmd {
                 );
             }
         }
-        self.traffic.fed(super::bytes_of(feeds.iter().flatten().flatten()));
         {
             // Uploaded: the host copies go back to the pool for the next call's feeds.
             let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
@@ -445,7 +450,6 @@ impl SpmdExecutable for XlaSpmd {
             for (r, outs) in step_out.into_iter().enumerate() {
                 let mut host =
                     outs.iter().map(Buffer::to_host).collect::<meshwork_xla::Result<Vec<_>>>()?;
-                self.traffic.returned(super::bytes_of(&host));
                 let emitted = host.split_off(kept.min(host.len()));
                 for (j, t) in host.iter_mut().enumerate() {
                     if self.zero.get(j).is_some_and(|z| z[r]) {
@@ -463,6 +467,9 @@ impl SpmdExecutable for XlaSpmd {
                 results[r].push(host);
             }
         }
+        // What the client moved for this run (its counts), and what the compiled
+        // program's collectives produce on each device each step.
+        count(&self.traffic, client.transfers() - moved_before);
         self.traffic.moved(self.collective_bytes * (n * steps) as u64);
         self.traffic.stepped(steps as u64);
         Ok(results)
@@ -480,6 +487,13 @@ impl SpmdExecutable for XlaSpmd {
         }
         state.staged = (0..self.devices.len()).map(|_| Vec::new()).collect();
     }
+}
+
+/// Adds what a client moved during a run to `traffic`.
+fn count(traffic: &super::TrafficCounter, moved: meshwork_xla::Transfers) {
+    traffic.fed(moved.host_to_device);
+    traffic.returned(moved.device_to_host);
+    traffic.moved(moved.device_to_device);
 }
 
 fn unset(p: usize) -> Error {

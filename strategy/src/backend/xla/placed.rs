@@ -5,10 +5,15 @@
 //!
 //! A step enqueues every segment of every part before reading anything back: the host
 //! goes round the devices, each taking its first ready segment in program order (all
-//! its inputs enqueued), so each device's queue follows its part's program order — a
-//! pipeline's GPipe schedule — and the devices run their queues side by side, as
-//! JAX's asynchronous dispatch runs them. Then the results come back, and the
-//! variables' updates, already on their devices, become the variables.
+//! its inputs enqueued), so a device's queue is its part's segments in the order they
+//! become ready — for a pipeline, its GPipe schedule's order — and the devices can run
+//! their queues side by side, as JAX's asynchronous dispatch lets them (how much they
+//! overlap is XLA's runtime's; it is not measured here). Then the results come back,
+//! and the variables' updates, already on their devices, become the variables.
+//!
+//! Segments read their inputs without donating them, so a variable and its update
+//! are both held during a step (the SPMD path donates; a pipeline's stages hold a
+//! part of the model each).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -244,6 +249,7 @@ impl PlacedExecutable for XlaPlaced {
             return Err(problem(format!("feeds for {} parts of {n}", feeds.len())));
         }
         let client = self.session.client();
+        let moved_before = client.transfers();
         let mut resident = self.resident();
         let mut values: Vec<Values<'_>> = Vec::with_capacity(n);
         for ((exe, feed), held) in self.parts.iter().zip(&feeds).zip(resident.iter()) {
@@ -264,7 +270,6 @@ impl PlacedExecutable for XlaPlaced {
                 made: (0..exe.cut.uses.len()).map(|_| None).collect(),
             });
         }
-        self.traffic.fed(crate::backend::bytes_of(feeds.iter().flatten()));
         drop(feeds);
         // Enqueue: round the devices, each its first ready segment, until all are.
         let mut missing: Vec<Vec<usize>> =
@@ -307,13 +312,12 @@ impl PlacedExecutable for XlaPlaced {
                         arrive(exe, v, &mut missing[p], &mut ready[p]);
                     }
                 }
-                let specs = exe.pieces[s].lowered.sends.iter().map(|t| &t.spec);
-                for ((b, &(q, r)), spec) in outs.zip(&exe.sends[s]).zip(specs) {
+                for (b, &(q, r)) in outs.zip(&exe.sends[s]) {
                     let to = &self.parts[q];
                     let v = to.cut.receipts[r].value;
-                    // Counted by its spec: asking the plugin would wait for the copy.
+                    // `b` may be dropped once the copy is enqueued: PJRT frees a
+                    // buffer's memory only after the work using it is done.
                     let copy = b.copy_to(&to.device)?;
-                    self.traffic.moved(spec.byte_size().unwrap_or(0) as u64);
                     values[q].made[v.index()] = Some(copy);
                     arrive(to, v, &mut missing[q], &mut ready[q]);
                 }
@@ -368,7 +372,11 @@ impl PlacedExecutable for XlaPlaced {
                 held[j] = Some(b);
             }
         }
-        self.traffic.returned(crate::backend::bytes_of(results.iter().flatten()));
+        // What the client moved for this step, by its counts.
+        let moved = client.transfers() - moved_before;
+        self.traffic.fed(moved.host_to_device);
+        self.traffic.returned(moved.device_to_host);
+        self.traffic.moved(moved.device_to_device);
         self.traffic.stepped(1);
         Ok(results)
     }
