@@ -22,7 +22,8 @@
 //!     cargo run --release -p meshwork-strategy --example xla_mesh_bench [-- steps=N nojax DxM…]
 //! ```
 //!
-//! (the meshes named, or all four; JAX still runs all four, as its script does).
+//! (the meshes named, or all four; JAX still runs all four, as its script does;
+//! `nointerp` and `noxlapart` skip those columns).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -95,7 +96,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let steps: usize =
         args.iter().find_map(|a| a.strip_prefix("steps=")?.parse().ok()).unwrap_or(5);
-    let jax_lines = if args.iter().any(|a| a == "nojax") {
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    let jax_lines = if flag("nojax") {
         None
     } else {
         let path = format!("{}/benches/jax/transformer_train_jax.py", env!("CARGO_MANIFEST_DIR"));
@@ -142,14 +144,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             shardings = shardings.with_spec(&p.name, megatron_spec(&p.name, p.spec.shape.rank()));
         }
         let n = d * m;
-        let interp = time(&Strategy::data_parallel(n)?, &train, &shardings)?;
+        let skipped = Timed { rate: f64::NAN, results: 0, wire: 0 };
+        let interp = if flag("nointerp") {
+            skipped
+        } else {
+            time(&Strategy::data_parallel(n)?, &train, &shardings)?
+        };
         let on_mw = time(
             &Strategy::data_parallel(n)?.with_backend(meshwork_xla.clone()),
             &train,
             &shardings,
         )?;
-        let on_xla =
-            time(&Strategy::data_parallel(n)?.with_backend(xla_xla.clone()), &train, &shardings)?;
+        let on_xla = if flag("noxlapart") {
+            Timed { rate: f64::NAN, results: 0, wire: 0 }
+        } else {
+            time(&Strategy::data_parallel(n)?.with_backend(xla_xla.clone()), &train, &shardings)?
+        };
         let devices = n as u64;
         let mut minimum = 0;
         for p in &program.params()[1..] {
