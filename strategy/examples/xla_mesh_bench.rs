@@ -7,7 +7,9 @@
 //! - XLA with XLA's partitioner: the global step with Megatron's shardings as
 //!   `mhlo.sharding` ([`Partitioner::Xla`]);
 //! - JAX's `jit` + `NamedSharding` of the same model on as many forced host devices
-//!   (`strategy/benches/jax/transformer_train_jax.py`).
+//!   (`strategy/benches/jax/transformer_train_jax.py`), on jaxlib's own CPU client and
+//!   on the plugin meshwork loads (`on_pjrt_plugin.py`: the same XLA build as
+//!   meshwork's columns).
 //!
 //! Tokens/s are medians of 5 timed runs (after one untimed run) of `steps=N` steps (5
 //! by default), each run all its steps in one host call. Beside them, the bytes a step
@@ -97,19 +99,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize =
         args.iter().find_map(|a| a.strip_prefix("steps=")?.parse().ok()).unwrap_or(5);
     let flag = |f: &str| args.iter().any(|a| a == f);
-    let jax_lines = if flag("nojax") {
-        None
-    } else {
-        let path = format!("{}/benches/jax/transformer_train_jax.py", env!("CARGO_MANIFEST_DIR"));
-        std::process::Command::new("python3")
-            .arg(&path)
-            .arg(steps.to_string())
+    // JAX's script on jaxlib's CPU client, and on the plugin meshwork loads.
+    let jax_run = |wrapper: Option<&str>| -> Option<Vec<String>> {
+        if flag("nojax") {
+            return None;
+        }
+        let dir = format!("{}/benches/jax", env!("CARGO_MANIFEST_DIR"));
+        let mut cmd = std::process::Command::new("python3");
+        match wrapper {
+            Some(w) => cmd.arg(format!("{dir}/{w}")).arg("transformer_train_jax.py"),
+            None => cmd.arg(format!("{dir}/transformer_train_jax.py")),
+        };
+        cmd.arg(steps.to_string())
             .env("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
             .output()
             .ok()
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect())
     };
+    let jax_lines = jax_run(None);
+    let jax_plugin_lines = jax_run(Some("on_pjrt_plugin.py"));
     let plugin =
         meshwork_strategy::xla::find::load(&meshwork_strategy::xla::find::plugin_path(None)?)?;
     let meshwork_xla = Arc::new(Xla::with_devices(&plugin, 4)?);
@@ -132,8 +141,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         plugin.version().1,
     );
     println!(
-        "  mesh  tokens/s: interpreter  XLA+meshwork  XLA+XLA-part       JAX   vs JAX (mw, xla)   \
-         collective MB/step (interp, mw, xla)   wire MB/step  minimum"
+        "  mesh  tokens/s: interpreter  XLA+meshwork  XLA+XLA-part       JAX  JAX-on-plugin   \
+         vs JAX (mw, xla)   vs JAX-on-plugin   collective MB/step (interp, mw, xla)   wire MB/step  minimum"
     );
     let named: Vec<(usize, usize)> =
         MESHES.into_iter().filter(|(d, m)| args.iter().any(|a| *a == format!("{d}x{m}"))).collect();
@@ -169,17 +178,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let act = (batch / d * model.seq * model.dim * 4) as u64;
         minimum += 4 * model.layers as u64 * all_reduce_bytes(act, m as u64, devices);
-        let jax = common::jax_figure(&jax_lines, d, m);
-        let (j, vs) = match jax {
+        let against = |jax: Option<f64>| match jax {
             Some(j) => {
                 (format!("{j:>9.0}"), format!("{:>6.2}x {:>6.2}x", on_mw.rate / j, on_xla.rate / j))
             }
             None => (format!("{:>9}", "no JAX"), format!("{:>14}", "-")),
         };
+        let (j, vs) = against(common::jax_figure(&jax_lines, d, m));
+        let (jp, vsp) = against(common::jax_figure(&jax_plugin_lines, d, m));
         let mb = |b: u64| b as f64 / 1e6;
         println!(
-            "  {d}x{m}  {:>21.0}  {:>12.0}  {:>12.0}  {j}   {vs}   {:>12.2} {:>7.2} {:>7.2}   \
-             {:>19.2}  {:>7.2}",
+            "  {d}x{m}  {:>21.0}  {:>12.0}  {:>12.0}  {j}  {jp:>13}   {vs}   {vsp:>16}   \
+             {:>12.2} {:>7.2} {:>7.2}   {:>19.2}  {:>7.2}",
             interp.rate,
             on_mw.rate,
             on_xla.rate,
