@@ -163,8 +163,8 @@ impl Backend for Xla {
         let lowered = &compiled.lowered;
         if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
             return Err(Error::Compiled {
-                problem: "the program sends or receives, which the XLA back end does not run \
-                          yet (transfers between devices come with meshes and pipelines)"
+                problem: "an SPMD program that sends or receives: on XLA, transfers between \
+                          devices run in placed programs (Strategy::place)"
                     .into(),
             });
         }
