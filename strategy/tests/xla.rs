@@ -51,6 +51,22 @@ fn init(step: &CompiledTrainStep<'_>, program: &Program) {
     }
 }
 
+/// The MLP on a `data x model` mesh: the batch over `data`, `w1`/`b1` by columns and
+/// `w2` by rows over `model`.
+fn mlp_shardings(d: usize, m: usize) -> Shardings {
+    Shardings::new(Mesh::iota(&[("data", d), ("model", m)]).unwrap())
+        .with("x", "P('data')")
+        .unwrap()
+        .with("labels", "P('data')")
+        .unwrap()
+        .with("w1", "P(None, 'model')")
+        .unwrap()
+        .with("b1", "P('model')")
+        .unwrap()
+        .with("w2", "P('model', None)")
+        .unwrap()
+}
+
 fn one_device() -> Shardings {
     Shardings::new(Mesh::iota(&[("data", 1)]).unwrap())
 }
@@ -162,17 +178,7 @@ fn a_training_step_on_an_xla_mesh_gives_the_interpreters() {
         s.with_backend(Arc::new(Xla::with_devices(&plugin, 4).unwrap()))
     };
     let (_, interp) = metrics_on(4);
-    let shardings = Shardings::new(Mesh::iota(&[("data", 2), ("model", 2)]).unwrap())
-        .with("x", "P('data')")
-        .unwrap()
-        .with("labels", "P('data')")
-        .unwrap()
-        .with("w1", "P(None, 'model')")
-        .unwrap()
-        .with("b1", "P('model')")
-        .unwrap()
-        .with("w2", "P('model', None)")
-        .unwrap();
+    let shardings = mlp_shardings(2, 2);
     let adam = Optimizer::adam();
     let mut a = on_xla.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
     let mut b = interp.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
@@ -404,19 +410,7 @@ fn resident_state_reshards_between_xla_meshes_and_partitioners() {
         let (_, s) = metrics_on(4);
         s.with_backend(Arc::new(Xla::with_devices(&plugin, 4).unwrap().with_partitioner(p)))
     };
-    let shardings = |d: usize, m: usize| {
-        Shardings::new(Mesh::iota(&[("data", d), ("model", m)]).unwrap())
-            .with("x", "P('data')")
-            .unwrap()
-            .with("labels", "P('data')")
-            .unwrap()
-            .with("w1", "P(None, 'model')")
-            .unwrap()
-            .with("b1", "P('model')")
-            .unwrap()
-            .with("w2", "P('model', None)")
-            .unwrap()
-    };
+    let shardings = mlp_shardings;
     let adam = Optimizer::adam();
     let (_, interp) = metrics_on(4);
     let mut whole =

@@ -133,18 +133,8 @@ pub fn inspect_json(config: &Config) -> Result<String> {
     let mut p = crate::plan::plan(config)?;
     let devices = p.layout.devices();
     let one_device = Layout::Mesh { data: 1, model: 1 };
-    let init = match p.init.take() {
-        Some(file) => file,
-        None => {
-            let (program, _) = p.net.loss_program(p.batch, p.dtype, one_device)?;
-            p.net.random_init(&program, p.seed)?
-        }
-    };
-    let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
-    let strategy = match &p.xla {
-        Some(xla) => strategy.with_backend(xla.clone()),
-        None => strategy,
-    };
+    let init = p.take_init()?;
+    let strategy = p.strategy()?;
     let compiles_before = strategy.backend().compiles();
     let recipe = Recipe {
         net: &p.net,

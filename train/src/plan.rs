@@ -81,6 +81,31 @@ fn mesh_text((d, m): (usize, usize)) -> String {
 }
 
 /// The checked plan of `config`.
+impl Plan {
+    /// The run's initial weights: `--init`'s (taken from the plan), or random ones of
+    /// the one-device program from the run's seed.
+    pub(crate) fn take_init(&mut self) -> Result<HashMap<String, Tensor>> {
+        match self.init.take() {
+            Some(file) => Ok(file),
+            None => {
+                let one_device = Layout::Mesh { data: 1, model: 1 };
+                let (program, _) = self.net.loss_program(self.batch, self.dtype, one_device)?;
+                self.net.random_init(&program, self.seed)
+            }
+        }
+    }
+
+    /// A strategy of the layout's devices on the run's back end.
+    pub(crate) fn strategy(&self) -> Result<meshwork_strategy::Strategy> {
+        let strategy = meshwork_strategy::Strategy::data_parallel(self.layout.devices())
+            .map_err(Error::failed)?;
+        Ok(match &self.xla {
+            Some(xla) => strategy.with_backend(xla.clone()),
+            None => strategy,
+        })
+    }
+}
+
 pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let kind = config.model;
     let mlp = kind == ModelKind::Mlp;

@@ -197,18 +197,8 @@ impl Trainer {
             }
             None => p.layout.describe(),
         };
-        let init = match p.init.take() {
-            Some(file) => file,
-            None => {
-                let (program, _) = p.net.loss_program(p.batch, p.dtype, one_device)?;
-                p.net.random_init(&program, p.seed)?
-            }
-        };
-        let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
-        let strategy = match &p.xla {
-            Some(xla) => strategy.with_backend(xla.clone()),
-            None => strategy,
-        };
+        let init = p.take_init()?;
+        let strategy = p.strategy()?;
         let recipe = Recipe {
             net: &p.net,
             batch: p.batch,
