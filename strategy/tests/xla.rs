@@ -173,29 +173,39 @@ fn a_checkpoint_saved_from_xla_restores_on_the_interpreter_and_back() {
 fn a_training_step_on_an_xla_mesh_gives_the_interpreters() {
     let (program, loss, weights) = mlp();
     let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
-    let on_xla = {
-        let (_, s) = metrics_on(4);
-        s.with_backend(Arc::new(Xla::with_devices(&plugin, 4).unwrap()))
-    };
-    let (_, interp) = metrics_on(4);
-    let shardings = mlp_shardings(2, 2);
-    let adam = Optimizer::adam();
-    let mut a = on_xla.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
-    let mut b = interp.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
-    init(&a, &program);
-    init(&b, &program);
-    let mut got: Vec<f64> = (0..3).map(|s| a.step(&batch(s), 0.05).unwrap()).collect();
-    got.extend(a.run_steps(&(3..6).map(batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
-    let want: Vec<f64> = (0..6).map(|s| b.step(&batch(s), 0.05).unwrap()).collect();
-    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
-    }
-    for name in ["w1", "b1", "w2", "optimizer.m.w1"] {
-        let (g, w) = (a.get(name).unwrap().to_f64(), b.get(name).unwrap().to_f64());
-        assert_eq!(g.len(), w.len());
-        for (x, y) in g.iter().zip(&w) {
-            assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{name}: {x} vs {y}");
+    // XLA's collectives in the executable, and meshwork's on the host between
+    // executables of the segments around them (what a mesh over processes runs).
+    for hosted in [false, true] {
+        let xla = Xla::with_devices(&plugin, 4).unwrap();
+        let xla = if hosted { xla.with_host_collectives() } else { xla };
+        let (events, s) = metrics_on(4);
+        let on_xla = s.with_backend(Arc::new(xla));
+        let (_, interp) = metrics_on(4);
+        let shardings = mlp_shardings(2, 2);
+        let adam = Optimizer::adam();
+        let mut a = on_xla.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
+        let mut b = interp.compile_train_step(&program, loss, &weights, adam, &shardings).unwrap();
+        init(&a, &program);
+        init(&b, &program);
+        let mut got: Vec<f64> = (0..3).map(|s| a.step(&batch(s), 0.05).unwrap()).collect();
+        got.extend(a.run_steps(&(3..6).map(batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
+        let want: Vec<f64> = (0..6).map(|s| b.step(&batch(s), 0.05).unwrap()).collect();
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-12 * w.abs(), "hosted {hosted}, step {s}: {g} vs {w}");
         }
+        for name in ["w1", "b1", "w2", "optimizer.m.w1"] {
+            let (g, w) = (a.get(name).unwrap().to_f64(), b.get(name).unwrap().to_f64());
+            assert_eq!(g.len(), w.len());
+            for (x, y) in g.iter().zip(&w) {
+                assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "{name}: {x} vs {y}");
+            }
+        }
+        // Every parameter part held on its device, a quarter or half of the whole.
+        assert_eq!(a.compiled().held_bytes("w1").unwrap(), vec![6 * 4 * 8; 4]);
+        on_xla.flush_metrics(std::time::Duration::from_secs(10)).unwrap();
+        let events = events.lock().unwrap();
+        let emitted: Vec<f64> = events.iter().map(|e| e.tensors[0].to_f64()[0]).collect();
+        assert_eq!(emitted, got, "hosted {hosted}: one loss record per step, from position 0");
     }
 }
 
@@ -438,5 +448,82 @@ fn resident_state_reshards_between_xla_meshes_and_partitioners() {
     got.extend((6..9).map(|s| third.step(&batch(s), 0.05).unwrap()));
     for (s, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-12 * w.abs(), "step {s}: {g} vs {w}");
+    }
+}
+
+/// Two processes (threads joined by the executor's loopback interconnect), each a
+/// PJRT client of 2 CPU devices, run the four positions of a 2x2 mesh: XLA computes
+/// the segments between collectives, meshwork's executor runs the collectives across
+/// the processes, and every process gets the losses, weights and optimizer state the
+/// interpreter gets on 4 devices of one process. (`cargo xtask mpi-test` runs the
+/// same over MPI: `examples/mpi_xla.rs`.)
+#[test]
+fn a_mesh_over_two_processes_of_xla_devices_trains_like_one_process() {
+    use meshwork_strategy::executor::{LoopbackInterconnect, Runtime};
+    use meshwork_strategy::{DeviceAssignment, Topology};
+    let (program, loss, weights) = mlp();
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None).unwrap()).unwrap();
+    let adam = Optimizer::adam();
+    let run = |s: &Strategy| {
+        let mut step =
+            s.compile_train_step(&program, loss, &weights, adam, &mlp_shardings(2, 2)).unwrap();
+        init(&step, &program);
+        let mut losses: Vec<f64> = (0..2).map(|i| step.step(&batch(i), 0.05).unwrap()).collect();
+        losses.extend(step.run_steps(&(2..5).map(batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
+        let state: Vec<Vec<f64>> = ["w1", "b1", "w2", "optimizer.v.w2"]
+            .iter()
+            .map(|n| step.get(n).unwrap().to_f64())
+            .collect();
+        (losses, state)
+    };
+    let (want_losses, want_state) = run(&metrics_on(4).1);
+    let links = LoopbackInterconnect::group(2);
+    let got: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = links
+            .into_iter()
+            .map(|link| {
+                let (run, plugin) = (&run, &plugin);
+                scope.spawn(move || {
+                    let topology = Topology::new(vec![4], 2).unwrap();
+                    let events: Arc<Mutex<Vec<MetricEvent>>> = Arc::default();
+                    let seen = events.clone();
+                    let spec = MetricSpec {
+                        id: 7,
+                        name: "loss".into(),
+                        specs: vec!["f64[]".parse().unwrap()],
+                    };
+                    let s = Strategy::new(DeviceAssignment::build(&topology, &[1], None).unwrap())
+                        .unwrap()
+                        .with_runtime(Runtime::new(2).unwrap().with_interconnect(link))
+                        .unwrap()
+                        .with_metrics(
+                            &[spec],
+                            Arc::new(move |e: &MetricEvent| seen.lock().unwrap().push(e.clone())),
+                        )
+                        .unwrap()
+                        .with_backend(Arc::new(Xla::with_devices(plugin, 2).unwrap()));
+                    assert!(s.is_multi_process());
+                    let out = run(&s);
+                    s.flush_metrics(std::time::Duration::from_secs(10)).unwrap();
+                    let emitted: Vec<f64> =
+                        events.lock().unwrap().iter().map(|e| e.tensors[0].to_f64()[0]).collect();
+                    (out, emitted)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, ((losses, state), emitted)) in got.into_iter().enumerate() {
+        // What the program emits streams from position 0, in process 0.
+        assert_eq!(emitted, if p == 0 { losses.clone() } else { Vec::new() }, "process {p}");
+        for (s, (g, w)) in losses.iter().zip(&want_losses).enumerate() {
+            assert!((g - w).abs() <= 1e-12 * w.abs(), "process {p}, step {s}: {g} vs {w}");
+        }
+        for (g, w) in state.iter().zip(&want_state) {
+            assert_eq!(g.len(), w.len());
+            for (x, y) in g.iter().zip(w) {
+                assert!((x - y).abs() <= 1e-12 * (1.0 + y.abs()), "process {p}: {x} vs {y}");
+            }
+        }
     }
 }

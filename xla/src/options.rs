@@ -17,6 +17,12 @@ pub struct CompileOptions {
     /// XLA flags set for this compile (`env_option_overrides`), as JAX passes its
     /// `jax_…` compile flags.
     pub flags: Vec<(String, bool)>,
+    /// Compile one executable that runs on any device of the client
+    /// (`compile_portable_executable`; [`Executable::execute_on`]): one replica, one
+    /// partition, no device assignment.
+    ///
+    /// [`Executable::execute_on`]: crate::Executable::execute_on
+    pub portable: bool,
 }
 
 impl Default for CompileOptions {
@@ -32,6 +38,7 @@ impl Default for CompileOptions {
                 ("xla_cpu_enable_fast_min_max".into(), false),
                 ("xla_gpu_enable_fast_min_max".into(), false),
             ],
+            portable: false,
         }
     }
 }
@@ -88,6 +95,9 @@ impl CompileOptions {
         }
         let mut out = Vec::new();
         message_field(&mut out, 3, &build);
+        if self.portable {
+            int_field(&mut out, 4, 1); // compile_portable_executable
+        }
         for (name, value) in &self.flags {
             // map<string, OptionOverrideProto>: an entry {key = 1, value = 2}, the
             // override's `bool_field = 2`.
@@ -123,6 +133,19 @@ mod tests {
         let bytes = one.encode();
         // ... 0x3A len { 0x0A 0x01 'f' 0x12 0x02 { 0x10 0x00 } }
         assert_eq!(&bytes[17..], [0x3A, 0x07, 0x0A, 0x01, b'f', 0x12, 0x02, 0x10, 0x00]);
+    }
+
+    #[test]
+    fn portable_is_field_four_after_the_build_options() {
+        let portable =
+            CompileOptions { flags: Vec::new(), portable: true, ..CompileOptions::default() };
+        let bytes = portable.encode();
+        // The one-device bytes, then compile_portable_executable = 1.
+        assert_eq!(
+            bytes[..17],
+            CompileOptions { flags: Vec::new(), ..CompileOptions::default() }.encode()[..]
+        );
+        assert_eq!(&bytes[17..], [0x20, 0x01]);
     }
 
     #[test]

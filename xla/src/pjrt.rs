@@ -1216,6 +1216,27 @@ impl Executable {
     /// read ([`Buffer::to_host`] waits). Every argument list must have the same
     /// length, and each buffer must be on its device.
     pub fn execute(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
+        self.execute_with(args, None)
+    }
+
+    /// Enqueues a portable executable (compiled with
+    /// [`CompileOptions::portable`](crate::options::CompileOptions::portable)) on
+    /// `device`, any device of its client, and returns its outputs; otherwise as
+    /// [`execute`](Self::execute). The plugin refuses an executable that is not
+    /// portable, and arguments on another device.
+    pub fn execute_on(&self, device: &Device, args: Vec<Arg<'_>>) -> Result<Vec<Buffer>> {
+        if !Arc::ptr_eq(&device.client, &self.client) {
+            return Err(Error::Arguments("the device belongs to another client".into()));
+        }
+        let mut out = self.execute_with(vec![args], Some(device))?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    fn execute_with(
+        &self,
+        args: Vec<Vec<Arg<'_>>>,
+        device: Option<&Device>,
+    ) -> Result<Vec<Vec<Buffer>>> {
         let devices = args.len();
         let num_args = args.first().map_or(0, Vec::len);
         if args.iter().any(|a| a.len() != num_args) {
@@ -1251,6 +1272,8 @@ impl Executable {
         exec.num_devices = devices;
         exec.num_args = num_args;
         exec.output_lists = out_ptrs.as_ptr();
+        // A device of this client (checked by `execute_on`), kept alive by `device`.
+        exec.execute_device = device.map_or(ptr::null_mut(), |d| d.raw);
         self.client.api.call(Slot::LoadedExecutableExecute, &mut exec)?;
         // Donated arguments are dropped here (after the enqueue), borrowed ones stay.
         drop(args);

@@ -74,6 +74,25 @@ impl Session {
         options: &LowerOptions,
         devices: &[i64],
     ) -> Result<Arc<Compiled>> {
+        self.compile_with(program, options, devices, false)
+    }
+
+    /// `program` (one device: no replicas, partitions or collectives) compiled once
+    /// to run on any device of the client ([`Executable::execute_on`]), from the
+    /// cache when it was compiled so before.
+    ///
+    /// [`Executable::execute_on`]: crate::Executable::execute_on
+    pub fn compile_portable(&self, program: &Program) -> Result<Arc<Compiled>> {
+        self.compile_with(program, &LowerOptions::default(), &[], true)
+    }
+
+    fn compile_with(
+        &self,
+        program: &Program,
+        options: &LowerOptions,
+        devices: &[i64],
+        portable: bool,
+    ) -> Result<Arc<Compiled>> {
         let lowered = lower(program, options)?;
         let replicas = options.replicas.max(1);
         let partitions = options.partitions.max(1);
@@ -84,7 +103,7 @@ impl Session {
             )));
         }
         let mut key = lowered.text.clone();
-        key.push_str(&format!("// devices {devices:?}"));
+        key.push_str(&format!("// devices {devices:?}{}", if portable { " portable" } else { "" }));
         if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(Arc::clone(c));
         }
@@ -93,6 +112,7 @@ impl Session {
             partitions,
             spmd_partitioning: partitions > 1,
             devices: devices.to_vec(),
+            portable,
             ..CompileOptions::default()
         };
         let executable = self

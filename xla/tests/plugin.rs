@@ -214,3 +214,37 @@ fn xlas_partitioner_splits_a_program_by_its_shardings() {
         }
     }
 }
+
+/// A portable executable, compiled once, runs on any device of its client: its
+/// outputs are on the device it ran on (so they feed it there and nowhere else), and
+/// the device of another client is refused before the plugin sees it.
+#[test]
+fn a_portable_executable_runs_on_the_device_it_is_given() {
+    let session = Session::new(&plugin(), 2).unwrap();
+    let compiled = session.compile_portable(&mlp()).unwrap();
+    let client = session.client();
+    let want = reference::evaluate(&mlp(), &inputs()).unwrap();
+    let (d0, d1) = (client.device(0).unwrap(), client.device(1).unwrap());
+    let on = |d| -> Vec<_> { inputs().iter().map(|t| client.put(t, d).unwrap()).collect() };
+    for d in [d0, d1] {
+        let args = on(d);
+        let out =
+            compiled.executable.execute_on(d, args.iter().map(Arg::Borrowed).collect()).unwrap();
+        assert_eq!(out.len(), 1);
+        for (a, b) in out[0].to_host().unwrap().to_f64().iter().zip(want[0].to_f64()) {
+            assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+    // Compiled once for both devices.
+    assert_eq!(session.compiles(), 1);
+    assert_eq!(session.compile_portable(&mlp()).unwrap().lowered.text, compiled.lowered.text);
+    assert_eq!(session.compiles(), 1);
+    // Arguments on another device than the one it runs on are refused.
+    let args = on(d0);
+    let refused = compiled.executable.execute_on(d1, args.iter().map(Arg::Borrowed).collect());
+    assert!(matches!(refused, Err(Error::Plugin { .. })), "{refused:?}");
+    let other = Session::new(&plugin(), 1).unwrap();
+    let foreign = other.client().device(0).unwrap();
+    let refused = compiled.executable.execute_on(foreign, args.iter().map(Arg::Borrowed).collect());
+    assert!(matches!(refused, Err(Error::Arguments(_))), "{refused:?}");
+}

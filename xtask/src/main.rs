@@ -26,9 +26,10 @@ tasks:
   miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
                   zeroed allocation) under Miri
                   (needs `rustup toolchain install nightly --component miri`)
-  mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, and
+  mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, the
+                  strategy and training on XLA devices across 2 processes, and
                   a dying process that must abort the job (needs openmpi-bin,
-                  libopenmpi-dev and libclang-dev)
+                  libopenmpi-dev and libclang-dev; fetches the pinned PJRT plugin)
   test            the README test command: cargo test --workspace
   xla-test        the XLA back end with the pinned CPU plugin (MESHWORK_PJRT_PLUGIN,
                   or xla-cpu-pjrt installed under target/pjrt/ with pip): the tests

@@ -1,7 +1,8 @@
 //! `cargo xtask mpi-test`: the executor's MPI check, 2 processes × 2 devices under
-//! `mpirun` on loopback, the strategy over 2 processes, a candle model through the
-//! bridge over 2 processes, and the two ways a process can die without hanging the
-//! job.
+//! `mpirun` on loopback, the strategy over 2 processes, training on 2 processes × 2
+//! XLA CPU devices (the pinned plugin, fetched unless `MESHWORK_PJRT_PLUGIN` names
+//! one), a candle model through the bridge over 2 processes, and the two ways a
+//! process can die without hanging the job.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,6 +80,24 @@ pub(crate) fn mpi_test() -> Result {
         return Err(format!("the 2-process strategy check failed after {took:.1?}"));
     }
     println!("mpi-test: a strategy over 2 processes trains like one process ({took:.1?})");
+
+    let plugin = crate::xla::plugin()?;
+    cargo(&["build", "-p", "meshwork-strategy", "--features", "mpi", "--example", "mpi_xla"])?;
+    let ckpt =
+        std::env::temp_dir().join(format!("meshwork-mpi-xla-{}-{stamp}", std::process::id()));
+    let ckpt_arg = ckpt.to_string_lossy().into_owned();
+    let mut cmd = mpirun(&["target/debug/examples/mpi_xla", &ckpt_arg]);
+    cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
+    let result = run_for(&mut cmd, Duration::from_secs(300));
+    let _ = std::fs::remove_dir_all(&ckpt);
+    let (ok, took, out) = result?;
+    print!("{out}");
+    if !ok {
+        return Err(format!("the 2-process XLA check failed after {took:.1?}"));
+    }
+    println!(
+        "mpi-test: 2 processes x 2 XLA devices (collectives over MPI) train like 4 local ones ({took:.1?})"
+    );
 
     cargo(&["build", "-p", "meshwork-candle", "--features", "mpi", "--example", "mpi_candle"])?;
     let (ok, took, out) =

@@ -1,6 +1,9 @@
 //! A placed program's part cut into segments: runs of instructions, in program order,
 //! that depend on the same last transfer (none, or the `k`-th receive in the part's
-//! order), each a program of its own. A device runs a segment once its inputs are
+//! order), each a program of its own. [`Cut::at`] cuts at other instructions the same
+//! way: an SPMD program whose collectives run on the host is cut at its collectives
+//! (`backend::xla::hosted`), each collective's operands then outputs of the segments
+//! that make them. A device runs a segment once its inputs are
 //! there, as TensorFlow's executor starts a node once its inputs are, at the grain of
 //! what waits for the same transfer — the interpreter on its device thread
 //! ([`dataflow`](super::interpreter)), XLA as one executable per segment.
@@ -17,11 +20,16 @@ use meshwork_types::{DType, TensorSpec};
 
 use crate::Result;
 
-/// A value the part receives.
+/// A value the part receives (a `recv`), or the result of another instruction it was
+/// cut at.
 pub(crate) struct Receipt {
-    /// The part (replica) that sends it.
+    /// The part (replica) that sends it (a `recv`'s; `usize::MAX`, which no part is,
+    /// for another instruction).
     pub(crate) peer: usize,
+    /// A `recv`'s channel (`u32::MAX` for another instruction).
     pub(crate) channel: u32,
+    /// The instruction (its index among the part's instructions).
+    pub(crate) instr: usize,
     /// The part value it becomes.
     pub(crate) value: Value,
     /// Whether it is a bool (moved as i32 by the interpreter's mailbox).
@@ -49,6 +57,10 @@ pub(crate) struct Cut {
     pub(crate) uses: Vec<usize>,
     /// Per segment, how many of its inputs are not parameters of the part.
     pub(crate) missing: Vec<usize>,
+    /// Per segment, the index of its first instruction among the part's: segments
+    /// and receipts in the order of their first instructions is an order to run them
+    /// one after another (see [`Cut::at`]).
+    pub(crate) starts: Vec<usize>,
     /// The part's parameters.
     pub(crate) params: usize,
     /// The part's results.
@@ -59,6 +71,18 @@ impl Cut {
     /// Cuts `part` (parameters, then instructions with `recv`s right before first
     /// uses) into segments.
     pub(crate) fn new(part: &Program) -> Result<Cut> {
+        Cut::at(part, |op| matches!(op, Op::Recv { .. }))
+    }
+
+    /// Cuts `part` at the instructions `at` picks (each a receipt: it runs outside
+    /// the segments, its operands are outputs of the segments that make them).
+    ///
+    /// Run one after another, segments and receipts in the order of their first
+    /// instructions: a segment's first instruction waits for its key's receipt, so
+    /// every receipt it depends on comes before it; a segment's instructions are
+    /// consecutive among those not cut at, so whatever it reads from another segment
+    /// was made before it starts; and a receipt's operands are made before it.
+    pub(crate) fn at(part: &Program, at: impl Fn(&Op) -> bool) -> Result<Cut> {
         let np = part.params().len();
         let n = part.num_values();
         let mut receipts = Vec::new();
@@ -69,14 +93,24 @@ impl Cut {
         let mut key = vec![0usize; n];
         let mut cuts: Vec<Vec<usize>> = Vec::new();
         let mut last: Option<usize> = None;
+        // Values a receipt reads: outputs of the segments that make them.
+        let mut cut_reads = vec![false; n];
         for (i, instr) in part.instrs().iter().enumerate() {
             let v = np + i;
-            if let Op::Recv { channel, peer, dtype, .. } = &instr.op {
+            if at(&instr.op) {
+                let (peer, channel) = match instr.op {
+                    Op::Recv { channel, peer, .. } => (peer, channel),
+                    _ => (usize::MAX, u32::MAX),
+                };
+                for a in &instr.args {
+                    cut_reads[a.index()] = true;
+                }
                 receipts.push(Receipt {
-                    peer: *peer,
-                    channel: *channel,
+                    peer,
+                    channel,
+                    instr: i,
                     value: Value(v as u32),
-                    bool: *dtype == DType::Bool,
+                    bool: part.spec(Value(v as u32)).is_some_and(|s| s.dtype == DType::Bool),
                 });
                 key[v] = receipts.len();
                 continue;
@@ -114,13 +148,18 @@ impl Cut {
         for r in part.results() {
             uses[r.index()] += 1;
         }
+        for (v, &read) in cut_reads.iter().enumerate() {
+            uses[v] += usize::from(read);
+        }
         let mut pieces = Vec::with_capacity(cuts.len());
         for (s, cut) in cuts.iter().enumerate() {
             let outputs: Vec<Value> = cut
                 .iter()
                 .map(|&i| Value((np + i) as u32))
                 .filter(|v| {
-                    readers[v.index()].iter().any(|&r| r != s) || part.results().contains(v)
+                    readers[v.index()].iter().any(|&r| r != s)
+                        || part.results().contains(v)
+                        || cut_reads[v.index()]
                 })
                 .collect();
             let mut b = Builder::new();
@@ -145,12 +184,14 @@ impl Cut {
         }
         let missing =
             pieces.iter().map(|s| s.inputs.iter().filter(|v| v.index() >= np).count()).collect();
+        let starts = cuts.iter().map(|c| c[0]).collect();
         Ok(Cut {
             receipts,
             pieces,
             readers,
             uses,
             missing,
+            starts,
             params: np,
             results: part.results().to_vec(),
         })

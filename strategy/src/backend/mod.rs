@@ -21,9 +21,11 @@ use crate::{Result, Strategy};
 
 mod cut;
 mod interpreter;
+mod span;
 mod xla;
 
 pub use interpreter::Interpreter;
+pub(crate) use span::Spanning;
 pub use xla::Xla;
 
 /// What an executable's steps moved: bytes, summed over the steps it ran and over its
@@ -127,6 +129,28 @@ pub trait Backend: Send + Sync + fmt::Debug {
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>>;
 
+    /// Compiles `part` for a mesh spread over processes, of which this one runs the
+    /// positions `local`, position `local.start + i` on this process's device
+    /// `placement[i]`: an executable whose positions are this process's (`0..` in
+    /// its methods), its collectives among all the mesh's positions across the
+    /// processes (through the strategy's executor and its interconnect). Every
+    /// process compiles the same program and runs its steps in the same order.
+    /// Otherwise as [`compile_spmd`](Self::compile_spmd); a back end that cannot says
+    /// so (the default).
+    fn compile_spmd_local(
+        &self,
+        part: &Partitioned,
+        local: std::ops::Range<usize>,
+        placement: &[usize],
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Result<Box<dyn SpmdExecutable>> {
+        let _ = (part, local, placement, resident, carry);
+        Err(crate::Error::Compiled {
+            problem: format!("the {} back end runs SPMD programs in one process", self.name()),
+        })
+    }
+
     /// Compiles each part of a placed program, part `p` on the strategy's device
     /// `placement[p]`, of a strategy of `devices` devices (whose share of the machine
     /// each device gets, used by the placement or not).
@@ -166,6 +190,9 @@ pub(crate) fn placed_sinks(part: &Part) -> Result<Vec<Option<usize>>> {
 /// An SPMD program compiled onto the devices of a mesh, with its resident parameters'
 /// parts on them.
 pub trait SpmdExecutable: Send + Sync {
+    /// How many mesh positions it runs.
+    fn positions(&self) -> usize;
+
     /// A tensor of `spec` on position `r`, to fill with a feed's part (contents
     /// unspecified; from the device's pool where it has one).
     fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor>;
@@ -190,6 +217,14 @@ pub trait SpmdExecutable: Send + Sync {
     /// A copy of position `r`'s part of resident parameter `param`, if it has one (a
     /// copy from the device, which may fail).
     fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>>;
+
+    /// Copies of every position's part of resident parameter `param` (`None` where
+    /// unset). Across processes this is a collective: every process calls it, at the
+    /// same point among its steps. The default fetches each position's.
+    fn fetch_every(&self, strategy: &Strategy, param: usize) -> Result<Vec<Option<Tensor>>> {
+        let _ = strategy;
+        (0..self.positions()).map(|r| self.fetch(r, param)).collect()
+    }
 
     /// Whether position `r` holds a part of resident parameter `param`.
     fn is_set(&self, r: usize, param: usize) -> bool;

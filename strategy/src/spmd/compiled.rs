@@ -24,7 +24,7 @@ use crate::{Error, Result, Strategy, partition_error};
 /// strategy's [`Backend`](crate::backend::Backend) compiles and runs the per-device
 /// program.
 pub struct Compiled<'s> {
-    strategy: &'s Strategy,
+    pub(super) strategy: &'s Strategy,
     part: Partitioned,
     /// The per-device program on the strategy's back end, with the resident parts.
     exe: Box<dyn SpmdExecutable>,
@@ -49,6 +49,15 @@ impl Strategy {
     /// `(result, parameter)` of `carry` makes the parameter resident: after every
     /// step the result replaces it on the devices (the result gets the parameter's
     /// layout), as a training step's updated weights replace its weights.
+    ///
+    /// In a strategy spread over processes (an executor with an MPI interconnect),
+    /// process `p` of `d` devices runs positions `p * d..(p + 1) * d`, which must be
+    /// the positions on its devices. Every process then makes every call — compile,
+    /// `set`, each step, `get`, checkpoints — in the same order with the same global
+    /// values (the whole batch, the whole weights): each keeps its positions' parts,
+    /// and a step's results and `get` are gathered from all processes. Of the back
+    /// ends, the interpreter and XLA (its collectives then on the host, through the
+    /// executor) run such meshes.
     pub fn compile(
         &self,
         program: &Program,
@@ -56,7 +65,8 @@ impl Strategy {
         carry: &[(usize, &str)],
     ) -> Result<Compiled<'_>> {
         let mesh = shardings.mesh();
-        let placement = self.mesh_placement(mesh)?;
+        // Checked before partitioning.
+        self.mesh_placement(mesh)?;
         let inputs = shardings.layouts(program)?;
         let np = program.params().len();
         let mut pairs = Vec::with_capacity(carry.len());
@@ -111,7 +121,7 @@ impl Strategy {
         for &(_, p) in &pairs {
             resident[p] = true;
         }
-        let exe = self.backend().compile_spmd(&part, &placement, &resident, &pairs)?;
+        let exe = self.compile_on_mesh(&part, &resident, &pairs)?;
         let feeds = (0..np)
             .filter(|&k| !resident[k])
             .map(|k| {
@@ -207,9 +217,11 @@ impl Compiled<'_> {
     /// `busy`).
     fn parts_of(&self, k: usize) -> Result<Vec<Tensor>> {
         let name = &self.part.global().params()[k].name;
-        (0..self.part.mesh().size())
-            .map(|r| {
-                self.exe.fetch(r, k)?.ok_or_else(|| Error::Compiled {
+        self.exe
+            .fetch_every(self.strategy, k)?
+            .into_iter()
+            .map(|p| {
+                p.ok_or_else(|| Error::Compiled {
                     problem: format!("resident parameter {name} was never set"),
                 })
             })

@@ -113,32 +113,74 @@ pub(crate) fn join(
 
 impl crate::Strategy {
     /// The executor devices that run mesh positions `0..mesh.size()` (mesh position `r`
-    /// on device `mesh.devices()[r]`), or an error if the strategy lacks them or spans
-    /// processes (SPMD programs run in one process here).
-    pub(crate) fn mesh_placement(&self, mesh: &Mesh) -> Result<Vec<usize>> {
+    /// on device `mesh.devices()[r]`) in this process: all of them, or, in a strategy
+    /// spread over processes, this process's — which must be the consecutive
+    /// positions whose devices it runs (process `p` of devices `d` running positions
+    /// `p * d..`, every one of its devices used), as the executor numbers its
+    /// replicas.
+    pub(crate) fn mesh_placement(&self, mesh: &Mesh) -> Result<MeshRun> {
         let devices = self.runtime().devices();
-        if self.is_multi_process() {
-            return Err(partition_error(
-                String::new(),
-                "run",
-                "SPMD programs run on the devices of one process",
-            ));
+        fn refuse<T>(problem: String) -> Result<T> {
+            Err(partition_error(String::new(), "run", problem))
         }
-        mesh.devices()
+        if self.is_multi_process() {
+            let first = self.runtime().first_replica();
+            let local = first..first + devices;
+            let all = self.runtime().replicas();
+            if mesh.size() != all {
+                return refuse(format!(
+                    "mesh {mesh} has {} positions; across processes a mesh uses every device of \
+                     every process ({all})",
+                    mesh.size()
+                ));
+            }
+            let mut placement = Vec::with_capacity(devices);
+            for (r, d) in mesh.devices().iter().enumerate() {
+                let d = d.0 as usize;
+                if local.contains(&r) != local.contains(&d) {
+                    return refuse(format!(
+                        "mesh {mesh} puts position {r} on device {d}: across processes, this \
+                         process (devices {local:?}) runs positions {local:?}"
+                    ));
+                }
+                if local.contains(&r) {
+                    placement.push(d - first);
+                }
+            }
+            return Ok(MeshRun { local, placement });
+        }
+        let placement = mesh
+            .devices()
             .iter()
             .map(|d| {
                 let d = d.0 as usize;
                 if d < devices {
                     Ok(d)
                 } else {
-                    Err(partition_error(
-                        String::new(),
-                        "run",
-                        format!("mesh {mesh} names device {d}; the strategy has {devices}"),
-                    ))
+                    refuse(format!("mesh {mesh} names device {d}; the strategy has {devices}"))
                 }
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MeshRun { local: 0..mesh.size(), placement })
+    }
+
+    /// `part` compiled by the strategy's back end for its mesh's positions (this
+    /// process's, and the others' through [`Spanning`](crate::backend::Spanning),
+    /// when the strategy spreads over processes).
+    pub(crate) fn compile_on_mesh(
+        &self,
+        part: &Partitioned,
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Result<Box<dyn crate::backend::SpmdExecutable>> {
+        let n = part.mesh().size();
+        let MeshRun { local, placement } = self.mesh_placement(part.mesh())?;
+        if local.len() == n {
+            return self.backend().compile_spmd(part, &placement, resident, carry);
+        }
+        let inner =
+            self.backend().compile_spmd_local(part, local.clone(), &placement, resident, carry)?;
+        Ok(Box::new(crate::backend::Spanning::new(inner, local, n, placement, resident.len())))
     }
 
     /// Runs a partitioned program once on the mesh's devices: `inputs` are the global
@@ -147,7 +189,6 @@ impl crate::Strategy {
     /// keeps state on the devices instead.
     pub fn run_partitioned(&self, p: &Partitioned, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let mesh = p.mesh();
-        let placement = self.mesh_placement(mesh)?;
         check_inputs(p.global(), inputs)?;
         let n = mesh.size();
         let mut per: Vec<Vec<Tensor>> = vec![Vec::with_capacity(inputs.len()); n];
@@ -156,7 +197,7 @@ impl crate::Strategy {
                 per[r].push(part);
             }
         }
-        let exe = self.backend().compile_spmd(p, &placement, &vec![false; inputs.len()], &[])?;
+        let exe = self.compile_on_mesh(p, &vec![false; inputs.len()], &[])?;
         let per = per.into_iter().map(|feed| vec![feed]).collect();
         let mut outs: Vec<Vec<Tensor>> =
             exe.run(self, per, 0)?.into_iter().map(|mut o| o.remove(0)).collect();
@@ -170,6 +211,14 @@ impl crate::Strategy {
         }
         Ok(results)
     }
+}
+
+/// Where a mesh's positions run in this process: positions `local`, position
+/// `local.start + i` on the executor's device `placement[i]` (every position, in one
+/// process).
+pub(crate) struct MeshRun {
+    pub(crate) local: std::ops::Range<usize>,
+    pub(crate) placement: Vec<usize>,
 }
 
 fn placeholder() -> Tensor {

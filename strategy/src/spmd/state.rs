@@ -299,18 +299,31 @@ impl Compiled<'_> {
         Ok(out)
     }
 
+    /// Writes the checkpoint; across processes every process gathers the parts,
+    /// process 0 writes, and all return once it has (as a strategy's checkpoint).
     fn write(&self, dir: &Path, extra: Vec<Entry>, metadata: Option<&Json>) -> Result<()> {
         let mut entries = self.checkpoint_entries()?;
         entries.extend(extra);
         let n = self.partitioned().mesh().size();
-        Ok(meshwork_checkpoint::write_checkpoint(dir, n, entries, metadata)?)
+        let strategy = self.strategy;
+        if !strategy.is_multi_process() {
+            return Ok(meshwork_checkpoint::write_checkpoint(dir, n, entries, metadata)?);
+        }
+        let written = if strategy.runtime().first_replica() == 0 {
+            meshwork_checkpoint::write_checkpoint(dir, n, entries, metadata).map_err(Error::from)
+        } else {
+            Ok(())
+        };
+        strategy.sync()?;
+        written
     }
 
     /// Saves the resident parameters as a sharded checkpoint in `dir` (a new or empty
     /// directory; anything else is refused untouched): mesh position `r` writes the
     /// regions it holds (once per region) to `shard-r.safetensors`, the index last.
     /// [`restore_checkpoint`](Self::restore_checkpoint) on any mesh and layout, or a
-    /// strategy's, reads it back.
+    /// strategy's, reads it back. Across processes every process calls it: the parts
+    /// are gathered, process 0 writes, and all return once it has.
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
         self.write(dir.as_ref(), Vec::new(), None)
     }
@@ -420,6 +433,13 @@ impl CompiledTrainStep<'_> {
         step: usize,
         metadata: &Json,
     ) -> Result<std::path::PathBuf> {
+        if self.compiled.strategy.is_multi_process() {
+            return Err(Error::Compiled {
+                problem: "a checkpoint manager serves a single-process strategy; with several \
+                          processes use save_checkpoint"
+                    .into(),
+            });
+        }
         let mut entries = self.compiled.checkpoint_entries()?;
         entries.push(step_entry(self.steps)?);
         let n = self.compiled.partitioned().mesh().size();

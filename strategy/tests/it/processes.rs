@@ -248,3 +248,117 @@ fn each_process_streams_its_replicas_metrics() {
     let s = strategy(None).with_metrics(&[], Arc::new(|_: &MetricEvent| {})).unwrap();
     assert!(s.with_runtime(Runtime::new(REPLICAS).unwrap()).is_err());
 }
+
+/// A two-layer MLP's training step (f64, Adam) on a 2x2 `data × model` mesh: the batch
+/// over `data`, `w1` by columns and `w2` by rows over `model`.
+fn mlp_step(s: &Strategy) -> meshwork_strategy::spmd::CompiledTrainStep<'_> {
+    use meshwork_strategy::nn::{self, Optimizer};
+    use meshwork_strategy::partition::Shardings;
+    use meshwork_strategy::program::{Builder, Value};
+    use meshwork_strategy::sharding::Mesh;
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[8,6]".parse().unwrap()).unwrap();
+    let labels = b.param("labels", "i32[8]".parse().unwrap()).unwrap();
+    let h = nn::linear(&mut b, x, 8, "w1", Some("b1")).unwrap();
+    let h = b.tanh(h).unwrap();
+    let z = nn::linear(&mut b, h, 3, "w2", None).unwrap();
+    let loss = nn::softmax_cross_entropy(&mut b, z, labels).unwrap();
+    let program = b.finish(&[loss]).unwrap();
+    let weights: Vec<Value> = (2..5).map(|k| Value(k as u32)).collect();
+    let shardings = Shardings::new(Mesh::iota(&[("data", 2), ("model", 2)]).unwrap())
+        .with("x", "P('data')")
+        .unwrap()
+        .with("labels", "P('data')")
+        .unwrap()
+        .with("w1", "P(None, 'model')")
+        .unwrap()
+        .with("b1", "P('model')")
+        .unwrap()
+        .with("w2", "P('model', None)")
+        .unwrap();
+    let step = s.compile_train_step(&program, loss, &weights, Optimizer::adam(), &shardings);
+    let step = step.unwrap();
+    for (k, p) in program.params().iter().enumerate().skip(2) {
+        let n = p.spec.shape.num_elements();
+        let v: Vec<f64> = (0..n).map(|i| ((i + 13 * k) as f64 * 0.7).cos() * 0.5).collect();
+        step.set(&p.name, &f64s(p.spec.shape.dims(), v)).unwrap();
+    }
+    step
+}
+
+fn mlp_batch(s: usize) -> Vec<Tensor> {
+    let x: Vec<f64> = (0..48).map(|i| ((i * 3 + s * 5) as f64 * 0.21).sin()).collect();
+    let labels: Vec<i32> = (0..8).map(|i| ((i + s) % 3) as i32).collect();
+    vec![f64s(&[8, 6], x), Tensor::i32(&[8], labels).unwrap()]
+}
+
+/// Losses of 5 steps (2 one at a time, 3 in one call) and the weights after.
+fn mlp_run(s: &Strategy) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let mut step = mlp_step(s);
+    let mut losses: Vec<f64> = (0..2).map(|i| step.step(&mlp_batch(i), 0.05).unwrap()).collect();
+    losses.extend(step.run_steps(&(2..5).map(mlp_batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
+    let weights = ["w1", "b1", "w2", "optimizer.m.w1"]
+        .iter()
+        .map(|n| as_f64(&step.get(n).unwrap()))
+        .collect();
+    (losses, weights)
+}
+
+/// A compiled training step over a mesh spread across two processes (each running
+/// its two positions; results and `get` gathered from both) trains exactly as on
+/// four devices of one process, and its checkpoint — gathered, written by process 0 —
+/// restores in one process.
+#[test]
+fn a_compiled_step_over_two_processes_trains_like_one_process() {
+    let want = mlp_run(&strategy(None));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("spread");
+    let got = in_processes(|_, s| {
+        let run = mlp_run(&s);
+        let step = mlp_step(&s);
+        step.save_checkpoint(&ckpt).unwrap();
+        // A position of the other process is not this one's to read alone.
+        let err = step.compiled().held_bytes("w1").unwrap_err().to_string();
+        assert!(err.contains("runs in another process"), "{err}");
+        run
+    });
+    for (p, (losses, weights)) in got.into_iter().enumerate() {
+        assert_eq!(losses, want.0, "process {p}");
+        assert_eq!(weights, want.1, "process {p}");
+    }
+    let one = strategy(None);
+    let mut restored = mlp_step(&one);
+    restored.restore_checkpoint(&ckpt).unwrap();
+    let fresh = mlp_step(&one);
+    for n in ["w1", "b1", "w2"] {
+        assert_eq!(restored.get(n).unwrap(), fresh.get(n).unwrap(), "{n}");
+    }
+}
+
+/// Across processes a mesh must put each process's positions on its own devices, all
+/// of them: anything else is a typed error naming the positions, in every process.
+#[test]
+fn a_mesh_across_processes_must_match_their_devices() {
+    use meshwork_strategy::partition::Shardings;
+    use meshwork_strategy::program::Builder;
+    use meshwork_strategy::sharding::Mesh;
+    use meshwork_strategy::types::DeviceId;
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[4]".parse().unwrap()).unwrap();
+    let y = b.add(x, x).unwrap();
+    let program = b.finish(&[y]).unwrap();
+    let errors = in_processes(|_, s| {
+        let swapped = Mesh::new(&[("data", 4)], [2, 3, 0, 1].map(DeviceId).to_vec()).unwrap();
+        let two = Mesh::iota(&[("data", 2)]).unwrap();
+        [swapped, two].map(|m| {
+            s.compile(&program, &Shardings::new(m).with("x", "P('data')").unwrap(), &[])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        })
+    });
+    for [swapped, two] in errors {
+        assert!(swapped.contains("on device"), "{swapped}");
+        assert!(two.contains("uses every device of every process (4)"), "{two}");
+    }
+}

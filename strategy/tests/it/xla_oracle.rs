@@ -205,3 +205,62 @@ fn every_oracle_case_on_xla_meshes_matches_one_device_with_both_partitioners() {
     assert!(ran >= if all { 1500 } else { 150 }, "only {ran} cases ran");
     assert!(sharded * 3 > ran * 2, "only {sharded} of {ran} cases had a sharded input");
 }
+
+/// The seeded cases again with XLA computing and meshwork's executor running the
+/// collectives on the host (`Xla::with_host_collectives`, what a mesh spread over
+/// processes does): the per-device program cut at every collective, `shard_slice`,
+/// `shard_pad` and `emit`, each segment an executable per device. Every 30th case by
+/// default (CI), every case with `MESHWORK_XLA_ORACLE=all`.
+#[test]
+#[allow(clippy::print_stderr, reason = "how many cases ran is the test's report")]
+fn oracle_cases_with_collectives_on_the_host_match_one_device() {
+    let all = std::env::var("MESHWORK_XLA_ORACLE").is_ok_and(|c| c == "all");
+    let path = meshwork_xla::find::plugin_path(None)
+        .expect("set MESHWORK_PJRT_PLUGIN to a PJRT plugin (cargo xtask xla-test does)");
+    let plugin = meshwork_xla::find::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let cases = concat!(env!("CARGO_MANIFEST_DIR"), "/../program/testdata/cases.jsonl");
+    let text = std::fs::read_to_string(cases).unwrap();
+    let (mut ran, mut collectives) = (0, 0);
+    let mut failed = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if !all && i % 30 != 3 {
+            continue;
+        }
+        let case: Json = serde_json::from_str(line).unwrap();
+        let id = case["id"].as_str().unwrap_or("?").to_string();
+        let oracle = match OracleCase::new(&case) {
+            Ok(o) => o,
+            Err(e) => {
+                failed.push(format!("{id}: {e}"));
+                continue;
+            }
+        };
+        let (mesh, layouts) = random_mesh(i, &oracle.feed);
+        let outputs = vec![None; oracle.back.results().len()];
+        let p = match partition(&oracle.back, &mesh, &layouts, &outputs) {
+            Ok(p) => p,
+            Err(e) => {
+                failed.push(format!("{id}: partition: {e}"));
+                continue;
+            }
+        };
+        let at = || format!("host collectives on {mesh}");
+        // A client per case: its session keeps every executable it compiled (one
+        // per segment and device), whose machine code would otherwise pile up.
+        let xla = Arc::new(Xla::with_devices(&plugin, 8).unwrap().with_host_collectives());
+        let strategy = Strategy::data_parallel(8).unwrap().with_backend(xla);
+        let checked = match strategy.run_partitioned(&p, &oracle.feed) {
+            Ok(got) => oracle.check(&case, &got, &at),
+            Err(e) => Err(format!("{}: {e}", at())),
+        };
+        if let Err(e) = checked {
+            failed.push(format!("{id}: {e}"));
+        }
+        ran += 1;
+        collectives += p.collectives().len();
+    }
+    eprintln!("{ran} cases, {collectives} collectives run on the host between XLA segments");
+    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(ran >= if all { 1500 } else { 50 }, "only {ran} cases ran");
+    assert!(collectives > ran, "only {collectives} collectives in {ran} cases");
+}

@@ -50,7 +50,7 @@ impl Interpreter {
         carry: &[(usize, usize)],
     ) -> Box<dyn SpmdExecutable> {
         self.compiled_one();
-        Box::new(spmd::Devices::compile(program, placement, resident, carry))
+        Box::new(spmd::Devices::compile(program, 0, placement, resident, carry))
     }
 }
 
@@ -67,7 +67,25 @@ impl Backend for Interpreter {
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
         self.compiled_one();
-        Ok(Box::new(spmd::Devices::compile(part.program(), placement, resident, carry)))
+        Ok(Box::new(spmd::Devices::compile(part.program(), 0, placement, resident, carry)))
+    }
+
+    fn compile_spmd_local(
+        &self,
+        part: &Partitioned,
+        local: std::ops::Range<usize>,
+        placement: &[usize],
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Result<Box<dyn SpmdExecutable>> {
+        self.compiled_one();
+        Ok(Box::new(spmd::Devices::compile(
+            part.program(),
+            local.start,
+            placement,
+            resident,
+            carry,
+        )))
     }
 
     fn compile_placed(

@@ -28,6 +28,9 @@ struct Device {
 pub(super) struct Devices {
     devices: Arc<Vec<Mutex<Device>>>,
     placement: Vec<usize>,
+    /// The mesh position of its first device (its executor replica id): 0 in one
+    /// process, this process's first position across processes.
+    first: usize,
     carry: Vec<(usize, usize)>,
     results: usize,
     /// Whether the program communicates (with one device it does not).
@@ -48,8 +51,11 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Devices {
+    /// Positions `first..first + placement.len()` of the program's mesh, position
+    /// `first + i` on the strategy's device `placement[i]`.
     pub(super) fn compile(
         program: &Program,
+        first: usize,
         placement: &[usize],
         resident: &[bool],
         carry: &[(usize, usize)],
@@ -72,6 +78,7 @@ impl Devices {
         Devices {
             devices: Arc::new(devices),
             placement: placement.to_vec(),
+            first,
             carry: carry.to_vec(),
             results: program.results().len(),
             communicates: program
@@ -85,6 +92,10 @@ impl Devices {
 }
 
 impl SpmdExecutable for Devices {
+    fn positions(&self) -> usize {
+        self.devices.len()
+    }
+
     fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor> {
         Ok(lock(&self.devices[r]).exe.buffer(spec)?)
     }
@@ -125,6 +136,7 @@ impl SpmdExecutable for Devices {
             lock(d).feed = feed;
         }
         let devices = self.devices.clone();
+        let first = self.first;
         let carry = self.carry.clone();
         let traffic = self.traffic.clone();
         let (communicates, nres) = (self.communicates, self.results);
@@ -184,7 +196,7 @@ impl SpmdExecutable for Devices {
                 strategy.runtime(),
                 &self.placement,
                 Arc::new(move |ctx| {
-                    let mut d = lock(&devices[ctx.replica_id()]);
+                    let mut d = lock(&devices[ctx.replica_id() - first]);
                     let coll = MeshCollectives::counted(ctx, &traffic);
                     let hosts: Vec<FirstReplicaHost<'_>> = (0..d.feed.len())
                         .map(|i| FirstReplicaHost {

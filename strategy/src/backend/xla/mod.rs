@@ -13,6 +13,10 @@
 //! - A mesh of N positions runs the partitioned per-device program compiled once with
 //!   `num_replicas = N`, replica `r` on the client's device `placement[r]`: its
 //!   collectives are XLA's over replica groups of positions.
+//! - With its collectives on the host ([`Xla::with_host_collectives`], and always
+//!   for a mesh spread over processes), the per-device program is cut at its
+//!   collectives ([`hosted`]): segments on the devices, collectives through
+//!   meshwork's executor.
 //! - A placed program (a pipeline's stages) runs each part cut into segments
 //!   ([`placed`]), one executable per segment on the part's device, its transfers
 //!   PJRT device-to-device copies.
@@ -38,6 +42,7 @@ use meshwork_xla::{Arg, Buffer, Plugin, Session};
 use super::{Backend, Partitioner, PlacedExecutable, SpmdExecutable};
 use crate::{Error, Result, Strategy};
 
+mod hosted;
 mod placed;
 
 /// XLA on a PJRT plugin's devices: the strategy's device `d` is the client's device
@@ -46,6 +51,7 @@ mod placed;
 pub struct Xla {
     session: Arc<Session>,
     partitioner: Partitioner,
+    host_collectives: bool,
 }
 
 impl Xla {
@@ -68,13 +74,26 @@ impl Xla {
                 ),
             });
         }
-        Ok(Xla { session: Arc::new(session), partitioner: Partitioner::Meshwork })
+        Ok(Xla {
+            session: Arc::new(session),
+            partitioner: Partitioner::Meshwork,
+            host_collectives: false,
+        })
     }
 
     /// This back end with SPMD programs split by `partitioner`: meshwork's (the
     /// default) or XLA's own.
     pub fn with_partitioner(self, partitioner: Partitioner) -> Xla {
         Xla { partitioner, ..self }
+    }
+
+    /// This back end with the collectives of meshwork-partitioned SPMD programs run
+    /// on the host by meshwork's executor, between executables of the segments
+    /// around them, even in one process: what a mesh spread over processes always
+    /// does (the pinned CPU plugin has no collectives across processes), here to
+    /// compare against XLA's own collectives in one process.
+    pub fn with_host_collectives(self) -> Xla {
+        Xla { host_collectives: true, ..self }
     }
 
     /// The session: its client and its compiled programs.
@@ -148,6 +167,9 @@ impl Backend for Xla {
         resident: &[bool],
         carry: &[(usize, usize)],
     ) -> Result<Box<dyn SpmdExecutable>> {
+        if self.host_collectives {
+            return self.compile_spmd_local(part, 0..placement.len(), placement, resident, carry);
+        }
         let client = self.session.client();
         let devices: Vec<meshwork_xla::Device> = placement
             .iter()
@@ -205,6 +227,32 @@ impl Backend for Xla {
             emits,
             zero,
         }))
+    }
+
+    fn compile_spmd_local(
+        &self,
+        part: &Partitioned,
+        local: std::ops::Range<usize>,
+        placement: &[usize],
+        resident: &[bool],
+        carry: &[(usize, usize)],
+    ) -> Result<Box<dyn SpmdExecutable>> {
+        if self.partitioner == Partitioner::Xla {
+            return Err(Error::Compiled {
+                problem: "XLA's partitioner compiles its collectives into the program, which \
+                          runs them only among one client's devices: with collectives on the \
+                          host or across processes, use meshwork's partitioner"
+                    .into(),
+            });
+        }
+        Ok(Box::new(hosted::XlaHosted::compile(
+            &self.session,
+            part.program(),
+            local.start,
+            placement,
+            resident,
+            carry,
+        )?))
     }
 
     fn compile_placed(
@@ -270,6 +318,10 @@ impl XlaSpmd {
 }
 
 impl SpmdExecutable for XlaSpmd {
+    fn positions(&self) -> usize {
+        self.devices.len()
+    }
+
     fn buffer(&self, _r: usize, spec: &TensorSpec) -> Result<Tensor> {
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
         match pool.iter().position(|t| t.dtype() == spec.dtype && t.shape() == spec.shape.dims()) {

@@ -1,0 +1,242 @@
+//! An SPMD executable whose mesh spreads over processes, as one process sees it: its
+//! own positions run on a back end's executable ([`Backend::compile_spmd_local`]),
+//! and what the façade needs of the others' — the results of a step, a resident
+//! parameter's parts — is all-gathered through the strategy's executor (across
+//! processes over its interconnect). The façade keeps its one view of a mesh: every
+//! position's feeds, parts and results.
+//!
+//! Every process runs the same calls in the same order with the same global values
+//! (the batch, the initial weights): each takes its positions' parts of what it is
+//! given and drops the rest. A process's own positions are
+//! `local.start..local.end`, run as its executor's replicas `0..`, whose replica ids
+//! are those positions.
+//!
+//! [`Backend::compile_spmd_local`]: super::Backend::compile_spmd_local
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use meshwork_types::{Tensor, TensorSpec, map_tensor};
+use ndarray::Axis;
+
+use super::interpreter::{ReplicaError, boolean, numeric, run_replicas};
+use super::{SpmdExecutable, Traffic};
+use crate::{Error, Result, Strategy};
+
+/// This process's positions of a mesh spread over processes.
+pub(crate) struct Spanning {
+    inner: Box<dyn SpmdExecutable>,
+    local: Range<usize>,
+    positions: usize,
+    /// This process's positions' devices (for the gathers' executor runs).
+    placement: Vec<usize>,
+    /// `set[r][k]`: whether position `r`'s part of parameter `k` was put (kept for
+    /// the other processes' positions: their owners hold the parts).
+    set: Mutex<Vec<Vec<bool>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Spanning {
+    /// `inner` runs positions `local` of `positions`, position `local.start + i` on
+    /// the strategy's device `placement[i]`, with `params` parameters.
+    pub(crate) fn new(
+        inner: Box<dyn SpmdExecutable>,
+        local: Range<usize>,
+        positions: usize,
+        placement: Vec<usize>,
+        params: usize,
+    ) -> Spanning {
+        Spanning {
+            inner,
+            local,
+            positions,
+            placement,
+            set: Mutex::new(vec![vec![false; params]; positions]),
+        }
+    }
+
+    fn remote(&self, r: usize) -> Error {
+        Error::Compiled {
+            problem: format!(
+                "position {r} runs in another process (this one runs {:?})",
+                self.local
+            ),
+        }
+    }
+
+    /// Every position's `lists` entry, from each process's own: `lists[i]` is local
+    /// position `i`'s tensors, the same count and specs on every position. One
+    /// executor run, one all-gather per tensor across the processes.
+    fn gather(&self, strategy: &Strategy, lists: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
+        let count = lists.first().map_or(0, Vec::len);
+        if lists.iter().any(|l| l.len() != count) {
+            return Err(Error::Compiled {
+                problem: "positions gave different numbers of tensors to gather".into(),
+            });
+        }
+        let n = self.positions;
+        let first = self.local.start;
+        let given: Arc<Vec<Mutex<Vec<Tensor>>>> =
+            Arc::new(lists.into_iter().map(Mutex::new).collect());
+        let out: Arc<Mutex<Vec<Vec<Tensor>>>> = Arc::default();
+        let (g, o) = (given.clone(), out.clone());
+        run_replicas(
+            strategy.runtime(),
+            &self.placement,
+            Arc::new(move |ctx| {
+                let i = ctx.replica_id() - first;
+                let mine = std::mem::take(&mut *lock(&g[i]));
+                let everyone = ctx.groups(vec![(0..n).collect()]).map_err(ReplicaError::Peer)?;
+                let mut by_position: Vec<Vec<Tensor>> =
+                    (0..n).map(|_| Vec::with_capacity(mine.len())).collect();
+                for t in mine {
+                    let (t, was_bool) = numeric(t);
+                    let t = map_tensor!(t, a => a.insert_axis(Axis(0)));
+                    let all = ctx.all_gather_in(&everyone, 0, t).map_err(ReplicaError::Peer)?;
+                    for (q, list) in by_position.iter_mut().enumerate() {
+                        let part = map_tensor!(&all, a => a.index_axis(Axis(0), q).to_owned());
+                        list.push(if was_bool { boolean(part) } else { part });
+                    }
+                }
+                if i == 0 {
+                    *lock(&o) = by_position;
+                }
+                Ok(())
+            }),
+        )?;
+        let all = std::mem::take(&mut *lock(&out));
+        if all.len() != n {
+            return Err(Error::Compiled {
+                problem: "a gather across processes returned nothing".into(),
+            });
+        }
+        Ok(all)
+    }
+}
+
+impl SpmdExecutable for Spanning {
+    fn positions(&self) -> usize {
+        self.positions
+    }
+
+    fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor> {
+        if self.local.contains(&r) {
+            self.inner.buffer(r - self.local.start, spec)
+        } else {
+            // Filled with another process's part of a feed, then dropped.
+            Ok(Tensor::zeros(spec.dtype, spec.shape.dims())?)
+        }
+    }
+
+    fn put(&self, r: usize, param: usize, part: Tensor) -> Result<()> {
+        self.put_all(vec![(r, param, part)])
+    }
+
+    fn put_all(&self, parts: Vec<(usize, usize, Tensor)>) -> Result<()> {
+        let mut mine = Vec::with_capacity(parts.len());
+        let mut theirs = Vec::new();
+        for (r, param, part) in parts {
+            if r >= self.positions {
+                return Err(self.remote(r));
+            }
+            if self.local.contains(&r) {
+                mine.push((r - self.local.start, param, part));
+            } else {
+                theirs.push((r, param));
+            }
+        }
+        self.inner.put_all(mine)?;
+        let mut set = lock(&self.set);
+        for (r, param) in theirs {
+            if let Some(s) = set[r].get_mut(param) {
+                *s = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch(&self, r: usize, param: usize) -> Result<Option<Tensor>> {
+        if self.local.contains(&r) {
+            self.inner.fetch(r - self.local.start, param)
+        } else {
+            Err(self.remote(r))
+        }
+    }
+
+    fn fetch_every(&self, strategy: &Strategy, param: usize) -> Result<Vec<Option<Tensor>>> {
+        let mut lists = Vec::with_capacity(self.local.len());
+        for i in 0..self.local.len() {
+            // An unset part fails this process's replica, and so the gather on every
+            // process.
+            let part = self.inner.fetch(i, param)?.ok_or_else(|| Error::Compiled {
+                problem: format!(
+                    "position {} holds no part of resident parameter {param}",
+                    self.local.start + i
+                ),
+            })?;
+            lists.push(vec![part]);
+        }
+        Ok(self.gather(strategy, lists)?.into_iter().map(|mut l| l.pop()).collect())
+    }
+
+    fn is_set(&self, r: usize, param: usize) -> bool {
+        if self.local.contains(&r) {
+            self.inner.is_set(r - self.local.start, param)
+        } else {
+            lock(&self.set).get(r).and_then(|s| s.get(param)).copied().unwrap_or(false)
+        }
+    }
+
+    fn held_bytes(&self, r: usize, param: usize) -> Result<Option<u64>> {
+        if self.local.contains(&r) {
+            self.inner.held_bytes(r - self.local.start, param)
+        } else {
+            Err(self.remote(r))
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.inner.traffic()
+    }
+
+    fn run(
+        &self,
+        strategy: &Strategy,
+        mut feeds: Vec<Vec<Vec<Tensor>>>,
+        tag: u64,
+    ) -> Result<Vec<Vec<Vec<Tensor>>>> {
+        if feeds.len() != self.positions {
+            return Err(Error::Compiled {
+                problem: format!(
+                    "feeds for {} positions of a mesh of {}",
+                    feeds.len(),
+                    self.positions
+                ),
+            });
+        }
+        let steps = feeds.first().map_or(0, Vec::len);
+        let mine: Vec<Vec<Vec<Tensor>>> = feeds.drain(self.local.clone()).collect();
+        drop(feeds);
+        let out = self.inner.run(strategy, mine, tag)?;
+        // Each position's results of every step, flattened, gathered, and cut back
+        // into steps.
+        let per_step: Vec<usize> =
+            out.first().map_or_else(|| vec![0; steps], |o| o.iter().map(Vec::len).collect());
+        let lists = out.into_iter().map(|o| o.into_iter().flatten().collect()).collect();
+        let all = self.gather(strategy, lists)?;
+        Ok(all
+            .into_iter()
+            .map(|flat| {
+                let mut flat = flat.into_iter();
+                per_step.iter().map(|&k| flat.by_ref().take(k).collect()).collect()
+            })
+            .collect())
+    }
+
+    fn commit(&self, keep: bool) {
+        self.inner.commit(keep);
+    }
+}
