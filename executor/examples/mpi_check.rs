@@ -5,7 +5,8 @@
 //! again with MPI messages of at most 5 elements (the same bits), with message caps
 //! that differ between the processes (both fail at the agreement), and with 1 device
 //! per process over groups in reverse order (the paths that receive straight into the
-//! result). Exits non-zero, naming the first difference, otherwise.
+//! result); then the job's key-value store carries each process's values to the
+//! other. Exits non-zero, naming the first difference, otherwise.
 //!
 //! With an argument it checks that a dying process cannot hang the job instead:
 //! `panic` — process 1 panics outside any replica while process 0 waits in a
@@ -291,7 +292,40 @@ fn check() -> Result<(), String> {
         return Err(format!("process {p}: a run after a mismatch of caps differs"));
     }
     println!("process {p}: caps that differ between processes fail alike, then runs go on");
-    one_device_per_process(&mpi)
+    one_device_per_process(&mpi)?;
+    key_value_store(&mpi)
+}
+
+/// The job's key-value store: each process puts a small value and a 4 MB one at once
+/// (too large for MPI's eager sends: blocking sends would wait on each other) and
+/// reads the other's; a key no process put is `None` to `try_get` and an error naming
+/// it from `get` once its timeout passes.
+fn key_value_store(mpi: &Mpi) -> Result<(), String> {
+    let (p, store) = (mpi.process(), mpi.key_value_store());
+    let big = |q: usize| (0..4 << 20).map(|i| (i * 7 + q) as u8).collect::<Vec<u8>>();
+    store.put(format!("small/{p}").as_bytes(), format!("from {p}").as_bytes())?;
+    store.put(format!("big/{p}").as_bytes(), &big(p))?;
+    let q = 1 - p;
+    let timeout = std::time::Duration::from_secs(30);
+    let small = store.get(format!("small/{q}").as_bytes(), timeout)?;
+    if small != format!("from {q}").as_bytes() {
+        return Err(format!("process {p}: small/{q} is {small:?}"));
+    }
+    if store.get(format!("big/{q}").as_bytes(), timeout)? != big(q) {
+        return Err(format!("process {p}: big/{q} arrived changed"));
+    }
+    if store.get(format!("small/{p}").as_bytes(), timeout)? != format!("from {p}").as_bytes() {
+        return Err(format!("process {p}: its own small/{p} is not kept"));
+    }
+    if store.try_get(b"absent")?.is_some() {
+        return Err(format!("process {p}: a value under a key no process put"));
+    }
+    match store.get(b"absent", std::time::Duration::from_millis(50)) {
+        Err(e) if e.contains("\"absent\"") && e.contains("50ms") => {}
+        other => return Err(format!("process {p}: get of an absent key gave {other:?}")),
+    }
+    println!("process {p}: the key-value store carries both processes' values, 4 MB ones at once");
+    Ok(())
 }
 
 /// With one device per process, grouped collectives over the replicas in reverse order

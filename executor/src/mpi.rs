@@ -31,6 +31,7 @@ static LIVE: AtomicBool = AtomicBool::new(false);
 /// created it) for as long as any runtime uses its interconnect.
 pub struct Mpi {
     link: Arc<MpiLink>,
+    store: Arc<KeyValue>,
     // Last: finalises MPI after everything above is gone.
     _universe: Universe,
 }
@@ -69,7 +70,9 @@ impl Mpi {
             processes,
             max_message: AtomicUsize::new(Mpi::DEFAULT_MAX_MESSAGE),
         };
-        Ok(Mpi { link: Arc::new(link), _universe: universe })
+        // The store's own communicator, duplicated here where every process is.
+        let store = KeyValue::new(World(link.world.0.duplicate()), process, processes);
+        Ok(Mpi { link: Arc::new(link), store: Arc::new(store), _universe: universe })
     }
 
     /// The elements of one MPI message unless [`set_max_message`](Self::set_max_message)
@@ -89,6 +92,14 @@ impl Mpi {
     /// The link for [`Runtime::with_interconnect`](crate::Runtime::with_interconnect).
     pub fn interconnect(&self) -> Arc<dyn Interconnect> {
         self.link.clone()
+    }
+
+    /// The job's key-value store (what a PJRT client spanning processes exchanges its
+    /// topology and communicator ids through: JAX's distributed runtime over gRPC,
+    /// here over MPI). Keep this `Mpi` alive while it is used: once MPI is finalised
+    /// its calls fail.
+    pub fn key_value_store(&self) -> Arc<KeyValue> {
+        self.store.clone()
     }
 
     /// Caps the elements of one MPI message (at most `i32::MAX`, MPI's count; at
@@ -234,6 +245,170 @@ struct MpiLink {
     processes: usize,
     /// Elements per MPI message (see [`Mpi::set_max_message`]).
     max_message: AtomicUsize,
+}
+
+/// A key-value store shared by the processes of an MPI job, on a communicator of its
+/// own: a `put` keeps the value and sends it to every other process (non-blocking, so
+/// two processes putting large values at once do not wait on each other); a `get`
+/// takes what has arrived and waits, polling, until its key has or its time is up.
+/// Every process ends with every value, so no process serves the others. Values are
+/// kept for the job's life (a client's handful of topology and id exchanges).
+pub struct KeyValue {
+    comm: World,
+    process: usize,
+    processes: usize,
+    values: Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    /// Sends not known complete, each with its buffer (freed once it is).
+    sends: Mutex<Vec<Sending>>,
+}
+
+/// A send in flight and the buffer it reads.
+struct Sending {
+    request: mpi::request::Request<'static, [u8], mpi::request::StaticScope>,
+    buffer: *mut [u8],
+}
+
+// SAFETY: a request and its buffer are only touched under `SERIAL` (the request) or
+// once complete (the buffer); the buffer is this struct's alone.
+#[allow(unsafe_code)]
+unsafe impl Send for Sending {}
+
+/// The tag of the store's messages on its own communicator.
+const KV_TAG: i32 = 7;
+
+impl KeyValue {
+    fn new(comm: World, process: usize, processes: usize) -> KeyValue {
+        KeyValue { comm, process, processes, values: Mutex::default(), sends: Mutex::default() }
+    }
+
+    fn live(&self) -> std::result::Result<(), String> {
+        if LIVE.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("MPI is finalised: the key-value store is gone with it".into())
+        }
+    }
+
+    fn values(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Vec<u8>, Vec<u8>>> {
+        self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Frees the buffers of the sends that completed (the caller holds `SERIAL`).
+    fn reap(&self) {
+        let mut sends = self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pending = std::mem::take(&mut *sends);
+        for Sending { request, buffer } in pending {
+            match request.test() {
+                // SAFETY: the buffer came from `Box::leak` in `put`, and its send is
+                // complete: nothing reads it any more.
+                #[allow(unsafe_code)]
+                Ok(_) => drop(unsafe { Box::from_raw(buffer) }),
+                Err(request) => sends.push(Sending { request, buffer }),
+            }
+        }
+    }
+
+    /// Takes in every value that has arrived.
+    fn drain(&self) -> std::result::Result<(), String> {
+        self.live()?;
+        let _held = Held::take(&SERIAL);
+        self.reap();
+        while let Some(probed) = self.comm.0.any_process().immediate_matched_probe_with_tag(KV_TAG)
+        {
+            use mpi::point_to_point::MatchedReceiveVec;
+            let (bytes, status) = probed.matched_receive_vec::<u8>();
+            let (key, value) = split_entry(&bytes).ok_or_else(|| {
+                format!(
+                    "process {}: a malformed entry from process {}",
+                    self.process,
+                    status.source_rank()
+                )
+            })?;
+            self.values().insert(key.to_vec(), value.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Puts `value` under `key` for every process.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> std::result::Result<(), String> {
+        self.live()?;
+        self.values().insert(key.to_vec(), value.to_vec());
+        let mut entry = Vec::with_capacity(8 + key.len() + value.len());
+        entry.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        entry.extend_from_slice(key);
+        entry.extend_from_slice(value);
+        let _held = Held::take(&SERIAL);
+        self.reap();
+        let mut sends = self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for peer in (0..self.processes).filter(|&p| p != self.process) {
+            let buffer: &'static mut [u8] = Box::leak(entry.clone().into_boxed_slice());
+            let raw: *mut [u8] = buffer;
+            // SAFETY: `raw` is the leaked buffer, which lives until `reap` or `drop`
+            // frees it after the send completes; the send only reads it.
+            #[allow(unsafe_code)]
+            let shared: &'static [u8] = unsafe { &*raw };
+            let request = self.comm.0.process_at_rank(peer as Rank).immediate_send_with_tag(
+                mpi::request::StaticScope,
+                shared,
+                KV_TAG,
+            );
+            sends.push(Sending { request, buffer: raw });
+        }
+        Ok(())
+    }
+
+    /// The value under `key` if some process has put it (and it has arrived).
+    pub fn try_get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, String> {
+        self.drain()?;
+        Ok(self.values().get(key).cloned())
+    }
+
+    /// The value some process put under `key`, waiting at most `timeout` for it.
+    pub fn get(&self, key: &[u8], timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = self.try_get(key)? {
+                return Ok(v);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "process {}: no process put {:?} within {timeout:?}",
+                    self.process,
+                    String::from_utf8_lossy(key)
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// An entry's key and value: its first 8 bytes are the key's length.
+fn split_entry(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    let rest = &bytes[8..];
+    (len <= rest.len()).then(|| rest.split_at(len))
+}
+
+impl Drop for KeyValue {
+    fn drop(&mut self) {
+        let sends = std::mem::take(
+            &mut *self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !LIVE.load(Ordering::SeqCst) {
+            // MPI is gone: nothing may wait on the requests; their buffers are leaked
+            // rather than freed under a send MPI never finished.
+            std::mem::forget(sends);
+            return;
+        }
+        let _held = Held::take(&SERIAL);
+        for Sending { request, buffer } in sends {
+            request.wait();
+            // SAFETY: as in `reap`: leaked in `put`, its send now complete.
+            #[allow(unsafe_code)]
+            drop(unsafe { Box::from_raw(buffer) });
+        }
+    }
 }
 
 /// The largest count MPI's `int` holds.

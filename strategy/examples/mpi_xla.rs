@@ -202,6 +202,18 @@ fn check(mpi: &Mpi, plugin: &meshwork_strategy::xla::Plugin) -> Result<(), Error
         }
     }
     println!("process {p}: the checkpoint saved across the processes restores in one");
+    // The job's key-value store as a PJRT client's (what a client spanning processes
+    // would exchange its topology through): each process's value reaches the other.
+    use meshwork_strategy::xla::KeyValueStore;
+    let store = meshwork_strategy::backend::MpiKeyValueStore(mpi.key_value_store());
+    store.put(format!("topology/{p}").as_bytes(), format!("node {p}").as_bytes())?;
+    let q = 1 - p;
+    let theirs =
+        store.get(format!("topology/{q}").as_bytes(), std::time::Duration::from_secs(30))?;
+    if theirs != format!("node {q}").as_bytes() {
+        return Err(format!("process {p}: topology/{q} is {theirs:?}").into());
+    }
+    println!("process {p}: the MPI key-value store serves PJRT's callbacks' interface");
     Ok(())
 }
 

@@ -42,7 +42,7 @@ pub mod session;
 pub use error::{Error, Result};
 pub use options::CompileOptions;
 pub use pjrt::{
-    Arg, Buffer, Client, Code, Device, Executable, MAJOR, MIN_MINOR, MemoryStats, NamedValueOf,
-    Plugin, Transfers,
+    Arg, Buffer, Client, Code, Device, Executable, KeyValueStore, MAJOR, MIN_MINOR, MemoryStats,
+    NamedValueOf, Plugin, Transfers,
 };
 pub use session::Session;

@@ -639,6 +639,26 @@ impl Plugin {
 
     /// Creates a client with `options` (the CPU plugin reads `cpu_device_count`).
     pub fn client(&self, options: &[(&str, NamedValueOf)]) -> Result<Client> {
+        self.create_client(options, None)
+    }
+
+    /// Creates a client of a plugin that spans processes (the GPU plugin's, with
+    /// `node_id` and `num_nodes` among `options`), its processes exchanging what
+    /// they must through `store`: PJRT's key-value callbacks call it, during the
+    /// creation and for as long as the client lives (which keeps `store` alive).
+    pub fn client_with_store(
+        &self,
+        options: &[(&str, NamedValueOf)],
+        store: Arc<dyn KeyValueStore>,
+    ) -> Result<Client> {
+        self.create_client(options, Some(Box::new(store)))
+    }
+
+    fn create_client(
+        &self,
+        options: &[(&str, NamedValueOf)],
+        store: Option<Box<Arc<dyn KeyValueStore>>>,
+    ) -> Result<Client> {
         if let Some((name, _)) = options.iter().find(|(_, v)| matches!(v, NamedValueOf::Unknown(_)))
         {
             return Err(Error::Arguments(format!("create option {name} has no value to send")));
@@ -680,6 +700,18 @@ impl Plugin {
         let mut args = ClientCreateArgs::new();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
+        if let Some(store) = &store {
+            // The boxed `Arc` does not move when the box does: its address stays valid
+            // for as long as the client keeps the box.
+            let user_arg: *const Arc<dyn KeyValueStore> = &**store;
+            let user_arg = user_arg.cast_mut().cast::<Raw>();
+            args.kv_get_callback = kv_get as *mut Raw;
+            args.kv_get_user_arg = user_arg;
+            args.kv_put_callback = kv_put as *mut Raw;
+            args.kv_put_user_arg = user_arg;
+            args.kv_try_get_callback = kv_try_get as *mut Raw;
+            args.kv_try_get_user_arg = user_arg;
+        }
         self.api.call(Slot::ClientCreate, &mut args)?;
         if args.client.is_null() {
             return Err(Error::Plugin {
@@ -692,6 +724,7 @@ impl Plugin {
             api: Arc::clone(&self.api),
             raw: args.client,
             moved: Default::default(),
+            _store: store.map(std::panic::AssertUnwindSafe),
         });
         let mut devices_args = ClientAddressableDevicesArgs::new();
         devices_args.client = inner.raw;
@@ -793,6 +826,10 @@ struct ClientInner {
     /// Bytes moved by this binding's calls: host to device, device to host, device
     /// to device.
     moved: [std::sync::atomic::AtomicU64; 3],
+    /// The key-value store the client's callbacks reach (their `user_arg` points at
+    /// it), dropped after the client is destroyed (fields drop after `drop`). Only
+    /// the callbacks use it, each inside `catch_unwind`.
+    _store: Option<std::panic::AssertUnwindSafe<Box<Arc<dyn KeyValueStore>>>>,
 }
 
 impl ClientInner {
@@ -813,6 +850,216 @@ impl Drop for ClientInner {
         args.client = self.raw;
         // An error destroying a client has nowhere to go; it is dropped.
         let _ = self.api.call(Slot::ClientDestroy, &mut args);
+    }
+}
+
+/// A key-value store every process of a client that spans processes reads and
+/// writes: how such a client (the GPU plugin's with `num_nodes` above 1) exchanges
+/// its topology and its communicators' ids while it is created and while it
+/// compiles. JAX's distributed runtime serves one over gRPC; meshwork's strategy
+/// adapts the executor's MPI store to it. Errors are the store's words, which the
+/// plugin reports.
+pub trait KeyValueStore: Send + Sync {
+    /// The value some process put under `key`, waiting at most `timeout` for it.
+    fn get(&self, key: &[u8], timeout: std::time::Duration)
+    -> std::result::Result<Vec<u8>, String>;
+
+    /// The value under `key` if some process has put it, without waiting.
+    fn try_get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, String>;
+
+    /// Puts `value` under `key`, for every process.
+    fn put(&self, key: &[u8], value: &[u8]) -> std::result::Result<(), String>;
+}
+
+/// `PJRT_CallbackError`: makes a plugin error from a code and a message.
+type CallbackError =
+    unsafe extern "C" fn(code: i32, message: *const c_char, size: usize) -> *mut Raw;
+
+/// `PJRT_KeyValueGetCallback_Args` (the plugin's; `value` and its deleter are out).
+#[repr(C)]
+struct KvGetArgs {
+    struct_size: usize,
+    extension_start: *mut Raw,
+    key: *const c_char,
+    key_size: usize,
+    timeout_in_ms: i32,
+    callback_error: *const CallbackError,
+    user_arg: *mut Raw,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: Option<unsafe extern "C" fn(*mut c_char)>,
+}
+
+/// `PJRT_KeyValueTryGetCallback_Args`: as [`KvGetArgs`], without a timeout.
+#[repr(C)]
+struct KvTryGetArgs {
+    struct_size: usize,
+    extension_start: *mut Raw,
+    key: *const c_char,
+    key_size: usize,
+    callback_error: *const CallbackError,
+    user_arg: *mut Raw,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: Option<unsafe extern "C" fn(*mut c_char)>,
+}
+
+/// `PJRT_KeyValuePutCallback_Args`.
+#[repr(C)]
+struct KvPutArgs {
+    struct_size: usize,
+    extension_start: *mut Raw,
+    key: *const c_char,
+    key_size: usize,
+    value: *const c_char,
+    value_size: usize,
+    callback_error: *const CallbackError,
+    user_arg: *mut Raw,
+}
+
+/// PJRT's error codes the callbacks report with.
+const CODE_DEADLINE_EXCEEDED: i32 = 4;
+const CODE_NOT_FOUND: i32 = 5;
+const CODE_INTERNAL: i32 = 13;
+
+/// The bytes at `data` (`size` of them; none when null).
+///
+/// # Safety
+/// `data` is null or points at `size` readable bytes for the call.
+unsafe fn bytes_at<'a>(data: *const c_char, size: usize) -> &'a [u8] {
+    if data.is_null() || size == 0 {
+        &[]
+    } else {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }
+    }
+}
+
+/// The plugin's error for a failed callback (null when it gave no way to make one).
+///
+/// # Safety
+/// `make` is null or points at the plugin's live `PJRT_CallbackError`.
+unsafe fn callback_error(make: *const CallbackError, code: i32, message: &str) -> *mut Raw {
+    if make.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: as the caller promises; the message lives for the call (the plugin
+    // copies it).
+    unsafe { (*make)(code, message.as_ptr().cast(), message.len()) }
+}
+
+/// A copy of `value` the plugin frees with [`free_value`]: its length in the 8 bytes
+/// before it.
+fn plugin_value(value: &[u8]) -> *mut c_char {
+    let layout = value_layout(value.len());
+    // SAFETY: the layout is at least 8 bytes (never zero-sized); a null return is
+    // handled.
+    let base = unsafe { std::alloc::alloc(layout) };
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `base` holds 8 + len bytes, 8-aligned.
+    unsafe {
+        base.cast::<usize>().write(value.len());
+        ptr::copy_nonoverlapping(value.as_ptr(), base.add(8), value.len());
+        base.add(8).cast()
+    }
+}
+
+fn value_layout(len: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(len.saturating_add(8), 8).expect("a value's layout")
+}
+
+/// `PJRT_KeyValueGetCallback_ValueDeleter` for the values [`plugin_value`] makes.
+unsafe extern "C" fn free_value(value: *mut c_char) {
+    if value.is_null() {
+        return;
+    }
+    // SAFETY: `value` came from `plugin_value` and is freed once (the plugin calls
+    // the deleter once per value): its length sits in the 8 bytes before it.
+    unsafe {
+        let base = value.cast::<u8>().sub(8);
+        let len = base.cast::<usize>().read();
+        std::alloc::dealloc(base, value_layout(len));
+    }
+}
+
+/// The store behind a callback's `user_arg`.
+///
+/// # Safety
+/// `user_arg` is the `Arc` a client made by `client_with_store` keeps boxed.
+unsafe fn store_at<'a>(user_arg: *mut Raw) -> &'a Arc<dyn KeyValueStore> {
+    // SAFETY: as the caller promises; the client (and so the box) outlives its
+    // callbacks.
+    unsafe { &*user_arg.cast::<Arc<dyn KeyValueStore>>() }
+}
+
+/// The outcome of a store call, a panic in it included.
+fn guarded<T>(
+    f: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err("the key-value store panicked".into()))
+}
+
+/// `PJRT_KeyValueGetCallback`.
+unsafe extern "C" fn kv_get(args: *mut KvGetArgs) -> *mut Raw {
+    // SAFETY: the plugin passes its live args struct, `user_arg` being ours.
+    let args = unsafe { &mut *args };
+    // SAFETY: the key is `key_size` bytes of the plugin's for the call.
+    let key = unsafe { bytes_at(args.key, args.key_size) };
+    let timeout = std::time::Duration::from_millis(args.timeout_in_ms.max(0) as u64);
+    // SAFETY: `user_arg` is ours (set by `create_client`).
+    let store = unsafe { store_at(args.user_arg) };
+    match guarded(|| store.get(key, timeout)) {
+        Ok(value) => {
+            args.value_size = value.len();
+            args.value = plugin_value(&value);
+            args.value_deleter_callback = Some(free_value);
+            ptr::null_mut()
+        }
+        // SAFETY: the plugin's error maker, live for the call.
+        Err(message) => unsafe {
+            callback_error(args.callback_error, CODE_DEADLINE_EXCEEDED, &message)
+        },
+    }
+}
+
+/// `PJRT_KeyValueTryGetCallback`.
+unsafe extern "C" fn kv_try_get(args: *mut KvTryGetArgs) -> *mut Raw {
+    // SAFETY: as `kv_get`.
+    let args = unsafe { &mut *args };
+    // SAFETY: as `kv_get`.
+    let key = unsafe { bytes_at(args.key, args.key_size) };
+    // SAFETY: as `kv_get`.
+    let store = unsafe { store_at(args.user_arg) };
+    let (code, message) = match guarded(|| store.try_get(key)) {
+        Ok(Some(value)) => {
+            args.value_size = value.len();
+            args.value = plugin_value(&value);
+            args.value_deleter_callback = Some(free_value);
+            return ptr::null_mut();
+        }
+        Ok(None) => (CODE_NOT_FOUND, format!("no value under {:?}", String::from_utf8_lossy(key))),
+        Err(message) => (CODE_INTERNAL, message),
+    };
+    // SAFETY: as `kv_get`.
+    unsafe { callback_error(args.callback_error, code, &message) }
+}
+
+/// `PJRT_KeyValuePutCallback`.
+unsafe extern "C" fn kv_put(args: *mut KvPutArgs) -> *mut Raw {
+    // SAFETY: as `kv_get`.
+    let args = unsafe { &mut *args };
+    // SAFETY: the key and value are the plugin's for the call.
+    let (key, value) =
+        unsafe { (bytes_at(args.key, args.key_size), bytes_at(args.value, args.value_size)) };
+    // SAFETY: as `kv_get`.
+    let store = unsafe { store_at(args.user_arg) };
+    match guarded(|| store.put(key, value)) {
+        Ok(()) => ptr::null_mut(),
+        // SAFETY: as `kv_get`.
+        Err(message) => unsafe { callback_error(args.callback_error, CODE_INTERNAL, &message) },
     }
 }
 

@@ -110,3 +110,57 @@ fn a_plugin_error_carries_its_message_and_code_and_is_destroyed() {
         }
     }
 }
+
+/// A store in memory that records what it was asked.
+#[derive(Default)]
+struct Recorded {
+    values: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl meshwork_xla::KeyValueStore for Recorded {
+    fn get(&self, key: &[u8], timeout: std::time::Duration) -> Result<Vec<u8>, String> {
+        let key_text = String::from_utf8_lossy(key).into_owned();
+        self.asked.lock().unwrap().push(format!("get {key_text} {timeout:?}"));
+        self.values
+            .lock()
+            .unwrap()
+            .get(key)
+            .cloned()
+            .ok_or(format!("{key_text}: none in {timeout:?}"))
+    }
+    fn try_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        self.asked.lock().unwrap().push(format!("try_get {}", String::from_utf8_lossy(key)));
+        Ok(self.values.lock().unwrap().get(key).cloned())
+    }
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        self.asked.lock().unwrap().push(format!("put {}", String::from_utf8_lossy(key)));
+        self.values.lock().unwrap().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+}
+
+/// A client created with a key-value store reaches it through PJRT's callbacks: the
+/// mock puts a value, gets it back (the copy handed to the plugin freed by its
+/// deleter), and a missing key comes back as the plugin's error with the store's
+/// words — under valgrind too, where a value or error leaked or freed twice fails.
+#[test]
+fn a_client_with_a_key_value_store_reaches_it_through_the_callbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::load(&mock(dir.path(), 0, 81, FULL)).unwrap();
+    let store = std::sync::Arc::new(Recorded::default());
+    let e = plugin.client_with_store(&[], store.clone()).unwrap_err();
+    let Error::Plugin { message, .. } = e else { panic!("{e:?}") };
+    assert_eq!(
+        message,
+        "mock plugin: no devices; key-value store: put: ok; get: value hello; try_get: error \
+         no value under \"mock/absent\" (code 5); get: error mock/absent: none in 10ms (code 4)"
+    );
+    assert_eq!(
+        *store.asked.lock().unwrap(),
+        ["put mock/0", "get mock/0 1s", "try_get mock/absent", "get mock/absent 10ms"]
+    );
+    // Without a store the callbacks are absent, and the mock says only that.
+    let Err(Error::Plugin { message, .. }) = plugin.client(&[]) else { panic!() };
+    assert_eq!(message, "mock plugin: no devices");
+}

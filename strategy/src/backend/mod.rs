@@ -26,6 +26,8 @@ mod xla;
 
 pub use interpreter::Interpreter;
 pub(crate) use span::Spanning;
+#[cfg(feature = "mpi")]
+pub use xla::MpiKeyValueStore;
 pub use xla::Xla;
 
 /// What an executable's steps moved: bytes, summed over the steps it ran and over its

@@ -8,7 +8,9 @@
 //! heap-allocated `PJRT_Error` that the caller must destroy, except
 //! `PJRT_Plugin_Initialize`, `PJRT_Plugin_Attributes` and the error functions.
 //! What it is not: a device. `PJRT_Client_Create` fails with the message
-//! `mock plugin: no devices` and code `UNAVAILABLE`.
+//! `mock plugin: no devices` and code `UNAVAILABLE` — after exercising the key-value
+//! callbacks it is given (a put, a get, a missing key both ways), its message then
+//! saying what they gave.
 //!
 //! ```
 //! // A test configures its copy before loading it by path (xla/tests/mock.rs); linked
@@ -120,8 +122,102 @@ unsafe extern "C" fn attributes(args: *mut c_void) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-unsafe extern "C" fn client_create(_args: *mut c_void) -> *mut c_void {
-    error("mock plugin: no devices", 14)
+/// `PJRT_CallbackError`, as the mock hands it to the key-value callbacks.
+type MakeError = unsafe extern "C" fn(i32, *const c_char, usize) -> *mut c_void;
+
+unsafe extern "C" fn make_error(code: i32, message: *const c_char, size: usize) -> *mut c_void {
+    // SAFETY: the callback passes `size` bytes of its message, live for the call.
+    let text = unsafe { std::slice::from_raw_parts(message.cast::<u8>(), size) };
+    error(&String::from_utf8_lossy(text), code)
+}
+
+static MAKE_ERROR: MakeError = make_error;
+
+/// A key-value callback's outcome: the value it gave (freed through its deleter), or
+/// its error's message and code (the error destroyed).
+///
+/// # Safety
+/// `args` is a get callback's args struct after the call (its value, size and
+/// deleter the last three words), `error_at_null` what the call returned.
+unsafe fn read_value(args: &[usize], error_at_null: *mut c_void) -> Result<Vec<u8>, String> {
+    let n = args.len();
+    if !error_at_null.is_null() {
+        // SAFETY: made by `make_error` above, destroyed here once.
+        let err = unsafe { Box::from_raw(error_at_null.cast::<MockError>()) };
+        return Err(format!("{} (code {})", err.message, err.code));
+    }
+    let (value, size, deleter) = (args[n - 3], args[n - 2], args[n - 1]);
+    // SAFETY: the callback set `value` to `size` bytes and a deleter for them.
+    unsafe {
+        let bytes = std::slice::from_raw_parts(value as *const u8, size).to_vec();
+        let deleter: unsafe extern "C" fn(*mut c_char) = std::mem::transmute(deleter);
+        deleter(value as *mut c_char);
+        Ok(bytes)
+    }
+}
+
+/// With key-value callbacks (a client that spans processes), puts `mock/0` = `hello`,
+/// reads it back with `get`, then asks `try_get` and `get` (10 ms) for `mock/absent`;
+/// the creation fails either way, its message saying what the callbacks gave.
+unsafe extern "C" fn client_create(args: *mut c_void) -> *mut c_void {
+    // SAFETY: PJRT_Client_Create_Args { header, create_options, num_options,
+    // kv_get_callback, kv_get_user_arg, kv_put_callback, kv_put_user_arg, client,
+    // kv_try_get_callback, kv_try_get_user_arg }: words 4..=10.
+    let w = |k: usize| unsafe { *args.cast::<usize>().add(k) };
+    let (size, get, get_arg, put, put_arg, try_get, try_arg) =
+        (w(0), w(4), w(5), w(6), w(7), w(9), w(10));
+    if put == 0 || get == 0 || size < 11 * 8 || try_get == 0 {
+        return error("mock plugin: no devices", 14);
+    }
+    type Callback = unsafe extern "C" fn(*mut usize) -> *mut c_void;
+    let make = (&raw const MAKE_ERROR) as usize;
+    let (key, value, absent) = (b"mock/0", b"hello", b"mock/absent");
+    // SAFETY: the callbacks meshwork gave, with their args structs laid out as the
+    // header says (each starts with its size).
+    let report = unsafe {
+        let put: Callback = std::mem::transmute(put);
+        let mut put_args = [
+            8 * 8,
+            0,
+            key.as_ptr() as usize,
+            key.len(),
+            value.as_ptr() as usize,
+            value.len(),
+            make,
+            put_arg,
+        ];
+        let put_error = put(put_args.as_mut_ptr());
+        let get: Callback = std::mem::transmute(get);
+        let mut get_args =
+            [10 * 8, 0, key.as_ptr() as usize, key.len(), 1000, make, get_arg, 0, 0, 0];
+        let e = get(get_args.as_mut_ptr());
+        let got = read_value(&get_args, e);
+        let try_get: Callback = std::mem::transmute(try_get);
+        let mut try_args =
+            [9 * 8, 0, absent.as_ptr() as usize, absent.len(), make, try_arg, 0, 0, 0];
+        let e = try_get(try_args.as_mut_ptr());
+        let tried = read_value(&try_args, e);
+        let mut wait_args =
+            [10 * 8, 0, absent.as_ptr() as usize, absent.len(), 10, make, get_arg, 0, 0, 0];
+        let e = get(wait_args.as_mut_ptr());
+        let waited = read_value(&wait_args, e);
+        let shown = |r: Result<Vec<u8>, String>| match r {
+            Ok(v) => format!("value {}", String::from_utf8_lossy(&v)),
+            Err(e) => format!("error {e}"),
+        };
+        format!(
+            "put: {}; get: {}; try_get: {}; get: {}",
+            if put_error.is_null() {
+                "ok".to_string()
+            } else {
+                shown(read_value(&[0, 0, 0], put_error))
+            },
+            shown(got),
+            shown(tried),
+            shown(waited)
+        )
+    };
+    error(&format!("mock plugin: no devices; key-value store: {report}"), 14)
 }
 
 unsafe extern "C" fn unimplemented(_args: *mut c_void) -> *mut c_void {

@@ -265,6 +265,31 @@ impl Backend for Xla {
     }
 }
 
+/// The MPI job's key-value store ([`meshwork_executor::mpi::KeyValue`]) as the store a
+/// PJRT client spanning processes reaches through its callbacks
+/// ([`Plugin::client_with_store`](meshwork_xla::Plugin::client_with_store)): what
+/// JAX's distributed runtime serves over gRPC, here over meshwork's MPI link.
+#[cfg(feature = "mpi")]
+#[derive(Clone)]
+pub struct MpiKeyValueStore(pub Arc<meshwork_executor::mpi::KeyValue>);
+
+#[cfg(feature = "mpi")]
+impl meshwork_xla::KeyValueStore for MpiKeyValueStore {
+    fn get(
+        &self,
+        key: &[u8],
+        timeout: std::time::Duration,
+    ) -> std::result::Result<Vec<u8>, String> {
+        self.0.get(key, timeout)
+    }
+    fn try_get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, String> {
+        self.0.try_get(key)
+    }
+    fn put(&self, key: &[u8], value: &[u8]) -> std::result::Result<(), String> {
+        self.0.put(key, value)
+    }
+}
+
 /// Each position's resident parameters and a run's staged results.
 struct State {
     /// `params[r][k]`: position `r`'s part of parameter `k`.
