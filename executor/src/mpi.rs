@@ -123,6 +123,9 @@ impl Mpi {
 
 impl Drop for Mpi {
     fn drop(&mut self) {
+        // Every value sent is received and every send completed before MPI is
+        // finalised (MPI calls a send still in flight then erroneous).
+        self.store.quiesce();
         LIVE.store(false, Ordering::SeqCst);
     }
 }
@@ -209,13 +212,14 @@ fn abort_serialized(lock: &Mutex<()>, wait: Duration, abort: impl FnOnce()) -> !
     unreachable!("MPI_Abort returned")
 }
 
-/// The world communicator, used by one thread at a time.
+/// A communicator (the world, or the key-value store's duplicate of it), used by one
+/// thread at a time.
 struct World(SimpleCommunicator);
 
 // SAFETY: under Open MPI a communicator handle is a raw pointer, so rsmpi's
 // communicator is not `Send`. MPI is initialised at thread level Serialized (or
 // Multiple): any thread may call it as long as calls do not overlap, and every use of
-// this handle goes through `MpiLink::world`, which holds `SERIAL` — as do the aborts
+// such a handle holds `SERIAL` (`MpiLink::world`, and `KeyValue`'s calls) — as do the aborts
 // (`abort_serialized`), the only MPI calls made without this handle, with one
 // exception: when another thread's call has not returned within `ABORT_WAIT` (its
 // peers are gone), the abort goes ahead beside it, since ending the job is then the
@@ -252,14 +256,21 @@ struct MpiLink {
 /// two processes putting large values at once do not wait on each other); a `get`
 /// takes what has arrived and waits, polling, until its key has or its time is up.
 /// Every process ends with every value, so no process serves the others. Values are
-/// kept for the job's life (a client's handful of topology and id exchanges).
+/// kept for the job's life (a client's handful of topology and id exchanges); two
+/// puts of one key with different values leave each process the one that reached it
+/// last (a client puts each key once). Its calls take MPI's one lock, so a `get`
+/// waits while another thread's collective holds it (a handshake polls without
+/// letting go, up to its timeout).
 pub struct KeyValue {
-    comm: World,
+    /// Freed only while MPI is up (see `drop`).
+    comm: std::mem::ManuallyDrop<World>,
     process: usize,
     processes: usize,
     values: Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
     /// Sends not known complete, each with its buffer (freed once it is).
     sends: Mutex<Vec<Sending>>,
+    /// Entries sent to each process, and received from each.
+    counts: Mutex<(Vec<u64>, Vec<u64>)>,
 }
 
 /// A send in flight and the buffer it reads.
@@ -278,7 +289,70 @@ const KV_TAG: i32 = 7;
 
 impl KeyValue {
     fn new(comm: World, process: usize, processes: usize) -> KeyValue {
-        KeyValue { comm, process, processes, values: Mutex::default(), sends: Mutex::default() }
+        KeyValue {
+            comm: std::mem::ManuallyDrop::new(comm),
+            process,
+            processes,
+            values: Mutex::default(),
+            sends: Mutex::default(),
+            counts: Mutex::new((vec![0; processes], vec![0; processes])),
+        }
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, (Vec<u64>, Vec<u64>)> {
+        self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes in one entry (the caller holds `SERIAL`): `wait` for one, or only if
+    /// one has arrived. Returns whether it took one.
+    fn receive(&self, wait: bool) -> std::result::Result<bool, String> {
+        use mpi::point_to_point::MatchedReceiveVec;
+        let probed = if wait {
+            Some(self.comm.0.any_process().matched_probe_with_tag(KV_TAG))
+        } else {
+            self.comm.0.any_process().immediate_matched_probe_with_tag(KV_TAG)
+        };
+        let Some(probed) = probed else { return Ok(false) };
+        let (bytes, status) = probed.matched_receive_vec::<u8>();
+        let from = status.source_rank() as usize;
+        if let Some(n) = self.counts().1.get_mut(from) {
+            *n += 1;
+        }
+        let (key, value) = split_entry(&bytes).ok_or_else(|| {
+            format!("process {}: a malformed entry from process {from}", self.process)
+        })?;
+        self.values().insert(key.to_vec(), value.to_vec());
+        Ok(true)
+    }
+
+    /// Before MPI is finalised, with every process (it is collective): each learns
+    /// how many entries the others sent it, takes them all in, and waits for its own
+    /// sends, so that none is left in flight.
+    fn quiesce(&self) {
+        if !LIVE.load(Ordering::SeqCst) || self.processes < 2 {
+            return;
+        }
+        let _held = Held::take(&SERIAL);
+        let sent = self.counts().0.clone();
+        let mut expected = vec![0u64; self.processes];
+        self.comm.0.all_to_all_into(&sent[..], &mut expected[..]);
+        loop {
+            let received = self.counts().1.clone();
+            if received.iter().zip(&expected).all(|(r, e)| r >= e) {
+                break;
+            }
+            // A malformed entry is dropped here: the store is closing.
+            let _ = self.receive(true);
+        }
+        let sends = std::mem::take(
+            &mut *self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for Sending { request, buffer } in sends {
+            request.wait();
+            // SAFETY: as in `reap`: leaked in `put`, its send now complete.
+            #[allow(unsafe_code)]
+            drop(unsafe { Box::from_raw(buffer) });
+        }
     }
 
     fn live(&self) -> std::result::Result<(), String> {
@@ -313,19 +387,7 @@ impl KeyValue {
         self.live()?;
         let _held = Held::take(&SERIAL);
         self.reap();
-        while let Some(probed) = self.comm.0.any_process().immediate_matched_probe_with_tag(KV_TAG)
-        {
-            use mpi::point_to_point::MatchedReceiveVec;
-            let (bytes, status) = probed.matched_receive_vec::<u8>();
-            let (key, value) = split_entry(&bytes).ok_or_else(|| {
-                format!(
-                    "process {}: a malformed entry from process {}",
-                    self.process,
-                    status.source_rank()
-                )
-            })?;
-            self.values().insert(key.to_vec(), value.to_vec());
-        }
+        while self.receive(false)? {}
         Ok(())
     }
 
@@ -340,7 +402,9 @@ impl KeyValue {
         let _held = Held::take(&SERIAL);
         self.reap();
         let mut sends = self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counts = self.counts();
         for peer in (0..self.processes).filter(|&p| p != self.process) {
+            counts.0[peer] += 1;
             let buffer: &'static mut [u8] = Box::leak(entry.clone().into_boxed_slice());
             let raw: *mut [u8] = buffer;
             // SAFETY: `raw` is the leaked buffer, which lives until `reap` or `drop`
@@ -363,19 +427,20 @@ impl KeyValue {
         Ok(self.values().get(key).cloned())
     }
 
-    /// The value some process put under `key`, waiting at most `timeout` for it.
-    pub fn get(&self, key: &[u8], timeout: Duration) -> std::result::Result<Vec<u8>, String> {
-        let deadline = Instant::now() + timeout;
+    /// The value some process put under `key`, waiting at most `timeout` for it
+    /// (`None`: without a limit); `Ok(None)` when none came in time.
+    pub fn get(
+        &self,
+        key: &[u8],
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Option<Vec<u8>>, String> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             if let Some(v) = self.try_get(key)? {
-                return Ok(v);
+                return Ok(Some(v));
             }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "process {}: no process put {:?} within {timeout:?}",
-                    self.process,
-                    String::from_utf8_lossy(key)
-                ));
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -396,8 +461,9 @@ impl Drop for KeyValue {
             &mut *self.sends.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
         );
         if !LIVE.load(Ordering::SeqCst) {
-            // MPI is gone: nothing may wait on the requests; their buffers are leaked
-            // rather than freed under a send MPI never finished.
+            // MPI is gone (`Mpi` quiesced the store first, so nothing should be in
+            // flight): nothing may call it now, so the communicator and any request
+            // left are forgotten rather than freed.
             std::mem::forget(sends);
             return;
         }
@@ -407,6 +473,11 @@ impl Drop for KeyValue {
             // SAFETY: as in `reap`: leaked in `put`, its send now complete.
             #[allow(unsafe_code)]
             drop(unsafe { Box::from_raw(buffer) });
+        }
+        // SAFETY: dropped once, here, while MPI is up.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.comm);
         }
     }
 }

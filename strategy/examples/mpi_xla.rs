@@ -209,11 +209,14 @@ fn check(mpi: &Mpi, plugin: &meshwork_strategy::xla::Plugin) -> Result<(), Error
     store.put(format!("topology/{p}").as_bytes(), format!("node {p}").as_bytes())?;
     let q = 1 - p;
     let theirs =
-        store.get(format!("topology/{q}").as_bytes(), std::time::Duration::from_secs(30))?;
-    if theirs != format!("node {q}").as_bytes() {
+        store.get(format!("topology/{q}").as_bytes(), Some(std::time::Duration::from_secs(30)))?;
+    if theirs.as_deref() != Some(format!("node {q}").as_bytes()) {
         return Err(format!("process {p}: topology/{q} is {theirs:?}").into());
     }
-    println!("process {p}: the MPI key-value store serves PJRT's callbacks' interface");
+    println!(
+        "process {p}: the MPI key-value store, as the KeyValueStore PJRT's callbacks call, \
+         carries each process's value"
+    );
     Ok(())
 }
 

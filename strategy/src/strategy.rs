@@ -833,6 +833,17 @@ impl Strategy {
         Ok(out.values()[0][0].clone())
     }
 
+    /// Whether every process says `ok` (each says its own; one collective, so every
+    /// process gets the same answer): how a step that can fail in one process alone
+    /// (a write, an upload) ends alike everywhere.
+    pub(crate) fn all_agree(&self, ok: bool) -> Result<bool> {
+        let failed = Tensor::I32(ndarray::arr0(i32::from(!ok)).into_dyn());
+        let out =
+            self.run(move |ctx, _| Ok(vec![ctx.all_reduce(ReduceOp::Max, failed.clone())?]), &[])?;
+        let any_failed = out.values().first().and_then(|o| o.first()).map(|t| t.to_f64());
+        Ok(any_failed.is_some_and(|v| v.iter().all(|&x| x == 0.0)))
+    }
+
     /// Waits until every process reaches this point.
     pub(crate) fn sync(&self) -> Result<()> {
         self.run(

@@ -860,9 +860,13 @@ impl Drop for ClientInner {
 /// adapts the executor's MPI store to it. Errors are the store's words, which the
 /// plugin reports.
 pub trait KeyValueStore: Send + Sync {
-    /// The value some process put under `key`, waiting at most `timeout` for it.
-    fn get(&self, key: &[u8], timeout: std::time::Duration)
-    -> std::result::Result<Vec<u8>, String>;
+    /// The value some process put under `key`, waiting at most `timeout` for it
+    /// (`None`: without a limit); `Ok(None)` when none came in time.
+    fn get(
+        &self,
+        key: &[u8],
+        timeout: Option<std::time::Duration>,
+    ) -> std::result::Result<Option<Vec<u8>>, String>;
 
     /// The value under `key` if some process has put it, without waiting.
     fn try_get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, String>;
@@ -1008,21 +1012,25 @@ unsafe extern "C" fn kv_get(args: *mut KvGetArgs) -> *mut Raw {
     let args = unsafe { &mut *args };
     // SAFETY: the key is `key_size` bytes of the plugin's for the call.
     let key = unsafe { bytes_at(args.key, args.key_size) };
-    let timeout = std::time::Duration::from_millis(args.timeout_in_ms.max(0) as u64);
+    // A negative timeout is XLA's "infinite" squeezed into an `int`.
+    let timeout = u64::try_from(args.timeout_in_ms).ok().map(std::time::Duration::from_millis);
     // SAFETY: `user_arg` is ours (set by `create_client`).
     let store = unsafe { store_at(args.user_arg) };
-    match guarded(|| store.get(key, timeout)) {
-        Ok(value) => {
+    let (code, message) = match guarded(|| store.get(key, timeout)) {
+        Ok(Some(value)) => {
             args.value_size = value.len();
             args.value = plugin_value(&value);
             args.value_deleter_callback = Some(free_value);
-            ptr::null_mut()
+            return ptr::null_mut();
         }
-        // SAFETY: the plugin's error maker, live for the call.
-        Err(message) => unsafe {
-            callback_error(args.callback_error, CODE_DEADLINE_EXCEEDED, &message)
-        },
-    }
+        Ok(None) => (
+            CODE_DEADLINE_EXCEEDED,
+            format!("no value under {:?} within {timeout:?}", String::from_utf8_lossy(key)),
+        ),
+        Err(message) => (CODE_INTERNAL, message),
+    };
+    // SAFETY: the plugin's error maker, live for the call.
+    unsafe { callback_error(args.callback_error, code, &message) }
 }
 
 /// `PJRT_KeyValueTryGetCallback`.

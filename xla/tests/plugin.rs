@@ -235,10 +235,23 @@ fn a_portable_executable_runs_on_the_device_it_is_given() {
             assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{a} vs {b}");
         }
     }
-    // Compiled once for both devices.
+    // Compiled once for both devices (and found in the cache after).
     assert_eq!(session.compiles(), 1);
     assert_eq!(session.compile_portable(&mlp()).unwrap().lowered.text, compiled.lowered.text);
     assert_eq!(session.compiles(), 1);
+    // Its output is on the device it ran on: it feeds a run there, not on the other.
+    let x1 = on(d1);
+    let mut prog = Builder::new();
+    let h = prog.param("h", "f64[4,2]".parse().unwrap()).unwrap();
+    let twice = prog.add(h, h).unwrap();
+    let double = session.compile_portable(&prog.finish(&[twice]).unwrap()).unwrap();
+    let out = compiled.executable.execute_on(d1, x1.iter().map(Arg::Borrowed).collect()).unwrap();
+    let again = double.executable.execute_on(d1, vec![Arg::Borrowed(&out[0])]).unwrap();
+    let once = out[0].to_host().unwrap().to_f64();
+    let twice: Vec<f64> = once.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(again[0].to_host().unwrap().to_f64(), twice);
+    let elsewhere = double.executable.execute_on(d0, vec![Arg::Borrowed(&out[0])]);
+    assert!(matches!(elsewhere, Err(Error::Plugin { .. })), "{elsewhere:?}");
     // Arguments on another device than the one it runs on are refused.
     let args = on(d0);
     let refused = compiled.executable.execute_on(d1, args.iter().map(Arg::Borrowed).collect());

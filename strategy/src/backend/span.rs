@@ -25,7 +25,7 @@ use crate::{Error, Result, Strategy};
 
 /// This process's positions of a mesh spread over processes.
 pub(crate) struct Spanning {
-    inner: Box<dyn SpmdExecutable>,
+    inner: Arc<dyn SpmdExecutable>,
     local: Range<usize>,
     positions: usize,
     /// This process's positions' devices (for the gathers' executor runs).
@@ -50,7 +50,7 @@ impl Spanning {
         params: usize,
     ) -> Spanning {
         Spanning {
-            inner,
+            inner: Arc::from(inner),
             local,
             positions,
             placement,
@@ -59,36 +59,34 @@ impl Spanning {
     }
 
     fn remote(&self, r: usize) -> Error {
-        Error::Compiled {
-            problem: format!(
-                "position {r} runs in another process (this one runs {:?})",
-                self.local
-            ),
-        }
+        let problem = if r < self.positions {
+            format!("position {r} runs in another process (this one runs {:?})", self.local)
+        } else {
+            format!("position {r} of a mesh of {}", self.positions)
+        };
+        Error::Compiled { problem }
     }
 
-    /// Every position's `lists` entry, from each process's own: `lists[i]` is local
-    /// position `i`'s tensors, the same count and specs on every position. One
-    /// executor run, one all-gather per tensor across the processes.
-    fn gather(&self, strategy: &Strategy, lists: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>> {
-        let count = lists.first().map_or(0, Vec::len);
-        if lists.iter().any(|l| l.len() != count) {
-            return Err(Error::Compiled {
-                problem: "positions gave different numbers of tensors to gather".into(),
-            });
-        }
+    /// Every position's tensors, from each process's own: `take(i)` gives local
+    /// position `i`'s, on its replica's thread (a failure there fails the run in every
+    /// process), the same count and specs on every position. One executor run, one
+    /// all-gather per tensor across the processes.
+    fn gather(&self, strategy: &Strategy, take: Arc<Take>) -> Result<Vec<Vec<Tensor>>> {
         let n = self.positions;
         let first = self.local.start;
-        let given: Arc<Vec<Mutex<Vec<Tensor>>>> =
-            Arc::new(lists.into_iter().map(Mutex::new).collect());
         let out: Arc<Mutex<Vec<Vec<Tensor>>>> = Arc::default();
-        let (g, o) = (given.clone(), out.clone());
+        let o = out.clone();
         run_replicas(
             strategy.runtime(),
             &self.placement,
             Arc::new(move |ctx| {
                 let i = ctx.replica_id() - first;
-                let mine = std::mem::take(&mut *lock(&g[i]));
+                let mine = take(i).map_err(|problem| {
+                    ReplicaError::Program(meshwork_program::Error::Runtime {
+                        at: format!("position {}", first + i),
+                        problem,
+                    })
+                })?;
                 let everyone = ctx.groups(vec![(0..n).collect()]).map_err(ReplicaError::Peer)?;
                 let mut by_position: Vec<Vec<Tensor>> =
                     (0..n).map(|_| Vec::with_capacity(mine.len())).collect();
@@ -116,6 +114,9 @@ impl Spanning {
         Ok(all)
     }
 }
+
+/// What a gather takes from local position `i`, or why it cannot.
+type Take = dyn Fn(usize) -> std::result::Result<Vec<Tensor>, String> + Send + Sync;
 
 impl SpmdExecutable for Spanning {
     fn positions(&self) -> usize {
@@ -167,19 +168,15 @@ impl SpmdExecutable for Spanning {
     }
 
     fn fetch_every(&self, strategy: &Strategy, param: usize) -> Result<Vec<Option<Tensor>>> {
-        let mut lists = Vec::with_capacity(self.local.len());
-        for i in 0..self.local.len() {
-            // An unset part fails this process's replica, and so the gather on every
-            // process.
-            let part = self.inner.fetch(i, param)?.ok_or_else(|| Error::Compiled {
-                problem: format!(
-                    "position {} holds no part of resident parameter {param}",
-                    self.local.start + i
-                ),
-            })?;
-            lists.push(vec![part]);
-        }
-        Ok(self.gather(strategy, lists)?.into_iter().map(|mut l| l.pop()).collect())
+        let (inner, first) = (self.inner.clone(), self.local.start);
+        let take = Arc::new(move |i: usize| match inner.fetch(i, param) {
+            Ok(Some(part)) => Ok(vec![part]),
+            Ok(None) => {
+                Err(format!("position {} holds no part of resident parameter {param}", first + i))
+            }
+            Err(e) => Err(e.to_string()),
+        });
+        Ok(self.gather(strategy, take)?.into_iter().map(|mut l| l.pop()).collect())
     }
 
     fn is_set(&self, r: usize, param: usize) -> bool {
@@ -225,8 +222,15 @@ impl SpmdExecutable for Spanning {
         // into steps.
         let per_step: Vec<usize> =
             out.first().map_or_else(|| vec![0; steps], |o| o.iter().map(Vec::len).collect());
-        let lists = out.into_iter().map(|o| o.into_iter().flatten().collect()).collect();
-        let all = self.gather(strategy, lists)?;
+        let lists: Vec<Mutex<Vec<Tensor>>> =
+            out.into_iter().map(|o| Mutex::new(o.into_iter().flatten().collect())).collect();
+        let take = Arc::new(move |i: usize| {
+            lists
+                .get(i)
+                .map(|l| std::mem::take(&mut *lock(l)))
+                .ok_or_else(|| format!("local position {i} has no results (a back-end bug)"))
+        });
+        let all = self.gather(strategy, take)?;
         Ok(all
             .into_iter()
             .map(|flat| {

@@ -55,9 +55,12 @@ impl Strategy {
     /// the positions on its devices. Every process then makes every call — compile,
     /// `set`, each step, `get`, checkpoints — in the same order with the same global
     /// values (the whole batch, the whole weights): each keeps its positions' parts,
-    /// and a step's results and `get` are gathered from all processes. Of the back
-    /// ends, the interpreter and XLA (its collectives then on the host, through the
-    /// executor) run such meshes.
+    /// and a step's results and `get` are gathered from all processes (an
+    /// all-gather of every result part each host call). What the program `emit`s
+    /// streams from position 0 only, so in process 0. A checkpoint is written by
+    /// process 0 and read by every process, so restoring needs a directory all of
+    /// them see. Of the back ends, the interpreter and XLA (its collectives then on
+    /// the host, through the executor) run such meshes.
     pub fn compile(
         &self,
         program: &Program,
@@ -198,7 +201,20 @@ impl Compiled<'_> {
             .into_iter()
             .flat_map(|(k, parts)| parts.into_iter().enumerate().map(move |(r, t)| (r, k, t)))
             .collect();
-        self.exe.put_all(all)
+        let put = self.exe.put_all(all);
+        if self.strategy.is_multi_process() {
+            // An upload can fail in one process alone (out of device memory): every
+            // process learns it, so none steps on with parts another lacks.
+            let everywhere = self.strategy.all_agree(put.is_ok())?;
+            put?;
+            if !everywhere {
+                return Err(Error::Compiled {
+                    problem: "another process failed to put its parts on its devices".into(),
+                });
+            }
+            return Ok(());
+        }
+        put
     }
 
     /// The parameters kept on the devices, by index.

@@ -134,13 +134,15 @@ impl crate::Strategy {
                     mesh.size()
                 ));
             }
+            // Every position is checked (not only this process's), so that every
+            // process refuses the same meshes.
             let mut placement = Vec::with_capacity(devices);
             for (r, d) in mesh.devices().iter().enumerate() {
                 let d = d.0 as usize;
-                if local.contains(&r) != local.contains(&d) {
+                if d >= all || d / devices != r / devices {
                     return refuse(format!(
-                        "mesh {mesh} puts position {r} on device {d}: across processes, this \
-                         process (devices {local:?}) runs positions {local:?}"
+                        "mesh {mesh} puts position {r} on device {d}: across processes, process \
+                         p (devices p * {devices}..) runs positions p * {devices}.."
                     ));
                 }
                 if local.contains(&r) {

@@ -314,8 +314,15 @@ impl Compiled<'_> {
         } else {
             Ok(())
         };
-        strategy.sync()?;
-        written
+        // Every process returns once process 0 has written, and fails if it failed.
+        let everywhere = strategy.all_agree(written.is_ok())?;
+        written?;
+        if !everywhere {
+            return Err(Error::Compiled {
+                problem: format!("process 0 could not write the checkpoint {}", dir.display()),
+            });
+        }
+        Ok(())
     }
 
     /// Saves the resident parameters as a sharded checkpoint in `dir` (a new or empty
@@ -323,7 +330,9 @@ impl Compiled<'_> {
     /// regions it holds (once per region) to `shard-r.safetensors`, the index last.
     /// [`restore_checkpoint`](Self::restore_checkpoint) on any mesh and layout, or a
     /// strategy's, reads it back. Across processes every process calls it: the parts
-    /// are gathered, process 0 writes, and all return once it has.
+    /// are gathered, process 0 writes, and all return once it has (an error in every
+    /// process if it could not). Restoring across processes has every process read
+    /// `dir` itself: a directory all of them see.
     pub fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<()> {
         self.write(dir.as_ref(), Vec::new(), None)
     }

@@ -292,8 +292,9 @@ fn mlp_batch(s: usize) -> Vec<Tensor> {
     vec![f64s(&[8, 6], x), Tensor::i32(&[8], labels).unwrap()]
 }
 
-/// Losses of 5 steps (2 one at a time, 3 in one call) and the weights after.
-fn mlp_run(s: &Strategy) -> (Vec<f64>, Vec<Vec<f64>>) {
+/// Losses of 5 steps (2 one at a time, 3 in one call) and the weights after, the
+/// trained step saved into `save` when given.
+fn mlp_run(s: &Strategy, save: Option<&std::path::Path>) -> (Vec<f64>, Vec<Vec<f64>>) {
     let mut step = mlp_step(s);
     let mut losses: Vec<f64> = (0..2).map(|i| step.step(&mlp_batch(i), 0.05).unwrap()).collect();
     losses.extend(step.run_steps(&(2..5).map(mlp_batch).collect::<Vec<_>>(), &[0.05; 3]).unwrap());
@@ -301,6 +302,9 @@ fn mlp_run(s: &Strategy) -> (Vec<f64>, Vec<Vec<f64>>) {
         .iter()
         .map(|n| as_f64(&step.get(n).unwrap()))
         .collect();
+    if let Some(dir) = save {
+        step.save_checkpoint(dir).unwrap();
+    }
     (losses, weights)
 }
 
@@ -310,15 +314,13 @@ fn mlp_run(s: &Strategy) -> (Vec<f64>, Vec<Vec<f64>>) {
 /// restores in one process.
 #[test]
 fn a_compiled_step_over_two_processes_trains_like_one_process() {
-    let want = mlp_run(&strategy(None));
+    let want = mlp_run(&strategy(None), None);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("spread");
     let got = in_processes(|_, s| {
-        let run = mlp_run(&s);
-        let step = mlp_step(&s);
-        step.save_checkpoint(&ckpt).unwrap();
+        let run = mlp_run(&s, Some(&ckpt));
         // A position of the other process is not this one's to read alone.
-        let err = step.compiled().held_bytes("w1").unwrap_err().to_string();
+        let err = mlp_step(&s).compiled().held_bytes("w1").unwrap_err().to_string();
         assert!(err.contains("runs in another process"), "{err}");
         run
     });
@@ -326,13 +328,14 @@ fn a_compiled_step_over_two_processes_trains_like_one_process() {
         assert_eq!(losses, want.0, "process {p}");
         assert_eq!(weights, want.1, "process {p}");
     }
+    // The trained weights, from the checkpoint, on one process's fresh step.
     let one = strategy(None);
     let mut restored = mlp_step(&one);
     restored.restore_checkpoint(&ckpt).unwrap();
-    let fresh = mlp_step(&one);
-    for n in ["w1", "b1", "w2"] {
-        assert_eq!(restored.get(n).unwrap(), fresh.get(n).unwrap(), "{n}");
+    for (n, w) in ["w1", "b1", "w2", "optimizer.m.w1"].iter().zip(&want.1) {
+        assert_eq!(as_f64(&restored.get(n).unwrap()), *w, "{n}");
     }
+    assert_eq!(restored.steps(), 5);
 }
 
 /// Across processes a mesh must put each process's positions on its own devices, all
@@ -350,15 +353,21 @@ fn a_mesh_across_processes_must_match_their_devices() {
     let errors = in_processes(|_, s| {
         let swapped = Mesh::new(&[("data", 4)], [2, 3, 0, 1].map(DeviceId).to_vec()).unwrap();
         let two = Mesh::iota(&[("data", 2)]).unwrap();
-        [swapped, two].map(|m| {
+        // Wrong only in process 1's positions: process 0 must refuse it too.
+        let beyond = Mesh::new(&[("data", 4)], [0, 1, 2, 7].map(DeviceId).to_vec()).unwrap();
+        // Swapped within process 1: each process still runs its own devices.
+        let within = Mesh::new(&[("data", 4)], [0, 1, 3, 2].map(DeviceId).to_vec()).unwrap();
+        [swapped, two, beyond, within].map(|m| {
             s.compile(&program, &Shardings::new(m).with("x", "P('data')").unwrap(), &[])
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
         })
     });
-    for [swapped, two] in errors {
-        assert!(swapped.contains("on device"), "{swapped}");
+    for [swapped, two, beyond, within] in errors {
+        assert!(swapped.contains("puts position 0 on device 2"), "{swapped}");
         assert!(two.contains("uses every device of every process (4)"), "{two}");
+        assert!(beyond.contains("puts position 3 on device 7"), "{beyond}");
+        assert_eq!(within, "", "a mesh within each process's devices compiles");
     }
 }

@@ -209,7 +209,7 @@ fn every_oracle_case_on_xla_meshes_matches_one_device_with_both_partitioners() {
 /// The seeded cases again with XLA computing and meshwork's executor running the
 /// collectives on the host (`Xla::with_host_collectives`, what a mesh spread over
 /// processes does): the per-device program cut at every collective, `shard_slice`,
-/// `shard_pad` and `emit`, each segment an executable per device. Every 30th case by
+/// `shard_pad` and `emit`, each segment one portable executable run on every device. Every 30th case by
 /// default (CI), every case with `MESHWORK_XLA_ORACLE=all`.
 #[test]
 #[allow(clippy::print_stderr, reason = "how many cases ran is the test's report")]
@@ -246,7 +246,7 @@ fn oracle_cases_with_collectives_on_the_host_match_one_device() {
         };
         let at = || format!("host collectives on {mesh}");
         // A client per case: its session keeps every executable it compiled (one
-        // per segment and device), whose machine code would otherwise pile up.
+        // per segment), whose machine code would otherwise pile up over 1500 cases.
         let xla = Arc::new(Xla::with_devices(&plugin, 8).unwrap().with_host_collectives());
         let strategy = Strategy::data_parallel(8).unwrap().with_backend(xla);
         let checked = match strategy.run_partitioned(&p, &oracle.feed) {

@@ -189,7 +189,7 @@ unsafe extern "C" fn client_create(args: *mut c_void) -> *mut c_void {
         let put_error = put(put_args.as_mut_ptr());
         let get: Callback = std::mem::transmute(get);
         let mut get_args =
-            [10 * 8, 0, key.as_ptr() as usize, key.len(), 1000, make, get_arg, 0, 0, 0];
+            [10 * 8, 0, key.as_ptr() as usize, key.len(), 0xFFFF_FFFF, make, get_arg, 0, 0, 0];
         let e = get(get_args.as_mut_ptr());
         let got = read_value(&get_args, e);
         let try_get: Callback = std::mem::transmute(try_get);

@@ -278,8 +278,8 @@ impl meshwork_xla::KeyValueStore for MpiKeyValueStore {
     fn get(
         &self,
         key: &[u8],
-        timeout: std::time::Duration,
-    ) -> std::result::Result<Vec<u8>, String> {
+        timeout: Option<std::time::Duration>,
+    ) -> std::result::Result<Option<Vec<u8>>, String> {
         self.0.get(key, timeout)
     }
     fn try_get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, String> {
