@@ -11,7 +11,9 @@
 //!   every trained parameter (SGD, momentum, Adam, AdamW; optional clipping to a
 //!   global norm); the step is a program like any other, which a strategy partitions,
 //!   places or runs.
-//! - Models: [`Mlp`], [`Cnn`], [`Transformer`]; [`Pipeline`] says where a pipelined
+//! - Models: [`Mlp`], [`Cnn`], [`Transformer`], and [`Gpt2`] (Hugging Face's
+//!   `GPT2LMHeadModel`, its parameters named as its checkpoints name them);
+//!   [`Pipeline`] says where a pipelined
 //!   step's stages run, and [`Transformer::loss_pipelined`] and [`loss_pipelined`]
 //!   write the micro-batched step GPipe runs.
 //!
@@ -39,6 +41,7 @@
 //! ```
 
 mod cnn;
+mod gpt2;
 mod layers;
 mod mlp;
 mod optim;
@@ -46,6 +49,7 @@ mod pipeline;
 mod transformer;
 
 pub use cnn::Cnn;
+pub use gpt2::Gpt2;
 pub use layers::{
     causal_self_attention, conv2d, decoder_block, embedding, gelu, layer_norm, linear, mlp_block,
     softmax_cross_entropy,

@@ -84,14 +84,21 @@ impl Shardings {
 /// it, a decoder block's forward pass needs exactly two all-reduces over `model` (after
 /// `wo` and after `w2`) and its backward pass two (the input gradients of the
 /// column-split layers).
+///
+/// GPT-2's Hugging Face names split the same way: `attn.c_attn` and `mlp.c_fc` (weight
+/// and bias) by columns, `attn.c_proj.weight` and `mlp.c_proj.weight` by rows. (The
+/// fused `c_attn` holds q, k and v side by side, so its column halves do not hold
+/// whole heads: the partitioner moves what each device's heads need.)
 pub fn megatron_spec(name: &str, rank: usize) -> PartitionSpec {
     let model = || DimSpec::Axes(vec!["model".to_string()]);
-    let columns = ["attn.wq", "attn.wk", "attn.wv", "mlp.w1"];
-    let rows = ["attn.wo", "mlp.w2"];
+    let columns =
+        ["attn.wq", "attn.wk", "attn.wv", "mlp.w1", "attn.c_attn.weight", "mlp.c_fc.weight"];
+    let rows = ["attn.wo", "mlp.w2", "attn.c_proj.weight", "mlp.c_proj.weight"];
+    let split_biases = ["mlp.b1", "attn.c_attn.bias", "mlp.c_fc.bias"];
     if rank == 2 && columns.iter().any(|c| name.ends_with(c)) {
         PartitionSpec::new(vec![DimSpec::Replicated, model()])
     } else if (rank == 2 && rows.iter().any(|r| name.ends_with(r)))
-        || (rank == 1 && name.ends_with("mlp.b1"))
+        || (rank == 1 && split_biases.iter().any(|b| name.ends_with(b)))
     {
         PartitionSpec::new(vec![model()])
     } else {

@@ -3,6 +3,7 @@
 //! schedules and sinks, stopping, and every refusal before any work.
 
 mod cnn;
+mod gpt2;
 mod mlp;
 mod refusals;
 mod resume;

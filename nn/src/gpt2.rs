@@ -1,0 +1,223 @@
+//! GPT-2 as Hugging Face's `GPT2LMHeadModel` computes it, its parameters named as
+//! `save_pretrained` writes them, so a checkpoint's tensors are the program's
+//! parameters by name.
+//!
+//! Token and learned position embeddings; pre-LN blocks `x + attn(ln_1(x))`, then
+//! `x + mlp(ln_2(x))`; the attention's `c_attn` fused in Conv1D layout `[in, 3·out]`
+//! (q, k, v side by side), scores scaled by `1/sqrt(head_dim)`, causal; the MLP
+//! `c_proj(gelu_new(c_fc(h)))`, `gelu_new` being the tanh approximation; biases
+//! everywhere; LayerNorm with the config's eps; logits `ln_f(x) · wteᵀ` (tied).
+//!
+//! ```
+//! use meshwork_program::Builder;
+//! use meshwork_nn::Gpt2;
+//! use meshwork_types::DType;
+//!
+//! let gpt = Gpt2::preset("tiny").unwrap();
+//! let mut b = Builder::new();
+//! let rows = b.param("rows", "i32[2,9]".parse()?)?;
+//! let loss = gpt.loss(&mut b, rows, DType::F32)?;
+//! let p = b.finish(&[loss])?;
+//! assert!(p.params().iter().any(|p| p.name == "transformer.h.1.attn.c_attn.weight"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use meshwork_program::{Builder, Result, Value};
+use meshwork_types::DType;
+
+use crate::layers::{dims, param, problem, softmax_cross_entropy};
+
+/// A GPT-2 model's sizes (Hugging Face's `GPT2Config`: `vocab_size`, `n_positions`,
+/// `n_embd`, `n_layer`, `n_head`, `n_inner`, `layer_norm_epsilon`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gpt2 {
+    /// Vocabulary size (`vocab_size`).
+    pub vocab: usize,
+    /// The longest context (`n_positions`): rows of the position table.
+    pub positions: usize,
+    /// Model width (`n_embd`).
+    pub dim: usize,
+    /// Blocks (`n_layer`).
+    pub layers: usize,
+    /// Attention heads (`n_head`), dividing the width.
+    pub heads: usize,
+    /// MLP hidden units (`n_inner`; 4 × width when the config has none).
+    pub inner: usize,
+    /// LayerNorm's epsilon (`layer_norm_epsilon`).
+    pub eps: f64,
+}
+
+impl Gpt2 {
+    /// The sizes of a named model: `gpt2` (124M), `gpt2-medium` (355M), or `tiny` (a
+    /// 2-block, width-32 model for tests and examples).
+    pub fn preset(name: &str) -> Option<Gpt2> {
+        let gpt = |vocab, positions, dim, layers, heads| Gpt2 {
+            vocab,
+            positions,
+            dim,
+            layers,
+            heads,
+            inner: 4 * dim,
+            eps: 1e-5,
+        };
+        match name {
+            "gpt2" => Some(gpt(50257, 1024, 768, 12, 12)),
+            "gpt2-medium" => Some(gpt(50257, 1024, 1024, 24, 16)),
+            "tiny" => Some(gpt(320, 64, 32, 2, 4)),
+            _ => None,
+        }
+    }
+
+    /// The names of its parameters, in the order the program makes them, with their
+    /// shapes.
+    pub fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        let (d, f) = (self.dim, self.inner);
+        let mut out = vec![
+            ("transformer.wte.weight".to_string(), vec![self.vocab, d]),
+            ("transformer.wpe.weight".to_string(), vec![self.positions, d]),
+        ];
+        for i in 0..self.layers {
+            let h = format!("transformer.h.{i}");
+            for (name, shape) in [
+                ("ln_1.weight", vec![d]),
+                ("ln_1.bias", vec![d]),
+                ("attn.c_attn.weight", vec![d, 3 * d]),
+                ("attn.c_attn.bias", vec![3 * d]),
+                ("attn.c_proj.weight", vec![d, d]),
+                ("attn.c_proj.bias", vec![d]),
+                ("ln_2.weight", vec![d]),
+                ("ln_2.bias", vec![d]),
+                ("mlp.c_fc.weight", vec![d, f]),
+                ("mlp.c_fc.bias", vec![f]),
+                ("mlp.c_proj.weight", vec![f, d]),
+                ("mlp.c_proj.bias", vec![d]),
+            ] {
+                out.push((format!("{h}.{name}"), shape));
+            }
+        }
+        out.push(("transformer.ln_f.weight".to_string(), vec![d]));
+        out.push(("transformer.ln_f.bias".to_string(), vec![d]));
+        out
+    }
+
+    /// Logits `[B, T, V]` of integer `ids` `[B, T]` (`T` at most `positions`), the
+    /// parameters of `dtype`.
+    pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
+        let (_, d) = dims(b, ids)?;
+        let [_, t] = d[..] else {
+            return Err(problem("gpt2", b, &[ids], "ids must be [batch, time]".into()));
+        };
+        if t == 0 || t > self.positions {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[ids],
+                format!("a context of {t} tokens; the model has {} positions", self.positions),
+            ));
+        }
+        if self.heads == 0 || self.dim % self.heads != 0 {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[ids],
+                format!("{} heads do not divide the width {}", self.heads, self.dim),
+            ));
+        }
+        let wte = param(b, "transformer.wte.weight", dtype, &[self.vocab, self.dim])?;
+        let wpe = param(b, "transformer.wpe.weight", dtype, &[self.positions, self.dim])?;
+        let tokens = b.take(wte, ids, 0)?;
+        let pos = b.slice(wpe, &[0, 0], &[t, self.dim], &[1, 1])?;
+        let mut x = b.add(tokens, pos)?;
+        for i in 0..self.layers {
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x))?;
+        }
+        let h = b.scope("transformer.ln_f", |b| self.layer_norm(b, x))?;
+        // Tied: the logits are the final states against every token's embedding.
+        let last = b.spec(h)?.shape.rank() - 1;
+        b.dot_general(h, wte, &[last], &[1], &[], &[])
+    }
+
+    /// The mean next-token cross-entropy of integer `rows` `[B, T + 1]`: inputs
+    /// `row[:T]`, targets `row[1:]`.
+    pub fn loss(&self, b: &mut Builder, rows: Value, dtype: DType) -> Result<Value> {
+        let (_, d) = dims(b, rows)?;
+        let [bs, w] = d[..] else {
+            return Err(problem("gpt2", b, &[rows], "rows must be [batch, time + 1]".into()));
+        };
+        if w < 2 {
+            return Err(problem("gpt2", b, &[rows], "rows need at least 2 tokens".into()));
+        }
+        let ids = b.slice(rows, &[0, 0], &[bs, w - 1], &[1, 1])?;
+        let targets = b.slice(rows, &[0, 1], &[bs, w], &[1, 1])?;
+        let logits = self.logits(b, ids, dtype)?;
+        softmax_cross_entropy(b, logits, targets)
+    }
+
+    /// LayerNorm over the last axis with parameters `weight` and `bias` (Hugging
+    /// Face's names), the biased variance and the model's eps.
+    fn layer_norm(&self, b: &mut Builder, x: Value) -> Result<Value> {
+        let (dtype, d) = dims(b, x)?;
+        let n = d[d.len() - 1];
+        let weight = param(b, "weight", dtype, &[n])?;
+        let bias = param(b, "bias", dtype, &[n])?;
+        let mu = b.reduce_mean(x, &[-1], true)?;
+        let c = b.sub(x, mu)?;
+        let sq = b.mul(c, c)?;
+        let var = b.reduce_mean(sq, &[-1], true)?;
+        let e = b.constant(self.eps, dtype)?;
+        let ve = b.add(var, e)?;
+        let r = b.rsqrt(ve)?;
+        let y = b.mul(c, r)?;
+        let y = b.mul(y, weight)?;
+        b.add(y, bias)
+    }
+
+    /// Conv1D (`x @ weight + bias`, `weight` `[in, out]`) under scope `name`.
+    fn conv1d(b: &mut Builder, x: Value, name: &str, out: usize) -> Result<Value> {
+        b.scope(name, |b| {
+            let (dtype, d) = dims(b, x)?;
+            let w = param(b, "weight", dtype, &[d[d.len() - 1], out])?;
+            let bias = param(b, "bias", dtype, &[out])?;
+            let y = b.matmul(x, w)?;
+            b.add(y, bias)
+        })
+    }
+
+    /// One block on `x` `[B, T, D]`, its parameters in the current scope.
+    fn block(&self, b: &mut Builder, x: Value) -> Result<Value> {
+        let (dtype, d) = dims(b, x)?;
+        let (bs, t, dim) = (d[0], d[1], self.dim);
+        let (heads, hd) = (self.heads, dim / self.heads);
+        let h = b.scope("ln_1", |b| self.layer_norm(b, x))?;
+        let a = b.scope("attn", |b| {
+            let qkv = Gpt2::conv1d(b, h, "c_attn", 3 * dim)?;
+            let mut split = |k: usize| -> Result<Value> {
+                let part = b.slice(qkv, &[0, 0, k * dim], &[bs, t, (k + 1) * dim], &[1, 1, 1])?;
+                b.reshape(part, &[bs, t, heads, hd])
+            };
+            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+            // [B, H, Tq, Tk].
+            let s = b.dot_general(q, k, &[3], &[3], &[0, 2], &[0, 2])?;
+            let root = b.constant((hd as f64).sqrt(), dtype)?;
+            let s = b.div(s, root)?;
+            let qi = b.iota(DType::I32, &[t, t], 0)?;
+            let ki = b.iota(DType::I32, &[t, t], 1)?;
+            let causal = b.ge(qi, ki)?;
+            let masked = b.constant(-1e9, dtype)?;
+            let s = b.select(causal, s, masked)?;
+            let p = b.softmax(s, -1)?;
+            let o = b.dot_general(p, v, &[3], &[1], &[0, 1], &[0, 2])?;
+            let o = b.transpose(o, &[0, 2, 1, 3])?;
+            let o = b.reshape(o, &[bs, t, dim])?;
+            Gpt2::conv1d(b, o, "c_proj", dim)
+        })?;
+        let x = b.add(x, a)?;
+        let h = b.scope("ln_2", |b| self.layer_norm(b, x))?;
+        let m = b.scope("mlp", |b| {
+            let u = Gpt2::conv1d(b, h, "c_fc", self.inner)?;
+            let g = b.gelu(u)?;
+            Gpt2::conv1d(b, g, "c_proj", dim)
+        })?;
+        b.add(x, m)
+    }
+}
