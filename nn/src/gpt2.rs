@@ -115,7 +115,7 @@ impl Gpt2 {
                 format!("a context of {t} tokens; the model has {} positions", self.positions),
             ));
         }
-        if self.heads == 0 || self.dim % self.heads != 0 {
+        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
             return Err(problem(
                 "gpt2",
                 b,
