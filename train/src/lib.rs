@@ -18,6 +18,7 @@
 //!   making it, and never wait on a FIFO; [`rng::SplitMix`] is the one random stream
 //!   (the main job's built-in data and initial weights).
 //! - [`inspect`] prints the transformer's partitioned training step.
+//! - [`hf`] reads and writes Hugging Face GPT-2 checkpoint folders.
 //!
 //! It is **not** a command line (that is `meshwork-cli`, which parses flags into a
 //! [`Config`] and draws progress), and it runs programs only through
@@ -41,6 +42,7 @@ mod config;
 pub mod data;
 mod error;
 pub mod files;
+pub mod hf;
 mod init;
 mod inspect;
 mod model;

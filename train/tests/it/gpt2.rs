@@ -126,3 +126,182 @@ fn adamw_reproduces_transformers_losses_on_meshes() {
         }
     }
 }
+
+/// The oracle's checkpoint folder copied into `dir`, its tensors renamed by `rename`
+/// (`None`: dropped), `extra` tensors added, stored as `dtype`, in `shards` files (an
+/// index naming them when more than one).
+fn rewrite(
+    dir: &std::path::Path,
+    rename: &dyn Fn(&str) -> Option<String>,
+    extra: &[(&str, Vec<usize>)],
+    dtype: safetensors::Dtype,
+    shards: usize,
+) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(testdata("gpt2/model/config.json"), dir.join("config.json")).unwrap();
+    let (_, weights) = oracle_model();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    for name in names {
+        let Some(new) = rename(name) else { continue };
+        let t = &weights[name];
+        let bytes = match dtype {
+            safetensors::Dtype::BF16 => t
+                .to_f64()
+                .iter()
+                .flat_map(|&x| meshwork_types::bf16::from_f64(x).to_le_bytes())
+                .collect(),
+            _ => t.to_le_bytes(),
+        };
+        tensors.push((new, t.shape().to_vec(), bytes));
+    }
+    for (name, shape) in extra {
+        let n: usize = shape.iter().product();
+        tensors.push((name.to_string(), shape.clone(), vec![0; n * 8]));
+    }
+    let per = tensors.len().div_ceil(shards);
+    let mut map = serde_json::Map::new();
+    for (k, chunk) in tensors.chunks(per).enumerate() {
+        let file = if shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{shards:05}.safetensors", k + 1)
+        };
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = chunk
+            .iter()
+            .map(|(n, s, b)| {
+                let d = if n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias") {
+                    safetensors::Dtype::F64
+                } else {
+                    dtype
+                };
+                (n.clone(), safetensors::tensor::TensorView::new(d, s.clone(), b).unwrap())
+            })
+            .collect();
+        std::fs::write(dir.join(&file), safetensors::serialize(views, None).unwrap()).unwrap();
+        for (n, _, _) in chunk {
+            map.insert(n.clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    if shards > 1 {
+        let index = serde_json::json!({"metadata": {}, "weight_map": map});
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn both_checkpoint_layouts_sharded_or_not_and_half_precision_load() {
+    use meshwork_train::hf::read_gpt2;
+    let (gpt, want) = oracle_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let read = |dir: &std::path::Path| read_gpt2("init", dir, DType::F64, 1 << 30).unwrap();
+    let saved = read(&testdata("gpt2/model"));
+    assert_eq!(saved.model, gpt);
+    assert_eq!(saved.weights, want);
+    // The original checkpoints' names (no `transformer.` prefix), with the mask
+    // buffers and a stored tied head, in 3 shards.
+    let original = tmp.path().join("original");
+    let buffers: Vec<(String, Vec<usize>)> = (0..gpt.layers)
+        .flat_map(|i| {
+            [
+                (format!("h.{i}.attn.bias"), vec![1, 1, gpt.positions, gpt.positions]),
+                (format!("h.{i}.attn.masked_bias"), vec![]),
+            ]
+        })
+        .chain([("lm_head.weight".to_string(), vec![gpt.vocab, gpt.dim])])
+        .collect();
+    let extra: Vec<(&str, Vec<usize>)> =
+        buffers.iter().map(|(n, s)| (n.as_str(), s.clone())).collect();
+    rewrite(
+        &original,
+        &|n| Some(n.strip_prefix("transformer.").unwrap().to_string()),
+        &extra,
+        safetensors::Dtype::F64,
+        3,
+    );
+    assert_eq!(read(&original).weights, want);
+    // bf16: every value the nearest bf16, read back as f64.
+    let half = tmp.path().join("bf16");
+    rewrite(&half, &|n| Some(n.to_string()), &[], safetensors::Dtype::BF16, 1);
+    let got = read(&half).weights;
+    for (name, t) in &want {
+        let rounded: Vec<f64> =
+            t.to_f64().iter().map(|&x| meshwork_types::bf16::from_f64(x).to_f64()).collect();
+        assert_eq!(got[name].to_f64(), rounded, "{name}");
+    }
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
+    use meshwork_train::hf::read_gpt2;
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |dir: &std::path::Path| {
+        read_gpt2("init", dir, DType::F64, 1 << 30).unwrap_err().to_string()
+    };
+    let missing = tmp.path().join("missing");
+    rewrite(
+        &missing,
+        &|n| (n != "transformer.h.1.mlp.c_fc.bias").then(|| n.to_string()),
+        &[],
+        safetensors::Dtype::F64,
+        1,
+    );
+    let e = refused(&missing);
+    assert!(
+        e.starts_with("--init: ") && e.contains("no tensor transformer.h.1.mlp.c_fc.bias"),
+        "{e}"
+    );
+    let unknown = tmp.path().join("unknown");
+    rewrite(
+        &unknown,
+        &|n| Some(n.to_string()),
+        &[("transformer.h.0.adapter", vec![2])],
+        safetensors::Dtype::F64,
+        1,
+    );
+    assert!(refused(&unknown).contains("transformer.h.0.adapter is not a GPT-2 tensor"));
+    // A config whose sizes disagree with the tensors: the shape is named.
+    let wider = tmp.path().join("wider");
+    rewrite(&wider, &|n| Some(n.to_string()), &[], safetensors::Dtype::F64, 1);
+    let config = std::fs::read_to_string(wider.join("config.json")).unwrap();
+    std::fs::write(
+        wider.join("config.json"),
+        config.replace("\"vocab_size\": 320", "\"vocab_size\": 321"),
+    )
+    .unwrap();
+    let e = refused(&wider);
+    assert!(
+        e.contains("transformer.wte.weight is [320, 32]; the config makes it [321, 32]"),
+        "{e}"
+    );
+    std::fs::write(wider.join("config.json"), config.replace("\"gpt2\"", "\"llama\"")).unwrap();
+    assert!(refused(&wider).contains("model_type \"llama\"; meshwork reads gpt2"));
+    assert!(refused(&tmp.path().join("absent")).contains("config.json"));
+}
+
+/// Exported weights load back the same, in a folder laid out as `save_pretrained`'s
+/// (`config.json`, `model.safetensors` with its names); a folder with anything in it
+/// is refused untouched.
+#[test]
+fn an_export_reads_back_and_never_replaces_a_file() {
+    use meshwork_train::hf::{read_gpt2, write_gpt2};
+    let saved = read_gpt2("init", &testdata("gpt2/model"), DType::F64, 1 << 30).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("export");
+    write_gpt2("export-hf", &out, &saved.model, &saved.config, &saved.weights).unwrap();
+    let back = read_gpt2("init", &out, DType::F64, 1 << 30).unwrap();
+    assert_eq!(back.weights, saved.weights);
+    assert_eq!(back.model, saved.model);
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    let mut want: Vec<String> = saved.model.parameters().into_iter().map(|(n, _)| n).collect();
+    want.sort();
+    assert_eq!(names.into_iter().map(String::from).collect::<Vec<_>>(), want);
+    let before = std::fs::read(out.join("config.json")).unwrap();
+    let e = write_gpt2("export-hf", &out, &saved.model, &saved.config, &saved.weights).unwrap_err();
+    assert!(e.to_string().contains("exists and is not an empty folder"), "{e}");
+    assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
+}

@@ -1,0 +1,273 @@
+//! Hugging Face GPT-2 checkpoints: a folder `GPT2LMHeadModel.save_pretrained` writes
+//! (`config.json` and `model.safetensors`, or the shards a
+//! `model.safetensors.index.json` names) read into a [`Gpt2`] and its weights by the
+//! model's parameter names, and written back in the same layout.
+//!
+//! Both layouts users meet load: `save_pretrained`'s names (`transformer.h.0…`) and the
+//! original checkpoints' (`h.0…`, no prefix). The attention-mask buffers
+//! (`attn.bias`, `attn.masked_bias`) and a stored `lm_head.weight` (tied to `wte`) are
+//! skipped. Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A
+//! missing tensor, a wrong shape, an unknown tensor or `model_type` is a usage error
+//! naming it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use meshwork_nn::Gpt2;
+use meshwork_types::{DType, Tensor};
+use serde_json::Value as Json;
+
+use crate::{Error, Result, files};
+
+/// The most bytes a `config.json` or an index may take.
+const JSON_LIMIT: u64 = 16 << 20;
+
+/// A GPT-2 checkpoint as read: the model's sizes, its `config.json` as written (kept
+/// for the export), and every weight by parameter name.
+#[derive(Debug, Clone)]
+pub struct HfGpt2 {
+    /// The sizes.
+    pub model: Gpt2,
+    /// `config.json` as it was.
+    pub config: Json,
+    /// The weights, by [`Gpt2::parameters`]' names, of the dtype asked for.
+    pub weights: HashMap<String, Tensor>,
+}
+
+fn bad(flag: &str, path: &Path, problem: impl std::fmt::Display) -> Error {
+    Error::flag(flag, format!("{}: {problem}", path.display()))
+}
+
+/// The GPT-2 sizes of a Hugging Face `config.json` (`path` names it in errors).
+pub fn gpt2_config(flag: &str, path: &Path, config: &Json) -> Result<Gpt2> {
+    match config.get("model_type").and_then(Json::as_str) {
+        Some("gpt2") => {}
+        Some(other) => {
+            return Err(bad(flag, path, format!("model_type \"{other}\"; meshwork reads gpt2")));
+        }
+        None => return Err(bad(flag, path, "no model_type (want \"gpt2\")")),
+    }
+    if let Some(act) = config.get("activation_function").and_then(Json::as_str)
+        && act != "gelu_new"
+    {
+        return Err(bad(flag, path, format!("activation_function \"{act}\"; GPT-2's is gelu_new")));
+    }
+    if config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(false) {
+        return Err(bad(flag, path, "untied word embeddings; GPT-2 ties lm_head to wte"));
+    }
+    let size = |key: &str| -> Result<usize> {
+        let v = config.get(key).and_then(Json::as_u64).filter(|&v| v > 0);
+        let v = v.ok_or_else(|| bad(flag, path, format!("{key} is not a positive integer")))?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v <= 1 << 24)
+            .ok_or_else(|| bad(flag, path, format!("{key} = {v} is beyond 2^24")))
+    };
+    let dim = size("n_embd")?;
+    let heads = size("n_head")?;
+    if !dim.is_multiple_of(heads) {
+        return Err(bad(flag, path, format!("n_head = {heads} does not divide n_embd = {dim}")));
+    }
+    let inner = match config.get("n_inner") {
+        None | Some(Json::Null) => dim * 4,
+        Some(_) => size("n_inner")?,
+    };
+    let eps = match config.get("layer_norm_epsilon") {
+        None => 1e-5,
+        Some(v) => v
+            .as_f64()
+            .filter(|e| e.is_finite() && *e > 0.0)
+            .ok_or_else(|| bad(flag, path, "layer_norm_epsilon is not a positive number"))?,
+    };
+    let layers = size("n_layer")?;
+    if layers > 1 << 12 {
+        return Err(bad(flag, path, format!("n_layer = {layers} is beyond 4096")));
+    }
+    let model = Gpt2 {
+        vocab: size("vocab_size")?,
+        positions: size("n_positions")?,
+        dim,
+        layers,
+        heads,
+        inner,
+        eps,
+    };
+    // Every parameter's element count fits.
+    for (name, shape) in model.parameters() {
+        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none() {
+            return Err(bad(flag, path, format!("{name} of {shape:?} is too large")));
+        }
+    }
+    Ok(model)
+}
+
+/// The model's name for checkpoint tensor `name`: `Some` for a parameter (with
+/// `save_pretrained`'s prefix added to an original checkpoint's name), `None` for what
+/// is skipped (the attention-mask buffers, a stored tied `lm_head`).
+fn canonical(name: &str) -> Option<String> {
+    if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
+        return None;
+    }
+    if name == "lm_head.weight" {
+        return None;
+    }
+    if name.starts_with("transformer.") {
+        Some(name.to_string())
+    } else {
+        Some(format!("transformer.{name}"))
+    }
+}
+
+/// The safetensors files of a checkpoint folder: `model.safetensors`, or the shards
+/// its index names (plain file names in the folder).
+fn weight_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.is_file() {
+        return Err(bad(flag, dir, "no model.safetensors or model.safetensors.index.json in it"));
+    }
+    let text = files::read_file(flag, &index, JSON_LIMIT)?;
+    let json: Json =
+        serde_json::from_slice(&text).map_err(|e| bad(flag, &index, format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(Json::as_object)
+        .ok_or_else(|| bad(flag, &index, "no weight_map"))?;
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (tensor, file) in map {
+        let name = file.as_str().filter(|f| {
+            !f.is_empty() && !f.contains('/') && !f.contains('\\') && *f != "." && *f != ".."
+        });
+        let file = name.ok_or_else(|| {
+            bad(flag, &index, format!("{tensor} is in {file}, not a file name in the folder"))
+        })?;
+        let path = dir.join(file);
+        if !out.contains(&path) {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads the GPT-2 checkpoint folder `dir` (named by `--flag`), its weights as
+/// `dtype` (f32 or f64), reading at most `limit` bytes of weights.
+pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfGpt2> {
+    let config_path = dir.join("config.json");
+    let text = files::read_file(flag, &config_path, JSON_LIMIT)?;
+    let config: Json = serde_json::from_slice(&text)
+        .map_err(|e| bad(flag, &config_path, format!("not JSON: {e}")))?;
+    let model = gpt2_config(flag, &config_path, &config)?;
+    let want: HashMap<String, Vec<usize>> = model.parameters().into_iter().collect();
+    let mut weights = HashMap::new();
+    let mut budget = limit;
+    for path in weight_files(flag, dir)? {
+        let bytes = files::read_file(flag, &path, budget)?;
+        budget = budget.saturating_sub(bytes.len() as u64);
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(flag, &path, format!("not a safetensors file: {e}")))?;
+        for (name, view) in st.tensors() {
+            let Some(param) = canonical(&name) else { continue };
+            let Some(shape) = want.get(&param) else {
+                return Err(bad(flag, &path, format!("{name} is not a GPT-2 tensor")));
+            };
+            if view.shape() != &shape[..] {
+                return Err(bad(
+                    flag,
+                    &path,
+                    format!("{name} is {:?}; the config makes it {shape:?}", view.shape()),
+                ));
+            }
+            let stored = match view.dtype() {
+                safetensors::Dtype::F64 => DType::F64,
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::BF16 => DType::BF16,
+                safetensors::Dtype::F16 => DType::F16,
+                other => {
+                    return Err(bad(
+                        flag,
+                        &path,
+                        format!("{name} is {other:?}; want F64, F32, BF16 or F16"),
+                    ));
+                }
+            };
+            let t = Tensor::from_le_bytes(stored, view.shape(), view.data())
+                .map_err(|e| bad(flag, &path, format!("{name}: {e}")))?;
+            let values = t.to_f64();
+            if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(bad(flag, &path, format!("{name}[{k}] (flat) is {v}")));
+            }
+            let t = Tensor::from_f64(dtype, view.shape(), &values)
+                .map_err(|e| bad(flag, &path, format!("{name}: {e}")))?;
+            if weights.insert(param, t).is_some() {
+                return Err(bad(flag, &path, format!("{name} is stored twice")));
+            }
+        }
+    }
+    if let Some((name, _)) = model.parameters().into_iter().find(|(n, _)| !weights.contains_key(n))
+    {
+        return Err(bad(flag, dir, format!("no tensor {name}")));
+    }
+    Ok(HfGpt2 { model, config, weights })
+}
+
+/// Writes `model`'s `weights` (by parameter name, f32 or f64) into the new folder
+/// `dir` as `save_pretrained` lays it out — `config.json` (`config`, its `dtype`
+/// set to the weights') and `model.safetensors` — for
+/// `GPT2LMHeadModel.from_pretrained`. `dir` must not exist or be empty; nothing in it
+/// is replaced.
+pub fn write_gpt2(
+    flag: &str,
+    dir: &Path,
+    model: &Gpt2,
+    config: &Json,
+    weights: &HashMap<String, Tensor>,
+) -> Result<()> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir).map_err(|e| bad(flag, dir, e))?.next().is_none();
+        if !empty || !dir.is_dir() {
+            return Err(bad(flag, dir, "exists and is not an empty folder"));
+        }
+    } else {
+        std::fs::create_dir_all(dir).map_err(|e| bad(flag, dir, format!("cannot create: {e}")))?;
+    }
+    let params = model.parameters();
+    let mut stored = Vec::with_capacity(params.len());
+    let mut dtype = None;
+    for (name, shape) in &params {
+        let t = weights.get(name).ok_or_else(|| Error::usage(format!("no weight {name}")))?;
+        if t.shape() != &shape[..] {
+            return Err(Error::usage(format!("{name} is {:?}, want {shape:?}", t.shape())));
+        }
+        let d = match t.dtype() {
+            DType::F64 => safetensors::Dtype::F64,
+            DType::F32 => safetensors::Dtype::F32,
+            other => return Err(Error::usage(format!("{name} is {other}; want f32 or f64"))),
+        };
+        dtype = Some(t.dtype());
+        stored.push((name.clone(), d, shape.clone(), t.to_le_bytes()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = stored
+        .iter()
+        .map(|(n, d, s, b)| {
+            let view = safetensors::tensor::TensorView::new(*d, s.clone(), b)
+                .map_err(|e| Error::usage(format!("{n}: {e}")))?;
+            Ok((n.clone(), view))
+        })
+        .collect::<Result<_>>()?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| bad(flag, dir, e))?;
+    let mut config = config.clone();
+    if let (Some(obj), Some(d)) = (config.as_object_mut(), dtype) {
+        let name = if d == DType::F64 { "float64" } else { "float32" };
+        obj.insert("dtype".into(), Json::String(name.into()));
+    }
+    let text = serde_json::to_vec_pretty(&config).map_err(|e| bad(flag, dir, e))?;
+    for (file, data) in [("model.safetensors", &bytes), ("config.json", &text)] {
+        let path = dir.join(file);
+        files::write_new(&path, data).map_err(|e| bad(flag, &path, e))?;
+    }
+    Ok(())
+}
