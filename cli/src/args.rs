@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meshwork_train::{
-    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Partitioner,
-    Schedule,
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind,
+    OptimizerSettings, Partitioner, Schedule,
 };
 use meshwork_types::DType;
 
@@ -195,6 +195,38 @@ pub(crate) struct Sizes {
     seq: Option<usize>,
 }
 
+/// The optimizer's settings (each at the optimizer's default when not given).
+#[derive(Debug, Args)]
+pub(crate) struct OptimizerFlags {
+    /// AdamW's decoupled weight decay, on every parameter (default 0.01)
+    #[arg(long, value_name = "W")]
+    weight_decay: Option<f64>,
+    /// Adam's and AdamW's beta1 (default 0.9)
+    #[arg(long, value_name = "B1")]
+    beta1: Option<f64>,
+    /// Adam's and AdamW's beta2 (default 0.999)
+    #[arg(long, value_name = "B2")]
+    beta2: Option<f64>,
+    /// Adam's and AdamW's epsilon (default 1e-8)
+    #[arg(long, value_name = "EPS")]
+    eps: Option<f64>,
+    /// AdamW: no weight decay of biases and LayerNorm parameters (1-D), as nanoGPT
+    #[arg(long)]
+    no_decay_1d: bool,
+}
+
+impl OptimizerFlags {
+    fn settings(&self) -> OptimizerSettings {
+        OptimizerSettings {
+            weight_decay: self.weight_decay,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            no_decay_1d: self.no_decay_1d,
+        }
+    }
+}
+
 /// `meshwork train`'s flags.
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
@@ -232,6 +264,8 @@ pub(crate) struct TrainArgs {
     /// The optimizer (default sgd for the MLP, else adam)
     #[arg(long, value_enum)]
     optimizer: Option<Optimizer>,
+    #[command(flatten)]
+    optimizer_flags: OptimizerFlags,
     /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
     #[arg(long, value_name = "LR")]
     lr: Option<f64>,
@@ -355,6 +389,7 @@ impl TrainArgs {
             steps: self.steps,
             batch: self.batch,
             optimizer: self.optimizer.map(Into::into),
+            optimizer_settings: self.optimizer_flags.settings(),
             lr: self.lr,
             dtype: self.dtype.map(Into::into),
             seed: self.seed,
@@ -444,6 +479,8 @@ pub(crate) struct InspectArgs {
     /// The optimizer
     #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
     optimizer: Optimizer,
+    #[command(flatten)]
+    optimizer_flags: OptimizerFlags,
     /// The weights' dtype
     #[arg(long, value_enum, default_value_t = Float::F32)]
     dtype: Float,
@@ -495,6 +532,7 @@ impl InspectArgs {
             mesh: Some(self.mesh),
             batch: Some(self.batch),
             optimizer: Some(self.optimizer.into()),
+            optimizer_settings: self.optimizer_flags.settings(),
             dtype: Some(self.dtype.into()),
             max_memory: self.max_memory,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,

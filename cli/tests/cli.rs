@@ -104,6 +104,14 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
     );
     refused(&["train", "--lr", "-1"], &["--lr -1 must be a positive number"]);
     refused(
+        &["train", "--model", "transformer", "--beta2", "1.5"],
+        &["--beta2: 1.5 is not in [0, 1)"],
+    );
+    refused(
+        &["train", "--model", "transformer", "--optimizer", "adam", "--no-decay-1d"],
+        &["--no-decay-1d: applies to adamw; the optimizer is adam"],
+    );
+    refused(
         &["train", "--model", "mlp", "--stages", "3", "--mesh", "2x1"],
         &["--stages 3: the MLP has 2 layers"],
     );

@@ -10,7 +10,7 @@
 //! | SGD | `p -= lr g` |
 //! | momentum (PyTorch's, no dampening) | `m = μ m + g`; `p -= lr m` |
 //! | Adam | `m = β₁ m + (1-β₁) g`; `v = β₂ v + (1-β₂) g²`; `p -= lr (m / (1-β₁ᵗ)) / (sqrt(v / (1-β₂ᵗ)) + ε)` |
-//! | AdamW (decoupled decay) | Adam's update plus `lr λ p` |
+//! | AdamW (decoupled decay) | Adam's update plus `lr λ p` (for parameters of 2 or more dims only, when 1-D ones are exempt) |
 
 use meshwork_program::{Builder, Error, Program, Result, Value};
 use meshwork_types::{DType, Shape, Tensor, TensorSpec};
@@ -45,6 +45,10 @@ pub enum Optimizer {
         eps: f64,
         /// λ.
         weight_decay: f64,
+        /// Whether 1-D parameters (biases, LayerNorm's) decay too: `torch.optim.AdamW`
+        /// decays every parameter it is given (`true`); nanoGPT exempts those with
+        /// fewer than 2 dims (`false`).
+        decay_1d: bool,
     },
 }
 
@@ -54,9 +58,23 @@ impl Optimizer {
         Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 }
     }
 
-    /// AdamW with Adam's defaults and decay `weight_decay`.
+    /// AdamW with Adam's defaults and decay `weight_decay` on every parameter (as
+    /// `torch.optim.AdamW` given all of them).
     pub fn adamw(weight_decay: f64) -> Optimizer {
-        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
+        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decay_1d: true }
+    }
+
+    /// How a run's metadata names it: its `Debug` form, except that AdamW decaying
+    /// every parameter (the default, and all there was before the choice existed)
+    /// is written as it was then, so older checkpoints' runs still match.
+    pub fn describe(&self) -> String {
+        match *self {
+            Optimizer::AdamW { beta1, beta2, eps, weight_decay, decay_1d: true } => format!(
+                "AdamW {{ beta1: {beta1:?}, beta2: {beta2:?}, eps: {eps:?}, weight_decay: \
+                 {weight_decay:?} }}"
+            ),
+            other => format!("{other:?}"),
+        }
     }
 
     /// The names of its state tensors per parameter (each of the parameter's spec).
@@ -216,10 +234,13 @@ impl TrainStep {
                         let e = c(b, eps)?;
                         let den = b.add(root, e)?;
                         let mut upd = b.div(mhat, den)?;
-                        if let Optimizer::AdamW { weight_decay, .. } = optimizer {
-                            let wd = c(b, weight_decay)?;
-                            let decay = b.mul(wd, p)?;
-                            upd = b.add(upd, decay)?;
+                        if let Optimizer::AdamW { weight_decay, decay_1d, .. } = optimizer {
+                            let rank = b.spec(p)?.shape.rank();
+                            if decay_1d || rank >= 2 {
+                                let wd = c(b, weight_decay)?;
+                                let decay = b.mul(wd, p)?;
+                                upd = b.add(upd, decay)?;
+                            }
                         }
                         let d = b.mul(lr, upd)?;
                         b.sub(p, d)?

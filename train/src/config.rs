@@ -40,7 +40,7 @@ pub enum OptimizerKind {
     Momentum,
     /// Adam (β 0.9, 0.999; ε 1e-8).
     Adam,
-    /// AdamW with weight decay 0.01.
+    /// AdamW (β 0.9, 0.999; ε 1e-8; weight decay 0.01 on every parameter).
     AdamW,
 }
 
@@ -53,6 +53,90 @@ impl OptimizerKind {
             OptimizerKind::Adam => Optimizer::adam(),
             OptimizerKind::AdamW => Optimizer::adamw(0.01),
         }
+    }
+}
+
+/// The optimizer's settings users tune (`--weight-decay`, `--beta1`, `--beta2`,
+/// `--eps`, `--no-decay-1d`): each `None` where the optimizer's default applies (β
+/// 0.9 and 0.999, ε 1e-8, AdamW's decay 0.01 on every parameter, as
+/// `torch.optim.AdamW`'s defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OptimizerSettings {
+    /// AdamW's decoupled weight decay λ.
+    pub weight_decay: Option<f64>,
+    /// Adam's and AdamW's β₁.
+    pub beta1: Option<f64>,
+    /// Adam's and AdamW's β₂.
+    pub beta2: Option<f64>,
+    /// Adam's and AdamW's ε.
+    pub eps: Option<f64>,
+    /// AdamW: no decay of 1-D parameters (biases, LayerNorm's), as nanoGPT.
+    pub no_decay_1d: bool,
+}
+
+impl OptimizerKind {
+    /// The optimizer with `settings`, or a usage error naming the flag that does not
+    /// fit (a setting of another optimizer, a β outside `[0, 1)`, an ε or decay that
+    /// is not a positive (or, for the decay, non-negative) number).
+    pub fn with(self, settings: &OptimizerSettings) -> crate::Result<Optimizer> {
+        let adam = matches!(self, OptimizerKind::Adam | OptimizerKind::AdamW);
+        let name = match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Momentum => "momentum",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+        };
+        fn refuse<T>(flag: &str, problem: String) -> crate::Result<T> {
+            Err(crate::Error::flag(flag, problem))
+        }
+        for (flag, set) in [
+            ("beta1", settings.beta1.is_some()),
+            ("beta2", settings.beta2.is_some()),
+            ("eps", settings.eps.is_some()),
+        ] {
+            if set && !adam {
+                return refuse(flag, format!("applies to adam and adamw; the optimizer is {name}"));
+            }
+        }
+        for (flag, set) in [
+            ("weight-decay", settings.weight_decay.is_some()),
+            ("no-decay-1d", settings.no_decay_1d),
+        ] {
+            if set && self != OptimizerKind::AdamW {
+                return refuse(flag, format!("applies to adamw; the optimizer is {name}"));
+            }
+        }
+        let text = crate::number_text;
+        let beta = |flag: &str, v: Option<f64>, default: f64| match v {
+            None => Ok(default),
+            Some(b) if (0.0..1.0).contains(&b) => Ok(b),
+            Some(b) => refuse(flag, format!("{} is not in [0, 1)", text(b))),
+        };
+        let beta1 = beta("beta1", settings.beta1, 0.9)?;
+        let beta2 = beta("beta2", settings.beta2, 0.999)?;
+        let eps = match settings.eps {
+            None => 1e-8,
+            Some(e) if e.is_finite() && e > 0.0 => e,
+            Some(e) => return refuse("eps", format!("{} is not a positive number", text(e))),
+        };
+        let weight_decay = match settings.weight_decay {
+            None => 0.01,
+            Some(w) if w.is_finite() && w >= 0.0 => w,
+            Some(w) => {
+                return refuse("weight-decay", format!("{} is not a number ≥ 0", text(w)));
+            }
+        };
+        Ok(match self {
+            OptimizerKind::Sgd | OptimizerKind::Momentum => self.optimizer(),
+            OptimizerKind::Adam => Optimizer::Adam { beta1, beta2, eps },
+            OptimizerKind::AdamW => Optimizer::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decay_1d: !settings.no_decay_1d,
+            },
+        })
     }
 }
 
@@ -158,6 +242,8 @@ pub struct Config {
     pub batch: Option<usize>,
     /// `--optimizer`.
     pub optimizer: Option<OptimizerKind>,
+    /// `--weight-decay`, `--beta1`, `--beta2`, `--eps`, `--no-decay-1d`.
+    pub optimizer_settings: OptimizerSettings,
     /// `--lr`.
     pub lr: Option<f64>,
     /// `--dtype`: f32 or f64.
@@ -222,6 +308,7 @@ impl Default for Config {
             steps: None,
             batch: None,
             optimizer: None,
+            optimizer_settings: OptimizerSettings::default(),
             lr: None,
             dtype: None,
             seed: 0,

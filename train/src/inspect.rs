@@ -36,7 +36,8 @@ pub fn inspect(config: &Config) -> Result<String> {
     if batch == 0 || !batch.is_multiple_of(data) {
         return Err(Error::usage(format!("--batch {batch} does not split over {data} replicas")));
     }
-    let optimizer = config.optimizer.unwrap_or(OptimizerKind::Adam).optimizer();
+    let optimizer =
+        config.optimizer.unwrap_or(OptimizerKind::Adam).with(&config.optimizer_settings)?;
     let dtype = config.dtype.unwrap_or(DType::F32);
     if !matches!(dtype, DType::F32 | DType::F64) {
         return Err(Error::usage(format!("--dtype {dtype} is not f32 or f64")));

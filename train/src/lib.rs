@@ -57,8 +57,8 @@ mod stop;
 mod trainer;
 
 pub use config::{
-    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind, Partitioner,
-    Schedule,
+    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind,
+    OptimizerSettings, Partitioner, Schedule,
 };
 pub use error::{Error, Result};
 pub use init::read_init;

@@ -186,7 +186,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     }
     let optimizer_kind =
         config.optimizer.unwrap_or(if mlp { OptimizerKind::Sgd } else { OptimizerKind::Adam });
-    let optimizer = optimizer_kind.optimizer();
+    let optimizer = optimizer_kind.with(&config.optimizer_settings)?;
     let lr = config.lr.unwrap_or(if mlp {
         0.5
     } else if matches!(optimizer_kind, OptimizerKind::Adam | OptimizerKind::AdamW) {
@@ -578,7 +578,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // What a checkpoint records of the run, and what a resume compares.
     let mut meta = net.meta();
     meta["dtype"] = dtype.to_string().into();
-    meta["optimizer"] = format!("{optimizer:?}").into();
+    meta["optimizer"] = optimizer.describe().into();
     meta["clip_norm"] = serde_json::json!(config.clip_norm);
     meta["batch"] = batch.into();
     meta["seed"] = config.seed.into();

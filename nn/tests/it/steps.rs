@@ -19,6 +19,7 @@ fn optimizer_steps_follow_their_formulas() {
         Optimizer::Momentum { momentum: 0.9 },
         Optimizer::adam(),
         Optimizer::adamw(0.01),
+        Optimizer::AdamW { beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.3, decay_1d: false },
     ];
     for opt in opts {
         let mut b = Builder::new();
@@ -60,7 +61,8 @@ fn optimizer_steps_follow_their_formulas() {
                         v[k] = beta2 * v[k] + (1.0 - beta2) * g * g;
                         let mut u = (m[k] / (1.0 - beta1.powf(t)))
                             / ((v[k] / (1.0 - beta2.powf(t))).sqrt() + eps);
-                        if let Optimizer::AdamW { weight_decay, .. } = opt {
+                        // `p` is 1-D: it decays only when 1-D parameters do.
+                        if let Optimizer::AdamW { weight_decay, decay_1d: true, .. } = opt {
                             u += weight_decay * want[k];
                         }
                         want[k] -= lr * u;
@@ -169,4 +171,36 @@ fn updates_and_slots_are_placed_beside_their_parameter() {
     assert_eq!((new_w.device.as_str(), new_w.colocate.clone()), ("/device:CPU:1", vec![Value(0)]));
     let text = sp.to_string();
     assert_eq!(text.parse::<Program>().unwrap().to_string(), text);
+}
+
+/// AdamW's decay without 1-D parameters (nanoGPT's choice): with a zero gradient the
+/// update is the decay alone, so a matrix shrinks by `lr λ` and a bias stays; with
+/// every parameter decaying (the default, `torch.optim.AdamW`'s) both shrink.
+#[test]
+fn adamw_exempts_1d_parameters_from_decay_when_asked() {
+    let mut b = Builder::new();
+    let w = b.param("w", spec("f64[2,2]")).unwrap();
+    let c = b.param("c", spec("f64[2]")).unwrap();
+    let zero = b.constant(0.0, DType::F64).unwrap();
+    let sw = b.reduce_sum(w, &[0, 1], false).unwrap();
+    let sc = b.reduce_sum(c, &[0], false).unwrap();
+    let s = b.add(sw, sc).unwrap();
+    let loss = b.mul(s, zero).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let ws = Tensor::f64(&[2, 2], vec![1.0, -2.0, 3.0, 4.0]).unwrap();
+    let cs = Tensor::f64(&[2], vec![0.5, -0.5]).unwrap();
+    for decay_1d in [false, true] {
+        let opt =
+            Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.5, decay_1d };
+        let step = TrainStep::new(&p, loss, &[w, c], opt).unwrap();
+        let mut inputs = vec![ws.clone(), cs.clone()];
+        inputs.extend(step.init_state().unwrap());
+        inputs.extend(step.scalars(0.1, 0).unwrap());
+        let out = fast::evaluate(&step.program, &inputs).unwrap();
+        let shrink =
+            |t: &Tensor| t.to_f64().iter().map(|x| x - 0.1 * (0.5 * x)).collect::<Vec<_>>();
+        assert_eq!(out[1].to_f64(), shrink(&ws), "decay_1d {decay_1d}: the matrix decays");
+        let bias = if decay_1d { shrink(&cs) } else { cs.to_f64() };
+        assert_eq!(out[2].to_f64(), bias, "decay_1d {decay_1d}: the bias");
+    }
 }

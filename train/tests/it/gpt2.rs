@@ -93,7 +93,7 @@ fn adamw_losses(mesh: Mesh) -> Vec<f64> {
     let loss = gpt.loss(&mut b, batch, DType::F64).unwrap();
     let program = b.finish(&[loss]).unwrap();
     let trained: Vec<Value> = (1..program.params().len()).map(|k| Value(k as u32)).collect();
-    let adamw = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+    let adamw = Optimizer::adamw(0.1);
     let mut shardings = Shardings::new(mesh).with("rows", "P('data')").unwrap();
     for (name, shape) in gpt.parameters() {
         shardings = shardings.with_spec(&name, megatron_spec(&name, shape.len()));

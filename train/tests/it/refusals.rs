@@ -26,6 +26,15 @@ fn f64s(v: impl IntoIterator<Item = f64>) -> Vec<u8> {
     v.into_iter().flat_map(f64::to_le_bytes).collect()
 }
 
+/// Optimizer settings with one changed.
+fn settings(
+    f: impl FnOnce(&mut meshwork_train::OptimizerSettings),
+) -> meshwork_train::OptimizerSettings {
+    let mut s = meshwork_train::OptimizerSettings::default();
+    f(&mut s);
+    s
+}
+
 fn i64s(v: impl IntoIterator<Item = i64>) -> Vec<u8> {
     v.into_iter().flat_map(i64::to_le_bytes).collect()
 }
@@ -58,6 +67,34 @@ fn settings_alone_and_together_are_refused_naming_the_flag() {
             "--checkpoint-every needs --checkpoint-dir",
         ),
         (mlp(Config { keep: Some(2), ..m.clone() }), "--keep needs --checkpoint-dir"),
+        (
+            mlp(Config { optimizer_settings: settings(|s| s.beta1 = Some(0.8)), ..m.clone() }),
+            "--beta1: applies to adam and adamw; the optimizer is sgd",
+        ),
+        (
+            Config { optimizer_settings: settings(|s| s.weight_decay = Some(0.1)), ..t.clone() },
+            "--weight-decay: applies to adamw; the optimizer is adam",
+        ),
+        (
+            Config { optimizer_settings: settings(|s| s.no_decay_1d = true), ..t.clone() },
+            "--no-decay-1d: applies to adamw; the optimizer is adam",
+        ),
+        (
+            Config { optimizer_settings: settings(|s| s.beta2 = Some(1.0)), ..t.clone() },
+            "--beta2: 1 is not in [0, 1)",
+        ),
+        (
+            Config { optimizer_settings: settings(|s| s.eps = Some(0.0)), ..t.clone() },
+            "--eps: 0 is not a positive number",
+        ),
+        (
+            Config {
+                optimizer: Some(meshwork_train::OptimizerKind::AdamW),
+                optimizer_settings: settings(|s| s.weight_decay = Some(-0.5)),
+                ..t.clone()
+            },
+            "--weight-decay: -0.5 is not a number ≥ 0",
+        ),
         (mlp(Config { classes: Some(1), ..m.clone() }), "--classes 1: need at least 2"),
         (mlp(Config { classes: Some(4), ..m.clone() }), "the built-in data has 3 classes"),
         (

@@ -278,3 +278,36 @@ fn inspect_json_measures_the_interpreters_run() {
     };
     crate::check_inspect_json(&config, 4);
 }
+
+/// The optimizer's settings reach the step: AdamW with no decay is Adam, bit for bit,
+/// with Adam's β and ε given or not; other β, ε or decay change the run; and exempting
+/// 1-D parameters from a decay changes it again (the reference transformer has
+/// biases and LayerNorm parameters).
+#[test]
+fn optimizer_settings_reach_the_step() {
+    use meshwork_train::OptimizerSettings;
+    let run = |optimizer, settings: OptimizerSettings| {
+        let c = Config {
+            steps: Some(4),
+            optimizer_settings: settings,
+            ..reference_run(optimizer, 0.01)
+        };
+        losses(&c)
+    };
+    let adam = run(OptimizerKind::Adam, OptimizerSettings::default());
+    let plain = OptimizerSettings { weight_decay: Some(0.0), ..OptimizerSettings::default() };
+    assert_eq!(run(OptimizerKind::AdamW, plain), adam);
+    let explicit =
+        OptimizerSettings { beta1: Some(0.9), beta2: Some(0.999), eps: Some(1e-8), ..plain };
+    assert_eq!(run(OptimizerKind::AdamW, explicit), adam);
+    let betas = OptimizerSettings { beta1: Some(0.5), beta2: Some(0.9), ..plain };
+    let other = run(OptimizerKind::AdamW, betas);
+    assert_eq!(other[0], adam[0], "the first loss comes before any update");
+    assert_ne!(other[1..], adam[1..]);
+    let decay = OptimizerSettings { weight_decay: Some(0.5), ..OptimizerSettings::default() };
+    let decayed = run(OptimizerKind::AdamW, decay);
+    let matrices_only = run(OptimizerKind::AdamW, OptimizerSettings { no_decay_1d: true, ..decay });
+    assert_ne!(decayed[1..], adam[1..]);
+    assert_ne!(matrices_only[1..], decayed[1..]);
+    assert_ne!(matrices_only[1..], adam[1..]);
+}
