@@ -73,6 +73,8 @@ pub(crate) enum Model {
     Transformer,
     /// Two convolutions and a linear head on images.
     Cnn,
+    /// GPT-2 (Hugging Face's GPT2LMHeadModel): --init a checkpoint folder, or --preset
+    Gpt2,
 }
 
 impl From<Model> for ModelKind {
@@ -81,6 +83,7 @@ impl From<Model> for ModelKind {
             Model::Mlp => ModelKind::Mlp,
             Model::Transformer => ModelKind::Transformer,
             Model::Cnn => ModelKind::Cnn,
+            Model::Gpt2 => ModelKind::Gpt2,
         }
     }
 }
@@ -307,9 +310,12 @@ pub(crate) struct TrainArgs {
     /// A text file whose bytes are the transformer's tokens (--vocab 256)
     #[arg(long, value_name = "FILE")]
     text: Option<PathBuf>,
-    /// Initial weights (safetensors, f32 or f64), by the model's names
-    #[arg(long, value_name = "INIT.safetensors")]
+    /// Initial weights (safetensors, f32 or f64), by the model's names; for GPT-2 a Hugging Face checkpoint folder (config.json, model.safetensors)
+    #[arg(long, value_name = "INIT")]
     init: Option<PathBuf>,
+    /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
+    #[arg(long, value_name = "NAME")]
+    preset: Option<String>,
     /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh
     #[arg(long, value_name = "PATH")]
     resume: Option<PathBuf>,
@@ -381,6 +387,7 @@ impl TrainArgs {
             filters: self.filters,
             data,
             init: self.init.clone(),
+            preset: self.preset.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
@@ -655,6 +662,19 @@ tensors (with --heads)."
 the data axis (--mesh Dx1) or in a pipeline of up to 3 stages. Defaults: --mesh 1x1,
 --steps 100, --batch 32, --optimizer adam, --lr 0.01, --dtype f32, --filters 8,16.
 Data: built-in 8x8x1 images drawn from --seed, or --data-x [N, H, W, C] with --data-y."
+        }
+        Model::Gpt2 => {
+            "\
+--model gpt2: GPT-2 as Hugging Face's GPT2LMHeadModel computes it (next-token loss), on
+a mesh (the batch over data; c_attn and c_fc by columns, the projections by rows over
+model). --init DIR reads a Hugging Face checkpoint folder (config.json and
+model.safetensors, or a sharded index; f64, f32, bf16 or f16; with or without the
+transformer. prefix), its sizes with it; else --preset tiny (default), gpt2 or
+gpt2-medium, whose sizes --layers, --dim, --heads, --ffn and --vocab override, with
+GPT-2's initialisation from --seed. --seq is the training context (default the smaller
+of 64 and the model's positions). Defaults: --mesh 1x1, --steps 100, --batch 8,
+--optimizer adam, --lr 0.01, --dtype f32. Data: built-in rows drawn from --seed,
+--text FILE (bytes as tokens), or --data-tokens TOKENS.npy [rows, seq + 1]."
         }
     };
     format!(

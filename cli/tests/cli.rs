@@ -249,3 +249,58 @@ fn the_inspection_tools_draw_shardings_plans_and_placements() {
             .contains("Could not satisfy explicit device specification")
     );
 }
+
+/// The GPT-2 command through the binary: Hugging Face's checkpoint folder,
+/// the oracle's token rows, AdamW with weight decay 0.1 in f64 on a 2x1 mesh; the
+/// losses it writes are `transformers`' within 1e-9.
+#[test]
+fn gpt2_from_a_hugging_face_checkpoint_trains_as_transformers_does() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let losses = dir.path().join("l.json");
+    let arg = |p: PathBuf| p.to_str().unwrap().to_string();
+    let (init, tokens, out) =
+        (arg(data.join("model")), arg(data.join("tokens.npy")), arg(losses.clone()));
+    let run = meshwork(&[
+        "train",
+        "--model",
+        "gpt2",
+        "--init",
+        &init,
+        "--data-tokens",
+        &tokens,
+        "--seq",
+        "16",
+        "--batch",
+        "4",
+        "--steps",
+        "10",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.003",
+        "--weight-decay",
+        "0.1",
+        "--dtype",
+        "f64",
+        "--mesh",
+        "2x1",
+        "--losses-json",
+        &out,
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: Vec<f64> = serde_json::from_slice(&std::fs::read(&losses).unwrap()).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+    let want: Vec<f64> =
+        expected["losses_adamw"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "step {k}: {g} vs {w}");
+    }
+    // A size flag where the checkpoint fixes the sizes is refused, naming it.
+    refused(
+        &["train", "--model", "gpt2", "--init", &init, "--layers", "3"],
+        &["--layers: GPT-2's sizes come from --init's config.json"],
+    );
+}

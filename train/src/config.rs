@@ -18,15 +18,18 @@ pub enum ModelKind {
     Cnn,
     /// The reference decoder-only transformer (next-token loss).
     Transformer,
+    /// GPT-2 (Hugging Face's `GPT2LMHeadModel`; next-token loss).
+    Gpt2,
 }
 
 impl ModelKind {
-    /// `mlp`, `cnn`, `transformer`.
+    /// `mlp`, `cnn`, `transformer`, `gpt2`.
     pub fn name(self) -> &'static str {
         match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
             ModelKind::Transformer => "transformer",
+            ModelKind::Gpt2 => "gpt2",
         }
     }
 }
@@ -240,6 +243,8 @@ pub struct Config {
     pub steps: Option<usize>,
     /// `--batch`: rows per step.
     pub batch: Option<usize>,
+    /// `--preset`: GPT-2's sizes by name (`tiny`, `gpt2`, `gpt2-medium`).
+    pub preset: Option<String>,
     /// `--optimizer`.
     pub optimizer: Option<OptimizerKind>,
     /// `--weight-decay`, `--beta1`, `--beta2`, `--eps`, `--no-decay-1d`.
@@ -307,6 +312,7 @@ impl Default for Config {
             microbatches: None,
             steps: None,
             batch: None,
+            preset: None,
             optimizer: None,
             optimizer_settings: OptimizerSettings::default(),
             lr: None,

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use meshwork_nn::{Cnn, Mlp, Pipeline, Transformer, loss_pipelined, softmax_cross_entropy};
+use meshwork_nn::{Cnn, Gpt2, Mlp, Pipeline, Transformer, loss_pipelined, softmax_cross_entropy};
 use meshwork_partition::spmd::megatron_spec;
 use meshwork_program::{Builder, Program, Value};
 use meshwork_sharding::PartitionSpec;
@@ -57,10 +57,17 @@ impl Layout {
 }
 
 /// The model a run trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Net {
     /// The reference decoder-only transformer.
     Transformer(Transformer),
+    /// GPT-2 (Hugging Face's), trained on rows of `seq + 1` tokens.
+    Gpt2 {
+        /// The model.
+        model: Gpt2,
+        /// The training context T (at most the model's positions).
+        seq: usize,
+    },
     /// Two convolutions and a linear head on images.
     Cnn(Cnn),
     /// A two-layer perceptron.
@@ -76,6 +83,7 @@ impl Net {
     pub fn name(&self) -> &'static str {
         match self {
             Net::Transformer(_) => "transformer",
+            Net::Gpt2 { .. } => "gpt2",
             Net::Cnn(_) => "cnn",
             Net::Mlp(_) => "mlp",
         }
@@ -84,7 +92,7 @@ impl Net {
     /// Parameters fed each step, before the weights: the rows, or inputs and labels.
     pub fn fed(&self) -> usize {
         match self {
-            Net::Transformer(_) => 1,
+            Net::Transformer(_) | Net::Gpt2 { .. } => 1,
             Net::Cnn(_) | Net::Mlp(_) => 2,
         }
     }
@@ -93,13 +101,14 @@ impl Net {
     pub fn per_row(&self) -> (usize, &'static str) {
         match self {
             Net::Transformer(m) => (m.seq, "tokens"),
+            Net::Gpt2 { seq, .. } => (*seq, "tokens"),
             Net::Cnn(_) | Net::Mlp(_) => (1, "samples"),
         }
     }
 
     /// Whether the accuracy of an evaluation counts classes (or next tokens).
     pub fn classifies(&self) -> bool {
-        !matches!(self, Net::Transformer(_))
+        !matches!(self, Net::Transformer(_) | Net::Gpt2 { .. })
     }
 
     /// A checkpoint's description of the model.
@@ -108,6 +117,10 @@ impl Net {
             Net::Transformer(m) => serde_json::json!({
                 "model": "transformer", "layers": m.layers, "dim": m.dim, "heads": m.heads,
                 "ffn": m.ffn, "vocab": m.vocab, "seq": m.seq,
+            }),
+            Net::Gpt2 { model: g, seq } => serde_json::json!({
+                "model": "gpt2", "vocab": g.vocab, "positions": g.positions, "dim": g.dim,
+                "layers": g.layers, "heads": g.heads, "inner": g.inner, "eps": g.eps, "seq": seq,
             }),
             Net::Cnn(c) => serde_json::json!({
                 "model": "cnn", "image": c.image, "classes": c.classes, "filters": c.filters,
@@ -124,6 +137,10 @@ impl Net {
             Net::Transformer(m) => format!(
                 "transformer L{} D{} H{} F{} V{} T{}",
                 m.layers, m.dim, m.heads, m.ffn, m.vocab, m.seq
+            ),
+            Net::Gpt2 { model: g, seq } => format!(
+                "GPT-2 L{} D{} H{} F{} V{} context {seq} of {}",
+                g.layers, g.dim, g.heads, g.inner, g.vocab, g.positions
             ),
             Net::Cnn(c) => format!(
                 "CNN conv3x3x{} conv3x3x{}/2 linear({}) on {}x{}x{} images",
@@ -142,6 +159,7 @@ impl Net {
     ) -> meshwork_program::Result<Vec<Value>> {
         Ok(match self {
             Net::Transformer(m) => vec![b.param("rows", spec(DType::I32, &[batch, m.seq + 1])?)?],
+            Net::Gpt2 { seq, .. } => vec![b.param("rows", spec(DType::I32, &[batch, seq + 1])?)?],
             Net::Cnn(c) => {
                 let [h, w, ch] = c.image;
                 vec![
@@ -170,6 +188,10 @@ impl Net {
         let classify = |b: &mut Builder, logits: Value| softmax_cross_entropy(b, logits, feeds[1]);
         let loss = match (self, layout) {
             (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
+            (Net::Gpt2 { model, .. }, Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
+            (Net::Gpt2 { .. }, Layout::Pipeline { .. }) => {
+                return Err(Error::usage("--stages: GPT-2 trains on meshes, not in pipelines"));
+            }
             (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
                 .loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
             (Net::Cnn(c), Layout::Mesh { .. }) => {
@@ -182,7 +204,7 @@ impl Net {
                 let logits_on = |b: &mut Builder, x: Value, st: &[&str]| match net {
                     Net::Cnn(c) => c.logits_on(b, x, st),
                     Net::Mlp(m) => m.logits_on(b, x, st),
-                    Net::Transformer(_) => unreachable!("matched above"),
+                    Net::Transformer(_) | Net::Gpt2 { .. } => unreachable!("matched above"),
                 };
                 let pipeline = Pipeline::cpus(replicas, stages, micro);
                 loss_pipelined(&mut b, feeds[0], feeds[1], &pipeline, &logits_on)
@@ -204,6 +226,12 @@ impl Net {
                 let inputs = b.slice(rows, &[0, 0], &[batch, model.seq], &[1, 1]).map_err(bad)?;
                 let targets =
                     b.slice(rows, &[0, 1], &[batch, model.seq + 1], &[1, 1]).map_err(bad)?;
+                (model.logits(&mut b, inputs, dtype).map_err(bad)?, targets, vec![0, 1])
+            }
+            Net::Gpt2 { model, seq } => {
+                let rows = feeds[0];
+                let inputs = b.slice(rows, &[0, 0], &[batch, *seq], &[1, 1]).map_err(bad)?;
+                let targets = b.slice(rows, &[0, 1], &[batch, seq + 1], &[1, 1]).map_err(bad)?;
                 (model.logits(&mut b, inputs, dtype).map_err(bad)?, targets, vec![0, 1])
             }
             Net::Cnn(c) => (c.logits(&mut b, feeds[0]).map_err(bad)?, feeds[1], vec![0]),
@@ -228,7 +256,7 @@ impl Net {
             (Net::Mlp(_), "b1") => parse("P('model')"),
             (Net::Mlp(_), "w2") => parse("P('model', None)"),
             (Net::Mlp(_) | Net::Cnn(_), _) => PartitionSpec::replicated(),
-            (Net::Transformer(_), _) => megatron_spec(name, rank),
+            (Net::Transformer(_) | Net::Gpt2 { .. }, _) => megatron_spec(name, rank),
         }
     }
 
@@ -239,6 +267,11 @@ impl Net {
                 let [v, t, d, f, l] = [m.vocab, m.seq, m.dim, m.ffn, m.layers].map(|x| x as f64);
                 2.0 * v * d + t * d + l * (4.0 * d * d + 2.0 * d * f + f + 5.0 * d) + 2.0 * d
             }
+            Net::Gpt2 { model, .. } => model
+                .parameters()
+                .iter()
+                .map(|(_, s)| s.iter().map(|&d| d as f64).product::<f64>())
+                .sum(),
             Net::Cnn(c) => c.parameters() as f64,
             Net::Mlp(m) => m.parameters() as f64,
         }
@@ -248,6 +281,7 @@ impl Net {
     pub(crate) fn row_elements(&self) -> f64 {
         match self {
             Net::Transformer(m) => (m.seq + 1) as f64,
+            Net::Gpt2 { seq, .. } => (seq + 1) as f64,
             Net::Cnn(c) => (c.image.iter().product::<usize>() + 1) as f64,
             Net::Mlp(m) => (m.features + 1) as f64,
         }
@@ -261,6 +295,11 @@ impl Net {
                 let [v, t, d, f, l, h] =
                     [m.vocab, m.seq, m.dim, m.ffn, m.layers, m.heads].map(|x| x as f64);
                 (t + 1.0) * (l * (12.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v)
+            }
+            Net::Gpt2 { model: g, seq } => {
+                let [v, t, d, f, l, h] =
+                    [g.vocab, *seq, g.dim, g.inner, g.layers, g.heads].map(|x| x as f64);
+                (t + 1.0) * (l * (14.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v)
             }
             Net::Cnn(c) => {
                 let [hh, w, ch] = c.image.map(|x| x as f64);
@@ -324,6 +363,26 @@ impl Net {
         }
         let mut rng = SplitMix::new(seed ^ 0x5851_f42d_4c95_7f2d);
         let mut out = HashMap::new();
+        if let Net::Gpt2 { model, .. } = self {
+            // `GPT2LMHeadModel`'s initialisation: normals of 0.02, the residual
+            // projections' scaled by 1/sqrt(2·layers), zero biases, unit LayerNorm.
+            let residual = 0.02 / ((2 * model.layers) as f64).sqrt();
+            for (name, dims) in model.parameters() {
+                let n: usize = dims.iter().product();
+                let (scale, shift) = if name.contains(".ln_") && name.ends_with(".weight") {
+                    (0.0, 1.0)
+                } else if name.ends_with(".bias") {
+                    (0.0, 0.0)
+                } else if name.ends_with("c_proj.weight") {
+                    (residual, 0.0)
+                } else {
+                    (0.02, 0.0)
+                };
+                let values = (0..n).map(|_| shift + scale * rng.normal()).collect();
+                out.insert(name, Tensor::f64(&dims, values).map_err(failed)?);
+            }
+            return Ok(out);
+        }
         for p in &program.params()[self.fed()..] {
             let d = p.spec.shape.dims();
             let n = p.spec.shape.num_elements();

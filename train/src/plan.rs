@@ -160,7 +160,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let batch = config.batch.unwrap_or(match kind {
         ModelKind::Mlp => 64,
         ModelKind::Cnn => 32,
-        ModelKind::Transformer => 8,
+        ModelKind::Transformer | ModelKind::Gpt2 => 8,
     });
     if steps == 0 {
         return Err(usage("--steps must be at least 1"));
@@ -276,7 +276,21 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         ));
     }
     let saved = config.resume.as_deref().map(|p| Saved::read(p, kind.name())).transpose()?;
-    let file = config.init.as_deref().map(|p| init::read_init(p, limit)).transpose()?;
+    // GPT-2's `--init` may be a Hugging Face checkpoint folder (its sizes too).
+    let mut hf: Option<crate::hf::HfGpt2> = None;
+    let file = match config.init.as_deref() {
+        Some(p) if kind == ModelKind::Gpt2 && p.is_dir() => {
+            let read = crate::hf::read_gpt2("init", p, DType::F64, limit)?;
+            let weights = read.weights.clone();
+            hf = Some(read);
+            Some(weights)
+        }
+        Some(p) => Some(init::read_init(p, limit)?),
+        None => None,
+    };
+    if config.preset.is_some() && kind != ModelKind::Gpt2 {
+        return Err(usage(format!("--preset is GPT-2's; the model is {}", kind.name())));
+    }
     let data_flags = |what: &str, refused: &[(&str, bool)]| -> Result<()> {
         for (flag, given) in refused {
             if *given {
@@ -513,6 +527,52 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             let examples =
                 Examples::Images { per: h * w * c, dims: vec![h, w, c], x: images.x, y: images.y };
             (Net::Cnn(net), examples, n)
+        }
+        ModelKind::Gpt2 => {
+            data_flags(
+                "GPT-2",
+                &[
+                    ("data-x", is_npy),
+                    ("data-y", is_npy),
+                    ("filters", config.filters.is_some()),
+                    ("hidden", config.hidden.is_some()),
+                    ("classes", config.classes.is_some()),
+                ],
+            )?;
+            let (model, seq) = gpt2_sizes(config, hf.as_ref(), file.as_ref(), saved.as_ref())?;
+            if let Layout::Mesh { model: m, .. } = layout
+                && (!model.heads.is_multiple_of(m)
+                    || !model.dim.is_multiple_of(m)
+                    || !model.inner.is_multiple_of(m))
+            {
+                return Err(usage(format!(
+                    "--mesh {data_axis}x{m}: the model axis must divide GPT-2's heads {}, width {} and MLP width {}",
+                    model.heads, model.dim, model.inner
+                )));
+            }
+            if stages > 1 {
+                return Err(usage("--stages: GPT-2 trains on meshes, not in pipelines"));
+            }
+            let net = Net::Gpt2 { model, seq };
+            memory(&net)?;
+            let (n, tokens) = match &config.data {
+                Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, seq),
+                Data::Text(path) => {
+                    if model.vocab < 256 {
+                        return Err(Error::flag(
+                            "text",
+                            format!(
+                                "bytes are tokens 0..256; GPT-2's vocabulary here is {}",
+                                model.vocab
+                            ),
+                        ));
+                    }
+                    data::token_rows_of_text(path, seq, limit)?
+                }
+                Data::Tokens(path) => data::token_rows_of_npy(path, model.vocab, seq, limit)?,
+                Data::Npy { .. } => unreachable!("refused above"),
+            };
+            (net, Examples::Tokens { width: seq + 1, tokens }, n)
         }
         ModelKind::Transformer => {
             data_flags(
@@ -836,6 +896,102 @@ fn check_init(net: &Net, f: &HashMap<String, Tensor>, data: Option<&Classificati
         }
     }
     Ok(())
+}
+
+/// GPT-2's sizes and training context: from a resumed run's checkpoint, `--init`'s
+/// `config.json`, or `--preset` (default `tiny`), each size flag (`--layers`, `--dim`,
+/// `--heads`, `--ffn`, `--vocab`) overriding a preset's and refused where a file or
+/// checkpoint fixes it; `--seq` the context (default the smaller of 64 and the
+/// model's positions), at most the model's positions.
+fn gpt2_sizes(
+    config: &Config,
+    hf: Option<&crate::hf::HfGpt2>,
+    file: Option<&HashMap<String, Tensor>>,
+    saved: Option<&Saved>,
+) -> Result<(meshwork_nn::Gpt2, usize)> {
+    let size_flags = [
+        ("layers", config.layers),
+        ("dim", config.dim),
+        ("heads", config.heads),
+        ("ffn", config.ffn),
+        ("vocab", config.vocab),
+    ];
+    let fixed = |whose: &str| -> Result<()> {
+        if let Some((flag, _)) = size_flags.iter().find(|(_, v)| v.is_some()) {
+            return Err(usage(format!("--{flag}: GPT-2's sizes come from {whose}")));
+        }
+        if config.preset.is_some() {
+            return Err(usage(format!("--preset: GPT-2's sizes come from {whose}")));
+        }
+        Ok(())
+    };
+    let model = if let Some(saved) = saved {
+        fixed("the checkpoint --resume names")?;
+        let m = &saved.meta;
+        let size = |k: &str| saved.size(k);
+        meshwork_nn::Gpt2 {
+            vocab: size("vocab")?,
+            positions: size("positions")?,
+            dim: size("dim")?,
+            layers: size("layers")?,
+            heads: size("heads")?,
+            inner: size("inner")?,
+            eps: m.get("eps").and_then(Value::as_f64).unwrap_or(1e-5),
+        }
+    } else if let Some(hf) = hf {
+        fixed("--init's config.json")?;
+        hf.model
+    } else {
+        if file.is_some() {
+            return Err(Error::flag(
+                "init",
+                "GPT-2 reads a Hugging Face checkpoint folder (config.json and model.safetensors)",
+            ));
+        }
+        let name = config.preset.as_deref().unwrap_or("tiny");
+        let mut m = meshwork_nn::Gpt2::preset(name).ok_or_else(|| {
+            Error::flag("preset", format!("{name}: the presets are tiny, gpt2 and gpt2-medium"))
+        })?;
+        for (flag, value) in size_flags {
+            match value {
+                Some(0) => return Err(Error::flag(flag, "must be at least 1")),
+                Some(v) => match flag {
+                    "layers" => m.layers = v,
+                    "dim" => m.dim = v,
+                    "heads" => m.heads = v,
+                    "ffn" => m.inner = v,
+                    _ => m.vocab = v,
+                },
+                None => {}
+            }
+        }
+        if !m.dim.is_multiple_of(m.heads) {
+            return Err(usage(format!("--heads {} does not divide --dim {}", m.heads, m.dim)));
+        }
+        m
+    };
+    let seq = match (config.seq, saved) {
+        (Some(s), Some(saved)) if s != saved.size("seq")? => {
+            return Err(Error::flag(
+                "resume",
+                format!(
+                    "{} trained on a context of {}; --seq is {s}",
+                    saved.dir.display(),
+                    saved.size("seq")?
+                ),
+            ));
+        }
+        (_, Some(saved)) => saved.size("seq")?,
+        (Some(s), None) => s,
+        (None, None) => model.positions.min(64),
+    };
+    if seq == 0 || seq > model.positions {
+        return Err(Error::flag(
+            "seq",
+            format!("{seq}: GPT-2's context is 1 to its {} positions", model.positions),
+        ));
+    }
+    Ok((model, seq))
 }
 
 /// The transformer's sizes from the flags, or from `--init`'s tensors (a flag that

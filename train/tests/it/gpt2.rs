@@ -305,3 +305,36 @@ fn an_export_reads_back_and_never_replaces_a_file() {
     assert!(e.to_string().contains("exists and is not an empty folder"), "{e}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
 }
+
+/// The command, in-process: `--model gpt2 --init model/ --data-tokens
+/// tokens.npy --seq 16 --batch 4 --steps 10 --optimizer adamw --lr 0.003
+/// --weight-decay 0.1 --dtype f64`, on every mesh, reproduces `losses_adamw` (and
+/// passes its one-device check).
+#[test]
+fn the_trainer_reproduces_transformers_adamw_run_on_meshes() {
+    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    let want: Vec<f64> =
+        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    for mesh in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)] {
+        let config = Config {
+            init: Some(testdata("gpt2/model")),
+            data: Data::Tokens(testdata("gpt2/tokens.npy")),
+            seq: Some(16),
+            batch: Some(4),
+            steps: Some(10),
+            optimizer: Some(OptimizerKind::AdamW),
+            optimizer_settings: OptimizerSettings {
+                weight_decay: Some(0.1),
+                ..OptimizerSettings::default()
+            },
+            lr: Some(0.003),
+            dtype: Some(DType::F64),
+            mesh: Some(mesh),
+            ..crate::config(ModelKind::Gpt2)
+        };
+        let got = crate::losses(&config);
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-9 * w.abs(), "{mesh:?}, step {s}: {g} vs {w}");
+        }
+    }
+}
