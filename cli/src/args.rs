@@ -15,7 +15,8 @@ use meshwork_types::DType;
 use crate::out::{Exit, out};
 
 /// The commands, for `help COMMAND`.
-pub(crate) const COMMANDS: [&str; 5] = ["train", "inspect", "shard", "reshard", "place"];
+pub(crate) const COMMANDS: [&str; 6] =
+    ["train", "inspect", "generate", "shard", "reshard", "place"];
 
 /// meshwork — run one model on many devices.
 ///
@@ -36,6 +37,12 @@ pub(crate) enum Command {
     Train(Box<TrainArgs>),
     /// The transformer's training step as each device of a mesh runs it.
     Inspect(InspectArgs),
+    /// Generate tokens from a GPT-2 checkpoint folder, with a key-value cache.
+    ///
+    /// Greedy at --temperature 0 (the default), else sampled from --seed; stops at the
+    /// config's eos_token_id, as transformers' generate does. Prints the ids: the
+    /// prompt's, then the new ones.
+    Generate(GenerateArgs),
     /// Draw which device holds which block of a sharded array.
     ///
     /// Prints the shard shape, the XLA sharding and the index map (each device and the
@@ -463,6 +470,65 @@ fn backend_kind(
         )),
         BackendArg::Interpreter => Ok(BackendKind::Interpreter),
         BackendArg::Xla => Ok(BackendKind::Xla { plugin: plugin.clone(), partitioner }),
+    }
+}
+
+/// `meshwork generate`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct GenerateArgs {
+    /// A Hugging Face GPT-2 checkpoint folder (config.json, model.safetensors)
+    #[arg(long, value_name = "DIR")]
+    init: PathBuf,
+    /// The prompt's token ids, comma-separated
+    #[arg(long, value_name = "IDS", value_delimiter = ',', required = true, num_args = 1..)]
+    prompt_ids: Vec<i64>,
+    /// How many tokens to generate after the prompt
+    #[arg(long, value_name = "N")]
+    max_new_tokens: usize,
+    /// Softmax temperature; 0 picks the likeliest token (greedy)
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    temperature: f64,
+    /// Sample among the K likeliest tokens
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// Sample among the likeliest tokens whose probabilities reach P
+    #[arg(long, value_name = "P")]
+    top_p: Option<f64>,
+    /// The sampling's seed
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// The computation's dtype
+    #[arg(long, value_enum, default_value_t = Float::F32)]
+    dtype: Float,
+    /// What runs the steps: meshwork's interpreter, or XLA through a PJRT plugin
+    #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
+    backend: BackendArg,
+    /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN)
+    #[arg(long, value_name = "PATH")]
+    pjrt_plugin: Option<PathBuf>,
+    /// Refuse a checkpoint of more than SIZE (suffixes K, M, G, T)
+    #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
+    max_memory: u64,
+    /// Print {"prompt_ids": [...], "ids": [...]} instead of a line of ids
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl GenerateArgs {
+    /// The generation's settings.
+    pub(crate) fn config(&self) -> Result<meshwork_train::generate::GenerateConfig, Exit> {
+        Ok(meshwork_train::generate::GenerateConfig {
+            init: self.init.clone(),
+            prompt_ids: self.prompt_ids.clone(),
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            dtype: self.dtype.into(),
+            backend: backend_kind(self.backend, &self.pjrt_plugin, PartitionerArg::Meshwork)?,
+            max_memory: self.max_memory,
+        })
     }
 }
 

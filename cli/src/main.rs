@@ -127,6 +127,16 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             .map_err(train::exit)?;
             out::out(format_args!("{text}"))
         }
+        Some(Command::Generate(a)) => {
+            let got = meshwork_train::generate::generate(&a.config()?).map_err(train::exit)?;
+            let text = if a.json {
+                format!("{}\n", serde_json::json!({"prompt_ids": got.prompt_ids, "ids": got.ids}))
+            } else {
+                let ids: Vec<String> = got.ids.iter().map(i64::to_string).collect();
+                format!("{}\n", ids.join(" "))
+            };
+            out::out(format_args!("{text}"))
+        }
         Some(Command::Shard(a)) => tools::shard(&a),
         Some(Command::Reshard(a)) => tools::reshard(&a),
         Some(Command::Place(a)) => tools::place(&a),

@@ -304,3 +304,42 @@ fn gpt2_from_a_hugging_face_checkpoint_trains_as_transformers_does() {
         &["--layers: GPT-2's sizes come from --init's config.json"],
     );
 }
+
+/// `meshwork generate --init … --prompt-ids <the prompt> --max-new-tokens 12
+/// --temperature 0 --json` prints `transformers`' greedy ids; a token outside the
+/// vocabulary is exit 2 naming the flag.
+#[test]
+fn generate_prints_transformers_greedy_ids() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    let init = data.join("model").to_str().unwrap().to_string();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+    let prompt: Vec<String> = expected["generate"]["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    let out = meshwork(&[
+        "generate",
+        "--init",
+        &init,
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--dtype",
+        "f64",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["ids"], expected["generate"]["ids"]);
+    assert_eq!(got["prompt_ids"], expected["generate"]["prompt_ids"]);
+    refused(
+        &["generate", "--init", &init, "--prompt-ids", "320", "--max-new-tokens", "1"],
+        &["--prompt-ids: 320 is not a token of the vocabulary of 320"],
+    );
+}

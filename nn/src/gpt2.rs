@@ -153,6 +153,109 @@ impl Gpt2 {
         softmax_cross_entropy(b, logits, targets)
     }
 
+    /// The names of the key-value cache's parameters, `cache.{k,v}.{layer}`, each
+    /// `[B, heads, context, head_dim]`, in the order [`decode_step`](Self::decode_step)
+    /// makes them (and returns their next values).
+    pub fn cache_names(&self) -> Vec<String> {
+        (0..self.layers).flat_map(|i| [format!("cache.k.{i}"), format!("cache.v.{i}")]).collect()
+    }
+
+    /// One step of decoding with a key-value cache (what `generate` runs per token):
+    /// the logits `[B, V]` of integer `token` `[B]` at integer scalar `position`
+    /// (`0..context`), given every earlier position's keys and values in the cache
+    /// parameters ([`cache_names`](Self::cache_names)), which it returns with this
+    /// position's written in. Positions after `position` are masked, so the cache
+    /// may hold anything there. Results: the logits, then each cache in order.
+    pub fn decode_step(
+        &self,
+        b: &mut Builder,
+        token: Value,
+        position: Value,
+        context: usize,
+        dtype: DType,
+    ) -> Result<Vec<Value>> {
+        let (_, d) = dims(b, token)?;
+        let [bs] = d[..] else {
+            return Err(problem("gpt2", b, &[token], "the token must be [batch]".into()));
+        };
+        if context == 0 || context > self.positions {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[token],
+                format!("a context of {context}; the model has {} positions", self.positions),
+            ));
+        }
+        let (dim, heads) = (self.dim, self.heads);
+        let hd = dim / heads;
+        let wte = param(b, "transformer.wte.weight", dtype, &[self.vocab, dim])?;
+        let wpe = param(b, "transformer.wpe.weight", dtype, &[self.positions, dim])?;
+        let mut caches = Vec::with_capacity(2 * self.layers);
+        for name in self.cache_names() {
+            caches.push(param(b, &name, dtype, &[bs, heads, context, hd])?);
+        }
+        let ids = b.reshape(token, &[bs, 1])?;
+        let tok = b.take(wte, ids, 0)?;
+        let at = b.reshape(position, &[1])?;
+        let pos = b.take(wpe, at, 0)?;
+        let mut x = b.add(tok, pos)?;
+        // Which cache slots this step writes (its position) and reads (up to it).
+        let slots = b.iota(DType::I32, &[context], 0)?;
+        let here = b.eq(slots, position)?;
+        let here = b.reshape(here, &[1, 1, context, 1])?;
+        let seen = b.le(slots, position)?;
+        let seen = b.reshape(seen, &[1, 1, 1, context])?;
+        let mut out = Vec::with_capacity(1 + caches.len());
+        for i in 0..self.layers {
+            let (kc, vc) = (caches[2 * i], caches[2 * i + 1]);
+            let (nx, nk, nv) = b.scope(&format!("transformer.h.{i}"), |b| {
+                let h = b.scope("ln_1", |b| self.layer_norm(b, x))?;
+                let (a, nk, nv) = b.scope("attn", |b| {
+                    let qkv = Gpt2::conv1d(b, h, "c_attn", 3 * dim)?;
+                    let mut split = |k: usize| -> Result<Value> {
+                        let part =
+                            b.slice(qkv, &[0, 0, k * dim], &[bs, 1, (k + 1) * dim], &[1, 1, 1])?;
+                        let part = b.reshape(part, &[bs, 1, heads, hd])?;
+                        b.transpose(part, &[0, 2, 1, 3])
+                    };
+                    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+                    let shape = [bs, heads, context, hd];
+                    let kb = b.broadcast_to(k, &shape)?;
+                    let vb = b.broadcast_to(v, &shape)?;
+                    let nk = b.select(here, kb, kc)?;
+                    let nv = b.select(here, vb, vc)?;
+                    // [B, H, 1, context].
+                    let s = b.dot_general(q, nk, &[3], &[3], &[0, 1], &[0, 1])?;
+                    let root = b.constant((hd as f64).sqrt(), dtype)?;
+                    let s = b.div(s, root)?;
+                    let masked = b.constant(-1e9, dtype)?;
+                    let s = b.select(seen, s, masked)?;
+                    let p = b.softmax(s, -1)?;
+                    let o = b.dot_general(p, nv, &[3], &[2], &[0, 1], &[0, 1])?;
+                    let o = b.transpose(o, &[0, 2, 1, 3])?;
+                    let o = b.reshape(o, &[bs, 1, dim])?;
+                    Ok((Gpt2::conv1d(b, o, "c_proj", dim)?, nk, nv))
+                })?;
+                let x = b.add(x, a)?;
+                let h = b.scope("ln_2", |b| self.layer_norm(b, x))?;
+                let m = b.scope("mlp", |b| {
+                    let u = Gpt2::conv1d(b, h, "c_fc", self.inner)?;
+                    let g = b.gelu(u)?;
+                    Gpt2::conv1d(b, g, "c_proj", dim)
+                })?;
+                Ok((b.add(x, m)?, nk, nv))
+            })?;
+            x = nx;
+            out.push(nk);
+            out.push(nv);
+        }
+        let h = b.scope("transformer.ln_f", |b| self.layer_norm(b, x))?;
+        let h = b.reshape(h, &[bs, dim])?;
+        let logits = b.dot_general(h, wte, &[1], &[1], &[], &[])?;
+        out.insert(0, logits);
+        Ok(out)
+    }
+
     /// LayerNorm over the last axis with parameters `weight` and `bias` (Hugging
     /// Face's names), the biased variance and the model's eps.
     fn layer_norm(&self, b: &mut Builder, x: Value) -> Result<Value> {

@@ -18,7 +18,8 @@
 //!   making it, and never wait on a FIFO; [`rng::SplitMix`] is the one random stream
 //!   (the main job's built-in data and initial weights).
 //! - [`inspect`] prints the transformer's partitioned training step.
-//! - [`hf`] reads and writes Hugging Face GPT-2 checkpoint folders.
+//! - [`hf`] reads and writes Hugging Face GPT-2 checkpoint folders; [`generate`]
+//!   samples from one with a key-value cache.
 //!
 //! It is **not** a command line (that is `meshwork-cli`, which parses flags into a
 //! [`Config`] and draws progress), and it runs programs only through
@@ -42,6 +43,7 @@ mod config;
 pub mod data;
 mod error;
 pub mod files;
+pub mod generate;
 pub mod hf;
 mod init;
 mod inspect;

@@ -338,3 +338,44 @@ fn the_trainer_reproduces_transformers_adamw_run_on_meshes() {
         }
     }
 }
+
+/// Greedy decoding of 12 new tokens with the key-value cache from the oracle's
+/// 5-token prompt gives `transformers`' `generate` ids; sampling is reproducible from
+/// its seed, differs between seeds, and among the top 1 is greedy.
+#[test]
+fn greedy_generation_gives_transformers_ids() {
+    use meshwork_train::BackendKind;
+    use meshwork_train::generate::{GenerateConfig, generate};
+    let g = expected("generate");
+    let ids = |v: &serde_json::Value| -> Vec<i64> {
+        v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
+    };
+    let config = GenerateConfig {
+        init: testdata("gpt2/model"),
+        prompt_ids: ids(&g["prompt_ids"]),
+        max_new_tokens: 12,
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+        dtype: DType::F64,
+        backend: BackendKind::Interpreter,
+        max_memory: 1 << 30,
+    };
+    let got = generate(&config).unwrap();
+    assert_eq!(got.ids, ids(&g["ids"]));
+    assert_eq!(got.prompt_ids, ids(&g["prompt_ids"]));
+    let sampled = |seed| {
+        generate(&GenerateConfig { temperature: 1.0, top_k: Some(3), seed, ..config.clone() })
+            .unwrap()
+            .ids
+    };
+    assert_eq!(sampled(7), sampled(7));
+    assert_ne!(sampled(7), sampled(8));
+    // Sampling among the top 1 is greedy.
+    let top1 = GenerateConfig { temperature: 1.0, top_k: Some(1), seed: 3, ..config.clone() };
+    assert_eq!(generate(&top1).unwrap().ids, ids(&g["ids"]));
+    // A prompt and new tokens past the model's positions are refused.
+    let long = GenerateConfig { max_new_tokens: 60, ..config.clone() };
+    assert!(generate(&long).unwrap_err().to_string().contains("the model has 64"));
+}

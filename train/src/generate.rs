@@ -1,0 +1,228 @@
+//! Text generation from a GPT-2 checkpoint folder, as `transformers`' `generate` does:
+//! the prompt and then each new token through one decoding step with a key-value
+//! cache ([`Gpt2::decode_step`](meshwork_nn::Gpt2::decode_step)), compiled once on the
+//! run's back end with the weights and the cache resident on the device; greedy at
+//! temperature 0, else sampled (temperature, top-k, top-p) from the seed; stopping at
+//! the config's `eos_token_id`.
+
+use std::path::PathBuf;
+
+use meshwork_strategy::partition::Shardings;
+use meshwork_strategy::sharding::Mesh;
+use meshwork_types::{DType, Tensor};
+use serde_json::Value as Json;
+
+use crate::rng::SplitMix;
+use crate::{BackendKind, Error, Result};
+
+/// What `meshwork generate` does.
+#[derive(Debug, Clone)]
+pub struct GenerateConfig {
+    /// `--init`: a Hugging Face GPT-2 checkpoint folder.
+    pub init: PathBuf,
+    /// `--prompt-ids`.
+    pub prompt_ids: Vec<i64>,
+    /// `--max-new-tokens`.
+    pub max_new_tokens: usize,
+    /// `--temperature` (0: greedy).
+    pub temperature: f64,
+    /// `--top-k`: sample among the k likeliest tokens.
+    pub top_k: Option<usize>,
+    /// `--top-p`: sample among the likeliest tokens whose probabilities reach p.
+    pub top_p: Option<f64>,
+    /// `--seed` of the sampling.
+    pub seed: u64,
+    /// `--dtype` of the computation (f32 or f64).
+    pub dtype: DType,
+    /// `--backend`.
+    pub backend: BackendKind,
+    /// `--max-memory` in bytes: the most the checkpoint's weights may take.
+    pub max_memory: u64,
+}
+
+/// What was generated: the prompt, and the prompt followed by the new tokens (as
+/// `generate` returns them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    /// The prompt's ids.
+    pub prompt_ids: Vec<i64>,
+    /// The prompt's ids, then the new ones (ending at the end-of-text id when one was
+    /// generated).
+    pub ids: Vec<i64>,
+}
+
+/// The config's `eos_token_id`s (a number, a list, or none).
+fn eos_ids(config: &Json) -> Vec<i64> {
+    match config.get("eos_token_id") {
+        Some(Json::Number(n)) => n.as_i64().into_iter().collect(),
+        Some(Json::Array(a)) => a.iter().filter_map(Json::as_i64).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Picks the next token from `logits`: the first largest at temperature 0, else a draw
+/// from the softmax of `logits / temperature` restricted to the top `k` and to the
+/// smallest set of likeliest tokens whose probability reaches `p` (at least one).
+fn pick(logits: &[f64], c: &GenerateConfig, rng: &mut SplitMix) -> usize {
+    let first_max = |xs: &[f64]| {
+        xs.iter().enumerate().fold(0, |best, (i, &x)| if x > xs[best] { i } else { best })
+    };
+    if c.temperature == 0.0 {
+        return first_max(logits);
+    }
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if let Some(k) = c.top_k {
+        order.truncate(k.max(1));
+    }
+    let top = logits[order[0]];
+    let weights: Vec<f64> =
+        order.iter().map(|&i| ((logits[i] - top) / c.temperature).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
+    if let Some(p) = c.top_p {
+        let mut reached = 0.0;
+        let keep = probs
+            .iter()
+            .position(|&q| {
+                reached += q;
+                reached >= p
+            })
+            .map_or(probs.len(), |i| i + 1);
+        order.truncate(keep);
+        probs.truncate(keep);
+        let kept: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= kept);
+    }
+    let mut u = rng.uniform();
+    for (&i, &q) in order.iter().zip(&probs) {
+        if u < q {
+            return i;
+        }
+        u -= q;
+    }
+    order[order.len() - 1]
+}
+
+/// Generates from `config`.
+pub fn generate(config: &GenerateConfig) -> Result<Generated> {
+    if config.prompt_ids.is_empty() {
+        return Err(Error::flag("prompt-ids", "give at least one token"));
+    }
+    if !(config.temperature.is_finite() && config.temperature >= 0.0) {
+        return Err(Error::flag("temperature", "must be a number ≥ 0"));
+    }
+    if config.top_k == Some(0) {
+        return Err(Error::flag("top-k", "must be at least 1"));
+    }
+    if let Some(p) = config.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(Error::flag("top-p", "must be in (0, 1]"));
+    }
+    if config.temperature == 0.0 && (config.top_k.is_some() || config.top_p.is_some()) {
+        return Err(Error::usage("--top-k and --top-p sample: they need --temperature above 0"));
+    }
+    if !matches!(config.dtype, DType::F32 | DType::F64) {
+        return Err(Error::flag("dtype", format!("{} is not f32 or f64", config.dtype)));
+    }
+    let hf = crate::hf::read_gpt2("init", &config.init, config.dtype, config.max_memory)?;
+    let model = hf.model;
+    if let Some(&bad) = config.prompt_ids.iter().find(|&&t| t < 0 || t as u64 >= model.vocab as u64)
+    {
+        return Err(Error::flag(
+            "prompt-ids",
+            format!("{bad} is not a token of the vocabulary of {}", model.vocab),
+        ));
+    }
+    let context = config.prompt_ids.len().saturating_add(config.max_new_tokens);
+    if context > model.positions {
+        return Err(Error::usage(format!(
+            "--prompt-ids ({} tokens) and --max-new-tokens {} make {context} positions; the model has {}",
+            config.prompt_ids.len(),
+            config.max_new_tokens,
+            model.positions
+        )));
+    }
+    let bad = |e: meshwork_program::Error| Error::failed(e);
+    let mut b = meshwork_program::Builder::new();
+    let scalar = |dims: &[usize]| -> Result<meshwork_types::TensorSpec> {
+        let shape = meshwork_types::Shape::new(dims).map_err(Error::failed)?;
+        Ok(meshwork_types::TensorSpec::new(DType::I32, shape))
+    };
+    let token = b.param("token", scalar(&[1])?).map_err(bad)?;
+    let position = b.param("position", scalar(&[])?).map_err(bad)?;
+    let outs = model.decode_step(&mut b, token, position, context, config.dtype).map_err(bad)?;
+    let step_program = b.finish(&outs).map_err(bad)?;
+    // The weights stay on the device: each is returned unchanged and carried into
+    // itself; the caches are carried into themselves updated.
+    let mut b = meshwork_program::Builder::from_program(&step_program).map_err(bad)?;
+    let mut results = step_program.results().to_vec();
+    let weight_names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
+    for name in &weight_names {
+        let k =
+            step_program.params().iter().position(|p| &p.name == name).ok_or_else(|| {
+                Error::failed(format!("the decoding step has no parameter {name}"))
+            })?;
+        results.push(b.identity(meshwork_program::Value(k as u32)).map_err(bad)?);
+    }
+    let program = b.finish(&results).map_err(bad)?;
+    let caches = model.cache_names();
+    let mut carry: Vec<(usize, &str)> =
+        caches.iter().enumerate().map(|(j, n)| (1 + j, n.as_str())).collect();
+    carry.extend(weight_names.iter().enumerate().map(|(j, n)| (1 + caches.len() + j, n.as_str())));
+    let strategy = meshwork_strategy::Strategy::data_parallel(1).map_err(Error::failed)?;
+    let strategy = match &config.backend {
+        BackendKind::Interpreter => strategy,
+        BackendKind::Xla { plugin, .. } => {
+            let path = meshwork_strategy::xla::find::plugin_path(plugin.as_deref())
+                .map_err(|e| Error::flag("pjrt-plugin", e))?;
+            let loaded = meshwork_strategy::xla::find::load(&path)
+                .map_err(|e| Error::flag("pjrt-plugin", e))?;
+            let xla = meshwork_strategy::backend::Xla::new(&loaded).map_err(Error::failed)?;
+            strategy.with_backend(std::sync::Arc::new(xla))
+        }
+    };
+    let mesh = Mesh::iota(&[("data", 1)]).map_err(Error::failed)?;
+    let step = strategy.compile(&program, &Shardings::new(mesh), &carry).map_err(Error::failed)?;
+    for name in &weight_names {
+        step.set(name, &hf.weights[name]).map_err(Error::failed)?;
+    }
+    let hd = model.dim / model.heads;
+    let zeros =
+        Tensor::zeros(config.dtype, &[1, model.heads, context, hd]).map_err(Error::failed)?;
+    for name in &caches {
+        step.set(name, &zeros).map_err(Error::failed)?;
+    }
+    let eos = eos_ids(&hf.config);
+    let mut rng = SplitMix::new(config.seed);
+    let mut ids = config.prompt_ids.clone();
+    let mut next = None;
+    for (p, &t) in config.prompt_ids.iter().enumerate() {
+        next = Some(run_step(&step, t, p)?);
+    }
+    for _ in 0..config.max_new_tokens {
+        let logits = next.take().expect("the prompt's last logits");
+        let t = pick(&logits, config, &mut rng) as i64;
+        ids.push(t);
+        if eos.contains(&t) || ids.len() == context {
+            break;
+        }
+        next = Some(run_step(&step, t, ids.len() - 1)?);
+    }
+    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids })
+}
+
+/// The logits of `token` at `position`, the cache updated on the device.
+fn run_step(
+    step: &meshwork_strategy::spmd::Compiled<'_>,
+    token: i64,
+    position: usize,
+) -> Result<Vec<f64>> {
+    let feeds = [
+        Tensor::i32(&[1], vec![token as i32]).map_err(Error::failed)?,
+        Tensor::i32(&[], vec![position as i32]).map_err(Error::failed)?,
+    ];
+    let out = step.step(&feeds).map_err(Error::failed)?;
+    Ok(out[0].to_f64())
+}
