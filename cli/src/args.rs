@@ -323,6 +323,9 @@ pub(crate) struct TrainArgs {
     /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
+    /// GPT-2: write the final weights as a Hugging Face checkpoint folder (new or empty) that GPT2LMHeadModel.from_pretrained loads
+    #[arg(long, value_name = "DIR")]
+    export_hf: Option<PathBuf>,
     /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh
     #[arg(long, value_name = "PATH")]
     resume: Option<PathBuf>,
@@ -395,6 +398,7 @@ impl TrainArgs {
             data,
             init: self.init.clone(),
             preset: self.preset.clone(),
+            export_hf: self.export_hf.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,

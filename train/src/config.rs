@@ -285,6 +285,8 @@ pub struct Config {
     pub metrics_jsonl: Option<PathBuf>,
     /// `--plot`: the losses as an SVG line chart.
     pub plot: Option<PathBuf>,
+    /// `--export-hf`: GPT-2's final weights as a Hugging Face checkpoint folder.
+    pub export_hf: Option<PathBuf>,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -333,6 +335,7 @@ impl Default for Config {
             losses_json: None,
             metrics_jsonl: None,
             plot: None,
+            export_hf: None,
         }
     }
 }

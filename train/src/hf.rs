@@ -214,6 +214,48 @@ pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfG
     Ok(HfGpt2 { model, config, weights })
 }
 
+/// A `config.json` for `model` (what `GPT2Config` writes of it), for a model that
+/// came from a preset rather than a checkpoint.
+pub fn config_of(model: &Gpt2) -> Json {
+    serde_json::json!({
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": model.vocab,
+        "n_positions": model.positions,
+        "n_embd": model.dim,
+        "n_layer": model.layers,
+        "n_head": model.heads,
+        "n_inner": model.inner,
+        "layer_norm_epsilon": model.eps,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": true,
+        "attn_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+    })
+}
+
+/// Checks, before any work, that `dir` can take an export: absent (in a folder that
+/// exists) or an empty folder.
+pub fn check_export(flag: &str, dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {
+            let empty = std::fs::read_dir(dir).map_err(|e| bad(flag, dir, e))?.next().is_none();
+            if empty { Ok(()) } else { Err(bad(flag, dir, "exists and is not an empty folder")) }
+        }
+        Ok(_) => Err(bad(flag, dir, "exists and is not an empty folder")),
+        Err(_) => {
+            let parent =
+                dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if parent.is_dir() {
+                Ok(())
+            } else {
+                Err(bad(flag, dir, format!("folder {} does not exist", parent.display())))
+            }
+        }
+    }
+}
+
 /// Writes `model`'s `weights` (by parameter name, f32 or f64) into the new folder
 /// `dir` as `save_pretrained` lays it out — `config.json` (`config`, its `dtype`
 /// set to the weights') and `model.safetensors` — for

@@ -1,4 +1,4 @@
-//! The models the trainer trains — the MLP, the CNN and the reference transformer of
+//! The models the trainer trains — the MLP, the CNN, the reference transformer and GPT-2 of
 //! `meshwork-nn` — as one [`Net`]: what each feeds per step, its loss program on a mesh
 //! or in a pipeline, its evaluation, its initial weights, its shardings, and what it
 //! holds in memory.

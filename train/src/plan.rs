@@ -67,6 +67,8 @@ pub(crate) struct Plan {
     pub(crate) losses_before: Vec<Option<f64>>,
     pub(crate) metrics_jsonl: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
+    /// `--export-hf`'s folder and the `config.json` it gets.
+    pub(crate) export_hf: Option<(PathBuf, Value)>,
     /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
     pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
 }
@@ -223,7 +225,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if let Some(p) = &config.metrics_jsonl {
         check_output("metrics-jsonl", p, Output::New)?;
     }
+    if let Some(dir) = &config.export_hf {
+        if kind != ModelKind::Gpt2 {
+            return Err(usage(format!("--export-hf is GPT-2's; the model is {}", kind.name())));
+        }
+        crate::hf::check_export("export-hf", dir)?;
+    }
     let outputs: Vec<(&str, &Path)> = [
+        ("export-hf", config.export_hf.as_deref()),
         ("losses-json", config.losses_json.as_deref()),
         ("metrics-jsonl", config.metrics_jsonl.as_deref()),
         ("plot", config.plot.as_deref()),
@@ -278,10 +287,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let saved = config.resume.as_deref().map(|p| Saved::read(p, kind.name())).transpose()?;
     // GPT-2's `--init` may be a Hugging Face checkpoint folder (its sizes too).
     let mut hf: Option<crate::hf::HfGpt2> = None;
+    let mut hf_config: Option<Value> = None;
     let file = match config.init.as_deref() {
         Some(p) if kind == ModelKind::Gpt2 && p.is_dir() => {
             let read = crate::hf::read_gpt2("init", p, DType::F64, limit)?;
             let weights = read.weights.clone();
+            hf_config = Some(read.config.clone());
             hf = Some(read);
             Some(weights)
         }
@@ -742,6 +753,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         losses_before,
         metrics_jsonl: config.metrics_jsonl.clone(),
         plot: config.plot.clone(),
+        export_hf: match (&config.export_hf, net) {
+            (None, _) => None,
+            (Some(dir), Net::Gpt2 { model, .. }) => Some((
+                dir.clone(),
+                hf_config.clone().unwrap_or_else(|| crate::hf::config_of(&model)),
+            )),
+            (Some(_), _) => unreachable!("refused before"),
+        },
         xla: xla_backend(
             &config.backend,
             net_need(&net, batch, config.steps_per_run, dtype, devices),

@@ -436,6 +436,16 @@ impl Trainer {
             }
         }
         let stopped = outcome?;
+        if let Some((dir, config)) = &p.export_hf
+            && let Net::Gpt2 { model, .. } = p.net
+        {
+            let mut weights = HashMap::new();
+            for (name, _) in model.parameters() {
+                weights.insert(name.clone(), run.weight(&name)?);
+            }
+            crate::hf::write_gpt2("export-hf", dir, &model, config, &weights)
+                .map_err(|e| Error::failed(e.to_string()))?;
+        }
         if let Some(path) = &p.plot {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
             write_new(path, svg(&losses, &evals, first, &title).as_bytes())

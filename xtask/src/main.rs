@@ -19,8 +19,9 @@ cargo xtask <task>
 
 tasks:
   ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
-                  the model checks, Miri, the MPI test, the XLA test, docs, dependency
-                  edges, tidy,
+                  the model checks, Miri, the MPI test, the XLA test, the Hugging Face
+                  export check (skipped without transformers), docs, dependency edges,
+                  tidy,
                   benchmarks compile
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
   miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
@@ -111,12 +112,27 @@ fn ci() -> Result {
     step("miri (executor's unsafe code)", miri)?;
     step("mpi test", mpi::mpi_test)?;
     step("xla test", xla::xla_test)?;
+    step("hf export check (skipped, and says so, where transformers is absent)", hf_export)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;
     step("benches compile", || cargo(&["bench", "--workspace", "--no-run"]))?;
     println!("xtask ci: all checks passed");
     Ok(())
+}
+
+/// Exports a trained GPT-2 with `meshwork train --export-hf` and loads it with
+/// `transformers` (`train/tests/hf/export_check.py`): the same loss within 1e-9. The
+/// script says it skipped, and passes, where `transformers` is not installed.
+fn hf_export() -> Result {
+    cargo(&["build", "-p", "meshwork-cli"])?;
+    let status = Command::new("python3")
+        .arg("train/tests/hf/export_check.py")
+        .arg("target/debug/meshwork")
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if status.success() { Ok(()) } else { Err("the Hugging Face export check failed".into()) }
 }
 
 /// The README's test command. Compiles first (`--no-run`) so a build failure and a test

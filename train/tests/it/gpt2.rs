@@ -379,3 +379,44 @@ fn greedy_generation_gives_transformers_ids() {
     let long = GenerateConfig { max_new_tokens: 60, ..config.clone() };
     assert!(generate(&long).unwrap_err().to_string().contains("the model has 64"));
 }
+
+/// `--export-hf` writes the trained weights as a checkpoint folder: training on from
+/// it with SGD (no optimizer state to lose) continues the run exactly — one step then
+/// an export then one step from it gives the losses of two steps in one run. The
+/// folder is checked before any work: one with anything in it is refused untouched.
+#[test]
+fn an_exported_run_continues_from_its_folder() {
+    use meshwork_train::{Config, Data, ModelKind, OptimizerKind};
+    let tmp = tempfile::tempdir().unwrap();
+    // The same 4 rows every step.
+    let four: Vec<i32> = rows().slice(ndarray::s![0..4, ..]).iter().copied().collect();
+    let tokens = crate::write_npy_i32(&tmp.path().join("t.npy"), 4, 17, &four);
+    let run = |init: std::path::PathBuf, steps: usize, export: Option<std::path::PathBuf>| {
+        crate::losses(&Config {
+            init: Some(init),
+            data: Data::Tokens(tokens.clone()),
+            seq: Some(16),
+            batch: Some(4),
+            steps: Some(steps),
+            optimizer: Some(OptimizerKind::Sgd),
+            lr: Some(0.5),
+            dtype: Some(DType::F64),
+            export_hf: export,
+            ..crate::config(ModelKind::Gpt2)
+        })
+    };
+    let both = run(testdata("gpt2/model"), 2, None);
+    let out = tmp.path().join("exported");
+    let first = run(testdata("gpt2/model"), 1, Some(out.clone()));
+    let second = run(out.clone(), 1, None);
+    assert_eq!([first[0], second[0]], [both[0], both[1]]);
+    assert_ne!(both[0], both[1]);
+    let config = std::fs::read(out.join("config.json")).unwrap();
+    let e = crate::refused(&Config {
+        init: Some(testdata("gpt2/model")),
+        export_hf: Some(out.clone()),
+        ..crate::config(ModelKind::Gpt2)
+    });
+    assert!(e.contains("--export-hf") && e.contains("exists and is not an empty folder"), "{e}");
+    assert_eq!(std::fs::read(out.join("config.json")).unwrap(), config);
+}
