@@ -744,7 +744,10 @@ gpt2-medium, whose sizes --layers, --dim, --heads, --ffn and --vocab override, w
 GPT-2's initialisation from --seed. --seq is the training context (default the smaller
 of 64 and the model's positions). Defaults: --mesh 1x1, --steps 100, --batch 8,
 --optimizer adam, --lr 0.01, --dtype f32. Data: built-in rows drawn from --seed,
---text FILE (bytes as tokens), or --data-tokens TOKENS.npy [rows, seq + 1]."
+--data-tokens TOKENS.npy [rows, seq + 1], or --text FILE with byte k as token k (not
+GPT-2's BPE, whose ids 0..255 are its bytes in another order). Dropout (the config's
+*_pdrop) is not applied. --export-hf DIR writes the final weights as a checkpoint
+folder."
         }
     };
     format!(

@@ -186,6 +186,14 @@ impl Gpt2 {
                 format!("a context of {context}; the model has {} positions", self.positions),
             ));
         }
+        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[token],
+                format!("{} heads do not divide the width {}", self.heads, self.dim),
+            ));
+        }
         let (dim, heads) = (self.dim, self.heads);
         let hd = dim / heads;
         let wte = param(b, "transformer.wte.weight", dtype, &[self.vocab, dim])?;

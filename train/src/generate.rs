@@ -3,7 +3,9 @@
 //! cache ([`Gpt2::decode_step`](meshwork_nn::Gpt2::decode_step)), compiled once on the
 //! run's back end with the weights and the cache resident on the device; greedy at
 //! temperature 0, else sampled (temperature, top-k, top-p) from the seed; stopping at
-//! the config's `eos_token_id`.
+//! the end-of-text id (`generation_config.json`'s, else `config.json`'s). Unlike
+//! `transformers`' sampling there is no default top-k of 50, and top-k keeps exactly k
+//! tokens (ties at the k-th broken by id).
 
 use std::path::PathBuf;
 
@@ -51,12 +53,22 @@ pub struct Generated {
     pub ids: Vec<i64>,
 }
 
-/// The config's `eos_token_id`s (a number, a list, or none).
-fn eos_ids(config: &Json) -> Vec<i64> {
-    match config.get("eos_token_id") {
+/// The end-of-text ids, as `transformers` finds them: `generation_config.json`'s
+/// `eos_token_id` when the folder has one, else `config.json`'s, else GPT-2's default
+/// 50256 (a number or a list; `null`: none).
+fn eos_ids(dir: &std::path::Path, config: &Json) -> Vec<i64> {
+    let generation = crate::files::read_file("init", &dir.join("generation_config.json"), 1 << 20)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Json>(&b).ok());
+    let found = generation
+        .as_ref()
+        .and_then(|g| g.get("eos_token_id"))
+        .or_else(|| config.get("eos_token_id"));
+    match found {
+        None => vec![50256],
         Some(Json::Number(n)) => n.as_i64().into_iter().collect(),
         Some(Json::Array(a)) => a.iter().filter_map(Json::as_i64).collect(),
-        _ => Vec::new(),
+        Some(_) => Vec::new(),
     }
 }
 
@@ -144,6 +156,15 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
             model.positions
         )));
     }
+    // The cache, beside the weights the reader bounded: 2 · layers · context · width.
+    let cache = (2 * model.layers * model.dim) as u64 * context as u64;
+    let cache_bytes = cache.saturating_mul(config.dtype.size_in_bytes() as u64);
+    if cache_bytes > config.max_memory {
+        return Err(Error::usage(format!(
+            "the key-value cache of {context} positions takes {cache_bytes} bytes; --max-memory is {}",
+            config.max_memory
+        )));
+    }
     let bad = |e: meshwork_program::Error| Error::failed(e);
     let mut b = meshwork_program::Builder::new();
     let scalar = |dims: &[usize]| -> Result<meshwork_types::TensorSpec> {
@@ -194,7 +215,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
     for name in &caches {
         step.set(name, &zeros).map_err(Error::failed)?;
     }
-    let eos = eos_ids(&hf.config);
+    let eos = eos_ids(&config.init, &hf.config);
     let mut rng = SplitMix::new(config.seed);
     let mut ids = config.prompt_ids.clone();
     let mut next = None;

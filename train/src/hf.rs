@@ -7,8 +7,10 @@
 //! original checkpoints' (`h.0…`, no prefix). The attention-mask buffers
 //! (`attn.bias`, `attn.masked_bias`) and a stored `lm_head.weight` (tied to `wte`) are
 //! skipped. Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A
-//! missing tensor, a wrong shape, an unknown tensor or `model_type` is a usage error
-//! naming it.
+//! missing tensor, a wrong shape, an unknown tensor or `model_type`, or an attention
+//! variant meshwork does not compute (`scale_attn_weights: false`,
+//! `scale_attn_by_inverse_layer_idx: true`) is a usage error naming it. Dropout
+//! (`*_pdrop`) is not applied: meshwork trains without it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,10 +49,27 @@ pub fn gpt2_config(flag: &str, path: &Path, config: &Json) -> Result<Gpt2> {
         }
         None => return Err(bad(flag, path, "no model_type (want \"gpt2\")")),
     }
+    // `gelu_pytorch_tanh` is the same tanh approximation as `gelu_new`.
     if let Some(act) = config.get("activation_function").and_then(Json::as_str)
         && act != "gelu_new"
+        && act != "gelu_pytorch_tanh"
     {
         return Err(bad(flag, path, format!("activation_function \"{act}\"; GPT-2's is gelu_new")));
+    }
+    // Attention variants meshwork does not compute are refused, not ignored.
+    if config.get("scale_attn_weights").and_then(Json::as_bool) == Some(false) {
+        return Err(bad(
+            flag,
+            path,
+            "scale_attn_weights false (unscaled attention) is not supported",
+        ));
+    }
+    if config.get("scale_attn_by_inverse_layer_idx").and_then(Json::as_bool) == Some(true) {
+        return Err(bad(
+            flag,
+            path,
+            "scale_attn_by_inverse_layer_idx true (scores divided by the layer's index) is not supported",
+        ));
     }
     if config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(false) {
         return Err(bad(flag, path, "untied word embeddings; GPT-2 ties lm_head to wte"));
@@ -161,6 +180,20 @@ pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfG
     let config: Json = serde_json::from_slice(&text)
         .map_err(|e| bad(flag, &config_path, format!("not JSON: {e}")))?;
     let model = gpt2_config(flag, &config_path, &config)?;
+    // The weights as read (the file) and as kept (f64 values, then the run's dtype),
+    // against the limit before any is read.
+    let elements: u64 =
+        model.parameters().iter().map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>()).sum();
+    let need = elements.saturating_mul(8 + dtype.size_in_bytes() as u64);
+    if need > limit {
+        return Err(bad(
+            flag,
+            dir,
+            format!(
+                "its {elements} weights take about {need} bytes in memory; the limit is {limit}"
+            ),
+        ));
+    }
     let want: HashMap<String, Vec<usize>> = model.parameters().into_iter().collect();
     let mut weights = HashMap::new();
     let mut budget = limit;
@@ -232,6 +265,8 @@ pub fn config_of(model: &Gpt2) -> Json {
         "attn_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "resid_pdrop": 0.0,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
     })
 }
 

@@ -249,6 +249,20 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             p.file_name().map(ToOwned::to_owned),
         )
     };
+    // Nothing is written inside the export folder (it must stay empty until the end).
+    if let Some(dir) = &config.export_hf {
+        let full = |q: &Path| std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
+        if let Some((f, p)) = outputs.iter().skip(1).find(|(_, p)| full(p).starts_with(full(dir))) {
+            return Err(Error::flag(
+                f,
+                format!(
+                    "{} is inside --export-hf {}; give it a path outside",
+                    p.display(),
+                    dir.display()
+                ),
+            ));
+        }
+    }
     for (i, (f, p)) in outputs.iter().enumerate() {
         if let Some((g, _)) = outputs[..i].iter().find(|(_, q)| q == p || named(q) == named(p)) {
             return Err(Error::flag(
@@ -290,8 +304,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let mut hf_config: Option<Value> = None;
     let file = match config.init.as_deref() {
         Some(p) if kind == ModelKind::Gpt2 && p.is_dir() => {
-            let read = crate::hf::read_gpt2("init", p, DType::F64, limit)?;
-            let weights = read.weights.clone();
+            let mut read = crate::hf::read_gpt2("init", p, DType::F64, limit)?;
+            let weights = std::mem::take(&mut read.weights);
             hf_config = Some(read.config.clone());
             hf = Some(read);
             Some(weights)
@@ -948,7 +962,7 @@ fn gpt2_sizes(
         fixed("the checkpoint --resume names")?;
         let m = &saved.meta;
         let size = |k: &str| saved.size(k);
-        meshwork_nn::Gpt2 {
+        let model = meshwork_nn::Gpt2 {
             vocab: size("vocab")?,
             positions: size("positions")?,
             dim: size("dim")?,
@@ -956,7 +970,17 @@ fn gpt2_sizes(
             heads: size("heads")?,
             inner: size("inner")?,
             eps: m.get("eps").and_then(Value::as_f64).unwrap_or(1e-5),
+        };
+        if model.heads == 0 || !model.dim.is_multiple_of(model.heads) {
+            return Err(Error::flag(
+                "resume",
+                format!(
+                    "{} holds a GPT-2 whose heads do not divide its width",
+                    saved.dir.display()
+                ),
+            ));
         }
+        model
     } else if let Some(hf) = hf {
         fixed("--init's config.json")?;
         hf.model
@@ -974,6 +998,9 @@ fn gpt2_sizes(
         for (flag, value) in size_flags {
             match value {
                 Some(0) => return Err(Error::flag(flag, "must be at least 1")),
+                Some(v) if v > 1 << 24 => {
+                    return Err(Error::flag(flag, format!("{v} is beyond 2^24")));
+                }
                 Some(v) => match flag {
                     "layers" => m.layers = v,
                     "dim" => m.dim = v,
@@ -984,8 +1011,15 @@ fn gpt2_sizes(
                 None => {}
             }
         }
+        // A new width without --ffn keeps GPT-2's MLP of 4 × width.
+        if config.dim.is_some() && config.ffn.is_none() {
+            m.inner = 4 * m.dim;
+        }
         if !m.dim.is_multiple_of(m.heads) {
             return Err(usage(format!("--heads {} does not divide --dim {}", m.heads, m.dim)));
+        }
+        if m.layers > 1 << 12 {
+            return Err(Error::flag("layers", format!("{} is beyond 4096", m.layers)));
         }
         m
     };

@@ -121,6 +121,7 @@ fn adamw_reproduces_transformers_losses_on_meshes() {
     for (d, m) in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)] {
         let mesh = Mesh::iota(&[("data", d), ("model", m)]).unwrap();
         let got = adamw_losses(mesh);
+        assert_eq!(got.len(), want.len());
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= 1e-9 * w.abs(), "{d}x{m}, step {s}: {g} vs {w}");
         }
@@ -277,6 +278,17 @@ fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
     );
     std::fs::write(wider.join("config.json"), config.replace("\"gpt2\"", "\"llama\"")).unwrap();
     assert!(refused(&wider).contains("model_type \"llama\"; meshwork reads gpt2"));
+    // An attention variant meshwork does not compute is refused, not ignored.
+    let by_layer = config.replace(
+        "\"scale_attn_by_inverse_layer_idx\": false",
+        "\"scale_attn_by_inverse_layer_idx\": true",
+    );
+    assert_ne!(by_layer, config);
+    std::fs::write(wider.join("config.json"), by_layer).unwrap();
+    assert!(refused(&wider).contains("scale_attn_by_inverse_layer_idx true"));
+    // Weights beyond the memory limit are refused before they are read.
+    let e = read_gpt2("init", &testdata("gpt2/model"), DType::F64, 1000).unwrap_err().to_string();
+    assert!(e.contains("the limit is 1000"), "{e}");
     assert!(refused(&tmp.path().join("absent")).contains("config.json"));
 }
 
@@ -292,6 +304,22 @@ fn an_export_reads_back_and_never_replaces_a_file() {
     write_gpt2("export-hf", &out, &saved.model, &saved.config, &saved.weights).unwrap();
     let back = read_gpt2("init", &out, DType::F64, 1 << 30).unwrap();
     assert_eq!(back.weights, saved.weights);
+    // Byte for byte the oracle's tensors, under its names.
+    let ours = std::fs::read(out.join("model.safetensors")).unwrap();
+    let theirs = std::fs::read(testdata("gpt2/model/model.safetensors")).unwrap();
+    let (ours, theirs) = (
+        safetensors::SafeTensors::deserialize(&ours).unwrap(),
+        safetensors::SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    for (name, view) in theirs.tensors() {
+        let mine = ours.tensor(&name).unwrap();
+        assert_eq!(
+            (mine.dtype(), mine.shape(), mine.data()),
+            (view.dtype(), view.shape(), view.data()),
+            "{name}"
+        );
+    }
+    assert_eq!(ours.len(), theirs.len());
     assert_eq!(back.model, saved.model);
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -333,6 +361,7 @@ fn the_trainer_reproduces_transformers_adamw_run_on_meshes() {
             ..crate::config(ModelKind::Gpt2)
         };
         let got = crate::losses(&config);
+        assert_eq!(got.len(), want.len(), "{mesh:?}");
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= 1e-9 * w.abs(), "{mesh:?}, step {s}: {g} vs {w}");
         }
@@ -372,9 +401,23 @@ fn greedy_generation_gives_transformers_ids() {
     };
     assert_eq!(sampled(7), sampled(7));
     assert_ne!(sampled(7), sampled(8));
-    // Sampling among the top 1 is greedy.
+    // Sampling among the top 1, or the smallest nucleus, is greedy.
     let top1 = GenerateConfig { temperature: 1.0, top_k: Some(1), seed: 3, ..config.clone() };
     assert_eq!(generate(&top1).unwrap().ids, ids(&g["ids"]));
+    let nucleus = GenerateConfig { temperature: 1.0, top_p: Some(1e-9), seed: 3, ..config.clone() };
+    assert_eq!(generate(&nucleus).unwrap().ids, ids(&g["ids"]));
+    // It stops at the end-of-text id, `generation_config.json`'s before `config.json`'s,
+    // and returns it: here the first new token, 228.
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(testdata("gpt2/model").join(f), tmp.path().join(f)).unwrap();
+    }
+    std::fs::write(tmp.path().join("generation_config.json"), r#"{"eos_token_id": [7, 228]}"#)
+        .unwrap();
+    let stopping = GenerateConfig { init: tmp.path().to_path_buf(), ..config.clone() };
+    let mut want = ids(&g["prompt_ids"]);
+    want.push(228);
+    assert_eq!(generate(&stopping).unwrap().ids, want);
     // A prompt and new tokens past the model's positions are refused.
     let long = GenerateConfig { max_new_tokens: 60, ..config.clone() };
     assert!(generate(&long).unwrap_err().to_string().contains("the model has 64"));
@@ -418,5 +461,14 @@ fn an_exported_run_continues_from_its_folder() {
         ..crate::config(ModelKind::Gpt2)
     });
     assert!(e.contains("--export-hf") && e.contains("exists and is not an empty folder"), "{e}");
+    // Nothing else may be written inside the export folder.
+    std::fs::create_dir(tmp.path().join("fresh")).unwrap();
+    let e = crate::refused(&Config {
+        init: Some(testdata("gpt2/model")),
+        export_hf: Some(tmp.path().join("fresh")),
+        losses_json: Some(tmp.path().join("fresh/l.json")),
+        ..crate::config(ModelKind::Gpt2)
+    });
+    assert!(e.contains("is inside --export-hf"), "{e}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), config);
 }
