@@ -323,6 +323,9 @@ pub(crate) struct TrainArgs {
     /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
+    /// GPT-2: a Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped)
+    #[arg(long, value_name = "tokenizer.json")]
+    tokenizer: Option<PathBuf>,
     /// GPT-2: write the final weights as a Hugging Face checkpoint folder (new or empty) that GPT2LMHeadModel.from_pretrained loads
     #[arg(long, value_name = "DIR")]
     export_hf: Option<PathBuf>,
@@ -398,6 +401,7 @@ impl TrainArgs {
             data,
             init: self.init.clone(),
             preset: self.preset.clone(),
+            tokenizer: self.tokenizer.clone(),
             export_hf: self.export_hf.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
@@ -484,8 +488,14 @@ pub(crate) struct GenerateArgs {
     #[arg(long, value_name = "DIR")]
     init: PathBuf,
     /// The prompt's token ids, comma-separated
-    #[arg(long, value_name = "IDS", value_delimiter = ',', required = true, num_args = 1..)]
+    #[arg(long, value_name = "IDS", value_delimiter = ',', num_args = 1.., required_unless_present = "prompt", conflicts_with = "prompt")]
     prompt_ids: Vec<i64>,
+    /// The prompt as text, encoded by --tokenizer
+    #[arg(long, value_name = "TEXT", requires = "tokenizer")]
+    prompt: Option<String>,
+    /// A Hugging Face tokenizer.json: encodes --prompt, decodes the new tokens ("text" in --json)
+    #[arg(long, value_name = "tokenizer.json")]
+    tokenizer: Option<PathBuf>,
     /// How many tokens to generate after the prompt
     #[arg(long, value_name = "N")]
     max_new_tokens: usize,
@@ -513,7 +523,7 @@ pub(crate) struct GenerateArgs {
     /// Refuse a checkpoint of more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
-    /// Print {"prompt_ids": [...], "ids": [...]} instead of a line of ids
+    /// Print {"prompt_ids": [...], "ids": [...], "text": "..."} ("text" with --tokenizer) instead of a line of ids
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -521,9 +531,16 @@ pub(crate) struct GenerateArgs {
 impl GenerateArgs {
     /// The generation's settings.
     pub(crate) fn config(&self) -> Result<meshwork_train::generate::GenerateConfig, Exit> {
+        let prompt_ids = match (&self.prompt, &self.tokenizer) {
+            (Some(text), Some(t)) => {
+                meshwork_train::generate::prompt_ids(t, text).map_err(crate::train::exit)?
+            }
+            _ => self.prompt_ids.clone(),
+        };
         Ok(meshwork_train::generate::GenerateConfig {
             init: self.init.clone(),
-            prompt_ids: self.prompt_ids.clone(),
+            prompt_ids,
+            tokenizer: self.tokenizer.clone(),
             max_new_tokens: self.max_new_tokens,
             temperature: self.temperature,
             top_k: self.top_k,
@@ -744,8 +761,10 @@ gpt2-medium, whose sizes --layers, --dim, --heads, --ffn and --vocab override, w
 GPT-2's initialisation from --seed. --seq is the training context (default the smaller
 of 64 and the model's positions). Defaults: --mesh 1x1, --steps 100, --batch 8,
 --optimizer adam, --lr 0.01, --dtype f32. Data: built-in rows drawn from --seed,
---data-tokens TOKENS.npy [rows, seq + 1], or --text FILE with byte k as token k (not
-GPT-2's BPE, whose ids 0..255 are its bytes in another order). Dropout (the config's
+--data-tokens TOKENS.npy [rows, seq + 1], --text FILE --tokenizer tokenizer.json
+(the whole file encoded, cut into consecutive rows of --seq + 1 tokens, the tail
+dropped), or --text FILE alone with byte k as token k (not GPT-2's BPE, whose ids
+0..255 are its bytes in another order). Dropout (the config's
 *_pdrop) is not applied. --export-hf DIR writes the final weights as a checkpoint
 folder."
         }

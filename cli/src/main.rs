@@ -130,7 +130,13 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
         Some(Command::Generate(a)) => {
             let got = meshwork_train::generate::generate(&a.config()?).map_err(train::exit)?;
             let text = if a.json {
-                format!("{}\n", serde_json::json!({"prompt_ids": got.prompt_ids, "ids": got.ids}))
+                let mut json = serde_json::json!({"prompt_ids": got.prompt_ids, "ids": got.ids});
+                if let Some(t) = &got.text {
+                    json["text"] = t.clone().into();
+                }
+                format!("{json}\n")
+            } else if let Some(t) = &got.text {
+                format!("{t}\n")
             } else {
                 let ids: Vec<String> = got.ids.iter().map(i64::to_string).collect();
                 format!("{}\n", ids.join(" "))

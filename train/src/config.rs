@@ -245,6 +245,8 @@ pub struct Config {
     pub batch: Option<usize>,
     /// `--preset`: GPT-2's sizes by name (`tiny`, `gpt2`, `gpt2-medium`).
     pub preset: Option<String>,
+    /// `--tokenizer`: a Hugging Face `tokenizer.json` that encodes `--text` (GPT-2).
+    pub tokenizer: Option<PathBuf>,
     /// `--optimizer`.
     pub optimizer: Option<OptimizerKind>,
     /// `--weight-decay`, `--beta1`, `--beta2`, `--eps`, `--no-decay-1d`.
@@ -315,6 +317,7 @@ impl Default for Config {
             steps: None,
             batch: None,
             preset: None,
+            tokenizer: None,
             optimizer: None,
             optimizer_settings: OptimizerSettings::default(),
             lr: None,

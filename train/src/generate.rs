@@ -22,8 +22,10 @@ use crate::{BackendKind, Error, Result};
 pub struct GenerateConfig {
     /// `--init`: a Hugging Face GPT-2 checkpoint folder.
     pub init: PathBuf,
-    /// `--prompt-ids`.
+    /// `--prompt-ids` (or, with a tokenizer, `--prompt`'s ids).
     pub prompt_ids: Vec<i64>,
+    /// `--tokenizer`: decodes the new tokens into [`Generated::text`].
+    pub tokenizer: Option<PathBuf>,
     /// `--max-new-tokens`.
     pub max_new_tokens: usize,
     /// `--temperature` (0: greedy).
@@ -51,6 +53,14 @@ pub struct Generated {
     /// The prompt's ids, then the new ones (ending at the end-of-text id when one was
     /// generated).
     pub ids: Vec<i64>,
+    /// The new tokens decoded, with a tokenizer.
+    pub text: Option<String>,
+}
+
+/// `text`'s ids by the tokenizer at `path` (`--prompt`).
+pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
+    let tokenizer = crate::data::read_tokenizer(path)?;
+    Ok(crate::data::encode(&tokenizer, text)?.into_iter().map(i64::from).collect())
 }
 
 /// The end-of-text ids, as `transformers` finds them: `generation_config.json`'s
@@ -231,7 +241,17 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         }
         next = Some(run_step(&step, t, ids.len() - 1)?);
     }
-    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids })
+    let text = match &config.tokenizer {
+        None => None,
+        Some(path) => {
+            let tokenizer = crate::data::read_tokenizer(path)?;
+            let new: Vec<u32> = ids[config.prompt_ids.len()..].iter().map(|&t| t as u32).collect();
+            Some(tokenizer.decode(&new, false).map_err(|e| {
+                Error::flag("tokenizer", format!("cannot decode the new tokens: {e}"))
+            })?)
+        }
+    };
+    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text })
 }
 
 /// The logits of `token` at `position`, the cache updated on the device.

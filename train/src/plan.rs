@@ -316,6 +316,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if config.preset.is_some() && kind != ModelKind::Gpt2 {
         return Err(usage(format!("--preset is GPT-2's; the model is {}", kind.name())));
     }
+    if config.tokenizer.is_some() {
+        if kind != ModelKind::Gpt2 {
+            return Err(usage(format!("--tokenizer is GPT-2's; the model is {}", kind.name())));
+        }
+        if !matches!(config.data, Data::Text(_)) {
+            return Err(usage("--tokenizer encodes --text FILE; give one"));
+        }
+    }
     let data_flags = |what: &str, refused: &[(&str, bool)]| -> Result<()> {
         for (flag, given) in refused {
             if *given {
@@ -582,6 +590,10 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             memory(&net)?;
             let (n, tokens) = match &config.data {
                 Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, seq),
+                Data::Text(path) if config.tokenizer.is_some() => {
+                    let tokenizer = config.tokenizer.as_deref().expect("checked");
+                    data::token_rows_of_tokenized(path, tokenizer, model.vocab, seq, limit)?
+                }
                 Data::Text(path) => {
                     if model.vocab < 256 {
                         return Err(Error::flag(

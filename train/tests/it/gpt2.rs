@@ -382,6 +382,7 @@ fn greedy_generation_gives_transformers_ids() {
     let config = GenerateConfig {
         init: testdata("gpt2/model"),
         prompt_ids: ids(&g["prompt_ids"]),
+        tokenizer: None,
         max_new_tokens: 12,
         temperature: 0.0,
         top_k: None,
@@ -418,6 +419,23 @@ fn greedy_generation_gives_transformers_ids() {
     let mut want = ids(&g["prompt_ids"]);
     want.push(228);
     assert_eq!(generate(&stopping).unwrap().ids, want);
+    // With a tokenizer, a text prompt is its encoding (the oracle's), and the new
+    // tokens come back decoded.
+    let entry = &expected("encodings")[0];
+    let text_prompt = meshwork_train::generate::prompt_ids(
+        &testdata("gpt2/tokenizer.json"),
+        entry["text"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(text_prompt, ids(&entry["ids"]));
+    let decoded = generate(&GenerateConfig {
+        prompt_ids: text_prompt,
+        tokenizer: Some(testdata("gpt2/tokenizer.json")),
+        max_new_tokens: 3,
+        ..config.clone()
+    })
+    .unwrap();
+    assert!(decoded.text.is_some());
     // A prompt and new tokens past the model's positions are refused.
     let long = GenerateConfig { max_new_tokens: 60, ..config.clone() };
     assert!(generate(&long).unwrap_err().to_string().contains("the model has 64"));
@@ -471,4 +489,64 @@ fn an_exported_run_continues_from_its_folder() {
     });
     assert!(e.contains("is inside --export-hf"), "{e}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), config);
+}
+
+/// Hugging Face's tokenizer through the `tokenizers` crate: every `encodings` entry
+/// of the oracle (whitespace runs, tabs, non-ASCII, the empty string) gives its ids;
+/// `corpus.txt` encoded and cut into consecutive rows of 17 is `tokens.npy`; and the
+/// issue's command with `--text corpus.txt --tokenizer tokenizer.json` reproduces
+/// `losses_adamw`.
+#[test]
+fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
+    use meshwork_train::data::{encode, read_tokenizer, token_rows_of_tokenized};
+    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
+    let encodings = expected("encodings");
+    let entries = encodings.as_array().unwrap();
+    assert!(entries.len() >= 5);
+    for e in entries {
+        let text = e["text"].as_str().unwrap();
+        let want: Vec<u32> =
+            e["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(encode(&tokenizer, text).unwrap(), want, "{text:?}");
+    }
+    let (n, tokens) = token_rows_of_tokenized(
+        &testdata("gpt2/corpus.txt"),
+        &testdata("gpt2/tokenizer.json"),
+        320,
+        16,
+        1 << 30,
+    )
+    .unwrap();
+    let want = rows();
+    assert_eq!(n, want.nrows());
+    assert_eq!(tokens, want.iter().copied().collect::<Vec<_>>());
+    let config = Config {
+        init: Some(testdata("gpt2/model")),
+        data: Data::Text(testdata("gpt2/corpus.txt")),
+        tokenizer: Some(testdata("gpt2/tokenizer.json")),
+        seq: Some(16),
+        batch: Some(4),
+        steps: Some(10),
+        optimizer: Some(OptimizerKind::AdamW),
+        optimizer_settings: OptimizerSettings {
+            weight_decay: Some(0.1),
+            ..OptimizerSettings::default()
+        },
+        lr: Some(0.003),
+        dtype: Some(DType::F64),
+        ..crate::config(ModelKind::Gpt2)
+    };
+    let got = crate::losses(&config);
+    let want: Vec<f64> =
+        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(got.len(), want.len());
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "step {s}: {g} vs {w}");
+    }
+    // A tokenizer without --text, or for another model, is refused naming the flag.
+    let e = crate::refused(&Config { data: Data::BuiltIn, ..config.clone() });
+    assert!(e.contains("--tokenizer encodes --text FILE"), "{e}");
+    let e = crate::refused(&Config { model: ModelKind::Transformer, init: None, ..config });
+    assert!(e.contains("--tokenizer is GPT-2's"), "{e}");
 }

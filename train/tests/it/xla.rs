@@ -324,6 +324,7 @@ fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
     let got = generate(&GenerateConfig {
         init: testdata("gpt2/model"),
         prompt_ids: ids(&oracle["generate"]["prompt_ids"]),
+        tokenizer: None,
         max_new_tokens: 12,
         temperature: 0.0,
         top_k: None,
