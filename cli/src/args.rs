@@ -182,25 +182,26 @@ fn bytes(text: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(bad)
 }
 
-/// The transformer's sizes, each at its default when not given (or from `--init`).
+/// The transformer's sizes, each at its default when not given (or from `--init`);
+/// for GPT-2 they override its preset's.
 #[derive(Debug, Args)]
 pub(crate) struct Sizes {
-    /// The transformer's decoder blocks (default 2)
+    /// The transformer's decoder blocks (default 2; GPT-2: its preset's)
     #[arg(long, value_name = "L")]
     layers: Option<usize>,
-    /// The transformer's width (default 64)
+    /// The transformer's width (default 64; GPT-2: its preset's)
     #[arg(long, value_name = "D")]
     dim: Option<usize>,
-    /// The transformer's attention heads (default 4)
+    /// The transformer's attention heads (default 4; GPT-2: its preset's)
     #[arg(long, value_name = "H")]
     heads: Option<usize>,
-    /// The transformer's MLP width (default 256)
+    /// The transformer's MLP width (default 256; GPT-2: 4 × its width)
     #[arg(long, value_name = "F")]
     ffn: Option<usize>,
-    /// The transformer's vocabulary (default 256)
+    /// The transformer's vocabulary (default 256; GPT-2: its preset's)
     #[arg(long, value_name = "V")]
     vocab: Option<usize>,
-    /// The transformer's context length (default 32)
+    /// The transformer's context length (default 32; GPT-2: the training context, default the smaller of 64 and its positions)
     #[arg(long, value_name = "T")]
     seq: Option<usize>,
 }

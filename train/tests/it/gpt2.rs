@@ -550,3 +550,45 @@ fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
     let e = crate::refused(&Config { model: ModelKind::Transformer, init: None, ..config });
     assert!(e.contains("--tokenizer is GPT-2's"), "{e}");
 }
+
+/// A GPT-2 run saved at step 4 on 2x1 and resumed on 1x2 (its sizes and context from
+/// the checkpoint) continues to `transformers`' losses; a size flag on resume is
+/// refused naming the checkpoint.
+#[test]
+fn a_gpt2_run_resumes_on_another_mesh() {
+    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let base = Config {
+        data: Data::Tokens(testdata("gpt2/tokens.npy")),
+        seq: Some(16),
+        batch: Some(4),
+        steps: Some(10),
+        optimizer: Some(OptimizerKind::AdamW),
+        optimizer_settings: OptimizerSettings {
+            weight_decay: Some(0.1),
+            ..OptimizerSettings::default()
+        },
+        lr: Some(0.003),
+        dtype: Some(DType::F64),
+        ..crate::config(ModelKind::Gpt2)
+    };
+    let first = crate::run(&Config {
+        init: Some(testdata("gpt2/model")),
+        steps: Some(4),
+        mesh: Some((2, 1)),
+        checkpoint_dir: Some(ck.clone()),
+        ..base.clone()
+    });
+    let rest = crate::run(&Config { resume: Some(ck.clone()), mesh: Some((1, 2)), ..base.clone() });
+    assert_eq!(rest.first_step, 4);
+    let want: Vec<f64> =
+        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let got: Vec<f64> = first.losses.iter().chain(&rest.losses).copied().collect();
+    assert_eq!(got.len(), want.len());
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * w.abs(), "step {s}: {g} vs {w}");
+    }
+    let e = crate::refused(&Config { resume: Some(ck), layers: Some(3), ..base });
+    assert!(e.contains("--layers: GPT-2's sizes come from the checkpoint"), "{e}");
+}
