@@ -25,7 +25,7 @@
 use meshwork_program::{Builder, Result, Value};
 use meshwork_types::DType;
 
-use crate::layers::{dims, param, problem, softmax_cross_entropy};
+use crate::layers::{dims, layer_norm_named, param, problem, softmax_cross_entropy};
 
 /// A GPT-2 model's sizes (Hugging Face's `GPT2Config`: `vocab_size`, `n_positions`,
 /// `n_embd`, `n_layer`, `n_head`, `n_inner`, `layer_norm_epsilon`).
@@ -107,29 +107,14 @@ impl Gpt2 {
         let [_, t] = d[..] else {
             return Err(problem("gpt2", b, &[ids], "ids must be [batch, time]".into()));
         };
-        if t == 0 || t > self.positions {
-            return Err(problem(
-                "gpt2",
-                b,
-                &[ids],
-                format!("a context of {t} tokens; the model has {} positions", self.positions),
-            ));
-        }
-        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
-            return Err(problem(
-                "gpt2",
-                b,
-                &[ids],
-                format!("{} heads do not divide the width {}", self.heads, self.dim),
-            ));
-        }
+        self.check(b, ids, t)?;
         let wte = param(b, "transformer.wte.weight", dtype, &[self.vocab, self.dim])?;
         let wpe = param(b, "transformer.wpe.weight", dtype, &[self.positions, self.dim])?;
         let tokens = b.take(wte, ids, 0)?;
         let pos = b.slice(wpe, &[0, 0], &[t, self.dim], &[1, 1])?;
         let mut x = b.add(tokens, pos)?;
         for i in 0..self.layers {
-            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x))?;
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut Gpt2::causal))?;
         }
         let h = b.scope("transformer.ln_f", |b| self.layer_norm(b, x))?;
         // Tied: the logits are the final states against every token's embedding.
@@ -178,22 +163,7 @@ impl Gpt2 {
         let [bs] = d[..] else {
             return Err(problem("gpt2", b, &[token], "the token must be [batch]".into()));
         };
-        if context == 0 || context > self.positions {
-            return Err(problem(
-                "gpt2",
-                b,
-                &[token],
-                format!("a context of {context}; the model has {} positions", self.positions),
-            ));
-        }
-        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
-            return Err(problem(
-                "gpt2",
-                b,
-                &[token],
-                format!("{} heads do not divide the width {}", self.heads, self.dim),
-            ));
-        }
+        self.check(b, token, context)?;
         let (dim, heads) = (self.dim, self.heads);
         let hd = dim / heads;
         let wte = param(b, "transformer.wte.weight", dtype, &[self.vocab, dim])?;
@@ -216,44 +186,20 @@ impl Gpt2 {
         let mut out = Vec::with_capacity(1 + caches.len());
         for i in 0..self.layers {
             let (kc, vc) = (caches[2 * i], caches[2 * i + 1]);
-            let (nx, nk, nv) = b.scope(&format!("transformer.h.{i}"), |b| {
-                let h = b.scope("ln_1", |b| self.layer_norm(b, x))?;
-                let (a, nk, nv) = b.scope("attn", |b| {
-                    let qkv = Gpt2::conv1d(b, h, "c_attn", 3 * dim)?;
-                    let mut split = |k: usize| -> Result<Value> {
-                        let part =
-                            b.slice(qkv, &[0, 0, k * dim], &[bs, 1, (k + 1) * dim], &[1, 1, 1])?;
-                        let part = b.reshape(part, &[bs, 1, heads, hd])?;
-                        b.transpose(part, &[0, 2, 1, 3])
-                    };
-                    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-                    let shape = [bs, heads, context, hd];
-                    let kb = b.broadcast_to(k, &shape)?;
-                    let vb = b.broadcast_to(v, &shape)?;
-                    let nk = b.select(here, kb, kc)?;
-                    let nv = b.select(here, vb, vc)?;
-                    // [B, H, 1, context].
-                    let s = b.dot_general(q, nk, &[3], &[3], &[0, 1], &[0, 1])?;
-                    let root = b.constant((hd as f64).sqrt(), dtype)?;
-                    let s = b.div(s, root)?;
-                    let masked = b.constant(-1e9, dtype)?;
-                    let s = b.select(seen, s, masked)?;
-                    let p = b.softmax(s, -1)?;
-                    let o = b.dot_general(p, nv, &[3], &[2], &[0, 1], &[0, 1])?;
-                    let o = b.transpose(o, &[0, 2, 1, 3])?;
-                    let o = b.reshape(o, &[bs, 1, dim])?;
-                    Ok((Gpt2::conv1d(b, o, "c_proj", dim)?, nk, nv))
-                })?;
-                let x = b.add(x, a)?;
-                let h = b.scope("ln_2", |b| self.layer_norm(b, x))?;
-                let m = b.scope("mlp", |b| {
-                    let u = Gpt2::conv1d(b, h, "c_fc", self.inner)?;
-                    let g = b.gelu(u)?;
-                    Gpt2::conv1d(b, g, "c_proj", dim)
-                })?;
-                Ok((b.add(x, m)?, nk, nv))
-            })?;
-            x = nx;
+            let mut written = None;
+            // This position's key and value written into the cache, the query
+            // attending to the cached positions up to it.
+            let mut attend = |b: &mut Builder, [q, k, v]: [Value; 3]| -> Result<Value> {
+                let shape = [bs, heads, context, hd];
+                let kb = b.broadcast_to(k, &shape)?;
+                let vb = b.broadcast_to(v, &shape)?;
+                let nk = b.select(here, kb, kc)?;
+                let nv = b.select(here, vb, vc)?;
+                written = Some((nk, nv));
+                Gpt2::attention(b, q, nk, nv, seen)
+            };
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
+            let (nk, nv) = written.expect("the block attends once");
             out.push(nk);
             out.push(nv);
         }
@@ -264,23 +210,32 @@ impl Gpt2 {
         Ok(out)
     }
 
-    /// LayerNorm over the last axis with parameters `weight` and `bias` (Hugging
-    /// Face's names), the biased variance and the model's eps.
+    /// That a context of `t` positions fits the model and its heads divide its width
+    /// (`at` names the input in the error).
+    fn check(&self, b: &Builder, at: Value, t: usize) -> Result<()> {
+        if t == 0 || t > self.positions {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[at],
+                format!("a context of {t} tokens; the model has {} positions", self.positions),
+            ));
+        }
+        if self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
+            return Err(problem(
+                "gpt2",
+                b,
+                &[at],
+                format!("{} heads do not divide the width {}", self.heads, self.dim),
+            ));
+        }
+        Ok(())
+    }
+
+    /// LayerNorm with Hugging Face's parameter names (`weight`, `bias`) and the
+    /// model's eps.
     fn layer_norm(&self, b: &mut Builder, x: Value) -> Result<Value> {
-        let (dtype, d) = dims(b, x)?;
-        let n = d[d.len() - 1];
-        let weight = param(b, "weight", dtype, &[n])?;
-        let bias = param(b, "bias", dtype, &[n])?;
-        let mu = b.reduce_mean(x, &[-1], true)?;
-        let c = b.sub(x, mu)?;
-        let sq = b.mul(c, c)?;
-        let var = b.reduce_mean(sq, &[-1], true)?;
-        let e = b.constant(self.eps, dtype)?;
-        let ve = b.add(var, e)?;
-        let r = b.rsqrt(ve)?;
-        let y = b.mul(c, r)?;
-        let y = b.mul(y, weight)?;
-        b.add(y, bias)
+        layer_norm_named(b, x, self.eps, "weight", "bias")
     }
 
     /// Conv1D (`x @ weight + bias`, `weight` `[in, out]`) under scope `name`.
@@ -294,9 +249,38 @@ impl Gpt2 {
         })
     }
 
-    /// One block on `x` `[B, T, D]`, its parameters in the current scope.
-    fn block(&self, b: &mut Builder, x: Value) -> Result<Value> {
-        let (dtype, d) = dims(b, x)?;
+    /// The heads of `q`, `k`, `v` `[B, H, T, hd]` attending where `mask`
+    /// (broadcast to the scores `[B, H, Tq, Tk]`) holds, scaled by `1/sqrt(hd)`, the
+    /// rest masked to exactly `-1e9`: `[B, H, Tq, hd]`.
+    fn attention(b: &mut Builder, q: Value, k: Value, v: Value, mask: Value) -> Result<Value> {
+        let (dtype, d) = dims(b, q)?;
+        let s = b.dot_general(q, k, &[3], &[3], &[0, 1], &[0, 1])?;
+        let root = b.constant((d[3] as f64).sqrt(), dtype)?;
+        let s = b.div(s, root)?;
+        let masked = b.constant(-1e9, dtype)?;
+        let s = b.select(mask, s, masked)?;
+        let p = b.softmax(s, -1)?;
+        b.dot_general(p, v, &[3], &[2], &[0, 1], &[0, 1])
+    }
+
+    /// The causal attention of a block over `[B, H, T, hd]` heads.
+    fn causal(b: &mut Builder, [q, k, v]: [Value; 3]) -> Result<Value> {
+        let t = dims(b, q)?.1[2];
+        let qi = b.iota(DType::I32, &[t, t], 0)?;
+        let ki = b.iota(DType::I32, &[t, t], 1)?;
+        let causal = b.ge(qi, ki)?;
+        Gpt2::attention(b, q, k, v, causal)
+    }
+
+    /// One block on `x` `[B, T, D]`, its parameters in the current scope: `attend`
+    /// turns the heads' `[q, k, v]` (`[B, H, T, hd]`) into theirs.
+    fn block(
+        &self,
+        b: &mut Builder,
+        x: Value,
+        attend: &mut dyn FnMut(&mut Builder, [Value; 3]) -> Result<Value>,
+    ) -> Result<Value> {
+        let d = dims(b, x)?.1;
         let (bs, t, dim) = (d[0], d[1], self.dim);
         let (heads, hd) = (self.heads, dim / self.heads);
         let h = b.scope("ln_1", |b| self.layer_norm(b, x))?;
@@ -304,20 +288,11 @@ impl Gpt2 {
             let qkv = Gpt2::conv1d(b, h, "c_attn", 3 * dim)?;
             let mut split = |k: usize| -> Result<Value> {
                 let part = b.slice(qkv, &[0, 0, k * dim], &[bs, t, (k + 1) * dim], &[1, 1, 1])?;
-                b.reshape(part, &[bs, t, heads, hd])
+                let part = b.reshape(part, &[bs, t, heads, hd])?;
+                b.transpose(part, &[0, 2, 1, 3])
             };
-            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            // [B, H, Tq, Tk].
-            let s = b.dot_general(q, k, &[3], &[3], &[0, 2], &[0, 2])?;
-            let root = b.constant((hd as f64).sqrt(), dtype)?;
-            let s = b.div(s, root)?;
-            let qi = b.iota(DType::I32, &[t, t], 0)?;
-            let ki = b.iota(DType::I32, &[t, t], 1)?;
-            let causal = b.ge(qi, ki)?;
-            let masked = b.constant(-1e9, dtype)?;
-            let s = b.select(causal, s, masked)?;
-            let p = b.softmax(s, -1)?;
-            let o = b.dot_general(p, v, &[3], &[1], &[0, 1], &[0, 2])?;
+            let qkv = [split(0)?, split(1)?, split(2)?];
+            let o = attend(b, qkv)?;
             let o = b.transpose(o, &[0, 2, 1, 3])?;
             let o = b.reshape(o, &[bs, t, dim])?;
             Gpt2::conv1d(b, o, "c_proj", dim)

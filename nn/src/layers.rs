@@ -66,12 +66,24 @@ pub fn linear(
 /// Layer norm over the last axis: `(x - mean) / sqrt(var + eps) · scale + bias` with the
 /// biased variance; parameters `scale` and `bias` of the last dim.
 pub fn layer_norm(b: &mut Builder, x: Value, eps: f64) -> Result<Value> {
+    layer_norm_named(b, x, eps, "scale", "bias")
+}
+
+/// [`layer_norm`] with its parameters named `scale` and `bias` (Hugging Face's
+/// `weight` and `bias`, say).
+pub(crate) fn layer_norm_named(
+    b: &mut Builder,
+    x: Value,
+    eps: f64,
+    scale: &str,
+    bias: &str,
+) -> Result<Value> {
     let (dtype, d) = dims(b, x)?;
     let Some(&n) = d.last() else {
         return Err(problem("layer_norm", b, &[x], "a scalar has no axis to normalize".into()));
     };
-    let scale = param(b, "scale", dtype, &[n])?;
-    let bias = param(b, "bias", dtype, &[n])?;
+    let scale = param(b, scale, dtype, &[n])?;
+    let bias = param(b, bias, dtype, &[n])?;
     let mu = b.reduce_mean(x, &[-1], true)?;
     let c = b.sub(x, mu)?;
     let sq = b.mul(c, c)?;

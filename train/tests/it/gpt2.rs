@@ -46,6 +46,33 @@ fn expected(key: &str) -> serde_json::Value {
     serde_json::from_str::<serde_json::Value>(&text).unwrap()[key].clone()
 }
 
+/// The oracle's `losses_adamw`.
+pub(crate) fn losses_adamw() -> Vec<f64> {
+    expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// The command, in-process: `--model gpt2 --init model/ --data-tokens
+/// tokens.npy --seq 16 --batch 4 --steps 10 --optimizer adamw --lr 0.003
+/// --weight-decay 0.1 --dtype f64`.
+pub(crate) fn adamw_command() -> meshwork_train::Config {
+    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    Config {
+        init: Some(testdata("gpt2/model")),
+        data: Data::Tokens(testdata("gpt2/tokens.npy")),
+        seq: Some(16),
+        batch: Some(4),
+        steps: Some(10),
+        optimizer: Some(OptimizerKind::AdamW),
+        optimizer_settings: OptimizerSettings {
+            weight_decay: Some(0.1),
+            ..OptimizerSettings::default()
+        },
+        lr: Some(0.003),
+        dtype: Some(DType::F64),
+        ..crate::config(ModelKind::Gpt2)
+    }
+}
+
 /// `got` within `rel` of `want`, relative to `want`'s largest magnitude.
 fn assert_close(got: &[f64], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -116,8 +143,7 @@ fn adamw_losses(mesh: Mesh) -> Vec<f64> {
 
 #[test]
 fn adamw_reproduces_transformers_losses_on_meshes() {
-    let want: Vec<f64> =
-        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = losses_adamw();
     for (d, m) in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)] {
         let mesh = Mesh::iota(&[("data", d), ("model", m)]).unwrap();
         let got = adamw_losses(mesh);
@@ -340,26 +366,10 @@ fn an_export_reads_back_and_never_replaces_a_file() {
 /// passes its one-device check).
 #[test]
 fn the_trainer_reproduces_transformers_adamw_run_on_meshes() {
-    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
-    let want: Vec<f64> =
-        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    use meshwork_train::Config;
+    let want = losses_adamw();
     for mesh in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)] {
-        let config = Config {
-            init: Some(testdata("gpt2/model")),
-            data: Data::Tokens(testdata("gpt2/tokens.npy")),
-            seq: Some(16),
-            batch: Some(4),
-            steps: Some(10),
-            optimizer: Some(OptimizerKind::AdamW),
-            optimizer_settings: OptimizerSettings {
-                weight_decay: Some(0.1),
-                ..OptimizerSettings::default()
-            },
-            lr: Some(0.003),
-            dtype: Some(DType::F64),
-            mesh: Some(mesh),
-            ..crate::config(ModelKind::Gpt2)
-        };
+        let config = Config { mesh: Some(mesh), ..adamw_command() };
         let got = crate::losses(&config);
         assert_eq!(got.len(), want.len(), "{mesh:?}");
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -499,7 +509,7 @@ fn an_exported_run_continues_from_its_folder() {
 #[test]
 fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
     use meshwork_train::data::{encode, read_tokenizer, token_rows_of_tokenized};
-    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    use meshwork_train::{Config, Data, ModelKind};
     let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
     let encodings = expected("encodings");
     let entries = encodings.as_array().unwrap();
@@ -522,24 +532,12 @@ fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
     assert_eq!(n, want.nrows());
     assert_eq!(tokens, want.iter().copied().collect::<Vec<_>>());
     let config = Config {
-        init: Some(testdata("gpt2/model")),
         data: Data::Text(testdata("gpt2/corpus.txt")),
         tokenizer: Some(testdata("gpt2/tokenizer.json")),
-        seq: Some(16),
-        batch: Some(4),
-        steps: Some(10),
-        optimizer: Some(OptimizerKind::AdamW),
-        optimizer_settings: OptimizerSettings {
-            weight_decay: Some(0.1),
-            ..OptimizerSettings::default()
-        },
-        lr: Some(0.003),
-        dtype: Some(DType::F64),
-        ..crate::config(ModelKind::Gpt2)
+        ..adamw_command()
     };
     let got = crate::losses(&config);
-    let want: Vec<f64> =
-        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = losses_adamw();
     assert_eq!(got.len(), want.len());
     for (s, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-9 * w.abs(), "step {s}: {g} vs {w}");
@@ -556,23 +554,10 @@ fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
 /// refused naming the checkpoint.
 #[test]
 fn a_gpt2_run_resumes_on_another_mesh() {
-    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
+    use meshwork_train::Config;
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
-    let base = Config {
-        data: Data::Tokens(testdata("gpt2/tokens.npy")),
-        seq: Some(16),
-        batch: Some(4),
-        steps: Some(10),
-        optimizer: Some(OptimizerKind::AdamW),
-        optimizer_settings: OptimizerSettings {
-            weight_decay: Some(0.1),
-            ..OptimizerSettings::default()
-        },
-        lr: Some(0.003),
-        dtype: Some(DType::F64),
-        ..crate::config(ModelKind::Gpt2)
-    };
+    let base = Config { init: None, ..adamw_command() };
     let first = crate::run(&Config {
         init: Some(testdata("gpt2/model")),
         steps: Some(4),
@@ -582,8 +567,7 @@ fn a_gpt2_run_resumes_on_another_mesh() {
     });
     let rest = crate::run(&Config { resume: Some(ck.clone()), mesh: Some((1, 2)), ..base.clone() });
     assert_eq!(rest.first_step, 4);
-    let want: Vec<f64> =
-        expected("losses_adamw").as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = losses_adamw();
     let got: Vec<f64> = first.losses.iter().chain(&rest.losses).copied().collect();
     assert_eq!(got.len(), want.len());
     for (s, (g, w)) in got.iter().zip(&want).enumerate() {

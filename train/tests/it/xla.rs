@@ -290,7 +290,6 @@ fn inspect_json_measures_an_xla_pipeline_as_the_interpreters() {
 /// ids.
 #[test]
 fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
-    use meshwork_train::OptimizerSettings;
     use meshwork_train::generate::{GenerateConfig, generate};
     let text = std::fs::read_to_string(testdata("gpt2/expected.json")).unwrap();
     let oracle: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -299,23 +298,7 @@ fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
     };
     let want = numbers(&oracle["losses_adamw"]);
     for (mesh, backend) in [((1, 1), xla()), ((2, 1), xla()), ((1, 2), xla_partitioned())] {
-        let config = Config {
-            init: Some(testdata("gpt2/model")),
-            data: Data::Tokens(testdata("gpt2/tokens.npy")),
-            seq: Some(16),
-            batch: Some(4),
-            steps: Some(10),
-            optimizer: Some(OptimizerKind::AdamW),
-            optimizer_settings: OptimizerSettings {
-                weight_decay: Some(0.1),
-                ..OptimizerSettings::default()
-            },
-            lr: Some(0.003),
-            dtype: Some(DType::F64),
-            mesh: Some(mesh),
-            backend,
-            ..config(ModelKind::Gpt2)
-        };
+        let config = Config { mesh: Some(mesh), backend, ..crate::gpt2::adamw_command() };
         assert_close(&losses(&config), &want, 1e-9, &format!("gpt2 on {mesh:?}"));
     }
     let ids = |v: &serde_json::Value| -> Vec<i64> {
