@@ -226,6 +226,20 @@ pub(crate) struct OptimizerFlags {
     no_decay_1d: bool,
 }
 
+/// The memory savers: how a step computes, never what (the losses stay the same).
+#[derive(Debug, Args)]
+pub(crate) struct MemoryFlags {
+    /// Split each step's batch into N micro-batches and accumulate their gradients (--batch stays the step's batch; one micro-batch's activations are held at a time)
+    #[arg(long, value_name = "N")]
+    grad_accum: Option<usize>,
+    /// Recompute each transformer block's activations in the backward pass instead of holding them (JAX's checkpoint)
+    #[arg(long)]
+    remat: bool,
+    /// Split weights, gradients and optimizer state over the data axis, each along its largest dimension the axis divides (ZeRO-3 by shardings: the partitioner gathers and reduce-scatters)
+    #[arg(long)]
+    fsdp: bool,
+}
+
 impl OptimizerFlags {
     fn settings(&self) -> OptimizerSettings {
         OptimizerSettings {
@@ -277,6 +291,8 @@ pub(crate) struct TrainArgs {
     optimizer: Option<Optimizer>,
     #[command(flatten)]
     optimizer_flags: OptimizerFlags,
+    #[command(flatten)]
+    memory: MemoryFlags,
     /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
     #[arg(long, value_name = "LR")]
     lr: Option<f64>,
@@ -423,6 +439,9 @@ impl TrainArgs {
                 ScheduleArg::Cosine => Schedule::Cosine,
             },
             clip_norm: self.clip_norm,
+            grad_accum: self.memory.grad_accum,
+            remat: self.memory.remat,
+            fsdp: self.memory.fsdp,
             eval_every: self.eval_every,
             eval_fraction: self.eval_fraction,
             checkpoint_dir: self.checkpoint_dir.clone(),
@@ -565,12 +584,17 @@ pub(crate) struct InspectArgs {
     mesh: (usize, usize),
     #[command(flatten)]
     sizes: Sizes,
-    /// The sizes from a file's tensors (safetensors)
-    #[arg(long, value_name = "INIT.safetensors")]
+    /// The sizes from a file's tensors (safetensors; for GPT-2 a Hugging Face checkpoint folder)
+    #[arg(long, value_name = "INIT")]
     init: Option<PathBuf>,
+    /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
+    #[arg(long, value_name = "NAME")]
+    preset: Option<String>,
     /// Rows per step
     #[arg(long, value_name = "B", default_value_t = 8)]
     batch: usize,
+    #[command(flatten)]
+    memory: MemoryFlags,
     /// The optimizer
     #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
     optimizer: Optimizer,
@@ -611,6 +635,12 @@ impl InspectArgs {
         if !self.json && (self.stages.is_some() || self.microbatches.is_some()) {
             return Err(Exit::Usage("--stages and --microbatches need --json".into()));
         }
+        let m = &self.memory;
+        if !self.json && (m.grad_accum.is_some() || m.remat || m.fsdp || self.preset.is_some()) {
+            return Err(Exit::Usage(
+                "--grad-accum, --remat, --fsdp and --preset need --json (which runs the step they change)".into(),
+            ));
+        }
         if !self.json && self.partitioner == PartitionerArg::Xla {
             return Err(Exit::Usage(
                 "--partitioner xla: without --json inspect prints meshwork's per-device module; add --json to run and measure XLA's partitioning".into(),
@@ -624,6 +654,10 @@ impl InspectArgs {
             vocab: self.sizes.vocab,
             seq: self.sizes.seq,
             init: self.init.clone(),
+            preset: self.preset.clone(),
+            grad_accum: self.memory.grad_accum,
+            remat: self.memory.remat,
+            fsdp: self.memory.fsdp,
             mesh: Some(self.mesh),
             batch: Some(self.batch),
             optimizer: Some(self.optimizer.into()),

@@ -98,7 +98,9 @@ impl Optimizer {
 pub struct TrainStep {
     /// The step's program.
     pub program: Program,
-    /// The trained parameters (values of the model program).
+    /// The trained parameters (values of the model program, which are the step
+    /// program's parameters of the same numbers; with micro-batches, the step
+    /// program's, after the micro-batches').
     pub trained: Vec<Value>,
     /// The optimizer.
     pub optimizer: Optimizer,
@@ -126,6 +128,31 @@ impl TrainStep {
         optimizer: Optimizer,
         max_norm: Option<f64>,
     ) -> Result<TrainStep> {
+        let options = StepOptions { max_norm, ..StepOptions::default() };
+        TrainStep::with_options(program, loss, wrt, optimizer, &options)
+    }
+
+    /// The step with `options`: clipping, gradient accumulation over micro-batches
+    /// and rematerialized regions ([`StepOptions`]).
+    ///
+    /// With `micro_batches = N > 1`, `program` is the loss of **one micro-batch**: every
+    /// parameter not in `wrt` (the batch) becomes `N` parameters named
+    /// `micro.{i}.{name}`, and the step computes the gradient of each micro-batch in
+    /// turn (its forward and backward pass, then the next's), summing them as it goes,
+    /// then takes the mean loss and the mean gradient — for a loss that is a mean over
+    /// its rows, the loss and gradient of the whole batch, with one micro-batch's
+    /// activations held at a time. The step's parameters: the micro-batches' in order,
+    /// then the trained parameters (named as in `program`), the state, `lr`, `step`;
+    /// [`trained`](Self::trained) holds the trained parameters' values in the step's
+    /// program.
+    pub fn with_options(
+        program: &Program,
+        loss: Value,
+        wrt: &[Value],
+        optimizer: Optimizer,
+        options: &StepOptions,
+    ) -> Result<TrainStep> {
+        let max_norm = options.max_norm;
         if let Some(c) = max_norm
             && !(c.is_finite() && c > 0.0)
         {
@@ -136,11 +163,18 @@ impl TrainStep {
                 problem: format!("the maximum norm {c} is not a positive number"),
             });
         }
-        let g = meshwork_program::grad(program, loss, wrt)?;
-        let mut b = Builder::from_program(&g)?;
-        let dtype = g.spec(g.results()[0]).expect("the loss").dtype;
+        let one = meshwork_program::grad_remat(program, loss, wrt, &options.remat)?;
+        let (g, wrt) = if options.micro_batches > 1 {
+            accumulate(&one, wrt, options.micro_batches)?
+        } else {
+            (one, wrt.to_vec())
+        };
+        let wrt = &wrt[..];
+        let program = &g;
+        let mut b = Builder::from_program(program)?;
+        let dtype = program.spec(program.results()[0]).expect("the loss").dtype;
         // The gradients, clipped.
-        let mut grads: Vec<Value> = g.results()[1..].to_vec();
+        let mut grads: Vec<Value> = program.results()[1..].to_vec();
         if let Some(max_norm) = max_norm {
             let mut total = None;
             for &gw in &grads {
@@ -249,7 +283,7 @@ impl TrainStep {
             })?;
             new_params.push(updated);
         }
-        let mut results = vec![g.results()[0]];
+        let mut results = vec![program.results()[0]];
         results.extend(new_params);
         results.extend(new_state);
         Ok(TrainStep {
@@ -271,6 +305,87 @@ impl TrainStep {
         let dtype = self.program.params().last().expect("the step input").spec.dtype;
         Ok([scalar(dtype, lr)?, scalar(dtype, step as f64)?])
     }
+}
+
+/// How a training step computes its gradients, beyond the optimizer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOptions {
+    /// Clip the gradients to this global norm first (PyTorch's `clip_grad_norm_`).
+    pub max_norm: Option<f64>,
+    /// Micro-batches whose gradients are accumulated into one step (0 or 1: none).
+    pub micro_batches: usize,
+    /// Ranges of the loss program's instructions whose activations the backward pass
+    /// recomputes ([`meshwork_program::grad_remat`]): a transformer's blocks.
+    pub remat: Vec<std::ops::Range<usize>>,
+}
+
+/// The accumulated gradient program of `n` micro-batches from `one`'s (parameters:
+/// the model's; results: the loss, then the gradient of each of `wrt`): each
+/// parameter not in `wrt` repeated per micro-batch (`micro.{i}.{name}`), then the
+/// `wrt` parameters; each micro-batch's pass copied in turn with its loss and
+/// gradients added to the running sums right after it, the sums divided by `n` at the
+/// end. Returns the program and the `wrt` parameters' values in it.
+fn accumulate(one: &Program, wrt: &[Value], n: usize) -> Result<(Program, Vec<Value>)> {
+    let mut b = Builder::new();
+    let params = one.params();
+    let trained = |k: usize| wrt.iter().any(|w| w.index() == k);
+    let mut fed = vec![Vec::new(); n];
+    for (i, fed) in fed.iter_mut().enumerate() {
+        for (k, p) in params.iter().enumerate() {
+            if !trained(k) {
+                let v = b.param(&format!("micro.{i}.{}", p.name), p.spec.clone())?;
+                fed.push((k, b.set_device(v, &p.device)?));
+            }
+        }
+    }
+    let mut weights = Vec::with_capacity(wrt.len());
+    for &w in wrt {
+        let p = &params[w.index()];
+        let v = b.param(&p.name, p.spec.clone())?;
+        weights.push(b.set_device(v, &p.device)?);
+    }
+    let mut sums: Vec<Value> = Vec::new();
+    for (i, fed) in fed.iter().enumerate() {
+        let mut map: Vec<Option<Value>> = vec![None; one.num_values()];
+        for &(k, v) in fed {
+            map[k] = Some(v);
+        }
+        for (w, &v) in wrt.iter().zip(&weights) {
+            map[w.index()] = Some(v);
+        }
+        let at = |map: &[Option<Value>], v: &Value| map[v.index()].expect("defined earlier");
+        for (j, instr) in one.instrs().iter().enumerate() {
+            let args: Vec<Value> = instr.args.iter().map(|a| at(&map, a)).collect();
+            let v = b.push(instr.op.clone(), &args)?;
+            if let Some(name) = &instr.name {
+                b.name(v, &format!("micro.{i}.{name}"))?;
+            }
+            b.set_device(v, &instr.device)?;
+            for c in &instr.colocate {
+                b.colocate(v, at(&map, c))?;
+            }
+            map[params.len() + j] = Some(v);
+        }
+        let outs: Vec<Value> = one.results().iter().map(|r| at(&map, r)).collect();
+        if sums.is_empty() {
+            sums = outs;
+        } else {
+            // Each sum beside its micro-batch's value (a gradient where its weight is).
+            for (s, o) in sums.iter_mut().zip(outs) {
+                *s = b.colocate_with(o, |b| b.add(*s, o))?;
+            }
+        }
+    }
+    let dtype = b.spec(sums[0])?.dtype;
+    let count = b.constant(n as f64, dtype)?;
+    let mut results = Vec::with_capacity(sums.len());
+    for s in sums {
+        results.push(b.colocate_with(s, |b| b.div(s, count))?);
+    }
+    let program = b.finish(&results)?;
+    let first = n * (params.len() - wrt.len());
+    let wrt = (first..first + wrt.len()).map(|k| Value(k as u32)).collect();
+    Ok((program, wrt))
 }
 
 /// Zeros of `spec` (f32 or f64): an allocation the allocator cannot give is an error,

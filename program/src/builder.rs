@@ -46,6 +46,9 @@ pub struct Builder {
     reuse: bool,
     /// Reused parameters' reads on other devices: (parameter, device) → its copy.
     reads: HashMap<(Value, String), Value>,
+    /// Each [`scope`](Builder::scope) closed so far: its full name and the range of
+    /// instruction indices added inside it.
+    spans: Vec<(String, std::ops::Range<usize>)>,
 }
 
 impl Builder {
@@ -105,6 +108,14 @@ impl Builder {
             return Err(Error::DuplicateName { name });
         }
         Ok(name)
+    }
+
+    /// Instructions added so far: the index the next one will have in the finished
+    /// program (whose instructions keep their order), so that `start..instr_count()`
+    /// around a block names its instructions ([`grad_remat`](crate::grad_remat)'s
+    /// regions).
+    pub fn instr_count(&self) -> usize {
+        self.instrs.len()
     }
 
     /// The spec of `v`.
@@ -339,9 +350,20 @@ impl Builder {
     /// inside get `name.` in front (`layers.0.attn.wq`).
     pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Builder) -> Result<T>) -> Result<T> {
         self.enter(name);
+        let full = self.scope.join(".");
+        let start = self.instrs.len();
         let out = f(self);
+        self.spans.push((full, start..self.instrs.len()));
         self.leave();
         out
+    }
+
+    /// Every [`scope`](Self::scope) closed so far, in the order they closed: its full
+    /// name (`transformer.h.3`) and the range of instruction indices added inside it,
+    /// which the finished program keeps. A model's blocks, found by name, are the
+    /// regions [`grad_remat`](crate::grad_remat) recomputes.
+    pub fn scope_spans(&self) -> &[(String, std::ops::Range<usize>)] {
+        &self.spans
     }
 
     /// Opens scope `name` (closed by [`leave`](Self::leave)); for [`Graph`](crate::Graph).

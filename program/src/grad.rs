@@ -35,6 +35,25 @@ pub fn vjp(program: &Program, wrt: &[Value]) -> Result<Program> {
 /// each value of `wrt`. Instructions that reach no result (the cotangents of
 /// parameters not in `wrt`) are removed ([`Program::without_dead_code`]).
 pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
+    grad_remat(program, loss, wrt, &[])
+}
+
+/// [`grad`] with the activations of each region recomputed in the backward pass (JAX's
+/// `jax.checkpoint`, PyTorch's activation checkpointing): `regions` are ranges of
+/// `program`'s instruction indices (a transformer block each, say). A value made in a
+/// region and read only there (not a result, not an op that communicates) is not kept
+/// for the backward pass: the instructions that make it are added again just before
+/// the backward pass first needs it, from the values the region reads. What a region
+/// hands on (its output) is kept, so recomputing a region never reaches past it.
+/// Values and gradients are exactly [`grad`]'s; an interpreter that frees each value
+/// after its last use ([`crate::fast`]) then holds one region's activations at a time
+/// instead of every region's.
+pub fn grad_remat(
+    program: &Program,
+    loss: Value,
+    wrt: &[Value],
+    regions: &[std::ops::Range<usize>],
+) -> Result<Program> {
     let spec = program
         .spec(loss)
         .ok_or(Error::UndefinedValue { at: "grad's loss".into(), value: loss.0 })?
@@ -46,6 +65,7 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
         });
     }
     let mut t = Transposer::forward(program, wrt)?;
+    t.remat = Remat::new(program, regions)?;
     let l = t.map[loss.index()];
     // The seed is colocated with the loss (TensorFlow's default `grad_ys`).
     let outer = t.b.swap_request(t.b.device_of(l)?.to_string(), vec![l]);
@@ -66,6 +86,65 @@ struct Transposer<'p> {
     b: Builder,
     /// Original value → the builder's copy.
     map: Vec<Value>,
+    /// What the backward pass recomputes instead of keeping.
+    remat: Remat,
+}
+
+/// Rematerialization: which original values the backward pass recomputes, and their
+/// copies made so far.
+#[derive(Default)]
+struct Remat {
+    /// Per original value: whether it is recomputed.
+    recomputed: Vec<bool>,
+    /// Per original value: its recomputed copy, once made.
+    copy: Vec<Option<Value>>,
+}
+
+impl Remat {
+    fn new(program: &Program, regions: &[std::ops::Range<usize>]) -> Result<Remat> {
+        let (params, n) = (program.params().len(), program.instrs().len());
+        let mut region = vec![None; n];
+        for (r, range) in regions.iter().enumerate() {
+            if range.start > range.end || range.end > n {
+                return Err(Error::Type {
+                    op: "grad_remat",
+                    at: format!("region {}..{}", range.start, range.end),
+                    operands: Vec::new(),
+                    problem: format!("not a range of the program's {n} instructions"),
+                });
+            }
+            for slot in &mut region[range.clone()] {
+                if slot.is_some() {
+                    return Err(Error::Type {
+                        op: "grad_remat",
+                        at: format!("region {}..{}", range.start, range.end),
+                        operands: Vec::new(),
+                        problem: "it overlaps another region".into(),
+                    });
+                }
+                *slot = Some(r);
+            }
+        }
+        // Candidates: made in a region by an op that neither communicates nor is a result.
+        let mut recomputed: Vec<bool> = (0..params + n)
+            .map(|v| {
+                v >= params
+                    && region[v - params].is_some()
+                    && !program.instrs()[v - params].op.communicates()
+                    && !program.results().contains(&Value(v as u32))
+            })
+            .collect();
+        // A value read outside its region is what the region hands on: kept.
+        for (i, instr) in program.instrs().iter().enumerate() {
+            for a in &instr.args {
+                let k = a.index();
+                if k >= params && region[k - params] != region[i] {
+                    recomputed[k] = false;
+                }
+            }
+        }
+        Ok(Remat { copy: vec![None; recomputed.len()], recomputed })
+    }
 }
 
 impl<'p> Transposer<'p> {
@@ -111,7 +190,7 @@ impl<'p> Transposer<'p> {
             }
             map.push(v);
         }
-        Ok(Transposer { program, b, map })
+        Ok(Transposer { program, b, map, remat: Remat::default() })
     }
 
     fn backward(
@@ -143,8 +222,9 @@ impl<'p> Transposer<'p> {
             let k = params + i;
             let Some(g) = self.total(&mut adj, k)? else { continue };
             let instr = &self.program.instrs()[i];
-            let args: Vec<Value> = instr.args.iter().map(|a| self.map[a.index()]).collect();
-            let y = self.map[k];
+            let args =
+                instr.args.iter().map(|a| self.saved(a.index())).collect::<Result<Vec<_>>>()?;
+            let y = self.saved(k)?;
             // As TensorFlow's gradients (`colocate_gradients_with_ops`), what the rule
             // adds is colocated with the instruction it differentiates, on its device.
             let outer = self.b.swap_request(instr.device.clone(), vec![y]);
@@ -161,6 +241,51 @@ impl<'p> Transposer<'p> {
             out.push(g);
         }
         Ok(out)
+    }
+
+    /// Original value `k` as the backward pass reads it: the forward pass's, or a copy
+    /// recomputed (once) from what its region keeps.
+    fn saved(&mut self, k: usize) -> Result<Value> {
+        if !self.remat.recomputed.get(k).copied().unwrap_or(false) {
+            return Ok(self.map[k]);
+        }
+        if let Some(c) = self.remat.copy[k] {
+            return Ok(c);
+        }
+        // Depth-first over the operands still to recompute (no recursion: a region
+        // may be long).
+        let params = self.program.params().len();
+        let mut stack = vec![k];
+        while let Some(&v) = stack.last() {
+            let instr = &self.program.instrs()[v - params];
+            let pending: Vec<usize> = instr
+                .args
+                .iter()
+                .map(|a| a.index())
+                .filter(|&a| self.remat.recomputed[a] && self.remat.copy[a].is_none())
+                .collect();
+            if !pending.is_empty() {
+                stack.extend(pending);
+                continue;
+            }
+            stack.pop();
+            if self.remat.copy[v].is_some() {
+                continue;
+            }
+            let args: Vec<Value> = instr
+                .args
+                .iter()
+                .map(|a| self.remat.copy[a.index()].unwrap_or(self.map[a.index()]))
+                .collect();
+            let c = self.b.push(instr.op.clone(), &args)?;
+            self.b.set_device(c, &instr.device)?;
+            for with in &instr.colocate {
+                let at = self.remat.copy[with.index()].unwrap_or(self.map[with.index()]);
+                self.b.colocate(c, at)?;
+            }
+            self.remat.copy[v] = Some(c);
+        }
+        Ok(self.remat.copy[k].expect("recomputed above"))
     }
 
     /// Adds instruction `k`'s transpose (its cotangent `g`) and accumulates what flows

@@ -20,10 +20,13 @@ fn spec(dtype: DType, dims: &[usize]) -> Infer {
 
 /// The interpreters index with row-major strides, which multiply every dim but the
 /// first: a shape with no elements may still not have strides that fit (`[0, 2^32,
-/// 2^32]`). Such shapes are refused.
+/// 2^32]`). Such shapes are refused, as is any whose non-zero dims multiply past
+/// `isize::MAX` (ndarray, the interpreters' storage, refuses those even when empty:
+/// `[2, 0, 2^62]`).
 pub(crate) fn strides_fit(dims: &[usize]) -> Result<(), String> {
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+        .filter(|&n| isize::try_from(n).is_ok())
         .map(|_| ())
         .ok_or_else(|| format!("the strides of shape {dims:?} overflow"))
 }

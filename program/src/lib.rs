@@ -67,7 +67,7 @@ pub use builder::Builder;
 pub use catalogue::{Catalogue, Kernels};
 pub use env::{Channels, Collectives, Env, HostSink};
 pub use error::{Error, Result};
-pub use grad::{grad, vjp};
+pub use grad::{grad, grad_remat, vjp};
 pub use graph::{Graph, Var};
 pub use meshwork_types::Tensor;
 pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};

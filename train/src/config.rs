@@ -289,6 +289,13 @@ pub struct Config {
     pub plot: Option<PathBuf>,
     /// `--export-hf`: GPT-2's final weights as a Hugging Face checkpoint folder.
     pub export_hf: Option<PathBuf>,
+    /// `--grad-accum N`: each step's batch in N micro-batches, their gradients
+    /// accumulated (the same losses, one micro-batch's activations held at a time).
+    pub grad_accum: Option<usize>,
+    /// `--remat`: each transformer block's activations recomputed in the backward pass.
+    pub remat: bool,
+    /// `--fsdp`: weights, gradients and optimizer state split over the data axis.
+    pub fsdp: bool,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -339,6 +346,9 @@ impl Default for Config {
             metrics_jsonl: None,
             plot: None,
             export_hf: None,
+            grad_accum: None,
+            remat: false,
+            fsdp: false,
         }
     }
 }

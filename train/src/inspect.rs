@@ -11,7 +11,7 @@ use meshwork_strategy::Strategy;
 use meshwork_types::DType;
 
 use crate::config::{Config, ModelKind, OptimizerKind};
-use crate::model::{Layout, Net};
+use crate::model::{Layout, Net, Savers};
 use crate::plan::{MAX_DEVICES, heads_with_init, memory_error, transformer_from_flags};
 use crate::{Error, Result, init};
 
@@ -54,7 +54,8 @@ pub fn inspect(config: &Config) -> Result<String> {
         )));
     }
     let net = Net::Transformer(model);
-    let need = net.memory_estimate(batch, 1, dtype, devices, false);
+    let layout = Layout::Mesh { data, model: m };
+    let need = net.memory_estimate(batch, 1, dtype, layout, false, Savers::default()).total();
     if need > config.max_memory as f64 {
         return Err(memory_error(need, config.max_memory));
     }
@@ -144,6 +145,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         optimizer: p.optimizer,
         clip: p.clip,
         init: &init,
+        savers: p.savers,
     };
     let mut run = start(&strategy, p.layout, &recipe)?;
     let compiled = strategy.backend().compiles();
@@ -185,8 +187,37 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         crate::config::BackendKind::Xla { partitioner, .. } => format!("{partitioner:?}"),
         crate::config::BackendKind::Interpreter => "Meshwork".into(),
     };
+    // The estimate --max-memory is checked against (the run's, without the check's
+    // copy), and what --fsdp leaves whole.
+    let estimate =
+        p.net.memory_estimate(p.batch, p.steps_per_run, p.dtype, p.layout, false, p.savers);
+    let whole_over_data: Vec<String> = match p.layout {
+        Layout::Mesh { data, model } if p.savers.fsdp => p
+            .net
+            .weight_dims()?
+            .into_iter()
+            .filter(|(name, dims)| p.net.fsdp_spec(name, dims, (data, model)).is_none())
+            .map(|(name, _)| name)
+            .collect(),
+        _ => Vec::new(),
+    };
     let json = serde_json::json!({
         "model": p.net.describe(),
+        "savers": {
+            "grad_accum": p.savers.micro,
+            "remat": p.savers.remat,
+            "fsdp": p.savers.fsdp,
+            "fsdp_replicated": whole_over_data,
+        },
+        "memory": {
+            "estimate": {
+                "weights_bytes": estimate.weights,
+                "activation_bytes": estimate.activations,
+                "feed_bytes": estimate.feeds,
+                "total_bytes": estimate.total(),
+            },
+            "step_peak_bytes": run.peak_bytes(),
+        },
         "backend": strategy.backend().name(),
         "partitioner": partitioner.to_lowercase(),
         "layout": p.layout.describe(),
@@ -202,6 +233,9 @@ pub fn inspect_json(config: &Config) -> Result<String> {
             "collective_bytes": per_step(after.between_devices, before.between_devices),
             "batch_bytes": batch_bytes,
         },
+        "collectives": run.collectives().into_iter().map(|(kind, (n, bytes))| serde_json::json!({
+            "kind": kind, "count": n, "bytes": bytes,
+        })).collect::<Vec<_>>(),
         "compiles": compiles,
         "compiles_in_steps": strategy.backend().compiles() - compiled,
         "steps": after.steps - before.steps,

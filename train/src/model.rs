@@ -56,6 +56,43 @@ impl Layout {
     }
 }
 
+/// The memory savers of a run (`--grad-accum`, `--remat`, `--fsdp`): how its steps
+/// compute, never what (the losses are the same without them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Savers {
+    /// Micro-batches each step's batch is split into, their gradients accumulated.
+    pub(crate) micro: usize,
+    /// Each block's activations recomputed in the backward pass.
+    pub(crate) remat: bool,
+    /// Weights, gradients and optimizer state split over the data axis.
+    pub(crate) fsdp: bool,
+}
+
+impl Default for Savers {
+    fn default() -> Savers {
+        Savers { micro: 1, remat: false, fsdp: false }
+    }
+}
+
+/// A run's estimated bytes ([`Net::memory_estimate`]), by what holds them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Estimate {
+    /// Weights with their gradients, optimizer state and working copies, on every
+    /// device (and the one-device check's).
+    pub(crate) weights: f64,
+    /// A step's activations (and the check's).
+    pub(crate) activations: f64,
+    /// A host call's batches, read and fed.
+    pub(crate) feeds: f64,
+}
+
+impl Estimate {
+    /// All of it.
+    pub(crate) fn total(&self) -> f64 {
+        self.weights + self.activations + self.feeds
+    }
+}
+
 /// The model a run trains.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Net {
@@ -182,6 +219,18 @@ impl Net {
         dtype: DType,
         layout: Layout,
     ) -> Result<(Program, Value)> {
+        self.loss_program_blocks(batch, dtype, layout).map(|(p, l, _)| (p, l))
+    }
+
+    /// [`loss_program`](Self::loss_program) and the instruction range of each of the
+    /// transformer's or GPT-2's blocks (none for the others): the regions `--remat`
+    /// recomputes.
+    pub(crate) fn loss_program_blocks(
+        &self,
+        batch: usize,
+        dtype: DType,
+        layout: Layout,
+    ) -> Result<(Program, Value, Vec<std::ops::Range<usize>>)> {
         let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
         let mut b = Builder::new();
         let feeds = self.feeds(&mut b, batch, dtype).map_err(bad)?;
@@ -211,7 +260,23 @@ impl Net {
             }
         }
         .map_err(bad)?;
-        Ok((b.finish(&[loss]).map_err(bad)?, loss))
+        // A block is a top-level scope `transformer.h.N` (GPT-2) or `layers.N`.
+        let block = |name: &str| {
+            let index = name.strip_prefix("transformer.h.").or(name.strip_prefix("layers."));
+            index.is_some_and(|i| !i.is_empty() && i.bytes().all(|c| c.is_ascii_digit()))
+        };
+        let blocks = match self {
+            Net::Transformer(_) | Net::Gpt2 { .. } => b
+                .scope_spans()
+                .iter()
+                .filter(|(name, _)| block(name))
+                .map(|(_, r)| r.clone())
+                .collect(),
+            Net::Mlp(_) | Net::Cnn(_) => Vec::new(),
+        };
+        let program = b.finish(&[loss]).map_err(bad)?;
+        let loss = program.results()[0];
+        Ok((program, loss, blocks))
     }
 
     /// The evaluation program of `batch` rows: the mean loss and accuracy (of the class,
@@ -260,6 +325,41 @@ impl Net {
         }
     }
 
+    /// Weight `name` of `dims`'s layout under `--fsdp` on a `data x model` mesh: its
+    /// [`weight_spec`](Self::weight_spec) (none when `model` is 1) with the data axis
+    /// added on its largest dimension that the model axis does not split and that
+    /// `data` divides (the first of equals); `None` when it has none, and it stays
+    /// whole on every replica.
+    pub(crate) fn fsdp_spec(
+        &self,
+        name: &str,
+        dims: &[usize],
+        (data, model): (usize, usize),
+    ) -> Option<PartitionSpec> {
+        use meshwork_sharding::DimSpec;
+        let base = match model {
+            1 => PartitionSpec::replicated(),
+            _ => self.weight_spec(name, dims.len()),
+        };
+        let mut specs: Vec<DimSpec> = (0..dims.len())
+            .map(|d| base.dims().get(d).cloned().unwrap_or(DimSpec::Replicated))
+            .collect();
+        let pick = (0..dims.len())
+            .filter(|&d| specs[d] == DimSpec::Replicated && dims[d].is_multiple_of(data))
+            .max_by_key(|&d| (dims[d], std::cmp::Reverse(d)))?;
+        specs[pick] = DimSpec::Axes(vec!["data".into()]);
+        Some(PartitionSpec::new(specs))
+    }
+
+    /// Each weight's name and dims, as the model program declares them.
+    pub(crate) fn weight_dims(&self) -> Result<Vec<(String, Vec<usize>)>> {
+        let (program, _) = self.loss_program(1, DType::F64, Layout::Mesh { data: 1, model: 1 })?;
+        Ok(program.params()[self.fed()..]
+            .iter()
+            .map(|p| (p.name.clone(), p.spec.shape.dims().to_vec()))
+            .collect())
+    }
+
     /// Its weights' element count.
     pub fn parameters(&self) -> f64 {
         match self {
@@ -288,54 +388,90 @@ impl Net {
     }
 
     /// Activation elements a step computes per row (forward values and their
-    /// gradients).
-    fn activations_per_row(&self) -> f64 {
-        match self {
+    /// gradients); with `remat`, what a step holds at once: every block's input and one
+    /// block's values.
+    fn activations_per_row(&self, remat: bool) -> f64 {
+        // (per-row elements outside the blocks, of one block, of a block's input)
+        let (outside, block, input, layers) = match self {
             Net::Transformer(m) => {
-                let [v, t, d, f, l, h] =
-                    [m.vocab, m.seq, m.dim, m.ffn, m.layers, m.heads].map(|x| x as f64);
-                (t + 1.0) * (l * (12.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v)
+                let [v, t, d, f, h] = [m.vocab, m.seq, m.dim, m.ffn, m.heads].map(|x| x as f64);
+                let rows = t + 1.0;
+                let block = rows * (12.0 * d + 3.0 * f + 3.0 * h * t);
+                (rows * 3.0 * v, block, rows * d, m.layers as f64)
             }
             Net::Gpt2 { model: g, seq } => {
-                let [v, t, d, f, l, h] =
-                    [g.vocab, *seq, g.dim, g.inner, g.layers, g.heads].map(|x| x as f64);
-                (t + 1.0) * (l * (14.0 * d + 3.0 * f + 3.0 * h * t) + 3.0 * v)
+                let [v, t, d, f, h] = [g.vocab, *seq, g.dim, g.inner, g.heads].map(|x| x as f64);
+                let rows = t + 1.0;
+                let block = rows * (14.0 * d + 3.0 * f + 3.0 * h * t);
+                (rows * 3.0 * v, block, rows * d, g.layers as f64)
             }
             Net::Cnn(c) => {
                 let [hh, w, ch] = c.image.map(|x| x as f64);
                 let [f1, f2, k] = [c.filters[0], c.filters[1], c.classes].map(|x| x as f64);
-                hh * w * (ch + 3.0 * f1 + 3.0 * f2) + 3.0 * k
+                return hh * w * (ch + 3.0 * f1 + 3.0 * f2) + 3.0 * k;
             }
             Net::Mlp(m) => {
                 let [f, h, k] = [m.features, m.hidden, m.classes].map(|x| x as f64);
-                f + 3.0 * h + 3.0 * k
+                return f + 3.0 * h + 3.0 * k;
             }
+        };
+        if remat && layers > 0.0 {
+            outside + layers * input + block
+        } else {
+            outside + layers * block
         }
     }
 
     /// Bytes a run holds at once, roughly (in f64, so no size overflows): every
-    /// device's weights with their gradients, optimizer state and working copies, a
-    /// step's activations, a host call's batches (`steps_per_run` of `batch` rows,
-    /// built at once and split per device), and the one-device check's copy of it all.
-    pub fn memory_estimate(
+    /// device's weights with their gradients, optimizer state and working copies (a
+    /// `1/D` part of each weight `--fsdp` splits over `D` replicas), a step's
+    /// activations (of one micro-batch with `--grad-accum`, one block's at a time with
+    /// `--remat`), a host call's batches (`steps_per_run` of `batch` rows, built at
+    /// once and split per device), and the one-device check's copy of it all (which
+    /// runs without the savers).
+    pub(crate) fn memory_estimate(
         &self,
         batch: usize,
         steps_per_run: usize,
         dtype: DType,
-        devices: usize,
+        layout: Layout,
         check: bool,
-    ) -> f64 {
+        savers: Savers,
+    ) -> Estimate {
         let size = dtype.size_in_bytes() as f64;
         let b = batch as f64;
-        let copies = devices as f64 + f64::from(u8::from(check));
-        let weights = self.parameters() * 6.0 * copies * size;
-        let activations = b * self.activations_per_row() * 2.0 * copies.min(2.0) * size;
+        let devices = layout.devices() as f64;
+        let checked = f64::from(u8::from(check));
+        let whole = self.parameters();
+        let held = match layout {
+            Layout::Mesh { data, model } if savers.fsdp && data > 1 => {
+                self.weight_dims().map_or(whole, |ws| {
+                    ws.iter()
+                        .map(|(name, dims)| {
+                            let n: f64 = dims.iter().map(|&d| d as f64).product();
+                            match self.fsdp_spec(name, dims, (data, model)) {
+                                Some(_) => n / data as f64,
+                                None => n,
+                            }
+                        })
+                        .sum()
+                })
+            }
+            _ => whole,
+        };
+        let weights = (held * devices + whole * checked) * 6.0 * size;
+        // The run's own (counted twice over a mesh without the check) and the check's.
+        let own = (devices + checked).min(2.0) - checked;
+        let micro = savers.micro.max(1) as f64;
+        let activations = 2.0
+            * size
+            * (own * b / micro * self.activations_per_row(savers.remat)
+                + checked * b * self.activations_per_row(false));
         // The host call's feeds: the global batches, then their parts on the devices
         // (the check's too), in f64 where they are read and in the dtype where fed.
         let calls = steps_per_run.max(1) as f64;
-        let feeds =
-            calls * b * self.row_elements() * (8.0 + size * (1.0 + f64::from(u8::from(check))));
-        weights + activations + feeds
+        let feeds = calls * b * self.row_elements() * (8.0 + size * (1.0 + checked));
+        Estimate { weights, activations, feeds }
     }
 
     /// Initial weights drawn from `seed` for the weights of `program` (its parameters

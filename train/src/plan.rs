@@ -16,7 +16,7 @@ use crate::config::{
 };
 use crate::data::{self, BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
 use crate::files::{Output, check_output, read_losses};
-use crate::model::{Layout, Net};
+use crate::model::{Layout, Net, Savers};
 use crate::report::number_text;
 use crate::resume::{Origin, Saved};
 use crate::{Error, Result, init};
@@ -69,6 +69,8 @@ pub(crate) struct Plan {
     pub(crate) plot: Option<PathBuf>,
     /// `--export-hf`'s folder and the `config.json` it gets.
     pub(crate) export_hf: Option<(PathBuf, Value)>,
+    /// `--grad-accum`, `--remat`, `--fsdp`.
+    pub(crate) savers: Savers,
     /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
     pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
 }
@@ -186,6 +188,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         }
         _ => {}
     }
+    let savers = savers(config, layout, batch)?;
     let optimizer_kind =
         config.optimizer.unwrap_or(if mlp { OptimizerKind::Sgd } else { OptimizerKind::Adam });
     let optimizer = optimizer_kind.with(&config.optimizer_settings)?;
@@ -363,7 +366,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // the transformer's rows are read, and for every model once its data are known).
     let memory = |net: &Net| {
         let extra = bookkeeping(config, steps);
-        check_memory(net, batch, config.steps_per_run, dtype, devices, extra, limit)
+        let need = net.memory_estimate(batch, config.steps_per_run, dtype, layout, true, savers);
+        check_memory(need.total() + extra, limit)
     };
     let mut classification = None;
     let (net, examples, rows_all) = match kind {
@@ -737,8 +741,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         (Some(saved), Some(path)) if saved.step < steps => earlier_losses(saved, path)?,
         _ => Vec::new(),
     };
-    let small =
-        net.memory_estimate(batch, config.steps_per_run, dtype, devices, true) <= CHECK_BYTES;
+    let need = net.memory_estimate(batch, config.steps_per_run, dtype, layout, true, savers);
+    let small = need.total() <= CHECK_BYTES;
     // On XLA (one device or a mesh), each step is checked against the interpreter on one
     // device.
     let check = (devices > 1 || xla)
@@ -787,23 +791,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             )),
             (Some(_), _) => unreachable!("refused before"),
         },
-        xla: xla_backend(
-            &config.backend,
-            net_need(&net, batch, config.steps_per_run, dtype, devices),
-            devices,
-        )?,
+        savers,
+        xla: xla_backend(&config.backend, need.total(), devices)?,
     })
 }
 
 /// `--backend xla`'s back end: the plugin (`--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`)
 /// loaded and a client made on it, before any long work; a missing or bad plugin is
 /// a usage error naming the flag.
-/// What a run holds on its device(s), by the same estimate `--max-memory` is checked
-/// against.
-fn net_need(net: &Net, batch: usize, steps_per_run: usize, dtype: DType, devices: usize) -> f64 {
-    net.memory_estimate(batch, steps_per_run, dtype, devices, true)
-}
-
 /// A run estimated to hold `need` bytes on the device is refused here when the
 /// device reports less memory (a GPU's allocator does; the CPU plugin does not).
 fn xla_backend(
@@ -845,22 +840,48 @@ fn bookkeeping(config: &Config, steps: usize) -> f64 {
     per_step * steps as f64 + 48.0 * config.steps_per_run as f64
 }
 
-/// Refuses a run whose estimated memory (the model's, and `extra` bytes of
-/// bookkeeping) is over `limit` (`--max-memory`).
-fn check_memory(
-    net: &Net,
-    batch: usize,
-    steps_per_run: usize,
-    dtype: DType,
-    devices: usize,
-    extra: f64,
-    limit: u64,
-) -> Result<()> {
-    let need = net.memory_estimate(batch, steps_per_run, dtype, devices, true) + extra;
+/// Refuses a run whose estimated memory (the model's, and its bookkeeping) `need` is
+/// over `limit` (`--max-memory`).
+fn check_memory(need: f64, limit: u64) -> Result<()> {
     if need > limit as f64 {
         return Err(memory_error(need, limit));
     }
     Ok(())
+}
+
+/// `--grad-accum`, `--remat` and `--fsdp`, each checked against the layout and batch.
+fn savers(config: &Config, layout: Layout, batch: usize) -> Result<Savers> {
+    let micro = config.grad_accum.unwrap_or(1);
+    if micro == 0 {
+        return Err(usage("--grad-accum must be at least 1"));
+    }
+    let pipeline = matches!(layout, Layout::Pipeline { .. });
+    for (flag, given) in [
+        ("grad-accum", config.grad_accum.is_some()),
+        ("remat", config.remat),
+        ("fsdp", config.fsdp),
+    ] {
+        if given && pipeline {
+            return Err(usage(format!(
+                "--{flag} applies to a mesh's step; {} cuts its batch with --microbatches",
+                layout.describe()
+            )));
+        }
+    }
+    if let Layout::Mesh { data, model } = layout
+        && !batch.is_multiple_of(data.saturating_mul(micro))
+    {
+        return Err(usage(format!(
+            "--batch {batch} does not split into --grad-accum {micro} micro-batches over the {data} data replicas of --mesh {data}x{model}"
+        )));
+    }
+    if config.remat && !matches!(config.model, ModelKind::Transformer | ModelKind::Gpt2) {
+        return Err(usage(format!(
+            "--remat recomputes a transformer's blocks; the {} has none",
+            config.model.name()
+        )));
+    }
+    Ok(Savers { micro, remat: config.remat, fsdp: config.fsdp })
 }
 
 /// `--max-memory`'s refusal.

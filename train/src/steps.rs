@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use meshwork_checkpoint::CheckpointManager;
-use meshwork_nn::{Optimizer, TrainStep};
+use meshwork_nn::{Optimizer, StepOptions, TrainStep};
 use meshwork_partition::spmd::Shardings;
 use meshwork_program::{Program, Value};
-use meshwork_sharding::Mesh;
+use meshwork_sharding::{Mesh, PartitionSpec};
 use meshwork_strategy::Strategy;
 use meshwork_strategy::backend::Traffic;
 use meshwork_strategy::placed::{PlaceOptions, Placed};
@@ -16,7 +16,7 @@ use meshwork_strategy::spmd::{Compiled, CompiledTrainStep};
 use meshwork_types::{DType, Tensor};
 
 use crate::init::cast;
-use crate::model::{Layout, Net};
+use crate::model::{Layout, Net, Savers};
 use crate::{Error, Result};
 
 /// A training run's steps, whatever runs them.
@@ -48,6 +48,17 @@ pub(crate) trait Steps {
     fn held(&self) -> Result<Held>;
     /// What its steps moved so far, as the back end counted it.
     fn traffic(&self) -> Traffic;
+    /// The most bytes one device's step holds at once by the fast interpreter's plan
+    /// of its per-device program (inputs, and each value until its last read); `None`
+    /// for a pipeline.
+    fn peak_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// The partitioner's collectives of one step (kind over axes → count, bytes);
+    /// empty for a pipeline.
+    fn collectives(&self) -> std::collections::BTreeMap<String, (usize, u64)> {
+        std::collections::BTreeMap::new()
+    }
 }
 
 fn failed(e: impl std::fmt::Display) -> Error {
@@ -65,12 +76,43 @@ fn step_failed(e: meshwork_strategy::Error) -> Error {
     }
 }
 
-/// A training step compiled over a mesh.
-struct Spmd<'s>(CompiledTrainStep<'s>);
+/// A training step compiled over a mesh, fed its batch in `.1` micro-batches.
+struct Spmd<'s>(CompiledTrainStep<'s>, usize);
+
+/// Each of `feeds` (tensors of `B` rows) cut into `micro` consecutive parts of `B /
+/// micro` rows: the first part of every feed, then the second's, and so on (the
+/// order of a step's micro-batch parameters).
+fn micro_batches(feeds: &[Tensor], micro: usize) -> Result<Vec<Tensor>> {
+    if micro <= 1 {
+        return Ok(feeds.to_vec());
+    }
+    let parts = feeds
+        .iter()
+        .map(|t| {
+            let rows = t.shape().first().copied().unwrap_or(0);
+            if rows % micro != 0 {
+                return Err(Error::failed(format!(
+                    "a feed of {rows} rows does not cut into {micro} micro-batches"
+                )));
+            }
+            let bytes = t.to_le_bytes();
+            let each = bytes.len() / micro;
+            let mut dims = t.shape().to_vec();
+            dims[0] = rows / micro;
+            bytes
+                .chunks(each.max(1))
+                .take(micro)
+                .map(|c| Tensor::from_le_bytes(t.dtype(), &dims, c).map_err(failed))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((0..micro).flat_map(|i| parts.iter().map(move |p| p[i].clone())).collect())
+}
 
 impl Steps for Spmd<'_> {
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], _: usize) -> Result<Vec<f64>> {
-        self.0.run_steps(feeds, lrs).map_err(step_failed)
+        let feeds = feeds.iter().map(|f| micro_batches(f, self.1)).collect::<Result<Vec<_>>>()?;
+        self.0.run_steps(&feeds, lrs).map_err(step_failed)
     }
     fn weight(&self, name: &str) -> Result<Tensor> {
         self.0.get(name).map_err(failed)
@@ -108,6 +150,21 @@ impl Steps for Spmd<'_> {
     }
     fn traffic(&self) -> Traffic {
         self.0.compiled().traffic()
+    }
+    fn peak_bytes(&self) -> Option<u64> {
+        use meshwork_program::fast::{Executable, Options};
+        let program = self.0.compiled().partitioned().program();
+        Some(Executable::compile(program, Options::default()).peak_bytes())
+    }
+    fn collectives(&self) -> std::collections::BTreeMap<String, (usize, u64)> {
+        let mut kinds = std::collections::BTreeMap::new();
+        for c in self.0.compiled().partitioned().collectives() {
+            let e: &mut (usize, u64) =
+                kinds.entry(format!("{} over {}", c.op, c.axes.join("+"))).or_default();
+            e.0 += 1;
+            e.1 += c.bytes;
+        }
+        kinds
     }
 }
 
@@ -224,6 +281,7 @@ pub(crate) struct Recipe<'a> {
     pub(crate) optimizer: Optimizer,
     pub(crate) clip: Option<f64>,
     pub(crate) init: &'a HashMap<String, Tensor>,
+    pub(crate) savers: Savers,
 }
 
 /// Compiles (or places) the training step of `recipe` laid out by `layout` on
@@ -233,34 +291,78 @@ pub(crate) fn start<'s>(
     layout: Layout,
     recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Steps + 's>> {
-    let Recipe { net, batch, dtype, optimizer, clip, init } = *recipe;
+    let Recipe { net, batch, dtype, optimizer, clip, init, savers } = *recipe;
     let fed = net.fed();
-    let (program, loss) = net.loss_program(batch, dtype, layout)?;
-    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
     let weight = |name: &str| -> Result<Tensor> {
         let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
         cast(t, dtype)
     };
     match layout {
         Layout::Mesh { data, model } => {
+            // A micro-batch's loss, and its blocks for --remat.
+            let micro = savers.micro.max(1);
+            let (program, loss, blocks) = net.loss_program_blocks(batch / micro, dtype, layout)?;
+            // --fsdp: each split weight's layout, and whole copies read by the model.
+            let split: Vec<(usize, PartitionSpec)> = match savers.fsdp {
+                false => Vec::new(),
+                true => program.params()[fed..]
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, p)| {
+                        let dims = p.spec.shape.dims();
+                        net.fsdp_spec(&p.name, dims, (data, model)).map(|s| (fed + k, s))
+                    })
+                    .collect(),
+            };
+            let whole: Vec<usize> = split.iter().map(|(k, _)| *k).collect();
+            let (program, loss, blocks) = gathered(&program, loss, &blocks, &whole)?;
+            let weights: Vec<Value> =
+                (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+            let options = StepOptions {
+                max_norm: clip,
+                micro_batches: micro,
+                remat: if savers.remat { blocks } else { Vec::new() },
+            };
+            let step = TrainStep::with_options(&program, loss, &weights, optimizer, &options)
+                .map_err(failed)?;
             let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
             let mut shardings = Shardings::new(mesh);
-            for p in &program.params()[..fed] {
+            let params = step.program.params();
+            for p in &params[..fed * micro] {
                 shardings = shardings.with(&p.name, "P('data')").map_err(failed)?;
             }
-            for p in &program.params()[fed..] {
-                shardings =
-                    shardings.with_spec(&p.name, net.weight_spec(&p.name, p.spec.shape.rank()));
+            for &w in &step.trained {
+                let p = &params[w.index()];
+                let rank = p.spec.shape.rank();
+                let base = net.weight_spec(&p.name, rank);
+                match split.iter().find(|(k, _)| program.params()[*k].name == p.name) {
+                    Some((_, spec)) => {
+                        // Held split; read whole (over the data axis) where the model
+                        // reads it, in every micro-batch.
+                        shardings = shardings.with_spec(&p.name, spec.clone());
+                        for i in 0..micro {
+                            let read = match micro {
+                                1 => gathered_name(&p.name),
+                                _ => format!("micro.{i}.{}", gathered_name(&p.name)),
+                            };
+                            shardings = shardings.with_spec(&read, base.clone());
+                        }
+                    }
+                    None => shardings = shardings.with_spec(&p.name, base),
+                }
             }
-            let step = strategy
-                .compile_train_step_clipped(&program, loss, &weights, optimizer, clip, &shardings)
-                .map_err(step_failed)?;
-            for p in &program.params()[fed..] {
-                step.set(&p.name, &weight(&p.name)?).map_err(step_failed)?;
+            let names: Vec<String> =
+                step.trained.iter().map(|w| params[w.index()].name.clone()).collect();
+            let step = strategy.compile_step(step, &shardings).map_err(step_failed)?;
+            for name in &names {
+                step.set(name, &weight(name)?).map_err(step_failed)?;
             }
-            Ok(Box::new(Spmd(step)))
+            Ok(Box::new(Spmd(step, micro)))
         }
         Layout::Pipeline { .. } => {
+            let (program, loss) = net.loss_program(batch, dtype, layout)?;
+            let weights: Vec<Value> =
+                (fed..program.params().len()).map(|k| Value(k as u32)).collect();
             let step =
                 TrainStep::clipped(&program, loss, &weights, optimizer, clip).map_err(failed)?;
             let sp = &step.program;
@@ -280,6 +382,55 @@ pub(crate) fn start<'s>(
             Ok(Box::new(Pipelined { placed, step, host, fed, steps: 0 }))
         }
     }
+}
+
+/// The name of weight `name`'s whole copy under `--fsdp`.
+fn gathered_name(name: &str) -> String {
+    format!("fsdp.whole.{name}")
+}
+
+/// `program` with each parameter of `weights` read through an identity named
+/// [`gathered_name`] (where `--fsdp` constrains the weight whole, so the partitioner
+/// all-gathers it there and reduce-scatters its gradient back), and the loss and
+/// block ranges renumbered to match.
+fn gathered(
+    program: &Program,
+    loss: Value,
+    blocks: &[std::ops::Range<usize>],
+    weights: &[usize],
+) -> Result<(Program, Value, Vec<std::ops::Range<usize>>)> {
+    if weights.is_empty() {
+        return Ok((program.clone(), loss, blocks.to_vec()));
+    }
+    let bad = |e: meshwork_program::Error| Error::failed(format!("--fsdp: {e}"));
+    let mut b = meshwork_program::Builder::new();
+    let mut map: Vec<Value> = Vec::with_capacity(program.num_values());
+    for p in program.params() {
+        let v = b.param(&p.name, p.spec.clone()).map_err(bad)?;
+        map.push(b.set_device(v, &p.device).map_err(bad)?);
+    }
+    for &k in weights {
+        let read = b.identity(map[k]).map_err(bad)?;
+        map[k] = b.name(read, &gathered_name(&program.params()[k].name)).map_err(bad)?;
+    }
+    for instr in program.instrs() {
+        let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
+        let v = b.push(instr.op.clone(), &args).map_err(bad)?;
+        if let Some(name) = &instr.name {
+            b.name(v, name).map_err(bad)?;
+        }
+        b.set_device(v, &instr.device).map_err(bad)?;
+        for c in &instr.colocate {
+            b.colocate(v, map[c.index()]).map_err(bad)?;
+        }
+        map.push(v);
+    }
+    let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();
+    let out = b.finish(&results).map_err(bad)?;
+    let shift = weights.len();
+    let loss = out.results()[program.results().iter().position(|&r| r == loss).unwrap_or(0)];
+    let blocks = blocks.iter().map(|r| r.start + shift..r.end + shift).collect();
+    Ok((out, loss, blocks))
 }
 
 /// An evaluation: the mean loss and accuracy (of the next token, or the class) of

@@ -14,7 +14,7 @@ use meshwork_types::{DType, Tensor};
 
 use crate::config::Config;
 use crate::files::{create_new, write_atomic, write_new};
-use crate::model::{Layout, Net};
+use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
 use crate::plan::{Plan, plan};
 use crate::report::{CheckOutcome, Report, number_text, svg};
@@ -206,6 +206,7 @@ impl Trainer {
             optimizer: p.optimizer,
             clip: p.clip,
             init: &init,
+            savers: p.savers,
         };
         let mut run = start(&strategy, p.layout, &recipe)?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
@@ -221,7 +222,9 @@ impl Trainer {
         } else {
             None
         };
-        let mut reference = if p.check { Some(start(&one, one_device, &recipe)?) } else { None };
+        // The check runs the plain step: no micro-batches, recomputation or split weights.
+        let plain = Recipe { savers: Savers::default(), ..recipe };
+        let mut reference = if p.check { Some(start(&one, one_device, &plain)?) } else { None };
         drop(init);
         let first = match &p.saved {
             None => 0,

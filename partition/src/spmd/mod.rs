@@ -53,15 +53,18 @@ impl Shardings {
         self.specs.iter().find(|(n, _)| n == param).map(|(_, s)| s)
     }
 
-    /// Each parameter's layout (`None` where not given); a spec naming no parameter of
-    /// `program` is an error.
+    /// Each parameter's layout (`None` where not given); a spec naming neither a
+    /// parameter of `program` nor a named instruction ([`constraints`](Self::constraints))
+    /// is an error.
     pub fn layouts(&self, program: &Program) -> Result<Vec<Option<Layout>>> {
         for (name, _) in &self.specs {
-            if !program.params().iter().any(|p| &p.name == name) {
+            if !program.params().iter().any(|p| &p.name == name)
+                && program.value_named(name).is_none()
+            {
                 return Err(Error::Partition {
                     value: name.clone(),
                     op: "shardings",
-                    problem: "the program has no parameter of this name".into(),
+                    problem: "the program has no parameter or named value of this name".into(),
                 });
             }
         }
@@ -74,6 +77,28 @@ impl Shardings {
                     .transpose()
             })
             .collect()
+    }
+}
+
+impl Shardings {
+    /// The layouts given for named instructions of `program` (JAX's
+    /// `with_sharding_constraint`): (value, layout) pairs the partitioner holds those
+    /// values in, moving data into and out of them as their neighbours need — an
+    /// identity of a weight split over `data`, constrained to whole, is where the
+    /// weight is all-gathered before use (and its gradient reduce-scattered back).
+    pub fn constraints(&self, program: &Program) -> Result<Vec<(usize, Layout)>> {
+        let np = program.params().len();
+        let mut out = Vec::new();
+        for (name, spec) in &self.specs {
+            if program.params().iter().any(|p| &p.name == name) {
+                continue;
+            }
+            if let Some(v) = program.value_named(name).filter(|v| v.index() >= np) {
+                let rank = program.spec(v).expect("a value of the program").shape.rank();
+                out.push((v.index(), Layout::from_spec(&self.mesh, spec, rank)?));
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -33,18 +33,21 @@ pub struct Collective {
 }
 
 /// How [`partition_with`] partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionOptions {
     /// All-reduces of one reduction and replica groups whose operands are independent
     /// are combined into launches of at most this many bytes per device
     /// ([`Program::combine_all_reduces`]; XLA's all-reduce combiner); 0 combines
     /// none. Default 32 MiB.
     pub combine_bytes: usize,
+    /// Layouts some instructions' values are held in (value number, layout), as
+    /// JAX's `with_sharding_constraint` ([`Shardings::constraints`](super::Shardings::constraints)).
+    pub constraints: Vec<(usize, Layout)>,
 }
 
 impl Default for PartitionOptions {
     fn default() -> PartitionOptions {
-        PartitionOptions { combine_bytes: 32 << 20 }
+        PartitionOptions { combine_bytes: 32 << 20, constraints: Vec::new() }
     }
 }
 
@@ -231,6 +234,16 @@ pub fn partition_with(
     let mut ann: Vec<Option<Layout>> = vec![None; nv];
     for (k, l) in inputs.iter().enumerate() {
         ann[k] = l.clone();
+    }
+    for (v, l) in &options.constraints {
+        if *v < np || *v >= nv {
+            return Err(Error::Partition {
+                value: format!("%{v}"),
+                op: "constraint",
+                problem: "a layout constraint names an instruction of the program".into(),
+            });
+        }
+        ann[*v] = Some(l.clone());
     }
     for (r, l) in program.results().iter().zip(outputs) {
         if let (Some(l), None) = (l, &ann[r.index()]) {

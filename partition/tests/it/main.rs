@@ -94,3 +94,58 @@ fn an_instructions_work_is_counted_from_its_shapes() {
     assert!(!of(d).wide && of(n).wide, "f64 work runs at f64 rates");
     assert!(of(y).elements == 0.0 && of(y).transcendentals == 0.0);
 }
+
+/// A layout constraint on a named value (JAX's `with_sharding_constraint`) is where
+/// data moves: a weight split over `data`, read through an identity constrained whole,
+/// is all-gathered there before the batch-split matmul reads it, and its gradient
+/// path has nothing else to move; without the constraint the partitioner is free to
+/// move the activations instead. A spec naming neither a parameter nor a named value
+/// is refused.
+#[test]
+fn a_constrained_value_is_where_the_partitioner_gathers() {
+    use meshwork_partition::spmd::{PartitionOptions, Shardings, partition_with};
+    let mesh = Mesh::iota(&[("data", 2)]).unwrap();
+    let mut b = Builder::new();
+    let x = b.param("x", "f64[8,16]".parse().unwrap()).unwrap();
+    let w = b.param("w", "f64[16,4]".parse().unwrap()).unwrap();
+    let whole = b.identity(w).unwrap();
+    let whole = b.name(whole, "w.whole").unwrap();
+    let z = b.matmul(x, whole).unwrap();
+    let program = b.finish(&[z]).unwrap();
+    let shardings = Shardings::new(mesh.clone())
+        .with("x", "P('data')")
+        .unwrap()
+        .with("w", "P('data')")
+        .unwrap()
+        .with("w.whole", "P()")
+        .unwrap();
+    let inputs = shardings.layouts(&program).unwrap();
+    let constraints = shardings.constraints(&program).unwrap();
+    assert_eq!(constraints.len(), 1);
+    assert_eq!(constraints[0].0, program.value_named("w.whole").unwrap().index());
+    let options = PartitionOptions { constraints, ..PartitionOptions::default() };
+    let part = partition_with(&program, &mesh, &inputs, &[None], &options).unwrap();
+    let moved: Vec<(&str, &str)> =
+        part.collectives().iter().map(|c| (c.op, c.value.as_str())).collect();
+    assert_eq!(moved, [("all_gather", "w.whole")], "{}", part.program());
+    // Unconstrained, the weight stays split and the matmul's contraction is what
+    // the partitioner reconciles: no gather of the weight alone.
+    let free = Shardings::new(mesh.clone()).with("x", "P('data')").unwrap().with("w", "P('data')");
+    let inputs = free.unwrap().layouts(&program).unwrap();
+    let part = partition_with(&program, &mesh, &inputs, &[None], &PartitionOptions::default());
+    let part = part.unwrap();
+    let moved: Vec<(&str, &str)> =
+        part.collectives().iter().map(|c| (c.op, c.value.as_str())).collect();
+    assert!(moved.iter().all(|&(op, _)| op != "all_gather"), "{}", part.program());
+
+    let bad = Shardings::new(mesh.clone()).with("nowhere", "P()").unwrap();
+    let err = bad.layouts(&program).unwrap_err();
+    assert!(err.to_string().contains("no parameter or named value"), "{err}");
+    let options = PartitionOptions {
+        constraints: vec![(0, Layout::from_spec(&mesh, &"P()".parse().unwrap(), 2).unwrap())],
+        ..PartitionOptions::default()
+    };
+    let inputs = [None, None];
+    let err = partition_with(&program, &mesh, &inputs, &[None], &options).unwrap_err();
+    assert!(err.to_string().contains("names an instruction"), "{err}");
+}

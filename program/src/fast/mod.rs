@@ -305,6 +305,39 @@ impl Executable {
             .collect()
     }
 
+    /// The most bytes its values hold at once during a run, by its plan: the inputs
+    /// throughout, and what each step writes (an instruction's result, a fused
+    /// group's written members) from that step until its last read (results to the
+    /// end). What activation checkpointing and gradient accumulation lower.
+    pub fn peak_bytes(&self) -> u64 {
+        let np = self.program.params().len();
+        let bytes = |v: Value| -> u64 {
+            let spec = self.program.spec(v).expect("a value of the program");
+            spec.byte_size().map_or(u64::MAX, |b| b as u64)
+        };
+        let mut live: u64 = self
+            .program
+            .params()
+            .iter()
+            .map(|p| p.spec.byte_size().map_or(u64::MAX, |b| b as u64))
+            .fold(0, u64::saturating_add);
+        let mut peak = live;
+        for (s, step) in self.steps.iter().enumerate() {
+            let written: Vec<Value> = match step {
+                Step::Instr(i) => vec![Value((np + i) as u32)],
+                Step::Fused(g) => self.groups[*g].outputs.iter().map(|&(_, v, _)| v).collect(),
+            };
+            live = written.into_iter().map(bytes).fold(live, u64::saturating_add);
+            peak = peak.max(live);
+            for &v in &self.frees[s] {
+                if v.index() >= np {
+                    live = live.saturating_sub(bytes(v));
+                }
+            }
+        }
+        peak
+    }
+
     /// Runs the program on `inputs` (one per parameter, of its spec).
     pub fn run(&self, inputs: &[Tensor], env: &Env<'_>) -> Result<Vec<Tensor>> {
         reference::check_inputs(&self.program, inputs)?;

@@ -10,7 +10,7 @@
 //!   first-order gradient.
 
 use meshwork_program::fast::{self, Executable, Options};
-use meshwork_program::{Builder, Env, Program, Tensor, Value, grad, reference};
+use meshwork_program::{Builder, Env, Program, Tensor, Value, grad, grad_remat, reference};
 use meshwork_types::{DType, Shape, TensorSpec};
 use proptest::prelude::*;
 
@@ -314,6 +314,43 @@ proptest! {
         }
     }
 
+    /// Rematerialization changes where values come from, never what they are: with
+    /// random regions, `grad_remat`'s results equal `grad`'s exactly (the reference
+    /// interpreter runs both), and its program keeps no dead code.
+    #[test]
+    fn prop_rematerialized_gradients_equal_plain_ones(
+        r in recipe(),
+        cuts in proptest::collection::vec(any::<u8>(), 0..6),
+        seed in any::<u64>(),
+    ) {
+        let p = build(&r, DType::F64, false, false);
+        let loss = p.results()[1];
+        let wrt = [Value(0), Value(1), Value(2)];
+        let n = p.instrs().len();
+        // Consecutive regions between sorted cut points, every other one left out.
+        let mut points: Vec<usize> = cuts.iter().map(|&c| c as usize % (n + 1)).collect();
+        points.extend([0, n]);
+        points.sort_unstable();
+        points.dedup();
+        let regions: Vec<std::ops::Range<usize>> = points
+            .windows(2)
+            .enumerate()
+            .filter(|(k, _)| k % 2 == 0 || cuts.len() % 2 == 1)
+            .map(|(_, w)| w[0]..w[1])
+            .collect();
+        let plain = grad(&p, loss, &wrt).unwrap();
+        let remat = grad_remat(&p, loss, &wrt, &regions).unwrap();
+        prop_assert!(unread(&remat).is_empty(), "dead code {:?} in\n{}", unread(&remat), remat);
+        let feed = inputs(&p, seed);
+        let want = reference::evaluate(&plain, &feed).unwrap();
+        let got = reference::evaluate(&remat, &feed).unwrap();
+        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+            let (a, b) = (a.to_f64(), b.to_f64());
+            let same = a.iter().zip(&b).all(|(x, y)| x == y || (x.is_nan() && y.is_nan()));
+            prop_assert!(same, "result {}: {:?} vs {:?}\n{}", k, a, b, remat);
+        }
+    }
+
     /// The fast interpreter (fused and unfused, one thread and two) equals the reference
     /// on random programs of every dtype.
     #[test]
@@ -503,4 +540,65 @@ fn close_compares_non_finite_values_exactly_and_finite_ones_on_a_finite_scale() 
     assert!(
         close(&t(vec![100.0 + 1e-5, f64::INFINITY]), &t(vec![100.0, f64::INFINITY]), 1e-9).is_err()
     );
+}
+
+/// Rematerialization holds one block's activations at a time: a chain of 8 blocks of
+/// `tanh(x·W)` (a region each), differentiated with `grad_remat`, recomputes each
+/// block's inner values in the backward pass, and the fast interpreter's plan of it
+/// peaks lower than plain `grad`'s, with the same gradients.
+#[test]
+fn rematerialized_blocks_lower_the_peak_and_keep_the_gradients() {
+    let mut b = Builder::new();
+    let mut x = b.param("x", spec(DType::F64, &[64, 32])).unwrap();
+    for i in 0..8 {
+        x = b
+            .scope(&format!("block{i}"), |b| {
+                let w = b.param("w", spec(DType::F64, &[32, 32]))?;
+                let h = b.matmul(x, w)?;
+                let h = b.tanh(h)?;
+                let s = b.logistic(h)?;
+                let h = b.mul(h, s)?;
+                b.add(x, h)
+            })
+            .unwrap();
+    }
+    // The blocks' scopes are the regions.
+    let regions: Vec<std::ops::Range<usize>> =
+        b.scope_spans().iter().map(|(_, r)| r.clone()).collect();
+    assert_eq!(b.scope_spans()[7].0, "block7");
+    assert_eq!(regions[1], 5..10);
+    assert_eq!(regions[7].end, b.instr_count());
+    let loss = b.reduce_mean(x, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    let wrt: Vec<Value> = (0..p.params().len()).map(|k| Value(k as u32)).skip(1).collect();
+    let plain = grad(&p, loss, &wrt).unwrap();
+    let remat = grad_remat(&p, loss, &wrt, &regions).unwrap();
+    assert!(remat.instrs().len() > plain.instrs().len(), "nothing was recomputed:\n{remat}");
+    let peak = |g: &Program| Executable::compile(g, Options::default()).peak_bytes();
+    let (with, without) = (peak(&remat), peak(&plain));
+    assert!(with * 10 < without * 8, "peak {with} with remat, {without} without");
+    let feed = inputs(&p, 3);
+    let got = Executable::compile(&remat, Options::default()).run(&feed, &Env::local()).unwrap();
+    let want = reference::evaluate(&plain, &feed).unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        close(a, b, 1e-12).unwrap();
+    }
+}
+
+/// Regions outside the program, or overlapping, are refused.
+#[test]
+fn bad_rematerialization_regions_are_refused() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F64, &[3])).unwrap();
+    let y = b.tanh(x).unwrap();
+    let z = b.sin(y).unwrap();
+    let loss = b.reduce_sum(z, &[0], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    // Past the program's 3 instructions; two that overlap.
+    let past = [0..2, 2..9];
+    let overlapping = [0..2, 1..3];
+    for regions in [&past[..], &overlapping[..]] {
+        let e = grad_remat(&p, loss, &[Value(0)], regions).unwrap_err();
+        assert!(e.to_string().contains("region"), "{e}");
+    }
 }

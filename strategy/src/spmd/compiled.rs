@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use meshwork_nn::{Optimizer, TrainStep};
-use meshwork_partition::spmd::{Partitioned, Shardings, partition};
+use meshwork_partition::spmd::{PartitionOptions, Partitioned, Shardings, partition_with};
 use meshwork_program::{Program, Tensor, Value};
 use meshwork_types::TensorSpec;
 
@@ -110,7 +110,12 @@ impl Strategy {
         }
         // Propagate once to learn the carried parameters' layouts, then pin the
         // carried results to them.
-        let first = partition(program, mesh, &inputs, &vec![None; program.results().len()])?;
+        let options = PartitionOptions {
+            constraints: shardings.constraints(program)?,
+            ..PartitionOptions::default()
+        };
+        let first =
+            partition_with(program, mesh, &inputs, &vec![None; program.results().len()], &options)?;
         let mut fixed = inputs.clone();
         for (k, l) in first.inputs().iter().enumerate() {
             fixed[k] = Some(l.clone());
@@ -119,7 +124,7 @@ impl Strategy {
         for &(r, p) in &pairs {
             outputs[r] = Some(first.inputs()[p].clone());
         }
-        let part = partition(program, mesh, &fixed, &outputs)?;
+        let part = partition_with(program, mesh, &fixed, &outputs, &options)?;
         let mut resident = vec![false; np];
         for &(_, p) in &pairs {
             resident[p] = true;
@@ -449,6 +454,21 @@ impl Strategy {
         shardings: &Shardings,
     ) -> Result<CompiledTrainStep<'_>> {
         let step = TrainStep::clipped(program, loss, trained, optimizer, max_norm)?;
+        self.compile_step(step, shardings)
+    }
+
+    /// Compiles a training step already built ([`TrainStep::with_options`]: gradient
+    /// accumulation, rematerialization), partitioned by `shardings`, given for the
+    /// step program's fed parameters (each micro-batch's) and its trained ones: each
+    /// weight's optimizer state is laid out like the weight.
+    pub fn compile_step(
+        &self,
+        step: TrainStep,
+        shardings: &Shardings,
+    ) -> Result<CompiledTrainStep<'_>> {
+        let optimizer = step.optimizer;
+        let trained = &step.trained;
+        let program = &step.program;
         let mut s = shardings.clone();
         for &w in trained {
             let name = &program.params()[w.index()].name;

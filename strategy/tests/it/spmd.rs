@@ -274,7 +274,10 @@ fn megatron_decoder_block_two_all_reduces_each_way() {
         &mesh,
         &inputs,
         &outputs,
-        &meshwork_strategy::partition::spmd::PartitionOptions { combine_bytes: 0 },
+        &meshwork_strategy::partition::spmd::PartitionOptions {
+            combine_bytes: 0,
+            ..Default::default()
+        },
     )
     .unwrap();
     assert_eq!(apart.launches(), weights + 1 + 4);
@@ -900,7 +903,7 @@ fn what_cannot_be_compiled_is_a_typed_error() {
     let strategy = Strategy::data_parallel(4).unwrap();
     let unknown = Shardings::new(mesh.clone()).with("y", "P('data')").unwrap();
     let err = strategy.compile(&program, &unknown, &[]).err().unwrap();
-    assert!(err.to_string().contains("no parameter of this name"), "{err}");
+    assert!(err.to_string().contains("no parameter or named value of this name"), "{err}");
     let shardings = Shardings::new(mesh.clone());
     let err = strategy.compile(&program, &shardings, &[(0, "w")]).err().unwrap();
     assert!(err.to_string().contains("result 0 is not of the parameter's spec"), "{err}");
