@@ -43,6 +43,12 @@ pub(crate) enum Command {
     /// config's eos_token_id, as transformers' generate does. Prints the ids: the
     /// prompt's, then the new ones.
     Generate(GenerateArgs),
+    /// Encode a text file with a Hugging Face tokenizer into token rows (.npy).
+    ///
+    /// Writes [rows, T + 1] int32 ids, cut as train --text FILE --tokenizer T.json
+    /// --seq T cuts them, for train --data-tokens. The text is encoded in chunks, with
+    /// the ids of encoding it whole.
+    Tokenize(TokenizeArgs),
     /// Draw which device holds which block of a sharded array.
     ///
     /// Prints the shard shape, the XLA sharding and the index map (each device and the
@@ -343,6 +349,9 @@ pub(crate) struct TrainArgs {
     /// GPT-2: a Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped)
     #[arg(long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
+    /// Where --text encoded by --tokenizer is cached as .npy rows, keyed by the SHA-256 of the text, the tokenizer and --seq (default: meshwork's folder in the user's cache directory, $XDG_CACHE_HOME/meshwork or ~/.cache/meshwork)
+    #[arg(long, value_name = "DIR", requires = "tokenizer")]
+    cache_dir: Option<PathBuf>,
     /// GPT-2: write the final weights as a Hugging Face checkpoint folder (new or empty) that GPT2LMHeadModel.from_pretrained loads
     #[arg(long, value_name = "DIR")]
     export_hf: Option<PathBuf>,
@@ -419,6 +428,11 @@ impl TrainArgs {
             init: self.init.clone(),
             preset: self.preset.clone(),
             tokenizer: self.tokenizer.clone(),
+            cache_dir: match (&self.tokenizer, &self.cache_dir) {
+                (None, _) => None,
+                (Some(_), Some(dir)) => Some(dir.clone()),
+                (Some(_), None) => meshwork_train::tokenize::default_cache_dir(),
+            },
             export_hf: self.export_hf.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
@@ -499,6 +513,26 @@ fn backend_kind(
         BackendArg::Interpreter => Ok(BackendKind::Interpreter),
         BackendArg::Xla => Ok(BackendKind::Xla { plugin: plugin.clone(), partitioner }),
     }
+}
+
+/// `meshwork tokenize`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct TokenizeArgs {
+    /// The text file to encode (UTF-8; encoded in chunks, with the ids of encoding it whole)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) text: PathBuf,
+    /// A Hugging Face tokenizer.json
+    #[arg(long, value_name = "tokenizer.json")]
+    pub(crate) tokenizer: PathBuf,
+    /// Rows of T + 1 tokens: consecutive, non-overlapping, the tail dropped (as train --text --tokenizer --seq T cuts them)
+    #[arg(long, value_name = "T")]
+    pub(crate) seq: usize,
+    /// The .npy file to write ([rows, T + 1], int32; a new file), which train --data-tokens reads
+    #[arg(long, value_name = "FILE.npy")]
+    pub(crate) out: PathBuf,
+    /// Refuse a text whose ids would hold more than SIZE (suffixes K, M, G, T)
+    #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
+    pub(crate) max_memory: u64,
 }
 
 /// `meshwork generate`'s flags.

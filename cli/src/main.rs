@@ -143,6 +143,21 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             };
             out::out(format_args!("{text}"))
         }
+        Some(Command::Tokenize(a)) => {
+            let n = meshwork_train::tokenize::tokenize_to(
+                &a.text,
+                &a.tokenizer,
+                a.seq,
+                &a.out,
+                a.max_memory,
+            )
+            .map_err(train::exit)?;
+            out::out(format_args!(
+                "wrote {n} rows of {} tokens to {}\n",
+                a.seq + 1,
+                a.out.display()
+            ))
+        }
         Some(Command::Shard(a)) => tools::shard(&a),
         Some(Command::Reshard(a)) => tools::reshard(&a),
         Some(Command::Place(a)) => tools::place(&a),

@@ -343,3 +343,84 @@ fn generate_prints_transformers_greedy_ids() {
         &["--prompt-ids: 320 is not a token of the vocabulary of 320"],
     );
 }
+
+/// `meshwork tokenize --text corpus.txt --tokenizer tokenizer.json --seq 16 --out F`
+/// writes the oracle's `tokens.npy` rows (int32), never over an existing file; and
+/// `train --text --tokenizer` with the memory savers, its rows cached under
+/// `$XDG_CACHE_HOME/meshwork`, reproduces `transformers`' losses from the text (the
+/// second run from the cache).
+#[test]
+fn tokenize_writes_the_oracles_rows_and_training_caches_them() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let arg = |p: PathBuf| p.to_str().unwrap().to_string();
+    let (text, tok) = (arg(data.join("corpus.txt")), arg(data.join("tokenizer.json")));
+    let out = dir.path().join("rows.npy");
+    let args = ["tokenize", "--text", &text, "--tokenizer", &tok, "--seq", "16", "--out"];
+    let run = meshwork(&[&args[..], &[out.to_str().unwrap()]].concat());
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("rows of 17 tokens"));
+    // NumPy's int32 rows, header and all.
+    let ours = std::fs::read(&out).unwrap();
+    assert_eq!(ours, std::fs::read(data.join("tokens.npy")).unwrap());
+    // Never over a file.
+    let again = meshwork(&[&args[..], &[out.to_str().unwrap()]].concat());
+    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(std::fs::read(&out).unwrap(), ours);
+
+    let cache_home = dir.path().join("cache-home");
+    let train = |losses: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+            .env("XDG_CACHE_HOME", &cache_home)
+            .args([
+                "train",
+                "--model",
+                "gpt2",
+                "--init",
+                &arg(data.join("model")),
+                "--text",
+                &text,
+                "--tokenizer",
+                &tok,
+                "--seq",
+                "16",
+                "--batch",
+                "4",
+                "--steps",
+                "10",
+                "--optimizer",
+                "adamw",
+                "--lr",
+                "0.003",
+                "--weight-decay",
+                "0.1",
+                "--dtype",
+                "f64",
+                "--mesh",
+                "2x1",
+                "--fsdp",
+                "--grad-accum",
+                "2",
+                "--remat",
+                "--losses-json",
+                losses.to_str().unwrap(),
+                "--quiet",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Vec<f64>>(&std::fs::read(losses).unwrap()).unwrap()
+    };
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+    let want: Vec<f64> =
+        expected["losses_adamw"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    for run in ["first", "second"] {
+        let got = train(&dir.path().join(format!("{run}.json")));
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-9 * w.abs(), "{run} run, step {k}: {g} vs {w}");
+        }
+        let cached: Vec<_> = std::fs::read_dir(cache_home.join("meshwork")).unwrap().collect();
+        assert_eq!(cached.len(), 1, "one cached rows file");
+    }
+}

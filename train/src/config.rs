@@ -247,6 +247,9 @@ pub struct Config {
     pub preset: Option<String>,
     /// `--tokenizer`: a Hugging Face `tokenizer.json` that encodes `--text` (GPT-2).
     pub tokenizer: Option<PathBuf>,
+    /// `--cache-dir`: where `--text`'s encoded rows are cached (none: not cached; the
+    /// command line's default is meshwork's folder in the user's cache directory).
+    pub cache_dir: Option<PathBuf>,
     /// `--optimizer`.
     pub optimizer: Option<OptimizerKind>,
     /// `--weight-decay`, `--beta1`, `--beta2`, `--eps`, `--no-decay-1d`.
@@ -325,6 +328,7 @@ impl Default for Config {
             batch: None,
             preset: None,
             tokenizer: None,
+            cache_dir: None,
             optimizer: None,
             optimizer_settings: OptimizerSettings::default(),
             lr: None,

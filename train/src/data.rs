@@ -336,44 +336,6 @@ pub fn encode(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>>
     Ok(encoding.get_ids().to_vec())
 }
 
-/// Token rows `[N, T + 1]` of a text file encoded by a tokenizer (`--text FILE
-/// --tokenizer tokenizer.json`): the whole file's ids cut into consecutive,
-/// non-overlapping rows of `T + 1`, the tail dropped. Every id must be below `vocab`.
-/// The text, its ids and the rows are held at once within `limit` bytes (the file is
-/// read whole: at most a tenth of `limit`, as ids take more room than text).
-pub fn token_rows_of_tokenized(
-    path: &Path,
-    tokenizer: &Path,
-    vocab: usize,
-    seq: usize,
-    limit: u64,
-) -> Result<(usize, Vec<i32>)> {
-    let tokenizer = read_tokenizer(tokenizer)?;
-    let bytes = crate::files::read_file("text", path, limit / 10)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| Error::flag("text", format!("{} is not UTF-8: {e}", path.display())))?;
-    let ids = encode(&tokenizer, &text)?;
-    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(Error::flag(
-            "tokenizer",
-            format!("it gives id {bad}, past the model's vocabulary of {vocab}"),
-        ));
-    }
-    let width = seq + 1;
-    let n = ids.len() / width;
-    if n == 0 {
-        return Err(Error::flag(
-            "text",
-            format!(
-                "{} encodes to {} tokens: fewer than one row of --seq {seq} + 1",
-                path.display(),
-                ids.len()
-            ),
-        ));
-    }
-    Ok((n, ids[..n * width].iter().map(|&id| id as i32).collect()))
-}
-
 /// Token rows `[N, T + 1]` of ids below `vocab` from a `.npy` file, within `limit` bytes.
 pub fn token_rows_of_npy(
     path: &Path,

@@ -19,7 +19,8 @@
 //!   (the main job's built-in data and initial weights).
 //! - [`inspect`] prints the transformer's partitioned training step.
 //! - [`hf`] reads and writes Hugging Face GPT-2 checkpoint folders; [`generate`]
-//!   samples from one with a key-value cache.
+//!   samples from one with a key-value cache; [`tokenize`] encodes text through a
+//!   Hugging Face tokenizer in chunks, its rows cached.
 //!
 //! It is **not** a command line (that is `meshwork-cli`, which parses flags into a
 //! [`Config`] and draws progress), and it runs programs only through
@@ -56,6 +57,7 @@ mod resume;
 pub mod rng;
 mod steps;
 mod stop;
+pub mod tokenize;
 mod trainer;
 
 pub use config::{

@@ -319,6 +319,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if config.preset.is_some() && kind != ModelKind::Gpt2 {
         return Err(usage(format!("--preset is GPT-2's; the model is {}", kind.name())));
     }
+    if config.cache_dir.is_some() && config.tokenizer.is_none() {
+        return Err(usage("--cache-dir caches --text encoded by --tokenizer; give one"));
+    }
     if config.tokenizer.is_some() {
         if kind != ModelKind::Gpt2 {
             return Err(usage(format!("--tokenizer is GPT-2's; the model is {}", kind.name())));
@@ -370,6 +373,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         check_memory(need.total() + extra, limit)
     };
     let mut classification = None;
+    let mut cache_warning = None;
     let (net, examples, rows_all) = match kind {
         ModelKind::Mlp => {
             data_flags(
@@ -596,7 +600,22 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
                 Data::BuiltIn => data::token_rows_synthetic(config.seed, model.vocab, seq),
                 Data::Text(path) if config.tokenizer.is_some() => {
                     let tokenizer = config.tokenizer.as_deref().expect("checked");
-                    data::token_rows_of_tokenized(path, tokenizer, model.vocab, seq, limit)?
+                    let cache = config.cache_dir.as_deref();
+                    let rows = crate::tokenize::token_rows(
+                        path,
+                        tokenizer,
+                        model.vocab,
+                        seq,
+                        limit,
+                        cache,
+                    )?;
+                    if let (Some(dir), None) = (cache, &rows.cached) {
+                        cache_warning = Some(format!(
+                            "--cache-dir {}: the encoded rows could not be cached there",
+                            dir.display()
+                        ));
+                    }
+                    (rows.n, rows.tokens)
                 }
                 Data::Text(path) => {
                     if model.vocab < 256 {
@@ -708,7 +727,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     };
     meta["rows"] = rows_all.into();
     meta["data_fingerprint"] = examples.fingerprint().into();
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = cache_warning.into_iter().collect();
     if let Some(saved) = &saved {
         compare(saved, &meta, classification.as_ref(), &mut warnings)?;
     }

@@ -508,7 +508,8 @@ fn an_exported_run_continues_from_its_folder() {
 /// `losses_adamw`.
 #[test]
 fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
-    use meshwork_train::data::{encode, read_tokenizer, token_rows_of_tokenized};
+    use meshwork_train::data::{encode, read_tokenizer};
+    use meshwork_train::tokenize::token_rows;
     use meshwork_train::{Config, Data, ModelKind};
     let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
     let encodings = expected("encodings");
@@ -520,14 +521,16 @@ fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
             e["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(encode(&tokenizer, text).unwrap(), want, "{text:?}");
     }
-    let (n, tokens) = token_rows_of_tokenized(
+    let rows_of_text = token_rows(
         &testdata("gpt2/corpus.txt"),
         &testdata("gpt2/tokenizer.json"),
         320,
         16,
         1 << 30,
+        None,
     )
     .unwrap();
+    let (n, tokens) = (rows_of_text.n, rows_of_text.tokens);
     let want = rows();
     assert_eq!(n, want.nrows());
     assert_eq!(tokens, want.iter().copied().collect::<Vec<_>>());
@@ -701,4 +704,126 @@ fn the_memory_savers_are_refused_where_they_do_not_apply() {
     ] {
         crate::refused_with(&config, "--microbatches");
     }
+}
+
+/// Random texts in the oracle's alphabet and worse (runs of spaces and newlines, tabs,
+/// non-ASCII letters, ideographic spaces, contractions, digits, punctuation).
+fn text_pieces() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let piece = prop_oneof![
+        Just("the"),
+        Just(" cat"),
+        Just("'s"),
+        Just("\n"),
+        Just("\n\n"),
+        Just(" \n"),
+        Just("  "),
+        Just("\t"),
+        Just("é"),
+        Just(" naïve"),
+        Just("日本"),
+        Just("\u{3000}"),
+        Just("42"),
+        Just("!?"),
+        Just("x"),
+        Just("Mesh"),
+    ];
+    proptest::collection::vec(piece, 0..200).prop_map(|v| v.concat())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Encoding a text in chunks gives the ids of encoding it whole, for any chunk
+    /// size (the cuts land where the tokenizer's pre-tokenizer splits anyway, and each
+    /// is checked).
+    #[test]
+    fn prop_chunked_encoding_equals_whole_encoding(text in text_pieces(), chunk in 8usize..300) {
+        use meshwork_train::data::{encode, read_tokenizer};
+        use meshwork_train::tokenize::encode_file;
+        let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.txt");
+        std::fs::write(&path, &text).unwrap();
+        let whole = encode(&tokenizer, &text).unwrap();
+        let chunked = encode_file(&tokenizer, &path, chunk, 1 << 30).unwrap();
+        proptest::prop_assert_eq!(chunked.ids, whole, "{:?}", text);
+        // A text several chunks long with a place to cut in each is cut.
+        let cuts = (1..text.len()).filter(|&i| {
+            let b = text.as_bytes();
+            i >= 2 && b[i - 1] == b'\n' && b[i - 2].is_ascii_graphic() && b[i].is_ascii_graphic()
+        });
+        if text.len() > 4 * chunk && cuts.count() * chunk > 2 * text.len() {
+            proptest::prop_assert!(chunked.chunks > 1, "{} bytes in one piece", text.len());
+        }
+    }
+}
+
+/// The corpus repeated past several chunks, encoded 200 bytes at a time, gives the
+/// whole encoding's ids; a text whose ids would pass `--max-memory` is refused naming
+/// it, and bytes that are not UTF-8 are refused with their offset.
+#[test]
+fn a_long_text_is_encoded_in_chunks_within_the_memory_limit() {
+    use meshwork_train::data::{encode, read_tokenizer};
+    use meshwork_train::tokenize::encode_file;
+    let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
+    let corpus = std::fs::read_to_string(testdata("gpt2/corpus.txt")).unwrap();
+    let text = corpus.repeat(6);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("long.txt");
+    std::fs::write(&path, &text).unwrap();
+    let whole = encode(&tokenizer, &text).unwrap();
+    let chunked = encode_file(&tokenizer, &path, 200, 1 << 30).unwrap();
+    assert_eq!(chunked.ids, whole);
+    assert!(chunked.chunks > text.len() / 400, "{} pieces", chunked.chunks);
+    let e = encode_file(&tokenizer, &path, 200, 2000).unwrap_err().to_string();
+    assert!(e.contains("--max-memory"), "{e}");
+    let mut bad = text.clone().into_bytes();
+    let at = bad.len() - 10;
+    bad[at] = 0xFF;
+    std::fs::write(&path, &bad).unwrap();
+    let e = encode_file(&tokenizer, &path, 200, 1 << 30).unwrap_err().to_string();
+    assert!(e.contains("not UTF-8 at byte"), "{e}");
+}
+
+/// `--cache-dir`: the first run encodes and writes `tokens-<sha256>.npy` there (and
+/// nothing beside the text), the second reads the same rows back; another `--seq` is
+/// another key; a damaged cache file is encoded again and replaced; a run through the
+/// trainer with the cache reproduces `losses_adamw`.
+#[test]
+fn encoded_rows_are_cached_by_what_made_them() {
+    use meshwork_train::tokenize::{cache_key, token_rows};
+    use meshwork_train::{Config, Data};
+    let tmp = tempfile::tempdir().unwrap();
+    let (text, tok) = (tmp.path().join("text").join("corpus.txt"), testdata("gpt2/tokenizer.json"));
+    std::fs::create_dir(text.parent().unwrap()).unwrap();
+    std::fs::copy(testdata("gpt2/corpus.txt"), &text).unwrap();
+    let cache = tmp.path().join("cache");
+    let first = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
+    assert!(!first.hit);
+    let file = first.cached.clone().unwrap();
+    assert_eq!(file, cache.join(format!("tokens-{}.npy", cache_key(&text, &tok, 17).unwrap())));
+    assert!(file.is_file());
+    let beside: Vec<_> = std::fs::read_dir(text.parent().unwrap()).unwrap().collect();
+    assert_eq!(beside.len(), 1, "only the text is beside the text");
+    let second = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
+    assert!(second.hit);
+    assert_eq!((second.n, &second.tokens), (first.n, &first.tokens));
+    assert_ne!(cache_key(&text, &tok, 9).unwrap(), cache_key(&text, &tok, 17).unwrap());
+    std::fs::write(&file, b"not an npy").unwrap();
+    let again = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
+    assert!(!again.hit);
+    assert_eq!(again.tokens, first.tokens);
+    assert!(token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap().hit);
+    let config = Config {
+        data: Data::Text(text.clone()),
+        tokenizer: Some(tok.clone()),
+        cache_dir: Some(cache.clone()),
+        ..adamw_command()
+    };
+    assert_close(&crate::losses(&config), &losses_adamw(), 1e-9, "from the cache");
+    crate::refused_with(
+        &Config { tokenizer: None, data: Data::Text(text), ..config },
+        "--cache-dir caches --text encoded by --tokenizer",
+    );
 }

@@ -1,0 +1,348 @@
+//! Text into token rows through a Hugging Face tokenizer: encoded in chunks (the same
+//! ids as encoding the whole text), and cached as `.npy` rows keyed by what made them.
+//!
+//! **Chunks.** A text longer than [`CHUNK_BYTES`] is read and encoded a chunk at a
+//! time, so the tokenizer never holds more than a chunk's working state; only the
+//! ids accumulate. A chunk ends just after a newline that sits between two ASCII
+//! non-space characters (`…x\ny…`): there a byte-level BPE's pre-tokenizer (GPT-2's
+//! regex) splits whatever follows, so the ids on each side are those of the whole
+//! text. Each cut is also checked, with the tokenizer itself, on the text around it:
+//! the ids of a window across the cut must be those of its two sides. A tokenizer for
+//! which no cut checks out (one that adds a prefix space to every input, say) or whose
+//! post-processor adds special tokens is given the whole text at once.
+//!
+//! **Cache.** [`token_rows`] with a cache directory keys the rows by the SHA-256 of
+//! the text, the `tokenizer.json` and the row width, and keeps them as
+//! `tokens-<key>.npy` there (written whole or not at all): a second run over the same
+//! text reads the rows back instead of encoding again. Nothing is ever written next to
+//! the user's files.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tokenizers::Tokenizer;
+
+use crate::data::read_tokenizer;
+use crate::files::{open_regular, write_atomic};
+use crate::{Error, Result};
+
+/// Bytes of text a chunk holds (at least; a chunk ends at the next place it may be
+/// cut).
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Bytes around a cut the check encodes on each side.
+const WINDOW: usize = 512;
+
+/// Cuts tried before a tokenizer is taken to be one whose text cannot be cut.
+const TRIES: usize = 8;
+
+/// Ids held per byte of `--max-memory`: the ids (u32) and the rows made of them (i32).
+const BYTES_PER_ID: u64 = 8;
+
+/// Whether `b` ends a chunk: byte `at - 1` is a newline between ASCII non-space
+/// characters.
+fn cut_at(b: &[u8], at: usize) -> bool {
+    at >= 2 && at < b.len() && b[at - 1] == b'\n' && b[at - 2].is_ascii_graphic() && {
+        b[at].is_ascii_graphic()
+    }
+}
+
+/// The ids `tokenizer` gives `text`, `specials` saying whether its post-processor's
+/// special tokens are added.
+fn ids_of(tokenizer: &Tokenizer, text: &str, specials: bool) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode(text, specials)
+        .map_err(|e| Error::flag("tokenizer", format!("cannot encode the text: {e}")))?;
+    Ok(encoding.get_ids().to_vec())
+}
+
+/// `bytes` as text, or `--text`'s error naming the file and the byte offset `at` of
+/// the chunk.
+fn utf8<'b>(bytes: &'b [u8], path: &Path, at: u64) -> Result<&'b str> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let offset = at + e.valid_up_to() as u64;
+        Error::flag("text", format!("{} is not UTF-8 at byte {offset}", path.display()))
+    })
+}
+
+/// Whether the text cut at `at` encodes on each side as across it, on a window of
+/// [`WINDOW`] bytes each way (both ends moved back to character boundaries).
+fn cut_checks(tokenizer: &Tokenizer, b: &[u8], at: usize) -> Result<bool> {
+    let boundary = |mut i: usize| {
+        while i > 0 && i < b.len() && (b[i] & 0xC0) == 0x80 {
+            i -= 1;
+        }
+        i
+    };
+    let (start, end) = (boundary(at.saturating_sub(WINDOW)), boundary((at + WINDOW).min(b.len())));
+    let (Ok(left), Ok(right)) =
+        (std::str::from_utf8(&b[start..at]), std::str::from_utf8(&b[at..end]))
+    else {
+        return Ok(false);
+    };
+    let mut sides = ids_of(tokenizer, left, false)?;
+    sides.extend(ids_of(tokenizer, right, false)?);
+    let whole = format!("{left}{right}");
+    Ok(ids_of(tokenizer, &whole, false)? == sides)
+}
+
+/// A text file's ids, and how many pieces it was encoded in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// The ids, as encoding the whole text gives them.
+    pub ids: Vec<u32>,
+    /// The pieces the text was encoded in (1: whole).
+    pub chunks: usize,
+}
+
+/// The ids `tokenizer` gives the text file `path` (as encoding it whole, special
+/// tokens included), read and encoded `chunk` bytes at a time where it can be cut;
+/// the ids held are bounded by `limit` bytes (`--max-memory`) as they accumulate.
+pub fn encode_file(
+    tokenizer: &Tokenizer,
+    path: &Path,
+    chunk: usize,
+    limit: u64,
+) -> Result<Encoded> {
+    let (file, len) = open_regular("--text", path)?;
+    let too_many = |n: usize| {
+        Error::usage(format!(
+            "--text {}: its {n} token ids and their rows need more than --max-memory {limit} bytes",
+            path.display()
+        ))
+    };
+    // Special tokens added around every input would be added around every chunk.
+    let specials = ids_of(tokenizer, "a\nb", true)? != ids_of(tokenizer, "a\nb", false)?;
+    let chunked = !specials && len > chunk as u64;
+    let mut reader = file.take(u64::MAX);
+    let mut ids: Vec<u32> = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut consumed: u64 = 0;
+    let mut chunks = 1;
+    let mut cuttable = chunked;
+    loop {
+        // Read a chunk more (or, once chunks are off, everything), within the limit.
+        let want = if cuttable { chunk } else { usize::MAX };
+        let before = buf.len();
+        let room = limit.saturating_sub(buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID);
+        let take = (want as u64).min(room.saturating_add(1));
+        (&mut reader)
+            .take(take)
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::usage(format!("--text: cannot read {}: {e}", path.display())))?;
+        let ended = buf.len() - before < take as usize || take == 0;
+        if buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID > limit {
+            return Err(Error::usage(format!(
+                "--text {}: the text and its ids need more than --max-memory {limit} bytes",
+                path.display()
+            )));
+        }
+        if ended {
+            let text = utf8(&buf, path, consumed)?;
+            ids.extend(ids_of(tokenizer, text, specials)?);
+            if ids.len() as u64 * BYTES_PER_ID > limit {
+                return Err(too_many(ids.len()));
+            }
+            return Ok(Encoded { ids, chunks });
+        }
+        if !cuttable {
+            continue;
+        }
+        // The last cut that checks out, trying at most TRIES from the end, among the
+        // bytes just read (earlier places were tried when they were read).
+        let mut tried = 0;
+        let mut cut = None;
+        let mut at = buf.len();
+        let lower = before.saturating_sub(2);
+        while at > lower && tried < TRIES {
+            at -= 1;
+            if cut_at(&buf, at) {
+                tried += 1;
+                if cut_checks(tokenizer, &buf, at)? {
+                    cut = Some(at);
+                    break;
+                }
+            }
+        }
+        match cut {
+            Some(at) => {
+                let text = utf8(&buf[..at], path, consumed)?;
+                ids.extend(ids_of(tokenizer, text, false)?);
+                if ids.len() as u64 * BYTES_PER_ID > limit {
+                    return Err(too_many(ids.len()));
+                }
+                buf.drain(..at);
+                consumed += at as u64;
+                chunks += 1;
+            }
+            // Places to cut were found and none encodes as the whole text: this
+            // tokenizer's text is not cut.
+            None if tried == TRIES => cuttable = false,
+            None => {}
+        }
+    }
+}
+
+/// Rows `[N, T + 1]` of `ids`: consecutive, non-overlapping, the tail dropped; every
+/// id below `vocab` (else `--tokenizer`'s error). `what` names the source in the
+/// error for too few ids.
+fn rows_of(ids: &[u32], vocab: usize, seq: usize, what: &str) -> Result<(usize, Vec<i32>)> {
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::flag(
+            "tokenizer",
+            format!("it gives id {bad}, past the model's vocabulary of {vocab}"),
+        ));
+    }
+    let width = seq + 1;
+    let n = ids.len() / width;
+    if n == 0 {
+        return Err(Error::flag(
+            "text",
+            format!(
+                "{what} encodes to {} tokens: fewer than one row of --seq {seq} + 1",
+                ids.len()
+            ),
+        ));
+    }
+    let mut tokens = Vec::new();
+    tokens
+        .try_reserve_exact(n * width)
+        .map_err(|_| Error::usage("--max-memory: no room for the rows"))?;
+    tokens.extend(ids[..n * width].iter().map(|&id| id as i32));
+    Ok((n, tokens))
+}
+
+/// The cache key of `text` encoded by `tokenizer` into rows of `width`: the SHA-256
+/// of both files' bytes (streamed) and the width, in hex.
+pub fn cache_key(text: &Path, tokenizer: &Path, width: usize) -> Result<String> {
+    let mut hash = Sha256::new();
+    for (flag, path) in [("--text", text), ("--tokenizer", tokenizer)] {
+        let (mut file, len) = open_regular(flag, path)?;
+        hash.update(len.to_le_bytes());
+        let mut block = vec![0u8; 1 << 16];
+        loop {
+            let n = file.read(&mut block).map_err(|e| {
+                Error::usage(format!("{flag}: cannot read {}: {e}", path.display()))
+            })?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&block[..n]);
+        }
+    }
+    hash.update((width as u64).to_le_bytes());
+    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Where the rows of `key` are cached under `dir`.
+pub fn cache_file(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("tokens-{key}.npy"))
+}
+
+/// meshwork's folder in the user's cache directory (`$XDG_CACHE_HOME/meshwork`, else
+/// `~/.cache/meshwork`); `None` when neither variable says where that is.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("meshwork"))
+}
+
+/// `rows` (`[n, width]` ids) as `.npy` bytes of little-endian i32.
+pub fn npy_bytes(n: usize, width: usize, rows: &[i32]) -> Vec<u8> {
+    let mut header =
+        format!("{{'descr': '<i4', 'fortran_order': False, 'shape': ({n}, {width}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.reserve(rows.len() * 4);
+    for x in rows {
+        out.extend(x.to_le_bytes());
+    }
+    out
+}
+
+/// What [`token_rows`] did: the rows, and whether they came from the cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRows {
+    /// Rows.
+    pub n: usize,
+    /// `n × (T + 1)` ids, row after row.
+    pub tokens: Vec<i32>,
+    /// The cache file read or written (`None` without a cache directory, or when it
+    /// could not be written: the rows are then used without it).
+    pub cached: Option<PathBuf>,
+    /// Whether the rows were read from the cache.
+    pub hit: bool,
+}
+
+/// Token rows `[N, T + 1]` of the text file `text` encoded by `tokenizer` (`--text
+/// FILE --tokenizer tokenizer.json --seq T`): the whole text's ids ([`encode_file`])
+/// cut into consecutive, non-overlapping rows of `T + 1`, the tail dropped, every id
+/// below `vocab`. With `cache`, rows cached by an earlier run of the same text,
+/// tokenizer and `T` are read back (checked as `--data-tokens` is), and new ones are
+/// written there (a failure to write costs only the cache). Within `limit` bytes.
+pub fn token_rows(
+    text: &Path,
+    tokenizer: &Path,
+    vocab: usize,
+    seq: usize,
+    limit: u64,
+    cache: Option<&Path>,
+) -> Result<TokenRows> {
+    let width = seq + 1;
+    let cached = match cache {
+        Some(dir) => Some(cache_file(dir, &cache_key(text, tokenizer, width)?)),
+        None => None,
+    };
+    // A cache file meshwork wrote; one it cannot read back is encoded again (and
+    // replaced).
+    if let Some(file) = &cached
+        && file.is_file()
+        && let Ok((n, tokens)) = crate::data::token_rows_of_npy(file, vocab, seq, limit)
+    {
+        return Ok(TokenRows { n, tokens, cached, hit: true });
+    }
+    let t = read_tokenizer(tokenizer)?;
+    let ids = encode_file(&t, text, CHUNK_BYTES, limit)?.ids;
+    let (n, tokens) = rows_of(&ids, vocab, seq, &text.display().to_string())?;
+    drop(ids);
+    let cached = cached.filter(|file| {
+        let dir = file.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).is_ok()
+            && write_atomic(file, &npy_bytes(n, width, &tokens)).is_ok()
+    });
+    Ok(TokenRows { n, tokens, cached, hit: false })
+}
+
+/// `meshwork tokenize`: `text` encoded by `tokenizer` into rows of `seq + 1`
+/// ([`token_rows`], without a cache), written to `out` as `.npy` (`[N, T + 1]`, i32)
+/// that `--data-tokens` reads. `out` must be a new file: it is checked before any
+/// work and written whole or not at all. Returns the rows written.
+pub fn tokenize_to(
+    text: &Path,
+    tokenizer: &Path,
+    seq: usize,
+    out: &Path,
+    limit: u64,
+) -> Result<usize> {
+    if seq == 0 {
+        return Err(Error::usage("--seq must be at least 1"));
+    }
+    crate::files::check_output("out", out, crate::files::Output::New)?;
+    let vocab = read_tokenizer(tokenizer)?.get_vocab_size(true);
+    let rows = token_rows(text, tokenizer, vocab, seq, limit, None)?;
+    crate::files::write_new(out, &npy_bytes(rows.n, seq + 1, &rows.tokens))
+        .map_err(|e| Error::flag("out", format!("cannot write {}: {e}", out.display())))?;
+    Ok(rows.n)
+}
