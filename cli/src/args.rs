@@ -143,6 +143,27 @@ impl From<Float> for DType {
     }
 }
 
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrecisionArg {
+    /// Everything in --dtype.
+    Full,
+    /// Products (matmuls) in bfloat16, as torch.autocast; weights, optimizer state and the rest in --dtype.
+    Bf16,
+    /// Products in float16, the rest in --dtype.
+    F16,
+}
+
+impl PrecisionArg {
+    fn dtype(self) -> Option<DType> {
+        match self {
+            PrecisionArg::Full => None,
+            PrecisionArg::Bf16 => Some(DType::BF16),
+            PrecisionArg::F16 => Some(DType::F16),
+        }
+    }
+}
+
 /// `--schedule`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ScheduleArg {
@@ -314,6 +335,12 @@ pub(crate) struct TrainArgs {
     /// The weights' dtype (default f64 for the MLP, else f32)
     #[arg(long, value_enum)]
     dtype: Option<Float>,
+    /// The dtype products compute in (bf16, f16: mixed precision, the weights and optimizer state staying in --dtype)
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Full)]
+    precision: PrecisionArg,
+    /// f16's first loss scale (default 65536; halved after a step with non-finite gradients, which is skipped, and doubled after 2000 finite steps, as PyTorch's GradScaler)
+    #[arg(long, value_name = "S")]
+    loss_scale_init: Option<f64>,
     /// Seeds the built-in data, the initial weights and --shuffle
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
@@ -456,6 +483,8 @@ impl TrainArgs {
             grad_accum: self.memory.grad_accum,
             remat: self.memory.remat,
             fsdp: self.memory.fsdp,
+            precision: self.precision.dtype(),
+            loss_scale_init: self.loss_scale_init,
             eval_every: self.eval_every,
             eval_fraction: self.eval_fraction,
             checkpoint_dir: self.checkpoint_dir.clone(),
@@ -637,6 +666,9 @@ pub(crate) struct InspectArgs {
     /// The weights' dtype
     #[arg(long, value_enum, default_value_t = Float::F32)]
     dtype: Float,
+    /// With --json: the dtype products compute in
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Full)]
+    precision: PrecisionArg,
     /// Refuse a step estimated to hold more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
@@ -670,9 +702,12 @@ impl InspectArgs {
             return Err(Exit::Usage("--stages and --microbatches need --json".into()));
         }
         let m = &self.memory;
-        if !self.json && (m.grad_accum.is_some() || m.remat || m.fsdp || self.preset.is_some()) {
+        let precise = self.precision != PrecisionArg::Full;
+        if !self.json
+            && (m.grad_accum.is_some() || m.remat || m.fsdp || precise || self.preset.is_some())
+        {
             return Err(Exit::Usage(
-                "--grad-accum, --remat, --fsdp and --preset need --json (which runs the step they change)".into(),
+                "--grad-accum, --remat, --fsdp, --precision and --preset need --json (which runs the step they change)".into(),
             ));
         }
         if !self.json && self.partitioner == PartitionerArg::Xla {
@@ -692,6 +727,7 @@ impl InspectArgs {
             grad_accum: self.memory.grad_accum,
             remat: self.memory.remat,
             fsdp: self.memory.fsdp,
+            precision: self.precision.dtype(),
             mesh: Some(self.mesh),
             batch: Some(self.batch),
             optimizer: Some(self.optimizer.into()),

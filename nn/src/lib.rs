@@ -55,6 +55,6 @@ pub use layers::{
     softmax_cross_entropy,
 };
 pub use mlp::Mlp;
-pub use optim::{Optimizer, StepOptions, TrainStep};
+pub use optim::{LOSS_SCALE, LOSS_SCALE_GOOD, LossScale, Optimizer, StepOptions, TrainStep};
 pub use pipeline::{LogitsOn, Pipeline, loss_pipelined};
 pub use transformer::Transformer;

@@ -104,6 +104,37 @@ pub struct TrainStep {
     pub trained: Vec<Value>,
     /// The optimizer.
     pub optimizer: Optimizer,
+    /// Its dynamic loss scaling, if any.
+    pub loss_scale: Option<LossScale>,
+}
+
+/// The loss scale's parameter (state carried step to step).
+pub const LOSS_SCALE: &str = "loss_scale.scale";
+/// The count of finite steps since the scale last changed (state).
+pub const LOSS_SCALE_GOOD: &str = "loss_scale.good";
+
+/// Dynamic loss scaling, as PyTorch's `GradScaler`: the loss is multiplied by the
+/// scale before the backward pass and the gradients divided by it after; a step whose
+/// gradients are not all finite changes no weight or optimizer state and multiplies
+/// the scale by `backoff`; after `growth_interval` finite steps in a row the scale is
+/// multiplied by `growth`. (The step count Adam's bias correction reads is the
+/// host's, which counts skipped steps too, where PyTorch's does not.)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    /// The first scale (`GradScaler`'s 65536).
+    pub init: f64,
+    /// Finite steps before the scale grows (2000).
+    pub growth_interval: usize,
+    /// Its growth (2).
+    pub growth: f64,
+    /// Its backoff after a non-finite step (0.5).
+    pub backoff: f64,
+}
+
+impl Default for LossScale {
+    fn default() -> LossScale {
+        LossScale { init: 65536.0, growth_interval: 2000, growth: 2.0, backoff: 0.5 }
+    }
 }
 
 impl TrainStep {
@@ -163,18 +194,52 @@ impl TrainStep {
                 problem: format!("the maximum norm {c} is not a positive number"),
             });
         }
+        // With loss scaling, the loss is multiplied by the scale (a parameter) before
+        // the backward pass, so every cotangent is scaled from the seed on.
+        let scaled;
+        let (program, loss, shared) = match options.loss_scale {
+            None => (program, loss, Vec::new()),
+            Some(_) => {
+                let mut b = Builder::from_program(program)?;
+                let dtype = b.spec(loss)?.dtype;
+                let spec = TensorSpec::new(dtype, Shape::scalar());
+                let scale = b.param(LOSS_SCALE, spec)?;
+                let times = b.mul(loss, scale)?;
+                scaled = b.finish(&[times])?;
+                let scale = Value(program.params().len() as u32);
+                (&scaled, scaled.results()[0], vec![scale])
+            }
+        };
         let one = meshwork_program::grad_remat(program, loss, wrt, &options.remat)?;
-        let (g, wrt) = if options.micro_batches > 1 {
-            accumulate(&one, wrt, options.micro_batches)?
+        let (g, wrt, shared) = if options.micro_batches > 1 {
+            accumulate(&one, wrt, &shared, options.micro_batches)?
         } else {
-            (one, wrt.to_vec())
+            (one, wrt.to_vec(), shared)
         };
         let wrt = &wrt[..];
         let program = &g;
         let mut b = Builder::from_program(program)?;
         let dtype = program.spec(program.results()[0]).expect("the loss").dtype;
-        // The gradients, clipped.
+        // The loss and gradients, unscaled; whether every gradient is finite.
         let mut grads: Vec<Value> = program.results()[1..].to_vec();
+        let mut loss_out = program.results()[0];
+        let mut finite = None;
+        if let Some(&scale) = shared.first() {
+            loss_out = b.div(loss_out, scale)?;
+            let zero = b.constant(0.0, dtype)?;
+            let mut total = zero;
+            for gw in &mut grads {
+                *gw = b.div(*gw, scale)?;
+                // inf · 0 and NaN · 0 are NaN: the sum is NaN unless all are finite.
+                let z = b.mul(*gw, zero)?;
+                let rank = b.spec(z)?.shape.rank() as isize;
+                let axes: Vec<isize> = (0..rank).collect();
+                let s = b.reduce_sum(z, &axes, false)?;
+                total = b.add(total, s)?;
+            }
+            finite = Some(b.eq(total, total)?);
+        }
+        // The gradients, clipped.
         if let Some(max_norm) = max_norm {
             let mut total = None;
             for &gw in &grads {
@@ -283,21 +348,71 @@ impl TrainStep {
             })?;
             new_params.push(updated);
         }
-        let mut results = vec![program.results()[0]];
+        // A step whose gradients are not all finite changes nothing but the scale.
+        let mut scale_state = Vec::new();
+        if let (Some(ok), Some(&scale), Some(ls)) = (finite, shared.first(), options.loss_scale) {
+            let keep = |b: &mut Builder, new: Value, old: Value| -> Result<Value> {
+                let dims = b.spec(old)?.shape.dims().to_vec();
+                let pred = b.broadcast_to(ok, &dims)?;
+                b.select(pred, new, old)
+            };
+            for (new, &old) in new_params.iter_mut().zip(wrt) {
+                *new = b.colocate_with(old, |b| keep(b, *new, old))?;
+            }
+            for (new, &old) in new_state.iter_mut().zip(&state) {
+                *new = b.colocate_with(old, |b| keep(b, *new, old))?;
+            }
+            let spec = TensorSpec::new(dtype, Shape::scalar());
+            let good = b.param(LOSS_SCALE_GOOD, spec)?;
+            let one = c(&mut b, 1.0)?;
+            let good1 = b.add(good, one)?;
+            let interval = c(&mut b, ls.growth_interval as f64)?;
+            let grow = b.ge(good1, interval)?;
+            let up = c(&mut b, ls.growth)?;
+            let grown = b.mul(scale, up)?;
+            let scale_ok = b.select(grow, grown, scale)?;
+            let zero = c(&mut b, 0.0)?;
+            let good_ok = b.select(grow, zero, good1)?;
+            let down = c(&mut b, ls.backoff)?;
+            let backed = b.mul(scale, down)?;
+            scale_state.push(b.select(ok, scale_ok, backed)?);
+            scale_state.push(b.select(ok, good_ok, zero)?);
+        }
+        let mut results = vec![loss_out];
         results.extend(new_params);
         results.extend(new_state);
-        Ok(TrainStep {
-            program: b.finish(&results)?.without_dead_code(),
-            trained: wrt.to_vec(),
-            optimizer,
-        })
+        results.extend(scale_state);
+        let program = b.finish(&results)?.without_dead_code();
+        // The loss scale's parameters go with the optimizer state, before lr and step.
+        let program = match options.loss_scale {
+            None => program,
+            Some(_) => move_before_scalars(&program, &[LOSS_SCALE, LOSS_SCALE_GOOD])?,
+        };
+        Ok(TrainStep { program, trained: wrt.to_vec(), optimizer, loss_scale: options.loss_scale })
+    }
+
+    /// The state the step carries from one step to the next, after the trained
+    /// parameters: the optimizer's slots, then the loss scale and its count of good
+    /// steps when it scales the loss.
+    pub fn state_len(&self) -> usize {
+        self.trained.len() * self.optimizer.state_names().len()
+            + if self.loss_scale.is_some() { 2 } else { 0 }
     }
 
     /// The initial optimizer state: zeros of each state tensor's spec, in input order.
     pub fn init_state(&self) -> Result<Vec<Tensor>> {
         let n = self.program.params().len() - 2;
-        let first = n - self.trained.len() * self.optimizer.state_names().len();
-        self.program.params()[first..n].iter().map(|p| zeros(&p.spec)).collect()
+        let first = n - self.state_len();
+        let mut state = self.program.params()[first..n]
+            .iter()
+            .map(|p| zeros(&p.spec))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(ls) = self.loss_scale {
+            let k = state.len() - 2;
+            let dtype = self.program.params()[first + k].spec.dtype;
+            state[k] = scalar(dtype, ls.init)?;
+        }
+        Ok(state)
     }
 
     /// The scalars `lr` and `step` as the step's last two inputs.
@@ -317,6 +432,8 @@ pub struct StepOptions {
     /// Ranges of the loss program's instructions whose activations the backward pass
     /// recomputes ([`meshwork_program::grad_remat`]): a transformer's blocks.
     pub remat: Vec<std::ops::Range<usize>>,
+    /// Dynamic loss scaling (for f16 products).
+    pub loss_scale: Option<LossScale>,
 }
 
 /// The accumulated gradient program of `n` micro-batches from `one`'s (parameters:
@@ -325,10 +442,15 @@ pub struct StepOptions {
 /// `wrt` parameters; each micro-batch's pass copied in turn with its loss and
 /// gradients added to the running sums right after it, the sums divided by `n` at the
 /// end. Returns the program and the `wrt` parameters' values in it.
-fn accumulate(one: &Program, wrt: &[Value], n: usize) -> Result<(Program, Vec<Value>)> {
+fn accumulate(
+    one: &Program,
+    wrt: &[Value],
+    shared: &[Value],
+    n: usize,
+) -> Result<(Program, Vec<Value>, Vec<Value>)> {
     let mut b = Builder::new();
     let params = one.params();
-    let trained = |k: usize| wrt.iter().any(|w| w.index() == k);
+    let trained = |k: usize| wrt.iter().chain(shared).any(|w| w.index() == k);
     let mut fed = vec![Vec::new(); n];
     for (i, fed) in fed.iter_mut().enumerate() {
         for (k, p) in params.iter().enumerate() {
@@ -338,8 +460,8 @@ fn accumulate(one: &Program, wrt: &[Value], n: usize) -> Result<(Program, Vec<Va
             }
         }
     }
-    let mut weights = Vec::with_capacity(wrt.len());
-    for &w in wrt {
+    let mut weights = Vec::with_capacity(wrt.len() + shared.len());
+    for &w in wrt.iter().chain(shared) {
         let p = &params[w.index()];
         let v = b.param(&p.name, p.spec.clone())?;
         weights.push(b.set_device(v, &p.device)?);
@@ -350,7 +472,7 @@ fn accumulate(one: &Program, wrt: &[Value], n: usize) -> Result<(Program, Vec<Va
         for &(k, v) in fed {
             map[k] = Some(v);
         }
-        for (w, &v) in wrt.iter().zip(&weights) {
+        for (w, &v) in wrt.iter().chain(shared).zip(&weights) {
             map[w.index()] = Some(v);
         }
         let at = |map: &[Option<Value>], v: &Value| map[v.index()].expect("defined earlier");
@@ -383,9 +505,43 @@ fn accumulate(one: &Program, wrt: &[Value], n: usize) -> Result<(Program, Vec<Va
         results.push(b.colocate_with(s, |b| b.div(s, count))?);
     }
     let program = b.finish(&results)?;
-    let first = n * (params.len() - wrt.len());
-    let wrt = (first..first + wrt.len()).map(|k| Value(k as u32)).collect();
-    Ok((program, wrt))
+    let first = n * (params.len() - wrt.len() - shared.len());
+    let at = |k: usize| Value((first + k) as u32);
+    let wrt_out = (0..wrt.len()).map(at).collect();
+    let shared_out = (wrt.len()..wrt.len() + shared.len()).map(at).collect();
+    Ok((program, wrt_out, shared_out))
+}
+
+/// `program` with the parameters named `names` moved to just before its last two
+/// (`optimizer.lr`, `optimizer.step`), in that order.
+fn move_before_scalars(program: &Program, names: &[&str]) -> Result<Program> {
+    let params = program.params();
+    let moved: Vec<usize> =
+        names.iter().filter_map(|n| params.iter().position(|p| p.name == *n)).collect();
+    let mut order: Vec<usize> = (0..params.len()).filter(|k| !moved.contains(k)).collect();
+    let at = order.len() - 2;
+    order.splice(at..at, moved);
+    let mut b = Builder::new();
+    let mut map = vec![Value(0); program.num_values()];
+    for &k in &order {
+        let p = &params[k];
+        let v = b.param(&p.name, p.spec.clone())?;
+        map[k] = b.set_device(v, &p.device)?;
+    }
+    for (i, instr) in program.instrs().iter().enumerate() {
+        let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
+        let v = b.push(instr.op.clone(), &args)?;
+        if let Some(name) = &instr.name {
+            b.name(v, name)?;
+        }
+        b.set_device(v, &instr.device)?;
+        for c in &instr.colocate {
+            b.colocate(v, map[c.index()])?;
+        }
+        map[params.len() + i] = v;
+    }
+    let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();
+    b.finish(&results)
 }
 
 /// Zeros of `spec` (f32 or f64): an allocation the allocator cannot give is an error,

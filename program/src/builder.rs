@@ -49,6 +49,8 @@ pub struct Builder {
     /// Each [`scope`](Builder::scope) closed so far: its full name and the range of
     /// instruction indices added inside it.
     spans: Vec<(String, std::ops::Range<usize>)>,
+    /// The dtype products compute in inside [`matmuls_in`](Builder::matmuls_in).
+    matmul_dtype: Option<DType>,
 }
 
 impl Builder {
@@ -507,6 +509,29 @@ impl Builder {
         self.push(Op::Select, &[pred, on_true, on_false])
     }
 
+    /// Runs `f` with every product it builds ([`dot_general`](Self::dot_general),
+    /// [`matmul`](Self::matmul)) computed in `dtype`, as `torch.autocast` runs matmuls
+    /// in bf16 or f16: float operands of another dtype are converted to `dtype`, the
+    /// product is taken in it, and the result converted back to the left operand's
+    /// dtype, so everything else computes as before. Autodiff then takes the products'
+    /// transposes in `dtype` too, and each weight's gradient comes back in the weight's
+    /// dtype through the conversions. `None` turns it off inside `f`.
+    pub fn matmuls_in<T>(
+        &mut self,
+        dtype: Option<DType>,
+        f: impl FnOnce(&mut Builder) -> Result<T>,
+    ) -> Result<T> {
+        if let Some(d) = dtype
+            && !(d.is_float() && supported(d))
+        {
+            return Err(Error::UnsupportedDType { at: "matmuls_in".into(), dtype: d });
+        }
+        let outer = std::mem::replace(&mut self.matmul_dtype, dtype);
+        let out = f(self);
+        self.matmul_dtype = outer;
+        out
+    }
+
     /// XLA's `dot_general`.
     pub fn dot_general(
         &mut self,
@@ -523,7 +548,16 @@ impl Builder {
             lhs_batch: lhs_batch.to_vec(),
             rhs_batch: rhs_batch.to_vec(),
         };
-        self.push(op, &[lhs, rhs])
+        let (l, r) = (self.spec(lhs)?.dtype, self.spec(rhs)?.dtype);
+        match self.matmul_dtype {
+            Some(c) if l.is_float() && r.is_float() && (l != c || r != c) => {
+                let lc = if l == c { lhs } else { self.convert(lhs, c)? };
+                let rc = if r == c { rhs } else { self.convert(rhs, c)? };
+                let product = self.push(op, &[lc, rc])?;
+                if l == c { Ok(product) } else { self.convert(product, l) }
+            }
+            _ => self.push(op, &[lhs, rhs]),
+        }
     }
 
     /// `lhs @ rhs`: the last dim of `lhs` with the first of `rhs` (rank ≥ 1 each; for

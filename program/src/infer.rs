@@ -5,9 +5,13 @@ use meshwork_types::{DType, Shape, TensorSpec};
 
 use crate::op::{Op, Padding, Reduction, Unary};
 
-/// The dtypes programs compute in.
+/// The dtypes programs compute in: f64, f32, bf16 and f16 (the half-precision ones
+/// computed in f32 and rounded as each value is stored), i32, i64 and bool.
 pub(crate) fn supported(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)
+    matches!(
+        dtype,
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::I32 | DType::I64 | DType::Bool
+    )
 }
 
 type Infer = Result<TensorSpec, String>;

@@ -7,7 +7,7 @@
 //! meaning the XLA back end gives them; `scatter_add` stays `take`'s transpose);
 //! `one_hot` of an index outside `0..depth` is a row of zeros, as in JAX.
 
-use meshwork_types::{DType, Tensor};
+use meshwork_types::{DType, Tensor, bf16, f16};
 
 use crate::env::{Env, communicate};
 use crate::op::{Binary, Compare, Op, Padding, Reduction, Unary};
@@ -53,6 +53,13 @@ impl Val {
         // Round to the dtype as the value is made.
         let buf = match (dtype, buf) {
             (DType::F32, Buf::F(v)) => Buf::F(v.into_iter().map(|x| f64::from(x as f32)).collect()),
+            // Half precision as computed in f32 and rounded on store.
+            (DType::BF16, Buf::F(v)) => {
+                Buf::F(v.into_iter().map(|x| f64::from(bf16::from_f32(x as f32))).collect())
+            }
+            (DType::F16, Buf::F(v)) => {
+                Buf::F(v.into_iter().map(|x| f64::from(f16::from_f32(x as f32))).collect())
+            }
             (DType::I32, Buf::I(v)) => Buf::I(v.into_iter().map(|x| i64::from(x as i32)).collect()),
             (_, b) => b,
         };
@@ -91,6 +98,8 @@ fn from_data(dims: &[usize], data: &Tensor) -> Val {
     let buf = match data {
         Tensor::F32(a) => Buf::F(a.iter().map(|&x| f64::from(x)).collect()),
         Tensor::F64(a) => Buf::F(a.iter().copied().collect()),
+        Tensor::BF16(a) => Buf::F(a.iter().map(|&x| f64::from(x)).collect()),
+        Tensor::F16(a) => Buf::F(a.iter().map(|&x| f64::from(x)).collect()),
         Tensor::I32(a) => Buf::I(a.iter().map(|&x| i64::from(x)).collect()),
         Tensor::I64(a) => Buf::I(a.iter().copied().collect()),
         Tensor::Bool(a) => Buf::B(a.iter().copied().collect()),
@@ -104,6 +113,12 @@ fn to_tensor(v: Val) -> Result<Tensor> {
     Ok(match (v.dtype, v.buf) {
         (DType::F32, Buf::F(x)) => Tensor::f32(dims, x.into_iter().map(|e| e as f32).collect()),
         (DType::F64, Buf::F(x)) => Tensor::f64(dims, x),
+        (DType::BF16, Buf::F(x)) => {
+            Tensor::from_vec(dims, x.into_iter().map(|e| bf16::from_f32(e as f32)).collect())
+        }
+        (DType::F16, Buf::F(x)) => {
+            Tensor::from_vec(dims, x.into_iter().map(|e| f16::from_f32(e as f32)).collect())
+        }
         (DType::I32, Buf::I(x)) => Tensor::i32(dims, x.into_iter().map(|e| e as i32).collect()),
         (DType::I64, Buf::I(x)) => Tensor::i64(dims, x),
         (DType::Bool, Buf::B(x)) => Tensor::bool(dims, x),

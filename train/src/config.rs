@@ -299,6 +299,11 @@ pub struct Config {
     pub remat: bool,
     /// `--fsdp`: weights, gradients and optimizer state split over the data axis.
     pub fsdp: bool,
+    /// `--precision`: bf16 or f16 products (as `torch.autocast`), the weights, optimizer
+    /// state and everything else in `--dtype`; `None` (`full`): all in `--dtype`.
+    pub precision: Option<DType>,
+    /// `--loss-scale-init`: f16's first loss scale (default 65536, as `GradScaler`).
+    pub loss_scale_init: Option<f64>,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -353,6 +358,8 @@ impl Default for Config {
             grad_accum: None,
             remat: false,
             fsdp: false,
+            precision: None,
+            loss_scale_init: None,
         }
     }
 }

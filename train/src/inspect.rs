@@ -146,6 +146,8 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         clip: p.clip,
         init: &init,
         savers: p.savers,
+        precision: p.precision,
+        loss_scale: p.loss_scale,
     };
     let mut run = start(&strategy, p.layout, &recipe)?;
     let compiled = strategy.backend().compiles();

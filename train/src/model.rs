@@ -219,47 +219,52 @@ impl Net {
         dtype: DType,
         layout: Layout,
     ) -> Result<(Program, Value)> {
-        self.loss_program_blocks(batch, dtype, layout).map(|(p, l, _)| (p, l))
+        self.loss_program_blocks(batch, dtype, layout, None).map(|(p, l, _)| (p, l))
     }
 
-    /// [`loss_program`](Self::loss_program) and the instruction range of each of the
-    /// transformer's or GPT-2's blocks (none for the others): the regions `--remat`
-    /// recomputes.
+    /// [`loss_program`](Self::loss_program) with its products computed in `precision`
+    /// (`--precision`: bf16 or f16, the weights and everything else in `dtype`), and
+    /// the instruction range of each of the transformer's or GPT-2's blocks (none for
+    /// the others): the regions `--remat` recomputes.
     pub(crate) fn loss_program_blocks(
         &self,
         batch: usize,
         dtype: DType,
         layout: Layout,
+        precision: Option<DType>,
     ) -> Result<(Program, Value, Vec<std::ops::Range<usize>>)> {
         let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
         let mut b = Builder::new();
         let feeds = self.feeds(&mut b, batch, dtype).map_err(bad)?;
         let classify = |b: &mut Builder, logits: Value| softmax_cross_entropy(b, logits, feeds[1]);
-        let loss = match (self, layout) {
-            (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
-            (Net::Gpt2 { model, .. }, Layout::Mesh { .. }) => model.loss(&mut b, feeds[0], dtype),
-            (Net::Gpt2 { .. }, Layout::Pipeline { .. }) => {
-                return Err(Error::usage("--stages: GPT-2 trains on meshes, not in pipelines"));
-            }
-            (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
-                .loss_pipelined(&mut b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
-            (Net::Cnn(c), Layout::Mesh { .. }) => {
-                c.logits(&mut b, feeds[0]).and_then(|l| classify(&mut b, l))
-            }
-            (Net::Mlp(m), Layout::Mesh { .. }) => {
-                m.logits(&mut b, feeds[0]).and_then(|l| classify(&mut b, l))
-            }
-            (net, Layout::Pipeline { replicas, stages, micro }) => {
-                let logits_on = |b: &mut Builder, x: Value, st: &[&str]| match net {
-                    Net::Cnn(c) => c.logits_on(b, x, st),
-                    Net::Mlp(m) => m.logits_on(b, x, st),
-                    Net::Transformer(_) | Net::Gpt2 { .. } => unreachable!("matched above"),
-                };
-                let pipeline = Pipeline::cpus(replicas, stages, micro);
-                loss_pipelined(&mut b, feeds[0], feeds[1], &pipeline, &logits_on)
-            }
+        if let (Net::Gpt2 { .. }, Layout::Pipeline { .. }) = (self, layout) {
+            return Err(Error::usage("--stages: GPT-2 trains on meshes, not in pipelines"));
         }
-        .map_err(bad)?;
+        // --precision: products in bf16 or f16, everything else in the weights' dtype.
+        let loss = b
+            .matmuls_in(precision, |b| match (self, layout) {
+                (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(b, feeds[0], dtype),
+                (Net::Gpt2 { model, .. }, Layout::Mesh { .. }) => model.loss(b, feeds[0], dtype),
+                (Net::Gpt2 { .. }, Layout::Pipeline { .. }) => unreachable!("refused above"),
+                (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
+                    .loss_pipelined(b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
+                (Net::Cnn(c), Layout::Mesh { .. }) => {
+                    c.logits(b, feeds[0]).and_then(|l| classify(b, l))
+                }
+                (Net::Mlp(m), Layout::Mesh { .. }) => {
+                    m.logits(b, feeds[0]).and_then(|l| classify(b, l))
+                }
+                (net, Layout::Pipeline { replicas, stages, micro }) => {
+                    let logits_on = |b: &mut Builder, x: Value, st: &[&str]| match net {
+                        Net::Cnn(c) => c.logits_on(b, x, st),
+                        Net::Mlp(m) => m.logits_on(b, x, st),
+                        Net::Transformer(_) | Net::Gpt2 { .. } => unreachable!("matched above"),
+                    };
+                    let pipeline = Pipeline::cpus(replicas, stages, micro);
+                    loss_pipelined(b, feeds[0], feeds[1], &pipeline, &logits_on)
+                }
+            })
+            .map_err(bad)?;
         // A block is a top-level scope `transformer.h.N` (GPT-2) or `layers.N`.
         let block = |name: &str| {
             let index = name.strip_prefix("transformer.h.").or(name.strip_prefix("layers."));

@@ -71,6 +71,10 @@ pub(crate) struct Plan {
     pub(crate) export_hf: Option<(PathBuf, Value)>,
     /// `--grad-accum`, `--remat`, `--fsdp`.
     pub(crate) savers: Savers,
+    /// `--precision` (`None`: full).
+    pub(crate) precision: Option<DType>,
+    /// f16's dynamic loss scaling.
+    pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
     /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
     pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
 }
@@ -211,6 +215,31 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if config.steps_per_run == 0 {
         return Err(usage("--steps-per-run must be at least 1"));
     }
+    if let Some(p) = config.precision
+        && !matches!(p, DType::BF16 | DType::F16)
+    {
+        return Err(usage(format!("--precision {p}: products compute in bf16 or f16 (or full)")));
+    }
+    // f16 products scale the loss (dynamically, as GradScaler).
+    let loss_scale = match (config.precision, config.loss_scale_init) {
+        (Some(DType::F16), init) => {
+            let init = init.unwrap_or(65536.0);
+            if !(init.is_finite() && init > 0.0) {
+                return Err(usage(format!(
+                    "--loss-scale-init {} must be a positive number",
+                    number_text(init)
+                )));
+            }
+            if stages > 1 {
+                return Err(usage(
+                    "--precision f16 scales the loss on a mesh's step; a pipeline takes bf16 or full",
+                ));
+            }
+            Some(meshwork_nn::LossScale { init, ..meshwork_nn::LossScale::default() })
+        }
+        (_, Some(_)) => return Err(usage("--loss-scale-init needs --precision f16")),
+        (_, None) => None,
+    };
     if let Some(c) = config.clip_norm
         && !(c.is_finite() && c > 0.0)
     {
@@ -700,6 +729,10 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     meta["dtype"] = dtype.to_string().into();
     meta["optimizer"] = optimizer.describe().into();
     meta["clip_norm"] = serde_json::json!(config.clip_norm);
+    if loss_scale.is_some() {
+        // Its checkpoints carry the loss scale: resumed only by such a run.
+        meta["loss_scale"] = true.into();
+    }
     meta["batch"] = batch.into();
     meta["seed"] = config.seed.into();
     meta["shuffle"] = config.shuffle.into();
@@ -764,11 +797,13 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let small = need.total() <= CHECK_BYTES;
     // On XLA (one device or a mesh), each step is checked against the interpreter on one
     // device.
+    // Half-precision products round differently when split over devices: such runs
+    // are checked only when asked (with a tolerance for it).
     let check = (devices > 1 || xla)
         && match config.check {
             Check::Never => false,
             Check::Always => true,
-            Check::Auto => small,
+            Check::Auto => small && config.precision.is_none(),
         };
     Ok(Plan {
         net,
@@ -811,6 +846,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             (Some(_), _) => unreachable!("refused before"),
         },
         savers,
+        precision: config.precision,
+        loss_scale,
         xla: xla_backend(&config.backend, need.total(), devices)?,
     })
 }
@@ -1237,6 +1274,17 @@ fn compare(
                 meta[key], meta[key]
             ));
         }
+    }
+    let scaled = |m: &Value| m.get("loss_scale").is_some_and(|v| *v == Value::Bool(true));
+    if scaled(theirs) != scaled(meta) {
+        return Err(Error::flag(
+            "resume",
+            format!(
+                "{dir} was saved by a run {} loss scaling and this one {} (--precision f16 scales the loss; resume with the same --precision)",
+                if scaled(theirs) { "with" } else { "without" },
+                if scaled(meta) { "scales it" } else { "does not" },
+            ),
+        ));
     }
     let other_data = match saved.origin {
         Origin::Trainer => {

@@ -282,6 +282,10 @@ pub(crate) struct Recipe<'a> {
     pub(crate) clip: Option<f64>,
     pub(crate) init: &'a HashMap<String, Tensor>,
     pub(crate) savers: Savers,
+    /// `--precision`: the dtype products compute in (`None`: the weights').
+    pub(crate) precision: Option<DType>,
+    /// f16's dynamic loss scaling.
+    pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
 }
 
 /// Compiles (or places) the training step of `recipe` laid out by `layout` on
@@ -291,7 +295,8 @@ pub(crate) fn start<'s>(
     layout: Layout,
     recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Steps + 's>> {
-    let Recipe { net, batch, dtype, optimizer, clip, init, savers } = *recipe;
+    let Recipe { net, batch, dtype, optimizer, clip, init, savers, precision, loss_scale } =
+        *recipe;
     let fed = net.fed();
     let weight = |name: &str| -> Result<Tensor> {
         let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
@@ -301,7 +306,8 @@ pub(crate) fn start<'s>(
         Layout::Mesh { data, model } => {
             // A micro-batch's loss, and its blocks for --remat.
             let micro = savers.micro.max(1);
-            let (program, loss, blocks) = net.loss_program_blocks(batch / micro, dtype, layout)?;
+            let (program, loss, blocks) =
+                net.loss_program_blocks(batch / micro, dtype, layout, precision)?;
             // --fsdp: each split weight's layout, and whole copies read by the model.
             let split: Vec<(usize, PartitionSpec)> = match savers.fsdp {
                 false => Vec::new(),
@@ -322,6 +328,7 @@ pub(crate) fn start<'s>(
                 max_norm: clip,
                 micro_batches: micro,
                 remat: if savers.remat { blocks } else { Vec::new() },
+                loss_scale,
             };
             let step = TrainStep::with_options(&program, loss, &weights, optimizer, &options)
                 .map_err(failed)?;
@@ -360,7 +367,7 @@ pub(crate) fn start<'s>(
             Ok(Box::new(Spmd(step, micro)))
         }
         Layout::Pipeline { .. } => {
-            let (program, loss) = net.loss_program(batch, dtype, layout)?;
+            let (program, loss, _) = net.loss_program_blocks(batch, dtype, layout, precision)?;
             let weights: Vec<Value> =
                 (fed..program.params().len()).map(|k| Value(k as u32)).collect();
             let step =

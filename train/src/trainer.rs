@@ -207,6 +207,8 @@ impl Trainer {
             clip: p.clip,
             init: &init,
             savers: p.savers,
+            precision: p.precision,
+            loss_scale: p.loss_scale,
         };
         let mut run = start(&strategy, p.layout, &recipe)?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
@@ -308,7 +310,11 @@ impl Trainer {
             steps,
             warnings: p.warnings.clone(),
         });
-        let tol = if p.dtype == DType::F64 { 1e-9 } else { 1e-3 };
+        let tol = match (p.precision, p.dtype) {
+            (Some(_), _) => 5e-2,
+            (None, DType::F64) => 1e-9,
+            (None, _) => 1e-3,
+        };
         let (per_row, unit) = p.net.per_row();
         let classifies = p.net.classifies();
         let mut losses: Vec<f64> = Vec::new();

@@ -157,6 +157,8 @@ fn literal(dtype: DType, value: f64) -> String {
     match dtype {
         DType::F64 => format!("0x{:016X}", value.to_bits()),
         DType::F32 => format!("0x{:08X}", (value as f32).to_bits()),
+        DType::BF16 => format!("0x{:04X}", meshwork_types::bf16::from_f32(value as f32).to_bits()),
+        DType::F16 => format!("0x{:04X}", meshwork_types::f16::from_f32(value as f32).to_bits()),
         DType::Bool => (value != 0.0).to_string(),
         _ => (value as i64).to_string(),
     }
@@ -1024,6 +1026,28 @@ mod tests {
         assert!(text.starts_with("\"builtin.module\"() ({"), "{text}");
         assert!(text.contains("\"func.func\"() ({"));
         assert!(text.contains("function_type = (tensor<3xi64>, tensor<3xi64>, tensor<3xf64>) -> (tensor<3xi64>, tensor<3xf64>)"), "{text}");
+    }
+
+    /// Half precision lowers as itself: bf16 and f16 tensors, products taken in the
+    /// operands' dtype, constants as their exact bits.
+    #[test]
+    fn half_precision_lowers_to_bf16_and_f16() {
+        let mut b = Builder::new();
+        let x = b.param("x", "f32[2,3]".parse().unwrap()).unwrap();
+        let w = b.param("w", "f32[3,2]".parse().unwrap()).unwrap();
+        let y = b.matmuls_in(Some(DType::BF16), |b| b.matmul(x, w)).unwrap();
+        let h = b.convert(y, DType::F16).unwrap();
+        let third = b.constant(1.0 / 3.0, DType::F16).unwrap();
+        let z = b.mul(h, third).unwrap();
+        let p = b.finish(&[z]).unwrap();
+        let text = lower(&p, &LowerOptions::default()).unwrap().text;
+        assert!(
+            text.contains("(tensor<2x3xbf16>, tensor<3x2xbf16>) -> tensor<2x2xbf16>"),
+            "{text}"
+        );
+        // 1/3 in f16 is 0x3555.
+        assert!(text.contains("dense<0x3555> : tensor<f16>"), "{text}");
+        assert!(text.contains("-> (tensor<2x2xf16>)"), "{text}");
     }
 
     #[test]

@@ -71,14 +71,14 @@ fn fusible(program: &Program, i: usize) -> Option<DType> {
     let instr = &program.instrs()[i];
     let spec_of = |v: Value| program.spec(v).expect("a defined value");
     let out = instr.spec.dtype;
+    // Groups compute in f32 or f64; half precision runs instruction by instruction.
+    let wide = |d: DType| matches!(d, DType::F32 | DType::F64);
     match &instr.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::BroadcastTo { .. } if out.is_float() => {
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::BroadcastTo { .. } if wide(out) => {
             Some(out)
         }
-        Op::Compare(_) if spec_of(instr.args[0]).dtype.is_float() => {
-            Some(spec_of(instr.args[0]).dtype)
-        }
-        Op::Convert { dtype } if dtype.is_float() => {
+        Op::Compare(_) if wide(spec_of(instr.args[0]).dtype) => Some(spec_of(instr.args[0]).dtype),
+        Op::Convert { dtype } if wide(*dtype) => {
             let from = spec_of(instr.args[0]).dtype;
             (from == *dtype || from == DType::Bool).then_some(*dtype)
         }

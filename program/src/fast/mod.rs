@@ -431,7 +431,32 @@ impl Executable {
                 Step::Instr(i) => {
                     let instr = &p.instrs()[*i];
                     let at = format!("%{} ({})", np + i, instr.op.name());
-                    let out = if instr.op.communicates() {
+                    let half = |d: DType| matches!(d, DType::BF16 | DType::F16);
+                    let widened = !matches!(instr.op, Op::Convert { .. } | Op::Reshape { .. })
+                        && (half(instr.spec.dtype)
+                            || instr.args.iter().any(|a| half(p.spec(*a).expect("defined").dtype)));
+                    let out = if widened {
+                        // Half precision: computed in f32, rounded as it is stored.
+                        let args = instr
+                            .args
+                            .iter()
+                            .map(|a| {
+                                let t = self.tensor_of(a, slots[a.index()].data())?;
+                                Ok(widen(t))
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        let dtype =
+                            if half(instr.spec.dtype) { DType::F32 } else { instr.spec.dtype };
+                        let spec = TensorSpec::new(dtype, instr.spec.shape.clone());
+                        let out = if instr.op.communicates() {
+                            communicate(env, &instr.op, args, &spec, &at)?
+                        } else {
+                            let views: Vec<(&[usize], &Tensor)> =
+                                args.iter().map(|t| (t.shape(), t)).collect();
+                            exec(&instr.op, &views, &spec, &at, &mut ctx)?
+                        };
+                        narrow(out.into_standard_layout(), instr.spec.dtype)
+                    } else if instr.op.communicates() {
                         let args = instr
                             .args
                             .iter()
@@ -506,6 +531,25 @@ impl Executable {
     fn tensor_of(&self, v: &Value, d: &Tensor) -> Result<Tensor> {
         let spec = self.program.spec(*v).expect("a defined value");
         Ok(shaped(d.clone(), spec.shape.dims()))
+    }
+}
+
+/// `t` in f32 when it is half precision (exactly), else itself.
+fn widen(t: Tensor) -> Tensor {
+    match t {
+        Tensor::BF16(a) => Tensor::F32(a.mapv(f32::from)),
+        Tensor::F16(a) => Tensor::F32(a.mapv(f32::from)),
+        other => other,
+    }
+}
+
+/// `t` (f32) rounded to `dtype` when that is half precision (round to nearest even),
+/// else itself.
+fn narrow(t: Tensor, dtype: DType) -> Tensor {
+    match (t, dtype) {
+        (Tensor::F32(a), DType::BF16) => Tensor::BF16(a.mapv(meshwork_types::bf16::from_f32)),
+        (Tensor::F32(a), DType::F16) => Tensor::F16(a.mapv(meshwork_types::f16::from_f32)),
+        (other, _) => other,
     }
 }
 

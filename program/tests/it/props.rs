@@ -203,6 +203,10 @@ fn inputs(program: &Program, seed: u64) -> Vec<Tensor> {
                 (_, DType::F32) => {
                     Tensor::f32(dims, (0..n).map(|_| (next() * 3.0 - 1.5) as f32).collect())
                 }
+                (_, d @ (DType::BF16 | DType::F16)) => {
+                    let v: Vec<f64> = (0..n).map(|_| next() * 3.0 - 1.5).collect();
+                    Tensor::from_f64(d, dims, &v)
+                }
                 (_, DType::I32) => {
                     Tensor::i32(dims, (0..n).map(|_| (next() * 7.0) as i32 - 3).collect())
                 }
@@ -371,6 +375,47 @@ proptest! {
                     for (k, (a, b)) in g.iter().zip(w).enumerate() {
                         if let Err(e) = close(a, b, tol) {
                             prop_assert!(false, "{:?}: result {}: {}\n{}", options, k, e, p);
+                        }
+                    }
+                }
+                (Err(_), Err(_)) => {}
+                _ => prop_assert!(false, "{:?}: fast {:?}, reference {:?}\n{}", options, got, want, p),
+            }
+        }
+    }
+
+    /// Half precision (bf16, f16) is computed in f32 and rounded as each value is
+    /// stored: one random instruction (and the sum of its result) of either, by the
+    /// fast interpreter (every option), is within one unit in the last place of the
+    /// reference's (which computes in f64 and rounds), allowing for f32's own rounding
+    /// of what it accumulates; bool and integer results are equal.
+    #[test]
+    fn prop_half_precision_is_computed_in_f32_and_rounded(
+        r in recipe(),
+        seed in any::<u64>(),
+        dtype in prop::sample::select(vec![DType::BF16, DType::F16]),
+    ) {
+        let p = build(&r[..r.len().min(1)].to_vec(), dtype, false, false);
+        let feed = inputs(&p, seed);
+        let want = reference::evaluate(&p, &feed);
+        let bits = if dtype == DType::BF16 { 8 } else { 11 };
+        let streamed = Options { stream_bytes: 0, ..Options::default() };
+        for options in [Options::default().threads(1), Options::default().threads(2), Options { fusion: false, ..Options::default() }, streamed] {
+            let got = Executable::compile(&p, options).run(&feed, &Env::local());
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => {
+                    for (k, (a, b)) in g.iter().zip(w).enumerate() {
+                        prop_assert_eq!(a.spec(), b.spec());
+                        let (x, y) = (a.to_f64(), b.to_f64());
+                        let scale = 1.0 + y.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+                        for (e, (u, v)) in x.iter().zip(&y).enumerate() {
+                            let ok = if !(a.spec().dtype.is_float() && u.is_finite() && v.is_finite()) {
+                                u == v || (u.is_nan() && v.is_nan())
+                            } else {
+                                let ulp = 2f64.powi(v.abs().max(u.abs()).max(1e-30).log2().floor() as i32 + 1 - bits);
+                                (u - v).abs() <= ulp + 1e-5 * scale
+                            };
+                            prop_assert!(ok, "{:?}: result {} element {}: {} vs {}\n{}", options, k, e, u, v, p);
                         }
                     }
                 }
@@ -601,4 +646,46 @@ fn bad_rematerialization_regions_are_refused() {
         let e = grad_remat(&p, loss, &[Value(0)], regions).unwrap_err();
         assert!(e.to_string().contains("region"), "{e}");
     }
+}
+
+/// `matmuls_in(bf16)`: a product of f32 values is taken in bf16 (its operands rounded
+/// to bf16, the product rounded to bf16, then widened back to f32), as an independent
+/// computation in Rust says; everything else stays f32; and the f32 weight's gradient
+/// comes back in f32 through the conversions, within bf16's precision of plain f32's.
+#[test]
+fn products_in_bf16_round_their_operands_and_result_and_differentiate() {
+    use meshwork_types::bf16;
+    let build = |dtype: Option<DType>| {
+        let mut b = Builder::new();
+        let x = b.param("x", spec(DType::F32, &[4, 8])).unwrap();
+        let w = b.param("w", spec(DType::F32, &[8, 3])).unwrap();
+        let y = b.matmuls_in(dtype, |b| b.matmul(x, w)).unwrap();
+        let t = b.tanh(y).unwrap();
+        let loss = b.reduce_sum(t, &[0, 1], false).unwrap();
+        let p = b.finish(&[y, loss]).unwrap();
+        (p, loss)
+    };
+    let (p16, loss16) = build(Some(DType::BF16));
+    let (p32, loss32) = build(None);
+    let text = p16.to_string();
+    assert!(text.contains("bf16[4,3] dot_general"), "{text}");
+    assert_eq!(p16.spec(p16.results()[0]).unwrap().dtype, DType::F32);
+    let feed = inputs(&p32, 11);
+    let got = fast::evaluate(&p16, &feed).unwrap();
+    let round = |v: f32| bf16::from_f32(v).to_f32();
+    let (x, w) = (feed[0].to_f64(), feed[1].to_f64());
+    for i in 0..4 {
+        for j in 0..3 {
+            let dot: f32 =
+                (0..8).map(|k| round(x[i * 8 + k] as f32) * round(w[k * 3 + j] as f32)).sum();
+            assert_eq!(got[0].to_f64()[i * 3 + j], f64::from(round(dot)), "[{i},{j}]");
+        }
+    }
+    let g16 = grad(&p16, loss16, &[Value(1)]).unwrap();
+    let g32 = grad(&p32, loss32, &[Value(1)]).unwrap();
+    assert!(g16.to_string().contains("bf16[8,3] dot_general"), "{g16}");
+    let (a, b) = (fast::evaluate(&g16, &feed).unwrap(), fast::evaluate(&g32, &feed).unwrap());
+    assert_eq!(a[1].spec(), b[1].spec());
+    close(&a[1], &b[1], 3e-2).unwrap();
+    assert!(close(&a[1], &b[1], 1e-6).is_err(), "the bf16 gradient is not f32's");
 }

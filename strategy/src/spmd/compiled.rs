@@ -479,7 +479,7 @@ impl Strategy {
             }
         }
         let names: Vec<String> = step.program.params().iter().map(|p| p.name.clone()).collect();
-        let states = trained.len() * optimizer.state_names().len();
+        let states = step.state_len();
         let first_state = names.len() - 2 - states;
         let mut carry: Vec<(usize, &str)> = Vec::new();
         for (k, &w) in trained.iter().enumerate() {

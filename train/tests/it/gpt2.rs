@@ -827,3 +827,108 @@ fn encoded_rows_are_cached_by_what_made_them() {
         "--cache-dir caches --text encoded by --tokenizer",
     );
 }
+
+/// bf16 products (`--precision bf16`, the weights and Adam's state in f32) track f32
+/// over 200 steps of the tiny GPT-2 on its built-in rows: every loss within 2% of
+/// f32's (they are not equal: the products do round).
+#[test]
+fn bf16_training_of_a_tiny_gpt2_tracks_f32() {
+    use meshwork_train::{Config, ModelKind};
+    let base = Config {
+        preset: Some("tiny".into()),
+        steps: Some(200),
+        batch: Some(8),
+        ..crate::config(ModelKind::Gpt2)
+    };
+    let full = crate::losses(&base);
+    let bf16 = crate::losses(&Config { precision: Some(DType::BF16), ..base });
+    assert_eq!(bf16.len(), 200);
+    let worst = bf16.iter().zip(&full).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
+    assert!(worst < 0.02, "a bf16 loss is {worst} off f32's");
+    assert!(worst > 0.0, "bf16 products round");
+    assert!(full[199] < 0.5 * full[0], "it trains: {} -> {}", full[0], full[199]);
+}
+
+/// The oracle's first rows (one batch, so a step that changes nothing repeats its
+/// loss exactly).
+fn one_batch_of_rows(dir: &std::path::Path) -> std::path::PathBuf {
+    let rows: Vec<i32> = rows().iter().copied().take(8 * 17).collect();
+    let path = dir.join("rows8.npy");
+    std::fs::write(&path, meshwork_train::tokenize::npy_bytes(8, 17, &rows)).unwrap();
+    path
+}
+
+/// f16 products with dynamic loss scaling survive overflow: started at a scale of
+/// 1e12, the f16 gradients overflow, so the first steps are skipped (the weights stay
+/// as they were: the same batch gives the same loss, exactly) while the scale halves,
+/// then training goes on, every loss finite; at `GradScaler`'s 65536 f16 tracks f32.
+#[test]
+fn f16_with_loss_scaling_survives_an_overflow() {
+    use meshwork_train::{Config, Data, OptimizerKind};
+    let tmp = tempfile::tempdir().unwrap();
+    let base = Config {
+        data: Data::Tokens(one_batch_of_rows(tmp.path())),
+        batch: Some(8),
+        steps: Some(40),
+        optimizer: Some(OptimizerKind::Adam),
+        dtype: Some(DType::F32),
+        optimizer_settings: Default::default(),
+        ..adamw_command()
+    };
+    let overflow =
+        Config { precision: Some(DType::F16), loss_scale_init: Some(1e12), ..base.clone() };
+    let got = crate::losses(&overflow);
+    assert!(got.iter().all(|l| l.is_finite()), "{got:?}");
+    let skipped = got.iter().take_while(|&&l| l == got[0]).count();
+    // 1e12 halves below f16's range of about 65504 · 2^k after some 10–30 steps.
+    assert!((5..35).contains(&skipped), "{skipped} steps skipped: {got:?}");
+    assert!(got[39] < 0.8 * got[0], "it trains after the overflow: {got:?}");
+    let full = crate::losses(&base);
+    let f16 = crate::losses(&Config { precision: Some(DType::F16), ..base.clone() });
+    let worst = f16.iter().zip(&full).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
+    assert!(worst < 0.1, "f16 at 65536 is {worst} off f32: {f16:?} vs {full:?}");
+    assert!(f16[1] != f16[0], "the first f16 step is taken");
+    // The scale is f16's: refused elsewhere, and not positive.
+    crate::refused_with(
+        &Config { loss_scale_init: Some(8.0), ..base.clone() },
+        "needs --precision f16",
+    );
+    crate::refused_with(
+        &Config { precision: Some(DType::F16), loss_scale_init: Some(-1.0), ..base.clone() },
+        "--loss-scale-init",
+    );
+    crate::refused_with(&Config { precision: Some(DType::F32), ..base }, "--precision f32");
+}
+
+/// A run with loss scaling checkpoints its scale; resuming it without `--precision
+/// f16`, or resuming a run without scaling with it, is refused naming `--resume`.
+#[test]
+fn loss_scaling_resumes_only_with_f16() {
+    use meshwork_train::{Config, Data};
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let base = Config {
+        data: Data::Tokens(one_batch_of_rows(tmp.path())),
+        batch: Some(8),
+        steps: Some(4),
+        dtype: Some(DType::F32),
+        checkpoint_dir: Some(ck.clone()),
+        ..adamw_command()
+    };
+    let f16 = Config { precision: Some(DType::F16), ..base.clone() };
+    let first = crate::losses(&f16);
+    let on = Config { resume: Some(ck.clone()), init: None, steps: Some(6), ..f16.clone() };
+    let more = crate::losses(&on);
+    assert_eq!(more.len(), 2);
+    assert!(more.iter().all(|l| l.is_finite() && *l < first[0]));
+    crate::refused_with(
+        &Config { precision: None, ..on.clone() },
+        "saved by a run with loss scaling",
+    );
+    let ck2 = tmp.path().join("ck2");
+    crate::losses(&Config { checkpoint_dir: Some(ck2.clone()), ..base });
+    crate::refused_with(
+        &Config { resume: Some(ck2), checkpoint_dir: None, ..on },
+        "saved by a run without loss scaling",
+    );
+}
