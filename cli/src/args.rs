@@ -485,6 +485,7 @@ impl TrainArgs {
             fsdp: self.memory.fsdp,
             precision: self.precision.dtype(),
             loss_scale_init: self.loss_scale_init,
+            blocking: None,
             eval_every: self.eval_every,
             eval_fraction: self.eval_fraction,
             checkpoint_dir: self.checkpoint_dir.clone(),

@@ -47,6 +47,15 @@ pub struct Gpt2 {
     pub eps: f64,
 }
 
+/// How [`Gpt2::loss_blocked`] cuts its attention and loss into pieces (0: not cut).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Blocking {
+    /// Queries per attention block: each block's scores are `[B, H, block, ≤T]`.
+    pub query_block: usize,
+    /// Positions per loss chunk: each chunk's logits are `[B, chunk, V]`.
+    pub loss_chunk: usize,
+}
+
 impl Gpt2 {
     /// The sizes of a named model: `gpt2` (124M), `gpt2-medium` (355M), or `tiny` (a
     /// 2-block, width-32 model for tests and examples).
@@ -103,6 +112,21 @@ impl Gpt2 {
     /// Logits `[B, T, V]` of integer `ids` `[B, T]` (`T` at most `positions`), the
     /// parameters of `dtype`.
     pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
+        let (h, wte) = self.hidden(b, ids, dtype, Blocking::default())?;
+        // Tied: the logits are the final states against every token's embedding.
+        let last = b.spec(h)?.shape.rank() - 1;
+        b.dot_general(h, wte, &[last], &[1], &[], &[])
+    }
+
+    /// The final states `[B, T, D]` (after `ln_f`) of integer `ids` `[B, T]`, and the
+    /// token embedding the logits are tied to.
+    fn hidden(
+        &self,
+        b: &mut Builder,
+        ids: Value,
+        dtype: DType,
+        blocking: Blocking,
+    ) -> Result<(Value, Value)> {
         let (_, d) = dims(b, ids)?;
         let [_, t] = d[..] else {
             return Err(problem("gpt2", b, &[ids], "ids must be [batch, time]".into()));
@@ -113,18 +137,35 @@ impl Gpt2 {
         let tokens = b.take(wte, ids, 0)?;
         let pos = b.slice(wpe, &[0, 0], &[t, self.dim], &[1, 1])?;
         let mut x = b.add(tokens, pos)?;
+        let block = blocking.query_block;
+        let mut attend = |b: &mut Builder, qkv: [Value; 3]| Gpt2::causal_blocked(b, qkv, block);
         for i in 0..self.layers {
-            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut Gpt2::causal))?;
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
         }
         let h = b.scope("transformer.ln_f", |b| self.layer_norm(b, x))?;
-        // Tied: the logits are the final states against every token's embedding.
-        let last = b.spec(h)?.shape.rank() - 1;
-        b.dot_general(h, wte, &[last], &[1], &[], &[])
+        Ok((h, wte))
     }
 
     /// The mean next-token cross-entropy of integer `rows` `[B, T + 1]`: inputs
     /// `row[:T]`, targets `row[1:]`.
     pub fn loss(&self, b: &mut Builder, rows: Value, dtype: DType) -> Result<Value> {
+        self.loss_blocked(b, rows, dtype, Blocking::default())
+    }
+
+    /// [`loss`](Self::loss) with the attention and the loss cut into pieces by
+    /// `blocking`: the same loss (up to the order of its sums), computed so that no
+    /// value holds a whole `[T, T]` score matrix or a whole `[B, T, V]` of logits.
+    /// Each piece is built in a scope of its own (`….attn.q_block.{i}`,
+    /// `lm_head.chunk.{j}`), the regions a training step recomputes in its backward
+    /// pass ([`meshwork_program::grad_remat`]) so that they stay one at a time there
+    /// too.
+    pub fn loss_blocked(
+        &self,
+        b: &mut Builder,
+        rows: Value,
+        dtype: DType,
+        blocking: Blocking,
+    ) -> Result<Value> {
         let (_, d) = dims(b, rows)?;
         let [bs, w] = d[..] else {
             return Err(problem("gpt2", b, &[rows], "rows must be [batch, time + 1]".into()));
@@ -132,10 +173,37 @@ impl Gpt2 {
         if w < 2 {
             return Err(problem("gpt2", b, &[rows], "rows need at least 2 tokens".into()));
         }
-        let ids = b.slice(rows, &[0, 0], &[bs, w - 1], &[1, 1])?;
+        let t = w - 1;
+        let ids = b.slice(rows, &[0, 0], &[bs, t], &[1, 1])?;
         let targets = b.slice(rows, &[0, 1], &[bs, w], &[1, 1])?;
-        let logits = self.logits(b, ids, dtype)?;
-        softmax_cross_entropy(b, logits, targets)
+        let (h, wte) = self.hidden(b, ids, dtype, blocking)?;
+        let chunk = blocking.loss_chunk;
+        if chunk == 0 || chunk >= t {
+            let logits = b.dot_general(h, wte, &[2], &[1], &[], &[])?;
+            return softmax_cross_entropy(b, logits, targets);
+        }
+        // Σ over chunks of positions of the summed token losses, then the mean.
+        let mut total = None;
+        for (j, start) in (0..t).step_by(chunk).enumerate() {
+            let end = (start + chunk).min(t);
+            let sum = b.scope(&format!("lm_head.chunk.{j}"), |b| {
+                let hj = b.slice(h, &[0, start, 0], &[bs, end, self.dim], &[1, 1, 1])?;
+                let yj = b.slice(targets, &[0, start], &[bs, end], &[1, 1])?;
+                let logits = b.dot_general(hj, wte, &[2], &[1], &[], &[])?;
+                let lp = b.log_softmax(logits, -1)?;
+                let hot = b.one_hot(yj, self.vocab, dtype)?;
+                let picked = b.mul(lp, hot)?;
+                b.reduce_sum(picked, &[0, 1, 2], false)
+            })?;
+            total = Some(match total {
+                None => sum,
+                Some(s) => b.add(s, sum)?,
+            });
+        }
+        let total = total.expect("a context of at least one position");
+        let count = b.constant((bs * t) as f64, dtype)?;
+        let mean = b.div(total, count)?;
+        b.neg(mean)
     }
 
     /// The names of the key-value cache's parameters, `cache.{k,v}.{layer}`, each
@@ -263,13 +331,35 @@ impl Gpt2 {
         b.dot_general(p, v, &[3], &[2], &[0, 1], &[0, 1])
     }
 
-    /// The causal attention of a block over `[B, H, T, hd]` heads.
-    fn causal(b: &mut Builder, [q, k, v]: [Value; 3]) -> Result<Value> {
-        let t = dims(b, q)?.1[2];
-        let qi = b.iota(DType::I32, &[t, t], 0)?;
-        let ki = b.iota(DType::I32, &[t, t], 1)?;
-        let causal = b.ge(qi, ki)?;
-        Gpt2::attention(b, q, k, v, causal)
+    /// The causal attention of a block over `[B, H, T, hd]` heads, its queries taken
+    /// `block` at a time (0: all at once), each block against only the keys up to
+    /// its last query, in a scope `q_block.{i}` of its own: a block's scores are
+    /// `[B, H, block, ≤T]`, never `[B, H, T, T]`.
+    fn causal_blocked(b: &mut Builder, [q, k, v]: [Value; 3], block: usize) -> Result<Value> {
+        let d = dims(b, q)?.1;
+        let (bs, heads, t, hd) = (d[0], d[1], d[2], d[3]);
+        if block == 0 || block >= t {
+            let qi = b.iota(DType::I32, &[t, t], 0)?;
+            let ki = b.iota(DType::I32, &[t, t], 1)?;
+            let causal = b.ge(qi, ki)?;
+            return Gpt2::attention(b, q, k, v, causal);
+        }
+        let mut outs = Vec::with_capacity(t.div_ceil(block));
+        for (i, start) in (0..t).step_by(block).enumerate() {
+            let end = (start + block).min(t);
+            outs.push(b.scope(&format!("q_block.{i}"), |b| {
+                let qb = b.slice(q, &[0, 0, start, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
+                let kb = b.slice(k, &[0, 0, 0, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
+                let vb = b.slice(v, &[0, 0, 0, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
+                let qi = b.iota(DType::I32, &[end - start, end], 0)?;
+                let offset = b.constant(start as f64, DType::I32)?;
+                let qi = b.add(qi, offset)?;
+                let ki = b.iota(DType::I32, &[end - start, end], 1)?;
+                let causal = b.ge(qi, ki)?;
+                Gpt2::attention(b, qb, kb, vb, causal)
+            })?);
+        }
+        b.concat(&outs, 2)
     }
 
     /// One block on `x` `[B, T, D]`, its parameters in the current scope: `attend`

@@ -49,7 +49,7 @@ mod pipeline;
 mod transformer;
 
 pub use cnn::Cnn;
-pub use gpt2::Gpt2;
+pub use gpt2::{Blocking, Gpt2};
 pub use layers::{
     causal_self_attention, conv2d, decoder_block, embedding, gelu, layer_norm, linear, mlp_block,
     softmax_cross_entropy,

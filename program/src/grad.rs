@@ -40,7 +40,8 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
 
 /// [`grad`] with the activations of each region recomputed in the backward pass (JAX's
 /// `jax.checkpoint`, PyTorch's activation checkpointing): `regions` are ranges of
-/// `program`'s instruction indices (a transformer block each, say). A value made in a
+/// `program`'s instruction indices (a transformer block each, say), which may nest
+/// but not cross (an instruction belongs to the innermost). A value made in a
 /// region and read only there (not a result, not an op that communicates) is not kept
 /// for the backward pass: the instructions that make it are added again just before
 /// the backward pass first needs it, from the values the region reads. What a region
@@ -104,7 +105,7 @@ impl Remat {
     fn new(program: &Program, regions: &[std::ops::Range<usize>]) -> Result<Remat> {
         let (params, n) = (program.params().len(), program.instrs().len());
         let mut region = vec![None; n];
-        for (r, range) in regions.iter().enumerate() {
+        for range in regions {
             if range.start > range.end || range.end > n {
                 return Err(Error::Type {
                     op: "grad_remat",
@@ -113,15 +114,28 @@ impl Remat {
                     problem: format!("not a range of the program's {n} instructions"),
                 });
             }
-            for slot in &mut region[range.clone()] {
-                if slot.is_some() {
+        }
+        // Regions nest (a block's attention pieces inside the block) but do not
+        // cross; an instruction belongs to the innermost region holding it.
+        for (a, ra) in regions.iter().enumerate() {
+            for rb in &regions[a + 1..] {
+                let overlap = ra.start < rb.end && rb.start < ra.end;
+                let nested = (ra.start <= rb.start && rb.end <= ra.end)
+                    || (rb.start <= ra.start && ra.end <= rb.end);
+                if overlap && !nested {
                     return Err(Error::Type {
                         op: "grad_remat",
-                        at: format!("region {}..{}", range.start, range.end),
+                        at: format!("region {}..{}", rb.start, rb.end),
                         operands: Vec::new(),
-                        problem: "it overlaps another region".into(),
+                        problem: format!("it crosses region {}..{}", ra.start, ra.end),
                     });
                 }
+            }
+        }
+        let mut order: Vec<usize> = (0..regions.len()).collect();
+        order.sort_by_key(|&r| std::cmp::Reverse(regions[r].len()));
+        for r in order {
+            for slot in &mut region[regions[r].clone()] {
                 *slot = Some(r);
             }
         }

@@ -304,6 +304,10 @@ pub struct Config {
     pub precision: Option<DType>,
     /// `--loss-scale-init`: f16's first loss scale (default 65536, as `GradScaler`).
     pub loss_scale_init: Option<f64>,
+    /// How GPT-2's attention and loss are cut into pieces (`None`: the back end's
+    /// default: on the interpreter, queries 64 at a time and loss chunks of at most
+    /// 16 MiB of logits; on XLA, whole). No flag sets it; the library's tests do.
+    pub blocking: Option<meshwork_nn::Blocking>,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -360,6 +364,7 @@ impl Default for Config {
             fsdp: false,
             precision: None,
             loss_scale_init: None,
+            blocking: None,
         }
     }
 }

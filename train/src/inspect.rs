@@ -148,6 +148,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         savers: p.savers,
         precision: p.precision,
         loss_scale: p.loss_scale,
+        blocking: p.blocking,
     };
     let mut run = start(&strategy, p.layout, &recipe)?;
     let compiled = strategy.backend().compiles();

@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use meshwork_nn::{Cnn, Gpt2, Mlp, Pipeline, Transformer, loss_pipelined, softmax_cross_entropy};
+use meshwork_nn::{
+    Blocking, Cnn, Gpt2, Mlp, Pipeline, Transformer, loss_pipelined, softmax_cross_entropy,
+};
 use meshwork_partition::spmd::megatron_spec;
 use meshwork_program::{Builder, Program, Value};
 use meshwork_sharding::PartitionSpec;
@@ -71,6 +73,27 @@ pub(crate) struct Savers {
 impl Default for Savers {
     fn default() -> Savers {
         Savers { micro: 1, remat: false, fsdp: false }
+    }
+}
+
+/// The instruction ranges of a loss program that a training step may recompute.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Regions {
+    /// Each transformer block (`--remat`).
+    pub(crate) blocks: Vec<std::ops::Range<usize>>,
+    /// GPT-2's attention query blocks and loss chunks ([`Blocking`]): always
+    /// recomputed, so that they are held one at a time in the backward pass too.
+    pub(crate) pieces: Vec<std::ops::Range<usize>>,
+}
+
+impl Regions {
+    /// The regions to recompute: the pieces, and the blocks with `remat`.
+    pub(crate) fn recomputed(self, remat: bool) -> Vec<std::ops::Range<usize>> {
+        let mut out = self.pieces;
+        if remat {
+            out.extend(self.blocks);
+        }
+        out
     }
 }
 
@@ -219,20 +242,22 @@ impl Net {
         dtype: DType,
         layout: Layout,
     ) -> Result<(Program, Value)> {
-        self.loss_program_blocks(batch, dtype, layout, None).map(|(p, l, _)| (p, l))
+        self.loss_program_blocks(batch, dtype, layout, None, Blocking::default())
+            .map(|(p, l, _)| (p, l))
     }
 
     /// [`loss_program`](Self::loss_program) with its products computed in `precision`
-    /// (`--precision`: bf16 or f16, the weights and everything else in `dtype`), and
-    /// the instruction range of each of the transformer's or GPT-2's blocks (none for
-    /// the others): the regions `--remat` recomputes.
+    /// (`--precision`: bf16 or f16, the weights and everything else in `dtype`) and
+    /// GPT-2's attention and loss cut into pieces by `blocking`, and the regions a
+    /// step recomputes in its backward pass.
     pub(crate) fn loss_program_blocks(
         &self,
         batch: usize,
         dtype: DType,
         layout: Layout,
         precision: Option<DType>,
-    ) -> Result<(Program, Value, Vec<std::ops::Range<usize>>)> {
+        blocking: Blocking,
+    ) -> Result<(Program, Value, Regions)> {
         let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
         let mut b = Builder::new();
         let feeds = self.feeds(&mut b, batch, dtype).map_err(bad)?;
@@ -244,7 +269,9 @@ impl Net {
         let loss = b
             .matmuls_in(precision, |b| match (self, layout) {
                 (Net::Transformer(model), Layout::Mesh { .. }) => model.loss(b, feeds[0], dtype),
-                (Net::Gpt2 { model, .. }, Layout::Mesh { .. }) => model.loss(b, feeds[0], dtype),
+                (Net::Gpt2 { model, .. }, Layout::Mesh { .. }) => {
+                    model.loss_blocked(b, feeds[0], dtype, blocking)
+                }
                 (Net::Gpt2 { .. }, Layout::Pipeline { .. }) => unreachable!("refused above"),
                 (Net::Transformer(model), Layout::Pipeline { replicas, stages, micro }) => model
                     .loss_pipelined(b, feeds[0], dtype, &Pipeline::cpus(replicas, stages, micro)),
@@ -279,9 +306,18 @@ impl Net {
                 .collect(),
             Net::Mlp(_) | Net::Cnn(_) => Vec::new(),
         };
+        // The attention's query blocks and the loss's chunks.
+        let piece =
+            |name: &str| name.contains(".attn.q_block.") || name.starts_with("lm_head.chunk.");
+        let pieces = b
+            .scope_spans()
+            .iter()
+            .filter(|(name, _)| piece(name))
+            .map(|(_, r)| r.clone())
+            .collect();
         let program = b.finish(&[loss]).map_err(bad)?;
         let loss = program.results()[0];
-        Ok((program, loss, blocks))
+        Ok((program, loss, Regions { blocks, pieces }))
     }
 
     /// The evaluation program of `batch` rows: the mean loss and accuracy (of the class,

@@ -75,6 +75,8 @@ pub(crate) struct Plan {
     pub(crate) precision: Option<DType>,
     /// f16's dynamic loss scaling.
     pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
+    /// GPT-2's attention and loss in pieces (on the interpreter).
+    pub(crate) blocking: meshwork_nn::Blocking,
     /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
     pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
 }
@@ -848,6 +850,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         savers,
         precision: config.precision,
         loss_scale,
+        blocking: config.blocking.unwrap_or_else(|| blocking(&net, batch, dtype, xla)),
         xla: xla_backend(&config.backend, need.total(), devices)?,
     })
 }
@@ -903,6 +906,29 @@ fn check_memory(need: f64, limit: u64) -> Result<()> {
         return Err(memory_error(need, limit));
     }
     Ok(())
+}
+
+/// Queries per attention block on the interpreter (contexts up to it are not cut).
+pub(crate) const QUERY_BLOCK: usize = 64;
+/// Bytes of logits a loss chunk holds at most on the interpreter.
+pub(crate) const LOSS_CHUNK_BYTES: usize = 16 << 20;
+
+/// How GPT-2's attention and loss are cut on the interpreter: queries
+/// [`QUERY_BLOCK`] at a time, and the loss in chunks of positions whose logits (of
+/// the whole batch) hold at most [`LOSS_CHUNK_BYTES`]. XLA takes them whole (it fuses
+/// and schedules them itself).
+fn blocking(net: &Net, batch: usize, dtype: DType, xla: bool) -> meshwork_nn::Blocking {
+    match net {
+        Net::Gpt2 { model, seq } if !xla => {
+            let row = batch.max(1) * model.vocab.max(1) * dtype.size_in_bytes();
+            let chunk = (LOSS_CHUNK_BYTES / row).max(1);
+            meshwork_nn::Blocking {
+                query_block: if *seq > QUERY_BLOCK { QUERY_BLOCK } else { 0 },
+                loss_chunk: if chunk < *seq { chunk } else { 0 },
+            }
+        }
+        _ => meshwork_nn::Blocking::default(),
+    }
 }
 
 /// `--grad-accum`, `--remat` and `--fsdp`, each checked against the layout and batch.

@@ -286,6 +286,8 @@ pub(crate) struct Recipe<'a> {
     pub(crate) precision: Option<DType>,
     /// f16's dynamic loss scaling.
     pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
+    /// GPT-2's attention and loss in pieces.
+    pub(crate) blocking: meshwork_nn::Blocking,
 }
 
 /// Compiles (or places) the training step of `recipe` laid out by `layout` on
@@ -295,8 +297,18 @@ pub(crate) fn start<'s>(
     layout: Layout,
     recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Steps + 's>> {
-    let Recipe { net, batch, dtype, optimizer, clip, init, savers, precision, loss_scale } =
-        *recipe;
+    let Recipe {
+        net,
+        batch,
+        dtype,
+        optimizer,
+        clip,
+        init,
+        savers,
+        precision,
+        loss_scale,
+        blocking,
+    } = *recipe;
     let fed = net.fed();
     let weight = |name: &str| -> Result<Tensor> {
         let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
@@ -307,7 +319,7 @@ pub(crate) fn start<'s>(
             // A micro-batch's loss, and its blocks for --remat.
             let micro = savers.micro.max(1);
             let (program, loss, blocks) =
-                net.loss_program_blocks(batch / micro, dtype, layout, precision)?;
+                net.loss_program_blocks(batch / micro, dtype, layout, precision, blocking)?;
             // --fsdp: each split weight's layout, and whole copies read by the model.
             let split: Vec<(usize, PartitionSpec)> = match savers.fsdp {
                 false => Vec::new(),
@@ -321,15 +333,12 @@ pub(crate) fn start<'s>(
                     .collect(),
             };
             let whole: Vec<usize> = split.iter().map(|(k, _)| *k).collect();
-            let (program, loss, blocks) = gathered(&program, loss, &blocks, &whole)?;
+            let recomputed = blocks.recomputed(savers.remat);
+            let (program, loss, recomputed) = gathered(&program, loss, &recomputed, &whole)?;
             let weights: Vec<Value> =
                 (fed..program.params().len()).map(|k| Value(k as u32)).collect();
-            let options = StepOptions {
-                max_norm: clip,
-                micro_batches: micro,
-                remat: if savers.remat { blocks } else { Vec::new() },
-                loss_scale,
-            };
+            let options =
+                StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale };
             let step = TrainStep::with_options(&program, loss, &weights, optimizer, &options)
                 .map_err(failed)?;
             let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
@@ -367,7 +376,8 @@ pub(crate) fn start<'s>(
             Ok(Box::new(Spmd(step, micro)))
         }
         Layout::Pipeline { .. } => {
-            let (program, loss, _) = net.loss_program_blocks(batch, dtype, layout, precision)?;
+            let (program, loss, _) =
+                net.loss_program_blocks(batch, dtype, layout, precision, blocking)?;
             let weights: Vec<Value> =
                 (fed..program.params().len()).map(|k| Value(k as u32)).collect();
             let step =

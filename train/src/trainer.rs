@@ -209,6 +209,7 @@ impl Trainer {
             savers: p.savers,
             precision: p.precision,
             loss_scale: p.loss_scale,
+            blocking: p.blocking,
         };
         let mut run = start(&strategy, p.layout, &recipe)?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;

@@ -336,12 +336,16 @@ proptest! {
         points.extend([0, n]);
         points.sort_unstable();
         points.dedup();
-        let regions: Vec<std::ops::Range<usize>> = points
+        let mut regions: Vec<std::ops::Range<usize>> = points
             .windows(2)
             .enumerate()
             .filter(|(k, _)| k % 2 == 0 || cuts.len() % 2 == 1)
             .map(|(_, w)| w[0]..w[1])
             .collect();
+        // And a region nested in each long one.
+        let inner: Vec<std::ops::Range<usize>> =
+            regions.iter().filter(|r| r.len() >= 3).map(|r| r.start + 1..r.end - 1).collect();
+        regions.extend(inner);
         let plain = grad(&p, loss, &wrt).unwrap();
         let remat = grad_remat(&p, loss, &wrt, &regions).unwrap();
         prop_assert!(unread(&remat).is_empty(), "dead code {:?} in\n{}", unread(&remat), remat);
@@ -639,13 +643,15 @@ fn bad_rematerialization_regions_are_refused() {
     let z = b.sin(y).unwrap();
     let loss = b.reduce_sum(z, &[0], false).unwrap();
     let p = b.finish(&[loss]).unwrap();
-    // Past the program's 3 instructions; two that overlap.
+    // Past the program's 3 instructions; two that cross.
     let past = [0..2, 2..9];
-    let overlapping = [0..2, 1..3];
-    for regions in [&past[..], &overlapping[..]] {
+    let crossing = [0..2, 1..3];
+    for regions in [&past[..], &crossing[..]] {
         let e = grad_remat(&p, loss, &[Value(0)], regions).unwrap_err();
         assert!(e.to_string().contains("region"), "{e}");
     }
+    // Nested ones are taken.
+    assert!(grad_remat(&p, loss, &[Value(0)], &[0..3, 1..2]).is_ok());
 }
 
 /// `matmuls_in(bf16)`: a product of f32 values is taken in bf16 (its operands rounded
