@@ -13,6 +13,7 @@
 //! (`*_pdrop`) is not applied: meshwork trains without it.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use meshwork_nn::Gpt2;
@@ -175,6 +176,149 @@ fn weight_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>> {
 /// Reads the GPT-2 checkpoint folder `dir` (named by `--flag`), its weights as
 /// `dtype` (f32 or f64), reading at most `limit` bytes of weights.
 pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfGpt2> {
+    let (mut hf, shards) = index_gpt2(flag, dir, dtype, limit)?;
+    for (name, shape) in hf.model.parameters() {
+        let whole: Vec<Range<usize>> = shape.iter().map(|&d| 0..d).collect();
+        hf.weights.insert(name.clone(), shards.read(&name, &whole, dtype)?);
+    }
+    Ok(hf)
+}
+
+/// Where a checkpoint's tensors are, read from the safetensors headers alone: each
+/// parameter's file, dtype, shape and data offset. [`read`](Self::read) reads any box
+/// of a tensor — a device's shard — and only its bytes.
+#[derive(Debug)]
+pub struct HfShards {
+    flag: String,
+    files: Vec<PathBuf>,
+    tensors: HashMap<String, Stored>,
+    /// Bytes of tensor data read so far.
+    read: std::sync::atomic::AtomicU64,
+}
+
+/// A tensor as stored.
+#[derive(Debug, Clone)]
+struct Stored {
+    file: usize,
+    /// Its name in the file.
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// The absolute offset of its first byte.
+    offset: u64,
+}
+
+impl HfShards {
+    /// Box `ranges` (`[start, stop)` per dim) of parameter `name`, as `dtype`: only
+    /// the box's bytes are read (a run per row of its last dim, or fewer where rows
+    /// are whole), converted, and checked finite.
+    pub fn read(&self, name: &str, ranges: &[Range<usize>], dtype: DType) -> Result<Tensor> {
+        use std::os::unix::fs::FileExt;
+        let stored = self.tensors.get(name).ok_or_else(|| {
+            Error::flag(&self.flag, format!("the checkpoint has no tensor {name}"))
+        })?;
+        let path = &self.files[stored.file];
+        let shape = &stored.shape;
+        if ranges.len() != shape.len()
+            || ranges.iter().zip(shape).any(|(r, &d)| r.start > r.end || r.end > d)
+        {
+            return Err(bad(&self.flag, path, format!("{name}: no box {ranges:?} in {shape:?}")));
+        }
+        let size = stored.dtype.size_in_bytes();
+        let dims: Vec<usize> = ranges.iter().map(|r| r.end - r.start).collect();
+        let count: usize = dims.iter().product();
+        // Trailing dims taken whole join one run.
+        let mut run = 1;
+        let mut inner = shape.len();
+        while inner > 0 && ranges[inner - 1] == (0..shape[inner - 1]) {
+            run *= shape[inner - 1];
+            inner -= 1;
+        }
+        if inner > 0 {
+            run *= dims[inner - 1];
+        }
+        let strides: Vec<usize> =
+            (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        let (file, _) = files::open_regular(&format!("--{}", self.flag), path)?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(count * size)
+            .map_err(|_| bad(&self.flag, path, format!("{name}: no memory for {count} values")))?;
+        let mut chunk = vec![0u8; run * size];
+        // Each run's first index: the outer dims' indices, the run's dim from its start.
+        let outer = if inner == 0 { 0 } else { inner - 1 };
+        let mut index: Vec<usize> = ranges[..outer].iter().map(|r| r.start).collect();
+        if count > 0 {
+            loop {
+                let mut flat: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
+                if inner > 0 {
+                    flat += ranges[inner - 1].start * strides[inner - 1];
+                }
+                file.read_exact_at(&mut chunk, stored.offset + (flat * size) as u64).map_err(
+                    |e| {
+                        bad(&self.flag, path, format!("{}: cannot read its data: {e}", stored.name))
+                    },
+                )?;
+                bytes.extend_from_slice(&chunk);
+                self.read.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                // The next outer index, last dim fastest.
+                let mut d = outer;
+                loop {
+                    if d == 0 {
+                        break;
+                    }
+                    d -= 1;
+                    index[d] += 1;
+                    if index[d] < ranges[d].end {
+                        break;
+                    }
+                    index[d] = ranges[d].start;
+                    if d == 0 {
+                        d = usize::MAX;
+                        break;
+                    }
+                }
+                if outer == 0 || d == usize::MAX {
+                    break;
+                }
+            }
+        }
+        let t = Tensor::from_le_bytes(stored.dtype, &dims, &bytes)
+            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))?;
+        let values = t.to_f64();
+        if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(bad(
+                &self.flag,
+                path,
+                format!("{}[{k}] (flat, in the box read) is {v}", stored.name),
+            ));
+        }
+        Tensor::from_f64(dtype, &dims, &values)
+            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))
+    }
+
+    /// A parameter's shape as stored.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|s| s.shape.as_slice())
+    }
+
+    /// Bytes of tensor data [`read`](Self::read) has read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The most bytes a safetensors header may take.
+const HEADER_LIMIT: u64 = 100 << 20;
+
+/// The GPT-2 checkpoint folder `dir` (named by `--flag`) checked and indexed from its
+/// `config.json` and its safetensors headers, no weight read: the sizes and config
+/// (its `weights` empty) and where each weight is. Every tensor is checked as
+/// [`read_gpt2`] checks it (a GPT-2 name in either layout, the config's shape, a float
+/// dtype, stored once, none missing, its bytes inside its file), and the weights
+/// kept as `dtype` must fit in `limit` bytes.
+pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(HfGpt2, HfShards)> {
+    use std::io::Read;
     let config_path = dir.join("config.json");
     let text = files::read_file(flag, &config_path, JSON_LIMIT)?;
     let config: Json = serde_json::from_slice(&text)
@@ -195,56 +339,89 @@ pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfG
         ));
     }
     let want: HashMap<String, Vec<usize>> = model.parameters().into_iter().collect();
-    let mut weights = HashMap::new();
-    let mut budget = limit;
-    for path in weight_files(flag, dir)? {
-        let bytes = files::read_file(flag, &path, budget)?;
-        budget = budget.saturating_sub(bytes.len() as u64);
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| bad(flag, &path, format!("not a safetensors file: {e}")))?;
-        for (name, view) in st.tensors() {
+    let files_ = weight_files(flag, dir)?;
+    let mut tensors = HashMap::new();
+    for (f, path) in files_.iter().enumerate() {
+        let (mut file, len) = files::open_regular(&format!("--{flag}"), path)?;
+        let mut head = [0u8; 8];
+        file.read_exact(&mut head)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let n = u64::from_le_bytes(head);
+        if n > HEADER_LIMIT || n.saturating_add(8) > len {
+            return Err(bad(flag, path, format!("not a safetensors file: a header of {n} bytes")));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let data_start = 8 + n;
+        for (name, entry) in json {
+            if name == "__metadata__" {
+                continue;
+            }
             let Some(param) = canonical(&name) else { continue };
             let Some(shape) = want.get(&param) else {
-                return Err(bad(flag, &path, format!("{name} is not a GPT-2 tensor")));
+                return Err(bad(flag, path, format!("{name} is not a GPT-2 tensor")));
             };
-            if view.shape() != &shape[..] {
+            let stored_shape: Option<Vec<usize>> = entry["shape"]
+                .as_array()
+                .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect());
+            let Some(stored_shape) = stored_shape else {
+                return Err(bad(flag, path, format!("{name} has no shape")));
+            };
+            if stored_shape != *shape {
                 return Err(bad(
                     flag,
-                    &path,
-                    format!("{name} is {:?}; the config makes it {shape:?}", view.shape()),
+                    path,
+                    format!("{name} is {stored_shape:?}; the config makes it {shape:?}"),
                 ));
             }
-            let stored = match view.dtype() {
-                safetensors::Dtype::F64 => DType::F64,
-                safetensors::Dtype::F32 => DType::F32,
-                safetensors::Dtype::BF16 => DType::BF16,
-                safetensors::Dtype::F16 => DType::F16,
+            let stored = match entry["dtype"].as_str() {
+                Some("F64") => DType::F64,
+                Some("F32") => DType::F32,
+                Some("BF16") => DType::BF16,
+                Some("F16") => DType::F16,
                 other => {
                     return Err(bad(
                         flag,
-                        &path,
-                        format!("{name} is {other:?}; want F64, F32, BF16 or F16"),
+                        path,
+                        format!("{name} is {}; want F64, F32, BF16 or F16", other.unwrap_or("?")),
                     ));
                 }
             };
-            let t = Tensor::from_le_bytes(stored, view.shape(), view.data())
-                .map_err(|e| bad(flag, &path, format!("{name}: {e}")))?;
-            let values = t.to_f64();
-            if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                return Err(bad(flag, &path, format!("{name}[{k}] (flat) is {v}")));
-            }
-            let t = Tensor::from_f64(dtype, view.shape(), &values)
-                .map_err(|e| bad(flag, &path, format!("{name}: {e}")))?;
-            if weights.insert(param, t).is_some() {
-                return Err(bad(flag, &path, format!("{name} is stored twice")));
+            let offsets: Option<Vec<u64>> =
+                entry["data_offsets"].as_array().and_then(|a| a.iter().map(Json::as_u64).collect());
+            let bytes = shape.iter().product::<usize>() as u64 * stored.size_in_bytes() as u64;
+            let (begin, end) = match offsets.as_deref() {
+                Some(&[b, e]) if e >= b && e - b == bytes && data_start + e <= len => (b, e),
+                _ => {
+                    return Err(bad(
+                        flag,
+                        path,
+                        format!("{name}: its data_offsets do not hold {bytes} bytes in the file"),
+                    ));
+                }
+            };
+            let _ = end;
+            let entry = Stored {
+                file: f,
+                name: name.clone(),
+                dtype: stored,
+                shape: stored_shape,
+                offset: data_start + begin,
+            };
+            if tensors.insert(param, entry).is_some() {
+                return Err(bad(flag, path, format!("{name} is stored twice")));
             }
         }
     }
-    if let Some((name, _)) = model.parameters().into_iter().find(|(n, _)| !weights.contains_key(n))
+    if let Some((name, _)) = model.parameters().into_iter().find(|(n, _)| !tensors.contains_key(n))
     {
         return Err(bad(flag, dir, format!("no tensor {name}")));
     }
-    Ok(HfGpt2 { model, config, weights })
+    let shards = HfShards { flag: flag.to_string(), files: files_, tensors, read: 0.into() };
+    Ok((HfGpt2 { model, config, weights: HashMap::new() }, shards))
 }
 
 /// A `config.json` for `model` (what `GPT2Config` writes of it), for a model that

@@ -149,6 +149,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         precision: p.precision,
         loss_scale: p.loss_scale,
         blocking: p.blocking,
+        shards: p.shards.as_ref(),
     };
     let mut run = start(&strategy, p.layout, &recipe)?;
     let compiled = strategy.backend().compiles();

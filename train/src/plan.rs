@@ -54,6 +54,8 @@ pub(crate) struct Plan {
     pub(crate) classification: Option<Classification>,
     /// Initial weights by name (in the file's dtype), unless resumed.
     pub(crate) init: Option<HashMap<String, Tensor>>,
+    /// A Hugging Face checkpoint folder's weights, read part by part when placed.
+    pub(crate) shards: Option<crate::hf::HfShards>,
     pub(crate) saved: Option<Saved>,
     pub(crate) meta: Value,
     pub(crate) warnings: Vec<String>,
@@ -95,6 +97,10 @@ impl Plan {
     /// The run's initial weights: `--init`'s (taken from the plan), or random ones of
     /// the one-device program from the run's seed.
     pub(crate) fn take_init(&mut self) -> Result<HashMap<String, Tensor>> {
+        if self.shards.is_some() {
+            // Read as they are placed ([`Plan::shards`]).
+            return Ok(HashMap::new());
+        }
         match self.init.take() {
             Some(file) => Ok(file),
             None => {
@@ -336,13 +342,16 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // GPT-2's `--init` may be a Hugging Face checkpoint folder (its sizes too).
     let mut hf: Option<crate::hf::HfGpt2> = None;
     let mut hf_config: Option<Value> = None;
+    // A Hugging Face folder is indexed here (every tensor checked from the headers);
+    // its weights are read when they are placed, each device's part alone.
+    let mut shards: Option<crate::hf::HfShards> = None;
     let file = match config.init.as_deref() {
         Some(p) if kind == ModelKind::Gpt2 && p.is_dir() => {
-            let mut read = crate::hf::read_gpt2("init", p, DType::F64, limit)?;
-            let weights = std::mem::take(&mut read.weights);
+            let (read, index) = crate::hf::index_gpt2("init", p, DType::F64, limit)?;
             hf_config = Some(read.config.clone());
             hf = Some(read);
-            Some(weights)
+            shards = Some(index);
+            None
         }
         Some(p) => Some(init::read_init(p, limit)?),
         None => None,
@@ -827,6 +836,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         examples,
         classification,
         init: file,
+        shards,
         saved,
         meta,
         warnings,

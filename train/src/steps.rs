@@ -288,6 +288,8 @@ pub(crate) struct Recipe<'a> {
     pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
     /// GPT-2's attention and loss in pieces.
     pub(crate) blocking: meshwork_nn::Blocking,
+    /// `--init`'s Hugging Face weights, read part by part (else `init` holds them).
+    pub(crate) shards: Option<&'a crate::hf::HfShards>,
 }
 
 /// Compiles (or places) the training step of `recipe` laid out by `layout` on
@@ -308,6 +310,7 @@ pub(crate) fn start<'s>(
         precision,
         loss_scale,
         blocking,
+        shards,
     } = *recipe;
     let fed = net.fed();
     let weight = |name: &str| -> Result<Tensor> {
@@ -371,7 +374,21 @@ pub(crate) fn start<'s>(
                 step.trained.iter().map(|w| params[w.index()].name.clone()).collect();
             let step = strategy.compile_step(step, &shardings).map_err(step_failed)?;
             for name in &names {
-                step.set(name, &weight(name)?).map_err(step_failed)?;
+                match shards {
+                    // Each device's part read alone from the checkpoint's files.
+                    Some(shards) => {
+                        let mut read = |ranges: &[std::ops::Range<usize>]| {
+                            shards.read(name, ranges, dtype).map_err(|e| {
+                                meshwork_strategy::Error::Compiled { problem: e.to_string() }
+                            })
+                        };
+                        step.set_with(name, &mut read).map_err(|e| match e {
+                            meshwork_strategy::Error::Compiled { problem } => Error::usage(problem),
+                            other => step_failed(other),
+                        })?;
+                    }
+                    None => step.set(name, &weight(name)?).map_err(step_failed)?,
+                }
             }
             Ok(Box::new(Spmd(step, micro)))
         }

@@ -210,6 +210,7 @@ impl Trainer {
             precision: p.precision,
             loss_scale: p.loss_scale,
             blocking: p.blocking,
+            shards: p.shards.as_ref(),
         };
         let mut run = start(&strategy, p.layout, &recipe)?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
@@ -523,6 +524,16 @@ impl Trainer {
 /// from for `config` (its `--init` file, or the weights drawn from its seed).
 pub fn initial_weights(config: &Config) -> Result<HashMap<String, Tensor>> {
     let p = plan(config)?;
+    if let (Some(shards), Net::Gpt2 { model, .. }) = (&p.shards, &p.net) {
+        return model
+            .parameters()
+            .into_iter()
+            .map(|(name, shape)| {
+                let whole: Vec<std::ops::Range<usize>> = shape.iter().map(|&d| 0..d).collect();
+                Ok((name.clone(), shards.read(&name, &whole, p.dtype)?))
+            })
+            .collect();
+    }
     match p.init {
         Some(file) => Ok(file),
         None => {

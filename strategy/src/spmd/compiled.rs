@@ -180,6 +180,53 @@ impl Compiled<'_> {
         Ok(())
     }
 
+    /// Places resident parameter `name` from the parts `read` gives: it is asked once
+    /// for each distinct region the mesh positions hold (its `[start, stop)` per dim
+    /// of the global value; positions holding the same region share one read), so a
+    /// caller reading from a file reads only what the devices hold, never the whole
+    /// value at once (Orbax's and `jax.make_array_from_callback`'s way). Each part must
+    /// be of the parameter's dtype and the region's shape.
+    pub fn set_with(
+        &self,
+        name: &str,
+        read: &mut dyn FnMut(&[std::ops::Range<usize>]) -> Result<Tensor>,
+    ) -> Result<()> {
+        let k = self.param(name)?;
+        let p = &self.part.global().params()[k];
+        if !self.resident[k] {
+            self.resident_only(&p.name)?;
+        }
+        let dims = p.spec.shape.dims();
+        let layout = &self.part.inputs()[k];
+        let sharding = layout.to_named(self.part.mesh())?.to_sharding(dims.len())?;
+        let regions = sharding.index_map(dims, meshwork_sharding::Mode::Strict)?;
+        let mut parts: Vec<Tensor> = Vec::with_capacity(regions.len());
+        for (r, region) in regions.iter().enumerate() {
+            let earlier = regions[..r].iter().position(|q| q.ranges == region.ranges);
+            let part = match earlier {
+                Some(q) => parts[q].clone(),
+                None => read(&region.ranges)?,
+            };
+            let want: Vec<usize> = region.ranges.iter().map(|x| x.end - x.start).collect();
+            if part.dtype() != p.spec.dtype || part.shape() != want.as_slice() {
+                return Err(partition_error(
+                    p.name.clone(),
+                    "set_with",
+                    format!(
+                        "the part of {:?} read as {}{:?}; want {}{want:?}",
+                        region.ranges,
+                        part.dtype(),
+                        part.shape(),
+                        p.spec.dtype
+                    ),
+                ));
+            }
+            parts.push(part);
+        }
+        self.install(vec![(k, parts)])?;
+        Ok(())
+    }
+
     /// Resident parameter `k`'s value split into each device's part, after checking
     /// its spec.
     pub(super) fn split_resident(&self, k: usize, value: &Tensor) -> Result<Vec<Tensor>> {
@@ -500,6 +547,16 @@ impl CompiledTrainStep<'_> {
     /// Places weight `name`'s initial value on the devices.
     pub fn set(&self, name: &str, value: &Tensor) -> Result<()> {
         self.compiled.set(name, value)
+    }
+
+    /// Places weight `name` from each device's part as `read` gives it
+    /// ([`Compiled::set_with`]).
+    pub fn set_with(
+        &self,
+        name: &str,
+        read: &mut dyn FnMut(&[std::ops::Range<usize>]) -> Result<Tensor>,
+    ) -> Result<()> {
+        self.compiled.set_with(name, read)
     }
 
     /// Weight (or optimizer state) `name`, assembled from the devices.

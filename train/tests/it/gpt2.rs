@@ -967,3 +967,47 @@ fn blocked_attention_and_a_chunked_loss_reproduce_transformers_losses() {
     // fifth off (their share grows with the context and vocabulary).
     assert!(pieces * 100 < whole * 85, "peak {pieces} in pieces, {whole} whole");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Any box of any tensor of the oracle's checkpoint, read from the safetensors
+    /// headers' offsets alone, equals that box of the tensor as the `safetensors`
+    /// crate reads the whole file, and only the box's bytes are read.
+    #[test]
+    fn prop_a_box_of_a_checkpoint_tensor_reads_only_its_bytes(
+        pick in 0usize..1000,
+        cuts in proptest::collection::vec((0usize..1000, 0usize..1000), 2),
+    ) {
+        use meshwork_train::hf::index_gpt2;
+        let dir = testdata("gpt2/model");
+        let (hf, shards) = index_gpt2("init", &dir, DType::F64, 1 << 30).unwrap();
+        let params = hf.model.parameters();
+        let (name, shape) = &params[pick % params.len()];
+        let ranges: Vec<std::ops::Range<usize>> = shape
+            .iter()
+            .zip(&cuts)
+            .map(|(&d, &(a, b))| {
+                let (a, b) = (a % (d + 1), b % (d + 1));
+                a.min(b)..a.max(b)
+            })
+            .collect();
+        let before = shards.bytes_read();
+        let got = shards.read(name, &ranges, DType::F64).unwrap();
+        let count: usize = ranges.iter().map(|r| r.end - r.start).product();
+        // The oracle is stored in f64.
+        proptest::prop_assert_eq!(shards.bytes_read() - before, (count * 8) as u64);
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let view = st.tensor(name).unwrap();
+        let whole: Vec<f64> =
+            view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        let whole = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), whole).unwrap();
+        let want = whole.slice_each_axis(|ax| {
+            let r = &ranges[ax.axis.index()];
+            ndarray::Slice::from(r.start..r.end)
+        });
+        proptest::prop_assert_eq!(got.shape(), want.shape());
+        proptest::prop_assert_eq!(got.to_f64(), want.iter().copied().collect::<Vec<_>>());
+    }
+}
