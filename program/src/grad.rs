@@ -41,7 +41,7 @@ pub fn grad(program: &Program, loss: Value, wrt: &[Value]) -> Result<Program> {
 /// [`grad`] with the activations of each region recomputed in the backward pass (JAX's
 /// `jax.checkpoint`, PyTorch's activation checkpointing): `regions` are ranges of
 /// `program`'s instruction indices (a transformer block each, say), which may nest
-/// but not cross (an instruction belongs to the innermost). A value made in a
+/// but not cross (an instruction belongs to the outermost region holding it). A value made in a
 /// region and read only there (not a result, not an op that communicates) is not kept
 /// for the backward pass: the instructions that make it are added again just before
 /// the backward pass first needs it, from the values the region reads. What a region
@@ -116,7 +116,7 @@ impl Remat {
             }
         }
         // Regions nest (a block's attention pieces inside the block) but do not
-        // cross; an instruction belongs to the innermost region holding it.
+        // cross; an instruction belongs to the outermost region holding it.
         for (a, ra) in regions.iter().enumerate() {
             for rb in &regions[a + 1..] {
                 let overlap = ra.start < rb.end && rb.start < ra.end;
@@ -132,8 +132,11 @@ impl Remat {
                 }
             }
         }
+        // A nested region adds nothing: its outermost region recomputes it (lazily,
+        // as the backward pass reaches each value), and what it hands on to the rest
+        // of that region is recomputed too rather than kept.
         let mut order: Vec<usize> = (0..regions.len()).collect();
-        order.sort_by_key(|&r| std::cmp::Reverse(regions[r].len()));
+        order.sort_by_key(|&r| regions[r].len());
         for r in order {
             for slot in &mut region[regions[r].clone()] {
                 *slot = Some(r);
@@ -292,6 +295,12 @@ impl<'p> Transposer<'p> {
                 .map(|a| self.remat.copy[a.index()].unwrap_or(self.map[a.index()]))
                 .collect();
             let c = self.b.push(instr.op.clone(), &args)?;
+            // A named value's copy is named after it (`x.remat`), so what names the
+            // value (a layout constraint) can name the copy too.
+            let c = match &instr.name {
+                Some(name) => self.b.name(c, &format!("{name}.remat"))?,
+                None => c,
+            };
             self.b.set_device(c, &instr.device)?;
             for with in &instr.colocate {
                 let at = self.remat.copy[with.index()].unwrap_or(self.map[with.index()]);

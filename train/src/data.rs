@@ -319,12 +319,19 @@ pub fn token_rows_of_text(path: &Path, seq: usize, limit: u64) -> Result<(usize,
     Ok((n, tokens))
 }
 
-/// A Hugging Face `tokenizer.json` (`--tokenizer`), read within 64 MiB.
+/// A Hugging Face `tokenizer.json` (`--tokenizer`), read within 64 MiB, its
+/// truncation and padding (if it was saved with any) turned off.
 pub fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
     let bytes = crate::files::read_file("tokenizer", path, 64 << 20)?;
-    tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+    let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::flag("tokenizer", format!("{} is not a tokenizer.json: {e}", path.display()))
-    })
+    })?;
+    // A file saved with truncation or padding would cut or pad a training text.
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| Error::flag("tokenizer", format!("{}: {e}", path.display())))?;
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
 }
 
 /// The ids `tokenizer` gives `text` (as the `tokenizers` library's `encode(text)`,

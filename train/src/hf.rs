@@ -293,8 +293,18 @@ impl HfShards {
                 format!("{}[{k}] (flat, in the box read) is {v}", stored.name),
             ));
         }
-        Tensor::from_f64(dtype, &dims, &values)
-            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))
+        let t = Tensor::from_f64(dtype, &dims, &values)
+            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))?;
+        // A value past the run's dtype's range would become an infinity.
+        if let Some((k, _)) = t.to_f64().iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            let v = values[k];
+            return Err(bad(
+                &self.flag,
+                path,
+                format!("{}[{k}] (flat, in the box read) is {v}, past {dtype}", stored.name),
+            ));
+        }
+        Ok(t)
     }
 
     /// A parameter's shape as stored.
@@ -393,8 +403,9 @@ pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(H
             let offsets: Option<Vec<u64>> =
                 entry["data_offsets"].as_array().and_then(|a| a.iter().map(Json::as_u64).collect());
             let bytes = shape.iter().product::<usize>() as u64 * stored.size_in_bytes() as u64;
+            let inside = |e: u64| data_start.checked_add(e).is_some_and(|end| end <= len);
             let (begin, end) = match offsets.as_deref() {
-                Some(&[b, e]) if e >= b && e - b == bytes && data_start + e <= len => (b, e),
+                Some(&[b, e]) if e >= b && e - b == bytes && inside(e) => (b, e),
                 _ => {
                     return Err(bad(
                         flag,

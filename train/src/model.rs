@@ -385,6 +385,9 @@ impl Net {
         let mut specs: Vec<DimSpec> = (0..dims.len())
             .map(|d| base.dims().get(d).cloned().unwrap_or(DimSpec::Replicated))
             .collect();
+        if data < 2 {
+            return None;
+        }
         let pick = (0..dims.len())
             .filter(|&d| specs[d] == DimSpec::Replicated && dims[d].is_multiple_of(data))
             .max_by_key(|&d| (dims[d], std::cmp::Reverse(d)))?;
@@ -399,6 +402,15 @@ impl Net {
             .iter()
             .map(|p| (p.name.clone(), p.spec.shape.dims().to_vec()))
             .collect())
+    }
+
+    /// Its blocks (the transformer's and GPT-2's; 0 for the others).
+    fn layers(&self) -> usize {
+        match self {
+            Net::Transformer(m) => m.layers,
+            Net::Gpt2 { model, .. } => model.layers,
+            Net::Mlp(_) | Net::Cnn(_) => 0,
+        }
     }
 
     /// Its weights' element count.
@@ -500,7 +512,17 @@ impl Net {
             }
             _ => whole,
         };
-        let weights = (held * devices + whole * checked) * 6.0 * size;
+        // --fsdp's whole copies: every weight gathered for the step, or (with --remat,
+        // which gathers a block's weights again in its backward pass) a block's
+        // weights and whole gradients at a time.
+        let gathered = match layout {
+            Layout::Mesh { data, .. } if savers.fsdp && data > 1 => {
+                let layers = self.layers().max(1) as f64;
+                if savers.remat { 2.0 * whole / layers } else { whole }
+            }
+            _ => 0.0,
+        };
+        let weights = ((held * 6.0 + gathered) * devices + whole * 6.0 * checked) * size;
         // The run's own (counted twice over a mesh without the check) and the check's.
         let own = (devices + checked).min(2.0) - checked;
         let micro = savers.micro.max(1) as f64;

@@ -967,6 +967,13 @@ fn savers(config: &Config, layout: Layout, batch: usize) -> Result<Savers> {
             "--batch {batch} does not split into --grad-accum {micro} micro-batches over the {data} data replicas of --mesh {data}x{model}"
         )));
     }
+    if config.fsdp
+        && matches!(config.backend, BackendKind::Xla { partitioner: Partitioner::Xla, .. })
+    {
+        return Err(usage(
+            "--fsdp gathers weights where meshwork's partitioner reads them; with --partitioner xla it would not (drop one)",
+        ));
+    }
     if config.remat && !matches!(config.model, ModelKind::Transformer | ModelKind::Gpt2) {
         return Err(usage(format!(
             "--remat recomputes a transformer's blocks; the {} has none",

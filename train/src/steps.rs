@@ -90,7 +90,7 @@ fn micro_batches(feeds: &[Tensor], micro: usize) -> Result<Vec<Tensor>> {
         .iter()
         .map(|t| {
             let rows = t.shape().first().copied().unwrap_or(0);
-            if rows % micro != 0 {
+            if rows == 0 || rows % micro != 0 || t.is_empty() {
                 return Err(Error::failed(format!(
                     "a feed of {rows} rows does not cut into {micro} micro-batches"
                 )));
@@ -364,6 +364,11 @@ pub(crate) fn start<'s>(
                                 1 => gathered_name(&p.name),
                                 _ => format!("micro.{i}.{}", gathered_name(&p.name)),
                             };
+                            // And its copy gathered again in the backward pass.
+                            let again = format!("{read}.remat");
+                            if step.program.value_named(&again).is_some() {
+                                shardings = shardings.with_spec(&again, base.clone());
+                            }
                             shardings = shardings.with_spec(&read, base.clone());
                         }
                     }
@@ -377,15 +382,21 @@ pub(crate) fn start<'s>(
                 match shards {
                     // Each device's part read alone from the checkpoint's files.
                     Some(shards) => {
+                        // A part that cannot be read is the checkpoint's fault (its
+                        // own error); anything else the run's.
+                        let mut unread = None;
                         let mut read = |ranges: &[std::ops::Range<usize>]| {
                             shards.read(name, ranges, dtype).map_err(|e| {
-                                meshwork_strategy::Error::Compiled { problem: e.to_string() }
+                                let problem = e.to_string();
+                                unread = Some(e);
+                                meshwork_strategy::Error::Compiled { problem }
                             })
                         };
-                        step.set_with(name, &mut read).map_err(|e| match e {
-                            meshwork_strategy::Error::Compiled { problem } => Error::usage(problem),
-                            other => step_failed(other),
-                        })?;
+                        let placed = step.set_with(name, &mut read);
+                        if let Some(e) = unread {
+                            return Err(e);
+                        }
+                        placed.map_err(step_failed)?;
                     }
                     None => step.set(name, &weight(name)?).map_err(step_failed)?,
                 }
@@ -424,17 +435,19 @@ fn gathered_name(name: &str) -> String {
 }
 
 /// `program` with each parameter of `weights` read through an identity named
-/// [`gathered_name`] (where `--fsdp` constrains the weight whole, so the partitioner
-/// all-gathers it there and reduce-scatters its gradient back), and the loss and
-/// block ranges renumbered to match.
+/// [`gathered_name`] placed just before its first reader (where `--fsdp` constrains
+/// the weight whole, so the partitioner all-gathers it there and reduce-scatters its
+/// gradient back), and the loss and regions renumbered to match. An identity belongs
+/// to the region of its first reader: with `--remat`, a block's weights are gathered
+/// again in its backward pass instead of being held whole from the forward one.
 fn gathered(
     program: &Program,
     loss: Value,
-    blocks: &[std::ops::Range<usize>],
+    regions: &[std::ops::Range<usize>],
     weights: &[usize],
 ) -> Result<(Program, Value, Vec<std::ops::Range<usize>>)> {
     if weights.is_empty() {
-        return Ok((program.clone(), loss, blocks.to_vec()));
+        return Ok((program.clone(), loss, regions.to_vec()));
     }
     let bad = |e: meshwork_program::Error| Error::failed(format!("--fsdp: {e}"));
     let mut b = meshwork_program::Builder::new();
@@ -443,11 +456,19 @@ fn gathered(
         let v = b.param(&p.name, p.spec.clone()).map_err(bad)?;
         map.push(b.set_device(v, &p.device).map_err(bad)?);
     }
-    for &k in weights {
-        let read = b.identity(map[k]).map_err(bad)?;
-        map[k] = b.name(read, &gathered_name(&program.params()[k].name)).map_err(bad)?;
-    }
+    let mut whole = vec![false; program.params().len()];
+    // Where each old instruction's identities (then the instruction) begin.
+    let mut starts = Vec::with_capacity(program.instrs().len() + 1);
     for instr in program.instrs() {
+        starts.push(b.instr_count());
+        for a in &instr.args {
+            let k = a.index();
+            if k < whole.len() && !whole[k] && weights.contains(&k) {
+                whole[k] = true;
+                let read = b.identity(map[k]).map_err(bad)?;
+                map[k] = b.name(read, &gathered_name(&program.params()[k].name)).map_err(bad)?;
+            }
+        }
         let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
         let v = b.push(instr.op.clone(), &args).map_err(bad)?;
         if let Some(name) = &instr.name {
@@ -459,12 +480,14 @@ fn gathered(
         }
         map.push(v);
     }
+    starts.push(b.instr_count());
     let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();
     let out = b.finish(&results).map_err(bad)?;
-    let shift = weights.len();
-    let loss = out.results()[program.results().iter().position(|&r| r == loss).unwrap_or(0)];
-    let blocks = blocks.iter().map(|r| r.start + shift..r.end + shift).collect();
-    Ok((out, loss, blocks))
+    let at = program.results().iter().position(|&r| r == loss);
+    let loss =
+        out.results()[at.ok_or_else(|| Error::failed("--fsdp: the loss is not a result"))?];
+    let regions = regions.iter().map(|r| starts[r.start]..starts[r.end]).collect();
+    Ok((out, loss, regions))
 }
 
 /// An evaluation: the mean loss and accuracy (of the next token, or the class) of

@@ -31,21 +31,35 @@ use crate::{Error, Result};
 /// cut).
 pub const CHUNK_BYTES: usize = 1 << 20;
 
+/// The longest row `meshwork tokenize` cuts (`--seq`).
+pub const MAX_SEQ: usize = 1 << 24;
+
 /// Bytes around a cut the check encodes on each side.
 const WINDOW: usize = 512;
 
 /// Cuts tried before a tokenizer is taken to be one whose text cannot be cut.
 const TRIES: usize = 8;
 
-/// Ids held per byte of `--max-memory`: the ids (u32) and the rows made of them (i32).
+/// Bytes each id takes: the ids (u32) and the rows made of them (i32).
 const BYTES_PER_ID: u64 = 8;
 
-/// Whether `b` ends a chunk: byte `at - 1` is a newline between ASCII non-space
-/// characters.
+/// Text encoded whole may take this share of `--max-memory` (the tokenizer's working
+/// state is many times the text).
+const WHOLE_TEXT_SHARE: u64 = 10;
+
+/// Whether `b` may be cut at `at`: just after a newline between ASCII non-space
+/// characters (`x\n|y`), or just before a line end `\n` or `\r\n` that follows one
+/// and precedes another (`x|\r\ny`).
 fn cut_at(b: &[u8], at: usize) -> bool {
-    at >= 2 && at < b.len() && b[at - 1] == b'\n' && b[at - 2].is_ascii_graphic() && {
-        b[at].is_ascii_graphic()
+    let graphic = |i: usize| b.get(i).is_some_and(u8::is_ascii_graphic);
+    if at < 1 || at >= b.len() {
+        return false;
     }
+    let after = at >= 2 && b[at - 1] == b'\n' && graphic(at - 2) && graphic(at);
+    let before = graphic(at - 1)
+        && ((b[at] == b'\n' && graphic(at + 1))
+            || (b[at] == b'\r' && b.get(at + 1) == Some(&b'\n') && graphic(at + 2)));
+    after || before
 }
 
 /// The ids `tokenizer` gives `text`, `specials` saying whether its post-processor's
@@ -105,6 +119,7 @@ pub fn encode_file(
     chunk: usize,
     limit: u64,
 ) -> Result<Encoded> {
+    let chunk = chunk.max(1);
     let (file, len) = open_regular("--text", path)?;
     let too_many = |n: usize| {
         Error::usage(format!(
@@ -123,18 +138,23 @@ pub fn encode_file(
     let mut cuttable = chunked;
     loop {
         // Read a chunk more (or, once chunks are off, everything), within the limit.
+        // Text given to the tokenizer whole takes it tens of bytes a byte (its tokens'
+        // strings, offsets and words), so such text may take a tenth of the limit.
         let want = if cuttable { chunk } else { usize::MAX };
         let before = buf.len();
-        let room = limit.saturating_sub(buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID);
+        let budget = if cuttable { limit } else { limit / WHOLE_TEXT_SHARE };
+        let room = budget.saturating_sub(buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID);
         let take = (want as u64).min(room.saturating_add(1));
         (&mut reader)
             .take(take)
             .read_to_end(&mut buf)
             .map_err(|e| Error::usage(format!("--text: cannot read {}: {e}", path.display())))?;
         let ended = buf.len() - before < take as usize || take == 0;
-        if buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID > limit {
+        if buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID > budget {
+            let whole =
+                if cuttable { "" } else { " (this text is encoded whole, in a tenth of it)" };
             return Err(Error::usage(format!(
-                "--text {}: the text and its ids need more than --max-memory {limit} bytes",
+                "--text {}: the text and its ids need more than --max-memory {limit} bytes{whole}",
                 path.display()
             )));
         }
@@ -217,6 +237,8 @@ fn rows_of(ids: &[u32], vocab: usize, seq: usize, what: &str) -> Result<(usize, 
 /// of both files' bytes (streamed) and the width, in hex.
 pub fn cache_key(text: &Path, tokenizer: &Path, width: usize) -> Result<String> {
     let mut hash = Sha256::new();
+    // What made the rows: this way of cutting, and the tokenizers crate's version.
+    hash.update(b"meshwork token rows v1; tokenizers 0.23\n");
     for (flag, path) in [("--text", text), ("--tokenizer", tokenizer)] {
         let (mut file, len) = open_regular(flag, path)?;
         hash.update(len.to_le_bytes());
@@ -336,8 +358,8 @@ pub fn tokenize_to(
     out: &Path,
     limit: u64,
 ) -> Result<usize> {
-    if seq == 0 {
-        return Err(Error::usage("--seq must be at least 1"));
+    if seq == 0 || seq > MAX_SEQ {
+        return Err(Error::usage(format!("--seq {seq} is not between 1 and {MAX_SEQ}")));
     }
     crate::files::check_output("out", out, crate::files::Output::New)?;
     let vocab = read_tokenizer(tokenizer)?.get_vocab_size(true);

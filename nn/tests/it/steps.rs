@@ -204,3 +204,140 @@ fn adamw_exempts_1d_parameters_from_decay_when_asked() {
         assert_eq!(out[2].to_f64(), bias, "decay_1d {decay_1d}: the bias");
     }
 }
+
+/// A two-layer model of `rows` rows: `x [rows, 3] → tanh(x·W1 + b) · W2`, a mean
+/// squared loss against `y [rows, 2]`; its program and weights.
+fn small_model(rows: usize) -> (Program, Value, Vec<Value>) {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(&format!("f64[{rows},3]"))).unwrap();
+    let y = b.param("y", spec(&format!("f64[{rows},2]"))).unwrap();
+    let w1 = b.param("w1", spec("f64[3,4]")).unwrap();
+    let b1 = b.param("b1", spec("f64[4]")).unwrap();
+    let w2 = b.param("w2", spec("f64[4,2]")).unwrap();
+    let h = b.matmul(x, w1).unwrap();
+    let h = b.add(h, b1).unwrap();
+    let h = b.tanh(h).unwrap();
+    let z = b.matmul(h, w2).unwrap();
+    let d = b.sub(z, y).unwrap();
+    let d2 = b.mul(d, d).unwrap();
+    let loss = b.reduce_mean(d2, &[0, 1], false).unwrap();
+    let p = b.finish(&[loss]).unwrap();
+    (p, loss, vec![w1, b1, w2])
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+
+    /// Gradient accumulation is the whole batch's step: N micro-batches of a mean loss
+    /// give the loss and the updated weights (Adam, clipped) of one step on all their
+    /// rows, within 1e-12 — the simple model being the plain step.
+    #[test]
+    fn prop_accumulated_micro_batches_step_as_the_whole_batch(
+        micro in 2usize..5,
+        values in proptest::collection::vec(-2.0f64..2.0, 8 * 5 + 3 * 4 + 4 + 4 * 2),
+    ) {
+        use meshwork_nn::StepOptions;
+        let rows = 2 * micro;
+        let (whole, loss, wrt) = small_model(rows);
+        let plain = TrainStep::clipped(&whole, loss, &wrt, Optimizer::adam(), Some(0.5)).unwrap();
+        let (one, l1, w1) = small_model(rows / micro);
+        let options = StepOptions { max_norm: Some(0.5), micro_batches: micro, ..StepOptions::default() };
+        let acc = TrainStep::with_options(&one, l1, &w1, Optimizer::adam(), &options).unwrap();
+        let mut it = values.iter().copied();
+        let mut take = |n: usize| -> Vec<f64> { (0..n).map(|_| it.next().unwrap()).collect() };
+        let x = take(rows * 3);
+        let y = take(rows * 2);
+        let weights = [
+            Tensor::f64(&[3, 4], take(12)).unwrap(),
+            Tensor::f64(&[4], take(4)).unwrap(),
+            Tensor::f64(&[4, 2], take(8)).unwrap(),
+        ];
+        let scalars = plain.scalars(0.05, 3).unwrap();
+        let mut feed = vec![Tensor::f64(&[rows, 3], x.clone()).unwrap(), Tensor::f64(&[rows, 2], y.clone()).unwrap()];
+        feed.extend(weights.iter().cloned());
+        feed.extend(plain.init_state().unwrap());
+        feed.extend(scalars.iter().cloned());
+        let want = fast::evaluate(&plain.program, &feed).unwrap();
+        let per = rows / micro;
+        let mut feed = Vec::new();
+        for i in 0..micro {
+            feed.push(Tensor::f64(&[per, 3], x[i * per * 3..(i + 1) * per * 3].to_vec()).unwrap());
+            feed.push(Tensor::f64(&[per, 2], y[i * per * 2..(i + 1) * per * 2].to_vec()).unwrap());
+        }
+        feed.extend(weights.iter().cloned());
+        feed.extend(acc.init_state().unwrap());
+        feed.extend(scalars.iter().cloned());
+        let got = fast::evaluate(&acc.program, &feed).unwrap();
+        proptest::prop_assert_eq!(got.len(), want.len());
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (a, b) in g.to_f64().iter().zip(w.to_f64()) {
+                proptest::prop_assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "result {}: {} vs {}", k, a, b);
+            }
+        }
+    }
+}
+
+/// Dynamic loss scaling follows GradScaler's rule, step by step against a plain
+/// re-simulation: the scale doubles after `growth_interval` finite steps, halves on a
+/// step whose scaled gradients overflow (made so by a target of 1e308 in f64: its
+/// cotangent times the scale passes f64's range), and such a step leaves the weights
+/// and the optimizer state exactly as they were.
+#[test]
+fn the_loss_scale_grows_after_good_steps_and_backs_off_on_overflow() {
+    use meshwork_nn::{LOSS_SCALE, LOSS_SCALE_GOOD, LossScale, StepOptions};
+    let (p, loss, wrt) = small_model(2);
+    let ls = LossScale { init: 8.0, growth_interval: 2, growth: 2.0, backoff: 0.5 };
+    let options = StepOptions { loss_scale: Some(ls), ..StepOptions::default() };
+    let step = TrainStep::with_options(&p, loss, &wrt, Optimizer::adam(), &options).unwrap();
+    let names: Vec<&str> = step.program.params().iter().map(|p| p.name.as_str()).collect();
+    let n = names.len();
+    assert_eq!(names[n - 4..], [LOSS_SCALE, LOSS_SCALE_GOOD, "optimizer.lr", "optimizer.step"]);
+    assert_eq!(step.state_len(), 3 * 2 + 2);
+    let mut weights = vec![
+        Tensor::f64(&[3, 4], (0..12).map(|k| 0.1 * k as f64 - 0.5).collect()).unwrap(),
+        Tensor::f64(&[4], vec![0.1; 4]).unwrap(),
+        Tensor::f64(&[4, 2], (0..8).map(|k| 0.2 - 0.05 * k as f64).collect()).unwrap(),
+    ];
+    let mut state = step.init_state().unwrap();
+    assert_eq!(state[6].to_f64(), [8.0]);
+    let (mut scale, mut good) = (8.0, 0.0);
+    // Steps 0, 1 finite (the scale doubles after the second), 2 overflows, 3 finite.
+    for (s, huge) in [false, false, true, false].into_iter().enumerate() {
+        let y0 = if huge { 1e308 } else { 0.3 };
+        let mut feed = vec![
+            Tensor::f64(&[2, 3], vec![0.5, -0.3, 0.2, 0.1, 0.7, -0.6]).unwrap(),
+            Tensor::f64(&[2, 2], vec![y0, -0.2, 0.5, 0.1]).unwrap(),
+        ];
+        feed.extend(weights.iter().cloned());
+        feed.extend(state.iter().cloned());
+        feed.extend(step.scalars(0.01, s).unwrap());
+        let out = fast::evaluate(&step.program, &feed).unwrap();
+        let (new_w, new_s) = (out[1..4].to_vec(), out[4..].to_vec());
+        // The plain rule.
+        if huge {
+            scale *= 0.5;
+            good = 0.0;
+            assert_eq!(
+                new_w.iter().map(Tensor::to_f64).collect::<Vec<_>>(),
+                weights.iter().map(Tensor::to_f64).collect::<Vec<_>>(),
+                "step {s}"
+            );
+            assert_eq!(
+                new_s[..6].iter().map(Tensor::to_f64).collect::<Vec<_>>(),
+                state[..6].iter().map(Tensor::to_f64).collect::<Vec<_>>()
+            );
+        } else {
+            good += 1.0;
+            if good >= 2.0 {
+                scale *= 2.0;
+                good = 0.0;
+            }
+            assert!(out[0].to_f64()[0].is_finite(), "step {s}");
+            assert_ne!(new_w[0].to_f64(), weights[0].to_f64(), "step {s} updates");
+        }
+        assert_eq!((new_s[6].to_f64()[0], new_s[7].to_f64()[0]), (scale, good), "step {s}");
+        weights = new_w;
+        state = new_s;
+    }
+    assert_eq!(scale, 8.0);
+}
