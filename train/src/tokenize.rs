@@ -170,11 +170,12 @@ pub fn encode_file(
             continue;
         }
         // The last cut that checks out, trying at most TRIES from the end, among the
-        // bytes just read (earlier places were tried when they were read).
+        // places a whole window of text now follows (earlier ones were tried when
+        // their window came in).
         let mut tried = 0;
         let mut cut = None;
-        let mut at = buf.len();
-        let lower = before.saturating_sub(2);
+        let mut at = buf.len().saturating_sub(WINDOW);
+        let lower = before.saturating_sub(WINDOW + 2);
         while at > lower && tried < TRIES {
             at -= 1;
             if cut_at(&buf, at) {
