@@ -250,6 +250,32 @@ fn the_inspection_tools_draw_shardings_plans_and_placements() {
     );
 }
 
+/// The oracle's AdamW command's flags after the data: `--seq 16 --batch 4 --steps 10
+/// --optimizer adamw --lr 0.003 --weight-decay 0.1 --dtype f64`.
+const ADAMW: [&str; 14] = [
+    "--seq",
+    "16",
+    "--batch",
+    "4",
+    "--steps",
+    "10",
+    "--optimizer",
+    "adamw",
+    "--lr",
+    "0.003",
+    "--weight-decay",
+    "0.1",
+    "--dtype",
+    "f64",
+];
+
+/// The oracle's `losses_adamw` (`expected.json` in `data`).
+fn losses_adamw(data: &Path) -> Vec<f64> {
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+    expected["losses_adamw"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
 /// The GPT-2 command through the binary: Hugging Face's checkpoint folder,
 /// the oracle's token rows, AdamW with weight decay 0.1 in f64 on a 2x1 mesh; the
 /// losses it writes are `transformers`' within 1e-9.
@@ -261,39 +287,17 @@ fn gpt2_from_a_hugging_face_checkpoint_trains_as_transformers_does() {
     let arg = |p: PathBuf| p.to_str().unwrap().to_string();
     let (init, tokens, out) =
         (arg(data.join("model")), arg(data.join("tokens.npy")), arg(losses.clone()));
-    let run = meshwork(&[
-        "train",
-        "--model",
-        "gpt2",
-        "--init",
-        &init,
-        "--data-tokens",
-        &tokens,
-        "--seq",
-        "16",
-        "--batch",
-        "4",
-        "--steps",
-        "10",
-        "--optimizer",
-        "adamw",
-        "--lr",
-        "0.003",
-        "--weight-decay",
-        "0.1",
-        "--dtype",
-        "f64",
-        "--mesh",
-        "2x1",
-        "--losses-json",
-        &out,
-    ]);
+    let run = meshwork(
+        &[
+            &["train", "--model", "gpt2", "--init", &init, "--data-tokens", &tokens][..],
+            &ADAMW,
+            &["--mesh", "2x1", "--losses-json", &out],
+        ]
+        .concat(),
+    );
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let got: Vec<f64> = serde_json::from_slice(&std::fs::read(&losses).unwrap()).unwrap();
-    let expected: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
-    let want: Vec<f64> =
-        expected["losses_adamw"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = losses_adamw(&data);
     assert_eq!(got.len(), want.len());
     for (k, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-9 * w.abs(), "step {k}: {g} vs {w}");
@@ -372,49 +376,17 @@ fn tokenize_writes_the_oracles_rows_and_training_caches_them() {
     let train = |losses: &Path| {
         let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
             .env("XDG_CACHE_HOME", &cache_home)
-            .args([
-                "train",
-                "--model",
-                "gpt2",
-                "--init",
-                &arg(data.join("model")),
-                "--text",
-                &text,
-                "--tokenizer",
-                &tok,
-                "--seq",
-                "16",
-                "--batch",
-                "4",
-                "--steps",
-                "10",
-                "--optimizer",
-                "adamw",
-                "--lr",
-                "0.003",
-                "--weight-decay",
-                "0.1",
-                "--dtype",
-                "f64",
-                "--mesh",
-                "2x1",
-                "--fsdp",
-                "--grad-accum",
-                "2",
-                "--remat",
-                "--losses-json",
-                losses.to_str().unwrap(),
-                "--quiet",
-            ])
+            .args(["train", "--model", "gpt2", "--init", &arg(data.join("model"))])
+            .args(["--text", &text, "--tokenizer", &tok])
+            .args(ADAMW)
+            .args(["--mesh", "2x1", "--fsdp", "--grad-accum", "2", "--remat"])
+            .args(["--losses-json", losses.to_str().unwrap(), "--quiet"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<Vec<f64>>(&std::fs::read(losses).unwrap()).unwrap()
     };
-    let expected: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
-    let want: Vec<f64> =
-        expected["losses_adamw"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = losses_adamw(&data);
     for run in ["first", "second"] {
         let got = train(&dir.path().join(format!("{run}.json")));
         for (k, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -478,15 +478,9 @@ fn accumulate(
         let at = |map: &[Option<Value>], v: &Value| map[v.index()].expect("defined earlier");
         for (j, instr) in one.instrs().iter().enumerate() {
             let args: Vec<Value> = instr.args.iter().map(|a| at(&map, a)).collect();
-            let v = b.push(instr.op.clone(), &args)?;
-            if let Some(name) = &instr.name {
-                b.name(v, &format!("micro.{i}.{name}"))?;
-            }
-            b.set_device(v, &instr.device)?;
-            for c in &instr.colocate {
-                b.colocate(v, at(&map, c))?;
-            }
-            map[params.len() + j] = Some(v);
+            let with: Vec<Value> = instr.colocate.iter().map(|c| at(&map, c)).collect();
+            let name = instr.name.as_ref().map(|n| format!("micro.{i}.{n}"));
+            map[params.len() + j] = Some(b.push_copy(instr, &args, &with, name.as_deref())?);
         }
         let outs: Vec<Value> = one.results().iter().map(|r| at(&map, r)).collect();
         if sums.is_empty() {
@@ -530,15 +524,8 @@ fn move_before_scalars(program: &Program, names: &[&str]) -> Result<Program> {
     }
     for (i, instr) in program.instrs().iter().enumerate() {
         let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
-        let v = b.push(instr.op.clone(), &args)?;
-        if let Some(name) = &instr.name {
-            b.name(v, name)?;
-        }
-        b.set_device(v, &instr.device)?;
-        for c in &instr.colocate {
-            b.colocate(v, map[c.index()])?;
-        }
-        map[params.len() + i] = v;
+        let with: Vec<Value> = instr.colocate.iter().map(|c| map[c.index()]).collect();
+        map[params.len() + i] = b.push_copy(instr, &args, &with, instr.name.as_deref())?;
     }
     let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();
     b.finish(&results)

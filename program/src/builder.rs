@@ -378,6 +378,29 @@ impl Builder {
         self.scope.pop();
     }
 
+    /// Adds a copy of `instr` (an instruction of another program) over `args`: its
+    /// op, its device request and its colocations (`colocate`: its `colocate` values,
+    /// mapped as its operands were), named `name` when given. What programs made from
+    /// programs (autodiff, gradient accumulation, rewrites) add instruction by
+    /// instruction.
+    pub fn push_copy(
+        &mut self,
+        instr: &Instr,
+        args: &[Value],
+        colocate: &[Value],
+        name: Option<&str>,
+    ) -> Result<Value> {
+        let v = self.push(instr.op.clone(), args)?;
+        if let Some(name) = name {
+            self.name(v, name)?;
+        }
+        self.set_device(v, &instr.device)?;
+        for &c in colocate {
+            self.colocate(v, c)?;
+        }
+        Ok(v)
+    }
+
     /// Names the instruction that defines `v` (within the current scopes).
     pub fn name(&mut self, v: Value, name: &str) -> Result<Value> {
         let full = self.claim(self.scoped(name))?;

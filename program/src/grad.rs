@@ -197,15 +197,8 @@ impl<'p> Transposer<'p> {
         }
         for instr in program.instrs() {
             let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
-            let v = b.push(instr.op.clone(), &args)?;
-            if let Some(name) = &instr.name {
-                b.name(v, name)?;
-            }
-            b.set_device(v, &instr.device)?;
-            for c in &instr.colocate {
-                b.colocate(v, map[c.index()])?;
-            }
-            map.push(v);
+            let with: Vec<Value> = instr.colocate.iter().map(|c| map[c.index()]).collect();
+            map.push(b.push_copy(instr, &args, &with, instr.name.as_deref())?);
         }
         Ok(Transposer { program, b, map, remat: Remat::default() })
     }
@@ -289,23 +282,13 @@ impl<'p> Transposer<'p> {
             if self.remat.copy[v].is_some() {
                 continue;
             }
-            let args: Vec<Value> = instr
-                .args
-                .iter()
-                .map(|a| self.remat.copy[a.index()].unwrap_or(self.map[a.index()]))
-                .collect();
-            let c = self.b.push(instr.op.clone(), &args)?;
+            let copied = |a: &Value| self.remat.copy[a.index()].unwrap_or(self.map[a.index()]);
+            let args: Vec<Value> = instr.args.iter().map(copied).collect();
+            let with: Vec<Value> = instr.colocate.iter().map(copied).collect();
             // A named value's copy is named after it (`x.remat`), so what names the
             // value (a layout constraint) can name the copy too.
-            let c = match &instr.name {
-                Some(name) => self.b.name(c, &format!("{name}.remat"))?,
-                None => c,
-            };
-            self.b.set_device(c, &instr.device)?;
-            for with in &instr.colocate {
-                let at = self.remat.copy[with.index()].unwrap_or(self.map[with.index()]);
-                self.b.colocate(c, at)?;
-            }
+            let name = instr.name.as_ref().map(|n| format!("{n}.remat"));
+            let c = self.b.push_copy(instr, &args, &with, name.as_deref())?;
             self.remat.copy[v] = Some(c);
         }
         Ok(self.remat.copy[k].expect("recomputed above"))

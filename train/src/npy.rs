@@ -193,10 +193,11 @@ fn value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     Some(rest.trim_start().strip_prefix(':')?.trim_start())
 }
 
-/// Writes a 2-D f64 array as `.npy` (for tests and tools).
-pub fn write_f64(path: &Path, a: &ndarray::Array2<f64>) -> std::io::Result<()> {
-    let shape = format!("({}, {})", a.nrows(), a.ncols());
-    let mut header = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}");
+/// The magic, version and header of a version-1 `.npy` file of a C-order array of
+/// `descr` (`<f8`, `<i4`) and 2-D `shape`, padded as NumPy pads it.
+pub(crate) fn header(descr: &str, [rows, cols]: [usize; 2]) -> Vec<u8> {
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -204,6 +205,12 @@ pub fn write_f64(path: &Path, a: &ndarray::Array2<f64>) -> std::io::Result<()> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend((header.len() as u16).to_le_bytes());
     out.extend(header.as_bytes());
+    out
+}
+
+/// Writes a 2-D f64 array as `.npy` (for tests and tools).
+pub fn write_f64(path: &Path, a: &ndarray::Array2<f64>) -> std::io::Result<()> {
+    let mut out = header("<f8", [a.nrows(), a.ncols()]);
     for x in a.iter() {
         out.extend(x.to_le_bytes());
     }

@@ -470,15 +470,8 @@ fn gathered(
             }
         }
         let args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
-        let v = b.push(instr.op.clone(), &args).map_err(bad)?;
-        if let Some(name) = &instr.name {
-            b.name(v, name).map_err(bad)?;
-        }
-        b.set_device(v, &instr.device).map_err(bad)?;
-        for c in &instr.colocate {
-            b.colocate(v, map[c.index()]).map_err(bad)?;
-        }
-        map.push(v);
+        let with: Vec<Value> = instr.colocate.iter().map(|c| map[c.index()]).collect();
+        map.push(b.push_copy(instr, &args, &with, instr.name.as_deref()).map_err(bad)?);
     }
     starts.push(b.instr_count());
     let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();

@@ -279,15 +279,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 
 /// `rows` (`[n, width]` ids) as `.npy` bytes of little-endian i32.
 pub fn npy_bytes(n: usize, width: usize, rows: &[i32]) -> Vec<u8> {
-    let mut header =
-        format!("{{'descr': '<i4', 'fortran_order': False, 'shape': ({n}, {width}), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
+    let mut out = crate::npy::header("<i4", [n, width]);
     out.reserve(rows.len() * 4);
     for x in rows {
         out.extend(x.to_le_bytes());

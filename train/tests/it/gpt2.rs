@@ -749,6 +749,18 @@ fn long_text() -> impl proptest::strategy::Strategy<Value = String> {
     })
 }
 
+/// `text` encoded by the oracle's tokenizer from a file `chunk` bytes at a time, and
+/// whole (the oracle: the tokenizer's own `encode`).
+fn chunked_and_whole(text: &str, chunk: usize) -> (meshwork_train::tokenize::Encoded, Vec<u32>) {
+    use meshwork_train::data::{encode, read_tokenizer};
+    let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("t.txt");
+    std::fs::write(&path, text).unwrap();
+    let chunked = meshwork_train::tokenize::encode_file(&tokenizer, &path, chunk, 1 << 30);
+    (chunked.unwrap(), encode(&tokenizer, text).unwrap())
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
 
@@ -757,14 +769,7 @@ proptest::proptest! {
     /// is checked).
     #[test]
     fn prop_chunked_encoding_equals_whole_encoding(text in text_pieces(), chunk in 8usize..300) {
-        use meshwork_train::data::{encode, read_tokenizer};
-        use meshwork_train::tokenize::encode_file;
-        let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("t.txt");
-        std::fs::write(&path, &text).unwrap();
-        let whole = encode(&tokenizer, &text).unwrap();
-        let chunked = encode_file(&tokenizer, &path, chunk, 1 << 30).unwrap();
+        let (chunked, whole) = chunked_and_whole(&text, chunk);
         proptest::prop_assert_eq!(chunked.ids, whole, "{:?}", text);
         // A text several chunks long with a place to cut in each is cut.
         let cuts = (1..text.len()).filter(|&i| {
@@ -781,14 +786,7 @@ proptest::proptest! {
     /// the ids are the whole text's.
     #[test]
     fn prop_long_texts_are_cut_and_keep_their_ids(text in long_text(), chunk in 64usize..2048) {
-        use meshwork_train::data::{encode, read_tokenizer};
-        use meshwork_train::tokenize::encode_file;
-        let tokenizer = read_tokenizer(&testdata("gpt2/tokenizer.json")).unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("t.txt");
-        std::fs::write(&path, &text).unwrap();
-        let whole = encode(&tokenizer, &text).unwrap();
-        let chunked = encode_file(&tokenizer, &path, chunk, 1 << 30).unwrap();
+        let (chunked, whole) = chunked_and_whole(&text, chunk);
         proptest::prop_assert_eq!(&chunked.ids, &whole);
         if text.len() > 8 * chunk.max(1024) {
             proptest::prop_assert!(chunked.chunks > 1, "{} bytes, chunk {}, one piece", text.len(), chunk);
