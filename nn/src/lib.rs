@@ -46,6 +46,7 @@ mod layers;
 mod mlp;
 mod optim;
 mod pipeline;
+pub mod torch_cpu;
 mod transformer;
 
 pub use cnn::Cnn;

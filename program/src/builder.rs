@@ -510,6 +510,12 @@ impl Builder {
         self.push(Op::Constant { value, dtype }, &[])
     }
 
+    /// A float tensor given whole (a table the program closes over, such as rotary
+    /// positions' cosines).
+    pub fn literal(&mut self, value: meshwork_types::Tensor) -> Result<Value> {
+        self.push(Op::Literal { value: std::sync::Arc::new(value) }, &[])
+    }
+
     /// `0, 1, …` along `axis` of a new `dtype` tensor of `shape`.
     pub fn iota(&mut self, dtype: DType, shape: &[usize], axis: usize) -> Result<Value> {
         self.push(Op::Iota { dtype, shape: shape.to_vec(), axis }, &[])

@@ -118,7 +118,9 @@ impl Catalogue {
         let arg = |k: usize| instr.args.get(k).and_then(|a| program.spec(*a)).map(|s| s.dtype);
         match &instr.op {
             Op::Select => arg(1).unwrap_or(instr.spec.dtype),
-            Op::OneHot { .. } | Op::Iota { .. } | Op::Constant { .. } => instr.spec.dtype,
+            Op::OneHot { .. } | Op::Iota { .. } | Op::Constant { .. } | Op::Literal { .. } => {
+                instr.spec.dtype
+            }
             Op::Convert { dtype } => match arg(0) {
                 Some(src) if src.size_in_bytes() > dtype.size_in_bytes() => src,
                 _ => *dtype,

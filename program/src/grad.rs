@@ -817,7 +817,9 @@ impl<'p> Transposer<'p> {
             // Tokens carry no gradient, and what they sent gets none here (the partitioner
             // pairs a send's gradient with its recv's).
             Op::Send { .. } | Op::Emit { .. } => vec![None; x.len()],
-            Op::Constant { .. } | Op::Iota { .. } | Op::Recv { .. } => Vec::new(),
+            Op::Constant { .. } | Op::Literal { .. } | Op::Iota { .. } | Op::Recv { .. } => {
+                Vec::new()
+            }
             other => {
                 return Err(Error::NoTransposeRule { op: other.name(), value: k as u32 });
             }

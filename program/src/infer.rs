@@ -465,6 +465,16 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             arity(args, 1)?;
             Ok(TensorSpec::new(*dtype, args[0].shape.clone()))
         }
+        Op::Literal { value } => {
+            arity(args, 0)?;
+            if !value.dtype().is_float() {
+                return Err(format!(
+                    "a literal of {} (literals are of float dtypes)",
+                    value.dtype()
+                ));
+            }
+            spec(value.dtype(), value.shape())
+        }
         Op::Iota { dtype, shape, axis } => {
             arity(args, 0)?;
             numeric(*dtype, name)?;

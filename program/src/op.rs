@@ -241,6 +241,13 @@ pub enum Op {
         /// The target dtype.
         dtype: DType,
     },
+    /// A tensor given whole: a table the program closes over (what `jax.jit` makes of
+    /// a NumPy array it captures, or a module's non-persistent buffer). Float dtypes
+    /// only.
+    Literal {
+        /// The value.
+        value: std::sync::Arc<meshwork_types::Tensor>,
+    },
     /// `0, 1, 2, …` along `axis` of a new tensor of `dtype` and `shape`.
     Iota {
         /// Its dtype.
@@ -394,6 +401,7 @@ impl Op {
             Op::Conv2dBackpropFilter { .. } => "conv2d_backprop_filter",
             Op::Convert { .. } => "convert",
             Op::Iota { .. } => "iota",
+            Op::Literal { .. } => "literal",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -518,6 +526,11 @@ impl fmt::Display for Attributes<'_> {
             Op::ScatterAdd { axis } => write!(f, ", axis={axis}"),
             Op::Convert { .. } => Ok(()),
             Op::Iota { axis, .. } => write!(f, ", axis={axis}"),
+            // Its little-endian bytes in hex: the text reads back to the same value.
+            Op::Literal { value } => {
+                f.write_str(", bytes=")?;
+                value.to_le_bytes().iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
             Op::AllReduce { op, groups } => {
                 write!(f, ", op={}, groups={}", reduce_name(*op), Groups(groups))
             }

@@ -767,6 +767,7 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
                 (Buf::B(v), false, true) => Buf::B(v.clone()),
             }
         }
+        Op::Literal { value } => Buf::F(value.to_f64()),
         Op::Iota { dtype, axis, .. } => {
             let mut out = Vec::with_capacity(dims.iter().product());
             for_each_index(dims, |o| out.push(o[*axis]));

@@ -249,6 +249,16 @@ fn any_op() -> impl Strategy<Value = Op> {
         (proptest::collection::vec(0usize..usize::MAX, 0..4), axis(), any_dtype())
             .prop_map(|(shape, axis, dtype)| { Op::Iota { dtype, shape, axis } }),
         (any::<f64>(), any_dtype()).prop_map(|(value, dtype)| Op::Constant { value, dtype }),
+        (prop::sample::select(DType::ALL.to_vec()), proptest::collection::vec(0usize..4, 0..3))
+            .prop_flat_map(|(dtype, shape)| {
+                let n: usize = shape.iter().product();
+                proptest::collection::vec(-1e3f64..1e3, n)
+                    .prop_map(move |v| (dtype, shape.clone(), v))
+            })
+            .prop_filter_map("a float literal", |(dtype, shape, v)| {
+                let t = meshwork_types::Tensor::from_f64(dtype, &shape, &v).ok()?;
+                Some(Op::Literal { value: std::sync::Arc::new(t) })
+            }),
         (-3i32..3, any_dtype()).prop_map(|(v, dtype)| Op::Constant { value: f64::from(v), dtype }),
         (dims(), dims(), dims()).prop_map(|(low, high, interior)| Op::Pad { low, high, interior }),
         axis().prop_map(|axis| Op::ScatterAdd { axis }),
@@ -593,6 +603,39 @@ fn f32_programs_round_every_value_to_f32() {
     .unwrap();
     assert_eq!(got[0], Tensor::f32(&[1], vec![(a + c) - a]).unwrap());
     assert_ne!((a + c) - a, c, "the data must tell f32 from f64 arithmetic");
+}
+
+/// A literal is its tensor, exactly, in both interpreters and in the text form (its
+/// bytes); a literal that is not of a float dtype is refused.
+#[test]
+fn literals_are_their_tensors_exactly() {
+    for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
+        let values = [0.1, -2.5, 1e-3, 7.0, 0.3, -0.0];
+        let t = Tensor::from_f64(dtype, &[2, 3], &values).unwrap();
+        let mut b = Builder::new();
+        let x = b
+            .param("x", TensorSpec::new(dtype, meshwork_types::Shape::new(&[3]).unwrap()))
+            .unwrap();
+        let l = b.literal(t.clone()).unwrap();
+        let y = b.add(l, x).unwrap();
+        let p = b.finish(&[l, y]).unwrap();
+        let back: Program = p.to_string().parse().unwrap();
+        assert_eq!(back, p, "{dtype}");
+        let x = Tensor::from_f64(dtype, &[3], &[1.0, 2.0, 3.0]).unwrap();
+        let want: Vec<f64> =
+            values.iter().zip([1.0, 2.0, 3.0].iter().cycle()).map(|(a, b)| a + b).collect();
+        for out in [
+            crate::fast::evaluate(&p, std::slice::from_ref(&x)).unwrap(),
+            crate::reference::evaluate(&p, std::slice::from_ref(&x)).unwrap(),
+        ] {
+            assert_eq!(out[0].to_f64(), t.to_f64(), "{dtype}");
+            let rounded = Tensor::from_f64(dtype, &[2, 3], &want).unwrap().to_f64();
+            assert_eq!(out[1].to_f64(), rounded, "{dtype}");
+        }
+    }
+    let mut b = Builder::new();
+    let e = b.literal(Tensor::i32(&[2], vec![1, 2]).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("float dtypes"), "{e}");
 }
 
 /// Print → parse → print is stable for a program with scopes, names and every kind of

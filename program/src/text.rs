@@ -310,6 +310,7 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
     };
     let known: &[&str] = match name {
         "constant" => &["value"],
+        "literal" => &["bytes"],
         "dot_general" => &["lhs_contract", "rhs_contract", "lhs_batch", "rhs_batch"],
         "reduce_sum" | "reduce_max" | "reduce_mean" => &["axes", "keepdims"],
         "reshape" | "broadcast_to" => &["shape"],
@@ -425,6 +426,22 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         }
         "convert" => Op::Convert { dtype: spec.dtype },
         "iota" => Op::Iota { dtype: spec.dtype, shape: dims, axis: num("axis")? },
+        "literal" => {
+            let hex = get("bytes")?;
+            let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+            if hex.len() % 2 != 0 {
+                return Err("`bytes` is not whole bytes of hex".into());
+            }
+            let bytes = hex
+                .as_bytes()
+                .chunks(2)
+                .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+                .collect::<Option<Vec<u8>>>()
+                .ok_or("`bytes` is not hex")?;
+            let value = meshwork_types::Tensor::from_le_bytes(spec.dtype, &dims, &bytes)
+                .map_err(|e| format!("`bytes` are not a {spec}: {e}"))?;
+            Op::Literal { value: std::sync::Arc::new(value) }
+        }
         "all_reduce" => Op::AllReduce { op: red()?, groups: grp()? },
         "all_gather" => Op::AllGather { axis: num("axis")?, groups: grp()? },
         "shard_slice" => Op::ShardSlice { axis: num("axis")?, groups: grp()? },

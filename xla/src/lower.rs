@@ -570,6 +570,12 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
             e.op("select", &[(&p, &bt), (&t, &vt), (&f, &vt)], "", &vt)
         }
         Op::Constant { value, dtype } => e.splat(*dtype, *value, &[]),
+        Op::Literal { value } => {
+            // MLIR's hex form of a dense attribute: the row-major little-endian bytes.
+            let hex: String = value.to_le_bytes().iter().map(|b| format!("{b:02X}")).collect();
+            let t = ty(value.dtype(), value.shape());
+            e.op("constant", &[], &format!("value = dense<\"0x{hex}\"> : {t}"), &t)
+        }
         Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {
             let mut fields = Vec::new();
             if !lhs_batch.is_empty() {

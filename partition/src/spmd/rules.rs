@@ -71,7 +71,7 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
         }
         Op::Compare(_) | Op::Select => OpRule::elementwise(args, out)?,
         Op::Convert { .. } => OpRule::elementwise(args, out)?,
-        Op::Constant { .. } => OpRule::opaque(&[], out),
+        Op::Constant { .. } | Op::Literal { .. } => OpRule::opaque(&[], out),
         Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {
             OpRule::dot_general(args[0], args[1], lhs_contract, rhs_contract, lhs_batch, rhs_batch)?
         }

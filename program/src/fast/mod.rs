@@ -586,6 +586,7 @@ fn exec(
     }
     Ok(match op {
         Op::Constant { .. } => reference::eval_op(op, args, spec, at)?,
+        Op::Literal { value } => widen(value.as_ref().clone()),
         Op::Reshape { .. } => args[0].1.clone(),
         Op::Transpose { perm } => {
             let xs = kernels::strides(args[0].0);
