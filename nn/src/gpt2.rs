@@ -25,7 +25,8 @@
 use meshwork_program::{Builder, Result, Value};
 use meshwork_types::DType;
 
-use crate::layers::{dims, layer_norm_named, param, problem, softmax_cross_entropy};
+use crate::layers::{dims, layer_norm_named, param, problem};
+use crate::lm::{self, Blocking, Scale};
 
 /// A GPT-2 model's sizes (Hugging Face's `GPT2Config`: `vocab_size`, `n_positions`,
 /// `n_embd`, `n_layer`, `n_head`, `n_inner`, `layer_norm_epsilon`).
@@ -45,15 +46,6 @@ pub struct Gpt2 {
     pub inner: usize,
     /// LayerNorm's epsilon (`layer_norm_epsilon`).
     pub eps: f64,
-}
-
-/// How [`Gpt2::loss_blocked`] cuts its attention and loss into pieces (0: not cut).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Blocking {
-    /// Queries per attention block: each block's scores are `[B, H, block, ≤T]`.
-    pub query_block: usize,
-    /// Positions per loss chunk: each chunk's logits are `[B, chunk, V]`.
-    pub loss_chunk: usize,
 }
 
 impl Gpt2 {
@@ -138,7 +130,8 @@ impl Gpt2 {
         let pos = b.slice(wpe, &[0, 0], &[t, self.dim], &[1, 1])?;
         let mut x = b.add(tokens, pos)?;
         let block = blocking.query_block;
-        let mut attend = |b: &mut Builder, qkv: [Value; 3]| Gpt2::causal_blocked(b, qkv, block);
+        let mut attend =
+            |b: &mut Builder, qkv: [Value; 3]| lm::causal(b, qkv, block, Scale::DivideBySqrt);
         for i in 0..self.layers {
             x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
         }
@@ -166,44 +159,9 @@ impl Gpt2 {
         dtype: DType,
         blocking: Blocking,
     ) -> Result<Value> {
-        let (_, d) = dims(b, rows)?;
-        let [bs, w] = d[..] else {
-            return Err(problem("gpt2", b, &[rows], "rows must be [batch, time + 1]".into()));
-        };
-        if w < 2 {
-            return Err(problem("gpt2", b, &[rows], "rows need at least 2 tokens".into()));
-        }
-        let t = w - 1;
-        let ids = b.slice(rows, &[0, 0], &[bs, t], &[1, 1])?;
-        let targets = b.slice(rows, &[0, 1], &[bs, w], &[1, 1])?;
+        let (ids, targets, _, _) = lm::split_rows(b, rows, "gpt2")?;
         let (h, wte) = self.hidden(b, ids, dtype, blocking)?;
-        let chunk = blocking.loss_chunk;
-        if chunk == 0 || chunk >= t {
-            let logits = b.dot_general(h, wte, &[2], &[1], &[], &[])?;
-            return softmax_cross_entropy(b, logits, targets);
-        }
-        // Σ over chunks of positions of the summed token losses, then the mean.
-        let mut total = None;
-        for (j, start) in (0..t).step_by(chunk).enumerate() {
-            let end = (start + chunk).min(t);
-            let sum = b.scope(&format!("lm_head.chunk.{j}"), |b| {
-                let hj = b.slice(h, &[0, start, 0], &[bs, end, self.dim], &[1, 1, 1])?;
-                let yj = b.slice(targets, &[0, start], &[bs, end], &[1, 1])?;
-                let logits = b.dot_general(hj, wte, &[2], &[1], &[], &[])?;
-                let lp = b.log_softmax(logits, -1)?;
-                let hot = b.one_hot(yj, self.vocab, dtype)?;
-                let picked = b.mul(lp, hot)?;
-                b.reduce_sum(picked, &[0, 1, 2], false)
-            })?;
-            total = Some(match total {
-                None => sum,
-                Some(s) => b.add(s, sum)?,
-            });
-        }
-        let total = total.expect("a context of at least one position");
-        let count = b.constant((bs * t) as f64, dtype)?;
-        let mean = b.div(total, count)?;
-        b.neg(mean)
+        lm::next_token_loss(b, h, wte, targets, blocking.loss_chunk)
     }
 
     /// The names of the key-value cache's parameters, `cache.{k,v}.{layer}`, each
@@ -246,11 +204,7 @@ impl Gpt2 {
         let pos = b.take(wpe, at, 0)?;
         let mut x = b.add(tok, pos)?;
         // Which cache slots this step writes (its position) and reads (up to it).
-        let slots = b.iota(DType::I32, &[context], 0)?;
-        let here = b.eq(slots, position)?;
-        let here = b.reshape(here, &[1, 1, context, 1])?;
-        let seen = b.le(slots, position)?;
-        let seen = b.reshape(seen, &[1, 1, 1, context])?;
+        let (here, seen) = lm::cache_masks(b, position, context)?;
         let mut out = Vec::with_capacity(1 + caches.len());
         for i in 0..self.layers {
             let (kc, vc) = (caches[2 * i], caches[2 * i + 1]);
@@ -258,13 +212,10 @@ impl Gpt2 {
             // This position's key and value written into the cache, the query
             // attending to the cached positions up to it.
             let mut attend = |b: &mut Builder, [q, k, v]: [Value; 3]| -> Result<Value> {
-                let shape = [bs, heads, context, hd];
-                let kb = b.broadcast_to(k, &shape)?;
-                let vb = b.broadcast_to(v, &shape)?;
-                let nk = b.select(here, kb, kc)?;
-                let nv = b.select(here, vb, vc)?;
+                let nk = lm::write_cache(b, kc, k, here)?;
+                let nv = lm::write_cache(b, vc, v, here)?;
                 written = Some((nk, nv));
-                Gpt2::attention(b, q, nk, nv, seen)
+                lm::attention(b, [q, nk, nv], seen, Scale::DivideBySqrt)
             };
             x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
             let (nk, nv) = written.expect("the block attends once");
@@ -315,51 +266,6 @@ impl Gpt2 {
             let y = b.matmul(x, w)?;
             b.add(y, bias)
         })
-    }
-
-    /// The heads of `q`, `k`, `v` `[B, H, T, hd]` attending where `mask`
-    /// (broadcast to the scores `[B, H, Tq, Tk]`) holds, scaled by `1/sqrt(hd)`, the
-    /// rest masked to exactly `-1e9`: `[B, H, Tq, hd]`.
-    fn attention(b: &mut Builder, q: Value, k: Value, v: Value, mask: Value) -> Result<Value> {
-        let (dtype, d) = dims(b, q)?;
-        let s = b.dot_general(q, k, &[3], &[3], &[0, 1], &[0, 1])?;
-        let root = b.constant((d[3] as f64).sqrt(), dtype)?;
-        let s = b.div(s, root)?;
-        let masked = b.constant(-1e9, dtype)?;
-        let s = b.select(mask, s, masked)?;
-        let p = b.softmax(s, -1)?;
-        b.dot_general(p, v, &[3], &[2], &[0, 1], &[0, 1])
-    }
-
-    /// The causal attention of a block over `[B, H, T, hd]` heads, its queries taken
-    /// `block` at a time (0: all at once), each block against only the keys up to
-    /// its last query, in a scope `q_block.{i}` of its own: a block's scores are
-    /// `[B, H, block, ≤T]`, never `[B, H, T, T]`.
-    fn causal_blocked(b: &mut Builder, [q, k, v]: [Value; 3], block: usize) -> Result<Value> {
-        let d = dims(b, q)?.1;
-        let (bs, heads, t, hd) = (d[0], d[1], d[2], d[3]);
-        if block == 0 || block >= t {
-            let qi = b.iota(DType::I32, &[t, t], 0)?;
-            let ki = b.iota(DType::I32, &[t, t], 1)?;
-            let causal = b.ge(qi, ki)?;
-            return Gpt2::attention(b, q, k, v, causal);
-        }
-        let mut outs = Vec::with_capacity(t.div_ceil(block));
-        for (i, start) in (0..t).step_by(block).enumerate() {
-            let end = (start + block).min(t);
-            outs.push(b.scope(&format!("q_block.{i}"), |b| {
-                let qb = b.slice(q, &[0, 0, start, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
-                let kb = b.slice(k, &[0, 0, 0, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
-                let vb = b.slice(v, &[0, 0, 0, 0], &[bs, heads, end, hd], &[1, 1, 1, 1])?;
-                let qi = b.iota(DType::I32, &[end - start, end], 0)?;
-                let offset = b.constant(start as f64, DType::I32)?;
-                let qi = b.add(qi, offset)?;
-                let ki = b.iota(DType::I32, &[end - start, end], 1)?;
-                let causal = b.ge(qi, ki)?;
-                Gpt2::attention(b, qb, kb, vb, causal)
-            })?);
-        }
-        b.concat(&outs, 2)
     }
 
     /// One block on `x` `[B, T, D]`, its parameters in the current scope: `attend`

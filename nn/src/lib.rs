@@ -43,6 +43,8 @@
 mod cnn;
 mod gpt2;
 mod layers;
+mod llama;
+mod lm;
 mod mlp;
 mod optim;
 mod pipeline;
@@ -50,11 +52,13 @@ pub mod torch_cpu;
 mod transformer;
 
 pub use cnn::Cnn;
-pub use gpt2::{Blocking, Gpt2};
+pub use gpt2::Gpt2;
 pub use layers::{
     causal_self_attention, conv2d, decoder_block, embedding, gelu, layer_norm, linear, mlp_block,
     softmax_cross_entropy,
 };
+pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
+pub use lm::Blocking;
 pub use mlp::Mlp;
 pub use optim::{LOSS_SCALE, LOSS_SCALE_GOOD, LossScale, Optimizer, StepOptions, TrainStep};
 pub use pipeline::{LogitsOn, Pipeline, loss_pipelined};

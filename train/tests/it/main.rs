@@ -4,6 +4,7 @@
 
 mod cnn;
 mod gpt2;
+mod llama;
 mod mlp;
 mod refusals;
 mod resume;
