@@ -88,6 +88,14 @@ pub(crate) enum Model {
     Cnn,
     /// GPT-2 (Hugging Face's GPT2LMHeadModel): --init a checkpoint folder, or --preset
     Gpt2,
+    /// Llama (LlamaForCausalLM: Llama 2/3, SmolLM, TinyLlama): --init a checkpoint folder, or --preset
+    Llama,
+    /// Mistral (MistralForCausalLM): --init a checkpoint folder
+    Mistral,
+    /// Qwen 2 and 2.5 (Qwen2ForCausalLM): --init a checkpoint folder, or --preset
+    Qwen2,
+    /// Qwen 3 (Qwen3ForCausalLM): --init a checkpoint folder
+    Qwen3,
 }
 
 impl From<Model> for ModelKind {
@@ -97,6 +105,10 @@ impl From<Model> for ModelKind {
             Model::Transformer => ModelKind::Transformer,
             Model::Cnn => ModelKind::Cnn,
             Model::Gpt2 => ModelKind::Gpt2,
+            Model::Llama => ModelKind::Llama,
+            Model::Mistral => ModelKind::Mistral,
+            Model::Qwen2 => ModelKind::Qwen2,
+            Model::Qwen3 => ModelKind::Qwen3,
         }
     }
 }
@@ -283,9 +295,9 @@ impl OptimizerFlags {
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
 pub(crate) struct TrainArgs {
-    /// The model (see `meshwork help train --model M` for its defaults and flags)
-    #[arg(long, value_enum, default_value_t = Model::Mlp)]
-    pub(crate) model: Model,
+    /// The model (see `meshwork help train --model M` for its defaults and flags); default: the one --init DIR's config.json, --resume's checkpoint or --preset names, else mlp
+    #[arg(long, value_enum)]
+    pub(crate) model: Option<Model>,
     /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
     #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
     mesh: Option<(usize, usize)>,
@@ -367,19 +379,19 @@ pub(crate) struct TrainArgs {
     /// A text file whose bytes are the transformer's tokens (--vocab 256)
     #[arg(long, value_name = "FILE")]
     text: Option<PathBuf>,
-    /// Initial weights (safetensors, f32 or f64), by the model's names; for GPT-2 a Hugging Face checkpoint folder (config.json, model.safetensors)
+    /// Initial weights (safetensors, f32 or f64), by the model's names; for GPT-2 and the Llama family a Hugging Face checkpoint folder (config.json, model.safetensors or a sharded index), which also names the model
     #[arg(long, value_name = "INIT")]
     init: Option<PathBuf>,
-    /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
+    /// Sizes by name without a checkpoint: GPT-2's tiny (default), gpt2, gpt2-medium; the Llama family's tiny-llama (default), smollm2-135m, qwen2.5-0.5b, llama-3.2-1b
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
-    /// GPT-2: a Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped)
+    /// A Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped); default: --init DIR's tokenizer.json
     #[arg(long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
-    /// Where --text encoded by --tokenizer is cached as .npy rows, keyed by the SHA-256 of the text, the tokenizer and --seq (default: meshwork's folder in the user's cache directory, $XDG_CACHE_HOME/meshwork or ~/.cache/meshwork)
-    #[arg(long, value_name = "DIR", requires = "tokenizer")]
+    /// Where --text encoded by a tokenizer is cached as .npy rows, keyed by the SHA-256 of the text, the tokenizer and --seq (default: meshwork's folder in the user's cache directory, $XDG_CACHE_HOME/meshwork or ~/.cache/meshwork)
+    #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
-    /// GPT-2: write the final weights as a Hugging Face checkpoint folder (new or empty) that GPT2LMHeadModel.from_pretrained loads
+    /// GPT-2 and the Llama family: write the final weights as a Hugging Face checkpoint folder (new or empty) that transformers' from_pretrained loads
     #[arg(long, value_name = "DIR")]
     export_hf: Option<PathBuf>,
     /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh
@@ -440,8 +452,12 @@ impl TrainArgs {
             (_, _, _, Some(t)) => Data::Tokens(t.clone()),
             _ => Data::BuiltIn,
         };
+        // A tokenizer that encodes --text: --tokenizer, or --init's folder's.
+        let folder_tokenizer =
+            self.init.as_ref().is_some_and(|d| d.is_dir() && d.join("tokenizer.json").is_file());
+        let tokenizes = self.tokenizer.is_some() || (self.text.is_some() && folder_tokenizer);
         Ok(Config {
-            model: self.model.into(),
+            model: self.model.map_or(ModelKind::Auto, Into::into),
             layers: self.sizes.layers,
             dim: self.sizes.dim,
             heads: self.sizes.heads,
@@ -455,10 +471,10 @@ impl TrainArgs {
             init: self.init.clone(),
             preset: self.preset.clone(),
             tokenizer: self.tokenizer.clone(),
-            cache_dir: match (&self.tokenizer, &self.cache_dir) {
-                (None, _) => None,
-                (Some(_), Some(dir)) => Some(dir.clone()),
-                (Some(_), None) => meshwork_train::tokenize::default_cache_dir(),
+            cache_dir: match (&self.cache_dir, tokenizes) {
+                (Some(dir), _) => Some(dir.clone()),
+                (None, true) => meshwork_train::tokenize::default_cache_dir(),
+                (None, false) => None,
             },
             export_hf: self.export_hf.clone(),
             resume: self.resume.clone(),
@@ -640,18 +656,18 @@ impl GenerateArgs {
 /// `meshwork inspect`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct InspectArgs {
-    /// The model (the transformer's step is what it prints)
+    /// The model (default: the one --init DIR's config.json or --preset names, else mlp)
     #[arg(long, value_enum)]
-    model: Model,
+    model: Option<Model>,
     /// Data x model devices
     #[arg(long, value_name = "DxM", value_parser = mesh_2d, default_value = "1x2")]
     mesh: (usize, usize),
     #[command(flatten)]
     sizes: Sizes,
-    /// The sizes from a file's tensors (safetensors; for GPT-2 a Hugging Face checkpoint folder)
+    /// The sizes from a file's tensors (safetensors; for GPT-2 and the Llama family a Hugging Face checkpoint folder, which also names the model)
     #[arg(long, value_name = "INIT")]
     init: Option<PathBuf>,
-    /// GPT-2's sizes by name: tiny (default), gpt2 or gpt2-medium
+    /// Sizes by name: GPT-2's tiny, gpt2, gpt2-medium; the Llama family's tiny-llama, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
     /// Rows per step
@@ -696,19 +712,14 @@ pub(crate) struct InspectArgs {
 impl InspectArgs {
     /// The step's settings, as a training run's.
     pub(crate) fn config(&self) -> Result<Config, Exit> {
-        if self.model != Model::Transformer && !self.json {
-            return Err(Exit::Usage("inspect needs --model transformer (or --json)".into()));
-        }
         if !self.json && (self.stages.is_some() || self.microbatches.is_some()) {
             return Err(Exit::Usage("--stages and --microbatches need --json".into()));
         }
         let m = &self.memory;
         let precise = self.precision != PrecisionArg::Full;
-        if !self.json
-            && (m.grad_accum.is_some() || m.remat || m.fsdp || precise || self.preset.is_some())
-        {
+        if !self.json && (m.grad_accum.is_some() || m.remat || m.fsdp || precise) {
             return Err(Exit::Usage(
-                "--grad-accum, --remat, --fsdp, --precision and --preset need --json (which runs the step they change)".into(),
+                "--grad-accum, --remat, --fsdp and --precision need --json (which runs the step they change)".into(),
             ));
         }
         if !self.json && self.partitioner == PartitionerArg::Xla {
@@ -740,7 +751,7 @@ impl InspectArgs {
             microbatches: self.microbatches,
             steps: Some(3),
             check: Check::Never,
-            ..Config::new(self.model.into())
+            ..Config::new(self.model.map_or(ModelKind::Auto, Into::into))
         })
     }
 }
@@ -873,6 +884,26 @@ dropped), or --text FILE alone with byte k as token k (not GPT-2's BPE, whose id
 0..255 are its bytes in another order). Dropout (the config's
 *_pdrop) is not applied. --export-hf DIR writes the final weights as a checkpoint
 folder."
+        }
+        Model::Llama | Model::Mistral | Model::Qwen2 | Model::Qwen3 => {
+            "\
+--model llama|mistral|qwen2|qwen3: the Llama family as Hugging Face's LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM compute it (next-token loss):
+RMSNorm in float32, rotary positions (default, linear and llama3 scaling), grouped-query
+attention, SwiGLU, q/k/v biases (Qwen 2), per-head q/k norms (Qwen 3), tied or untied
+embeddings. --init DIR reads a Hugging Face checkpoint folder (config.json in
+transformers 4.x's or 5.x's layout; model.safetensors or a sharded index; f64, f32, bf16
+or f16), which names the model (--model may be left out; if given it must agree);
+a config.json field that would change the computation and is not computed (another
+rope type, a sliding window shorter than --seq, soft-capping, pretraining_tp > 1, ...)
+is refused naming it. Else --preset tiny-llama (default), smollm2-135m, qwen2.5-0.5b or
+llama-3.2-1b, with transformers' initialisation from --seed. On a mesh, q/k/v and the
+MLP's gate and up split by rows over model, o and down by columns; key/value heads are
+split too, or, where model is larger than their count, each replicated over the
+positions that need it. --seq is the training context (default the smaller of 64 and
+the model's positions). Data: --text FILE through --tokenizer (default: the folder's
+tokenizer.json), --data-tokens, or built-in rows. --export-hf DIR writes the final
+weights as a checkpoint folder in the layout they were read in."
         }
     };
     format!(

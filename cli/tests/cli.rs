@@ -95,8 +95,7 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
     refused(&["help", "bogus"], &["no help on \"bogus\""]);
     refused(&["help", "train", "shard"], &["help takes one command"]);
     refused(&["version", "extra"], &["'extra'"]);
-    refused(&["inspect"], &["--model <MODEL>", "meshwork help inspect"]);
-    refused(&["inspect", "--model", "cnn"], &["inspect needs --model transformer"]);
+    refused(&["inspect", "--model", "cnn"], &["--mesh 1x2: the CNN's weights are not split"]);
     // The trainer's refusals, through the binary.
     refused(
         &["train", "--steps", "2", "--mesh", "3x1"],

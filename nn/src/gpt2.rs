@@ -27,6 +27,7 @@ use meshwork_types::DType;
 
 use crate::layers::{dims, layer_norm_named, param, problem};
 use crate::lm::{self, Blocking, Scale};
+use crate::model::{Adapter, Build};
 
 /// A GPT-2 model's sizes (Hugging Face's `GPT2Config`: `vocab_size`, `n_positions`,
 /// `n_embd`, `n_layer`, `n_head`, `n_inner`, `layer_norm_epsilon`).
@@ -104,7 +105,7 @@ impl Gpt2 {
     /// Logits `[B, T, V]` of integer `ids` `[B, T]` (`T` at most `positions`), the
     /// parameters of `dtype`.
     pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
-        let (h, wte) = self.hidden(b, ids, dtype, Blocking::default())?;
+        let (h, wte) = self.hidden(b, ids, &Build::new(dtype))?;
         // Tied: the logits are the final states against every token's embedding.
         let last = b.spec(h)?.shape.rank() - 1;
         b.dot_general(h, wte, &[last], &[1], &[], &[])
@@ -112,13 +113,8 @@ impl Gpt2 {
 
     /// The final states `[B, T, D]` (after `ln_f`) of integer `ids` `[B, T]`, and the
     /// token embedding the logits are tied to.
-    fn hidden(
-        &self,
-        b: &mut Builder,
-        ids: Value,
-        dtype: DType,
-        blocking: Blocking,
-    ) -> Result<(Value, Value)> {
+    fn hidden(&self, b: &mut Builder, ids: Value, build: &Build<'_>) -> Result<(Value, Value)> {
+        let (dtype, blocking, ad) = (build.dtype, build.blocking, build.adapter);
         let (_, d) = dims(b, ids)?;
         let [_, t] = d[..] else {
             return Err(problem("gpt2", b, &[ids], "ids must be [batch, time]".into()));
@@ -133,7 +129,7 @@ impl Gpt2 {
         let mut attend =
             |b: &mut Builder, qkv: [Value; 3]| lm::causal(b, qkv, block, Scale::DivideBySqrt);
         for i in 0..self.layers {
-            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend, ad))?;
         }
         let h = b.scope("transformer.ln_f", |b| self.layer_norm(b, x))?;
         Ok((h, wte))
@@ -159,9 +155,15 @@ impl Gpt2 {
         dtype: DType,
         blocking: Blocking,
     ) -> Result<Value> {
+        self.loss_with(b, rows, &Build { dtype, blocking, adapter: None })
+    }
+
+    /// [`loss_blocked`](Self::loss_blocked) built with `build` (its dtype, pieces and
+    /// adapter over the linear layers).
+    pub fn loss_with(&self, b: &mut Builder, rows: Value, build: &Build<'_>) -> Result<Value> {
         let (ids, targets, _, _) = lm::split_rows(b, rows, "gpt2")?;
-        let (h, wte) = self.hidden(b, ids, dtype, blocking)?;
-        lm::next_token_loss(b, h, wte, targets, blocking.loss_chunk)
+        let (h, wte) = self.hidden(b, ids, build)?;
+        lm::next_token_loss(b, h, wte, targets, build.blocking.loss_chunk)
     }
 
     /// The names of the key-value cache's parameters, `cache.{k,v}.{layer}`, each
@@ -217,7 +219,7 @@ impl Gpt2 {
                 written = Some((nk, nv));
                 lm::attention(b, [q, nk, nv], seen, Scale::DivideBySqrt)
             };
-            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend))?;
+            x = b.scope(&format!("transformer.h.{i}"), |b| self.block(b, x, &mut attend, None))?;
             let (nk, nv) = written.expect("the block attends once");
             out.push(nk);
             out.push(nv);
@@ -257,14 +259,24 @@ impl Gpt2 {
         layer_norm_named(b, x, self.eps, "weight", "bias")
     }
 
-    /// Conv1D (`x @ weight + bias`, `weight` `[in, out]`) under scope `name`.
-    fn conv1d(b: &mut Builder, x: Value, name: &str, out: usize) -> Result<Value> {
+    /// Conv1D (`x @ weight + bias`, `weight` `[in, out]`) under scope `name`, its output
+    /// through `adapter` when there is one.
+    fn conv1d(
+        b: &mut Builder,
+        x: Value,
+        (name, out): (&str, usize),
+        adapter: Option<&dyn Adapter>,
+    ) -> Result<Value> {
         b.scope(name, |b| {
             let (dtype, d) = dims(b, x)?;
             let w = param(b, "weight", dtype, &[d[d.len() - 1], out])?;
             let bias = param(b, "bias", dtype, &[out])?;
             let y = b.matmul(x, w)?;
-            b.add(y, bias)
+            let y = b.add(y, bias)?;
+            match adapter {
+                Some(a) => Ok(a.linear(b, &b.scope_name(), x, y)?.unwrap_or(y)),
+                None => Ok(y),
+            }
         })
     }
 
@@ -275,13 +287,14 @@ impl Gpt2 {
         b: &mut Builder,
         x: Value,
         attend: &mut dyn FnMut(&mut Builder, [Value; 3]) -> Result<Value>,
+        ad: Option<&dyn Adapter>,
     ) -> Result<Value> {
         let d = dims(b, x)?.1;
         let (bs, t, dim) = (d[0], d[1], self.dim);
         let (heads, hd) = (self.heads, dim / self.heads);
         let h = b.scope("ln_1", |b| self.layer_norm(b, x))?;
         let a = b.scope("attn", |b| {
-            let qkv = Gpt2::conv1d(b, h, "c_attn", 3 * dim)?;
+            let qkv = Gpt2::conv1d(b, h, ("c_attn", 3 * dim), ad)?;
             let mut split = |k: usize| -> Result<Value> {
                 let part = b.slice(qkv, &[0, 0, k * dim], &[bs, t, (k + 1) * dim], &[1, 1, 1])?;
                 let part = b.reshape(part, &[bs, t, heads, hd])?;
@@ -291,15 +304,301 @@ impl Gpt2 {
             let o = attend(b, qkv)?;
             let o = b.transpose(o, &[0, 2, 1, 3])?;
             let o = b.reshape(o, &[bs, t, dim])?;
-            Gpt2::conv1d(b, o, "c_proj", dim)
+            Gpt2::conv1d(b, o, ("c_proj", dim), ad)
         })?;
         let x = b.add(x, a)?;
         let h = b.scope("ln_2", |b| self.layer_norm(b, x))?;
         let m = b.scope("mlp", |b| {
-            let u = Gpt2::conv1d(b, h, "c_fc", self.inner)?;
+            let u = Gpt2::conv1d(b, h, ("c_fc", self.inner), ad)?;
             let g = b.gelu(u)?;
-            Gpt2::conv1d(b, g, "c_proj", dim)
+            Gpt2::conv1d(b, g, ("c_proj", dim), ad)
         })?;
         b.add(x, m)
+    }
+}
+
+impl crate::Model for crate::CausalLm<Gpt2> {
+    fn family(&self) -> &'static str {
+        "gpt2"
+    }
+    fn describe(&self) -> String {
+        let g = &self.model;
+        format!(
+            "GPT-2 L{} D{} H{} F{} V{} context {} of {}",
+            g.layers, g.dim, g.heads, g.inner, g.vocab, self.seq, g.positions
+        )
+    }
+    fn meta(&self) -> serde_json::Value {
+        let g = &self.model;
+        serde_json::json!({
+            "model": "gpt2", "vocab": g.vocab, "positions": g.positions, "dim": g.dim,
+            "layers": g.layers, "heads": g.heads, "inner": g.inner, "eps": g.eps, "seq": self.seq,
+        })
+    }
+    fn inputs(&self) -> Vec<crate::Input> {
+        vec![crate::Input { name: "rows", dtype: Some(DType::I32), dims: vec![self.seq + 1] }]
+    }
+    fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        self.model.parameters()
+    }
+    fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
+        self.model.loss_with(b, inputs[0], build)
+    }
+    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
+        lm::evaluate_rows(b, inputs[0], dtype, &|b, ids| self.model.logits(b, ids, dtype))
+    }
+    fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
+        let g = &self.model;
+        if [g.heads, g.dim, g.inner].iter().all(|x| x.is_multiple_of(model)) {
+            return Ok(());
+        }
+        Err(format!(
+            "--mesh {data}x{model}: the model axis must divide GPT-2's heads {}, width {} and MLP width {}",
+            g.heads, g.dim, g.inner
+        ))
+    }
+    /// Megatron's: `c_attn` and `c_fc` by columns (their biases with them), the
+    /// projections by rows.
+    fn split(&self, name: &str, _model: usize) -> Option<usize> {
+        let ends = |s: &[&str]| s.iter().any(|x| name.ends_with(x));
+        if ends(&["attn.c_attn.weight", "mlp.c_fc.weight"]) {
+            Some(1)
+        } else if ends(&[
+            "attn.c_proj.weight",
+            "mlp.c_proj.weight",
+            "attn.c_attn.bias",
+            "mlp.c_fc.bias",
+        ]) {
+            Some(0)
+        } else {
+            None
+        }
+    }
+    fn is_block(&self, name: &str) -> bool {
+        crate::model::numbered(name, "transformer.h.")
+    }
+    fn layers(&self) -> usize {
+        self.model.layers
+    }
+    /// `GPT2LMHeadModel`'s: normals of 0.02, the residual projections' scaled by
+    /// `1/sqrt(2·layers)`, zero biases, unit LayerNorm (a draw for every element).
+    fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+        let n: usize = dims.iter().product();
+        let residual = 0.02 / ((2 * self.model.layers) as f64).sqrt();
+        let (scale, shift) = if name.contains(".ln_") && name.ends_with(".weight") {
+            (0.0, 1.0)
+        } else if name.ends_with(".bias") {
+            (0.0, 0.0)
+        } else if name.ends_with("c_proj.weight") {
+            (residual, 0.0)
+        } else {
+            (0.02, 0.0)
+        };
+        (0..n).map(|_| shift + scale * normal()).collect()
+    }
+    fn activations_per_row(&self, remat: bool) -> f64 {
+        let g = &self.model;
+        let [v, t, d, f, h] = [g.vocab, self.seq, g.dim, g.inner, g.heads].map(|x| x as f64);
+        let rows = t + 1.0;
+        let block = rows * (14.0 * d + 3.0 * f + 3.0 * h * t);
+        crate::model::blocks_held(rows * 3.0 * v, block, rows * d, g.layers as f64, remat)
+    }
+    fn per_row(&self) -> (usize, &'static str) {
+        (self.seq, "tokens")
+    }
+    fn classifies(&self) -> bool {
+        false
+    }
+    fn decoder(&self) -> Option<&dyn crate::Decoder> {
+        Some(&self.model)
+    }
+    fn hf(&self) -> Option<&dyn crate::HfFormat> {
+        Some(&self.model)
+    }
+    fn linears(&self) -> Vec<crate::LinearLayer> {
+        use crate::Parallel::{Column, Row};
+        let (d, f) = (self.model.dim, self.model.inner);
+        (0..self.model.layers)
+            .flat_map(|i| {
+                let h = format!("transformer.h.{i}");
+                [
+                    (format!("{h}.attn.c_attn"), d, 3 * d, Column),
+                    (format!("{h}.attn.c_proj"), d, d, Row),
+                    (format!("{h}.mlp.c_fc"), d, f, Column),
+                    (format!("{h}.mlp.c_proj"), f, d, Row),
+                ]
+            })
+            .map(|(name, inputs, outputs, parallel)| crate::LinearLayer {
+                name,
+                inputs,
+                outputs,
+                parallel,
+            })
+            .collect()
+    }
+}
+
+impl crate::Decoder for Gpt2 {
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+    fn positions(&self) -> usize {
+        self.positions
+    }
+    fn check_context(&self, context: usize) -> std::result::Result<(), String> {
+        if context == 0 || context > self.positions {
+            return Err(format!("{context} positions; the model has {}", self.positions));
+        }
+        Ok(())
+    }
+    fn cache(&self, batch: usize, context: usize) -> Vec<(String, Vec<usize>)> {
+        let hd = self.dim / self.heads.max(1);
+        self.cache_names().into_iter().map(|n| (n, vec![batch, self.heads, context, hd])).collect()
+    }
+    fn decode_step(
+        &self,
+        b: &mut Builder,
+        token: Value,
+        position: Value,
+        context: usize,
+        dtype: DType,
+    ) -> Result<Vec<Value>> {
+        Gpt2::decode_step(self, b, token, position, context, dtype)
+    }
+}
+
+impl crate::HfFormat for Gpt2 {
+    /// Both layouts: `save_pretrained`'s names, and the original checkpoints' without
+    /// the `transformer.` prefix; the attention-mask buffers and a stored tied
+    /// `lm_head` are skipped.
+    fn parameter_of(&self, stored: &str) -> std::result::Result<Option<String>, ()> {
+        if stored.ends_with(".attn.bias") || stored.ends_with(".attn.masked_bias") {
+            return Ok(None);
+        }
+        if stored == "lm_head.weight" {
+            return Ok(None);
+        }
+        let name = match stored.starts_with("transformer.") {
+            true => stored.to_string(),
+            false => format!("transformer.{stored}"),
+        };
+        match self.parameters().iter().any(|(n, _)| *n == name) {
+            true => Ok(Some(name)),
+            false => Err(()),
+        }
+    }
+    fn stored_name(&self, name: &str) -> String {
+        name.to_string()
+    }
+    fn config_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": self.vocab,
+            "n_positions": self.positions,
+            "n_embd": self.dim,
+            "n_layer": self.layers,
+            "n_head": self.heads,
+            "n_inner": self.inner,
+            "layer_norm_epsilon": self.eps,
+            "activation_function": "gelu_new",
+            "tie_word_embeddings": true,
+            "attn_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+        })
+    }
+    fn default_eos(&self) -> Option<i64> {
+        Some(50256)
+    }
+}
+
+impl Gpt2 {
+    /// The GPT-2 a Hugging Face `config.json` describes (`GPT2Config`'s fields). An
+    /// attention variant or activation meshwork does not compute, or untied
+    /// embeddings, is refused naming the key.
+    pub fn from_config(
+        config: &serde_json::Value,
+    ) -> std::result::Result<Gpt2, crate::ConfigError> {
+        use serde_json::Value as Json;
+        let refuse = |key: &str, problem: String| crate::ConfigError { key: key.into(), problem };
+        match config.get("model_type").and_then(Json::as_str) {
+            Some("gpt2") => {}
+            other => {
+                return Err(refuse("model_type", format!("{other:?}; GPT-2's is \"gpt2\"")));
+            }
+        }
+        // `gelu_pytorch_tanh` is the same tanh approximation as `gelu_new`.
+        if let Some(act) = config.get("activation_function").and_then(Json::as_str)
+            && act != "gelu_new"
+            && act != "gelu_pytorch_tanh"
+        {
+            return Err(refuse("activation_function", format!("\"{act}\"; GPT-2's is gelu_new")));
+        }
+        // Attention variants meshwork does not compute are refused, not ignored.
+        if config.get("scale_attn_weights").and_then(Json::as_bool) == Some(false) {
+            return Err(refuse(
+                "scale_attn_weights",
+                "false (unscaled attention) is not supported".into(),
+            ));
+        }
+        if config.get("scale_attn_by_inverse_layer_idx").and_then(Json::as_bool) == Some(true) {
+            return Err(refuse(
+                "scale_attn_by_inverse_layer_idx",
+                "true (scores divided by the layer's index) is not supported".into(),
+            ));
+        }
+        if config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(false) {
+            return Err(refuse(
+                "tie_word_embeddings",
+                "false: untied word embeddings; GPT-2 ties lm_head to wte".into(),
+            ));
+        }
+        let size = |key: &str| -> std::result::Result<usize, crate::ConfigError> {
+            let v = config.get(key).and_then(Json::as_u64).filter(|&v| v > 0);
+            let v = v.ok_or_else(|| refuse(key, "is not a positive integer".into()))?;
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v <= 1 << 24)
+                .ok_or_else(|| refuse(key, format!("{v} is beyond 2^24")))
+        };
+        let dim = size("n_embd")?;
+        let heads = size("n_head")?;
+        if !dim.is_multiple_of(heads) {
+            return Err(refuse("n_head", format!("{heads} does not divide n_embd = {dim}")));
+        }
+        let inner = match config.get("n_inner") {
+            None | Some(Json::Null) => dim * 4,
+            Some(_) => size("n_inner")?,
+        };
+        let eps = match config.get("layer_norm_epsilon") {
+            None => 1e-5,
+            Some(v) => v
+                .as_f64()
+                .filter(|e| e.is_finite() && *e > 0.0)
+                .ok_or_else(|| refuse("layer_norm_epsilon", "is not a positive number".into()))?,
+        };
+        let layers = size("n_layer")?;
+        if layers > 1 << 12 {
+            return Err(refuse("n_layer", format!("{layers} is beyond 4096")));
+        }
+        let model = Gpt2 {
+            vocab: size("vocab_size")?,
+            positions: size("n_positions")?,
+            dim,
+            layers,
+            heads,
+            inner,
+            eps,
+        };
+        // Every parameter's element count fits.
+        for (name, shape) in model.parameters() {
+            if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none() {
+                return Err(refuse("config.json", format!("{name} of {shape:?} is too large")));
+            }
+        }
+        Ok(model)
     }
 }

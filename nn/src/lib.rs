@@ -46,6 +46,7 @@ mod layers;
 mod llama;
 mod lm;
 mod mlp;
+mod model;
 mod optim;
 mod pipeline;
 pub mod torch_cpu;
@@ -58,8 +59,11 @@ pub use layers::{
     softmax_cross_entropy,
 };
 pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
-pub use lm::Blocking;
+pub use lm::{Blocking, CausalLm};
 pub use mlp::Mlp;
+pub use model::{
+    Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel,
+};
 pub use optim::{LOSS_SCALE, LOSS_SCALE_GOOD, LossScale, Optimizer, StepOptions, TrainStep};
 pub use pipeline::{LogitsOn, Pipeline, loss_pipelined};
 pub use transformer::Transformer;

@@ -37,6 +37,7 @@ use serde_json::Value as Json;
 
 use crate::layers::{dims, param, problem};
 use crate::lm::{self, Blocking, Scale};
+use crate::model::{Adapter, Build};
 use crate::torch_cpu;
 
 /// Which `transformers` class computes the model (`model_type`): they differ in the
@@ -559,17 +560,25 @@ impl Llama {
 
     /// `x · Wᵀ (+ bias)` of the linear layer in scope `name`: parameters `weight`
     /// `[out, in]` and, with `bias`, `bias` `[out]`.
-    fn linear(b: &mut Builder, x: Value, name: &str, out: usize, bias: bool) -> Result<Value> {
+    fn linear(
+        b: &mut Builder,
+        x: Value,
+        (name, out, bias): (&str, usize, bool),
+        adapter: Option<&dyn Adapter>,
+    ) -> Result<Value> {
         b.scope(name, |b| {
             let (dtype, d) = dims(b, x)?;
             let inp = d[d.len() - 1];
             let w = param(b, "weight", dtype, &[out, inp])?;
-            let y = b.dot_general(x, w, &[d.len() - 1], &[1], &[], &[])?;
-            if !bias {
-                return Ok(y);
+            let mut y = b.dot_general(x, w, &[d.len() - 1], &[1], &[], &[])?;
+            if bias {
+                let bb = param(b, "bias", dtype, &[out])?;
+                y = b.add(y, bb)?;
             }
-            let bb = param(b, "bias", dtype, &[out])?;
-            b.add(y, bb)
+            match adapter {
+                Some(a) => Ok(a.linear(b, &b.scope_name(), x, y)?.unwrap_or(y)),
+                None => Ok(y),
+            }
         })
     }
 
@@ -587,11 +596,17 @@ impl Llama {
 
     /// The attention's q, k and v heads of `h` `[B, T, D]` (k and v of the key/value
     /// heads), q and k rotated by the tables.
-    fn qkv(&self, b: &mut Builder, h: Value, cos: Value, sin: Value) -> Result<[Value; 3]> {
+    fn qkv(
+        &self,
+        b: &mut Builder,
+        h: Value,
+        (cos, sin): (Value, Value),
+        ad: Option<&dyn Adapter>,
+    ) -> Result<[Value; 3]> {
         let hd = self.head_dim;
-        let q = Llama::linear(b, h, "q_proj", self.heads * hd, self.qkv_bias)?;
-        let k = Llama::linear(b, h, "k_proj", self.kv_heads * hd, self.qkv_bias)?;
-        let v = Llama::linear(b, h, "v_proj", self.kv_heads * hd, self.qkv_bias)?;
+        let q = Llama::linear(b, h, ("q_proj", self.heads * hd, self.qkv_bias), ad)?;
+        let k = Llama::linear(b, h, ("k_proj", self.kv_heads * hd, self.qkv_bias), ad)?;
+        let v = Llama::linear(b, h, ("v_proj", self.kv_heads * hd, self.qkv_bias), ad)?;
         let norm = |n: &'static str| self.qk_norm.then_some(n);
         let q = self.heads_of(b, q, self.heads, norm("q_norm"))?;
         let k = self.heads_of(b, k, self.kv_heads, norm("k_norm"))?;
@@ -610,26 +625,27 @@ impl Llama {
         x: Value,
         tables: (Value, Value),
         attend: &mut dyn FnMut(&mut Builder, [Value; 3]) -> Result<Value>,
+        ad: Option<&dyn Adapter>,
     ) -> Result<Value> {
         let d = dims(b, x)?.1;
         let (bs, t) = (d[0], d[1]);
         let h = b.scope("input_layernorm", |b| torch_cpu::rms_norm(b, x, self.eps))?;
         let a = b.scope("self_attn", |b| {
-            let qkv = self.qkv(b, h, tables.0, tables.1)?;
+            let qkv = self.qkv(b, h, tables, ad)?;
             let o = attend(b, qkv)?;
             let o = b.transpose(o, &[0, 2, 1, 3])?;
             let o = b.reshape(o, &[bs, t, self.heads * self.head_dim])?;
-            Llama::linear(b, o, "o_proj", self.dim, self.o_bias)
+            Llama::linear(b, o, ("o_proj", self.dim, self.o_bias), ad)
         })?;
         let x = b.add(x, a)?;
         let h = b.scope("post_attention_layernorm", |b| torch_cpu::rms_norm(b, x, self.eps))?;
         let m = b.scope("mlp", |b| {
-            let gate = Llama::linear(b, h, "gate_proj", self.ffn, self.mlp_bias)?;
-            let up = Llama::linear(b, h, "up_proj", self.ffn, self.mlp_bias)?;
+            let gate = Llama::linear(b, h, ("gate_proj", self.ffn, self.mlp_bias), ad)?;
+            let up = Llama::linear(b, h, ("up_proj", self.ffn, self.mlp_bias), ad)?;
             let sig = b.logistic(gate)?;
             let silu = b.mul(gate, sig)?;
             let g = b.mul(silu, up)?;
-            Llama::linear(b, g, "down_proj", self.dim, self.mlp_bias)
+            Llama::linear(b, g, ("down_proj", self.dim, self.mlp_bias), ad)
         })?;
         b.add(x, m)
     }
@@ -653,13 +669,8 @@ impl Llama {
 
     /// The final states `[B, T, D]` (after `model.norm`) of integer `ids` `[B, T]` and
     /// the output matrix `[V, D]` the logits are taken against.
-    fn hidden(
-        &self,
-        b: &mut Builder,
-        ids: Value,
-        dtype: DType,
-        blocking: Blocking,
-    ) -> Result<(Value, Value)> {
+    fn hidden(&self, b: &mut Builder, ids: Value, build: &Build<'_>) -> Result<(Value, Value)> {
+        let (dtype, blocking, ad) = (build.dtype, build.blocking, build.adapter);
         let (_, d) = dims(b, ids)?;
         let [_, t] = d[..] else {
             return Err(problem("llama", b, &[ids], "ids must be [batch, time]".into()));
@@ -676,7 +687,9 @@ impl Llama {
             lm::causal(b, [q, k, v], block, Scale::MultiplyByInverseSqrt)
         };
         for i in 0..self.layers {
-            x = b.scope(&format!("model.layers.{i}"), |b| self.block(b, x, tables, &mut attend))?;
+            x = b.scope(&format!("model.layers.{i}"), |b| {
+                self.block(b, x, tables, &mut attend, ad)
+            })?;
         }
         let h = b.scope("model.norm", |b| torch_cpu::rms_norm(b, x, self.eps))?;
         let head = match self.tie {
@@ -688,7 +701,7 @@ impl Llama {
 
     /// Logits `[B, T, V]` of integer `ids` `[B, T]`, the parameters of `dtype`.
     pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
-        let (h, head) = self.hidden(b, ids, dtype, Blocking::default())?;
+        let (h, head) = self.hidden(b, ids, &Build::new(dtype))?;
         b.dot_general(h, head, &[2], &[1], &[], &[])
     }
 
@@ -708,9 +721,15 @@ impl Llama {
         dtype: DType,
         blocking: Blocking,
     ) -> Result<Value> {
+        self.loss_with(b, rows, &Build { dtype, blocking, adapter: None })
+    }
+
+    /// [`loss_blocked`](Self::loss_blocked) built with `build` (its dtype, pieces and
+    /// adapter over the linear layers).
+    pub fn loss_with(&self, b: &mut Builder, rows: Value, build: &Build<'_>) -> Result<Value> {
         let (ids, targets, _, _) = lm::split_rows(b, rows, "llama")?;
-        let (h, head) = self.hidden(b, ids, dtype, blocking)?;
-        lm::next_token_loss(b, h, head, targets, blocking.loss_chunk)
+        let (h, head) = self.hidden(b, ids, build)?;
+        lm::next_token_loss(b, h, head, targets, build.blocking.loss_chunk)
     }
 
     /// The names of the key-value cache's parameters, `cache.{k,v}.{layer}`, each
@@ -733,6 +752,19 @@ impl Llama {
         context: usize,
         dtype: DType,
     ) -> Result<Vec<Value>> {
+        self.decode_with(b, [token, position], context, &Build::new(dtype))
+    }
+
+    /// [`decode_step`](Self::decode_step) built with `build` (an adapter over its
+    /// linear layers: LoRA applied in the step).
+    pub fn decode_with(
+        &self,
+        b: &mut Builder,
+        [token, position]: [Value; 2],
+        context: usize,
+        build: &Build<'_>,
+    ) -> Result<Vec<Value>> {
+        let (dtype, adapter) = (build.dtype, build.adapter);
         let (_, d) = dims(b, token)?;
         let [bs] = d[..] else {
             return Err(problem("llama", b, &[token], "the token must be [batch]".into()));
@@ -763,7 +795,9 @@ impl Llama {
                 let v = lm::repeat_kv(b, nv, heads)?;
                 lm::attention(b, [q, k, v], seen, Scale::MultiplyByInverseSqrt)
             };
-            x = b.scope(&format!("model.layers.{i}"), |b| self.block(b, x, tables, &mut attend))?;
+            x = b.scope(&format!("model.layers.{i}"), |b| {
+                self.block(b, x, tables, &mut attend, adapter)
+            })?;
             let (nk, nv) = written.expect("the block attends once");
             out.push(nk);
             out.push(nv);
@@ -909,4 +943,186 @@ fn sliding_window(
             types.iter().any(|&s| s).then_some(window)
         }
     })
+}
+
+impl crate::Model for crate::CausalLm<Llama> {
+    fn family(&self) -> &'static str {
+        self.model.kind.model_type()
+    }
+    fn describe(&self) -> String {
+        let m = &self.model;
+        format!(
+            "{} L{} D{} H{} KV{} F{} V{} context {} of {}",
+            m.kind.architecture().trim_end_matches("ForCausalLM"),
+            m.layers,
+            m.dim,
+            m.heads,
+            m.kv_heads,
+            m.ffn,
+            m.vocab,
+            self.seq,
+            m.positions
+        )
+    }
+    /// Its configuration as `transformers` 5 writes it (`config`), and the context.
+    fn meta(&self) -> Json {
+        serde_json::json!({
+            "model": self.model.kind.model_type(), "config": self.model.config(), "seq": self.seq,
+        })
+    }
+    fn inputs(&self) -> Vec<crate::Input> {
+        vec![crate::Input { name: "rows", dtype: Some(DType::I32), dims: vec![self.seq + 1] }]
+    }
+    fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        self.model.parameters()
+    }
+    fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
+        self.model.loss_with(b, inputs[0], build)
+    }
+    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
+        lm::evaluate_rows(b, inputs[0], dtype, &|b, ids| self.model.logits(b, ids, dtype))
+    }
+    /// Megatron's, the key/value heads replicated over the model positions that share
+    /// them where the axis is larger than their count (as Megatron and vLLM do).
+    fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
+        let m = &self.model;
+        let kv = m.kv_heads.is_multiple_of(model) || model.is_multiple_of(m.kv_heads);
+        if m.heads.is_multiple_of(model) && m.ffn.is_multiple_of(model) && kv {
+            return Ok(());
+        }
+        Err(format!(
+            "--mesh {data}x{model}: the model axis must divide the {} attention heads and the MLP width {}, and divide or be a multiple of the {} key/value heads",
+            m.heads, m.ffn, m.kv_heads
+        ))
+    }
+    fn split(&self, name: &str, model: usize) -> Option<usize> {
+        let ends = |s: &[&str]| s.iter().any(|x| name.ends_with(x));
+        let kv_split = self.model.kv_heads.is_multiple_of(model);
+        if ends(&["self_attn.q_proj.weight", "self_attn.q_proj.bias", "mlp.gate_proj.weight"])
+            || ends(&["mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias"])
+        {
+            Some(0)
+        } else if ends(&["self_attn.k_proj.weight", "self_attn.k_proj.bias"])
+            || ends(&["self_attn.v_proj.weight", "self_attn.v_proj.bias"])
+        {
+            kv_split.then_some(0)
+        } else if ends(&["self_attn.o_proj.weight", "mlp.down_proj.weight"]) {
+            Some(1)
+        } else {
+            None
+        }
+    }
+    fn is_block(&self, name: &str) -> bool {
+        crate::model::numbered(name, "model.layers.")
+    }
+    fn layers(&self) -> usize {
+        self.model.layers
+    }
+    /// `transformers`' `_init_weights`: normals of 0.02 (`initializer_range`) for the
+    /// embeddings and linear weights, zero biases, unit norms (a draw for every element).
+    fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+        let n: usize = dims.iter().product();
+        let (scale, shift) = if name.ends_with("norm.weight") {
+            (0.0, 1.0)
+        } else if name.ends_with(".bias") {
+            (0.0, 0.0)
+        } else {
+            (0.02, 0.0)
+        };
+        (0..n).map(|_| shift + scale * normal()).collect()
+    }
+    fn activations_per_row(&self, remat: bool) -> f64 {
+        let m = &self.model;
+        let [v, t, d, f] = [m.vocab, self.seq, m.dim, m.ffn].map(|x| x as f64);
+        let [h, kv, hd] = [m.heads, m.kv_heads, m.head_dim].map(|x| x as f64);
+        let rows = t + 1.0;
+        let block = rows * (10.0 * d + 6.0 * (h + kv) * hd + 5.0 * f + 3.0 * h * t);
+        crate::model::blocks_held(rows * 3.0 * v, block, rows * d, m.layers as f64, remat)
+    }
+    fn per_row(&self) -> (usize, &'static str) {
+        (self.seq, "tokens")
+    }
+    fn classifies(&self) -> bool {
+        false
+    }
+    fn decoder(&self) -> Option<&dyn crate::Decoder> {
+        Some(&self.model)
+    }
+    fn hf(&self) -> Option<&dyn crate::HfFormat> {
+        Some(&self.model)
+    }
+    fn linears(&self) -> Vec<crate::LinearLayer> {
+        use crate::Parallel::{Column, Replicated, Row};
+        let m = &self.model;
+        let (d, f) = (m.dim, m.ffn);
+        let (q, kv) = (m.heads * m.head_dim, m.kv_heads * m.head_dim);
+        // With more model devices than key/value heads, k and v are whole everywhere.
+        let kv_parallel = if m.kv_heads > 1 { Column } else { Replicated };
+        (0..m.layers)
+            .flat_map(|i| {
+                let l = format!("model.layers.{i}");
+                [
+                    (format!("{l}.self_attn.q_proj"), d, q, Column),
+                    (format!("{l}.self_attn.k_proj"), d, kv, kv_parallel),
+                    (format!("{l}.self_attn.v_proj"), d, kv, kv_parallel),
+                    (format!("{l}.self_attn.o_proj"), q, d, Row),
+                    (format!("{l}.mlp.gate_proj"), d, f, Column),
+                    (format!("{l}.mlp.up_proj"), d, f, Column),
+                    (format!("{l}.mlp.down_proj"), f, d, Row),
+                ]
+            })
+            .map(|(name, inputs, outputs, parallel)| crate::LinearLayer {
+                name,
+                inputs,
+                outputs,
+                parallel,
+            })
+            .collect()
+    }
+}
+
+impl crate::Decoder for Llama {
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+    fn positions(&self) -> usize {
+        self.positions
+    }
+    fn check_context(&self, context: usize) -> std::result::Result<(), String> {
+        Llama::check_context(self, context).map_err(|e| e.to_string())
+    }
+    fn cache(&self, batch: usize, context: usize) -> Vec<(String, Vec<usize>)> {
+        let shape = vec![batch, self.kv_heads, context, self.head_dim];
+        self.cache_names().into_iter().map(|n| (n, shape.clone())).collect()
+    }
+    fn decode_step(
+        &self,
+        b: &mut Builder,
+        token: Value,
+        position: Value,
+        context: usize,
+        dtype: DType,
+    ) -> Result<Vec<Value>> {
+        Llama::decode_step(self, b, token, position, context, dtype)
+    }
+}
+
+impl crate::HfFormat for Llama {
+    /// `save_pretrained`'s names; a stored `lm_head.weight` of a tied model and the
+    /// rotary buffers older checkpoints carry are skipped.
+    fn parameter_of(&self, stored: &str) -> std::result::Result<Option<String>, ()> {
+        if stored.ends_with(".rotary_emb.inv_freq") || (self.tie && stored == "lm_head.weight") {
+            return Ok(None);
+        }
+        match self.parameters().iter().any(|(n, _)| n == stored) {
+            true => Ok(Some(stored.to_string())),
+            false => Err(()),
+        }
+    }
+    fn stored_name(&self, name: &str) -> String {
+        name.to_string()
+    }
+    fn config_json(&self) -> Json {
+        self.config()
+    }
 }

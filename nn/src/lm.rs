@@ -194,3 +194,27 @@ pub(crate) fn write_cache(b: &mut Builder, cache: Value, new: Value, here: Value
     let wide = b.broadcast_to(new, &shape)?;
     b.select(here, wide, cache)
 }
+
+/// A causal language model trained on rows of `seq + 1` tokens: what the trainer
+/// trains of [`Gpt2`](crate::Gpt2) and [`Llama`](crate::Llama) (whose own sizes do not
+/// say the training context).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CausalLm<M> {
+    /// The model.
+    pub model: M,
+    /// The training context T.
+    pub seq: usize,
+}
+
+/// The evaluation of a language model whose logits of `ids` `logits` gives: the
+/// next-token loss and accuracy of `rows` `[B, seq + 1]`.
+pub(crate) fn evaluate_rows(
+    b: &mut Builder,
+    rows: Value,
+    dtype: DType,
+    logits: &dyn Fn(&mut Builder, Value) -> Result<Value>,
+) -> Result<(Value, Value)> {
+    let (ids, targets, _, _) = split_rows(b, rows, "evaluation")?;
+    let l = logits(b, ids)?;
+    crate::model::token_metrics(b, l, targets, dtype)
+}

@@ -184,3 +184,118 @@ impl Transformer {
         })
     }
 }
+
+/// The reference transformer's initial weights: the embedding at 0.5, positions at 0.1,
+/// LayerNorm scales about 1 (0.1 spread), biases 0, matrices at `1/sqrt(fan_in)`; a
+/// draw for every element.
+pub(crate) fn fan_in_init(name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+    let n: usize = dims.iter().product();
+    let (scale, shift) = if name == "embed" {
+        (0.5, 0.0)
+    } else if name == "pos" {
+        (0.1, 0.0)
+    } else if name.ends_with(".scale") {
+        (0.1, 1.0)
+    } else if name.ends_with(".bias") || name.ends_with(".b1") || name.ends_with(".b2") {
+        (0.0, 0.0)
+    } else {
+        let fan_in = n / dims.last().copied().unwrap_or(1).max(1);
+        (1.0 / (fan_in.max(1) as f64).sqrt(), 0.0)
+    };
+    (0..n).map(|_| shift + scale * normal()).collect()
+}
+
+impl crate::Model for Transformer {
+    fn family(&self) -> &'static str {
+        "transformer"
+    }
+    fn describe(&self) -> String {
+        format!(
+            "transformer L{} D{} H{} F{} V{} T{}",
+            self.layers, self.dim, self.heads, self.ffn, self.vocab, self.seq
+        )
+    }
+    fn meta(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": "transformer", "layers": self.layers, "dim": self.dim, "heads": self.heads,
+            "ffn": self.ffn, "vocab": self.vocab, "seq": self.seq,
+        })
+    }
+    fn inputs(&self) -> Vec<crate::Input> {
+        vec![crate::Input { name: "rows", dtype: Some(DType::I32), dims: vec![self.seq + 1] }]
+    }
+    fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        crate::model::declared_parameters(self)
+    }
+    /// In closed form (sizes a run is refused for must not be built to be counted).
+    fn parameter_count(&self) -> f64 {
+        let [v, t, d, f, l] =
+            [self.vocab, self.seq, self.dim, self.ffn, self.layers].map(|x| x as f64);
+        2.0 * v * d + t * d + l * (4.0 * d * d + 2.0 * d * f + f + 5.0 * d) + 2.0 * d
+    }
+    fn loss(&self, b: &mut Builder, inputs: &[Value], build: &crate::Build<'_>) -> Result<Value> {
+        Transformer::loss(self, b, inputs[0], build.dtype)
+    }
+    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
+        let rows = inputs[0];
+        let batch = b.spec(rows)?.shape.dims()[0];
+        let ids = b.slice(rows, &[0, 0], &[batch, self.seq], &[1, 1])?;
+        let targets = b.slice(rows, &[0, 1], &[batch, self.seq + 1], &[1, 1])?;
+        let logits = self.logits(b, ids, dtype)?;
+        crate::model::token_metrics(b, logits, targets, dtype)
+    }
+    fn max_stages(&self) -> usize {
+        // Block i goes on stage ⌊i·K/L⌋ and the head on the last.
+        self.layers.saturating_add(1)
+    }
+    fn loss_pipelined(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        dtype: DType,
+        pipeline: &Pipeline,
+    ) -> Result<Value> {
+        Transformer::loss_pipelined(self, b, inputs[0], dtype, pipeline)
+    }
+    fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
+        if self.heads.is_multiple_of(model) && self.ffn.is_multiple_of(model) {
+            return Ok(());
+        }
+        Err(format!(
+            "--mesh {data}x{model}: the model axis must divide --heads {} and --ffn {}",
+            self.heads, self.ffn
+        ))
+    }
+    fn split(&self, name: &str, _model: usize) -> Option<usize> {
+        let ends = |s: &[&str]| s.iter().any(|x| name.ends_with(x));
+        if ends(&["attn.wq", "attn.wk", "attn.wv", "mlp.w1"]) {
+            Some(1)
+        } else if ends(&["attn.wo", "mlp.w2", "mlp.b1"]) {
+            Some(0)
+        } else {
+            None
+        }
+    }
+    fn is_block(&self, name: &str) -> bool {
+        crate::model::numbered(name, "layers.")
+    }
+    fn layers(&self) -> usize {
+        self.layers
+    }
+    fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+        fan_in_init(name, dims, normal)
+    }
+    fn activations_per_row(&self, remat: bool) -> f64 {
+        let [v, t, d, f, h] =
+            [self.vocab, self.seq, self.dim, self.ffn, self.heads].map(|x| x as f64);
+        let rows = t + 1.0;
+        let block = rows * (12.0 * d + 3.0 * f + 3.0 * h * t);
+        crate::model::blocks_held(rows * 3.0 * v, block, rows * d, self.layers as f64, remat)
+    }
+    fn per_row(&self) -> (usize, &'static str) {
+        (self.seq, "tokens")
+    }
+    fn classifies(&self) -> bool {
+        false
+    }
+}

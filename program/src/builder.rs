@@ -360,6 +360,11 @@ impl Builder {
         out
     }
 
+    /// The current scope's full name (`transformer.h.3.attn`; empty at the top).
+    pub fn scope_name(&self) -> String {
+        self.scope.join(".")
+    }
+
     /// Every [`scope`](Self::scope) closed so far, in the order they closed: its full
     /// name (`transformer.h.3`) and the range of instruction indices added inside it,
     /// which the finished program keeps. A model's blocks, found by name, are the

@@ -20,17 +20,62 @@ pub enum ModelKind {
     Transformer,
     /// GPT-2 (Hugging Face's `GPT2LMHeadModel`; next-token loss).
     Gpt2,
+    /// Llama (`LlamaForCausalLM`: Llama 2 and 3, SmolLM, TinyLlama).
+    Llama,
+    /// Mistral (`MistralForCausalLM`).
+    Mistral,
+    /// Qwen 2 and 2.5 (`Qwen2ForCausalLM`).
+    Qwen2,
+    /// Qwen 3 (`Qwen3ForCausalLM`).
+    Qwen3,
+    /// The model the files name: `--init DIR`'s `config.json` (its `model_type`), or
+    /// `--resume`'s checkpoint, or `--preset`; else the MLP.
+    Auto,
 }
 
 impl ModelKind {
-    /// `mlp`, `cnn`, `transformer`, `gpt2`.
+    /// `mlp`, `cnn`, `transformer`, `gpt2`, `llama`, `mistral`, `qwen2`, `qwen3`
+    /// (`auto`).
     pub fn name(self) -> &'static str {
         match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
             ModelKind::Transformer => "transformer",
             ModelKind::Gpt2 => "gpt2",
+            ModelKind::Llama => "llama",
+            ModelKind::Mistral => "mistral",
+            ModelKind::Qwen2 => "qwen2",
+            ModelKind::Qwen3 => "qwen3",
+            ModelKind::Auto => "auto",
         }
+    }
+
+    /// The kind of a `--model` name (or a Hugging Face `model_type`).
+    pub fn named(name: &str) -> Option<ModelKind> {
+        [
+            ModelKind::Mlp,
+            ModelKind::Cnn,
+            ModelKind::Transformer,
+            ModelKind::Gpt2,
+            ModelKind::Llama,
+            ModelKind::Mistral,
+            ModelKind::Qwen2,
+            ModelKind::Qwen3,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+
+    /// Whether its checkpoints are Hugging Face folders (GPT-2 and the Llama family).
+    pub fn has_hf_layout(self) -> bool {
+        matches!(
+            self,
+            ModelKind::Gpt2
+                | ModelKind::Llama
+                | ModelKind::Mistral
+                | ModelKind::Qwen2
+                | ModelKind::Qwen3
+        )
     }
 }
 

@@ -1,7 +1,7 @@
-//! Text generation from a GPT-2 checkpoint folder, as `transformers`' `generate` does:
-//! the prompt and then each new token through one decoding step with a key-value
-//! cache ([`Gpt2::decode_step`](meshwork_nn::Gpt2::decode_step)), compiled once on the
-//! run's back end with the weights and the cache resident on the device; greedy at
+//! Text generation from a Hugging Face checkpoint folder (GPT-2, the Llama family), as
+//! `transformers`' `generate` does: the prompt and then each new token through one
+//! decoding step with a key-value cache (the model's [`Decoder`]), compiled once on
+//! the run's back end with the weights and the cache resident on the device; greedy at
 //! temperature 0, else sampled (temperature, top-k, top-p) from the seed; stopping at
 //! the end-of-text id (`generation_config.json`'s, else `config.json`'s). Unlike
 //! `transformers`' sampling there is no default top-k of 50, and top-k keeps exactly k
@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use meshwork_nn::Decoder;
 use meshwork_strategy::partition::Shardings;
 use meshwork_strategy::sharding::Mesh;
 use meshwork_types::{DType, Tensor};
@@ -20,7 +21,7 @@ use crate::{BackendKind, Error, Result};
 /// What `meshwork generate` does.
 #[derive(Debug, Clone)]
 pub struct GenerateConfig {
-    /// `--init`: a Hugging Face GPT-2 checkpoint folder.
+    /// `--init`: a Hugging Face checkpoint folder (GPT-2, the Llama family).
     pub init: PathBuf,
     /// `--prompt-ids` (or, with a tokenizer, `--prompt`'s ids).
     pub prompt_ids: Vec<i64>,
@@ -64,9 +65,9 @@ pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
 }
 
 /// The end-of-text ids, as `transformers` finds them: `generation_config.json`'s
-/// `eos_token_id` when the folder has one, else `config.json`'s, else GPT-2's default
-/// 50256 (a number or a list; `null`: none).
-fn eos_ids(dir: &std::path::Path, config: &Json) -> Vec<i64> {
+/// `eos_token_id` when the folder has one, else `config.json`'s, else the model's
+/// default (GPT-2's 50256) (a number or a list; `null`: none).
+fn eos_ids(dir: &std::path::Path, config: &Json, default: Option<i64>) -> Vec<i64> {
     let generation = crate::files::read_file("init", &dir.join("generation_config.json"), 1 << 20)
         .ok()
         .and_then(|b| serde_json::from_slice::<Json>(&b).ok());
@@ -75,7 +76,7 @@ fn eos_ids(dir: &std::path::Path, config: &Json) -> Vec<i64> {
         .and_then(|g| g.get("eos_token_id"))
         .or_else(|| config.get("eos_token_id"));
     match found {
-        None => vec![50256],
+        None => default.into_iter().collect(),
         Some(Json::Number(n)) => n.as_i64().into_iter().collect(),
         Some(Json::Array(a)) => a.iter().filter_map(Json::as_i64).collect(),
         Some(_) => Vec::new(),
@@ -148,26 +149,31 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
     if !matches!(config.dtype, DType::F32 | DType::F64) {
         return Err(Error::flag("dtype", format!("{} is not f32 or f64", config.dtype)));
     }
-    let hf = crate::hf::read_gpt2("init", &config.init, config.dtype, config.max_memory)?;
-    let model = hf.model;
-    if let Some(&bad) = config.prompt_ids.iter().find(|&&t| t < 0 || t as u64 >= model.vocab as u64)
+    let hf_config = crate::hf::read_config("init", &config.init)?;
+    let context = config.prompt_ids.len().saturating_add(config.max_new_tokens);
+    let path = config.init.join("config.json");
+    let net = crate::family::lm_from_config("init", &path, &hf_config, 1)?;
+    let decoder = net.model().decoder().ok_or_else(|| {
+        Error::flag("init", format!("the {} does not generate", net.model().family()))
+    })?;
+    if let Some(&bad) =
+        config.prompt_ids.iter().find(|&&t| t < 0 || t as u64 >= decoder.vocab() as u64)
     {
         return Err(Error::flag(
             "prompt-ids",
-            format!("{bad} is not a token of the vocabulary of {}", model.vocab),
+            format!("{bad} is not a token of the vocabulary of {}", decoder.vocab()),
         ));
     }
-    let context = config.prompt_ids.len().saturating_add(config.max_new_tokens);
-    if context > model.positions {
+    if let Err(problem) = decoder.check_context(context) {
         return Err(Error::usage(format!(
-            "--prompt-ids ({} tokens) and --max-new-tokens {} make {context} positions; the model has {}",
+            "--prompt-ids ({} tokens) and --max-new-tokens {} make {context} positions: {problem}",
             config.prompt_ids.len(),
             config.max_new_tokens,
-            model.positions
         )));
     }
-    // The cache, beside the weights the reader bounded: 2 · layers · context · width.
-    let cache = (2 * model.layers * model.dim) as u64 * context as u64;
+    // The cache, beside the weights the reader bounds.
+    let caches = decoder.cache(1, context);
+    let cache = caches.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>();
     let cache_bytes = cache.saturating_mul(config.dtype.size_in_bytes() as u64);
     if cache_bytes > config.max_memory {
         return Err(Error::usage(format!(
@@ -175,57 +181,25 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
             config.max_memory
         )));
     }
-    let bad = |e: meshwork_program::Error| Error::failed(e);
-    let mut b = meshwork_program::Builder::new();
-    let scalar = |dims: &[usize]| -> Result<meshwork_types::TensorSpec> {
-        let shape = meshwork_types::Shape::new(dims).map_err(Error::failed)?;
-        Ok(meshwork_types::TensorSpec::new(DType::I32, shape))
-    };
-    let token = b.param("token", scalar(&[1])?).map_err(bad)?;
-    let position = b.param("position", scalar(&[])?).map_err(bad)?;
-    let outs = model.decode_step(&mut b, token, position, context, config.dtype).map_err(bad)?;
-    let step_program = b.finish(&outs).map_err(bad)?;
-    // The weights stay on the device: each is returned unchanged and carried into
-    // itself; the caches are carried into themselves updated.
-    let mut b = meshwork_program::Builder::from_program(&step_program).map_err(bad)?;
-    let mut results = step_program.results().to_vec();
-    let weight_names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
-    for name in &weight_names {
-        let k =
-            step_program.params().iter().position(|p| &p.name == name).ok_or_else(|| {
-                Error::failed(format!("the decoding step has no parameter {name}"))
-            })?;
-        results.push(b.identity(meshwork_program::Value(k as u32)).map_err(bad)?);
+    let weights = crate::hf::read(
+        "init",
+        &config.init,
+        net.model(),
+        config.dtype,
+        config.max_memory - cache_bytes,
+    )?;
+    let default_eos = net.model().hf().and_then(|h| h.default_eos());
+    let eos = eos_ids(&config.init, &hf_config, default_eos);
+    let strategy = strategy_on(&config.backend)?;
+    let dims = net.weight_dims();
+    let step = compile_decoder(&strategy, config.dtype, decoder, (&dims, &caches), context)?;
+    for (name, _) in net.weight_dims() {
+        step.set(&name, &weights[&name]).map_err(Error::failed)?;
     }
-    let program = b.finish(&results).map_err(bad)?;
-    let caches = model.cache_names();
-    let mut carry: Vec<(usize, &str)> =
-        caches.iter().enumerate().map(|(j, n)| (1 + j, n.as_str())).collect();
-    carry.extend(weight_names.iter().enumerate().map(|(j, n)| (1 + caches.len() + j, n.as_str())));
-    let strategy = meshwork_strategy::Strategy::data_parallel(1).map_err(Error::failed)?;
-    let strategy = match &config.backend {
-        BackendKind::Interpreter => strategy,
-        BackendKind::Xla { plugin, .. } => {
-            let path = meshwork_strategy::xla::find::plugin_path(plugin.as_deref())
-                .map_err(|e| Error::flag("pjrt-plugin", e))?;
-            let loaded = meshwork_strategy::xla::find::load(&path)
-                .map_err(|e| Error::flag("pjrt-plugin", e))?;
-            let xla = meshwork_strategy::backend::Xla::new(&loaded).map_err(Error::failed)?;
-            strategy.with_backend(std::sync::Arc::new(xla))
-        }
-    };
-    let mesh = Mesh::iota(&[("data", 1)]).map_err(Error::failed)?;
-    let step = strategy.compile(&program, &Shardings::new(mesh), &carry).map_err(Error::failed)?;
-    for name in &weight_names {
-        step.set(name, &hf.weights[name]).map_err(Error::failed)?;
-    }
-    let hd = model.dim / model.heads;
-    let zeros =
-        Tensor::zeros(config.dtype, &[1, model.heads, context, hd]).map_err(Error::failed)?;
-    for name in &caches {
+    for (name, shape) in &caches {
+        let zeros = Tensor::zeros(config.dtype, shape).map_err(Error::failed)?;
         step.set(name, &zeros).map_err(Error::failed)?;
     }
-    let eos = eos_ids(&config.init, &hf.config);
     let mut rng = SplitMix::new(config.seed);
     let mut ids = config.prompt_ids.clone();
     let mut next = None;
@@ -252,6 +226,59 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         }
     };
     Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text })
+}
+
+/// The decoding step of `decoder` compiled on `config`'s back end: the weights (by
+/// `weights`' names) returned unchanged and carried into themselves, the caches carried
+/// into themselves updated, so that both stay on the device.
+fn compile_decoder<'s>(
+    strategy: &'s meshwork_strategy::Strategy,
+    dtype: DType,
+    decoder: &dyn Decoder,
+    (weights, caches): (&[(String, Vec<usize>)], &[(String, Vec<usize>)]),
+    context: usize,
+) -> Result<meshwork_strategy::spmd::Compiled<'s>> {
+    let bad = |e: meshwork_program::Error| Error::failed(e);
+    let mut b = meshwork_program::Builder::new();
+    let scalar = |dims: &[usize]| -> Result<meshwork_types::TensorSpec> {
+        let shape = meshwork_types::Shape::new(dims).map_err(Error::failed)?;
+        Ok(meshwork_types::TensorSpec::new(DType::I32, shape))
+    };
+    let token = b.param("token", scalar(&[1])?).map_err(bad)?;
+    let position = b.param("position", scalar(&[])?).map_err(bad)?;
+    let outs = decoder.decode_step(&mut b, token, position, context, dtype).map_err(bad)?;
+    let step_program = b.finish(&outs).map_err(bad)?;
+    let mut b = meshwork_program::Builder::from_program(&step_program).map_err(bad)?;
+    let mut results = step_program.results().to_vec();
+    for (name, _) in weights {
+        let k =
+            step_program.params().iter().position(|p| &p.name == name).ok_or_else(|| {
+                Error::failed(format!("the decoding step has no parameter {name}"))
+            })?;
+        results.push(b.identity(meshwork_program::Value(k as u32)).map_err(bad)?);
+    }
+    let program = b.finish(&results).map_err(bad)?;
+    let mut carry: Vec<(usize, &str)> =
+        caches.iter().enumerate().map(|(j, (n, _))| (1 + j, n.as_str())).collect();
+    carry.extend(weights.iter().enumerate().map(|(j, (n, _))| (1 + caches.len() + j, n.as_str())));
+    let mesh = Mesh::iota(&[("data", 1)]).map_err(Error::failed)?;
+    strategy.compile(&program, &Shardings::new(mesh), &carry).map_err(Error::failed)
+}
+
+/// A one-device strategy on `backend`.
+fn strategy_on(backend: &BackendKind) -> Result<meshwork_strategy::Strategy> {
+    let strategy = meshwork_strategy::Strategy::data_parallel(1).map_err(Error::failed)?;
+    Ok(match backend {
+        BackendKind::Interpreter => strategy,
+        BackendKind::Xla { plugin, .. } => {
+            let path = meshwork_strategy::xla::find::plugin_path(plugin.as_deref())
+                .map_err(|e| Error::flag("pjrt-plugin", e))?;
+            let loaded = meshwork_strategy::xla::find::load(&path)
+                .map_err(|e| Error::flag("pjrt-plugin", e))?;
+            let xla = meshwork_strategy::backend::Xla::new(&loaded).map_err(Error::failed)?;
+            strategy.with_backend(std::sync::Arc::new(xla))
+        }
+    })
 }
 
 /// The logits of `token` at `position`, the cache updated on the device.

@@ -1,22 +1,20 @@
-//! Hugging Face GPT-2 checkpoints: a folder `GPT2LMHeadModel.save_pretrained` writes
-//! (`config.json` and `model.safetensors`, or the shards a
-//! `model.safetensors.index.json` names) read into a [`Gpt2`] and its weights by the
-//! model's parameter names, and written back in the same layout.
+//! Hugging Face checkpoint folders of every model with a Hugging Face layout (GPT-2,
+//! the Llama family): a folder `save_pretrained` writes (`config.json` and
+//! `model.safetensors`, or the shards a `model.safetensors.index.json` names), indexed
+//! from the safetensors headers by the model's own names ([`HfFormat`]) so that any
+//! box of a weight — a device's shard — is read alone ([`HfShards`]), and written back
+//! in the same layout ([`write`]; sharded with an index past 5 GB).
 //!
-//! Both layouts users meet load: `save_pretrained`'s names (`transformer.h.0…`) and the
-//! original checkpoints' (`h.0…`, no prefix). The attention-mask buffers
-//! (`attn.bias`, `attn.masked_bias`) and a stored `lm_head.weight` (tied to `wte`) are
-//! skipped. Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A
-//! missing tensor, a wrong shape, an unknown tensor or `model_type`, or an attention
-//! variant meshwork does not compute (`scale_attn_weights: false`,
-//! `scale_attn_by_inverse_layer_idx: true`) is a usage error naming it. Dropout
-//! (`*_pdrop`) is not applied: meshwork trains without it.
+//! Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A missing tensor,
+//! a wrong shape, one the model does not have, or a `config.json` field that would
+//! change the computation and that meshwork does not compute is a usage error naming
+//! it. Dropout is not applied: meshwork trains without it.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use meshwork_nn::Gpt2;
+use meshwork_nn::{ConfigError, Model};
 use meshwork_types::{DType, Tensor};
 use serde_json::Value as Json;
 
@@ -25,117 +23,28 @@ use crate::{Error, Result, files};
 /// The most bytes a `config.json` or an index may take.
 const JSON_LIMIT: u64 = 16 << 20;
 
-/// A GPT-2 checkpoint as read: the model's sizes, its `config.json` as written (kept
-/// for the export), and every weight by parameter name.
-#[derive(Debug, Clone)]
-pub struct HfGpt2 {
-    /// The sizes.
-    pub model: Gpt2,
-    /// `config.json` as it was.
-    pub config: Json,
-    /// The weights, by [`Gpt2::parameters`]' names, of the dtype asked for.
-    pub weights: HashMap<String, Tensor>,
-}
+/// The most bytes of tensor data one file of an export holds (`transformers`' 5 GB).
+pub const SHARD_BYTES: u64 = 5_000_000_000;
 
 fn bad(flag: &str, path: &Path, problem: impl std::fmt::Display) -> Error {
     Error::flag(flag, format!("{}: {problem}", path.display()))
 }
 
-/// The GPT-2 sizes of a Hugging Face `config.json` (`path` names it in errors).
-pub fn gpt2_config(flag: &str, path: &Path, config: &Json) -> Result<Gpt2> {
-    match config.get("model_type").and_then(Json::as_str) {
-        Some("gpt2") => {}
-        Some(other) => {
-            return Err(bad(flag, path, format!("model_type \"{other}\"; meshwork reads gpt2")));
-        }
-        None => return Err(bad(flag, path, "no model_type (want \"gpt2\")")),
-    }
-    // `gelu_pytorch_tanh` is the same tanh approximation as `gelu_new`.
-    if let Some(act) = config.get("activation_function").and_then(Json::as_str)
-        && act != "gelu_new"
-        && act != "gelu_pytorch_tanh"
-    {
-        return Err(bad(flag, path, format!("activation_function \"{act}\"; GPT-2's is gelu_new")));
-    }
-    // Attention variants meshwork does not compute are refused, not ignored.
-    if config.get("scale_attn_weights").and_then(Json::as_bool) == Some(false) {
-        return Err(bad(
-            flag,
-            path,
-            "scale_attn_weights false (unscaled attention) is not supported",
-        ));
-    }
-    if config.get("scale_attn_by_inverse_layer_idx").and_then(Json::as_bool) == Some(true) {
-        return Err(bad(
-            flag,
-            path,
-            "scale_attn_by_inverse_layer_idx true (scores divided by the layer's index) is not supported",
-        ));
-    }
-    if config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(false) {
-        return Err(bad(flag, path, "untied word embeddings; GPT-2 ties lm_head to wte"));
-    }
-    let size = |key: &str| -> Result<usize> {
-        let v = config.get(key).and_then(Json::as_u64).filter(|&v| v > 0);
-        let v = v.ok_or_else(|| bad(flag, path, format!("{key} is not a positive integer")))?;
-        usize::try_from(v)
-            .ok()
-            .filter(|&v| v <= 1 << 24)
-            .ok_or_else(|| bad(flag, path, format!("{key} = {v} is beyond 2^24")))
-    };
-    let dim = size("n_embd")?;
-    let heads = size("n_head")?;
-    if !dim.is_multiple_of(heads) {
-        return Err(bad(flag, path, format!("n_head = {heads} does not divide n_embd = {dim}")));
-    }
-    let inner = match config.get("n_inner") {
-        None | Some(Json::Null) => dim * 4,
-        Some(_) => size("n_inner")?,
-    };
-    let eps = match config.get("layer_norm_epsilon") {
-        None => 1e-5,
-        Some(v) => v
-            .as_f64()
-            .filter(|e| e.is_finite() && *e > 0.0)
-            .ok_or_else(|| bad(flag, path, "layer_norm_epsilon is not a positive number"))?,
-    };
-    let layers = size("n_layer")?;
-    if layers > 1 << 12 {
-        return Err(bad(flag, path, format!("n_layer = {layers} is beyond 4096")));
-    }
-    let model = Gpt2 {
-        vocab: size("vocab_size")?,
-        positions: size("n_positions")?,
-        dim,
-        layers,
-        heads,
-        inner,
-        eps,
-    };
-    // Every parameter's element count fits.
-    for (name, shape) in model.parameters() {
-        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none() {
-            return Err(bad(flag, path, format!("{name} of {shape:?} is too large")));
-        }
-    }
-    Ok(model)
+/// A `config.json` field refused, in one line naming the flag, the file and the key.
+pub fn config_error(flag: &str, path: &Path, e: ConfigError) -> Error {
+    bad(flag, path, e)
 }
 
-/// The model's name for checkpoint tensor `name`: `Some` for a parameter (with
-/// `save_pretrained`'s prefix added to an original checkpoint's name), `None` for what
-/// is skipped (the attention-mask buffers, a stored tied `lm_head`).
-fn canonical(name: &str) -> Option<String> {
-    if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
-        return None;
+/// `dir/config.json` as written (named by `--flag` in errors).
+pub fn read_config(flag: &str, dir: &Path) -> Result<Json> {
+    let path = dir.join("config.json");
+    let text = files::read_file(flag, &path, JSON_LIMIT)?;
+    let config: Json =
+        serde_json::from_slice(&text).map_err(|e| bad(flag, &path, format!("not JSON: {e}")))?;
+    if !config.is_object() {
+        return Err(bad(flag, &path, "not a JSON object"));
     }
-    if name == "lm_head.weight" {
-        return None;
-    }
-    if name.starts_with("transformer.") {
-        Some(name.to_string())
-    } else {
-        Some(format!("transformer.{name}"))
-    }
+    Ok(config)
 }
 
 /// The safetensors files of a checkpoint folder: `model.safetensors`, or the shards
@@ -173,15 +82,33 @@ fn weight_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Reads the GPT-2 checkpoint folder `dir` (named by `--flag`), its weights as
-/// `dtype` (f32 or f64), reading at most `limit` bytes of weights.
-pub fn read_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<HfGpt2> {
-    let (mut hf, shards) = index_gpt2(flag, dir, dtype, limit)?;
-    for (name, shape) in hf.model.parameters() {
-        let whole: Vec<Range<usize>> = shape.iter().map(|&d| 0..d).collect();
-        hf.weights.insert(name.clone(), shards.read(&name, &whole, dtype)?);
-    }
-    Ok(hf)
+/// The model a checkpoint folder's `config.json` describes (GPT-2 or the Llama family,
+/// by its `model_type`) over a context of `seq` positions, and the config as written.
+pub fn model_of(flag: &str, dir: &Path, seq: usize) -> Result<(crate::Net, Json)> {
+    let config = read_config(flag, dir)?;
+    let net = crate::family::lm_from_config(flag, &dir.join("config.json"), &config, seq)?;
+    Ok((net, config))
+}
+
+/// Every weight of `model` from the checkpoint folder `dir` (named by `--flag`), as
+/// `dtype`, reading at most `limit` bytes of weights.
+pub fn read(
+    flag: &str,
+    dir: &Path,
+    model: &dyn Model,
+    dtype: DType,
+    limit: u64,
+) -> Result<HashMap<String, Tensor>> {
+    let shards = index(flag, dir, model, dtype, limit)?;
+    model
+        .parameters()
+        .into_iter()
+        .map(|(name, shape)| {
+            let whole: Vec<Range<usize>> = shape.iter().map(|&d| 0..d).collect();
+            let t = shards.read(&name, &whole, dtype)?;
+            Ok((name, t))
+        })
+        .collect()
 }
 
 /// Where a checkpoint's tensors are, read from the safetensors headers alone: each
@@ -321,23 +248,29 @@ impl HfShards {
 /// The most bytes a safetensors header may take.
 const HEADER_LIMIT: u64 = 100 << 20;
 
-/// The GPT-2 checkpoint folder `dir` (named by `--flag`) checked and indexed from its
-/// `config.json` and its safetensors headers, no weight read: the sizes and config
-/// (its `weights` empty) and where each weight is. Every tensor is checked as
-/// [`read_gpt2`] checks it (a GPT-2 name in either layout, the config's shape, a float
-/// dtype, stored once, none missing, its bytes inside its file), and the weights
-/// kept as `dtype` must fit in `limit` bytes.
-pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(HfGpt2, HfShards)> {
+/// The checkpoint folder `dir` (named by `--flag`) of `model` checked and indexed from
+/// its safetensors headers, no weight read: where each weight is. Every tensor is
+/// checked (one of the model's, by [`HfFormat::parameter_of`] in either layout the
+/// model reads; the model's shape; a float dtype; stored once; none missing; its bytes
+/// inside its file), and the weights kept as `dtype` must fit in `limit` bytes.
+///
+/// [`HfFormat::parameter_of`]: meshwork_nn::HfFormat::parameter_of
+pub fn index(
+    flag: &str,
+    dir: &Path,
+    model: &dyn Model,
+    dtype: DType,
+    limit: u64,
+) -> Result<HfShards> {
     use std::io::Read;
-    let config_path = dir.join("config.json");
-    let text = files::read_file(flag, &config_path, JSON_LIMIT)?;
-    let config: Json = serde_json::from_slice(&text)
-        .map_err(|e| bad(flag, &config_path, format!("not JSON: {e}")))?;
-    let model = gpt2_config(flag, &config_path, &config)?;
+    let Some(hf) = model.hf() else {
+        return Err(bad(flag, dir, format!("the {} has no Hugging Face layout", model.family())));
+    };
+    let params = model.parameters();
     // The weights as read (the file) and as kept (f64 values, then the run's dtype),
     // against the limit before any is read.
     let elements: u64 =
-        model.parameters().iter().map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>()).sum();
+        params.iter().map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>()).sum();
     let need = elements.saturating_mul(8 + dtype.size_in_bytes() as u64);
     if need > limit {
         return Err(bad(
@@ -348,7 +281,7 @@ pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(H
             ),
         ));
     }
-    let want: HashMap<String, Vec<usize>> = model.parameters().into_iter().collect();
+    let want: HashMap<&str, &Vec<usize>> = params.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let files_ = weight_files(flag, dir)?;
     let mut tensors = HashMap::new();
     for (f, path) in files_.iter().enumerate() {
@@ -370,9 +303,23 @@ pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(H
             if name == "__metadata__" {
                 continue;
             }
-            let Some(param) = canonical(&name) else { continue };
-            let Some(shape) = want.get(&param) else {
-                return Err(bad(flag, path, format!("{name} is not a GPT-2 tensor")));
+            let param = match hf.parameter_of(&name) {
+                Ok(Some(param)) => param,
+                Ok(None) => continue,
+                Err(()) => {
+                    return Err(bad(
+                        flag,
+                        path,
+                        format!("{name} is not a tensor of the {}", model.family()),
+                    ));
+                }
+            };
+            let Some(&shape) = want.get(param.as_str()) else {
+                return Err(bad(
+                    flag,
+                    path,
+                    format!("{name} is not a tensor of the {}", model.family()),
+                ));
             };
             let stored_shape: Option<Vec<usize>> = entry["shape"]
                 .as_array()
@@ -380,7 +327,7 @@ pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(H
             let Some(stored_shape) = stored_shape else {
                 return Err(bad(flag, path, format!("{name} has no shape")));
             };
-            if stored_shape != *shape {
+            if stored_shape != **shape {
                 return Err(bad(
                     flag,
                     path,
@@ -427,35 +374,10 @@ pub fn index_gpt2(flag: &str, dir: &Path, dtype: DType, limit: u64) -> Result<(H
             }
         }
     }
-    if let Some((name, _)) = model.parameters().into_iter().find(|(n, _)| !tensors.contains_key(n))
-    {
-        return Err(bad(flag, dir, format!("no tensor {name}")));
+    if let Some((name, _)) = params.iter().find(|(n, _)| !tensors.contains_key(n)) {
+        return Err(bad(flag, dir, format!("no tensor {}", hf.stored_name(name))));
     }
-    let shards = HfShards { flag: flag.to_string(), files: files_, tensors, read: 0.into() };
-    Ok((HfGpt2 { model, config, weights: HashMap::new() }, shards))
-}
-
-/// A `config.json` for `model` (what `GPT2Config` writes of it), for a model that
-/// came from a preset rather than a checkpoint.
-pub fn config_of(model: &Gpt2) -> Json {
-    serde_json::json!({
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": model.vocab,
-        "n_positions": model.positions,
-        "n_embd": model.dim,
-        "n_layer": model.layers,
-        "n_head": model.heads,
-        "n_inner": model.inner,
-        "layer_norm_epsilon": model.eps,
-        "activation_function": "gelu_new",
-        "tie_word_embeddings": true,
-        "attn_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "resid_pdrop": 0.0,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-    })
+    Ok(HfShards { flag: flag.to_string(), files: files_, tensors, read: 0.into() })
 }
 
 /// Checks, before any work, that `dir` can take an export: absent (in a folder that
@@ -479,18 +401,22 @@ pub fn check_export(flag: &str, dir: &Path) -> Result<()> {
     }
 }
 
-/// Writes `model`'s `weights` (by parameter name, f32 or f64) into the new folder
-/// `dir` as `save_pretrained` lays it out — `config.json` (`config`, its `dtype`
-/// set to the weights') and `model.safetensors` — for
-/// `GPT2LMHeadModel.from_pretrained`. `dir` must not exist or be empty; nothing in it
-/// is replaced.
-pub fn write_gpt2(
+/// Writes `model`'s `weights` (by parameter name, f32 or f64) into the new folder `dir`
+/// as `save_pretrained` lays it out: `config.json` (`config` as it was read, its
+/// dtype key — `dtype`, or 4.x's `torch_dtype` where it has one — set to the
+/// weights'), and `model.safetensors`, or past [`SHARD_BYTES`] of tensor data the
+/// files `model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`. `dir`
+/// must not exist or be empty; nothing in it is replaced.
+pub fn write(
     flag: &str,
     dir: &Path,
-    model: &Gpt2,
+    model: &dyn Model,
     config: &Json,
     weights: &HashMap<String, Tensor>,
 ) -> Result<()> {
+    let Some(hf) = model.hf() else {
+        return Err(bad(flag, dir, format!("the {} has no Hugging Face layout", model.family())));
+    };
     if dir.exists() {
         let empty = std::fs::read_dir(dir).map_err(|e| bad(flag, dir, e))?.next().is_none();
         if !empty || !dir.is_dir() {
@@ -499,11 +425,10 @@ pub fn write_gpt2(
     } else {
         std::fs::create_dir_all(dir).map_err(|e| bad(flag, dir, format!("cannot create: {e}")))?;
     }
-    let params = model.parameters();
-    let mut stored = Vec::with_capacity(params.len());
+    let mut stored = Vec::new();
     let mut dtype = None;
-    for (name, shape) in &params {
-        let t = weights.get(name).ok_or_else(|| Error::usage(format!("no weight {name}")))?;
+    for (name, shape) in model.parameters() {
+        let t = weights.get(&name).ok_or_else(|| Error::usage(format!("no weight {name}")))?;
         if t.shape() != &shape[..] {
             return Err(Error::usage(format!("{name} is {:?}, want {shape:?}", t.shape())));
         }
@@ -513,26 +438,62 @@ pub fn write_gpt2(
             other => return Err(Error::usage(format!("{name} is {other}; want f32 or f64"))),
         };
         dtype = Some(t.dtype());
-        stored.push((name.clone(), d, shape.clone(), t.to_le_bytes()));
+        stored.push((hf.stored_name(&name), d, shape, t.to_le_bytes()));
     }
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = stored
-        .iter()
-        .map(|(n, d, s, b)| {
-            let view = safetensors::tensor::TensorView::new(*d, s.clone(), b)
-                .map_err(|e| Error::usage(format!("{n}: {e}")))?;
-            Ok((n.clone(), view))
-        })
-        .collect::<Result<_>>()?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| bad(flag, dir, e))?;
+    // Files of at most SHARD_BYTES of tensor data each (a larger tensor alone).
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut bytes = 0u64;
+    for (k, (_, _, _, data)) in stored.iter().enumerate() {
+        let size = data.len() as u64;
+        if bytes > 0 && bytes + size > SHARD_BYTES {
+            groups.push(Vec::new());
+            bytes = 0;
+        }
+        groups.last_mut().expect("a group").push(k);
+        bytes += size;
+    }
+    let n = groups.len();
+    let name_of = |k: usize| match n {
+        1 => "model.safetensors".to_string(),
+        _ => format!("model-{:05}-of-{n:05}.safetensors", k + 1),
+    };
+    let mut weight_map = serde_json::Map::new();
+    let mut total = 0u64;
+    for (k, group) in groups.iter().enumerate() {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = group
+            .iter()
+            .map(|&i| {
+                let (name, d, shape, data) = &stored[i];
+                total += data.len() as u64;
+                weight_map.insert(name.clone(), Json::String(name_of(k)));
+                let view = safetensors::tensor::TensorView::new(*d, shape.clone(), data)
+                    .map_err(|e| Error::usage(format!("{name}: {e}")))?;
+                Ok((name.clone(), view))
+            })
+            .collect::<Result<_>>()?;
+        let data = safetensors::serialize(views, None).map_err(|e| bad(flag, dir, e))?;
+        let path = dir.join(name_of(k));
+        files::write_new(&path, &data).map_err(|e| bad(flag, &path, e))?;
+    }
+    if n > 1 {
+        let index =
+            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let text = serde_json::to_vec_pretty(&index).map_err(|e| bad(flag, dir, e))?;
+        let path = dir.join("model.safetensors.index.json");
+        files::write_new(&path, &text).map_err(|e| bad(flag, &path, e))?;
+    }
     let mut config = config.clone();
     if let (Some(obj), Some(d)) = (config.as_object_mut(), dtype) {
         let name = if d == DType::F64 { "float64" } else { "float32" };
-        obj.insert("dtype".into(), Json::String(name.into()));
+        let key = if obj.contains_key("torch_dtype") && !obj.contains_key("dtype") {
+            "torch_dtype"
+        } else {
+            "dtype"
+        };
+        obj.insert(key.into(), Json::String(name.into()));
     }
     let text = serde_json::to_vec_pretty(&config).map_err(|e| bad(flag, dir, e))?;
-    for (file, data) in [("model.safetensors", &bytes), ("config.json", &text)] {
-        let path = dir.join(file);
-        files::write_new(&path, data).map_err(|e| bad(flag, &path, e))?;
-    }
+    let path = dir.join("config.json");
+    files::write_new(&path, &text).map_err(|e| bad(flag, &path, e))?;
     Ok(())
 }

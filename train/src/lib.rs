@@ -43,6 +43,7 @@
 mod config;
 pub mod data;
 mod error;
+mod family;
 pub mod files;
 pub mod generate;
 pub mod hf;

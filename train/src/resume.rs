@@ -50,9 +50,8 @@ fn refuse(problem: impl std::fmt::Display) -> Error {
 }
 
 impl Saved {
-    /// The checkpoint `path` names (a checkpoint directory's latest step, or one step),
-    /// for a run of `model`.
-    pub(crate) fn read(path: &Path, model: &str) -> Result<Saved> {
+    /// The checkpoint `path` names (a checkpoint directory's latest step, or one step).
+    pub(crate) fn read(path: &Path) -> Result<Saved> {
         let (dir, step) = find_checkpoint(path).map_err(refuse)?;
         let shown = dir.display().to_string();
         let meta = checkpoint_metadata(&dir).map_err(refuse)?;
@@ -67,14 +66,25 @@ impl Saved {
             None => (Origin::Bare, bare_meta(&dir)?),
         };
         let step = saved_step(&dir, step)?;
-        let saved = Saved { dir, origin, meta, step };
-        let theirs = saved.meta["model"].as_str().unwrap_or_default();
+        let _ = shown;
+        Ok(Saved { dir, origin, meta, step })
+    }
+
+    /// The model its run trained (`--model`'s name).
+    pub(crate) fn model(&self) -> &str {
+        self.meta["model"].as_str().unwrap_or_default()
+    }
+
+    /// That it is a checkpoint of a run of `model`.
+    pub(crate) fn check_model(&self, model: &str) -> Result<()> {
+        let theirs = self.model();
         if theirs != model {
             return Err(refuse(format!(
-                "{shown} is not a checkpoint of a {model} run (it is a {theirs} run's)"
+                "{} is not a checkpoint of a {model} run (it is a {theirs} run's)",
+                self.dir.display()
             )));
         }
-        Ok(saved)
+        Ok(())
     }
 
     /// Size `name` of the saved model, checked as its flag would be: a whole number of

@@ -353,7 +353,7 @@ pub(crate) fn start<'s>(
             for &w in &step.trained {
                 let p = &params[w.index()];
                 let rank = p.spec.shape.rank();
-                let base = net.weight_spec(&p.name, rank);
+                let base = net.weight_spec(&p.name, rank, model);
                 match split.iter().find(|(k, _)| program.params()[*k].name == p.name) {
                     Some((_, spec)) => {
                         // Held split; read whole (over the data axis) where the model

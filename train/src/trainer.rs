@@ -13,6 +13,7 @@ use meshwork_strategy::Strategy;
 use meshwork_types::{DType, Tensor};
 
 use crate::config::Config;
+use crate::data::Classification;
 use crate::files::{create_new, write_atomic, write_new};
 use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
@@ -20,7 +21,7 @@ use crate::plan::{Plan, plan};
 use crate::report::{CheckOutcome, Report, number_text, svg};
 use crate::resume::Origin;
 use crate::rng::permutation;
-use crate::steps::{Eval, Recipe, start};
+use crate::steps::{Eval, Recipe, Steps, start};
 use crate::{Error, Result};
 
 /// A training run, every setting checked: [`Trainer::new`] refuses bad settings,
@@ -169,28 +170,10 @@ impl Trainer {
         let mut p = self.plan;
         // A checkpoint at or past the last step: nothing to run, nothing written.
         if let Some(saved) = p.saved.as_ref().filter(|s| s.step >= p.steps) {
-            return Ok(Report {
-                model: p.net.describe(),
-                layout: p.layout.describe(),
-                dtype: p.dtype,
-                first_step: saved.step,
-                steps: p.steps,
-                losses: Vec::new(),
-                evals: Vec::new(),
-                eval_rows: 0,
-                classifies: p.net.classifies(),
-                accuracy: None,
-                busy: Duration::ZERO,
-                batch: p.batch,
-                per_row: p.net.per_row(),
-                saved: None,
-                checkpoint_dir: p.checkpoint_dir.clone(),
-                check: CheckOutcome::Skipped,
-                stopped: false,
-            });
+            let mut report = Report::empty(&p, saved.step);
+            report.layout = p.layout.describe();
+            return Ok(report);
         }
-        let one_device = Layout::Mesh { data: 1, model: 1 };
-        let devices = p.layout.devices();
         let where_ = match &p.xla {
             Some(xla) => {
                 format!("{} on XLA ({})", p.layout.describe(), xla.session().client().platform())
@@ -199,85 +182,126 @@ impl Trainer {
         };
         let init = p.take_init()?;
         let strategy = p.strategy()?;
-        let recipe = Recipe {
-            net: &p.net,
-            batch: p.batch,
-            dtype: p.dtype,
-            optimizer: p.optimizer,
-            clip: p.clip,
-            init: &init,
-            savers: p.savers,
-            precision: p.precision,
-            loss_scale: p.loss_scale,
-            blocking: p.blocking,
-            shards: p.shards.as_ref(),
-        };
-        let mut run = start(&strategy, p.layout, &recipe)?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
-        let eval = if p.eval_every > 0 {
-            let (rows, batch) = (p.rows, p.batch);
-            let chunks = (0..p.held / batch)
-                .map(|c| {
-                    let idx: Vec<usize> = (rows + c * batch..rows + (c + 1) * batch).collect();
-                    p.examples.batch(&idx, p.dtype)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Eval::new(&one, &p.net, p.dtype, batch, chunks)?)
-        } else {
-            None
-        };
-        // The check runs the plain step: no micro-batches, recomputation or split weights.
-        let plain = Recipe { savers: Savers::default(), ..recipe };
-        let mut reference = if p.check { Some(start(&one, one_device, &plain)?) } else { None };
+        let mut run = Running::start(&p, &strategy, &one, &init)?;
         drop(init);
-        let first = match &p.saved {
-            None => 0,
-            Some(saved) => {
-                let restored = |e: meshwork_strategy::Error| Error::flag("resume", e);
-                match saved.origin {
-                    Origin::Trainer => {
-                        let at = run.restore(&saved.dir).map_err(restored)?;
-                        if let Some(r) = reference.as_mut() {
-                            r.restore(&saved.dir).map_err(restored)?;
-                        }
-                        at
-                    }
-                    Origin::MainJob | Origin::Bare => {
-                        // The MLP's weights alone (SGD keeps no state), and the step.
-                        let names = ["w1", "b1", "w2", "b2"];
-                        let Net::Mlp(m) = p.net else {
-                            return Err(Error::flag(
-                                "resume",
-                                "an MLP's checkpoint for another model",
-                            ));
-                        };
-                        let (f, h, c) = (m.features, m.hidden, m.classes);
-                        let shapes = [vec![f, h], vec![h], vec![h, c], vec![c]];
-                        let wanted: Vec<(String, DType, Vec<usize>)> = names
-                            .iter()
-                            .zip(shapes)
-                            .map(|(n, s)| (n.to_string(), p.dtype, s))
-                            .collect();
-                        let values = read_checkpoint(&saved.dir, &wanted).map_err(|e| {
-                            Error::flag("resume", format!("{}: {e}", saved.dir.display()))
-                        })?;
-                        for (name, t) in names.iter().zip(values) {
-                            if let Some(r) = reference.as_mut() {
-                                r.set(name, t.clone())?;
-                            }
-                            run.set(name, t)?;
-                        }
-                        run.set_steps(saved.step);
-                        if let Some(r) = reference.as_mut() {
-                            r.set_steps(saved.step);
-                        }
-                        saved.step
-                    }
-                }
-            }
-        };
+        let first = run.restore(&p)?;
         // Every check passed: now the outputs are made.
-        let mut manager = p
+        let mut out = Outputs::open(&p, first)?;
+        observer.start(&Start {
+            headline: format!(
+                "training {} on {} rows ({}, {}, lr {}) on {where_}, batch {}, {} steps",
+                p.net.describe(),
+                p.rows,
+                p.dtype,
+                optimizer_text(p.optimizer),
+                number_text(p.lr),
+                p.batch,
+                p.steps
+            ),
+            first,
+            steps: p.steps,
+            warnings: p.warnings.clone(),
+        });
+        let mut progress = Progress::default();
+        let outcome = run.train(&p, &mut out, &mut progress, (observer, stop), (first, &where_));
+        observer.end();
+        // The losses are written whether the run finished, stopped or failed.
+        if let Some(path) = &p.losses_json {
+            let written = write_atomic(path, &losses_json(&p.losses_before, &progress.losses));
+            if let Err(e) = written {
+                let e = Error::failed(format!("--losses-json {}: {e}", path.display()));
+                return Err(outcome.err().unwrap_or(e));
+            }
+        }
+        let stopped = outcome?;
+        run.finish(&p, &progress, &where_, first)?;
+        let accuracy = match (&p.classification, &run.eval) {
+            (Some(data), None) if !stopped => Some(run.accuracy(&p, &one, data)?),
+            _ => None,
+        };
+        let check = if p.check {
+            let tolerance = tolerance(&p);
+            CheckOutcome::Checked { most: progress.most, relative: progress.most_rel, tolerance }
+        } else if p.layout.devices() == 1 {
+            CheckOutcome::OneDevice
+        } else if p.never_check {
+            CheckOutcome::Skipped
+        } else {
+            CheckOutcome::Large
+        };
+        let mut report = Report::empty(&p, first);
+        report.layout = where_;
+        report.eval_rows = run.eval.as_ref().map_or(0, Eval::rows);
+        report.losses = progress.losses;
+        report.evals = progress.evals;
+        report.accuracy = accuracy;
+        report.busy = progress.busy;
+        report.saved = progress.saved_at.zip(p.checkpoint_dir.clone());
+        report.check = check;
+        report.stopped = stopped;
+        Ok(report)
+    }
+}
+
+/// The one-device check's tolerance (relative): half-precision products round far
+/// more than f32, f32 than f64.
+fn tolerance(p: &Plan) -> f64 {
+    match (p.precision, p.dtype) {
+        (Some(_), _) => 5e-2,
+        (None, DType::F64) => 1e-9,
+        (None, _) => 1e-3,
+    }
+}
+
+impl Report {
+    /// A report of `p` from step `first` with nothing run yet.
+    fn empty(p: &Plan, first: usize) -> Report {
+        Report {
+            model: p.net.describe(),
+            layout: String::new(),
+            dtype: p.dtype,
+            first_step: first,
+            steps: p.steps,
+            losses: Vec::new(),
+            evals: Vec::new(),
+            eval_rows: 0,
+            classifies: p.net.classifies(),
+            accuracy: None,
+            busy: Duration::ZERO,
+            batch: p.batch,
+            per_row: p.net.per_row(),
+            saved: None,
+            checkpoint_dir: p.checkpoint_dir.clone(),
+            check: CheckOutcome::Skipped,
+            stopped: false,
+        }
+    }
+}
+
+/// What a run has done so far.
+#[derive(Default)]
+struct Progress {
+    losses: Vec<f64>,
+    evals: Vec<(usize, f64, f64)>,
+    busy: Duration,
+    saved_at: Option<usize>,
+    /// The one-device check's largest absolute and relative differences.
+    most: f64,
+    most_rel: f64,
+}
+
+/// What a run writes as it goes: its checkpoints and its metrics lines.
+struct Outputs {
+    manager: Option<CheckpointManager>,
+    metrics: Option<std::fs::File>,
+}
+
+impl Outputs {
+    /// The checkpoint directory (locked; refused if it holds later steps than
+    /// `first`) and the metrics file, made.
+    fn open(p: &Plan, first: usize) -> Result<Outputs> {
+        let manager = p
             .checkpoint_dir
             .as_ref()
             .map(|d| CheckpointManager::open(d, p.keep))
@@ -295,253 +319,306 @@ impl Trainer {
                 ),
             ));
         }
-        let mut metrics =
+        let metrics =
             p.metrics_jsonl.as_ref().map(|path| create_new("metrics-jsonl", path)).transpose()?;
+        Ok(Outputs { manager, metrics })
+    }
+}
+
+/// A run's compiled steps, the one-device check beside them and the evaluation.
+struct Running<'s> {
+    run: Box<dyn Steps + 's>,
+    reference: Option<Box<dyn Steps + 's>>,
+    eval: Option<Eval<'s>>,
+}
+
+impl<'s> Running<'s> {
+    /// The run's steps on `strategy`, the check's and the evaluation on `one`, from
+    /// the initial weights `init`.
+    fn start(
+        p: &Plan,
+        strategy: &'s Strategy,
+        one: &'s Strategy,
+        init: &HashMap<String, Tensor>,
+    ) -> Result<Running<'s>> {
+        let recipe = Recipe {
+            net: &p.net,
+            batch: p.batch,
+            dtype: p.dtype,
+            optimizer: p.optimizer,
+            clip: p.clip,
+            init,
+            savers: p.savers,
+            precision: p.precision,
+            loss_scale: p.loss_scale,
+            blocking: p.blocking,
+            shards: p.shards.as_ref(),
+        };
+        let run = start(strategy, p.layout, &recipe)?;
+        let eval = if p.eval_every > 0 {
+            let (rows, batch) = (p.rows, p.batch);
+            let chunks = (0..p.held / batch)
+                .map(|c| {
+                    let idx: Vec<usize> = (rows + c * batch..rows + (c + 1) * batch).collect();
+                    p.examples.batch(&idx, p.dtype)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Eval::new(one, &p.net, p.dtype, batch, chunks)?)
+        } else {
+            None
+        };
+        // The check runs the plain step: no micro-batches, recomputation or split weights.
+        let plain = Recipe { savers: Savers::default(), ..recipe };
+        let one_device = Layout::Mesh { data: 1, model: 1 };
+        let reference = if p.check { Some(start(one, one_device, &plain)?) } else { None };
+        Ok(Running { run, reference, eval })
+    }
+
+    /// The step a resumed run starts from, its state restored (a trainer's checkpoint
+    /// whole; an older one's weights by the model's names, and its step count).
+    fn restore(&mut self, p: &Plan) -> Result<usize> {
+        let Some(saved) = &p.saved else { return Ok(0) };
+        let restored = |e: meshwork_strategy::Error| Error::flag("resume", e);
+        if saved.origin == Origin::Trainer {
+            let at = self.run.restore(&saved.dir).map_err(restored)?;
+            if let Some(r) = self.reference.as_mut() {
+                r.restore(&saved.dir).map_err(restored)?;
+            }
+            return Ok(at);
+        }
+        // The weights alone (SGD keeps no state), and the step.
+        let wanted: Vec<(String, DType, Vec<usize>)> =
+            p.net.weight_dims().into_iter().map(|(n, s)| (n, p.dtype, s)).collect();
+        let values = read_checkpoint(&saved.dir, &wanted)
+            .map_err(|e| Error::flag("resume", format!("{}: {e}", saved.dir.display())))?;
+        for ((name, _, _), t) in wanted.iter().zip(values) {
+            if let Some(r) = self.reference.as_mut() {
+                r.set(name, t.clone())?;
+            }
+            self.run.set(name, t)?;
+        }
+        self.run.set_steps(saved.step);
+        if let Some(r) = self.reference.as_mut() {
+            r.set_steps(saved.step);
+        }
+        Ok(saved.step)
+    }
+
+    /// The steps from `first` to the last, a host call (`steps_per_run` steps, up to
+    /// the next evaluation or checkpoint) at a time; `Ok(true)` when stopped on
+    /// request.
+    fn train(
+        &mut self,
+        p: &Plan,
+        out: &mut Outputs,
+        progress: &mut Progress,
+        (observer, stop): (&mut dyn Observer, &AtomicBool),
+        (first, where_): (usize, &str),
+    ) -> Result<bool> {
         let steps = p.steps;
-        observer.start(&Start {
-            headline: format!(
-                "training {} on {} rows ({}, {}, lr {}) on {where_}, batch {}, {steps} steps",
-                p.net.describe(),
-                p.rows,
-                p.dtype,
-                optimizer_text(p.optimizer),
-                number_text(p.lr),
-                p.batch
-            ),
-            first,
-            steps,
-            warnings: p.warnings.clone(),
-        });
-        let tol = match (p.precision, p.dtype) {
-            (Some(_), _) => 5e-2,
-            (None, DType::F64) => 1e-9,
-            (None, _) => 1e-3,
-        };
+        let tol = tolerance(p);
         let (per_row, unit) = p.net.per_row();
-        let classifies = p.net.classifies();
-        let mut losses: Vec<f64> = Vec::new();
-        let mut evals: Vec<(usize, f64, f64)> = Vec::new();
-        let mut busy = Duration::ZERO;
-        let mut saved_at = None;
-        // The one-device check's largest absolute and relative differences.
-        let (mut most, mut most_rel) = (0.0f64, 0.0f64);
-        let mut order: (usize, Vec<usize>) = (usize::MAX, Vec::new());
-        let (rows, batch, seed, shuffle) = (p.rows, p.batch, p.seed, p.shuffle);
-        let mut batch_of = |s: usize| -> Result<Vec<Tensor>> {
-            let mut idx = Vec::with_capacity(batch);
-            for i in 0..batch {
-                let k = s * batch + i;
-                let r = if shuffle {
-                    if order.0 != k / rows {
-                        order = (k / rows, permutation(seed, k / rows, rows));
-                    }
-                    order.1[k % rows]
-                } else {
-                    k % rows
-                };
-                idx.push(r);
+        let mut rows = Rows::new(p);
+        let mut ahead: VecDeque<(f64, Option<f64>)> = VecDeque::new();
+        for s in first..steps {
+            let lr = learning_rate(p.lr, s, steps, p.warmup, p.cosine);
+            if ahead.is_empty() {
+                ahead.extend(self.host_call(p, &mut rows, s, &mut progress.busy)?);
             }
-            p.examples.batch(&idx, p.dtype)
-        };
-        let meta = &p.meta;
-        // The steps, a host call (`steps_per_run` steps, up to the next evaluation or
-        // checkpoint) at a time; `Ok(true)` when stopped on request.
-        let outcome = (|| -> Result<bool> {
-            let mut ahead: VecDeque<(f64, Option<f64>)> = VecDeque::new();
-            for s in first..steps {
-                let lr = learning_rate(p.lr, s, steps, p.warmup, p.cosine);
-                if ahead.is_empty() {
-                    let mut end = s.saturating_add(p.steps_per_run).min(steps);
-                    for every in [p.eval_every, p.checkpoint_every] {
-                        if let Some(k) = s.checked_div(every) {
-                            end = end.min((k + 1).saturating_mul(every));
-                        }
-                    }
-                    let feeds = (s..end).map(&mut batch_of).collect::<Result<Vec<_>>>()?;
-                    let lrs: Vec<f64> = (s..end)
-                        .map(|k| learning_rate(p.lr, k, steps, p.warmup, p.cosine))
-                        .collect();
-                    let t = Instant::now();
-                    let got = run.steps(&feeds, &lrs, s)?;
-                    busy += t.elapsed();
-                    let want = match reference.as_mut() {
-                        Some(r) => r.steps(&feeds, &lrs, s)?.into_iter().map(Some).collect(),
-                        None => vec![None; got.len()],
-                    };
-                    ahead.extend(got.into_iter().zip(want));
+            let (loss, want) = ahead
+                .pop_front()
+                .ok_or_else(|| Error::failed("a host call returned fewer losses than steps"))?;
+            progress.losses.push(loss);
+            if let Some(want) = want {
+                progress.most = progress.most.max((loss - want).abs());
+                let rel = (loss - want).abs() / want.abs().max(f64::MIN_POSITIVE);
+                progress.most_rel = progress.most_rel.max(rel);
+            }
+            check_step(s, loss, want, tol, where_)?;
+            let rate = ((s + 1 - first) * p.batch) as f64 * per_row as f64
+                / progress.busy.as_secs_f64().max(1e-12);
+            if let Some(m) = out.manager.as_mut()
+                && (s + 1 == steps
+                    || (p.checkpoint_every > 0 && (s + 1).is_multiple_of(p.checkpoint_every)))
+            {
+                self.save(p, m, progress, s + 1)?;
+            }
+            let evaluated = match &self.eval {
+                Some(e) if (s + 1).is_multiple_of(p.eval_every) || s + 1 == steps => {
+                    let (l, acc) = e.run(self.run.as_ref())?;
+                    progress.evals.push((s - first, l, acc));
+                    Some((l, acc))
                 }
-                let (loss, want) = ahead
-                    .pop_front()
-                    .ok_or_else(|| Error::failed("a host call returned fewer losses than steps"))?;
-                losses.push(loss);
-                if let Some(want) = want {
-                    most = most.max((loss - want).abs());
-                    most_rel =
-                        most_rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
+                _ => None,
+            };
+            if let Some(f) = out.metrics.as_mut() {
+                let mut line = serde_json::json!({"step": s + 1, "loss": loss, "lr": lr});
+                line[format!("{unit}_per_s")] = rate.into();
+                if let Some((l, acc)) = evaluated {
+                    line["eval_loss"] = l.into();
+                    line["eval_accuracy"] = acc.into();
                 }
-                check_step(s, loss, want, tol, &where_)?;
-                let rate = ((s + 1 - first) * batch) as f64 * per_row as f64
-                    / busy.as_secs_f64().max(1e-12);
-                if let Some(m) = manager.as_mut()
-                    && (s + 1 == steps
-                        || (p.checkpoint_every > 0 && (s + 1).is_multiple_of(p.checkpoint_every)))
+                writeln!(f, "{line}")
+                    .and_then(|()| f.flush())
+                    .map_err(|e| Error::failed(format!("--metrics-jsonl: cannot write: {e}")))?;
+            }
+            let classifies = p.net.classifies();
+            observer.step(&Step {
+                step: s + 1,
+                steps,
+                loss,
+                lr,
+                rate,
+                unit,
+                eval: evaluated,
+                classifies,
+            });
+            if stop.load(Ordering::SeqCst) && ahead.is_empty() && s + 1 < steps {
+                if let Some(m) = out.manager.as_mut()
+                    && progress.saved_at != Some(s + 1)
                 {
-                    run.save(m, meta, s + 1).map_err(save_failed)?;
-                    saved_at = Some(s + 1);
-                    // The losses file holds the saved steps too, so a run resumed
-                    // after a crash finds them there.
-                    if let Some(path) = &p.losses_json {
-                        write_atomic(path, &losses_json(&p.losses_before, &losses)).map_err(
-                            |e| Error::failed(format!("--losses-json {}: {e}", path.display())),
-                        )?;
-                    }
+                    self.save(p, m, progress, s + 1)?;
                 }
-                let evaluated = match &eval {
-                    Some(e) if (s + 1).is_multiple_of(p.eval_every) || s + 1 == steps => {
-                        let (l, acc) = e.run(run.as_ref())?;
-                        evals.push((s - first, l, acc));
-                        Some((l, acc))
-                    }
-                    _ => None,
-                };
-                if let Some(f) = metrics.as_mut() {
-                    let mut line = serde_json::json!({"step": s + 1, "loss": loss, "lr": lr});
-                    line[format!("{unit}_per_s")] = rate.into();
-                    if let Some((l, acc)) = evaluated {
-                        line["eval_loss"] = l.into();
-                        line["eval_accuracy"] = acc.into();
-                    }
-                    writeln!(f, "{line}").and_then(|()| f.flush()).map_err(|e| {
-                        Error::failed(format!("--metrics-jsonl: cannot write: {e}"))
-                    })?;
-                }
-                observer.step(&Step {
-                    step: s + 1,
-                    steps,
-                    loss,
-                    lr,
-                    rate,
-                    unit,
-                    eval: evaluated,
-                    classifies,
-                });
-                if stop.load(Ordering::SeqCst) && ahead.is_empty() && s + 1 < steps {
-                    if let Some(m) = manager.as_mut()
-                        && saved_at != Some(s + 1)
-                    {
-                        run.save(m, meta, s + 1).map_err(save_failed)?;
-                        saved_at = Some(s + 1);
-                    }
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        })();
-        observer.end();
-        // The losses are written whether the run finished, stopped or failed.
-        if let Some(path) = &p.losses_json {
-            let written = write_atomic(path, &losses_json(&p.losses_before, &losses));
-            if let Err(e) = written {
-                let e = Error::failed(format!("--losses-json {}: {e}", path.display()));
-                return Err(outcome.err().unwrap_or(e));
+                return Ok(true);
             }
         }
-        let stopped = outcome?;
-        if let Some((dir, config)) = &p.export_hf
-            && let Net::Gpt2 { model, .. } = p.net
-        {
-            let mut weights = HashMap::new();
-            for (name, _) in model.parameters() {
-                weights.insert(name.clone(), run.weight(&name)?);
+        Ok(false)
+    }
+
+    /// One host call from step `s`: its steps run (and the check's), their losses and
+    /// the check's beside them.
+    fn host_call(
+        &mut self,
+        p: &Plan,
+        rows: &mut Rows,
+        s: usize,
+        busy: &mut Duration,
+    ) -> Result<Vec<(f64, Option<f64>)>> {
+        let mut end = s.saturating_add(p.steps_per_run).min(p.steps);
+        for every in [p.eval_every, p.checkpoint_every] {
+            if let Some(k) = s.checked_div(every) {
+                end = end.min((k + 1).saturating_mul(every));
             }
-            crate::hf::write_gpt2("export-hf", dir, &model, config, &weights)
+        }
+        let feeds = (s..end).map(|k| rows.batch(p, k)).collect::<Result<Vec<_>>>()?;
+        let lrs: Vec<f64> =
+            (s..end).map(|k| learning_rate(p.lr, k, p.steps, p.warmup, p.cosine)).collect();
+        let t = Instant::now();
+        let got = self.run.steps(&feeds, &lrs, s)?;
+        *busy += t.elapsed();
+        let want = match self.reference.as_mut() {
+            Some(r) => r.steps(&feeds, &lrs, s)?.into_iter().map(Some).collect(),
+            None => vec![None; got.len()],
+        };
+        Ok(got.into_iter().zip(want).collect())
+    }
+
+    /// Saves step `step` into `manager`, and the losses so far (so that a run resumed
+    /// after a crash finds them).
+    fn save(
+        &mut self,
+        p: &Plan,
+        manager: &mut CheckpointManager,
+        progress: &mut Progress,
+        step: usize,
+    ) -> Result<()> {
+        self.run.save(manager, &p.meta, step).map_err(save_failed)?;
+        progress.saved_at = Some(step);
+        if let Some(path) = &p.losses_json {
+            write_atomic(path, &losses_json(&p.losses_before, &progress.losses))
+                .map_err(|e| Error::failed(format!("--losses-json {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The outputs made at the end: `--export-hf`'s folder and `--plot`.
+    fn finish(&self, p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
+        if let Some((dir, config)) = &p.export_hf {
+            let mut weights = HashMap::new();
+            for (name, _) in p.net.weight_dims() {
+                weights.insert(name.clone(), self.run.weight(&name)?);
+            }
+            crate::hf::write("export-hf", dir, p.net.model(), config, &weights)
                 .map_err(|e| Error::failed(e.to_string()))?;
         }
         if let Some(path) = &p.plot {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
-            write_new(path, svg(&losses, &evals, first, &title).as_bytes())
+            write_new(path, svg(&progress.losses, &progress.evals, first, &title).as_bytes())
                 .map_err(|e| Error::failed(format!("--plot {}: {e}", path.display())))?;
         }
-        // A classifier trained on all its rows: its accuracy on them.
-        let accuracy = match &p.classification {
-            Some(data) if eval.is_none() && !stopped => {
-                // Every row, a batch at a time (and the rows left over as one more).
-                let (n, batch) = (data.rows(), p.batch);
-                let mut right = 0.0;
-                for (start, size, count) in
-                    [(0, batch, n / batch), (n / batch * batch, n % batch, 1)]
-                {
-                    if size == 0 || count == 0 {
-                        continue;
-                    }
-                    let chunks = (0..count)
-                        .map(|c| {
-                            let idx: Vec<usize> =
-                                (start + c * size..start + (c + 1) * size).collect();
-                            p.examples.batch(&idx, p.dtype)
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let part = Eval::new(&one, &p.net, p.dtype, size, chunks)?;
-                    right += part.run(run.as_ref())?.1 * (size * count) as f64;
-                }
-                Some((right / n.max(1) as f64, n))
+        Ok(())
+    }
+
+    /// A classifier trained on all its rows: its accuracy on them, every row a batch
+    /// at a time (and the rows left over as one more), and how many.
+    fn accuracy(&self, p: &Plan, one: &Strategy, data: &Classification) -> Result<(f64, usize)> {
+        let (n, batch) = (data.rows(), p.batch);
+        let mut right = 0.0;
+        for (start, size, count) in [(0, batch, n / batch), (n / batch * batch, n % batch, 1)] {
+            if size == 0 || count == 0 {
+                continue;
             }
-            _ => None,
-        };
-        let check = if p.check {
-            CheckOutcome::Checked { most, relative: most_rel, tolerance: tol }
-        } else if devices == 1 {
-            CheckOutcome::OneDevice
-        } else if p.never_check {
-            CheckOutcome::Skipped
-        } else {
-            CheckOutcome::Large
-        };
-        let saved = saved_at.zip(p.checkpoint_dir.clone());
-        Ok(Report {
-            model: p.net.describe(),
-            layout: where_,
-            dtype: p.dtype,
-            first_step: first,
-            steps,
-            losses,
-            evals,
-            eval_rows: eval.as_ref().map_or(0, Eval::rows),
-            classifies,
-            accuracy,
-            busy,
-            batch,
-            per_row: (per_row, unit),
-            saved,
-            checkpoint_dir: p.checkpoint_dir.clone(),
-            check,
-            stopped,
-        })
+            let chunks = (0..count)
+                .map(|c| {
+                    let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
+                    p.examples.batch(&idx, p.dtype)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let part = Eval::new(one, &p.net, p.dtype, size, chunks)?;
+            right += part.run(self.run.as_ref())?.1 * (size * count) as f64;
+        }
+        Ok((right / n.max(1) as f64, n))
+    }
+}
+
+/// Which rows each step trains on: step `s` takes rows `s·B … s·B+B−1` (mod the rows),
+/// or with `--shuffle` those of a per-epoch permutation drawn from the seed.
+struct Rows {
+    order: (usize, Vec<usize>),
+}
+
+impl Rows {
+    fn new(_: &Plan) -> Rows {
+        Rows { order: (usize::MAX, Vec::new()) }
+    }
+
+    /// Step `s`'s feeds.
+    fn batch(&mut self, p: &Plan, s: usize) -> Result<Vec<Tensor>> {
+        let (rows, batch) = (p.rows, p.batch);
+        let mut idx = Vec::with_capacity(batch);
+        for i in 0..batch {
+            let k = s * batch + i;
+            let r = if p.shuffle {
+                if self.order.0 != k / rows {
+                    self.order = (k / rows, permutation(p.seed, k / rows, rows));
+                }
+                self.order.1[k % rows]
+            } else {
+                k % rows
+            };
+            idx.push(r);
+        }
+        p.examples.batch(&idx, p.dtype)
     }
 }
 
 /// The weights of a run by name, for tests and tools: what [`Trainer::run`] starts
-/// from for `config` (its `--init` file, or the weights drawn from its seed).
+/// from for `config` (its `--init` file or folder, or the weights drawn from its seed).
 pub fn initial_weights(config: &Config) -> Result<HashMap<String, Tensor>> {
-    let p = plan(config)?;
-    if let (Some(shards), Net::Gpt2 { model, .. }) = (&p.shards, &p.net) {
-        return model
-            .parameters()
+    let mut p = plan(config)?;
+    if let Some(shards) = &p.shards {
+        return p
+            .net
+            .weight_dims()
             .into_iter()
             .map(|(name, shape)| {
                 let whole: Vec<std::ops::Range<usize>> = shape.iter().map(|&d| 0..d).collect();
-                Ok((name.clone(), shards.read(&name, &whole, p.dtype)?))
+                let t = shards.read(&name, &whole, p.dtype)?;
+                Ok((name, t))
             })
             .collect();
     }
-    match p.init {
-        Some(file) => Ok(file),
-        None => {
-            let (program, _) =
-                p.net.loss_program(p.batch, p.dtype, Layout::Mesh { data: 1, model: 1 })?;
-            p.net.random_init(&program, p.seed)
-        }
-    }
+    p.take_init()
 }
 
 #[cfg(test)]

@@ -217,15 +217,28 @@ fn rewrite(
     }
 }
 
+/// A checkpoint folder read whole: its model (over one position), its config as
+/// written and its weights as f64, reading at most `limit` bytes of weights.
+pub(crate) fn read_folder(
+    dir: &std::path::Path,
+    limit: u64,
+) -> meshwork_train::Result<(meshwork_train::Net, serde_json::Value, HashMap<String, Tensor>)> {
+    let (net, config) = meshwork_train::hf::model_of("init", dir, 1)?;
+    let weights = meshwork_train::hf::read("init", dir, net.model(), DType::F64, limit)?;
+    Ok((net, config, weights))
+}
+
 #[test]
 fn both_checkpoint_layouts_sharded_or_not_and_half_precision_load() {
-    use meshwork_train::hf::read_gpt2;
     let (gpt, want) = oracle_model();
     let tmp = tempfile::tempdir().unwrap();
-    let read = |dir: &std::path::Path| read_gpt2("init", dir, DType::F64, 1 << 30).unwrap();
-    let saved = read(&testdata("gpt2/model"));
-    assert_eq!(saved.model, gpt);
-    assert_eq!(saved.weights, want);
+    let read = |dir: &std::path::Path| read_folder(dir, 1 << 30).unwrap().2;
+    let (net, _, weights) = read_folder(&testdata("gpt2/model"), 1 << 30).unwrap();
+    assert_eq!(
+        net.model().meta(),
+        meshwork_nn::Model::meta(&meshwork_nn::CausalLm { model: gpt, seq: 1 })
+    );
+    assert_eq!(weights, want);
     // The original checkpoints' names (no `transformer.` prefix), with the mask
     // buffers and a stored tied head, in 3 shards.
     let original = tmp.path().join("original");
@@ -247,11 +260,11 @@ fn both_checkpoint_layouts_sharded_or_not_and_half_precision_load() {
         safetensors::Dtype::F64,
         3,
     );
-    assert_eq!(read(&original).weights, want);
+    assert_eq!(read(&original), want);
     // bf16: every value the nearest bf16, read back as f64.
     let half = tmp.path().join("bf16");
     rewrite(&half, &|n| Some(n.to_string()), &[], safetensors::Dtype::BF16, 1);
-    let got = read(&half).weights;
+    let got = read(&half);
     for (name, t) in &want {
         let rounded: Vec<f64> =
             t.to_f64().iter().map(|&x| meshwork_types::bf16::from_f64(x).to_f64()).collect();
@@ -261,11 +274,8 @@ fn both_checkpoint_layouts_sharded_or_not_and_half_precision_load() {
 
 #[test]
 fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
-    use meshwork_train::hf::read_gpt2;
     let tmp = tempfile::tempdir().unwrap();
-    let refused = |dir: &std::path::Path| {
-        read_gpt2("init", dir, DType::F64, 1 << 30).unwrap_err().to_string()
-    };
+    let refused = |dir: &std::path::Path| read_folder(dir, 1 << 30).unwrap_err().to_string();
     let missing = tmp.path().join("missing");
     rewrite(
         &missing,
@@ -287,7 +297,7 @@ fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
         safetensors::Dtype::F64,
         1,
     );
-    assert!(refused(&unknown).contains("transformer.h.0.adapter is not a GPT-2 tensor"));
+    assert!(refused(&unknown).contains("transformer.h.0.adapter is not a tensor of the gpt2"));
     // A config whose sizes disagree with the tensors: the shape is named.
     let wider = tmp.path().join("wider");
     rewrite(&wider, &|n| Some(n.to_string()), &[], safetensors::Dtype::F64, 1);
@@ -302,8 +312,8 @@ fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
         e.contains("transformer.wte.weight is [320, 32]; the config makes it [321, 32]"),
         "{e}"
     );
-    std::fs::write(wider.join("config.json"), config.replace("\"gpt2\"", "\"llama\"")).unwrap();
-    assert!(refused(&wider).contains("model_type \"llama\"; meshwork reads gpt2"));
+    std::fs::write(wider.join("config.json"), config.replace("\"gpt2\"", "\"falcon\"")).unwrap();
+    assert!(refused(&wider).contains("model_type: \"falcon\" is not llama"), "{}", refused(&wider));
     // An attention variant meshwork does not compute is refused, not ignored.
     let by_layer = config.replace(
         "\"scale_attn_by_inverse_layer_idx\": false",
@@ -311,9 +321,9 @@ fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
     );
     assert_ne!(by_layer, config);
     std::fs::write(wider.join("config.json"), by_layer).unwrap();
-    assert!(refused(&wider).contains("scale_attn_by_inverse_layer_idx true"));
+    assert!(refused(&wider).contains("scale_attn_by_inverse_layer_idx: true"));
     // Weights beyond the memory limit are refused before they are read.
-    let e = read_gpt2("init", &testdata("gpt2/model"), DType::F64, 1000).unwrap_err().to_string();
+    let e = read_folder(&testdata("gpt2/model"), 1000).unwrap_err().to_string();
     assert!(e.contains("the limit is 1000"), "{e}");
     assert!(refused(&tmp.path().join("absent")).contains("config.json"));
 }
@@ -323,13 +333,13 @@ fn a_checkpoint_that_does_not_fit_is_refused_naming_the_tensor() {
 /// is refused untouched.
 #[test]
 fn an_export_reads_back_and_never_replaces_a_file() {
-    use meshwork_train::hf::{read_gpt2, write_gpt2};
-    let saved = read_gpt2("init", &testdata("gpt2/model"), DType::F64, 1 << 30).unwrap();
+    use meshwork_train::hf::write;
+    let (net, config, weights) = read_folder(&testdata("gpt2/model"), 1 << 30).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("export");
-    write_gpt2("export-hf", &out, &saved.model, &saved.config, &saved.weights).unwrap();
-    let back = read_gpt2("init", &out, DType::F64, 1 << 30).unwrap();
-    assert_eq!(back.weights, saved.weights);
+    write("export-hf", &out, net.model(), &config, &weights).unwrap();
+    let (back_net, _, back) = read_folder(&out, 1 << 30).unwrap();
+    assert_eq!(back, weights);
     // Byte for byte the oracle's tensors, under its names.
     let ours = std::fs::read(out.join("model.safetensors")).unwrap();
     let theirs = std::fs::read(testdata("gpt2/model/model.safetensors")).unwrap();
@@ -346,16 +356,16 @@ fn an_export_reads_back_and_never_replaces_a_file() {
         );
     }
     assert_eq!(ours.len(), theirs.len());
-    assert_eq!(back.model, saved.model);
+    assert_eq!(back_net.describe(), net.describe());
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names = st.names();
     names.sort();
-    let mut want: Vec<String> = saved.model.parameters().into_iter().map(|(n, _)| n).collect();
+    let mut want: Vec<String> = net.model().parameters().into_iter().map(|(n, _)| n).collect();
     want.sort();
     assert_eq!(names.into_iter().map(String::from).collect::<Vec<_>>(), want);
     let before = std::fs::read(out.join("config.json")).unwrap();
-    let e = write_gpt2("export-hf", &out, &saved.model, &saved.config, &saved.weights).unwrap_err();
+    let e = write("export-hf", &out, net.model(), &config, &weights).unwrap_err();
     assert!(e.to_string().contains("exists and is not an empty folder"), "{e}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
 }
@@ -549,7 +559,7 @@ fn text_through_the_tokenizer_gives_transformers_ids_rows_and_losses() {
     let e = crate::refused(&Config { data: Data::BuiltIn, ..config.clone() });
     assert!(e.contains("--tokenizer encodes --text FILE"), "{e}");
     let e = crate::refused(&Config { model: ModelKind::Transformer, init: None, ..config });
-    assert!(e.contains("--tokenizer is GPT-2's"), "{e}");
+    assert!(e.contains("--tokenizer is for GPT-2 and the Llama family"), "{e}");
 }
 
 /// A GPT-2 run saved at step 4 on 2x1 and resumed on 1x2 (its sizes and context from
@@ -1014,10 +1024,10 @@ proptest::proptest! {
         pick in 0usize..1000,
         cuts in proptest::collection::vec((0usize..1000, 0usize..1000), 2),
     ) {
-        use meshwork_train::hf::index_gpt2;
         let dir = testdata("gpt2/model");
-        let (hf, shards) = index_gpt2("init", &dir, DType::F64, 1 << 30).unwrap();
-        let params = hf.model.parameters();
+        let (net, _) = meshwork_train::hf::model_of("init", &dir, 1).unwrap();
+        let shards = meshwork_train::hf::index("init", &dir, net.model(), DType::F64, 1 << 30).unwrap();
+        let params = net.model().parameters();
         let (name, shape) = &params[pick % params.len()];
         let ranges: Vec<std::ops::Range<usize>> = shape
             .iter()
