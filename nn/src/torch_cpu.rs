@@ -466,6 +466,26 @@ pub fn sum_last(b: &mut Builder, x: Value) -> Result<Value> {
     b.add(plain, gap)
 }
 
+/// `1/sqrt(x)` of float32 `x` as PyTorch's `rsqrt` computes it (a correctly rounded
+/// square root, then a correctly rounded division), differentiated as its autograd
+/// does: the gradient `(−0.5·g)·((r·r)·r)`. (The value comes from `sqrt` and `div`;
+/// `(x − x)·c`, which is 0 and whose derivative is `c`, carries the gradient.)
+pub fn rsqrt(b: &mut Builder, x: Value) -> Result<Value> {
+    let root = b.sqrt(x)?;
+    let one = b.scalar_like(x, 1.0)?;
+    let r = b.div(one, root)?;
+    let r = b.stop_gradient(r)?;
+    let r2 = b.mul(r, r)?;
+    let r3 = b.mul(r2, r)?;
+    let half = b.scalar_like(x, -0.5)?;
+    let slope = b.mul(half, r3)?;
+    let slope = b.stop_gradient(slope)?;
+    let held = b.stop_gradient(x)?;
+    let zero = b.sub(x, held)?;
+    let carried = b.mul(zero, slope)?;
+    b.add(r, carried)
+}
+
 /// RMSNorm as Hugging Face's Llama-family models compute it: `x` rounded to float32
 /// (whatever the model's dtype), `x · 1/sqrt(mean(x²) + eps)` in float32 with the
 /// mean's sum in PyTorch's order ([`sum_last`]), rounded back to `x`'s dtype, times
@@ -484,9 +504,7 @@ pub fn rms_norm(b: &mut Builder, x: Value, eps: f64) -> Result<Value> {
     let var = b.div(total, count)?;
     let e = b.constant(f64::from(eps as f32), DType::F32)?;
     let ve = b.add(var, e)?;
-    let root = b.sqrt(ve)?;
-    let one = b.constant(1.0, DType::F32)?;
-    let r = b.div(one, root)?;
+    let r = rsqrt(b, ve)?;
     let y = b.mul(x32, r)?;
     let y = if spec.dtype == DType::F32 { y } else { b.convert(y, spec.dtype)? };
     b.mul(weight, y)
