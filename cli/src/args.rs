@@ -37,11 +37,13 @@ pub(crate) enum Command {
     Train(Box<TrainArgs>),
     /// The transformer's training step as each device of a mesh runs it.
     Inspect(InspectArgs),
-    /// Generate tokens from a GPT-2 checkpoint folder, with a key-value cache.
+    /// Generate tokens from a Hugging Face checkpoint folder (GPT-2, the Llama family), with a key-value cache.
     ///
     /// Greedy at --temperature 0 (the default), else sampled from --seed; stops at the
     /// config's eos_token_id, as transformers' generate does. Prints the ids: the
-    /// prompt's, then the new ones.
+    /// prompt's, then the new ones (or, with a tokenizer, the new text). --chat
+    /// MESSAGES.json renders the folder's chat template with a generation prompt, as
+    /// transformers' apply_chat_template does.
     Generate(GenerateArgs),
     /// Encode a text file with a Hugging Face tokenizer into token rows (.npy).
     ///
@@ -584,16 +586,19 @@ pub(crate) struct TokenizeArgs {
 /// `meshwork generate`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct GenerateArgs {
-    /// A Hugging Face GPT-2 checkpoint folder (config.json, model.safetensors)
+    /// A Hugging Face checkpoint folder (config.json, model.safetensors): GPT-2 or the Llama family
     #[arg(long, value_name = "DIR")]
     init: PathBuf,
     /// The prompt's token ids, comma-separated
-    #[arg(long, value_name = "IDS", value_delimiter = ',', num_args = 1.., required_unless_present = "prompt", conflicts_with = "prompt")]
+    #[arg(long, value_name = "IDS", value_delimiter = ',', num_args = 1.., required_unless_present_any = ["prompt", "chat"], conflicts_with_all = ["prompt", "chat"])]
     prompt_ids: Vec<i64>,
-    /// The prompt as text, encoded by --tokenizer
-    #[arg(long, value_name = "TEXT", requires = "tokenizer")]
+    /// The prompt as text, encoded by the tokenizer
+    #[arg(long, value_name = "TEXT", conflicts_with = "chat")]
     prompt: Option<String>,
-    /// A Hugging Face tokenizer.json: encodes --prompt, decodes the new tokens ("text" in --json)
+    /// A conversation, a JSON list of {"role", "content"}: the prompt is the folder's chat template rendered with a generation prompt, encoded by the tokenizer
+    #[arg(long, value_name = "MESSAGES.json")]
+    chat: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json: encodes --prompt or --chat, decodes the new tokens ("text" in --json); default: --init's tokenizer.json
     #[arg(long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
     /// How many tokens to generate after the prompt
@@ -631,16 +636,33 @@ pub(crate) struct GenerateArgs {
 impl GenerateArgs {
     /// The generation's settings.
     pub(crate) fn config(&self) -> Result<meshwork_train::generate::GenerateConfig, Exit> {
-        let prompt_ids = match (&self.prompt, &self.tokenizer) {
-            (Some(text), Some(t)) => {
-                meshwork_train::generate::prompt_ids(t, text).map_err(crate::train::exit)?
+        // The tokenizer: --tokenizer, or the folder's (for a text or chat prompt, or to
+        // decode).
+        let folder = self.init.join("tokenizer.json");
+        let tokenizer = self.tokenizer.clone().or_else(|| folder.is_file().then_some(folder));
+        let needs = || {
+            tokenizer.clone().ok_or_else(|| {
+                Exit::Usage(format!(
+                    "--tokenizer: {} has no tokenizer.json; give --tokenizer to encode the prompt",
+                    self.init.display()
+                ))
+            })
+        };
+        let exit = crate::train::exit;
+        let prompt_ids = match (&self.prompt, &self.chat) {
+            (Some(text), _) => {
+                meshwork_train::generate::prompt_ids(&needs()?, text).map_err(exit)?
             }
-            _ => self.prompt_ids.clone(),
+            (None, Some(messages)) => {
+                meshwork_train::chat::chat_prompt_ids(&self.init, &needs()?, messages)
+                    .map_err(exit)?
+            }
+            (None, None) => self.prompt_ids.clone(),
         };
         Ok(meshwork_train::generate::GenerateConfig {
             init: self.init.clone(),
             prompt_ids,
-            tokenizer: self.tokenizer.clone(),
+            tokenizer,
             max_new_tokens: self.max_new_tokens,
             temperature: self.temperature,
             top_k: self.top_k,

@@ -40,6 +40,7 @@
 //! # Ok::<(), meshwork_train::Error>(())
 //! ```
 
+pub mod chat;
 mod config;
 pub mod data;
 mod error;

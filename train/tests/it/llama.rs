@@ -158,3 +158,108 @@ fn the_trainer_reproduces_transformers_adamw_run_on_meshes() {
         }
     }
 }
+
+fn ids_of(v: &serde_json::Value) -> Vec<i64> {
+    v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
+}
+
+/// A complete Hugging Face folder of `case` in `dir`: the model's files and the
+/// tokenizer's (its `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`).
+pub(crate) fn whole_folder(case: &str, dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for entry in std::fs::read_dir(testdata(&format!("{case}/model"))).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        std::fs::copy(testdata(&format!("{case}/{f}")), dir.join(f)).unwrap();
+    }
+}
+
+/// Greedy decoding with the key-value cache (key/value heads only, positions rotated
+/// as in training) gives `transformers`' `generate` ids; a text prompt through the
+/// folder's tokenizer decodes back to its text.
+#[test]
+fn greedy_generation_gives_transformers_ids() {
+    use meshwork_train::BackendKind;
+    use meshwork_train::generate::{GenerateConfig, generate, prompt_ids};
+    for case in ["llama", "qwen3"] {
+        let g = expected(case, "expected.json", "generate");
+        let config = GenerateConfig {
+            init: testdata(&format!("{case}/model")),
+            prompt_ids: ids_of(&g["prompt_ids"]),
+            tokenizer: None,
+            max_new_tokens: 12,
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+            dtype: DType::F64,
+            backend: BackendKind::Interpreter,
+            max_memory: 1 << 30,
+        };
+        let got = generate(&config).unwrap();
+        assert_eq!(got.ids, ids_of(&g["ids"]), "{case}");
+        // The cache holds the key/value heads: a smaller model's cache for Qwen 3.
+        let tokenizer = testdata(&format!("{case}/tokenizer.json"));
+        let text = "Every replica learns the gradient again.";
+        let ids = prompt_ids(&tokenizer, text).unwrap();
+        let want = ids_of(&expected(case, "expected.json", "encodings")[0]["ids"]);
+        assert_eq!(ids, want, "{case}");
+        let tok = meshwork_train::data::read_tokenizer(&tokenizer).unwrap();
+        let back = tok.decode(&ids.iter().map(|&t| t as u32).collect::<Vec<_>>(), false).unwrap();
+        assert_eq!(back, text);
+    }
+}
+
+/// `--chat`: the folder's template (`chat_template.jinja`, or 4.x's `chat_template`
+/// string in `tokenizer_config.json`, its special tokens as strings or `AddedToken`
+/// objects) rendered with a generation prompt gives `apply_chat_template`'s text and
+/// ids.
+#[test]
+fn chat_templates_render_as_apply_chat_template_does() {
+    use meshwork_train::chat::{ChatTemplate, chat_prompt_ids};
+    let tmp = tempfile::tempdir().unwrap();
+    for case in ["llama", "qwen3"] {
+        let chat = expected(case, "expected.json", "chat");
+        let messages = tmp.path().join(format!("{case}-messages.json"));
+        std::fs::write(&messages, chat["messages"].to_string()).unwrap();
+        let v5 = tmp.path().join(format!("{case}-v5"));
+        whole_folder(case, &v5);
+        let template = ChatTemplate::of_folder("init", &v5).unwrap();
+        assert_eq!(
+            template.render("chat", &chat["messages"]).unwrap(),
+            chat["text"].as_str().unwrap()
+        );
+        let tokenizer = v5.join("tokenizer.json");
+        assert_eq!(chat_prompt_ids(&v5, &tokenizer, &messages).unwrap(), ids_of(&chat["ids"]));
+        // transformers 4.x's layout: the template inside tokenizer_config.json.
+        let v4 = tmp.path().join(format!("{case}-v4"));
+        whole_folder(case, &v4);
+        let source = std::fs::read_to_string(v4.join("chat_template.jinja")).unwrap();
+        std::fs::remove_file(v4.join("chat_template.jinja")).unwrap();
+        let config = serde_json::json!({
+            "bos_token": {"content": "<|endoftext|>", "lstrip": false, "normalized": false,
+                          "rstrip": false, "single_word": false, "special": true},
+            "eos_token": "<|endoftext|>",
+            "chat_template": source,
+        });
+        std::fs::write(v4.join("tokenizer_config.json"), config.to_string()).unwrap();
+        assert_eq!(chat_prompt_ids(&v4, &tokenizer, &messages).unwrap(), ids_of(&chat["ids"]));
+    }
+    // A template that raises, a folder without one, messages that are not a list.
+    let dir = tmp.path().join("raises");
+    whole_folder("llama", &dir);
+    std::fs::write(dir.join("chat_template.jinja"), "{{ raise_exception('no system role') }}")
+        .unwrap();
+    let messages = tmp.path().join("m.json");
+    std::fs::write(&messages, r#"[{"role": "system", "content": "x"}]"#).unwrap();
+    let e = chat_prompt_ids(&dir, &dir.join("tokenizer.json"), &messages).unwrap_err().to_string();
+    assert!(e.starts_with("--chat: ") && e.contains("no system role"), "{e}");
+    std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+    let e = chat_prompt_ids(&dir, &dir.join("tokenizer.json"), &messages).unwrap_err().to_string();
+    assert!(e.contains("no chat template"), "{e}");
+    std::fs::write(&messages, r#"{"role": "user"}"#).unwrap();
+    let e = chat_prompt_ids(&dir, &dir.join("tokenizer.json"), &messages).unwrap_err().to_string();
+    assert!(e.contains("not a JSON list of messages"), "{e}");
+}

@@ -1,0 +1,285 @@
+//! Chat templates as `transformers`' `apply_chat_template(messages,
+//! add_generation_prompt=True)` renders them: the template from the folder
+//! (`chat_template.jinja`, as `transformers` 5 saves it, or the `chat_template`
+//! string — or the list's `default` — in `tokenizer_config.json`, as 4.x does), the
+//! special tokens (`bos_token`, `eos_token`, …) from `tokenizer_config.json`, rendered
+//! by MiniJinja with Jinja2's settings `transformers` uses (`trim_blocks`,
+//! `lstrip_blocks`, loop controls, Python's string and dict methods, `tojson`,
+//! `raise_exception`, `strftime_now`), then encoded without adding special tokens (the
+//! template writes its own).
+
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use crate::{Error, Result, files};
+
+/// The most bytes a template, a tokenizer config or a messages file may take.
+const LIMIT: u64 = 16 << 20;
+
+fn bad(flag: &str, path: &Path, problem: impl std::fmt::Display) -> Error {
+    Error::flag(flag, format!("{}: {problem}", path.display()))
+}
+
+/// A folder's chat template and the special tokens it is rendered with.
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    /// The Jinja source.
+    pub source: String,
+    /// `bos_token`, `eos_token`, … as strings.
+    pub tokens: serde_json::Map<String, Json>,
+}
+
+/// The text of a special token as `tokenizer_config.json` writes it: a string, or an
+/// `AddedToken`'s `content`.
+fn token_text(v: &Json) -> Option<&str> {
+    v.as_str().or_else(|| v.get("content").and_then(Json::as_str))
+}
+
+impl ChatTemplate {
+    /// The chat template of the folder `dir` (named by `--flag` in errors).
+    pub fn of_folder(flag: &str, dir: &Path) -> Result<ChatTemplate> {
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Json = match config_path.exists() {
+            true => {
+                let text = files::read_file(flag, &config_path, LIMIT)?;
+                serde_json::from_slice(&text)
+                    .map_err(|e| bad(flag, &config_path, format!("not JSON: {e}")))?
+            }
+            false => Json::Object(Default::default()),
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let source = if jinja.exists() {
+            let bytes = files::read_file(flag, &jinja, LIMIT)?;
+            String::from_utf8(bytes).map_err(|_| bad(flag, &jinja, "not UTF-8"))?
+        } else {
+            match config.get("chat_template") {
+                Some(Json::String(s)) => s.clone(),
+                // Several named templates: the default one.
+                Some(Json::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Json::as_str))
+                    .map(str::to_string)
+                    .ok_or_else(|| bad(flag, &config_path, "no chat_template named default"))?,
+                _ => {
+                    return Err(bad(
+                        flag,
+                        dir,
+                        "no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+                    ));
+                }
+            }
+        };
+        let mut tokens = serde_json::Map::new();
+        for key in [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "pad_token",
+            "sep_token",
+            "cls_token",
+            "mask_token",
+        ] {
+            if let Some(t) = config.get(key).and_then(token_text) {
+                tokens.insert(key.to_string(), Json::String(t.to_string()));
+            }
+        }
+        Ok(ChatTemplate { source, tokens })
+    }
+
+    /// The template rendered for `messages` (a JSON list of `{role, content}`) with a
+    /// generation prompt.
+    pub fn render(&self, flag: &str, messages: &Json) -> Result<String> {
+        let failed = |e: minijinja::Error| Error::flag(flag, format!("the chat template: {e:#}"));
+        let mut env = minijinja::Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(failed)?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template("chat", &self.source).map_err(failed)?;
+        let mut context = self.tokens.clone();
+        context.insert("messages".into(), messages.clone());
+        context.insert("add_generation_prompt".into(), Json::Bool(true));
+        let template = env.get_template("chat").map_err(failed)?;
+        template.render(minijinja::Value::from(minijinja::value::Serde(context))).map_err(failed)
+    }
+}
+
+/// `tojson` as `transformers` defines it: `json.dumps` without escaping non-ASCII, with
+/// an optional `indent`.
+fn tojson(
+    value: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value).map_err(|e| {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
+    })?;
+    Ok(minijinja::Value::from_safe_string(python_json(&json, indent, 0)))
+}
+
+/// JSON as Python's `json.dumps` writes it: `", "` and `": "` separators, or with
+/// `indent`, each item on a line of its own indented by `indent` per level (`","` at
+/// line ends).
+fn python_json(v: &Json, indent: Option<usize>, level: usize) -> String {
+    let items: Vec<String> = match v {
+        Json::Array(a) => a.iter().map(|x| python_json(x, indent, level + 1)).collect(),
+        Json::Object(o) => o
+            .iter()
+            .map(|(k, x)| {
+                format!("{}: {}", Json::String(k.clone()), python_json(x, indent, level + 1))
+            })
+            .collect(),
+        other => return other.to_string(),
+    };
+    let (open, close) = if v.is_array() { ("[", "]") } else { ("{", "}") };
+    match indent {
+        _ if items.is_empty() => format!("{open}{close}"),
+        None => format!("{open}{}{close}", items.join(", ")),
+        Some(n) => {
+            let inner = " ".repeat(n * (level + 1));
+            let outer = " ".repeat(n * level);
+            format!("{open}\n{inner}{}\n{outer}{close}", items.join(&format!(",\n{inner}")))
+        }
+    }
+}
+
+/// `raise_exception(message)`: the template refuses its input.
+fn raise_exception(message: String) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: today's date and time (UTC) in `format`'s `%d %m %y %Y %b
+/// %B %H %M %S %j %%`.
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(strftime(&format, secs))
+}
+
+/// `format` at `secs` past the epoch (UTC).
+fn strftime(format: &str, secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let days = (secs / 86_400) as i64;
+    let (h, m, s) = (secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let before = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334][(month - 1) as usize];
+    let yday = before + day + i64::from(leap && month > 2);
+    let name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out += &format!("{day:02}"),
+            Some('m') => out += &format!("{month:02}"),
+            Some('Y') => out += &year.to_string(),
+            Some('y') => out += &format!("{:02}", year % 100),
+            Some('b') => out += &name[..3],
+            Some('B') => out += name,
+            Some('H') => out += &format!("{h:02}"),
+            Some('M') => out += &format!("{m:02}"),
+            Some('S') => out += &format!("{s:02}"),
+            Some('j') => out += &format!("{yday:03}"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// The messages of `--chat FILE`: a JSON list of objects, each with a string `role`
+/// (and whatever else the template reads).
+pub fn read_messages(flag: &str, path: &Path) -> Result<Json> {
+    let text = files::read_file(flag, path, LIMIT)?;
+    let messages: Json =
+        serde_json::from_slice(&text).map_err(|e| bad(flag, path, format!("not JSON: {e}")))?;
+    let Some(list) = messages.as_array() else {
+        return Err(bad(flag, path, "not a JSON list of messages"));
+    };
+    for (k, m) in list.iter().enumerate() {
+        if m.get("role").and_then(Json::as_str).is_none() {
+            return Err(bad(flag, path, format!("message {k} has no string \"role\"")));
+        }
+    }
+    Ok(messages)
+}
+
+/// The prompt ids of the conversation in `messages_path` for the folder `dir`: its chat
+/// template rendered with a generation prompt, encoded by `tokenizer` without adding
+/// special tokens.
+pub fn chat_prompt_ids(dir: &Path, tokenizer: &Path, messages_path: &Path) -> Result<Vec<i64>> {
+    let messages = read_messages("chat", messages_path)?;
+    let template = ChatTemplate::of_folder("init", dir)?;
+    let text = template.render("chat", &messages)?;
+    let tokenizer = crate::data::read_tokenizer(tokenizer)?;
+    let encoding = tokenizer
+        .encode(text.as_str(), false)
+        .map_err(|e| Error::flag("tokenizer", format!("cannot encode the chat: {e}")))?;
+    Ok(encoding.get_ids().iter().map(|&t| i64::from(t)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The date of a known instant, in every directive.
+    #[test]
+    fn strftime_formats_a_known_instant() {
+        // 2024-02-29 13:05:09 UTC.
+        let t = 1_709_211_909;
+        assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
+        assert_eq!(strftime("%B %m/%d/%y %H:%M:%S %j %%", t), "February 02/29/24 13:05:09 060 %");
+        assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
+    }
+
+    /// Python's separators, nested.
+    #[test]
+    fn tojson_writes_what_json_dumps_writes() {
+        let v = serde_json::json!({"a": [1, "é"], "b": {"c": null}});
+        assert_eq!(python_json(&v, None, 0), r#"{"a": [1, "é"], "b": {"c": null}}"#);
+        assert_eq!(
+            python_json(&v, Some(2), 0),
+            "{\n  \"a\": [\n    1,\n    \"é\"\n  ],\n  \"b\": {\n    \"c\": null\n  }\n}"
+        );
+    }
+}
