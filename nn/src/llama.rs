@@ -890,7 +890,9 @@ fn rope_of(
     Ok((theta, scaling))
 }
 
-/// The window of the layers that slide, when any does (`None`: none does).
+/// The window of the layers that slide, when any does (`None`: none does). A
+/// `layer_types` entry other than full or sliding attention is refused, whether or
+/// not the window is used.
 fn sliding_window(
     kind: LlamaKind,
     obj: &serde_json::Map<String, Json>,
@@ -909,27 +911,31 @@ fn sliding_window(
                 as usize,
         ),
     };
+    let types = match obj.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Json::Array(a)) => Some(
+            a.iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(false),
+                    Some("sliding_attention") => Ok(true),
+                    _ => Err(refuse(
+                        "layer_types",
+                        format!("{t}: meshwork computes full_attention (and sliding_attention over a window no shorter than the context)"),
+                    )),
+                })
+                .collect::<std::result::Result<Vec<bool>, ConfigError>>()?,
+        ),
+        Some(v) => return Err(refuse("layer_types", format!("{v} is not a list"))),
+        None => None,
+    };
     Ok(match kind {
         // Llama has no sliding window; Mistral slides every layer.
         LlamaKind::Llama => None,
         LlamaKind::Mistral => window,
         LlamaKind::Qwen2 | LlamaKind::Qwen3 => {
             let on = obj.get("use_sliding_window").and_then(Json::as_bool).unwrap_or(false);
-            let window = if on { window } else { None };
-            let Some(window) = window else { return Ok(None) };
-            let types = match obj.get("layer_types").filter(|v| !v.is_null()) {
-                Some(Json::Array(a)) => a
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        Some("full_attention") => Ok(false),
-                        Some("sliding_attention") => Ok(true),
-                        _ => Err(refuse(
-                            "layer_types",
-                            format!("{t}: meshwork computes full_attention (and sliding_attention over a window no shorter than the context)"),
-                        )),
-                    })
-                    .collect::<std::result::Result<Vec<bool>, ConfigError>>()?,
-                Some(v) => return Err(refuse("layer_types", format!("{v} is not a list"))),
+            let Some(window) = window.filter(|_| on) else { return Ok(None) };
+            let types = match types {
+                Some(t) => t,
                 None => {
                     let first = match obj.get("max_window_layers") {
                         None | Some(Json::Null) => 28,

@@ -42,6 +42,21 @@ fn relative(got: &[f64], want: &[f64]) -> f64 {
     got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
 }
 
+/// The logits of the oracle's first rows `[4, 16]` by `model` with `weights`.
+fn logits_of(case: &str, model: &Llama, weights: &std::collections::HashMap<String, Tensor>) -> Tensor {
+    let mut b = Builder::new();
+    let ids = b.param("ids", "i32[4,16]".parse().unwrap()).unwrap();
+    let logits = model.logits(&mut b, ids, DType::F64).unwrap();
+    let program = b.finish(&[logits]).unwrap();
+    let r = rows(case);
+    let first: Vec<i32> = r.slice(ndarray::s![0..4, 0..16]).iter().copied().collect();
+    let mut inputs = vec![Tensor::i32(&[4, 16], first).unwrap()];
+    for p in &program.params()[1..] {
+        inputs.push(weights[&p.name].clone());
+    }
+    meshwork_program::fast::evaluate(&program, &inputs).unwrap().remove(0)
+}
+
 #[test]
 fn the_initial_logits_are_transformers() {
     for case in ["llama", "qwen3"] {
@@ -262,4 +277,107 @@ fn chat_templates_render_as_apply_chat_template_does() {
     std::fs::write(&messages, r#"{"role": "user"}"#).unwrap();
     let e = chat_prompt_ids(&dir, &dir.join("tokenizer.json"), &messages).unwrap_err().to_string();
     assert!(e.contains("not a JSON list of messages"), "{e}");
+}
+
+/// `config.json` as transformers 4.x wrote it: `rope_theta` and `rope_scaling` at the
+/// top level, `torch_dtype` for `dtype`.
+fn v4_layout(config: &serde_json::Value) -> serde_json::Value {
+    let mut c = config.clone();
+    let o = c.as_object_mut().unwrap();
+    let mut rope = o.remove("rope_parameters").unwrap();
+    let r = rope.as_object_mut().unwrap();
+    o.insert("rope_theta".into(), r.remove("rope_theta").unwrap());
+    let scaling = if r.get("rope_type").and_then(|t| t.as_str()) == Some("default") {
+        serde_json::Value::Null
+    } else {
+        rope
+    };
+    o.insert("rope_scaling".into(), scaling);
+    let dtype = o.remove("dtype").unwrap();
+    o.insert("torch_dtype".into(), dtype);
+    c
+}
+
+/// The oracle's folder copied into `dir` with its `config.json` edited by `edit`.
+fn edited_folder(case: &str, dir: &std::path::Path, edit: &dyn Fn(&mut serde_json::Value)) {
+    whole_folder(case, dir);
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&c).unwrap()).unwrap();
+}
+
+/// A 4.x-layout copy of each oracle's `config.json` is the same model, with the same
+/// logits; a field that would change the computation and that meshwork does not
+/// compute is refused naming it (the trainer's exit 2, one line), and the fields that
+/// do not change it are accepted.
+#[test]
+fn configs_of_both_layouts_are_read_and_what_is_not_computed_is_refused() {
+    use meshwork_train::Config;
+    let tmp = tempfile::tempdir().unwrap();
+    for case in ["llama", "qwen3"] {
+        let text = std::fs::read_to_string(testdata(&format!("{case}/model/config.json"))).unwrap();
+        let v5: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let v4 = v4_layout(&v5);
+        assert!(v4.get("rope_theta").is_some() && v4.get("rope_parameters").is_none());
+        let (a, b) = (Llama::from_config(&v5).unwrap(), Llama::from_config(&v4).unwrap());
+        assert_eq!(a, b, "{case}");
+        // Through the trainer's reader of a 4.x folder, the same weights, and the same
+        // logits as transformers'.
+        let dir = tmp.path().join(format!("{case}-v4"));
+        edited_folder(case, &dir, &|c| *c = v4_layout(c));
+        let weights = |dir: &std::path::Path| {
+            let config = Config { init: Some(dir.to_path_buf()), seq: Some(16), batch: Some(4), dtype: Some(DType::F64), ..crate::config(meshwork_train::ModelKind::Auto) };
+            meshwork_train::initial_weights(&config).unwrap()
+        };
+        let w4 = weights(&dir);
+        assert_eq!(w4, weights(&testdata(&format!("{case}/model"))), "{case}");
+        let got = logits_of(case, &b, &w4);
+        let want = meshwork_train::npy::read("logits", &testdata(&format!("{case}/logits_rope_cr.npy")), 1 << 30).unwrap();
+        assert!(relative(&got.to_f64(), &want.iter().copied().collect::<Vec<_>>()) <= 1e-9, "{case}");
+    }
+    // Refused, each naming its key.
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        ("llama", Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()), "rope_parameters.rope_type: \"yarn\""),
+        ("llama", Box::new(|c| { *c = v4_layout(c); c["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}); }), "rope_scaling.rope_type: \"dynamic\""),
+        ("llama", Box::new(|c| c["attn_logit_softcapping"] = 50.0.into()), "attn_logit_softcapping"),
+        ("llama", Box::new(|c| c["final_logit_softcapping"] = 30.0.into()), "final_logit_softcapping"),
+        ("llama", Box::new(|c| c["pretraining_tp"] = 2.into()), "pretraining_tp: 2"),
+        ("llama", Box::new(|c| c["hidden_act"] = "gelu".into()), "hidden_act: \"gelu\""),
+        ("llama", Box::new(|c| c["attention_dropout"] = 0.1.into()), "attention_dropout: 0.1"),
+        ("llama", Box::new(|c| c["partial_rotary_factor"] = 0.5.into()), "partial_rotary_factor: 0.5"),
+        ("llama", Box::new(|c| c["rope_interleaved"] = true.into()), "rope_interleaved"),
+        ("llama", Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "gptq"})), "quantization_config"),
+        ("llama", Box::new(|c| c["num_key_value_heads"] = 3.into()), "num_key_value_heads: 3 does not divide"),
+        ("llama", Box::new(|c| c["model_type"] = "falcon".into()), "model_type: \"falcon\""),
+        ("qwen3", Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 8.into(); c["max_window_layers"] = 0.into(); c.as_object_mut().unwrap().remove("layer_types"); }), "sliding_window: 8 is shorter than the context of 16"),
+        ("qwen3", Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 8.into(); c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]); }), "sliding_window: 8"),
+        ("qwen3", Box::new(|c| c["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"])), "layer_types"),
+        ("qwen3", Box::new(|c| c["model_type"] = "mistral".into()), "--model"),
+    ];
+    for (k, (case, edit, says)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("refused-{k}"));
+        edited_folder(case, &dir, &*edit);
+        let mut config = Config { init: Some(dir), ..adamw_command(case) };
+        if says == "--model" {
+            config.model = meshwork_train::ModelKind::Qwen3;
+        }
+        let m = crate::refused(&config);
+        assert!(m.contains(says), "want {says:?} in {m:?}");
+        assert!(m.starts_with("--init: ") || m.starts_with("--model: ") || m.starts_with("--seq "), "{m}");
+    }
+    // Accepted: what does not change the computation (a window no shorter than the
+    // context, sliding unused, ids, tp 1, no dropout, another architectures list).
+    let accepted: Vec<Edit> = vec![
+        Box::new(|c| { c["use_sliding_window"] = false.into(); c["sliding_window"] = 8.into(); }),
+        Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 16.into(); c["max_window_layers"] = 0.into(); c.as_object_mut().unwrap().remove("layer_types"); }),
+        Box::new(|c| { c["bos_token_id"] = 5.into(); c["pad_token_id"] = 1.into(); c["pretraining_tp"] = 1.into(); c["attention_dropout"] = 0.0.into(); c["use_cache"] = false.into(); c["initializer_range"] = 0.5.into(); c["architectures"] = serde_json::json!(["Qwen3Model"]); }),
+    ];
+    for (k, edit) in accepted.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("accepted-{k}"));
+        edited_folder("qwen3", &dir, &*edit);
+        let config = Config { init: Some(dir), steps: Some(1), ..adamw_command("qwen3") };
+        assert_eq!(crate::losses(&config).len(), 1);
+    }
 }
