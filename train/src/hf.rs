@@ -414,6 +414,18 @@ pub fn write(
     config: &Json,
     weights: &HashMap<String, Tensor>,
 ) -> Result<()> {
+    write_sharded(flag, dir, (model, config), weights, SHARD_BYTES)
+}
+
+/// [`write`] with files of at most `shard_bytes` of tensor data (a larger tensor
+/// alone in its file).
+pub fn write_sharded(
+    flag: &str,
+    dir: &Path,
+    (model, config): (&dyn Model, &Json),
+    weights: &HashMap<String, Tensor>,
+    shard_bytes: u64,
+) -> Result<()> {
     let Some(hf) = model.hf() else {
         return Err(bad(flag, dir, format!("the {} has no Hugging Face layout", model.family())));
     };
@@ -440,12 +452,12 @@ pub fn write(
         dtype = Some(t.dtype());
         stored.push((hf.stored_name(&name), d, shape, t.to_le_bytes()));
     }
-    // Files of at most SHARD_BYTES of tensor data each (a larger tensor alone).
+    // Files of at most `shard_bytes` of tensor data each (a larger tensor alone).
     let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
     let mut bytes = 0u64;
     for (k, (_, _, _, data)) in stored.iter().enumerate() {
         let size = data.len() as u64;
-        if bytes > 0 && bytes + size > SHARD_BYTES {
+        if bytes > 0 && bytes + size > shard_bytes {
             groups.push(Vec::new());
             bytes = 0;
         }

@@ -1,9 +1,15 @@
-"""Export -> transformers load -> the same model: `meshwork train --model gpt2` on the
-oracle checkpoint (2 AdamW steps, f64) with `--export-hf DIR`, then
-`GPT2LMHeadModel.from_pretrained(DIR)` in float64. Its mean next-token loss on the
-token rows 0..4 must equal, within 1e-9, the first loss meshwork reports when it
-trains on from the exported folder (the loss of the exported weights on those rows):
-both read the same folder and must compute the same function of it.
+"""Export -> transformers load -> the same model, for GPT-2 and the Llama family:
+`meshwork train` on an oracle checkpoint (2 AdamW steps, f64) with `--export-hf DIR`,
+then `AutoModelForCausalLM.from_pretrained(DIR)` in float64. Its mean next-token loss
+on the token rows 0..4 must equal, within 1e-9, the first loss meshwork reports when
+it trains on from the exported folder (the loss of the exported weights on those
+rows): both read the same folder and must compute the same function of it.
+
+For the Llama family, transformers' rotary tables take float32 cos and sin from Intel
+MKL, whose results are not the correctly rounded ones meshwork's are in ~5% of entries
+(float32 RMSNorm then carries that to ~1e-7 in the logits): the 1e-9 comparison is made
+with transformers' tables correctly rounded (the one change), and the unchanged model
+must agree within 1e-6.
 
     python3 train/tests/hf/export_check.py target/debug/meshwork
 
@@ -18,41 +24,84 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "..", "..", "testdata", "gpt2")
+TESTDATA = os.path.join(HERE, "..", "..", "testdata")
+
+
+def correctly_rounded_rope(enabled):
+    """Patches (or restores) every Llama-family rotary embedding's forward."""
+    import torch
+    import transformers.models.llama.modeling_llama as llama
+    import transformers.models.qwen3.modeling_qwen3 as qwen3
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+    import transformers.models.mistral.modeling_mistral as mistral
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1).double()
+        cos = emb.cos().float() * self.attention_scaling
+        sin = emb.sin().float() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    for module in (llama, qwen3, qwen2, mistral):
+        for name in dir(module):
+            if name.endswith("RotaryEmbedding"):
+                cls = getattr(module, name)
+                if not hasattr(cls, "_meshwork_forward"):
+                    cls._meshwork_forward = cls.forward
+                cls.forward = forward if enabled else cls._meshwork_forward
+
+
+def theirs(out, rows):
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+    # The mean cross-entropy of inputs row[:16] against targets row[1:17], as
+    # meshwork's loss is (transformers' own `labels=` loss would drop a token).
+    with torch.no_grad():
+        logits = model(rows[:, :16]).logits
+        lp = torch.log_softmax(logits, -1)
+        return -lp.gather(-1, rows[:, 1:17, None]).mean().item()
+
+
+def check(meshwork, case, tmp):
+    import numpy as np
+    import torch
+    data = os.path.join(TESTDATA, case)
+    out = os.path.join(tmp, f"{case}-exported")
+    common = ["--data-tokens", os.path.join(data, "tokens.npy"), "--seq", "16", "--batch", "4",
+              "--dtype", "f64", "--quiet"]
+    subprocess.run([meshwork, "train", *common, "--init", os.path.join(data, "model"),
+                    "--steps", "2", "--optimizer", "adamw", "--lr", "0.003",
+                    "--export-hf", out], check=True)
+    losses = os.path.join(tmp, f"{case}-l.json")
+    subprocess.run([meshwork, "train", *common, "--init", out, "--steps", "1",
+                    "--optimizer", "sgd", "--lr", "0.1", "--losses-json", losses], check=True)
+    ours = json.load(open(losses))[0]
+    rows = torch.from_numpy(np.load(os.path.join(data, "tokens.npy"))[:4].astype("int64"))
+    ok = True
+    for patched, tolerance in ([(False, 1e-9)] if case == "gpt2" else [(True, 1e-9), (False, 1e-6)]):
+        correctly_rounded_rope(patched)
+        t = theirs(out, rows)
+        rel = abs(ours - t) / abs(t)
+        what = " (correctly rounded rotary tables)" if patched else ""
+        print(f"hf export check, {case}{what}: meshwork {ours!r}, transformers {t!r}, relative {rel:.1e}")
+        ok = ok and rel <= tolerance
+    correctly_rounded_rope(False)
+    return ok
 
 
 def main():
     meshwork = sys.argv[1]
     try:
-        import numpy as np
-        import torch
-        from transformers import GPT2LMHeadModel
+        import numpy  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError as e:
         print(f"hf export check: skipped, transformers/torch not installed ({e})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "exported")
-        common = ["--model", "gpt2", "--data-tokens", os.path.join(DATA, "tokens.npy"),
-                  "--seq", "16", "--batch", "4", "--dtype", "f64", "--quiet"]
-        subprocess.run([meshwork, "train", *common, "--init", os.path.join(DATA, "model"),
-                        "--steps", "2", "--optimizer", "adamw", "--lr", "0.003",
-                        "--export-hf", out], check=True)
-        losses = os.path.join(tmp, "l.json")
-        subprocess.run([meshwork, "train", *common, "--init", out, "--steps", "1",
-                        "--optimizer", "sgd", "--lr", "0.1", "--losses-json", losses],
-                       check=True)
-        ours = json.load(open(losses))[0]
-        model = GPT2LMHeadModel.from_pretrained(out, torch_dtype=torch.float64).eval()
-        rows = torch.from_numpy(np.load(os.path.join(DATA, "tokens.npy"))[:4].astype("int64"))
-        # The mean cross-entropy of inputs row[:16] against targets row[1:17], as
-        # meshwork's loss is (transformers' own `labels=` loss would drop a token).
-        with torch.no_grad():
-            logits = model(rows[:, :16]).logits
-            lp = torch.log_softmax(logits, -1)
-            theirs = -lp.gather(-1, rows[:, 1:17, None]).mean().item()
-    rel = abs(ours - theirs) / abs(theirs)
-    print(f"hf export check: meshwork {ours!r}, transformers {theirs!r}, relative {rel:.1e}")
-    return 0 if rel <= 1e-9 else 1
+        results = [check(meshwork, case, tmp) for case in ("gpt2", "llama", "qwen3")]
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":

@@ -381,3 +381,39 @@ fn configs_of_both_layouts_are_read_and_what_is_not_computed_is_refused() {
         assert_eq!(crate::losses(&config).len(), 1);
     }
 }
+
+/// `--export-hf` writes `save_pretrained`'s layout: the config as it was read (4.x's
+/// stays 4.x, its `torch_dtype` set), the trained weights under their names, sharded
+/// with an index past the shard size; the folder reads back to the same weights, and
+/// a run from it continues.
+#[test]
+fn an_export_keeps_the_layout_and_reads_back() {
+    use meshwork_train::Config;
+    let tmp = tempfile::tempdir().unwrap();
+    let v4 = tmp.path().join("v4");
+    edited_folder("llama", &v4, &|c| *c = v4_layout(c));
+    let out = tmp.path().join("export");
+    let config = Config { init: Some(v4.clone()), steps: Some(2), export_hf: Some(out.clone()), ..adamw_command("llama") };
+    crate::run(&config);
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let read: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(v4.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["torch_dtype"], "float64");
+    assert!(written.get("dtype").is_none() && written.get("rope_parameters").is_none());
+    let mut same = written.clone();
+    same["torch_dtype"] = read["torch_dtype"].clone();
+    assert_eq!(same, read, "the config as it was read");
+    let (net, _) = meshwork_train::hf::model_of("init", &out, 16).unwrap();
+    let weights = meshwork_train::hf::read("init", &out, net.model(), DType::F64, 1 << 30).unwrap();
+    // Sharded: the same weights from several files and an index.
+    let sharded = tmp.path().join("sharded");
+    meshwork_train::hf::write_sharded("export-hf", &sharded, (net.model(), &written), &weights, 40_000).unwrap();
+    let files: Vec<String> = std::fs::read_dir(&sharded).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(files.contains(&"model.safetensors.index.json".to_string()), "{files:?}");
+    let parts = files.iter().filter(|f| f.starts_with("model-") && f.ends_with(".safetensors")).count();
+    assert!(parts >= 5, "{files:?}");
+    let back = meshwork_train::hf::read("init", &sharded, net.model(), DType::F64, 1 << 30).unwrap();
+    assert_eq!(back, weights);
+    // Training on from the export takes the exported weights.
+    let from_export = Config { init: Some(sharded), tokenizer: Some(testdata("llama/tokenizer.json")), export_hf: None, steps: Some(1), ..adamw_command("llama") };
+    assert_eq!(meshwork_train::initial_weights(&from_export).unwrap(), weights);
+}
