@@ -43,7 +43,11 @@ fn relative(got: &[f64], want: &[f64]) -> f64 {
 }
 
 /// The logits of the oracle's first rows `[4, 16]` by `model` with `weights`.
-fn logits_of(case: &str, model: &Llama, weights: &std::collections::HashMap<String, Tensor>) -> Tensor {
+fn logits_of(
+    case: &str,
+    model: &Llama,
+    weights: &std::collections::HashMap<String, Tensor>,
+) -> Tensor {
     let mut b = Builder::new();
     let ids = b.param("ids", "i32[4,16]".parse().unwrap()).unwrap();
     let logits = model.logits(&mut b, ids, DType::F64).unwrap();
@@ -327,33 +331,101 @@ fn configs_of_both_layouts_are_read_and_what_is_not_computed_is_refused() {
         let dir = tmp.path().join(format!("{case}-v4"));
         edited_folder(case, &dir, &|c| *c = v4_layout(c));
         let weights = |dir: &std::path::Path| {
-            let config = Config { init: Some(dir.to_path_buf()), seq: Some(16), batch: Some(4), dtype: Some(DType::F64), ..crate::config(meshwork_train::ModelKind::Auto) };
+            let config = Config {
+                init: Some(dir.to_path_buf()),
+                seq: Some(16),
+                batch: Some(4),
+                dtype: Some(DType::F64),
+                ..crate::config(meshwork_train::ModelKind::Auto)
+            };
             meshwork_train::initial_weights(&config).unwrap()
         };
         let w4 = weights(&dir);
         assert_eq!(w4, weights(&testdata(&format!("{case}/model"))), "{case}");
         let got = logits_of(case, &b, &w4);
-        let want = meshwork_train::npy::read("logits", &testdata(&format!("{case}/logits_rope_cr.npy")), 1 << 30).unwrap();
-        assert!(relative(&got.to_f64(), &want.iter().copied().collect::<Vec<_>>()) <= 1e-9, "{case}");
+        let want = meshwork_train::npy::read(
+            "logits",
+            &testdata(&format!("{case}/logits_rope_cr.npy")),
+            1 << 30,
+        )
+        .unwrap();
+        assert!(
+            relative(&got.to_f64(), &want.iter().copied().collect::<Vec<_>>()) <= 1e-9,
+            "{case}"
+        );
     }
     // Refused, each naming its key.
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
-        ("llama", Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()), "rope_parameters.rope_type: \"yarn\""),
-        ("llama", Box::new(|c| { *c = v4_layout(c); c["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}); }), "rope_scaling.rope_type: \"dynamic\""),
-        ("llama", Box::new(|c| c["attn_logit_softcapping"] = 50.0.into()), "attn_logit_softcapping"),
-        ("llama", Box::new(|c| c["final_logit_softcapping"] = 30.0.into()), "final_logit_softcapping"),
+        (
+            "llama",
+            Box::new(|c| c["rope_parameters"]["rope_type"] = "yarn".into()),
+            "rope_parameters.rope_type: \"yarn\"",
+        ),
+        (
+            "llama",
+            Box::new(|c| {
+                *c = v4_layout(c);
+                c["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0});
+            }),
+            "rope_scaling.rope_type: \"dynamic\"",
+        ),
+        (
+            "llama",
+            Box::new(|c| c["attn_logit_softcapping"] = 50.0.into()),
+            "attn_logit_softcapping",
+        ),
+        (
+            "llama",
+            Box::new(|c| c["final_logit_softcapping"] = 30.0.into()),
+            "final_logit_softcapping",
+        ),
         ("llama", Box::new(|c| c["pretraining_tp"] = 2.into()), "pretraining_tp: 2"),
         ("llama", Box::new(|c| c["hidden_act"] = "gelu".into()), "hidden_act: \"gelu\""),
         ("llama", Box::new(|c| c["attention_dropout"] = 0.1.into()), "attention_dropout: 0.1"),
-        ("llama", Box::new(|c| c["partial_rotary_factor"] = 0.5.into()), "partial_rotary_factor: 0.5"),
+        (
+            "llama",
+            Box::new(|c| c["partial_rotary_factor"] = 0.5.into()),
+            "partial_rotary_factor: 0.5",
+        ),
         ("llama", Box::new(|c| c["rope_interleaved"] = true.into()), "rope_interleaved"),
-        ("llama", Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "gptq"})), "quantization_config"),
-        ("llama", Box::new(|c| c["num_key_value_heads"] = 3.into()), "num_key_value_heads: 3 does not divide"),
+        (
+            "llama",
+            Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "gptq"})),
+            "quantization_config",
+        ),
+        (
+            "llama",
+            Box::new(|c| c["num_key_value_heads"] = 3.into()),
+            "num_key_value_heads: 3 does not divide",
+        ),
         ("llama", Box::new(|c| c["model_type"] = "falcon".into()), "model_type: \"falcon\""),
-        ("qwen3", Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 8.into(); c["max_window_layers"] = 0.into(); c.as_object_mut().unwrap().remove("layer_types"); }), "sliding_window: 8 is shorter than the context of 16"),
-        ("qwen3", Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 8.into(); c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]); }), "sliding_window: 8"),
-        ("qwen3", Box::new(|c| c["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"])), "layer_types"),
+        (
+            "qwen3",
+            Box::new(|c| {
+                c["use_sliding_window"] = true.into();
+                c["sliding_window"] = 8.into();
+                c["max_window_layers"] = 0.into();
+                c.as_object_mut().unwrap().remove("layer_types");
+            }),
+            "sliding_window: 8 is shorter than the context of 16",
+        ),
+        (
+            "qwen3",
+            Box::new(|c| {
+                c["use_sliding_window"] = true.into();
+                c["sliding_window"] = 8.into();
+                c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+            }),
+            "sliding_window: 8",
+        ),
+        (
+            "qwen3",
+            Box::new(|c| {
+                c["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"])
+            }),
+            "layer_types",
+        ),
         ("qwen3", Box::new(|c| c["model_type"] = "mistral".into()), "--model"),
     ];
     for (k, (case, edit, says)) in cases.into_iter().enumerate() {
@@ -365,14 +437,33 @@ fn configs_of_both_layouts_are_read_and_what_is_not_computed_is_refused() {
         }
         let m = crate::refused(&config);
         assert!(m.contains(says), "want {says:?} in {m:?}");
-        assert!(m.starts_with("--init: ") || m.starts_with("--model: ") || m.starts_with("--seq "), "{m}");
+        assert!(
+            m.starts_with("--init: ") || m.starts_with("--model: ") || m.starts_with("--seq "),
+            "{m}"
+        );
     }
     // Accepted: what does not change the computation (a window no shorter than the
     // context, sliding unused, ids, tp 1, no dropout, another architectures list).
     let accepted: Vec<Edit> = vec![
-        Box::new(|c| { c["use_sliding_window"] = false.into(); c["sliding_window"] = 8.into(); }),
-        Box::new(|c| { c["use_sliding_window"] = true.into(); c["sliding_window"] = 16.into(); c["max_window_layers"] = 0.into(); c.as_object_mut().unwrap().remove("layer_types"); }),
-        Box::new(|c| { c["bos_token_id"] = 5.into(); c["pad_token_id"] = 1.into(); c["pretraining_tp"] = 1.into(); c["attention_dropout"] = 0.0.into(); c["use_cache"] = false.into(); c["initializer_range"] = 0.5.into(); c["architectures"] = serde_json::json!(["Qwen3Model"]); }),
+        Box::new(|c| {
+            c["use_sliding_window"] = false.into();
+            c["sliding_window"] = 8.into();
+        }),
+        Box::new(|c| {
+            c["use_sliding_window"] = true.into();
+            c["sliding_window"] = 16.into();
+            c["max_window_layers"] = 0.into();
+            c.as_object_mut().unwrap().remove("layer_types");
+        }),
+        Box::new(|c| {
+            c["bos_token_id"] = 5.into();
+            c["pad_token_id"] = 1.into();
+            c["pretraining_tp"] = 1.into();
+            c["attention_dropout"] = 0.0.into();
+            c["use_cache"] = false.into();
+            c["initializer_range"] = 0.5.into();
+            c["architectures"] = serde_json::json!(["Qwen3Model"]);
+        }),
     ];
     for (k, edit) in accepted.into_iter().enumerate() {
         let dir = tmp.path().join(format!("accepted-{k}"));
@@ -393,10 +484,17 @@ fn an_export_keeps_the_layout_and_reads_back() {
     let v4 = tmp.path().join("v4");
     edited_folder("llama", &v4, &|c| *c = v4_layout(c));
     let out = tmp.path().join("export");
-    let config = Config { init: Some(v4.clone()), steps: Some(2), export_hf: Some(out.clone()), ..adamw_command("llama") };
+    let config = Config {
+        init: Some(v4.clone()),
+        steps: Some(2),
+        export_hf: Some(out.clone()),
+        ..adamw_command("llama")
+    };
     crate::run(&config);
-    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-    let read: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(v4.join("config.json")).unwrap()).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let read: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(v4.join("config.json")).unwrap()).unwrap();
     assert_eq!(written["torch_dtype"], "float64");
     assert!(written.get("dtype").is_none() && written.get("rope_parameters").is_none());
     let mut same = written.clone();
@@ -406,14 +504,152 @@ fn an_export_keeps_the_layout_and_reads_back() {
     let weights = meshwork_train::hf::read("init", &out, net.model(), DType::F64, 1 << 30).unwrap();
     // Sharded: the same weights from several files and an index.
     let sharded = tmp.path().join("sharded");
-    meshwork_train::hf::write_sharded("export-hf", &sharded, (net.model(), &written), &weights, 40_000).unwrap();
-    let files: Vec<String> = std::fs::read_dir(&sharded).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    meshwork_train::hf::write_sharded(
+        "export-hf",
+        &sharded,
+        (net.model(), &written),
+        &weights,
+        40_000,
+    )
+    .unwrap();
+    let files: Vec<String> = std::fs::read_dir(&sharded)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     assert!(files.contains(&"model.safetensors.index.json".to_string()), "{files:?}");
-    let parts = files.iter().filter(|f| f.starts_with("model-") && f.ends_with(".safetensors")).count();
+    let parts =
+        files.iter().filter(|f| f.starts_with("model-") && f.ends_with(".safetensors")).count();
     assert!(parts >= 5, "{files:?}");
-    let back = meshwork_train::hf::read("init", &sharded, net.model(), DType::F64, 1 << 30).unwrap();
+    let back =
+        meshwork_train::hf::read("init", &sharded, net.model(), DType::F64, 1 << 30).unwrap();
     assert_eq!(back, weights);
     // Training on from the export takes the exported weights.
-    let from_export = Config { init: Some(sharded), tokenizer: Some(testdata("llama/tokenizer.json")), export_hf: None, steps: Some(1), ..adamw_command("llama") };
+    let from_export = Config {
+        init: Some(sharded),
+        tokenizer: Some(testdata("llama/tokenizer.json")),
+        export_hf: None,
+        steps: Some(1),
+        ..adamw_command("llama")
+    };
     assert_eq!(meshwork_train::initial_weights(&from_export).unwrap(), weights);
+}
+
+/// The memory savers change how a step computes, never what: `--grad-accum 2`,
+/// `--remat`, `--fsdp` (and all three), with the interpreter's attention by query
+/// blocks and the loss by chunks, give the plain one-device run's losses to 1e-12.
+#[test]
+fn the_memory_savers_and_pieces_keep_the_losses() {
+    use meshwork_train::Config;
+    for case in ["llama", "qwen3"] {
+        let base = Config { steps: Some(4), ..adamw_command(case) };
+        let plain = crate::losses(&base);
+        let runs = [
+            ((1, 1), Some(2), false, false, None),
+            ((2, 1), Some(2), false, false, None),
+            ((1, 1), None, true, false, None),
+            ((2, 2), None, true, false, None),
+            ((2, 1), None, false, true, None),
+            ((1, 2), None, false, true, None),
+            ((2, 2), Some(2), true, true, None),
+            (
+                (1, 2),
+                None,
+                true,
+                false,
+                Some(meshwork_nn::Blocking { query_block: 5, loss_chunk: 3 }),
+            ),
+        ];
+        for (mesh, grad_accum, remat, fsdp, blocking) in runs {
+            let config =
+                Config { mesh: Some(mesh), grad_accum, remat, fsdp, blocking, ..base.clone() };
+            let what = format!(
+                "{case} {mesh:?} grad_accum {grad_accum:?} remat {remat} fsdp {fsdp} {blocking:?}"
+            );
+            within(&crate::losses(&config), &plain, 1e-12, &what);
+        }
+    }
+}
+
+/// A Llama run saved at step 4 on 2x1 and resumed on 1x2 (its model from the
+/// checkpoint) continues as the uninterrupted run; `--export-hf` of a resumed run
+/// writes the checkpoint's config; a flag that would change the model is refused.
+#[test]
+fn a_llama_run_resumes_on_another_mesh() {
+    use meshwork_train::{Config, Data};
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let base = adamw_command("qwen3");
+    let whole = crate::losses(&base);
+    let first = crate::run(&Config {
+        steps: Some(4),
+        mesh: Some((2, 1)),
+        checkpoint_dir: Some(ck.clone()),
+        ..base.clone()
+    });
+    let rest = Config { init: None, resume: Some(ck.clone()), mesh: Some((1, 2)), ..base.clone() };
+    let out = tmp.path().join("out");
+    let rest = crate::run(&Config { export_hf: Some(out.clone()), ..rest });
+    assert_eq!(rest.first_step, 4);
+    let got: Vec<f64> = first.losses.iter().chain(&rest.losses).copied().collect();
+    within(&got, &whole, 1e-12, "resumed");
+    let (net, _) = meshwork_train::hf::model_of("init", &out, 16).unwrap();
+    assert_eq!(net.name(), "qwen3");
+    let e = crate::refused(&Config {
+        init: None,
+        resume: Some(ck.clone()),
+        preset: Some("tiny-llama".into()),
+        ..base.clone()
+    });
+    assert!(e.contains("--preset: Qwen 3's sizes come from the checkpoint"), "{e}");
+    let e = crate::refused(&Config {
+        init: None,
+        resume: Some(ck),
+        seq: Some(8),
+        data: Data::BuiltIn,
+        tokenizer: None,
+        ..base
+    });
+    assert!(e.contains("trained on a context of 16; --seq is 8"), "{e}");
+}
+
+/// bf16 products train a tiny Llama as f32 does (every loss within 2%); f16 with loss
+/// scaling stays finite; presets build the real shapes.
+#[test]
+fn mixed_precision_and_presets() {
+    use meshwork_train::{Config, ModelKind};
+    let base = Config {
+        preset: Some("tiny-llama".into()),
+        steps: Some(20),
+        batch: Some(4),
+        seq: Some(32),
+        ..crate::config(ModelKind::Llama)
+    };
+    let full = crate::losses(&base);
+    let bf16 = crate::losses(&Config { precision: Some(DType::BF16), ..base.clone() });
+    for (s, (b, f)) in bf16.iter().zip(&full).enumerate() {
+        assert!((b - f).abs() <= 0.02 * f, "step {s}: bf16 {b}, f32 {f}");
+    }
+    assert!(full[19] < full[0], "it trains: {full:?}");
+    let f16 = crate::losses(&Config { precision: Some(DType::F16), ..base.clone() });
+    assert!(f16.iter().all(|l| l.is_finite()));
+    // The presets' shapes, from their config.json's sizes (not trained: too large).
+    for (name, params) in [
+        ("smollm2-135m", 134_515_008.0),
+        ("qwen2.5-0.5b", 494_032_768.0),
+        ("llama-3.2-1b", 1_235_814_400.0),
+    ] {
+        let m = Llama::preset(name).unwrap();
+        let lm = meshwork_nn::CausalLm { model: m, seq: 64 };
+        assert_eq!(meshwork_nn::Model::parameter_count(&lm), params, "{name}");
+    }
+    // --model qwen3 without a folder: the tiny model as Qwen 3 computes it.
+    let q = crate::run(&Config {
+        preset: None,
+        model: ModelKind::Qwen3,
+        steps: Some(2),
+        ..base.clone()
+    });
+    assert!(q.model.starts_with("Qwen3 "), "{}", q.model);
+    let e = crate::refused(&Config { preset: Some("gpt2".into()), ..base });
+    assert!(e.contains("--preset: gpt2 is a gpt2 model; the model is llama"), "{e}");
 }
