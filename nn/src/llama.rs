@@ -1057,20 +1057,21 @@ impl crate::Model for crate::CausalLm<Llama> {
     fn hf(&self) -> Option<&dyn crate::HfFormat> {
         Some(&self.model)
     }
+    fn float32_parts(&self) -> bool {
+        true
+    }
     fn linears(&self) -> Vec<crate::LinearLayer> {
-        use crate::Parallel::{Column, Replicated, Row};
+        use crate::Parallel::{Column, Row};
         let m = &self.model;
         let (d, f) = (m.dim, m.ffn);
         let (q, kv) = (m.heads * m.head_dim, m.kv_heads * m.head_dim);
-        // With more model devices than key/value heads, k and v are whole everywhere.
-        let kv_parallel = if m.kv_heads > 1 { Column } else { Replicated };
         (0..m.layers)
             .flat_map(|i| {
                 let l = format!("model.layers.{i}");
                 [
                     (format!("{l}.self_attn.q_proj"), d, q, Column),
-                    (format!("{l}.self_attn.k_proj"), d, kv, kv_parallel),
-                    (format!("{l}.self_attn.v_proj"), d, kv, kv_parallel),
+                    (format!("{l}.self_attn.k_proj"), d, kv, Column),
+                    (format!("{l}.self_attn.v_proj"), d, kv, Column),
                     (format!("{l}.self_attn.o_proj"), q, d, Row),
                     (format!("{l}.mlp.gate_proj"), d, f, Column),
                     (format!("{l}.mlp.up_proj"), d, f, Column),

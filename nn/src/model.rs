@@ -227,6 +227,12 @@ pub trait Model: std::fmt::Debug + Send + Sync {
     fn hf(&self) -> Option<&dyn HfFormat> {
         None
     }
+    /// Whether it computes parts in float32 whatever the weights' dtype (the Llama
+    /// family's RMSNorm and rotary tables, as `transformers` does): two back ends then
+    /// agree only to float32's rounding in those parts.
+    fn float32_parts(&self) -> bool {
+        false
+    }
     /// Every linear layer an [`Adapter`] can wrap.
     fn linears(&self) -> Vec<LinearLayer> {
         Vec::new()

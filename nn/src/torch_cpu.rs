@@ -466,12 +466,18 @@ pub fn sum_last(b: &mut Builder, x: Value) -> Result<Value> {
     b.add(plain, gap)
 }
 
-/// `1/sqrt(x)` of float32 `x` as PyTorch's `rsqrt` computes it (a correctly rounded
+/// `1/sqrt(x)` of positive float32 `x` as PyTorch's `rsqrt` computes it (a correctly rounded
 /// square root, then a correctly rounded division), differentiated as its autograd
 /// does: the gradient `(−0.5·g)·((r·r)·r)`. (The value comes from `sqrt` and `div`;
-/// `(x − x)·c`, which is 0 and whose derivative is `c`, carries the gradient.)
+/// `(x − x)·c`, which is 0 and whose derivative is `c`, carries the gradient.) The
+/// root reaches the division through a `select` (`x > −1`, true for every `x` a
+/// root is taken of), so that XLA's simplifier does not turn `1/sqrt(x)` into its own
+/// `rsqrt`, which rounds differently.
 pub fn rsqrt(b: &mut Builder, x: Value) -> Result<Value> {
     let root = b.sqrt(x)?;
+    let minus_one = b.scalar_like(x, -1.0)?;
+    let real = b.gt(x, minus_one)?;
+    let root = b.select(real, root, x)?;
     let one = b.scalar_like(x, 1.0)?;
     let r = b.div(one, root)?;
     let r = b.stop_gradient(r)?;

@@ -245,10 +245,13 @@ impl Trainer {
 }
 
 /// The one-device check's tolerance (relative): half-precision products round far
-/// more than f32, f32 than f64.
+/// more than f32, f32 than f64; an f64 run of a model with float32 parts (the Llama
+/// family's RMSNorm) agrees across back ends to float32's rounding there (1e-9 to
+/// 1e-8 measured over 10 steps; 1e-6 allowed).
 fn tolerance(p: &Plan) -> f64 {
     match (p.precision, p.dtype) {
         (Some(_), _) => 5e-2,
+        (None, DType::F64) if p.net.model().float32_parts() => 1e-6,
         (None, DType::F64) => 1e-9,
         (None, _) => 1e-3,
     }
