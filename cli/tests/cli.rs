@@ -395,3 +395,87 @@ fn tokenize_writes_the_oracles_rows_and_training_caches_them() {
         assert_eq!(cached.len(), 1, "one cached rows file");
     }
 }
+
+/// The Llama-family command through the binary, as a new user types it:
+/// `meshwork train --init DIR --text notes.txt` — the model and its tokenizer from the
+/// folder, no `--model` — trains (here Qwen 3 with AdamW in f64 on 1x2, its one
+/// key/value head on both model positions) to `transformers`' losses; `generate
+/// --chat` prints the chat template's ids and the new tokens; a text prompt comes back
+/// decoded.
+#[test]
+fn a_llama_family_folder_trains_and_chats_without_naming_the_model() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("Qwen3-tiny");
+    std::fs::create_dir(&folder).unwrap();
+    for entry in std::fs::read_dir(data.join("model")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), folder.join(entry.file_name())).unwrap();
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        std::fs::copy(data.join(f), folder.join(f)).unwrap();
+    }
+    let arg = |p: &Path| p.to_str().unwrap().to_string();
+    let losses = dir.path().join("l.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .args(["train", "--init", &arg(&folder), "--text", &arg(&data.join("corpus.txt"))])
+        .args(["--seq", "16", "--batch", "4", "--steps", "10", "--optimizer", "adamw"])
+        .args(["--lr", "0.003", "--weight-decay", "0.1", "--dtype", "f64", "--mesh", "1x2"])
+        .args(["--losses-json", &arg(&losses), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Vec<f64> = serde_json::from_slice(&std::fs::read(&losses).unwrap()).unwrap();
+    let want = losses_adamw(&data);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 3e-9 * w.abs(), "step {k}: {g} vs {w}");
+    }
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+    let messages = dir.path().join("messages.json");
+    std::fs::write(&messages, expected["chat"]["messages"].to_string()).unwrap();
+    // The conversation is longer than the oracle's 64 positions; rotary positions take
+    // any context the config says.
+    let config = folder.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\"max_position_embeddings\": 64", "\"max_position_embeddings\": 128"),
+    )
+    .unwrap();
+    let out = meshwork(&[
+        "generate",
+        "--init",
+        &arg(&folder),
+        "--chat",
+        &arg(&messages),
+        "--max-new-tokens",
+        "3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["prompt_ids"], expected["chat"]["ids"]);
+    assert!(got["text"].is_string(), "{got}");
+    let out = meshwork(&[
+        "generate",
+        "--init",
+        &arg(&folder),
+        "--prompt",
+        "a mesh  splits",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u64> =
+        got["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), got["prompt_ids"].as_array().unwrap().len() + 2);
+    // --model must agree with the folder's model_type.
+    refused(
+        &["train", "--model", "llama", "--init", &arg(&folder)],
+        &["--model: llama disagrees with --init's", "whose model_type is qwen3"],
+    );
+}

@@ -653,3 +653,41 @@ fn mixed_precision_and_presets() {
     let e = crate::refused(&Config { preset: Some("gpt2".into()), ..base });
     assert!(e.contains("--preset: gpt2 is a gpt2 model; the model is llama"), "{e}");
 }
+
+/// `inspect --json` of Qwen 3 on 1x2: q and the MLP's weights are held half per
+/// device (Megatron's split), its one key/value head's k and v whole on both (the
+/// head replicated over the model positions that share it); with `--fsdp` on 2x1
+/// every weight large enough is held half, gathered and reduce-scattered.
+#[test]
+fn inspect_shows_the_kv_heads_replicated_and_fsdp_splitting_them() {
+    use meshwork_train::Config;
+    let held = |config: &Config| -> serde_json::Value {
+        serde_json::from_str(&meshwork_train::inspect_json(config).unwrap()).unwrap()
+    };
+    let base = Config { check: meshwork_train::Check::Never, ..adamw_command("qwen3") };
+    let json = held(&Config { mesh: Some((1, 2)), ..base.clone() });
+    let share = |json: &serde_json::Value, name: &str| -> (u64, u64) {
+        let w = json["weights"].as_array().unwrap().iter().find(|w| w["name"] == name).unwrap();
+        (w["bytes"][0][1].as_u64().unwrap(), w["whole_bytes"].as_u64().unwrap())
+    };
+    let (q, q_whole) = share(&json, "model.layers.0.self_attn.q_proj.weight");
+    assert_eq!(2 * q, q_whole);
+    let (k, k_whole) = share(&json, "model.layers.0.self_attn.k_proj.weight");
+    assert_eq!(k, k_whole, "one key/value head, whole on each model position");
+    let (down, down_whole) = share(&json, "model.layers.1.mlp.down_proj.weight");
+    assert_eq!(2 * down, down_whole);
+    let json = held(&Config { mesh: Some((2, 1)), fsdp: true, ..base });
+    let (e, e_whole) = share(&json, "model.embed_tokens.weight");
+    assert_eq!(2 * e, e_whole);
+    let kinds: Vec<String> = json["collectives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        kinds.iter().any(|k| k.starts_with("all_gather"))
+            && kinds.iter().any(|k| k.starts_with("reduce_scatter")),
+        "{kinds:?}"
+    );
+}
