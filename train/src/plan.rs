@@ -427,7 +427,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     check_data_flags(config, &init)?;
     let dtype = dtype_of(config, saved.as_ref(), family.defaults().dtype)?;
     // The model's memory and the run's bookkeeping against --max-memory (checked before
-    // a model's rows are read, and again once its data are known).
+    // a model's rows are read, and again once its data are known), the one-device
+    // check's copy counted unless the check can never run.
+    let checkable = config.check != Check::Never && (place.devices > 1 || place.xla);
     let memory = |net: &Net| {
         let extra = bookkeeping(config, run.steps);
         let need = net.memory_estimate(
@@ -435,7 +437,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             config.steps_per_run,
             dtype,
             place.layout,
-            true,
+            checkable,
             run.savers,
         );
         check_memory(need.total() + extra, limit)
@@ -468,8 +470,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         (Some(saved), Some(path)) if saved.step < run.steps => earlier_losses(saved, path)?,
         _ => Vec::new(),
     };
-    let need =
-        net.memory_estimate(run.batch, config.steps_per_run, dtype, place.layout, true, run.savers);
+    let need = net.memory_estimate(
+        run.batch,
+        config.steps_per_run,
+        dtype,
+        place.layout,
+        checkable,
+        run.savers,
+    );
     // On XLA (one device or a mesh), each step is checked against the interpreter on one
     // device. Half-precision products round differently when split over devices: such
     // runs are checked only when asked (with a tolerance for it).

@@ -155,7 +155,8 @@ pub(crate) fn of(kind: ModelKind) -> &'static dyn Family {
 }
 
 /// The family a run trains: `--model`, or (with `--model` left to the files) the
-/// model `--init DIR`'s `config.json` or `--resume`'s checkpoint names, else the MLP.
+/// model `--init DIR`'s `config.json`, `--resume`'s checkpoint or `--preset` names,
+/// else the MLP.
 /// A `--model` that disagrees with `--init`'s folder is refused.
 pub(crate) fn choose(
     config: &Config,
@@ -182,7 +183,9 @@ pub(crate) fn choose(
     match (config.model, from_folder) {
         (ModelKind::Auto, Some((kind, _))) => Ok(of(kind)),
         (ModelKind::Auto, None) => {
-            Ok(of(saved_model.and_then(ModelKind::named).unwrap_or(ModelKind::Mlp)))
+            let from_preset = config.preset.as_deref().and_then(hf::preset).map(|(k, _)| k);
+            let kind = saved_model.and_then(ModelKind::named).or(from_preset);
+            Ok(of(kind.unwrap_or(ModelKind::Mlp)))
         }
         (kind, Some((theirs, path))) if theirs != kind => Err(Error::flag(
             "model",

@@ -1,13 +1,15 @@
-//! A GPT-2-small fine-tuning step on this machine's CPUs, beside PyTorch's in the same
-//! run: `meshwork train --model gpt2 --preset gpt2` (124M, V50257, tied embeddings,
-//! biases) at context T (default 256), f32, AdamW, one device, on the interpreter and
-//! on XLA-CPU (when `MESHWORK_PJRT_PLUGIN` names a plugin), then
-//! `train/benches/torch_gpt2_cpu.py` (`transformers`' GPT2LMHeadModel, eager, the same
-//! threads) where python3 imports torch and transformers. Tokens/s, each the median of
-//! the timed steps after one untimed step (which compiles).
+//! A language model's fine-tuning step on this machine's CPUs, beside PyTorch's in the
+//! same run: `meshwork train --preset P` — `gpt2` (GPT-2 small, 124M, V50257, tied
+//! embeddings, biases; the default) or `smollm2-135m` (SmolLM2's Llama shape: 30 blocks
+//! of width 576, 9 heads over 3 key/value heads, V49152, tied) — at context T (default
+//! 256), f32, AdamW, one device, on the interpreter and on XLA-CPU (when
+//! `MESHWORK_PJRT_PLUGIN` names a plugin), then `train/benches/torch_lm_cpu.py`
+//! (`transformers`' model of the same config, eager, the same threads) where python3
+//! imports torch and transformers. Tokens/s, each the median of the timed steps after
+//! one untimed step (which compiles).
 //!
 //! ```text
-//! cargo run --release -p meshwork-train --example gpt2_cpu_bench [-- B ... t=T steps=N notorch]
+//! cargo run --release -p meshwork-train --example lm_cpu_bench [-- B ... preset=P t=T steps=N notorch]
 //! ```
 //!
 //! Default batches 1 2 4, T 256, 4 timed steps. The weights are drawn at random (the
@@ -37,10 +39,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Tokens/s of `steps` timed steps of batch `b` at context `t` on `backend`.
-fn meshwork(b: usize, t: usize, steps: usize, backend: BackendKind) -> Result<f64, String> {
+/// Tokens/s of `steps` timed steps of `preset` at batch `b` and context `t` on
+/// `backend`.
+fn meshwork(
+    preset: &str,
+    (b, t, steps): (usize, usize, usize),
+    backend: BackendKind,
+) -> Result<f64, String> {
     let config = Config {
-        preset: Some("gpt2".into()),
+        preset: Some(preset.into()),
         seq: Some(t),
         batch: Some(b),
         steps: Some(steps + 1),
@@ -49,7 +56,7 @@ fn meshwork(b: usize, t: usize, steps: usize, backend: BackendKind) -> Result<f6
         backend,
         check: Check::Never,
         max_memory: 16 << 30,
-        ..Config::new(ModelKind::Gpt2)
+        ..Config::new(ModelKind::Auto)
     };
     let mut clock = Clock(Vec::new());
     Trainer::new(&config)
@@ -72,8 +79,9 @@ fn main() {
             .unwrap_or(default)
     };
     let (t, steps) = (value("t=", 256), value("steps=", 4));
+    let preset = args.iter().find_map(|a| a.strip_prefix("preset=")).unwrap_or("gpt2");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("GPT-2 small (124M), f32, AdamW, one device, T {t}, {threads} threads; tokens/s");
+    println!("--preset {preset}, f32, AdamW, one device, T {t}, {threads} threads; tokens/s");
     let xla = std::env::var_os("MESHWORK_PJRT_PLUGIN").is_some();
     let mut rows: Vec<(usize, String, String, String)> = Vec::new();
     for &b in &batches {
@@ -81,20 +89,20 @@ fn main() {
             Ok(x) => format!("{x:.0}"),
             Err(e) => format!("failed: {e}"),
         };
-        let interp = show(meshwork(b, t, steps, BackendKind::Interpreter));
+        let interp = show(meshwork(preset, (b, t, steps), BackendKind::Interpreter));
         let on_xla = if xla {
             let backend = BackendKind::Xla { plugin: None, partitioner: Default::default() };
-            show(meshwork(b, t, steps, backend))
+            show(meshwork(preset, (b, t, steps), backend))
         } else {
             "-".into()
         };
         rows.push((b, interp, on_xla, "-".into()));
     }
     if !args.iter().any(|a| a == "notorch") {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_gpt2_cpu.py");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_lm_cpu.py");
         let out = std::process::Command::new("python3")
             .arg(script)
-            .args([threads.to_string(), t.to_string(), steps.to_string()])
+            .args([preset.to_string(), threads.to_string(), t.to_string(), steps.to_string()])
             .args(batches.iter().map(ToString::to_string))
             .output();
         match out {
