@@ -471,20 +471,20 @@ impl crate::HfFormat for Gpt2 {
     /// Both layouts: `save_pretrained`'s names, and the original checkpoints' without
     /// the `transformer.` prefix; the attention-mask buffers and a stored tied
     /// `lm_head` are skipped.
-    fn parameter_of(&self, stored: &str) -> std::result::Result<Option<String>, ()> {
+    fn parameter_of(&self, stored: &str) -> crate::Stored {
         if stored.ends_with(".attn.bias") || stored.ends_with(".attn.masked_bias") {
-            return Ok(None);
+            return crate::Stored::Skipped;
         }
         if stored == "lm_head.weight" {
-            return Ok(None);
+            return crate::Stored::Skipped;
         }
         let name = match stored.starts_with("transformer.") {
             true => stored.to_string(),
             false => format!("transformer.{stored}"),
         };
         match self.parameters().iter().any(|(n, _)| *n == name) {
-            true => Ok(Some(name)),
-            false => Err(()),
+            true => crate::Stored::Parameter(name),
+            false => crate::Stored::Foreign,
         }
     }
     fn stored_name(&self, name: &str) -> String {

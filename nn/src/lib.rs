@@ -62,7 +62,7 @@ pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
 pub use lm::{Blocking, CausalLm};
 pub use mlp::Mlp;
 pub use model::{
-    Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel,
+    Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel, Stored,
 };
 pub use optim::{LOSS_SCALE, LOSS_SCALE_GOOD, LossScale, Optimizer, StepOptions, TrainStep};
 pub use pipeline::{LogitsOn, Pipeline, loss_pipelined};

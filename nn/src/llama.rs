@@ -511,7 +511,8 @@ impl Llama {
                         let scaled = if wavelen > low_wavelen { i / factor } else { i };
                         let smooth = ((1.0 / wavelen) * ocl - low as f32) / span;
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                        let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                        // `~(w < high) * ~(w > low)`: the wavelengths are finite.
+                        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                         if medium { smoothed } else { scaled }
                     })
                     .collect()
@@ -1117,13 +1118,13 @@ impl crate::Decoder for Llama {
 impl crate::HfFormat for Llama {
     /// `save_pretrained`'s names; a stored `lm_head.weight` of a tied model and the
     /// rotary buffers older checkpoints carry are skipped.
-    fn parameter_of(&self, stored: &str) -> std::result::Result<Option<String>, ()> {
+    fn parameter_of(&self, stored: &str) -> crate::Stored {
         if stored.ends_with(".rotary_emb.inv_freq") || (self.tie && stored == "lm_head.weight") {
-            return Ok(None);
+            return crate::Stored::Skipped;
         }
         match self.parameters().iter().any(|(n, _)| n == stored) {
-            true => Ok(Some(stored.to_string())),
-            false => Err(()),
+            true => crate::Stored::Parameter(stored.to_string()),
+            false => crate::Stored::Foreign,
         }
     }
     fn stored_name(&self, name: &str) -> String {

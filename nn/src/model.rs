@@ -129,12 +129,21 @@ pub trait Decoder {
     ) -> Result<Vec<Value>>;
 }
 
+/// What a checkpoint tensor is to a model ([`HfFormat::parameter_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// The parameter of this name.
+    Parameter(String),
+    /// Something the model does not read (a buffer, a tied head stored anyway).
+    Skipped,
+    /// Not the model's.
+    Foreign,
+}
+
 /// A model stored in Hugging Face's layout.
 pub trait HfFormat {
-    /// The parameter a checkpoint tensor `stored` holds: `Ok(Some(name))`, `Ok(None)`
-    /// for a tensor that is skipped (a buffer, a tied head stored anyway), `Err` for
-    /// one the model does not have.
-    fn parameter_of(&self, stored: &str) -> std::result::Result<Option<String>, ()>;
+    /// What the checkpoint tensor `stored` is to the model.
+    fn parameter_of(&self, stored: &str) -> Stored;
     /// The name `save_pretrained` gives parameter `name`.
     fn stored_name(&self, name: &str) -> String;
     /// The `config.json` `transformers` writes for the model (for a model that did not

@@ -256,7 +256,7 @@ fn any_op() -> impl Strategy<Value = Op> {
                     .prop_map(move |v| (dtype, shape.clone(), v))
             })
             .prop_filter_map("a float literal", |(dtype, shape, v)| {
-                let t = meshwork_types::Tensor::from_f64(dtype, &shape, &v).ok()?;
+                let t = Tensor::from_f64(dtype, &shape, &v).ok()?;
                 Some(Op::Literal { value: std::sync::Arc::new(t) })
             }),
         (-3i32..3, any_dtype()).prop_map(|(v, dtype)| Op::Constant { value: f64::from(v), dtype }),

@@ -235,7 +235,7 @@ fn compile_decoder<'s>(
     strategy: &'s meshwork_strategy::Strategy,
     dtype: DType,
     decoder: &dyn Decoder,
-    (weights, caches): (&[(String, Vec<usize>)], &[(String, Vec<usize>)]),
+    (weights, caches): (&[Named], &[Named]),
     context: usize,
 ) -> Result<meshwork_strategy::spmd::Compiled<'s>> {
     let bad = |e: meshwork_program::Error| Error::failed(e);
@@ -264,6 +264,9 @@ fn compile_decoder<'s>(
     let mesh = Mesh::iota(&[("data", 1)]).map_err(Error::failed)?;
     strategy.compile(&program, &Shardings::new(mesh), &carry).map_err(Error::failed)
 }
+
+/// A tensor's name and shape.
+type Named = (String, Vec<usize>);
 
 /// A one-device strategy on `backend`.
 fn strategy_on(backend: &BackendKind) -> Result<meshwork_strategy::Strategy> {

@@ -1,9 +1,9 @@
 //! Hugging Face checkpoint folders of every model with a Hugging Face layout (GPT-2,
 //! the Llama family): a folder `save_pretrained` writes (`config.json` and
 //! `model.safetensors`, or the shards a `model.safetensors.index.json` names), indexed
-//! from the safetensors headers by the model's own names ([`HfFormat`]) so that any
+//! from the safetensors headers by the model's own names ([`meshwork_nn::HfFormat`]) so that any
 //! box of a weight — a device's shard — is read alone ([`HfShards`]), and written back
-//! in the same layout ([`write`]; sharded with an index past 5 GB).
+//! in the same layout ([`write()`]; sharded with an index past 5 GB).
 //!
 //! Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A missing tensor,
 //! a wrong shape, one the model does not have, or a `config.json` field that would
@@ -304,9 +304,9 @@ pub fn index(
                 continue;
             }
             let param = match hf.parameter_of(&name) {
-                Ok(Some(param)) => param,
-                Ok(None) => continue,
-                Err(()) => {
+                meshwork_nn::Stored::Parameter(param) => param,
+                meshwork_nn::Stored::Skipped => continue,
+                meshwork_nn::Stored::Foreign => {
                     return Err(bad(
                         flag,
                         path,
@@ -417,7 +417,7 @@ pub fn write(
     write_sharded(flag, dir, (model, config), weights, SHARD_BYTES)
 }
 
-/// [`write`] with files of at most `shard_bytes` of tensor data (a larger tensor
+/// [`write()`] with files of at most `shard_bytes` of tensor data (a larger tensor
 /// alone in its file).
 pub fn write_sharded(
     flag: &str,

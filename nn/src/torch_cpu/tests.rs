@@ -73,7 +73,7 @@ fn the_ordered_sum_as_a_program_is_the_same_sum() {
             assert_eq!(got, want, "n {n}");
         }
         let g =
-            meshwork_program::grad(&program, program.results()[1], &[meshwork_program::Value(0)])
+            meshwork_program::grad(&program, program.results()[1], &[Value(0)])
                 .unwrap();
         let out = meshwork_program::fast::evaluate(&g, &[input]).unwrap();
         assert!(out.last().unwrap().to_f64().iter().all(|&v| v == 1.0), "n {n}");
