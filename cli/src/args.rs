@@ -921,8 +921,8 @@ rope type, a sliding window shorter than --seq, soft-capping, pretraining_tp > 1
 is refused naming it. Else --preset tiny-llama (default), smollm2-135m, qwen2.5-0.5b or
 llama-3.2-1b, with transformers' initialisation from --seed. On a mesh, q/k/v and the
 MLP's gate and up split by rows over model, o and down by columns; key/value heads are
-split too, or, where model is larger than their count, each replicated over the
-positions that need it. --seq is the training context (default the smaller of 64 and
+split too, or, where model is larger than their count, held whole by every model
+position. --seq is the training context (default the smaller of 64 and
 the model's positions). Data: --text FILE through --tokenizer (default: the folder's
 tokenizer.json), --data-tokens, or built-in rows. --export-hf DIR writes the final
 weights as a checkpoint folder in the layout they were read in."

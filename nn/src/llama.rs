@@ -152,6 +152,10 @@ pub struct Llama {
     /// The attention window of layers that slide (`None`: every layer attends to the
     /// whole context).
     pub sliding_window: Option<usize>,
+    /// `pad_token_id`: the embedding's `padding_idx`, whose row the embedding lookup
+    /// gives no gradient (and a fresh model initialises to zero), as PyTorch's
+    /// `nn.Embedding` does.
+    pub pad: Option<usize>,
 }
 
 /// A `config.json` field meshwork refuses (`key`) and why.
@@ -179,10 +183,11 @@ fn refuse(key: &str, problem: impl Into<String>) -> ConfigError {
 const MAX_SIZE: u64 = 1 << 24;
 
 /// The defaults `transformers` 5's config class of `kind` gives a missing field:
-/// (vocab, hidden, intermediate, layers, heads, kv heads, positions).
+/// (vocab, hidden, intermediate, layers, heads, key/value heads, positions), the key/value
+/// heads 0 where a missing count is the attention heads' (Llama's).
 fn defaults(kind: LlamaKind) -> [usize; 7] {
     match kind {
-        LlamaKind::Llama => [32000, 4096, 11008, 32, 32, 32, 2048],
+        LlamaKind::Llama => [32000, 4096, 11008, 32, 32, 0, 2048],
         LlamaKind::Mistral => [32000, 4096, 14336, 32, 32, 8, 131_072],
         LlamaKind::Qwen2 | LlamaKind::Qwen3 => [151_936, 4096, 22016, 32, 32, 32, 32768],
     }
@@ -223,8 +228,9 @@ impl Llama {
             return Err(refuse("num_hidden_layers", format!("{layers} is beyond 4096")));
         }
         let heads = size("num_attention_heads", heads)?;
-        let kv_default =
-            if matches!(obj.get("num_key_value_heads"), Some(Json::Null)) { heads } else { kv };
+        // An explicit null is the attention heads' count in every class.
+        let null = matches!(obj.get("num_key_value_heads"), Some(Json::Null));
+        let kv_default = if null || kv == 0 { heads } else { kv };
         let kv_heads = size("num_key_value_heads", kv_default)?;
         if !heads.is_multiple_of(kv_heads) {
             return Err(refuse(
@@ -232,7 +238,9 @@ impl Llama {
                 format!("{kv_heads} does not divide num_attention_heads {heads}"),
             ));
         }
-        let head_dim = size("head_dim", dim / heads)?;
+        // Qwen 3's class defaults head_dim to 128; the others take hidden / heads.
+        let head_default = if kind == LlamaKind::Qwen3 { 128 } else { dim / heads };
+        let head_dim = size("head_dim", head_default)?;
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(refuse("head_dim", format!("{head_dim} is not an even size")));
         }
@@ -268,10 +276,12 @@ impl Llama {
             }
         };
         // What would change the computation and is not computed here.
-        match obj.get("hidden_act").and_then(Json::as_str) {
-            None | Some("silu") => {}
+        // `swish` is transformers' other name for SiLU.
+        match obj.get("hidden_act") {
+            None | Some(Json::Null) => {}
+            Some(Json::String(a)) if a == "silu" || a == "swish" => {}
             Some(other) => {
-                return Err(refuse("hidden_act", format!("{other:?}; meshwork computes silu")));
+                return Err(refuse("hidden_act", format!("{other}; meshwork computes silu")));
             }
         }
         if let Some(v) = obj.get("pretraining_tp").filter(|v| !v.is_null())
@@ -313,6 +323,20 @@ impl Llama {
         }
         let (rope_theta, rope) = rope_of(obj)?;
         let sliding_window = sliding_window(kind, obj, layers)?;
+        // PyTorch's `padding_idx`: in 0..vocab, or counted from the end when negative.
+        let pad = match obj.get("pad_token_id") {
+            None | Some(Json::Null) => None,
+            Some(v) => match v.as_i64() {
+                Some(p) if (0..vocab as i64).contains(&p) => Some(p as usize),
+                Some(p) if p < 0 && p >= -(vocab as i64) => Some((vocab as i64 + p) as usize),
+                _ => {
+                    return Err(refuse(
+                        "pad_token_id",
+                        format!("{v} is not a token of the vocabulary of {vocab}"),
+                    ));
+                }
+            },
+        };
         let model = Llama {
             kind,
             vocab,
@@ -332,6 +356,7 @@ impl Llama {
             mlp_bias,
             qk_norm,
             sliding_window,
+            pad,
         };
         for (name, shape) in model.parameters() {
             if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none() {
@@ -437,6 +462,7 @@ impl Llama {
             "tie_word_embeddings": self.tie,
             "rope_parameters": rope,
             "attention_dropout": 0.0,
+            "pad_token_id": self.pad,
         });
         match self.kind {
             LlamaKind::Llama => {
@@ -446,6 +472,11 @@ impl Llama {
             LlamaKind::Qwen3 => c["attention_bias"] = self.qkv_bias.into(),
             LlamaKind::Mistral => c["sliding_window"] = serde_json::json!(self.sliding_window),
             LlamaKind::Qwen2 => {}
+        }
+        if let (Some(w), LlamaKind::Qwen2 | LlamaKind::Qwen3) = (self.sliding_window, self.kind) {
+            c["use_sliding_window"] = true.into();
+            c["sliding_window"] = w.into();
+            c["max_window_layers"] = 0.into();
         }
         c
     }
@@ -518,6 +549,21 @@ impl Llama {
                     .collect()
             }
         }
+    }
+
+    /// The embeddings of integer `ids` from `table`, the padding row's held out of
+    /// differentiation (PyTorch's `padding_idx`: its gradient is zero).
+    fn embed(&self, b: &mut Builder, table: Value, ids: Value) -> Result<Value> {
+        let x = b.take(table, ids, 0)?;
+        let Some(pad) = self.pad else { return Ok(x) };
+        let d = dims(b, ids)?.1;
+        let pad = b.constant(pad as f64, DType::I32)?;
+        let at = b.eq(ids, pad)?;
+        let mut shape = d.clone();
+        shape.push(1);
+        let at = b.reshape(at, &shape)?;
+        let held = b.stop_gradient(x)?;
+        b.select(at, held, x)
     }
 
     /// The rotary tables `cos` and `sin` of positions `0..n`, `[n, head_dim]` (each
@@ -678,7 +724,7 @@ impl Llama {
         };
         self.check(b, ids, t)?;
         let embed = param(b, "model.embed_tokens.weight", dtype, &[self.vocab, self.dim])?;
-        let mut x = b.take(embed, ids, 0)?;
+        let mut x = self.embed(b, embed, ids)?;
         let tables = self.rope_tables(b, t, dtype)?;
         let heads = self.heads;
         let block = blocking.query_block;
@@ -933,7 +979,13 @@ fn sliding_window(
         LlamaKind::Llama => None,
         LlamaKind::Mistral => window,
         LlamaKind::Qwen2 | LlamaKind::Qwen3 => {
-            let on = obj.get("use_sliding_window").and_then(Json::as_bool).unwrap_or(false);
+            let on = match obj.get("use_sliding_window") {
+                None | Some(Json::Null) => false,
+                Some(Json::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(refuse("use_sliding_window", format!("{v} is not true or false")));
+                }
+            };
             let Some(window) = window.filter(|_| on) else { return Ok(None) };
             let types = match types {
                 Some(t) => t,
@@ -1036,7 +1088,12 @@ impl crate::Model for crate::CausalLm<Llama> {
         } else {
             (0.02, 0.0)
         };
-        (0..n).map(|_| shift + scale * normal()).collect()
+        let mut values: Vec<f64> = (0..n).map(|_| shift + scale * normal()).collect();
+        // The padding row of the embeddings starts at zero.
+        if let (Some(p), "model.embed_tokens.weight") = (self.model.pad, name) {
+            values[p * self.model.dim..(p + 1) * self.model.dim].fill(0.0);
+        }
+        values
     }
     fn activations_per_row(&self, remat: bool) -> f64 {
         let m = &self.model;
@@ -1132,5 +1189,9 @@ impl crate::HfFormat for Llama {
     }
     fn config_json(&self) -> Json {
         self.config()
+    }
+    /// `LlamaConfig`'s and `MistralConfig`'s default `eos_token_id` (Qwen's has none).
+    fn default_eos(&self) -> Option<i64> {
+        matches!(self.kind, LlamaKind::Llama | LlamaKind::Mistral).then_some(2)
     }
 }

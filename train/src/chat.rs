@@ -88,9 +88,10 @@ impl ChatTemplate {
         Ok(ChatTemplate { source, tokens })
     }
 
-    /// The template rendered for `messages` (a JSON list of `{role, content}`) with a
-    /// generation prompt.
-    pub fn render(&self, flag: &str, messages: &Json) -> Result<String> {
+    /// The template rendered for `messages` (a list of `{role, content, …}`, maps in
+    /// their order) with a generation prompt, `tools` and `documents` none, the special
+    /// tokens defined.
+    pub fn render(&self, flag: &str, messages: &minijinja::Value) -> Result<String> {
         let failed = |e: minijinja::Error| Error::flag(flag, format!("the chat template: {e:#}"));
         let mut env = minijinja::Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -104,52 +105,127 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template("chat", &self.source).map_err(failed)?;
-        let mut context = self.tokens.clone();
-        context.insert("messages".into(), messages.clone());
-        context.insert("add_generation_prompt".into(), Json::Bool(true));
+        let mut context: Vec<(String, minijinja::Value)> = self
+            .tokens
+            .iter()
+            .map(|(k, v)| (k.clone(), minijinja::Value::from(v.as_str().unwrap_or(""))))
+            .collect();
+        context.push(("messages".into(), messages.clone()));
+        context.push(("add_generation_prompt".into(), minijinja::Value::from(true)));
+        context.push(("tools".into(), minijinja::Value::from(())));
+        context.push(("documents".into(), minijinja::Value::from(())));
         let template = env.get_template("chat").map_err(failed)?;
-        template.render(minijinja::Value::from(minijinja::value::Serde(context))).map_err(failed)
+        template.render(minijinja::Value::from_pairs(context)).map_err(failed)
     }
 }
 
-/// `tojson` as `transformers` defines it: `json.dumps` without escaping non-ASCII, with
-/// an optional `indent`.
+/// How [`dumps`] writes JSON: Python's `json.dumps` options.
+#[derive(Debug, Clone)]
+struct Dumps {
+    indent: Option<usize>,
+    /// Between items, and between a key and its value.
+    separators: (String, String),
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+/// `tojson` as `transformers` defines it: Python's `json.dumps(value,
+/// ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)`,
+/// maps in their order (a template's `tool_call.arguments` as written).
 fn tojson(
     value: minijinja::Value,
     kwargs: minijinja::value::Kwargs,
 ) -> std::result::Result<minijinja::Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| {
-        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
-    })?;
-    Ok(minijinja::Value::from_safe_string(python_json(&json, indent, 0)))
+    let separators = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "tojson: separators is a pair (item, key)",
+            ));
+        }
+        // Python's defaults: ", " without an indent, "," with one.
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let options = Dumps {
+        indent,
+        separators,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    Ok(minijinja::Value::from_safe_string(dumps(&value, &options, 0)?))
 }
 
-/// JSON as Python's `json.dumps` writes it: `", "` and `": "` separators, or with
-/// `indent`, each item on a line of its own indented by `indent` per level (`","` at
-/// line ends).
-fn python_json(v: &Json, indent: Option<usize>, level: usize) -> String {
-    let items: Vec<String> = match v {
-        Json::Array(a) => a.iter().map(|x| python_json(x, indent, level + 1)).collect(),
-        Json::Object(o) => o
-            .iter()
-            .map(|(k, x)| {
-                format!("{}: {}", Json::String(k.clone()), python_json(x, indent, level + 1))
-            })
-            .collect(),
-        other => return other.to_string(),
+/// A JSON string literal as Python writes it (`ensure_ascii`: every non-ASCII
+/// character as `\uXXXX`, astral ones as surrogate pairs).
+fn json_string(s: &str, ensure_ascii: bool) -> String {
+    let quoted = Json::String(s.to_string()).to_string();
+    if !ensure_ascii {
+        return quoted;
+    }
+    let mut out = String::with_capacity(quoted.len());
+    for c in quoted.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out += &format!("\\u{u:04x}");
+            }
+        }
+    }
+    out
+}
+
+/// `value` as Python's `json.dumps` writes it with `options`, at nesting `level`.
+fn dumps(
+    value: &minijinja::Value,
+    options: &Dumps,
+    level: usize,
+) -> std::result::Result<String, minijinja::Error> {
+    use minijinja::value::ValueKind;
+    let items: Vec<String> = match value.kind() {
+        ValueKind::Undefined | ValueKind::None => return Ok("null".into()),
+        ValueKind::Bool => return Ok(if value.is_true() { "true" } else { "false" }.into()),
+        ValueKind::Number => return Ok(value.to_string()),
+        ValueKind::String => {
+            return Ok(json_string(value.as_str().unwrap_or(""), options.ensure_ascii));
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<minijinja::Value> = value.try_iter()?.collect();
+            if options.sort_keys {
+                keys.sort_by_key(|k| k.to_string());
+            }
+            keys.iter()
+                .map(|k| {
+                    let v = value.get_item(k)?;
+                    let key = json_string(&k.to_string(), options.ensure_ascii);
+                    Ok(format!("{key}{}{}", options.separators.1, dumps(&v, options, level + 1)?))
+                })
+                .collect::<std::result::Result<_, minijinja::Error>>()?
+        }
+        _ => value
+            .try_iter()?
+            .map(|v| dumps(&v, options, level + 1))
+            .collect::<std::result::Result<_, minijinja::Error>>()?,
     };
-    let (open, close) = if v.is_array() { ("[", "]") } else { ("{", "}") };
-    match indent {
+    let (open, close) = if value.kind() == ValueKind::Map { ("{", "}") } else { ("[", "]") };
+    let item = &options.separators.0;
+    Ok(match options.indent {
         _ if items.is_empty() => format!("{open}{close}"),
-        None => format!("{open}{}{close}", items.join(", ")),
+        None => format!("{open}{}{close}", items.join(item)),
         Some(n) => {
             let inner = " ".repeat(n * (level + 1));
             let outer = " ".repeat(n * level);
-            format!("{open}\n{inner}{}\n{outer}{close}", items.join(&format!(",\n{inner}")))
+            format!("{open}\n{inner}{}\n{outer}{close}", items.join(&format!("{item}\n{inner}")))
         }
-    }
+    })
 }
 
 /// `raise_exception(message)`: the template refuses its input.
@@ -228,8 +304,8 @@ fn strftime(format: &str, secs: u64) -> String {
 }
 
 /// The messages of `--chat FILE`: a JSON list of objects, each with a string `role`
-/// (and whatever else the template reads).
-pub fn read_messages(flag: &str, path: &Path) -> Result<Json> {
+/// (and whatever else the template reads), their keys in the file's order.
+pub fn read_messages(flag: &str, path: &Path) -> Result<minijinja::Value> {
     let text = files::read_file(flag, path, LIMIT)?;
     let messages: Json =
         serde_json::from_slice(&text).map_err(|e| bad(flag, path, format!("not JSON: {e}")))?;
@@ -241,7 +317,44 @@ pub fn read_messages(flag: &str, path: &Path) -> Result<Json> {
             return Err(bad(flag, path, format!("message {k} has no string \"role\"")));
         }
     }
-    Ok(messages)
+    let messages: minijinja::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(flag, path, format!("not JSON: {e}")))?;
+    normalize(&messages).map_err(|e| bad(flag, path, e))
+}
+
+/// The messages as `apply_chat_template` hands them to the template: each message's
+/// keys whose value is `null` dropped; a message with a reasoning field
+/// (`reasoning_content`, `thinking` or `reasoning`) given it as `thinking` (first) and
+/// `reasoning_content` (last) too.
+fn normalize(
+    messages: &minijinja::Value,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let mut out = Vec::new();
+    for m in messages.try_iter()? {
+        let mut pairs: Vec<(String, minijinja::Value)> = Vec::new();
+        for k in m.try_iter()? {
+            let v = m.get_item(&k)?;
+            if !v.is_none() {
+                pairs.push((k.to_string(), v));
+            }
+        }
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|f| pairs.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone()));
+        if let Some(r) = reasoning {
+            if !pairs.iter().any(|(k, _)| k == "thinking") {
+                pairs.insert(0, ("thinking".into(), r.clone()));
+            } else if let Some(p) = pairs.iter_mut().find(|(k, _)| k == "thinking") {
+                p.1 = r.clone();
+            }
+            match pairs.iter_mut().find(|(k, _)| k == "reasoning_content") {
+                Some(p) => p.1 = r,
+                None => pairs.push(("reasoning_content".into(), r)),
+            }
+        }
+        out.push(minijinja::Value::from_pairs(pairs));
+    }
+    Ok(minijinja::Value::from(out))
 }
 
 /// The prompt ids of the conversation in `messages_path` for the folder `dir`: its chat
@@ -272,14 +385,37 @@ mod tests {
         assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
     }
 
-    /// Python's separators, nested.
+    /// Python's `json.dumps`: its separators, with and without an indent, key order as
+    /// written or sorted, non-ASCII kept or escaped.
     #[test]
     fn tojson_writes_what_json_dumps_writes() {
-        let v = serde_json::json!({"a": [1, "é"], "b": {"c": null}});
-        assert_eq!(python_json(&v, None, 0), r#"{"a": [1, "é"], "b": {"c": null}}"#);
+        let v: minijinja::Value =
+            serde_json::from_str(r#"{"b": [1, 2.5, "é😀"], "a": {"c": null, "t": true}}"#).unwrap();
+        let d = |indent, sort_keys, ensure_ascii| Dumps {
+            indent,
+            separators: if indent.is_some() {
+                (",".into(), ": ".into())
+            } else {
+                (", ".into(), ": ".into())
+            },
+            sort_keys,
+            ensure_ascii,
+        };
         assert_eq!(
-            python_json(&v, Some(2), 0),
-            "{\n  \"a\": [\n    1,\n    \"é\"\n  ],\n  \"b\": {\n    \"c\": null\n  }\n}"
+            dumps(&v, &d(None, false, false), 0).unwrap(),
+            r#"{"b": [1, 2.5, "é😀"], "a": {"c": null, "t": true}}"#
+        );
+        assert_eq!(
+            dumps(&v, &d(None, true, false), 0).unwrap(),
+            r#"{"a": {"c": null, "t": true}, "b": [1, 2.5, "é😀"]}"#
+        );
+        assert_eq!(
+            dumps(&v, &d(None, false, true), 0).unwrap(),
+            r#"{"b": [1, 2.5, "\u00e9\ud83d\ude00"], "a": {"c": null, "t": true}}"#
+        );
+        assert_eq!(
+            dumps(&v, &d(Some(2), false, false), 0).unwrap(),
+            "{\n  \"b\": [\n    1,\n    2.5,\n    \"é😀\"\n  ],\n  \"a\": {\n    \"c\": null,\n    \"t\": true\n  }\n}"
         );
     }
 }

@@ -65,22 +65,23 @@ pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
 }
 
 /// The end-of-text ids, as `transformers` finds them: `generation_config.json`'s
-/// `eos_token_id` when the folder has one, else `config.json`'s, else the model's
-/// default (GPT-2's 50256) (a number or a list; `null`: none).
-fn eos_ids(dir: &std::path::Path, config: &Json, default: Option<i64>) -> Vec<i64> {
-    let generation = crate::files::read_file("init", &dir.join("generation_config.json"), 1 << 20)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Json>(&b).ok());
-    let found = generation
-        .as_ref()
-        .and_then(|g| g.get("eos_token_id"))
-        .or_else(|| config.get("eos_token_id"));
-    match found {
-        None => default.into_iter().collect(),
-        Some(Json::Number(n)) => n.as_i64().into_iter().collect(),
-        Some(Json::Array(a)) => a.iter().filter_map(Json::as_i64).collect(),
-        Some(_) => Vec::new(),
-    }
+/// `eos_token_id` when the folder has that file (none if it names none), else
+/// `config.json`'s, else the model's class default (GPT-2's 50256, Llama's and
+/// Mistral's 2); a number or a list, `null` for none. A `generation_config.json` that
+/// is not JSON is refused naming it.
+fn eos_ids(dir: &std::path::Path, config: &Json, default: Option<i64>) -> Result<Vec<i64>> {
+    let found = match crate::hf::read_generation_config("init", dir)? {
+        Some(generation) => generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
+        None => match config.get("eos_token_id") {
+            Some(v) => v.clone(),
+            None => default.map_or(Json::Null, Json::from),
+        },
+    };
+    Ok(match found {
+        Json::Number(n) => n.as_i64().into_iter().collect(),
+        Json::Array(a) => a.iter().filter_map(Json::as_i64).collect(),
+        _ => Vec::new(),
+    })
 }
 
 /// Picks the next token from `logits`: the first largest at temperature 0, else a draw
@@ -189,7 +190,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         config.max_memory - cache_bytes,
     )?;
     let default_eos = net.model().hf().and_then(|h| h.default_eos());
-    let eos = eos_ids(&config.init, &hf_config, default_eos);
+    let eos = eos_ids(&config.init, &hf_config, default_eos)?;
     let strategy = strategy_on(&config.backend)?;
     let dims = net.weight_dims();
     let step = compile_decoder(&strategy, config.dtype, decoder, (&dims, &caches), context)?;

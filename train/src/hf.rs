@@ -47,6 +47,22 @@ pub fn read_config(flag: &str, dir: &Path) -> Result<Json> {
     Ok(config)
 }
 
+/// The folder's `generation_config.json` (generation's defaults, its end-of-text ids
+/// among them), if it has one: a JSON object, or refused naming it.
+pub fn read_generation_config(flag: &str, dir: &Path) -> Result<Option<Json>> {
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = files::read_file(flag, &path, JSON_LIMIT)?;
+    let config: Json =
+        serde_json::from_slice(&text).map_err(|e| bad(flag, &path, format!("not JSON: {e}")))?;
+    if !config.is_object() {
+        return Err(bad(flag, &path, "not a JSON object"));
+    }
+    Ok(Some(config))
+}
+
 /// The safetensors files of a checkpoint folder: `model.safetensors`, or the shards
 /// its index names (plain file names in the folder).
 fn weight_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>> {
@@ -404,17 +420,17 @@ pub fn check_export(flag: &str, dir: &Path) -> Result<()> {
 /// Writes `model`'s `weights` (by parameter name, f32 or f64) into the new folder `dir`
 /// as `save_pretrained` lays it out: `config.json` (`config` as it was read, its
 /// dtype key — `dtype`, or 4.x's `torch_dtype` where it has one — set to the
-/// weights'), and `model.safetensors`, or past [`SHARD_BYTES`] of tensor data the
-/// files `model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`. `dir`
-/// must not exist or be empty; nothing in it is replaced.
+/// weights'), `generation_config.json` where `generation` is some, and
+/// `model.safetensors`, or past [`SHARD_BYTES`] of tensor data the files
+/// `model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`. `dir` must not
+/// exist or be empty; nothing in it is replaced.
 pub fn write(
     flag: &str,
     dir: &Path,
-    model: &dyn Model,
-    config: &Json,
+    described: (&dyn Model, &Json, Option<&Json>),
     weights: &HashMap<String, Tensor>,
 ) -> Result<()> {
-    write_sharded(flag, dir, (model, config), weights, SHARD_BYTES)
+    write_sharded(flag, dir, described, weights, SHARD_BYTES)
 }
 
 /// [`write()`] with files of at most `shard_bytes` of tensor data (a larger tensor
@@ -422,7 +438,7 @@ pub fn write(
 pub fn write_sharded(
     flag: &str,
     dir: &Path,
-    (model, config): (&dyn Model, &Json),
+    (model, config, generation): (&dyn Model, &Json, Option<&Json>),
     weights: &HashMap<String, Tensor>,
     shard_bytes: u64,
 ) -> Result<()> {
@@ -507,5 +523,10 @@ pub fn write_sharded(
     let text = serde_json::to_vec_pretty(&config).map_err(|e| bad(flag, dir, e))?;
     let path = dir.join("config.json");
     files::write_new(&path, &text).map_err(|e| bad(flag, &path, e))?;
+    if let Some(generation) = generation {
+        let text = serde_json::to_vec_pretty(generation).map_err(|e| bad(flag, dir, e))?;
+        let path = dir.join("generation_config.json");
+        files::write_new(&path, &text).map_err(|e| bad(flag, &path, e))?;
+    }
     Ok(())
 }

@@ -70,7 +70,7 @@ pub(crate) struct Plan {
     pub(crate) metrics_jsonl: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
     /// `--export-hf`'s folder and the `config.json` it gets.
-    pub(crate) export_hf: Option<(PathBuf, Value)>,
+    pub(crate) export_hf: Option<(PathBuf, Value, Option<Value>)>,
     /// `--grad-accum`, `--remat`, `--fsdp`.
     pub(crate) savers: Savers,
     /// `--precision` (`None`: full).
@@ -457,7 +457,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if let Some(f) = init.file() {
         family::check_init(&net, f)?;
     }
-    let record = record(config, &net, &run, dtype, &resolved.examples, resolved.rows)?;
+    let mut record = record(config, &net, &run, dtype, &resolved.examples, resolved.rows)?;
+    // What an export after a resumed run writes again.
+    if let Some(c) = &resolved.hf_config {
+        record.meta["hf_config"] = c.clone();
+    }
+    if let Some(g) = &resolved.generation_config {
+        record.meta["generation_config"] = g.clone();
+    }
     let mut warnings = resolved.warnings;
     if let Some(saved) = &saved {
         compare(saved, &record.meta, resolved.classification.as_ref(), &mut warnings)?;
@@ -522,7 +529,11 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         losses_before,
         metrics_jsonl: config.metrics_jsonl.clone(),
         plot: config.plot.clone(),
-        export_hf: config.export_hf.clone().zip(resolved.hf_config),
+        export_hf: config
+            .export_hf
+            .clone()
+            .zip(resolved.hf_config)
+            .map(|(dir, c)| (dir, c, resolved.generation_config)),
         savers: run.savers,
         precision: config.precision,
         loss_scale: run.loss_scale,

@@ -536,13 +536,18 @@ impl<'s> Running<'s> {
 
     /// The outputs made at the end: `--export-hf`'s folder and `--plot`.
     fn finish(&self, p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
-        if let Some((dir, config)) = &p.export_hf {
+        if let Some((dir, config, generation)) = &p.export_hf {
             let mut weights = HashMap::new();
             for (name, _) in p.net.weight_dims() {
                 weights.insert(name.clone(), self.run.weight(&name)?);
             }
-            crate::hf::write("export-hf", dir, p.net.model(), config, &weights)
-                .map_err(|e| Error::failed(e.to_string()))?;
+            crate::hf::write(
+                "export-hf",
+                dir,
+                (p.net.model(), config, generation.as_ref()),
+                &weights,
+            )
+            .map_err(|e| Error::failed(e.to_string()))?;
         }
         if let Some(path) = &p.plot {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());

@@ -72,9 +72,7 @@ fn the_ordered_sum_as_a_program_is_the_same_sum() {
             let got: Vec<f32> = out[0].to_f64().iter().map(|&v| v as f32).collect();
             assert_eq!(got, want, "n {n}");
         }
-        let g =
-            meshwork_program::grad(&program, program.results()[1], &[Value(0)])
-                .unwrap();
+        let g = meshwork_program::grad(&program, program.results()[1], &[Value(0)]).unwrap();
         let out = meshwork_program::fast::evaluate(&g, &[input]).unwrap();
         assert!(out.last().unwrap().to_f64().iter().all(|&v| v == 1.0), "n {n}");
     }

@@ -140,6 +140,15 @@ impl Family for HfFamily {
         resolved.hf_config = Some(
             hf_config.unwrap_or_else(|| net.model().hf().map_or(Json::Null, |hf| hf.config_json())),
         );
+        // Generation's defaults travel with the model: from the folder, or from the
+        // checkpoint a resumed run started from.
+        resolved.generation_config = match (ctx.saved, folder) {
+            (Some(saved), _) => {
+                saved.meta.get("generation_config").filter(|g| g.is_object()).cloned()
+            }
+            (None, Some(dir)) => crate::hf::read_generation_config("init", dir)?,
+            (None, None) => None,
+        };
         Ok(resolved)
     }
 }
@@ -181,9 +190,11 @@ impl HfFamily {
         if let Some(saved) = ctx.saved {
             fixed("the checkpoint --resume names")?;
             let sizes = self.sizes_of_saved(saved)?;
-            let hf_config = match &sizes {
-                Sizes::Llama(_) => saved.meta.get("config").cloned(),
-                Sizes::Gpt2(_) => None,
+            // The folder's config as it was read (recorded since), else the model's.
+            let hf_config = match (saved.meta.get("hf_config").filter(|c| c.is_object()), &sizes) {
+                (Some(c), _) => Some(c.clone()),
+                (None, Sizes::Llama(_)) => saved.meta.get("config").cloned(),
+                (None, Sizes::Gpt2(_)) => None,
             };
             return Ok((sizes, saved.dir.display().to_string(), hf_config));
         }

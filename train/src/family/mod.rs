@@ -104,6 +104,8 @@ pub(crate) struct Resolved {
     pub(crate) shards: Option<crate::hf::HfShards>,
     /// The `config.json` an export writes (as read, or the model's own).
     pub(crate) hf_config: Option<Json>,
+    /// The `generation_config.json` an export writes beside it (as read), if any.
+    pub(crate) generation_config: Option<Json>,
 }
 
 impl Resolved {
@@ -116,6 +118,7 @@ impl Resolved {
             warnings: Vec::new(),
             shards: None,
             hf_config: None,
+            generation_config: None,
         }
     }
 }

@@ -100,7 +100,8 @@ def main():
         print(f"hf export check: skipped, transformers/torch not installed ({e})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        results = [check(meshwork, case, tmp) for case in ("gpt2", "llama", "qwen3")]
+        cases = ("gpt2", "llama", "qwen3", "qwen2", "mistral", "llama-bias")
+        results = [check(meshwork, case, tmp) for case in cases]
     return 0 if all(results) else 1
 
 

@@ -337,7 +337,7 @@ fn an_export_reads_back_and_never_replaces_a_file() {
     let (net, config, weights) = read_folder(&testdata("gpt2/model"), 1 << 30).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("export");
-    write("export-hf", &out, net.model(), &config, &weights).unwrap();
+    write("export-hf", &out, (net.model(), &config, None), &weights).unwrap();
     let (back_net, _, back) = read_folder(&out, 1 << 30).unwrap();
     assert_eq!(back, weights);
     // Byte for byte the oracle's tensors, under its names.
@@ -365,7 +365,7 @@ fn an_export_reads_back_and_never_replaces_a_file() {
     want.sort();
     assert_eq!(names.into_iter().map(String::from).collect::<Vec<_>>(), want);
     let before = std::fs::read(out.join("config.json")).unwrap();
-    let e = write("export-hf", &out, net.model(), &config, &weights).unwrap_err();
+    let e = write("export-hf", &out, (net.model(), &config, None), &weights).unwrap_err();
     assert!(e.to_string().contains("exists and is not an empty folder"), "{e}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
 }
