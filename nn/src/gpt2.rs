@@ -510,9 +510,6 @@ impl crate::HfFormat for Gpt2 {
             "eos_token_id": 50256,
         })
     }
-    fn default_eos(&self) -> Option<i64> {
-        Some(50256)
-    }
 }
 
 impl Gpt2 {

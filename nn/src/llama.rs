@@ -1190,8 +1190,4 @@ impl crate::HfFormat for Llama {
     fn config_json(&self) -> Json {
         self.config()
     }
-    /// `LlamaConfig`'s and `MistralConfig`'s default `eos_token_id` (Qwen's has none).
-    fn default_eos(&self) -> Option<i64> {
-        matches!(self.kind, LlamaKind::Llama | LlamaKind::Mistral).then_some(2)
-    }
 }

@@ -149,10 +149,6 @@ pub trait HfFormat {
     /// The `config.json` `transformers` writes for the model (for a model that did not
     /// come from one).
     fn config_json(&self) -> Json;
-    /// The end-of-text id when a folder says none.
-    fn default_eos(&self) -> Option<i64> {
-        None
-    }
 }
 
 /// The salt of the random stream most models' initial weights are drawn from.

@@ -104,7 +104,10 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template("chat", &self.source).map_err(failed)?;
+        // A template is code from the folder: its work and its output are bounded.
+        env.set_fuel(Some(FUEL));
+        let source = generation_blocks_as_ifs(&self.source);
+        env.add_template("chat", &source).map_err(failed)?;
         let mut context: Vec<(String, minijinja::Value)> = self
             .tokens
             .iter()
@@ -115,8 +118,66 @@ impl ChatTemplate {
         context.push(("tools".into(), minijinja::Value::from(())));
         context.push(("documents".into(), minijinja::Value::from(())));
         let template = env.get_template("chat").map_err(failed)?;
-        template.render(minijinja::Value::from_pairs(context)).map_err(failed)
+        let mut out = Capped(Vec::new());
+        template
+            .render_captured_to(minijinja::Value::from_pairs(context), &mut out)
+            .map_err(failed)?;
+        String::from_utf8(out.0)
+            .map_err(|_| Error::flag(flag, "the chat template wrote bytes that are not UTF-8"))
     }
+}
+
+/// The most a template may compute (MiniJinja's fuel: instructions, and the bytes of
+/// the strings it builds): over a thousand times what the Hub-style templates of
+/// `testdata/chat` take over 200 messages (at most 13 000).
+const FUEL: u64 = 20_000_000;
+
+/// A render's output, refused past [`LIMIT`] bytes.
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() as u64 + buf.len() as u64 > LIMIT {
+            return Err(std::io::Error::other(format!("the rendered chat passes {LIMIT} bytes")));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `transformers`' `{% generation %}…{% endgeneration %}` (which marks the assistant's
+/// tokens and renders its body unchanged) as `{% if true %}…{% endif %}`, whitespace
+/// control kept, for a Jinja engine without that tag.
+fn generation_blocks_as_ifs(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let open = if inner.starts_with('-') || inner.starts_with('+') { &inner[..1] } else { "" };
+        let close = if inner.ends_with('-') || inner.ends_with('+') {
+            &inner[inner.len() - 1..]
+        } else {
+            ""
+        };
+        let word = inner[open.len()..inner.len() - close.len()].trim();
+        match word {
+            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// How [`dumps`] writes JSON: Python's `json.dumps` options.
@@ -171,7 +232,7 @@ fn json_string(s: &str, ensure_ascii: bool) -> String {
     }
     let mut out = String::with_capacity(quoted.len());
     for c in quoted.chars() {
-        if c.is_ascii() {
+        if c.is_ascii() && c != '\x7f' {
             out.push(c);
         } else {
             let mut units = [0u16; 2];
@@ -183,6 +244,44 @@ fn json_string(s: &str, ensure_ascii: bool) -> String {
     out
 }
 
+/// The deepest `tojson` writes (Python's `json.dumps` refuses a value that holds
+/// itself; here it is refused this deep).
+const MAX_DEPTH: usize = 256;
+
+/// A float as Python's `json.dumps` writes it (`repr`): the shortest digits that read
+/// back, positional from 1e-4 up to 1e16 (with `.0` when whole), else `d.ddde±XX`;
+/// `Infinity`, `-Infinity`, `NaN`.
+fn python_float(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // Rust's `{:e}` is the shortest round-trip digits: `d[.ddd]e[-]x`.
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exponent) = sci.split_once('e').expect("`{:e}` writes an exponent");
+    let exponent: i32 = exponent.parse().expect("an integer exponent");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    if !(-4..16).contains(&exponent) {
+        let e_sign = if exponent < 0 { '-' } else { '+' };
+        let (head, tail) = digits.split_at(1);
+        let dot = if tail.is_empty() { String::new() } else { format!(".{tail}") };
+        return format!("{sign}{head}{dot}e{e_sign}{:02}", exponent.abs());
+    }
+    let point = exponent + 1;
+    let text = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat((-point) as usize))
+    } else if point as usize >= digits.len() {
+        format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
+    } else {
+        let (whole, frac) = digits.split_at(point as usize);
+        format!("{whole}.{frac}")
+    };
+    format!("{sign}{text}")
+}
+
 /// `value` as Python's `json.dumps` writes it with `options`, at nesting `level`.
 fn dumps(
     value: &minijinja::Value,
@@ -190,10 +289,17 @@ fn dumps(
     level: usize,
 ) -> std::result::Result<String, minijinja::Error> {
     use minijinja::value::ValueKind;
+    if level > MAX_DEPTH {
+        return Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("tojson: nested deeper than {MAX_DEPTH} (a value that holds itself?)"),
+        ));
+    }
     let items: Vec<String> = match value.kind() {
         ValueKind::Undefined | ValueKind::None => return Ok("null".into()),
         ValueKind::Bool => return Ok(if value.is_true() { "true" } else { "false" }.into()),
-        ValueKind::Number => return Ok(value.to_string()),
+        ValueKind::Number if value.is_integer() => return Ok(value.to_string()),
+        ValueKind::Number => return Ok(python_float(f64::try_from(value.clone())?)),
         ValueKind::String => {
             return Ok(json_string(value.as_str().unwrap_or(""), options.ensure_ascii));
         }
@@ -312,6 +418,9 @@ pub fn read_messages(flag: &str, path: &Path) -> Result<minijinja::Value> {
     let Some(list) = messages.as_array() else {
         return Err(bad(flag, path, "not a JSON list of messages"));
     };
+    if list.is_empty() {
+        return Err(bad(flag, path, "an empty conversation: give at least one message"));
+    }
     for (k, m) in list.iter().enumerate() {
         if m.get("role").and_then(Json::as_str).is_none() {
             return Err(bad(flag, path, format!("message {k} has no string \"role\"")));
@@ -323,9 +432,9 @@ pub fn read_messages(flag: &str, path: &Path) -> Result<minijinja::Value> {
 }
 
 /// The messages as `apply_chat_template` hands them to the template: each message's
-/// keys whose value is `null` dropped; a message with a reasoning field
-/// (`reasoning_content`, `thinking` or `reasoning`) given it as `thinking` (first) and
-/// `reasoning_content` (last) too.
+/// keys whose value is `null` dropped; a message with a reasoning (the first of
+/// `reasoning_content`, `thinking`, `reasoning` it has) made Python's `{"thinking": r,
+/// **message, "reasoning_content": r}` (a `thinking` of its own kept, in front).
 fn normalize(
     messages: &minijinja::Value,
 ) -> std::result::Result<minijinja::Value, minijinja::Error> {
@@ -342,15 +451,18 @@ fn normalize(
             .iter()
             .find_map(|f| pairs.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone()));
         if let Some(r) = reasoning {
-            if !pairs.iter().any(|(k, _)| k == "thinking") {
-                pairs.insert(0, ("thinking".into(), r.clone()));
-            } else if let Some(p) = pairs.iter_mut().find(|(k, _)| k == "thinking") {
-                p.1 = r.clone();
+            let mut merged = vec![("thinking".to_string(), r.clone())];
+            for (k, v) in pairs {
+                match merged.iter_mut().find(|(key, _)| *key == k) {
+                    Some(slot) => slot.1 = v,
+                    None => merged.push((k, v)),
+                }
             }
-            match pairs.iter_mut().find(|(k, _)| k == "reasoning_content") {
-                Some(p) => p.1 = r,
-                None => pairs.push(("reasoning_content".into(), r)),
+            match merged.iter_mut().find(|(k, _)| k == "reasoning_content") {
+                Some(slot) => slot.1 = r,
+                None => merged.push(("reasoning_content".into(), r)),
             }
+            pairs = merged;
         }
         out.push(minijinja::Value::from_pairs(pairs));
     }
@@ -374,6 +486,87 @@ pub fn chat_prompt_ids(dir: &Path, tokenizer: &Path, messages_path: &Path) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Floats as Python's `json.dumps` wrote them (`json.dumps(v)` under CPython 3.11).
+    #[test]
+    fn floats_are_written_as_python_writes_them() {
+        let python = [
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (1.0, "1.0"),
+            (2.5, "2.5"),
+            (1e-07, "1e-07"),
+            (0.0001, "0.0001"),
+            (1.5e-05, "1.5e-05"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456789012345.6, "123456789012345.6"),
+            (1e20, "1e+20"),
+            (1.5e300, "1.5e+300"),
+            (-3.25e-10, "-3.25e-10"),
+            (0.1, "0.1"),
+            (0.30000000000000004, "0.30000000000000004"),
+            (5e-324, "5e-324"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (12345678901234567.0, "1.2345678901234568e+16"),
+            (f64::INFINITY, "Infinity"),
+            (f64::NEG_INFINITY, "-Infinity"),
+            (0.001, "0.001"),
+            (100.0, "100.0"),
+            (1e-05, "1e-05"),
+        ];
+        for (x, want) in python {
+            assert_eq!(python_float(x), want, "{x:e}");
+        }
+        assert_eq!(python_float(f64::NAN), "NaN");
+    }
+
+    proptest! {
+        /// Every finite float's text reads back to it (the shortest digits), in
+        /// Python's layout: positional exactly from 1e-4 up to 1e16.
+        #[test]
+        fn prop_python_floats_read_back(bits in any::<u64>()) {
+            let x = f64::from_bits(bits);
+            prop_assume!(x.is_finite());
+            let text = python_float(x);
+            prop_assert_eq!(text.parse::<f64>().unwrap().to_bits(), x.to_bits(), "{}", text);
+            let positional = x == 0.0 || (1e-4..1e16).contains(&x.abs());
+            prop_assert_eq!(!text.contains('e'), positional, "{}", text);
+            prop_assert!(text.contains('.') || text.contains('e'), "{}", text);
+        }
+    }
+
+    /// `{% generation %}` blocks render their body, whitespace control kept; other
+    /// tags are left alone.
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let template = ChatTemplate {
+            source: "a {%- generation %} b {% endgeneration -%} c{% if x %}{% endif %}".into(),
+            tokens: Default::default(),
+        };
+        let messages = minijinja::Value::from(Vec::<minijinja::Value>::new());
+        assert_eq!(template.render("chat", &messages).unwrap(), "a b c");
+        assert_eq!(
+            generation_blocks_as_ifs("{%+ generation-%}x{%endgeneration%}{% set g = 1 %}"),
+            "{%+ if true -%}x{% endif %}{% set g = 1 %}"
+        );
+    }
+
+    /// A template that would loop for ever, write without end, or serialize a value
+    /// that holds itself is an error, not a hang, an abort or memory exhausted.
+    #[test]
+    fn runaway_templates_are_refused() {
+        let messages = minijinja::Value::from(Vec::<minijinja::Value>::new());
+        for source in [
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "{% set s = 'x' * 90000000 %}{% for i in range(100) %}{{ s }}{% endfor %}",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}",
+        ] {
+            let template = ChatTemplate { source: source.into(), tokens: Default::default() };
+            assert!(template.render("chat", &messages).is_err(), "{source}");
+        }
+    }
 
     /// The date of a known instant, in every directive.
     #[test]

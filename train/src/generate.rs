@@ -56,6 +56,9 @@ pub struct Generated {
     pub ids: Vec<i64>,
     /// The new tokens decoded, with a tokenizer.
     pub text: Option<String>,
+    /// What was passed over on the way (a `generation_config.json` that cannot be
+    /// read), for people.
+    pub warnings: Vec<String>,
 }
 
 /// `text`'s ids by the tokenizer at `path` (`--prompt`).
@@ -64,24 +67,26 @@ pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
     Ok(crate::data::encode(&tokenizer, text)?.into_iter().map(i64::from).collect())
 }
 
-/// The end-of-text ids, as `transformers` finds them: `generation_config.json`'s
-/// `eos_token_id` when the folder has that file (none if it names none), else
-/// `config.json`'s, else the model's class default (GPT-2's 50256, Llama's and
-/// Mistral's 2); a number or a list, `null` for none. A `generation_config.json` that
-/// is not JSON is refused naming it.
-fn eos_ids(dir: &std::path::Path, config: &Json, default: Option<i64>) -> Result<Vec<i64>> {
-    let found = match crate::hf::read_generation_config("init", dir)? {
-        Some(generation) => generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
-        None => match config.get("eos_token_id") {
-            Some(v) => v.clone(),
-            None => default.map_or(Json::Null, Json::from),
-        },
+/// The end-of-text ids, as `transformers` 5 finds them: `generation_config.json`'s
+/// `eos_token_id` when the folder has that file (none if it names none), else the
+/// `eos_token_id` `config.json` writes (none if it writes none: generation does not
+/// fall back to the config class's default); a number or a list. A
+/// `generation_config.json` that cannot be read is passed over for `config.json`, as
+/// `transformers` does, with a warning.
+fn eos_ids(dir: &std::path::Path, config: &Json, warnings: &mut Vec<String>) -> Vec<i64> {
+    let found = match crate::hf::read_generation_config("init", dir) {
+        Ok(Some(generation)) => generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
+        Ok(None) => config.get("eos_token_id").cloned().unwrap_or(Json::Null),
+        Err(e) => {
+            warnings.push(format!("{e}; the end-of-text ids are config.json's"));
+            config.get("eos_token_id").cloned().unwrap_or(Json::Null)
+        }
     };
-    Ok(match found {
+    match found {
         Json::Number(n) => n.as_i64().into_iter().collect(),
         Json::Array(a) => a.iter().filter_map(Json::as_i64).collect(),
         _ => Vec::new(),
-    })
+    }
 }
 
 /// Picks the next token from `logits`: the first largest at temperature 0, else a draw
@@ -189,8 +194,8 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         config.dtype,
         config.max_memory - cache_bytes,
     )?;
-    let default_eos = net.model().hf().and_then(|h| h.default_eos());
-    let eos = eos_ids(&config.init, &hf_config, default_eos)?;
+    let mut warnings = Vec::new();
+    let eos = eos_ids(&config.init, &hf_config, &mut warnings);
     let strategy = strategy_on(&config.backend)?;
     let dims = net.weight_dims();
     let step = compile_decoder(&strategy, config.dtype, decoder, (&dims, &caches), context)?;
@@ -226,7 +231,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
             })?)
         }
     };
-    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text })
+    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text, warnings })
 }
 
 /// The decoding step of `decoder` compiled on `config`'s back end: the weights (by
@@ -297,4 +302,36 @@ fn run_step(
     ];
     let out = step.step(&feeds).map_err(Error::failed)?;
     Ok(out[0].to_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end-of-text ids as `transformers` 5.24 finds them (checked there: a Llama
+    /// saved without `eos_token_id` and without `generation_config.json` generates
+    /// with `generation_config.eos_token_id` None, though `LlamaConfig` defaults it to
+    /// 2).
+    #[test]
+    fn eos_ids_are_the_generation_configs_else_the_configs_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = serde_json::json!({"model_type": "llama", "eos_token_id": 5});
+        let without = serde_json::json!({"model_type": "llama"});
+        let mut warnings = Vec::new();
+        // No generation_config.json: config.json's, or none (no class default).
+        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![5]);
+        assert!(eos_ids(dir.path(), &without, &mut warnings).is_empty());
+        // Its ids (a list) over config.json's; naming none, none.
+        let generation = dir.path().join("generation_config.json");
+        std::fs::write(&generation, r#"{"eos_token_id": [7, 9]}"#).unwrap();
+        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![7, 9]);
+        std::fs::write(&generation, r#"{"do_sample": false}"#).unwrap();
+        assert!(eos_ids(dir.path(), &with, &mut warnings).is_empty());
+        assert!(warnings.is_empty());
+        // One that cannot be read is passed over for config.json's, with a warning.
+        std::fs::write(&generation, "{not json").unwrap();
+        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![5]);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("generation_config.json"), "{}", warnings[0]);
+    }
 }

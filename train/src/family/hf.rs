@@ -38,7 +38,7 @@ pub(crate) fn preset(name: &str) -> Option<(ModelKind, Sizes)> {
 }
 
 /// A model's sizes before the training context is known.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Sizes {
     Gpt2(Gpt2),
     Llama(Llama),
@@ -146,7 +146,13 @@ impl Family for HfFamily {
             (Some(saved), _) => {
                 saved.meta.get("generation_config").filter(|g| g.is_object()).cloned()
             }
-            (None, Some(dir)) => crate::hf::read_generation_config("init", dir)?,
+            // One that cannot be read is passed over, as `transformers` passes it over.
+            (None, Some(dir)) => {
+                crate::hf::read_generation_config("init", dir).unwrap_or_else(|e| {
+                    resolved.warnings.push(format!("{e}; it is not exported"));
+                    None
+                })
+            }
             (None, None) => None,
         };
         Ok(resolved)
@@ -190,8 +196,12 @@ impl HfFamily {
         if let Some(saved) = ctx.saved {
             fixed("the checkpoint --resume names")?;
             let sizes = self.sizes_of_saved(saved)?;
-            // The folder's config as it was read (recorded since), else the model's.
-            let hf_config = match (saved.meta.get("hf_config").filter(|c| c.is_object()), &sizes) {
+            // The folder's config as it was read (recorded since, and used only where
+            // it describes the model the checkpoint holds), else the model's.
+            let recorded = saved.meta.get("hf_config").filter(|c| {
+                c.is_object() && sizes_of_config("resume", &saved.dir, c).is_ok_and(|s| s == sizes)
+            });
+            let hf_config = match (recorded, &sizes) {
                 (Some(c), _) => Some(c.clone()),
                 (None, Sizes::Llama(_)) => saved.meta.get("config").cloned(),
                 (None, Sizes::Gpt2(_)) => None,

@@ -206,6 +206,27 @@ THINK_CHAT = [{"role": "user", "content": "2+2?"},
 
 TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
+# Every message's keys in order (after the reasoning aliasing), and the floats of a
+# tool call's arguments as json.dumps writes them.
+KEYS = """{% for m in messages %}{{ m | tojson }}|{% for k in m %}{{ k }},{% endfor %}
+{% endfor %}{{ eos_token }}"""
+
+REASONING_CHAT = [{"role": "user", "content": "Why?"},
+                  {"role": "assistant", "thinking": "B", "content": "own thinking"},
+                  {"role": "assistant", "content": "older name", "reasoning": "R"},
+                  {"role": "assistant", "reasoning_content": "A", "content": "both", "thinking": "B"},
+                  {"role": "assistant", "content": "empty reasoning", "reasoning_content": ""},
+                  {"role": "assistant", "content": "null reasoning", "reasoning_content": None,
+                   "thinking": "T"},
+                  {"role": "tool", "content": "floats",
+                   "arguments": {"lr": 1e-07, "wd": 0.1, "big": 1e+20, "one": 1.0, "neg": -2.5e-05,
+                                 "n": 3, "text": "caf\u00e9 \u007f"}}]
+
+GENERATION = """{% for m in messages %}{% if m.role == 'assistant' %}
+{%- generation %}{{ m.content }}{% endgeneration -%}
+{% else %}[{{ m.role }}] {{ m.content }}
+{% endif %}{% endfor %}{% if add_generation_prompt %}>{% endif %}"""
+
 CASES = [
     ("llama31", LLAMA31, CHAT, TOKENS),
     ("llama31-tool", LLAMA31, TOOL_CHAT[:2], TOKENS),
@@ -216,6 +237,8 @@ CASES = [
     ("mistral", MISTRAL, [CHAT[0], CHAT[1], CHAT[2], CHAT[3]], TOKENS),
     ("whitespace", WHITESPACE, CHAT, TOKENS),
     ("tojson", TOJSON, TOOL_CHAT, TOKENS),
+    ("reasoning-keys", KEYS, REASONING_CHAT, TOKENS),
+    ("generation-tag", GENERATION, CHAT, TOKENS),
 ]
 
 

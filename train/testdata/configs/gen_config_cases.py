@@ -42,6 +42,25 @@ CASES = [
                     "head_dim": 16, "num_key_value_heads": 1}),
     ("qwen3-bias", {"model_type": "qwen3", **SMALL, "attention_bias": True, "head_dim": 8,
                     "num_key_value_heads": 2}),
+    # Sliding windows: on for the layers past max_window_layers, or for none of them.
+    ("qwen2-sliding-last", {"model_type": "qwen2", **SMALL, "num_key_value_heads": 2,
+                            "use_sliding_window": True, "sliding_window": 64,
+                            "max_window_layers": 1}),
+    ("qwen2-sliding-none", {"model_type": "qwen2", **SMALL, "num_key_value_heads": 2,
+                            "use_sliding_window": True, "sliding_window": 64,
+                            "max_window_layers": 2}),
+    ("qwen3-sliding-off", {"model_type": "qwen3", **SMALL, "num_key_value_heads": 2,
+                           "use_sliding_window": False, "sliding_window": 8}),
+    # transformers 4.x's layout: rope_theta and rope_scaling at the top level (its
+    # older "type" key too), torch_dtype.
+    ("llama-v4-llama3", {"model_type": "llama", **SMALL, "max_position_embeddings": 4096,
+                         "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+                         "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 1024}}),
+    ("mistral-v4-linear", {"model_type": "mistral", **SMALL, "num_key_value_heads": 2,
+                           "rope_theta": 1000000.0, "rope_scaling": {"type": "linear",
+                                                                     "factor": 4.0}}),
 ]
 
 
@@ -59,6 +78,7 @@ def resolved(c):
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": rope.get("rope_theta"),
         "rope_type": rope.get("rope_type", "default"),
+        "rope_parameters": dict(rope),
         "tie_word_embeddings": c.tie_word_embeddings,
         "pad_token_id": c.pad_token_id,
     }
