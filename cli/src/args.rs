@@ -36,7 +36,7 @@ pub(crate) enum Command {
     /// reference transformer or a CNN.
     Train(Box<TrainArgs>),
     /// The transformer's training step as each device of a mesh runs it.
-    Inspect(InspectArgs),
+    Inspect(Box<InspectArgs>),
     /// Generate tokens from a Hugging Face checkpoint folder (GPT-2, the Llama family), with a key-value cache.
     ///
     /// Greedy at --temperature 0 (the default), else sampled from --seed; stops at the
@@ -245,6 +245,9 @@ pub(crate) struct Sizes {
     /// The transformer's context length (default 32; GPT-2: the training context, default the smaller of 64 and its positions)
     #[arg(long, value_name = "T")]
     seq: Option<usize>,
+    /// GPT-2's positions, the longest context it takes (default: its preset's)
+    #[arg(long, value_name = "N")]
+    positions: Option<usize>,
 }
 
 /// The optimizer's settings (each at the optimizer's default when not given).
@@ -309,6 +312,9 @@ pub(crate) struct TrainArgs {
     /// Who splits a mesh's step with --backend xla: meshwork's partitioner (per-device programs), or XLA's (the global program with its shardings, as jax.jit)
     #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
     partitioner: PartitionerArg,
+    /// How a language model's causal attention lowers on XLA: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (XLA's own); default: cudnn where the back end is a CUDA one and cuDNN takes it
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
     /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs
     #[arg(long, value_name = "PATH")]
     pjrt_plugin: Option<PathBuf>,
@@ -466,6 +472,8 @@ impl TrainArgs {
             ffn: self.sizes.ffn,
             vocab: self.sizes.vocab,
             seq: self.sizes.seq,
+            positions: self.sizes.positions,
+            attention: self.attention.map(Into::into),
             hidden: self.hidden,
             classes: self.classes,
             filters: self.filters,
@@ -534,6 +542,24 @@ pub(crate) enum BackendArg {
     Xla,
 }
 
+/// `--attention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AttentionArg {
+    /// cuDNN's fused attention.
+    Cudnn,
+    /// XLA's own lowering.
+    Xla,
+}
+
+impl From<AttentionArg> for meshwork_train::AttentionKind {
+    fn from(a: AttentionArg) -> Self {
+        match a {
+            AttentionArg::Cudnn => meshwork_train::AttentionKind::Cudnn,
+            AttentionArg::Xla => meshwork_train::AttentionKind::Xla,
+        }
+    }
+}
+
 /// `--partitioner`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum PartitionerArg {
@@ -543,16 +569,21 @@ pub(crate) enum PartitionerArg {
     Xla,
 }
 
+/// The partitioner `--partitioner` names.
+fn partitioner_of(partitioner: PartitionerArg) -> Partitioner {
+    match partitioner {
+        PartitionerArg::Meshwork => Partitioner::Meshwork,
+        PartitionerArg::Xla => Partitioner::Xla,
+    }
+}
+
 /// The back end `--backend`, `--pjrt-plugin` and `--partitioner` name.
 fn backend_kind(
     backend: BackendArg,
     plugin: &Option<PathBuf>,
     partitioner: PartitionerArg,
 ) -> Result<BackendKind, Exit> {
-    let partitioner = match partitioner {
-        PartitionerArg::Meshwork => Partitioner::Meshwork,
-        PartitionerArg::Xla => Partitioner::Xla,
-    };
+    let partitioner = partitioner_of(partitioner);
     match backend {
         BackendArg::Interpreter if partitioner == Partitioner::Xla => Err(Exit::Usage(
             "--partitioner xla needs --backend xla (the interpreter runs meshwork's partitions)"
@@ -681,11 +712,20 @@ pub(crate) struct InspectArgs {
     /// The model (default: the one --init DIR's config.json or --preset names, else mlp)
     #[arg(long, value_enum)]
     model: Option<Model>,
-    /// Data x model devices
-    #[arg(long, value_name = "DxM", value_parser = mesh_2d, default_value = "1x2")]
-    mesh: (usize, usize),
+    /// Data x model devices (default 1x2; with --target, its GPUs along the data axis)
+    #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
+    mesh: Option<(usize, usize)>,
     #[command(flatten)]
     sizes: Sizes,
+    /// Compile the step for GPUs that are not here and report XLA's memory per device, whether it fits, and a roofline: h100 (one), h100xN (N on one host), HxGPUxN (H hosts of N); GPUs: h100, a100. Needs the CUDA plugin (--pjrt-plugin or $MESHWORK_PJRT_PLUGIN: jax-cuda13-pjrt's xla_cuda_plugin.so), no GPU
+    #[arg(long, value_name = "T")]
+    pub(crate) target: Option<String>,
+    /// With --target: the GPU's XLA target config (a GpuTargetConfigProto text file) in place of the shipped one
+    #[arg(long, value_name = "FILE.txtpb")]
+    target_config: Option<PathBuf>,
+    /// With --target: write XLA's optimized module of one device's step (a serialized HloModuleProtoWithConfig; a new file)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) optimized_hlo: Option<PathBuf>,
     /// The sizes from a file's tensors (safetensors; for GPT-2 and the Llama family a Hugging Face checkpoint folder, which also names the model)
     #[arg(long, value_name = "INIT")]
     init: Option<PathBuf>,
@@ -711,15 +751,18 @@ pub(crate) struct InspectArgs {
     /// Refuse a step estimated to hold more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
-    /// xla: print the per-device step as the StableHLO module XLA compiles (no plugin needed); with --json, run on XLA
-    #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
-    backend: BackendArg,
+    /// xla: print the per-device step as the StableHLO module XLA compiles (no plugin needed); with --json, run on XLA (default: interpreter; with --target, xla)
+    #[arg(long, value_enum)]
+    backend: Option<BackendArg>,
     /// The PJRT plugin for --backend xla --json (default: $MESHWORK_PJRT_PLUGIN)
     #[arg(long, value_name = "PATH")]
     pjrt_plugin: Option<PathBuf>,
     /// With --backend xla: who splits the step (meshwork, or XLA's partitioner)
     #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
     partitioner: PartitionerArg,
+    /// How a language model's causal attention lowers on XLA: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (XLA's own); default: cudnn where the back end is a CUDA one and cuDNN takes it
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
     /// With --json: a pipeline of K stages per data replica (--mesh Dx1)
     #[arg(long, value_name = "K")]
     stages: Option<usize>,
@@ -734,21 +777,52 @@ pub(crate) struct InspectArgs {
 impl InspectArgs {
     /// The step's settings, as a training run's.
     pub(crate) fn config(&self) -> Result<Config, Exit> {
-        if !self.json && (self.stages.is_some() || self.microbatches.is_some()) {
+        let targeted = self.target.is_some();
+        if !targeted && (self.target_config.is_some() || self.optimized_hlo.is_some()) {
+            return Err(Exit::Usage("--target-config and --optimized-hlo need --target".into()));
+        }
+        if targeted && self.backend == Some(BackendArg::Interpreter) {
+            return Err(Exit::Usage(
+                "--target compiles with XLA; drop --backend interpreter".into(),
+            ));
+        }
+        let planned = self.json || targeted;
+        if !planned && (self.stages.is_some() || self.microbatches.is_some()) {
             return Err(Exit::Usage("--stages and --microbatches need --json".into()));
         }
         let m = &self.memory;
         let precise = self.precision != PrecisionArg::Full;
-        if !self.json && (m.grad_accum.is_some() || m.remat || m.fsdp || precise) {
+        if !planned && (m.grad_accum.is_some() || m.remat || m.fsdp || precise) {
             return Err(Exit::Usage(
-                "--grad-accum, --remat, --fsdp and --precision need --json (which runs the step they change)".into(),
+                "--grad-accum, --remat, --fsdp and --precision need --json (which runs the step they change) or --target".into(),
             ));
         }
-        if !self.json && self.partitioner == PartitionerArg::Xla {
+        if !planned && self.partitioner == PartitionerArg::Xla {
             return Err(Exit::Usage(
                 "--partitioner xla: without --json inspect prints meshwork's per-device module; add --json to run and measure XLA's partitioning".into(),
             ));
         }
+        let backend = match &self.target {
+            Some(target) => BackendKind::XlaTarget {
+                plugin: self.pjrt_plugin.clone(),
+                partitioner: partitioner_of(self.partitioner),
+                target: target.clone(),
+                target_config: self.target_config.clone(),
+            },
+            None => backend_kind(
+                self.backend.unwrap_or(BackendArg::Interpreter),
+                &self.pjrt_plugin,
+                self.partitioner,
+            )?,
+        };
+        let mesh = match (self.mesh, &self.target) {
+            (Some(mesh), _) => mesh,
+            (None, Some(t)) => {
+                let devices = meshwork_train::target_devices(t).map_err(crate::train::exit)?;
+                (devices, 1)
+            }
+            (None, None) => (1, 2),
+        };
         Ok(Config {
             layers: self.sizes.layers,
             dim: self.sizes.dim,
@@ -756,19 +830,21 @@ impl InspectArgs {
             ffn: self.sizes.ffn,
             vocab: self.sizes.vocab,
             seq: self.sizes.seq,
+            positions: self.sizes.positions,
+            attention: self.attention.map(Into::into),
             init: self.init.clone(),
             preset: self.preset.clone(),
             grad_accum: self.memory.grad_accum,
             remat: self.memory.remat,
             fsdp: self.memory.fsdp,
             precision: self.precision.dtype(),
-            mesh: Some(self.mesh),
+            mesh: Some(mesh),
             batch: Some(self.batch),
             optimizer: Some(self.optimizer.into()),
             optimizer_settings: self.optimizer_flags.settings(),
             dtype: Some(self.dtype.into()),
             max_memory: self.max_memory,
-            backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
+            backend,
             stages: self.stages,
             microbatches: self.microbatches,
             steps: Some(3),

@@ -119,7 +119,9 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
         Some(Command::Train(a)) => train::run(&a),
         Some(Command::Inspect(a)) => {
             let config = a.config()?;
-            let text = if a.json {
+            let text = if a.target.is_some() {
+                meshwork_train::inspect_target(&config, a.json, a.optimized_hlo.as_deref())
+            } else if a.json {
                 meshwork_train::inspect_json(&config)
             } else {
                 meshwork_train::inspect(&config)

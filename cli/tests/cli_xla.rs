@@ -105,3 +105,54 @@ fn xlas_partitioner_needs_the_xla_back_end() {
     let out = meshwork(&["train", "--partitioner", "xla", "--mesh", "2x1"], &[]);
     refused(&out, &["--partitioner xla needs --backend xla"]);
 }
+
+/// `inspect --target`'s refusals, before any compile: an unknown GPU or a malformed
+/// count, a target config the plugin would crash on, a mesh larger than the target,
+/// a plugin that cannot compile for GPUs (the mock), flags that need `--target`, and
+/// `--attention cudnn` where nothing runs cuDNN.
+#[test]
+fn gpu_targets_are_refused_with_one_line_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let inspect = |extra: &[&str]| {
+        let mut args = vec!["inspect", "--model", "gpt2", "--preset", "tiny"];
+        args.extend_from_slice(extra);
+        meshwork(&args, &[])
+    };
+    refused(&inspect(&["--target", "l4"]), &["--target l4", "no GPU `l4`", "h100, a100"]);
+    refused(&inspect(&["--target", "h100x0"]), &["--target h100x0", "at least 1"]);
+    refused(&inspect(&["--target", "3xh100x1024"]), &["more than 1024 GPUs"]);
+    let config = dir.path().join("empty.txtpb");
+    std::fs::write(&config, b"").unwrap();
+    let c = config.to_str().unwrap();
+    refused(
+        &inspect(&["--target", "h100", "--target-config", c]),
+        &["--target-config", "empty.txtpb", "no gpu_device_info"],
+    );
+    let zero = dir.path().join("zero.txtpb");
+    std::fs::write(
+        &zero,
+        "gpu_device_info { core_count: 0 clock_rate_ghz: 1.9 threads_per_warp: 32 memory_bandwidth: 1 device_memory_size: 8 cuda_compute_capability { major: 9 } }",
+    )
+    .unwrap();
+    refused(
+        &inspect(&["--target", "h100", "--target-config", zero.to_str().unwrap()]),
+        &["core_count must be above 0"],
+    );
+    let missing = dir.path().join("missing.txtpb");
+    refused(
+        &inspect(&["--target", "h100", "--target-config", missing.to_str().unwrap()]),
+        &["--target-config", "missing.txtpb"],
+    );
+    refused(&inspect(&["--target", "h100", "--mesh", "2x1"]), &["needs 2 devices", "has 1"]);
+    let mock = mock();
+    refused(
+        &inspect(&["--target", "h100x2", "--pjrt-plugin", mock.to_str().unwrap()]),
+        &["--pjrt-plugin", "made no topology", "needs the CUDA plugin"],
+    );
+    refused(&inspect(&["--optimized-hlo", "x.pb"]), &["--optimized-hlo", "need --target"]);
+    refused(&inspect(&["--target-config", c]), &["need --target"]);
+    refused(&inspect(&["--target", "h100", "--backend", "interpreter"]), &["drop --backend"]);
+    let out =
+        meshwork(&["train", "--model", "gpt2", "--preset", "tiny", "--attention", "cudnn"], &[]);
+    refused(&out, &["--attention cudnn", "NVIDIA GPUs"]);
+}

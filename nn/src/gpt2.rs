@@ -125,7 +125,7 @@ impl Gpt2 {
         let tokens = b.take(wte, ids, 0)?;
         let pos = b.slice(wpe, &[0, 0], &[t, self.dim], &[1, 1])?;
         let mut x = b.add(tokens, pos)?;
-        let block = blocking.query_block;
+        let block = blocking;
         let mut attend =
             |b: &mut Builder, qkv: [Value; 3]| lm::causal(b, qkv, block, Scale::DivideBySqrt);
         for i in 0..self.layers {
@@ -402,6 +402,12 @@ impl crate::Model for crate::CausalLm<Gpt2> {
         let rows = t + 1.0;
         let block = rows * (14.0 * d + 3.0 * f + 3.0 * h * t);
         crate::model::blocks_held(rows * 3.0 * v, block, rows * d, g.layers as f64, remat)
+    }
+    fn attention_scores_per_row(&self, remat: bool) -> f64 {
+        let g = &self.model;
+        let [t, h] = [self.seq, g.heads].map(|x| x as f64);
+        let held = if remat { 1.0 } else { g.layers as f64 };
+        (t + 1.0) * 3.0 * h * t * held
     }
     fn per_row(&self) -> (usize, &'static str) {
         (self.seq, "tokens")

@@ -59,7 +59,7 @@ pub use layers::{
     softmax_cross_entropy,
 };
 pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
-pub use lm::{Blocking, CausalLm};
+pub use lm::{Blocking, CausalLm, cudnn_attention};
 pub use mlp::Mlp;
 pub use model::{
     Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel, Stored,

@@ -727,7 +727,7 @@ impl Llama {
         let mut x = self.embed(b, embed, ids)?;
         let tables = self.rope_tables(b, t, dtype)?;
         let heads = self.heads;
-        let block = blocking.query_block;
+        let block = blocking;
         let mut attend = |b: &mut Builder, [q, k, v]: [Value; 3]| -> Result<Value> {
             let k = lm::repeat_kv(b, k, heads)?;
             let v = lm::repeat_kv(b, v, heads)?;
@@ -1102,6 +1102,12 @@ impl crate::Model for crate::CausalLm<Llama> {
         let rows = t + 1.0;
         let block = rows * (10.0 * d + 6.0 * (h + kv) * hd + 5.0 * f + 3.0 * h * t);
         crate::model::blocks_held(rows * 3.0 * v, block, rows * d, m.layers as f64, remat)
+    }
+    fn attention_scores_per_row(&self, remat: bool) -> f64 {
+        let m = &self.model;
+        let [t, h] = [self.seq, m.heads].map(|x| x as f64);
+        let held = if remat { 1.0 } else { m.layers as f64 };
+        (t + 1.0) * 3.0 * h * t * held
     }
     fn per_row(&self) -> (usize, &'static str) {
         (self.seq, "tokens")

@@ -2,7 +2,7 @@
 //! or by blocks of queries), grouped-query heads repeated for it, and the next-token
 //! loss of final states against an output matrix (whole, or by chunks of positions).
 
-use meshwork_program::{Builder, Result, Value};
+use meshwork_program::{AttentionSpec, Builder, Result, Value};
 use meshwork_types::DType;
 
 use crate::layers::{dims, softmax_cross_entropy};
@@ -14,6 +14,40 @@ pub struct Blocking {
     pub query_block: usize,
     /// Positions per loss chunk: each chunk's logits are `[B, chunk, V]`.
     pub loss_chunk: usize,
+    /// Whole (uncut) causal attention as one [`Op::Attention`] where cuDNN's fused
+    /// attention takes it ([`cudnn_attention`]), for a back end that runs it fused;
+    /// primitive ops otherwise.
+    ///
+    /// [`Op::Attention`]: meshwork_program::Op::Attention
+    pub fused_attention: bool,
+}
+
+/// Whether cuDNN's fused (flash) attention takes causal attention of `heads` heads of
+/// `head_dim` over `seq` positions computed in `dtype`, as JAX's cuDNN wrapper checks
+/// before emitting it (`jax._src.cudnn.fused_attention_stablehlo`): half precision
+/// (bf16 or f16), a head dim that is a multiple of 8 and at most 128, and at least one
+/// position. A deviceless compile does not check these (XLA builds cuDNN graphs only
+/// with a GPU), so meshwork must. `Err` says which does not hold.
+pub fn cudnn_attention(
+    dtype: DType,
+    heads: usize,
+    head_dim: usize,
+    seq: usize,
+) -> Result<(), String> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Err(format!(
+            "cuDNN's fused attention takes bf16 or f16, not {dtype} (give --precision bf16)"
+        ));
+    }
+    if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 {
+        return Err(format!(
+            "cuDNN's fused attention takes a head dim that is a multiple of 8 up to 128, not {head_dim}"
+        ));
+    }
+    if heads == 0 || seq == 0 {
+        return Err("cuDNN's fused attention needs at least one head and one position".into());
+    }
+    Ok(())
 }
 
 /// How attention scores are scaled, as the model's reference computes it (the two
@@ -61,12 +95,26 @@ pub(crate) fn attention(
 pub(crate) fn causal(
     b: &mut Builder,
     [q, k, v]: [Value; 3],
-    block: usize,
+    blocking: Blocking,
     scale: Scale,
 ) -> Result<Value> {
-    let d = dims(b, q)?.1;
+    let block = blocking.query_block;
+    let (dtype, d) = dims(b, q)?;
     let (bs, heads, t, hd) = (d[0], d[1], d[2], d[3]);
-    if block == 0 || block >= t {
+    let whole = block == 0 || block >= t;
+    let compute = b.matmul_dtype().unwrap_or(dtype);
+    if whole && blocking.fused_attention && cudnn_attention(compute, heads, hd, t).is_ok() {
+        let spec = match scale {
+            Scale::DivideBySqrt => {
+                AttentionSpec { scale: (hd as f64).sqrt(), divide: true, causal: true }
+            }
+            Scale::MultiplyByInverseSqrt => {
+                AttentionSpec { scale: (hd as f64).powf(-0.5), divide: false, causal: true }
+            }
+        };
+        return b.attention(q, k, v, spec);
+    }
+    if whole {
         let qi = b.iota(DType::I32, &[t, t], 0)?;
         let ki = b.iota(DType::I32, &[t, t], 1)?;
         let mask = b.ge(qi, ki)?;

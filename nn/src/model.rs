@@ -220,6 +220,13 @@ pub trait Model: std::fmt::Debug + Send + Sync {
     /// Activation elements a step computes per row (forward values and their
     /// gradients); with `remat`, what a step holds at once.
     fn activations_per_row(&self, remat: bool) -> f64;
+    /// The part of [`activations_per_row`](Self::activations_per_row) that attention's
+    /// `[T, T]` scores hold, which fused attention (cuDNN's flash attention) never
+    /// makes; 0 for a model without causal self-attention of its own.
+    fn attention_scores_per_row(&self, remat: bool) -> f64 {
+        let _ = remat;
+        0.0
+    }
     /// What a row counts for in throughput: its tokens, or one sample.
     fn per_row(&self) -> (usize, &'static str);
     /// Whether an evaluation's accuracy counts classes (or next tokens).

@@ -566,6 +566,34 @@ impl Builder {
         out
     }
 
+    /// The dtype products compute in inside [`matmuls_in`](Self::matmuls_in), if set.
+    pub fn matmul_dtype(&self) -> Option<DType> {
+        self.matmul_dtype
+    }
+
+    /// [`Op::Attention`] of heads `q [B,H,Tq,D]`, `k [B,H,Tk,D]`, `v [B,H,Tk,Dv]`. Inside
+    /// [`matmuls_in`](Self::matmuls_in) the heads are converted to its dtype first and
+    /// the result back, as a product's operands are.
+    pub fn attention(
+        &mut self,
+        q: Value,
+        k: Value,
+        v: Value,
+        spec: crate::op::AttentionSpec,
+    ) -> Result<Value> {
+        let dtype = self.spec(q)?.dtype;
+        match self.matmul_dtype {
+            Some(c) if dtype.is_float() && dtype != c => {
+                let qc = self.convert(q, c)?;
+                let kc = self.convert(k, c)?;
+                let vc = self.convert(v, c)?;
+                let out = self.push(Op::Attention(spec), &[qc, kc, vc])?;
+                self.convert(out, dtype)
+            }
+            _ => self.push(Op::Attention(spec), &[q, k, v]),
+        }
+    }
+
     /// XLA's `dot_general`.
     pub fn dot_general(
         &mut self,

@@ -708,6 +708,12 @@ impl<'p> Transposer<'p> {
                 let from = b.spec(x[0])?.dtype;
                 if from.is_float() { vec![Some(b.convert(g, from)?)] } else { vec![None] }
             }
+            Op::Attention(a) => {
+                let args = [x[0], x[1], x[2], g];
+                (0..3)
+                    .map(|wrt| b.push(Op::AttentionGrad { attention: *a, wrt }, &args).map(Some))
+                    .collect::<Result<Vec<_>>>()?
+            }
             Op::Argmax { .. } | Op::OneHot { .. } => vec![None; x.len()],
             Op::Take { .. } if !b.spec(x[0])?.dtype.is_float() => vec![None, None],
             Op::Take { axis } => {

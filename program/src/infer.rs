@@ -356,6 +356,27 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             axis_in(*axis, x.shape.rank(), "axis")?;
             Ok(x.clone())
         }
+        Op::Attention(a) => {
+            arity(args, 3)?;
+            attention_dims(args, a.causal)?;
+            let (q, v) = (args[0].shape.dims(), args[2].shape.dims());
+            spec(args[0].dtype, &[q[0], q[1], q[2], v[3]])
+        }
+        Op::AttentionGrad { attention, wrt } => {
+            arity(args, 4)?;
+            attention_dims(&args[..3], attention.causal)?;
+            let (q, v, g) = (args[0].shape.dims(), args[2].shape.dims(), args[3]);
+            if g.dtype != args[0].dtype || g.shape.dims() != [q[0], q[1], q[2], v[3]] {
+                return Err(format!(
+                    "attention_grad's output cotangent is {g}, not the output's {}[{},{},{},{}]",
+                    args[0].dtype, q[0], q[1], q[2], v[3]
+                ));
+            }
+            match args.get(*wrt).filter(|_| *wrt < 3) {
+                Some(x) => Ok((*x).clone()),
+                None => Err(format!("attention_grad's wrt is {wrt}: 0, 1 or 2")),
+            }
+        }
         Op::Argmax { axis } => {
             arity(args, 1)?;
             let x = args[0];
@@ -550,4 +571,31 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             spec(DType::Bool, &[])
         }
     }
+}
+
+/// Checks attention's `q [B,H,Tq,D]`, `k [B,H,Tk,D]`, `v [B,H,Tk,Dv]`: one float dtype,
+/// rank 4, the batch and heads shared, keys and values of one length, at least one key
+/// (causal: at least as many as queries).
+fn attention_dims(args: &[&TensorSpec], causal: bool) -> Result<(), String> {
+    let (q, k, v) = (args[0], args[1], args[2]);
+    float(q.dtype, "attention")?;
+    if k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(format!("attention's operands differ in dtype: {q}, {k}, {v}"));
+    }
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
+        return Err(format!("attention takes [B,H,T,D] heads, not {q}, {k}, {v}"));
+    }
+    if qd[..2] != kd[..2] || qd[..2] != vd[..2] || qd[3] != kd[3] || kd[2] != vd[2] {
+        return Err(format!(
+            "attention's heads do not agree: q {q}, k {k}, v {v} (q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv])"
+        ));
+    }
+    if kd[2] == 0 {
+        return Err("attention over no keys".into());
+    }
+    if causal && qd[2] > kd[2] {
+        return Err(format!("causal attention of {} queries over {} keys (fewer)", qd[2], kd[2]));
+    }
+    Ok(())
 }

@@ -51,6 +51,7 @@
 mod builder;
 mod catalogue;
 mod combine;
+pub mod composite;
 mod env;
 mod error;
 pub mod fast;
@@ -70,7 +71,7 @@ pub use error::{Error, Result};
 pub use grad::{grad, grad_remat, vjp};
 pub use graph::{Graph, Var};
 pub use meshwork_types::Tensor;
-pub use op::{Binary, Compare, Op, Padding, Reduction, Unary};
+pub use op::{AttentionSpec, Binary, Compare, Op, Padding, Reduction, Unary};
 pub use program::{Instr, Param, Program, Value};
 
 #[cfg(test)]

@@ -187,6 +187,26 @@ pub enum Op {
         /// The axis.
         axis: usize,
     },
+    /// Scaled dot-product attention of heads: queries `[B, H, Tq, D]`, keys
+    /// `[B, H, Tk, D]` and values `[B, H, Tk, Dv]` of one float dtype give
+    /// `[B, H, Tq, Dv]`. Its meaning is its definition
+    /// ([`attention_definition`](crate::composite::attention_definition)): the scores
+    /// `q·kᵀ` in the operands' dtype, then in f32 (or the operands' dtype where wider)
+    /// scaled, masked to `-1e9` where a key comes after its query (causal, the last
+    /// query seeing every key) and softmaxed, then back in the operands' dtype times
+    /// the values. One op so that a back end may run it fused (cuDNN's flash
+    /// attention on NVIDIA GPUs); the interpreters and XLA's plain lowering run its
+    /// definition.
+    Attention(AttentionSpec),
+    /// [`Op::Attention`]'s gradient with respect to operand `wrt` (0 the queries, 1
+    /// the keys, 2 the values), of operands `(q, k, v, dout)`, `dout` the cotangent of
+    /// its output: the vector-Jacobian product of its definition.
+    AttentionGrad {
+        /// The attention differentiated.
+        attention: AttentionSpec,
+        /// Which operand's gradient.
+        wrt: usize,
+    },
     /// Index of the first maximum along `axis` (i64, the axis removed).
     Argmax {
         /// The axis.
@@ -394,6 +414,8 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::Argmax { .. } => "argmax",
+            Op::Attention(_) => "attention",
+            Op::AttentionGrad { .. } => "attention_grad",
             Op::Conv2d { .. } => "conv2d",
             Op::Pad { .. } => "pad",
             Op::ScatterAdd { .. } => "scatter_add",
@@ -509,6 +531,8 @@ impl fmt::Display for Attributes<'_> {
             | Op::LogSoftmax { axis }
             | Op::Argmax { axis } => write!(f, ", axis={axis}"),
             Op::OneHot { depth, .. } => write!(f, ", depth={depth}"),
+            Op::Attention(a) => write!(f, "{a}"),
+            Op::AttentionGrad { attention, wrt } => write!(f, "{attention}, wrt={wrt}"),
             Op::Conv2d { strides, padding }
             | Op::Conv2dBackpropInput { strides, padding, .. }
             | Op::Conv2dBackpropFilter { strides, padding, .. } => write!(
@@ -562,5 +586,32 @@ impl fmt::Display for Attributes<'_> {
             }
             Op::Emit { consumer } => write!(f, ", consumer={consumer}"),
         }
+    }
+}
+
+/// How [`Op::Attention`] scales and masks its scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionSpec {
+    /// The scores are multiplied by `scale`, or divided by it when `divide` (the two
+    /// round differently: GPT-2 divides by `√D`, the Llama family multiplies by
+    /// `D^-½`).
+    pub scale: f64,
+    /// Divide by `scale` instead of multiplying.
+    pub divide: bool,
+    /// Mask the keys after each query (the last query sees every key).
+    pub causal: bool,
+}
+
+impl AttentionSpec {
+    /// The factor the scores are multiplied by, in effect.
+    pub fn multiplier(&self) -> f64 {
+        if self.divide { 1.0 / self.scale } else { self.scale }
+    }
+}
+
+impl fmt::Display for AttentionSpec {
+    /// `, scale=…, divide=…, causal=…`, as in the text form.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ", scale={:?}, divide={}, causal={}", self.scale, self.divide, self.causal)
     }
 }

@@ -777,6 +777,21 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
                 Buf::I(out.into_iter().map(|e| e as i64).collect())
             }
         }
+        Op::Attention(_) | Op::AttentionGrad { .. } => {
+            // A composite: its definition, run by this interpreter.
+            let specs: Vec<meshwork_types::TensorSpec> = args
+                .iter()
+                .map(|v| {
+                    meshwork_types::Shape::new(&v.dims)
+                        .map(|s| meshwork_types::TensorSpec::new(v.dtype, s))
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            let definition = crate::composite::definition(op, &specs)
+                .expect("a composite op has a definition")?;
+            let inputs = args.iter().map(|&v| to_tensor(v.clone())).collect::<Result<Vec<_>>>()?;
+            let out = evaluate(&definition, &inputs)?;
+            from_tensor(&out[0]).buf
+        }
         other => {
             return Err(runtime(
                 at,

@@ -279,6 +279,15 @@ fn any_op() -> impl Strategy<Value = Op> {
         any_dtype().prop_map(|dtype| Op::Convert { dtype }),
         axis().prop_map(|axis| Op::Softmax { axis }),
         axis().prop_map(|axis| Op::LogSoftmax { axis }),
+        (-4.0f64..4.0, any::<bool>(), any::<bool>()).prop_map(|(scale, divide, causal)| {
+            Op::Attention(crate::AttentionSpec { scale, divide, causal })
+        }),
+        (-4.0f64..4.0, any::<bool>(), any::<bool>(), 0usize..4).prop_map(
+            |(scale, divide, causal, wrt)| Op::AttentionGrad {
+                attention: crate::AttentionSpec { scale, divide, causal },
+                wrt
+            }
+        ),
         groups().prop_map(|groups| Op::AllReduce { op: meshwork_types::ReduceOp::Sum, groups }),
         (axis(), groups()).prop_map(|(axis, groups)| Op::ReduceScatter {
             op: meshwork_types::ReduceOp::Mean,
@@ -1422,4 +1431,173 @@ fn a_buffer_too_large_for_memory_is_an_error_not_an_abort() {
     assert!(fast.buffer(&spec).unwrap_err().to_string().contains("memory"));
     let err = crate::reference::evaluate(&program, &[]).unwrap_err();
     assert!(err.to_string().contains("memory"), "{err}");
+}
+
+/// Attention by brute force in f64: for each query, a softmax over the keys it sees
+/// (causal: those up to its position plus `Tk − Tq`), then the values so weighted.
+#[allow(clippy::too_many_arguments)]
+fn attention_by_hand(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    [b, h, tq, tk, d, dv]: [usize; 6],
+    scale: f64,
+    causal: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * h * tq * dv];
+    for bh in 0..b * h {
+        for i in 0..tq {
+            let seen = if causal { i + tk - tq + 1 } else { tk };
+            let s: Vec<f64> = (0..seen)
+                .map(|j| {
+                    (0..d).map(|x| q[(bh * tq + i) * d + x] * k[(bh * tk + j) * d + x]).sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (j, sj) in s.iter().enumerate() {
+                let w = (sj - m).exp() / z;
+                for y in 0..dv {
+                    out[(bh * tq + i) * dv + y] += w * v[(bh * tk + j) * dv + y];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Heads `[b, h, t, d]` of f64 from `seed`, in `[-2, 2)`.
+fn heads(dims: [usize; 4], seed: u64) -> Tensor {
+    let n: usize = dims.iter().product();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let values = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+        })
+        .collect();
+    Tensor::f64(&dims, values).unwrap()
+}
+
+proptest! {
+    /// `attention` on both interpreters equals attention computed by hand, causal or
+    /// not, scaled by multiplying or dividing, for any head sizes.
+    #[test]
+    fn prop_attention_is_softmax_weighted_values(
+        (b, h, tq, extra, d, dv) in (1usize..3, 1usize..3, 1usize..5, 0usize..3, 1usize..5, 1usize..4),
+        causal in any::<bool>(),
+        divide in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let tk = tq + extra;
+        let (q, k, v) = (heads([b, h, tq, d], seed), heads([b, h, tk, d], seed ^ 1), heads([b, h, tk, dv], seed ^ 2));
+        let a = crate::AttentionSpec { scale: 0.7, divide, causal };
+        let mut bl = Builder::new();
+        let pq = bl.param("q", q.spec()).unwrap();
+        let pk = bl.param("k", k.spec()).unwrap();
+        let pv = bl.param("v", v.spec()).unwrap();
+        let out = bl.attention(pq, pk, pv, a).unwrap();
+        let p = bl.finish(&[out]).unwrap();
+        let want = attention_by_hand(
+            &q.to_f64(), &k.to_f64(), &v.to_f64(), [b, h, tq, tk, d, dv],
+            if divide { 1.0 / 0.7 } else { 0.7 }, causal,
+        );
+        let inputs = [q, k, v];
+        for got in [crate::reference::evaluate(&p, &inputs).unwrap(), crate::fast::evaluate(&p, &inputs).unwrap()] {
+            prop_assert_eq!(got[0].shape(), &[b, h, tq, dv]);
+            for (g, w) in got[0].to_f64().iter().zip(&want) {
+                prop_assert!((g - w).abs() <= 1e-12 * (1.0 + w.abs()), "{} vs {}", g, w);
+            }
+        }
+    }
+
+    /// The gradients of `attention` (its `attention_grad`s) equal central finite
+    /// differences of the attention computed by hand.
+    #[test]
+    fn prop_attention_gradients_are_finite_differences(
+        (tq, extra, d) in (1usize..4, 0usize..2, 1usize..4),
+        causal in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (b, h, tk, dv) = (1, 2, tq + extra, 2);
+        let q = heads([b, h, tq, d], seed);
+        let k = heads([b, h, tk, d], seed ^ 1);
+        let v = heads([b, h, tk, dv], seed ^ 2);
+        let weights = heads([b, h, tq, dv], seed ^ 3).to_f64();
+        let a = crate::AttentionSpec { scale: 0.5, divide: false, causal };
+        // loss = Σ attention · weights.
+        let mut bl = Builder::new();
+        let pq = bl.param("q", q.spec()).unwrap();
+        let pk = bl.param("k", k.spec()).unwrap();
+        let pv = bl.param("v", v.spec()).unwrap();
+        let pw = bl.param("w", Tensor::f64(&[b, h, tq, dv], weights.clone()).unwrap().spec()).unwrap();
+        let out = bl.attention(pq, pk, pv, a).unwrap();
+        let prod = bl.mul(out, pw).unwrap();
+        let loss = bl.reduce_sum(prod, &[0, 1, 2, 3], false).unwrap();
+        let forward = bl.finish(&[loss]).unwrap();
+        let g = crate::grad(&forward, forward.results()[0], &[Value(0), Value(1), Value(2)]).unwrap();
+        let fused = g.instrs().iter().any(|i| matches!(i.op, Op::AttentionGrad { .. }));
+        prop_assert!(fused, "the gradient holds attention_grad");
+        let w = Tensor::f64(&[b, h, tq, dv], weights.clone()).unwrap();
+        let got = crate::fast::evaluate(&g, &[q.clone(), k.clone(), v.clone(), w]).unwrap();
+        let dims = [b, h, tq, tk, d, dv];
+        let loss_of = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            attention_by_hand(q, k, v, dims, 0.5, causal).iter().zip(&weights).map(|(a, w)| a * w).sum()
+        };
+        let base = [q.to_f64(), k.to_f64(), v.to_f64()];
+        for wrt in 0..3 {
+            let grad = got[1 + wrt].to_f64();
+            for i in 0..base[wrt].len() {
+                let eps = 1e-6;
+                let mut plus = base.clone();
+                plus[wrt][i] += eps;
+                let mut minus = base.clone();
+                minus[wrt][i] -= eps;
+                let fd = (loss_of(&plus[0], &plus[1], &plus[2]) - loss_of(&minus[0], &minus[1], &minus[2])) / (2.0 * eps);
+                prop_assert!((grad[i] - fd).abs() <= 1e-6 * (1.0 + fd.abs()), "d{} [{}]: {} vs {}", wrt, i, grad[i], fd);
+            }
+        }
+    }
+}
+
+/// Attention refuses heads that do not agree, and causal attention over fewer keys
+/// than queries; its gradient refuses a cotangent of the wrong shape and `wrt` past
+/// the values; a second derivative has no rule.
+#[test]
+fn attention_refuses_what_it_cannot_take() {
+    let a = crate::AttentionSpec { scale: 1.0, divide: false, causal: true };
+    let e = infer(Op::Attention(a), &["f32[1,2,3,4]", "f32[1,2,3,5]", "f32[1,2,3,4]"]).unwrap_err();
+    assert!(e.to_string().contains("heads do not agree"), "{e}");
+    let e = infer(Op::Attention(a), &["f32[1,2,4,4]", "f32[1,2,3,4]", "f32[1,2,3,4]"]).unwrap_err();
+    assert!(e.to_string().contains("causal attention of 4 queries over 3 keys"), "{e}");
+    let e = infer(Op::Attention(a), &["f32[1,2,3,4]", "f64[1,2,3,4]", "f32[1,2,3,4]"]).unwrap_err();
+    assert!(e.to_string().contains("differ in dtype"), "{e}");
+    let e = infer(Op::Attention(a), &["i32[1,2,3,4]", "i32[1,2,3,4]", "i32[1,2,3,4]"]).unwrap_err();
+    assert!(e.to_string().contains("float"), "{e}");
+    assert_eq!(
+        infer(Op::Attention(a), &["f32[1,2,3,4]", "f32[1,2,5,4]", "f32[1,2,5,7]"]).unwrap(),
+        "f32[1,2,3,7]"
+    );
+    let g = |wrt| Op::AttentionGrad { attention: a, wrt };
+    let qkv = ["f32[1,2,3,4]", "f32[1,2,5,4]", "f32[1,2,5,7]"];
+    assert_eq!(infer(g(1), &[qkv[0], qkv[1], qkv[2], "f32[1,2,3,7]"]).unwrap(), "f32[1,2,5,4]");
+    let e = infer(g(3), &[qkv[0], qkv[1], qkv[2], "f32[1,2,3,7]"]).unwrap_err();
+    assert!(e.to_string().contains("wrt is 3"), "{e}");
+    let e = infer(g(0), &[qkv[0], qkv[1], qkv[2], "f32[1,2,3,4]"]).unwrap_err();
+    assert!(e.to_string().contains("cotangent"), "{e}");
+    // attention_grad has no transpose rule of its own.
+    let mut b = Builder::new();
+    let ps: Vec<Value> = [qkv[0], qkv[1], qkv[2], "f32[1,2,3,7]"]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| b.param(&format!("p{i}"), spec(s)).unwrap())
+        .collect();
+    let d = b.push(g(0), &ps).unwrap();
+    let l = b.reduce_sum(d, &[0, 1, 2, 3], false).unwrap();
+    let p = b.finish(&[l]).unwrap();
+    let e = crate::grad(&p, p.results()[0], &[Value(0)]).unwrap_err();
+    assert!(matches!(e, Error::NoTransposeRule { op: "attention_grad", .. }), "{e}");
 }

@@ -318,6 +318,8 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "slice" => &["start", "stop", "step"],
         "concat" | "take" | "softmax" | "log_softmax" | "argmax" | "iota" => &["axis"],
         "one_hot" => &["depth"],
+        "attention" => &["scale", "divide", "causal"],
+        "attention_grad" => &["scale", "divide", "causal", "wrt"],
         "conv2d" | "conv2d_backprop_input" | "conv2d_backprop_filter" => &["strides", "padding"],
         "pad" => &["low", "high", "interior"],
         "scatter_add" => &["axis"],
@@ -398,6 +400,25 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "log_softmax" => Op::LogSoftmax { axis: num("axis")? },
         "argmax" => Op::Argmax { axis: num("axis")? },
         "one_hot" => Op::OneHot { depth: num("depth")?, dtype: spec.dtype },
+        "attention" | "attention_grad" => {
+            let flag = |key: &str| match get(key)? {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                v => Err(format!("`{key}={v}` is not true or false")),
+            };
+            let v = get("scale")?;
+            let scale: f64 = v.parse().map_err(|_| format!("`scale={v}` is not a number"))?;
+            let attention = crate::op::AttentionSpec {
+                scale,
+                divide: flag("divide")?,
+                causal: flag("causal")?,
+            };
+            if name == "attention" {
+                Op::Attention(attention)
+            } else {
+                Op::AttentionGrad { attention, wrt: num("wrt")? }
+            }
+        }
         "pad" => Op::Pad { low: lst("low")?, high: lst("high")?, interior: lst("interior")? },
         "scatter_add" => Op::ScatterAdd { axis: num("axis")? },
         "conv2d" | "conv2d_backprop_input" | "conv2d_backprop_filter" => {

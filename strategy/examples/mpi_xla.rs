@@ -169,7 +169,7 @@ fn small_model() -> Result<Model, Error> {
     })
 }
 
-fn check(mpi: &Mpi, plugin: &meshwork_strategy::xla::Plugin) -> Result<(), Error> {
+fn check(mpi: &Mpi, plugin: &meshwork_xla::Plugin) -> Result<(), Error> {
     let p = mpi.process();
     let dir = std::env::args_os().nth(1).ok_or("give a new checkpoint directory")?;
     let model = small_model()?;
@@ -204,7 +204,7 @@ fn check(mpi: &Mpi, plugin: &meshwork_strategy::xla::Plugin) -> Result<(), Error
     println!("process {p}: the checkpoint saved across the processes restores in one");
     // The job's key-value store as a PJRT client's (what a client spanning processes
     // would exchange its topology through): each process's value reaches the other.
-    use meshwork_strategy::xla::KeyValueStore;
+    use meshwork_xla::KeyValueStore;
     let store = meshwork_strategy::backend::MpiKeyValueStore(mpi.key_value_store());
     store.put(format!("topology/{p}").as_bytes(), format!("node {p}").as_bytes())?;
     let q = 1 - p;
@@ -245,7 +245,7 @@ fn rate(strategy: &Strategy, model: &Model) -> Result<f64, Error> {
     Ok(common::median(rates))
 }
 
-fn bench(mpi: &Mpi, plugin: &meshwork_strategy::xla::Plugin) -> Result<(), Error> {
+fn bench(mpi: &Mpi, plugin: &meshwork_xla::Plugin) -> Result<(), Error> {
     let steps = std::env::args().find_map(|a| a.strip_prefix("steps=")?.parse().ok()).unwrap_or(5);
     let model = common::transformer_model(16, steps)?;
     let xla2: Arc<dyn Backend> = Arc::new(Xla::with_devices(plugin, 2)?);
@@ -286,8 +286,8 @@ fn main() -> ExitCode {
     }
     let run = || -> Result<(), Error> {
         let mpi = Mpi::init(Some(PROCESSES))?;
-        let path = meshwork_strategy::xla::find::plugin_path(None)?;
-        let plugin = meshwork_strategy::xla::find::load(&path)?;
+        let path = meshwork_xla::find::plugin_path(None)?;
+        let plugin = meshwork_xla::find::load(&path)?;
         if std::env::args().any(|a| a == "bench") {
             bench(&mpi, &plugin)
         } else {

@@ -196,8 +196,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if which.is_empty() {
         which = vec!["small", "mlp"];
     }
-    let plugin = meshwork_strategy::xla::find::plugin_path(None)?;
-    let plugin = meshwork_strategy::xla::find::load(&plugin)?;
+    let plugin = meshwork_xla::find::plugin_path(None)?;
+    let plugin = meshwork_xla::find::load(&plugin)?;
     let backend = Arc::new(Xla::new(&plugin)?);
     let device = backend
         .session()

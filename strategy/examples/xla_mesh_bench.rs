@@ -119,8 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let jax_lines = jax_run(None);
     let jax_plugin_lines = jax_run(Some("on_pjrt_plugin.py"));
-    let plugin =
-        meshwork_strategy::xla::find::load(&meshwork_strategy::xla::find::plugin_path(None)?)?;
+    let plugin = meshwork_xla::find::load(&meshwork_xla::find::plugin_path(None)?)?;
     let meshwork_xla = Arc::new(Xla::with_devices(&plugin, 4)?);
     let xla_xla = Arc::new(Xla::with_devices(&plugin, 4)?.with_partitioner(Partitioner::Xla));
     let model = common::TRANSFORMER;

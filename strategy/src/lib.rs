@@ -97,7 +97,6 @@ pub use meshwork_program as program;
 pub use meshwork_sharding as sharding;
 pub use meshwork_types as types;
 pub use meshwork_types::ReduceOp;
-pub use meshwork_xla as xla;
 pub use metrics::{MetricCallback, MetricEvent, MetricSpec};
 pub use strategy::{ReplicaFn, Strategy};
 pub use values::{Arg, PerReplica};

@@ -216,7 +216,7 @@ fn a_training_step_on_an_xla_mesh_gives_the_interpreters() {
 fn collectives_on_xla_devices_agree_with_the_executors() {
     use meshwork_strategy::ReduceOp;
     use meshwork_strategy::backend::Interpreter;
-    use meshwork_strategy::xla::{Arg, Session, lower::LowerOptions};
+    use meshwork_xla::{Arg, Session, lower::LowerOptions};
     let mut b = Builder::new();
     let x = b.param("x", "f64[4,2]".parse().unwrap()).unwrap();
     let all = [vec![0, 1, 2, 3]];

@@ -243,9 +243,51 @@ pub enum BackendKind {
         /// `--partitioner`: who splits a mesh's step, meshwork or XLA.
         partitioner: Partitioner,
     },
+    /// XLA compiling for GPUs that are not here (`--target`, for `inspect`): the CUDA
+    /// plugin (`--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`) compiles the step for the
+    /// target's topology without a device.
+    XlaTarget {
+        /// `--pjrt-plugin`.
+        plugin: Option<PathBuf>,
+        /// `--partitioner`.
+        partitioner: Partitioner,
+        /// `--target`: `h100`, `h100x8`, `2xh100x8`.
+        target: String,
+        /// `--target-config`: a `GpuTargetConfigProto` text file in place of the
+        /// shipped one.
+        target_config: Option<PathBuf>,
+    },
+}
+
+impl BackendKind {
+    /// Whether XLA compiles the steps (on a client's devices or for a target).
+    pub fn is_xla(&self) -> bool {
+        !matches!(self, BackendKind::Interpreter)
+    }
+
+    /// Who splits a mesh's step.
+    pub fn partitioner(&self) -> Partitioner {
+        match self {
+            BackendKind::Interpreter => Partitioner::Meshwork,
+            BackendKind::Xla { partitioner, .. } | BackendKind::XlaTarget { partitioner, .. } => {
+                *partitioner
+            }
+        }
+    }
 }
 
 pub use meshwork_strategy::backend::Partitioner;
+
+/// How causal attention lowers on XLA (`--attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// cuDNN's fused (flash) attention: the custom calls JAX emits for
+    /// `dot_product_attention(implementation="cudnn")`; refused where cuDNN does not
+    /// take the model's attention or the back end is not a CUDA one.
+    Cudnn,
+    /// XLA's own lowering of attention's primitive ops.
+    Xla,
+}
 
 /// A training run's settings: the command line's flags, by name.
 #[derive(Debug, Clone, PartialEq)]
@@ -264,6 +306,11 @@ pub struct Config {
     pub vocab: Option<usize>,
     /// `--seq`.
     pub seq: Option<usize>,
+    /// `--positions`: a GPT-2's positions (its context at most).
+    pub positions: Option<usize>,
+    /// `--attention`: `None` lowers it with cuDNN where the back end is a CUDA one and
+    /// cuDNN takes it, plainly otherwise.
+    pub attention: Option<AttentionKind>,
     /// `--hidden`, the MLP's hidden units.
     pub hidden: Option<usize>,
     /// `--classes`, the MLP's classes when its labels do not say them all.
@@ -368,6 +415,8 @@ impl Default for Config {
             ffn: None,
             vocab: None,
             seq: None,
+            positions: None,
+            attention: None,
             hidden: None,
             classes: None,
             filters: None,

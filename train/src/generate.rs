@@ -274,20 +274,15 @@ fn compile_decoder<'s>(
 /// A tensor's name and shape.
 type Named = (String, Vec<usize>);
 
-/// A one-device strategy on `backend`.
+/// A one-device strategy on `backend` (made by the one back-end factory); a target is
+/// for `inspect`, which compiles without running.
 fn strategy_on(backend: &BackendKind) -> Result<meshwork_strategy::Strategy> {
-    let strategy = meshwork_strategy::Strategy::data_parallel(1).map_err(Error::failed)?;
-    Ok(match backend {
-        BackendKind::Interpreter => strategy,
-        BackendKind::Xla { plugin, .. } => {
-            let path = meshwork_strategy::xla::find::plugin_path(plugin.as_deref())
-                .map_err(|e| Error::flag("pjrt-plugin", e))?;
-            let loaded = meshwork_strategy::xla::find::load(&path)
-                .map_err(|e| Error::flag("pjrt-plugin", e))?;
-            let xla = meshwork_strategy::backend::Xla::new(&loaded).map_err(Error::failed)?;
-            strategy.with_backend(std::sync::Arc::new(xla))
-        }
-    })
+    if let BackendKind::XlaTarget { target, .. } = backend {
+        return Err(Error::usage(format!(
+            "--target {target} compiles for GPUs that are not here; generate runs (use --backend xla on a machine with the GPU)"
+        )));
+    }
+    crate::backend::make(backend, 0.0, 1)?.strategy(1)
 }
 
 /// The logits of `token` at `position`, the cache updated on the device.

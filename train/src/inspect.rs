@@ -20,7 +20,7 @@ use crate::{Error, Result};
 pub fn inspect(config: &Config) -> Result<String> {
     // Planned on the interpreter: the module XLA would compile is printed without a
     // plugin (and without the interpreter's cutting of attention into pieces).
-    let xla = matches!(config.backend, crate::config::BackendKind::Xla { .. });
+    let xla = config.backend.is_xla();
     let planned = Config {
         backend: crate::config::BackendKind::Interpreter,
         blocking: if xla { Some(meshwork_nn::Blocking::default()) } else { config.blocking },
@@ -54,13 +54,13 @@ pub fn inspect(config: &Config) -> Result<String> {
     if xla {
         // The module XLA compiles for each device, its state donated step to step.
         let carry = step.compiled().carry_pairs();
-        let options = meshwork_strategy::xla::lower::LowerOptions {
+        let options = meshwork_xla::lower::LowerOptions {
             replicas: devices,
             donate: carry,
             ..Default::default()
         };
-        let lowered = meshwork_strategy::xla::lower::lower(part.program(), &options)
-            .map_err(Error::failed)?;
+        let lowered =
+            meshwork_xla::lower::lower(part.program(), &options).map_err(Error::failed)?;
         return Ok(lowered.text);
     }
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
@@ -170,10 +170,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
     };
     let steps = (after.steps - before.steps).max(1);
     let per_step = |a: u64, b: u64| (a - b) / steps;
-    let partitioner = match &config.backend {
-        crate::config::BackendKind::Xla { partitioner, .. } => format!("{partitioner:?}"),
-        crate::config::BackendKind::Interpreter => "Meshwork".into(),
-    };
+    let partitioner = format!("{:?}", config.backend.partitioner());
     // The estimate --max-memory is checked against (the run's, without the check's
     // copy), and what --fsdp leaves whole.
     let estimate =

@@ -40,6 +40,7 @@
 //! # Ok::<(), meshwork_train::Error>(())
 //! ```
 
+mod backend;
 pub mod chat;
 mod config;
 pub mod data;
@@ -59,11 +60,12 @@ mod resume;
 pub mod rng;
 mod steps;
 mod stop;
+mod target;
 pub mod tokenize;
 mod trainer;
 
 pub use config::{
-    BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind,
+    AttentionKind, BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind,
     OptimizerSettings, Partitioner, Schedule,
 };
 pub use error::{Error, Result};
@@ -74,4 +76,5 @@ pub use observe::{Observer, Quiet, Start, Step};
 pub use plan::{MAX_DEVICES, MAX_STEPS};
 pub use report::{CheckOutcome, Report, loss_text, number_text, sparkline, steps_text, svg};
 pub use stop::stop_on_signals;
+pub use target::{MEMORY_FRACTION, inspect_target, target_devices};
 pub use trainer::{Trainer, initial_weights, learning_rate};

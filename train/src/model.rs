@@ -94,6 +94,26 @@ impl Regions {
     }
 }
 
+/// A training step as one device of a compiled back end runs it: what
+/// [`Net::device_estimate`] sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceStep {
+    /// The global batch.
+    pub(crate) batch: usize,
+    /// The weights' dtype.
+    pub(crate) dtype: DType,
+    /// `--precision`.
+    pub(crate) precision: Option<DType>,
+    /// The mesh.
+    pub(crate) layout: Layout,
+    /// `--grad-accum`, `--remat`, `--fsdp`.
+    pub(crate) savers: Savers,
+    /// The optimizer (its slots).
+    pub(crate) optimizer: meshwork_nn::Optimizer,
+    /// Attention as one fused op (no `[T, T]` scores held).
+    pub(crate) fused_attention: bool,
+}
+
 /// A run's estimated bytes ([`Net::memory_estimate`]), by what holds them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Estimate {
@@ -335,6 +355,63 @@ impl Net {
         // (the check's too), in f64 where they are read and in the dtype where fed.
         let calls = steps_per_run.max(1) as f64;
         let feeds = calls * b * self.0.row_elements() * (8.0 + size * (1.0 + checked));
+        Estimate { weights, activations, feeds }
+    }
+
+    /// What one device of a mesh holds at its step's peak, for a compiled back end
+    /// (XLA: each device its own memory, no one-device check, no host copies): its
+    /// weights' parts (split over the model axis as [`weight_spec`](Self::weight_spec)
+    /// says, over the data axis too with `--fsdp`) with their gradients and optimizer
+    /// slots, `--fsdp`'s gathered copies, and its share of the step's activations
+    /// (its rows of the batch, a micro-batch at a time; the model axis splits the
+    /// heads and the MLP, taken as splitting them all), in `--precision`'s dtype.
+    /// `feeds` is its batch part. Fused attention holds no `[T, T]` scores.
+    pub(crate) fn device_estimate(&self, step: &DeviceStep) -> Estimate {
+        let DeviceStep { batch, dtype, precision, layout, savers, optimizer, fused_attention } =
+            *step;
+        let size = dtype.size_in_bytes() as f64;
+        // Activations are in the dtype products compute in (`--precision`).
+        let act_size = precision.unwrap_or(dtype).size_in_bytes() as f64;
+        let (data, model) = match layout {
+            Layout::Mesh { data, model } => (data.max(1), model.max(1)),
+            Layout::Pipeline { replicas, .. } => (replicas.max(1), 1),
+        };
+        let mut held = 0.0;
+        let mut gathered = 0.0;
+        for (name, dims) in self.weight_dims() {
+            let n: f64 = dims.iter().map(|&d| d as f64).product();
+            let split = |spec: &PartitionSpec, axis: &str, by: usize| {
+                let on = spec
+                    .dims()
+                    .iter()
+                    .any(|d| matches!(d, DimSpec::Axes(a) if a.iter().any(|x| x == axis)));
+                if on { by as f64 } else { 1.0 }
+            };
+            let base = self.weight_spec(&name, dims.len(), model);
+            let whole = n / split(&base, "model", model);
+            match self.fsdp_spec(&name, &dims, (data, model)).filter(|_| savers.fsdp && data > 1) {
+                Some(spec) => {
+                    held += n / (split(&spec, "model", model) * split(&spec, "data", data));
+                    gathered += whole;
+                }
+                None => held += whole,
+            }
+        }
+        if savers.remat && savers.fsdp {
+            // A block's weights gathered (and again in its backward pass) at a time.
+            gathered = 2.0 * gathered / self.0.layers().max(1) as f64;
+        }
+        // Weight, gradient and optimizer slots held; gathered copies and their
+        // gradients before the reduce-scatter.
+        let slots = 2.0 + optimizer.state_names().len() as f64;
+        let weights = (held * slots + 2.0 * gathered) * size;
+        let rows = batch as f64 / data as f64 / savers.micro.max(1) as f64;
+        let mut per_row = self.0.activations_per_row(savers.remat);
+        if fused_attention {
+            per_row -= self.0.attention_scores_per_row(savers.remat);
+        }
+        let activations = act_size * rows * per_row / model as f64;
+        let feeds = rows * savers.micro.max(1) as f64 * self.0.row_elements() * size;
         Estimate { weights, activations, feeds }
     }
 

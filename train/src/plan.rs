@@ -79,8 +79,10 @@ pub(crate) struct Plan {
     pub(crate) loss_scale: Option<meshwork_nn::LossScale>,
     /// A language model's attention and loss in pieces (on the interpreter).
     pub(crate) blocking: meshwork_nn::Blocking,
-    /// XLA's back end when `--backend xla` (its plugin loaded, a client made).
-    pub(crate) xla: Option<std::sync::Arc<meshwork_strategy::backend::Xla>>,
+    /// The back end (`--backend`, `--target`): made before any long work.
+    pub(crate) backend: crate::backend::Chosen,
+    /// Why attention lowers plainly on a back end that could run it through cuDNN.
+    pub(crate) attention_note: Option<String>,
 }
 
 fn usage(message: impl Into<String>) -> Error {
@@ -108,12 +110,7 @@ impl Plan {
 
     /// A strategy of the layout's devices on the run's back end.
     pub(crate) fn strategy(&self) -> Result<meshwork_strategy::Strategy> {
-        let strategy = meshwork_strategy::Strategy::data_parallel(self.layout.devices())
-            .map_err(Error::failed)?;
-        Ok(match &self.xla {
-            Some(xla) => strategy.with_backend(xla.clone()),
-            None => strategy,
-        })
+        self.backend.strategy(self.layout.devices())
     }
 }
 
@@ -128,7 +125,7 @@ struct Placement {
 
 /// `--mesh`, `--stages` and `--microbatches`, checked alone and together.
 fn placement(config: &Config, defaults: &Defaults) -> Result<Placement> {
-    let xla = matches!(config.backend, BackendKind::Xla { .. });
+    let xla = config.backend.is_xla();
     let default_mesh = if xla { (1, 1) } else { defaults.mesh };
     let (data_axis, model_axis) = config.mesh.unwrap_or(default_mesh);
     if data_axis == 0 || model_axis == 0 {
@@ -164,9 +161,7 @@ fn placement(config: &Config, defaults: &Defaults) -> Result<Placement> {
     } else {
         Layout::Mesh { data: data_axis, model: model_axis }
     };
-    if stages > 1
-        && matches!(config.backend, BackendKind::Xla { partitioner: Partitioner::Xla, .. })
-    {
+    if stages > 1 && config.backend.partitioner() == Partitioner::Xla {
         return Err(usage(format!(
             "--partitioner xla splits SPMD meshes; {} is placed stage by stage (drop --partitioner xla)",
             layout.describe()
@@ -429,7 +424,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // The model's memory and the run's bookkeeping against --max-memory (checked before
     // a model's rows are read, and again once its data are known), the one-device
     // check's copy counted unless the check can never run.
-    let checkable = config.check != Check::Never && (place.devices > 1 || place.xla);
+    let targeted = matches!(config.backend, BackendKind::XlaTarget { .. });
+    let checkable = config.check != Check::Never && (place.devices > 1 || place.xla) && !targeted;
     let memory = |net: &Net| {
         let extra = bookkeeping(config, run.steps);
         let need = net.memory_estimate(
@@ -440,6 +436,11 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             checkable,
             run.savers,
         );
+        // A target's devices are not this machine's: XLA's compile judges their
+        // memory (`inspect --target`), not --max-memory.
+        if matches!(config.backend, BackendKind::XlaTarget { .. }) {
+            return Ok(());
+        }
         check_memory(need.total() + extra, limit)
     };
     let ctx = Ctx {
@@ -489,11 +490,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // device. Half-precision products round differently when split over devices: such
     // runs are checked only when asked (with a tolerance for it).
     let check = (place.devices > 1 || place.xla)
+        && !targeted
         && match config.check {
             Check::Never => false,
             Check::Always => true,
             Check::Auto => need.total() <= CHECK_BYTES && config.precision.is_none(),
         };
+    let backend = crate::backend::make(&config.backend, need.total(), place.devices)?;
+    let (fused, attention_note) = attention(config, &net, &backend, dtype)?;
     Ok(Plan {
         layout: place.layout,
         batch: run.batch,
@@ -537,8 +541,13 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         savers: run.savers,
         precision: config.precision,
         loss_scale: run.loss_scale,
-        blocking: config.blocking.unwrap_or_else(|| blocking(&net, run.batch, dtype, place.xla)),
-        xla: xla_backend(&config.backend, need.total(), place.devices)?,
+        blocking: config.blocking.unwrap_or_else(|| {
+            let mut b = blocking(&net, run.batch, dtype, place.xla);
+            b.fused_attention = fused;
+            b
+        }),
+        attention_note,
+        backend,
         net,
     })
 }
@@ -625,40 +634,45 @@ fn check_checkpoint_dir(config: &Config, first: usize) -> Result<()> {
     Ok(())
 }
 
-/// `--backend xla`'s back end: the plugin (`--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`)
-/// loaded and a client made on it, before any long work; a missing or bad plugin is
-/// a usage error naming the flag.
-/// A run estimated to hold `need` bytes on the device is refused here when the
-/// device reports less memory (a GPU's allocator does; the CPU plugin does not).
-fn xla_backend(
-    backend: &BackendKind,
-    need: f64,
-    devices: usize,
-) -> Result<Option<std::sync::Arc<meshwork_strategy::backend::Xla>>> {
-    use meshwork_strategy::xla::find;
-    let BackendKind::Xla { plugin, partitioner } = backend else { return Ok(None) };
-    let flag = if plugin.is_some() { "pjrt-plugin" } else { "backend" };
-    let path = find::plugin_path(plugin.as_deref()).map_err(|e| Error::flag(flag, e))?;
-    let plugin = find::load(&path).map_err(|e| Error::flag(flag, e))?;
-    let xla = meshwork_strategy::backend::Xla::with_devices(&plugin, devices)
-        .map_err(|e| Error::flag(flag, e))?
-        .with_partitioner(*partitioner);
-    let client = xla.session().client();
-    let limit = client
-        .device(0)
-        .ok()
-        .and_then(|d| client.memory_stats(d))
-        .and_then(|m| m.bytes_limit.map(|l| (l - m.bytes_in_use).max(0)));
-    if let Some(free) = limit
-        && need > free as f64
-    {
-        return Err(Error::usage(format!(
-            "--backend xla: the run would hold about {:.2} GB on the device, which has {:.2} GB free; give smaller sizes or --batch",
-            need / 1e9,
-            free as f64 / 1e9
-        )));
+/// Whether a language model's attention is one fused op (`--attention`; by default
+/// where the back end runs it through cuDNN and cuDNN takes it), and, when it is not
+/// on such a back end, why.
+fn attention(
+    config: &Config,
+    net: &Net,
+    backend: &crate::backend::Chosen,
+    dtype: DType,
+) -> Result<(bool, Option<String>)> {
+    use crate::config::AttentionKind;
+    let cudnn = backend.backend.as_ref().is_some_and(|b| b.cudnn());
+    if config.attention == Some(AttentionKind::Xla) {
+        return Ok((false, None));
     }
-    Ok(Some(std::sync::Arc::new(xla)))
+    let forced = config.attention == Some(AttentionKind::Cudnn);
+    if forced && !cudnn {
+        return Err(usage(
+            "--attention cudnn: cuDNN runs on NVIDIA GPUs; use --target, or --backend xla with the CUDA plugin",
+        ));
+    }
+    if !cudnn {
+        return Ok((false, None));
+    }
+    // [B, KV, T, hd] per layer's cache: the head dim.
+    let head = net.model().decoder().and_then(|d| d.cache(1, 1).first().map(|(_, s)| s.clone()));
+    let why = match head {
+        None => Err(format!("the {} builds its attention of primitive ops", net.describe())),
+        Some(s) => meshwork_nn::cudnn_attention(
+            config.precision.unwrap_or(dtype),
+            s.get(1).copied().unwrap_or(0),
+            s.last().copied().unwrap_or(0),
+            net.per_row().0,
+        ),
+    };
+    match why {
+        Ok(()) => Ok((true, None)),
+        Err(why) if forced => Err(usage(format!("--attention cudnn: {why}"))),
+        Err(why) => Ok((false, Some(why))),
+    }
 }
 
 /// What a run keeps per step beside the model: each step's loss (8 bytes) and, with
@@ -696,6 +710,7 @@ fn blocking(net: &Net, batch: usize, dtype: DType, xla: bool) -> meshwork_nn::Bl
             meshwork_nn::Blocking {
                 query_block: if seq > QUERY_BLOCK { QUERY_BLOCK } else { 0 },
                 loss_chunk: if chunk < seq { chunk } else { 0 },
+                fused_attention: false,
             }
         }
         _ => meshwork_nn::Blocking::default(),
@@ -734,9 +749,7 @@ fn savers(
             "--batch {batch} does not split into --grad-accum {micro} micro-batches over the {data} data replicas of --mesh {data}x{model}"
         )));
     }
-    if config.fsdp
-        && matches!(config.backend, BackendKind::Xla { partitioner: Partitioner::Xla, .. })
-    {
+    if config.fsdp && config.backend.partitioner() == Partitioner::Xla {
         return Err(usage(
             "--fsdp gathers weights where meshwork's partitioner reads them; with --partitioner xla it would not (drop one)",
         ));

@@ -292,6 +292,87 @@ pub(crate) struct Recipe<'a> {
     pub(crate) shards: Option<&'a crate::hf::HfShards>,
 }
 
+/// The training step of `recipe` over the mesh `layout` compiled on `strategy`, with
+/// its trained weights' names and the micro-batches it takes; its optimizer state set
+/// to its initial value when `init_state` (else unset: a step compiled to plan, not
+/// run). Its weights are the caller's to set.
+pub(crate) fn mesh_step<'s>(
+    strategy: &'s Strategy,
+    layout: Layout,
+    recipe: &Recipe<'_>,
+    init_state: bool,
+) -> Result<(CompiledTrainStep<'s>, Vec<String>, usize)> {
+    let Layout::Mesh { data, model } = layout else {
+        return Err(Error::usage(format!("{} is not a mesh", layout.describe())));
+    };
+    let Recipe {
+        net, batch, dtype, optimizer, clip, savers, precision, loss_scale, blocking, ..
+    } = *recipe;
+    let fed = net.fed();
+    // A micro-batch's loss, and its blocks for --remat.
+    let micro = savers.micro.max(1);
+    let (program, loss, blocks) =
+        net.loss_program_blocks(batch / micro, dtype, layout, precision, blocking)?;
+    // --fsdp: each split weight's layout, and whole copies read by the model.
+    let split: Vec<(usize, PartitionSpec)> = match savers.fsdp {
+        false => Vec::new(),
+        true => program.params()[fed..]
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| {
+                let dims = p.spec.shape.dims();
+                net.fsdp_spec(&p.name, dims, (data, model)).map(|s| (fed + k, s))
+            })
+            .collect(),
+    };
+    let whole: Vec<usize> = split.iter().map(|(k, _)| *k).collect();
+    let recomputed = blocks.recomputed(savers.remat);
+    let (program, loss, recomputed) = gathered(&program, loss, &recomputed, &whole)?;
+    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+    let options =
+        StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale };
+    let step =
+        TrainStep::with_options(&program, loss, &weights, optimizer, &options).map_err(failed)?;
+    let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
+    let mut shardings = Shardings::new(mesh);
+    let params = step.program.params();
+    for p in &params[..fed * micro] {
+        shardings = shardings.with(&p.name, "P('data')").map_err(failed)?;
+    }
+    for &w in &step.trained {
+        let p = &params[w.index()];
+        let rank = p.spec.shape.rank();
+        let base = net.weight_spec(&p.name, rank, model);
+        match split.iter().find(|(k, _)| program.params()[*k].name == p.name) {
+            Some((_, spec)) => {
+                // Held split; read whole (over the data axis) where the model
+                // reads it, in every micro-batch.
+                shardings = shardings.with_spec(&p.name, spec.clone());
+                for i in 0..micro {
+                    let read = match micro {
+                        1 => gathered_name(&p.name),
+                        _ => format!("micro.{i}.{}", gathered_name(&p.name)),
+                    };
+                    // And its copy gathered again in the backward pass.
+                    let again = format!("{read}.remat");
+                    if step.program.value_named(&again).is_some() {
+                        shardings = shardings.with_spec(&again, base.clone());
+                    }
+                    shardings = shardings.with_spec(&read, base.clone());
+                }
+            }
+            None => shardings = shardings.with_spec(&p.name, base),
+        }
+    }
+    let names: Vec<String> = step.trained.iter().map(|w| params[w.index()].name.clone()).collect();
+    let step = if init_state {
+        strategy.compile_step(step, &shardings)
+    } else {
+        strategy.compile_step_unset(step, &shardings)
+    };
+    Ok((step.map_err(step_failed)?, names, micro))
+}
+
 /// Compiles (or places) the training step of `recipe` laid out by `layout` on
 /// `strategy`, its weights set from the recipe's.
 pub(crate) fn start<'s>(
@@ -299,85 +380,16 @@ pub(crate) fn start<'s>(
     layout: Layout,
     recipe: &Recipe<'_>,
 ) -> Result<Box<dyn Steps + 's>> {
-    let Recipe {
-        net,
-        batch,
-        dtype,
-        optimizer,
-        clip,
-        init,
-        savers,
-        precision,
-        loss_scale,
-        blocking,
-        shards,
-    } = *recipe;
+    let Recipe { net, batch, dtype, optimizer, clip, init, precision, blocking, shards, .. } =
+        *recipe;
     let fed = net.fed();
     let weight = |name: &str| -> Result<Tensor> {
         let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
         cast(t, dtype)
     };
     match layout {
-        Layout::Mesh { data, model } => {
-            // A micro-batch's loss, and its blocks for --remat.
-            let micro = savers.micro.max(1);
-            let (program, loss, blocks) =
-                net.loss_program_blocks(batch / micro, dtype, layout, precision, blocking)?;
-            // --fsdp: each split weight's layout, and whole copies read by the model.
-            let split: Vec<(usize, PartitionSpec)> = match savers.fsdp {
-                false => Vec::new(),
-                true => program.params()[fed..]
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(k, p)| {
-                        let dims = p.spec.shape.dims();
-                        net.fsdp_spec(&p.name, dims, (data, model)).map(|s| (fed + k, s))
-                    })
-                    .collect(),
-            };
-            let whole: Vec<usize> = split.iter().map(|(k, _)| *k).collect();
-            let recomputed = blocks.recomputed(savers.remat);
-            let (program, loss, recomputed) = gathered(&program, loss, &recomputed, &whole)?;
-            let weights: Vec<Value> =
-                (fed..program.params().len()).map(|k| Value(k as u32)).collect();
-            let options =
-                StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale };
-            let step = TrainStep::with_options(&program, loss, &weights, optimizer, &options)
-                .map_err(failed)?;
-            let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
-            let mut shardings = Shardings::new(mesh);
-            let params = step.program.params();
-            for p in &params[..fed * micro] {
-                shardings = shardings.with(&p.name, "P('data')").map_err(failed)?;
-            }
-            for &w in &step.trained {
-                let p = &params[w.index()];
-                let rank = p.spec.shape.rank();
-                let base = net.weight_spec(&p.name, rank, model);
-                match split.iter().find(|(k, _)| program.params()[*k].name == p.name) {
-                    Some((_, spec)) => {
-                        // Held split; read whole (over the data axis) where the model
-                        // reads it, in every micro-batch.
-                        shardings = shardings.with_spec(&p.name, spec.clone());
-                        for i in 0..micro {
-                            let read = match micro {
-                                1 => gathered_name(&p.name),
-                                _ => format!("micro.{i}.{}", gathered_name(&p.name)),
-                            };
-                            // And its copy gathered again in the backward pass.
-                            let again = format!("{read}.remat");
-                            if step.program.value_named(&again).is_some() {
-                                shardings = shardings.with_spec(&again, base.clone());
-                            }
-                            shardings = shardings.with_spec(&read, base.clone());
-                        }
-                    }
-                    None => shardings = shardings.with_spec(&p.name, base),
-                }
-            }
-            let names: Vec<String> =
-                step.trained.iter().map(|w| params[w.index()].name.clone()).collect();
-            let step = strategy.compile_step(step, &shardings).map_err(step_failed)?;
+        Layout::Mesh { .. } => {
+            let (step, names, micro) = mesh_step(strategy, layout, recipe, true)?;
             for name in &names {
                 match shards {
                     // Each device's part read alone from the checkpoint's files.

@@ -174,10 +174,8 @@ impl Trainer {
             report.layout = p.layout.describe();
             return Ok(report);
         }
-        let where_ = match &p.xla {
-            Some(xla) => {
-                format!("{} on XLA ({})", p.layout.describe(), xla.session().client().platform())
-            }
+        let where_ = match &p.backend.backend {
+            Some(b) => format!("{} on {}", p.layout.describe(), b.describe()),
             None => p.layout.describe(),
         };
         let init = p.take_init()?;

@@ -67,6 +67,9 @@ pub enum Error {
     /// A device array that does not convert to a host tensor.
     #[error("to host: {0}")]
     Host(String),
+    /// A GPU target (`--target`) or its config that cannot be compiled for.
+    #[error("{0}")]
+    Target(String),
     /// An instruction that does not lower to StableHLO.
     #[error("lowering {at}: {problem}")]
     Lower {

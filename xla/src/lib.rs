@@ -7,6 +7,9 @@
 //! hand-declared subset of PJRT API 0.81's header; nothing is generated at build time
 //! and building needs no plugin, header or Python.
 //!
+//! It also compiles for NVIDIA GPUs that are not here ([`target`]): the CUDA plugin's
+//! deviceless compile, with XLA's memory per device.
+//!
 //! What it is not: a back end of the strategy by itself (the strategy's `Xla` back
 //! end drives this crate), nor a partitioner (meshwork's partitioner makes the
 //! per-device programs; XLA compiles them).
@@ -38,11 +41,12 @@ pub mod lower;
 mod options;
 mod pjrt;
 pub mod session;
+pub mod target;
 
 pub use error::{Error, Result};
 pub use options::CompileOptions;
 pub use pjrt::{
-    Arg, Buffer, Client, Code, Device, Executable, KeyValueStore, MAJOR, MIN_MINOR, MemoryStats,
-    NamedValueOf, Plugin, Transfers,
+    Arg, Buffer, Client, Code, CompiledMemory, Device, Executable, KeyValueStore, MAJOR, MIN_MINOR,
+    MemoryStats, NamedValueOf, Plugin, Topology, Transfers, Unloaded,
 };
 pub use session::Session;

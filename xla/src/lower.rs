@@ -48,6 +48,11 @@ pub struct LowerOptions {
     /// With partitions: each result's sharding (what the program `emit`s is
     /// `{replicated}`); empty for none.
     pub result_shardings: Vec<String>,
+    /// Lower [`Op::Attention`] and [`Op::AttentionGrad`] to cuDNN's fused attention
+    /// (`__cudnn$fmhaSoftmax` and `…Backward`, as JAX's
+    /// `dot_product_attention(implementation="cudnn")`): for NVIDIA GPUs only, whose
+    /// plugin has the handlers. Otherwise they lower as their definitions.
+    pub cudnn_attention: bool,
 }
 
 /// `s` as an MLIR string literal.
@@ -182,6 +187,11 @@ struct Emitter<'p> {
     at: String,
     /// The replicas the module runs on (the size of per-replica tables).
     replicas: usize,
+    /// Attention through cuDNN ([`LowerOptions::cudnn_attention`]).
+    cudnn: bool,
+    /// cuDNN calls made, by their operands' names: a forward's output and softmax
+    /// statistics (by `q, k, v`), a backward's three gradients (by `q, k, v, dout`).
+    fmha: std::collections::HashMap<Vec<String>, Vec<String>>,
 }
 
 impl Emitter<'_> {
@@ -362,6 +372,8 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
         recvs: Vec::new(),
         at: String::new(),
         replicas: options.replicas.max(1),
+        cudnn: options.cudnn_attention,
+        fmha: std::collections::HashMap::new(),
     };
     for (i, instr) in program.instrs().iter().enumerate() {
         e.at = format!("%{} = {}", np + i, instr.op.name());
@@ -467,6 +479,214 @@ pub fn lower(program: &Program, options: &LowerOptions) -> Result<Lowered> {
 /// The spec of `v`, or a lowering error (a value the program does not define).
 fn spec_of(e: &Emitter<'_>, v: Value) -> Result<TensorSpec> {
     e.program.spec(v).cloned().ok_or_else(|| e.fail(format!("{v} is not a value of the program")))
+}
+
+/// Lowers `program` in place, its parameters the values `args`: its value's name.
+fn inline(e: &mut Emitter<'_>, program: &Program, args: &[String]) -> Result<String> {
+    let mut sub = Emitter {
+        program,
+        body: std::mem::take(&mut e.body),
+        next: e.next,
+        names: args.to_vec(),
+        emitted: Vec::new(),
+        emits: Vec::new(),
+        sent: Vec::new(),
+        sends: Vec::new(),
+        recvs: Vec::new(),
+        at: e.at.clone(),
+        replicas: e.replicas,
+        cudnn: false,
+        fmha: std::collections::HashMap::new(),
+    };
+    let lowered = program.instrs().iter().try_for_each(|instr| {
+        let name = lower_instr(&mut sub, instr)?;
+        sub.names.push(name);
+        Ok::<(), Error>(())
+    });
+    e.body = std::mem::take(&mut sub.body);
+    e.next = sub.next;
+    lowered?;
+    let result = program.results().first().ok_or_else(|| e.fail("a definition without result"))?;
+    Ok(sub.names[result.index()].clone())
+}
+
+/// `x` `[B,H,T,D]` transposed to `[B,T,H,D]` (cuDNN's operand layout as JAX gives it).
+fn to_bthd(e: &mut Emitter<'_>, x: &str, spec: &TensorSpec) -> String {
+    let d = spec.shape.dims();
+    e.op(
+        "transpose",
+        &[(x, &ty(spec.dtype, d))],
+        "permutation = array<i64: 0, 2, 1, 3>",
+        &ty(spec.dtype, &[d[0], d[2], d[1], d[3]]),
+    )
+}
+
+/// The `backend_config` of a cuDNN attention call, as JAX writes it.
+fn fmha_config(
+    a: meshwork_program::AttentionSpec,
+    scores: &[usize],
+    dtype: DType,
+    backward: bool,
+) -> String {
+    let element = if dtype == DType::F16 { "F16" } else { "BF16" };
+    let dims: Vec<String> = scores.iter().map(|d| format!("\"{d}\"")).collect();
+    let dot = |lc: &str, rc: &str, lb: &str, rb: &str| {
+        format!(
+            "{{\"lhs_contracting_dimensions\": [{lc}], \"rhs_contracting_dimensions\": [{rc}], \"lhs_batch_dimensions\": [{lb}], \"rhs_batch_dimensions\": [{rb}]}}"
+        )
+    };
+    let dots = if backward {
+        format!(
+            "\"bmm1_grad_gemm1_dot_dimension_numbers\": {}, \"bmm1_grad_gemm2_dot_dimension_numbers\": {}, \"bmm2_grad_gemm1_dot_dimension_numbers\": {}, \"bmm2_grad_gemm2_dot_dimension_numbers\": {}",
+            dot("\"2\"", "\"1\"", "\"0\", \"1\"", "\"0\", \"2\""),
+            dot("\"3\"", "\"1\"", "\"0\", \"1\"", "\"0\", \"2\""),
+            dot("\"2\"", "\"1\"", "\"0\", \"1\"", "\"0\", \"2\""),
+            dot("\"3\"", "\"3\"", "\"0\", \"2\"", "\"0\", \"2\""),
+        )
+    } else {
+        format!(
+            "\"bmm1_dot_dimension_numbers\": {}, \"bmm2_dot_dimension_numbers\": {}",
+            dot("\"3\"", "\"3\"", "\"0\", \"2\"", "\"0\", \"2\""),
+            dot("\"3\"", "\"1\"", "\"0\", \"1\"", "\"0\", \"2\""),
+        )
+    };
+    format!(
+        "{{\"operation_queue_id\": \"0\", \"cudnn_fmha_backend_config\": {{\"algorithm\": {{\"algo_id\": \"0\", \"math_type\": \"TENSOR_OP_MATH\", \"tuning_knobs\": {{\"17\": \"1\", \"24\": \"0\"}}, \"is_cudnn_frontend\": true, \"workspace_size\": \"0\"}}, \"fmha_scale\": {:?}, \"intermediate_tensor_shape\": {{\"element_type\": \"{element}\", \"dimensions\": [{}], \"tuple_shapes\": [], \"layout\": {{\"dim_level_types\": [], \"dim_unique\": [], \"dim_ordered\": [], \"minor_to_major\": [\"3\", \"2\", \"1\", \"0\"], \"tiles\": [], \"element_size_in_bits\": \"0\", \"memory_space\": \"0\", \"index_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"pointer_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"dynamic_shape_metadata_prefix_bytes\": \"0\"}}, \"is_dynamic_dimension\": [false, false, false, false]}}, \"is_flash_attention\": true, \"mask_type\": \"{}\", {dots}, \"dropout_rate\": 0.0, \"seed\": 42, \"sliding_window_length\": 0, \"max_seg_per_batch\": 1, \"is_paged_attention\": false}}}}",
+        a.multiplier(),
+        dims.join(", "),
+        if a.causal { "CAUSAL" } else { "NO_MASK" },
+    )
+}
+
+/// Writes one cuDNN custom call of `results` types; the names of its results.
+fn custom_call(
+    e: &mut Emitter<'_>,
+    target: &str,
+    operands: &[(String, String)],
+    config: &str,
+    operand_layouts: &[&str],
+    results: &[(String, &str)],
+) -> Vec<String> {
+    let r = e.fresh();
+    let names: Vec<&str> = operands.iter().map(|o| o.0.as_str()).collect();
+    let types: Vec<&str> = operands.iter().map(|o| o.1.as_str()).collect();
+    let layouts = |l: &[&str]| {
+        l.iter()
+            .map(|l| {
+                format!(
+                    "dense<{l}> : tensor<{}xindex>",
+                    l.matches(',').count() + 1 - usize::from(*l == "[]")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let result_types: Vec<&str> = results.iter().map(|r| r.0.as_str()).collect();
+    let result_layouts: Vec<&str> = results.iter().map(|r| r.1).collect();
+    let _ = writeln!(
+        e.body,
+        "    {r}:{n} = \"stablehlo.custom_call\"({ops}) {{api_version = 2 : i32, backend_config = {config}, call_target_name = {target}, operand_layouts = [{ol}], result_layouts = [{rl}]}} : ({ts}) -> ({rs})",
+        n = results.len(),
+        ops = names.join(", "),
+        config = quoted(config),
+        target = quoted(target),
+        ol = layouts(operand_layouts),
+        rl = layouts(&result_layouts),
+        ts = types.join(", "),
+        rs = result_types.join(", "),
+    );
+    (0..results.len()).map(|k| format!("{r}#{k}")).collect()
+}
+
+const ROW_MAJOR_4: &str = "[3, 2, 1, 0]";
+
+/// cuDNN's forward attention of `q, k, v` (`[B,H,T,D]`), made once per operands: its
+/// output `[B,H,Tq,Dv]` and softmax statistics `[B,H,Tq]` (f32).
+fn fmha_forward(
+    e: &mut Emitter<'_>,
+    args: &[String],
+    specs: &[TensorSpec],
+    a: meshwork_program::AttentionSpec,
+) -> Result<Vec<String>> {
+    let key: Vec<String> = args[..3].to_vec();
+    if let Some(done) = e.fmha.get(&key) {
+        return Ok(done.clone());
+    }
+    let (q, k, v) = (&specs[0], &specs[1], &specs[2]);
+    let dt = q.dtype;
+    if !matches!(dt, DType::BF16 | DType::F16) {
+        return Err(e.fail(format!("cuDNN's fused attention takes bf16 or f16 heads, not {dt}")));
+    }
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    let operands: Vec<(String, String)> = [(0, q), (1, k), (2, v)]
+        .into_iter()
+        .map(|(i, s)| {
+            let t = to_bthd(e, &args[i], s);
+            let d = s.shape.dims();
+            (t, ty(dt, &[d[0], d[2], d[1], d[3]]))
+        })
+        .collect();
+    let config = fmha_config(a, &[qd[0], qd[1], qd[2], kd[2]], dt, false);
+    let out_ty = ty(dt, &[qd[0], qd[1], qd[2], vd[3]]);
+    let stats_ty = ty(DType::F32, &[qd[0], qd[1], qd[2]]);
+    let names = custom_call(
+        e,
+        "__cudnn$fmhaSoftmax",
+        &operands,
+        &config,
+        &[ROW_MAJOR_4; 3],
+        &[(out_ty, "[3, 1, 2, 0]"), (stats_ty, "[2, 1, 0]"), ("tensor<0xui8>".into(), "[0]")],
+    );
+    let done = vec![names[0].clone(), names[1].clone()];
+    e.fmha.insert(key, done.clone());
+    Ok(done)
+}
+
+/// cuDNN's backward attention of `q, k, v, dout`, made once per operands: the
+/// gradients of `q`, `k` and `v` (`[B,H,T,D]` each).
+fn fmha_backward(
+    e: &mut Emitter<'_>,
+    args: &[String],
+    specs: &[TensorSpec],
+    a: meshwork_program::AttentionSpec,
+) -> Result<Vec<String>> {
+    let key: Vec<String> = args[..4].to_vec();
+    if let Some(done) = e.fmha.get(&key) {
+        return Ok(done.clone());
+    }
+    let forward = fmha_forward(e, &args[..3], &specs[..3], a)?;
+    let (q, k, v, g) = (&specs[0], &specs[1], &specs[2], &specs[3]);
+    let dt = q.dtype;
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    let bthd = |s: &TensorSpec| {
+        let d = s.shape.dims();
+        ty(dt, &[d[0], d[2], d[1], d[3]])
+    };
+    let mut operands: Vec<(String, String)> = [(0, q), (1, k), (2, v)]
+        .into_iter()
+        .map(|(i, s)| (to_bthd(e, &args[i], s), bthd(s)))
+        .collect();
+    operands.push((forward[1].clone(), ty(DType::F32, &[qd[0], qd[1], qd[2]])));
+    operands.push((to_bthd(e, &args[3], g), bthd(g)));
+    let out = to_bthd(e, &forward[0], g);
+    operands.push((out, bthd(g)));
+    let config = fmha_config(a, &[qd[0], qd[1], qd[2], kd[2]], dt, true);
+    let names = custom_call(
+        e,
+        "__cudnn$fmhaSoftmaxBackward",
+        &operands,
+        &config,
+        &[ROW_MAJOR_4, ROW_MAJOR_4, ROW_MAJOR_4, "[2, 1, 0]", ROW_MAJOR_4, ROW_MAJOR_4],
+        &[
+            (ty(dt, qd), "[3, 1, 2, 0]"),
+            (ty(dt, kd), "[3, 1, 2, 0]"),
+            (ty(dt, vd), "[3, 1, 2, 0]"),
+            ("tensor<0xui8>".into(), "[0]"),
+        ],
+    );
+    let done = names[..3].to_vec();
+    e.fmha.insert(key, done.clone());
+    Ok(done)
 }
 
 /// Lowers one instruction; returns the name of its value.
@@ -693,6 +913,16 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
             let iota = e.op("iota", &[], &format!("iota_dimension = {} : i64", id.len()), &ty(idt, &dims));
             let eq = e.compare("EQ", &b, &iota, idt, &dims);
             e.op("convert", &[(&eq, &ty(DType::Bool, &dims))], "", &ty(*dtype, &dims))
+        }
+        Op::Attention(a) if e.cudnn => fmha_forward(e, &args, &specs, *a)?[0].clone(),
+        Op::AttentionGrad { attention, wrt } if e.cudnn => {
+            fmha_backward(e, &args, &specs, *attention)?[*wrt].clone()
+        }
+        Op::Attention(_) | Op::AttentionGrad { .. } => {
+            let definition = meshwork_program::composite::definition(&instr.op, &specs)
+                .expect("a composite op has a definition")
+                .map_err(|err| e.fail(err.to_string()))?;
+            inline(e, &definition, &args)?
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             let x = &args[0];

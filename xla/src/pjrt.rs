@@ -89,6 +89,11 @@ enum Slot {
     BufferOnDeviceSizeInBytes = 64,
     BufferCopyToDevice = 69,
     BufferToHostBuffer = 70,
+    TopologyCreate = 82,
+    TopologyDestroy = 83,
+    TopologyGetDeviceDescriptions = 86,
+    Compile = 89,
+    ExecutableGetCompiledMemoryStats = 96,
 }
 
 impl Slot {
@@ -123,6 +128,11 @@ impl Slot {
             Slot::BufferOnDeviceSizeInBytes => "PJRT_Buffer_OnDeviceSizeInBytes",
             Slot::BufferCopyToDevice => "PJRT_Buffer_CopyToDevice",
             Slot::BufferToHostBuffer => "PJRT_Buffer_ToHostBuffer",
+            Slot::TopologyCreate => "PJRT_TopologyDescription_Create",
+            Slot::TopologyDestroy => "PJRT_TopologyDescription_Destroy",
+            Slot::TopologyGetDeviceDescriptions => "PJRT_TopologyDescription_GetDeviceDescriptions",
+            Slot::Compile => "PJRT_Compile",
+            Slot::ExecutableGetCompiledMemoryStats => "PJRT_Executable_GetCompiledMemoryStats",
         }
     }
 }
@@ -270,6 +280,43 @@ args!(BufferToHostArgs {
     dst: *mut c_void,
     dst_size: usize,
     event: *mut Raw,
+});
+
+args!(TopologyCreateArgs {
+    topology_name: *const c_char,
+    topology_name_size: usize,
+    create_options: *const NamedValue,
+    num_options: usize,
+    topology: *mut Raw,
+});
+args!(TopologyDestroyArgs { topology: *mut Raw });
+args!(TopologyDescriptionsArgs {
+    topology: *mut Raw,
+    descriptions: *const *mut Raw,
+    num_descriptions: usize,
+});
+args!(CompileArgs {
+    topology: *const Raw,
+    program: *const ProgramArgs,
+    compile_options: *const c_char,
+    compile_options_size: usize,
+    client: *mut Raw,
+    executable: *mut Raw,
+});
+args!(CompiledMemoryStatsArgs {
+    executable: *mut Raw,
+    generated_code_size_in_bytes: i64,
+    argument_size_in_bytes: i64,
+    output_size_in_bytes: i64,
+    alias_size_in_bytes: i64,
+    temp_size_in_bytes: i64,
+    host_generated_code_size_in_bytes: i64,
+    host_argument_size_in_bytes: i64,
+    host_output_size_in_bytes: i64,
+    host_alias_size_in_bytes: i64,
+    host_temp_size_in_bytes: i64,
+    peak_memory_in_bytes: i64,
+    total_size_in_bytes: i64,
 });
 
 /// `PJRT_NamedValue`: a create option or a plugin attribute.
@@ -659,44 +706,8 @@ impl Plugin {
         options: &[(&str, NamedValueOf)],
         store: Option<Box<Arc<dyn KeyValueStore>>>,
     ) -> Result<Client> {
-        if let Some((name, _)) = options.iter().find(|(_, v)| matches!(v, NamedValueOf::Unknown(_)))
-        {
-            return Err(Error::Arguments(format!("create option {name} has no value to send")));
-        }
         // The strings and arrays the named values point into, alive for the call.
-        let named: Vec<NamedValue> = options
-            .iter()
-            .map(|(name, value)| {
-                let mut v = NamedValue {
-                    struct_size: size_of::<NamedValue>(),
-                    extension_start: ptr::null_mut(),
-                    name: name.as_ptr().cast(),
-                    name_size: name.len(),
-                    kind: NAMED_INT64,
-                    value: NamedUnion { int64: 0 },
-                    value_size: 1,
-                };
-                match value {
-                    NamedValueOf::Str(s) => {
-                        (v.kind, v.value, v.value_size) =
-                            (NAMED_STRING, NamedUnion { string: s.as_ptr().cast() }, s.len());
-                    }
-                    NamedValueOf::Int(i) => v.value = NamedUnion { int64: *i },
-                    NamedValueOf::Ints(l) => {
-                        (v.kind, v.value, v.value_size) =
-                            (NAMED_INT64_LIST, NamedUnion { int64_array: l.as_ptr() }, l.len());
-                    }
-                    NamedValueOf::Float(f) => {
-                        (v.kind, v.value) = (NAMED_FLOAT, NamedUnion { float: *f });
-                    }
-                    NamedValueOf::Unknown(_) => {} // refused before the call
-                    NamedValueOf::Bool(b) => {
-                        (v.kind, v.value) = (NAMED_BOOL, NamedUnion { boolean: u8::from(*b) });
-                    }
-                }
-                v
-            })
-            .collect();
+        let named = named_values(options)?;
         let mut args = ClientCreateArgs::new();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
@@ -761,6 +772,47 @@ impl Plugin {
         let platform = copy_str(name.name, name.name_size);
         Ok(Client { inner, devices, platform })
     }
+}
+
+/// `options` as `PJRT_NamedValue`s pointing into them (alive while `options` is); an
+/// option without a value to send is refused.
+fn named_values(options: &[(&str, NamedValueOf)]) -> Result<Vec<NamedValue>> {
+    if let Some((name, _)) = options.iter().find(|(_, v)| matches!(v, NamedValueOf::Unknown(_))) {
+        return Err(Error::Arguments(format!("create option {name} has no value to send")));
+    }
+    Ok(options
+        .iter()
+        .map(|(name, value)| {
+            let mut v = NamedValue {
+                struct_size: size_of::<NamedValue>(),
+                extension_start: ptr::null_mut(),
+                name: name.as_ptr().cast(),
+                name_size: name.len(),
+                kind: NAMED_INT64,
+                value: NamedUnion { int64: 0 },
+                value_size: 1,
+            };
+            match value {
+                NamedValueOf::Str(s) => {
+                    (v.kind, v.value, v.value_size) =
+                        (NAMED_STRING, NamedUnion { string: s.as_ptr().cast() }, s.len());
+                }
+                NamedValueOf::Int(i) => v.value = NamedUnion { int64: *i },
+                NamedValueOf::Ints(l) => {
+                    (v.kind, v.value, v.value_size) =
+                        (NAMED_INT64_LIST, NamedUnion { int64_array: l.as_ptr() }, l.len());
+                }
+                NamedValueOf::Float(f) => {
+                    (v.kind, v.value) = (NAMED_FLOAT, NamedUnion { float: *f });
+                }
+                NamedValueOf::Unknown(_) => {} // refused above
+                NamedValueOf::Bool(b) => {
+                    (v.kind, v.value) = (NAMED_BOOL, NamedUnion { boolean: u8::from(*b) });
+                }
+            }
+            v
+        })
+        .collect())
 }
 
 /// Every slot, checked at load time so that a short table fails there, not mid-run.
@@ -1563,22 +1615,211 @@ impl Executable {
         let mut get = LoadedGetExecutableArgs::new();
         get.loaded = self.raw;
         api.call(Slot::LoadedExecutableGetExecutable, &mut get)?;
-        let mut program = ProgramArgs::new();
-        let mut args = ExecutableOptimizedProgramArgs::new();
-        args.executable = get.executable;
-        args.program = &mut program;
-        // First call: the sizes; second: the bytes into memory of ours.
-        let sized = api.call(Slot::ExecutableOptimizedProgram, &mut args);
-        let mut code = vec![0u8; program.code_size];
-        program.code = code.as_mut_ptr().cast();
-        let filled = sized.and_then(|()| api.call(Slot::ExecutableOptimizedProgram, &mut args));
-        let format = copy_str(program.format, program.format_size);
+        let program = optimized_program(api, get.executable);
         let mut destroy = ExecutableDestroyArgs::new();
         destroy.executable = get.executable;
         api.call(Slot::ExecutableDestroy, &mut destroy)?;
-        filled?;
-        code.truncate(program.code_size);
-        Ok((format, code))
+        program
+    }
+}
+
+/// `PJRT_Executable_OptimizedProgram` of the (unloaded) executable `executable`.
+fn optimized_program(api: &Api, executable: *mut Raw) -> Result<(String, Vec<u8>)> {
+    let mut program = ProgramArgs::new();
+    let mut args = ExecutableOptimizedProgramArgs::new();
+    args.executable = executable;
+    args.program = &mut program;
+    // First call: the sizes; second: the bytes into memory of ours.
+    api.call(Slot::ExecutableOptimizedProgram, &mut args)?;
+    let mut code = vec![0u8; program.code_size];
+    program.code = code.as_mut_ptr().cast();
+    api.call(Slot::ExecutableOptimizedProgram, &mut args)?;
+    let format = copy_str(program.format, program.format_size);
+    code.truncate(program.code_size);
+    Ok((format, code))
+}
+
+// ---------------------------------------------------------------------------------
+// Compiling for a topology without its devices (ahead of time).
+// ---------------------------------------------------------------------------------
+
+/// A description of devices to compile for, made by the plugin without the devices
+/// themselves (`PJRT_TopologyDescription_Create`): the CUDA plugin describes GPUs from
+/// a target config on a machine with none. Keeps its plugin loaded.
+pub struct Topology {
+    api: Arc<Api>,
+    raw: *mut Raw,
+    devices: usize,
+    kind: String,
+}
+
+// SAFETY: a topology description is immutable once made and PJRT's C API may be
+// called from any thread; it is destroyed once, in `drop`.
+unsafe impl Send for Topology {}
+// SAFETY: as above; `&Topology` only reads it.
+unsafe impl Sync for Topology {}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Topology({} x {:?})", self.devices, self.kind)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let mut args = TopologyDestroyArgs::new();
+        args.topology = self.raw;
+        let _ = self.api.call(Slot::TopologyDestroy, &mut args);
+    }
+}
+
+impl Plugin {
+    /// A topology of the plugin's devices made from `options` alone, without the
+    /// devices (the CUDA plugin reads `topology`, `"<slices>x<hosts>x<devices>"`, and
+    /// `target_config`, a text `GpuTargetConfigProto`).
+    ///
+    /// The caller checks what the plugin does not: the CUDA plugin accepts an empty
+    /// `target_config` here and then crashes in [`Topology::compile`].
+    pub fn topology(&self, options: &[(&str, NamedValueOf)]) -> Result<Topology> {
+        let named = named_values(options)?;
+        let mut args = TopologyCreateArgs::new();
+        args.create_options = named.as_ptr();
+        args.num_options = named.len();
+        self.api.call(Slot::TopologyCreate, &mut args)?;
+        if args.topology.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_TopologyDescription_Create",
+                code: Code::Internal,
+                message: "returned no topology".into(),
+            });
+        }
+        let mut topology = Topology {
+            api: Arc::clone(&self.api),
+            raw: args.topology,
+            devices: 0,
+            kind: String::new(),
+        };
+        let mut d = TopologyDescriptionsArgs::new();
+        d.topology = topology.raw;
+        self.api.call(Slot::TopologyGetDeviceDescriptions, &mut d)?;
+        topology.devices = d.num_descriptions;
+        if !d.descriptions.is_null() && d.num_descriptions > 0 {
+            // SAFETY: the topology owns an array of `num_descriptions` description
+            // pointers that lives as long as it does; the first is read by value.
+            let first = unsafe { ptr::read(d.descriptions) };
+            let mut kind = DescriptionKindArgs::new();
+            kind.description = first;
+            self.api.call(Slot::DeviceDescriptionKind, &mut kind)?;
+            topology.kind = copy_str(kind.kind, kind.kind_size);
+        }
+        Ok(topology)
+    }
+}
+
+impl Topology {
+    /// How many devices it describes.
+    pub fn devices(&self) -> usize {
+        self.devices
+    }
+
+    /// Their kind, as the plugin names it (`NVIDIA H100 80GB HBM3`).
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// Compiles `code` (of `format`, e.g. `mlir`) for this topology with the
+    /// serialized `CompileOptionsProto` `options` (`PJRT_Compile` without a client):
+    /// an executable to inspect, not to run.
+    pub fn compile(&self, format: &str, code: &[u8], options: &[u8]) -> Result<Unloaded> {
+        let mut program = ProgramArgs::new();
+        // PJRT reads the code through a `char*` it does not write.
+        program.code = code.as_ptr().cast_mut().cast();
+        program.code_size = code.len();
+        program.format = format.as_ptr().cast();
+        program.format_size = format.len();
+        let mut args = CompileArgs::new();
+        args.topology = self.raw;
+        args.program = &program;
+        args.compile_options = options.as_ptr().cast();
+        args.compile_options_size = options.len();
+        self.api.call(Slot::Compile, &mut args)?;
+        if args.executable.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_Compile",
+                code: Code::Internal,
+                message: "returned no executable".into(),
+            });
+        }
+        Ok(Unloaded { api: Arc::clone(&self.api), raw: args.executable })
+    }
+}
+
+/// What XLA's buffer assignment gives one device's program
+/// (`PJRT_Executable_GetCompiledMemoryStats`), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompiledMemory {
+    /// The compiled code.
+    pub generated_code: u64,
+    /// The arguments.
+    pub arguments: u64,
+    /// The outputs.
+    pub outputs: u64,
+    /// The outputs that reuse (alias) an argument's buffer (donation).
+    pub alias: u64,
+    /// The temporaries.
+    pub temp: u64,
+    /// The most the program holds at once, as XLA computes it; 0 from a plugin that
+    /// does not say.
+    pub peak: u64,
+}
+
+/// A program compiled for a [`Topology`], not loaded on any device. Keeps its plugin
+/// loaded.
+pub struct Unloaded {
+    api: Arc<Api>,
+    raw: *mut Raw,
+}
+
+// SAFETY: an unloaded executable is immutable and PJRT's C API may be called from any
+// thread; it is destroyed once, in `drop`.
+unsafe impl Send for Unloaded {}
+// SAFETY: as above.
+unsafe impl Sync for Unloaded {}
+
+impl std::fmt::Debug for Unloaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Unloaded")
+    }
+}
+
+impl Drop for Unloaded {
+    fn drop(&mut self) {
+        let mut args = ExecutableDestroyArgs::new();
+        args.executable = self.raw;
+        let _ = self.api.call(Slot::ExecutableDestroy, &mut args);
+    }
+}
+
+impl Unloaded {
+    /// Its compiled memory on one device.
+    pub fn memory(&self) -> Result<CompiledMemory> {
+        let mut args = CompiledMemoryStatsArgs::new();
+        args.executable = self.raw;
+        self.api.call(Slot::ExecutableGetCompiledMemoryStats, &mut args)?;
+        let b = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(CompiledMemory {
+            generated_code: b(args.generated_code_size_in_bytes),
+            arguments: b(args.argument_size_in_bytes),
+            outputs: b(args.output_size_in_bytes),
+            alias: b(args.alias_size_in_bytes),
+            temp: b(args.temp_size_in_bytes),
+            peak: b(args.peak_memory_in_bytes),
+        })
+    }
+
+    /// The program as XLA optimized it: its format (`hlo_with_config`) and bytes.
+    pub fn optimized_program(&self) -> Result<(String, Vec<u8>)> {
+        optimized_program(&self.api, self.raw)
     }
 }
 

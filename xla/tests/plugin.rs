@@ -261,3 +261,47 @@ fn a_portable_executable_runs_on_the_device_it_is_given() {
     let refused = compiled.executable.execute_on(foreign, args.iter().map(Arg::Borrowed).collect());
     assert!(matches!(refused, Err(Error::Arguments(_))), "{refused:?}");
 }
+
+/// Fused attention and its gradient lowered plainly (their definitions inlined) run on
+/// XLA as on the reference interpreter; the cuDNN lowering is for GPUs only.
+#[test]
+fn attention_lowers_plainly_as_its_definition() {
+    use meshwork_program::{AttentionSpec, Value};
+    let mut b = Builder::new();
+    let spec: meshwork_types::TensorSpec = "f64[2,3,5,4]".parse().unwrap();
+    let q = b.param("q", spec.clone()).unwrap();
+    let k = b.param("k", spec.clone()).unwrap();
+    let v = b.param("v", spec).unwrap();
+    let a = AttentionSpec { scale: 4f64.sqrt(), divide: true, causal: true };
+    let out = b.attention(q, k, v, a).unwrap();
+    let program = b.finish(&[out]).unwrap();
+    let back = meshwork_program::vjp(&program, &[Value(0), Value(1), Value(2)]).unwrap();
+    let inputs: Vec<Tensor> = (0..4)
+        .map(|s| {
+            let values = (0..120).map(|i| ((i * 37 + s * 11) % 23) as f64 / 7.0 - 1.5).collect();
+            Tensor::f64(&[2, 3, 5, 4], values).unwrap()
+        })
+        .collect();
+    let session = Session::new(&plugin(), 1).unwrap();
+    let got = session.run(&back, &inputs).unwrap();
+    let want = reference::evaluate(&back, &inputs).unwrap();
+    assert_eq!(got.len(), 4);
+    for (g, w) in got.iter().zip(&want) {
+        for (a, b) in g.to_f64().iter().zip(w.to_f64()) {
+            assert!((a - b).abs() <= 1e-12 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+}
+
+/// A plugin that cannot compile for a GPU target (the CPU plugin) is a typed error
+/// naming the CUDA plugin, never a crash.
+#[test]
+fn a_target_on_the_cpu_plugin_is_refused_by_name() {
+    use meshwork_xla::target::{Target, TargetSession};
+    match TargetSession::new(&plugin(), Target::parse("h100x8").unwrap()) {
+        Err(Error::Target(m)) => {
+            assert!(m.contains("needs the CUDA plugin") && m.contains("h100x8"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

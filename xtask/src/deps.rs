@@ -72,6 +72,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "meshwork-checkpoint",
             "meshwork-program",
             "meshwork-sharding",
+            "meshwork-xla",
         ],
     ),
     ("meshwork-cli", &["meshwork-train", "meshwork-sharding", "meshwork-placer"]),

@@ -86,6 +86,18 @@ pub fn work(program: &Program, instr: &Instr) -> Work {
             w.transcendentals = out;
             w.elements = 3.0 * out;
         }
+        Op::Attention(_) | Op::AttentionGrad { .. } => {
+            // Two products over [B,H,Tq,Tk] scores (the gradient, about twice more),
+            // softmax over the scores.
+            let (q, qd) = arg(0).unwrap_or_default();
+            let tk = arg(1).map_or(1, |(_, d)| d.get(2).copied().unwrap_or(1)) as f64;
+            let d = qd.get(3).copied().unwrap_or(1).max(1) as f64;
+            let scores = q / d * tk;
+            let products = if matches!(instr.op, Op::Attention(_)) { 2.0 } else { 4.0 };
+            w.matmul_flops = 2.0 * products * scores * d;
+            w.transcendentals = scores;
+            w.elements = 3.0 * scores;
+        }
         Op::Reduce { .. } | Op::ScatterAdd { .. } | Op::Argmax { .. } => {
             w.elements = arg(0).map_or(out, |(n, _)| n).max(out);
         }

@@ -90,6 +90,26 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
             per_dim(args[0], out, |d| low[d] + high[d] + interior[d] > 0)?.with_linear(linear1)
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => per_dim(args[0], out, |d| d == *axis)?,
+        Op::Attention(_) | Op::AttentionGrad { .. } => {
+            // q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] (and dout [B,H,Tq,Dv]): split
+            // by batch and heads, each head's attention whole.
+            let (q, k, v) = (args[0], args[1], args[2]);
+            let mut r = Rule::default();
+            let (b, h) = (r.pass(q[0]), r.pass(q[1]));
+            let (tq, tk) = (r.whole(q[2]), r.whole(k[2]));
+            let (d, dv) = (r.whole(q[3]), r.whole(v[3]));
+            let qf = vec![b.clone(), h.clone(), tq.clone(), d.clone()];
+            let kf = vec![b.clone(), h.clone(), tk.clone(), d];
+            let vf = vec![b.clone(), h.clone(), tk, dv.clone()];
+            let of = vec![b, h, tq, dv];
+            match op {
+                Op::AttentionGrad { wrt, .. } => {
+                    let result = [&qf, &kf, &vf][(*wrt).min(2)].clone();
+                    r.build(vec![qf, kf, vf, of], result)?
+                }
+                _ => r.build(vec![qf, kf, vf], of)?,
+            }
+        }
         Op::Argmax { axis } => {
             let mut r = Rule::default();
             let x = args[0];

@@ -670,6 +670,17 @@ fn exec(
                 conv.backprop_filter::<T>(a, T::slice(args[0].1), T::slice(args[1].1), at)?
             })
         }
+        Op::Attention(_) | Op::AttentionGrad { .. } => {
+            // A composite: its definition, run by this interpreter. Its operands are of
+            // the result's dtype (half precision is held widened here).
+            let inputs: Vec<Tensor> =
+                args.iter().map(|(d, t)| narrow(shaped((*t).clone(), d), spec.dtype)).collect();
+            let specs: Vec<TensorSpec> = inputs.iter().map(Tensor::spec).collect();
+            let definition = crate::composite::definition(op, &specs)
+                .expect("a composite op has a definition")?;
+            let out = evaluate(&definition, &inputs)?;
+            widen(out.into_iter().next().expect("a definition returns one value"))
+        }
         _ => reference::eval_op(op, args, spec, at)?,
     })
 }

@@ -28,7 +28,7 @@ pub use interpreter::Interpreter;
 pub(crate) use span::Spanning;
 #[cfg(feature = "mpi")]
 pub use xla::MpiKeyValueStore;
-pub use xla::Xla;
+pub use xla::{Xla, XlaTarget};
 
 /// What an executable's steps moved: bytes, summed over the steps it ran and over its
 /// devices. On XLA, the client's own counts of the bytes it uploaded, downloaded and
@@ -104,6 +104,18 @@ pub enum Partitioner {
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Its name, for reports (`interpreter`).
     fn name(&self) -> &'static str;
+
+    /// What it runs on, for a run's headline (`XLA (cpu)`); its name by default.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// Whether it runs [`Op::Attention`](meshwork_program::Op::Attention) as cuDNN's
+    /// fused attention (XLA on NVIDIA GPUs, or compiling for them); the others run its
+    /// definition.
+    fn cudnn(&self) -> bool {
+        false
+    }
 
     /// Which partitioner splits its SPMD programs.
     fn partitioner(&self) -> Partitioner {

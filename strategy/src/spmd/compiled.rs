@@ -513,6 +513,27 @@ impl Strategy {
         step: TrainStep,
         shardings: &Shardings,
     ) -> Result<CompiledTrainStep<'_>> {
+        self.compile_step_with(step, shardings, true)
+    }
+
+    /// [`compile_step`](Self::compile_step) without setting the optimizer state (its
+    /// zeros would be as large as the weights): for a back end that compiles without
+    /// running (`XlaTarget`), or a caller that sets every state itself before the
+    /// first step (an unset one is an error then, never a silent zero).
+    pub fn compile_step_unset(
+        &self,
+        step: TrainStep,
+        shardings: &Shardings,
+    ) -> Result<CompiledTrainStep<'_>> {
+        self.compile_step_with(step, shardings, false)
+    }
+
+    fn compile_step_with(
+        &self,
+        step: TrainStep,
+        shardings: &Shardings,
+        init_state: bool,
+    ) -> Result<CompiledTrainStep<'_>> {
         let optimizer = step.optimizer;
         let trained = &step.trained;
         let program = &step.program;
@@ -536,8 +557,10 @@ impl Strategy {
             carry.push((1 + trained.len() + j, names[first_state + j].as_str()));
         }
         let compiled = self.compile(&step.program, &s, &carry)?;
-        for (t, j) in step.init_state()?.iter().zip(first_state..) {
-            compiled.set(&names[j], t)?;
+        if init_state {
+            for (t, j) in step.init_state()?.iter().zip(first_state..) {
+                compiled.set(&names[j], t)?;
+            }
         }
         Ok(CompiledTrainStep { compiled, step, steps: 0 })
     }

@@ -182,6 +182,7 @@ impl HfFamily {
             ("heads", config.heads),
             ("ffn", config.ffn),
             ("vocab", config.vocab),
+            ("positions", config.positions),
         ];
         let family = self.display();
         let fixed = |whose: &str| -> Result<()> {
@@ -333,6 +334,7 @@ fn gpt2_overrides(config: &Config, mut m: Gpt2) -> Result<Gpt2> {
         ("heads", config.heads),
         ("ffn", config.ffn),
         ("vocab", config.vocab),
+        ("positions", config.positions),
     ] {
         match value {
             Some(0) => return Err(Error::flag(flag, "must be at least 1")),
@@ -342,6 +344,7 @@ fn gpt2_overrides(config: &Config, mut m: Gpt2) -> Result<Gpt2> {
                 "dim" => m.dim = v,
                 "heads" => m.heads = v,
                 "ffn" => m.inner = v,
+                "positions" => m.positions = v,
                 _ => m.vocab = v,
             },
             None => {}

@@ -213,9 +213,9 @@ pub(crate) fn not_ours(what: &str, refused: &[(&str, bool)]) -> Result<()> {
     Ok(())
 }
 
-/// The size flags (`--layers`, `--dim`, `--heads`, `--ffn`, `--vocab`, `--seq`), each
-/// with whether it was given.
-pub(crate) fn size_flags(config: &Config) -> [(&'static str, bool); 6] {
+/// The size flags (`--layers`, `--dim`, `--heads`, `--ffn`, `--vocab`, `--seq`,
+/// `--positions`), each with whether it was given.
+pub(crate) fn size_flags(config: &Config) -> [(&'static str, bool); 7] {
     [
         ("layers", config.layers.is_some()),
         ("dim", config.dim.is_some()),
@@ -223,6 +223,7 @@ pub(crate) fn size_flags(config: &Config) -> [(&'static str, bool); 6] {
         ("ffn", config.ffn.is_some()),
         ("vocab", config.vocab.is_some()),
         ("seq", config.seq.is_some()),
+        ("positions", config.positions.is_some()),
     ]
 }
 

@@ -29,6 +29,7 @@ impl Family for TransformerFamily {
     fn resolve(&self, ctx: &Ctx<'_>) -> Result<Resolved> {
         let config = ctx.config;
         not_ours("transformer", &classifier_flags(config))?;
+        not_ours("transformer", &[("positions", config.positions.is_some())])?;
         for (flag, given) in
             [("preset", config.preset.is_some()), ("tokenizer", config.tokenizer.is_some())]
         {

@@ -989,7 +989,7 @@ fn blocked_attention_and_a_chunked_loss_reproduce_transformers_losses() {
     use meshwork_nn::Blocking;
     use meshwork_train::{Config, ModelKind, inspect_json};
     let want = losses_adamw();
-    let blocking = Some(Blocking { query_block: 5, loss_chunk: 3 });
+    let blocking = Some(Blocking { query_block: 5, loss_chunk: 3, ..Default::default() });
     for (mesh, remat) in [((1, 1), false), ((2, 1), true), ((1, 2), false), ((2, 2), true)] {
         let config = Config { mesh: Some(mesh), blocking, remat, ..adamw_command() };
         assert_close(&crate::losses(&config), &want, 1e-9, &format!("blocked on {mesh:?}"));
@@ -1007,7 +1007,7 @@ fn blocked_attention_and_a_chunked_loss_reproduce_transformers_losses() {
         json["memory"]["step_peak_bytes"].as_u64().unwrap()
     };
     let whole = peak(Blocking::default());
-    let pieces = peak(Blocking { query_block: 8, loss_chunk: 8 });
+    let pieces = peak(Blocking { query_block: 8, loss_chunk: 8, ..Default::default() });
     // At this size the blocks' other activations dominate; the pieces still take a
     // fifth off (their share grows with the context and vocabulary).
     assert!(pieces * 100 < whole * 85, "peak {pieces} in pieces, {whole} whole");

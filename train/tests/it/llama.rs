@@ -625,7 +625,7 @@ fn the_memory_savers_and_pieces_keep_the_losses() {
                 None,
                 true,
                 false,
-                Some(meshwork_nn::Blocking { query_block: 5, loss_chunk: 3 }),
+                Some(meshwork_nn::Blocking { query_block: 5, loss_chunk: 3, ..Default::default() }),
             ),
         ];
         for (mesh, grad_accum, remat, fsdp, blocking) in runs {

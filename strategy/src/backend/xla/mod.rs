@@ -44,6 +44,9 @@ use crate::{Error, Result, Strategy};
 
 mod hosted;
 mod placed;
+mod target;
+
+pub use target::XlaTarget;
 
 /// XLA on a PJRT plugin's devices: the strategy's device `d` is the client's device
 /// `d`.
@@ -124,32 +127,53 @@ impl Xla {
         ids: &[i64],
         carry: &[(usize, usize)],
     ) -> Result<(Arc<Compiled>, Vec<Vec<bool>>)> {
-        let n = ids.len();
-        let (program, options, zero) = match self.partitioner {
-            Partitioner::Meshwork => (
-                part.program(),
-                LowerOptions { replicas: n, donate: carry.to_vec(), ..LowerOptions::default() },
-                Vec::new(),
-            ),
-            Partitioner::Xla => {
-                let (params, results, zero) = xla_shardings(part, carry)?;
-                let options = LowerOptions {
-                    partitions: n,
-                    donate: carry.to_vec(),
-                    param_shardings: params,
-                    result_shardings: results,
-                    ..LowerOptions::default()
-                };
-                (part.global(), options, zero)
-            }
-        };
+        let (program, mut options, zero) = lowering(self.partitioner, part, ids.len(), carry)?;
+        options.cudnn_attention = self.cudnn();
         Ok((self.session.compile_on(program, &options, ids)?, zero))
     }
+}
+
+/// What XLA compiles for `part` on `n` positions split by `partitioner`: meshwork's
+/// per-device program as `n` replicas, or the global program with its layouts as
+/// shardings over `n` partitions (and then the positions whose parts of each result
+/// must be zeros, see `XlaSpmd::zero`).
+pub(crate) fn lowering<'p>(
+    partitioner: Partitioner,
+    part: &'p Partitioned,
+    n: usize,
+    carry: &[(usize, usize)],
+) -> Result<(&'p meshwork_program::Program, LowerOptions, Vec<Vec<bool>>)> {
+    Ok(match partitioner {
+        Partitioner::Meshwork => (
+            part.program(),
+            LowerOptions { replicas: n, donate: carry.to_vec(), ..LowerOptions::default() },
+            Vec::new(),
+        ),
+        Partitioner::Xla => {
+            let (params, results, zero) = xla_shardings(part, carry)?;
+            let options = LowerOptions {
+                partitions: n,
+                donate: carry.to_vec(),
+                param_shardings: params,
+                result_shardings: results,
+                ..LowerOptions::default()
+            };
+            (part.global(), options, zero)
+        }
+    })
 }
 
 impl Backend for Xla {
     fn name(&self) -> &'static str {
         "xla"
+    }
+
+    fn describe(&self) -> String {
+        format!("XLA ({})", self.session.client().platform())
+    }
+
+    fn cudnn(&self) -> bool {
+        matches!(self.session.client().platform(), "cuda" | "gpu")
     }
 
     fn partitioner(&self) -> Partitioner {
