@@ -851,6 +851,8 @@ unary! {
     cos => Cos;
     /// The identity with a zero gradient.
     stop_gradient => StopGradient;
+    /// The identity a compiler may not merge or move work across.
+    optimization_barrier => Barrier;
 }
 
 macro_rules! binary {

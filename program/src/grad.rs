@@ -99,6 +99,11 @@ struct Remat {
     recomputed: Vec<bool>,
     /// Per original value: its recomputed copy, once made.
     copy: Vec<Option<Value>>,
+    /// Per kept value a recomputation reads: that value through an
+    /// `optimization_barrier`, once made, so that a compiler cannot merge the
+    /// recomputed work with the forward pass's (XLA's CSE would: the same ops of the
+    /// same operands) and so keep what remat drops.
+    barrier: std::collections::HashMap<usize, Value>,
 }
 
 impl Remat {
@@ -160,7 +165,7 @@ impl Remat {
                 }
             }
         }
-        Ok(Remat { copy: vec![None; recomputed.len()], recomputed })
+        Ok(Remat { copy: vec![None; recomputed.len()], recomputed, barrier: Default::default() })
     }
 }
 
@@ -282,8 +287,29 @@ impl<'p> Transposer<'p> {
             if self.remat.copy[v].is_some() {
                 continue;
             }
+            // Kept inputs of the recomputation pass through a barrier (float ones:
+            // integers and masks are cheap to keep and have no gradient).
+            let mut args: Vec<Value> = Vec::with_capacity(instr.args.len());
+            for a in &instr.args {
+                let arg = match self.remat.copy[a.index()] {
+                    Some(c) => c,
+                    None => {
+                        let kept = self.map[a.index()];
+                        let float = self.b.spec(kept)?.dtype.is_float();
+                        match self.remat.barrier.get(&a.index()) {
+                            Some(&b) => b,
+                            None if float => {
+                                let b = self.b.optimization_barrier(kept)?;
+                                self.remat.barrier.insert(a.index(), b);
+                                b
+                            }
+                            None => kept,
+                        }
+                    }
+                };
+                args.push(arg);
+            }
             let copied = |a: &Value| self.remat.copy[a.index()].unwrap_or(self.map[a.index()]);
-            let args: Vec<Value> = instr.args.iter().map(copied).collect();
             let with: Vec<Value> = instr.colocate.iter().map(copied).collect();
             // A named value's copy is named after it (`x.remat`), so what names the
             // value (a layout constraint) can name the copy too.
@@ -393,6 +419,7 @@ impl<'p> Transposer<'p> {
                 let a = x[0];
                 let d = match u {
                     Unary::StopGradient => return Ok(vec![None]),
+                    Unary::Barrier => return Ok(vec![Some(g)]),
                     Unary::Neg => return Ok(vec![Some(b.neg(g)?)]),
                     Unary::Exp => b.mul(g, y)?,
                     Unary::Log => b.div(g, a)?,

@@ -147,7 +147,7 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             arity(args, 1)?;
             let x = args[0];
             match u {
-                Unary::Neg | Unary::Abs | Unary::Square | Unary::StopGradient => {
+                Unary::Neg | Unary::Abs | Unary::Square | Unary::StopGradient | Unary::Barrier => {
                     numeric(x.dtype, name)?
                 }
                 Unary::Relu => numeric(x.dtype, name)?,

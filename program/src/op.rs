@@ -35,6 +35,11 @@ pub enum Unary {
     Cos,
     /// The identity, whose gradient is zero.
     StopGradient,
+    /// The identity, which a compiler may not merge with equal work or move work
+    /// across (XLA's `optimization_barrier`): what keeps a rematerialized region's
+    /// work from being merged back into the forward pass's. Its gradient passes
+    /// through.
+    Barrier,
 }
 
 /// Elementwise functions of two operands (NumPy broadcasting).
@@ -378,6 +383,7 @@ impl Op {
                 Unary::Sin => "sin",
                 Unary::Cos => "cos",
                 Unary::StopGradient => "stop_gradient",
+                Unary::Barrier => "optimization_barrier",
             },
             Op::Binary(b) => match b {
                 Binary::Add => "add",

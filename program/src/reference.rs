@@ -224,7 +224,7 @@ fn unary(u: Unary, x: &Val) -> Buf {
                     }
                     Unary::Sin => a.sin(),
                     Unary::Cos => a.cos(),
-                    Unary::StopGradient => a,
+                    Unary::StopGradient | Unary::Barrier => a,
                 })
                 .collect(),
         ),

@@ -352,6 +352,7 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "sin" => return unary(Unary::Sin),
         "cos" => return unary(Unary::Cos),
         "stop_gradient" => return unary(Unary::StopGradient),
+        "optimization_barrier" => return unary(Unary::Barrier),
         "add" => Op::Binary(Binary::Add),
         "sub" => Op::Binary(Binary::Sub),
         "mul" => Op::Binary(Binary::Mul),

@@ -201,6 +201,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
                 "total_bytes": estimate.total(),
             },
             "step_peak_bytes": run.peak_bytes(),
+            "device_peak_bytes": strategy.backend().device_peak_bytes(),
         },
         "backend": strategy.backend().name(),
         "partitioner": partitioner.to_lowercase(),

@@ -657,10 +657,24 @@ fn attention(
     if !cudnn {
         return Ok((false, None));
     }
+    if config.backend.partitioner() == Partitioner::Xla {
+        // XLA's partitioner does not split a custom call it has no partitioner for: it
+        // would gather every device's heads and run all of attention on each.
+        let why = "XLA's partitioner cannot split cuDNN's calls (JAX registers a custom partitioning for them); meshwork's partitioner does";
+        return if forced {
+            Err(usage(format!("--attention cudnn with --partitioner xla: {why}")))
+        } else {
+            Ok((false, Some(why.into())))
+        };
+    }
     // [B, KV, T, hd] per layer's cache: the head dim.
     let head = net.model().decoder().and_then(|d| d.cache(1, 1).first().map(|(_, s)| s.clone()));
     let why = match head {
-        None => Err(format!("the {} builds its attention of primitive ops", net.describe())),
+        None if !forced => return Ok((false, None)),
+        None => Err(format!(
+            "the {} has no attention cuDNN runs (GPT-2 and the Llama family do)",
+            net.describe()
+        )),
         Some(s) => meshwork_nn::cudnn_attention(
             config.precision.unwrap_or(dtype),
             s.get(1).copied().unwrap_or(0),

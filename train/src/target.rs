@@ -107,34 +107,44 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
         fused_attention: p.blocking.fused_attention,
     });
     let ratio = estimate.total() / peak.max(1) as f64;
+    let fused = fused_peak_bytes(step.compiled().partitioned().program());
+    // The per-device step's liveness by the interpreter's plan (no fusion, no
+    // donation): what `inspect --json` calls `step_peak_bytes`.
+    let planned = meshwork_program::fast::Executable::compile(
+        step.compiled().partitioned().program(),
+        meshwork_program::fast::Options::default(),
+    )
+    .peak_bytes();
     if !json {
-        let gb = |b: f64| b / 1e9;
+        let b = |x: f64| human(x);
         return Ok(format!(
-            "{model} on {layout} for {name} ({kind}, {devices} devices in {hosts} host(s), {mem:.1} GB each)\n\
-             compiled in {compile_seconds:.1} s: one device holds arguments {arg:.2} GB, outputs {out:.2} GB ({alias:.2} GB aliased), temporaries {tmp:.2} GB; peak {pk:.2} GB\n\
-             {verdict}: the peak is {pct:.0}% of the {usable:.1} GB XLA's allocator takes ({frac:.0}% of the device)\n\
-             meshwork's estimate {est:.2} GB ({ratio:.2}x XLA's peak); attention lowered by {attention}{note}\n\
-             roofline: {tf:.1} TFLOP and {mb:.2} GB of memory traffic per device, {cb:.3} GB of collectives: {ms:.1} ms a step, {tps:.0} tokens/s\n",
+            "{model} on {layout} for {name} ({kind}, {devices} devices in {hosts} host(s), {mem} each)\n\
+             compiled in {compile_seconds:.1} s: one device holds arguments {arg}, outputs {out} ({alias} aliased), temporaries {tmp}; peak {pk}\n\
+             {verdict}: the peak is {pct:.1}% of the {usable} XLA's allocator takes ({frac:.0}% of the device)\n\
+             meshwork's estimate {est} ({fratio:.2}x XLA's peak; by the model's counts {formula}); attention lowered by {attention}{note}\n\
+             roofline (a bound): {tf:.3} TFLOP and {mb} of memory traffic per device, {cb} of collectives: {ms:.2} ms a step, {tps:.0} tokens/s\n",
             model = p.net.describe(),
             layout = p.layout.describe(),
             name = t.name(),
             kind = target.session().device_kind(),
             hosts = t.hosts,
-            mem = gb(t.device_memory() as f64),
-            arg = gb(m.arguments as f64),
-            out = gb(m.outputs as f64),
-            alias = gb(m.alias as f64),
-            tmp = gb(m.temp as f64),
-            pk = gb(peak as f64),
+            mem = b(t.device_memory() as f64),
+            arg = b(m.arguments as f64),
+            out = b(m.outputs as f64),
+            alias = b(m.alias as f64),
+            tmp = b(m.temp as f64),
+            pk = b(peak as f64),
             verdict = if fits { "fits" } else { "does not fit" },
             pct = 100.0 * peak as f64 / usable.max(1) as f64,
-            usable = gb(usable as f64),
+            usable = b(usable as f64),
             frac = 100.0 * MEMORY_FRACTION,
-            est = gb(estimate.total()),
+            est = b(fused as f64),
+            fratio = fused as f64 / peak.max(1) as f64,
+            formula = b(estimate.total()),
             note = p.attention_note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
             tf = flops / 1e12,
-            mb = gb(bytes),
-            cb = gb(collective_bytes as f64),
+            mb = b(bytes),
+            cb = b(collective_bytes as f64),
             ms = 1e3 * step_seconds,
             tps = tokens_per_second,
         ));
@@ -176,13 +186,20 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
         "attention_note": p.attention_note,
         "memory": {
             "estimate": {
+                "total_bytes": fused,
+                "per": "device",
+                "method": "the per-device step's liveness with elementwise and shape ops fused into their readers, as XLA fuses them",
+            },
+            "estimate_over_compiled_peak": fused as f64 / peak.max(1) as f64,
+            "breakdown": {
                 "weights_bytes": estimate.weights,
                 "activation_bytes": estimate.activations,
                 "feed_bytes": estimate.feeds,
                 "total_bytes": estimate.total(),
-                "per": "device",
+                "method": "weights, gradients and optimizer slots by their layouts, and the model's per-row activation count",
             },
-            "estimate_over_compiled_peak": ratio,
+            "breakdown_over_compiled_peak": ratio,
+            "step_peak_bytes": planned,
         },
         "estimate": {
             "flops_per_step": flops,
@@ -200,6 +217,103 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
     serde_json::to_string_pretty(&json).map_err(Error::failed)
 }
 
+/// The most bytes one device's step holds at once if, as XLA does, chains of
+/// elementwise and shape ops are fused into what reads them: a value of such an op
+/// (unary, binary, compare, select, convert, broadcast, reshape, transpose, slice,
+/// pad, constants) is never stored, its consumers reading what it reads instead, so
+/// those stay live until its last consumer; every other value (a product, a reduction,
+/// a softmax, attention, a collective's result) is stored from its instruction to its
+/// last read, a result to the end; each parameter until its last read (a donated
+/// weight's buffer is reused by its update). Meshwork's estimate of XLA's peak from the
+/// program alone.
+pub(crate) fn fused_peak_bytes(program: &Program) -> u64 {
+    use meshwork_program::Op;
+    let np = program.params().len();
+    let n = program.num_values();
+    let fused = |k: usize| -> bool {
+        k >= np
+            && matches!(
+                program.instrs()[k - np].op,
+                Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Compare(_)
+                    | Op::Select
+                    | Op::Convert { .. }
+                    | Op::BroadcastTo { .. }
+                    | Op::Reshape { .. }
+                    | Op::Transpose { .. }
+                    | Op::Slice { .. }
+                    | Op::Pad { .. }
+                    | Op::Constant { .. }
+                    | Op::Iota { .. }
+            )
+    };
+    // The stored values each value stands for (itself, or what its fused chain reads).
+    let mut sources: Vec<Vec<usize>> = Vec::with_capacity(n);
+    for k in 0..n {
+        if !fused(k) {
+            sources.push(vec![k]);
+            continue;
+        }
+        let mut s: Vec<usize> =
+            program.instrs()[k - np].args.iter().flat_map(|a| sources[a.index()].clone()).collect();
+        s.sort_unstable();
+        s.dedup();
+        sources.push(s);
+    }
+    // Each stored value's last reader (a result's: past the end).
+    let mut last = vec![0usize; n];
+    for (i, instr) in program.instrs().iter().enumerate() {
+        if fused(np + i) {
+            continue;
+        }
+        for a in &instr.args {
+            for &src in &sources[a.index()] {
+                last[src] = last[src].max(np + i);
+            }
+        }
+    }
+    for r in program.results() {
+        for &src in &sources[r.index()] {
+            last[src] = usize::MAX;
+        }
+    }
+    let bytes = |k: usize| -> u64 {
+        program
+            .spec(meshwork_program::Value(k as u32))
+            .and_then(|s| s.byte_size().ok())
+            .map_or(0, |b| b as u64)
+    };
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for k in 0..n {
+        if !fused(k) && last[k] != usize::MAX && last[k] >= np {
+            frees[last[k]].push(k);
+        }
+    }
+    let mut live: u64 = (0..np).map(bytes).sum();
+    let mut peak = live;
+    for (k, freed) in frees.iter().enumerate().skip(np) {
+        if !fused(k) {
+            live += bytes(k);
+            peak = peak.max(live);
+        }
+        for &f in freed {
+            live = live.saturating_sub(bytes(f));
+        }
+    }
+    peak
+}
+
+/// `bytes` for a person: `512 B`, `1.50 MB`, `3.16 GB`.
+fn human(bytes: f64) -> String {
+    match bytes {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} KB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
+}
+
 /// Whether the serialized module `hlo` holds `needle` (a custom call's target).
 fn hlo_has(hlo: &[u8], needle: &[u8]) -> bool {
     hlo.windows(needle.len()).any(|w| w == needle)
@@ -209,4 +323,41 @@ fn hlo_has(hlo: &[u8], needle: &[u8]) -> bool {
 /// fused attention), 2 per multiply-add, as the placer's cost model counts them.
 pub(crate) fn dot_flops(program: &Program) -> f64 {
     program.instrs().iter().map(|i| meshwork_partition::placed::work(program, i).matmul_flops).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use meshwork_program::Builder;
+
+    use super::*;
+
+    /// A fused chain stores nothing but keeps what it reads live until its reader:
+    /// `exp(x)` costs no bytes, and `x` lives until `reduce_sum(exp(x))`.
+    #[test]
+    fn fused_chains_store_nothing_and_extend_what_they_read() {
+        let mut b = Builder::new();
+        let x = b.param("x", "f32[1000]".parse().unwrap()).unwrap();
+        let w = b.param("w", "f32[1000]".parse().unwrap()).unwrap();
+        let a = b.exp(x).unwrap();
+        let p = b.dot_general(w, w, &[0], &[0], &[], &[]).unwrap();
+        let s = b.reduce_sum(a, &[0], false).unwrap();
+        let program = b.finish(&[s, p]).unwrap();
+        // Both inputs (8000 B) and the product (4 B) at once; `w` then goes, `x` only
+        // after the sum reads its fused `exp`.
+        assert_eq!(fused_peak_bytes(&program), 8004);
+        // Unfused, `exp(x)` is stored too (the interpreter's plan).
+        let plan = meshwork_program::fast::Executable::compile(
+            &program,
+            meshwork_program::fast::Options::default(),
+        );
+        assert!(plan.peak_bytes() >= 12_000, "{}", plan.peak_bytes());
+    }
+
+    #[test]
+    fn bytes_read_as_a_person_writes_them() {
+        assert_eq!(human(512.0), "512 B");
+        assert_eq!(human(1536.0), "1.5 KB");
+        assert_eq!(human(1.5e6), "1.50 MB");
+        assert_eq!(human(3.16e9), "3.16 GB");
+    }
 }

@@ -735,6 +735,10 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
                     e.binary("multiply", x, &cdf, dt, &dims)
                 }
                 Unary::StopGradient => x.clone(),
+                Unary::Barrier => {
+                    let t = ty(dt, &dims);
+                    e.op("optimization_barrier", &[(x, &t)], "", &t)
+                }
             }
         }
         Op::Binary(b) => {

@@ -1165,6 +1165,9 @@ pub struct MemoryStats {
     pub bytes_in_use: i64,
     /// The allocator's limit, where it has one.
     pub bytes_limit: Option<i64>,
+    /// The most bytes allocated at once so far, where the plugin keeps it (a GPU's
+    /// allocator does).
+    pub peak_bytes_in_use: Option<i64>,
 }
 
 /// Bytes a client's buffers moved ([`Client::transfers`]).
@@ -1245,6 +1248,7 @@ impl Client {
         Some(MemoryStats {
             bytes_in_use: args.bytes_in_use,
             bytes_limit: args.bytes_limit_is_set.then_some(args.bytes_limit),
+            peak_bytes_in_use: args.peak_bytes_in_use_is_set.then_some(args.peak_bytes_in_use),
         })
     }
 

@@ -126,3 +126,57 @@ fn cudnn_attention_compiles_forward_and_backward_for_an_h100() {
     let (_, hlo) = plain.executable.optimized_program().unwrap();
     assert!(!hlo.windows(7).any(|w| w == b"__cudnn"));
 }
+
+/// Eight MLP blocks `x + gelu(x · w1) · w2` on `[2048, 1024]` activations (the
+/// backward pass reads `x · w1` and its gelu), the loss their sum, and the gradient of
+/// the weights: each block a recomputed region with `remat`.
+fn blocks(remat: bool) -> Program {
+    let mut b = Builder::new();
+    let mut x = b.param("x", "f32[2048,1024]".parse().unwrap()).unwrap();
+    let mut weights = Vec::new();
+    let mut regions = Vec::new();
+    for i in 0..16 {
+        weights.push(b.param(&format!("w{i}"), "f32[1024,1024]".parse().unwrap()).unwrap());
+    }
+    for (i, w) in weights.chunks(2).enumerate() {
+        x = b
+            .scope(&format!("block{i}"), |b| {
+                let z = b.matmul(x, w[0])?;
+                let h = b.gelu(z)?;
+                let y = b.matmul(h, w[1])?;
+                b.add(x, y)
+            })
+            .unwrap();
+        regions.push(b.scope_spans().last().unwrap().1.clone());
+    }
+    let loss = b.reduce_sum(x, &[0, 1], false).unwrap();
+    let forward = b.finish(&[loss]).unwrap();
+    let regions = if remat { regions } else { Vec::new() };
+    meshwork_program::grad_remat(&forward, forward.results()[0], &weights, &regions).unwrap()
+}
+
+/// Rematerialized blocks stay recomputed through XLA's optimizations: the recomputed
+/// work reads its inputs through optimization barriers, so XLA's CSE cannot merge it
+/// back into the forward pass's (which would keep every activation). The eight
+/// recomputed products are in the optimized module beside the 47 of the step.
+#[test]
+fn rematerialized_blocks_survive_xlas_cse() {
+    let session = TargetSession::new(&cuda(), Target::parse("h100").unwrap()).unwrap();
+    let products = |remat: bool| {
+        let c = session.compile(&blocks(remat), &LowerOptions::default()).unwrap();
+        assert_eq!(c.lowered.text.contains("optimization_barrier"), remat);
+        let (_, hlo) = c.executable.optimized_program().unwrap();
+        // Each product is one fusion of kind `gemm_fusion` (the word alone; the
+        // fusions' own names extend it).
+        let word = b"gemm_fusion";
+        hlo.windows(word.len() + 1)
+            .filter(|w| {
+                let next = w[word.len()];
+                w.starts_with(word) && !(next.is_ascii_alphanumeric() || b"_.".contains(&next))
+            })
+            .count()
+    };
+    let (kept, recomputed) = (products(false), products(true));
+    assert!(kept >= 47, "{kept} products kept");
+    assert_eq!(recomputed, kept + 8, "{recomputed} products with remat, {kept} without");
+}

@@ -6,6 +6,7 @@
 // xtask talks to a person on the terminal.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod cuda;
 mod deps;
 mod mpi;
 mod tidy;
@@ -20,7 +21,8 @@ cargo xtask <task>
 tasks:
   ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
                   the model checks, Miri, the MPI test, the XLA test, the Hugging Face
-                  export check (skipped without transformers), docs, dependency edges,
+                  export check (skipped without transformers), the CUDA compiles
+                  (cuda-aot), docs, dependency edges,
                   tidy (benchmarks are type-checked by clippy's --all-targets)
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
   miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
@@ -35,6 +37,12 @@ tasks:
                   or xla-cpu-pjrt installed under target/pjrt/ with pip): the tests
                   that need a plugin, the 1500 oracle programs through XLA, and the
                   loader's failure paths under valgrind
+  cuda-aot        compile for NVIDIA GPUs without one: the pinned CUDA plugin
+                  (jax-cuda13-pjrt 0.11.2 and the nvidia-* wheels with ptxas, hash-checked,
+                  cached in ~/.cache/meshwork-ci/wheels, unpacked under target/pjrt-cuda/),
+                  its tests, and six `meshwork inspect --target` compiles checked
+  gpu-bench DIR   on a machine with an NVIDIA GPU: the GPU benchmark beside JAX and
+                  PyTorch, figures written to DIR
   xla-oracle      all 1500 oracle programs on random meshes of 1-8 XLA CPU devices with
                   random shardings, split by meshwork's partitioner and by XLA's
                   (xla-test runs a seeded tenth)
@@ -60,6 +68,11 @@ fn main() -> ExitCode {
         "mpi-test" => mpi::mpi_test(),
         "xla-test" => xla::xla_test(),
         "xla-oracle" => xla::xla_oracle(),
+        "cuda-aot" => cuda::cuda_aot(),
+        "gpu-bench" => match rest.first() {
+            Some(dir) => cuda::gpu_bench(Path::new(dir)),
+            None => Err("gpu-bench needs an output folder: cargo xtask gpu-bench OUT_DIR".into()),
+        },
         "pjrt" => xla::plugin().map(|p| println!("{}", p.display())),
         "miri" => miri(),
         "deps" => deps_check(),
@@ -112,6 +125,7 @@ fn ci() -> Result {
     step("mpi test", mpi::mpi_test)?;
     step("xla test", xla::xla_test)?;
     step("hf export check (skipped, and says so, where transformers is absent)", hf_export)?;
+    step("cuda aot (compiles for H100s without a GPU)", cuda::cuda_aot)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
     step("tidy", tidy_check)?;

@@ -54,7 +54,12 @@ pub fn work(program: &Program, instr: &Instr) -> Work {
     let mut w = Work { wide, ..Work::default() };
     match &instr.op {
         Op::Unary(u) => match u {
-            Unary::Neg | Unary::Abs | Unary::Square | Unary::Relu | Unary::StopGradient => {
+            Unary::Neg
+            | Unary::Abs
+            | Unary::Square
+            | Unary::Relu
+            | Unary::StopGradient
+            | Unary::Barrier => {
                 w.elements = out;
             }
             _ => w.transcendentals = out,

@@ -56,7 +56,7 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
         Op::Unary(u) => {
             let r = OpRule::elementwise(args, out)?;
             match u {
-                Unary::Neg | Unary::StopGradient => r.with_linear(linear1),
+                Unary::Neg | Unary::StopGradient | Unary::Barrier => r.with_linear(linear1),
                 _ => r,
             }
         }

@@ -180,7 +180,7 @@ fn build(
             let instr = &program.instrs()[i];
             let a = |k: usize| reg(instr.args[k]);
             match &instr.op {
-                Op::Unary(Unary::StopGradient) => Code::Mov(a(0)),
+                Op::Unary(Unary::StopGradient | Unary::Barrier) => Code::Mov(a(0)),
                 Op::Unary(u) => Code::Unary(*u, a(0)),
                 Op::Binary(b) => Code::Binary(*b, a(0), a(1)),
                 Op::Compare(c) => Code::Compare(*c, a(0), a(1)),
@@ -728,7 +728,7 @@ fn eval<'a, T: Float>(c: &Resolved<'_, T>, r: impl Fn(usize) -> &'a [T], out: &m
             }
             Unary::Sin => map1!(a, |x| x.sin()),
             Unary::Cos => map1!(a, |x| x.cos()),
-            Unary::StopGradient => out.copy_from_slice(r(a)),
+            Unary::StopGradient | Unary::Barrier => out.copy_from_slice(r(a)),
         },
         Code::Binary(b, a1, a2) => match b {
             Binary::Add => map2!(a1, a2, |x, y| x + y),

@@ -117,6 +117,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
         false
     }
 
+    /// The most bytes its first device has held at once, where the device keeps count
+    /// (a GPU's allocator does); `None` elsewhere.
+    fn device_peak_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Which partitioner splits its SPMD programs.
     fn partitioner(&self) -> Partitioner {
         Partitioner::Meshwork

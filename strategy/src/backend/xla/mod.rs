@@ -176,6 +176,12 @@ impl Backend for Xla {
         matches!(self.session.client().platform(), "cuda" | "gpu")
     }
 
+    fn device_peak_bytes(&self) -> Option<u64> {
+        let client = self.session.client();
+        let stats = client.memory_stats(client.device(0).ok()?)?;
+        stats.peak_bytes_in_use.and_then(|b| u64::try_from(b).ok())
+    }
+
     fn partitioner(&self) -> Partitioner {
         self.partitioner
     }
