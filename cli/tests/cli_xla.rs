@@ -129,11 +129,8 @@ fn gpu_targets_are_refused_with_one_line_naming_what_is_wrong() {
         &["--target-config", "empty.txtpb", "no gpu_device_info"],
     );
     let zero = dir.path().join("zero.txtpb");
-    std::fs::write(
-        &zero,
-        "gpu_device_info { core_count: 0 clock_rate_ghz: 1.9 threads_per_warp: 32 memory_bandwidth: 1 device_memory_size: 8 cuda_compute_capability { major: 9 } }",
-    )
-    .unwrap();
+    let h100 = include_str!("../../xla/targets/h100_sxm.txtpb");
+    std::fs::write(&zero, h100.replace("core_count: 132", "core_count: 0")).unwrap();
     refused(
         &inspect(&["--target", "h100", "--target-config", zero.to_str().unwrap()]),
         &["core_count must be above 0"],

@@ -41,11 +41,10 @@ pub(crate) fn plugin(given: Option<&Path>, flag: &str) -> Result<Plugin> {
     find::load(&path).map_err(|e| Error::flag(flag, e))
 }
 
-/// The back end of `kind` for `devices` devices. A run estimated to hold `need` bytes
-/// per device is refused here when the device reports less free memory (a GPU's
-/// allocator does; the CPU plugin does not). A target's memory is judged after its
-/// compile, by XLA, not here.
-pub(crate) fn make(kind: &BackendKind, need: f64, devices: usize) -> Result<Chosen> {
+/// The back end of `kind` for `devices` devices. What a device of XLA holds is XLA's
+/// to say (`inspect --target` reads it from the compile; a run past a GPU's memory
+/// fails with XLA's out-of-memory error): meshwork's host estimate is not a device's.
+pub(crate) fn make(kind: &BackendKind, devices: usize) -> Result<Chosen> {
     match kind {
         BackendKind::Interpreter => Ok(Chosen::default()),
         BackendKind::Xla { plugin: given, partitioner } => {
@@ -54,21 +53,6 @@ pub(crate) fn make(kind: &BackendKind, need: f64, devices: usize) -> Result<Chos
             let xla = Xla::with_devices(&loaded, devices)
                 .map_err(|e| no_gpu(&loaded, e, flag))?
                 .with_partitioner(*partitioner);
-            let client = xla.session().client();
-            let free = client
-                .device(0)
-                .ok()
-                .and_then(|d| client.memory_stats(d))
-                .and_then(|m| m.bytes_limit.map(|l| (l - m.bytes_in_use).max(0)));
-            if let Some(free) = free
-                && need > free as f64
-            {
-                return Err(Error::usage(format!(
-                    "--backend xla: the run would hold about {:.2} GB on the device, which has {:.2} GB free; give smaller sizes or --batch",
-                    need / 1e9,
-                    free as f64 / 1e9
-                )));
-            }
             Ok(Chosen { backend: Some(Arc::new(xla)), target: None })
         }
         BackendKind::XlaTarget { plugin: given, partitioner, target, target_config } => {

@@ -496,7 +496,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
             Check::Always => true,
             Check::Auto => need.total() <= CHECK_BYTES && config.precision.is_none(),
         };
-    let backend = crate::backend::make(&config.backend, need.total(), place.devices)?;
+    let backend = crate::backend::make(&config.backend, place.devices)?;
     let (fused, attention_note) = attention(config, &net, &backend, dtype)?;
     Ok(Plan {
         layout: place.layout,

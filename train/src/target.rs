@@ -37,7 +37,7 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
     }
     let p = crate::plan::plan(config)?;
     let Some(target) = p.backend.target.clone() else {
-        return Err(Error::usage("--optimized-hlo needs --target"));
+        return Err(Error::failed("inspect_target needs a --target back end"));
     };
     let Layout::Mesh { data, model } = p.layout else {
         return Err(Error::usage(format!(
@@ -89,11 +89,13 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
     let half = matches!(p.precision, Some(DType::BF16 | DType::F16))
         || matches!(p.dtype, DType::BF16 | DType::F16);
     let peak_flops = if half { t.gpu.bf16_flops } else { t.gpu.f32_flops };
-    let bytes = (m.arguments + m.outputs + 2 * m.temp) as f64;
+    let per_device = step.compiled().partitioned().program();
+    let bytes = fused_traffic_bytes(per_device) as f64;
     let link = if t.hosts > 1 { t.gpu.network_bandwidth } else { t.gpu.nvlink_bandwidth };
     let compute = flops / peak_flops;
     let memory = bytes / t.gpu.memory_bandwidth;
-    let comm = if devices > 1 { collective_bytes as f64 / link } else { 0.0 };
+    let sent: f64 = collectives.iter().map(|c| link_bytes(&c.kind, c.bytes, devices)).sum();
+    let comm = if devices > 1 { sent / link } else { 0.0 };
     let step_seconds = compute.max(memory) + comm;
     let tokens = (p.batch * p.net.per_row().0) as f64;
     let tokens_per_second = tokens / step_seconds;
@@ -107,7 +109,7 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
         fused_attention: p.blocking.fused_attention,
     });
     let ratio = estimate.total() / peak.max(1) as f64;
-    let fused = fused_peak_bytes(step.compiled().partitioned().program());
+    let fused = fused_peak_bytes(per_device);
     // The per-device step's liveness by the interpreter's plan (no fusion, no
     // donation): what `inspect --json` calls `step_peak_bytes`.
     let planned = meshwork_program::fast::Executable::compile(
@@ -205,66 +207,81 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
             "flops_per_step": flops,
             "bytes_per_step": bytes,
             "collective_bytes_per_step": collective_bytes,
+            "link_bytes_per_step": sent,
             "step_seconds": step_seconds,
             "tokens_per_second": tokens_per_second,
             "per": "device (flops, bytes, collectives); the step's global batch (tokens/s)",
             "peak_flops": peak_flops,
             "memory_bandwidth": t.gpu.memory_bandwidth,
             "link_bandwidth": link,
+            "method": "max(flops / peak_flops, bytes / memory_bandwidth) + link_bytes / link_bandwidth: flops of the per-device program's products; bytes each stored value written and read once per reader with elementwise chains fused; collectives' bytes from XLA's optimized module, sent as ring algorithms send them (groups taken as all devices), not overlapped",
             "sources": "NVIDIA datasheets, dense tensor-core rates (bf16/f16, or TF32 for f32); HBM bandwidth; NVLink per direction within a host, one InfiniBand port per GPU between hosts",
         },
     });
     serde_json::to_string_pretty(&json).map_err(Error::failed)
 }
 
-/// The most bytes one device's step holds at once if, as XLA does, chains of
-/// elementwise and shape ops are fused into what reads them: a value of such an op
-/// (unary, binary, compare, select, convert, broadcast, reshape, transpose, slice,
-/// pad, constants) is never stored, its consumers reading what it reads instead, so
-/// those stay live until its last consumer; every other value (a product, a reduction,
-/// a softmax, attention, a collective's result) is stored from its instruction to its
-/// last read, a result to the end; each parameter until its last read (a donated
-/// weight's buffer is reused by its update). Meshwork's estimate of XLA's peak from the
-/// program alone.
-pub(crate) fn fused_peak_bytes(program: &Program) -> u64 {
+/// How XLA would store `program`'s values if, as it does, chains of elementwise and
+/// shape ops are fused into what reads them: whether each value is fused (unary,
+/// binary, compare, select, convert, broadcast, reshape, transpose, slice, pad,
+/// constants: never stored, its readers reading what it reads) and the stored values
+/// each value stands for (itself, or what its fused chain reads).
+fn fusion(program: &Program) -> (Vec<bool>, Vec<Vec<usize>>) {
     use meshwork_program::Op;
     let np = program.params().len();
-    let n = program.num_values();
-    let fused = |k: usize| -> bool {
-        k >= np
-            && matches!(
-                program.instrs()[k - np].op,
-                Op::Unary(_)
-                    | Op::Binary(_)
-                    | Op::Compare(_)
-                    | Op::Select
-                    | Op::Convert { .. }
-                    | Op::BroadcastTo { .. }
-                    | Op::Reshape { .. }
-                    | Op::Transpose { .. }
-                    | Op::Slice { .. }
-                    | Op::Pad { .. }
-                    | Op::Constant { .. }
-                    | Op::Iota { .. }
-            )
-    };
-    // The stored values each value stands for (itself, or what its fused chain reads).
-    let mut sources: Vec<Vec<usize>> = Vec::with_capacity(n);
-    for k in 0..n {
-        if !fused(k) {
+    let mut fused = vec![false; program.num_values()];
+    let mut sources: Vec<Vec<usize>> = (0..np).map(|k| vec![k]).collect();
+    for (i, instr) in program.instrs().iter().enumerate() {
+        let k = np + i;
+        fused[k] = matches!(
+            instr.op,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Convert { .. }
+                | Op::BroadcastTo { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::Pad { .. }
+                | Op::Constant { .. }
+                | Op::Iota { .. }
+        );
+        if !fused[k] {
             sources.push(vec![k]);
             continue;
         }
         let mut s: Vec<usize> =
-            program.instrs()[k - np].args.iter().flat_map(|a| sources[a.index()].clone()).collect();
+            instr.args.iter().flat_map(|a| sources[a.index()].clone()).collect();
         s.sort_unstable();
         s.dedup();
         sources.push(s);
     }
-    // Each stored value's last reader (a result's: past the end).
+    (fused, sources)
+}
+
+/// The bytes of value `k` of `program`.
+fn value_bytes(program: &Program, k: usize) -> u64 {
+    program
+        .spec(meshwork_program::Value(k as u32))
+        .and_then(|s| s.byte_size().ok())
+        .map_or(0, |b| b as u64)
+}
+
+/// The most bytes one device's step holds at once under [`fusion`]: every stored
+/// value (a product, a reduction, a softmax, attention, a collective's result) from its
+/// instruction to its last read — a fused chain's reader reading what the chain reads —
+/// and a result to the end; each parameter until its last read (a donated weight's
+/// buffer is reused by its update). Meshwork's estimate of XLA's peak from the program
+/// alone.
+pub(crate) fn fused_peak_bytes(program: &Program) -> u64 {
+    let np = program.params().len();
+    let n = program.num_values();
+    let (fused, sources) = fusion(program);
     let mut last = vec![0usize; n];
     for (i, instr) in program.instrs().iter().enumerate() {
-        if fused(np + i) {
+        if fused[np + i] {
             continue;
         }
         for a in &instr.args {
@@ -278,30 +295,60 @@ pub(crate) fn fused_peak_bytes(program: &Program) -> u64 {
             last[src] = usize::MAX;
         }
     }
-    let bytes = |k: usize| -> u64 {
-        program
-            .spec(meshwork_program::Value(k as u32))
-            .and_then(|s| s.byte_size().ok())
-            .map_or(0, |b| b as u64)
-    };
     let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
     for k in 0..n {
-        if !fused(k) && last[k] != usize::MAX && last[k] >= np {
+        if !fused[k] && last[k] != usize::MAX && last[k] >= np {
             frees[last[k]].push(k);
         }
     }
-    let mut live: u64 = (0..np).map(bytes).sum();
+    let mut live: u64 = (0..np).map(|k| value_bytes(program, k)).sum();
     let mut peak = live;
     for (k, freed) in frees.iter().enumerate().skip(np) {
-        if !fused(k) {
-            live += bytes(k);
+        if !fused[k] {
+            live += value_bytes(program, k);
             peak = peak.max(live);
         }
         for &f in freed {
-            live = live.saturating_sub(bytes(f));
+            live = live.saturating_sub(value_bytes(program, f));
         }
     }
     peak
+}
+
+/// The bytes one device's step moves to and from its memory under [`fusion`]: each
+/// stored value written once, and read once by each stored instruction that reads it
+/// (itself or through a fused chain); parameters read where they are read.
+pub(crate) fn fused_traffic_bytes(program: &Program) -> u64 {
+    let np = program.params().len();
+    let (fused, sources) = fusion(program);
+    let mut total = 0u64;
+    for (i, instr) in program.instrs().iter().enumerate() {
+        if fused[np + i] {
+            continue;
+        }
+        total += value_bytes(program, np + i);
+        let mut read: Vec<usize> =
+            instr.args.iter().flat_map(|a| sources[a.index()].iter().copied()).collect();
+        read.sort_unstable();
+        read.dedup();
+        total += read.iter().map(|&k| value_bytes(program, k)).sum::<u64>();
+    }
+    total
+}
+
+/// The bytes a collective of `kind` whose result is `bytes` on each device sends from
+/// each device over `n` devices, as ring algorithms move them: an all-reduce
+/// `2(n−1)/n` of its result, an all-gather and an all-to-all `(n−1)/n`, a
+/// reduce-scatter `n−1` times its result (a `1/n` share of what it reduces), a
+/// permute its result.
+fn link_bytes(kind: &str, bytes: u64, n: usize) -> f64 {
+    let (b, n) = (bytes as f64, n.max(1) as f64);
+    match kind {
+        "all-reduce" => 2.0 * (n - 1.0) / n * b,
+        "all-gather" | "all-to-all" => (n - 1.0) / n * b,
+        "reduce-scatter" => (n - 1.0) * b,
+        _ => b,
+    }
 }
 
 /// `bytes` for a person: `512 B`, `1.50 MB`, `3.16 GB`.
@@ -345,12 +392,26 @@ mod tests {
         // Both inputs (8000 B) and the product (4 B) at once; `w` then goes, `x` only
         // after the sum reads its fused `exp`.
         assert_eq!(fused_peak_bytes(&program), 8004);
+        // Traffic: each stored value written (4 + 4 B) and what it reads (w, and x
+        // through the fused exp: 4000 B each).
+        assert_eq!(fused_traffic_bytes(&program), 8008);
         // Unfused, `exp(x)` is stored too (the interpreter's plan).
         let plan = meshwork_program::fast::Executable::compile(
             &program,
             meshwork_program::fast::Options::default(),
         );
         assert!(plan.peak_bytes() >= 12_000, "{}", plan.peak_bytes());
+    }
+
+    #[test]
+    fn collectives_send_what_ring_algorithms_send() {
+        // 8 devices, 800 bytes each: an all-reduce sends 2·7/8 of it, a reduce-scatter
+        // whose share is 800 sends the 7 other shares.
+        assert_eq!(link_bytes("all-reduce", 800, 8), 1400.0);
+        assert_eq!(link_bytes("all-gather", 800, 8), 700.0);
+        assert_eq!(link_bytes("reduce-scatter", 800, 8), 5600.0);
+        assert_eq!(link_bytes("collective-permute", 800, 8), 800.0);
+        assert_eq!(link_bytes("all-reduce", 800, 1), 0.0);
     }
 
     #[test]

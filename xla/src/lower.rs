@@ -510,6 +510,19 @@ fn inline(e: &mut Emitter<'_>, program: &Program, args: &[String]) -> Result<Str
     Ok(sub.names[result.index()].clone())
 }
 
+/// Whether cuDNN's fused attention takes heads `q, k, v` of `specs` as JAX's wrapper
+/// checks: bf16 or f16, one head dim for all three that is a multiple of 8 up to 128,
+/// as many queries as keys (its causal mask is aligned top-left, the op's definition
+/// bottom-right: the two agree only then). Elsewhere the op lowers as its definition.
+fn cudnn_takes(specs: &[TensorSpec]) -> bool {
+    let (q, k, v) = (specs[0].shape.dims(), specs[1].shape.dims(), specs[2].shape.dims());
+    matches!(specs[0].dtype, DType::BF16 | DType::F16)
+        && q[3] == v[3]
+        && q[3] % 8 == 0
+        && q[3] <= 128
+        && q[2] == k[2]
+}
+
 /// `x` `[B,H,T,D]` transposed to `[B,T,H,D]` (cuDNN's operand layout as JAX gives it).
 fn to_bthd(e: &mut Emitter<'_>, x: &str, spec: &TensorSpec) -> String {
     let d = spec.shape.dims();
@@ -608,7 +621,8 @@ fn fmha_forward(
     specs: &[TensorSpec],
     a: meshwork_program::AttentionSpec,
 ) -> Result<Vec<String>> {
-    let key: Vec<String> = args[..3].to_vec();
+    let mut key: Vec<String> = args[..3].to_vec();
+    key.push(format!("{a:?}"));
     if let Some(done) = e.fmha.get(&key) {
         return Ok(done.clone());
     }
@@ -650,7 +664,8 @@ fn fmha_backward(
     specs: &[TensorSpec],
     a: meshwork_program::AttentionSpec,
 ) -> Result<Vec<String>> {
-    let key: Vec<String> = args[..4].to_vec();
+    let mut key: Vec<String> = args[..4].to_vec();
+    key.push(format!("{a:?} backward"));
     if let Some(done) = e.fmha.get(&key) {
         return Ok(done.clone());
     }
@@ -918,8 +933,10 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
             let eq = e.compare("EQ", &b, &iota, idt, &dims);
             e.op("convert", &[(&eq, &ty(DType::Bool, &dims))], "", &ty(*dtype, &dims))
         }
-        Op::Attention(a) if e.cudnn => fmha_forward(e, &args, &specs, *a)?[0].clone(),
-        Op::AttentionGrad { attention, wrt } if e.cudnn => {
+        Op::Attention(a) if e.cudnn && cudnn_takes(&specs) => {
+            fmha_forward(e, &args, &specs, *a)?[0].clone()
+        }
+        Op::AttentionGrad { attention, wrt } if e.cudnn && cudnn_takes(&specs) => {
             fmha_backward(e, &args, &specs, *attention)?[*wrt].clone()
         }
         Op::Attention(_) | Op::AttentionGrad { .. } => {
@@ -1347,5 +1364,48 @@ mod tests {
         assert_eq!(literal(DType::F32, f64::NEG_INFINITY), "0xFF800000");
         assert_eq!(literal(DType::I64, -3.0), "-3");
         assert_eq!(literal(DType::Bool, 1.0), "true");
+    }
+
+    /// Attention of `[2,4,T,D]` heads of `dtype` (T queries and keys, or fewer
+    /// queries) and its gradients, lowered with cuDNN asked for.
+    fn attention_lowered(dtype: &str, tq: usize, d: usize) -> String {
+        let mut b = Builder::new();
+        let q = b.param("q", format!("{dtype}[2,4,{tq},{d}]").parse().unwrap()).unwrap();
+        let k = b.param("k", format!("{dtype}[2,4,16,{d}]").parse().unwrap()).unwrap();
+        let v = b.param("v", format!("{dtype}[2,4,16,{d}]").parse().unwrap()).unwrap();
+        let a = meshwork_program::AttentionSpec { scale: 0.5, divide: false, causal: true };
+        let out = b.attention(q, k, v, a).unwrap();
+        let p = b.finish(&[out]).unwrap();
+        let back = meshwork_program::vjp(&p, &[Value(0), Value(1), Value(2)]).unwrap();
+        let options = LowerOptions { cudnn_attention: true, ..LowerOptions::default() };
+        lower(&back, &options).unwrap().text
+    }
+
+    #[test]
+    fn attention_goes_to_cudnn_only_where_cudnn_takes_it() {
+        let calls = |text: &str| text.matches("__cudnn$fmhaSoftmax").count();
+        // bf16, head dim 64, as many queries as keys: one forward, one backward.
+        let fused = attention_lowered("bf16", 16, 64);
+        assert_eq!(calls(&fused), 2, "{fused}");
+        assert_eq!(fused.matches("__cudnn$fmhaSoftmaxBackward").count(), 1);
+        // f32, a head dim of 12, or fewer queries than keys: the definition, inlined.
+        for (dtype, tq, d) in [("f32", 16, 64), ("bf16", 16, 12), ("bf16", 8, 64), ("f16", 16, 256)]
+        {
+            let plain = attention_lowered(dtype, tq, d);
+            assert_eq!(calls(&plain), 0, "{dtype} {tq} {d}");
+            assert!(count(&plain, "exponential") >= 1, "{dtype} {tq} {d}");
+        }
+        // Without cuDNN asked for, never.
+        let mut b = Builder::new();
+        let spec: TensorSpec = "bf16[1,2,8,64]".parse().unwrap();
+        let (q, k, v) = (
+            b.param("q", spec.clone()).unwrap(),
+            b.param("k", spec.clone()).unwrap(),
+            b.param("v", spec).unwrap(),
+        );
+        let a = meshwork_program::AttentionSpec { scale: 0.5, divide: false, causal: true };
+        let out = b.attention(q, k, v, a).unwrap();
+        let p = b.finish(&[out]).unwrap();
+        assert_eq!(calls(&lower(&p, &LowerOptions::default()).unwrap().text), 0);
     }
 }

@@ -27,8 +27,8 @@ use crate::{
 /// NVLink 4 900 GB/s both directions (450 each way); A100 SXM4 80 GB — BF16 312,
 /// TF32 156, HBM2e 2.039 TB/s, NVLink 3 600 GB/s (300 each way). Between hosts, one
 /// 400 Gb/s (H100, DGX H100's ConnectX-7) or 200 Gb/s (A100, DGX A100's ConnectX-6)
-/// InfiniBand port per GPU. XLA's own configs agree on compute and memory bandwidth
-/// (`matrix_unit_description`, `memory_bandwidth`).
+/// InfiniBand port per GPU. The shipped configs' `memory_bandwidth` agrees; XLA's
+/// newer H100 config's `matrix_unit_description` gives the same tensor-core rates.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gpu {
     /// The name in `--target` (`h100`).
@@ -89,6 +89,8 @@ pub struct Target {
     config: Cow<'static, str>,
     /// Its `device_memory_size`.
     memory: u64,
+    /// Its CUDA compute capability's major version (9: Hopper).
+    compute_major: u32,
 }
 
 impl Target {
@@ -119,16 +121,25 @@ impl Target {
         if devices.is_none() {
             return Err(bad(format!("more than {MAX_TARGET_DEVICES} GPUs")));
         }
-        let memory = check_config(gpu.config).map_err(|e| bad(format!("shipped config: {e}")))?;
-        Ok(Target { gpu, hosts, per_host, config: Cow::Borrowed(gpu.config), memory })
+        let (memory, compute_major) =
+            check_config(gpu.config).map_err(|e| bad(format!("shipped config: {e}")))?;
+        Ok(Target {
+            gpu,
+            hosts,
+            per_host,
+            config: Cow::Borrowed(gpu.config),
+            memory,
+            compute_major,
+        })
     }
 
     /// This target with the target config `text` (a `GpuTargetConfigProto` in text
     /// form, as XLA's `specs/*.txtpb`) in place of the shipped one, checked for what
     /// the plugin needs (see [`check_config`]); `source` names it in errors.
     pub fn with_config(self, text: String, source: &str) -> Result<Target> {
-        let memory = check_config(&text).map_err(|e| Error::Target(format!("{source}: {e}")))?;
-        Ok(Target { config: Cow::Owned(text), memory, ..self })
+        let (memory, compute_major) =
+            check_config(&text).map_err(|e| Error::Target(format!("{source}: {e}")))?;
+        Ok(Target { config: Cow::Owned(text), memory, compute_major, ..self })
     }
 
     /// Its name as `--target` takes it (`h100`, `h100x8`, `2xh100x8`).
@@ -150,6 +161,12 @@ impl Target {
         self.memory
     }
 
+    /// Whether cuDNN's fused (flash) attention runs on its GPUs: compute capability 8
+    /// (Ampere) or later, as JAX's cuDNN path requires.
+    pub fn cudnn_attention(&self) -> bool {
+        self.compute_major >= 8
+    }
+
     /// The target config compiled against.
     pub fn config(&self) -> &str {
         &self.config
@@ -161,11 +178,33 @@ impl Target {
     }
 }
 
-/// Checks a text target config before the plugin sees it, and returns its device
-/// memory: the CUDA plugin accepts an empty config and then divides by zero while
-/// compiling (SIGFPE), so a config must name the device's memory, cores, clock,
-/// warp size and memory bandwidth, each above zero, and its compute capability.
-pub fn check_config(text: &str) -> std::result::Result<u64, String> {
+/// The fields of a config's `gpu_device_info` that must be there and above zero: every
+/// count and size the shipped configs give (XLA's cost models divide by them; an empty
+/// config passes the plugin's parser and then crashes its compile with SIGFPE).
+pub const REQUIRED_FIELDS: [&str; 17] = [
+    "threads_per_block_limit",
+    "threads_per_warp",
+    "shared_memory_per_block",
+    "shared_memory_per_core",
+    "threads_per_core_limit",
+    "core_count",
+    "fpus_per_core",
+    "block_dim_limit_x",
+    "block_dim_limit_y",
+    "block_dim_limit_z",
+    "memory_bandwidth",
+    "l2_cache_size",
+    "clock_rate_ghz",
+    "device_memory_size",
+    "shared_memory_per_block_optin",
+    "registers_per_core_limit",
+    "registers_per_block_limit",
+];
+
+/// Checks a text target config before the plugin sees it: a `gpu_device_info` with
+/// every one of [`REQUIRED_FIELDS`] above zero and a CUDA compute capability. Returns
+/// its device memory and its compute capability's major version.
+pub fn check_config(text: &str) -> std::result::Result<(u64, u32), String> {
     if !text.contains("gpu_device_info") {
         return Err("not a GpuTargetConfigProto: no gpu_device_info".into());
     }
@@ -175,11 +214,11 @@ pub fn check_config(text: &str) -> std::result::Result<u64, String> {
     // Comments dropped; a field is `name: value` anywhere (text protos need no lines).
     let text: String =
         text.lines().map(|l| l.split('#').next().unwrap_or("")).collect::<Vec<_>>().join("\n");
-    let field = |name: &str| -> std::result::Result<f64, String> {
-        let value = text
-            .match_indices(name)
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let raw = |name: &str| -> Option<&str> {
+        text.match_indices(name)
             .filter(|&(at, _)| {
-                !text[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                !text[..at].ends_with(word) && !text[at + name.len()..].starts_with(word)
             })
             .find_map(|(at, _)| text[at + name.len()..].trim_start().strip_prefix(':'))
             .map(|rest| {
@@ -187,18 +226,30 @@ pub fn check_config(text: &str) -> std::result::Result<u64, String> {
                 let end = rest.find(|c: char| c.is_whitespace() || c == '}').unwrap_or(rest.len());
                 &rest[..end]
             })
-            .ok_or_else(|| format!("no {name}"))?;
+    };
+    let field = |name: &str| -> std::result::Result<f64, String> {
+        let value = raw(name).ok_or_else(|| format!("no {name}"))?;
         let v: f64 = value.parse().map_err(|_| format!("{name}: `{value}` is not a number"))?;
         if v > 0.0 && v.is_finite() { Ok(v) } else { Err(format!("{name} must be above 0")) }
     };
-    for name in ["core_count", "clock_rate_ghz", "threads_per_warp", "memory_bandwidth"] {
+    for name in REQUIRED_FIELDS {
         field(name)?;
     }
     let memory = field("device_memory_size")?;
     if memory > u64::MAX as f64 || memory.fract() != 0.0 {
         return Err("device_memory_size is not a byte count".into());
     }
-    Ok(memory as u64)
+    // `cuda_compute_capability { major: 9 … }`: the first `major` after it.
+    let at = text.find("cuda_compute_capability").unwrap_or(0);
+    let major = text[at..]
+        .match_indices("major")
+        .find_map(|(i, _)| text[at + i + 5..].trim_start().strip_prefix(':'))
+        .and_then(|rest| {
+            rest.split(|c: char| c.is_whitespace() || c == '}').find(|s| !s.is_empty())
+        })
+        .and_then(|v| v.parse::<u32>().ok())
+        .ok_or("cuda_compute_capability has no major version")?;
+    Ok((memory as u64, major))
 }
 
 /// A program compiled for a target's devices.
@@ -221,8 +272,9 @@ pub struct TargetCompiled {
 #[derive(Debug)]
 pub struct TargetSession {
     target: Target,
-    topology: Topology,
+    /// Before the topology: its executables are destroyed first.
     cache: Mutex<HashMap<String, Arc<TargetCompiled>>>,
+    topology: Topology,
     compiles: AtomicUsize,
 }
 
@@ -252,8 +304,8 @@ impl TargetSession {
         }
         Ok(TargetSession {
             target,
-            topology,
             cache: Mutex::new(HashMap::new()),
+            topology,
             compiles: AtomicUsize::new(0),
         })
     }
@@ -364,7 +416,7 @@ mod tests {
             ("gpu_device_info { core_count: 1 }", "cuda_compute_capability"),
             (
                 "gpu_device_info { cuda_compute_capability { major: 9 } core_count: 132 }",
-                "no clock_rate_ghz",
+                "no threads_per_block_limit",
             ),
         ] {
             let e = h100.clone().with_config(text.into(), "cfg.txtpb").unwrap_err().to_string();
@@ -374,6 +426,24 @@ mod tests {
         let e = h100.clone().with_config(zero, "z").unwrap_err().to_string();
         assert!(e.contains("core_count must be above 0"), "{e}");
         let small = GPUS[0].config.replace("84978434048", "1000");
-        assert_eq!(h100.with_config(small, "s").unwrap().device_memory(), 1000);
+        assert_eq!(h100.clone().with_config(small, "s").unwrap().device_memory(), 1000);
+        // Every required field, left out, is refused by name.
+        for name in REQUIRED_FIELDS {
+            let without: String = GPUS[0]
+                .config
+                .lines()
+                .filter(|l| l.trim().split(':').next() != Some(name))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let e = h100.clone().with_config(without, "w").unwrap_err().to_string();
+            assert!(e.contains(&format!("no {name}")), "{name}: {e}");
+        }
+        // A Turing config passes, without cuDNN's flash attention.
+        let turing = GPUS[0].config.replace(
+            "cuda_compute_capability { major: 9 }",
+            "cuda_compute_capability { major: 7 minor: 5 }",
+        );
+        assert!(!h100.clone().with_config(turing, "t").unwrap().cudnn_attention());
+        assert!(h100.cudnn_attention() && Target::parse("a100").unwrap().cudnn_attention());
     }
 }

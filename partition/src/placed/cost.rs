@@ -92,13 +92,14 @@ pub fn work(program: &Program, instr: &Instr) -> Work {
             w.elements = 3.0 * out;
         }
         Op::Attention(_) | Op::AttentionGrad { .. } => {
-            // Two products over [B,H,Tq,Tk] scores (the gradient, about twice more),
-            // softmax over the scores.
+            // Two products over [B,H,Tq,Tk] scores, softmax over them. Its gradient is
+            // three ops (of q, k, v) that run as one: the scores again and four
+            // products, a third of those five each.
             let (q, qd) = arg(0).unwrap_or_default();
             let tk = arg(1).map_or(1, |(_, d)| d.get(2).copied().unwrap_or(1)) as f64;
             let d = qd.get(3).copied().unwrap_or(1).max(1) as f64;
             let scores = q / d * tk;
-            let products = if matches!(instr.op, Op::Attention(_)) { 2.0 } else { 4.0 };
+            let products = if matches!(instr.op, Op::Attention(_)) { 2.0 } else { 5.0 / 3.0 };
             w.matmul_flops = 2.0 * products * scores * d;
             w.transcendentals = scores;
             w.elements = 3.0 * scores;

@@ -19,18 +19,19 @@ use crate::{Error, Result, Strategy};
 /// target's device `r`.
 #[derive(Debug, Clone)]
 pub struct XlaTarget {
+    /// Before the session: the executables go before their topology.
+    compiled: Arc<Mutex<Vec<Arc<TargetCompiled>>>>,
     session: Arc<TargetSession>,
     partitioner: Partitioner,
-    compiled: Arc<Mutex<Vec<Arc<TargetCompiled>>>>,
 }
 
 impl XlaTarget {
     /// A back end compiling for `target` with `plugin` (the CUDA plugin).
     pub fn new(plugin: &Plugin, target: Target) -> Result<XlaTarget> {
         Ok(XlaTarget {
+            compiled: Arc::default(),
             session: Arc::new(TargetSession::new(plugin, target)?),
             partitioner: Partitioner::Meshwork,
-            compiled: Arc::default(),
         })
     }
 
@@ -74,7 +75,7 @@ impl Backend for XlaTarget {
     }
 
     fn cudnn(&self) -> bool {
-        true
+        self.session.target().cudnn_attention()
     }
 
     fn compiles(&self) -> u64 {
@@ -90,7 +91,7 @@ impl Backend for XlaTarget {
     ) -> Result<Box<dyn SpmdExecutable>> {
         let n = placement.len();
         let (program, mut options, _) = super::lowering(self.partitioner, part, n, carry)?;
-        options.cudnn_attention = true;
+        options.cudnn_attention = self.cudnn();
         let compiled = self.session.compile(program, &options)?;
         let lowered = &compiled.lowered;
         if !lowered.sends.is_empty() || !lowered.recvs.is_empty() {
