@@ -2,11 +2,13 @@
 //! are not here, what XLA says one device's program holds, whether that fits the
 //! device, and a roofline of how fast the step would go.
 //!
-//! The roofline: a step takes at least its dot products' FLOPs at the tensor cores'
-//! peak, or its compiled buffers' traffic at the memory's bandwidth, whichever is
-//! longer, plus its collectives' bytes over the slowest link they cross (NVLink within
-//! a host, the network between hosts), not overlapped. Peak rates are the GPU's
-//! datasheet figures ([`meshwork_xla::target::Gpu`]).
+//! The roofline: a step takes at least its products' FLOPs at the tensor cores' peak,
+//! or the least memory traffic its stored values need ([`fused_traffic_bytes`]) at the
+//! memory's bandwidth, whichever is longer, plus what its collectives send over the
+//! slowest link they cross (NVLink within a host, the network between hosts), not
+//! overlapped. Peak rates are the GPU's datasheet figures
+//! ([`meshwork_xla::target::Gpu`]). Meshwork's estimate of XLA's peak memory is the
+//! per-device step's liveness with elementwise chains fused ([`fused_peak_bytes`]).
 
 use std::path::Path;
 
@@ -214,7 +216,7 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
             "peak_flops": peak_flops,
             "memory_bandwidth": t.gpu.memory_bandwidth,
             "link_bandwidth": link,
-            "method": "max(flops / peak_flops, bytes / memory_bandwidth) + link_bytes / link_bandwidth: flops of the per-device program's products; bytes each stored value written and read once per reader with elementwise chains fused; collectives' bytes from XLA's optimized module, sent as ring algorithms send them (groups taken as all devices), not overlapped",
+            "method": "max(flops / peak_flops, bytes / memory_bandwidth) + link_bytes / link_bandwidth: flops of the per-device program's products; bytes each stored value written and read once, elementwise chains fused (the least a step moves); collectives' bytes from XLA's optimized module, sent as ring algorithms send them (groups taken as all devices), not overlapped",
             "sources": "NVIDIA datasheets, dense tensor-core rates (bf16/f16, or TF32 for f32); HBM bandwidth; NVLink per direction within a host, one InfiniBand port per GPU between hosts",
         },
     });
@@ -315,23 +317,28 @@ pub(crate) fn fused_peak_bytes(program: &Program) -> u64 {
     peak
 }
 
-/// The bytes one device's step moves to and from its memory under [`fusion`]: each
-/// stored value written once, and read once by each stored instruction that reads it
-/// (itself or through a fused chain); parameters read where they are read.
+/// The least bytes one device's step moves to and from its memory under [`fusion`]:
+/// each stored value written once and read once (by whichever stored instruction reads
+/// it first: XLA's multi-output fusions let the readers of one value share that read),
+/// each parameter read once. A roofline's memory side: no step moves less.
 pub(crate) fn fused_traffic_bytes(program: &Program) -> u64 {
     let np = program.params().len();
     let (fused, sources) = fusion(program);
+    let mut read = vec![false; program.num_values()];
     let mut total = 0u64;
     for (i, instr) in program.instrs().iter().enumerate() {
         if fused[np + i] {
             continue;
         }
         total += value_bytes(program, np + i);
-        let mut read: Vec<usize> =
-            instr.args.iter().flat_map(|a| sources[a.index()].iter().copied()).collect();
-        read.sort_unstable();
-        read.dedup();
-        total += read.iter().map(|&k| value_bytes(program, k)).sum::<u64>();
+        for a in &instr.args {
+            for &k in &sources[a.index()] {
+                if !read[k] {
+                    read[k] = true;
+                    total += value_bytes(program, k);
+                }
+            }
+        }
     }
     total
 }
@@ -393,8 +400,15 @@ mod tests {
         // after the sum reads its fused `exp`.
         assert_eq!(fused_peak_bytes(&program), 8004);
         // Traffic: each stored value written (4 + 4 B) and what it reads (w, and x
-        // through the fused exp: 4000 B each).
+        // through the fused exp: 4000 B each), once.
         assert_eq!(fused_traffic_bytes(&program), 8008);
+        // A value read by two products is read once.
+        let mut b = Builder::new();
+        let x = b.param("x", "f32[1000]".parse().unwrap()).unwrap();
+        let p = b.dot_general(x, x, &[0], &[0], &[], &[]).unwrap();
+        let q = b.reduce_sum(x, &[0], false).unwrap();
+        let twice = b.finish(&[p, q]).unwrap();
+        assert_eq!(fused_traffic_bytes(&twice), 4008);
         // Unfused, `exp(x)` is stored too (the interpreter's plan).
         let plan = meshwork_program::fast::Executable::compile(
             &program,
