@@ -72,7 +72,11 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
     };
     let t = target.session().target();
     let m = main.memory;
-    let peak = if m.peak > 0 { m.peak } else { m.arguments + m.outputs - m.alias + m.temp };
+    let peak = if m.peak > 0 {
+        m.peak
+    } else {
+        (m.arguments + m.outputs).saturating_sub(m.alias) + m.temp
+    };
     let usable = (t.device_memory() as f64 * MEMORY_FRACTION) as u64;
     let fits = peak <= usable;
     let (_, hlo) = main.executable.optimized_program().map_err(Error::failed)?;
