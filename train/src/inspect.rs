@@ -121,19 +121,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
     let init = p.take_init()?;
     let strategy = p.strategy()?;
     let compiles_before = strategy.backend().compiles();
-    let recipe = Recipe {
-        net: &p.net,
-        batch: p.batch,
-        dtype: p.dtype,
-        optimizer: p.optimizer,
-        clip: p.clip,
-        init: &init,
-        savers: p.savers,
-        precision: p.precision,
-        loss_scale: p.loss_scale,
-        blocking: p.blocking,
-        shards: p.shards.as_ref(),
-    };
+    let recipe = Recipe::of(&p, &init);
     let mut run = start(&strategy, p.layout, &recipe)?;
     let compiled = strategy.backend().compiles();
     let before = run.traffic();

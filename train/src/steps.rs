@@ -292,6 +292,25 @@ pub(crate) struct Recipe<'a> {
     pub(crate) shards: Option<&'a crate::hf::HfShards>,
 }
 
+impl<'a> Recipe<'a> {
+    /// What the plan `p` trains, from the initial weights `init`.
+    pub(crate) fn of(p: &'a crate::plan::Plan, init: &'a HashMap<String, Tensor>) -> Recipe<'a> {
+        Recipe {
+            net: &p.net,
+            batch: p.batch,
+            dtype: p.dtype,
+            optimizer: p.optimizer,
+            clip: p.clip,
+            init,
+            savers: p.savers,
+            precision: p.precision,
+            loss_scale: p.loss_scale,
+            blocking: p.blocking,
+            shards: p.shards.as_ref(),
+        }
+    }
+}
+
 /// The training step of `recipe` over the mesh `layout` compiled on `strategy`, with
 /// its trained weights' names and the micro-batches it takes; its optimizer state set
 /// to its initial value when `init_state` (else unset: a step compiled to plan, not

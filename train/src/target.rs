@@ -49,19 +49,7 @@ pub fn inspect_target(config: &Config, json: bool, optimized_hlo: Option<&Path>)
     };
     let strategy = p.strategy()?;
     let none = std::collections::HashMap::new();
-    let recipe = Recipe {
-        net: &p.net,
-        batch: p.batch,
-        dtype: p.dtype,
-        optimizer: p.optimizer,
-        clip: p.clip,
-        init: &none,
-        savers: p.savers,
-        precision: p.precision,
-        loss_scale: p.loss_scale,
-        blocking: p.blocking,
-        shards: None,
-    };
+    let recipe = Recipe::of(&p, &none);
     let before = target.compiled().len();
     let started = std::time::Instant::now();
     let (step, _, _) = mesh_step(&strategy, p.layout, &recipe, false)?;

@@ -342,19 +342,7 @@ impl<'s> Running<'s> {
         one: &'s Strategy,
         init: &HashMap<String, Tensor>,
     ) -> Result<Running<'s>> {
-        let recipe = Recipe {
-            net: &p.net,
-            batch: p.batch,
-            dtype: p.dtype,
-            optimizer: p.optimizer,
-            clip: p.clip,
-            init,
-            savers: p.savers,
-            precision: p.precision,
-            loss_scale: p.loss_scale,
-            blocking: p.blocking,
-            shards: p.shards.as_ref(),
-        };
+        let recipe = Recipe::of(p, init);
         let run = start(strategy, p.layout, &recipe)?;
         let eval = if p.eval_every > 0 {
             let (rows, batch) = (p.rows, p.batch);

@@ -43,13 +43,8 @@ fn wheel_cache() -> PathBuf {
 /// The CUDA plugin: `MESHWORK_CUDA_PLUGIN` if set (it must exist), else the pinned
 /// wheels' under `target/pjrt-cuda/site/`, installed on first use.
 pub(crate) fn plugin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MESHWORK_CUDA_PLUGIN").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("MESHWORK_CUDA_PLUGIN names {}, which is not a file", p.display()))
-        };
+    if let Some(p) = crate::xla::file_named_by("MESHWORK_CUDA_PLUGIN") {
+        return p;
     }
     let root = workspace_root().join("target").join("pjrt-cuda");
     let site = root.join("site");
@@ -253,7 +248,6 @@ pub(crate) fn cuda_aot() -> Result {
     let mut peaks = Vec::new();
     for (k, c) in COMPILES.iter().enumerate() {
         let hlo = out.join(format!("step{k}.hlo.pb"));
-        let _ = std::fs::remove_file(&hlo);
         let started = std::time::Instant::now();
         let output = Command::new(&bin)
             .arg("inspect")
@@ -370,6 +364,12 @@ pub(crate) fn gpu_bench(out: &Path) -> Result {
     if !listed.contains("GPU ") {
         return Err("no NVIDIA GPU here (`nvidia-smi -L` lists none); `cargo xtask cuda-aot` compiles for GPUs without one".into());
     }
+    // Its files are written into `out`, which must be new or empty: nothing a person
+    // put there is replaced.
+    let taken = std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if taken {
+        return Err(format!("{} is not empty; give a new or empty folder", out.display()));
+    }
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let plugin = match std::env::var_os("MESHWORK_PJRT_PLUGIN").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
@@ -484,7 +484,6 @@ pub(crate) fn gpu_bench(out: &Path) -> Result {
     let mut losses = Vec::new();
     for attention in ["cudnn", "xla"] {
         let file = out.join(format!("losses-{attention}.json"));
-        let _ = std::fs::remove_file(&file);
         let f = file.to_string_lossy().into_owned();
         let mut args = vec![
             "train",

@@ -17,13 +17,8 @@ const MEMBER: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
 /// The plugin the XLA checks use: `MESHWORK_PJRT_PLUGIN` if set (it must exist), else
 /// the pinned wheel's, installed under `target/pjrt/` on first use.
 pub(crate) fn plugin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MESHWORK_PJRT_PLUGIN").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("MESHWORK_PJRT_PLUGIN names {}, which is not a file", p.display()))
-        };
+    if let Some(p) = file_named_by("MESHWORK_PJRT_PLUGIN") {
+        return p;
     }
     let dir = workspace_root().join("target").join("pjrt");
     let so = dir.join("xla_cpu_pjrt.so");
@@ -32,6 +27,17 @@ pub(crate) fn plugin() -> Result<PathBuf> {
     }
     install(&dir, &so)?;
     Ok(so)
+}
+
+/// The file the environment variable `var` names, if it is set and not empty (an error
+/// when that is not a file).
+pub(crate) fn file_named_by(var: &str) -> Option<Result<PathBuf>> {
+    let p = PathBuf::from(std::env::var_os(var).filter(|p| !p.is_empty())?);
+    Some(if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!("{var} names {}, which is not a file", p.display()))
+    })
 }
 
 /// Downloads the pinned wheel with pip (hash checked) and unpacks the plugin.
