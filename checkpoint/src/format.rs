@@ -334,13 +334,31 @@ pub(crate) fn write(
     metadata: Option<&Value>,
     ops: &mut Ops,
 ) -> Result<()> {
-    // A new directory (its missing parents made too), or an existing empty one;
-    // anything else is not ours to write in.
+    let created = make_dir(dir)?;
+    ops.did("mkdir", dir)?;
+    let mut written: Vec<PathBuf> = Vec::new();
+    let result = (|| {
+        let part = write_shards(dir, 0..devices, devices, entries, ops, &mut written)?;
+        let (variables, files) = merge(dir, devices, vec![(0, part)])?;
+        write_index(dir, devices, variables, files, metadata, ops, &mut written)
+    })();
+    if let Err(e) = result {
+        if !ops.crashed {
+            remove_written(&written, created.then_some(dir));
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Creates `dir` (its missing parents too), or accepts an existing empty directory;
+/// whether it was created. Anything else is not ours to write in.
+pub(crate) fn make_dir(dir: &Path) -> Result<bool> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
     }
-    let created = match fs::create_dir(dir) {
-        Ok(()) => true,
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let meta = fs::symlink_metadata(dir).map_err(|e| io(dir, e))?;
             let empty =
@@ -352,90 +370,319 @@ pub(crate) fn write(
                      into a new directory and never replaces anything",
                 ));
             }
-            false
+            Ok(false)
         }
-        Err(e) => return Err(io(dir, e)),
-    };
-    ops.did("mkdir", dir)?;
-    let tmp = dir;
-    let mut written: Vec<PathBuf> = Vec::new();
-    let result = (|| {
-        // Per device position: its tensors.
-        let mut files: Vec<Vec<Saved>> = vec![Vec::new(); devices];
-        let mut variables = Vec::new();
-        for entry in entries {
-            let mut listed = Vec::new();
-            for (k, (device, ranges, shard)) in entry.shards.iter().enumerate() {
-                let tensor = format!("{}/{k}", entry.name);
-                let bytes = shard.to_le_bytes();
-                listed.push(json!({
+        Err(e) => Err(io(dir, e)),
+    }
+}
+
+/// Removes the files a failed save wrote (and `dir`, when the save created it):
+/// nothing else.
+pub(crate) fn remove_written(written: &[PathBuf], dir: Option<&Path>) {
+    for f in written.iter().rev() {
+        let _ = fs::remove_file(f);
+    }
+    if let Some(dir) = dir {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// What one writer of a checkpoint wrote: the shard files of its device positions
+/// (each file's name, size and checksum) and, for every variable, the header and the
+/// shards it wrote by their index among the variable's regions. A checkpoint written
+/// by several processes is each one's part, merged into one index by the process
+/// that commits it ([`CheckpointManager::commit_parts`](crate::CheckpointManager::commit_parts)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WrittenPart {
+    /// The directory the files were written into (a name in the checkpoint
+    /// directory, for a managed part).
+    pub(crate) dir: String,
+    /// `{name, bytes, crc32c}` of each file, by device position.
+    pub(crate) files: Vec<(usize, Value)>,
+    /// Per variable: its header (`name`, `dtype`, `shape`, `sharding`) and its shards
+    /// written here, `(region index, {file, tensor, ranges, crc32c})`.
+    pub(crate) variables: Vec<(Value, Vec<(usize, Value)>)>,
+}
+
+impl WrittenPart {
+    /// The part as bytes, to send to the process that commits the checkpoint.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let variables: Vec<Value> = self
+            .variables
+            .iter()
+            .map(|(header, shards)| {
+                json!({
+                    "header": header,
+                    "shards": shards.iter().map(|(k, s)| json!([k, s])).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let files: Vec<Value> = self.files.iter().map(|(d, f)| json!([d, f])).collect();
+        serde_json::to_vec(&json!({ "dir": self.dir, "files": files, "variables": variables }))
+            .unwrap_or_default()
+    }
+
+    /// A part from [`to_bytes`](Self::to_bytes)' bytes (sent by process `from`, for
+    /// messages); every count in it is checked when the parts are merged.
+    pub fn from_bytes(bytes: &[u8], from: &Path) -> Result<WrittenPart> {
+        let bad = |what: &str| corrupt(from, format!("a written part {what}"));
+        let v: Value =
+            serde_json::from_slice(bytes).map_err(|e| bad(&format!("is not JSON: {e}")))?;
+        let dir = v.get("dir").and_then(Value::as_str).ok_or_else(|| bad("names no directory"))?;
+        let pair = |x: &Value| -> Result<(usize, Value)> {
+            let k = x.get(0).and_then(Value::as_u64).and_then(|k| usize::try_from(k).ok());
+            match (k, x.get(1)) {
+                (Some(k), Some(v)) => Ok((k, v.clone())),
+                _ => Err(bad("holds a malformed entry")),
+            }
+        };
+        let files = v
+            .get("files")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("lists no files"))?
+            .iter()
+            .map(pair)
+            .collect::<Result<Vec<_>>>()?;
+        let variables = v
+            .get("variables")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("lists no variables"))?
+            .iter()
+            .map(|x| {
+                let header = x.get("header").cloned().ok_or_else(|| bad("has no header"))?;
+                let shards = x
+                    .get("shards")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad("has no shards"))?
+                    .iter()
+                    .map(pair)
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((header, shards))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if dir.is_empty() || dir.contains(['/', '\\']) || dir.contains("..") {
+            return Err(bad(&format!("names directory {dir:?}, which leaves the checkpoint")));
+        }
+        Ok(WrittenPart { dir: dir.to_string(), files, variables })
+    }
+}
+
+/// Writes the files of device positions `positions` (of `devices`) into `dir`: each
+/// position's shards of `entries` (which must hold only shards of those positions,
+/// each at its region's index) in `shard-<position>.safetensors`, synced. The files
+/// created go into `written`.
+pub(crate) fn write_shards(
+    dir: &Path,
+    positions: std::ops::Range<usize>,
+    devices: usize,
+    entries: Vec<CheckpointEntry>,
+    ops: &mut Ops,
+    written: &mut Vec<PathBuf>,
+) -> Result<WrittenPart> {
+    let mut files: Vec<Vec<Saved>> = vec![Vec::new(); positions.len()];
+    let mut variables = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let bad = |problem: String| corrupt(dir, format!("variable {}: {problem}", entry.name));
+        let sharding = positions_sharding(&entry, devices).map_err(|x| bad(x.to_string()))?;
+        let regions = saved_regions(&sharding, &entry.shape)?;
+        let mut listed = Vec::with_capacity(entry.shards.len());
+        for (device, ranges, shard) in &entry.shards {
+            if !positions.contains(device) {
+                return Err(bad(format!(
+                    "a shard on device {device}; this writer holds {positions:?}"
+                )));
+            }
+            let k = regions.iter().position(|r| r == ranges).ok_or_else(|| {
+                bad(format!("a shard covers {ranges:?}, not a region of its sharding"))
+            })?;
+            let extent: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+            if shard.dtype() != entry.dtype || shard.shape() != extent.as_slice() {
+                return Err(bad(format!(
+                    "a shard of {} {:?} for a region {extent:?} of {}",
+                    shard.dtype(),
+                    shard.shape(),
+                    entry.dtype
+                )));
+            }
+            let tensor = format!("{}/{k}", entry.name);
+            let bytes = shard.to_le_bytes();
+            listed.push((
+                k,
+                json!({
                     "file": format!("shard-{device}.safetensors"),
                     "tensor": tensor,
                     "ranges": ranges.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
                     "crc32c": crc32c::crc32c(&bytes),
-                }));
-                files[*device].push(Saved {
-                    name: tensor,
-                    dtype: entry.dtype,
-                    shape: shard.shape().to_vec(),
-                    bytes,
-                });
-            }
-            variables.push(json!({
-                "name": entry.name,
-                "dtype": entry.dtype.to_string(),
-                "shape": entry.shape,
-                "sharding": entry.hlo.to_string(),
-                "shards": listed,
-            }));
+                }),
+            ));
+            files[device - positions.start].push(Saved {
+                name: tensor,
+                dtype: entry.dtype,
+                shape: shard.shape().to_vec(),
+                bytes,
+            });
         }
-        let mut listed = Vec::new();
-        for (device, tensors) in files.iter().enumerate() {
-            let views = tensors
-                .iter()
-                .map(|t| {
-                    TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes)
-                        .map(|v| (t.name.clone(), v))
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| io(tmp, e))?;
-            let bytes = safetensors::serialize(views, None).map_err(|e| io(tmp, e))?;
-            let file = format!("shard-{device}.safetensors");
-            write_synced(&tmp.join(&file), &bytes, ops, &mut written)?;
-            listed.push(
-                json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
-            );
-        }
-        let index = json!({
-            "format": FORMAT,
-            "version": VERSION,
-            "logical_devices": devices,
-            "variables": variables,
-            "files": listed,
+        let header = json!({
+            "name": entry.name,
+            "dtype": entry.dtype.to_string(),
+            "shape": entry.shape,
+            "sharding": entry.hlo.to_string(),
         });
-        let mut index = index;
-        if let Some(m) = metadata {
-            index["metadata"] = m.clone();
-        }
-        let text = serde_json::to_vec_pretty(&index).map_err(|e| io(tmp, e))?;
-        // The index goes last: a directory without it is not a checkpoint.
-        write_synced(&tmp.join(INDEX), &text, ops, &mut written)?;
-        sync_dir(tmp);
-        ops.did("fsync", tmp)
-    })();
-    if let Err(e) = result {
-        if !ops.crashed {
-            // Remove what this save wrote, and nothing else.
-            for f in written.iter().rev() {
-                let _ = fs::remove_file(f);
-            }
-            if created {
-                let _ = fs::remove_dir(dir);
-            }
-        }
-        return Err(e);
+        variables.push((header, listed));
     }
-    Ok(())
+    let mut listed = Vec::with_capacity(files.len());
+    for (i, tensors) in files.iter().enumerate() {
+        let device = positions.start + i;
+        let views = tensors
+            .iter()
+            .map(|t| {
+                TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes)
+                    .map(|v| (t.name.clone(), v))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| io(dir, e))?;
+        let bytes = safetensors::serialize(views, None).map_err(|e| io(dir, e))?;
+        let file = format!("shard-{device}.safetensors");
+        write_synced(&dir.join(&file), &bytes, ops, written)?;
+        listed.push((
+            device,
+            json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
+        ));
+    }
+    sync_dir(dir);
+    ops.did("fsync", dir)?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(WrittenPart { dir: name, files: listed, variables })
+}
+
+/// An entry's sharding over positions `0..devices`.
+fn positions_sharding(e: &CheckpointEntry, devices: usize) -> Result<Sharding> {
+    positions(e.hlo.clone(), devices)
+}
+
+/// The index's `variables` and `files` from every writer's part (`(rank, part)`):
+/// every position's file exactly once, every variable's regions each written once
+/// and by the same header in every part. The files name the rank that wrote them
+/// when there is more than one writer.
+pub(crate) fn merge(
+    dir: &Path,
+    devices: usize,
+    parts: Vec<(usize, WrittenPart)>,
+) -> Result<(Vec<Value>, Vec<Value>)> {
+    let many = parts.len() > 1;
+    let mut files: Vec<Option<Value>> = vec![None; devices];
+    let first = parts.first().ok_or_else(|| corrupt(dir, "no writer wrote any part"))?;
+    let count = first.1.variables.len();
+    let mut shards: Vec<Vec<Option<Value>>> = Vec::with_capacity(count);
+    let mut headers = Vec::with_capacity(count);
+    for (header, _) in &first.1.variables {
+        let name = header.get("name").and_then(Value::as_str).unwrap_or("?");
+        let shape: Vec<usize> = header
+            .get("shape")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|d| usize_of(d, dir))
+            .collect::<Result<_>>()?;
+        let hlo: HloSharding = header
+            .get("sharding")
+            .and_then(Value::as_str)
+            .and_then(|h| h.parse().ok())
+            .ok_or_else(|| corrupt(dir, format!("variable {name}: bad sharding")))?;
+        let regions = saved_regions(&positions(hlo, devices)?, &shape)?;
+        shards.push(vec![None; regions.len()]);
+        headers.push(header.clone());
+    }
+    for (rank, part) in parts {
+        if part.variables.len() != count {
+            return Err(corrupt(
+                dir,
+                format!("rank {rank} wrote {} variables, rank 0 {count}", part.variables.len()),
+            ));
+        }
+        for (device, mut file) in part.files {
+            let slot = files.get_mut(device).ok_or_else(|| {
+                corrupt(dir, format!("rank {rank} wrote a file of position {device} of {devices}"))
+            })?;
+            if slot.is_some() {
+                return Err(corrupt(dir, format!("position {device}'s file was written twice")));
+            }
+            if many {
+                file["rank"] = rank.into();
+            }
+            *slot = Some(file);
+        }
+        for (v, (header, listed)) in part.variables.into_iter().enumerate() {
+            if header != headers[v] {
+                return Err(corrupt(
+                    dir,
+                    format!(
+                        "rank {rank} wrote variable {header} where rank 0 wrote {}",
+                        headers[v]
+                    ),
+                ));
+            }
+            for (k, s) in listed {
+                let slot = shards[v].get_mut(k).filter(|s| s.is_none()).ok_or_else(|| {
+                    corrupt(
+                        dir,
+                        format!(
+                            "rank {rank} wrote region {k} of {header} again or past its regions"
+                        ),
+                    )
+                })?;
+                *slot = Some(s);
+            }
+        }
+    }
+    let files = files
+        .into_iter()
+        .enumerate()
+        .map(|(d, f)| f.ok_or_else(|| corrupt(dir, format!("no writer wrote position {d}'s file"))))
+        .collect::<Result<Vec<_>>>()?;
+    let variables = headers
+        .into_iter()
+        .zip(shards)
+        .map(|(mut header, listed)| {
+            let listed = listed
+                .into_iter()
+                .enumerate()
+                .map(|(k, s)| {
+                    s.ok_or_else(|| corrupt(dir, format!("no writer wrote region {k} of {header}")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            header["shards"] = Value::Array(listed);
+            Ok(header)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((variables, files))
+}
+
+/// Writes the index of a checkpoint of `devices` positions into `dir`, last, synced.
+pub(crate) fn write_index(
+    dir: &Path,
+    devices: usize,
+    variables: Vec<Value>,
+    files: Vec<Value>,
+    metadata: Option<&Value>,
+    ops: &mut Ops,
+    written: &mut Vec<PathBuf>,
+) -> Result<()> {
+    let mut index = json!({
+        "format": FORMAT,
+        "version": VERSION,
+        "logical_devices": devices,
+        "variables": variables,
+        "files": files,
+    });
+    if let Some(m) = metadata {
+        index["metadata"] = m.clone();
+    }
+    let text = serde_json::to_vec_pretty(&index).map_err(|e| io(dir, e))?;
+    // The index goes last: a directory without it is not a checkpoint.
+    write_synced(&dir.join(INDEX), &text, ops, written)?;
+    sync_dir(dir);
+    ops.did("fsync", dir)
 }
 
 fn field<'a>(v: &'a Value, key: &str, path: &Path) -> Result<&'a Value> {

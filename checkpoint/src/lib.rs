@@ -46,7 +46,7 @@ mod manager;
 
 pub use error::{Error, Result};
 pub use format::{
-    CheckpointEntry, checkpoint_metadata, checkpoint_variables, is_checkpoint, read_checkpoint,
-    write_checkpoint,
+    CheckpointEntry, WrittenPart, checkpoint_metadata, checkpoint_variables, is_checkpoint,
+    read_checkpoint, write_checkpoint,
 };
 pub use manager::{CheckpointManager, MARKER, find_checkpoint, step_name};

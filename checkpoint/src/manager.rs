@@ -33,7 +33,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::format::{CheckpointEntry, Ops, check, is_checkpoint, sync_dir, write};
+use crate::format::{
+    CheckpointEntry, Ops, WrittenPart, check, is_checkpoint, make_dir, merge, remove_written,
+    sync_dir, write, write_index, write_shards,
+};
 use crate::{Error, Result};
 
 /// The marker file that makes a directory meshwork's.
@@ -96,12 +99,14 @@ fn is_marked(dir: &Path) -> bool {
 }
 
 /// A checkpoint directory meshwork owns, open for saving (see the module docs). Holds
-/// the directory's lock until dropped.
+/// the directory's lock until dropped — or, [joined](Self::join) by another process
+/// of a job whose process 0 holds it, writes that process's parts of a step.
 #[derive(Debug)]
 pub struct CheckpointManager {
     root: PathBuf,
     keep: usize,
-    _lock: File,
+    /// The lock (`None`: a process that joined the lock holder's saves).
+    _lock: Option<File>,
     /// Test hook: file-system operations the next save may make before it stops as a
     /// crash would.
     crash_after: Option<usize>,
@@ -200,8 +205,12 @@ impl CheckpointManager {
                 return Err(refuse(root, format!("cannot lock it: {e}")));
             }
         }
-        let manager =
-            CheckpointManager { root: root.to_path_buf(), keep, _lock: lock, crash_after: None };
+        let manager = CheckpointManager {
+            root: root.to_path_buf(),
+            keep,
+            _lock: Some(lock),
+            crash_after: None,
+        };
         manager.remove_stale()?;
         Ok(manager)
     }
@@ -209,6 +218,126 @@ impl CheckpointManager {
     /// The directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Joins the saves of `root`, which another process of the same job has
+    /// [opened](Self::open) (and holds locked): this process writes its own parts of
+    /// each step ([`write_part`](Self::write_part)); the lock holder commits them.
+    /// Refuses a directory that is not marked as meshwork's; takes no lock, removes
+    /// nothing and never commits, prunes or moves `latest`.
+    pub fn join(root: impl AsRef<Path>) -> Result<CheckpointManager> {
+        let root = root.as_ref();
+        let meta = fs::symlink_metadata(root)
+            .map_err(|e| refuse(root, format!("cannot look at it: {e}")))?;
+        if !meta.is_dir() || !is_marked(root) {
+            return Err(refuse(
+                root,
+                format!(
+                    "is not a meshwork checkpoint directory here (no {MARKER}); every process \
+                     of the job must see the directory process 0 made (a shared file system)"
+                ),
+            ));
+        }
+        Ok(CheckpointManager {
+            root: root.to_path_buf(),
+            keep: usize::MAX,
+            _lock: None,
+            crash_after: None,
+        })
+    }
+
+    /// Writes this process's part of step `step` of a checkpoint over `devices`
+    /// positions, of which it holds `positions`: each position's file (its shards of
+    /// `entries`, each at its region) into a directory of its own beside the steps,
+    /// synced — durable when this returns. Nothing is visible as a step until the lock
+    /// holder [commits](Self::commit_parts) every process's part; a failure removes
+    /// what this call wrote.
+    pub fn write_part(
+        &mut self,
+        step: usize,
+        rank: usize,
+        positions: std::ops::Range<usize>,
+        devices: usize,
+        entries: Vec<CheckpointEntry>,
+    ) -> Result<WrittenPart> {
+        let name = step_name(step);
+        if fs::symlink_metadata(self.root.join(&name)).is_ok() {
+            return Err(refuse(
+                &self.root,
+                format!("{name} already exists; meshwork does not overwrite a saved step"),
+            ));
+        }
+        if positions.is_empty() || positions.end > devices {
+            return Err(refuse(&self.root, format!("positions {positions:?} of {devices}")));
+        }
+        let dir = self.root.join(format!("{PARTIAL}{name}-r{rank}-{}", std::process::id()));
+        if fs::symlink_metadata(&dir).is_ok() {
+            // This process's own name: a stale part of an earlier, killed run.
+            fs::remove_dir_all(&dir).map_err(|e| refuse(&dir, e.to_string()))?;
+        }
+        let mut ops = Ops { left: self.crash_after.take(), crashed: false };
+        let created = make_dir(&dir).map_err(|e| save_error(&self.root, step, e))?;
+        let mut written = Vec::new();
+        let part = write_shards(&dir, positions, devices, entries, &mut ops, &mut written);
+        if part.is_err() && !ops.crashed {
+            remove_written(&written, created.then_some(dir.as_path()));
+        }
+        sync_dir(&self.root);
+        part.map_err(|e| save_error(&self.root, step, e))
+    }
+
+    /// Removes a part this process wrote for a step that will not be committed.
+    pub fn abandon(&self, part: &WrittenPart) {
+        let dir = self.root.join(&part.dir);
+        if part.dir.starts_with(PARTIAL) {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+
+    /// Commits step `step` from every process's part (`(rank, part)`, each durable):
+    /// the parts' files moved into this process's part's directory, the index
+    /// (`metadata` in it; each file with the rank that wrote it) written last, the
+    /// directory renamed to `step-NNNNNNNN`, `latest` moved and the oldest steps
+    /// beyond `keep` removed — as [`save`](Self::save) does. Only the lock holder
+    /// commits. If the parts do not make a whole checkpoint (a position's file or a
+    /// region missing or twice), nothing becomes a step.
+    pub fn commit_parts(
+        &mut self,
+        step: usize,
+        metadata: &Value,
+        devices: usize,
+        mut parts: Vec<(usize, WrittenPart)>,
+    ) -> Result<PathBuf> {
+        if self._lock.is_none() {
+            return Err(refuse(&self.root, "only the process holding the lock commits a step"));
+        }
+        parts.sort_by_key(|(rank, _)| *rank);
+        let own = parts
+            .first()
+            .map(|(_, p)| self.root.join(&p.dir))
+            .ok_or_else(|| refuse(&self.root, "no part to commit"))?;
+        let root = self.root.clone();
+        let mut parts = Some(parts);
+        self.save_into(step, &own, &mut |aside, ops| {
+            let parts = parts.take().expect("a step is committed once");
+            let (variables, files) = merge(aside, devices, parts.clone())?;
+            for (_, part) in &parts {
+                let from = root.join(&part.dir);
+                if from == aside {
+                    continue;
+                }
+                for (_, f) in &part.files {
+                    let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+                    fs::rename(from.join(name), aside.join(name))
+                        .map_err(|e| refuse(&from.join(name), format!("cannot move it: {e}")))?;
+                    ops.did("rename", &aside.join(name))?;
+                }
+                let _ = fs::remove_dir(&from);
+            }
+            sync_dir(aside);
+            let mut written = Vec::new();
+            write_index(aside, devices, variables, files, Some(metadata), ops, &mut written)
+        })
     }
 
     /// Removes what killed saves left: `.partial-step-…` directories and the
@@ -272,7 +401,22 @@ impl CheckpointManager {
         step: usize,
         write: &mut dyn FnMut(&Path, &mut Ops) -> Result<()>,
     ) -> Result<PathBuf> {
-        let ops = Ops { left: self.crash_after.take(), crashed: false };
+        let name = step_name(step);
+        let aside = self.root.join(format!("{PARTIAL}{name}-{}", std::process::id()));
+        if fs::symlink_metadata(&aside).is_ok() {
+            fs::remove_dir_all(&aside).map_err(|e| refuse(&aside, e.to_string()))?;
+        }
+        self.save_into(step, &aside, write)
+    }
+
+    /// A save of step `step` written by `write` into `aside`, then made the step.
+    fn save_into(
+        &mut self,
+        step: usize,
+        aside: &Path,
+        write: &mut dyn FnMut(&Path, &mut Ops) -> Result<()>,
+    ) -> Result<PathBuf> {
+        let mut ops = Ops { left: self.crash_after.take(), crashed: false };
         let name = step_name(step);
         let target = self.root.join(&name);
         if fs::symlink_metadata(&target).is_ok() {
@@ -281,17 +425,8 @@ impl CheckpointManager {
                 format!("{name} already exists; meshwork does not overwrite a saved step"),
             ));
         }
-        let aside = self.root.join(format!("{PARTIAL}{name}-{}", std::process::id()));
-        if fs::symlink_metadata(&aside).is_ok() {
-            fs::remove_dir_all(&aside).map_err(|e| refuse(&aside, e.to_string()))?;
-        }
-        let mut ops = ops;
-        self.write_step(write, step, &aside, &target, &mut ops).map_err(|e| match e {
-            Error::File { problem, .. } | Error::Directory { problem, .. } => {
-                Error::Save { path: self.root.clone(), step, problem }
-            }
-            other => other,
-        })?;
+        self.write_step(write, step, aside, &target, &mut ops)
+            .map_err(|e| save_error(&self.root, step, e))?;
         Ok(target)
     }
 
@@ -335,6 +470,17 @@ impl CheckpointManager {
     #[doc(hidden)]
     pub fn crash_after(&mut self, ops: usize) {
         self.crash_after = Some(ops);
+    }
+}
+
+/// A save's failure to write (a full disk), as [`Error::Save`] naming the directory
+/// and the step.
+fn save_error(root: &Path, step: usize, e: Error) -> Error {
+    match e {
+        Error::File { problem, .. } | Error::Directory { problem, .. } => {
+            Error::Save { path: root.to_path_buf(), step, problem }
+        }
+        other => other,
     }
 }
 

@@ -844,6 +844,45 @@ impl Strategy {
         Ok(any_failed.is_some_and(|v| v.iter().all(|&x| x == 0.0)))
     }
 
+    /// Every process's `mine`, in process order: one collective (two gathers: the
+    /// lengths, then the bytes padded to the longest), so every process gets the same
+    /// lists. For what processes must tell each other between steps (the parts of a
+    /// checkpoint each wrote, a failure's message); not for tensors.
+    pub(crate) fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let runtime = self.runtime();
+        let processes = (runtime.replicas() / runtime.devices().max(1)).max(1);
+        let bytes: Vec<i32> = mine.iter().map(|&b| i32::from(b)).collect();
+        let out = self.run(
+            move |ctx, _| {
+                let len = Tensor::I64(ndarray::arr1(&[bytes.len() as i64]).into_dyn());
+                let lens = ctx.all_gather(len, 0)?;
+                let longest = lens.to_f64().iter().fold(0.0f64, |m, &x| m.max(x)) as usize;
+                let mut padded = bytes.clone();
+                padded.resize(longest, 0);
+                let row = ndarray::Array2::from_shape_vec((1, longest), padded)
+                    .map_err(|e| Error::Compiled { problem: e.to_string() })?;
+                let all = ctx.all_gather(Tensor::I32(row.into_dyn()), 0)?;
+                Ok(vec![lens, all])
+            },
+            &[],
+        )?;
+        let got = out.values().first().cloned().unwrap_or_default();
+        let (Some(Tensor::I64(lens)), Some(Tensor::I32(all))) = (got.first(), got.get(1)) else {
+            return Err(Error::Compiled { problem: "a gather of bytes returned nothing".into() });
+        };
+        let rows = lens.len();
+        let per = (rows / processes).max(1);
+        let all = all.view().into_shape_with_order((rows, all.len() / rows.max(1)));
+        let all = all.map_err(|e| Error::Compiled { problem: e.to_string() })?;
+        Ok((0..processes)
+            .map(|q| {
+                let row = q * per;
+                let n = lens.iter().nth(row).and_then(|&n| usize::try_from(n).ok()).unwrap_or(0);
+                all.row(row).iter().take(n).map(|&b| b as u8).collect()
+            })
+            .collect())
+    }
+
     /// Waits until every process reaches this point.
     pub(crate) fn sync(&self) -> Result<()> {
         self.run(

@@ -23,10 +23,30 @@ pub(crate) struct Chosen {
 }
 
 impl Chosen {
-    /// A data-parallel strategy of `devices` devices on this back end.
-    pub(crate) fn strategy(&self, devices: usize) -> Result<meshwork_strategy::Strategy> {
-        let strategy =
-            meshwork_strategy::Strategy::data_parallel(devices).map_err(Error::failed)?;
+    /// A data-parallel strategy of `devices` devices on this back end: all in this
+    /// process, or spread evenly over `processes` (process `p` running devices
+    /// `p * local ..`, its runtime joined to theirs).
+    pub(crate) fn strategy(
+        &self,
+        devices: usize,
+        processes: Option<&crate::Processes>,
+    ) -> Result<meshwork_strategy::Strategy> {
+        use meshwork_strategy::executor::Runtime;
+        use meshwork_strategy::{DeviceAssignment, Strategy, Topology};
+        let strategy = match processes.filter(|p| p.count() > 1) {
+            None => Strategy::data_parallel(devices).map_err(Error::failed)?,
+            Some(p) => {
+                let local = devices / p.count();
+                let topology = Topology::new(vec![devices], local).map_err(Error::failed)?;
+                let runtime =
+                    Runtime::new(local).map_err(Error::failed)?.with_interconnect(p.link());
+                Strategy::new(
+                    DeviceAssignment::build(&topology, &[1], None).map_err(Error::failed)?,
+                )
+                .and_then(|s| s.with_runtime(runtime))
+                .map_err(Error::failed)?
+            }
+        };
         Ok(match &self.backend {
             Some(b) => strategy.with_backend(Arc::clone(b)),
             None => strategy,

@@ -400,6 +400,10 @@ pub struct Config {
     /// default: on the interpreter, queries 64 at a time and loss chunks of at most
     /// 16 MiB of logits; on XLA, whole). No flag sets it; the library's tests do.
     pub blocking: Option<meshwork_nn::Blocking>,
+    /// The processes the run's mesh spreads over (an MPI job's ranks): `None`, this
+    /// one alone. Every process runs the same settings; each runs its share of the
+    /// mesh's positions, and process 0 writes the outputs.
+    pub processes: Option<crate::Processes>,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -459,6 +463,7 @@ impl Default for Config {
             precision: None,
             loss_scale_init: None,
             blocking: None,
+            processes: None,
         }
     }
 }

@@ -282,7 +282,7 @@ fn strategy_on(backend: &BackendKind) -> Result<meshwork_strategy::Strategy> {
             "--target {target} compiles for GPUs that are not here; generate runs (use --backend xla on a machine with the GPU)"
         )));
     }
-    crate::backend::make(backend, 1)?.strategy(1)
+    crate::backend::make(backend, 1)?.strategy(1, None)
 }
 
 /// The logits of `token` at `position`, the cache updated on the device.

@@ -83,6 +83,8 @@ pub(crate) struct Plan {
     pub(crate) backend: crate::backend::Chosen,
     /// Why attention lowers plainly on a back end that could run it through cuDNN.
     pub(crate) attention_note: Option<String>,
+    /// The processes the mesh spreads over (`None`: this one alone).
+    pub(crate) processes: Option<crate::Processes>,
 }
 
 fn usage(message: impl Into<String>) -> Error {
@@ -110,7 +112,13 @@ impl Plan {
 
     /// A strategy of the layout's devices on the run's back end.
     pub(crate) fn strategy(&self) -> Result<meshwork_strategy::Strategy> {
-        self.backend.strategy(self.layout.devices())
+        self.backend.strategy(self.layout.devices(), self.processes.as_ref())
+    }
+
+    /// Whether this process writes the run's outputs and reports (process 0, or the
+    /// only one).
+    pub(crate) fn leads(&self) -> bool {
+        self.processes.as_ref().is_none_or(crate::Processes::leads)
     }
 }
 
@@ -411,8 +419,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         saved.check_model(family.name())?;
     }
     let place = placement(config, &family.defaults())?;
+    let local_devices = spread(config, &place)?;
     let run = settings(config, family, &place)?;
-    check_outputs(config, family)?;
+    // The outputs are process 0's to write (its file system's paths).
+    if config.processes.as_ref().is_none_or(crate::Processes::leads) {
+        check_outputs(config, family)?;
+    }
     let keep = check_checkpoints(config)?;
     // A safetensors file's weights (a folder is the family's to index).
     let init = match (init, config.init.as_deref()) {
@@ -425,7 +437,11 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // a model's rows are read, and again once its data are known), the one-device
     // check's copy counted unless the check can never run.
     let targeted = matches!(config.backend, BackendKind::XlaTarget { .. });
-    let checkable = config.check != Check::Never && (place.devices > 1 || place.xla) && !targeted;
+    let spread_over = config.processes.as_ref().filter(|p| p.count() > 1);
+    let checkable = config.check != Check::Never
+        && (place.devices > 1 || place.xla)
+        && !targeted
+        && spread_over.is_none();
     let memory = |net: &Net| {
         let extra = bookkeeping(config, run.steps);
         let need = net.memory_estimate(
@@ -491,12 +507,13 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     // runs are checked only when asked (with a tolerance for it).
     let check = (place.devices > 1 || place.xla)
         && !targeted
+        && spread_over.is_none()
         && match config.check {
             Check::Never => false,
             Check::Always => true,
             Check::Auto => need.total() <= CHECK_BYTES && config.precision.is_none(),
         };
-    let backend = crate::backend::make(&config.backend, place.devices)?;
+    let backend = crate::backend::make(&config.backend, local_devices)?;
     let (fused, attention_note) = attention(config, &net, &backend, dtype)?;
     Ok(Plan {
         layout: place.layout,
@@ -549,7 +566,49 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         attention_note,
         backend,
         net,
+        processes: spread_over.cloned(),
     })
+}
+
+/// The devices this process runs: all of the layout's, or its share of a mesh spread
+/// over the job's processes — refused, in one line, where the run cannot spread.
+fn spread(config: &Config, place: &Placement) -> Result<usize> {
+    let Some(p) = config.processes.as_ref().filter(|p| p.count() > 1) else {
+        return Ok(place.devices);
+    };
+    let n = p.count();
+    let layout = place.layout.describe();
+    if place.stages > 1 {
+        return Err(usage(format!(
+            "{layout} across {n} processes: a pipeline's stages run in one process (use --mesh DxM over the processes, or run the pipeline in one)"
+        )));
+    }
+    if !place.devices.is_multiple_of(n) {
+        return Err(usage(format!(
+            "--mesh {} has {} devices, which do not split evenly over the job's {n} processes",
+            mesh_text(place.mesh),
+            place.devices
+        )));
+    }
+    match &config.backend {
+        BackendKind::XlaTarget { .. } => {
+            return Err(usage(format!(
+                "--target compiles for GPUs without running; run it in one process, not {n}"
+            )));
+        }
+        BackendKind::Xla { partitioner: Partitioner::Xla, .. } => {
+            return Err(usage(format!(
+                "--partitioner xla needs XLA's collectives between the devices, which span {n} processes here; use meshwork's partitioner (drop --partitioner xla)"
+            )));
+        }
+        _ => {}
+    }
+    if config.check == Check::Always {
+        return Err(usage(format!(
+            "--check repeats each step on one device with the whole batch, which no one of the {n} processes holds; compare with a one-process run's --losses-json instead"
+        )));
+    }
+    Ok(place.devices / n)
 }
 
 /// What a checkpoint records of a run, and the held-out split of its rows.

@@ -135,8 +135,16 @@ impl Trainer {
     /// Checks `config` — each setting, the settings together, the data, `--init`, the
     /// checkpoint resumed and the outputs — and estimates the run's memory against
     /// `max_memory`. Nothing is written.
+    ///
+    /// Across processes ([`Config::processes`]) every process plans alike and they
+    /// agree: where any refuses (a file missing on one node), every one returns that
+    /// refusal, named by the process that saw it.
     pub fn new(config: &Config) -> Result<Trainer> {
-        Ok(Trainer { plan: plan(config)? })
+        let planned = plan(config);
+        match config.processes.as_ref().filter(|p| p.count() > 1) {
+            Some(p) => p.agree(planned, false).map(|(plan, _)| Trainer { plan }),
+            None => Ok(Trainer { plan: planned? }),
+        }
     }
 
     /// The model the run trains.
@@ -166,7 +174,23 @@ impl Trainer {
     ///
     /// A loss that is not finite, a one-device check that fails or a checkpoint that
     /// cannot be saved end the run with [`Error::Failed`], the losses so far written.
+    ///
+    /// Across processes every process calls it: each runs its positions, they meet
+    /// between host calls (to stop after the same step when any saw `stop`), each
+    /// writes its own parts of every checkpoint, process 0 alone writes the other
+    /// outputs, and all return the same outcome — a failure in any process fails the
+    /// run in every one, named by the process that saw it.
     pub fn run(self, observer: &mut dyn Observer, stop: &AtomicBool) -> Result<Report> {
+        let processes = self.plan.processes.clone();
+        let outcome = self.run_here(observer, stop);
+        match (processes, outcome) {
+            (None, r) => r.map_err(Ended::into_error),
+            (Some(_), Err(Ended::Agreed(e))) => Err(e),
+            (Some(p), r) => p.agree(r.map_err(Ended::into_error), false).map(|(r, _)| r),
+        }
+    }
+
+    fn run_here(self, observer: &mut dyn Observer, stop: &AtomicBool) -> Result<Report, Ended> {
         let mut p = self.plan;
         // A checkpoint at or past the last step: nothing to run, nothing written.
         if let Some(saved) = p.saved.as_ref().filter(|s| s.step >= p.steps) {
@@ -184,8 +208,22 @@ impl Trainer {
         let mut run = Running::start(&p, &strategy, &one, &init)?;
         drop(init);
         let first = run.restore(&p)?;
-        // Every check passed: now the outputs are made.
-        let mut out = Outputs::open(&p, first)?;
+        // Every check passed: now the outputs are made (process 0's, then the
+        // others join its checkpoint directory).
+        let opened = if p.leads() { Outputs::open(&p, first) } else { Ok(Outputs::none()) };
+        let mut out = sync(&p, opened, false)?.0;
+        if p.processes.is_some() {
+            let joined = match out.manager.take() {
+                Some(m) => Ok(Some(m)),
+                None => p
+                    .checkpoint_dir
+                    .as_ref()
+                    .map(CheckpointManager::join)
+                    .transpose()
+                    .map_err(directory_refused),
+            };
+            out.manager = sync(&p, joined, false)?.0;
+        }
         observer.start(&Start {
             headline: format!(
                 "training {} on {} rows ({}, {}, lr {}) on {where_}, batch {}, {} steps",
@@ -205,11 +243,11 @@ impl Trainer {
         let outcome = run.train(&p, &mut out, &mut progress, (observer, stop), (first, &where_));
         observer.end();
         // The losses are written whether the run finished, stopped or failed.
-        if let Some(path) = &p.losses_json {
+        if let Some(path) = p.losses_json.as_ref().filter(|_| p.leads()) {
             let written = write_atomic(path, &losses_json(&p.losses_before, &progress.losses));
             if let Err(e) = written {
                 let e = Error::failed(format!("--losses-json {}: {e}", path.display()));
-                return Err(outcome.err().unwrap_or(e));
+                return Err(outcome.err().unwrap_or(Ended::Here(e)));
             }
         }
         let stopped = outcome?;
@@ -252,6 +290,36 @@ fn tolerance(p: &Plan) -> f64 {
         (None, DType::F64) if p.net.model().float32_parts() => 1e-6,
         (None, DType::F64) => 1e-9,
         (None, _) => 1e-3,
+    }
+}
+
+/// How a run that did not finish ended: a failure here, or one every process
+/// already agreed on (which is returned as it is, without agreeing again).
+enum Ended {
+    Here(Error),
+    Agreed(Error),
+}
+
+impl Ended {
+    fn into_error(self) -> Error {
+        match self {
+            Ended::Here(e) | Ended::Agreed(e) => e,
+        }
+    }
+}
+
+impl From<Error> for Ended {
+    fn from(e: Error) -> Ended {
+        Ended::Here(e)
+    }
+}
+
+/// Where the run spreads over processes: every process's `mine` and stop request
+/// agreed ([`Processes::agree`](crate::Processes::agree)); alone: `mine` as it is.
+fn sync<T>(p: &Plan, mine: Result<T>, stop: bool) -> Result<(T, bool), Ended> {
+    match &p.processes {
+        Some(procs) => procs.agree(mine, stop).map_err(Ended::Agreed),
+        None => Ok((mine?, stop)),
     }
 }
 
@@ -299,6 +367,11 @@ struct Outputs {
 }
 
 impl Outputs {
+    /// No outputs (a process other than the one that writes them).
+    fn none() -> Outputs {
+        Outputs { manager: None, metrics: None }
+    }
+
     /// The checkpoint directory (locked; refused if it holds later steps than
     /// `first`) and the metrics file, made.
     fn open(p: &Plan, first: usize) -> Result<Outputs> {
@@ -403,7 +476,7 @@ impl<'s> Running<'s> {
         progress: &mut Progress,
         (observer, stop): (&mut dyn Observer, &AtomicBool),
         (first, where_): (usize, &str),
-    ) -> Result<bool> {
+    ) -> Result<bool, Ended> {
         let steps = p.steps;
         let tol = tolerance(p);
         let (per_row, unit) = p.net.per_row();
@@ -462,7 +535,12 @@ impl<'s> Running<'s> {
                 eval: evaluated,
                 classifies,
             });
-            if stop.load(Ordering::SeqCst) && ahead.is_empty() && s + 1 < steps {
+            let mut stopping = stop.load(Ordering::SeqCst);
+            if p.processes.is_some() && ahead.is_empty() && s + 1 < steps {
+                // Every process stops after the same step.
+                stopping = sync(p, Ok(()), stopping)?.1;
+            }
+            if stopping && ahead.is_empty() && s + 1 < steps {
                 if let Some(m) = out.manager.as_mut()
                     && progress.saved_at != Some(s + 1)
                 {
@@ -513,7 +591,7 @@ impl<'s> Running<'s> {
     ) -> Result<()> {
         self.run.save(manager, &p.meta, step).map_err(save_failed)?;
         progress.saved_at = Some(step);
-        if let Some(path) = &p.losses_json {
+        if let Some(path) = p.losses_json.as_ref().filter(|_| p.leads()) {
             write_atomic(path, &losses_json(&p.losses_before, &progress.losses))
                 .map_err(|e| Error::failed(format!("--losses-json {}: {e}", path.display())))?;
         }
@@ -527,6 +605,9 @@ impl<'s> Running<'s> {
             for (name, _) in p.net.weight_dims() {
                 weights.insert(name.clone(), self.run.weight(&name)?);
             }
+            if !p.leads() {
+                return Ok(());
+            }
             crate::hf::write(
                 "export-hf",
                 dir,
@@ -535,7 +616,7 @@ impl<'s> Running<'s> {
             )
             .map_err(|e| Error::failed(e.to_string()))?;
         }
-        if let Some(path) = &p.plot {
+        if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
             write_new(path, svg(&progress.losses, &progress.evals, first, &title).as_bytes())
                 .map_err(|e| Error::failed(format!("--plot {}: {e}", path.display())))?;

@@ -86,10 +86,11 @@ fn a_crash_after_any_file_operation_of_a_save_leaves_a_complete_checkpoint_to_re
             }
         }
     }
-    // 2 positions: the partial directory (1), 2 shard files and the index (create,
-    // write, sync: 9), the directory's sync (1), the rename and its sync (2), the
-    // pointer (write, rename, sync: 3), one pruned step (rename, remove: 2).
-    assert_eq!(crashes, 18, "crash points");
+    // 2 positions: the partial directory (1), 2 shard files (create, write, sync: 6),
+    // the directory's sync once they are written (1), the index (3), the directory's
+    // sync (1), the rename and its sync (2), the pointer (write, rename, sync: 3), one
+    // pruned step (rename, remove: 2).
+    assert_eq!(crashes, 19, "crash points");
 }
 
 /// The checkpoint directory is meshwork's or refused: a regular file, a symbolic link,
@@ -196,4 +197,70 @@ fn a_fifo_or_link_in_place_of_the_lock_file_is_refused_without_waiting() {
     std::os::unix::fs::symlink(&theirs, root.join(".lock")).unwrap();
     assert!(CheckpointManager::open(&root, 3).is_err());
     assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "a user's file");
+}
+
+/// A step written by several processes: each writes the files of its positions (a
+/// manager [joined](CheckpointManager::join) to the lock holder's), the lock holder
+/// commits the parts into one step whose index names each file's writer, and the
+/// values read back whole. Parts that do not make a whole checkpoint (a region
+/// missing, a position written twice) commit nothing, and the next open removes them.
+#[test]
+fn a_step_written_in_parts_by_several_processes_commits_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ckpt");
+    let mut lead = CheckpointManager::open(&root, 2).unwrap();
+    let mut other = CheckpointManager::join(&root).unwrap();
+    let v = value(5);
+    // Rows split over 4 positions, columns whole: process q holds positions 2q, 2q+1.
+    let split: HloSharding = "{devices=[4,1]0,1,2,3}".parse().unwrap();
+    let whole = entry("w", &v, &split, 4);
+    let mine = |q: usize| {
+        let mut e = whole.clone();
+        e.shards.retain(|(d, _, _)| d / 2 == q);
+        e
+    };
+    let a = lead.write_part(7, 0, 0..2, 4, vec![mine(0)]).unwrap();
+    let b = other.write_part(7, 1, 2..4, 4, vec![mine(1)]).unwrap();
+    // Nothing is a step until the commit.
+    assert_eq!(lead.steps().unwrap(), Vec::<usize>::new());
+    // Sent as bytes, as the processes exchange them.
+    let b = meshwork_checkpoint::WrittenPart::from_bytes(&b.to_bytes(), &root).unwrap();
+    let step =
+        lead.commit_parts(7, &serde_json::json!({ "by": 2 }), 4, vec![(1, b), (0, a)]).unwrap();
+    assert_eq!(read_w(&step), v);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(step.join("index.json")).unwrap()).unwrap();
+    let ranks: Vec<u64> =
+        index["files"].as_array().unwrap().iter().map(|f| f["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, [0, 0, 1, 1]);
+    let names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".partial"))
+        .collect();
+    assert!(names.is_empty(), "parts left: {names:?}");
+
+    // Process 1 writes only one of its positions: no step 8, nothing left after reopen.
+    let a = lead.write_part(8, 0, 0..2, 4, vec![mine(0)]).unwrap();
+    let mut half = mine(1);
+    half.shards.truncate(1);
+    let short = other.write_part(8, 1, 2..3, 4, vec![half]).unwrap();
+    let e = lead.commit_parts(8, &serde_json::json!({}), 4, vec![(0, a), (1, short)]).unwrap_err();
+    assert!(e.to_string().contains("no writer wrote"), "{e}");
+    assert_eq!(lead.steps().unwrap(), vec![7]);
+    // Only the lock holder commits; a joined manager refuses.
+    let c = other.write_part(9, 1, 2..4, 4, vec![mine(1)]).unwrap();
+    assert!(other.commit_parts(9, &serde_json::json!({}), 4, vec![(1, c)]).is_err());
+    drop(lead);
+    let _reopened = CheckpointManager::open(&root, 2).unwrap();
+    let left: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".partial"))
+        .collect();
+    assert!(left.is_empty(), "debris after reopening: {left:?}");
+    // A directory without the marker cannot be joined.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    assert!(CheckpointManager::join(&plain).is_err());
 }

@@ -213,6 +213,12 @@ pub trait SpmdExecutable: Send + Sync {
     /// How many mesh positions it runs.
     fn positions(&self) -> usize;
 
+    /// The positions this process runs: all of them, unless the mesh spreads over
+    /// processes.
+    fn local(&self) -> std::ops::Range<usize> {
+        0..self.positions()
+    }
+
     /// A tensor of `spec` on position `r`, to fill with a feed's part (contents
     /// unspecified; from the device's pool where it has one).
     fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor>;

@@ -33,6 +33,9 @@ pub(crate) struct Spanning {
     /// `set[r][k]`: whether position `r`'s part of parameter `k` was put (kept for
     /// the other processes' positions: their owners hold the parts).
     set: Mutex<Vec<Vec<bool>>>,
+    /// Per result a step returns: whether every position holds the same whole value
+    /// (a replicated layout), which this process then has without any gather.
+    replicated: Vec<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -41,13 +44,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Spanning {
     /// `inner` runs positions `local` of `positions`, position `local.start + i` on
-    /// the strategy's device `placement[i]`, with `params` parameters.
+    /// the strategy's device `placement[i]`, with `params` parameters; a step returns
+    /// results whose layouts are replicated where `replicated` says.
     pub(crate) fn new(
         inner: Box<dyn SpmdExecutable>,
         local: Range<usize>,
         positions: usize,
         placement: Vec<usize>,
         params: usize,
+        replicated: Vec<bool>,
     ) -> Spanning {
         Spanning {
             inner: Arc::from(inner),
@@ -55,6 +60,7 @@ impl Spanning {
             positions,
             placement,
             set: Mutex::new(vec![vec![false; params]; positions]),
+            replicated,
         }
     }
 
@@ -115,12 +121,22 @@ impl Spanning {
     }
 }
 
+/// A stand-in where a gather returned fewer parts than asked (which the façade's
+/// assembly then refuses by shape).
+fn copy_placeholder() -> Tensor {
+    Tensor::F32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0])))
+}
+
 /// What a gather takes from local position `i`, or why it cannot.
 type Take = dyn Fn(usize) -> std::result::Result<Vec<Tensor>, String> + Send + Sync;
 
 impl SpmdExecutable for Spanning {
     fn positions(&self) -> usize {
         self.positions
+    }
+
+    fn local(&self) -> Range<usize> {
+        self.local.clone()
     }
 
     fn buffer(&self, r: usize, spec: &TensorSpec) -> Result<Tensor> {
@@ -218,24 +234,76 @@ impl SpmdExecutable for Spanning {
         let mine: Vec<Vec<Vec<Tensor>>> = feeds.drain(self.local.clone()).collect();
         drop(feeds);
         let out = self.inner.run(strategy, mine, tag)?;
-        // Each position's results of every step, flattened, gathered, and cut back
-        // into steps.
         let per_step: Vec<usize> =
             out.first().map_or_else(|| vec![0; steps], |o| o.iter().map(Vec::len).collect());
-        let lists: Vec<Mutex<Vec<Tensor>>> =
-            out.into_iter().map(|o| Mutex::new(o.into_iter().flatten().collect())).collect();
-        let take = Arc::new(move |i: usize| {
-            lists
-                .get(i)
-                .map(|l| std::mem::take(&mut *lock(l)))
-                .ok_or_else(|| format!("local position {i} has no results (a back-end bug)"))
-        });
-        let all = self.gather(strategy, take)?;
-        Ok(all
+        if per_step.iter().any(|&k| k != self.replicated.len()) {
+            return Err(Error::Compiled {
+                problem: format!(
+                    "a step returned {per_step:?} results; the program has {} (a back-end bug)",
+                    self.replicated.len()
+                ),
+            });
+        }
+        // A replicated result is the same on every position: this process's first
+        // position's copy stands for the others', and nothing moves. The others'
+        // parts of each step are gathered, flattened, and cut back into steps.
+        let replicated = self.replicated.clone();
+        let copies: Vec<Vec<Option<Tensor>>> = out
+            .first()
+            .map(|o| {
+                o.iter()
+                    .map(|results| {
+                        results
+                            .iter()
+                            .zip(&replicated)
+                            .map(|(t, &same)| same.then(|| t.clone()))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let sharded: Vec<Mutex<Vec<Tensor>>> = out
+            .into_iter()
+            .map(|o| {
+                Mutex::new(
+                    o.into_iter()
+                        .flat_map(|results| {
+                            results
+                                .into_iter()
+                                .zip(&replicated)
+                                .filter(|(_, s)| !**s)
+                                .map(|(t, _)| t)
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        let gathered = if replicated.iter().all(|&s| s) {
+            vec![Vec::new(); self.positions]
+        } else {
+            let take = Arc::new(move |i: usize| {
+                sharded
+                    .get(i)
+                    .map(|l| std::mem::take(&mut *lock(l)))
+                    .ok_or_else(|| format!("local position {i} has no results (a back-end bug)"))
+            });
+            self.gather(strategy, take)?
+        };
+        Ok(gathered
             .into_iter()
             .map(|flat| {
                 let mut flat = flat.into_iter();
-                per_step.iter().map(|&k| flat.by_ref().take(k).collect()).collect()
+                copies
+                    .iter()
+                    .map(|step| {
+                        step.iter()
+                            .map(|copy| match copy {
+                                Some(t) => t.clone(),
+                                None => flat.next().unwrap_or_else(|| copy_placeholder()),
+                            })
+                            .collect()
+                    })
+                    .collect()
             })
             .collect())
     }

@@ -27,19 +27,19 @@ pub struct Compiled<'s> {
     pub(super) strategy: &'s Strategy,
     part: Partitioned,
     /// The per-device program on the strategy's back end, with the resident parts.
-    exe: Box<dyn SpmdExecutable>,
+    pub(super) exe: Box<dyn SpmdExecutable>,
     /// `(result, parameter)`: the result replaces the parameter after each step.
     carry: Vec<(usize, usize)>,
     resident: Vec<bool>,
     /// How each fed (non-resident) parameter is split, in parameter order.
     feeds: Vec<(usize, FeedPlan)>,
     /// Held through a step and through every read or write of the resident state.
-    busy: Mutex<()>,
+    pub(super) busy: Mutex<()>,
     /// Steps run.
     runs: std::sync::atomic::AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -185,7 +185,8 @@ impl Compiled<'_> {
     /// of the global value; positions holding the same region share one read), so a
     /// caller reading from a file reads only what the devices hold, never the whole
     /// value at once (Orbax's and `jax.make_array_from_callback`'s way). Each part must
-    /// be of the parameter's dtype and the region's shape.
+    /// be of the parameter's dtype and the region's shape. Across processes each
+    /// process is asked only for its own positions' regions.
     pub fn set_with(
         &self,
         name: &str,
@@ -201,8 +202,17 @@ impl Compiled<'_> {
         let sharding = layout.to_named(self.part.mesh())?.to_sharding(dims.len())?;
         let regions = sharding.index_map(dims, meshwork_sharding::Mode::Strict)?;
         let mut parts: Vec<Tensor> = Vec::with_capacity(regions.len());
+        // Another process's positions: their process reads their parts.
+        let local = self.exe.local();
         for (r, region) in regions.iter().enumerate() {
-            let earlier = regions[..r].iter().position(|q| q.ranges == region.ranges);
+            if !local.contains(&r) {
+                parts.push(Tensor::zeros(p.spec.dtype, &[0])?);
+                continue;
+            }
+            let earlier = regions[..r]
+                .iter()
+                .enumerate()
+                .position(|(q, x)| local.contains(&q) && x.ranges == region.ranges);
             let part = match earlier {
                 Some(q) => parts[q].clone(),
                 None => read(&region.ranges)?,

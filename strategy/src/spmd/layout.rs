@@ -182,7 +182,19 @@ impl crate::Strategy {
         }
         let inner =
             self.backend().compile_spmd_local(part, local.clone(), &placement, resident, carry)?;
-        Ok(Box::new(crate::backend::Spanning::new(inner, local, n, placement, resident.len())))
+        // The results a step returns (those not carried), and which are replicated.
+        let replicated = (0..part.outputs().len())
+            .filter(|r| !carry.iter().any(|(c, _)| c == r))
+            .map(|r| part.outputs()[r].is_replicated())
+            .collect();
+        Ok(Box::new(crate::backend::Spanning::new(
+            inner,
+            local,
+            n,
+            placement,
+            resident.len(),
+            replicated,
+        )))
     }
 
     /// Runs a partitioned program once on the mesh's devices: `inputs` are the global

@@ -299,6 +299,124 @@ impl Compiled<'_> {
         Ok(out)
     }
 
+    /// The checkpoint entries of the parts this process's positions hold (every
+    /// position's, in one process): each resident parameter's regions whose first
+    /// holder is one of them. No collective.
+    fn local_entries(&self) -> Result<Vec<Entry>> {
+        let part = self.partitioned();
+        let local = self.exe.local();
+        let mut out = Vec::new();
+        let _busy = super::compiled::lock(&self.busy);
+        for k in self.resident_params() {
+            let p = &part.global().params()[k];
+            if p.spec.dtype == DType::Bool {
+                return Err(Error::Compiled {
+                    problem: format!("{} is bool: checkpoints hold numbers", p.name),
+                });
+            }
+            let sharding = self.sharding_of(k)?;
+            let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
+            let mut shards = Vec::new();
+            for (r, entry) in index.into_iter().enumerate() {
+                if entry.replica_id != 0 || !local.contains(&r) {
+                    continue;
+                }
+                let t = self.exe.fetch(r, k)?.ok_or_else(|| Error::Compiled {
+                    problem: format!("resident parameter {} was never set", p.name),
+                })?;
+                shards.push((r, entry.ranges, t));
+            }
+            out.push(Entry {
+                name: p.name.clone(),
+                dtype: p.spec.dtype,
+                shape: p.spec.shape.dims().to_vec(),
+                hlo: sharding.hlo().clone(),
+                shards,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Saves step `step` into `manager` from every process at once (each process's
+    /// [`CheckpointManager`], process 0's [open](CheckpointManager::open) and the
+    /// others' [joined](CheckpointManager::join)): each writes the regions its
+    /// positions hold (no gathering of values), the processes exchange what they
+    /// wrote, and process 0 commits the step once every part is durable. Every
+    /// process returns the same outcome; a failure anywhere leaves no step.
+    fn save_spread(
+        &self,
+        manager: &mut CheckpointManager,
+        step: usize,
+        extra: Vec<Entry>,
+        metadata: &Json,
+    ) -> Result<std::path::PathBuf> {
+        let strategy = self.strategy;
+        let runtime = strategy.runtime();
+        let process = runtime.first_replica() / runtime.devices().max(1);
+        let n = self.partitioned().mesh().size();
+        let local = self.exe.local();
+        let written = self.local_entries().and_then(|mut entries| {
+            // Position 0's process writes the replicated extras (the step count).
+            if local.contains(&0) {
+                entries.extend(extra);
+            } else {
+                entries.extend(extra.into_iter().map(|e| Entry { shards: Vec::new(), ..e }));
+            }
+            Ok(manager.write_part(step, process, local.clone(), n, entries)?)
+        });
+        let said = match &written {
+            Ok(part) => [&[1u8][..], &part.to_bytes()].concat(),
+            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        };
+        let everyone = strategy.all_gather_bytes(&said)?;
+        let failure = everyone.iter().enumerate().find(|(_, b)| b.first() != Some(&1));
+        if let Some((q, said)) = failure {
+            if let Ok(part) = &written {
+                manager.abandon(part);
+            }
+            let why = String::from_utf8_lossy(said.get(1..).unwrap_or_default()).into_owned();
+            return Err(Error::Checkpoint(meshwork_checkpoint::Error::Save {
+                path: manager.root().to_path_buf(),
+                step,
+                problem: format!("process {q} could not write its part: {why}"),
+            }));
+        }
+        let committed = if process == 0 {
+            let parts = everyone
+                .iter()
+                .enumerate()
+                .map(|(q, b)| {
+                    let part =
+                        meshwork_checkpoint::WrittenPart::from_bytes(&b[1..], manager.root())?;
+                    Ok((q, part))
+                })
+                .collect::<Result<Vec<_>>>();
+            parts.and_then(|parts| Ok(manager.commit_parts(step, metadata, n, parts)?))
+        } else {
+            Ok(manager.root().join(meshwork_checkpoint::step_name(step)))
+        };
+        let said = match &committed {
+            Ok(_) => vec![1u8],
+            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        };
+        let everyone = strategy.all_gather_bytes(&said)?;
+        match everyone.first() {
+            Some(b) if b.first() == Some(&1) => committed,
+            other => {
+                committed?;
+                let why = other.and_then(|b| b.get(1..)).unwrap_or_default();
+                Err(Error::Checkpoint(meshwork_checkpoint::Error::Save {
+                    path: manager.root().to_path_buf(),
+                    step,
+                    problem: format!(
+                        "process 0 could not commit it: {}",
+                        String::from_utf8_lossy(why)
+                    ),
+                }))
+            }
+        }
+    }
+
     /// Writes the checkpoint; across processes every process gathers the parts,
     /// process 0 writes, and all return once it has (as a strategy's checkpoint).
     fn write(&self, dir: &Path, extra: Vec<Entry>, metadata: Option<&Json>) -> Result<()> {
@@ -435,7 +553,11 @@ impl CompiledTrainStep<'_> {
     }
 
     /// Saves the weights, the optimizer state and the step count as step `step` of
-    /// `manager`'s directory, with `metadata` in the index.
+    /// `manager`'s directory, with `metadata` in the index. Across processes every
+    /// process calls it with its own manager (process 0's opened, the others'
+    /// [joined](CheckpointManager::join)): each writes the parts its positions hold,
+    /// and process 0 commits the step once all are durable (its index names the
+    /// process that wrote each file).
     pub fn save_to(
         &self,
         manager: &mut CheckpointManager,
@@ -443,11 +565,8 @@ impl CompiledTrainStep<'_> {
         metadata: &Json,
     ) -> Result<std::path::PathBuf> {
         if self.compiled.strategy.is_multi_process() {
-            return Err(Error::Compiled {
-                problem: "a checkpoint manager serves a single-process strategy; with several \
-                          processes use save_checkpoint"
-                    .into(),
-            });
+            let extra = vec![step_entry(self.steps)?];
+            return self.compiled.save_spread(manager, step, extra, metadata);
         }
         let mut entries = self.compiled.checkpoint_entries()?;
         entries.push(step_entry(self.steps)?);

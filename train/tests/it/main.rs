@@ -6,6 +6,7 @@ mod cnn;
 mod gpt2;
 mod llama;
 mod mlp;
+mod processes;
 mod refusals;
 mod resume;
 mod transformer;

@@ -1,0 +1,248 @@
+//! One run spread over several processes, each a thread here joined by the executor's
+//! loopback link (what `mpirun` gives the binary, without MPI): the losses of JAX's
+//! reference run on every spread, checkpoints written by every process and resumed
+//! across process counts, a failure in one process failing all alike, a stop
+//! request seen by one process stopping all after the same step.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use meshwork_strategy::executor::LoopbackInterconnect;
+use meshwork_train::{Config, Data, Error, OptimizerKind, Processes, Quiet, Report, Trainer};
+
+use crate::transformer::reference_run;
+use crate::{assert_close, expected, read_finite};
+
+/// What each of `n` processes' runs of `config` ended with, in process order
+/// (`stop[q]`: process `q`'s stop flag, set before it starts).
+fn spread_with(config: &Config, n: usize, stop: &[bool]) -> Vec<Result<Report, Error>> {
+    let links = LoopbackInterconnect::group(n);
+    let handles: Vec<_> = links
+        .into_iter()
+        .enumerate()
+        .map(|(q, link)| {
+            let mut config = config.clone();
+            let stopped = stop.get(q).copied().unwrap_or(false);
+            std::thread::spawn(move || {
+                config.processes = Some(Processes::new(link)?);
+                let flag = AtomicBool::new(stopped);
+                Trainer::new(&config)?.run(&mut Quiet, &flag)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("a process panicked")).collect()
+}
+
+/// Every process's report of `config` over `n` processes (each must succeed).
+fn spread(config: &Config, n: usize) -> Vec<Report> {
+    spread_with(config, n, &[])
+        .into_iter()
+        .enumerate()
+        .map(|(q, r)| r.unwrap_or_else(|e| panic!("process {q} of {n}: {e}")))
+        .collect()
+}
+
+/// The index of a checkpoint step as JSON.
+fn index(step: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(step.join("index.json")).unwrap()).unwrap()
+}
+
+/// JAX's reference run (Adam, f64) over 2 and 4 processes on meshes of 2, 4 and 6
+/// positions reproduces JAX's losses within 1e-9 in every process, and process 0
+/// alone writes the losses file.
+#[test]
+fn a_run_spread_over_processes_matches_jax() {
+    let want = expected("losses_adam");
+    for (mesh, n) in [((2, 1), 2), ((2, 2), 2), ((2, 2), 4), ((1, 2), 2), ((4, 1), 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            mesh: Some(mesh),
+            losses_json: Some(dir.path().join("losses.json")),
+            ..reference_run(OptimizerKind::Adam, 0.01)
+        };
+        for (q, report) in spread(&config, n).iter().enumerate() {
+            assert_close(&report.losses, &want, 1e-9, &format!("{mesh:?} over {n}, process {q}"));
+        }
+        assert_close(&read_finite(&dir.path().join("losses.json")), &want, 1e-9, "the file");
+    }
+}
+
+/// Three processes on `3x1` and on `3x2` (batch 6, SGD, f32 built-in rows): every
+/// process's losses are one process's on the same mesh, within 1e-9.
+#[test]
+fn three_processes_train_as_one() {
+    for mesh in [(3, 1), (3, 2)] {
+        let config = Config {
+            mesh: Some(mesh),
+            batch: Some(6),
+            steps: Some(5),
+            ..crate::config(meshwork_train::ModelKind::Transformer)
+        };
+        let want = crate::losses(&config);
+        for (q, report) in spread(&config, 3).iter().enumerate() {
+            assert_close(&report.losses, &want, 1e-9, &format!("{mesh:?}, process {q}"));
+        }
+    }
+}
+
+/// A checkpoint saved by 4 processes is written by each (its index names the process
+/// of every file) and resumes in one process on another mesh to the losses of the
+/// uninterrupted run; one saved in one process resumes over 2.
+#[test]
+fn checkpoints_are_written_by_every_process_and_resume_on_any_count() {
+    let want = expected("losses_adam");
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let config = Config {
+        mesh: Some((2, 2)),
+        steps: Some(12),
+        checkpoint_dir: Some(ckpt.clone()),
+        checkpoint_every: Some(4),
+        keep: Some(2),
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    };
+    for report in spread(&config, 4) {
+        assert_close(&report.losses, &want[..12], 1e-9, "4 processes");
+    }
+    // --keep 2 of steps 4, 8, 12; nothing partial left.
+    let mut names: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.') || n.starts_with(".partial"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "meshwork-checkpoints.json", "step-00000008", "step-00000012"]);
+    let step8 = ckpt.join("step-00000008");
+    let files = index(&step8)["files"].as_array().unwrap().clone();
+    let ranks: Vec<u64> = files.iter().map(|f| f["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, [0, 1, 2, 3], "position r's file written by process r: {files:?}");
+
+    // Step 8 in one process on 1x1: steps 9..20 as the uninterrupted run's.
+    let resumed = crate::run(&Config {
+        mesh: Some((1, 1)),
+        resume: Some(step8),
+        init: None,
+        checkpoint_dir: None,
+        checkpoint_every: None,
+        keep: None,
+        steps: Some(20),
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    });
+    assert_close(&resumed.losses, &want[8..], 1e-9, "resumed in one process");
+
+    // Saved in one process at step 6, resumed over 2 processes on 2x1.
+    let one = dir.path().join("one");
+    crate::run(&Config {
+        mesh: Some((1, 2)),
+        steps: Some(6),
+        checkpoint_dir: Some(one.clone()),
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    });
+    let back = Config {
+        mesh: Some((2, 1)),
+        resume: Some(one),
+        init: None,
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    };
+    for report in spread(&back, 2) {
+        assert_close(&report.losses, &want[6..], 1e-9, "resumed over 2 processes");
+    }
+}
+
+/// A file missing in one process only (its node's copy): every process refuses with
+/// that process's line, before any step.
+#[test]
+fn bad_input_in_one_process_refuses_in_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let links = LoopbackInterconnect::group(2);
+    let handles: Vec<_> = links
+        .into_iter()
+        .enumerate()
+        .map(|(q, link)| {
+            // Process 1's tokens file is missing.
+            let tokens =
+                if q == 0 { crate::reference("tokens.npy") } else { dir.path().join("absent.npy") };
+            let config = Config {
+                mesh: Some((2, 1)),
+                data: Data::Tokens(tokens),
+                ..reference_run(OptimizerKind::Adam, 0.01)
+            };
+            std::thread::spawn(move || {
+                let mut config = config;
+                config.processes = Some(Processes::new(link)?);
+                Trainer::new(&config).map(|_| ())
+            })
+        })
+        .collect();
+    let got: Vec<Result<(), Error>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (q, r) in got.iter().enumerate() {
+        match r {
+            Err(Error::Usage(m)) => {
+                assert!(m.starts_with("process 1: --data-tokens"), "process {q}: {m}");
+                assert!(m.contains("absent.npy") && m.lines().count() == 1, "{m}");
+            }
+            other => panic!("process {q}: want the refusal, got {other:?}"),
+        }
+    }
+}
+
+/// A stop request seen by one process only stops every process after the same step,
+/// each having saved its part of that step once.
+#[test]
+fn a_stop_seen_by_one_process_stops_all_after_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let config = Config {
+        mesh: Some((2, 1)),
+        checkpoint_dir: Some(ckpt.clone()),
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    };
+    let got = spread_with(&config, 2, &[false, true]);
+    for (q, r) in got.iter().enumerate() {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("process {q}: {e}"));
+        assert!(r.stopped, "process {q} did not stop");
+        assert_eq!(r.losses.len(), 1, "process {q}: stopped after the first step");
+    }
+    let latest = std::fs::read_to_string(ckpt.join("latest")).unwrap();
+    assert_eq!(latest.trim(), "step-00000001");
+}
+
+/// The refusals a spread run alone has: a mesh that does not split over the
+/// processes, a pipeline, `--check`.
+#[test]
+fn what_cannot_spread_is_refused_in_one_line() {
+    let refusal = |config: &Config, n: usize| -> Vec<String> {
+        let links = LoopbackInterconnect::group(n);
+        let handles: Vec<_> = links
+            .into_iter()
+            .map(|link| {
+                let mut config = config.clone();
+                std::thread::spawn(move || {
+                    config.processes = Some(Processes::new(link)?);
+                    Trainer::new(&config).map(|_| ())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join().unwrap() {
+                Err(Error::Usage(m)) => m,
+                other => panic!("want a refusal, got {other:?}"),
+            })
+            .collect()
+    };
+    let base = reference_run(OptimizerKind::Adam, 0.01);
+    for (config, n, says) in [
+        (Config { mesh: Some((3, 1)), ..base.clone() }, 2, "do not split evenly"),
+        (Config { stages: Some(2), ..base.clone() }, 2, "a pipeline's stages"),
+        (
+            Config { mesh: Some((2, 1)), check: meshwork_train::Check::Always, ..base.clone() },
+            2,
+            "--check",
+        ),
+    ] {
+        for m in refusal(&config, n) {
+            assert!(m.contains(says) && m.lines().count() == 1, "want {says:?}: {m}");
+        }
+    }
+}
