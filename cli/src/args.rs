@@ -512,6 +512,7 @@ impl TrainArgs {
             precision: self.precision.dtype(),
             loss_scale_init: self.loss_scale_init,
             blocking: None,
+            processes: None,
             eval_every: self.eval_every,
             eval_fraction: self.eval_fraction,
             checkpoint_dir: self.checkpoint_dir.clone(),

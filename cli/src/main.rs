@@ -35,6 +35,10 @@ use crate::out::{Exit, note};
 
 fn main() -> ExitCode {
     quiet_xla();
+    // Every rank of an MPI job parses the same arguments: process 0 alone speaks.
+    if cfg!(feature = "mpi") && train::launcher_rank().is_some_and(|r| r > 0) {
+        out::silence();
+    }
     match run(std::env::args_os().collect()) {
         Ok(()) | Err(Exit::Closed) => ExitCode::SUCCESS,
         Err(Exit::Usage(message)) => {

@@ -2,6 +2,16 @@
 //! its reader, standard error that may be gone.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set in every process of an MPI job but the first: the job speaks through process
+/// 0 (its progress, summary and errors), the others write nothing.
+static SILENT: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process write nothing to standard output or error from now on.
+pub(crate) fn silence() {
+    SILENT.store(true, Ordering::SeqCst);
+}
 
 /// How a command ends when it does not simply succeed.
 #[derive(Debug)]
@@ -21,6 +31,9 @@ pub(crate) enum Exit {
 /// Writes to standard output and flushes: a reader that went away is [`Exit::Closed`],
 /// any other failure (a full disk) a one-line [`Exit::Usage`] — never a panic.
 pub(crate) fn out(text: std::fmt::Arguments<'_>) -> Result<(), Exit> {
+    if SILENT.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout().lock();
     stdout.write_fmt(text).and_then(|()| stdout.flush()).map_err(|e| {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -34,6 +47,9 @@ pub(crate) fn out(text: std::fmt::Arguments<'_>) -> Result<(), Exit> {
 /// A line on standard error; if standard error itself cannot be written there is no
 /// one left to tell, so the failure is ignored (the exit status still says it).
 pub(crate) fn note(text: std::fmt::Arguments<'_>) {
+    if SILENT.load(Ordering::SeqCst) {
+        return;
+    }
     let mut stderr = std::io::stderr().lock();
     let _ = stderr.write_fmt(text).and_then(|()| stderr.write_all(b"\n"));
 }

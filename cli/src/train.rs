@@ -107,9 +107,65 @@ impl Observer for Progress {
     }
 }
 
-/// Trains as `args` say; the summary on stdout unless `--quiet`.
+/// The MPI job this process is a rank of, when an MPI launcher started it: `mpirun`
+/// (Open MPI, MPICH), or Slurm's `srun --mpi=pmix`. Its environment says so; a
+/// process started otherwise runs alone, as without MPI.
+fn launcher_ranks() -> Option<(String, usize)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"].into_iter().find_map(
+        |var| {
+            let n: usize = std::env::var(var).ok()?.trim().parse().ok()?;
+            Some((var.to_string(), n))
+        },
+    )
+}
+
+/// This process's rank in the MPI job its launcher started, if one did.
+pub(crate) fn launcher_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
+}
+
+/// The job's processes, joined over MPI (kept alive by the returned guard, which
+/// finalises MPI when dropped): `None` in a process started alone.
+#[cfg(feature = "mpi")]
+fn join_job() -> Result<Option<(meshwork_train::Processes, meshwork_executor::mpi::Mpi)>, Exit> {
+    if launcher_ranks().is_none() {
+        return Ok(None);
+    }
+    let mpi = meshwork_executor::mpi::Mpi::init(None)
+        .map_err(|e| Exit::Usage(format!("cannot join the MPI job: {e}")))?;
+    if mpi.processes() < 2 {
+        return Ok(None);
+    }
+    if mpi.process() != 0 {
+        crate::out::silence();
+    }
+    let processes = meshwork_train::Processes::new(mpi.interconnect()).map_err(exit)?;
+    Ok(Some((processes, mpi)))
+}
+
+/// Without MPI: a launcher that started several copies is refused (each would train
+/// alone, all writing the same outputs).
+#[cfg(not(feature = "mpi"))]
+fn join_job() -> Result<Option<(meshwork_train::Processes, ())>, Exit> {
+    match launcher_ranks() {
+        Some((var, n)) if n > 1 => Err(Exit::Usage(format!(
+            "started as one of {n} processes ({var}), but this meshwork is built without MPI; build it with `cargo build --release --features mpi` to train one mesh over them"
+        ))),
+        _ => Ok(None),
+    }
+}
+
+/// Trains as `args` say; the summary on stdout unless `--quiet`. Started by an MPI
+/// launcher (in a binary built with the `mpi` feature), the job's processes train
+/// one mesh together and process 0 alone speaks.
 pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
-    let trainer = Trainer::new(&args.config()?).map_err(exit)?;
+    let mut config = args.config()?;
+    // The MPI guard lives to the end of the run (dropping it finalises MPI).
+    let (processes, _mpi) = join_job()?.unzip();
+    config.processes = processes;
+    let trainer = Trainer::new(&config).map_err(exit)?;
     let stop = stop_on_signals().map_err(exit)?;
     let mut progress = Progress {
         quiet: args.quiet(),

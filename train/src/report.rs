@@ -62,6 +62,9 @@ pub enum CheckOutcome {
     Large,
     /// Not run: `--no-check`.
     Skipped,
+    /// Not run: the mesh spreads over this many processes, none of which holds a
+    /// whole batch.
+    Spread(usize),
 }
 
 impl Report {
@@ -122,6 +125,9 @@ impl Report {
             CheckOutcome::Large => "  check        not run: a large run (--check runs it)".into(),
             CheckOutcome::OneDevice => "  check        this run is the one-device run".into(),
             CheckOutcome::Skipped => "  check        skipped (--no-check)".into(),
+            CheckOutcome::Spread(n) => format!(
+                "  check        not run: the mesh spreads over {n} processes (compare --losses-json with a one-process run's)"
+            ),
         });
         if self.stopped {
             out.push(format!(

@@ -198,10 +198,13 @@ impl Trainer {
             report.layout = p.layout.describe();
             return Ok(report);
         }
-        let where_ = match &p.backend.backend {
+        let mut where_ = match &p.backend.backend {
             Some(b) => format!("{} on {}", p.layout.describe(), b.describe()),
             None => p.layout.describe(),
         };
+        if let Some(procs) = &p.processes {
+            where_.push_str(&format!(" over {} processes", procs.count()));
+        }
         let init = p.take_init()?;
         let strategy = p.strategy()?;
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
@@ -261,6 +264,8 @@ impl Trainer {
             CheckOutcome::Checked { most: progress.most, relative: progress.most_rel, tolerance }
         } else if p.layout.devices() == 1 {
             CheckOutcome::OneDevice
+        } else if let Some(procs) = &p.processes {
+            CheckOutcome::Spread(procs.count())
         } else if p.never_check {
             CheckOutcome::Skipped
         } else {
