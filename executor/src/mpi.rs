@@ -69,6 +69,7 @@ impl Mpi {
             process,
             processes,
             max_message: AtomicUsize::new(Mpi::DEFAULT_MAX_MESSAGE),
+            sent: std::sync::atomic::AtomicU64::new(0),
         };
         // The store's own communicator, duplicated here where every process is.
         let store = KeyValue::new(World(link.world.0.duplicate()), process, processes);
@@ -249,6 +250,8 @@ struct MpiLink {
     processes: usize,
     /// Elements per MPI message (see [`Mpi::set_max_message`]).
     max_message: AtomicUsize,
+    /// Payload bytes sent to other processes ([`Interconnect::bytes_sent`]).
+    sent: std::sync::atomic::AtomicU64,
 }
 
 /// A key-value store shared by the processes of an MPI job, on a communicator of its
@@ -631,6 +634,14 @@ macro_rules! typed2 {
     };
 }
 
+impl MpiLink {
+    /// Counts `elements` of `dtype` sent to other processes.
+    fn count(&self, elements: usize, dtype: meshwork_types::DType) {
+        let bytes = (elements as u64).saturating_mul(dtype.size_in_bytes() as u64);
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 impl Interconnect for MpiLink {
     fn process(&self) -> usize {
         self.process
@@ -690,10 +701,16 @@ impl Interconnect for MpiLink {
     ) -> Result<()> {
         let world = self.world();
         let (me, max) = (self.process, self.max_message());
+        let out: usize = send.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, r)| r.len()).sum();
+        self.count(out, from.dtype());
         typed2!(from, into, f, i => {
             all_to_all_typed(&world.0, me, max, f, send, i, recv);
             Ok(())
         })
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     fn settings(&self) -> i64 {
@@ -703,6 +720,8 @@ impl Interconnect for MpiLink {
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
         let world = self.world();
         let (me, max) = (self.process, self.max_message());
+        let own = chunks.get(me).map_or(0, Range::len);
+        self.count(own * chunks.len().saturating_sub(1), buf.dtype());
         match buf {
             Tensor::F32(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),
             Tensor::F64(a) => all_gather_in_place_typed(&world.0, max, slice(a)?, chunks, me),

@@ -56,6 +56,14 @@ pub trait Interconnect: Send + Sync {
     fn settings(&self) -> i64 {
         0
     }
+
+    /// The payload bytes this process has sent to other processes so far (the
+    /// exchanges' and gathers' data; not the handshakes' few words): what a run's
+    /// traffic between processes is measured by. The default, 0, is a link that does
+    /// not count.
+    fn bytes_sent(&self) -> u64 {
+        0
+    }
 }
 
 const STEP: i64 = 1;
@@ -574,6 +582,8 @@ pub(crate) struct Straight {
 pub struct LoopbackInterconnect {
     process: usize,
     hub: Arc<Hub>,
+    /// Payload bytes sent to the others ([`Interconnect::bytes_sent`]).
+    sent: std::sync::atomic::AtomicU64,
 }
 
 impl LoopbackInterconnect {
@@ -582,7 +592,11 @@ impl LoopbackInterconnect {
         let hub = Arc::new(Hub::new(processes.max(1), crate::Runtime::DEFAULT_TIMEOUT));
         (0..processes)
             .map(|process| {
-                Arc::new(LoopbackInterconnect { process, hub: hub.clone() })
+                Arc::new(LoopbackInterconnect {
+                    process,
+                    hub: hub.clone(),
+                    sent: std::sync::atomic::AtomicU64::new(0),
+                })
                     as Arc<dyn Interconnect>
             })
             .collect()
@@ -592,6 +606,14 @@ impl LoopbackInterconnect {
         let all = ReplicaGroups::all(self.hub.replicas());
         let offer = Offer::new(op, String::new(), Arc::new(t));
         self.hub.exchange(&all, self.process, offer)
+    }
+}
+
+impl LoopbackInterconnect {
+    /// Counts `elements` of `like`'s dtype sent to the other processes.
+    fn count(&self, elements: usize, like: &Tensor) {
+        let bytes = elements as u64 * like.dtype().size_in_bytes() as u64;
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
@@ -626,6 +648,9 @@ impl Interconnect for LoopbackInterconnect {
         // Each process also needs the ranges every sender picked for it.
         let ranges: Vec<i64> = send.iter().flat_map(|r| [r.start as i64, r.end as i64]).collect();
         let ranges = self.handshake(&ranges, Duration::ZERO)?;
+        let out: usize =
+            send.iter().enumerate().filter(|(q, _)| *q != self.process).map(|(_, r)| r.len()).sum();
+        self.count(out, from);
         let all = self.exchange("all_to_all", from.clone())?;
         for (q, to) in recv.iter().enumerate() {
             let at = 2 * (q * self.processes() + self.process);
@@ -642,7 +667,12 @@ impl Interconnect for LoopbackInterconnect {
         Ok(())
     }
 
+    fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
     fn all_gather_in_place(&self, buf: &mut Tensor, chunks: &[Range<usize>]) -> Result<()> {
+        self.count(chunks[self.process].len() * chunks.len().saturating_sub(1), buf);
         let all = self.exchange("all_gather", buf.slice_flat(chunks[self.process].clone()))?;
         for (q, c) in chunks.iter().enumerate() {
             buf.write_flat(c.start, &all[q]);

@@ -96,6 +96,12 @@ impl Processes {
         self.process() == 0
     }
 
+    /// The payload bytes this process has sent to the others so far (its link's
+    /// count).
+    pub fn bytes_sent(&self) -> u64 {
+        self.inner.link.bytes_sent()
+    }
+
     /// The job's link, for the runtime that runs the mesh.
     pub(crate) fn link(&self) -> Arc<dyn Interconnect> {
         self.inner.link.clone()

@@ -42,6 +42,10 @@ pub struct Report {
     pub check: CheckOutcome,
     /// Whether a stop was requested and the run ended early (saved, outputs written).
     pub stopped: bool,
+    /// Across processes: the payload bytes this process sent the others per step of
+    /// this run (every exchange, measured on its link), and the fewest the
+    /// partitioner's collectives need it to send per step.
+    pub between_processes: Option<(f64, u64)>,
 }
 
 /// Whether every step's loss was checked against one device's, and how close.
@@ -115,6 +119,13 @@ impl Report {
             (made * self.batch) as f64 * per_row as f64 / secs.max(1e-9),
             steps_text(made)
         ));
+        if let Some((sent, least)) = self.between_processes {
+            out.push(format!(
+                "  processes    this one sent {} per step to the others (the collectives need {})",
+                bytes_text(sent),
+                bytes_text(least as f64)
+            ));
+        }
         if let (Some((at, _)), Some(dir)) = (&self.saved, &self.checkpoint_dir) {
             out.push(format!("  checkpoint   step {at} in {}", dir.display()));
         }
@@ -219,4 +230,14 @@ pub fn sparkline(losses: &[f64], width: usize) -> String {
             BARS[k.min(7)]
         })
         .collect()
+}
+
+/// A byte count for people: `512 B`, `1.50 MB` (decimal units).
+fn bytes_text(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.2} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} kB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
 }

@@ -54,6 +54,14 @@ pub(crate) trait Steps {
     fn peak_bytes(&self) -> Option<u64> {
         None
     }
+    /// The fewest payload bytes process 0 of `processes` (each running its equal,
+    /// consecutive share of the mesh's positions) must send the others in one step,
+    /// by the partitioner's collectives: each group's members in a process combined
+    /// there first, then the bandwidth-optimal exchange between the processes the
+    /// group spans. `None` for a pipeline.
+    fn cross_process_minimum(&self, _processes: usize) -> Option<u64> {
+        None
+    }
     /// The partitioner's collectives of one step (kind over axes → count, bytes);
     /// empty for a pipeline.
     fn collectives(&self) -> std::collections::BTreeMap<String, (usize, u64)> {
@@ -156,6 +164,11 @@ impl Steps for Spmd<'_> {
         let program = self.0.compiled().partitioned().program();
         Some(Executable::compile(program, Options::default()).peak_bytes())
     }
+    fn cross_process_minimum(&self, processes: usize) -> Option<u64> {
+        let part = self.0.compiled().partitioned();
+        let mesh = part.mesh();
+        Some(part.collectives().iter().map(|c| cross_process_bytes(mesh, c, processes)).sum())
+    }
     fn collectives(&self) -> std::collections::BTreeMap<String, (usize, u64)> {
         let mut kinds = std::collections::BTreeMap::new();
         for c in self.0.compiled().partitioned().collectives() {
@@ -166,6 +179,71 @@ impl Steps for Spmd<'_> {
         }
         kinds
     }
+}
+
+/// What process 0 must send the other processes for collective `c` (see
+/// [`Steps::cross_process_minimum`]): per group with members there, the bytes the
+/// bandwidth-optimal algorithm has it send between the `g` processes the group spans,
+/// once its own `m` members' values are combined (an all-reduce, a reduce-scatter) or
+/// put side by side (an all-gather, an all-to-all).
+fn cross_process_bytes(mesh: &Mesh, c: &meshwork_partition::spmd::Collective, processes: usize) -> u64 {
+    let n = mesh.size();
+    let local = n / processes.max(1);
+    let shape = mesh.shape();
+    let axes: Vec<usize> = c
+        .axes
+        .iter()
+        .filter_map(|a| mesh.axis_names().iter().position(|x| x == a))
+        .collect();
+    let k: usize = axes.iter().map(|&a| shape[a]).product::<usize>().max(1);
+    if k < 2 || local == 0 {
+        return 0;
+    }
+    // Bytes per device, from the partitioner's total under the same algorithms.
+    let (kk, nn) = (k as f64, n as f64);
+    let s = c.bytes as f64
+        / nn
+        / match c.op {
+            "all_gather" => kk - 1.0,
+            "all_reduce" => 2.0 * (kk - 1.0) / kk,
+            _ => (kk - 1.0) / kk,
+        };
+    // Each position's group: its coordinates off the collective's axes.
+    let coords = |r: usize| {
+        let mut rest = r;
+        let mut at = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            at[d] = rest % shape[d];
+            rest /= shape[d];
+        }
+        at
+    };
+    let key = |r: usize| {
+        let at = coords(r);
+        (0..shape.len()).filter(|d| !axes.contains(d)).map(|d| at[d]).collect::<Vec<_>>()
+    };
+    let mut total = 0.0;
+    let mut seen = std::collections::BTreeSet::new();
+    for r in 0..local {
+        let group = key(r);
+        if !seen.insert(group.clone()) {
+            continue;
+        }
+        let members: Vec<usize> = (0..n).filter(|&q| key(q) == group).collect();
+        let spans: std::collections::BTreeSet<usize> = members.iter().map(|q| q / local).collect();
+        let g = spans.len() as f64;
+        let m = members.iter().filter(|&&q| q < local).count() as f64;
+        if g < 2.0 {
+            continue;
+        }
+        total += match c.op {
+            "all_reduce" => 2.0 * (g - 1.0) / g * s,
+            "reduce_scatter" => (g - 1.0) / g * s,
+            "all_gather" => m * s * (g - 1.0),
+            _ => m * (kk - m) / kk * s,
+        };
+    }
+    total.round() as u64
 }
 
 /// A training step placed as a pipeline.

@@ -243,6 +243,7 @@ impl Trainer {
             warnings: p.warnings.clone(),
         });
         let mut progress = Progress::default();
+        let sent_before = p.processes.as_ref().map(crate::Processes::bytes_sent);
         let outcome = run.train(&p, &mut out, &mut progress, (observer, stop), (first, &where_));
         observer.end();
         // The losses are written whether the run finished, stopped or failed.
@@ -281,6 +282,12 @@ impl Trainer {
         report.saved = progress.saved_at.zip(p.checkpoint_dir.clone());
         report.check = check;
         report.stopped = stopped;
+        if let (Some(procs), Some(before)) = (&p.processes, sent_before) {
+            let steps = report.losses.len().max(1) as f64;
+            let sent = procs.bytes_sent().saturating_sub(before) as f64 / steps;
+            let least = run.run.cross_process_minimum(procs.count()).unwrap_or(0);
+            report.between_processes = Some((sent, least));
+        }
         Ok(report)
     }
 }
@@ -349,6 +356,7 @@ impl Report {
             checkpoint_dir: p.checkpoint_dir.clone(),
             check: CheckOutcome::Skipped,
             stopped: false,
+            between_processes: None,
         }
     }
 }

@@ -246,3 +246,24 @@ fn what_cannot_spread_is_refused_in_one_line() {
         }
     }
 }
+
+/// What a spread run sends between processes is the partitioner's minimum (the
+/// collectives' groups combined in each process first, then the bandwidth-optimal
+/// exchange between processes), measured on the link, whether the processes split
+/// the data axis alone or the model axis too.
+#[test]
+fn processes_send_the_collectives_minimum() {
+    for (mesh, n) in [((2, 1), 2), ((2, 2), 2), ((4, 1), 2), ((4, 1), 4), ((2, 2), 4)] {
+        let config = Config { mesh: Some(mesh), ..reference_run(OptimizerKind::Adam, 0.01) };
+        for (q, report) in spread(&config, n).iter().enumerate() {
+            let (sent, least) = report.between_processes.expect("a spread run counts its bytes");
+            // Beyond the collectives: each host call's agreement (3 words to each
+            // other process) and the run's few others, spread over its 20 steps.
+            let slack = 64.0 * (n - 1) as f64;
+            assert!(
+                least > 0 && sent >= least as f64 && sent <= least as f64 + slack,
+                "{mesh:?} over {n}, process {q}: sent {sent} per step, the minimum is {least}"
+            );
+        }
+    }
+}
