@@ -839,6 +839,214 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
     Ok(values)
 }
 
+/// Reads, of each variable `wanted[v]` (name, dtype, shape), only the boxes
+/// `regions[v]` (each `[start, end)` per dim): every saved shard overlapping a box is
+/// read alone from its file (the file's header, then the shard's bytes), its checksum
+/// verified, and its overlap copied in. For a process that holds some positions of a
+/// mesh: it reads what its devices hold, not the whole checkpoint. The index is
+/// checked as [`read_checkpoint`] checks it (every shard's region, the files' sizes),
+/// but a file's own checksum covers bytes not read here, so it is not.
+pub fn read_checkpoint_parts(
+    dir: impl AsRef<Path>,
+    wanted: &[(String, DType, Vec<usize>)],
+    regions: &[Vec<Vec<std::ops::Range<usize>>>],
+) -> Result<Vec<Vec<Tensor>>> {
+    let dir = dir.as_ref();
+    let index_path = dir.join(INDEX);
+    let index = read_index(&index_path)?;
+    let saved_logical = usize_of(field(&index, "logical_devices", &index_path)?, &index_path)?;
+    if saved_logical == 0 || saved_logical > MAX_POSITIONS {
+        return Err(corrupt(&index_path, format!("{saved_logical} device positions")));
+    }
+    // Each file's recorded size, checked against the disk before any is read.
+    let mut sizes = std::collections::HashMap::new();
+    for f in field(&index, "files", &index_path)?.as_array().into_iter().flatten() {
+        let name = field(f, "name", &index_path)?
+            .as_str()
+            .ok_or_else(|| corrupt(&index_path, "a file without a name"))?;
+        if name.is_empty() || name.contains(['/', '\\']) || name.contains("..") {
+            return Err(corrupt(&index_path, format!("file name {name:?} leaves the checkpoint")));
+        }
+        let want = usize_of(field(f, "bytes", &index_path)?, &index_path)? as u64;
+        let path = dir.join(name);
+        let on_disk = fs::symlink_metadata(&path).map_err(|e| io(&path, e))?;
+        if !on_disk.is_file() || on_disk.len() != want {
+            return Err(corrupt(
+                &path,
+                format!("{} bytes, the index says {want}: cut short or changed", on_disk.len()),
+            ));
+        }
+        sizes.insert(name.to_string(), want);
+    }
+    let saved = field(&index, "variables", &index_path)?.as_array().cloned().unwrap_or_default();
+    let mut headers: std::collections::HashMap<String, (u64, Value)> = Default::default();
+    let mut out = Vec::with_capacity(wanted.len());
+    for ((name, want_dtype, want_shape), boxes) in wanted.iter().zip(regions) {
+        let entry = saved
+            .iter()
+            .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
+            .ok_or_else(|| Error::Missing { path: dir.to_path_buf(), variable: name.clone() })?;
+        let dtype: DType = field(entry, "dtype", &index_path)?
+            .as_str()
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad dtype")))?;
+        let shape: Vec<usize> = field(entry, "shape", &index_path)?
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| usize_of(d, &index_path))
+            .collect::<Result<_>>()?;
+        if dtype != *want_dtype || shape != *want_shape {
+            return Err(Error::Mismatch {
+                path: dir.to_path_buf(),
+                variable: name.clone(),
+                saved: spec(dtype, &shape),
+                wanted: spec(*want_dtype, want_shape),
+            });
+        }
+        let hlo: HloSharding = field(entry, "sharding", &index_path)?
+            .as_str()
+            .and_then(|h| h.parse().ok())
+            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad sharding")))?;
+        let saved_regions = saved_regions(&positions(hlo, saved_logical)?, &shape)?;
+        let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
+        if shards.len() != saved_regions.len() {
+            return Err(corrupt(
+                &index_path,
+                format!(
+                    "variable {name}: {} shards for {} regions",
+                    shards.len(),
+                    saved_regions.len()
+                ),
+            ));
+        }
+        let mut parts = Vec::with_capacity(boxes.len());
+        for b in boxes {
+            if b.len() != shape.len()
+                || b.iter().zip(&shape).any(|(r, &d)| r.start > r.end || r.end > d)
+            {
+                return Err(corrupt(
+                    dir,
+                    format!("variable {name}: box {b:?} of a {shape:?} value"),
+                ));
+            }
+            let extent: Vec<usize> = b.iter().map(|r| r.len()).collect();
+            let mut part = Tensor::zeros(dtype, &extent)?;
+            for (shard, region) in shards.iter().zip(&saved_regions) {
+                let overlap: Vec<std::ops::Range<usize>> = region
+                    .iter()
+                    .zip(b)
+                    .map(|(r, q)| r.start.max(q.start)..r.end.min(q.end))
+                    .collect();
+                if overlap.iter().any(|r| r.start >= r.end) && !overlap.is_empty() {
+                    continue;
+                }
+                let file = field(shard, "file", &index_path)?.as_str().unwrap_or_default();
+                let tensor = field(shard, "tensor", &index_path)?.as_str().unwrap_or_default();
+                let Some(&size) = sizes.get(file) else {
+                    return Err(corrupt(
+                        &index_path,
+                        format!("variable {name}: unknown file {file}"),
+                    ));
+                };
+                let path = dir.join(file);
+                if !headers.contains_key(file) {
+                    headers.insert(file.to_string(), read_header(&path, size)?);
+                }
+                let (start, header) = &headers[file];
+                let info = header
+                    .get(tensor)
+                    .ok_or_else(|| corrupt(&path, format!("no tensor {tensor}")))?;
+                let offsets: Vec<u64> = info
+                    .get("data_offsets")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_u64)
+                    .collect();
+                let region_extent: Vec<usize> = region.iter().map(|r| r.len()).collect();
+                let want_bytes =
+                    region_extent.iter().product::<usize>() as u64 * dtype.size_in_bytes() as u64;
+                let (Some(&a), Some(&z)) = (offsets.first(), offsets.get(1)) else {
+                    return Err(corrupt(&path, format!("tensor {tensor}: no data offsets")));
+                };
+                if z < a || z - a != want_bytes || start + z > size {
+                    return Err(corrupt(&path, format!("tensor {tensor}: offsets {a}..{z}")));
+                }
+                let bytes =
+                    read_at(&path, start + a, (z - a) as usize).map_err(|e| io(&path, e))?;
+                if Some(u64::from(crc32c::crc32c(&bytes)))
+                    != field(shard, "crc32c", &index_path)?.as_u64()
+                {
+                    return Err(corrupt(&path, format!("tensor {tensor}: checksum mismatch")));
+                }
+                let data = Tensor::from_le_bytes(dtype, &region_extent, &bytes)
+                    .map_err(|e| corrupt(&path, e.to_string()))?;
+                copy_overlap(&mut part, b, &data, region, &overlap);
+            }
+            parts.push(part);
+        }
+        out.push(parts);
+    }
+    Ok(out)
+}
+
+/// A safetensors file's header: where its data start, and its JSON (each tensor's
+/// `data_offsets` from there), read alone and sized against the file first.
+fn read_header(path: &Path, size: u64) -> Result<(u64, Value)> {
+    let len = read_at(path, 0, 8).map_err(|e| io(path, e))?;
+    let n = u64::from_le_bytes(len.try_into().map_err(|_| corrupt(path, "no header"))?);
+    if n > size.saturating_sub(8) || n > 100 << 20 {
+        return Err(corrupt(path, format!("a header of {n} bytes in a file of {size}")));
+    }
+    let text = read_at(path, 8, n as usize).map_err(|e| io(path, e))?;
+    let header: Value =
+        serde_json::from_slice(&text).map_err(|e| corrupt(path, format!("its header: {e}")))?;
+    Ok((8 + n, header))
+}
+
+/// `len` bytes of the regular file `path` from `offset`.
+fn read_at(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
+/// Copies `overlap` (global coordinates) of `data` (which holds `region`) into `part`
+/// (which holds `target`).
+fn copy_overlap(
+    part: &mut Tensor,
+    target: &[std::ops::Range<usize>],
+    data: &Tensor,
+    region: &[std::ops::Range<usize>],
+    overlap: &[std::ops::Range<usize>],
+) {
+    fn go<T: Element>(
+        p: &mut Tensor,
+        d: &ArrayD<T>,
+        target: &[std::ops::Range<usize>],
+        region: &[std::ops::Range<usize>],
+        overlap: &[std::ops::Range<usize>],
+    ) {
+        let p = T::unwrap_mut(p).expect("a part of the variable's dtype");
+        let src = d.slice_each_axis(|ax| {
+            let k = ax.axis.index();
+            Slice::from(overlap[k].start - region[k].start..overlap[k].end - region[k].start)
+        });
+        let mut dst = p.slice_each_axis_mut(|ax| {
+            let k = ax.axis.index();
+            Slice::from(overlap[k].start - target[k].start..overlap[k].end - target[k].start)
+        });
+        dst.assign(&src);
+    }
+    meshwork_types::each_tensor!(data, d => go(part, d, target, region, overlap))
+}
+
 /// Copies `shard` (of `global`'s dtype, as both were made from the index's) into
 /// `global` at `ranges`.
 fn place(global: &mut Tensor, shard: &Tensor, ranges: &[std::ops::Range<usize>]) {

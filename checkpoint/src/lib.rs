@@ -47,6 +47,6 @@ mod manager;
 pub use error::{Error, Result};
 pub use format::{
     CheckpointEntry, WrittenPart, checkpoint_metadata, checkpoint_variables, is_checkpoint,
-    read_checkpoint, write_checkpoint,
+    read_checkpoint, read_checkpoint_parts, write_checkpoint,
 };
 pub use manager::{CheckpointManager, MARKER, find_checkpoint, step_name};

@@ -701,7 +701,8 @@ impl Interconnect for MpiLink {
     ) -> Result<()> {
         let world = self.world();
         let (me, max) = (self.process, self.max_message());
-        let out: usize = send.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, r)| r.len()).sum();
+        let out: usize =
+            send.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, r)| r.len()).sum();
         self.count(out, from.dtype());
         typed2!(from, into, f, i => {
             all_to_all_typed(&world.0, me, max, f, send, i, recv);

@@ -596,8 +596,7 @@ impl LoopbackInterconnect {
                     process,
                     hub: hub.clone(),
                     sent: std::sync::atomic::AtomicU64::new(0),
-                })
-                    as Arc<dyn Interconnect>
+                }) as Arc<dyn Interconnect>
             })
             .collect()
     }

@@ -29,6 +29,11 @@ pub(crate) trait Steps {
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>>;
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor>;
+    /// Weight `name`'s current value in the process that writes outputs, `None` in
+    /// the others (across processes, gathered to that one only).
+    fn weight_first(&self, name: &str) -> Result<Option<Tensor>> {
+        self.weight(name).map(Some)
+    }
     /// Sets weight (or optimizer state) `name`.
     fn set(&mut self, name: &str, value: Tensor) -> Result<()>;
     /// Saves the weights, optimizer state and `steps` as step `steps` of `manager`,
@@ -125,6 +130,9 @@ impl Steps for Spmd<'_> {
     fn weight(&self, name: &str) -> Result<Tensor> {
         self.0.get(name).map_err(failed)
     }
+    fn weight_first(&self, name: &str) -> Result<Option<Tensor>> {
+        self.0.get_first(name).map_err(failed)
+    }
     fn set(&mut self, name: &str, value: Tensor) -> Result<()> {
         self.0.set(name, &value).map_err(step_failed)
     }
@@ -186,15 +194,16 @@ impl Steps for Spmd<'_> {
 /// bandwidth-optimal algorithm has it send between the `g` processes the group spans,
 /// once its own `m` members' values are combined (an all-reduce, a reduce-scatter) or
 /// put side by side (an all-gather, an all-to-all).
-fn cross_process_bytes(mesh: &Mesh, c: &meshwork_partition::spmd::Collective, processes: usize) -> u64 {
+fn cross_process_bytes(
+    mesh: &Mesh,
+    c: &meshwork_partition::spmd::Collective,
+    processes: usize,
+) -> u64 {
     let n = mesh.size();
     let local = n / processes.max(1);
     let shape = mesh.shape();
-    let axes: Vec<usize> = c
-        .axes
-        .iter()
-        .filter_map(|a| mesh.axis_names().iter().position(|x| x == a))
-        .collect();
+    let axes: Vec<usize> =
+        c.axes.iter().filter_map(|a| mesh.axis_names().iter().position(|x| x == a)).collect();
     let k: usize = axes.iter().map(|&a| shape[a]).product::<usize>().max(1);
     if k < 2 || local == 0 {
         return 0;

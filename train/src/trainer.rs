@@ -615,8 +615,11 @@ impl<'s> Running<'s> {
     fn finish(&self, p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
         if let Some((dir, config, generation)) = &p.export_hf {
             let mut weights = HashMap::new();
+            // Gathered to the process that writes the folder, not to every one.
             for (name, _) in p.net.weight_dims() {
-                weights.insert(name.clone(), self.run.weight(&name)?);
+                if let Some(w) = self.run.weight_first(&name)? {
+                    weights.insert(name.clone(), w);
+                }
             }
             if !p.leads() {
                 return Ok(());

@@ -31,7 +31,11 @@ tasks:
   mpi-test        the executor over MPI: 2 processes x 2 devices under mpirun, the
                   strategy and training on XLA devices across 2 processes, and
                   a dying process that must abort the job (needs openmpi-bin,
-                  libopenmpi-dev and libclang-dev; fetches the pinned PJRT plugin)
+                  libopenmpi-dev and libclang-dev; fetches the pinned PJRT plugin),
+                  and `meshwork train` built with --features mpi under mpirun
+  mpi-bench       the transformer benchmark under mpirun (release build): 2 ranks
+                  x 1 core against 1 process x 2 cores on 2x1 and 2x2, both back
+                  ends, tokens/s and MPI bytes per step beside the minimum
   test            the README test command: cargo test --workspace
   xla-test        the XLA back end with the pinned CPU plugin (MESHWORK_PJRT_PLUGIN,
                   or xla-cpu-pjrt installed under target/pjrt/ with pip): the tests
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         "docs" => docs(),
         "model" => model_check(),
         "mpi-test" => mpi::mpi_test(),
+        "mpi-bench" => mpi::mpi_bench(),
         "xla-test" => xla::xla_test(),
         "xla-oracle" => xla::xla_oracle(),
         "cuda-aot" => cuda::cuda_aot(),

@@ -143,7 +143,8 @@ impl Scratch {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("meshwork-{what}-{}-{stamp}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("meshwork-{what}-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         Ok(Scratch(dir))
     }
@@ -205,17 +206,56 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
     let scratch = Scratch::new("mpi-train")?;
     let (tokens, init) = (nn("tokens.npy"), nn("init.safetensors"));
     let jax: Vec<String> = [
-        "train", "--model", "transformer", "--data-tokens", &tokens, "--init", &init, "--heads",
-        "4", "--batch", "8", "--dtype", "f64", "--optimizer", "adam", "--lr", "0.01", "--quiet",
+        "train",
+        "--model",
+        "transformer",
+        "--data-tokens",
+        &tokens,
+        "--init",
+        &init,
+        "--heads",
+        "4",
+        "--batch",
+        "8",
+        "--dtype",
+        "f64",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--quiet",
     ]
     .iter()
     .map(ToString::to_string)
     .collect();
     let (model, text, tokenizer) = (gpt2("model"), gpt2("corpus.txt"), gpt2("tokenizer.json"));
     let gpt: Vec<String> = [
-        "train", "--model", "gpt2", "--init", &model, "--text", &text, "--tokenizer", &tokenizer,
-        "--seq", "16", "--batch", "4", "--steps", "10", "--optimizer", "adamw", "--lr", "0.003",
-        "--weight-decay", "0.1", "--dtype", "f64", "--quiet", "--cache-dir", &scratch.path("cache"),
+        "train",
+        "--model",
+        "gpt2",
+        "--init",
+        &model,
+        "--text",
+        &text,
+        "--tokenizer",
+        &tokenizer,
+        "--seq",
+        "16",
+        "--batch",
+        "4",
+        "--steps",
+        "10",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.003",
+        "--weight-decay",
+        "0.1",
+        "--dtype",
+        "f64",
+        "--quiet",
+        "--cache-dir",
+        &scratch.path("cache"),
     ]
     .iter()
     .map(ToString::to_string)
@@ -258,7 +298,9 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         }
         let (want, got) = (losses(&one)?, losses(&many)?);
         if !same_losses(&got, &want, 1e-9) {
-            return Err(format!("{what} on {mesh} over {n} ranks: losses {got:?}, one process {want:?}"));
+            return Err(format!(
+                "{what} on {mesh} over {n} ranks: losses {got:?}, one process {want:?}"
+            ));
         }
         println!(
             "mpi-test: meshwork train, {what} on {mesh} over {n} ranks: {} losses equal one process's ({took:.1?})",
@@ -282,14 +324,17 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         .map_err(|e| format!("the step saved over 4 ranks: {e}"))?;
     for r in 0..4 {
         if !index.contains(&format!("\"rank\": {r}")) {
-            return Err(format!("the index of a step saved by 4 ranks names no file of rank {r}:\n{index}"));
+            return Err(format!(
+                "the index of a step saved by 4 ranks names no file of rank {r}:\n{index}"
+            ));
         }
     }
     let whole = scratch.path("whole.json");
     let (ok, out) = run_one(&jax, &["--mesh", "1x1", "--steps", "20", "--losses-json", &whole])?;
     let step8 = format!("{ckpt}/step-00000008");
     // The resumed run takes the checkpoint's weights: no `--init`.
-    let resume: Vec<String> = jax.iter().filter(|a| *a != "--init" && **a != init).cloned().collect();
+    let resume: Vec<String> =
+        jax.iter().filter(|a| *a != "--init" && **a != init).cloned().collect();
     let (ok2, out2) = run_one(
         &resume,
         &["--mesh", "1x1", "--steps", "20", "--resume", &step8, "--losses-json", &resumed],
@@ -302,7 +347,9 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
     if !same_losses(&got, &want, 1e-9) {
         return Err(format!("resumed in one process: {got:?}, the whole run's {want:?}"));
     }
-    println!("mpi-test: a checkpoint written by 4 ranks (each named in its index) resumes in one process on 1x1");
+    println!(
+        "mpi-test: a checkpoint written by 4 ranks (each named in its index) resumes in one process on 1x1"
+    );
     let one_ckpt = scratch.path("ckpt1");
     let back = scratch.path("back.json");
     let (ok, out) = run_one(
@@ -331,24 +378,43 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         scratch.0.display()
     );
     let mut cmd = mpirun(&["sh", "-c", &script]);
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| e.to_string())?;
+    let child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(|e| e.to_string())?;
     let err = String::from_utf8_lossy(&child.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("meshwork")).collect();
     if child.status.code() != Some(2)
         || lines.len() != 1
         || !lines[0].starts_with("meshwork: error: process 1: --data-tokens")
     {
-        return Err(format!("a file missing on rank 1: want exit 2 and one line from it; got {:?}:\n{err}", child.status));
+        return Err(format!(
+            "a file missing on rank 1: want exit 2 and one line from it; got {:?}:\n{err}",
+            child.status
+        ));
     }
     println!("mpi-test: a file missing on one rank: every rank exits 2, one line: {}", lines[0]);
 
     // kill -9 of rank 1 mid-run: the job ends within 60 s; the latest step resumes.
     let ckpt = scratch.path("killed");
     let long: Vec<&str> = vec![
-        exe.as_str(), "train", "--model", "transformer", "--mesh", "2x1", "--steps", "100000",
-        "--checkpoint-every", "5", "--checkpoint-dir", &ckpt, "--quiet",
+        exe.as_str(),
+        "train",
+        "--model",
+        "transformer",
+        "--mesh",
+        "2x1",
+        "--steps",
+        "100000",
+        "--checkpoint-every",
+        "5",
+        "--checkpoint-dir",
+        &ckpt,
+        "--quiet",
     ];
-    let mut job = mpirun(&long).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())?;
+    let mut job = mpirun(&long)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
     let latest = std::path::Path::new(&ckpt).join("latest");
     let start = Instant::now();
     while !latest.exists() && start.elapsed() < Duration::from_secs(120) {
@@ -382,10 +448,23 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
             .map(ToString::to_string)
             .chain([ckpt.clone()])
             .collect::<Vec<_>>(),
-        &["--steps", &(step.trim().trim_start_matches("step-").parse::<usize>().map_err(|e| e.to_string())? + 2).to_string(), "--quiet"],
+        &[
+            "--steps",
+            &(step
+                .trim()
+                .trim_start_matches("step-")
+                .parse::<usize>()
+                .map_err(|e| e.to_string())?
+                + 2)
+            .to_string(),
+            "--quiet",
+        ],
     )?;
     if !ok {
-        return Err(format!("the latest step after kill -9 ({}) does not resume:\n{out}", step.trim()));
+        return Err(format!(
+            "the latest step after kill -9 ({}) does not resume:\n{out}",
+            step.trim()
+        ));
     }
     println!(
         "mpi-test: kill -9 of rank 1: mpirun exited ({status}) {took:.1?} later; {} resumes",
@@ -395,12 +474,29 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
     // SIGTERM to the ranks: they stop after the same step, save it once, exit 130.
     let ckpt = scratch.path("stopped");
     let long: Vec<&str> = vec![
-        exe.as_str(), "train", "--model", "transformer", "--mesh", "2x1", "--steps", "100000",
-        "--checkpoint-every", "100000", "--checkpoint-dir", &ckpt, "--quiet",
+        exe.as_str(),
+        "train",
+        "--model",
+        "transformer",
+        "--mesh",
+        "2x1",
+        "--steps",
+        "100000",
+        "--checkpoint-every",
+        "100000",
+        "--checkpoint-dir",
+        &ckpt,
+        "--quiet",
     ];
-    let mut job = mpirun(&long).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())?;
+    let mut job = mpirun(&long)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
     let start = Instant::now();
-    while (rank_pid(0).is_none() || rank_pid(1).is_none()) && start.elapsed() < Duration::from_secs(60) {
+    while (rank_pid(0).is_none() || rank_pid(1).is_none())
+        && start.elapsed() < Duration::from_secs(60)
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(3));
@@ -426,8 +522,175 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         .filter(|n| n.starts_with("step-"))
         .collect();
     if status.code() != Some(130) || steps.len() != 1 {
-        return Err(format!("SIGTERM to the ranks: want exit 130 and one step saved; got {status}, {steps:?}"));
+        return Err(format!(
+            "SIGTERM to the ranks: want exit 130 and one step saved; got {status}, {steps:?}"
+        ));
     }
     println!("mpi-test: SIGTERM to the ranks: one step saved ({}), exit 130", steps[0]);
+    Ok(())
+}
+
+/// The median of `xs` (not empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// A number after `label` on a line of `out` (`throughput   6123 tokens/s`).
+fn figure(out: &str, label: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.trim_start().starts_with(label))?;
+    line.trim_start()[label.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// A byte figure after `after` on the summary's `processes` line (`1.05 MB`).
+fn bytes_after(out: &str, after: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.trim_start().starts_with("processes"))?;
+    let mut words = line[line.find(after)? + after.len()..].split_whitespace();
+    let value: f64 = words.next()?.trim_start_matches('(').parse().ok()?;
+    let unit = words.next()?.trim_end_matches(')');
+    Some(
+        value
+            * match unit {
+                "GB" => 1e9,
+                "MB" => 1e6,
+                "kB" => 1e3,
+                _ => 1.0,
+            },
+    )
+}
+
+/// `cargo xtask mpi-bench [steps=N] [runs=K]`: the transformer benchmark (V256 T128
+/// D256 H8 L4 F1024, f32, batch 16, Adam) with `meshwork train` built `--release
+/// --features mpi`: 2 ranks under `mpirun` (`--bind-to core`: one core each, and
+/// `--bind-to none`) against 1 process on this machine's cores, on the meshes 2x1
+/// and 2x2, on the interpreter and XLA-CPU; the median tokens/s of K runs each, the
+/// ratio to one process, and rank 0's bytes per step over MPI beside the
+/// collectives' minimum.
+pub(crate) fn mpi_bench() -> Result {
+    let arg = |name: &str, default: usize| {
+        std::env::args().find_map(|a| a.strip_prefix(name)?.parse().ok()).unwrap_or(default)
+    };
+    let (steps, runs) = (arg("steps=", 12), arg("runs=", 3));
+    let plugin = crate::xla::plugin()?;
+    cargo(&["build", "--release", "-p", "meshwork-cli", "--features", "mpi"])?;
+    let exe = workspace_root().join("target/release/meshwork").to_string_lossy().into_owned();
+    let steps_text = steps.to_string();
+    let model = [
+        "train",
+        "--model",
+        "transformer",
+        "--vocab",
+        "256",
+        "--seq",
+        "128",
+        "--dim",
+        "256",
+        "--heads",
+        "8",
+        "--layers",
+        "4",
+        "--ffn",
+        "1024",
+        "--batch",
+        "16",
+        "--dtype",
+        "f32",
+        "--optimizer",
+        "adam",
+        "--no-check",
+        "--steps",
+        steps_text.as_str(),
+    ];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "Transformer V256 T128 D256 H8 L4 F1024, f32, batch 16, Adam, {steps} steps per run, \
+         median of {runs} runs, tokens/s ({cores} cores here):"
+    );
+    println!(
+        "{:<12} {:<5} {:>16} {:>18} {:>6} {:>18} {:>6} {:>14} {:>14}",
+        "back end",
+        "mesh",
+        "1 process",
+        "2 ranks, core",
+        "ratio",
+        "2 ranks, none",
+        "ratio",
+        "MPI B/step",
+        "minimum"
+    );
+    let only = std::env::args().find_map(|a| a.strip_prefix("backend=").map(str::to_string));
+    for backend in ["interpreter", "xla"] {
+        if only.as_deref().is_some_and(|o| o != backend) {
+            continue;
+        }
+        for mesh in ["2x1", "2x2"] {
+            let mut flags: Vec<&str> = model.to_vec();
+            flags.extend(["--mesh", mesh]);
+            if backend == "xla" {
+                flags.extend(["--backend", "xla"]);
+            }
+            let once = |bind: Option<&str>| -> Result<(f64, Option<f64>, Option<f64>)> {
+                let mut cmd = match bind {
+                    None => {
+                        let mut c = Command::new(&exe);
+                        c.args(&flags);
+                        c
+                    }
+                    Some(b) => {
+                        let mut all = vec!["--bind-to", b, exe.as_str()];
+                        all.extend(&flags);
+                        mpirun(&all)
+                    }
+                };
+                cmd.env("MESHWORK_PJRT_PLUGIN", &plugin);
+                let (ok, _, out) = run_for(&mut cmd, Duration::from_secs(600))?;
+                let rate = figure(&out, "throughput").filter(|_| ok).ok_or_else(|| {
+                    format!("{backend} {mesh} {bind:?}: no throughput in:\n{out}")
+                })?;
+                Ok((rate, bytes_after(&out, "sent"), bytes_after(&out, "need")))
+            };
+            let sample = |bind: Option<&str>| -> Result<(f64, Option<f64>, Option<f64>)> {
+                let mut rates = Vec::new();
+                let mut bytes = (None, None);
+                for _ in 0..runs {
+                    let (r, sent, least) = once(bind)?;
+                    rates.push(r);
+                    bytes = (sent, least);
+                }
+                Ok((median(rates), bytes.0, bytes.1))
+            };
+            // A run that fails is reported as such (XLA-CPU's own collectives can
+            // deadlock on a 2x1 mesh on 2 cores: its rendezvous aborts the process).
+            let tried = |bind: Option<&str>| match sample(bind) {
+                Ok(x) => Some(x),
+                Err(e) => {
+                    eprintln!(
+                        "mpi-bench: {backend} {mesh} {bind:?} failed: {}",
+                        e.lines().last().unwrap_or("")
+                    );
+                    None
+                }
+            };
+            let one = tried(None).map(|x| x.0);
+            let (core, sent, least) =
+                tried(Some("core")).map_or((None, None, None), |x| (Some(x.0), x.1, x.2));
+            let none = tried(Some("none")).map(|x| x.0);
+            let b = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
+            let ratio = |x: Option<f64>| match (x, one) {
+                (Some(x), Some(one)) => format!("{:.2}x", x / one),
+                _ => "-".into(),
+            };
+            println!(
+                "{backend:<12} {mesh:<5} {:>16} {:>18} {:>6} {:>18} {:>6} {:>14} {:>14}",
+                b(one),
+                b(core),
+                ratio(core),
+                b(none),
+                ratio(none),
+                b(sent),
+                b(least)
+            );
+        }
+    }
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use meshwork_checkpoint::{
     CheckpointEntry, Error, checkpoint_metadata, checkpoint_variables, read_checkpoint,
-    write_checkpoint,
+    read_checkpoint_parts, write_checkpoint,
 };
 use meshwork_sharding::{HloSharding, Mesh, Mode, NamedSharding};
 use meshwork_types::{DType, Tensor};
@@ -36,6 +36,68 @@ proptest! {
         prop_assert_eq!(&back[0], &v);
         prop_assert_eq!(checkpoint_variables(&ckpt)?, vec![("w".to_string(), DType::F64, vec![4, 6])]);
     }
+
+    /// Any box of a value saved under any sharding reads back as that box of the
+    /// value, reading only the shards it overlaps (the oracle: the value, sliced).
+    #[test]
+    fn prop_any_box_reads_back_as_the_values_slice(
+        named in meshwork_sharding::testing::named_sharding(2),
+        seed in any::<u64>(),
+        rows in (0usize..4).prop_flat_map(|a| (Just(a), a + 1..=4)),
+        cols in (0usize..6).prop_flat_map(|a| (Just(a), a + 1..=6)),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let devices = named.mesh().size();
+        let Ok(sharding) = named.to_sharding(2) else { return Ok(()) };
+        if sharding.index_map(&[4, 6], Mode::Strict).is_err() {
+            return Ok(());
+        }
+        let v = value(seed);
+        let ckpt = dir.path().join("c");
+        write_checkpoint(&ckpt, devices, vec![entry("w", &v, sharding.hlo(), devices)], None)?;
+        let b = vec![rows.0..rows.1, cols.0..cols.1];
+        let got = read_checkpoint_parts(
+            &ckpt,
+            &[("w".into(), DType::F64, vec![4, 6])],
+            &[vec![b.clone(), vec![0..4, 0..6]]],
+        )?;
+        let whole = v.as_array::<f64>().unwrap();
+        let want = whole.slice(ndarray::s![rows.0..rows.1, cols.0..cols.1]).to_owned().into_dyn();
+        prop_assert_eq!(&got[0][0], &Tensor::F64(want));
+        prop_assert_eq!(&got[0][1], &v);
+    }
+}
+
+/// A box read alone still checks what it reads: a damaged shard's checksum, a file
+/// cut short, a box outside the value, a variable of another shape.
+#[test]
+fn a_box_read_alone_refuses_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c");
+    let split: HloSharding = "{devices=[2,1]0,1}".parse().unwrap();
+    let v = value(9);
+    write_checkpoint(&ckpt, 2, vec![entry("w", &v, &split, 2)], None).unwrap();
+    let want = [("w".to_string(), DType::F64, vec![4, 6])];
+    // Rows 0..2 live in shard-0; damaging shard-1 does not stop reading them.
+    let file = ckpt.join("shard-1.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let top = read_checkpoint_parts(&ckpt, &want, &[vec![vec![0..2, 0..6]]]).unwrap();
+    assert_eq!(top[0][0].shape(), &[2, 6]);
+    let e = read_checkpoint_parts(&ckpt, &want, &[vec![vec![1..3, 0..6]]]).unwrap_err();
+    assert!(e.to_string().contains("checksum mismatch"), "{e}");
+    // A box past the value, another shape, then a file cut short (refused before any
+    // read: every file's size is checked first).
+    let e = read_checkpoint_parts(&ckpt, &want, &[vec![vec![0..5, 0..6]]]).unwrap_err();
+    assert!(e.to_string().contains("box"), "{e}");
+    let other = [("w".to_string(), DType::F64, vec![6, 4])];
+    assert!(matches!(read_checkpoint_parts(&ckpt, &other, &[vec![]]), Err(Error::Mismatch { .. })));
+    bytes.pop();
+    std::fs::write(&file, &bytes).unwrap();
+    let e = read_checkpoint_parts(&ckpt, &want, &[vec![vec![0..2, 0..6]]]).unwrap_err();
+    assert!(e.to_string().contains("cut short"), "{e}");
 }
 
 /// Shards a caller holds (uneven ones in XLA's padded layout, the empty trailing

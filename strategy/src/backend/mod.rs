@@ -252,6 +252,17 @@ pub trait SpmdExecutable: Send + Sync {
         (0..self.positions()).map(|r| self.fetch(r, param)).collect()
     }
 
+    /// Copies of every position's part of resident parameter `param`, in the process
+    /// that runs position 0 (`None` in the others): a gather to one process, not to
+    /// all. Across processes every process calls it, as [`fetch_every`](Self::fetch_every).
+    fn fetch_to_first(
+        &self,
+        strategy: &Strategy,
+        param: usize,
+    ) -> Result<Option<Vec<Option<Tensor>>>> {
+        self.fetch_every(strategy, param).map(Some)
+    }
+
     /// Whether position `r` holds a part of resident parameter `param`.
     fn is_set(&self, r: usize, param: usize) -> bool;
 

@@ -195,6 +195,65 @@ impl SpmdExecutable for Spanning {
         Ok(self.gather(strategy, take)?.into_iter().map(|mut l| l.pop()).collect())
     }
 
+    fn fetch_to_first(
+        &self,
+        strategy: &Strategy,
+        param: usize,
+    ) -> Result<Option<Vec<Option<Tensor>>>> {
+        let n = self.positions;
+        let (inner, first) = (self.inner.clone(), self.local.start);
+        let out: Arc<Mutex<Vec<Option<Tensor>>>> = Arc::default();
+        let o = out.clone();
+        run_replicas(
+            strategy.runtime(),
+            &self.placement,
+            Arc::new(move |ctx| {
+                let i = ctx.replica_id() - first;
+                let mine = match inner.fetch(i, param) {
+                    Ok(Some(part)) => part,
+                    Ok(None) => {
+                        return Err(ReplicaError::Program(meshwork_program::Error::Runtime {
+                            at: format!("position {}", first + i),
+                            problem: format!("holds no part of resident parameter {param}"),
+                        }));
+                    }
+                    Err(e) => {
+                        return Err(ReplicaError::Program(meshwork_program::Error::Runtime {
+                            at: format!("position {}", first + i),
+                            problem: e.to_string(),
+                        }));
+                    }
+                };
+                let (mine, was_bool) = numeric(mine);
+                let back = |t: Tensor| if was_bool { boolean(t) } else { t };
+                let mut parts = Vec::with_capacity(n);
+                // Position q's part to position 0, one at a time: only those bytes move.
+                for q in 1..n {
+                    let got = ctx.collective_permute(&[(q, 0)], mine.clone());
+                    let got = got.map_err(ReplicaError::Peer)?;
+                    if ctx.replica_id() == 0 {
+                        parts.push(Some(back(got)));
+                    }
+                }
+                if ctx.replica_id() == 0 {
+                    parts.insert(0, Some(back(mine)));
+                    *lock(&o) = parts;
+                }
+                Ok(())
+            }),
+        )?;
+        if !self.local.contains(&0) {
+            return Ok(None);
+        }
+        let all = std::mem::take(&mut *lock(&out));
+        if all.len() != n {
+            return Err(Error::Compiled {
+                problem: "a gather to position 0 returned nothing".into(),
+            });
+        }
+        Ok(Some(all))
+    }
+
     fn is_set(&self, r: usize, param: usize) -> bool {
         if self.local.contains(&r) {
             self.inner.is_set(r - self.local.start, param)

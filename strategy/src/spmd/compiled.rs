@@ -328,6 +328,35 @@ impl Compiled<'_> {
         join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts)
     }
 
+    /// Resident parameter `name`, assembled in the process that runs mesh position 0
+    /// alone (`None` in the others): across processes the parts are sent to that
+    /// process only, for what one process writes (an export); in one process,
+    /// [`get`](Self::get). Every process calls it.
+    pub fn get_first(&self, name: &str) -> Result<Option<Tensor>> {
+        if !self.strategy.is_multi_process() {
+            return self.get(name).map(Some);
+        }
+        let k = self.param(name)?;
+        if !self.resident[k] {
+            self.resident_only(name)?;
+        }
+        let parts = {
+            let _busy = lock(&self.busy);
+            self.exe.fetch_to_first(self.strategy, k)?
+        };
+        let Some(parts) = parts else { return Ok(None) };
+        let parts = parts
+            .into_iter()
+            .map(|p| {
+                p.ok_or_else(|| Error::Compiled {
+                    problem: format!("resident parameter {name} was never set"),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shape = self.part.global().params()[k].spec.shape.dims().to_vec();
+        join(self.part.mesh(), &self.part.inputs()[k], &shape, &parts).map(Some)
+    }
+
     /// The bytes each mesh position holds of resident parameter `name` between steps,
     /// as its back end reports them (a device buffer's size on XLA).
     pub fn held_bytes(&self, name: &str) -> Result<Vec<u64>> {
@@ -595,6 +624,12 @@ impl CompiledTrainStep<'_> {
     /// Weight (or optimizer state) `name`, assembled from the devices.
     pub fn get(&self, name: &str) -> Result<Tensor> {
         self.compiled.get(name)
+    }
+
+    /// Weight `name` assembled in the process that runs mesh position 0 alone
+    /// ([`Compiled::get_first`]).
+    pub fn get_first(&self, name: &str) -> Result<Option<Tensor>> {
+        self.compiled.get_first(name)
     }
 
     /// The compiled program (its partitioned form, its collectives).

@@ -490,6 +490,46 @@ impl Compiled<'_> {
                 (p.name.clone(), p.spec.dtype, p.spec.shape.dims().to_vec())
             })
             .collect();
+        if self.strategy.is_multi_process() {
+            // Each process reads the boxes its own positions hold, no more.
+            let local = self.exe.local();
+            let mut boxes = Vec::with_capacity(resident.len());
+            let mut owners = Vec::with_capacity(resident.len());
+            for &k in &resident {
+                let p = &params[k];
+                let index = self.sharding_of(k)?.index_map(p.spec.shape.dims(), Mode::Strict)?;
+                let mut distinct: Vec<Vec<std::ops::Range<usize>>> = Vec::new();
+                let mut of = Vec::with_capacity(index.len());
+                for (r, e) in index.into_iter().enumerate() {
+                    if !local.contains(&r) {
+                        of.push(None);
+                        continue;
+                    }
+                    let at = distinct.iter().position(|b| *b == e.ranges).unwrap_or_else(|| {
+                        distinct.push(e.ranges.clone());
+                        distinct.len() - 1
+                    });
+                    of.push(Some(at));
+                }
+                boxes.push(distinct);
+                owners.push(of);
+            }
+            let read = meshwork_checkpoint::read_checkpoint_parts(dir, &wanted, &boxes)?;
+            let extra = meshwork_checkpoint::read_checkpoint(dir, extra)?;
+            let mut parts = Vec::with_capacity(resident.len());
+            for ((&k, got), of) in resident.iter().zip(read).zip(owners) {
+                let dtype = params[k].spec.dtype;
+                let per = of
+                    .into_iter()
+                    .map(|at| match at {
+                        Some(i) => Ok(got[i].clone()),
+                        None => Ok(Tensor::zeros(dtype, &[0])?),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                parts.push((k, per));
+            }
+            return Ok((parts, extra));
+        }
         wanted.extend(extra.iter().cloned());
         let mut values = meshwork_checkpoint::read_checkpoint(dir, &wanted)?;
         let extra = values.split_off(resident.len());

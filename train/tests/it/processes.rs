@@ -267,3 +267,48 @@ fn processes_send_the_collectives_minimum() {
         }
     }
 }
+
+/// Every saver and `--precision` trains over 2 processes as in one: `--fsdp`,
+/// `--remat`, `--grad-accum` and bf16 products (the reference run's f64 weights, on
+/// 2x2), each within 1e-9 of one process's losses; with `--fsdp` a checkpoint's
+/// sharded optimizer state comes from both processes' parts.
+#[test]
+fn every_saver_and_precision_spreads() {
+    let base =
+        Config { mesh: Some((2, 2)), steps: Some(6), ..reference_run(OptimizerKind::Adam, 0.01) };
+    let cases = [
+        Config { fsdp: true, ..base.clone() },
+        Config { remat: true, ..base.clone() },
+        Config { grad_accum: Some(2), ..base.clone() },
+        Config { precision: Some(meshwork_types::DType::BF16), ..base.clone() },
+    ];
+    for config in cases {
+        let want = crate::losses(&Config { check: meshwork_train::Check::Never, ..config.clone() });
+        for (q, report) in spread(&config, 2).iter().enumerate() {
+            assert_close(&report.losses, &want, 1e-9, &format!("{config:?}, process {q}"));
+        }
+    }
+}
+
+/// `--export-hf` of a run over 2 processes: process 0 alone writes the folder (the
+/// weights sent to it, not to every process), the same bytes as one process's export
+/// of the same run.
+#[test]
+fn an_export_is_written_once_by_process_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |out: &str| Config {
+        mesh: Some((2, 1)),
+        steps: Some(2),
+        export_hf: Some(dir.path().join(out)),
+        ..crate::gpt2::adamw_command()
+    };
+    crate::run(&config("one"));
+    for r in spread_with(&config("two"), 2, &[]) {
+        r.unwrap();
+    }
+    for file in ["model.safetensors", "config.json"] {
+        let one = std::fs::read(dir.path().join("one").join(file)).unwrap();
+        let two = std::fs::read(dir.path().join("two").join(file)).unwrap();
+        assert!(one == two, "{file} differs");
+    }
+}
