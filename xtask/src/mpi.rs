@@ -275,7 +275,9 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin);
         run_for(&mut cmd, Duration::from_secs(300))
     };
-    let cases: [(&str, &[String], usize, &str, &[&str]); 6] = [
+    // (what, arguments, ranks, mesh, more flags)
+    type Case<'a> = (&'a str, &'a [String], usize, &'a str, &'a [&'a str]);
+    let cases: [Case<'_>; 6] = [
         ("JAX's transformer case", &jax, 2, "2x1", &["--steps", "20"]),
         ("JAX's transformer case", &jax, 2, "2x2", &["--steps", "20"]),
         ("JAX's transformer case", &jax, 4, "2x2", &["--steps", "20"]),
@@ -425,7 +427,7 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         let _ = job.kill();
         return Err("kill -9: no rank 1 to kill (did the run start?)".into());
     };
-    run(&mut Command::new("kill").args(["-9", &pid.to_string()]))?;
+    run(Command::new("kill").args(["-9", &pid.to_string()]))?;
     let killed = Instant::now();
     let status = loop {
         if let Some(s) = job.try_wait().map_err(|e| e.to_string())? {
@@ -502,7 +504,7 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
     std::thread::sleep(Duration::from_secs(3));
     for r in 0..2 {
         if let Some(pid) = rank_pid(r) {
-            run(&mut Command::new("kill").args(["-TERM", &pid.to_string()]))?;
+            run(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
         }
     }
     let status = loop {

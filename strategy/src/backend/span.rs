@@ -358,7 +358,7 @@ impl SpmdExecutable for Spanning {
                         step.iter()
                             .map(|copy| match copy {
                                 Some(t) => t.clone(),
-                                None => flat.next().unwrap_or_else(|| copy_placeholder()),
+                                None => flat.next().unwrap_or_else(copy_placeholder),
                             })
                             .collect()
                     })
