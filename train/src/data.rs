@@ -343,6 +343,47 @@ pub fn encode(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>>
     Ok(encoding.get_ids().to_vec())
 }
 
+/// Of the token rows `[N, T + 1]` of a `.npy` file, only those `wanted(N)` marks, read
+/// alone (each row's bytes, nothing else of the data), checked as
+/// [`token_rows_of_npy`] checks them: `N`, the rows read packed, and each row's place
+/// among them (`u32::MAX`: not read). Within `limit` bytes of the rows read.
+pub(crate) fn token_rows_of_npy_wanted(
+    flag: &str,
+    path: &Path,
+    (vocab, seq): (usize, usize),
+    limit: u64,
+    wanted: &dyn Fn(usize) -> Vec<bool>,
+) -> Result<(usize, Vec<i32>, Vec<u32>)> {
+    let width = seq + 1;
+    let shown = path.display();
+    let (shape, rows, x) = npy::read_rows(flag, path, limit, &|shape: &[usize]| {
+        if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
+            return Err(format!(
+                "{shown} has shape {shape:?}; want [rows, {width}] (--seq {seq} + 1)"
+            ));
+        }
+        Ok(wanted(shape[0]))
+    })?;
+    let n = shape[0];
+    let mut index = vec![u32::MAX; n];
+    let mut tokens = Vec::with_capacity(x.len());
+    for (k, &r) in rows.iter().enumerate() {
+        index[r] = k as u32;
+        for (c, &t) in x[k * width..(k + 1) * width].iter().enumerate() {
+            if t.fract() != 0.0 || t < 0.0 || t >= vocab as f64 {
+                return Err(Error::flag(
+                    flag,
+                    format!(
+                        "{shown}: row {r}, column {c} holds {t}, not a token id below --vocab {vocab}"
+                    ),
+                ));
+            }
+            tokens.push(t as i32);
+        }
+    }
+    Ok((n, tokens, index))
+}
+
 /// Token rows `[N, T + 1]` of ids below `vocab` from a `.npy` file, within `limit` bytes.
 pub fn token_rows_of_npy(
     path: &Path,
@@ -380,8 +421,10 @@ pub fn token_rows_of_npy(
 /// The rows a run reads, as the model takes them.
 #[derive(Debug, Clone)]
 pub(crate) enum Examples {
-    /// Token rows `[N, T+1]`.
-    Tokens { width: usize, tokens: Vec<i32> },
+    /// Token rows `[N, T+1]`: all of them, or (`index`) only the rows a process of a
+    /// spread run trains on, row `r` at `index[r]` of `tokens` (`u32::MAX`: not read,
+    /// fed as zeros to the positions of other processes, which drop them).
+    Tokens { width: usize, tokens: Vec<i32>, index: Option<Vec<u32>> },
     /// Inputs `[N, dims…]` (images, features) and class ids.
     Images { per: usize, dims: Vec<usize>, x: Vec<f64>, y: Vec<i32> },
 }
@@ -389,18 +432,21 @@ pub(crate) enum Examples {
 impl Examples {
     /// A CRC-32C of the rows (their values, labels and shape): a resumed run tells
     /// whether it reads the data the checkpoint's run read.
-    pub(crate) fn fingerprint(&self) -> u32 {
+    ///
+    /// `None` for rows read in part (a process of a spread run).
+    pub(crate) fn fingerprint(&self) -> Option<u32> {
         match self {
-            Examples::Tokens { width, tokens } => {
+            Examples::Tokens { index: Some(_), .. } => None,
+            Examples::Tokens { width, tokens, index: None } => {
                 let crc = crc32c::crc32c(&(*width as u64).to_le_bytes());
-                tokens.iter().fold(crc, |c, t| crc32c::crc32c_append(c, &t.to_le_bytes()))
+                Some(tokens.iter().fold(crc, |c, t| crc32c::crc32c_append(c, &t.to_le_bytes())))
             }
             Examples::Images { dims, x, y, .. } => {
                 let crc = dims
                     .iter()
                     .fold(0, |c, d| crc32c::crc32c_append(c, &(*d as u64).to_le_bytes()));
                 let crc = x.iter().fold(crc, |c, v| crc32c::crc32c_append(c, &v.to_le_bytes()));
-                y.iter().fold(crc, |c, l| crc32c::crc32c_append(c, &l.to_le_bytes()))
+                Some(y.iter().fold(crc, |c, l| crc32c::crc32c_append(c, &l.to_le_bytes())))
             }
         }
     }
@@ -410,10 +456,19 @@ impl Examples {
     pub(crate) fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>> {
         let failed = |e: meshwork_types::Error| Error::failed(e);
         match self {
-            Examples::Tokens { width, tokens } => {
+            Examples::Tokens { width, tokens, index } => {
                 let mut out = Vec::with_capacity(idx.len() * width);
                 for &r in idx {
-                    out.extend_from_slice(&tokens[r * width..(r + 1) * width]);
+                    let at = match index {
+                        None => Some(r),
+                        Some(index) => {
+                            index.get(r).filter(|&&k| k != u32::MAX).map(|&k| k as usize)
+                        }
+                    };
+                    match at {
+                        Some(k) => out.extend_from_slice(&tokens[k * width..(k + 1) * width]),
+                        None => out.extend(std::iter::repeat_n(0, *width)),
+                    }
                 }
                 Ok(vec![Tensor::i32(&[idx.len(), *width], out).map_err(failed)?])
             }

@@ -33,6 +33,89 @@ impl From<String> for Problem {
     }
 }
 
+/// The rows of a `.npy` file of at least one dim that `wanted(shape)` marks (or a
+/// refusal in its words), each read alone at its offset, nothing else of the data:
+/// its shape, the rows read in order, and their values as f64 (each row's elements in
+/// turn). The header is checked as [`read`] checks it; `limit` bounds what the rows
+/// read take.
+pub(crate) fn read_rows(
+    flag: &str,
+    path: &Path,
+    limit: u64,
+    wanted: &dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String>,
+) -> Result<(Vec<usize>, Vec<usize>, Vec<f64>)> {
+    use std::os::unix::fs::FileExt;
+    let fail = |t: String| Error::flag(flag, t);
+    let shown = path.display().to_string();
+    let (mut file, size) = open_regular(&format!("--{flag}"), path)?;
+    let (header, start) = read_header(&mut file, size, &shown).map_err(fail)?;
+    let Some(&n) = header.shape.first() else {
+        return Err(fail(format!("{shown} holds a scalar, not rows")));
+    };
+    let bad = |e: String| fail(format!("{shown} is not a readable .npy file: {e}"));
+    let want = header.count.checked_mul(header.size).ok_or_else(|| bad("too large".into()))?;
+    if size - start as u64 != want as u64 {
+        return Err(bad(format!(
+            "the header declares {want} data bytes (shape {:?} of {}), the file holds {}",
+            header.shape,
+            header.descr,
+            size - start as u64
+        )));
+    }
+    let marks = wanted(&header.shape).map_err(fail)?;
+    let per = if n == 0 { 0 } else { header.count / n };
+    let rows: Vec<usize> = (0..n).filter(|&r| marks.get(r).copied().unwrap_or(false)).collect();
+    let bytes = rows.len().saturating_mul(per).saturating_mul(header.size + 8);
+    if bytes as u64 > limit {
+        return Err(bad(format!(
+            "its {} rows read here need more than the {limit}-byte limit (--max-memory)",
+            rows.len()
+        )));
+    }
+    let row_bytes = per * header.size;
+    let mut values = Vec::with_capacity(rows.len() * per);
+    let mut buf = vec![0u8; row_bytes];
+    let row_header =
+        Header { descr: header.descr.clone(), shape: vec![per], count: per, size: header.size };
+    for &r in &rows {
+        file.read_exact_at(&mut buf, (start + r * row_bytes) as u64)
+            .map_err(|e| bad(format!("row {r} cut short ({e})")))?;
+        values.extend(decode(&row_header, &buf).map_err(bad)?.iter());
+    }
+    Ok((header.shape, rows, values))
+}
+
+/// A `.npy` file's header, read from `file` (of `size` bytes), and where its data
+/// start.
+fn read_header(
+    file: &mut std::fs::File,
+    size: u64,
+    shown: &str,
+) -> std::result::Result<(Header, usize), String> {
+    let cannot = |e: std::io::Error| format!("cannot read {shown}: {e}");
+    let bad = |e: String| format!("{shown} is not a readable .npy file: {e}");
+    let mut head = [0u8; 12];
+    let got = read_up_to(file, &mut head[..10]).map_err(cannot)?;
+    if got < 10 || &head[..6] != b"\x93NUMPY" {
+        return Err(bad("no NumPy magic".into()));
+    }
+    let (len, start) = match head[6] {
+        1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
+        2 | 3 => {
+            file.read_exact(&mut head[10..12])
+                .map_err(|e| bad(format!("header cut short ({e})")))?;
+            (u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize, 12)
+        }
+        v => return Err(bad(format!("unsupported format version {v}"))),
+    };
+    if len > MAX_HEADER || (start + len) as u64 > size {
+        return Err(bad(format!("its header claims {len} bytes, more than the file holds")));
+    }
+    let mut bytes = vec![0u8; len];
+    file.read_exact(&mut bytes).map_err(|e| bad(format!("header cut short ({e})")))?;
+    Ok((parse_header(&bytes).map_err(bad)?, start + len))
+}
+
 fn read_within(flag: &str, path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, Problem> {
     let shown = path.display().to_string();
     let cannot = |e: std::io::Error| format!("cannot read {shown}: {e}");

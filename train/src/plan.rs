@@ -459,6 +459,20 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         }
         check_memory(need.total() + extra, limit)
     };
+    // Spread over processes, each reads only the rows its positions train on.
+    let share = config.processes.as_ref().filter(|p| p.count() > 1 && place.stages == 1).map(|p| {
+        crate::processes::Share {
+            processes: p.clone(),
+            slots: p.slots(place.mesh, run.batch, run.savers.micro),
+            batch: run.batch,
+            steps: saved.as_ref().map_or(0, |s| s.step)..run.steps,
+            shuffle: config.shuffle.then_some(config.seed),
+            held_out: config
+                .eval_every
+                .filter(|&e| e > 0)
+                .map(|_| config.eval_fraction.unwrap_or(0.1)),
+        }
+    });
     let ctx = Ctx {
         config,
         mesh: place.mesh,
@@ -467,6 +481,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         init: &init,
         saved: saved.as_ref(),
         memory: &memory,
+        share: share.as_ref(),
     };
     let resolved = family.resolve(&ctx)?;
     let net = resolved.net;
@@ -662,7 +677,7 @@ fn record(
         Data::Npy { x, .. } => serde_json::json!([null, null, x]),
     };
     meta["rows"] = rows_all.into();
-    meta["data_fingerprint"] = examples.fingerprint().into();
+    meta["data_fingerprint"] = serde_json::json!(examples.fingerprint());
     let held = if eval_every > 0 { (fraction * rows_all as f64).ceil() as usize } else { 0 };
     let rows = rows_all - held.min(rows_all);
     if eval_every > 0 && (held < run.batch || rows == 0) {
@@ -900,8 +915,12 @@ fn compare(
     }
     let other_data = match saved.origin {
         Origin::Trainer => {
-            theirs.get("data_fingerprint").is_some_and(|f| *f != meta["data_fingerprint"])
-                || theirs.get("rows").is_some_and(|r| *r != meta["rows"])
+            // A process that read only its rows has no fingerprint of them all.
+            theirs.get("data_fingerprint").is_some_and(|f| {
+                !f.is_null()
+                    && !meta["data_fingerprint"].is_null()
+                    && *f != meta["data_fingerprint"]
+            }) || theirs.get("rows").is_some_and(|r| *r != meta["rows"])
         }
         Origin::MainJob => {
             let fp = classification.map(Classification::fingerprint);

@@ -36,6 +36,9 @@ struct Inner {
     link: Arc<dyn Interconnect>,
     /// One device joined to the link: the agreements' runs.
     runtime: Runtime,
+    /// The failure an agreement returned: every later agreement returns it without
+    /// meeting the others (who returned it too, and will not agree again).
+    settled: std::sync::Mutex<Option<Error>>,
 }
 
 impl std::fmt::Debug for Processes {
@@ -78,7 +81,8 @@ impl Processes {
         let runtime = Runtime::new(1)
             .map_err(|e| Error::failed(format!("processes: {e}")))?
             .with_interconnect(link.clone());
-        Ok(Processes { inner: Arc::new(Inner { link, runtime }) })
+        let settled = std::sync::Mutex::new(None);
+        Ok(Processes { inner: Arc::new(Inner { link, runtime, settled }) })
     }
 
     /// This process, `0..count()`.
@@ -100,6 +104,24 @@ impl Processes {
     /// count).
     pub fn bytes_sent(&self) -> u64 {
         self.inner.link.bytes_sent()
+    }
+
+    /// The slots of each batch (of `batch` rows, cut into `micro` consecutive
+    /// micro-batches, each split over the data axis) that this process's positions
+    /// train on, on a `data x model` mesh whose positions spread over the processes
+    /// in order (data-major): their rows go to no other process's devices.
+    pub(crate) fn slots(
+        &self,
+        (data, model): (usize, usize),
+        batch: usize,
+        micro: usize,
+    ) -> Vec<usize> {
+        let local = data * model / self.count().max(1);
+        let first = self.process() * local;
+        let (lo, hi) = (first / model.max(1), (first + local - 1) / model.max(1));
+        let part = batch / micro.max(1);
+        let per = part / data.max(1);
+        (0..micro.max(1)).flat_map(|j| j * part + lo * per..j * part + (hi + 1) * per).collect()
     }
 
     /// The job's link, for the runtime that runs the mesh.
@@ -155,8 +177,28 @@ impl Processes {
     ///
     /// Every point where the processes meet between steps is this one agreement, so
     /// any two pair up: a process that failed and one that is about to stop learn the
-    /// same thing. Once it returns a failure, no process agrees again.
+    /// same thing. Once it returns a failure, no process agrees again: a later call
+    /// returns that failure at once.
     pub fn agree<T>(&self, mine: Result<T>, stop: bool) -> Result<(T, bool)> {
+        let settled = self.inner.settled.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(e) = settled {
+            return Err(e);
+        }
+        let agreed = self.agree_now(mine, stop);
+        if let Err(e) = &agreed {
+            *self.inner.settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
+        }
+        agreed
+    }
+
+    /// Process 0's `mine`, agreed by every process (the others' own outcomes count
+    /// as in [`agree`](Self::agree); their values are not used).
+    pub(crate) fn lead_says(&self, mine: Result<bool>) -> Result<bool> {
+        let says = self.leads() && matches!(mine, Ok(true));
+        self.agree(mine.map(|_| ()), says).map(|((), said)| said)
+    }
+
+    fn agree_now<T>(&self, mine: Result<T>, stop: bool) -> Result<(T, bool)> {
         let status = match &mine {
             Ok(_) => vec![0, 0, i64::from(stop)],
             Err(e) => vec![code(e), i64::from(!secondary(&e.to_string())), i64::from(stop)],
@@ -189,5 +231,158 @@ impl Processes {
             2 => Error::Usage(message),
             _ => Error::Failed(message),
         })
+    }
+}
+
+/// What one process of a spread run trains on, so that it reads only those rows of
+/// its data: the batch slots its positions take (their rows go to no other process's
+/// devices), the steps it runs, the row order, and the held-out rows (which every
+/// process evaluates on).
+#[derive(Debug, Clone)]
+pub(crate) struct Share {
+    pub(crate) processes: Processes,
+    pub(crate) slots: Vec<usize>,
+    pub(crate) batch: usize,
+    pub(crate) steps: std::ops::Range<usize>,
+    /// `--shuffle`'s seed.
+    pub(crate) shuffle: Option<u64>,
+    /// `--eval-fraction` when the run evaluates.
+    pub(crate) held_out: Option<f64>,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl Share {
+    /// Of `n` rows, the ones this process reads: those its slots take over its steps
+    /// (as the trainer orders them, [`Rows`](crate::trainer::Rows)), and the held-out
+    /// rows. Unshuffled rows repeat every `rows / gcd(rows, B)` steps, so no more are
+    /// looked at; shuffled ones, until every row is taken or as many examples as 16
+    /// passes over the rows have been looked at (then all are read).
+    pub(crate) fn wanted(&self, n: usize) -> Vec<bool> {
+        let held = self.held_out.map_or(0, |f| ((f * n as f64).ceil() as usize).min(n));
+        let rows = n - held;
+        let mut want = vec![false; n];
+        want[rows..].iter_mut().for_each(|w| *w = true);
+        if rows == 0 || self.batch == 0 {
+            return want;
+        }
+        let mut order = crate::trainer::Rows::order(rows, self.shuffle);
+        let period = match self.shuffle {
+            None => rows / gcd(rows, self.batch),
+            Some(_) => usize::MAX,
+        };
+        let end = self.steps.end.min(self.steps.start.saturating_add(period));
+        let budget = rows.saturating_mul(16);
+        let (mut taken, mut looked) = (0, 0usize);
+        for s in self.steps.start..end {
+            for &i in &self.slots {
+                let r = order.row(s * self.batch + i);
+                if !want[r] {
+                    want[r] = true;
+                    taken += 1;
+                }
+                looked += 1;
+            }
+            if taken == rows {
+                break;
+            }
+            if looked > budget {
+                want.iter_mut().for_each(|w| *w = true);
+                break;
+            }
+        }
+        want
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn share(
+        slots: Vec<usize>,
+        batch: usize,
+        steps: std::ops::Range<usize>,
+        shuffle: Option<u64>,
+        held: Option<f64>,
+    ) -> Share {
+        let link = meshwork_strategy::executor::LoopbackInterconnect::group(1).remove(0);
+        Share {
+            processes: Processes::new(link).unwrap(),
+            slots,
+            batch,
+            steps,
+            shuffle,
+            held_out: held,
+        }
+    }
+
+    proptest! {
+        /// The rows a process reads are exactly those the trainer's order gives its
+        /// slots over its steps (every step looked at, no shortcut), and the held-out
+        /// rows — a re-simulation of the run as the oracle; past the look-ahead
+        /// budget, a superset of them.
+        #[test]
+        fn prop_the_rows_read_are_the_rows_trained_on(
+            n in 1usize..60,
+            batch in 1usize..12,
+            cut in 0usize..12,
+            first in 0usize..10,
+            len in 0usize..40,
+            shuffle in proptest::option::of(any::<u64>()),
+            held in proptest::option::of(0.05f64..0.5),
+        ) {
+            let cut = cut.min(batch);
+            let (a, b) = if cut == 0 { (0, batch) } else { (cut, batch) };
+            let s = share((a..b).collect(), batch, first..first + len, shuffle, held);
+            let got = s.wanted(n);
+            let held_rows = held.map_or(0, |f| ((f * n as f64).ceil() as usize).min(n));
+            let rows = n - held_rows;
+            let mut want = vec![false; n];
+            want[rows..].iter_mut().for_each(|w| *w = true);
+            if rows > 0 {
+                let mut order = crate::trainer::Rows::order(rows, shuffle);
+                for step in first..first + len {
+                    for i in a..b {
+                        want[order.row(step * batch + i)] = true;
+                    }
+                }
+            }
+            if len * (b - a) > 16 * rows {
+                // Past the look-ahead budget every row may be read: never fewer.
+                prop_assert!(got.iter().zip(&want).all(|(g, w)| *g || !*w));
+            } else {
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    /// Two processes of a 2x1 mesh take disjoint halves of each batch; on a 2x2 mesh
+    /// of 4 processes, each pair of a data row takes the same half.
+    #[test]
+    fn each_process_takes_its_data_positions_slots() {
+        let links = meshwork_strategy::executor::LoopbackInterconnect::group(2);
+        let p: Vec<Processes> = links.into_iter().map(|l| Processes::new(l).unwrap()).collect();
+        let r = |a: usize, b: usize| (a..b).collect::<Vec<_>>();
+        assert_eq!(p[0].slots((2, 1), 8, 1), r(0, 4));
+        assert_eq!(p[1].slots((2, 1), 8, 1), r(4, 8));
+        assert_eq!(p[0].slots((2, 2), 8, 1), r(0, 4));
+        assert_eq!(p[1].slots((2, 2), 8, 1), r(4, 8));
+        // 2 micro-batches of 4 rows, each split over the data axis.
+        assert_eq!(p[0].slots((2, 1), 8, 2), [0, 1, 4, 5]);
+        assert_eq!(p[1].slots((2, 1), 8, 2), [2, 3, 6, 7]);
+        let links = meshwork_strategy::executor::LoopbackInterconnect::group(4);
+        let p: Vec<Processes> = links.into_iter().map(|l| Processes::new(l).unwrap()).collect();
+        let slots: Vec<_> = p.iter().map(|p| p.slots((2, 2), 8, 1)).collect();
+        assert_eq!(slots, [r(0, 4), r(0, 4), r(4, 8), r(4, 8)]);
+        // One process holding a whole data row and half the next (3x2 over 2).
+        let links = meshwork_strategy::executor::LoopbackInterconnect::group(2);
+        let p: Vec<Processes> = links.into_iter().map(|l| Processes::new(l).unwrap()).collect();
+        assert_eq!(p[0].slots((3, 2), 6, 1), r(0, 4));
+        assert_eq!(p[1].slots((3, 2), 6, 1), r(2, 6));
     }
 }

@@ -664,31 +664,39 @@ impl<'s> Running<'s> {
 
 /// Which rows each step trains on: step `s` takes rows `s·B … s·B+B−1` (mod the rows),
 /// or with `--shuffle` those of a per-epoch permutation drawn from the seed.
-struct Rows {
+pub(crate) struct Rows {
     order: (usize, Vec<usize>),
+    rows: usize,
+    shuffle: Option<u64>,
 }
 
 impl Rows {
-    fn new(_: &Plan) -> Rows {
-        Rows { order: (usize::MAX, Vec::new()) }
+    /// The order of `rows` training rows (`shuffle`: the seed of `--shuffle`).
+    pub(crate) fn order(rows: usize, shuffle: Option<u64>) -> Rows {
+        Rows { order: (usize::MAX, Vec::new()), rows, shuffle }
+    }
+
+    fn new(p: &Plan) -> Rows {
+        Rows::order(p.rows, p.shuffle.then_some(p.seed))
+    }
+
+    /// The row the `k`-th example of the run (step `k / B`, slot `k % B`) is.
+    pub(crate) fn row(&mut self, k: usize) -> usize {
+        let rows = self.rows.max(1);
+        match self.shuffle {
+            Some(seed) => {
+                if self.order.0 != k / rows {
+                    self.order = (k / rows, permutation(seed, k / rows, rows));
+                }
+                self.order.1[k % rows]
+            }
+            None => k % rows,
+        }
     }
 
     /// Step `s`'s feeds.
     fn batch(&mut self, p: &Plan, s: usize) -> Result<Vec<Tensor>> {
-        let (rows, batch) = (p.rows, p.batch);
-        let mut idx = Vec::with_capacity(batch);
-        for i in 0..batch {
-            let k = s * batch + i;
-            let r = if p.shuffle {
-                if self.order.0 != k / rows {
-                    self.order = (k / rows, permutation(p.seed, k / rows, rows));
-                }
-                self.order.1[k % rows]
-            } else {
-                k % rows
-            };
-            idx.push(r);
-        }
+        let idx: Vec<usize> = (0..p.batch).map(|i| self.row(s * p.batch + i)).collect();
         p.examples.batch(&idx, p.dtype)
     }
 }

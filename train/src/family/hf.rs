@@ -132,8 +132,14 @@ impl Family for HfFamily {
         };
         let tokenizer = tokenizer(config, folder)?;
         let vocab = net.model().decoder().map_or(0, |d| d.vocab());
-        let (examples, rows, warning) =
-            token_data(config, (vocab, seq), tokenizer.as_deref(), Bytes::AtLeast, ctx.limit)?;
+        let (examples, rows, warning) = token_data(
+            config,
+            (vocab, seq),
+            tokenizer.as_deref(),
+            Bytes::AtLeast,
+            ctx.limit,
+            ctx.share,
+        )?;
         let mut resolved = Resolved::new(net.clone(), examples, rows);
         resolved.warnings.extend(warning);
         resolved.shards = shards;

@@ -89,6 +89,8 @@ pub(crate) struct Ctx<'a> {
     /// Refuses a model whose run would hold more than `--max-memory` (before its data
     /// are read).
     pub(crate) memory: &'a dyn Fn(&Net) -> Result<()>,
+    /// Across processes: the rows this process trains on (it reads only those).
+    pub(crate) share: Option<&'a crate::processes::Share>,
 }
 
 /// A family's resolution of a run: the model, its rows and what came with them.
@@ -254,14 +256,46 @@ pub(crate) enum Bytes {
 /// `--data-tokens`, or `--text` (through `tokenizer` when there is one, its rows cached
 /// under `--cache-dir`, else its bytes as tokens as `bytes` allows); and a warning when
 /// the encoded rows could not be cached.
+///
+/// Across processes (`share`), each process reads only the rows it trains on: of
+/// `--data-tokens` directly, of `--text` from the token cache, which process 0 fills
+/// (encoding the text once) while the others wait; without a cache every process
+/// encodes the text.
 pub(crate) fn token_data(
     config: &Config,
     (vocab, seq): (usize, usize),
     tokenizer: Option<&Path>,
     bytes: Bytes,
     limit: u64,
+    share: Option<&crate::processes::Share>,
 ) -> Result<(Examples, usize, Option<String>)> {
     let mut warning = None;
+    if let Some(share) = share {
+        let wanted = |n: usize| share.wanted(n);
+        let read = |flag: &str, file: &Path| {
+            let (n, tokens, index) =
+                data::token_rows_of_npy_wanted(flag, file, (vocab, seq), limit, &wanted)?;
+            Ok((Examples::Tokens { width: seq + 1, tokens, index: Some(index) }, n, None))
+        };
+        match (&config.data, tokenizer, config.cache_dir.as_deref()) {
+            (Data::Tokens(path), _, _) => return read("data-tokens", path),
+            (Data::Text(path), Some(tokenizer), Some(cache)) => {
+                let procs = &share.processes;
+                let made = if procs.leads() {
+                    crate::tokenize::token_rows(path, tokenizer, vocab, seq, limit, Some(cache))
+                        .map(|rows| rows.cached.is_some())
+                } else {
+                    Ok(false)
+                };
+                // Every process learns whether process 0 cached the rows.
+                if procs.lead_says(made)? {
+                    let key = crate::tokenize::cache_key(path, tokenizer, seq + 1)?;
+                    return read("cache-dir", &crate::tokenize::cache_file(cache, &key));
+                }
+            }
+            _ => {}
+        }
+    }
     let (n, tokens) = match &config.data {
         Data::BuiltIn => data::token_rows_synthetic(config.seed, vocab, seq),
         Data::Text(path) => match tokenizer {
@@ -300,7 +334,7 @@ pub(crate) fn token_data(
         Data::Tokens(path) => data::token_rows_of_npy(path, vocab, seq, limit)?,
         Data::Npy { .. } => unreachable!("a language model refuses --data-x first"),
     };
-    Ok((Examples::Tokens { width: seq + 1, tokens }, n, warning))
+    Ok((Examples::Tokens { width: seq + 1, tokens, index: None }, n, warning))
 }
 
 /// Every weight the model has is in the `--init` file, of its shape.

@@ -61,8 +61,14 @@ impl Family for TransformerFamily {
         }
         let net = Net::new(model);
         (ctx.memory)(&net)?;
-        let (examples, rows, _) =
-            token_data(config, (model.vocab, model.seq), None, Bytes::Exactly, ctx.limit)?;
+        let (examples, rows, _) = token_data(
+            config,
+            (model.vocab, model.seq),
+            None,
+            Bytes::Exactly,
+            ctx.limit,
+            ctx.share,
+        )?;
         Ok(Resolved::new(net, examples, rows))
     }
 }

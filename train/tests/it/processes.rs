@@ -312,3 +312,56 @@ fn an_export_is_written_once_by_process_0() {
         assert!(one == two, "{file} differs");
     }
 }
+
+/// Each process reads only the rows it trains on: a token id out of range in a row
+/// only process 1 trains on is refused by process 1 (named), one in a row no step of
+/// the run takes is never read, and the run over 2 processes still matches JAX. The
+/// GPT-2 case from its text over 2 processes: process 0 encodes the text into the
+/// cache once, every process reads its rows from there.
+#[test]
+fn each_process_reads_only_the_rows_it_trains_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let npy = std::fs::read(crate::reference("tokens.npy")).unwrap();
+    let start = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    let at = |row: usize, col: usize| start + 4 * (row * 17 + col);
+    let poke = |row: usize, name: &str| {
+        let mut bad = npy.clone();
+        bad[at(row, 3)..at(row, 3) + 4].copy_from_slice(&999i32.to_le_bytes());
+        let path = dir.path().join(name);
+        std::fs::write(&path, bad).unwrap();
+        path
+    };
+    // 20 steps of 8 rows on 2x1: process 1 takes rows s·8+4..s·8+8, s < 20.
+    let config = |tokens| Config {
+        mesh: Some((2, 1)),
+        data: Data::Tokens(tokens),
+        ..reference_run(OptimizerKind::Adam, 0.01)
+    };
+    for r in spread_with(&config(poke(5, "row5.npy")), 2, &[]) {
+        match r {
+            Err(Error::Usage(m)) => {
+                assert!(m.starts_with("process 1: --data-tokens") && m.contains("row 5"), "{m}")
+            }
+            other => panic!("want process 1's refusal, got {other:?}"),
+        }
+    }
+    let want = expected("losses_adam");
+    for report in spread(&config(poke(200, "row200.npy")), 2) {
+        assert_close(&report.losses, &want, 1e-9, "a bad row no step takes");
+    }
+
+    let cache = dir.path().join("cache");
+    let gpt = Config {
+        mesh: Some((2, 1)),
+        init: Some(crate::testdata("gpt2/model")),
+        data: Data::Text(crate::testdata("gpt2/corpus.txt")),
+        tokenizer: Some(crate::testdata("gpt2/tokenizer.json")),
+        cache_dir: Some(cache.clone()),
+        ..crate::gpt2::adamw_command()
+    };
+    let want = crate::gpt2::losses_adamw();
+    for report in spread(&gpt, 2) {
+        assert_close(&report.losses, &want, 1e-9, "GPT-2 from text over 2 processes");
+    }
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1, "one cache file");
+}
