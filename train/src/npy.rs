@@ -33,6 +33,9 @@ impl From<String> for Problem {
     }
 }
 
+/// Which rows of a file of a shape to read, or why its shape will not do.
+pub(crate) type Wanted = dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String>;
+
 /// The rows of a `.npy` file of at least one dim that `wanted(shape)` marks (or a
 /// refusal in its words), each read alone at its offset, nothing else of the data:
 /// its shape, the rows read in order, and their values as f64 (each row's elements in
@@ -42,7 +45,7 @@ pub(crate) fn read_rows(
     flag: &str,
     path: &Path,
     limit: u64,
-    wanted: &dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String>,
+    wanted: &Wanted,
 ) -> Result<(Vec<usize>, Vec<usize>, Vec<f64>)> {
     use std::os::unix::fs::FileExt;
     let fail = |t: String| Error::flag(flag, t);
@@ -63,7 +66,7 @@ pub(crate) fn read_rows(
         )));
     }
     let marks = wanted(&header.shape).map_err(fail)?;
-    let per = if n == 0 { 0 } else { header.count / n };
+    let per = header.count.checked_div(n).unwrap_or(0);
     let rows: Vec<usize> = (0..n).filter(|&r| marks.get(r).copied().unwrap_or(false)).collect();
     let bytes = rows.len().saturating_mul(per).saturating_mul(header.size + 8);
     if bytes as u64 > limit {
