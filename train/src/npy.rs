@@ -34,7 +34,7 @@ impl From<String> for Problem {
 }
 
 /// Which rows of a file of a shape to read, or why its shape will not do.
-pub(crate) type Wanted = dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String>;
+pub(crate) type Wanted<'a> = dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String> + 'a;
 
 /// The rows of a `.npy` file of at least one dim that `wanted(shape)` marks (or a
 /// refusal in its words), each read alone at its offset, nothing else of the data:
@@ -45,7 +45,7 @@ pub(crate) fn read_rows(
     flag: &str,
     path: &Path,
     limit: u64,
-    wanted: &Wanted,
+    wanted: &Wanted<'_>,
 ) -> Result<(Vec<usize>, Vec<usize>, Vec<f64>)> {
     use std::os::unix::fs::FileExt;
     let fail = |t: String| Error::flag(flag, t);
