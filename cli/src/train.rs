@@ -129,20 +129,15 @@ pub(crate) fn launcher_rank() -> Option<usize> {
 /// The job's processes, joined over MPI (kept alive by the returned guard, which
 /// finalises MPI when dropped): `None` in a process started alone.
 #[cfg(feature = "mpi")]
-fn join_job() -> Result<Option<(meshwork_train::Processes, meshwork_executor::mpi::Mpi)>, Exit> {
+fn join_job() -> Result<Option<(meshwork_train::Processes, meshwork_train::Mpi)>, Exit> {
     if launcher_ranks().is_none() {
         return Ok(None);
     }
-    let mpi = meshwork_executor::mpi::Mpi::init(None)
-        .map_err(|e| Exit::Usage(format!("cannot join the MPI job: {e}")))?;
-    if mpi.processes() < 2 {
-        return Ok(None);
-    }
-    if mpi.process() != 0 {
+    let joined = meshwork_train::join_mpi().map_err(exit)?;
+    if joined.as_ref().is_some_and(|(p, _)| !p.leads()) {
         crate::out::silence();
     }
-    let processes = meshwork_train::Processes::new(mpi.interconnect()).map_err(exit)?;
-    Ok(Some((processes, mpi)))
+    Ok(joined)
 }
 
 /// Without MPI: a launcher that started several copies is refused (each would train

@@ -451,6 +451,16 @@ impl Examples {
         }
     }
 
+    /// Whether row `r` was read (every row, unless only a process's rows were).
+    pub(crate) fn has(&self, r: usize) -> bool {
+        match self {
+            Examples::Tokens { index: Some(index), .. } => {
+                index.get(r).is_some_and(|&k| k != u32::MAX)
+            }
+            _ => true,
+        }
+    }
+
     /// The feeds of rows `idx`: token rows `i32[B, T+1]`, or inputs of `dtype` and
     /// class ids `i32[B]`.
     pub(crate) fn batch(&self, idx: &[usize], dtype: DType) -> Result<Vec<Tensor>> {

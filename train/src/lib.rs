@@ -72,10 +72,15 @@ pub use config::{
 pub use error::{Error, Result};
 pub use init::read_init;
 pub use inspect::{inspect, inspect_json};
+/// The MPI handle [`join_mpi`] returns (feature `mpi`).
+#[cfg(feature = "mpi")]
+pub use meshwork_strategy::executor::mpi::Mpi;
 pub use model::{Layout, Net};
 pub use observe::{Observer, Quiet, Start, Step};
 pub use plan::{MAX_DEVICES, MAX_STEPS};
 pub use processes::Processes;
+#[cfg(feature = "mpi")]
+pub use processes::join_mpi;
 pub use report::{CheckOutcome, Report, loss_text, number_text, sparkline, steps_text, svg};
 pub use stop::stop_on_signals;
 pub use target::{MEMORY_FRACTION, inspect_target, target_devices};

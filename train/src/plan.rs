@@ -85,6 +85,8 @@ pub(crate) struct Plan {
     pub(crate) attention_note: Option<String>,
     /// The processes the mesh spreads over (`None`: this one alone).
     pub(crate) processes: Option<crate::Processes>,
+    /// Across processes: the batch slots this one trains on (its rows alone are read).
+    pub(crate) slots: Option<Vec<usize>>,
 }
 
 fn usage(message: impl Into<String>) -> Error {
@@ -459,6 +461,23 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         }
         check_memory(need.total() + extra, limit)
     };
+    // Spread over processes, each holds its own positions' share of the state.
+    let spread_share = spread_over.map_or(1.0, |p| p.count() as f64);
+    let memory = |net: &Net| {
+        if spread_share == 1.0 {
+            return memory(net);
+        }
+        let need = net.memory_estimate(
+            run.batch,
+            config.steps_per_run,
+            dtype,
+            place.layout,
+            checkable,
+            run.savers,
+        );
+        let mine = (need.weights + need.activations) / spread_share + need.feeds;
+        check_memory(mine + bookkeeping(config, run.steps), limit)
+    };
     // Spread over processes, each reads only the rows its positions train on.
     let share = config.processes.as_ref().filter(|p| p.count() > 1 && place.stages == 1).map(|p| {
         crate::processes::Share {
@@ -505,8 +524,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     check_checkpoint_dir(config, first)?;
     // A resumed run's losses file holds every step's loss: the earlier steps' come from
     // the file the saved run wrote.
+    // (Process 0's file: the others write no losses.)
+    let leads = config.processes.as_ref().is_none_or(crate::Processes::leads);
     let losses_before = match (&saved, &config.losses_json) {
-        (Some(saved), Some(path)) if saved.step < run.steps => earlier_losses(saved, path)?,
+        (Some(saved), Some(path)) if saved.step < run.steps && leads => {
+            earlier_losses(saved, path)?
+        }
         _ => Vec::new(),
     };
     let need = net.memory_estimate(
@@ -582,6 +605,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         backend,
         net,
         processes: spread_over.cloned(),
+        slots: share.map(|s| s.slots),
     })
 }
 

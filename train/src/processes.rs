@@ -53,9 +53,47 @@ impl PartialEq for Processes {
     }
 }
 
-/// How long an agreement keeps trying while other processes finish what they were
-/// doing (their current step fails at the agreement's first try).
-const AGREE_FOR: Duration = Duration::from_secs(600);
+/// How long an agreement waits for the other processes, and keeps trying while they
+/// finish what they were doing (their current step fails at its first try): past it
+/// (a process that died, under a launcher that did not end the job), the job ends.
+const AGREE_FOR: Duration = Duration::from_secs(900);
+
+/// Where in a run the processes agree: points that must pair up when every process
+/// succeeded (a failed process comes to the outcome from anywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Point {
+    /// Unnamed (a library caller's).
+    Any = 0,
+    /// The run planned.
+    Planned = 1,
+    /// The token cache filled by process 0.
+    Text = 2,
+    /// The outputs opened by process 0.
+    Opened = 3,
+    /// The others joined the checkpoint directory.
+    Joined = 4,
+    /// Between host calls: stop or go on.
+    Step = 5,
+    /// The run's end.
+    End = 6,
+    /// Every process started its steps.
+    Started = 7,
+}
+
+impl Point {
+    fn name(k: i64) -> &'static str {
+        match k {
+            1 => "the plan",
+            2 => "the token cache",
+            3 => "the outputs",
+            4 => "the checkpoint directory",
+            5 => "a step",
+            6 => "the end of the run",
+            7 => "the start of the steps",
+            _ => "an agreement",
+        }
+    }
+}
 
 /// An error's code on the wire.
 fn code(e: &Error) -> i64 {
@@ -78,8 +116,11 @@ impl Processes {
     /// The job `link` joins this process to (every process makes its own, in the
     /// same order relative to its other collectives).
     pub fn new(link: Arc<dyn Interconnect>) -> Result<Processes> {
+        // Its collectives wait as long as an agreement may (a process doing what only
+        // process 0 does: encoding the text, writing an export).
         let runtime = Runtime::new(1)
             .map_err(|e| Error::failed(format!("processes: {e}")))?
+            .with_timeout(AGREE_FOR)
             .with_interconnect(link.clone());
         let settled = std::sync::Mutex::new(None);
         Ok(Processes { inner: Arc::new(Inner { link, runtime, settled }) })
@@ -180,11 +221,25 @@ impl Processes {
     /// same thing. Once it returns a failure, no process agrees again: a later call
     /// returns that failure at once.
     pub fn agree<T>(&self, mine: Result<T>, stop: bool) -> Result<(T, bool)> {
+        self.agree_at(Point::Any, 0, mine, stop)
+    }
+
+    /// [`agree`](Self::agree) at the point `at` of a run, with a digest of what this
+    /// process planned: where every process succeeded but they stand at different
+    /// points, or their digests differ, they did not plan the same run (their files
+    /// differ between machines) — every process fails, saying so.
+    pub(crate) fn agree_at<T>(
+        &self,
+        at: Point,
+        digest: u64,
+        mine: Result<T>,
+        stop: bool,
+    ) -> Result<(T, bool)> {
         let settled = self.inner.settled.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(e) = settled {
             return Err(e);
         }
-        let agreed = self.agree_now(mine, stop);
+        let agreed = self.agree_now(at, digest, mine, stop);
         if let Err(e) = &agreed {
             *self.inner.settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
         }
@@ -195,16 +250,44 @@ impl Processes {
     /// as in [`agree`](Self::agree); their values are not used).
     pub(crate) fn lead_says(&self, mine: Result<bool>) -> Result<bool> {
         let says = self.leads() && matches!(mine, Ok(true));
-        self.agree(mine.map(|_| ()), says).map(|((), said)| said)
+        self.agree_at(Point::Text, 0, mine.map(|_| ()), says).map(|((), said)| said)
     }
 
-    fn agree_now<T>(&self, mine: Result<T>, stop: bool) -> Result<(T, bool)> {
+    fn agree_now<T>(
+        &self,
+        at: Point,
+        digest: u64,
+        mine: Result<T>,
+        stop: bool,
+    ) -> Result<(T, bool)> {
+        let (point, digest) = (at as i64, digest as i64);
         let status = match &mine {
-            Ok(_) => vec![0, 0, i64::from(stop)],
-            Err(e) => vec![code(e), i64::from(!secondary(&e.to_string())), i64::from(stop)],
+            Ok(_) => vec![0, 0, i64::from(stop), point, digest],
+            Err(e) => {
+                vec![code(e), i64::from(!secondary(&e.to_string())), i64::from(stop), point, digest]
+            }
         };
         let all = self.gather(status, "the outcome")?;
         let stop = all.iter().any(|r| r[2] != 0);
+        if all.iter().all(|r| r[0] == 0) {
+            let apart = |k: usize| {
+                all.iter().position(|r| r[k] != all[0][k] && r[k] != 0 && all[0][k] != 0)
+            };
+            if let Some(q) = apart(3).or_else(|| apart(4)) {
+                let what = if all[q][3] != all[0][3] {
+                    format!(
+                        "process {q} is at {}, process 0 at {}",
+                        Point::name(all[q][3]),
+                        Point::name(all[0][3])
+                    )
+                } else {
+                    format!("process {q} planned another run than process 0")
+                };
+                return Err(Error::Usage(format!(
+                    "the processes do not run the same job ({what}): every process must see the same files and flags"
+                )));
+            }
+        }
         let Some(q) = all
             .iter()
             .position(|r| r[0] != 0 && r[1] == 1)
@@ -232,6 +315,22 @@ impl Processes {
             _ => Error::Failed(message),
         })
     }
+}
+
+/// The MPI job this process is a rank of, joined (feature `mpi`): its processes, and
+/// the MPI handle, which finalises MPI when dropped — keep it until the run is over.
+/// `None` when the job has one process (a process started alone runs as without MPI).
+/// Call it only in a process an MPI launcher started: MPI's initialisation is the
+/// launcher's to answer.
+#[cfg(feature = "mpi")]
+pub fn join_mpi() -> Result<Option<(Processes, meshwork_strategy::executor::mpi::Mpi)>> {
+    let mpi = meshwork_strategy::executor::mpi::Mpi::init(None)
+        .map_err(|e| Error::usage(format!("cannot join the MPI job: {e}")))?;
+    if mpi.processes() < 2 {
+        return Ok(None);
+    }
+    let processes = Processes::new(mpi.interconnect())?;
+    Ok(Some((processes, mpi)))
 }
 
 /// What one process of a spread run trains on, so that it reads only those rows of

@@ -121,9 +121,8 @@ impl Report {
         ));
         if let Some((sent, least)) = self.between_processes {
             out.push(format!(
-                "  processes    this one sent {} per step to the others (the collectives need {})",
-                bytes_text(sent),
-                bytes_text(least as f64)
+                "  processes    this one sent {sent:.0} bytes per step to the others (the collectives need {least}; {})",
+                bytes_text(sent)
             ));
         }
         if let (Some((at, _)), Some(dir)) = (&self.saved, &self.checkpoint_dir) {

@@ -634,10 +634,16 @@ impl<'s> Eval<'s> {
         self.chunks.iter().map(|c| c[0].shape()[0]).sum()
     }
 
-    /// (loss, accuracy) over its rows with `steps`' current weights.
+    /// (loss, accuracy) over its rows with `steps`' current weights; across
+    /// processes, in process 0 (NaN in the others, which report nothing).
     pub(crate) fn run(&self, steps: &dyn Steps) -> Result<(f64, f64)> {
+        // Across processes the weights go to process 0 alone, which evaluates (every
+        // process takes part in each weight's gather; the others evaluate nothing).
         let weights =
-            self.weights.iter().map(|name| steps.weight(name)).collect::<Result<Vec<_>>>()?;
+            self.weights.iter().map(|name| steps.weight_first(name)).collect::<Result<Vec<_>>>()?;
+        let Some(weights) = weights.into_iter().collect::<Option<Vec<_>>>() else {
+            return Ok((f64::NAN, f64::NAN));
+        };
         let (mut loss, mut accuracy) = (0.0, 0.0);
         for chunk in &self.chunks {
             let mut feeds = chunk.clone();

@@ -18,6 +18,7 @@ use crate::files::{create_new, write_atomic, write_new};
 use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
 use crate::plan::{Plan, plan};
+use crate::processes::Point;
 use crate::report::{CheckOutcome, Report, number_text, svg};
 use crate::resume::Origin;
 use crate::rng::permutation;
@@ -142,7 +143,20 @@ impl Trainer {
     pub fn new(config: &Config) -> Result<Trainer> {
         let planned = plan(config);
         match config.processes.as_ref().filter(|p| p.count() > 1) {
-            Some(p) => p.agree(planned, false).map(|(plan, _)| Trainer { plan }),
+            Some(p) => {
+                // What every process must have planned alike: the run's record (model,
+                // data rows, settings), its steps and where it starts.
+                let digest = planned.as_ref().map_or(0, |plan| {
+                    let text = format!(
+                        "{} {} {:?}",
+                        plan.meta,
+                        plan.steps,
+                        plan.saved.as_ref().map(|s| s.step)
+                    );
+                    u64::from(crc32c::crc32c(text.as_bytes())) | 1
+                });
+                p.agree_at(Point::Planned, digest, planned, false).map(|(plan, _)| Trainer { plan })
+            }
             None => Ok(Trainer { plan: planned? }),
         }
     }
@@ -186,7 +200,9 @@ impl Trainer {
         match (processes, outcome) {
             (None, r) => r.map_err(Ended::into_error),
             (Some(_), Err(Ended::Agreed(e))) => Err(e),
-            (Some(p), r) => p.agree(r.map_err(Ended::into_error), false).map(|(r, _)| r),
+            (Some(p), r) => {
+                p.agree_at(Point::End, 0, r.map_err(Ended::into_error), false).map(|(r, _)| r)
+            }
         }
     }
 
@@ -210,11 +226,11 @@ impl Trainer {
         let one = Strategy::data_parallel(1).map_err(Error::failed)?;
         let mut run = Running::start(&p, &strategy, &one, &init)?;
         drop(init);
-        let first = run.restore(&p)?;
-        // Every check passed: now the outputs are made (process 0's, then the
-        // others join its checkpoint directory).
+        let first = sync(&p, Point::Started, run.restore(&p), false)?.0;
+        // Every check passed in every process: now the outputs are made (process 0's,
+        // then the others join its checkpoint directory).
         let opened = if p.leads() { Outputs::open(&p, first) } else { Ok(Outputs::none()) };
-        let mut out = sync(&p, opened, false)?.0;
+        let mut out = sync(&p, Point::Opened, opened, false)?.0;
         if p.processes.is_some() {
             let joined = match out.manager.take() {
                 Some(m) => Ok(Some(m)),
@@ -225,7 +241,7 @@ impl Trainer {
                     .transpose()
                     .map_err(directory_refused),
             };
-            out.manager = sync(&p, joined, false)?.0;
+            out.manager = sync(&p, Point::Joined, joined, false)?.0;
         }
         observer.start(&Start {
             headline: format!(
@@ -328,9 +344,9 @@ impl From<Error> for Ended {
 
 /// Where the run spreads over processes: every process's `mine` and stop request
 /// agreed ([`Processes::agree`](crate::Processes::agree)); alone: `mine` as it is.
-fn sync<T>(p: &Plan, mine: Result<T>, stop: bool) -> Result<(T, bool), Ended> {
+fn sync<T>(p: &Plan, at: Point, mine: Result<T>, stop: bool) -> Result<(T, bool), Ended> {
     match &p.processes {
-        Some(procs) => procs.agree(mine, stop).map_err(Ended::Agreed),
+        Some(procs) => procs.agree_at(at, 0, mine, stop).map_err(Ended::Agreed),
         None => Ok((mine?, stop)),
     }
 }
@@ -551,7 +567,7 @@ impl<'s> Running<'s> {
             let mut stopping = stop.load(Ordering::SeqCst);
             if p.processes.is_some() && ahead.is_empty() && s + 1 < steps {
                 // Every process stops after the same step.
-                stopping = sync(p, Ok(()), stopping)?.1;
+                stopping = sync(p, Point::Step, Ok(()), stopping)?.1;
             }
             if stopping && ahead.is_empty() && s + 1 < steps {
                 if let Some(m) = out.manager.as_mut()
@@ -697,6 +713,15 @@ impl Rows {
     /// Step `s`'s feeds.
     fn batch(&mut self, p: &Plan, s: usize) -> Result<Vec<Tensor>> {
         let idx: Vec<usize> = (0..p.batch).map(|i| self.row(s * p.batch + i)).collect();
+        // The rows this process's positions train on must have been read (the others
+        // go to other processes' positions, which drop them).
+        if let Some(i) = p.slots.iter().flatten().find(|&&i| !p.examples.has(idx[i])) {
+            return Err(Error::failed(format!(
+                "step {}: row {} (slot {i}) was not read by this process (a bug in choosing its rows)",
+                s + 1,
+                idx[*i]
+            )));
+        }
         p.examples.batch(&idx, p.dtype)
     }
 }

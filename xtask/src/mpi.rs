@@ -475,6 +475,7 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
 
     // SIGTERM to the ranks: they stop after the same step, save it once, exit 130.
     let ckpt = scratch.path("stopped");
+    let metrics = scratch.path("metrics.jsonl");
     let long: Vec<&str> = vec![
         exe.as_str(),
         "train",
@@ -489,6 +490,8 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         "--checkpoint-dir",
         &ckpt,
         "--quiet",
+        "--metrics-jsonl",
+        &metrics,
     ];
     let mut job = mpirun(&long)
         .stdout(Stdio::null())
@@ -496,12 +499,12 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         .spawn()
         .map_err(|e| e.to_string())?;
     let start = Instant::now();
-    while (rank_pid(0).is_none() || rank_pid(1).is_none())
-        && start.elapsed() < Duration::from_secs(60)
-    {
+    // Signalled once training is under way (rank 0 wrote two steps' metrics): every
+    // rank's handlers are installed by then.
+    let trained = || std::fs::read_to_string(&metrics).is_ok_and(|t| t.lines().count() >= 2);
+    while !trained() && start.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(3));
     for r in 0..2 {
         if let Some(pid) = rank_pid(r) {
             run(Command::new("kill").args(["-TERM", &pid.to_string()]))?;
@@ -511,9 +514,9 @@ fn binary_checks(plugin: &std::path::Path) -> Result {
         if let Some(s) = job.try_wait().map_err(|e| e.to_string())? {
             break s;
         }
-        if start.elapsed() > Duration::from_secs(120) {
+        if start.elapsed() > Duration::from_secs(240) {
             let _ = job.kill();
-            return Err("SIGTERM: the job still ran after 120 s".into());
+            return Err("SIGTERM: the job still ran after 240 s".into());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -544,21 +547,11 @@ fn figure(out: &str, label: &str) -> Option<f64> {
     line.trim_start()[label.len()..].split_whitespace().next()?.parse().ok()
 }
 
-/// A byte figure after `after` on the summary's `processes` line (`1.05 MB`).
+/// The byte count after `after` on the summary's `processes` line.
 fn bytes_after(out: &str, after: &str) -> Option<f64> {
     let line = out.lines().find(|l| l.trim_start().starts_with("processes"))?;
     let mut words = line[line.find(after)? + after.len()..].split_whitespace();
-    let value: f64 = words.next()?.trim_start_matches('(').parse().ok()?;
-    let unit = words.next()?.trim_end_matches(')');
-    Some(
-        value
-            * match unit {
-                "GB" => 1e9,
-                "MB" => 1e6,
-                "kB" => 1e3,
-                _ => 1.0,
-            },
-    )
+    words.next()?.trim_start_matches('(').trim_end_matches([';', ')']).parse().ok()
 }
 
 /// `cargo xtask mpi-bench [steps=N] [runs=K]`: the transformer benchmark (V256 T128

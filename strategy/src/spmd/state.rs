@@ -368,7 +368,15 @@ impl Compiled<'_> {
             Ok(part) => [&[1u8][..], &part.to_bytes()].concat(),
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         };
-        let everyone = strategy.all_gather_bytes(&said)?;
+        let everyone = match strategy.all_gather_bytes(&said) {
+            Ok(everyone) => everyone,
+            Err(e) => {
+                if let Ok(part) = &written {
+                    manager.abandon(part);
+                }
+                return Err(e);
+            }
+        };
         let failure = everyone.iter().enumerate().find(|(_, b)| b.first() != Some(&1));
         if let Some((q, said)) = failure {
             if let Ok(part) = &written {
@@ -514,8 +522,15 @@ impl Compiled<'_> {
                 boxes.push(distinct);
                 owners.push(of);
             }
-            let read = meshwork_checkpoint::read_checkpoint_parts(dir, &wanted, &boxes)?;
-            let extra = meshwork_checkpoint::read_checkpoint(dir, extra)?;
+            // The extras (the step count) whole, read as boxes too: nothing else of
+            // the checkpoint is read.
+            let n = wanted.len();
+            wanted.extend(extra.iter().cloned());
+            boxes.extend(
+                extra.iter().map(|(_, _, shape)| vec![shape.iter().map(|&d| 0..d).collect()]),
+            );
+            let mut read = meshwork_checkpoint::read_checkpoint_parts(dir, &wanted, &boxes)?;
+            let extra: Vec<Tensor> = read.split_off(n).into_iter().flatten().collect();
             let mut parts = Vec::with_capacity(resident.len());
             for ((&k, got), of) in resident.iter().zip(read).zip(owners) {
                 let dtype = params[k].spec.dtype;

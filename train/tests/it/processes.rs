@@ -365,3 +365,35 @@ fn each_process_reads_only_the_rows_it_trains_on() {
     }
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1, "one cache file");
 }
+
+/// Processes that planned different runs (their flags or files differ between
+/// machines: here the steps) refuse together, saying so, instead of pairing up
+/// wrongly.
+#[test]
+fn processes_that_plan_different_runs_refuse_together() {
+    let links = LoopbackInterconnect::group(2);
+    let handles: Vec<_> = links
+        .into_iter()
+        .enumerate()
+        .map(|(q, link)| {
+            let config = Config {
+                mesh: Some((2, 1)),
+                steps: Some(5 + q),
+                ..reference_run(OptimizerKind::Adam, 0.01)
+            };
+            std::thread::spawn(move || {
+                let mut config = config;
+                config.processes = Some(Processes::new(link)?);
+                Trainer::new(&config).map(|_| ())
+            })
+        })
+        .collect();
+    for h in handles {
+        match h.join().unwrap() {
+            Err(Error::Usage(m)) => {
+                assert!(m.contains("do not run the same job") && m.lines().count() == 1, "{m}")
+            }
+            other => panic!("want the refusal, got {other:?}"),
+        }
+    }
+}
