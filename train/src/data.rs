@@ -56,7 +56,7 @@ impl Classification {
         limit: u64,
         classes: Option<usize>,
     ) -> Result<Classification> {
-        let (xs, ys) = (x.display(), y.display());
+        let xs = x.display();
         let xa = npy::read("data-x", x, limit)?;
         if xa.ndim() != 2 {
             return Err(Error::flag(
@@ -75,85 +75,7 @@ impl Classification {
             return Err(Error::flag("data-x", format!("{xs} holds NaN or infinite values")));
         }
         let ya = npy::read("data-y", y, limit)?;
-        let ids = |y: ndarray::ArrayD<f64>| -> Result<Vec<usize>> {
-            y.iter()
-                .map(|&v| (v >= 0.0 && v.fract() == 0.0 && v < 1e15).then_some(v as usize))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    Error::flag("data-y", format!("{ys}: class ids must be whole numbers ≥ 0"))
-                })
-        };
-        let (labels, found) = match ya.shape() {
-            // Class ids, or a column of them as `y.reshape(-1, 1)` saves them.
-            [_] | [_, 1] => {
-                let labels = ids(ya)?;
-                let found = labels.iter().max().map_or(0, |m| m + 1);
-                (labels, found)
-            }
-            [_, _] => {
-                let onehot = ya.into_dimensionality::<Ix2>().expect("rank 2");
-                let labels = onehot
-                    .outer_iter()
-                    .map(|row| {
-                        let ones: Vec<usize> = row
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, v)| **v == 1.0)
-                            .map(|(k, _)| k)
-                            .collect();
-                        (ones.len() == 1 && row.iter().all(|v| *v == 0.0 || *v == 1.0))
-                            .then(|| ones[0])
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        Error::flag(
-                            "data-y",
-                            format!("{ys}: one-hot rows must hold one 1 and otherwise 0"),
-                        )
-                    })?;
-                (labels, onehot.ncols())
-            }
-            other => {
-                return Err(Error::flag(
-                    "data-y",
-                    format!(
-                        "{ys} has shape {other:?}; want class ids [rows] or [rows, 1], or one-hot [rows, classes]"
-                    ),
-                ));
-            }
-        };
-        if labels.len() != xa.nrows() {
-            return Err(Error::flag(
-                "data-y",
-                format!("{} labels for {} rows of --data-x", labels.len(), xa.nrows()),
-            ));
-        }
-        let classes = match classes {
-            Some(c) if c < found => {
-                return Err(Error::flag(
-                    "classes",
-                    format!("{c} classes, but {ys} holds class {} (ids count from 0)", found - 1),
-                ));
-            }
-            Some(c) => c,
-            None if found > 2 * labels.len() => {
-                return Err(Error::flag(
-                    "data-y",
-                    format!(
-                        "{ys} holds class {} but only {} rows: give --classes N if the model really has {found} classes",
-                        found - 1,
-                        labels.len()
-                    ),
-                ));
-            }
-            None => found,
-        };
-        if classes < 2 {
-            return Err(Error::flag(
-                "data-y",
-                format!("{ys} has {classes} class; need at least 2"),
-            ));
-        }
+        let (labels, classes) = labels_of(ya, y, xa.nrows(), classes)?;
         Ok(Classification { x: xa, labels, classes })
     }
 
@@ -170,6 +92,149 @@ impl Classification {
         }
         crc
     }
+}
+
+/// The class ids of `--data-y` (read as `ya` from `y`): ids `[rows]` or `[rows, 1]`, or
+/// one-hot `[rows, classes]`, for `rows` rows of `--data-x`, and the classes (`classes`,
+/// or the largest id + 1, at most twice the rows).
+fn labels_of(
+    ya: ndarray::ArrayD<f64>,
+    y: &Path,
+    rows: usize,
+    classes: Option<usize>,
+) -> Result<(Vec<usize>, usize)> {
+    let ys = y.display();
+    let ids = |y: ndarray::ArrayD<f64>| -> Result<Vec<usize>> {
+        y.iter()
+            .map(|&v| (v >= 0.0 && v.fract() == 0.0 && v < 1e15).then_some(v as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::flag("data-y", format!("{ys}: class ids must be whole numbers ≥ 0"))
+            })
+    };
+    let (labels, found) = match ya.shape() {
+        // Class ids, or a column of them as `y.reshape(-1, 1)` saves them.
+        [_] | [_, 1] => {
+            let labels = ids(ya)?;
+            let found = labels.iter().max().map_or(0, |m| m + 1);
+            (labels, found)
+        }
+        [_, _] => {
+            let onehot = ya.into_dimensionality::<Ix2>().expect("rank 2");
+            let labels = onehot
+                .outer_iter()
+                .map(|row| {
+                    let ones: Vec<usize> = row
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| **v == 1.0)
+                        .map(|(k, _)| k)
+                        .collect();
+                    (ones.len() == 1 && row.iter().all(|v| *v == 0.0 || *v == 1.0)).then(|| ones[0])
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    Error::flag(
+                        "data-y",
+                        format!("{ys}: one-hot rows must hold one 1 and otherwise 0"),
+                    )
+                })?;
+            (labels, onehot.ncols())
+        }
+        other => {
+            return Err(Error::flag(
+                "data-y",
+                format!(
+                    "{ys} has shape {other:?}; want class ids [rows] or [rows, 1], or one-hot [rows, classes]"
+                ),
+            ));
+        }
+    };
+    if labels.len() != rows {
+        return Err(Error::flag(
+            "data-y",
+            format!("{} labels for {} rows of --data-x", labels.len(), rows),
+        ));
+    }
+    let classes = match classes {
+        Some(c) if c < found => {
+            return Err(Error::flag(
+                "classes",
+                format!("{c} classes, but {ys} holds class {} (ids count from 0)", found - 1),
+            ));
+        }
+        Some(c) => c,
+        None if found > 2 * labels.len() => {
+            return Err(Error::flag(
+                "data-y",
+                format!(
+                    "{ys} holds class {} but only {} rows: give --classes N if the model really has {found} classes",
+                    found - 1,
+                    labels.len()
+                ),
+            ));
+        }
+        None => found,
+    };
+    if classes < 2 {
+        return Err(Error::flag("data-y", format!("{ys} has {classes} class; need at least 2")));
+    }
+    Ok((labels, classes))
+}
+
+/// Of the rows of `--data-x` (`[rows, …]`), those `wanted(rows)` marks, each read alone
+/// and checked finite, with every row's label from `--data-y`: what one process of a
+/// spread run reads. The rows read packed, and each row's place among them
+/// (`u32::MAX`: not read).
+pub(crate) struct SomeRows {
+    /// Rows in the file.
+    pub(crate) n: usize,
+    /// Each row's dims (`[features]`, `[H, W, C]`).
+    pub(crate) dims: Vec<usize>,
+    pub(crate) x: Vec<f64>,
+    pub(crate) index: Vec<u32>,
+}
+
+/// [`SomeRows`] of `x`, within `limit` bytes; `check(shape)` refuses a shape in its
+/// words.
+pub(crate) fn some_rows(
+    x: &Path,
+    limit: u64,
+    check: &dyn Fn(&[usize]) -> std::result::Result<(), String>,
+    wanted: &dyn Fn(usize) -> Vec<bool>,
+) -> Result<SomeRows> {
+    let xs = x.display();
+    let (shape, rows, values) = npy::read_rows("data-x", x, limit, &|shape: &[usize]| {
+        check(shape)?;
+        Ok(wanted(shape[0]))
+    })?;
+    if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        let per = values.len() / rows.len().max(1);
+        return Err(Error::flag(
+            "data-x",
+            format!(
+                "{xs}: row {}, value {} is {v}, not a finite number",
+                rows[k / per.max(1)],
+                k % per.max(1)
+            ),
+        ));
+    }
+    let n = shape[0];
+    let mut index = vec![u32::MAX; n];
+    for (k, &r) in rows.iter().enumerate() {
+        index[r] = k as u32;
+    }
+    Ok(SomeRows { n, dims: shape[1..].to_vec(), x: values, index })
+}
+
+/// The class ids of `--data-y` for `rows` rows ([`Classification::from_npy`]'s rules).
+pub(crate) fn class_ids(
+    y: &Path,
+    rows: usize,
+    classes: Option<usize>,
+    limit: u64,
+) -> Result<(Vec<usize>, usize)> {
+    labels_of(npy::read("data-y", y, limit)?, y, rows, classes)
 }
 
 /// The index of the first largest value.
@@ -425,8 +490,9 @@ pub(crate) enum Examples {
     /// spread run trains on, row `r` at `index[r]` of `tokens` (`u32::MAX`: not read,
     /// fed as zeros to the positions of other processes, which drop them).
     Tokens { width: usize, tokens: Vec<i32>, index: Option<Vec<u32>> },
-    /// Inputs `[N, dims…]` (images, features) and class ids.
-    Images { per: usize, dims: Vec<usize>, x: Vec<f64>, y: Vec<i32> },
+    /// Inputs `[N, dims…]` (images, features) and class ids: every row's inputs, or
+    /// (`index`, as for tokens) only those of the rows a process trains on.
+    Images { per: usize, dims: Vec<usize>, x: Vec<f64>, y: Vec<i32>, index: Option<Vec<u32>> },
 }
 
 impl Examples {
@@ -441,7 +507,8 @@ impl Examples {
                 let crc = crc32c::crc32c(&(*width as u64).to_le_bytes());
                 Some(tokens.iter().fold(crc, |c, t| crc32c::crc32c_append(c, &t.to_le_bytes())))
             }
-            Examples::Images { dims, x, y, .. } => {
+            Examples::Images { index: Some(_), .. } => None,
+            Examples::Images { dims, x, y, index: None, .. } => {
                 let crc = dims
                     .iter()
                     .fold(0, |c, d| crc32c::crc32c_append(c, &(*d as u64).to_le_bytes()));
@@ -454,7 +521,8 @@ impl Examples {
     /// Whether row `r` was read (every row, unless only a process's rows were).
     pub(crate) fn has(&self, r: usize) -> bool {
         match self {
-            Examples::Tokens { index: Some(index), .. } => {
+            Examples::Tokens { index: Some(index), .. }
+            | Examples::Images { index: Some(index), .. } => {
                 index.get(r).is_some_and(|&k| k != u32::MAX)
             }
             _ => true,
@@ -482,10 +550,19 @@ impl Examples {
                 }
                 Ok(vec![Tensor::i32(&[idx.len(), *width], out).map_err(failed)?])
             }
-            Examples::Images { per, dims, x, y } => {
+            Examples::Images { per, dims, x, y, index } => {
                 let mut xs = Vec::with_capacity(idx.len() * per);
                 for &r in idx {
-                    xs.extend_from_slice(&x[r * per..(r + 1) * per]);
+                    let at = match index {
+                        None => Some(r),
+                        Some(index) => {
+                            index.get(r).filter(|&&k| k != u32::MAX).map(|&k| k as usize)
+                        }
+                    };
+                    match at {
+                        Some(k) => xs.extend_from_slice(&x[k * per..(k + 1) * per]),
+                        None => xs.extend(std::iter::repeat_n(0.0, *per)),
+                    }
                 }
                 let mut shape = vec![idx.len()];
                 shape.extend(dims);

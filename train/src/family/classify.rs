@@ -8,7 +8,7 @@ use meshwork_types::{DType, Tensor};
 
 use super::{Ctx, Defaults, Family, Resolved, not_ours, size_flags};
 use crate::config::{Data, OptimizerKind};
-use crate::data::{BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
+use crate::data::{self, BUILT_IN_CLASSIFICATION, Classification, Examples, Images};
 use crate::model::Net;
 use crate::{Error, Result};
 
@@ -69,6 +69,29 @@ impl Family for MlpFamily {
         if ctx.stages > 2 {
             return Err(usage(format!("--stages {}: the MLP has 2 layers", ctx.stages)));
         }
+        // Across processes, each reads only the rows of --data-x it trains on.
+        if let (Data::Npy { x, y }, Some(share)) = (&config.data, ctx.share) {
+            let check = |shape: &[usize]| match shape {
+                [n, f] if *n > 0 && *f > 0 => Ok(()),
+                other => Err(format!("{} has shape {other:?}; want [rows, features]", x.display())),
+            };
+            let rows = data::some_rows(x, ctx.limit, &check, &|n| share.wanted(n))?;
+            let (labels, classes) = data::class_ids(y, rows.n, config.classes, ctx.limit)?;
+            let features = rows.dims[0];
+            let hidden = mlp_hidden(ctx, (features, classes))?;
+            let (d, m) = ctx.mesh;
+            let model = Mlp { features, hidden, classes };
+            meshwork_nn::Model::check_mesh(&model, d, m).map_err(usage)?;
+            let examples = Examples::Images {
+                per: features,
+                dims: vec![features],
+                x: rows.x,
+                y: class_i32(&labels)?,
+                index: Some(rows.index),
+            };
+            // No final accuracy over every row: no process holds them all.
+            return Ok(Resolved::new(Net::new(model), examples, rows.n));
+        }
         let data = match &config.data {
             Data::BuiltIn => {
                 let (rows, features, classes) = BUILT_IN_CLASSIFICATION;
@@ -84,25 +107,15 @@ impl Family for MlpFamily {
             Data::Npy { x, y } => Classification::from_npy(x, y, ctx.limit, config.classes)?,
             _ => unreachable!("refused above"),
         };
-        let hidden = mlp_hidden(ctx, &data)?;
+        let hidden = mlp_hidden(ctx, (data.features(), data.classes))?;
         let (d, m) = ctx.mesh;
         let model = Mlp { features: data.features(), hidden, classes: data.classes };
         meshwork_nn::Model::check_mesh(&model, d, m).map_err(usage)?;
         let n = data.rows();
         let x: Vec<f64> = data.x.iter().copied().collect();
-        let y = data
-            .labels
-            .iter()
-            .map(|&l| {
-                i32::try_from(l).map_err(|_| {
-                    Error::flag(
-                        "data-y",
-                        format!("class {l} is past the 2^31 classes a label holds"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<i32>>>()?;
-        let examples = Examples::Images { per: model.features, dims: vec![model.features], x, y };
+        let y = class_i32(&data.labels)?;
+        let examples =
+            Examples::Images { per: model.features, dims: vec![model.features], x, y, index: None };
         let mut resolved = Resolved::new(Net::new(model), examples, n);
         resolved.classification = Some(data);
         Ok(resolved)
@@ -112,10 +125,10 @@ impl Family for MlpFamily {
 /// The MLP's hidden units: `--hidden`, or `--init`'s (its four tensors checked
 /// against the data), or the checkpoint's, or 32; a flag that disagrees with either is
 /// refused, and so is a checkpoint of other features or classes.
-fn mlp_hidden(ctx: &Ctx<'_>, data: &Classification) -> Result<usize> {
+fn mlp_hidden(ctx: &Ctx<'_>, (features, classes): (usize, usize)) -> Result<usize> {
     let config = ctx.config;
     let from_file = match ctx.init.file() {
-        Some(f) => Some(mlp_init_hidden(f, data)?),
+        Some(f) => Some(mlp_init_hidden(f, (features, classes))?),
         None => None,
     };
     let from_saved = match ctx.saved {
@@ -142,8 +155,7 @@ fn mlp_hidden(ctx: &Ctx<'_>, data: &Classification) -> Result<usize> {
         return Err(usage("--hidden must be at least 1"));
     }
     if let Some(saved) = ctx.saved {
-        for (what, flag, ours) in
-            [("features", "data-x", data.features()), ("classes", "data-y", data.classes)]
+        for (what, flag, ours) in [("features", "data-x", features), ("classes", "data-y", classes)]
         {
             let theirs = saved.size(what)?;
             if theirs != ours {
@@ -162,7 +174,10 @@ fn mlp_hidden(ctx: &Ctx<'_>, data: &Classification) -> Result<usize> {
 
 /// The MLP's hidden units an `--init` file's w1 says, its four tensors checked against
 /// the data: names, ranks and shapes.
-fn mlp_init_hidden(f: &HashMap<String, Tensor>, data: &Classification) -> Result<usize> {
+fn mlp_init_hidden(
+    f: &HashMap<String, Tensor>,
+    (features, classes): (usize, usize),
+) -> Result<usize> {
     let get = |name: &str, rank: usize| -> Result<Vec<usize>> {
         let t = f.get(name).ok_or_else(|| {
             Error::flag("init", format!("has no tensor {name:?} (want w1, b1, w2, b2)"))
@@ -184,19 +199,17 @@ fn mlp_init_hidden(f: &HashMap<String, Tensor>, data: &Classification) -> Result
         ));
     }
     let want = [
-        ("w1", &s1, vec![data.features(), hidden]),
+        ("w1", &s1, vec![features, hidden]),
         ("b1", &sb1, vec![hidden]),
-        ("w2", &s2, vec![hidden, data.classes]),
-        ("b2", &sb2, vec![data.classes]),
+        ("w2", &s2, vec![hidden, classes]),
+        ("b2", &sb2, vec![classes]),
     ];
     for (name, got, want) in want {
         if *got != want {
             return Err(Error::flag(
                 "init",
                 format!(
-                    "{name} has shape {got:?}; the data ({} features, {} classes) needs {want:?}",
-                    data.features(),
-                    data.classes
+                    "{name} has shape {got:?}; the data ({features} features, {classes} classes) needs {want:?}"
                 ),
             ));
         }
@@ -234,9 +247,25 @@ impl Family for CnnFamily {
             &[("hidden", config.hidden.is_some()), ("classes", config.classes.is_some())],
         )?;
         not_ours("CNN", &size_flags(config))?;
-        let images = match &config.data {
-            Data::BuiltIn => Images::synthetic(config.seed),
-            Data::Npy { x, y } => Images::from_npy(x, y, ctx.limit)?,
+        // Across processes, each reads only the images it trains on.
+        let mut index = None;
+        let images = match (&config.data, ctx.share) {
+            (Data::BuiltIn, _) => Images::synthetic(config.seed),
+            (Data::Npy { x, y }, Some(share)) => {
+                let check = |shape: &[usize]| match shape {
+                    [n, h, w, c] if *n > 0 && *h >= 2 && *w >= 2 && *c > 0 => Ok(()),
+                    other => Err(format!(
+                        "{} has shape {other:?}; want [N, H, W, C] of images at least 2x2",
+                        x.display()
+                    )),
+                };
+                let rows = data::some_rows(x, ctx.limit, &check, &|n| share.wanted(n))?;
+                let (labels, classes) = data::class_ids(y, rows.n, None, ctx.limit)?;
+                index = Some(rows.index);
+                let [h, w, c] = rows.dims[..] else { unreachable!("checked rank 4") };
+                Images { dims: [rows.n, h, w, c], x: rows.x, y: class_i32(&labels)?, classes }
+            }
+            (Data::Npy { x, y }, None) => Images::from_npy(x, y, ctx.limit)?,
             _ => unreachable!("refused above"),
         };
         let [f1, f2] = cnn_filters(ctx)?;
@@ -254,8 +283,13 @@ impl Family for CnnFamily {
                 ),
             ));
         }
-        let examples =
-            Examples::Images { per: h * w * c, dims: vec![h, w, c], x: images.x, y: images.y };
+        let examples = Examples::Images {
+            per: h * w * c,
+            dims: vec![h, w, c],
+            x: images.x,
+            y: images.y,
+            index,
+        };
         Ok(Resolved::new(Net::new(model), examples, n))
     }
 }
@@ -310,4 +344,16 @@ fn cnn_filters(ctx: &Ctx<'_>) -> Result<[usize; 2]> {
         return Err(usage(format!("--filters {f1},{f2}: each convolution needs a filter")));
     }
     Ok([f1, f2])
+}
+
+/// Class ids as the model takes them (i32).
+fn class_i32(labels: &[usize]) -> Result<Vec<i32>> {
+    labels
+        .iter()
+        .map(|&l| {
+            i32::try_from(l).map_err(|_| {
+                Error::flag("data-y", format!("class {l} is past the 2^31 classes a label holds"))
+            })
+        })
+        .collect()
 }

@@ -397,3 +397,72 @@ fn processes_that_plan_different_runs_refuse_together() {
         }
     }
 }
+
+/// The classifiers' `--data-x` rows are read by the processes that train on them:
+/// JAX's MLP case (its `.npy` rows and initial weights) over 2 processes matches JAX,
+/// and a row no step takes may hold anything; a CNN's images over 2 processes train
+/// as in one.
+#[test]
+fn classifier_rows_are_read_by_their_processes() {
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(crate::testdata("jax/losses.json")).unwrap())
+            .unwrap();
+    let want: Vec<f64> = serde_json::from_value(json["losses"].clone()).unwrap();
+    let mlp = |x: std::path::PathBuf| Config {
+        data: Data::Npy { x, y: crate::testdata("jax/y.npy") },
+        init: Some(crate::testdata("jax/init.safetensors")),
+        batch: Some(16),
+        steps: Some(12),
+        mesh: Some((2, 2)),
+        optimizer: Some(OptimizerKind::Sgd),
+        lr: Some(0.3),
+        ..crate::config(meshwork_train::ModelKind::Mlp)
+    };
+    for (q, report) in spread(&mlp(crate::testdata("jax/x.npy")), 2).iter().enumerate() {
+        assert_close(&report.losses, &want, 1e-12, &format!("JAX's MLP, process {q}"));
+    }
+    // A NaN in a row past every step's rows (12 steps of 16 from the first) is never
+    // read; in a row process 1 trains on (slot 9 of step 0), process 1 refuses it.
+    let x = meshwork_train::npy::read("x", &crate::testdata("jax/x.npy"), 1 << 30).unwrap();
+    let (n, f) = (x.shape()[0], x.shape()[1]);
+    let dir = tempfile::tempdir().unwrap();
+    let with_nan = |row: usize, name: &str| {
+        let mut v: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        v[row * f] = f32::NAN;
+        crate::write_npy_f32(&dir.path().join(name), &[n, f], &v)
+    };
+    if n > 12 * 16 {
+        for report in spread(&mlp(with_nan(n - 1, "late.npy")), 2) {
+            assert_close(&report.losses, &want, 1e-12, "a bad row no step takes");
+        }
+    }
+    for r in spread_with(&mlp(with_nan(9, "early.npy")), 2, &[]) {
+        match r {
+            Err(Error::Usage(m)) => {
+                assert!(m.starts_with("process 1: --data-x") && m.contains("row 9"), "{m}")
+            }
+            other => panic!("want process 1's refusal, got {other:?}"),
+        }
+    }
+    // 32 images 4x4x1 of 2 classes.
+    let (n, h, w) = (32, 4, 4);
+    let xs: Vec<f32> =
+        (0..n * h * w).map(|k| ((k * 7) % 11) as f32 * 0.1 + (k / (h * w) % 2) as f32).collect();
+    let ys: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+    let cnn = Config {
+        data: Data::Npy {
+            x: crate::write_npy_f32(&dir.path().join("ix.npy"), &[n, h, w, 1], &xs),
+            y: crate::write_npy_f32(&dir.path().join("iy.npy"), &[n], &ys),
+        },
+        batch: Some(8),
+        steps: Some(5),
+        mesh: Some((2, 1)),
+        dtype: Some(meshwork_types::DType::F64),
+        filters: Some([2, 2]),
+        ..crate::config(meshwork_train::ModelKind::Cnn)
+    };
+    let one = crate::losses(&Config { check: meshwork_train::Check::Never, ..cnn.clone() });
+    for report in spread(&cnn, 2) {
+        assert_close(&report.losses, &one, 1e-12, "CNN over 2 processes");
+    }
+}
