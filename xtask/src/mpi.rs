@@ -60,7 +60,31 @@ fn run_for(cmd: &mut Command, limit: Duration) -> Result<(bool, Duration, String
 }
 
 pub(crate) fn mpi_test() -> Result {
-    cargo(&["build", "-p", "meshwork-executor", "--features", "mpi", "--example", "mpi_check"])?;
+    // Everything the checks run, in one build: the crates compiled once with MPI,
+    // both cores busy throughout.
+    cargo(&[
+        "build",
+        "-p",
+        "meshwork-executor",
+        "-p",
+        "meshwork-strategy",
+        "-p",
+        "meshwork-candle",
+        "-p",
+        "meshwork-cli",
+        "--features",
+        "meshwork-executor/mpi,meshwork-strategy/mpi,meshwork-candle/mpi,meshwork-cli/mpi",
+        "--example",
+        "mpi_check",
+        "--example",
+        "mpi_strategy",
+        "--example",
+        "mpi_xla",
+        "--example",
+        "mpi_candle",
+        "--bin",
+        "meshwork",
+    ])?;
     let exe = "target/debug/examples/mpi_check";
 
     let (ok, took, out) = run_for(&mut mpirun(&[exe]), Duration::from_secs(120))?;
@@ -70,7 +94,6 @@ pub(crate) fn mpi_test() -> Result {
     }
     println!("mpi-test: 2 processes x 2 devices equal 4 local devices ({took:.1?})");
 
-    cargo(&["build", "-p", "meshwork-strategy", "--features", "mpi", "--example", "mpi_strategy"])?;
     // A checkpoint directory of this run's own (a checkpoint never replaces one).
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -91,7 +114,6 @@ pub(crate) fn mpi_test() -> Result {
     println!("mpi-test: a strategy over 2 processes trains like one process ({took:.1?})");
 
     let plugin = crate::xla::plugin()?;
-    cargo(&["build", "-p", "meshwork-strategy", "--features", "mpi", "--example", "mpi_xla"])?;
     let ckpt =
         std::env::temp_dir().join(format!("meshwork-mpi-xla-{}-{stamp}", std::process::id()));
     let ckpt_arg = ckpt.to_string_lossy().into_owned();
@@ -108,7 +130,6 @@ pub(crate) fn mpi_test() -> Result {
         "mpi-test: 2 processes x 2 XLA devices (collectives over MPI) train like 4 local ones ({took:.1?})"
     );
 
-    cargo(&["build", "-p", "meshwork-candle", "--features", "mpi", "--example", "mpi_candle"])?;
     let (ok, took, out) =
         run_for(&mut mpirun(&["target/debug/examples/mpi_candle"]), Duration::from_secs(120))?;
     print!("{out}");
@@ -197,7 +218,6 @@ fn rank_pid(rank: usize) -> Option<u32> {
 /// rank mid-run ending the job within 60 s, its latest step complete and resumable;
 /// SIGTERM to the ranks saving once and exiting 130.
 fn binary_checks(plugin: &std::path::Path) -> Result {
-    cargo(&["build", "-p", "meshwork-cli", "--features", "mpi"])?;
     let exe = workspace_root().join("target/debug/meshwork");
     let exe = exe.to_string_lossy().into_owned();
     let root = workspace_root();
