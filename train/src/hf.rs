@@ -250,6 +250,82 @@ impl HfShards {
         Ok(t)
     }
 
+    /// A safetensors file of meshwork's tensor names (`--init FILE`) indexed from its
+    /// header alone: each tensor f32 or f64 (as [`read_init`](crate::read_init)
+    /// takes them), its bytes inside the file. Its values are read by [`read`](Self::read),
+    /// a box at a time, checked finite there.
+    pub(crate) fn of_file(flag: &str, path: &Path) -> Result<HfShards> {
+        use std::io::Read;
+        let (mut file, len) = files::open_regular(&format!("--{flag}"), path)?;
+        let mut head = [0u8; 8];
+        file.read_exact(&mut head)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let n = u64::from_le_bytes(head);
+        if n > HEADER_LIMIT || n.saturating_add(8) > len {
+            return Err(bad(flag, path, format!("not a safetensors file: a header of {n} bytes")));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header)
+            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
+        let data_start = 8 + n;
+        let mut tensors = HashMap::new();
+        for (name, entry) in json {
+            if name == "__metadata__" {
+                continue;
+            }
+            let shape: Option<Vec<usize>> = entry["shape"]
+                .as_array()
+                .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect());
+            let Some(shape) = shape else {
+                return Err(bad(flag, path, format!("{name} has no shape")));
+            };
+            let dtype = match entry["dtype"].as_str() {
+                Some("F64") => DType::F64,
+                Some("F32") => DType::F32,
+                other => {
+                    return Err(Error::flag(
+                        flag,
+                        format!("{name} is {}; want F32 or F64", other.unwrap_or("?")),
+                    ));
+                }
+            };
+            let bytes = shape
+                .iter()
+                .try_fold(dtype.size_in_bytes() as u64, |b, &d| b.checked_mul(d as u64));
+            let offsets: Option<Vec<u64>> =
+                entry["data_offsets"].as_array().and_then(|a| a.iter().map(Json::as_u64).collect());
+            let inside = |e: u64| data_start.checked_add(e).is_some_and(|end| end <= len);
+            let begin = match (offsets.as_deref(), bytes) {
+                (Some(&[b, e]), Some(bytes)) if e >= b && e - b == bytes && inside(e) => b,
+                _ => {
+                    return Err(bad(
+                        flag,
+                        path,
+                        format!(
+                            "{name}: its data_offsets do not hold its {shape:?} values in the file"
+                        ),
+                    ));
+                }
+            };
+            let stored =
+                Stored { file: 0, name: name.clone(), dtype, shape, offset: data_start + begin };
+            tensors.insert(name, stored);
+        }
+        Ok(HfShards {
+            flag: flag.to_string(),
+            files: vec![path.to_path_buf()],
+            tensors,
+            read: 0.into(),
+        })
+    }
+
+    /// Every tensor's name and shape as stored.
+    pub(crate) fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.tensors.iter().map(|(n, s)| (n.as_str(), s.shape.as_slice()))
+    }
+
     /// A parameter's shape as stored.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.tensors.get(name).map(|s| s.shape.as_slice())

@@ -42,3 +42,41 @@ pub(crate) fn cast(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Tensor::from_f64(dtype, t.shape(), &t.to_f64())
         .map_err(|e| Error::usage(format!("a weight of shape {:?}: {e}", t.shape())))
 }
+
+/// A tensor of an `--init` file as its header states it: what a family reads the
+/// model's sizes from, and what is checked against the model.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Shaped(pub(crate) Vec<usize>);
+
+impl Shaped {
+    /// Its shape.
+    pub(crate) fn shape(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+/// An `--init` file: every tensor's shape, and its values — read whole, or (across
+/// processes) left in the file, each process reading the boxes its devices hold.
+#[derive(Debug)]
+pub(crate) struct InitFile {
+    pub(crate) shapes: HashMap<String, Shaped>,
+    /// The values, read whole (`None`: read by boxes through `boxes`).
+    pub(crate) values: Option<HashMap<String, Tensor>>,
+    pub(crate) boxes: Option<crate::hf::HfShards>,
+}
+
+impl InitFile {
+    /// The file read whole.
+    pub(crate) fn read(path: &Path, limit: u64) -> Result<InitFile> {
+        let values = read_init(path, limit)?;
+        let shapes = values.iter().map(|(n, t)| (n.clone(), Shaped(t.shape().to_vec()))).collect();
+        Ok(InitFile { shapes, values: Some(values), boxes: None })
+    }
+
+    /// The file indexed from its header alone, its values read later by boxes.
+    pub(crate) fn indexed(path: &Path) -> Result<InitFile> {
+        let boxes = crate::hf::HfShards::of_file("init", path)?;
+        let shapes = boxes.shapes().map(|(n, s)| (n.to_string(), Shaped(s.to_vec()))).collect();
+        Ok(InitFile { shapes, values: None, boxes: Some(boxes) })
+    }
+}

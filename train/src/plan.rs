@@ -429,8 +429,12 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     }
     let keep = check_checkpoints(config)?;
     // A safetensors file's weights (a folder is the family's to index).
-    let init = match (init, config.init.as_deref()) {
-        (Init::None, Some(p)) => Init::File(init::read_init(p, limit)?),
+    let mut init = match (init, config.init.as_deref()) {
+        // Across processes, indexed: each process reads the boxes its devices hold.
+        (Init::None, Some(p)) if config.processes.as_ref().is_some_and(|q| q.count() > 1) => {
+            Init::File(init::InitFile::indexed(p)?)
+        }
+        (Init::None, Some(p)) => Init::File(init::InitFile::read(p, limit)?),
         (init, _) => init,
     };
     check_data_flags(config, &init)?;
@@ -571,11 +575,14 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         held: record.held,
         examples: resolved.examples,
         classification: resolved.classification,
-        init: match init {
-            Init::File(f) => Some(f),
+        init: match &mut init {
+            Init::File(f) => f.values.take(),
             _ => None,
         },
-        shards: resolved.shards,
+        shards: match init {
+            Init::File(f) => f.boxes.or(resolved.shards),
+            _ => resolved.shards,
+        },
         saved,
         meta: record.meta,
         warnings,

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use meshwork_nn::{Cnn, Mlp};
-use meshwork_types::{DType, Tensor};
+use meshwork_types::DType;
 
 use super::{Ctx, Defaults, Family, Resolved, not_ours, size_flags};
 use crate::config::{Data, OptimizerKind};
@@ -175,7 +175,7 @@ fn mlp_hidden(ctx: &Ctx<'_>, (features, classes): (usize, usize)) -> Result<usiz
 /// The MLP's hidden units an `--init` file's w1 says, its four tensors checked against
 /// the data: names, ranks and shapes.
 fn mlp_init_hidden(
-    f: &HashMap<String, Tensor>,
+    f: &HashMap<String, crate::init::Shaped>,
     (features, classes): (usize, usize),
 ) -> Result<usize> {
     let get = |name: &str, rank: usize| -> Result<Vec<usize>> {

@@ -10,7 +10,7 @@ mod transformer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use meshwork_types::{DType, Tensor};
+use meshwork_types::DType;
 use serde_json::Value as Json;
 
 use crate::config::{Config, Data, ModelKind, OptimizerKind};
@@ -55,7 +55,7 @@ pub(crate) enum Init {
     /// Nothing: the weights are drawn from the seed.
     None,
     /// A safetensors file's tensors, by name.
-    File(HashMap<String, Tensor>),
+    File(crate::init::InitFile),
     /// A Hugging Face checkpoint folder and its `config.json`.
     Folder {
         /// The folder.
@@ -66,10 +66,10 @@ pub(crate) enum Init {
 }
 
 impl Init {
-    /// The file's tensors, when `--init` is a file.
-    pub(crate) fn file(&self) -> Option<&HashMap<String, Tensor>> {
+    /// The file's tensors' shapes, when `--init` is a file.
+    pub(crate) fn file(&self) -> Option<&HashMap<String, crate::init::Shaped>> {
         match self {
-            Init::File(f) => Some(f),
+            Init::File(f) => Some(&f.shapes),
             _ => None,
         }
     }
@@ -338,7 +338,7 @@ pub(crate) fn token_data(
 }
 
 /// Every weight the model has is in the `--init` file, of its shape.
-pub(crate) fn check_init(net: &Net, file: &HashMap<String, Tensor>) -> Result<()> {
+pub(crate) fn check_init(net: &Net, file: &HashMap<String, crate::init::Shaped>) -> Result<()> {
     for (name, dims) in net.weight_dims() {
         let t = file.get(&name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
         if t.shape() != dims.as_slice() {

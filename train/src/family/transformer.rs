@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 
 use meshwork_nn::{Model, Transformer};
-use meshwork_types::Tensor;
 
 use super::{Bytes, Ctx, Defaults, Family, Resolved, classifier_flags, not_ours, token_data};
 use crate::config::Config;
@@ -86,7 +85,7 @@ pub(crate) fn heads_with_init() -> Error {
 /// disagrees is an error naming both).
 pub(crate) fn transformer_from_flags(
     config: &Config,
-    init: Option<&HashMap<String, Tensor>>,
+    init: Option<&HashMap<String, crate::init::Shaped>>,
 ) -> Result<Transformer> {
     let flag = |name: &str, given: Option<usize>, default: usize| -> Result<(usize, bool)> {
         match given {

@@ -466,3 +466,42 @@ fn classifier_rows_are_read_by_their_processes() {
         assert_close(&report.losses, &one, 1e-12, "CNN over 2 processes");
     }
 }
+
+/// An `--init` file is read by boxes across processes: a value that is not finite in
+/// the box of `layers.0.attn.wq` that process 1's model position holds (its last
+/// column, whatever way Megatron splits it over `1x2`) is refused by process 1 alone,
+/// naming it, before any step.
+#[test]
+fn an_init_file_is_read_by_boxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut weights =
+        meshwork_train::read_init(&crate::reference("init.safetensors"), 1 << 30).unwrap();
+    let wq = weights.get_mut("layers.0.attn.wq").unwrap();
+    let meshwork_types::Tensor::F64(a) = wq else { panic!("f64 weights") };
+    let last = a.len() - 1;
+    a.as_slice_mut().unwrap()[last] = f64::NAN;
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        weights.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.to_le_bytes())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F64, s.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let path = dir.path().join("nan.safetensors");
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let config =
+        Config { mesh: Some((1, 2)), init: Some(path), ..reference_run(OptimizerKind::Adam, 0.01) };
+    for r in spread_with(&config, 2, &[]) {
+        match r {
+            Err(Error::Usage(m)) => {
+                assert!(m.starts_with("process 1: --init") && m.contains("NaN"), "{m}")
+            }
+            other => panic!("want process 1's refusal, got {other:?}"),
+        }
+    }
+}
