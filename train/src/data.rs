@@ -279,7 +279,7 @@ impl Images {
     /// Images `[N, H, W, C]` from `x` and class ids `[N]` (or `[N, 1]`) from `y`, within
     /// `limit` bytes each.
     pub fn from_npy(x: &Path, y: &Path, limit: u64) -> Result<Images> {
-        let (xs, ys) = (x.display(), y.display());
+        let xs = x.display();
         let xa = npy::read("data-x", x, limit)?;
         let [n, h, w, c] = xa.shape()[..] else {
             return Err(Error::flag(
@@ -299,40 +299,45 @@ impl Images {
                 format!("{xs}: value {k} (flat) is {v}, not a finite number"),
             ));
         }
-        let ya = npy::read("data-y", y, limit)?;
-        if ya.shape() != [n] && ya.shape() != [n, 1] {
-            return Err(Error::flag(
-                "data-y",
-                format!("{ys} has shape {:?}; want [{n}] (or [{n}, 1])", ya.shape()),
-            ));
-        }
-        let mut labels = Vec::with_capacity(n);
-        for (i, &v) in ya.iter().enumerate() {
-            if v.fract() != 0.0 || !(0.0..65536.0).contains(&v) {
-                return Err(Error::flag(
-                    "data-y",
-                    format!("{ys}: row {i} holds {v}, not a class id"),
-                ));
-            }
-            labels.push(v as i32);
-        }
-        let classes = labels.iter().copied().max().unwrap_or(0) as usize + 1;
-        if classes < 2 {
-            return Err(Error::flag("data-y", format!("{ys} holds one class")));
-        }
-        // The classes are the largest id + 1; one stray id must not build a head of
-        // thousands of classes that no row has.
-        if classes > 2 * n {
-            return Err(Error::flag(
-                "data-y",
-                format!(
-                    "{ys}: the largest class id {} is more than twice the {n} rows; is it a stray label?",
-                    classes - 1
-                ),
-            ));
-        }
+        let (labels, classes) = image_labels(y, n, limit)?;
         Ok(Images { dims: [n, h, w, c], x: xa.iter().copied().collect(), y: labels, classes })
     }
+}
+
+/// The class ids of a CNN's `--data-y` for `n` images: `[n]` or `[n, 1]` ids below
+/// 65536, the classes their largest + 1 (at least 2, at most twice the images).
+pub(crate) fn image_labels(y: &Path, n: usize, limit: u64) -> Result<(Vec<i32>, usize)> {
+    let ys = y.display();
+    let ya = npy::read("data-y", y, limit)?;
+    if ya.shape() != [n] && ya.shape() != [n, 1] {
+        return Err(Error::flag(
+            "data-y",
+            format!("{ys} has shape {:?}; want [{n}] (or [{n}, 1])", ya.shape()),
+        ));
+    }
+    let mut labels = Vec::with_capacity(n);
+    for (i, &v) in ya.iter().enumerate() {
+        if v.fract() != 0.0 || !(0.0..65536.0).contains(&v) {
+            return Err(Error::flag("data-y", format!("{ys}: row {i} holds {v}, not a class id")));
+        }
+        labels.push(v as i32);
+    }
+    let classes = labels.iter().copied().max().unwrap_or(0) as usize + 1;
+    if classes < 2 {
+        return Err(Error::flag("data-y", format!("{ys} holds one class")));
+    }
+    // The classes are the largest id + 1; one stray id must not build a head of
+    // thousands of classes that no row has.
+    if classes > 2 * n {
+        return Err(Error::flag(
+            "data-y",
+            format!(
+                "{ys}: the largest class id {} is more than twice the {n} rows; is it a stray label?",
+                classes - 1
+            ),
+        ));
+    }
+    Ok((labels, classes))
 }
 
 /// Rows of the built-in token data.

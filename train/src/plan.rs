@@ -954,8 +954,10 @@ fn compare(
             }) || theirs.get("rows").is_some_and(|r| *r != meta["rows"])
         }
         Origin::MainJob => {
+            // A process of a spread run holds only its rows: no fingerprint to compare.
             let fp = classification.map(Classification::fingerprint);
-            theirs.get("main_job_fingerprint").and_then(Value::as_u64) != fp.map(u64::from)
+            fp.is_some()
+                && theirs.get("main_job_fingerprint").and_then(Value::as_u64) != fp.map(u64::from)
         }
         Origin::Bare => false,
     };

@@ -355,15 +355,18 @@ fn gcd(a: usize, b: usize) -> usize {
 
 impl Share {
     /// Of `n` rows, the ones this process reads: those its slots take over its steps
-    /// (as the trainer orders them, [`Rows`](crate::trainer::Rows)), and the held-out
-    /// rows. Unshuffled rows repeat every `rows / gcd(rows, B)` steps, so no more are
+    /// (as the trainer orders them, [`Rows`](crate::trainer::Rows)), and, in process 0
+    /// (which evaluates), the held-out rows. Unshuffled rows repeat every `rows / gcd(rows, B)` steps, so no more are
     /// looked at; shuffled ones, until every row is taken or as many examples as 16
     /// passes over the rows have been looked at (then all are read).
     pub(crate) fn wanted(&self, n: usize) -> Vec<bool> {
         let held = self.held_out.map_or(0, |f| ((f * n as f64).ceil() as usize).min(n));
         let rows = n - held;
         let mut want = vec![false; n];
-        want[rows..].iter_mut().for_each(|w| *w = true);
+        // The held-out rows: process 0 alone evaluates.
+        if self.processes.leads() {
+            want[rows..].iter_mut().for_each(|w| *w = true);
+        }
         if rows == 0 || self.batch == 0 {
             return want;
         }

@@ -144,17 +144,8 @@ impl Trainer {
         let planned = plan(config);
         match config.processes.as_ref().filter(|p| p.count() > 1) {
             Some(p) => {
-                // What every process must have planned alike: the run's record (model,
-                // data rows, settings), its steps and where it starts.
-                let digest = planned.as_ref().map_or(0, |plan| {
-                    let text = format!(
-                        "{} {} {:?}",
-                        plan.meta,
-                        plan.steps,
-                        plan.saved.as_ref().map(|s| s.step)
-                    );
-                    u64::from(crc32c::crc32c(text.as_bytes())) | 1
-                });
+                // What every process must have planned alike (`plan_digest`).
+                let digest = planned.as_ref().map_or(0, |plan| plan_digest(config, plan));
                 p.agree_at(Point::Planned, digest, planned, false).map(|(plan, _)| Trainer { plan })
             }
             None => Ok(Trainer { plan: planned? }),
@@ -319,6 +310,38 @@ fn tolerance(p: &Plan) -> f64 {
         (None, DType::F64) => 1e-9,
         (None, _) => 1e-3,
     }
+}
+
+/// What every process of a spread run must have planned alike, as a number: the
+/// run's record (model, rows, optimizer, schedule), its layout, savers, precision,
+/// steps and host calls, evaluation and checkpoint cadence, back end, where it starts,
+/// and the sizes of the files it reads (each process's copy must be the same file).
+fn plan_digest(config: &Config, p: &Plan) -> u64 {
+    let size = |path: Option<&std::path::Path>| {
+        path.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len())
+    };
+    let data = match &config.data {
+        crate::Data::Tokens(f) | crate::Data::Text(f) => [size(Some(f)), None],
+        crate::Data::Npy { x, y } => [size(Some(x)), size(Some(y))],
+        crate::Data::BuiltIn => [None, None],
+    };
+    let text = format!(
+        "{} {} {:?} {:?} {:?} {:?} {} {} {} {} {:?} {:?} {:?}",
+        p.meta,
+        p.steps,
+        p.saved.as_ref().map(|s| s.step),
+        p.layout,
+        p.savers,
+        p.precision,
+        p.steps_per_run,
+        p.eval_every,
+        p.checkpoint_every,
+        p.dtype,
+        p.backend.backend.as_ref().map(|b| b.describe()),
+        data,
+        size(config.init.as_deref().filter(|i| i.is_file())),
+    );
+    u64::from(crc32c::crc32c(text.as_bytes())) | 1
 }
 
 /// How a run that did not finish ended: a failure here, or one every process
@@ -565,8 +588,9 @@ impl<'s> Running<'s> {
                 classifies,
             });
             let mut stopping = stop.load(Ordering::SeqCst);
-            if p.processes.is_some() && ahead.is_empty() && s + 1 < steps {
-                // Every process stops after the same step.
+            if p.processes.is_some() && ahead.is_empty() && (s + 1 < steps || evaluated.is_some()) {
+                // Every process stops after the same step; and waits here (as long as an
+                // agreement may) while process 0 alone evaluates, also after the last.
                 stopping = sync(p, Point::Step, Ok(()), stopping)?.1;
             }
             if stopping && ahead.is_empty() && s + 1 < steps {

@@ -260,10 +260,11 @@ impl Family for CnnFamily {
                     )),
                 };
                 let rows = data::some_rows(x, ctx.limit, &check, &|n| share.wanted(n))?;
-                let (labels, classes) = data::class_ids(y, rows.n, None, ctx.limit)?;
+                // The labels by the rules a single process reads them by.
+                let (labels, classes) = data::image_labels(y, rows.n, ctx.limit)?;
                 index = Some(rows.index);
                 let [h, w, c] = rows.dims[..] else { unreachable!("checked rank 4") };
-                Images { dims: [rows.n, h, w, c], x: rows.x, y: class_i32(&labels)?, classes }
+                Images { dims: [rows.n, h, w, c], x: rows.x, y: labels, classes }
             }
             (Data::Npy { x, y }, None) => Images::from_npy(x, y, ctx.limit)?,
             _ => unreachable!("refused above"),
