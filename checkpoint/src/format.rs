@@ -756,44 +756,13 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
     // Build every variable's global value before changing any.
     let mut values = Vec::new();
     for (name, want_dtype, want_shape) in wanted {
-        let entry = saved
-            .iter()
-            .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
-            .ok_or_else(|| Error::Missing { path: dir.to_path_buf(), variable: name.clone() })?;
-        let dtype: DType = field(entry, "dtype", &index_path)?
-            .as_str()
-            .and_then(|d| d.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad dtype")))?;
-        let shape: Vec<usize> = field(entry, "shape", &index_path)?
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| usize_of(d, &index_path))
-            .collect::<Result<_>>()?;
-        if dtype != *want_dtype || shape != *want_shape {
-            return Err(Error::Mismatch {
-                path: dir.to_path_buf(),
-                variable: name.clone(),
-                saved: spec(dtype, &shape),
-                wanted: spec(*want_dtype, want_shape),
-            });
-        }
-        let hlo: HloSharding = field(entry, "sharding", &index_path)?
-            .as_str()
-            .and_then(|h| h.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad sharding")))?;
-        // The saved regions must tile the value exactly as the saved sharding says: its
-        // even split, or, where a dim does not divide, XLA's padded layout with the
-        // empty trailing regions left out (as a writer of uneven shards saves them).
-        let saved_sharding = positions(hlo, saved_logical)?;
-        let regions = saved_regions(&saved_sharding, &shape)?;
-        let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
-        if shards.len() != regions.len() {
-            return Err(corrupt(
-                &index_path,
-                format!("variable {}: {} shards for {} regions", name, shards.len(), regions.len()),
-            ));
-        }
+        let Listed { dtype, shape, regions, shards } = saved_variable(
+            dir,
+            &index_path,
+            &saved,
+            saved_logical,
+            (name, *want_dtype, want_shape),
+        )?;
         let mut global = Tensor::zeros(dtype, &shape)?;
         for (shard, region) in shards.iter().zip(&regions) {
             let file = field(shard, "file", &index_path)?.as_str().unwrap_or_default();
@@ -882,44 +851,13 @@ pub fn read_checkpoint_parts(
     let mut headers: std::collections::HashMap<String, (u64, Value)> = Default::default();
     let mut out = Vec::with_capacity(wanted.len());
     for ((name, want_dtype, want_shape), boxes) in wanted.iter().zip(regions) {
-        let entry = saved
-            .iter()
-            .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
-            .ok_or_else(|| Error::Missing { path: dir.to_path_buf(), variable: name.clone() })?;
-        let dtype: DType = field(entry, "dtype", &index_path)?
-            .as_str()
-            .and_then(|d| d.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad dtype")))?;
-        let shape: Vec<usize> = field(entry, "shape", &index_path)?
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| usize_of(d, &index_path))
-            .collect::<Result<_>>()?;
-        if dtype != *want_dtype || shape != *want_shape {
-            return Err(Error::Mismatch {
-                path: dir.to_path_buf(),
-                variable: name.clone(),
-                saved: spec(dtype, &shape),
-                wanted: spec(*want_dtype, want_shape),
-            });
-        }
-        let hlo: HloSharding = field(entry, "sharding", &index_path)?
-            .as_str()
-            .and_then(|h| h.parse().ok())
-            .ok_or_else(|| corrupt(&index_path, format!("variable {name}: bad sharding")))?;
-        let saved_regions = saved_regions(&positions(hlo, saved_logical)?, &shape)?;
-        let shards = field(entry, "shards", &index_path)?.as_array().cloned().unwrap_or_default();
-        if shards.len() != saved_regions.len() {
-            return Err(corrupt(
-                &index_path,
-                format!(
-                    "variable {name}: {} shards for {} regions",
-                    shards.len(),
-                    saved_regions.len()
-                ),
-            ));
-        }
+        let Listed { dtype, shape, regions: saved_regions, shards } = saved_variable(
+            dir,
+            &index_path,
+            &saved,
+            saved_logical,
+            (name, *want_dtype, want_shape),
+        )?;
         let mut parts = Vec::with_capacity(boxes.len());
         for b in boxes {
             if b.len() != shape.len()
@@ -1045,6 +983,65 @@ fn copy_overlap(
         dst.assign(&src);
     }
     meshwork_types::each_tensor!(data, d => go(part, d, target, region, overlap))
+}
+
+/// A variable as an index lists it, checked against what is wanted of it.
+struct Listed {
+    dtype: DType,
+    shape: Vec<usize>,
+    /// The regions its shards must cover, in order.
+    regions: Vec<Vec<std::ops::Range<usize>>>,
+    /// Its shards' index entries, one per region.
+    shards: Vec<Value>,
+}
+
+/// Variable `name` of the index's `saved` variables (of a checkpoint of
+/// `saved_logical` positions in `dir`): of the dtype and shape wanted, its shards one
+/// per region of its saved sharding — its even split, or, where a dim does not divide,
+/// XLA's padded layout with the empty trailing regions left out (as a writer of uneven
+/// shards saves them).
+fn saved_variable(
+    dir: &Path,
+    index_path: &Path,
+    saved: &[Value],
+    saved_logical: usize,
+    (name, want_dtype, want_shape): (&String, DType, &[usize]),
+) -> Result<Listed> {
+    let entry = saved
+        .iter()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
+        .ok_or_else(|| Error::Missing { path: dir.to_path_buf(), variable: name.clone() })?;
+    let dtype: DType = field(entry, "dtype", index_path)?
+        .as_str()
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| corrupt(index_path, format!("variable {name}: bad dtype")))?;
+    let shape: Vec<usize> = field(entry, "shape", index_path)?
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| usize_of(d, index_path))
+        .collect::<Result<_>>()?;
+    if dtype != want_dtype || shape != want_shape {
+        return Err(Error::Mismatch {
+            path: dir.to_path_buf(),
+            variable: name.clone(),
+            saved: spec(dtype, &shape),
+            wanted: spec(want_dtype, want_shape),
+        });
+    }
+    let hlo: HloSharding = field(entry, "sharding", index_path)?
+        .as_str()
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| corrupt(index_path, format!("variable {name}: bad sharding")))?;
+    let regions = saved_regions(&positions(hlo, saved_logical)?, &shape)?;
+    let shards = field(entry, "shards", index_path)?.as_array().cloned().unwrap_or_default();
+    if shards.len() != regions.len() {
+        return Err(corrupt(
+            index_path,
+            format!("variable {name}: {} shards for {} regions", shards.len(), regions.len()),
+        ));
+    }
+    Ok(Listed { dtype, shape, regions, shards })
 }
 
 /// Copies `shard` (of `global`'s dtype, as both were made from the index's) into
