@@ -448,37 +448,26 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         && (place.devices > 1 || place.xla)
         && !targeted
         && spread_over.is_none();
-    let memory = |net: &Net| {
-        let extra = bookkeeping(config, run.steps);
-        let need = net.memory_estimate(
+    let estimate = |net: &Net| {
+        net.memory_estimate(
             run.batch,
             config.steps_per_run,
             dtype,
             place.layout,
             checkable,
             run.savers,
-        );
-        // A target's devices are not this machine's: XLA's compile judges their
-        // memory (`inspect --target`), not --max-memory.
-        if matches!(config.backend, BackendKind::XlaTarget { .. }) {
-            return Ok(());
-        }
-        check_memory(need.total() + extra, limit)
+        )
     };
-    // Spread over processes, each holds its own positions' share of the state.
+    // Spread over processes, each holds its own positions' share of the state (and
+    // its host calls' batches whole).
     let spread_share = spread_over.map_or(1.0, |p| p.count() as f64);
     let memory = |net: &Net| {
-        if spread_share == 1.0 {
-            return memory(net);
+        // A target's devices are not this machine's: XLA's compile judges their
+        // memory (`inspect --target`), not --max-memory.
+        if targeted {
+            return Ok(());
         }
-        let need = net.memory_estimate(
-            run.batch,
-            config.steps_per_run,
-            dtype,
-            place.layout,
-            checkable,
-            run.savers,
-        );
+        let need = estimate(net);
         let mine = (need.weights + need.activations) / spread_share + need.feeds;
         check_memory(mine + bookkeeping(config, run.steps), limit)
     };
@@ -536,14 +525,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         }
         _ => Vec::new(),
     };
-    let need = net.memory_estimate(
-        run.batch,
-        config.steps_per_run,
-        dtype,
-        place.layout,
-        checkable,
-        run.savers,
-    );
+    let need = estimate(&net);
     // On XLA (one device or a mesh), each step is checked against the interpreter on one
     // device. Half-precision products round differently when split over devices: such
     // runs are checked only when asked (with a tolerance for it).
