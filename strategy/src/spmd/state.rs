@@ -271,70 +271,69 @@ impl Compiled<'_> {
     /// distinct regions, over the mesh's positions
     /// ([`mesh().size()`](meshwork_sharding::Mesh::size) of them).
     pub fn checkpoint_entries(&self) -> Result<Vec<Entry>> {
-        let part = self.partitioned();
-        let mut out = Vec::new();
-        for (k, parts) in self.snapshot()? {
-            let p = &part.global().params()[k];
-            if p.spec.dtype == DType::Bool {
-                return Err(Error::Compiled {
-                    problem: format!("{} is bool: checkpoints hold numbers", p.name),
-                });
-            }
-            let sharding = self.sharding_of(k)?;
-            let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
-            let mut shards = Vec::new();
-            for (r, (entry, t)) in index.into_iter().zip(parts).enumerate() {
-                if entry.replica_id == 0 {
-                    shards.push((r, entry.ranges, t));
-                }
-            }
-            out.push(Entry {
-                name: p.name.clone(),
-                dtype: p.spec.dtype,
-                shape: p.spec.shape.dims().to_vec(),
-                hlo: sharding.hlo().clone(),
-                shards,
-            });
-        }
-        Ok(out)
+        self.snapshot()?
+            .into_iter()
+            .map(|(k, parts)| {
+                let mut parts: Vec<Option<Tensor>> = parts.into_iter().map(Some).collect();
+                self.entry_of(k, &mut |r| Ok(parts.get_mut(r).and_then(Option::take)))
+            })
+            .collect()
     }
 
     /// The checkpoint entries of the parts this process's positions hold (every
     /// position's, in one process): each resident parameter's regions whose first
     /// holder is one of them. No collective.
     fn local_entries(&self) -> Result<Vec<Entry>> {
-        let part = self.partitioned();
         let local = self.exe.local();
-        let mut out = Vec::new();
         let _busy = super::compiled::lock(&self.busy);
-        for k in self.resident_params() {
-            let p = &part.global().params()[k];
-            if p.spec.dtype == DType::Bool {
-                return Err(Error::Compiled {
-                    problem: format!("{} is bool: checkpoints hold numbers", p.name),
-                });
-            }
-            let sharding = self.sharding_of(k)?;
-            let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
-            let mut shards = Vec::new();
-            for (r, entry) in index.into_iter().enumerate() {
-                if entry.replica_id != 0 || !local.contains(&r) {
-                    continue;
-                }
-                let t = self.exe.fetch(r, k)?.ok_or_else(|| Error::Compiled {
-                    problem: format!("resident parameter {} was never set", p.name),
-                })?;
-                shards.push((r, entry.ranges, t));
-            }
-            out.push(Entry {
-                name: p.name.clone(),
-                dtype: p.spec.dtype,
-                shape: p.spec.shape.dims().to_vec(),
-                hlo: sharding.hlo().clone(),
-                shards,
+        self.resident_params()
+            .into_iter()
+            .map(|k| {
+                let name = &self.partitioned().global().params()[k].name;
+                self.entry_of(k, &mut |r| {
+                    if !local.contains(&r) {
+                        return Ok(None);
+                    }
+                    let part = self.exe.fetch(r, k)?.ok_or_else(|| Error::Compiled {
+                        problem: format!("resident parameter {name} was never set"),
+                    })?;
+                    Ok(Some(part))
+                })
+            })
+            .collect()
+    }
+
+    /// Resident parameter `k`'s checkpoint entry: the distinct regions of its layout
+    /// (each its first holder's), of those positions `r` whose part `part(r)` gives.
+    fn entry_of(
+        &self,
+        k: usize,
+        part: &mut dyn FnMut(usize) -> Result<Option<Tensor>>,
+    ) -> Result<Entry> {
+        let p = &self.partitioned().global().params()[k];
+        if p.spec.dtype == DType::Bool {
+            return Err(Error::Compiled {
+                problem: format!("{} is bool: checkpoints hold numbers", p.name),
             });
         }
-        Ok(out)
+        let sharding = self.sharding_of(k)?;
+        let index = sharding.index_map(p.spec.shape.dims(), Mode::Strict)?;
+        let mut shards = Vec::new();
+        for (r, entry) in index.into_iter().enumerate() {
+            if entry.replica_id != 0 {
+                continue;
+            }
+            if let Some(t) = part(r)? {
+                shards.push((r, entry.ranges, t));
+            }
+        }
+        Ok(Entry {
+            name: p.name.clone(),
+            dtype: p.spec.dtype,
+            shape: p.spec.shape.dims().to_vec(),
+            hlo: sharding.hlo().clone(),
+            shards,
+        })
     }
 
     /// Saves step `step` into `manager` from every process at once (each process's
