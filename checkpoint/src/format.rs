@@ -118,12 +118,10 @@ fn write_synced(
     ops.did("fsync", path)
 }
 
-/// Syncs a directory, making the entries created or renamed in it durable (where the
-/// platform supports directory fsync).
-pub(crate) fn sync_dir(path: &Path) {
-    if let Ok(d) = File::open(path) {
-        let _ = d.sync_all();
-    }
+/// Syncs a directory, making the entries created or renamed in it durable (a file
+/// system that cannot sync directories is no error; any other failure is).
+pub(crate) fn sync_dir(path: &Path) -> Result<()> {
+    meshwork_io::files::sync_dir(path).map_err(|e| io(path, format!("cannot sync it: {e}")))
 }
 
 /// The metadata a checkpoint was saved with, `None` if it has none. Reads only the
@@ -164,13 +162,8 @@ pub fn checkpoint_variables(dir: impl AsRef<Path>) -> Result<Vec<(String, DType,
 /// open for ever) and refused unless it is a regular file.
 fn read_regular(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    if meta.len() > max {
+    let (file, len) = meshwork_io::files::open_regular_io(path)?;
+    if len > max {
         return Ok(None);
     }
     let mut bytes = Vec::new();
@@ -549,7 +542,7 @@ pub(crate) fn write_shards(
             json!({ "name": file, "bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes) }),
         ));
     }
-    sync_dir(dir);
+    sync_dir(dir)?;
     ops.did("fsync", dir)?;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(WrittenPart { dir: name, files: listed, variables })
@@ -681,7 +674,7 @@ pub(crate) fn write_index(
     let text = serde_json::to_vec_pretty(&index).map_err(|e| io(dir, e))?;
     // The index goes last: a directory without it is not a checkpoint.
     write_synced(&dir.join(INDEX), &text, ops, written)?;
-    sync_dir(dir);
+    sync_dir(dir)?;
     ops.did("fsync", dir)
 }
 
@@ -744,14 +737,15 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
         }
         contents.insert(name.to_string(), bytes);
     }
-    let parsed: std::collections::HashMap<&str, safetensors::SafeTensors<'_>> = contents
-        .iter()
-        .map(|(n, b)| {
-            safetensors::SafeTensors::deserialize(b)
-                .map(|st| (n.as_str(), st))
-                .map_err(|e| corrupt(&dir.join(n), e.to_string()))
-        })
-        .collect::<Result<_>>()?;
+    let parsed: std::collections::HashMap<&str, (meshwork_io::safetensors::Header, &[u8])> =
+        contents
+            .iter()
+            .map(|(n, b)| {
+                meshwork_io::safetensors::parse(b)
+                    .map(|h| (n.as_str(), (h, b.as_slice())))
+                    .map_err(|e| corrupt(&dir.join(n), e))
+            })
+            .collect::<Result<_>>()?;
     let saved = field(&index, "variables", &index_path)?.as_array().cloned().unwrap_or_default();
     // Build every variable's global value before changing any.
     let mut values = Vec::new();
@@ -782,11 +776,15 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
                     ),
                 ));
             }
-            let st = parsed.get(file).ok_or_else(|| {
+            let (header, bytes) = parsed.get(file).ok_or_else(|| {
                 corrupt(&index_path, format!("variable {}: unknown file {file}", name))
             })?;
-            let view = st.tensor(tensor).map_err(|e| corrupt(&dir.join(file), e.to_string()))?;
-            if Some(u64::from(crc32c::crc32c(view.data())))
+            let entry = header
+                .get(tensor)
+                .ok_or_else(|| corrupt(&dir.join(file), format!("no tensor {tensor}")))?;
+            // Inside the file: the header check bounded every entry by its size.
+            let view = &bytes[entry.start as usize..(entry.start + entry.bytes) as usize];
+            if Some(u64::from(crc32c::crc32c(view)))
                 != field(shard, "crc32c", &index_path)?.as_u64()
             {
                 return Err(corrupt(
@@ -795,10 +793,10 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
                 ));
             }
             let extent: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
-            let data = Tensor::from_le_bytes(dtype, &extent, view.data()).map_err(|_| {
+            let data = Tensor::from_le_bytes(dtype, &extent, view).map_err(|_| {
                 corrupt(
                     &dir.join(file),
-                    format!("tensor {tensor}: {} bytes for {extent:?}", view.data().len()),
+                    format!("tensor {tensor}: {} bytes for {extent:?}", view.len()),
                 )
             })?;
             place(&mut global, &data, &ranges);
@@ -848,7 +846,8 @@ pub fn read_checkpoint_parts(
         sizes.insert(name.to_string(), want);
     }
     let saved = field(&index, "variables", &index_path)?.as_array().cloned().unwrap_or_default();
-    let mut headers: std::collections::HashMap<String, (u64, Value)> = Default::default();
+    let mut headers: std::collections::HashMap<String, (File, meshwork_io::safetensors::Header)> =
+        Default::default();
     let mut out = Vec::with_capacity(wanted.len());
     for ((name, want_dtype, want_shape), boxes) in wanted.iter().zip(regions) {
         let Listed { dtype, shape, regions: saved_regions, shards } = saved_variable(
@@ -889,30 +888,39 @@ pub fn read_checkpoint_parts(
                 };
                 let path = dir.join(file);
                 if !headers.contains_key(file) {
-                    headers.insert(file.to_string(), read_header(&path, size)?);
+                    let (f, len) =
+                        meshwork_io::files::open_regular_io(&path).map_err(|e| io(&path, e))?;
+                    if len != size {
+                        return Err(corrupt(
+                            &path,
+                            format!("{len} bytes, the index says {size}: changed"),
+                        ));
+                    }
+                    let header = meshwork_io::safetensors::read_header(&f, len)
+                        .map_err(|e| corrupt(&path, e))?;
+                    headers.insert(file.to_string(), (f, header));
                 }
-                let (start, header) = &headers[file];
-                let info = header
+                let (f, header) = &headers[file];
+                let entry = header
                     .get(tensor)
                     .ok_or_else(|| corrupt(&path, format!("no tensor {tensor}")))?;
-                let offsets: Vec<u64> = info
-                    .get("data_offsets")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_u64)
-                    .collect();
                 let region_extent: Vec<usize> = region.iter().map(|r| r.len()).collect();
-                let want_bytes =
-                    region_extent.iter().product::<usize>() as u64 * dtype.size_in_bytes() as u64;
-                let (Some(&a), Some(&z)) = (offsets.first(), offsets.get(1)) else {
-                    return Err(corrupt(&path, format!("tensor {tensor}: no data offsets")));
-                };
-                if z < a || z - a != want_bytes || start + z > size {
-                    return Err(corrupt(&path, format!("tensor {tensor}: offsets {a}..{z}")));
+                if entry.shape != region_extent
+                    || meshwork_io::safetensors::element_bytes(entry.dtype)
+                        != Some(dtype.size_in_bytes())
+                {
+                    return Err(corrupt(
+                        &path,
+                        format!(
+                            "tensor {tensor}: {:?} of {:?}, the index says {region_extent:?} of {dtype}",
+                            entry.shape, entry.dtype
+                        ),
+                    ));
                 }
-                let bytes =
-                    read_at(&path, start + a, (z - a) as usize).map_err(|e| io(&path, e))?;
+                let whole: Vec<std::ops::Range<usize>> =
+                    region_extent.iter().map(|&d| 0..d).collect();
+                let bytes = meshwork_io::safetensors::read_box_of(f, entry, &whole)
+                    .map_err(|e| corrupt(&path, e))?;
                 if Some(u64::from(crc32c::crc32c(&bytes)))
                     != field(shard, "crc32c", &index_path)?.as_u64()
                 {
@@ -927,32 +935,6 @@ pub fn read_checkpoint_parts(
         out.push(parts);
     }
     Ok(out)
-}
-
-/// A safetensors file's header: where its data start, and its JSON (each tensor's
-/// `data_offsets` from there), read alone and sized against the file first.
-fn read_header(path: &Path, size: u64) -> Result<(u64, Value)> {
-    let len = read_at(path, 0, 8).map_err(|e| io(path, e))?;
-    let n = u64::from_le_bytes(len.try_into().map_err(|_| corrupt(path, "no header"))?);
-    if n > size.saturating_sub(8) || n > 100 << 20 {
-        return Err(corrupt(path, format!("a header of {n} bytes in a file of {size}")));
-    }
-    let text = read_at(path, 8, n as usize).map_err(|e| io(path, e))?;
-    let header: Value =
-        serde_json::from_slice(&text).map_err(|e| corrupt(path, format!("its header: {e}")))?;
-    Ok((8 + n, header))
-}
-
-/// `len` bytes of the regular file `path` from `offset`.
-fn read_at(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, offset)?;
-    Ok(buf)
 }
 
 /// Copies `overlap` (global coordinates) of `data` (which holds `region`) into `part`

@@ -49,4 +49,4 @@ pub use format::{
     CheckpointEntry, WrittenPart, checkpoint_metadata, checkpoint_variables, is_checkpoint,
     read_checkpoint, read_checkpoint_parts, write_checkpoint,
 };
-pub use manager::{CheckpointManager, MARKER, find_checkpoint, step_name};
+pub use manager::{CheckpointManager, MARKER, Pinned, find_checkpoint, pin_checkpoint, step_name};

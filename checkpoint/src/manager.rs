@@ -47,6 +47,8 @@ const LATEST: &str = "latest";
 /// Prefixes of the temporary entries a save makes (removed at the next open).
 const PARTIAL: &str = ".partial-";
 const TMP: &str = ".tmp-";
+/// The prefix of a damaged step set aside.
+const DAMAGED: &str = ".damaged-";
 
 /// The name of step `step`'s directory: `step-00000120`.
 pub fn step_name(step: usize) -> String {
@@ -65,26 +67,7 @@ fn refuse(path: &Path, problem: impl Into<String>) -> Error {
     Error::Directory { path: path.to_path_buf(), problem: problem.into() }
 }
 
-/// What is at `path`, in words, for a refusal.
-fn kind(meta: &fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let t = meta.file_type();
-    if t.is_symlink() {
-        "a symbolic link"
-    } else if t.is_file() {
-        "a regular file"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_block_device() || t.is_char_device() {
-        "a device"
-    } else if t.is_fifo() {
-        "a named pipe"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a directory"
-    }
-}
+use meshwork_io::files::kind;
 
 /// Whether `dir` carries meshwork's marker.
 fn is_marked(dir: &Path) -> bool {
@@ -110,6 +93,8 @@ pub struct CheckpointManager {
     /// Test hook: file-system operations the next save may make before it stops as a
     /// crash would.
     crash_after: Option<usize>,
+    /// The damaged steps `open` set aside.
+    set_aside: Vec<PathBuf>,
 }
 
 impl CheckpointManager {
@@ -205,14 +190,56 @@ impl CheckpointManager {
                 return Err(refuse(root, format!("cannot lock it: {e}")));
             }
         }
-        let manager = CheckpointManager {
+        let mut manager = CheckpointManager {
             root: root.to_path_buf(),
             keep,
             _lock: Some(lock),
             crash_after: None,
+            set_aside: Vec::new(),
         };
         manager.remove_stale()?;
+        manager.set_aside_damaged()?;
         Ok(manager)
+    }
+
+    /// The damaged steps [`open`](Self::open) set aside: each `step-NNNNNNNN` directory
+    /// that was not a complete checkpoint (its index missing or damaged — a step is
+    /// renamed into place complete, so only damage makes one), now under the name in
+    /// the list, `.damaged-step-NNNNNNNN-…`, which meshwork never reads, writes or
+    /// removes. Left there, such a step would stop a run from saving that step again.
+    pub fn set_aside(&self) -> &[PathBuf] {
+        &self.set_aside
+    }
+
+    /// Renames each damaged step out of the `step-*` names (see [`set_aside`]).
+    ///
+    /// [`set_aside`]: Self::set_aside
+    fn set_aside_damaged(&mut self) -> Result<()> {
+        let entries = fs::read_dir(&self.root).map_err(|e| refuse(&self.root, e.to_string()))?;
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+            if parse_step(&name).is_none() {
+                continue;
+            }
+            let path = entry.path();
+            let is_dir = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+            if !is_dir || is_checkpoint(&path) {
+                continue;
+            }
+            let mut aside = self.root.join(format!("{DAMAGED}{name}-{}", std::process::id()));
+            let mut k = 0;
+            while fs::symlink_metadata(&aside).is_ok() {
+                k += 1;
+                aside = self.root.join(format!("{DAMAGED}{name}-{}-{k}", std::process::id()));
+            }
+            fs::rename(&path, &aside)
+                .map_err(|e| refuse(&path, format!("a damaged step; cannot set it aside: {e}")))?;
+            self.set_aside.push(aside);
+        }
+        if !self.set_aside.is_empty() {
+            sync_dir(&self.root)?;
+        }
+        Ok(())
     }
 
     /// The directory.
@@ -243,6 +270,7 @@ impl CheckpointManager {
             keep: usize::MAX,
             _lock: None,
             crash_after: None,
+            set_aside: Vec::new(),
         })
     }
 
@@ -282,8 +310,8 @@ impl CheckpointManager {
         if part.is_err() && !ops.crashed {
             remove_written(&written, created.then_some(dir.as_path()));
         }
-        sync_dir(&self.root);
-        part.map_err(|e| save_error(&self.root, step, e))
+        part.and_then(|p| sync_dir(&self.root).map(|()| p))
+            .map_err(|e| save_error(&self.root, step, e))
     }
 
     /// Removes a part this process wrote for a step that will not be committed.
@@ -334,7 +362,7 @@ impl CheckpointManager {
                 }
                 let _ = fs::remove_dir(&from);
             }
-            sync_dir(aside);
+            sync_dir(aside)?;
             let mut written = Vec::new();
             write_index(aside, devices, variables, files, Some(metadata), ops, &mut written)
         })
@@ -443,7 +471,7 @@ impl CheckpointManager {
         // A directory rename is atomic: `step-…` appears complete or not at all.
         fs::rename(aside, target).map_err(|e| refuse(target, e.to_string()))?;
         ops.did("rename", target)?;
-        sync_dir(&self.root);
+        sync_dir(&self.root)?;
         ops.did("fsync", &self.root)?;
         let name = step_name(step);
         write_replace(&self.root, LATEST, format!("{name}\n").as_bytes(), ops)?;
@@ -451,8 +479,14 @@ impl CheckpointManager {
         let old = steps.len().saturating_sub(self.keep);
         for &s in steps[..old].iter().filter(|&&s| s != step) {
             // Rename out of the `step-*` names first, so a crash mid-delete leaves a
-            // stale partial (removed at the next open), never a damaged step.
+            // stale partial (removed at the next open), never a damaged step. A step
+            // another run is reading (its shared lock: `pin_checkpoint`) is left for a
+            // later save to prune.
             let dir = self.root.join(step_name(s));
+            let Ok(held) = File::open(&dir) else { continue };
+            if held.try_lock().is_err() {
+                continue;
+            }
             let doomed =
                 self.root.join(format!("{PARTIAL}{}-{}-old", step_name(s), std::process::id()));
             fs::rename(&dir, &doomed).map_err(|e| refuse(&dir, e.to_string()))?;
@@ -460,8 +494,7 @@ impl CheckpointManager {
             fs::remove_dir_all(&doomed).map_err(|e| refuse(&doomed, e.to_string()))?;
             ops.did("remove", &doomed)?;
         }
-        sync_dir(&self.root);
-        Ok(())
+        sync_dir(&self.root)
     }
 
     /// Test hook: the next [`save`](Self::save) stops after `ops` file-system
@@ -505,7 +538,7 @@ fn write_replace(dir: &Path, name: &str, bytes: &[u8], ops: &mut Ops) -> Result<
     ops.did("write", &tmp)?;
     fs::rename(&tmp, &path).map_err(|e| refuse(&path, format!("cannot write it: {e}")))?;
     ops.did("rename", &path)?;
-    sync_dir(dir);
+    sync_dir(dir)?;
     ops.did("fsync", dir)
 }
 
@@ -522,6 +555,54 @@ fn complete_steps(root: &Path) -> Result<Vec<usize>> {
         .collect();
     steps.sort_unstable();
     Ok(steps)
+}
+
+/// A checkpoint step held for reading: a shared lock on its directory, which a
+/// [`CheckpointManager`] pruning old steps respects (it skips a step someone reads,
+/// pruning it at a later save). Dropping it releases the step.
+#[derive(Debug)]
+pub struct Pinned {
+    /// The checkpoint's directory.
+    pub dir: PathBuf,
+    /// Its step, when its name says it.
+    pub step: Option<usize>,
+    _lock: File,
+}
+
+/// [`find_checkpoint`], the step found held against pruning ([`Pinned`]). A step that
+/// another run's save prunes between being found and being locked is found again:
+/// the newest step then is taken.
+pub fn pin_checkpoint(path: impl AsRef<Path>) -> Result<Pinned> {
+    use std::os::unix::fs::MetadataExt;
+    let path = path.as_ref();
+    let mut last = None;
+    for _ in 0..8 {
+        let (dir, step) = find_checkpoint(path)?;
+        let Ok(lock) = File::open(&dir) else {
+            last = Some(dir);
+            continue;
+        };
+        if lock.try_lock_shared().is_err() {
+            // Being pruned right now.
+            last = Some(dir);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            continue;
+        }
+        // Still at its name, and still complete: not pruned before the lock took.
+        let same = match (lock.metadata(), fs::metadata(&dir)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if same && is_checkpoint(&dir) {
+            return Ok(Pinned { dir, step, _lock: lock });
+        }
+        last = Some(dir);
+    }
+    let shown = last.unwrap_or_else(|| path.to_path_buf());
+    Err(refuse(
+        &shown,
+        "keeps vanishing as it is read (another run is pruning it); not a complete checkpoint",
+    ))
 }
 
 /// The checkpoint to restore for a user's `path`: a meshwork checkpoint directory gives

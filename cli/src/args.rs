@@ -14,9 +14,16 @@ use meshwork_types::DType;
 
 use crate::out::{Exit, out};
 
-/// The commands, for `help COMMAND`.
-pub(crate) const COMMANDS: [&str; 6] =
-    ["train", "inspect", "generate", "shard", "reshard", "place"];
+/// The commands (the visible subcommands of [`Cli`], so the list cannot drift), for
+/// `help COMMAND`.
+pub(crate) fn commands() -> Vec<String> {
+    use clap::CommandFactory;
+    Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_string())
+        .collect()
+}
 
 /// meshwork — run one model on many devices.
 ///
@@ -590,6 +597,10 @@ fn backend_kind(
             "--partitioner xla needs --backend xla (the interpreter runs meshwork's partitions)"
                 .into(),
         )),
+        BackendArg::Interpreter if plugin.is_some() => Err(Exit::Usage(
+            "--pjrt-plugin: nothing here loads a plugin; add --backend xla (or --target) to run on it"
+                .into(),
+        )),
         BackendArg::Interpreter => Ok(BackendKind::Interpreter),
         BackendArg::Xla => Ok(BackendKind::Xla { plugin: plugin.clone(), partitioner }),
     }
@@ -597,6 +608,7 @@ fn backend_kind(
 
 /// `meshwork tokenize`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct TokenizeArgs {
     /// The text file to encode (UTF-8; encoded in chunks, with the ids of encoding it whole)
     #[arg(long, value_name = "FILE")]
@@ -617,6 +629,7 @@ pub(crate) struct TokenizeArgs {
 
 /// `meshwork generate`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct GenerateArgs {
     /// A Hugging Face checkpoint folder (config.json, model.safetensors): GPT-2 or the Llama family
     #[arg(long, value_name = "DIR")]
@@ -691,6 +704,15 @@ impl GenerateArgs {
             }
             (None, None) => self.prompt_ids.clone(),
         };
+        // An empty prompt is the flag's that gave it.
+        if prompt_ids.is_empty() {
+            let flag = if self.prompt.is_some() { "--prompt" } else { "--chat" };
+            if self.prompt.is_some() || self.chat.is_some() {
+                return Err(Exit::Usage(format!(
+                    "{flag}: it encodes to no tokens; generation needs at least one"
+                )));
+            }
+        }
         Ok(meshwork_train::generate::GenerateConfig {
             init: self.init.clone(),
             prompt_ids,
@@ -709,6 +731,7 @@ impl GenerateArgs {
 
 /// `meshwork inspect`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct InspectArgs {
     /// The model (default: the one --init DIR's config.json or --preset names, else mlp)
     #[arg(long, value_enum)]
@@ -871,6 +894,7 @@ pub(crate) struct ArrayOnMesh {
 
 /// `meshwork shard`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct ShardArgs {
     #[command(flatten)]
     pub(crate) array: ArrayOnMesh,
@@ -881,6 +905,7 @@ pub(crate) struct ShardArgs {
 
 /// `meshwork reshard`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct ReshardArgs {
     #[command(flatten)]
     pub(crate) array: ArrayOnMesh,
@@ -897,6 +922,7 @@ pub(crate) struct ReshardArgs {
 
 /// `meshwork place`'s flags.
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct PlaceArgs {
     /// The graph
     #[arg(value_name = "GRAPH.json")]
@@ -1044,7 +1070,7 @@ pub(crate) fn clap_exit(e: clap::Error, argv: &[String]) -> Result<(), Exit> {
             let command = argv
                 .iter()
                 .skip(1)
-                .find(|a| COMMANDS.contains(&a.as_str()))
+                .find(|a| commands().contains(a))
                 .map_or(String::new(), |c| format!(" {c}"));
             Err(Exit::Usage(format!("{}; see `meshwork help{command}`", one_line(&e))))
         }

@@ -42,11 +42,11 @@ fn main() -> ExitCode {
     match run(std::env::args_os().collect()) {
         Ok(()) | Err(Exit::Closed) => ExitCode::SUCCESS,
         Err(Exit::Usage(message)) => {
-            note(format_args!("meshwork: error: {message}"));
+            note(format_args!("meshwork: error: {}", out::readable(&message)));
             ExitCode::from(2)
         }
         Err(Exit::Failed(message)) => {
-            note(format_args!("meshwork: error: {message}"));
+            note(format_args!("meshwork: error: {}", out::readable(&message)));
             ExitCode::from(1)
         }
         Err(Exit::Interrupted) => ExitCode::from(130),
@@ -89,7 +89,7 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             let topics: Vec<&String> = without_model(rest);
             match topics.as_slice() {
                 [] => vec![argv[0].clone(), "--help".into()],
-                [topic] if args::COMMANDS.contains(&topic.as_str()) => {
+                [topic] if args::commands().contains(topic) => {
                     let mut a = vec![argv[0].clone(), (*topic).clone(), "--help".into()];
                     a.extend(rest.iter().filter(|r| !topics.contains(r)).cloned());
                     a
@@ -97,7 +97,7 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
                 [topic] => {
                     return Err(Exit::Usage(format!(
                         "no help on {topic:?}; the commands are {}",
-                        args::COMMANDS.join(", ")
+                        args::commands().join(", ")
                     )));
                 }
                 [_, extra, ..] => {

@@ -61,3 +61,79 @@ macro_rules! outln {
     };
 }
 pub(crate) use outln;
+
+/// `message` as one readable line: line breaks as spaces, a number of more than 17
+/// significant characters (an `f64` printed in full decimal, hundreds of digits) in
+/// scientific notation, and any word longer than [`LONGEST_WORD`] characters (a
+/// 50 KB sharding spec echoed back) cut in its middle, its length said.
+pub(crate) fn readable(message: &str) -> String {
+    message
+        .split_whitespace()
+        .map(|word| {
+            let word = shorten_numbers(word);
+            let n = word.chars().count();
+            if n <= LONGEST_WORD {
+                return word;
+            }
+            let head: String = word.chars().take(LONGEST_WORD / 2).collect();
+            let tail: String = word.chars().skip(n - LONGEST_WORD / 4).collect();
+            format!("{head}…{tail} ({n} characters)")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The longest word an error line shows whole.
+pub(crate) const LONGEST_WORD: usize = 160;
+
+/// `word` with each run of digits (and one decimal point) longer than 17 characters
+/// written as `{:e}` of its value.
+fn shorten_numbers(word: &str) -> String {
+    let mut out = String::with_capacity(word.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        let digits = run.chars().filter(char::is_ascii_digit).count();
+        match run.parse::<f64>() {
+            Ok(v) if digits > 17 && run.chars().any(|c| c.is_ascii_digit()) => {
+                out.push_str(&format!("{v:e}"));
+            }
+            _ => out.push_str(run),
+        }
+        run.clear();
+    };
+    for c in word.chars() {
+        if c.is_ascii_digit() || (c == '.' && !run.contains('.') && !run.is_empty()) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A huge f64 in full decimal becomes scientific notation; a long word is cut, its
+    /// length said; short numbers, words and ids stay as they are; the result is one
+    /// line however many the message had.
+    #[test]
+    fn error_lines_stay_readable() {
+        let huge = format!("{}", 1e300f64);
+        assert!(huge.len() > 300);
+        let got = readable(&format!("--lr {huge} is too large"));
+        assert_eq!(got, "--lr 1e300 is too large");
+        let tiny = format!("{}", 1.5e-30f64);
+        assert_eq!(readable(&format!("eps {tiny}.")), "eps 1.5e-30.");
+        assert_eq!(readable("step 12 loss 0.0123456 at 2x4"), "step 12 loss 0.0123456 at 2x4");
+        let spec = format!("{{devices=[{}]}}", vec!["1"; 25_000].join(","));
+        let got = readable(&format!("--spec {spec}: bad\nsecond line"));
+        assert!(got.len() < 300 && got.contains("(50012 characters)"), "{got}");
+        assert!(got.ends_with(": bad second line") || got.contains("bad second line"), "{got}");
+        assert!(!got.contains('\n'));
+        assert_eq!(readable("a\tb\n c"), "a b c");
+    }
+}

@@ -29,19 +29,7 @@ fn run_in(cwd: &Path, args: &[&[u8]]) -> Output {
 
 /// `.npy` bytes of `shape` with `descr` and raw little-endian `data`.
 fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let shape =
-        if shape.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out.extend(data);
-    out
+    [meshwork_io::npy::header(descr, shape), data.to_vec()].concat()
 }
 
 fn f64s(v: impl IntoIterator<Item = f64>) -> Vec<u8> {
@@ -139,6 +127,60 @@ fn inputs(dir: &Path) {
     std::fs::write(dir.join("proj/notes.txt"), "mine").unwrap();
     std::os::unix::fs::symlink(dir.join("proj"), dir.join("link")).unwrap();
     w("graph.json", br#"{"nodes": []}"#.to_vec());
+    // Hostile files: a safetensors header naming a tensor twice, and one whose tensors
+    // share bytes (serde would keep the last entry; the bytes would alias).
+    let header = |json: &str, data: usize| {
+        let mut b = (json.len() as u64).to_le_bytes().to_vec();
+        b.extend(json.as_bytes());
+        b.extend(vec![0u8; data]);
+        b
+    };
+    w(
+        "dup.safetensors",
+        header(
+            r#"{"w1":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"w1":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}}"#,
+            16,
+        ),
+    );
+    w(
+        "aliased.safetensors",
+        header(
+            r#"{"w1":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"b1":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#,
+            8,
+        ),
+    );
+    // A PJRT plugin cut short (an ELF whose segments run past its end: dlopen would
+    // crash with SIGBUS), and a named pipe in a plugin's place.
+    let elf = std::fs::read(BIN).unwrap();
+    w("cut.so", elf[..100_000].to_vec());
+    let made = Command::new("mkfifo").arg(dir.join("pipe.so")).status().unwrap();
+    assert!(made.success());
+    // GPT-2 folders: the test one; one whose generation config names a non-id end;
+    // one whose generation config is a named pipe; a tokenizer whose post-processor
+    // names a special token it does not define (the tokenizers crate panics on it).
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    for name in ["gpt2", "gpt2_badgen", "gpt2_pipegen"] {
+        std::fs::create_dir(dir.join(name)).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(gpt2.join("model").join(f), dir.join(name).join(f)).unwrap();
+        }
+        std::fs::copy(gpt2.join("tokenizer.json"), dir.join(name).join("tokenizer.json")).unwrap();
+    }
+    w("gpt2_badgen/generation_config.json", br#"{"eos_token_id": 2.5}"#.to_vec());
+    let made = Command::new("mkfifo")
+        .arg(dir.join("gpt2_pipegen/generation_config.json"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut tok: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(gpt2.join("tokenizer.json")).unwrap()).unwrap();
+    tok["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {}
+    });
+    w("bad_template.json", tok.to_string().into_bytes());
 }
 
 /// The table: every command with bad arguments, each with a word its one line must
@@ -315,6 +357,113 @@ fn every_command_refuses_bad_arguments_with_one_line_and_changes_no_file() {
         ),
         (vec![b"place", b"graph.json", b"--devices", b"CPU:0", b"--explain", b"nope"], "--explain"),
         (vec![b"place", b"/dev/zero", b"--devices", b"CPU:0"], "/dev/zero"),
+        // Issue 43's hostile inputs.
+        (
+            vec![
+                b"tokenize",
+                b"--text",
+                b"notes.txt",
+                b"--tokenizer",
+                b"bad_template.json",
+                b"--seq",
+                b"2",
+                b"--out",
+                b"o.npy",
+            ],
+            "--tokenizer",
+        ),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2",
+                b"--tokenizer",
+                b"bad_template.json",
+                b"--prompt",
+                b"hi",
+            ],
+            "special token",
+        ),
+        (
+            vec![b"train", b"--backend", b"xla", b"--pjrt-plugin", b"cut.so", b"--steps", b"1"],
+            "cut short",
+        ),
+        (
+            vec![b"train", b"--backend", b"xla", b"--pjrt-plugin", b"pipe.so", b"--steps", b"1"],
+            "named pipe",
+        ),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2",
+                b"--prompt-ids",
+                b"1",
+                b"--backend",
+                b"xla",
+                b"--pjrt-plugin",
+                b"pipe.so",
+            ],
+            "named pipe",
+        ),
+        (
+            vec![b"train", b"--backend", b"xla", b"--pjrt-plugin", b"libm.so.6", b"--steps", b"1"],
+            "./libm.so.6",
+        ),
+        (
+            vec![b"train", b"--pjrt-plugin", b"cut.so", b"--steps", b"1"],
+            "nothing here loads a plugin",
+        ),
+        (vec![b"train", b"--init", b"dup.safetensors", b"--steps", b"1"], "w1 is listed twice"),
+        (vec![b"train", b"--init", b"aliased.safetensors", b"--steps", b"1"], "overlaps"),
+        (
+            vec![b"train", b"--checkpoint-dir", b"new", b"--checkpoint-every", b"0"],
+            "--checkpoint-every must be at least 1",
+        ),
+        (vec![b"train", b"--seed", b"-1"], "--seed"),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2",
+                b"--tokenizer",
+                b"gpt2/tokenizer.json",
+                b"--prompt",
+                b"",
+            ],
+            "--prompt: it encodes to no tokens",
+        ),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2_badgen",
+                b"--prompt-ids",
+                b"1",
+            ],
+            "eos_token_id is 2.5",
+        ),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2_pipegen",
+                b"--prompt-ids",
+                b"1",
+            ],
+            "named pipe",
+        ),
+        (vec![b"train", b"--clip-norm", b"-1e300"], "-1e300"),
     ];
     let before = snapshot(&dir);
     for (args, says) in &cases {
@@ -324,6 +473,7 @@ fn every_command_refuses_bad_arguments_with_one_line_and_changes_no_file() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{shown:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{shown:?}: want one line, got {err}");
+        assert!(err.len() < 400, "{shown:?}: a line of {} characters: {err}", err.len());
         assert!(err.starts_with("meshwork: error: "), "{shown:?}: {err}");
         assert!(err.contains(says), "{shown:?}: want {says:?} in {err}");
         assert!(!err.contains("panicked"), "{shown:?}: {err}");
@@ -331,6 +481,31 @@ fn every_command_refuses_bad_arguments_with_one_line_and_changes_no_file() {
     }
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    // A sharding spec of 50 KB is not echoed whole.
+    let spec = format!("P({})", vec!["'a'"; 12_000].join(","));
+    let out = run_in(
+        &dir,
+        &[
+            b"shard",
+            b"--shape",
+            b"8,8",
+            b"--mesh",
+            b"2x4",
+            b"--axes",
+            b"a,b",
+            b"--spec",
+            spec.as_bytes(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.lines().count() == 1 && err.len() < 400, "{} characters: {err}", err.len());
+    // Every command has help, tokenize too.
+    for command in ["train", "inspect", "generate", "tokenize", "shard", "reshard", "place"] {
+        let out = run_in(&dir, &[b"help", command.as_bytes()]);
+        assert!(out.status.success(), "help {command}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("--"), "help {command}");
+    }
 }
 
 /// A reader that closes the pipe ends the command quietly (exit 0, as `ls | head`);
@@ -396,8 +571,13 @@ fn start_long_run(dir: &Path, extra: &[&str]) -> std::process::Child {
     let mut child = Command::new(BIN)
         .current_dir(dir)
         .args(
-            [&["train", "--steps", "1000000", "--steps-per-run", "10", "--no-check"][..], extra]
-                .concat(),
+            [&["train", "--steps", "1000000", "--no-check"][..], extra].concat().into_iter().chain(
+                // Ten steps a host call unless the caller says.
+                (!extra.contains(&"--steps-per-run"))
+                    .then_some(["--steps-per-run", "10"])
+                    .into_iter()
+                    .flatten(),
+            ),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -405,7 +585,7 @@ fn start_long_run(dir: &Path, extra: &[&str]) -> std::process::Child {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
-    assert!(first.starts_with("step     1/1000000 loss "), "{first}");
+    assert!(first.starts_with("step ") && first.contains("/1000000 loss "), "{first}");
     std::thread::spawn(move || for _ in lines {});
     std::thread::sleep(std::time::Duration::from_millis(1500));
     child
@@ -468,6 +648,70 @@ fn sigint_saves_writes_the_losses_and_exits_130() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130));
     assert!(dir.join("ck2/latest").exists());
+}
+
+/// kill -9 at any instant of a run that saves every step leaves a checkpoint and a
+/// losses file that agree: the losses are written before the step is saved, so a
+/// resume always finds the saved step's losses (it takes those, and trains the rest
+/// again). A temporary the kill left beside the losses file is removed by the next
+/// run.
+#[test]
+fn kill_9_mid_save_leaves_losses_a_resume_accepts() {
+    let tmp = scratch();
+    let dir = tmp.path().to_path_buf();
+    let args: &[&str] = &[
+        "--checkpoint-dir",
+        "ck",
+        "--losses-json",
+        "l.json",
+        "--checkpoint-every",
+        "1",
+        "--steps-per-run",
+        "1",
+    ];
+    for kill in 0..6u64 {
+        let resume: &[&str] = if kill == 0 { &[] } else { &["--resume", "ck"] };
+        let child = start_long_run(&dir, &[args, resume].concat());
+        std::thread::sleep(std::time::Duration::from_millis(37 * kill * kill));
+        signal(&child, "KILL");
+        let _ = child.wait_with_output().unwrap();
+        let latest = std::fs::read_to_string(dir.join("ck/latest")).unwrap();
+        let saved: usize = latest.trim().trim_start_matches("step-").parse().unwrap();
+        let losses: Vec<Option<f64>> =
+            serde_json::from_slice(&std::fs::read(dir.join("l.json")).unwrap()).unwrap();
+        assert!(losses.len() >= saved, "kill {kill}: {} losses, step {saved} saved", losses.len());
+    }
+    let latest = std::fs::read_to_string(dir.join("ck/latest")).unwrap();
+    let saved: usize = latest.trim().trim_start_matches("step-").parse().unwrap();
+    // A temporary of a process that no longer runs, as a kill leaves it.
+    std::fs::write(dir.join(".l.json.meshwork-tmp-4194999-00000000000000aa-0"), b"[").unwrap();
+    let steps = (saved + 2).to_string();
+    let out = run_in(
+        &dir,
+        &[
+            b"train",
+            b"--resume",
+            b"ck",
+            b"--checkpoint-dir",
+            b"ck",
+            b"--steps",
+            steps.as_bytes(),
+            b"--no-check",
+            b"--losses-json",
+            b"l.json",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all: Vec<Option<f64>> =
+        serde_json::from_slice(&std::fs::read(dir.join("l.json")).unwrap()).unwrap();
+    assert_eq!(all.len(), saved + 2);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("meshwork-tmp"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "temporaries left: {left:?}");
 }
 
 /// A checkpoint that cannot be saved mid-run (here a file-size limit, as a full disk

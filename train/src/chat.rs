@@ -477,8 +477,7 @@ pub fn chat_prompt_ids(dir: &Path, tokenizer: &Path, messages_path: &Path) -> Re
     let template = ChatTemplate::of_folder("init", dir)?;
     let text = template.render("chat", &messages)?;
     let tokenizer = crate::data::read_tokenizer(tokenizer)?;
-    let encoding = tokenizer
-        .encode(text.as_str(), false)
+    let encoding = crate::data::guarded(|| tokenizer.encode(text.as_str(), false))?
         .map_err(|e| Error::flag("tokenizer", format!("cannot encode the chat: {e}")))?;
     Ok(encoding.get_ids().iter().map(|&t| i64::from(t)).collect())
 }

@@ -8,7 +8,9 @@ use meshwork_types::{DType, Tensor};
 use ndarray::{Array2, Ix2};
 
 use crate::rng::SplitMix;
-use crate::{Error, Result, npy};
+use meshwork_io::npy;
+
+use crate::{Error, Result};
 
 /// A classification dataset: rows of features and their class ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,7 +59,7 @@ impl Classification {
         classes: Option<usize>,
     ) -> Result<Classification> {
         let xs = x.display();
-        let xa = npy::read("data-x", x, limit)?;
+        let xa = npy::read("--data-x", x, limit)?;
         if xa.ndim() != 2 {
             return Err(Error::flag(
                 "data-x",
@@ -74,7 +76,7 @@ impl Classification {
         if xa.iter().any(|v| !v.is_finite()) {
             return Err(Error::flag("data-x", format!("{xs} holds NaN or infinite values")));
         }
-        let ya = npy::read("data-y", y, limit)?;
+        let ya = npy::read("--data-y", y, limit)?;
         let (labels, classes) = labels_of(ya, y, xa.nrows(), classes)?;
         Ok(Classification { x: xa, labels, classes })
     }
@@ -204,7 +206,7 @@ pub(crate) fn some_rows(
     wanted: &dyn Fn(usize) -> Vec<bool>,
 ) -> Result<SomeRows> {
     let xs = x.display();
-    let (shape, rows, values) = npy::read_rows("data-x", x, limit, &|shape: &[usize]| {
+    let (shape, rows, values) = npy::read_rows("--data-x", x, limit, &|shape: &[usize]| {
         check(shape)?;
         Ok(wanted(shape[0]))
     })?;
@@ -234,7 +236,7 @@ pub(crate) fn class_ids(
     classes: Option<usize>,
     limit: u64,
 ) -> Result<(Vec<usize>, usize)> {
-    labels_of(npy::read("data-y", y, limit)?, y, rows, classes)
+    labels_of(npy::read("--data-y", y, limit)?, y, rows, classes)
 }
 
 /// The index of the first largest value.
@@ -280,7 +282,7 @@ impl Images {
     /// `limit` bytes each.
     pub fn from_npy(x: &Path, y: &Path, limit: u64) -> Result<Images> {
         let xs = x.display();
-        let xa = npy::read("data-x", x, limit)?;
+        let xa = npy::read("--data-x", x, limit)?;
         let [n, h, w, c] = xa.shape()[..] else {
             return Err(Error::flag(
                 "data-x",
@@ -308,7 +310,7 @@ impl Images {
 /// 65536, the classes their largest + 1 (at least 2, at most twice the images).
 pub(crate) fn image_labels(y: &Path, n: usize, limit: u64) -> Result<(Vec<i32>, usize)> {
     let ys = y.display();
-    let ya = npy::read("data-y", y, limit)?;
+    let ya = npy::read("--data-y", y, limit)?;
     if ya.shape() != [n] && ya.shape() != [n, 1] {
         return Err(Error::flag(
             "data-y",
@@ -389,27 +391,146 @@ pub fn token_rows_of_text(path: &Path, seq: usize, limit: u64) -> Result<(usize,
     Ok((n, tokens))
 }
 
-/// A Hugging Face `tokenizer.json` (`--tokenizer`), read within 64 MiB, its
-/// truncation and padding (if it was saved with any) turned off.
+/// The most bytes of a `tokenizer.json` read (real ones are a few MB; the cap is the
+/// reader's own, not `--max-memory`'s).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// A Hugging Face `tokenizer.json` (`--tokenizer`), read within
+/// [`MAX_TOKENIZER_BYTES`], checked ([`check_tokenizer_json`]), its truncation and
+/// padding (if it was saved with any) turned off. A panic of the `tokenizers` crate
+/// while loading it is `--tokenizer`'s error.
 pub fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
-    let bytes = crate::files::read_file("tokenizer", path, 64 << 20)?;
-    let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-        Error::flag("tokenizer", format!("{} is not a tokenizer.json: {e}", path.display()))
+    Ok(read_tokenizer_hashed(path)?.0)
+}
+
+/// [`read_tokenizer`], and the SHA-256 of the bytes it was made from.
+pub fn read_tokenizer_hashed(path: &Path) -> Result<(tokenizers::Tokenizer, [u8; 32])> {
+    use sha2::Digest;
+    let bytes = crate::files::read_input("--tokenizer", path, MAX_TOKENIZER_BYTES)?;
+    let sha: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+    let shown = path.display();
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::flag("tokenizer", format!("{shown} is not a tokenizer.json: {e}")))?;
+    let mut tokenizer = guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))?.map_err(|e| {
+        Error::flag(
+            "tokenizer",
+            format!("{shown} is not a tokenizer.json: {}", one_line(&e.to_string())),
+        )
     })?;
+    check_tokenizer_json(&json, tokenizer.get_vocab_size(true))
+        .map_err(|p| Error::flag("tokenizer", format!("{shown}: {p}")))?;
     // A file saved with truncation or padding would cut or pad a training text.
     tokenizer
         .with_truncation(None)
-        .map_err(|e| Error::flag("tokenizer", format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::flag("tokenizer", format!("{shown}: {e}")))?;
     tokenizer.with_padding(None);
-    Ok(tokenizer)
+    Ok((tokenizer, sha))
+}
+
+/// Checks what the `tokenizers` crate takes on trust in a `tokenizer.json` and would
+/// panic on later, in encoding: every special token a `TemplateProcessing`
+/// post-processor's templates name (in a `Sequence` too) is defined in its
+/// `special_tokens`, and every id there is inside the vocabulary of `vocab` ids
+/// (added tokens included).
+pub fn check_tokenizer_json(json: &serde_json::Value, vocab: usize) -> Result<(), String> {
+    fn walk(p: &serde_json::Value, vocab: usize) -> Result<(), String> {
+        match p.get("type").and_then(serde_json::Value::as_str) {
+            Some("Sequence") => {
+                for q in
+                    p.get("processors").and_then(serde_json::Value::as_array).into_iter().flatten()
+                {
+                    walk(q, vocab)?;
+                }
+            }
+            Some("TemplateProcessing") => {
+                let specials = p.get("special_tokens").and_then(serde_json::Value::as_object);
+                for (key, token) in specials.into_iter().flatten() {
+                    let ids = token.get("ids").and_then(serde_json::Value::as_array);
+                    for id in ids.into_iter().flatten() {
+                        match id.as_u64() {
+                            Some(i) if (i as usize) < vocab => {}
+                            _ => {
+                                return Err(format!(
+                                    "its post-processor's special token {key:?} has id {id}, \
+                                     outside the vocabulary of {vocab}"
+                                ));
+                            }
+                        }
+                    }
+                }
+                for template in ["single", "pair"] {
+                    let pieces = p.get(template).and_then(serde_json::Value::as_array);
+                    for piece in pieces.into_iter().flatten() {
+                        let name = piece
+                            .get("SpecialToken")
+                            .and_then(|t| t.get("id"))
+                            .and_then(serde_json::Value::as_str);
+                        if let Some(name) = name
+                            && !specials.is_some_and(|s| s.contains_key(name))
+                        {
+                            return Err(format!(
+                                "its post-processor's {template} template names the special \
+                                 token {name:?}, which its special_tokens do not define"
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    match json.get("post_processor") {
+        Some(p) if !p.is_null() => walk(p, vocab),
+        _ => Ok(()),
+    }
+}
+
+/// `text` on one line: a library's error may span several.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+std::thread_local! {
+    /// Whether this thread is inside [`guarded`], whose panics are reported as errors.
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, a call into the `tokenizers` crate: a panic in it (a malformed
+/// tokenizer the crate trusted) becomes `--tokenizer`'s one-line error instead of
+/// ending the process, and prints nothing. Panics elsewhere are reported as before.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !GUARDED.with(std::cell::Cell::get) {
+                before(info);
+            }
+        }));
+    });
+    let was = GUARDED.with(|g| g.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(was));
+    result.map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Error::flag(
+            "tokenizer",
+            format!("the tokenizers library failed on this tokenizer ({})", one_line(&why)),
+        )
+    })
 }
 
 /// The ids `tokenizer` gives `text` (as the `tokenizers` library's `encode(text)`,
 /// special tokens as its post-processor adds them).
 pub fn encode(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
-    let encoding = tokenizer
-        .encode(text, true)
-        .map_err(|e| Error::flag("tokenizer", format!("cannot encode the text: {e}")))?;
+    let encoding = guarded(|| tokenizer.encode(text, true))?.map_err(|e| {
+        Error::flag("tokenizer", format!("cannot encode the text: {}", one_line(&e.to_string())))
+    })?;
     Ok(encoding.get_ids().to_vec())
 }
 
@@ -426,14 +547,15 @@ pub(crate) fn token_rows_of_npy_wanted(
 ) -> Result<(usize, Vec<i32>, Vec<u32>)> {
     let width = seq + 1;
     let shown = path.display();
-    let (shape, rows, x) = npy::read_rows(flag, path, limit, &|shape: &[usize]| {
-        if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
-            return Err(format!(
-                "{shown} has shape {shape:?}; want [rows, {width}] (--seq {seq} + 1)"
-            ));
-        }
-        Ok(wanted(shape[0]))
-    })?;
+    let (shape, rows, x) =
+        npy::read_rows(&format!("--{flag}"), path, limit, &|shape: &[usize]| {
+            if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
+                return Err(format!(
+                    "{shown} has shape {shape:?}; want [rows, {width}] (--seq {seq} + 1)"
+                ));
+            }
+            Ok(wanted(shape[0]))
+        })?;
     let n = shape[0];
     let mut index = vec![u32::MAX; n];
     let mut tokens = Vec::with_capacity(x.len());
@@ -463,7 +585,7 @@ pub fn token_rows_of_npy(
 ) -> Result<(usize, Vec<i32>)> {
     let width = seq + 1;
     let shown = path.display();
-    let x = npy::read("data-tokens", path, limit)?;
+    let x = npy::read("--data-tokens", path, limit)?;
     let shape = x.shape().to_vec();
     if shape.len() != 2 || shape[1] != width || shape[0] == 0 {
         return Err(Error::flag(
@@ -576,5 +698,20 @@ impl Examples {
                 Ok(vec![x, Tensor::i32(&[idx.len()], ys).map_err(failed)?])
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A panic inside a guarded call (the tokenizers crate trusting a bad file) is
+    /// `--tokenizer`'s one-line error; the process goes on, and a panic outside a
+    /// guard still reaches the hook as before.
+    #[test]
+    fn a_panic_in_the_tokenizer_library_is_an_error() {
+        let e = super::guarded(|| -> u32 { panic!("no such\nspecial token") }).unwrap_err();
+        let e = e.to_string();
+        assert!(e.starts_with("--tokenizer: ") && !e.contains('\n'), "{e}");
+        assert!(e.contains("no such special token"), "{e}");
+        assert_eq!(super::guarded(|| 7).unwrap(), 7);
     }
 }

@@ -36,5 +36,13 @@ impl Error {
     }
 }
 
+impl From<meshwork_io::Error> for Error {
+    /// A file that cannot be used: a usage error in the file reader's words (which
+    /// name the input as the caller named it).
+    fn from(e: meshwork_io::Error) -> Error {
+        Error::Usage(e.0)
+    }
+}
+
 /// `Result` with the trainer's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

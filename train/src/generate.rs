@@ -70,23 +70,34 @@ pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
 /// The end-of-text ids, as `transformers` 5 finds them: `generation_config.json`'s
 /// `eos_token_id` when the folder has that file (none if it names none), else the
 /// `eos_token_id` `config.json` writes (none if it writes none: generation does not
-/// fall back to the config class's default); a number or a list. A
-/// `generation_config.json` that cannot be read is passed over for `config.json`, as
-/// `transformers` does, with a warning.
-fn eos_ids(dir: &std::path::Path, config: &Json, warnings: &mut Vec<String>) -> Vec<i64> {
-    let found = match crate::hf::read_generation_config("init", dir) {
-        Ok(Some(generation)) => generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
-        Ok(None) => config.get("eos_token_id").cloned().unwrap_or(Json::Null),
-        Err(e) => {
-            warnings.push(format!("{e}; the end-of-text ids are config.json's"));
-            config.get("eos_token_id").cloned().unwrap_or(Json::Null)
-        }
+/// fall back to the config class's default); a number or a list of numbers. A
+/// `generation_config.json` that cannot be read, or an `eos_token_id` that is not
+/// token ids, is refused naming the file: generating past an end the model has would
+/// be silently wrong output.
+fn eos_ids(dir: &std::path::Path, config: &Json) -> Result<Vec<i64>> {
+    let (found, file) = match crate::hf::read_generation_config("init", dir)? {
+        Some(generation) => (
+            generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
+            "generation_config.json",
+        ),
+        None => (config.get("eos_token_id").cloned().unwrap_or(Json::Null), "config.json"),
     };
-    match found {
-        Json::Number(n) => n.as_i64().into_iter().collect(),
-        Json::Array(a) => a.iter().filter_map(Json::as_i64).collect(),
-        _ => Vec::new(),
-    }
+    let id = |v: &Json| v.as_i64().filter(|&i| i >= 0);
+    let ids = match &found {
+        Json::Null => Some(Vec::new()),
+        Json::Array(a) => a.iter().map(id).collect(),
+        one => id(one).map(|i| vec![i]),
+    };
+    ids.ok_or_else(|| {
+        let shown: String = found.to_string().chars().take(60).collect();
+        Error::flag(
+            "init",
+            format!(
+                "{}: eos_token_id is {shown}, not a token id or a list of them",
+                dir.join(file).display()
+            ),
+        )
+    })
 }
 
 /// Picks the next token from `logits`: the first largest at temperature 0, else a draw
@@ -194,8 +205,8 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         config.dtype,
         config.max_memory - cache_bytes,
     )?;
-    let mut warnings = Vec::new();
-    let eos = eos_ids(&config.init, &hf_config, &mut warnings);
+    let warnings = Vec::new();
+    let eos = eos_ids(&config.init, &hf_config)?;
     let strategy = strategy_on(&config.backend)?;
     let dims = net.weight_dims();
     let step = compile_decoder(&strategy, config.dtype, decoder, (&dims, &caches), context)?;
@@ -214,6 +225,16 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
     }
     for _ in 0..config.max_new_tokens {
         let logits = next.take().expect("the prompt's last logits");
+        // Finite weights can still overflow in the run's dtype: a token picked from
+        // an infinity or a NaN is no sample of the model.
+        if let Some((id, v)) = logits.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::failed(format!(
+                "the logits at position {} are not finite (token {id}: {v}) in {}; \
+                 nothing was generated from them",
+                ids.len() - 1,
+                config.dtype
+            )));
+        }
         let t = pick(&logits, config, &mut rng) as i64;
         ids.push(t);
         if eos.contains(&t) || ids.len() == context {
@@ -226,7 +247,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         Some(path) => {
             let tokenizer = crate::data::read_tokenizer(path)?;
             let new: Vec<u32> = ids[config.prompt_ids.len()..].iter().map(|&t| t as u32).collect();
-            Some(tokenizer.decode(&new, false).map_err(|e| {
+            Some(crate::data::guarded(|| tokenizer.decode(&new, false))?.map_err(|e| {
                 Error::flag("tokenizer", format!("cannot decode the new tokens: {e}"))
             })?)
         }
@@ -312,21 +333,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let with = serde_json::json!({"model_type": "llama", "eos_token_id": 5});
         let without = serde_json::json!({"model_type": "llama"});
-        let mut warnings = Vec::new();
         // No generation_config.json: config.json's, or none (no class default).
-        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![5]);
-        assert!(eos_ids(dir.path(), &without, &mut warnings).is_empty());
+        assert_eq!(eos_ids(dir.path(), &with).unwrap(), vec![5]);
+        assert!(eos_ids(dir.path(), &without).unwrap().is_empty());
         // Its ids (a list) over config.json's; naming none, none.
         let generation = dir.path().join("generation_config.json");
         std::fs::write(&generation, r#"{"eos_token_id": [7, 9]}"#).unwrap();
-        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![7, 9]);
+        assert_eq!(eos_ids(dir.path(), &with).unwrap(), vec![7, 9]);
         std::fs::write(&generation, r#"{"do_sample": false}"#).unwrap();
-        assert!(eos_ids(dir.path(), &with, &mut warnings).is_empty());
-        assert!(warnings.is_empty());
-        // One that cannot be read is passed over for config.json's, with a warning.
+        assert!(eos_ids(dir.path(), &with).unwrap().is_empty());
+        // One that cannot be read, or ids that are not ids: refused, naming the file.
         std::fs::write(&generation, "{not json").unwrap();
-        assert_eq!(eos_ids(dir.path(), &with, &mut warnings), vec![5]);
-        assert_eq!(warnings.len(), 1);
-        assert!(warnings[0].contains("generation_config.json"), "{}", warnings[0]);
+        let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+        assert!(e.contains("generation_config.json"), "{e}");
+        for bad in [r#""2""#, "2.5", "-1", r#"[1, "x"]"#, "{}"] {
+            std::fs::write(&generation, format!(r#"{{"eos_token_id": {bad}}}"#)).unwrap();
+            let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+            assert!(e.contains("eos_token_id") && e.contains("generation_config.json"), "{e}");
+        }
+        std::fs::remove_file(&generation).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&generation).status().unwrap();
+        assert!(made.success());
+        let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+        assert!(e.contains("named pipe"), "{e}");
     }
 }

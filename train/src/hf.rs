@@ -51,7 +51,9 @@ pub fn read_config(flag: &str, dir: &Path) -> Result<Json> {
 /// among them), if it has one: a JSON object, or refused naming it.
 pub fn read_generation_config(flag: &str, dir: &Path) -> Result<Option<Json>> {
     let path = dir.join("generation_config.json");
-    if !path.exists() {
+    // Anything at the name (a dangling link, a FIFO) is read, and refused if it is
+    // not a regular file: only a name nothing holds means "none".
+    if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
     let text = files::read_file(flag, &path, JSON_LIMIT)?;
@@ -143,12 +145,21 @@ pub struct HfShards {
 #[derive(Debug, Clone)]
 struct Stored {
     file: usize,
-    /// Its name in the file.
-    name: String,
+    /// Its header entry: name, shape, where its bytes are.
+    entry: meshwork_io::safetensors::Entry,
     dtype: DType,
-    shape: Vec<usize>,
-    /// The absolute offset of its first byte.
-    offset: u64,
+}
+
+/// A stored dtype meshwork reads as a float, `None` for any other.
+fn float_dtype(d: meshwork_io::safetensors::Dtype) -> Option<DType> {
+    use meshwork_io::safetensors::Dtype as S;
+    match d {
+        S::F64 => Some(DType::F64),
+        S::F32 => Some(DType::F32),
+        S::BF16 => Some(DType::BF16),
+        S::F16 => Some(DType::F16),
+        _ => None,
+    }
 }
 
 impl HfShards {
@@ -156,95 +167,35 @@ impl HfShards {
     /// the box's bytes are read (a run per row of its last dim, or fewer where rows
     /// are whole), converted, and checked finite.
     pub fn read(&self, name: &str, ranges: &[Range<usize>], dtype: DType) -> Result<Tensor> {
-        use std::os::unix::fs::FileExt;
         let stored = self.tensors.get(name).ok_or_else(|| {
             Error::flag(&self.flag, format!("the checkpoint has no tensor {name}"))
         })?;
         let path = &self.files[stored.file];
-        let shape = &stored.shape;
-        if ranges.len() != shape.len()
-            || ranges.iter().zip(shape).any(|(r, &d)| r.start > r.end || r.end > d)
-        {
-            return Err(bad(&self.flag, path, format!("{name}: no box {ranges:?} in {shape:?}")));
-        }
-        let size = stored.dtype.size_in_bytes();
+        let what = format!("--{}", self.flag);
+        let (file, _) = files::open_regular(&what, path)?;
+        let bytes = meshwork_io::safetensors::read_box(&what, path, &file, &stored.entry, ranges)?;
+        self.read.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let dims: Vec<usize> = ranges.iter().map(|r| r.end - r.start).collect();
-        let count: usize = dims.iter().product();
-        // Trailing dims taken whole join one run.
-        let mut run = 1;
-        let mut inner = shape.len();
-        while inner > 0 && ranges[inner - 1] == (0..shape[inner - 1]) {
-            run *= shape[inner - 1];
-            inner -= 1;
-        }
-        if inner > 0 {
-            run *= dims[inner - 1];
-        }
-        let strides: Vec<usize> =
-            (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
-        let (file, _) = files::open_regular(&format!("--{}", self.flag), path)?;
-        let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(count * size)
-            .map_err(|_| bad(&self.flag, path, format!("{name}: no memory for {count} values")))?;
-        let mut chunk = vec![0u8; run * size];
-        // Each run's first index: the outer dims' indices, the run's dim from its start.
-        let outer = if inner == 0 { 0 } else { inner - 1 };
-        let mut index: Vec<usize> = ranges[..outer].iter().map(|r| r.start).collect();
-        if count > 0 {
-            loop {
-                let mut flat: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
-                if inner > 0 {
-                    flat += ranges[inner - 1].start * strides[inner - 1];
-                }
-                file.read_exact_at(&mut chunk, stored.offset + (flat * size) as u64).map_err(
-                    |e| {
-                        bad(&self.flag, path, format!("{}: cannot read its data: {e}", stored.name))
-                    },
-                )?;
-                bytes.extend_from_slice(&chunk);
-                self.read.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                // The next outer index, last dim fastest.
-                let mut d = outer;
-                loop {
-                    if d == 0 {
-                        break;
-                    }
-                    d -= 1;
-                    index[d] += 1;
-                    if index[d] < ranges[d].end {
-                        break;
-                    }
-                    index[d] = ranges[d].start;
-                    if d == 0 {
-                        d = usize::MAX;
-                        break;
-                    }
-                }
-                if outer == 0 || d == usize::MAX {
-                    break;
-                }
-            }
-        }
+        let name = &stored.entry.name;
         let t = Tensor::from_le_bytes(stored.dtype, &dims, &bytes)
-            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))?;
+            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", name)))?;
         let values = t.to_f64();
         if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(bad(
                 &self.flag,
                 path,
-                format!("{}[{k}] (flat, in the box read) is {v}", stored.name),
+                format!("{}[{k}] (flat, in the box read) is {v}", name),
             ));
         }
         let t = Tensor::from_f64(dtype, &dims, &values)
-            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", stored.name)))?;
+            .map_err(|e| bad(&self.flag, path, format!("{}: {e}", name)))?;
         // A value past the run's dtype's range would become an infinity.
         if let Some((k, _)) = t.to_f64().iter().enumerate().find(|(_, v)| !v.is_finite()) {
             let v = values[k];
             return Err(bad(
                 &self.flag,
                 path,
-                format!("{}[{k}] (flat, in the box read) is {v}, past {dtype}", stored.name),
+                format!("{}[{k}] (flat, in the box read) is {v}, past {dtype}", name),
             ));
         }
         Ok(t)
@@ -255,63 +206,18 @@ impl HfShards {
     /// takes them), its bytes inside the file. Its values are read by [`read`](Self::read),
     /// a box at a time, checked finite there.
     pub(crate) fn of_file(flag: &str, path: &Path) -> Result<HfShards> {
-        use std::io::Read;
-        let (mut file, len) = files::open_regular(&format!("--{flag}"), path)?;
-        let mut head = [0u8; 8];
-        file.read_exact(&mut head)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let n = u64::from_le_bytes(head);
-        if n > HEADER_LIMIT || n.saturating_add(8) > len {
-            return Err(bad(flag, path, format!("not a safetensors file: a header of {n} bytes")));
-        }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let data_start = 8 + n;
+        let (_, header) = meshwork_io::safetensors::open(&format!("--{flag}"), path)?;
         let mut tensors = HashMap::new();
-        for (name, entry) in json {
-            if name == "__metadata__" {
-                continue;
-            }
-            let shape: Option<Vec<usize>> = entry["shape"]
-                .as_array()
-                .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect());
-            let Some(shape) = shape else {
-                return Err(bad(flag, path, format!("{name} has no shape")));
-            };
-            let dtype = match entry["dtype"].as_str() {
-                Some("F64") => DType::F64,
-                Some("F32") => DType::F32,
+        for entry in header.entries {
+            let name = entry.name.clone();
+            let dtype = match entry.dtype {
+                meshwork_io::safetensors::Dtype::F64 => DType::F64,
+                meshwork_io::safetensors::Dtype::F32 => DType::F32,
                 other => {
-                    return Err(Error::flag(
-                        flag,
-                        format!("{name} is {}; want F32 or F64", other.unwrap_or("?")),
-                    ));
+                    return Err(Error::flag(flag, format!("{name} is {other:?}; want F32 or F64")));
                 }
             };
-            let bytes = shape
-                .iter()
-                .try_fold(dtype.size_in_bytes() as u64, |b, &d| b.checked_mul(d as u64));
-            let offsets: Option<Vec<u64>> =
-                entry["data_offsets"].as_array().and_then(|a| a.iter().map(Json::as_u64).collect());
-            let inside = |e: u64| data_start.checked_add(e).is_some_and(|end| end <= len);
-            let begin = match (offsets.as_deref(), bytes) {
-                (Some(&[b, e]), Some(bytes)) if e >= b && e - b == bytes && inside(e) => b,
-                _ => {
-                    return Err(bad(
-                        flag,
-                        path,
-                        format!(
-                            "{name}: its data_offsets do not hold its {shape:?} values in the file"
-                        ),
-                    ));
-                }
-            };
-            let stored =
-                Stored { file: 0, name: name.clone(), dtype, shape, offset: data_start + begin };
-            tensors.insert(name, stored);
+            tensors.insert(name, Stored { file: 0, entry, dtype });
         }
         Ok(HfShards {
             flag: flag.to_string(),
@@ -323,12 +229,12 @@ impl HfShards {
 
     /// Every tensor's name and shape as stored.
     pub(crate) fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
-        self.tensors.iter().map(|(n, s)| (n.as_str(), s.shape.as_slice()))
+        self.tensors.iter().map(|(n, s)| (n.as_str(), s.entry.shape.as_slice()))
     }
 
     /// A parameter's shape as stored.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.tensors.get(name).map(|s| s.shape.as_slice())
+        self.tensors.get(name).map(|s| s.entry.shape.as_slice())
     }
 
     /// Bytes of tensor data [`read`](Self::read) has read so far.
@@ -336,9 +242,6 @@ impl HfShards {
         self.read.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
-
-/// The most bytes a safetensors header may take.
-const HEADER_LIMIT: u64 = 100 << 20;
 
 /// The checkpoint folder `dir` (named by `--flag`) of `model` checked and indexed from
 /// its safetensors headers, no weight read: where each weight is. Every tensor is
@@ -354,7 +257,6 @@ pub fn index(
     dtype: DType,
     limit: u64,
 ) -> Result<HfShards> {
-    use std::io::Read;
     let Some(hf) = model.hf() else {
         return Err(bad(flag, dir, format!("the {} has no Hugging Face layout", model.family())));
     };
@@ -377,24 +279,10 @@ pub fn index(
     let files_ = weight_files(flag, dir)?;
     let mut tensors = HashMap::new();
     for (f, path) in files_.iter().enumerate() {
-        let (mut file, len) = files::open_regular(&format!("--{flag}"), path)?;
-        let mut head = [0u8; 8];
-        file.read_exact(&mut head)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let n = u64::from_le_bytes(head);
-        if n > HEADER_LIMIT || n.saturating_add(8) > len {
-            return Err(bad(flag, path, format!("not a safetensors file: a header of {n} bytes")));
-        }
-        let mut header = vec![0u8; n as usize];
-        file.read_exact(&mut header)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header)
-            .map_err(|e| bad(flag, path, format!("not a safetensors file: {e}")))?;
-        let data_start = 8 + n;
-        for (name, entry) in json {
-            if name == "__metadata__" {
-                continue;
-            }
+        // Every entry's range is checked here, those the model skips too.
+        let (_, header) = meshwork_io::safetensors::open(&format!("--{flag}"), path)?;
+        for entry in header.entries {
+            let name = entry.name.clone();
             let param = match hf.parameter_of(&name) {
                 meshwork_nn::Stored::Parameter(param) => param,
                 meshwork_nn::Stored::Skipped => continue,
@@ -413,55 +301,21 @@ pub fn index(
                     format!("{name} is not a tensor of the {}", model.family()),
                 ));
             };
-            let stored_shape: Option<Vec<usize>> = entry["shape"]
-                .as_array()
-                .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect());
-            let Some(stored_shape) = stored_shape else {
-                return Err(bad(flag, path, format!("{name} has no shape")));
-            };
-            if stored_shape != **shape {
+            if entry.shape != **shape {
                 return Err(bad(
                     flag,
                     path,
-                    format!("{name} is {stored_shape:?}; the config makes it {shape:?}"),
+                    format!("{name} is {:?}; the config makes it {shape:?}", entry.shape),
                 ));
             }
-            let stored = match entry["dtype"].as_str() {
-                Some("F64") => DType::F64,
-                Some("F32") => DType::F32,
-                Some("BF16") => DType::BF16,
-                Some("F16") => DType::F16,
-                other => {
-                    return Err(bad(
-                        flag,
-                        path,
-                        format!("{name} is {}; want F64, F32, BF16 or F16", other.unwrap_or("?")),
-                    ));
-                }
+            let Some(dtype) = float_dtype(entry.dtype) else {
+                return Err(bad(
+                    flag,
+                    path,
+                    format!("{name} is {:?}; want F64, F32, BF16 or F16", entry.dtype),
+                ));
             };
-            let offsets: Option<Vec<u64>> =
-                entry["data_offsets"].as_array().and_then(|a| a.iter().map(Json::as_u64).collect());
-            let bytes = shape.iter().product::<usize>() as u64 * stored.size_in_bytes() as u64;
-            let inside = |e: u64| data_start.checked_add(e).is_some_and(|end| end <= len);
-            let (begin, end) = match offsets.as_deref() {
-                Some(&[b, e]) if e >= b && e - b == bytes && inside(e) => (b, e),
-                _ => {
-                    return Err(bad(
-                        flag,
-                        path,
-                        format!("{name}: its data_offsets do not hold {bytes} bytes in the file"),
-                    ));
-                }
-            };
-            let _ = end;
-            let entry = Stored {
-                file: f,
-                name: name.clone(),
-                dtype: stored,
-                shape: stored_shape,
-                offset: data_start + begin,
-            };
-            if tensors.insert(param, entry).is_some() {
+            if tensors.insert(param, Stored { file: f, entry, dtype }).is_some() {
                 return Err(bad(flag, path, format!("{name} is stored twice")));
             }
         }

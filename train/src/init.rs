@@ -12,19 +12,21 @@ use crate::{Error, Result, files};
 /// name, reading at most `limit` bytes.
 pub fn read_init(path: &Path, limit: u64) -> Result<HashMap<String, Tensor>> {
     let bytes = files::read_file("init", path, limit)?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
-        Error::flag("init", format!("{} is not a safetensors file: {e}", path.display()))
-    })?;
+    let header = meshwork_io::safetensors::parse(&bytes)
+        .map_err(|e| Error::flag("init", format!("{}: {e}", path.display())))?;
     let mut out = HashMap::new();
-    for (name, view) in st.tensors() {
-        let dtype = match view.dtype() {
-            safetensors::Dtype::F64 => DType::F64,
-            safetensors::Dtype::F32 => DType::F32,
+    for entry in header.entries {
+        let name = entry.name;
+        let dtype = match entry.dtype {
+            meshwork_io::safetensors::Dtype::F64 => DType::F64,
+            meshwork_io::safetensors::Dtype::F32 => DType::F32,
             other => {
                 return Err(Error::flag("init", format!("{name} is {other:?}; want F32 or F64")));
             }
         };
-        let t = Tensor::from_le_bytes(dtype, view.shape(), view.data())
+        // Inside the file: the header check bounded every entry by its size.
+        let data = &bytes[entry.start as usize..(entry.start + entry.bytes) as usize];
+        let t = Tensor::from_le_bytes(dtype, &entry.shape, data)
             .map_err(|e| Error::flag("init", format!("{name}: {e}")))?;
         if let Some((k, v)) = t.to_f64().iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(Error::flag(

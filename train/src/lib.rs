@@ -14,7 +14,7 @@
 //!   check, and the losses, metrics and plot files, written whole or not at all. It
 //!   tells an [`Observer`] as it goes and returns a [`Report`]; a stop flag
 //!   ([`stop_on_signals`]) ends it after the current host call, saved.
-//! - The data readers ([`data`], [`npy`]) size every allocation a file controls before
+//! - The data readers ([`data`], over [`meshwork_io`]'s formats) size every allocation a file controls before
 //!   making it, and never wait on a FIFO; [`rng::SplitMix`] is the one random stream
 //!   (the main job's built-in data and initial weights).
 //! - [`inspect`] prints the transformer's partitioned training step.
@@ -52,7 +52,6 @@ pub mod hf;
 mod init;
 mod inspect;
 mod model;
-pub mod npy;
 mod observe;
 mod plan;
 mod processes;

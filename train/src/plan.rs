@@ -345,6 +345,11 @@ fn check_checkpoints(config: &Config) -> Result<usize> {
             return Err(usage(format!("--{flag} needs --checkpoint-dir")));
         }
     }
+    if config.checkpoint_every == Some(0) {
+        return Err(usage(
+            "--checkpoint-every must be at least 1 (a step count); without it a run saves at its end",
+        ));
+    }
     let keep = config.keep.unwrap_or(3);
     if keep == 0 {
         return Err(usage("--keep must be at least 1 (the newest checkpoint)"));

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use meshwork_checkpoint::{
-    checkpoint_metadata, checkpoint_variables, find_checkpoint, read_checkpoint,
+    Pinned, checkpoint_metadata, checkpoint_variables, pin_checkpoint, read_checkpoint,
 };
 use meshwork_types::DType;
 use serde_json::Value;
@@ -35,6 +35,9 @@ pub(crate) enum Origin {
 pub(crate) struct Saved {
     /// The checkpoint's directory.
     pub(crate) dir: PathBuf,
+    /// The step held against another run's pruning until this run has read it
+    /// ([`release`](Self::release)).
+    pinned: std::sync::Arc<std::sync::Mutex<Option<Pinned>>>,
     /// How it was written.
     pub(crate) origin: Origin,
     /// Its run metadata in the trainer's keys (for older checkpoints, what they say
@@ -52,7 +55,8 @@ fn refuse(problem: impl std::fmt::Display) -> Error {
 impl Saved {
     /// The checkpoint `path` names (a checkpoint directory's latest step, or one step).
     pub(crate) fn read(path: &Path) -> Result<Saved> {
-        let (dir, step) = find_checkpoint(path).map_err(refuse)?;
+        let pinned = pin_checkpoint(path).map_err(refuse)?;
+        let (dir, step) = (pinned.dir.clone(), pinned.step);
         let shown = dir.display().to_string();
         let meta = checkpoint_metadata(&dir).map_err(refuse)?;
         let (origin, meta) = match meta {
@@ -67,7 +71,13 @@ impl Saved {
         };
         let step = saved_step(&dir, step)?;
         let _ = shown;
-        Ok(Saved { dir, origin, meta, step })
+        let pinned = std::sync::Arc::new(std::sync::Mutex::new(Some(pinned)));
+        Ok(Saved { dir, pinned, origin, meta, step })
+    }
+
+    /// Lets the step go once its values are read: from now on a save may prune it.
+    pub(crate) fn release(&self) {
+        self.pinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     }
 
     /// The model its run trained (`--model`'s name).

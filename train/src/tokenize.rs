@@ -12,10 +12,11 @@
 //! post-processor adds special tokens is given the whole text at once.
 //!
 //! **Cache.** [`token_rows`] with a cache directory keys the rows by the SHA-256 of
-//! the text, the `tokenizer.json` and the row width, and keeps them as
-//! `tokens-<key>.npy` there (written whole or not at all): a second run over the same
-//! text reads the rows back instead of encoding again. Nothing is ever written next to
-//! the user's files.
+//! the text bytes that were encoded, of the `tokenizer.json` and the row width, and
+//! keeps them as `tokens-<key>-<crc32c of the rows>.npy` there (written whole or not
+//! at all): a second run over the same text reads the rows back instead of encoding
+//! again, after checking them against the checksum (a damaged entry is encoded again
+//! and replaced, with a warning). Nothing is ever written next to the user's files.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,64 @@ const BYTES_PER_ID: u64 = 8;
 /// state is many times the text).
 const WHOLE_TEXT_SHARE: u64 = 10;
 
+/// Bytes of the tokenizer's working memory per byte of text, at least: its
+/// normalized string and that string's alignments (16 bytes a byte) held twice over
+/// (the normalizer's and the pre-tokenizer's splits), and each token's id, type, mask,
+/// offsets, word and string (about 120 bytes a token).
+fn working_bytes(normalized: usize, tokens: usize, text: usize) -> f64 {
+    let text = text.max(1) as f64;
+    1.0 + 2.0 * 17.0 * normalized as f64 / text + 120.0 * tokens as f64 / text
+}
+
+/// The tokenizer's working memory per byte of the text file `file` (of `len` bytes),
+/// measured on samples of it (its start, middle and end): the most of them, and
+/// never under [`WHOLE_TEXT_SHARE`]. Each sample is normalized small first (64 bytes),
+/// and at full size (4 KiB) only where the small one shows that fits `limit`: a
+/// normalizer that expands text a thousandfold is measured, not run on megabytes.
+fn expansion(tokenizer: &Tokenizer, file: &std::fs::File, len: u64, limit: u64) -> Result<f64> {
+    use std::os::unix::fs::FileExt;
+    use tokenizers::{NormalizedString, Normalizer};
+    let mut most = WHOLE_TEXT_SHARE as f64;
+    for at in [0, len / 2, len.saturating_sub(4096)] {
+        for size in [64usize, 4096] {
+            let mut buf = vec![0u8; size.min(len.saturating_sub(at) as usize)];
+            let got = file.read_at(&mut buf, at).unwrap_or(0);
+            buf.truncate(got);
+            // Whole characters only.
+            let start = buf.iter().position(|&b| (b & 0xC0) != 0x80).unwrap_or(buf.len());
+            let text = match std::str::from_utf8(&buf[start..]) {
+                Ok(t) => t,
+                Err(e) => std::str::from_utf8(&buf[start..start + e.valid_up_to()]).unwrap_or(""),
+            };
+            if text.is_empty() {
+                break;
+            }
+            let normalized = match tokenizer.get_normalizer() {
+                Some(n) => {
+                    let mut s = NormalizedString::from(text);
+                    crate::data::guarded(|| n.normalize(&mut s))?.map_err(|e| {
+                        Error::flag("tokenizer", format!("cannot normalize the text: {e}"))
+                    })?;
+                    s.get().len()
+                }
+                None => text.len(),
+            };
+            let tokens = if normalized as f64 * 64.0 > limit as f64 {
+                0
+            } else {
+                ids_of(tokenizer, text, false)?.len()
+            };
+            let w = working_bytes(normalized, tokens, text.len());
+            most = most.max(w);
+            // The full-size sample only where this one's expansion leaves room for it.
+            if w * 4096.0 * 4.0 > limit as f64 {
+                break;
+            }
+        }
+    }
+    Ok(most)
+}
+
 /// Whether `b` may be cut at `at`: just after a newline between ASCII non-space
 /// characters (`x\n|y`), or just before a line end `\n` or `\r\n` that follows one
 /// and precedes another (`x|\r\ny`).
@@ -65,8 +124,7 @@ fn cut_at(b: &[u8], at: usize) -> bool {
 /// The ids `tokenizer` gives `text`, `specials` saying whether its post-processor's
 /// special tokens are added.
 fn ids_of(tokenizer: &Tokenizer, text: &str, specials: bool) -> Result<Vec<u32>> {
-    let encoding = tokenizer
-        .encode(text, specials)
+    let encoding = crate::data::guarded(|| tokenizer.encode(text, specials))?
         .map_err(|e| Error::flag("tokenizer", format!("cannot encode the text: {e}")))?;
     Ok(encoding.get_ids().to_vec())
 }
@@ -108,6 +166,8 @@ pub struct Encoded {
     pub ids: Vec<u32>,
     /// The pieces the text was encoded in (1: whole).
     pub chunks: usize,
+    /// SHA-256 of the bytes encoded (those read, however the file changed meanwhile).
+    pub text_sha: [u8; 32],
 }
 
 /// The ids `tokenizer` gives the text file `path` (as encoding it whole, special
@@ -129,8 +189,23 @@ pub fn encode_file(
     };
     // Special tokens added around every input would be added around every chunk.
     let specials = ids_of(tokenizer, "a\nb", true)? != ids_of(tokenizer, "a\nb", false)?;
+    // What the tokenizer takes per byte of this text, measured: chunks are made small
+    // enough for it, and a text encoded whole must fit it, or the run is refused here
+    // (never an allocation failure later).
+    let per_byte = expansion(tokenizer, &file, len, limit)?;
+    let fitting = (limit as f64 / per_byte) as u64;
+    let chunk = chunk.min(usize::try_from(fitting).unwrap_or(usize::MAX)).max(1);
+    if fitting < 4 * WINDOW as u64 {
+        return Err(Error::usage(format!(
+            "--text {}: this tokenizer takes about {per_byte:.0} bytes of memory per byte of \
+             this text (its normalizer expands it); --max-memory {limit} leaves no room to \
+             encode it",
+            path.display()
+        )));
+    }
     let chunked = !specials && len > chunk as u64;
     let mut reader = file.take(u64::MAX);
+    let mut sha = Sha256::new();
     let mut ids: Vec<u32> = Vec::new();
     let mut buf: Vec<u8> = Vec::new();
     let mut consumed: u64 = 0;
@@ -142,17 +217,23 @@ pub fn encode_file(
         // strings, offsets and words), so such text may take a tenth of the limit.
         let want = if cuttable { chunk } else { usize::MAX };
         let before = buf.len();
-        let budget = if cuttable { limit } else { limit / WHOLE_TEXT_SHARE };
+        let budget = if cuttable { limit } else { fitting };
         let room = budget.saturating_sub(buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID);
         let take = (want as u64).min(room.saturating_add(1));
         (&mut reader)
             .take(take)
             .read_to_end(&mut buf)
             .map_err(|e| Error::usage(format!("--text: cannot read {}: {e}", path.display())))?;
+        sha.update(&buf[before..]);
         let ended = buf.len() - before < take as usize || take == 0;
         if buf.len() as u64 + ids.len() as u64 * BYTES_PER_ID > budget {
-            let whole =
-                if cuttable { "" } else { " (this text is encoded whole, in a tenth of it)" };
+            let whole = if cuttable {
+                String::new()
+            } else {
+                format!(
+                    " (this text is encoded whole, which takes about {per_byte:.0} bytes a byte)"
+                )
+            };
             return Err(Error::usage(format!(
                 "--text {}: the text and its ids need more than --max-memory {limit} bytes{whole}",
                 path.display()
@@ -164,7 +245,7 @@ pub fn encode_file(
             if ids.len() as u64 * BYTES_PER_ID > limit {
                 return Err(too_many(ids.len()));
             }
-            return Ok(Encoded { ids, chunks });
+            return Ok(Encoded { ids, chunks, text_sha: sha.finalize().into() });
         }
         if !cuttable {
             continue;
@@ -234,33 +315,63 @@ fn rows_of(ids: &[u32], vocab: usize, seq: usize, what: &str) -> Result<(usize, 
     Ok((n, tokens))
 }
 
-/// The cache key of `text` encoded by `tokenizer` into rows of `width`: the SHA-256
-/// of both files' bytes (streamed) and the width, in hex.
-pub fn cache_key(text: &Path, tokenizer: &Path, width: usize) -> Result<String> {
+/// The cache key of text and tokenizer bytes of these SHA-256s cut into rows of
+/// `width`, in hex.
+fn key_of(text_sha: &[u8], tokenizer_sha: &[u8], width: usize) -> String {
     let mut hash = Sha256::new();
     // What made the rows: this way of cutting, and the tokenizers crate's version.
-    hash.update(b"meshwork token rows v1; tokenizers 0.23\n");
-    for (flag, path) in [("--text", text), ("--tokenizer", tokenizer)] {
-        let (mut file, len) = open_regular(flag, path)?;
-        hash.update(len.to_le_bytes());
-        let mut block = vec![0u8; 1 << 16];
-        loop {
-            let n = file.read(&mut block).map_err(|e| {
-                Error::usage(format!("{flag}: cannot read {}: {e}", path.display()))
-            })?;
-            if n == 0 {
-                break;
-            }
-            hash.update(&block[..n]);
-        }
-    }
+    hash.update(b"meshwork token rows v2; tokenizers 0.23\n");
+    hash.update(text_sha);
+    hash.update(tokenizer_sha);
     hash.update((width as u64).to_le_bytes());
-    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Where the rows of `key` are cached under `dir`.
-pub fn cache_file(dir: &Path, key: &str) -> PathBuf {
-    dir.join(format!("tokens-{key}.npy"))
+/// SHA-256 of the regular file `path` (`flag` names it in an error), streamed.
+fn sha_of_file(flag: &str, path: &Path) -> Result<[u8; 32]> {
+    let (mut file, _) = open_regular(flag, path)?;
+    let mut hash = Sha256::new();
+    let mut block = vec![0u8; 1 << 16];
+    loop {
+        let n = file
+            .read(&mut block)
+            .map_err(|e| Error::usage(format!("{flag}: cannot read {}: {e}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&block[..n]);
+    }
+    Ok(hash.finalize().into())
+}
+
+/// The cache key of the text file `text` encoded by the tokenizer file `tokenizer`
+/// into rows of `width`: of the SHA-256s of both files' bytes as they are now, and
+/// the width. (Rows are stored under the key of the bytes that were encoded.)
+pub fn cache_key(text: &Path, tokenizer: &Path, width: usize) -> Result<String> {
+    Ok(key_of(&sha_of_file("--text", text)?, &sha_of_file("--tokenizer", tokenizer)?, width))
+}
+
+/// The CRC-32C of rows of ids, as their little-endian bytes.
+fn rows_crc(tokens: &[i32]) -> u32 {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    crc32c::crc32c(&bytes)
+}
+
+/// Where rows of `key` whose checksum is `crc` are cached under `dir`: the checksum
+/// is in the name, so that the entry and its check are one file.
+pub fn cache_file(dir: &Path, key: &str, crc: u32) -> PathBuf {
+    dir.join(format!("tokens-{key}-{crc:08x}.npy"))
+}
+
+/// The cache entry of `key` under `dir`, if there is one, and the checksum its name
+/// records (`None` for a name that records none).
+pub fn cached_entry(dir: &Path, key: &str) -> Option<(PathBuf, Option<u32>)> {
+    let prefix = format!("tokens-{key}-");
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().into_string().ok()?;
+        let crc = name.strip_prefix(&prefix)?.strip_suffix(".npy")?;
+        Some((e.path(), u32::from_str_radix(crc, 16).ok().filter(|_| crc.len() == 8)))
+    })
 }
 
 /// meshwork's folder in the user's cache directory (`$XDG_CACHE_HOME/meshwork`, else
@@ -279,12 +390,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 
 /// `rows` (`[n, width]` ids) as `.npy` bytes of little-endian i32.
 pub fn npy_bytes(n: usize, width: usize, rows: &[i32]) -> Vec<u8> {
-    let mut out = crate::npy::header("<i4", [n, width]);
-    out.reserve(rows.len() * 4);
-    for x in rows {
-        out.extend(x.to_le_bytes());
-    }
-    out
+    meshwork_io::npy::encode(&[n, width], rows).expect("n rows of width ids")
 }
 
 /// What [`token_rows`] did: the rows, and whether they came from the cache.
@@ -299,6 +405,9 @@ pub struct TokenRows {
     pub cached: Option<PathBuf>,
     /// Whether the rows were read from the cache.
     pub hit: bool,
+    /// A cache entry found damaged (its rows not those its checksum records) and
+    /// replaced: one line to show the user.
+    pub warning: Option<String>,
 }
 
 /// Token rows `[N, T + 1]` of the text file `text` encoded by `tokenizer` (`--text
@@ -316,28 +425,43 @@ pub fn token_rows(
     cache: Option<&Path>,
 ) -> Result<TokenRows> {
     let width = seq + 1;
-    let cached = match cache {
-        Some(dir) => Some(cache_file(dir, &cache_key(text, tokenizer, width)?)),
-        None => None,
-    };
-    // A cache file meshwork wrote; one it cannot read back is encoded again (and
-    // replaced).
-    if let Some(file) = &cached
-        && file.is_file()
-        && let Ok((n, tokens)) = crate::data::token_rows_of_npy(file, vocab, seq, limit)
-    {
-        return Ok(TokenRows { n, tokens, cached, hit: true });
+    let mut warning = None;
+    if let Some(dir) = cache {
+        let key = cache_key(text, tokenizer, width)?;
+        // A cache entry meshwork wrote, its rows checked against the checksum its name
+        // records; one that fails is removed (it is meshwork's), encoded again and
+        // replaced.
+        if let Some((file, crc)) = cached_entry(dir, &key) {
+            match crate::data::token_rows_of_npy(&file, vocab, seq, limit) {
+                Ok((n, tokens)) if crc == Some(rows_crc(&tokens)) => {
+                    return Ok(TokenRows { n, tokens, cached: Some(file), hit: true, warning });
+                }
+                _ => {
+                    warning = Some(format!(
+                        "--cache-dir: {} is damaged (its rows do not match its checksum); \
+                         the text is encoded again and the entry replaced",
+                        file.display()
+                    ));
+                    let _ = std::fs::remove_file(&file);
+                }
+            }
+        }
     }
-    let t = read_tokenizer(tokenizer)?;
-    let ids = encode_file(&t, text, CHUNK_BYTES, limit)?.ids;
-    let (n, tokens) = rows_of(&ids, vocab, seq, &text.display().to_string())?;
-    drop(ids);
-    let cached = cached.filter(|file| {
+    let (t, tokenizer_sha) = crate::data::read_tokenizer_hashed(tokenizer)?;
+    let encoded = encode_file(&t, text, CHUNK_BYTES, limit)?;
+    let (n, tokens) = rows_of(&encoded.ids, vocab, seq, &text.display().to_string())?;
+    // Stored under the key of the bytes that were encoded: a text changed between the
+    // lookup and the encoding is never cached under the other text's key.
+    let key = key_of(&encoded.text_sha, &tokenizer_sha, width);
+    drop(encoded);
+    let cached = cache.map(|dir| cache_file(dir, &key, rows_crc(&tokens))).filter(|file| {
         let dir = file.parent().unwrap_or(Path::new("."));
+        // What a killed run left writing this entry goes first.
+        let _ = meshwork_io::files::remove_stale_temps(file);
         std::fs::create_dir_all(dir).is_ok()
             && write_atomic(file, &npy_bytes(n, width, &tokens)).is_ok()
     });
-    Ok(TokenRows { n, tokens, cached, hit: false })
+    Ok(TokenRows { n, tokens, cached, hit: false, warning })
 }
 
 /// `meshwork tokenize`: `text` encoded by `tokenizer` into rows of `seq + 1`

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -218,10 +219,19 @@ impl Trainer {
         let mut run = Running::start(&p, &strategy, &one, &init)?;
         drop(init);
         let first = sync(&p, Point::Started, run.restore(&p), false)?.0;
+        if let Some(saved) = &p.saved {
+            saved.release();
+        }
         // Every check passed in every process: now the outputs are made (process 0's,
         // then the others join its checkpoint directory).
         let opened = if p.leads() { Outputs::open(&p, first) } else { Ok(Outputs::none()) };
         let mut out = sync(&p, Point::Opened, opened, false)?.0;
+        for aside in out.manager.iter().flat_map(CheckpointManager::set_aside) {
+            p.warnings.push(format!(
+                "--checkpoint-dir: a damaged step (no complete index) was set aside as {}",
+                aside.display()
+            ));
+        }
         if p.processes.is_some() {
             let joined = match out.manager.take() {
                 Some(m) => Ok(Some(m)),
@@ -262,7 +272,7 @@ impl Trainer {
             }
         }
         let stopped = outcome?;
-        run.finish(&p, &progress, &where_, first)?;
+        run.finish(&p, &progress, &where_, first, out.export.as_ref())?;
         let accuracy = match (&p.classification, &run.eval) {
             (Some(data), None) if !stopped => Some(run.accuracy(&p, &one, data)?),
             _ => None,
@@ -317,9 +327,7 @@ fn tolerance(p: &Plan) -> f64 {
 /// steps and host calls, evaluation and checkpoint cadence, back end, where it starts,
 /// and the sizes of the files it reads (each process's copy must be the same file).
 fn plan_digest(config: &Config, p: &Plan) -> u64 {
-    let size = |path: Option<&std::path::Path>| {
-        path.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len())
-    };
+    let size = |path: Option<&Path>| path.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len());
     let data = match &config.data {
         crate::Data::Tokens(f) | crate::Data::Text(f) => [size(Some(f)), None],
         crate::Data::Npy { x, y } => [size(Some(x)), size(Some(y))],
@@ -412,16 +420,76 @@ struct Progress {
     most_rel: f64,
 }
 
-/// What a run writes as it goes: its checkpoints and its metrics lines.
+/// What a run writes as it goes: its checkpoints and its metrics lines; and the
+/// folder its export goes into, made and held from the start.
 struct Outputs {
     manager: Option<CheckpointManager>,
     metrics: Option<std::fs::File>,
+    export: Option<ExportDir>,
+}
+
+/// `--export-hf`'s folder, made (or found empty) before training and held open: the
+/// export is written through this handle, so a link put at its path during the run
+/// is never followed. A folder this run made and left empty (a failed run) is removed.
+struct ExportDir {
+    path: std::path::PathBuf,
+    handle: std::fs::File,
+    made: bool,
+}
+
+impl ExportDir {
+    /// Makes or opens the empty folder `path` (never through a symbolic link).
+    fn open(path: &Path) -> Result<ExportDir> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let refuse = |e: &dyn std::fmt::Display| {
+            Error::flag("export-hf", format!("{}: {e}", path.display()))
+        };
+        let made = match std::fs::create_dir(path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(refuse(&format!("cannot create it: {e}"))),
+        };
+        let handle = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| refuse(&format!("not a folder meshwork can write into ({e})")))?;
+        let dir = ExportDir { path: path.to_path_buf(), handle, made };
+        if std::fs::read_dir(dir.through()).map_err(|e| refuse(&e))?.next().is_some() {
+            return Err(refuse(&"exists and is not an empty folder"));
+        }
+        Ok(dir)
+    }
+
+    /// The folder as this process holds it, whatever is at its path now.
+    fn through(&self) -> std::path::PathBuf {
+        use std::os::fd::AsRawFd;
+        std::path::PathBuf::from(format!("/proc/self/fd/{}", self.handle.as_raw_fd()))
+    }
+
+    /// `text` with the handle's path shown as the user's.
+    fn shown(&self, text: &str) -> String {
+        text.replace(&self.through().display().to_string(), &self.path.display().to_string())
+    }
+}
+
+impl Drop for ExportDir {
+    fn drop(&mut self) {
+        // Only an empty folder goes (`remove_dir`), and only through its path when it
+        // is still the folder made (not a link put there).
+        if self.made
+            && std::fs::read_dir(self.through()).is_ok_and(|mut d| d.next().is_none())
+            && std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.is_dir())
+        {
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
 }
 
 impl Outputs {
     /// No outputs (a process other than the one that writes them).
     fn none() -> Outputs {
-        Outputs { manager: None, metrics: None }
+        Outputs { manager: None, metrics: None, export: None }
     }
 
     /// The checkpoint directory (locked; refused if it holds later steps than
@@ -447,7 +515,8 @@ impl Outputs {
         }
         let metrics =
             p.metrics_jsonl.as_ref().map(|path| create_new("metrics-jsonl", path)).transpose()?;
-        Ok(Outputs { manager, metrics })
+        let export = p.export_hf.as_ref().map(|(dir, _, _)| ExportDir::open(dir)).transpose()?;
+        Ok(Outputs { manager, metrics, export })
     }
 }
 
@@ -633,8 +702,10 @@ impl<'s> Running<'s> {
         Ok(got.into_iter().zip(want).collect())
     }
 
-    /// Saves step `step` into `manager`, and the losses so far (so that a run resumed
-    /// after a crash finds them).
+    /// Saves the losses so far, then step `step` into `manager`: in that order, so
+    /// that a kill at any instant leaves a losses file holding at least the saved
+    /// step's losses (a resumed run takes the first `step` of them; any beyond are
+    /// the killed run's later steps, which it trains again).
     fn save(
         &mut self,
         p: &Plan,
@@ -642,18 +713,25 @@ impl<'s> Running<'s> {
         progress: &mut Progress,
         step: usize,
     ) -> Result<()> {
-        self.run.save(manager, &p.meta, step).map_err(save_failed)?;
-        progress.saved_at = Some(step);
         if let Some(path) = p.losses_json.as_ref().filter(|_| p.leads()) {
             write_atomic(path, &losses_json(&p.losses_before, &progress.losses))
                 .map_err(|e| Error::failed(format!("--losses-json {}: {e}", path.display())))?;
         }
+        self.run.save(manager, &p.meta, step).map_err(save_failed)?;
+        progress.saved_at = Some(step);
         Ok(())
     }
 
     /// The outputs made at the end: `--export-hf`'s folder and `--plot`.
-    fn finish(&self, p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
-        if let Some((dir, config, generation)) = &p.export_hf {
+    fn finish(
+        &self,
+        p: &Plan,
+        progress: &Progress,
+        where_: &str,
+        first: usize,
+        export: Option<&ExportDir>,
+    ) -> Result<()> {
+        if let Some((_, config, generation)) = &p.export_hf {
             let mut weights = HashMap::new();
             // Gathered to the process that writes the folder, not to every one.
             for (name, _) in p.net.weight_dims() {
@@ -661,16 +739,16 @@ impl<'s> Running<'s> {
                     weights.insert(name.clone(), w);
                 }
             }
-            if !p.leads() {
+            let Some(export) = export.filter(|_| p.leads()) else {
                 return Ok(());
-            }
+            };
             crate::hf::write(
                 "export-hf",
-                dir,
+                &export.through(),
                 (p.net.model(), config, generation.as_ref()),
                 &weights,
             )
-            .map_err(|e| Error::failed(e.to_string()))?;
+            .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
         }
         if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());

@@ -12,7 +12,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
 
-use meshwork_train::npy::{self, MAX_HEADER};
+use meshwork_io::npy::{self, MAX_HEADER};
 use proptest::prelude::*;
 
 /// The system allocator, counting the bytes the current thread holds and the most it
@@ -78,17 +78,8 @@ fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
 }
 
 /// A `.npy` file of `descr` whose header declares `shape` and which holds `data`.
-fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out.extend(data);
-    out
+fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    [npy::header(descr, shape), data.to_vec()].concat()
 }
 
 /// What reading `bytes` as a file may hold at once: the limit, the header, and room
@@ -99,7 +90,7 @@ fn bound(limit: u64, bytes: &[u8]) -> usize {
 
 fn read_counted(path: &Path, bytes: &[u8], limit: u64) -> (bool, usize) {
     std::fs::write(path, bytes).unwrap();
-    let (result, peak) = peak_of(|| npy::read("data-x", path, limit).is_ok());
+    let (result, peak) = peak_of(|| npy::read("--data-x", path, limit).is_ok());
     (result, peak)
 }
 
@@ -110,7 +101,7 @@ fn the_counter_sees_what_a_read_holds() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.npy");
     let data: Vec<u8> = (0..4096u32).flat_map(|v| f64::from(v).to_le_bytes()).collect();
-    let bytes = npy_bytes("<f8", "(4096,)", &data);
+    let bytes = npy_bytes("<f8", &[4096], &data);
     let (ok, peak) = read_counted(&path, &bytes, 1 << 20);
     assert!(ok);
     assert!(peak >= 2 * 4096 * 8, "the counter missed the read's {peak} bytes");
@@ -131,7 +122,7 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.npy");
-        let shape = format!("({},)", dims.iter().map(u64::to_string).collect::<Vec<_>>().join(", "));
+        let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
         let size: u64 = match descr { "<f8" => 8, "<f4" | "<i4" => 4, _ => 1 };
         let count = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
         // The data the header declares when that is small, or `held` bytes otherwise.

@@ -40,6 +40,11 @@ type Raw = c_void;
 /// Every API function: `PJRT_Error* f(Args*)`.
 type Function = unsafe extern "C" fn(*mut c_void) -> *mut Raw;
 
+/// A slot's C function that returns nothing: `PJRT_Error_Message` and
+/// `PJRT_Error_Destroy` are `void (*)(Args*)` in `pjrt_c_api.h`, and calling one
+/// through a pointer typed as returning a value would be undefined behaviour.
+type VoidFunction = unsafe extern "C" fn(*mut c_void);
+
 #[repr(C)]
 struct ApiVersion {
     struct_size: usize,
@@ -417,6 +422,23 @@ impl Api {
         f.ok_or(Error::Missing { path: self.path.clone(), function: slot.name() })
     }
 
+    /// The function of a slot whose C type returns `void` ([`VoidFunction`]): the
+    /// slot checked as [`function`](Self::function) checks it.
+    fn void_function(&self, slot: Slot) -> Result<VoidFunction> {
+        debug_assert!(matches!(slot, Slot::ErrorMessage | Slot::ErrorDestroy));
+        let offset = size_of::<ApiHead>() + slot as usize * size_of::<usize>();
+        if offset + size_of::<usize>() > self.size {
+            return Err(Error::Missing { path: self.path.clone(), function: slot.name() });
+        }
+        // SAFETY: as in `function`: the slot lies inside the plugin's table, and holds a
+        // nullable C function pointer, here of type `void (*)(Args*)`, which
+        // `Option<VoidFunction>` represents exactly.
+        let f: Option<VoidFunction> = unsafe {
+            ptr::read(self.table.cast::<u8>().add(offset).cast::<Option<VoidFunction>>())
+        };
+        f.ok_or(Error::Missing { path: self.path.clone(), function: slot.name() })
+    }
+
     /// Calls `slot` with `args` and turns a returned `PJRT_Error` into
     /// [`Error::Plugin`].
     ///
@@ -437,7 +459,7 @@ impl Api {
         message.error = error;
         let mut code = ErrorGetCodeArgs::new();
         code.error = error;
-        let text = match self.function(Slot::ErrorMessage) {
+        let text = match self.void_function(Slot::ErrorMessage) {
             Ok(f) => {
                 // SAFETY: `error` is the live error the plugin just returned; the
                 // message it points `message` at lives until the error is destroyed,
@@ -448,7 +470,7 @@ impl Api {
             Err(_) => String::from("(the plugin has no PJRT_Error_Message)"),
         };
         let destroy = |e: *mut Raw| {
-            if let Ok(f) = self.function(Slot::ErrorDestroy) {
+            if let Ok(f) = self.void_function(Slot::ErrorDestroy) {
                 let mut destroy = ErrorDestroyArgs::new();
                 destroy.error = e;
                 // SAFETY: `e` is a live error the plugin returned, destroyed exactly
@@ -579,7 +601,23 @@ impl Plugin {
     /// A plugin stays loaded for the rest of the process, as JAX keeps its plugins: a
     /// second load of the same file returns the first (initialized once), and the
     /// library is never unloaded under the threads and static state it started.
+    ///
+    /// The path is the file the user named: a bare name is a file in the working
+    /// directory, never one the loader's search path finds. Before anything maps it,
+    /// the file is checked ([`meshwork_io::elf`]): a regular file (a FIFO is refused
+    /// without waiting), a shared object for this machine, every loadable segment and
+    /// the section table inside it (a truncated library would crash the process with
+    /// SIGBUS when mapped).
     pub fn load(path: &Path) -> Result<Plugin> {
+        let explicit;
+        let path = if path.is_relative() {
+            explicit = Path::new(".").join(path);
+            explicit.as_path()
+        } else {
+            path
+        };
+        meshwork_io::elf::check(path)
+            .map_err(|reason| Error::NotAPlugin { path: path.to_owned(), reason })?;
         static LOADED: std::sync::Mutex<Vec<(PathBuf, Arc<Api>)>> =
             std::sync::Mutex::new(Vec::new());
         let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
@@ -1272,12 +1310,26 @@ impl Client {
         args.compile_options_size = options.len();
         self.inner.api.call(Slot::ClientCompile, &mut args)?;
         let loaded = args.executable;
+        if loaded.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_Client_Compile",
+                code: Code::Internal,
+                message: "reported success but returned no executable".into(),
+            });
+        }
         // Owned from here, so that an error below still destroys it.
         let mut executable =
             Executable { client: Arc::clone(&self.inner), raw: loaded, outputs: 0 };
         let mut get = LoadedGetExecutableArgs::new();
         get.loaded = loaded;
         self.inner.api.call(Slot::LoadedExecutableGetExecutable, &mut get)?;
+        if get.executable.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_LoadedExecutable_GetExecutable",
+                code: Code::Internal,
+                message: "reported success but returned no executable".into(),
+            });
+        }
         let mut outputs = ExecutableNumOutputsArgs::new();
         outputs.executable = get.executable;
         let counted = self.inner.api.call(Slot::ExecutableNumOutputs, &mut outputs);
@@ -1304,10 +1356,20 @@ impl Client {
         args.semantics = IMMUTABLE_ONLY_DURING_CALL;
         args.device = device.raw;
         self.inner.api.call(Slot::ClientBufferFromHostBuffer, &mut args)?;
-        let buffer = Buffer { client: Arc::clone(&self.inner), raw: args.buffer };
-        self.inner
+        // The host bytes are the plugin's until its event says done, buffer or not.
+        let done = self
+            .inner
             .api
-            .await_event("PJRT_Client_BufferFromHostBuffer", args.done_with_host_buffer)?;
+            .await_event("PJRT_Client_BufferFromHostBuffer", args.done_with_host_buffer);
+        if args.buffer.is_null() {
+            return Err(Error::Plugin {
+                call: "PJRT_Client_BufferFromHostBuffer",
+                code: Code::Internal,
+                message: "reported success but returned no buffer".into(),
+            });
+        }
+        let buffer = Buffer { client: Arc::clone(&self.inner), raw: args.buffer };
+        done?;
         self.inner.count(0, bytes.len());
         Ok(buffer)
     }

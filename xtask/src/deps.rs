@@ -5,14 +5,14 @@
 //!
 //! ```text
 //! types                                          the shared vocabulary, the host tensor
-//! placer sharding outfeed executor program       siblings: types only
+//! io placer sharding outfeed executor program    siblings: types only
 //! nn          <- program                         layers, optimizers, models
 //! partition   <- program sharding placer         the pure passes
-//! checkpoint  <- sharding                        the sharded checkpoint format
+//! checkpoint  <- sharding io                     the sharded checkpoint format
 //! strategy    <- the siblings, nn, partition, checkpoint   the façade and back ends
-//! train       <- strategy nn partition checkpoint program sharding   the trainer
-//! cli         <- train sharding placer           the `meshwork` binary
-//! bridges     <- executor sharding checkpoint    adapters for other libraries
+//! train       <- strategy nn partition checkpoint program sharding io   the trainer
+//! cli         <- train sharding placer io        the `meshwork` binary
+//! bridges     <- executor sharding checkpoint io adapters for other libraries
 //! xtask       <- nothing
 //! ```
 //!
@@ -26,7 +26,8 @@ use std::fmt;
 use serde_json::Value;
 
 /// The sibling crates, which may depend on `types` only.
-pub(crate) const SIBLINGS: [&str; 5] = [
+pub(crate) const SIBLINGS: [&str; 6] = [
+    "meshwork-io",
     "meshwork-placer",
     "meshwork-sharding",
     "meshwork-outfeed",
@@ -39,16 +40,17 @@ const TYPES: &str = "meshwork-types";
 /// which every crate but `types` and `xtask` may use).
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     ("meshwork-types", &[]),
+    ("meshwork-io", &[]),
     ("meshwork-placer", &[]),
     ("meshwork-sharding", &[]),
     ("meshwork-outfeed", &[]),
     ("meshwork-executor", &[]),
     ("meshwork-program", &[]),
-    ("meshwork-xla", &["meshwork-program"]),
+    ("meshwork-xla", &["meshwork-program", "meshwork-io"]),
     ("meshwork-pjrt-mock", &[]),
     ("meshwork-nn", &["meshwork-program"]),
     ("meshwork-partition", &["meshwork-program", "meshwork-sharding", "meshwork-placer"]),
-    ("meshwork-checkpoint", &["meshwork-sharding"]),
+    ("meshwork-checkpoint", &["meshwork-sharding", "meshwork-io"]),
     (
         "meshwork-strategy",
         &[
@@ -73,10 +75,14 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "meshwork-program",
             "meshwork-sharding",
             "meshwork-xla",
+            "meshwork-io",
         ],
     ),
-    ("meshwork-cli", &["meshwork-train", "meshwork-sharding", "meshwork-placer"]),
-    ("meshwork-candle", &["meshwork-executor", "meshwork-sharding", "meshwork-checkpoint"]),
+    ("meshwork-cli", &["meshwork-train", "meshwork-sharding", "meshwork-placer", "meshwork-io"]),
+    (
+        "meshwork-candle",
+        &["meshwork-executor", "meshwork-sharding", "meshwork-checkpoint", "meshwork-io"],
+    ),
     ("xtask", &[]),
 ];
 

@@ -8,6 +8,7 @@
 
 mod cuda;
 mod deps;
+mod fuzz;
 mod mpi;
 mod tidy;
 mod xla;
@@ -53,9 +54,14 @@ tasks:
   pjrt            install the pinned CPU plugin under target/pjrt/ and print its path
   bench [ARGS]    run every crate's benchmarks (ARGS go to `cargo bench`)
   docs            cargo doc --workspace --no-deps with warnings denied
+  fuzz [SECONDS]  every reader a user's file reaches under libFuzzer (fuzz/): kept
+                  regressions replayed, then SECONDS (default 20) per target from
+                  seeds of the repository's real files; a table of executions
   deps            check the crate graph: each crate depends only on the layers below it
   tidy            source rules: no stub macros, no ignored or should-panic tests,
-                  every lib.rs opens with a //! doc
+                  every lib.rs opens with a //! doc; ARCHITECTURE.md against the
+                  tree: every workspace member named, the meshwork commands and the
+                  files holding `unsafe` listed exactly
   help            this text
 ";
 
@@ -81,6 +87,7 @@ fn main() -> ExitCode {
         "pjrt" => xla::plugin().map(|p| println!("{}", p.display())),
         "miri" => miri(),
         "deps" => deps_check(),
+        "fuzz" => fuzz::fuzz(rest),
         "tidy" => tidy_check(),
         "help" | "--help" | "-h" => {
             print!("{HELP}");

@@ -4,6 +4,9 @@
 //!   (`todo`, `unimplemented`) is called, and no test carries the `ignore` or
 //!   `should_panic` attribute.
 //! - Every crate's `src/lib.rs` (and xtask's `src/main.rs`) opens with a `//!` doc.
+//! - ARCHITECTURE.md stays a true map ([`architecture`]): it names every workspace
+//!   member, lists the `meshwork` binary's commands exactly, and lists exactly the files
+//!   that hold `unsafe` code.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,8 +21,18 @@ fn forbidden() -> [(String, &'static str); 4] {
     ]
 }
 
-/// Every problem found under `root`, one line each (`path:line: what`).
+mod architecture;
+
+/// Every problem found under `root`, one line each (`path:line: what`): the source
+/// rules, then ARCHITECTURE.md against the tree.
 pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
+    let mut problems = source_rules(root)?;
+    problems.extend(architecture::check(root)?);
+    Ok(problems)
+}
+
+/// The source rules' problems under `root`: stubs, skipped tests, undocumented roots.
+fn source_rules(root: &Path) -> Result<Vec<String>, String> {
     let mut files = Vec::new();
     collect_rust_files(root, &mut files)?;
     files.sort();

@@ -3,10 +3,8 @@
 //! `ShardedSafeTensors` (which splits dim 0 or 1 evenly).
 
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Tensor};
@@ -14,86 +12,51 @@ use candle_core::{DType, Tensor};
 use crate::params::{self, Param};
 use crate::{Error, Result};
 
-/// Headers longer than this are refused before they are read (real ones are a few
-/// kilobytes per thousand tensors).
-const MAX_HEADER: u64 = 100 << 20;
-
 /// One tensor's entry in the header.
 #[derive(Debug, Clone)]
 struct Entry {
     /// `None`: a dtype the bridge does not read (an integer buffer).
     dtype: Option<DType>,
-    shape: Vec<usize>,
-    /// Its bytes, from the start of the file.
-    start: u64,
+    /// Where its bytes are, as the header (checked) says.
+    stored: meshwork_io::safetensors::Entry,
 }
 
 /// An open safetensors file, its header read and checked.
 pub(crate) struct File {
     path: String,
-    file: Mutex<std::fs::File>,
+    file: std::fs::File,
     tensors: HashMap<String, Entry>,
     read: AtomicU64,
 }
 
 impl File {
-    /// Opens `path` and reads its header: every tensor's dtype, shape and byte range
-    /// checked against each other and the file's size.
+    /// Opens `path` and reads its header, checked by meshwork's one safetensors
+    /// reader (every tensor's bytes against its dtype and shape, no overlaps or gaps,
+    /// unique names, the file's size).
     pub(crate) fn open(path: &Path) -> Result<File> {
+        use meshwork_io::safetensors::Dtype as S;
         let name = path.display().to_string();
         let bad = |problem: String| Error::Load { path: name.clone(), problem };
-        let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-        let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(bad("not a regular file".into()));
-        }
-        let size = meta.len();
-        let mut head = [0u8; 8];
-        file.read_exact(&mut head).map_err(|e| bad(format!("no header length ({e})")))?;
-        let n = u64::from_le_bytes(head);
-        if n > MAX_HEADER || n + 8 > size {
-            return Err(bad(format!("a header of {n} bytes in a file of {size}")));
-        }
-        let mut text = vec![0u8; n as usize];
-        file.read_exact(&mut text).map_err(|e| bad(format!("header cut short ({e})")))?;
-        let header: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&text).map_err(|e| bad(format!("header is not JSON: {e}")))?;
-        let data = 8 + n;
-        let mut tensors = HashMap::new();
-        for (key, v) in header {
-            if key == "__metadata__" {
-                continue;
-            }
-            let field = |f: &str| v.get(f).ok_or_else(|| bad(format!("{key} has no {f}")));
-            // Other dtypes (integer buffers a model does not train) are refused only
-            // when a parameter is read from them.
-            let dtype = match field("dtype")?.as_str() {
-                Some("F32") => Some(DType::F32),
-                Some("F64") => Some(DType::F64),
-                Some("F16") => Some(DType::F16),
-                Some("BF16") => Some(DType::BF16),
-                Some(_) => None,
-                None => return Err(bad(format!("{key}'s dtype is not a string"))),
-            };
-            let shape: Vec<usize> = serde_json::from_value(field("shape")?.clone())
-                .map_err(|e| bad(format!("{key}'s shape: {e}")))?;
-            let [a, b]: [u64; 2] = serde_json::from_value(field("data_offsets")?.clone())
-                .map_err(|e| bad(format!("{key}'s data_offsets: {e}")))?;
-            let want =
-                shape.iter().try_fold(dtype.map_or(1, |d| d.size_in_bytes()) as u64, |acc, &d| {
-                    acc.checked_mul(d as u64)
-                });
-            // Offsets from an untrusted header: every sum checked.
-            let end = data.checked_add(b).filter(|&e| e <= size);
-            if b < a || (dtype.is_some() && Some(b - a) != want) || end.is_none() {
-                return Err(bad(format!(
-                    "{key}: bytes {a}..{b} for shape {shape:?} of {} in a file of {size} bytes",
-                    dtype.map_or("?".to_string(), |d| format!("{d:?}"))
-                )));
-            }
-            tensors.insert(key, Entry { dtype, shape, start: data + a });
-        }
-        Ok(File { path: name, file: Mutex::new(file), tensors, read: AtomicU64::new(0) })
+        let (file, len) =
+            meshwork_io::files::open_regular_io(path).map_err(|e| bad(e.to_string()))?;
+        let header = meshwork_io::safetensors::read_header(&file, len).map_err(bad)?;
+        let tensors = header
+            .entries
+            .into_iter()
+            .map(|stored| {
+                // Other dtypes (integer buffers a model does not train) are refused only
+                // when a parameter is read from them.
+                let dtype = match stored.dtype {
+                    S::F32 => Some(DType::F32),
+                    S::F64 => Some(DType::F64),
+                    S::F16 => Some(DType::F16),
+                    S::BF16 => Some(DType::BF16),
+                    _ => None,
+                };
+                (stored.name.clone(), Entry { dtype, stored })
+            })
+            .collect();
+        Ok(File { path: name, file, tensors, read: AtomicU64::new(0) })
     }
 
     /// Checks that the file holds every parameter with its shape.
@@ -115,12 +78,12 @@ impl File {
                         ),
                     });
                 }
-                Some(e) if e.shape != p.shape => {
+                Some(e) if e.stored.shape != p.shape => {
                     return Err(Error::Load {
                         path: self.path.clone(),
                         problem: format!(
                             "{} is {:?}; the model's is {:?}",
-                            p.name, e.shape, p.shape
+                            p.name, e.stored.shape, p.shape
                         ),
                     });
                 }
@@ -148,74 +111,16 @@ impl File {
             path: self.path.clone(),
             problem: format!("no tensor {name}"),
         })?;
-        let rank = e.shape.len();
-        if region.len() != rank
-            || region.iter().zip(&e.shape).any(|(r, &d)| r.start > r.end || r.end > d)
-        {
-            return Err(Error::Load {
-                path: self.path.clone(),
-                problem: format!("region {region:?} is not inside {name} of shape {:?}", e.shape),
-            });
-        }
         let Some(dtype_in_file) = e.dtype else {
             return Err(Error::Load {
                 path: self.path.clone(),
                 problem: format!("{name} is not F32, F64, F16 or BF16, which the bridge reads"),
             });
         };
-        let size = dtype_in_file.size_in_bytes();
+        let bytes = meshwork_io::safetensors::read_box_of(&self.file, &e.stored, region)
+            .map_err(|problem| Error::Load { path: self.path.clone(), problem })?;
+        self.read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let ext: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        let count: usize = ext.iter().product();
-        let mut bytes = vec![0u8; count * size];
-        if count > 0 {
-            // Dims t.. are whole in the region: each run spans them, and dim t-1's range.
-            let mut t = rank;
-            while t > 0 && region[t - 1] == (0..e.shape[t - 1]) {
-                t -= 1;
-            }
-            let inner: usize = e.shape[t..].iter().product();
-            let run = if t == 0 { inner } else { ext[t - 1] * inner };
-            let outer: Vec<Range<usize>> = region[..t.saturating_sub(1)].to_vec();
-            let mut index: Vec<usize> = outer.iter().map(|r| r.start).collect();
-            let mut file = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut at = 0;
-            loop {
-                // The run's first element, row-major.
-                let mut offset = 0usize;
-                for d in 0..t {
-                    let i = if d + 1 == t { region[d].start } else { index[d] };
-                    offset = offset * e.shape[d] + i;
-                }
-                offset *= inner;
-                // Inside the tensor's bytes, which the header check bounded.
-                let pos = e.start + (offset * size) as u64;
-                let dst = &mut bytes[at..at + run * size];
-                file.seek(SeekFrom::Start(pos)).and_then(|_| file.read_exact(dst)).map_err(
-                    |err| Error::Load {
-                        path: self.path.clone(),
-                        problem: format!("{name}: {err}"),
-                    },
-                )?;
-                at += run * size;
-                // The next outer index (an odometer over the dims before t-1).
-                let mut d = outer.len();
-                let done = loop {
-                    if d == 0 {
-                        break true;
-                    }
-                    d -= 1;
-                    index[d] += 1;
-                    if index[d] < outer[d].end {
-                        break false;
-                    }
-                    index[d] = outer[d].start;
-                };
-                if done {
-                    break;
-                }
-            }
-            self.read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        }
         let t = match dtype_in_file {
             DType::F64 => params::tensor(
                 bytes
@@ -310,7 +215,7 @@ mod tests {
         bytes.truncate(bytes.len() - 8);
         std::fs::write(&path, &bytes).unwrap();
         let e = File::open(&path).err().expect("a file cut short");
-        assert!(e.to_string().contains("bytes 0..96"), "{e}");
+        assert!(e.to_string().contains("cut short"), "{e}");
         // Offsets that would wrap around.
         let header = serde_json::json!({
             "w": {"dtype": "F32", "shape": [1], "data_offsets": [u64::MAX - 4, u64::MAX]},

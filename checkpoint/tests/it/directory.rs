@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use meshwork_checkpoint::{CheckpointManager, Error, find_checkpoint, read_checkpoint};
+use meshwork_checkpoint::{
+    CheckpointManager, Error, find_checkpoint, pin_checkpoint, read_checkpoint,
+};
 use meshwork_sharding::HloSharding;
 use meshwork_types::{DType, Tensor};
 
@@ -263,4 +265,71 @@ fn a_step_written_in_parts_by_several_processes_commits_once() {
     let plain = dir.path().join("plain");
     std::fs::create_dir(&plain).unwrap();
     assert!(CheckpointManager::join(&plain).is_err());
+}
+
+/// A newest step whose index is damaged would wedge the directory: a run resumes from
+/// the step before it, trains, then cannot save over the damaged name. Opening the
+/// directory sets it aside under a name meshwork owns (never reading, writing or
+/// removing it again), so the step saves.
+#[test]
+fn a_damaged_step_is_set_aside_when_the_directory_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ck");
+    let mut m = CheckpointManager::open(&root, 3).unwrap();
+    save(&mut m, 1, &value(1)).unwrap();
+    save(&mut m, 2, &value(2)).unwrap();
+    drop(m);
+    std::fs::write(root.join("step-00000002/index.json"), b"{ damaged").unwrap();
+    assert_eq!(find_checkpoint(&root).unwrap().1, Some(1));
+    let mut m = CheckpointManager::open(&root, 3).unwrap();
+    assert_eq!(m.set_aside().len(), 1);
+    let aside = m.set_aside()[0].clone();
+    assert!(aside.file_name().unwrap().to_string_lossy().starts_with(".damaged-step-00000002"));
+    assert_eq!(std::fs::read(aside.join("index.json")).unwrap(), b"{ damaged");
+    save(&mut m, 2, &value(3)).unwrap();
+    assert_eq!(m.steps().unwrap(), vec![1, 2]);
+    assert_eq!(read_w(&root.join("step-00000002")), value(3));
+    drop(m);
+    // Set aside once: the next open leaves it where it is.
+    let m = CheckpointManager::open(&root, 3).unwrap();
+    assert!(m.set_aside().is_empty());
+    assert!(aside.is_dir());
+}
+
+/// A step another run is reading (pinned) is not pruned under it: the save that would
+/// prune it leaves it for a later one. And a reader racing a run that saves and prunes
+/// every step always gets a complete step, never "not a complete checkpoint".
+#[test]
+fn a_step_being_read_is_not_pruned_under_its_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ck");
+    let mut m = CheckpointManager::open(&root, 1).unwrap();
+    save(&mut m, 1, &value(1)).unwrap();
+    let pinned = pin_checkpoint(&root).unwrap();
+    assert_eq!(pinned.step, Some(1));
+    save(&mut m, 2, &value(2)).unwrap();
+    assert_eq!(m.steps().unwrap(), vec![1, 2], "the pinned step was pruned");
+    assert_eq!(read_w(&pinned.dir), value(1));
+    drop(pinned);
+    save(&mut m, 3, &value(3)).unwrap();
+    assert_eq!(m.steps().unwrap(), vec![3]);
+    // A saver pruning as it goes, and a reader.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let saver = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut step = 4;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                save(&mut m, step, &value(step as u64)).unwrap();
+                step += 1;
+            }
+        })
+    };
+    for _ in 0..200 {
+        let pinned = pin_checkpoint(&root).unwrap();
+        let step = pinned.step.unwrap();
+        assert_eq!(read_w(&pinned.dir), value(step as u64));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    saver.join().unwrap();
 }

@@ -452,7 +452,11 @@ pub(crate) fn gemm<T: Float>(
     out: &mut [T],
     threads: usize,
 ) {
-    assert_eq!(out.len(), batches * m * n, "the product's buffer");
+    assert_eq!(
+        batches.checked_mul(m).and_then(|bm| bm.checked_mul(n)),
+        Some(out.len()),
+        "the product's buffer"
+    );
     if batches == 0 || m == 0 || n == 0 {
         return;
     }
@@ -462,11 +466,16 @@ pub(crate) fn gemm<T: Float>(
     }
     // The last element each operand's strides reach must be inside its buffer: the
     // safety argument of the raw-pointer call below.
+    // Checked arithmetic: a sum that wrapped (release builds do not trap) could pass
+    // the bound and let the raw pointers reach outside.
     let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
-        (batches - 1) * x.batch + (rows - 1) * x.row + (cols - 1) * x.col
+        let b = (batches - 1).checked_mul(x.batch)?;
+        let r = (rows - 1).checked_mul(x.row)?;
+        let c = (cols - 1).checked_mul(x.col)?;
+        b.checked_add(r)?.checked_add(c)
     };
-    assert!(last(&lhs, m, k) < lhs.data.len(), "lhs strides outside its buffer");
-    assert!(last(&rhs, k, n) < rhs.data.len(), "rhs strides outside its buffer");
+    assert!(last(&lhs, m, k).is_some_and(|l| l < lhs.data.len()), "lhs strides outside its buffer");
+    assert!(last(&rhs, k, n).is_some_and(|l| l < rhs.data.len()), "rhs strides outside its buffer");
     // Threads: a batch of products splits over the batch (each product on one
     // thread); one product with many rows splits its rows (each part a product on one
     // thread, sharing the right operand); else one product splits inside `gemm`, which
@@ -752,5 +761,30 @@ impl Conv {
         let rhs = Mat { data: g, batch: 0, row: o, col: 1 };
         gemm(1, cols, o, rows, lhs, rhs, T::slice_mut(&mut d), threads);
         Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Strides whose reach overflows `usize` are refused before the raw-pointer call:
+    /// computed unchecked, `2 · (2^63 + 1)` wraps to 2 and would pass the bound.
+    #[test]
+    fn strides_that_overflow_are_refused_not_wrapped() {
+        let data = [1.0f64; 16];
+        let ok = Mat { data: &data, batch: 4, row: 2, col: 1 };
+        let mut out = [0.0f64; 8];
+        gemm(2, 2, 2, 2, ok, ok, &mut out, 1);
+        assert!(out.iter().all(|&x| x == 2.0));
+        let wraps = Mat { data: &data, batch: (1usize << 63) + 1, row: 2, col: 1 };
+        let refused = std::panic::catch_unwind(|| {
+            let mut out = [0.0f64; 12];
+            gemm(3, 2, 2, 2, wraps, ok, &mut out, 1);
+        });
+        // The bound's own refusal (not an overflow trap, which release builds lack).
+        let why = refused.expect_err("an overflowing stride reached the raw-pointer call");
+        let why = why.downcast_ref::<&str>().copied().unwrap_or_default();
+        assert_eq!(why, "lhs strides outside its buffer");
     }
 }

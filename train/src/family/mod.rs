@@ -283,14 +283,28 @@ pub(crate) fn token_data(
                 let procs = &share.processes;
                 let made = if procs.leads() {
                     crate::tokenize::token_rows(path, tokenizer, vocab, seq, limit, Some(cache))
-                        .map(|rows| rows.cached.is_some())
+                        .map(|rows| {
+                            warning = rows.warning;
+                            rows.cached.is_some()
+                        })
                 } else {
                     Ok(false)
                 };
                 // Every process learns whether process 0 cached the rows.
                 if procs.lead_says(made)? {
                     let key = crate::tokenize::cache_key(path, tokenizer, seq + 1)?;
-                    return read("cache-dir", &crate::tokenize::cache_file(cache, &key));
+                    let Some((file, _)) = crate::tokenize::cached_entry(cache, &key) else {
+                        return Err(Error::flag(
+                            "cache-dir",
+                            format!(
+                                "process 0 cached the rows of {} but this process finds no \
+                                 entry for the text as it reads it now (did it change?)",
+                                path.display()
+                            ),
+                        ));
+                    };
+                    let (examples, n, _) = read("cache-dir", &file)?;
+                    return Ok((examples, n, warning));
                 }
             }
             _ => {}
@@ -302,6 +316,7 @@ pub(crate) fn token_data(
             Some(tokenizer) => {
                 let cache = config.cache_dir.as_deref();
                 let rows = crate::tokenize::token_rows(path, tokenizer, vocab, seq, limit, cache)?;
+                warning = rows.warning.clone();
                 if let (Some(dir), None) = (cache, &rows.cached) {
                     warning = Some(format!(
                         "--cache-dir {}: the encoded rows could not be cached there",

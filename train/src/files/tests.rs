@@ -1,6 +1,6 @@
 //! Inputs refused without waiting, outputs written whole with their directory synced.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -59,37 +59,6 @@ fn inputs_are_read_whole_within_their_limit() {
     assert!(err.contains("over the 63-byte limit (--max-memory)"), "{err}");
 }
 
-/// Replacing a file: a synced temporary beside it, renamed over it, then the directory
-/// synced, so that the rename itself survives a crash. Nothing temporary is left.
-#[test]
-fn an_atomic_write_syncs_the_file_then_the_directory_after_the_rename() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("losses.json");
-    std::fs::write(&path, "[1.0]").unwrap();
-    let mut log = Vec::new();
-    write_atomic_logged(&path, b"[1.0,2.0]", &mut log).unwrap();
-    assert_eq!(log, ["create temporary", "write", "sync temporary", "rename", "sync directory"]);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "[1.0,2.0]");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-}
-
-/// A new output (the plot) is written whole beside its path and linked into place,
-/// never in place; what is already at the path is never replaced, and no temporary is
-/// left either way.
-#[test]
-fn a_new_file_is_written_whole_and_never_replaces_anything() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("plot.svg");
-    let mut log = Vec::new();
-    write_new_logged(&path, b"<svg/>", &mut log).unwrap();
-    assert_eq!(log, ["create temporary", "write", "sync temporary", "link", "sync directory"]);
-    assert_eq!(std::fs::read(&path).unwrap(), b"<svg/>");
-    let err = write_new(&path, b"other").unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
-    assert_eq!(std::fs::read(&path).unwrap(), b"<svg/>");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-}
-
 /// The output checks: a missing directory, a path that names no file, something other
 /// than a regular file, an existing file for a new output, and an existing file that
 /// is not a losses list are refused, each untouched; a losses list may be replaced.
@@ -116,20 +85,4 @@ fn outputs_are_checked_before_any_work_and_left_untouched() {
     check_output("plot", &d.join("new.svg"), Output::New).unwrap();
     // Only what was there before: the probe file is gone.
     assert_eq!(std::fs::read_dir(d).unwrap().count(), 2);
-}
-
-/// A file already at the temporary name (not meshwork's to touch) makes the write fail
-/// and is left as it was.
-#[test]
-fn a_file_at_the_temporary_name_is_left_untouched() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("losses.json");
-    let squatter = temp_beside(&path);
-    std::fs::write(&squatter, "someone else's").unwrap();
-    assert_eq!(
-        write_atomic(&path, b"[1.0]").unwrap_err().kind(),
-        std::io::ErrorKind::AlreadyExists
-    );
-    assert_eq!(std::fs::read_to_string(&squatter).unwrap(), "someone else's");
-    assert!(!path.exists());
 }

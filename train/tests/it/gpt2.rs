@@ -37,7 +37,7 @@ fn oracle_model() -> (Gpt2, HashMap<String, Tensor>) {
 
 /// The oracle's token rows `[N, 17]`.
 fn rows() -> ndarray::Array2<i32> {
-    let a = meshwork_train::npy::read("tokens", &testdata("gpt2/tokens.npy"), 1 << 30).unwrap();
+    let a = meshwork_io::npy::read("--tokens", &testdata("gpt2/tokens.npy"), 1 << 30).unwrap();
     a.mapv(|x| x as i32).into_dimensionality().unwrap()
 }
 
@@ -105,7 +105,7 @@ fn the_initial_logits_are_transformers_within_1e_9() {
     let got = meshwork_program::fast::Executable::compile(&program, Default::default())
         .run(&inputs, &meshwork_program::Env::local())
         .unwrap();
-    let want = meshwork_train::npy::read("logits", &testdata("gpt2/logits.npy"), 1 << 30).unwrap();
+    let want = meshwork_io::npy::read("--logits", &testdata("gpt2/logits.npy"), 1 << 30).unwrap();
     assert_eq!(got[0].shape(), want.shape());
     assert_close(&got[0].to_f64(), &want.iter().copied().collect::<Vec<_>>(), 1e-9, "logits");
 }
@@ -511,6 +511,60 @@ fn an_exported_run_continues_from_its_folder() {
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), config);
 }
 
+/// The export folder is made and held from the start: a link put at its path during
+/// the run (here by the observer, at the first step) is never followed — the export
+/// lands in the folder the run made, and the link's target stays empty.
+#[test]
+fn an_export_never_follows_a_link_put_in_its_place() {
+    use meshwork_train::{Config, Data, ModelKind, Observer, OptimizerKind, Step, Trainer};
+    struct Swap {
+        out: std::path::PathBuf,
+        moved: std::path::PathBuf,
+        target: std::path::PathBuf,
+        done: bool,
+    }
+    impl Observer for Swap {
+        fn step(&mut self, _: &Step) {
+            if !self.done {
+                std::fs::rename(&self.out, &self.moved).unwrap();
+                std::os::unix::fs::symlink(&self.target, &self.out).unwrap();
+                self.done = true;
+            }
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let four: Vec<i32> = rows().slice(ndarray::s![0..4, ..]).iter().copied().collect();
+    let tokens = crate::write_npy_i32(&tmp.path().join("t.npy"), 4, 17, &four);
+    let out = tmp.path().join("exported");
+    let swap = Swap {
+        out: out.clone(),
+        moved: tmp.path().join("moved"),
+        target: tmp.path().join("elsewhere"),
+        done: false,
+    };
+    std::fs::create_dir(&swap.target).unwrap();
+    let config = Config {
+        init: Some(testdata("gpt2/model")),
+        data: Data::Tokens(tokens),
+        seq: Some(16),
+        batch: Some(4),
+        steps: Some(2),
+        optimizer: Some(OptimizerKind::Sgd),
+        lr: Some(0.5),
+        dtype: Some(DType::F64),
+        export_hf: Some(out.clone()),
+        ..crate::config(ModelKind::Gpt2)
+    };
+    let mut observer = swap;
+    Trainer::new(&config)
+        .unwrap()
+        .run(&mut observer, &std::sync::atomic::AtomicBool::new(false))
+        .unwrap();
+    assert_eq!(std::fs::read_dir(&observer.target).unwrap().count(), 0, "the link was followed");
+    assert!(observer.moved.join("config.json").is_file());
+    assert!(observer.moved.join("model.safetensors").is_file());
+}
+
 /// Hugging Face's tokenizer through the `tokenizers` crate: every `encodings` entry
 /// of the oracle (whitespace runs, tabs, non-ASCII, the empty string) gives its ids;
 /// `corpus.txt` encoded and cut into consecutive rows of 17 is `tokens.npy`; and the
@@ -831,13 +885,131 @@ fn a_long_text_is_encoded_in_chunks_within_the_memory_limit() {
     assert!(e.contains("not UTF-8 at byte"), "{e}");
 }
 
+/// GPT-2's tokenizer.json with `edit` applied to its JSON, written into `dir`.
+fn edited_tokenizer(
+    dir: &std::path::Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> std::path::PathBuf {
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(testdata("gpt2/tokenizer.json")).unwrap()).unwrap();
+    edit(&mut json);
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    path
+}
+
+/// Finite weights whose logits overflow f32 (the final layer norm's scale 1e25 times,
+/// the embeddings 1e19 times): generation stops with an error naming the position, never
+/// a token picked from an infinity (greedy took the first +inf, sampling fell
+/// through to the last token).
+#[test]
+fn generation_from_logits_that_overflow_is_an_error() {
+    use meshwork_train::BackendKind;
+    use meshwork_train::generate::{GenerateConfig, generate};
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(testdata("gpt2/model").join(f), tmp.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(testdata("gpt2/model/model.safetensors")).unwrap();
+    let header = meshwork_io::safetensors::parse(&bytes).unwrap();
+    let mut scaled = bytes.clone();
+    for e in &header.entries {
+        let scale = match e.name.as_str() {
+            n if n.ends_with("wte.weight") => 1e19,
+            n if n.ends_with("ln_f.weight") => 1e25,
+            _ => continue,
+        };
+        let (a, z) = (e.start as usize, (e.start + e.bytes) as usize);
+        assert_eq!(e.dtype, meshwork_io::safetensors::Dtype::F64, "{}", e.name);
+        for c in scaled[a..z].chunks_exact_mut(8) {
+            let v = f64::from_le_bytes(c.try_into().unwrap()) * scale;
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    std::fs::write(tmp.path().join("model.safetensors"), scaled).unwrap();
+    let config = GenerateConfig {
+        init: tmp.path().to_path_buf(),
+        prompt_ids: vec![1, 2, 3],
+        tokenizer: None,
+        max_new_tokens: 4,
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+        dtype: DType::F32,
+        backend: BackendKind::Interpreter,
+        max_memory: 1 << 30,
+    };
+    for temperature in [0.0, 1.0] {
+        let e = generate(&GenerateConfig { temperature, ..config.clone() }).unwrap_err();
+        assert!(matches!(e, meshwork_train::Error::Failed(_)), "{e}");
+        assert!(e.to_string().contains("not finite"), "{e}");
+    }
+}
+
+/// A post-processor template naming a special token its `special_tokens` do not
+/// define (on which the tokenizers crate panics when encoding), or one whose ids lie
+/// past the vocabulary, is refused on load naming `--tokenizer`: never a panic.
+#[test]
+fn a_tokenizer_the_library_would_panic_on_is_refused_on_load() {
+    use meshwork_train::data::read_tokenizer;
+    let tmp = tempfile::tempdir().unwrap();
+    let undefined = edited_tokenizer(tmp.path(), |j| {
+        j["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {}
+        });
+    });
+    let e = read_tokenizer(&undefined).unwrap_err().to_string();
+    assert!(e.starts_with("--tokenizer: ") && e.contains("\"[CLS]\""), "{e}");
+    let past = edited_tokenizer(tmp.path(), |j| {
+        j["post_processor"] = serde_json::json!({
+            "type": "Sequence",
+            "processors": [{
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [99999999], "tokens": ["<s>"]}}
+            }]
+        });
+    });
+    let e = read_tokenizer(&past).unwrap_err().to_string();
+    assert!(e.starts_with("--tokenizer: ") && e.contains("outside the vocabulary"), "{e}");
+}
+
+/// A normalizer that expands each `a` a thousandfold would take gigabytes to encode
+/// a megabyte of them; its expansion is measured on samples of the text, and the run
+/// refused in one line under `--max-memory`, before the tokenizer works on it.
+#[test]
+fn a_normalizer_that_expands_text_is_bounded_by_max_memory() {
+    use meshwork_train::data::read_tokenizer;
+    use meshwork_train::tokenize::encode_file;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = edited_tokenizer(tmp.path(), |j| {
+        j["normalizer"] = serde_json::json!({
+            "type": "Replace", "pattern": {"String": "a"}, "content": "b".repeat(1000)
+        });
+    });
+    let tokenizer = read_tokenizer(&path).unwrap();
+    let text = tmp.path().join("a.txt");
+    std::fs::write(&text, "a\n".repeat(1 << 19)).unwrap();
+    let e = encode_file(&tokenizer, &text, 1 << 20, 16 << 20).unwrap_err().to_string();
+    assert!(e.contains("normalizer expands") && e.contains("--max-memory"), "{e}");
+    // A text it expands little encodes as before.
+    std::fs::write(&text, "the dog sit\n".repeat(100)).unwrap();
+    let short = encode_file(&tokenizer, &text, 1 << 20, 16 << 20).unwrap();
+    assert!(!short.ids.is_empty());
+}
+
 /// `--cache-dir`: the first run encodes and writes `tokens-<sha256>.npy` there (and
 /// nothing beside the text), the second reads the same rows back; another `--seq` is
 /// another key; a damaged cache file is encoded again and replaced; a run through the
 /// trainer with the cache reproduces `losses_adamw`.
 #[test]
 fn encoded_rows_are_cached_by_what_made_them() {
-    use meshwork_train::tokenize::{cache_key, token_rows};
+    use meshwork_train::tokenize::{cache_key, cached_entry, token_rows};
     use meshwork_train::{Config, Data};
     let tmp = tempfile::tempdir().unwrap();
     let (text, tok) = (tmp.path().join("text").join("corpus.txt"), testdata("gpt2/tokenizer.json"));
@@ -847,7 +1019,7 @@ fn encoded_rows_are_cached_by_what_made_them() {
     let first = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
     assert!(!first.hit);
     let file = first.cached.clone().unwrap();
-    assert_eq!(file, cache.join(format!("tokens-{}.npy", cache_key(&text, &tok, 17).unwrap())));
+    assert_eq!(cached_entry(&cache, &cache_key(&text, &tok, 17).unwrap()).unwrap().0, file);
     assert!(file.is_file());
     let beside: Vec<_> = std::fs::read_dir(text.parent().unwrap()).unwrap().collect();
     assert_eq!(beside.len(), 1, "only the text is beside the text");
@@ -857,9 +1029,21 @@ fn encoded_rows_are_cached_by_what_made_them() {
     assert_ne!(cache_key(&text, &tok, 9).unwrap(), cache_key(&text, &tok, 17).unwrap());
     std::fs::write(&file, b"not an npy").unwrap();
     let again = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
-    assert!(!again.hit);
+    assert!(!again.hit && again.warning.as_deref().unwrap().contains("damaged"));
     assert_eq!(again.tokens, first.tokens);
     assert!(token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap().hit);
+    // Ids changed to other valid ids: the structure checks pass, the checksum does not.
+    let entry = again.cached.clone().unwrap();
+    let mut wrong = first.tokens.clone();
+    wrong[5] = (wrong[5] + 1) % 320;
+    std::fs::write(&entry, meshwork_train::tokenize::npy_bytes(first.n, 17, &wrong)).unwrap();
+    let damaged = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
+    assert!(!damaged.hit, "rows whose ids were changed are not used");
+    assert!(damaged.warning.as_deref().unwrap().contains("damaged"));
+    assert_eq!(damaged.tokens, first.tokens);
+    let healed = token_rows(&text, &tok, 320, 16, 1 << 30, Some(&cache)).unwrap();
+    assert!(healed.hit && healed.warning.is_none());
+    assert_eq!(healed.tokens, first.tokens);
     let config = Config {
         data: Data::Text(text.clone()),
         tokenizer: Some(tok.clone()),
@@ -871,6 +1055,57 @@ fn encoded_rows_are_cached_by_what_made_them() {
         &Config { tokenizer: None, data: Data::Text(text), ..config },
         "--cache-dir caches --text encoded by --tokenizer",
     );
+}
+
+/// A text that changes while it is encoded never has its rows stored under the other
+/// text's key: whatever key an entry is under, its rows are that text's. (Two texts
+/// swapped underneath by a thread; each run's entry checked against a fresh encoding.)
+#[test]
+fn a_text_changing_underneath_never_poisons_the_cache() {
+    use meshwork_train::tokenize::{cache_key, cached_entry, token_rows};
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = testdata("gpt2/tokenizer.json");
+    let corpus = std::fs::read_to_string(testdata("gpt2/corpus.txt")).unwrap();
+    let texts = [corpus.clone(), corpus.to_uppercase()];
+    let path = tmp.path().join("t.txt");
+    let (a, b) = (tmp.path().join("a.txt"), tmp.path().join("b.txt"));
+    std::fs::write(&a, &texts[0]).unwrap();
+    std::fs::write(&b, &texts[1]).unwrap();
+    let want: Vec<Vec<i32>> = [&a, &b]
+        .iter()
+        .map(|p| token_rows(p, &tok, 1 << 20, 16, 1 << 30, None).unwrap().tokens)
+        .collect();
+    let keys = [cache_key(&a, &tok, 17).unwrap(), cache_key(&b, &tok, 17).unwrap()];
+    std::fs::write(&path, &texts[0]).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, path, dir) = (stop.clone(), path.clone(), tmp.path().to_path_buf());
+        let texts = texts.clone();
+        std::thread::spawn(move || {
+            let mut k = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let tmp = dir.join("swap.tmp");
+                std::fs::write(&tmp, &texts[k % 2]).unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+                k += 1;
+            }
+        })
+    };
+    for run in 0..40 {
+        let cache = tmp.path().join(format!("cache-{run}"));
+        if token_rows(&path, &tok, 1 << 20, 16, 1 << 30, Some(&cache)).is_err() {
+            continue;
+        }
+        for (key, rows) in keys.iter().zip(&want) {
+            if let Some((file, _)) = cached_entry(&cache, key) {
+                let stored = meshwork_io::npy::read("--x", &file, 1 << 30).unwrap();
+                let stored: Vec<i32> = stored.iter().map(|&v| v as i32).collect();
+                assert_eq!(&stored, rows, "run {run}: another text's rows under this key");
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
 }
 
 /// bf16 products (`--precision bf16`, the weights and Adam's state in f32) track f32

@@ -37,7 +37,7 @@ pub(crate) fn oracle_model(case: &str) -> (Llama, std::collections::HashMap<Stri
 
 /// The oracle's token rows.
 pub(crate) fn rows(case: &str) -> ndarray::Array2<i32> {
-    let a = meshwork_train::npy::read("tokens", &testdata(&format!("{case}/tokens.npy")), 1 << 30)
+    let a = meshwork_io::npy::read("--tokens", &testdata(&format!("{case}/tokens.npy")), 1 << 30)
         .unwrap();
     a.mapv(|x| x as i32).into_dimensionality().unwrap()
 }
@@ -94,7 +94,7 @@ fn the_initial_logits_are_transformers() {
         let got = meshwork_program::fast::evaluate(&program, &inputs).unwrap();
         for (file, tolerance) in [("logits_rope_cr.npy", 1e-14), ("logits.npy", 2e-7)] {
             let path = testdata(&format!("{case}/{file}"));
-            let want = meshwork_train::npy::read("logits", &path, 1 << 30).unwrap();
+            let want = meshwork_io::npy::read("--logits", &path, 1 << 30).unwrap();
             assert_eq!(got[0].shape(), want.shape());
             let rel = relative(&got[0].to_f64(), &want.iter().copied().collect::<Vec<_>>());
             assert!(rel <= tolerance, "{case}: logits off {file}'s by {rel:e}");
@@ -270,8 +270,8 @@ fn cached_decoding_gives_the_whole_rows_logits() {
             })
             .collect();
         let row = rows(case);
-        let want = meshwork_train::npy::read(
-            "logits",
+        let want = meshwork_io::npy::read(
+            "--logits",
             &testdata(&format!("{case}/logits_rope_cr.npy")),
             1 << 30,
         )
@@ -412,8 +412,8 @@ fn configs_of_both_layouts_are_read_and_what_is_not_computed_is_refused() {
         let w4 = weights(&dir);
         assert_eq!(w4, weights(&testdata(&format!("{case}/model"))), "{case}");
         let got = logits_of(case, &b, &w4);
-        let want = meshwork_train::npy::read(
-            "logits",
+        let want = meshwork_io::npy::read(
+            "--logits",
             &testdata(&format!("{case}/logits_rope_cr.npy")),
             1 << 30,
         )

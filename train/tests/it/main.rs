@@ -107,19 +107,7 @@ impl Observer for StopAfter {
 
 /// Writes `data` (little-endian values of NumPy type `descr`) of `shape` as `.npy`.
 pub(crate) fn write_npy(path: &Path, descr: &str, shape: &[usize], data: Vec<u8>) -> PathBuf {
-    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
-    let tuple =
-        if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-    npy.extend((header.len() as u16).to_le_bytes());
-    npy.extend(header.as_bytes());
-    npy.extend(data);
-    std::fs::write(path, npy).unwrap();
+    std::fs::write(path, [meshwork_io::npy::header(descr, shape), data].concat()).unwrap();
     path.to_path_buf()
 }
 

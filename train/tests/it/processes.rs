@@ -423,7 +423,7 @@ fn classifier_rows_are_read_by_their_processes() {
     }
     // A NaN in a row no step takes (2 steps of 16 take rows 0..32 of 48) is never
     // read; in a row process 1 trains on (slot 9 of step 0), process 1 refuses it.
-    let x = meshwork_train::npy::read("x", &crate::testdata("jax/x.npy"), 1 << 30).unwrap();
+    let x = meshwork_io::npy::read("--x", &crate::testdata("jax/x.npy"), 1 << 30).unwrap();
     let (n, f) = (x.shape()[0], x.shape()[1]);
     assert!(n > 40, "JAX's MLP rows: {n}");
     let dir = tempfile::tempdir().unwrap();

@@ -26,7 +26,7 @@ fn stubs_ignored_tests_and_undocumented_roots_are_reported() {
     fs::create_dir_all(dir.join("target")).unwrap();
     fs::write(dir.join("target/x.rs"), &stub).unwrap();
 
-    let problems = check(&dir).unwrap();
+    let problems = source_rules(&dir).unwrap();
     assert_eq!(problems.len(), 3, "{problems:#?}");
     assert!(problems[0].starts_with("krate/src/lib.rs:2:"), "{}", problems[0]);
     assert!(problems[1].contains("opens with a `//!` doc"), "{}", problems[1]);
@@ -38,5 +38,5 @@ fn a_documented_root_without_stubs_passes() {
     let tmp = scratch();
     let dir = tmp.path().to_path_buf();
     fs::write(dir.join("krate/src/lib.rs"), "//! A crate.\npub fn f() {}\n").unwrap();
-    assert_eq!(check(&dir).unwrap(), Vec::<String>::new());
+    assert_eq!(source_rules(&dir).unwrap(), Vec::<String>::new());
 }

@@ -1,5 +1,6 @@
-//! Reading NumPy `.npy` files (format versions 1–3, little-endian or single-byte
-//! numbers, C order) into f64 arrays, within a byte limit.
+//! NumPy's `.npy`: files of format versions 1–3 (little-endian or single-byte numbers,
+//! C order, any number of dims) read into f64 arrays within a byte limit, whole or by
+//! rows; and arrays written as NumPy writes them.
 
 use std::io::Read;
 use std::path::Path;
@@ -9,15 +10,15 @@ use ndarray::{ArrayD, IxDyn};
 use crate::files::open_regular;
 use crate::{Error, Result};
 
-/// A `.npy` file's shape and values as f64, or what is wrong with it, naming `--flag`.
+/// A `.npy` file's shape and values as f64, or what is wrong with it, naming it `what`.
 /// Reads only the bytes the header declares, and refuses a header of more than 1 MiB,
 /// one that declares more than the file holds, or more than `limit` bytes of data
 /// (counting the f64 values they become) — before allocating them. Only a regular
 /// file is read (a FIFO or device is refused without waiting on it).
-pub fn read(flag: &str, path: &Path, limit: u64) -> Result<ArrayD<f64>> {
-    read_within(flag, path, limit).map_err(|e| match e {
+pub fn read(what: &str, path: &Path, limit: u64) -> Result<ArrayD<f64>> {
+    read_within(what, path, limit).map_err(|e| match e {
         Problem::Usage(e) => e,
-        Problem::Text(t) => Error::flag(flag, t),
+        Problem::Text(t) => Error::new(format!("{what}: {t}")),
     })
 }
 
@@ -34,23 +35,23 @@ impl From<String> for Problem {
 }
 
 /// Which rows of a file of a shape to read, or why its shape will not do.
-pub(crate) type Wanted<'a> = dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String> + 'a;
+pub type Wanted<'a> = dyn Fn(&[usize]) -> std::result::Result<Vec<bool>, String> + 'a;
 
 /// The rows of a `.npy` file of at least one dim that `wanted(shape)` marks (or a
 /// refusal in its words), each read alone at its offset, nothing else of the data:
 /// its shape, the rows read in order, and their values as f64 (each row's elements in
 /// turn). The header is checked as [`read`] checks it; `limit` bounds what the rows
 /// read take.
-pub(crate) fn read_rows(
-    flag: &str,
+pub fn read_rows(
+    what: &str,
     path: &Path,
     limit: u64,
     wanted: &Wanted<'_>,
 ) -> Result<(Vec<usize>, Vec<usize>, Vec<f64>)> {
     use std::os::unix::fs::FileExt;
-    let fail = |t: String| Error::flag(flag, t);
+    let fail = |t: String| Error::new(format!("{what}: {t}"));
     let shown = path.display().to_string();
-    let (mut file, size) = open_regular(&format!("--{flag}"), path)?;
+    let (mut file, size) = open_regular(what, path)?;
     let (header, start) = read_header(&mut file, size, &shown).map_err(fail)?;
     let Some(&n) = header.shape.first() else {
         return Err(fail(format!("{shown} holds a scalar, not rows")));
@@ -119,10 +120,10 @@ fn read_header(
     Ok((parse_header(&bytes).map_err(bad)?, start + len))
 }
 
-fn read_within(flag: &str, path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, Problem> {
+fn read_within(what: &str, path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, Problem> {
     let shown = path.display().to_string();
     let cannot = |e: std::io::Error| format!("cannot read {shown}: {e}");
-    let (mut file, size) = open_regular(&format!("--{flag}"), path).map_err(Problem::Usage)?;
+    let (mut file, size) = open_regular(what, path).map_err(Problem::Usage)?;
     let bad = |e: String| format!("{shown} is not a readable .npy file: {e}");
     // Magic, version and header length (2 bytes in version 1, 4 in versions 2 and 3).
     let mut head = [0u8; 12];
@@ -280,10 +281,14 @@ fn value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// The magic, version and header of a version-1 `.npy` file of a C-order array of
-/// `descr` (`<f8`, `<i4`) and 2-D `shape`, padded as NumPy pads it.
-pub(crate) fn header(descr: &str, [rows, cols]: [usize; 2]) -> Vec<u8> {
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+/// `descr` (`<f8`, `<i4`) and `shape` (any number of dims), padded as NumPy pads it.
+/// Tests use it to build damaged files.
+pub fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let dims = match shape {
+        [d] => format!("({d},)"),
+        _ => format!("({})", shape.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -294,13 +299,52 @@ pub(crate) fn header(descr: &str, [rows, cols]: [usize; 2]) -> Vec<u8> {
     out
 }
 
-/// Writes a 2-D f64 array as `.npy` (for tests and tools).
-pub fn write_f64(path: &Path, a: &ndarray::Array2<f64>) -> std::io::Result<()> {
-    let mut out = header("<f8", [a.nrows(), a.ncols()]);
-    for x in a.iter() {
-        out.extend(x.to_le_bytes());
+/// A number `.npy` holds: its `descr` and little-endian bytes.
+pub trait Element: Copy {
+    /// NumPy's `descr` of it (`<f8`).
+    const DESCR: &'static str;
+    /// Appends its little-endian bytes.
+    fn put(self, out: &mut Vec<u8>);
+}
+
+macro_rules! element {
+    ($t:ty, $d:literal) => {
+        impl Element for $t {
+            const DESCR: &'static str = $d;
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend(self.to_le_bytes());
+            }
+        }
+    };
+}
+element!(f64, "<f8");
+element!(f32, "<f4");
+element!(i64, "<i8");
+element!(i32, "<i4");
+
+/// The bytes of a `.npy` file of `values` (row-major) of `shape`; `None` when the
+/// count of values is not the shape's.
+pub fn encode<T: Element>(shape: &[usize], values: &[T]) -> Option<Vec<u8>> {
+    let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+    if count != values.len() {
+        return None;
     }
-    std::fs::write(path, out)
+    let mut out = header(T::DESCR, shape);
+    out.reserve(count * size_of::<T>());
+    for &x in values {
+        x.put(&mut out);
+    }
+    Some(out)
+}
+
+/// Writes an f64 array of any number of dims as `.npy` (whole or not at all).
+pub fn write_f64<D: ndarray::Dimension>(
+    path: &Path,
+    a: &ndarray::Array<f64, D>,
+) -> std::io::Result<()> {
+    let values: Vec<f64> = a.iter().copied().collect();
+    let bytes = encode(a.shape(), &values).expect("an array's values fill its shape");
+    crate::files::write_atomic(path, &bytes)
 }
 
 #[cfg(test)]

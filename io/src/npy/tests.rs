@@ -4,7 +4,7 @@ use super::*;
 
 /// `read` with the flag `data-x`, its error as text.
 fn read_text(path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, String> {
-    read("data-x", path, limit).map_err(|e| e.to_string())
+    read("--data-x", path, limit).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -69,5 +69,41 @@ fn every_integer_and_float_dtype_reads_as_f64() {
         bytes.extend(data);
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(read_text(&path, 1 << 20).unwrap().into_raw_vec_and_offset().0, want, "{descr}");
+    }
+}
+
+proptest::proptest! {
+    /// What [`encode`] writes, [`read`] reads back: any shape of 0 to 4 dims (empty
+    /// ones too), f64 and i32 alike; and [`read_rows`] reads the rows it is asked for.
+    #[test]
+    fn what_is_written_reads_back(
+        shape in proptest::collection::vec(0usize..4, 0..5),
+        seed in 0u64..1000,
+    ) {
+        let count: usize = shape.iter().product();
+        let values: Vec<f64> = (0..count).map(|i| (i as f64 + seed as f64) * 0.25 - 3.0).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.npy");
+        std::fs::write(&path, encode(&shape, &values).unwrap()).unwrap();
+        let a = read("--x", &path, 1 << 20).unwrap();
+        proptest::prop_assert_eq!(a.shape(), &shape[..]);
+        proptest::prop_assert_eq!(a.iter().copied().collect::<Vec<f64>>(), values.clone());
+        let ints: Vec<i32> = (0..count as i32).map(|i| i - 7).collect();
+        std::fs::write(&path, encode(&shape, &ints).unwrap()).unwrap();
+        let b = read("--x", &path, 1 << 20).unwrap();
+        proptest::prop_assert!(b.iter().zip(&ints).all(|(x, &i)| *x == f64::from(i)));
+        proptest::prop_assert!(encode(&shape, &values[..count.saturating_sub(1)]).is_none() || count == 0);
+        if let Some(&n) = shape.first() {
+            let every_other = |s: &[usize]| Ok((0..s[0]).map(|r| r % 2 == 0).collect());
+            let (got_shape, rows, got) = read_rows("--x", &path, 1 << 20, &every_other).unwrap();
+            proptest::prop_assert_eq!(&got_shape, &shape);
+            let per = count.checked_div(n).unwrap_or(0);
+            let want: Vec<f64> = rows
+                .iter()
+                .flat_map(|&r| ints[r * per..(r + 1) * per].iter().map(|&i| f64::from(i)))
+                .collect();
+            proptest::prop_assert_eq!(rows, (0..n).step_by(2).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 }
