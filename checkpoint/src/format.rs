@@ -782,6 +782,12 @@ fn read(dir: &Path, wanted: &[(String, DType, Vec<usize>)]) -> Result<Vec<Tensor
             let entry = header
                 .get(tensor)
                 .ok_or_else(|| corrupt(&dir.join(file), format!("no tensor {tensor}")))?;
+            if entry.dtype != st_dtype(dtype) {
+                return Err(corrupt(
+                    &dir.join(file),
+                    format!("tensor {tensor} is {:?}, the index says {dtype}", entry.dtype),
+                ));
+            }
             // Inside the file: the header check bounded every entry by its size.
             let view = &bytes[entry.start as usize..(entry.start + entry.bytes) as usize];
             if Some(u64::from(crc32c::crc32c(view)))
@@ -905,10 +911,7 @@ pub fn read_checkpoint_parts(
                     .get(tensor)
                     .ok_or_else(|| corrupt(&path, format!("no tensor {tensor}")))?;
                 let region_extent: Vec<usize> = region.iter().map(|r| r.len()).collect();
-                if entry.shape != region_extent
-                    || meshwork_io::safetensors::element_bytes(entry.dtype)
-                        != Some(dtype.size_in_bytes())
-                {
+                if entry.shape != region_extent || entry.dtype != st_dtype(dtype) {
                     return Err(corrupt(
                         &path,
                         format!(

@@ -55,6 +55,20 @@ pub fn step_name(step: usize) -> String {
     format!("step-{step:08}")
 }
 
+/// Whether the step directory `dir`'s index is damaged beyond doubt: missing, or a
+/// regular file that is not JSON. (One that cannot be read now — permissions, a
+/// full file table — or that a newer meshwork wrote is not damage: left alone.)
+fn damaged_index(dir: &Path) -> bool {
+    let index = dir.join("index.json");
+    match fs::symlink_metadata(&index) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(m) if m.is_file() && m.len() <= 256 << 20 => {
+            fs::read(&index).is_ok_and(|b| serde_json::from_slice::<Value>(&b).is_err())
+        }
+        Ok(_) => false,
+    }
+}
+
 /// The step of a `step-NNNNNNNN` name.
 fn parse_step(name: &str) -> Option<usize> {
     let digits = name.strip_prefix("step-")?;
@@ -125,12 +139,17 @@ impl CheckpointManager {
             Ok(_) => {
                 if !is_marked(root) {
                     // Empty but for the marker a killed open was writing.
-                    let marker_tmp = format!("{TMP}{MARKER}-");
+                    // (Older versions named it `.tmp-<marker>-<pid>`.)
+                    let marker_tmps = [
+                        format!("{TMP}{MARKER}-"),
+                        format!(".{MARKER}{}", meshwork_io::files::TEMP_MARK),
+                    ];
                     let mut entries = fs::read_dir(root)
                         .map_err(|e| refuse(root, format!("cannot list it: {e}")))?
                         .filter(|e| {
                             e.as_ref().map_or(true, |e| {
-                                !e.file_name().to_string_lossy().starts_with(&marker_tmp)
+                                let name = e.file_name().to_string_lossy().into_owned();
+                                !marker_tmps.iter().any(|t| name.starts_with(t))
                             })
                         });
                     if let Some(first) = entries.next() {
@@ -203,8 +222,8 @@ impl CheckpointManager {
     }
 
     /// The damaged steps [`open`](Self::open) set aside: each `step-NNNNNNNN` directory
-    /// that was not a complete checkpoint (its index missing or damaged — a step is
-    /// renamed into place complete, so only damage makes one), now under the name in
+    /// whose index is missing or not JSON (a step is renamed into place complete, so
+    /// only damage makes one), now under the name in
     /// the list, `.damaged-step-NNNNNNNN-…`, which meshwork never reads, writes or
     /// removes. Left there, such a step would stop a run from saving that step again.
     pub fn set_aside(&self) -> &[PathBuf] {
@@ -223,7 +242,7 @@ impl CheckpointManager {
             }
             let path = entry.path();
             let is_dir = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
-            if !is_dir || is_checkpoint(&path) {
+            if !is_dir || is_checkpoint(&path) || !damaged_index(&path) {
                 continue;
             }
             let mut aside = self.root.join(format!("{DAMAGED}{name}-{}", std::process::id()));
@@ -390,6 +409,12 @@ impl CheckpointManager {
                 })?;
             }
         }
+        // Today's temporary names (`.latest.meshwork-tmp-<pid>-<nonce>-<n>`): those of
+        // processes that no longer run.
+        for name in [LATEST, MARKER] {
+            meshwork_io::files::remove_stale_temps(&self.root.join(name))
+                .map_err(|e| refuse(&self.root, format!("cannot list it: {e}")))?;
+        }
         Ok(())
     }
 
@@ -520,12 +545,11 @@ fn save_error(root: &Path, step: usize, e: Error) -> Error {
 /// Writes `bytes` to `dir/name` atomically: a temporary file, fsync, rename, fsync of
 /// the directory.
 fn write_replace(dir: &Path, name: &str, bytes: &[u8], ops: &mut Ops) -> Result<()> {
-    let tmp = dir.join(format!("{TMP}{name}-{}", std::process::id()));
     let path = dir.join(name);
+    // A name no other process makes (process id and nonce), created new, never opened
+    // through a link.
+    let tmp = meshwork_io::files::temp_beside(&path);
     let write = || -> std::io::Result<()> {
-        // Meshwork's own temporary name: a stale one (a killed run of this process id)
-        // is removed, and the new one is created, never opened through a link.
-        let _ = fs::remove_file(&tmp);
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)

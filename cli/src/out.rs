@@ -62,11 +62,27 @@ macro_rules! outln {
 }
 pub(crate) use outln;
 
-/// `message` as one readable line: line breaks as spaces, a number of more than 17
-/// significant characters (an `f64` printed in full decimal, hundreds of digits) in
-/// scientific notation, and any word longer than [`LONGEST_WORD`] characters (a
-/// 50 KB sharding spec echoed back) cut in its middle, its length said.
+/// `message` as one readable line: line breaks as spaces, a number of more than 20
+/// digits (an `f64` printed in full decimal, hundreds of digits; every `u64` has at
+/// most 20) in scientific notation, any word longer than [`LONGEST_WORD`] characters
+/// cut in its middle, its length said, and the whole line at most [`LONGEST_LINE`]
+/// characters (a 50 KB sharding spec echoed back: its start and end are kept).
 pub(crate) fn readable(message: &str) -> String {
+    let line = words(message);
+    let n = line.chars().count();
+    if n <= LONGEST_LINE {
+        return line;
+    }
+    let head: String = line.chars().take(LONGEST_LINE * 2 / 3).collect();
+    let tail: String = line.chars().skip(n - LONGEST_LINE / 4).collect();
+    format!("{head} … ({n} characters) … {tail}")
+}
+
+/// The longest error line shown whole.
+pub(crate) const LONGEST_LINE: usize = 300;
+
+/// `message`'s words, shortened, on one line.
+fn words(message: &str) -> String {
     message
         .split_whitespace()
         .map(|word| {
@@ -86,7 +102,7 @@ pub(crate) fn readable(message: &str) -> String {
 /// The longest word an error line shows whole.
 pub(crate) const LONGEST_WORD: usize = 160;
 
-/// `word` with each run of digits (and one decimal point) longer than 17 characters
+/// `word` with each run of digits (and one decimal point) holding more than 20 digits
 /// written as `{:e}` of its value.
 fn shorten_numbers(word: &str) -> String {
     let mut out = String::with_capacity(word.len());
@@ -94,7 +110,7 @@ fn shorten_numbers(word: &str) -> String {
     let flush = |run: &mut String, out: &mut String| {
         let digits = run.chars().filter(char::is_ascii_digit).count();
         match run.parse::<f64>() {
-            Ok(v) if digits > 17 && run.chars().any(|c| c.is_ascii_digit()) => {
+            Ok(v) if digits > 20 => {
                 out.push_str(&format!("{v:e}"));
             }
             _ => out.push_str(run),
@@ -135,5 +151,11 @@ mod tests {
         assert!(got.ends_with(": bad second line") || got.contains("bad second line"), "{got}");
         assert!(!got.contains('\n'));
         assert_eq!(readable("a\tb\n c"), "a b c");
+        // A spec with spaces (no one long word) is cut as a line; u64s stay exact.
+        let spaced = format!("--spec P({}) is bad", vec!["'a'"; 20_000].join(", "));
+        let got = readable(&spaced);
+        assert!(got.chars().count() < 400 && got.starts_with("--spec P('a', "), "{got}");
+        assert!(got.ends_with("'a') is bad"), "{got}");
+        assert_eq!(readable("18446744073709551615 bytes"), "18446744073709551615 bytes");
     }
 }

@@ -424,7 +424,36 @@ fn every_command_refuses_bad_arguments_with_one_line_and_changes_no_file() {
             vec![b"train", b"--checkpoint-dir", b"new", b"--checkpoint-every", b"0"],
             "--checkpoint-every must be at least 1",
         ),
-        (vec![b"train", b"--seed", b"-1"], "--seed"),
+        (
+            vec![
+                b"generate",
+                b"--max-new-tokens",
+                b"2",
+                b"--init",
+                b"gpt2",
+                b"--prompt-ids",
+                b"1",
+                b"--seed",
+                b"-1",
+            ],
+            "'--seed <S>'",
+        ),
+        (
+            vec![
+                b"train",
+                b"--model",
+                b"gpt2",
+                b"--init",
+                b"gpt2",
+                b"--text",
+                b"notes.txt",
+                b"--tokenizer",
+                b"bad_template.json",
+                b"--steps",
+                b"1",
+            ],
+            "--tokenizer",
+        ),
         (
             vec![
                 b"generate",
@@ -669,10 +698,10 @@ fn kill_9_mid_save_leaves_losses_a_resume_accepts() {
         "--steps-per-run",
         "1",
     ];
-    for kill in 0..6u64 {
+    for kill in 0..8u64 {
         let resume: &[&str] = if kill == 0 { &[] } else { &["--resume", "ck"] };
         let child = start_long_run(&dir, &[args, resume].concat());
-        std::thread::sleep(std::time::Duration::from_millis(37 * kill * kill));
+        std::thread::sleep(std::time::Duration::from_millis(23 * kill * kill));
         signal(&child, "KILL");
         let _ = child.wait_with_output().unwrap();
         let latest = std::fs::read_to_string(dir.join("ck/latest")).unwrap();

@@ -92,7 +92,7 @@ pub fn read_rows(
 /// A `.npy` file's header, read from `file` (of `size` bytes), and where its data
 /// start.
 fn read_header(
-    file: &mut std::fs::File,
+    file: &mut impl Read,
     size: u64,
     shown: &str,
 ) -> std::result::Result<(Header, usize), String> {
@@ -122,32 +122,29 @@ fn read_header(
 
 fn read_within(what: &str, path: &Path, limit: u64) -> std::result::Result<ArrayD<f64>, Problem> {
     let shown = path.display().to_string();
-    let cannot = |e: std::io::Error| format!("cannot read {shown}: {e}");
     let (mut file, size) = open_regular(what, path).map_err(Problem::Usage)?;
+    Ok(read_array(&mut file, size, &shown, limit)?)
+}
+
+/// The array in `bytes`, a whole `.npy` file held in memory, checked as [`read`]
+/// checks a file (`what` names it in an error).
+pub fn from_bytes(what: &str, bytes: &[u8], limit: u64) -> Result<ArrayD<f64>> {
+    let mut cursor = std::io::Cursor::new(bytes);
+    read_array(&mut cursor, bytes.len() as u64, "the array", limit)
+        .map_err(|t| Error::new(format!("{what}: {t}")))
+}
+
+/// The array of an input of `size` bytes read from its start: its header (as
+/// [`read_header`] reads it), then its data, the data's bytes and the f64 values they
+/// become checked against `limit` before either is allocated.
+fn read_array(
+    input: &mut impl Read,
+    size: u64,
+    shown: &str,
+    limit: u64,
+) -> std::result::Result<ArrayD<f64>, String> {
+    let (header, start) = read_header(input, size, shown)?;
     let bad = |e: String| format!("{shown} is not a readable .npy file: {e}");
-    // Magic, version and header length (2 bytes in version 1, 4 in versions 2 and 3).
-    let mut head = [0u8; 12];
-    let got = read_up_to(&mut file, &mut head[..10]).map_err(cannot)?;
-    if got < 10 || &head[..6] != b"\x93NUMPY" {
-        return Err(bad("no NumPy magic".into()).into());
-    }
-    let (len, start) = match head[6] {
-        1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
-        2 | 3 => {
-            file.read_exact(&mut head[10..12])
-                .map_err(|e| bad(format!("header cut short ({e})")))?;
-            (u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize, 12)
-        }
-        v => return Err(bad(format!("unsupported format version {v}")).into()),
-    };
-    // Headers are a short dict padded to 64 bytes; a megabyte is far beyond any.
-    if len > MAX_HEADER || (start + len) as u64 > size {
-        return Err(bad(format!("its header claims {len} bytes, more than the file holds")).into());
-    }
-    let mut bytes = head[..start].to_vec();
-    bytes.resize(start + len, 0);
-    file.read_exact(&mut bytes[start..]).map_err(|e| bad(format!("header cut short ({e})")))?;
-    let header = parse_header(&bytes[start..start + len]).map_err(bad)?;
     // The raw bytes and the f64 values they become are held at once.
     let fits = |b: &usize| {
         header
@@ -162,18 +159,18 @@ fn read_within(what: &str, path: &Path, limit: u64) -> std::result::Result<Array
             header.shape, header.descr
         ))
     })?;
-    let have = size - (start + len) as u64;
+    let have = size - start as u64;
     if have != want as u64 {
         return Err(bad(format!(
             "the header declares {want} data bytes (shape {:?} of {}), the file holds {have}",
             header.shape, header.descr
-        ))
-        .into());
+        )));
     }
     let mut data = vec![0u8; want];
-    file.read_exact(&mut data)
+    input
+        .read_exact(&mut data)
         .map_err(|e| bad(format!("{want} data bytes declared, fewer present ({e})")))?;
-    Ok(decode(&header, &data).map_err(bad)?)
+    decode(&header, &data).map_err(bad)
 }
 
 /// The largest header read: headers are a short dict padded to 64 bytes.
@@ -280,7 +277,7 @@ fn value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     Some(rest.trim_start().strip_prefix(':')?.trim_start())
 }
 
-/// The magic, version and header of a version-1 `.npy` file of a C-order array of
+/// The magic, version and header of a `.npy` file of a C-order array of
 /// `descr` (`<f8`, `<i4`) and `shape` (any number of dims), padded as NumPy pads it.
 /// Tests use it to build damaged files.
 pub fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
@@ -293,10 +290,27 @@ pub fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
         header.push(' ');
     }
     header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((header.len() as u16).to_le_bytes());
-    out.extend(header.as_bytes());
-    out
+    // Version 1 holds a header of up to 65535 bytes; a longer one (a shape of very
+    // many dims) is version 2's, whose length takes 4 bytes (and pads to 64 with them).
+    match u16::try_from(header.len()) {
+        Ok(n) => {
+            let mut out = b"\x93NUMPY\x01\x00".to_vec();
+            out.extend(n.to_le_bytes());
+            out.extend(header.as_bytes());
+            out
+        }
+        Err(_) => {
+            header.pop();
+            while !(12 + header.len() + 1).is_multiple_of(64) {
+                header.push(' ');
+            }
+            header.push('\n');
+            let mut out = b"\x93NUMPY\x02\x00".to_vec();
+            out.extend((header.len() as u32).to_le_bytes());
+            out.extend(header.as_bytes());
+            out
+        }
+    }
 }
 
 /// A number `.npy` holds: its `descr` and little-endian bytes.

@@ -123,14 +123,20 @@ pub fn parse_header(json: &[u8], n: u64, file_len: u64) -> std::result::Result<H
     }
     listed.sort_by_key(|(_, info)| info.data_offsets);
     let mut at = 0usize;
+    let mut before: Option<&str> = None;
     for (name, info) in &listed {
         let (b, e) = info.data_offsets;
         let count = info.shape.iter().try_fold(1usize, |c, &d| c.checked_mul(d));
         let want = count.and_then(|c| element_bytes(info.dtype).and_then(|s| c.checked_mul(s)));
         if b != at {
-            let problem = if b < at { "overlaps the tensor before it" } else { "leaves a gap" };
+            let problem = match before {
+                Some(other) if b < at => format!("overlaps tensor {other}'s (..{at})"),
+                _ if b < at => "overlaps another tensor's".to_string(),
+                _ => format!("leaves a gap after byte {at}"),
+            };
             return Err(format!("tensor {name}: its bytes {b}..{e} {problem}"));
         }
+        before = Some(name);
         if e < b || Some(e - b) != want {
             return Err(format!(
                 "tensor {name}: bytes {b}..{e} do not hold {:?} of {:?}",

@@ -42,7 +42,7 @@ impl ChatTemplate {
         let config_path = dir.join("tokenizer_config.json");
         let config: Json = match config_path.exists() {
             true => {
-                let text = files::read_file(flag, &config_path, LIMIT)?;
+                let text = files::read_capped(flag, &config_path, LIMIT)?;
                 serde_json::from_slice(&text)
                     .map_err(|e| bad(flag, &config_path, format!("not JSON: {e}")))?
             }
@@ -50,7 +50,7 @@ impl ChatTemplate {
         };
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.exists() {
-            let bytes = files::read_file(flag, &jinja, LIMIT)?;
+            let bytes = files::read_capped(flag, &jinja, LIMIT)?;
             String::from_utf8(bytes).map_err(|_| bad(flag, &jinja, "not UTF-8"))?
         } else {
             match config.get("chat_template") {
@@ -412,7 +412,7 @@ fn strftime(format: &str, secs: u64) -> String {
 /// The messages of `--chat FILE`: a JSON list of objects, each with a string `role`
 /// (and whatever else the template reads), their keys in the file's order.
 pub fn read_messages(flag: &str, path: &Path) -> Result<minijinja::Value> {
-    let text = files::read_file(flag, path, LIMIT)?;
+    let text = files::read_capped(flag, path, LIMIT)?;
     let messages: Json =
         serde_json::from_slice(&text).map_err(|e| bad(flag, path, format!("not JSON: {e}")))?;
     let Some(list) = messages.as_array() else {

@@ -428,11 +428,27 @@ pub fn read_tokenizer_hashed(path: &Path) -> Result<(tokenizers::Tokenizer, [u8;
 }
 
 /// Checks what the `tokenizers` crate takes on trust in a `tokenizer.json` and would
-/// panic on later, in encoding: every special token a `TemplateProcessing`
+/// panic on, or give ids past its vocabulary for, later: every id its model's
+/// vocabulary and its added tokens hold is below `vocab` (the size the tokenizer
+/// reports, added tokens included); every special token a `TemplateProcessing`
 /// post-processor's templates name (in a `Sequence` too) is defined in its
-/// `special_tokens`, and every id there is inside the vocabulary of `vocab` ids
-/// (added tokens included).
+/// `special_tokens`, and every id there is below `vocab` too.
 pub fn check_tokenizer_json(json: &serde_json::Value, vocab: usize) -> Result<(), String> {
+    let past = |id: &serde_json::Value| id.as_u64().is_none_or(|i| (i as usize) >= vocab);
+    if let Some(map) = json.pointer("/model/vocab").and_then(serde_json::Value::as_object)
+        && let Some((token, id)) = map.iter().find(|(_, id)| past(id))
+    {
+        return Err(format!(
+            "its vocabulary gives {token:?} the id {id}, outside its {vocab} ids (0..{vocab})"
+        ));
+    }
+    let added = json.get("added_tokens").and_then(serde_json::Value::as_array);
+    if let Some(t) = added.into_iter().flatten().find(|t| past(&t["id"])) {
+        return Err(format!(
+            "its added token {} has the id {}, outside its {vocab} ids (0..{vocab})",
+            t["content"], t["id"]
+        ));
+    }
     fn walk(p: &serde_json::Value, vocab: usize) -> Result<(), String> {
         match p.get("type").and_then(serde_json::Value::as_str) {
             Some("Sequence") => {

@@ -22,6 +22,13 @@ pub fn read_input(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(meshwork_io::files::read_input(what, path, limit)?)
 }
 
+/// The bytes of the regular file `path` given by `--flag`, at most `limit` bytes of
+/// a format's own fixed cap (a JSON file's): [`read_input`] naming the flag, the cap
+/// its own (not `--max-memory`'s).
+pub(crate) fn read_capped(flag: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
+    read_input(&format!("--{flag}"), path, limit)
+}
+
 /// The bytes of the regular file `path` given by `--flag`, at most `limit` of them
 /// (`--max-memory`): [`read_input`] naming the flag.
 pub fn read_file(flag: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
@@ -101,7 +108,7 @@ pub(crate) fn check_output(flag: &str, path: &Path, output: Output) -> Result<()
 /// A losses list meshwork wrote at `path` (a JSON list of numbers or `null`s for the
 /// steps whose loss was not finite), read within 256 MiB.
 pub(crate) fn read_losses(flag: &str, path: &Path) -> Result<Vec<Option<f64>>> {
-    let bytes = read_file(flag, path, 1 << 28)?;
+    let bytes = read_capped(flag, path, 1 << 28)?;
     serde_json::from_slice(&bytes)
         .map_err(|e| Error::flag(flag, format!("{} is not a losses list: {e}", path.display())))
 }

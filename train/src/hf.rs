@@ -38,7 +38,7 @@ pub fn config_error(flag: &str, path: &Path, e: ConfigError) -> Error {
 /// `dir/config.json` as written (named by `--flag` in errors).
 pub fn read_config(flag: &str, dir: &Path) -> Result<Json> {
     let path = dir.join("config.json");
-    let text = files::read_file(flag, &path, JSON_LIMIT)?;
+    let text = files::read_capped(flag, &path, JSON_LIMIT)?;
     let config: Json =
         serde_json::from_slice(&text).map_err(|e| bad(flag, &path, format!("not JSON: {e}")))?;
     if !config.is_object() {
@@ -56,7 +56,7 @@ pub fn read_generation_config(flag: &str, dir: &Path) -> Result<Option<Json>> {
     if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
-    let text = files::read_file(flag, &path, JSON_LIMIT)?;
+    let text = files::read_capped(flag, &path, JSON_LIMIT)?;
     let config: Json =
         serde_json::from_slice(&text).map_err(|e| bad(flag, &path, format!("not JSON: {e}")))?;
     if !config.is_object() {
@@ -76,7 +76,7 @@ fn weight_files(flag: &str, dir: &Path) -> Result<Vec<PathBuf>> {
     if !index.is_file() {
         return Err(bad(flag, dir, "no model.safetensors or model.safetensors.index.json in it"));
     }
-    let text = files::read_file(flag, &index, JSON_LIMIT)?;
+    let text = files::read_capped(flag, &index, JSON_LIMIT)?;
     let json: Json =
         serde_json::from_slice(&text).map_err(|e| bad(flag, &index, format!("not JSON: {e}")))?;
     let map = json

@@ -66,7 +66,9 @@ fn expansion(tokenizer: &Tokenizer, file: &std::fs::File, len: u64, limit: u64) 
     use std::os::unix::fs::FileExt;
     use tokenizers::{NormalizedString, Normalizer};
     let mut most = WHOLE_TEXT_SHARE as f64;
-    for at in [0, len / 2, len.saturating_sub(4096)] {
+    // Sixteen windows spread over the text, its first and last bytes among them.
+    let span = len.saturating_sub(4096);
+    for at in (0..16u64).map(|k| span.saturating_mul(k) / 15) {
         for size in [64usize, 4096] {
             let mut buf = vec![0u8; size.min(len.saturating_sub(at) as usize)];
             let got = file.read_at(&mut buf, at).unwrap_or(0);
@@ -286,16 +288,22 @@ pub fn encode_file(
     }
 }
 
+/// Every id below `vocab`, else `--tokenizer`'s error.
+fn check_vocab(ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(&bad) => Err(Error::flag(
+            "tokenizer",
+            format!("it gives id {bad}, past the model's vocabulary of {vocab}"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Rows `[N, T + 1]` of `ids`: consecutive, non-overlapping, the tail dropped; every
 /// id below `vocab` (else `--tokenizer`'s error). `what` names the source in the
 /// error for too few ids.
 fn rows_of(ids: &[u32], vocab: usize, seq: usize, what: &str) -> Result<(usize, Vec<i32>)> {
-    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(Error::flag(
-            "tokenizer",
-            format!("it gives id {bad}, past the model's vocabulary of {vocab}"),
-        ));
-    }
+    check_vocab(ids, vocab)?;
     let width = seq + 1;
     let n = ids.len() / width;
     if n == 0 {
@@ -431,9 +439,18 @@ pub fn token_rows(
         // A cache entry meshwork wrote, its rows checked against the checksum its name
         // records; one that fails is removed (it is meshwork's), encoded again and
         // replaced.
-        if let Some((file, crc)) = cached_entry(dir, &key) {
-            match crate::data::token_rows_of_npy(&file, vocab, seq, limit) {
+        // An entry too big for the limit is left alone (the encoding below meets the
+        // same limit); the model's vocabulary is checked after the checksum, so an
+        // entry of a larger vocabulary is refused as the encoding would be, not
+        // taken for damage.
+        let fits =
+            |file: &Path| std::fs::metadata(file).is_ok_and(|m| m.len().saturating_mul(3) <= limit);
+        if let Some((file, crc)) = cached_entry(dir, &key).filter(|(file, _)| fits(file)) {
+            let any_id = i32::MAX as usize;
+            match crate::data::token_rows_of_npy(&file, any_id, seq, limit) {
                 Ok((n, tokens)) if crc == Some(rows_crc(&tokens)) => {
+                    let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+                    check_vocab(&ids, vocab)?;
                     return Ok(TokenRows { n, tokens, cached: Some(file), hit: true, warning });
                 }
                 _ => {

@@ -60,12 +60,24 @@ pub fn shared_libraries(dirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// Loads `plugin` after the CUDA libraries beside it (if any) are loaded globally.
+/// Before anything is mapped, the plugin and each of those libraries pass the ELF
+/// pre-check ([`meshwork_io::elf`]): a truncated library would crash the process
+/// with SIGBUS when `dlopen` maps it.
 pub fn load(plugin: &Path) -> Result<crate::Plugin> {
-    let libs = shared_libraries(&cuda_library_dirs(plugin));
+    let explicit = crate::pjrt::as_written(plugin);
+    meshwork_io::elf::check(&explicit)
+        .map_err(|reason| Error::NotAPlugin { path: explicit.clone(), reason })?;
+    let libs = shared_libraries(&cuda_library_dirs(&explicit));
+    for lib in &libs {
+        meshwork_io::elf::check(lib).map_err(|reason| Error::NotAPlugin {
+            path: explicit.clone(),
+            reason: format!("the CUDA library {} beside it: {reason}", lib.display()),
+        })?;
+    }
     if !libs.is_empty() {
         crate::pjrt::preload_global(&libs);
     }
-    crate::Plugin::load(plugin)
+    crate::Plugin::load(&explicit)
 }
 
 #[cfg(test)]

@@ -609,13 +609,8 @@ impl Plugin {
     /// the section table inside it (a truncated library would crash the process with
     /// SIGBUS when mapped).
     pub fn load(path: &Path) -> Result<Plugin> {
-        let explicit;
-        let path = if path.is_relative() {
-            explicit = Path::new(".").join(path);
-            explicit.as_path()
-        } else {
-            path
-        };
+        let explicit = as_written(path);
+        let path = explicit.as_path();
         meshwork_io::elf::check(path)
             .map_err(|reason| Error::NotAPlugin { path: path.to_owned(), reason })?;
         static LOADED: std::sync::Mutex<Vec<(PathBuf, Arc<Api>)>> =
@@ -1894,6 +1889,12 @@ impl Unloaded {
 /// others, until a round loads nothing new. The libraries stay loaded for the
 /// process's life, as the plugin that needs them does. Failures are left to the
 /// plugin's own load, which names what it misses.
+/// `path` as the user wrote it, for `dlopen`: a relative path (a bare name too) is the
+/// working directory's file (`./name`), never one the loader's search path finds.
+pub(crate) fn as_written(path: &Path) -> PathBuf {
+    if path.is_relative() { Path::new(".").join(path) } else { path.to_path_buf() }
+}
+
 pub(crate) fn preload_global(libs: &[PathBuf]) {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     let mut pending: Vec<&PathBuf> = libs.iter().collect();

@@ -86,15 +86,19 @@ pub(crate) fn fuzz(args: &[String]) -> Result {
     let root = workspace_root();
     let target_dir = root.join("target").join("fuzz");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // An explicit target, so that the flags reach the targets' code only, not build
+    // scripts and proc macros (which libFuzzer's runtime does not link into).
+    let host = host_triple()?;
     run(Command::new(&cargo)
         .args(["build", "--release", "--bins", "--manifest-path", "fuzz/Cargo.toml"])
+        .args(["--target", &host])
         .env("RUSTFLAGS", RUSTFLAGS)
         .env("CARGO_TARGET_DIR", &target_dir)
         .env_remove("RUSTC")
         .current_dir(&root))?;
     let mut table = Vec::new();
     for &(name, max_len, seeds) in TARGETS {
-        let bin = target_dir.join("release").join(name);
+        let bin = target_dir.join(&host).join("release").join(name);
         replay(&bin, &root.join("fuzz").join("regressions").join(name))?;
         let corpus = root.join("target").join("fuzz-corpus").join(name);
         std::fs::create_dir_all(&corpus).map_err(|e| format!("{}: {e}", corpus.display()))?;
@@ -110,7 +114,7 @@ pub(crate) fn fuzz(args: &[String]) -> Result {
         }
         let artifacts = root.join("target").join("fuzz-artifacts").join(name);
         std::fs::create_dir_all(&artifacts).map_err(|e| e.to_string())?;
-        let output = Command::new(&bin)
+        let child = Command::new(&bin)
             .arg(&corpus)
             .arg(format!("-max_total_time={seconds}"))
             .arg(format!("-max_len={max_len}"))
@@ -119,8 +123,13 @@ pub(crate) fn fuzz(args: &[String]) -> Result {
             .arg("-print_final_stats=1")
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .current_dir(&root)
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let pid = child.id();
+        let output = child.wait_with_output().map_err(|e| format!("{}: {e}", bin.display()))?;
+        remove_scratch(pid);
         let log = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
@@ -144,6 +153,18 @@ pub(crate) fn fuzz(args: &[String]) -> Result {
     Ok(())
 }
 
+/// Removes the scratch folders target process `pid` wrote its inputs into
+/// (`meshwork-fuzz-<pid>-<name>` in the temporary directory).
+fn remove_scratch(pid: u32) {
+    let tmp = std::env::temp_dir();
+    let prefix = format!("meshwork-fuzz-{pid}-");
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Runs each kept regression input once (libFuzzer runs the files it is given).
 fn replay(bin: &Path, dir: &Path) -> Result {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -153,7 +174,17 @@ fn replay(bin: &Path, dir: &Path) -> Result {
     if inputs.is_empty() {
         return Ok(());
     }
-    run(Command::new(bin).args(&inputs)).map_err(|e| format!("a kept regression fails: {e}"))
+    let child = Command::new(bin)
+        .args(&inputs)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let pid = child.id();
+    let output = child.wait_with_output().map_err(|e| e.to_string());
+    remove_scratch(pid);
+    match output? {
+        o if o.status.success() => Ok(()),
+        o => Err(format!("a kept regression in {} fails ({})", dir.display(), o.status)),
+    }
 }
 
 /// A seed: the files `spec` names, joined by [`SEP`] (an empty name: an empty part).
@@ -189,6 +220,18 @@ fn elf_seeds(bin: &Path) -> Result<Vec<Vec<u8>>> {
     image[64 + 32..64 + 40].copy_from_slice(&4096u64.to_le_bytes());
     let real = std::fs::read(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
     Ok(vec![image, real[..real.len().min(1 << 16)].to_vec()])
+}
+
+/// This machine's target triple, as rustc names it.
+fn host_triple() -> Result<String> {
+    let out = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("cannot run rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .ok_or_else(|| "rustc -vV names no host".into())
 }
 
 /// The number after `key` in libFuzzer's final stats.

@@ -137,6 +137,9 @@ fn ci() -> Result {
     step("mpi test", mpi::mpi_test)?;
     step("xla test", xla::xla_test)?;
     step("hf export check (skipped, and says so, where transformers is absent)", hf_export)?;
+    step("fuzz (every reader a user's file reaches, 20 s a target)", || {
+        fuzz::fuzz(&["20".to_string()])
+    })?;
     step("cuda aot (compiles for H100s without a GPU)", cuda::cuda_aot)?;
     step("docs", docs)?;
     step("deps", deps_check)?;
@@ -244,7 +247,10 @@ fn tidy_check() -> Result {
 
 fn step(name: &str, f: impl FnOnce() -> Result) -> Result {
     println!("\n=== xtask ci: {name} ===");
-    f().map_err(|e| format!("step `{name}` failed: {e}"))
+    let start = std::time::Instant::now();
+    let result = f().map_err(|e| format!("step `{name}` failed: {e}"));
+    println!("=== xtask ci: {name}: {} s ===", start.elapsed().as_secs());
+    result
 }
 
 fn workspace_root() -> PathBuf {

@@ -14,46 +14,26 @@ pub(crate) fn testdata(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The f64 tensors of a safetensors file, by name.
+/// The f64 tensors of a safetensors file, by name (through meshwork's one reader).
 pub(crate) fn safetensors(bytes: &[u8]) -> HashMap<String, (Vec<usize>, Vec<f64>)> {
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Json = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data = &bytes[8 + n..];
+    let header = meshwork_io::safetensors::parse(bytes).unwrap();
     let mut out = HashMap::new();
-    for (name, t) in header.as_object().unwrap() {
-        if name == "__metadata__" {
-            continue;
-        }
-        assert_eq!(t["dtype"], "F64");
-        let shape: Vec<usize> =
-            t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-        let off: Vec<usize> = t["data_offsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap() as usize)
-            .collect();
-        let values = data[off[0]..off[1]]
+    for e in header.entries {
+        assert_eq!(e.dtype, meshwork_io::safetensors::Dtype::F64);
+        let values = bytes[e.start as usize..(e.start + e.bytes) as usize]
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        out.insert(name.clone(), (shape, values));
+        out.insert(e.name, (e.shape, values));
     }
     out
 }
 
 /// An int32 `[N, M]` `.npy` file as rows.
 pub(crate) fn npy_i32(bytes: &[u8]) -> (usize, usize, Vec<i32>) {
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    assert!(header.contains("'<i4'") && header.contains("'fortran_order': False"));
-    let shape = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let dims: Vec<usize> = shape.split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    let data = bytes[10 + hlen..]
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (dims[0], dims[1], data)
+    let a = meshwork_io::npy::from_bytes("tokens.npy", bytes, 1 << 30).unwrap();
+    assert_eq!(a.ndim(), 2);
+    (a.shape()[0], a.shape()[1], a.iter().map(|&v| v as i32).collect())
 }
 
 /// The reference run's `expected.json`, its model's loss program (parameter `rows`

@@ -947,6 +947,47 @@ fn generation_from_logits_that_overflow_is_an_error() {
     }
 }
 
+/// A GPT-2 folder whose safetensors header names a tensor twice (JSON keeps the last),
+/// or gives an entry the model skips (`lm_head.weight`) bytes another tensor holds, is
+/// refused naming the tensor: every entry's range is checked, read or not.
+#[test]
+fn a_gpt2_folder_with_a_repeated_or_aliased_entry_is_refused() {
+    use meshwork_train::{Config, ModelKind};
+    let bytes = std::fs::read(testdata("gpt2/model/model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let parsed = meshwork_io::safetensors::parse(&bytes).unwrap();
+    let first = &parsed.entries[0];
+    let data = &bytes[8 + n..];
+    let with_entry = |entry: String| {
+        let json = format!("{{{entry},{}", &header.trim_end()[1..]);
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend(json.as_bytes());
+        out.extend(data);
+        out
+    };
+    let entry = |name: &str, shape: &[usize], end: u64| {
+        format!(r#""{name}":{{"dtype":"F64","shape":{shape:?},"data_offsets":[0,{end}]}}"#)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "twice",
+            entry(&first.name, &first.shape, first.bytes),
+            format!("{} is listed twice", first.name),
+        ),
+        ("aliased", entry("lm_head.weight", &[1], 8), "overlaps".to_string()),
+    ];
+    for (name, extra, says) in cases {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::copy(testdata("gpt2/model/config.json"), dir.join("config.json")).unwrap();
+        std::fs::write(dir.join("model.safetensors"), with_entry(extra)).unwrap();
+        let e = crate::refused(&Config { init: Some(dir), ..crate::config(ModelKind::Gpt2) });
+        assert!(e.starts_with("--init") && e.contains(&says), "{name}: {e}");
+    }
+}
+
 /// A post-processor template naming a special token its `special_tokens` do not
 /// define (on which the tokenizers crate panics when encoding), or one whose ids lie
 /// past the vocabulary, is refused on load naming `--tokenizer`: never a panic.

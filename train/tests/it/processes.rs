@@ -321,14 +321,13 @@ fn an_export_is_written_once_by_process_0() {
 #[test]
 fn each_process_reads_only_the_rows_it_trains_on() {
     let dir = tempfile::tempdir().unwrap();
-    let npy = std::fs::read(crate::reference("tokens.npy")).unwrap();
-    let start = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
-    let at = |row: usize, col: usize| start + 4 * (row * 17 + col);
+    let rows = meshwork_io::npy::read("--x", &crate::reference("tokens.npy"), 1 << 30).unwrap();
+    let ids: Vec<i32> = rows.iter().map(|&v| v as i32).collect();
     let poke = |row: usize, name: &str| {
-        let mut bad = npy.clone();
-        bad[at(row, 3)..at(row, 3) + 4].copy_from_slice(&999i32.to_le_bytes());
+        let mut bad = ids.clone();
+        bad[row * 17 + 3] = 999;
         let path = dir.path().join(name);
-        std::fs::write(&path, bad).unwrap();
+        std::fs::write(&path, meshwork_io::npy::encode(rows.shape(), &bad).unwrap()).unwrap();
         path
     };
     // 20 steps of 8 rows on 2x1: process 1 takes rows s·8+4..s·8+8, s < 20.

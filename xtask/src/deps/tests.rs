@@ -75,7 +75,7 @@ fn edges_that_point_up_fail() {
         (
             "meshwork-nn",
             "meshwork-partition",
-            "meshwork-nn may depend on meshwork-program, meshwork-types only",
+            "meshwork-nn may depend on meshwork-program, meshwork-types, meshwork-io only",
         ),
         ("meshwork-checkpoint", "meshwork-strategy", "may depend on"),
         ("meshwork-strategy", "meshwork-train", "may depend on"),
