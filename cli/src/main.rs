@@ -136,7 +136,7 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
         Some(Command::Generate(a)) => {
             let got = meshwork_train::generate::generate(&a.config()?).map_err(train::exit)?;
             for w in &got.warnings {
-                note(format_args!("meshwork generate: warning: {w}"));
+                note(format_args!("meshwork generate: warning: {}", out::readable(w)));
             }
             let text = if a.json {
                 let mut json = serde_json::json!({"prompt_ids": got.prompt_ids, "ids": got.ids});

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use meshwork_train::{Error, Observer, Start, Step, Trainer, loss_text, stop_on_signals};
 
 use crate::args::TrainArgs;
-use crate::out::{Exit, note, out, outln};
+use crate::out::{Exit, note, out, outln, readable};
 
 /// The trainer's error as the command's exit.
 pub(crate) fn exit(e: Error) -> Exit {
@@ -37,7 +37,7 @@ struct Progress {
 impl Observer for Progress {
     fn start(&mut self, start: &Start) {
         for w in &start.warnings {
-            note(format_args!("meshwork train: warning: {w}"));
+            note(format_args!("meshwork train: warning: {}", readable(w)));
         }
         if self.quiet {
             return;

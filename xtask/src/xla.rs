@@ -73,7 +73,17 @@ fn install(dir: &Path, so: &Path) -> Result {
 }
 
 /// The packages whose `plugin-tests` feature builds tests that need a plugin.
-const PLUGIN_TESTS: [&str; 3] = ["meshwork-xla", "meshwork-strategy", "meshwork-cli"];
+/// The tests that need a plugin, `(package, test target, filter)`: the targets
+/// `plugin-tests` enables (the rest ran in the test step), each alone.
+const PLUGIN_TESTS: [(&str, &str, &str); 6] = [
+    ("meshwork-xla", "plugin", ""),
+    ("meshwork-xla", "semantics", ""),
+    ("meshwork-strategy", "xla", ""),
+    ("meshwork-strategy", "it", "xla_oracle::"),
+    ("meshwork-cli", "cli_xla_plugin", ""),
+    // The trainer's XLA tests live in its one integration binary.
+    ("meshwork-train", "it", "xla::"),
+];
 
 /// The tests that need a plugin, the oracle through XLA, and the loader under valgrind.
 pub(crate) fn xla_test() -> Result {
@@ -82,24 +92,49 @@ pub(crate) fn xla_test() -> Result {
     let with_plugin = |cmd: &mut Command| {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
     };
-    for package in PLUGIN_TESTS {
-        let mut tests = cargo_cmd(&["test", "-p", package, "--features", "plugin-tests"]);
-        with_plugin(&mut tests);
-        run(&mut tests)?;
+    // One build of every package's plugin tests (features unified once, not rebuilt
+    // per package), then each test target run from its package's folder as cargo
+    // runs it.
+    let mut build = cargo_cmd(&["test", "--no-run", "--message-format=json-render-diagnostics"]);
+    let mut features = Vec::new();
+    for (package, _, _) in PLUGIN_TESTS {
+        if !features.iter().any(|f: &String| f.starts_with(&format!("{package}/"))) {
+            build.args(["-p", package]);
+            features.push(format!("{package}/plugin-tests"));
+        }
     }
-    // The trainer's XLA tests live in its one integration binary.
-    let mut trainer = cargo_cmd(&[
-        "test",
-        "-p",
-        "meshwork-train",
-        "--features",
-        "plugin-tests",
-        "--test",
-        "it",
-        "xla::",
-    ]);
-    with_plugin(&mut trainer);
-    run(&mut trainer)?;
+    build.args(["--features", &features.join(",")]);
+    build.stderr(std::process::Stdio::inherit());
+    let output = build.output().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("building the plugin tests failed ({})", output.status));
+    }
+    let artifacts: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|m: &serde_json::Value| m["reason"] == "compiler-artifact")
+        .collect();
+    for (package, target, filter) in PLUGIN_TESTS {
+        let artifact = artifacts
+            .iter()
+            .find(|m| {
+                m["package_id"].as_str().is_some_and(|id| id.contains(&format!("#{package}@")))
+                    && m["target"]["name"] == target
+                    && m["profile"]["test"] == true
+            })
+            .ok_or_else(|| format!("cargo built no `{target}` test of {package}"))?;
+        let exe = artifact["executable"].as_str().ok_or("a test without an executable")?;
+        let manifest = artifact["manifest_path"].as_str().ok_or("no manifest path")?;
+        let dir = Path::new(manifest).parent().ok_or("a manifest without a folder")?;
+        println!("xtask: {package} {target} {filter}");
+        let mut cmd = Command::new(exe);
+        if !filter.is_empty() {
+            cmd.arg(filter);
+        }
+        cmd.current_dir(dir);
+        with_plugin(&mut cmd);
+        run(&mut cmd)?;
+    }
     let mut conformance = cargo_cmd(&[
         "run",
         "--release",
