@@ -509,7 +509,8 @@ impl CheckpointManager {
             // later save to prune.
             let dir = self.root.join(step_name(s));
             let Ok(held) = File::open(&dir) else { continue };
-            if held.try_lock().is_err() {
+            // (A file system without locks prunes as before.)
+            if let Err(fs::TryLockError::WouldBlock) = held.try_lock() {
                 continue;
             }
             let doomed =
@@ -606,7 +607,8 @@ pub fn pin_checkpoint(path: impl AsRef<Path>) -> Result<Pinned> {
             last = Some(dir);
             continue;
         };
-        if lock.try_lock_shared().is_err() {
+        // A file system without locks (ENOLCK) reads unpinned, as before.
+        if let Err(fs::TryLockError::WouldBlock) = lock.try_lock_shared() {
             // Being pruned right now.
             last = Some(dir);
             std::thread::sleep(std::time::Duration::from_millis(20));
