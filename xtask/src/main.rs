@@ -22,8 +22,8 @@ cargo xtask <task>
 tasks:
   ci              everything CI checks: fmt, clippy (all features, so MPI too), tests,
                   the model checks, Miri, the MPI test, the XLA test, the Hugging Face
-                  export check (skipped without transformers), the CUDA compiles
-                  (cuda-aot), docs, dependency edges,
+                  export check (skipped without transformers), the fuzz targets
+                  (12 s each), the CUDA compiles (cuda-aot), docs, dependency edges,
                   tidy (benchmarks are type-checked by clippy's --all-targets)
   model           the shuttle model checks (outfeed receiver, executor rendezvous)
   miri            the executor's unsafe code (direct all-reduce and reduce-scatter,
