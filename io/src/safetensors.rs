@@ -169,6 +169,14 @@ pub fn parse_header(json: &[u8], n: u64, file_len: u64) -> std::result::Result<H
     Ok(Header { entries, metadata, data_start, by_name })
 }
 
+/// A header of `n` bytes in a file of `len`: within [`MAX_HEADER`] and the file.
+fn check_header_len(n: u64, len: u64) -> std::result::Result<(), String> {
+    if n > MAX_HEADER || n > len.saturating_sub(8) {
+        return Err(format!("not a safetensors file: a header of {n} bytes in a file of {len}"));
+    }
+    Ok(())
+}
+
 /// The header of a whole file held in `bytes`, or the problem in words.
 pub fn parse(bytes: &[u8]) -> std::result::Result<Header, String> {
     let Some(head) = bytes.get(..8) else {
@@ -176,9 +184,7 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Header, String> {
     };
     let n = u64::from_le_bytes(head.try_into().expect("8 bytes"));
     let len = bytes.len() as u64;
-    if n > MAX_HEADER || n > len - 8 {
-        return Err(format!("not a safetensors file: a header of {n} bytes in a file of {len}"));
-    }
+    check_header_len(n, len)?;
     parse_header(&bytes[8..8 + n as usize], n, len)
 }
 
@@ -189,9 +195,7 @@ pub fn read_header(file: &File, len: u64) -> std::result::Result<Header, String>
     file.read_exact_at(&mut head, 0)
         .map_err(|e| format!("not a safetensors file: no header length ({e})"))?;
     let n = u64::from_le_bytes(head);
-    if n > MAX_HEADER || n > len.saturating_sub(8) {
-        return Err(format!("not a safetensors file: a header of {n} bytes in a file of {len}"));
-    }
+    check_header_len(n, len)?;
     let mut json = vec![0u8; n as usize];
     file.read_exact_at(&mut json, 8).map_err(|e| format!("header cut short ({e})"))?;
     parse_header(&json, n, len)

@@ -407,11 +407,17 @@ unsafe impl Sync for Api {}
 impl Api {
     /// The function in `slot`, or [`Error::Missing`] when the plugin's table ends
     /// before it or leaves it null.
-    fn function(&self, slot: Slot) -> Result<Function> {
+    /// Where `slot`'s pointer lies in the table, checked inside the table's own size.
+    fn slot_offset(&self, slot: Slot) -> Result<usize> {
         let offset = size_of::<ApiHead>() + slot as usize * size_of::<usize>();
         if offset + size_of::<usize>() > self.size {
             return Err(Error::Missing { path: self.path.clone(), function: slot.name() });
         }
+        Ok(offset)
+    }
+
+    fn function(&self, slot: Slot) -> Result<Function> {
+        let offset = self.slot_offset(slot)?;
         // SAFETY: `table` points to the plugin's `PJRT_Api`, at least `size` bytes
         // long (its own `struct_size`), and the slot lies inside it (checked above).
         // Each slot is a nullable C function pointer `PJRT_Error* (*)(Args*)`, which
@@ -426,10 +432,7 @@ impl Api {
     /// slot checked as [`function`](Self::function) checks it.
     fn void_function(&self, slot: Slot) -> Result<VoidFunction> {
         debug_assert!(matches!(slot, Slot::ErrorMessage | Slot::ErrorDestroy));
-        let offset = size_of::<ApiHead>() + slot as usize * size_of::<usize>();
-        if offset + size_of::<usize>() > self.size {
-            return Err(Error::Missing { path: self.path.clone(), function: slot.name() });
-        }
+        let offset = self.slot_offset(slot)?;
         // SAFETY: as in `function`: the slot lies inside the plugin's table, and holds a
         // nullable C function pointer, here of type `void (*)(Args*)`, which
         // `Option<VoidFunction>` represents exactly.
