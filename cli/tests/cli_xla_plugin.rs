@@ -1,5 +1,5 @@
-//! The binary on XLA end to end, with the plugin `MESHWORK_PJRT_PLUGIN` names (the
-//! `plugin-tests` feature; `cargo xtask xla-test` and CI run it): the main job and
+//! The binary on XLA end to end, with the plugin `MESHWORK_PJRT_PLUGIN` names (`test =
+//! false`: `cargo xtask xla-test` and CI build and run it by name): the main job and
 //! the transformer train, check every step against the interpreter, and exit 0; the
 //! process exits cleanly with the plugin loaded.
 

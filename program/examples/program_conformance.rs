@@ -2,7 +2,7 @@
 //! `program/testdata/FORMAT.md` (default: the vendored `testdata/cases.jsonl`):
 //!
 //! ```text
-//! cargo run --release -p meshwork-program --example program_conformance -- \
+//! cargo run -p meshwork-program --example program_conformance -- \
 //!     [--backend interp|xla] [--pjrt-plugin PATH] FILE.jsonl...
 //! ```
 //!
@@ -11,7 +11,7 @@
 //! **both** interpreters (the reference and the fast one; `--backend interp`, the
 //! default) or by XLA through a PJRT plugin on one device (`--backend xla`; the plugin
 //! named by `--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`). Prints each failing case, then
-//! `N passed, M failed` as the last line; exits 1 if any failed, 2 on bad flags.
+//! `N passed, M failed` as the last line (the cases run on every core); exits 1 if any failed, 2 on bad flags.
 
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs, unsafe_code)]
 
@@ -72,41 +72,60 @@ fn main() -> ExitCode {
     if paths.is_empty() {
         paths.push(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/cases.jsonl").to_owned());
     }
-    let (mut passed, mut failed) = (0usize, 0usize);
+    let mut cases = Vec::new();
     for path in &paths {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        match std::fs::read_to_string(path) {
+            Ok(text) => cases.extend(
+                text.lines().enumerate().map(|(n, l)| (path.as_str(), n + 1, l.to_owned())),
+            ),
             Err(e) => {
                 eprintln!("program_conformance: cannot read {path}: {e}");
                 return ExitCode::from(2);
             }
-        };
-        for (n, line) in text.lines().enumerate() {
-            let case: serde_json::Value = match serde_json::from_str(line) {
-                Ok(c) => c,
-                Err(e) => {
-                    println!("{path}:{}: invalid JSON: {e}", n + 1);
-                    failed += 1;
-                    continue;
-                }
-            };
-            // A malformed case is a failure of that case, not a crash of the run.
-            let outcome = std::panic::catch_unwind(|| match &backend {
-                Backend::Interpreters => oracle::check_case(&case),
-                Backend::Xla(session) => oracle::check_case_with(&case, "xla", &|p, i| {
-                    session.run(p, i).map_err(|e| e.to_string())
-                }),
-            })
-            .unwrap_or_else(|_| Err("the case is malformed".into()));
-            match outcome {
-                Ok(()) => passed += 1,
-                Err(e) => {
-                    println!("{path}:{} ({}): {e}", n + 1, case["id"].as_str().unwrap_or("?"));
-                    failed += 1;
-                }
-            }
         }
     }
+    // The cases are independent: one worker per core takes the next case (compiling
+    // through XLA is mostly one thread per program), each failure kept with its place.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(cases.len());
+    let mut failures: Vec<(usize, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut failed = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((path, line_no, line)) = cases.get(k) else { break };
+                        if let Err(e) = check_line(&backend, line) {
+                            failed.push((k, format!("{path}:{line_no}{e}")));
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    failures.sort();
+    for (_, line) in &failures {
+        println!("{line}");
+    }
+    let (failed, passed) = (failures.len(), cases.len() - failures.len());
     println!("{passed} passed, {failed} failed");
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// One case (a line of JSON) on `backend`: `Err` with the case's id and what failed.
+fn check_line(backend: &Backend, line: &str) -> Result<(), String> {
+    let case: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!(": invalid JSON: {e}"))?;
+    // A malformed case is a failure of that case, not a crash of the run.
+    std::panic::catch_unwind(|| match backend {
+        Backend::Interpreters => oracle::check_case(&case),
+        Backend::Xla(session) => oracle::check_case_with(&case, "xla", &|p, i| {
+            session.run(p, i).map_err(|e| e.to_string())
+        }),
+    })
+    .unwrap_or_else(|_| Err("the case is malformed".into()))
+    .map_err(|e| format!(" ({}): {e}", case["id"].as_str().unwrap_or("?")))
 }

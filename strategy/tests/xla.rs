@@ -1,6 +1,6 @@
 //! The strategy on the XLA back end (a PJRT plugin named by `MESHWORK_PJRT_PLUGIN`;
-//! built with the `plugin-tests` feature, run by `cargo xtask xla-test` and CI, where
-//! a missing plugin fails): compiled training steps give the interpreter's losses and
+//! `test = false`, built and run by `cargo xtask xla-test` and CI, where a missing
+//! plugin fails): compiled training steps give the interpreter's losses and
 //! weights, several steps per call, emits through the outfeed, checkpoints between the
 //! two back ends, meshes, and placed programs with device-to-device transfers.
 

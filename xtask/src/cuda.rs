@@ -238,8 +238,7 @@ const COMPILES: [Compile; 6] = [
 pub(crate) fn cuda_aot() -> Result {
     let so = plugin()?;
     println!("xtask: CUDA plugin {}", so.display());
-    let mut tests =
-        cargo_cmd(&["test", "-p", "meshwork-xla", "--features", "cuda-tests", "--test", "cuda"]);
+    let mut tests = cargo_cmd(&["test", "-p", "meshwork-xla", "--test", "cuda"]);
     tests.env("MESHWORK_CUDA_PLUGIN", &so).env("TF_CPP_MIN_LOG_LEVEL", "3");
     run(&mut tests)?;
     run(&mut cargo_cmd(&["build", "-p", "meshwork-cli"]))?;

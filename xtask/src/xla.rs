@@ -72,17 +72,17 @@ fn install(dir: &Path, so: &Path) -> Result {
     std::fs::rename(&partial, so).map_err(|e| format!("cannot rename {}: {e}", partial.display()))
 }
 
-/// The packages whose `plugin-tests` feature builds tests that need a plugin.
-/// The tests that need a plugin, `(package, test target, filter)`: the targets
-/// `plugin-tests` enables (the rest ran in the test step), each alone.
-const PLUGIN_TESTS: [(&str, &str, &str); 6] = [
-    ("meshwork-xla", "plugin", ""),
-    ("meshwork-xla", "semantics", ""),
-    ("meshwork-strategy", "xla", ""),
-    ("meshwork-strategy", "it", "xla_oracle::"),
-    ("meshwork-cli", "cli_xla_plugin", ""),
-    // The trainer's XLA tests live in its one integration binary.
-    ("meshwork-train", "it", "xla::"),
+/// The tests that need a plugin, `(package, test target)`: targets with `test =
+/// false`, so `cargo test` (the README's command, the test step) neither builds nor
+/// runs them. They are built by name against the test step's libraries (no feature
+/// changes a library, so nothing is compiled twice).
+pub(crate) const PLUGIN_TESTS: [(&str, &str); 6] = [
+    ("meshwork-xla", "plugin"),
+    ("meshwork-xla", "semantics"),
+    ("meshwork-strategy", "xla"),
+    ("meshwork-strategy", "xla_oracle"),
+    ("meshwork-cli", "cli_xla_plugin"),
+    ("meshwork-train", "xla"),
 ];
 
 /// The tests that need a plugin, the oracle through XLA, and the loader under valgrind.
@@ -92,18 +92,12 @@ pub(crate) fn xla_test() -> Result {
     let with_plugin = |cmd: &mut Command| {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
     };
-    // One build of every package's plugin tests (features unified once, not rebuilt
-    // per package), then each test target run from its package's folder as cargo
-    // runs it.
+    // One build of every plugin test, then each test target run from its package's
+    // folder as cargo runs it.
     let mut build = cargo_cmd(&["test", "--no-run", "--message-format=json-render-diagnostics"]);
-    let mut features = Vec::new();
-    for (package, _, _) in PLUGIN_TESTS {
-        if !features.iter().any(|f: &String| f.starts_with(&format!("{package}/"))) {
-            build.args(["-p", package]);
-            features.push(format!("{package}/plugin-tests"));
-        }
+    for (package, target) in PLUGIN_TESTS {
+        build.args(["-p", package, "--test", target]);
     }
-    build.args(["--features", &features.join(",")]);
     build.stderr(std::process::Stdio::inherit());
     let output = build.output().map_err(|e| format!("cannot run cargo: {e}"))?;
     if !output.status.success() {
@@ -114,7 +108,7 @@ pub(crate) fn xla_test() -> Result {
         .filter_map(|l| serde_json::from_str(l).ok())
         .filter(|m: &serde_json::Value| m["reason"] == "compiler-artifact")
         .collect();
-    for (package, target, filter) in PLUGIN_TESTS {
+    for (package, target) in PLUGIN_TESTS {
         let artifact = artifacts
             .iter()
             .find(|m| {
@@ -126,18 +120,14 @@ pub(crate) fn xla_test() -> Result {
         let exe = artifact["executable"].as_str().ok_or("a test without an executable")?;
         let manifest = artifact["manifest_path"].as_str().ok_or("no manifest path")?;
         let dir = Path::new(manifest).parent().ok_or("a manifest without a folder")?;
-        println!("xtask: {package} {target} {filter}");
+        println!("xtask: {package} {target}");
         let mut cmd = Command::new(exe);
-        if !filter.is_empty() {
-            cmd.arg(filter);
-        }
         cmd.current_dir(dir);
         with_plugin(&mut cmd);
         run(&mut cmd)?;
     }
     let mut conformance = cargo_cmd(&[
         "run",
-        "--release",
         "-p",
         "meshwork-program",
         "--example",
@@ -160,10 +150,7 @@ pub(crate) fn xla_oracle() -> Result {
         "--release",
         "-p",
         "meshwork-strategy",
-        "--features",
-        "plugin-tests",
         "--test",
-        "it",
         "xla_oracle",
         "--",
         "--nocapture",

@@ -6,14 +6,13 @@ mod checkpoints;
 // The hand-written MLP: the oracle the program layer's MLP is compared with.
 #[path = "../../examples/common/mlp.rs"]
 mod mlp;
+mod oracle;
 mod placed;
 mod processes;
 mod properties;
 mod seed;
 mod spmd;
 mod training;
-#[cfg(feature = "plugin-tests")]
-mod xla_oracle;
 
 use meshwork_strategy::Tensor;
 use ndarray::{ArrayD, IxDyn};

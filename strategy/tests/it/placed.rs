@@ -12,7 +12,7 @@ use meshwork_strategy::placed::{PlaceOptions, Placed};
 use meshwork_types::DType;
 use serde_json::Value as Json;
 
-use crate::spmd::{OracleCase, Rng};
+use crate::oracle::{OracleCase, Rng};
 
 /// `p` with random requests: each value on one of `devices` devices (or none, or a
 /// partial spec), and one instruction in four colocated with an earlier value.

@@ -102,44 +102,7 @@ fn the_initial_logits_are_transformers() {
     }
 }
 
-fn expected(case: &str, file: &str, key: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(testdata(&format!("{case}/{file}"))).unwrap();
-    serde_json::from_str::<serde_json::Value>(&text).unwrap()[key].clone()
-}
-
-/// `transformers`' losses of the oracle's AdamW run (`file`: `expected.json`, or
-/// `rope_cr.json` with correctly rounded rotary tables).
-pub(crate) fn losses_adamw(case: &str, file: &str) -> Vec<f64> {
-    expected(case, file, "losses_adamw")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-/// The command in-process: `--init DIR --text corpus.txt --seq 16 --batch 4
-/// --steps 10 --optimizer adamw --lr 0.003 --weight-decay 0.1 --dtype f64` (the model
-/// and the tokenizer from the folder).
-pub(crate) fn adamw_command(case: &str) -> meshwork_train::Config {
-    use meshwork_train::{Config, Data, ModelKind, OptimizerKind, OptimizerSettings};
-    Config {
-        init: Some(testdata(&format!("{case}/model"))),
-        tokenizer: Some(testdata(&format!("{case}/tokenizer.json"))),
-        data: Data::Text(testdata(&format!("{case}/corpus.txt"))),
-        seq: Some(16),
-        batch: Some(4),
-        steps: Some(10),
-        optimizer: Some(OptimizerKind::AdamW),
-        optimizer_settings: OptimizerSettings {
-            weight_decay: Some(0.1),
-            ..OptimizerSettings::default()
-        },
-        lr: Some(0.003),
-        dtype: Some(DType::F64),
-        ..crate::config(ModelKind::Auto)
-    }
-}
+pub(crate) use crate::commands::llama::{adamw_command, expected, losses_adamw};
 
 /// Each loss within `rel` of `want`'s (relative), as many.
 fn within(got: &[f64], want: &[f64], rel: f64, what: &str) {

@@ -1,15 +1,23 @@
-//! The trainer on XLA (`--backend xla`, a PJRT plugin named by `MESHWORK_PJRT_PLUGIN`;
-//! built with the `plugin-tests` feature, run by `cargo xtask xla-test` and CI): JAX's
-//! transformer and MLP runs on one XLA device, every model checked step by step
+//! The trainer on XLA (`--backend xla`, a PJRT plugin named by `MESHWORK_PJRT_PLUGIN`):
+//! JAX's transformer and MLP runs on XLA devices, every model checked step by step
 //! against the interpreter, checkpoints moving between the back ends, and the
-//! refusals.
+//! refusals. `test = false`: the README's `cargo test` has no plugin, so this binary
+//! is built and run by `cargo xtask xla-test` and CI (`--test xla`), where a missing
+//! plugin fails it.
+
+// The helpers the `it` binary shares, not all of them used here.
+#[path = "../it/commands.rs"]
+mod commands;
+#[allow(dead_code)]
+#[path = "../it/common.rs"]
+mod common;
 
 use meshwork_train::{
     BackendKind, CheckOutcome, Config, Data, ModelKind, OptimizerKind, Partitioner,
 };
 use meshwork_types::DType;
 
-use crate::{assert_close, config, expected, losses, refused_with, run, testdata};
+use common::{assert_close, config, expected, losses, refused_with, run, testdata};
 
 fn xla() -> BackendKind {
     BackendKind::Xla { plugin: None, partitioner: Partitioner::Meshwork }
@@ -22,7 +30,7 @@ fn xla_partitioned() -> BackendKind {
 /// JAX's reference command (its tokens and initial weights, 20 steps of 8 rows, f64)
 /// on XLA.
 fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
-    Config { backend: xla(), ..crate::transformer::reference_run(optimizer, lr) }
+    Config { backend: xla(), ..commands::reference_run(optimizer, lr) }
 }
 
 /// JAX's run on every mesh through XLA: meshwork's partitioner splits the step
@@ -30,35 +38,49 @@ fn reference_run(optimizer: OptimizerKind, lr: f64) -> Config {
 /// `num_replicas = D·M` and runs it on that many CPU devices of one client.
 #[test]
 fn the_reference_transformer_matches_jax_on_xla_meshes() {
-    for mesh in [(2, 1), (1, 2), (2, 2), (4, 1), (1, 4)] {
-        for (optimizer, lr, key) in
-            [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
-        {
-            let report = run(&Config { mesh: Some(mesh), ..reference_run(optimizer, lr) });
-            assert_close(&report.losses, &expected(key), 1e-9, &format!("xla {mesh:?} {key}"));
-            assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
-        }
+    // Each mesh with one optimizer, both optimizers on meshes splitting each axis (the
+    // interpreter's tests run every pair).
+    for (mesh, (optimizer, lr, key)) in [
+        ((2, 1), ADAM),
+        ((1, 2), SGD),
+        ((2, 2), ADAM),
+        ((2, 2), SGD),
+        ((4, 1), SGD),
+        ((1, 4), ADAM),
+    ] {
+        let report = run(&Config { mesh: Some(mesh), ..reference_run(optimizer, lr) });
+        assert_close(&report.losses, &expected(key), 1e-9, &format!("xla {mesh:?} {key}"));
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
     }
 }
+
+/// The reference run's Adam: optimizer, learning rate and JAX's losses.
+const ADAM: (OptimizerKind, f64, &str) = (OptimizerKind::Adam, 0.01, "losses_adam");
+/// The reference run's SGD.
+const SGD: (OptimizerKind, f64, &str) = (OptimizerKind::Sgd, 0.1, "losses_sgd");
 
 /// JAX's run on every mesh with XLA's partitioner: the global step compiled with
 /// Megatron's shardings as `mhlo.sharding`, XLA inserting the collectives, as
 /// `jax.jit` with `NamedSharding`s does.
 #[test]
 fn the_reference_transformer_matches_jax_with_xlas_partitioner() {
-    for mesh in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)] {
-        for (optimizer, lr, key) in
-            [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
-        {
-            let report = run(&Config {
-                mesh: Some(mesh),
-                backend: xla_partitioned(),
-                ..reference_run(optimizer, lr)
-            });
-            let what = format!("xla partitioner {mesh:?} {key}");
-            assert_close(&report.losses, &expected(key), 1e-9, &what);
-            assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
-        }
+    for (mesh, (optimizer, lr, key)) in [
+        ((1, 1), SGD),
+        ((2, 1), ADAM),
+        ((1, 2), ADAM),
+        ((2, 2), SGD),
+        ((2, 2), ADAM),
+        ((4, 1), SGD),
+        ((1, 4), SGD),
+    ] {
+        let report = run(&Config {
+            mesh: Some(mesh),
+            backend: xla_partitioned(),
+            ..reference_run(optimizer, lr)
+        });
+        let what = format!("xla partitioner {mesh:?} {key}");
+        assert_close(&report.losses, &expected(key), 1e-9, &what);
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
     }
     refused_with(
         &Config { stages: Some(2), backend: xla_partitioned(), ..config(ModelKind::Mlp) },
@@ -70,21 +92,20 @@ fn the_reference_transformer_matches_jax_with_xlas_partitioner() {
 /// an executable on its device, activations and gradients copied device to device.
 #[test]
 fn the_reference_transformer_matches_jax_as_xla_pipelines() {
-    for (replicas, stages, micro) in [(1, 2, 1), (1, 3, 1), (1, 2, 4), (2, 2, 2)] {
-        for (optimizer, lr, key) in
-            [(OptimizerKind::Adam, 0.01, "losses_adam"), (OptimizerKind::Sgd, 0.1, "losses_sgd")]
-        {
-            let report = run(&Config {
-                mesh: Some((replicas, 1)),
-                stages: Some(stages),
-                microbatches: Some(micro),
-                ..reference_run(optimizer, lr)
-            });
-            let what = format!("xla {replicas}x{stages} stages, {micro} micro-batches, {key}");
-            assert_close(&report.losses, &expected(key), 1e-9, &what);
-            assert!(report.layout.contains("pipeline"), "{}", report.layout);
-            assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
-        }
+    // Each layout with one optimizer (the interpreter's tests run every pair).
+    for ((replicas, stages, micro), (optimizer, lr, key)) in
+        [((1, 2, 1), ADAM), ((1, 3, 1), SGD), ((1, 2, 4), SGD), ((2, 2, 2), ADAM)]
+    {
+        let report = run(&Config {
+            mesh: Some((replicas, 1)),
+            stages: Some(stages),
+            microbatches: Some(micro),
+            ..reference_run(optimizer, lr)
+        });
+        let what = format!("xla {replicas}x{stages} stages, {micro} micro-batches, {key}");
+        assert_close(&report.losses, &expected(key), 1e-9, &what);
+        assert!(report.layout.contains("pipeline"), "{}", report.layout);
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
     }
 }
 
@@ -246,7 +267,7 @@ fn inspect_json_measures_xla_runs_with_each_partitioner() {
             backend,
             ..config(ModelKind::Transformer)
         };
-        crate::check_inspect_json(&config, 4);
+        common::check_inspect_json(&config, 4);
     }
 }
 
@@ -298,7 +319,7 @@ fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
     };
     let want = numbers(&oracle["losses_adamw"]);
     for (mesh, backend) in [((1, 1), xla()), ((2, 1), xla()), ((1, 2), xla_partitioned())] {
-        let config = Config { mesh: Some(mesh), backend, ..crate::gpt2::adamw_command() };
+        let config = Config { mesh: Some(mesh), backend, ..commands::gpt2::adamw_command() };
         assert_close(&losses(&config), &want, 1e-9, &format!("gpt2 on {mesh:?}"));
     }
     let ids = |v: &serde_json::Value| -> Vec<i64> {
@@ -336,7 +357,7 @@ fn gpt2_with_the_memory_savers_matches_transformers_on_xla() {
         fsdp: true,
         remat: true,
         grad_accum: Some(2),
-        ..crate::gpt2::adamw_command()
+        ..commands::gpt2::adamw_command()
     };
     assert_close(&losses(&config), &want, 1e-9, "gpt2 with the savers on XLA 2x1");
 }
@@ -374,9 +395,9 @@ fn mixed_precision_trains_on_xla_as_on_the_interpreter() {
 fn the_llama_family_trains_and_generates_on_xla() {
     use meshwork_train::generate::{GenerateConfig, generate};
     for case in ["llama", "qwen3", "qwen2", "llama-bias"] {
-        let base = crate::llama::adamw_command(case);
+        let base = commands::llama::adamw_command(case);
         let interpreter = losses(&base);
-        let want = crate::llama::losses_adamw(case, "rope_cr.json");
+        let want = commands::llama::losses_adamw(case, "rope_cr.json");
         let mut runs = vec![((1, 1), xla(), false), ((1, 2), xla_partitioned(), false)];
         if matches!(case, "llama" | "qwen3") {
             runs.extend([((2, 1), xla(), false), ((2, 2), xla(), true)]);

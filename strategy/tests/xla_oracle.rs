@@ -1,5 +1,6 @@
 //! The oracle's programs through XLA on meshes of 1 to 8 CPU PJRT devices, split by
-//! each partitioner (`plugin-tests`; `MESHWORK_PJRT_PLUGIN`): every case's outputs and
+//! each partitioner (`MESHWORK_PJRT_PLUGIN`; `test = false`, built and run by `cargo
+//! xtask xla-test` and CI, where a missing plugin fails it): every case's outputs and
 //! gradients, on its random mesh with random input shardings, equal one device's
 //! (relative 1e-12) and JAX's (1e-9) — meshwork's per-device programs compiled with
 //! `num_replicas = N`, and the global program compiled with the inputs' shardings as
@@ -17,6 +18,9 @@
 //! A seeded tenth of the cases runs by default (CI); `MESHWORK_XLA_ORACLE=all` (`cargo
 //! xtask xla-oracle`) runs all 1500.
 
+#[path = "it/oracle.rs"]
+mod oracle;
+
 use std::sync::Arc;
 
 use meshwork_strategy::Strategy;
@@ -24,7 +28,7 @@ use meshwork_strategy::backend::{Partitioner, Xla};
 use meshwork_strategy::partition::partition;
 use serde_json::Value as Json;
 
-use crate::spmd::{OracleCase, random_mesh};
+use oracle::{OracleCase, random_mesh};
 
 /// Collectives and their bytes per device, summed over cases.
 #[derive(Debug, Default, Clone, Copy)]
