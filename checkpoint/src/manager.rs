@@ -43,6 +43,8 @@ use crate::{Error, Result};
 pub const MARKER: &str = "meshwork-checkpoints.json";
 const MARKER_FORMAT: &str = "meshwork-checkpoint-directory";
 const LOCK: &str = ".lock";
+/// Tries of a held lock, 50 ms apart, before [`CheckpointManager::open`] refuses.
+const LOCK_TRIES: usize = 40;
 const LATEST: &str = "latest";
 /// Prefixes of the temporary entries a save makes (removed at the next open).
 const PARTIAL: &str = ".partial-";
@@ -196,7 +198,20 @@ impl CheckpointManager {
                 format!("its lock file {LOCK} is {}, not a regular file", kind(&lock_meta)),
             ));
         }
-        match lock.try_lock() {
+        // A lock held for a moment is waited out: a run that is just ending, or a
+        // process forked elsewhere in this one that holds a copy of a closed lock's
+        // descriptor until it execs.
+        let mut tries = 0;
+        let taken = loop {
+            match lock.try_lock() {
+                Err(fs::TryLockError::WouldBlock) if tries < LOCK_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other,
+            }
+        };
+        match taken {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
                 return Err(refuse(

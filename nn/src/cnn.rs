@@ -99,7 +99,13 @@ impl crate::Model for Cnn {
         let logits = self.logits(b, inputs[0])?;
         crate::softmax_cross_entropy(b, logits, inputs[1])
     }
-    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &crate::Build<'_>,
+    ) -> Result<(Value, Value)> {
+        let dtype = build.dtype;
         let logits = self.logits(b, inputs[0])?;
         crate::model::class_metrics(b, logits, inputs[1], dtype, &[0])
     }

@@ -105,7 +105,12 @@ impl Gpt2 {
     /// Logits `[B, T, V]` of integer `ids` `[B, T]` (`T` at most `positions`), the
     /// parameters of `dtype`.
     pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
-        let (h, wte) = self.hidden(b, ids, &Build::new(dtype))?;
+        self.logits_with(b, ids, &Build::new(dtype))
+    }
+
+    /// [`logits`](Self::logits) built with `build` (an adapter over the linear layers).
+    pub fn logits_with(&self, b: &mut Builder, ids: Value, build: &Build<'_>) -> Result<Value> {
+        let (h, wte) = self.hidden(b, ids, build)?;
         // Tied: the logits are the final states against every token's embedding.
         let last = b.spec(h)?.shape.rank() - 1;
         b.dot_general(h, wte, &[last], &[1], &[], &[])
@@ -344,8 +349,15 @@ impl crate::Model for crate::CausalLm<Gpt2> {
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
         self.model.loss_with(b, inputs[0], build)
     }
-    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
-        lm::evaluate_rows(b, inputs[0], dtype, &|b, ids| self.model.logits(b, ids, dtype))
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &Build<'_>,
+    ) -> Result<(Value, Value)> {
+        lm::evaluate_rows(b, inputs[0], build.dtype, &|b, ids| {
+            self.model.logits_with(b, ids, build)
+        })
     }
     fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
         let g = &self.model;

@@ -45,6 +45,7 @@ mod gpt2;
 mod layers;
 mod llama;
 mod lm;
+mod lora;
 mod mlp;
 mod model;
 mod optim;
@@ -60,6 +61,7 @@ pub use layers::{
 };
 pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
 pub use lm::{Blocking, CausalLm, cudnn_attention};
+pub use lora::{Lora, LoraConfig, LoraModel, Targets};
 pub use mlp::Mlp;
 pub use model::{
     Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel, Stored,

@@ -748,7 +748,12 @@ impl Llama {
 
     /// Logits `[B, T, V]` of integer `ids` `[B, T]`, the parameters of `dtype`.
     pub fn logits(&self, b: &mut Builder, ids: Value, dtype: DType) -> Result<Value> {
-        let (h, head) = self.hidden(b, ids, &Build::new(dtype))?;
+        self.logits_with(b, ids, &Build::new(dtype))
+    }
+
+    /// [`logits`](Self::logits) built with `build` (an adapter over the linear layers).
+    pub fn logits_with(&self, b: &mut Builder, ids: Value, build: &Build<'_>) -> Result<Value> {
+        let (h, head) = self.hidden(b, ids, build)?;
         b.dot_general(h, head, &[2], &[1], &[], &[])
     }
 
@@ -1038,8 +1043,15 @@ impl crate::Model for crate::CausalLm<Llama> {
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
         self.model.loss_with(b, inputs[0], build)
     }
-    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
-        lm::evaluate_rows(b, inputs[0], dtype, &|b, ids| self.model.logits(b, ids, dtype))
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &Build<'_>,
+    ) -> Result<(Value, Value)> {
+        lm::evaluate_rows(b, inputs[0], build.dtype, &|b, ids| {
+            self.model.logits_with(b, ids, build)
+        })
     }
     /// Megatron's, the key/value heads replicated over the model positions that share
     /// them where the axis is larger than their count (as Megatron and vLLM do).

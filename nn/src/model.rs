@@ -6,7 +6,8 @@
 //! over a model axis, its initial weights, what it holds per row, its decoding step
 //! ([`Decoder`]), its Hugging Face names and config ([`HfFormat`]), and every linear
 //! layer ([`Model::linears`], which an [`Adapter`] such as LoRA reaches while the
-//! program is built).
+//! program is built) and which parameters train ([`Model::trains`]: a LoRA model's
+//! base is frozen).
 //!
 //! ```
 //! use meshwork_nn::{Build, CausalLm, Llama, Model};
@@ -171,8 +172,20 @@ pub trait Model: std::fmt::Debug + Send + Sync {
     fn parameters(&self) -> Vec<(String, Vec<usize>)>;
     /// The mean loss of `inputs` (the parameters [`feeds`](Self::feeds) made).
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value>;
-    /// The mean loss and accuracy (of the class, or of the next token) of `inputs`.
-    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)>;
+    /// The mean loss and accuracy (of the class, or of the next token) of `inputs`,
+    /// built with `build` (its dtype; an adapter over the linear layers).
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &Build<'_>,
+    ) -> Result<(Value, Value)>;
+    /// Whether parameter `name` is trained (a frozen base's are not: only an
+    /// adapter's train).
+    fn trains(&self, name: &str) -> bool {
+        let _ = name;
+        true
+    }
 
     /// The most pipeline stages it spreads over (1: it trains on meshes only).
     fn max_stages(&self) -> usize {

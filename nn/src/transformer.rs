@@ -236,7 +236,13 @@ impl crate::Model for Transformer {
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &crate::Build<'_>) -> Result<Value> {
         Transformer::loss(self, b, inputs[0], build.dtype)
     }
-    fn evaluate(&self, b: &mut Builder, inputs: &[Value], dtype: DType) -> Result<(Value, Value)> {
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &crate::Build<'_>,
+    ) -> Result<(Value, Value)> {
+        let dtype = build.dtype;
         let rows = inputs[0];
         let batch = b.spec(rows)?.shape.dims()[0];
         let ids = b.slice(rows, &[0, 0], &[batch, self.seq], &[1, 1])?;

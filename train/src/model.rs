@@ -246,7 +246,7 @@ impl Net {
         let bad = |e: meshwork_program::Error| Error::usage(e.to_string());
         let mut b = Builder::new();
         let feeds = self.0.feeds(&mut b, batch, dtype).map_err(bad)?;
-        let (loss, accuracy) = self.0.evaluate(&mut b, &feeds, dtype).map_err(bad)?;
+        let (loss, accuracy) = self.0.evaluate(&mut b, &feeds, &Build::new(dtype)).map_err(bad)?;
         b.finish(&[loss, accuracy]).map_err(bad)
     }
 

@@ -7,6 +7,7 @@ mod commands;
 mod common;
 mod gpt2;
 mod llama;
+mod lora;
 mod mlp;
 mod processes;
 mod refusals;

@@ -1,0 +1,565 @@
+//! LoRA as `peft` computes it: each targeted linear layer `y = W x (+ b)` becomes
+//! `y + s · B (A x)`, with `A` `[r, in]` and `B` `[out, r]` trained and the base
+//! frozen; `s = α / r`, or `α / √r` with `use_rslora`. `A` starts as `peft` starts it
+//! (Kaiming-uniform with `a = √5`: uniform in `±1/√in`) and `B` at zero, so a fresh
+//! adapter changes nothing.
+//!
+//! [`LoraConfig`] reads and writes `peft`'s `adapter_config.json` (refusing, by key,
+//! what changes the computation and is not computed here: DoRA, biases, saved
+//! modules, per-layer ranks, …); [`Lora`] is the [`Adapter`] over a model's
+//! [`linears`](crate::Model::linears) that [`LoraModel`] wraps any family with: its
+//! parameters are the base's and each targeted layer's `{layer}.lora_A.weight` and
+//! `{layer}.lora_B.weight`, named in a `peft` folder `base_model.model.{name}`.
+//!
+//! ```
+//! use meshwork_nn::{CausalLm, Llama, LoraConfig, LoraModel, Model};
+//!
+//! let llama = CausalLm { model: Llama::preset("tiny-llama").unwrap(), seq: 16 };
+//! let config = LoraConfig::new(8, 16.0, &["q_proj", "v_proj"]);
+//! let model = LoraModel::new(Box::new(llama), config, true)?;
+//! let trained: Vec<_> =
+//!     model.parameters().into_iter().filter(|(n, _)| model.trains(n)).collect();
+//! assert_eq!(trained[0].0, "model.layers.0.self_attn.q_proj.lora_A.weight");
+//! assert_eq!(trained[0].1[0], 8);
+//! assert!(!model.trains("model.layers.0.self_attn.q_proj.weight"));
+//! # Ok::<(), String>(())
+//! ```
+
+use meshwork_program::{Builder, Result, Value};
+use meshwork_types::DType;
+use serde_json::Value as Json;
+
+use crate::Pipeline;
+use crate::layers::{dims, param};
+use crate::model::{Adapter, Build, Decoder, HfFormat, Input, LinearLayer, Model, Parallel};
+
+/// Which linear layers an adapter wraps (`target_modules`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets {
+    /// Layers whose name is one of these or ends with `.` and one of these (`q_proj`
+    /// matches `model.layers.0.self_attn.q_proj`), as `peft` matches a list.
+    Names(Vec<String>),
+    /// `all-linear`: every linear layer of the blocks (not the output layer).
+    AllLinear,
+}
+
+impl Targets {
+    /// Whether layer `name` is targeted.
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Targets::AllLinear => true,
+            Targets::Names(names) => names.iter().any(|t| {
+                name == t || name.strip_suffix(t.as_str()).is_some_and(|p| p.ends_with('.'))
+            }),
+        }
+    }
+}
+
+/// A LoRA adapter's settings, as `peft`'s `LoraConfig` holds those that change the
+/// computation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    /// The rank `r`.
+    pub r: usize,
+    /// `lora_alpha`.
+    pub alpha: f64,
+    /// `target_modules`.
+    pub targets: Targets,
+    /// `lora_dropout` (0: none).
+    pub dropout: f64,
+    /// `use_rslora`: the scale is `α / √r`.
+    pub rslora: bool,
+}
+
+/// The `adapter_config.json` keys that change what an adapter computes, with the value
+/// that does not (`null`, and an empty list or map, mean the same): any other value is
+/// refused naming the key.
+const UNSUPPORTED: [(&str, &str); 12] = [
+    ("use_dora", "false"),
+    ("bias", "\"none\""),
+    ("modules_to_save", "null"),
+    ("lora_bias", "false"),
+    ("rank_pattern", "{}"),
+    ("alpha_pattern", "{}"),
+    ("layers_to_transform", "null"),
+    ("layers_pattern", "null"),
+    ("exclude_modules", "null"),
+    ("target_parameters", "null"),
+    ("trainable_token_indices", "null"),
+    ("layer_replication", "null"),
+];
+
+/// Whether `value` of a key whose computed value is `fine` computes the same.
+fn computed(value: &Json, fine: &str) -> bool {
+    let unset = value.is_null()
+        || value.as_array().is_some_and(Vec::is_empty)
+        || value.as_object().is_some_and(serde_json::Map::is_empty);
+    unset || serde_json::from_str::<Json>(fine).is_ok_and(|f| *value == f)
+}
+
+impl LoraConfig {
+    /// Rank `r`, `alpha`, the layers named `targets` (`all-linear` alone: every one),
+    /// no dropout, `α / r`.
+    pub fn new(r: usize, alpha: f64, targets: &[&str]) -> LoraConfig {
+        let targets = match targets {
+            ["all-linear"] => Targets::AllLinear,
+            names => Targets::Names(names.iter().map(|s| s.to_string()).collect()),
+        };
+        LoraConfig { r, alpha, targets, dropout: 0.0, rslora: false }
+    }
+
+    /// The scale of `B A x`: `α / r`, or `α / √r` with `use_rslora`.
+    pub fn scale(&self) -> f64 {
+        let r = self.r as f64;
+        if self.rslora { self.alpha / r.sqrt() } else { self.alpha / r }
+    }
+
+    /// The settings of a `peft` `adapter_config.json`; an error names the key that is
+    /// missing, malformed, or set to something that changes the computation and is not
+    /// computed here.
+    pub fn from_peft(config: &Json) -> std::result::Result<LoraConfig, String> {
+        if !config.is_object() {
+            return Err("is not a JSON object".into());
+        }
+        if let Some(t) = config.get("peft_type").filter(|t| !t.is_null())
+            && t != "LORA"
+        {
+            return Err(format!("peft_type is {t}: only LORA adapters are read"));
+        }
+        for (key, fine) in UNSUPPORTED {
+            if let Some(v) = config.get(key)
+                && !computed(v, fine)
+            {
+                return Err(format!(
+                    "{key} is {}: only {key} = {fine} is computed",
+                    short(&v.to_string())
+                ));
+            }
+        }
+        let r =
+            config.get("r").and_then(Json::as_u64).filter(|&r| r > 0 && r <= 1 << 20).ok_or_else(
+                || format!("r must be a positive integer, not {}", show(config, "r")),
+            )?;
+        let alpha =
+            config.get("lora_alpha").and_then(Json::as_f64).filter(|a| a.is_finite()).ok_or_else(
+                || format!("lora_alpha must be a number, not {}", show(config, "lora_alpha")),
+            )?;
+        let dropout = match config.get("lora_dropout") {
+            None | Some(Json::Null) => 0.0,
+            Some(v) => v
+                .as_f64()
+                .filter(|d| (0.0..1.0).contains(d))
+                .ok_or_else(|| format!("lora_dropout must be in [0, 1), not {v}"))?,
+        };
+        let rslora = match config.get("use_rslora") {
+            None | Some(Json::Null) => false,
+            Some(v) => {
+                v.as_bool().ok_or_else(|| format!("use_rslora must be true or false, not {v}"))?
+            }
+        };
+        let targets = match config.get("target_modules") {
+            Some(Json::String(s)) if s == "all-linear" => Targets::AllLinear,
+            Some(Json::String(s)) => {
+                return Err(format!(
+                    "target_modules is the pattern {s:?}: only a list of names or \"all-linear\" is read"
+                ));
+            }
+            Some(Json::Array(a)) if !a.is_empty() => Targets::Names(
+                a.iter()
+                    .map(|t| t.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("target_modules must be a list of names")?,
+            ),
+            other => {
+                return Err(format!(
+                    "target_modules must be a list of layer names, not {}",
+                    other.map_or("missing".into(), |v| short(&v.to_string()))
+                ));
+            }
+        };
+        let r = usize::try_from(r).map_err(|_| "r is too large")?;
+        Ok(LoraConfig { r, alpha, targets, dropout, rslora })
+    }
+
+    /// The `adapter_config.json` `peft` writes for this adapter on a base of
+    /// `model_type` (`fan_in_fan_out` for GPT-2's `Conv1D` layers).
+    pub fn peft_json(&self, model_type: &str) -> Json {
+        let targets = match &self.targets {
+            Targets::AllLinear => Json::from("all-linear"),
+            Targets::Names(names) => Json::from(names.clone()),
+        };
+        serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": null,
+            "r": self.r,
+            "lora_alpha": self.alpha,
+            "lora_dropout": self.dropout,
+            "target_modules": targets,
+            "use_rslora": self.rslora,
+            "use_dora": false,
+            "bias": "none",
+            "fan_in_fan_out": model_type == "gpt2",
+            "modules_to_save": null,
+            "init_lora_weights": true,
+            "inference_mode": true,
+            "rank_pattern": {},
+            "alpha_pattern": {},
+            "model_type": model_type,
+        })
+    }
+}
+
+fn show(config: &Json, key: &str) -> String {
+    config.get(key).map_or("missing".into(), |v| short(&v.to_string()))
+}
+
+/// `text` cut to 60 characters for a one-line message.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// A LoRA adapter over a model's linear layers: the [`Adapter`] a loss, evaluation or
+/// decoding program is built with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lora {
+    /// Its settings.
+    pub config: LoraConfig,
+    /// The layers it wraps, in the model's order.
+    layers: Vec<LinearLayer>,
+}
+
+/// The suffix of a layer's `A` matrix.
+const A: &str = "lora_A.weight";
+/// The suffix of a layer's `B` matrix.
+const B: &str = "lora_B.weight";
+
+impl Lora {
+    /// The adapter of `config` over those of `linears` it targets. With `strict`, every
+    /// name in `target_modules` must match a layer (a typo is refused); otherwise, as
+    /// `peft` loads a folder, some layer must match.
+    pub fn new(
+        config: LoraConfig,
+        linears: &[LinearLayer],
+        strict: bool,
+    ) -> std::result::Result<Lora, String> {
+        let layers: Vec<LinearLayer> =
+            linears.iter().filter(|l| config.targets.matches(&l.name)).cloned().collect();
+        if let Targets::Names(names) = &config.targets {
+            let unmatched: Vec<&str> = names
+                .iter()
+                .filter(|t| {
+                    !linears.iter().any(|l| Targets::Names(vec![(*t).clone()]).matches(&l.name))
+                })
+                .map(String::as_str)
+                .collect();
+            let example = linears.first().map_or("none".into(), |l| l.name.clone());
+            if layers.is_empty() || (strict && !unmatched.is_empty()) {
+                return Err(format!(
+                    "target modules {} match no linear layer of the model (its layers are named like {example})",
+                    unmatched.join(",")
+                ));
+            }
+        }
+        if layers.is_empty() {
+            return Err("the model has no linear layer an adapter wraps".into());
+        }
+        Ok(Lora { config, layers })
+    }
+
+    /// The layers it wraps.
+    pub fn layers(&self) -> &[LinearLayer] {
+        &self.layers
+    }
+
+    /// Its parameters' names and shapes: each layer's `A` `[r, in]`, then its `B`
+    /// `[out, r]`.
+    pub fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        let r = self.config.r;
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    (format!("{}.{A}", l.name), vec![r, l.inputs]),
+                    (format!("{}.{B}", l.name), vec![l.outputs, r]),
+                ]
+            })
+            .collect()
+    }
+
+    /// Whether `name` is one of an adapter's matrices.
+    pub fn is_adapter(name: &str) -> bool {
+        name.ends_with(&format!(".{A}")) || name.ends_with(&format!(".{B}"))
+    }
+
+    /// The layer and whether it is `A` (else `B`) of adapter parameter `name`.
+    fn layer_of(&self, name: &str) -> Option<(&LinearLayer, bool)> {
+        let (layer, is_a) = match name.strip_suffix(&format!(".{A}")) {
+            Some(l) => (l, true),
+            None => (name.strip_suffix(&format!(".{B}"))?, false),
+        };
+        self.layers.iter().find(|l| l.name == layer).map(|l| (l, is_a))
+    }
+
+    /// The initial values of adapter parameter `name` as `peft` draws them: `A`
+    /// uniform in `±1/√in` (Kaiming-uniform, `a = √5`) from `uniform` (in `[0, 1)`),
+    /// `B` zero.
+    pub fn init(&self, name: &str, uniform: &mut dyn FnMut() -> f64) -> Option<Vec<f64>> {
+        let (layer, is_a) = self.layer_of(name)?;
+        let r = self.config.r;
+        Some(if is_a {
+            let bound = 1.0 / (layer.inputs as f64).sqrt();
+            (0..r * layer.inputs).map(|_| (2.0 * uniform() - 1.0) * bound).collect()
+        } else {
+            vec![0.0; layer.outputs * r]
+        })
+    }
+
+    /// The dim of adapter parameter `name` split over a model axis where its base layer
+    /// is split (`base_split`: whether the model splits the layer's weight): a
+    /// column-parallel layer's `B` by its rows (the outputs), a row-parallel layer's
+    /// `A` by its columns (the inputs); the other matrix whole.
+    pub fn split(&self, name: &str, base_split: bool) -> Option<usize> {
+        let (layer, is_a) = self.layer_of(name)?;
+        match (base_split, layer.parallel, is_a) {
+            (true, Parallel::Column, false) => Some(0),
+            (true, Parallel::Row, true) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The name `peft` saves adapter parameter `name` under.
+    pub fn peft_name(name: &str) -> String {
+        format!("base_model.model.{name}")
+    }
+
+    /// The adapter parameter a `peft` folder's tensor `stored` is
+    /// (`base_model.model.{layer}.lora_A.weight`, or with the adapter's name
+    /// `….lora_A.default.weight` as some versions save it).
+    pub fn of_peft_name(stored: &str) -> Option<String> {
+        let name = stored.strip_prefix("base_model.model.")?;
+        let name = name
+            .replace(".lora_A.default.weight", ".lora_A.weight")
+            .replace(".lora_B.default.weight", ".lora_B.weight");
+        Lora::is_adapter(&name).then_some(name)
+    }
+
+    /// `W` of layer `layer` with the adapter merged in: `W + s · B A` (`W` `[out, in]`,
+    /// or `[in, out]` with `transposed`, GPT-2's `Conv1D`), given `a` `[r, in]` and `b`
+    /// `[out, r]` row-major.
+    pub fn merged(
+        &self,
+        layer: &str,
+        w: &[f64],
+        (a, b): (&[f64], &[f64]),
+        transposed: bool,
+    ) -> Option<Vec<f64>> {
+        let l = self.layers.iter().find(|l| l.name == layer)?;
+        let (r, n_in, n_out) = (self.config.r, l.inputs, l.outputs);
+        if w.len() != n_in * n_out || a.len() != r * n_in || b.len() != n_out * r {
+            return None;
+        }
+        let s = self.config.scale();
+        let mut out = w.to_vec();
+        for o in 0..n_out {
+            for i in 0..n_in {
+                let ba: f64 = (0..r).map(|k| b[o * r + k] * a[k * n_in + i]).sum();
+                let at = if transposed { i * n_out + o } else { o * n_in + i };
+                out[at] += s * ba;
+            }
+        }
+        Some(out)
+    }
+}
+
+impl Adapter for Lora {
+    fn linear(&self, b: &mut Builder, layer: &str, x: Value, y: Value) -> Result<Option<Value>> {
+        let Some(l) = self.layers.iter().find(|l| l.name == layer) else { return Ok(None) };
+        let (dtype, d) = dims(b, x)?;
+        let last = d.len() - 1;
+        let r = self.config.r;
+        let a = param(b, A, dtype, &[r, l.inputs])?;
+        let bm = param(b, B, dtype, &[l.outputs, r])?;
+        let xa = b.dot_general(x, a, &[last], &[1], &[], &[])?;
+        let xab = b.dot_general(xa, bm, &[last], &[1], &[], &[])?;
+        let s = b.constant(self.config.scale(), b.spec(xab)?.dtype)?;
+        let scaled = b.mul(xab, s)?;
+        Ok(Some(b.add(y, scaled)?))
+    }
+}
+
+/// A model with a LoRA adapter: the base's computation with [`Lora`] over its linear
+/// layers, the base's parameters frozen ([`trains`](Model::trains) only the adapter's).
+#[derive(Debug)]
+pub struct LoraModel {
+    base: Box<dyn Model>,
+    lora: Lora,
+    /// The loss program's parameters (the base's with each adapter's after its layer).
+    parameters: Vec<(String, Vec<usize>)>,
+}
+
+impl LoraModel {
+    /// `base` with the adapter of `config` (`strict`: every target must name a layer;
+    /// see [`Lora::new`]).
+    pub fn new(
+        base: Box<dyn Model>,
+        config: LoraConfig,
+        strict: bool,
+    ) -> std::result::Result<LoraModel, String> {
+        if config.dropout != 0.0 {
+            return Err(format!(
+                "lora_dropout {}: only an adapter without dropout is computed (0)",
+                config.dropout
+            ));
+        }
+        let lora = Lora::new(config, &base.linears(), strict)?;
+        let mut model = LoraModel { base, lora, parameters: Vec::new() };
+        model.parameters = crate::model::declared_parameters(&model);
+        if model.parameters.is_empty() {
+            return Err(format!("{} does not build with an adapter", model.base.describe()));
+        }
+        Ok(model)
+    }
+
+    /// The adapter.
+    pub fn lora(&self) -> &Lora {
+        &self.lora
+    }
+
+    /// The base model.
+    pub fn base(&self) -> &dyn Model {
+        self.base.as_ref()
+    }
+
+    fn with<'a>(&'a self, build: &Build<'_>) -> Build<'a> {
+        Build { dtype: build.dtype, blocking: build.blocking, adapter: Some(&self.lora) }
+    }
+}
+
+impl Model for LoraModel {
+    fn family(&self) -> &'static str {
+        self.base.family()
+    }
+    fn describe(&self) -> String {
+        let c = &self.lora.config;
+        format!(
+            "{} with LoRA r {} α {} on {} layers",
+            self.base.describe(),
+            c.r,
+            c.alpha,
+            self.lora.layers.len()
+        )
+    }
+    fn meta(&self) -> Json {
+        let mut meta = self.base.meta();
+        meta["lora"] = self.lora.config.peft_json(self.base.family());
+        meta
+    }
+    fn inputs(&self) -> Vec<Input> {
+        self.base.inputs()
+    }
+    fn parameters(&self) -> Vec<(String, Vec<usize>)> {
+        self.parameters.clone()
+    }
+    fn trains(&self, name: &str) -> bool {
+        Lora::is_adapter(name)
+    }
+    fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
+        self.base.loss(b, inputs, &self.with(build))
+    }
+    fn evaluate(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        build: &Build<'_>,
+    ) -> Result<(Value, Value)> {
+        self.base.evaluate(b, inputs, &self.with(build))
+    }
+    fn loss_pipelined(
+        &self,
+        b: &mut Builder,
+        inputs: &[Value],
+        dtype: DType,
+        pipeline: &Pipeline,
+    ) -> Result<Value> {
+        let _ = (inputs, dtype, pipeline);
+        Err(meshwork_program::Error::Type {
+            op: "pipeline",
+            at: b.scope_name(),
+            operands: Vec::new(),
+            problem: "a LoRA adapter trains on meshes, not in pipelines".into(),
+        })
+    }
+    fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
+        self.base.check_mesh(data, model)
+    }
+    fn split(&self, name: &str, model: usize) -> Option<usize> {
+        if !Lora::is_adapter(name) {
+            return self.base.split(name, model);
+        }
+        let layer = name.rsplitn(3, '.').nth(2)?;
+        let base_split = self.base.split(&format!("{layer}.weight"), model).is_some();
+        self.lora.split(name, base_split)
+    }
+    fn is_block(&self, name: &str) -> bool {
+        self.base.is_block(name)
+    }
+    fn layers(&self) -> usize {
+        self.base.layers()
+    }
+    /// The base's initial values for its parameters; an adapter's from the same
+    /// stream as `peft` draws them ([`Lora::init`], uniform from the normals' stream).
+    fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+        let mut uniform = || {
+            // A uniform in [0, 1) from a standard normal (its CDF).
+            0.5 * (1.0 + erf(normal() / std::f64::consts::SQRT_2))
+        };
+        match self.lora.init(name, &mut uniform) {
+            Some(v) => v,
+            None => self.base.init(name, dims, normal),
+        }
+    }
+    fn init_stream(&self) -> u64 {
+        self.base.init_stream()
+    }
+    fn activations_per_row(&self, remat: bool) -> f64 {
+        self.base.activations_per_row(remat)
+    }
+    fn attention_scores_per_row(&self, remat: bool) -> f64 {
+        self.base.attention_scores_per_row(remat)
+    }
+    fn per_row(&self) -> (usize, &'static str) {
+        self.base.per_row()
+    }
+    fn classifies(&self) -> bool {
+        self.base.classifies()
+    }
+    fn decoder(&self) -> Option<&dyn Decoder> {
+        None
+    }
+    fn hf(&self) -> Option<&dyn HfFormat> {
+        self.base.hf()
+    }
+    fn float32_parts(&self) -> bool {
+        self.base.float32_parts()
+    }
+    fn linears(&self) -> Vec<LinearLayer> {
+        self.base.linears()
+    }
+}
+
+/// The error function to about 1e-7 (Abramowitz and Stegun 7.1.26): enough to turn
+/// the init stream's normals into uniforms for an adapter's initial values, whose
+/// distribution, not bits, is `peft`'s.
+fn erf(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = ((((1.061_405_429 * t - 1.453_152_027) * t + 1.421_413_741) * t - 0.284_496_736)
+        * t
+        + 0.254_829_592)
+        * t;
+    let y = 1.0 - poly * (-x * x).exp();
+    if x >= 0.0 { y } else { -y }
+}

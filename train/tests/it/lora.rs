@@ -1,0 +1,174 @@
+//! LoRA against `peft` 0.21 (`testdata/llama` and `testdata/qwen3`: `lora_init/`, the
+//! adapter a run starts from; `losses_lora`, ten AdamW steps over the adapter alone,
+//! the base frozen; `lora_final/`, the adapter after them; made in float64, see
+//! `llama/FORMAT.md`). `rope_cr.json` and `lora_final_rope_cr/` are the same run with
+//! correctly rounded rotary tables (`gen_rope_cr.py`), which meshwork computes: those
+//! are compared tightly, the MKL-table originals to the few 1e-9 the tables move them.
+
+use std::collections::HashMap;
+
+use meshwork_nn::{CausalLm, Lora, LoraConfig, LoraModel, Model};
+use meshwork_program::Builder;
+use meshwork_types::{DType, Tensor};
+
+use crate::commands::llama::expected;
+use crate::testdata;
+
+/// The oracle cases with an adapter.
+const CASES: [&str; 2] = ["llama", "qwen3"];
+
+/// The adapter folder `dir`'s tensors by their meshwork names.
+fn adapter(dir: &std::path::Path) -> HashMap<String, Tensor> {
+    let stored =
+        meshwork_train::read_init(&dir.join("adapter_model.safetensors"), 1 << 30).unwrap();
+    stored
+        .into_iter()
+        .map(|(k, v)| (Lora::of_peft_name(&k).unwrap_or_else(|| panic!("{k}")), v))
+        .collect()
+}
+
+/// The losses of the case's `file` under `key`.
+fn losses(case: &str, file: &str) -> Vec<f64> {
+    expected(case, file, "losses_lora")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// The base model of `case` with the adapter of its `lora_init/adapter_config.json`
+/// gives `peft`'s first loss (before any update) on the first batch.
+#[test]
+fn an_adapter_read_from_peft_gives_peft_s_first_loss() {
+    for case in CASES {
+        let (llama, mut weights) = crate::llama::oracle_model(case);
+        let dir = testdata(&format!("{case}/lora_init"));
+        let text = std::fs::read_to_string(dir.join("adapter_config.json")).unwrap();
+        let config = LoraConfig::from_peft(&serde_json::from_str(&text).unwrap()).unwrap();
+        let model =
+            LoraModel::new(Box::new(CausalLm { model: llama, seq: 16 }), config, false).unwrap();
+        let adapter = adapter(&dir);
+        let trained: Vec<(String, Vec<usize>)> =
+            model.parameters().into_iter().filter(|(n, _)| model.trains(n)).collect();
+        let mut names: Vec<&String> = adapter.keys().collect();
+        names.sort();
+        let mut want: Vec<&String> = trained.iter().map(|(n, _)| n).collect();
+        want.sort();
+        assert_eq!(names, want, "{case}: the adapter's tensors are the model's adapter");
+        weights.extend(adapter);
+        let mut b = Builder::new();
+        let feeds = model.feeds(&mut b, 4, DType::F64).unwrap();
+        let loss = model.loss(&mut b, &feeds, &meshwork_nn::Build::new(DType::F64)).unwrap();
+        let program = b.finish(&[loss]).unwrap();
+        let rows = crate::llama::rows(case);
+        let first: Vec<i32> = rows.slice(ndarray::s![0..4, ..]).iter().copied().collect();
+        let mut inputs = vec![Tensor::i32(&[4, 17], first).unwrap()];
+        for p in &program.params()[1..] {
+            let w = &weights[&p.name];
+            assert_eq!(w.shape(), p.spec.shape.dims(), "{case} {}", p.name);
+            inputs.push(w.clone());
+        }
+        let got = meshwork_program::fast::evaluate(&program, &inputs).unwrap()[0].to_f64()[0];
+        let cr = losses(case, "rope_cr.json")[0];
+        assert!((got - cr).abs() <= 1e-13 * cr, "{case}: {got} vs peft's {cr}");
+        let mkl = losses(case, "expected.json")[0];
+        assert!((got - mkl).abs() <= 3e-9 * mkl, "{case}: {got} vs peft's {mkl} (MKL tables)");
+        // A fresh adapter (B zero) is the base model's loss.
+        let mut fresh = inputs.clone();
+        for (k, p) in program.params().iter().enumerate() {
+            if p.name.ends_with("lora_B.weight") {
+                fresh[k] = Tensor::f64(p.spec.shape.dims(), vec![0.0; fresh[k].len()]).unwrap();
+            }
+        }
+        let zero = meshwork_program::fast::evaluate(&program, &fresh).unwrap()[0].to_f64()[0];
+        let base = crate::commands::llama::losses_adamw(case, "rope_cr.json")[0];
+        assert!((zero - base).abs() <= 1e-13 * base, "{case}: {zero} vs the base's {base}");
+    }
+}
+
+/// `adapter_config.json` keys that change the computation and are not computed are
+/// refused naming the key; a malformed rank or target list names its key.
+#[test]
+fn peft_options_not_computed_are_refused_by_name() {
+    let text = std::fs::read_to_string(testdata("llama/lora_init/adapter_config.json")).unwrap();
+    let good: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let config = LoraConfig::from_peft(&good).unwrap();
+    assert_eq!((config.r, config.alpha, config.scale()), (4, 8.0, 2.0));
+    for (key, value) in [
+        ("use_dora", serde_json::json!(true)),
+        ("bias", serde_json::json!("all")),
+        ("modules_to_save", serde_json::json!(["lm_head"])),
+        ("rank_pattern", serde_json::json!({"q_proj": 8})),
+        ("layers_to_transform", serde_json::json!([0])),
+        ("peft_type", serde_json::json!("IA3")),
+        ("r", serde_json::json!(0)),
+        ("r", serde_json::json!("four")),
+        ("lora_alpha", serde_json::json!(null)),
+        ("target_modules", serde_json::json!(".*proj")),
+        ("target_modules", serde_json::json!([])),
+        ("lora_dropout", serde_json::json!(1.5)),
+    ] {
+        let mut c = good.clone();
+        c[key] = value.clone();
+        let e = LoraConfig::from_peft(&c).unwrap_err();
+        assert!(e.contains(key), "{key} = {value}: {e}");
+        assert!(e.len() < 200 && !e.contains('\n'), "{e}");
+    }
+    let mut rs = good.clone();
+    rs["use_rslora"] = serde_json::json!(true);
+    assert_eq!(LoraConfig::from_peft(&rs).unwrap().scale(), 8.0 / 2.0);
+    // Targets match as peft matches a list: the name, or a dotted suffix.
+    let t = meshwork_nn::Targets::Names(vec!["q_proj".into(), "mlp.up_proj".into()]);
+    assert!(t.matches("model.layers.0.self_attn.q_proj"));
+    assert!(t.matches("model.layers.3.mlp.up_proj"));
+    assert!(!t.matches("model.layers.0.self_attn.xq_proj"));
+    assert!(!t.matches("model.layers.0.self_attn.k_proj"));
+}
+
+/// A target naming no layer is refused (strict, as flags are) naming it; `all-linear`
+/// wraps every linear layer of every family, GPT-2's fused `c_attn` by its name.
+#[test]
+fn targets_name_layers_of_every_family() {
+    let llama =
+        || Box::new(CausalLm { model: meshwork_nn::Llama::preset("tiny-llama").unwrap(), seq: 8 });
+    let e =
+        LoraModel::new(llama(), LoraConfig::new(2, 4.0, &["q_proj", "q_porj"]), true).unwrap_err();
+    assert!(e.contains("q_porj") && !e.contains("q_proj,"), "{e}");
+    assert!(LoraModel::new(llama(), LoraConfig::new(2, 4.0, &["q_proj", "q_porj"]), false).is_ok());
+    let all = LoraModel::new(llama(), LoraConfig::new(2, 4.0, &["all-linear"]), true).unwrap();
+    assert_eq!(all.lora().layers().len(), 7 * all.layers());
+    let gpt2 = meshwork_nn::Gpt2 {
+        vocab: 64,
+        positions: 16,
+        dim: 16,
+        layers: 2,
+        heads: 2,
+        inner: 64,
+        eps: 1e-5,
+    };
+    let gpt2 = LoraModel::new(
+        Box::new(CausalLm { model: gpt2, seq: 8 }),
+        LoraConfig::new(2, 4.0, &["c_attn"]),
+        true,
+    )
+    .unwrap();
+    let names: Vec<String> =
+        gpt2.parameters().into_iter().map(|(n, _)| n).filter(|n| gpt2.trains(n)).collect();
+    assert_eq!(
+        names,
+        [
+            "transformer.h.0.attn.c_attn.lora_A.weight",
+            "transformer.h.0.attn.c_attn.lora_B.weight",
+            "transformer.h.1.attn.c_attn.lora_A.weight",
+            "transformer.h.1.attn.c_attn.lora_B.weight"
+        ]
+    );
+    // Split like their layer over a model axis: B of a column-parallel layer by rows,
+    // A of a row-parallel one by columns.
+    assert_eq!(gpt2.split("transformer.h.0.attn.c_attn.lora_B.weight", 2), Some(0));
+    assert_eq!(gpt2.split("transformer.h.0.attn.c_attn.lora_A.weight", 2), None);
+    let o = LoraModel::new(llama(), LoraConfig::new(2, 4.0, &["o_proj"]), true).unwrap();
+    assert_eq!(o.split("model.layers.0.self_attn.o_proj.lora_A.weight", 2), Some(1));
+    assert_eq!(o.split("model.layers.0.self_attn.o_proj.lora_B.weight", 2), None);
+}
