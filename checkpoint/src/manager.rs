@@ -43,8 +43,6 @@ use crate::{Error, Result};
 pub const MARKER: &str = "meshwork-checkpoints.json";
 const MARKER_FORMAT: &str = "meshwork-checkpoint-directory";
 const LOCK: &str = ".lock";
-/// Tries of a held lock, 50 ms apart, before [`CheckpointManager::open`] refuses.
-const LOCK_TRIES: usize = 40;
 const LATEST: &str = "latest";
 /// Prefixes of the temporary entries a save makes (removed at the next open).
 const PARTIAL: &str = ".partial-";
@@ -104,8 +102,9 @@ fn is_marked(dir: &Path) -> bool {
 pub struct CheckpointManager {
     root: PathBuf,
     keep: usize,
-    /// The lock (`None`: a process that joined the lock holder's saves).
-    _lock: Option<File>,
+    /// The lock (`None`: a process that joined the lock holder's saves), released
+    /// when the manager is dropped.
+    lock: Option<File>,
     /// Test hook: file-system operations the next save may make before it stops as a
     /// crash would.
     crash_after: Option<usize>,
@@ -198,20 +197,7 @@ impl CheckpointManager {
                 format!("its lock file {LOCK} is {}, not a regular file", kind(&lock_meta)),
             ));
         }
-        // A lock held for a moment is waited out: a run that is just ending, or a
-        // process forked elsewhere in this one that holds a copy of a closed lock's
-        // descriptor until it execs.
-        let mut tries = 0;
-        let taken = loop {
-            match lock.try_lock() {
-                Err(fs::TryLockError::WouldBlock) if tries < LOCK_TRIES => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other,
-            }
-        };
-        match taken {
+        match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
                 return Err(refuse(
@@ -227,7 +213,7 @@ impl CheckpointManager {
         let mut manager = CheckpointManager {
             root: root.to_path_buf(),
             keep,
-            _lock: Some(lock),
+            lock: Some(lock),
             crash_after: None,
             set_aside: Vec::new(),
         };
@@ -302,7 +288,7 @@ impl CheckpointManager {
         Ok(CheckpointManager {
             root: root.to_path_buf(),
             keep: usize::MAX,
-            _lock: None,
+            lock: None,
             crash_after: None,
             set_aside: Vec::new(),
         })
@@ -370,7 +356,7 @@ impl CheckpointManager {
         devices: usize,
         mut parts: Vec<(usize, WrittenPart)>,
     ) -> Result<PathBuf> {
-        if self._lock.is_none() {
+        if self.lock.is_none() {
             return Err(refuse(&self.root, "only the process holding the lock commits a step"));
         }
         parts.sort_by_key(|(rank, _)| *rank);
@@ -606,7 +592,24 @@ pub struct Pinned {
     pub dir: PathBuf,
     /// Its step, when its name says it.
     pub step: Option<usize>,
-    _lock: File,
+    lock: File,
+}
+
+// A lock is released when its holder is dropped, not when the last copy of its
+// descriptor closes: a process forked meanwhile (to exec another program) holds a
+// copy until it execs, and would keep the lock held past the drop.
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.lock.unlock();
+    }
+}
+
+impl Drop for CheckpointManager {
+    fn drop(&mut self) {
+        if let Some(lock) = &self.lock {
+            let _ = lock.unlock();
+        }
+    }
 }
 
 /// [`find_checkpoint`], the step found held against pruning ([`Pinned`]). A step that
@@ -635,7 +638,7 @@ pub fn pin_checkpoint(path: impl AsRef<Path>) -> Result<Pinned> {
             _ => false,
         };
         if same && is_checkpoint(&dir) {
-            return Ok(Pinned { dir, step, _lock: lock });
+            return Ok(Pinned { dir, step, lock });
         }
         last = Some(dir);
     }

@@ -277,6 +277,51 @@ pub(crate) struct OptimizerFlags {
     no_decay_1d: bool,
 }
 
+/// A LoRA adapter trained over the frozen base, as `peft` computes it.
+#[derive(Debug, Args)]
+pub(crate) struct LoraFlags {
+    /// Train a LoRA adapter of rank R over the frozen base (GPT-2, the Llama family; default 8 when another --lora flag is given)
+    #[arg(long, value_name = "R")]
+    lora_r: Option<usize>,
+    /// LoRA's alpha: the adapter's output is scaled by alpha / R (default R)
+    #[arg(long, value_name = "A", allow_negative_numbers = true)]
+    lora_alpha: Option<f64>,
+    /// The linear layers the adapter wraps, by name or dotted suffix (q_proj,v_proj; GPT-2's c_attn), or all-linear (default: peft's for the family)
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    lora_targets: Option<Vec<String>>,
+    /// Dropout on the adapter's input (default 0; only 0 is computed yet)
+    #[arg(long, value_name = "P")]
+    lora_dropout: Option<f64>,
+    /// Scale the adapter's output by alpha / sqrt(R) (peft's use_rslora)
+    #[arg(long)]
+    lora_rslora: bool,
+    /// Start the adapter from a peft folder (adapter_config.json and adapter_model.safetensors), its rank, alpha and targets taken from it
+    #[arg(long, value_name = "DIR")]
+    lora_init: Option<PathBuf>,
+    /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
+    #[arg(long, value_name = "DIR")]
+    export_lora: Option<PathBuf>,
+}
+
+impl LoraFlags {
+    fn settings(&self) -> Option<meshwork_train::LoraSettings> {
+        let given = self.lora_r.is_some()
+            || self.lora_alpha.is_some()
+            || self.lora_targets.is_some()
+            || self.lora_dropout.is_some()
+            || self.lora_rslora
+            || self.lora_init.is_some();
+        given.then(|| meshwork_train::LoraSettings {
+            r: self.lora_r,
+            alpha: self.lora_alpha,
+            targets: self.lora_targets.clone(),
+            dropout: self.lora_dropout,
+            rslora: self.lora_rslora,
+            init: self.lora_init.clone(),
+        })
+    }
+}
+
 /// The memory savers: how a step computes, never what (the losses stay the same).
 #[derive(Debug, Args)]
 pub(crate) struct MemoryFlags {
@@ -347,6 +392,8 @@ pub(crate) struct TrainArgs {
     optimizer_flags: OptimizerFlags,
     #[command(flatten)]
     memory: MemoryFlags,
+    #[command(flatten)]
+    lora: LoraFlags,
     /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
     #[arg(long, value_name = "LR")]
     lr: Option<f64>,
@@ -494,6 +541,8 @@ impl TrainArgs {
                 (None, false) => None,
             },
             export_hf: self.export_hf.clone(),
+            lora: self.lora.settings(),
+            export_lora: self.lora.export_lora.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
@@ -673,6 +722,9 @@ pub(crate) struct GenerateArgs {
     /// Refuse a checkpoint of more than SIZE (suffixes K, M, G, T)
     #[arg(long, value_name = "SIZE", value_parser = bytes, default_value = "8G")]
     max_memory: u64,
+    /// A peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) merged into the weights before decoding
+    #[arg(long, value_name = "DIR")]
+    lora: Option<PathBuf>,
     /// Print {"prompt_ids": [...], "ids": [...], "text": "..."} ("text" with --tokenizer) instead of a line of ids
     #[arg(long)]
     pub(crate) json: bool,
@@ -725,6 +777,7 @@ impl GenerateArgs {
             dtype: self.dtype.into(),
             backend: backend_kind(self.backend, &self.pjrt_plugin, PartitionerArg::Meshwork)?,
             max_memory: self.max_memory,
+            lora: self.lora.clone(),
         })
     }
 }

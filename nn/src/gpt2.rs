@@ -451,6 +451,7 @@ impl crate::Model for crate::CausalLm<Gpt2> {
                 inputs,
                 outputs,
                 parallel,
+                conv1d: true,
             })
             .collect()
     }

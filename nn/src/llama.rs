@@ -1159,6 +1159,7 @@ impl crate::Model for crate::CausalLm<Llama> {
                 inputs,
                 outputs,
                 parallel,
+                conv1d: false,
             })
             .collect()
     }

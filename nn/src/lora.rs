@@ -16,7 +16,7 @@
 //!
 //! let llama = CausalLm { model: Llama::preset("tiny-llama").unwrap(), seq: 16 };
 //! let config = LoraConfig::new(8, 16.0, &["q_proj", "v_proj"]);
-//! let model = LoraModel::new(Box::new(llama), config, true)?;
+//! let model = LoraModel::new(std::sync::Arc::new(llama), config, true)?;
 //! let trained: Vec<_> =
 //!     model.parameters().into_iter().filter(|(n, _)| model.trains(n)).collect();
 //! assert_eq!(trained[0].0, "model.layers.0.self_attn.q_proj.lora_A.weight");
@@ -24,6 +24,8 @@
 //! assert!(!model.trains("model.layers.0.self_attn.q_proj.weight"));
 //! # Ok::<(), String>(())
 //! ```
+
+use std::sync::Arc;
 
 use meshwork_program::{Builder, Result, Value};
 use meshwork_types::DType;
@@ -395,7 +397,7 @@ impl Adapter for Lora {
 /// layers, the base's parameters frozen ([`trains`](Model::trains) only the adapter's).
 #[derive(Debug)]
 pub struct LoraModel {
-    base: Box<dyn Model>,
+    base: Arc<dyn Model>,
     lora: Lora,
     /// The loss program's parameters (the base's with each adapter's after its layer).
     parameters: Vec<(String, Vec<usize>)>,
@@ -405,7 +407,7 @@ impl LoraModel {
     /// `base` with the adapter of `config` (`strict`: every target must name a layer;
     /// see [`Lora::new`]).
     pub fn new(
-        base: Box<dyn Model>,
+        base: Arc<dyn Model>,
         config: LoraConfig,
         strict: bool,
     ) -> std::result::Result<LoraModel, String> {
@@ -432,6 +434,31 @@ impl LoraModel {
     /// The base model.
     pub fn base(&self) -> &dyn Model {
         self.base.as_ref()
+    }
+
+    /// The base weights of `weights` (the base's parameters and the adapter's, by
+    /// name) with the adapter merged in: each wrapped layer's weight `W + s · B A`
+    /// (stored `[in, out]` for a `Conv1D` layer), the adapter's matrices left out.
+    /// `None` when a weight is missing or of another size.
+    pub fn merge(
+        &self,
+        weights: &std::collections::HashMap<String, meshwork_types::Tensor>,
+    ) -> Option<std::collections::HashMap<String, meshwork_types::Tensor>> {
+        let mut out: std::collections::HashMap<String, meshwork_types::Tensor> = weights
+            .iter()
+            .filter(|(n, _)| !Lora::is_adapter(n))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        for l in &self.lora.layers {
+            let name = format!("{}.weight", l.name);
+            let w = out.get(&name)?;
+            let a = weights.get(&format!("{}.{A}", l.name))?.to_f64();
+            let b = weights.get(&format!("{}.{B}", l.name))?.to_f64();
+            let merged = self.lora.merged(&l.name, &w.to_f64(), (&a, &b), l.conv1d)?;
+            let t = meshwork_types::Tensor::from_f64(w.dtype(), w.shape(), &merged).ok()?;
+            out.insert(name, t);
+        }
+        Some(out)
     }
 
     fn with<'a>(&'a self, build: &Build<'_>) -> Build<'a> {
@@ -548,6 +575,9 @@ impl Model for LoraModel {
     }
     fn linears(&self) -> Vec<LinearLayer> {
         self.base.linears()
+    }
+    fn as_lora(&self) -> Option<&LoraModel> {
+        Some(self)
     }
 }
 

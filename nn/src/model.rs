@@ -105,6 +105,8 @@ pub struct LinearLayer {
     pub outputs: usize,
     /// Its split over a model axis.
     pub parallel: Parallel,
+    /// Its weight stored `[in, out]` (GPT-2's `Conv1D`), not `[out, in]`.
+    pub conv1d: bool,
 }
 
 /// A model that decodes tokens with a key-value cache.
@@ -261,6 +263,10 @@ pub trait Model: std::fmt::Debug + Send + Sync {
     /// Every linear layer an [`Adapter`] can wrap.
     fn linears(&self) -> Vec<LinearLayer> {
         Vec::new()
+    }
+    /// The model as a base with a LoRA adapter, if it is one.
+    fn as_lora(&self) -> Option<&crate::LoraModel> {
+        None
     }
 
     /// Its fed parameters for `batch` rows, in [`inputs`](Self::inputs)' order.

@@ -102,6 +102,9 @@ pub struct TrainStep {
     /// program's parameters of the same numbers; with micro-batches, the step
     /// program's, after the micro-batches').
     pub trained: Vec<Value>,
+    /// The frozen parameters ([`StepOptions::frozen`]) as the step program's: held
+    /// between steps, neither fed each step nor updated.
+    pub frozen: Vec<Value>,
     /// The optimizer.
     pub optimizer: Optimizer,
     /// Its dynamic loss scaling, if any.
@@ -210,9 +213,24 @@ impl TrainStep {
                 (&scaled, scaled.results()[0], vec![scale])
             }
         };
+        if let Some(f) = options.frozen.iter().find(|f| {
+            wrt.contains(f) || f.index() >= program.params().len().saturating_sub(shared.len())
+        }) {
+            return Err(Error::Type {
+                op: "frozen",
+                at: "a training step".into(),
+                operands: Vec::new(),
+                problem: format!("parameter {} is trained, or not the model program's", f.0),
+            });
+        }
+        let frozen_names: Vec<String> =
+            options.frozen.iter().map(|f| program.params()[f.index()].name.clone()).collect();
         let one = meshwork_program::grad_remat(program, loss, wrt, &options.remat)?;
         let (g, wrt, shared) = if options.micro_batches > 1 {
-            accumulate(&one, wrt, &shared, options.micro_batches)?
+            // The frozen parameters are held once, shared by the micro-batches.
+            let held: Vec<Value> = shared.iter().chain(&options.frozen).copied().collect();
+            let (g, wrt, held) = accumulate(&one, wrt, &held, options.micro_batches)?;
+            (g, wrt, held[..shared.len()].to_vec())
         } else {
             (one, wrt.to_vec(), shared)
         };
@@ -388,7 +406,20 @@ impl TrainStep {
             None => program,
             Some(_) => move_before_scalars(&program, &[LOSS_SCALE, LOSS_SCALE_GOOD])?,
         };
-        Ok(TrainStep { program, trained: wrt.to_vec(), optimizer, loss_scale: options.loss_scale })
+        let frozen = frozen_names
+            .iter()
+            .map(|n| {
+                let k = program.params().iter().position(|p| p.name == *n).expect("kept");
+                Value(k as u32)
+            })
+            .collect();
+        Ok(TrainStep {
+            program,
+            trained: wrt.to_vec(),
+            frozen,
+            optimizer,
+            loss_scale: options.loss_scale,
+        })
     }
 
     /// The state the step carries from one step to the next, after the trained
@@ -434,6 +465,9 @@ pub struct StepOptions {
     pub remat: Vec<std::ops::Range<usize>>,
     /// Dynamic loss scaling (for f16 products).
     pub loss_scale: Option<LossScale>,
+    /// Parameters of the model program that are neither trained nor fed per
+    /// micro-batch: a frozen base under a LoRA adapter, held once.
+    pub frozen: Vec<Value>,
 }
 
 /// The accumulated gradient program of `n` micro-batches from `one`'s (parameters:

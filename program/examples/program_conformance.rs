@@ -10,8 +10,9 @@
 //! the outputs and `vjp`'s gradients match JAX's within `1e-9 (1 + |want|)` when run by
 //! **both** interpreters (the reference and the fast one; `--backend interp`, the
 //! default) or by XLA through a PJRT plugin on one device (`--backend xla`; the plugin
-//! named by `--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`). Prints each failing case, then
-//! `N passed, M failed` as the last line (the cases run on every core); exits 1 if any failed, 2 on bad flags.
+//! named by `--pjrt-plugin` or `MESHWORK_PJRT_PLUGIN`). The cases run on every core.
+//! Prints each failing case, then `N passed, M failed` as the last line; exits 1 if any
+//! failed, 2 on bad flags.
 
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs, unsafe_code)]
 
@@ -104,7 +105,12 @@ fn main() -> ExitCode {
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+        // A worker that panicked outside a case (never a case's own panic) ends the
+        // run as it ended the worker: its cases are not counted as passed.
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     });
     failures.sort();
     for (_, line) in &failures {

@@ -18,6 +18,8 @@
 //! A seeded tenth of the cases runs by default (CI); `MESHWORK_XLA_ORACLE=all` (`cargo
 //! xtask xla-oracle`) runs all 1500.
 
+// The oracle cases the `it` binary shares, not all of their helpers used here.
+#[allow(dead_code)]
 #[path = "it/oracle.rs"]
 mod oracle;
 

@@ -384,6 +384,12 @@ pub struct Config {
     pub plot: Option<PathBuf>,
     /// `--export-hf`: GPT-2's final weights as a Hugging Face checkpoint folder.
     pub export_hf: Option<PathBuf>,
+    /// `--lora-r`, `--lora-alpha`, `--lora-targets`, `--lora-dropout`, `--lora-rslora`,
+    /// `--lora-init`: a LoRA adapter trained over the frozen base (`None`: every
+    /// weight trains).
+    pub lora: Option<LoraSettings>,
+    /// `--export-lora`: the trained adapter as a `peft` folder.
+    pub export_lora: Option<PathBuf>,
     /// `--grad-accum N`: each step's batch in N micro-batches, their gradients
     /// accumulated (the same losses, one micro-batch's activations held at a time).
     pub grad_accum: Option<usize>,
@@ -404,6 +410,26 @@ pub struct Config {
     /// one alone. Every process runs the same settings; each runs its share of the
     /// mesh's positions, and process 0 writes the outputs.
     pub processes: Option<crate::Processes>,
+}
+
+/// A LoRA adapter's settings as the flags give them (`None`: from `--lora-init`'s
+/// folder, or `peft`'s default).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoraSettings {
+    /// `--lora-r`: the rank (default 8).
+    pub r: Option<usize>,
+    /// `--lora-alpha` (default: the rank, as `peft`'s 8 for 8).
+    pub alpha: Option<f64>,
+    /// `--lora-targets`: layer names (`q_proj,v_proj`) or `all-linear` (default:
+    /// `peft`'s for the family: `q_proj,v_proj`; GPT-2's `c_attn`).
+    pub targets: Option<Vec<String>>,
+    /// `--lora-dropout` (default 0).
+    pub dropout: Option<f64>,
+    /// `--lora-rslora`: the scale `α/√r` (`use_rslora`).
+    pub rslora: bool,
+    /// `--lora-init DIR`: the `peft` folder the adapter starts from, its settings
+    /// from its `adapter_config.json`.
+    pub init: Option<PathBuf>,
 }
 
 /// The default `--max-memory`: 8 GiB.
@@ -457,6 +483,8 @@ impl Default for Config {
             metrics_jsonl: None,
             plot: None,
             export_hf: None,
+            lora: None,
+            export_lora: None,
             grad_accum: None,
             remat: false,
             fsdp: false,

@@ -43,6 +43,8 @@ pub struct GenerateConfig {
     pub backend: BackendKind,
     /// `--max-memory` in bytes: the most the checkpoint's weights may take.
     pub max_memory: u64,
+    /// `--lora DIR`: a `peft` adapter folder merged into the weights before decoding.
+    pub lora: Option<PathBuf>,
 }
 
 /// What was generated: the prompt, and the prompt followed by the new tokens (as
@@ -205,6 +207,20 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         config.dtype,
         config.max_memory - cache_bytes,
     )?;
+    // A LoRA adapter merged into the weights once: `W + s · B A`.
+    let weights = match &config.lora {
+        Some(dir) => {
+            let lora = crate::lora::read_config("lora", dir, config.max_memory)?;
+            let model = meshwork_nn::LoraModel::new(net.shared(), lora, false)
+                .map_err(|e| Error::flag("lora", format!("{}: {e}", dir.display())))?;
+            let mut all = weights;
+            all.extend(crate::lora::read_adapter("lora", dir, model.lora(), config.max_memory)?);
+            model.merge(&all).ok_or_else(|| {
+                Error::flag("lora", format!("{}: the adapter does not merge", dir.display()))
+            })?
+        }
+        None => weights,
+    };
     let warnings = Vec::new();
     let eos = eos_ids(&config.init, &hf_config)?;
     let strategy = strategy_on(&config.backend)?;

@@ -11,9 +11,14 @@ use crate::{Error, Result, files};
 /// The tensors of the safetensors file `path` (f32 or f64, every value finite), by
 /// name, reading at most `limit` bytes.
 pub fn read_init(path: &Path, limit: u64) -> Result<HashMap<String, Tensor>> {
-    let bytes = files::read_file("init", path, limit)?;
+    read_tensors("init", path, limit)
+}
+
+/// [`read_init`] of a file given by `--flag`, whose errors name it.
+pub(crate) fn read_tensors(flag: &str, path: &Path, limit: u64) -> Result<HashMap<String, Tensor>> {
+    let bytes = files::read_file(flag, path, limit)?;
     let header = meshwork_io::safetensors::parse(&bytes)
-        .map_err(|e| Error::flag("init", format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::flag(flag, format!("{}: {e}", path.display())))?;
     let mut out = HashMap::new();
     for entry in header.entries {
         let name = entry.name;
@@ -21,16 +26,16 @@ pub fn read_init(path: &Path, limit: u64) -> Result<HashMap<String, Tensor>> {
             meshwork_io::safetensors::Dtype::F64 => DType::F64,
             meshwork_io::safetensors::Dtype::F32 => DType::F32,
             other => {
-                return Err(Error::flag("init", format!("{name} is {other:?}; want F32 or F64")));
+                return Err(Error::flag(flag, format!("{name} is {other:?}; want F32 or F64")));
             }
         };
         // Inside the file: the header check bounded every entry by its size.
         let data = &bytes[entry.start as usize..(entry.start + entry.bytes) as usize];
         let t = Tensor::from_le_bytes(dtype, &entry.shape, data)
-            .map_err(|e| Error::flag("init", format!("{name}: {e}")))?;
+            .map_err(|e| Error::flag(flag, format!("{name}: {e}")))?;
         if let Some((k, v)) = t.to_f64().iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(Error::flag(
-                "init",
+                flag,
                 format!("{name}[{k}] (flat) is {v}, not a finite number"),
             ));
         }

@@ -51,6 +51,7 @@ pub mod generate;
 pub mod hf;
 mod init;
 mod inspect;
+mod lora;
 mod model;
 mod observe;
 mod plan;
@@ -65,8 +66,8 @@ pub mod tokenize;
 mod trainer;
 
 pub use config::{
-    AttentionKind, BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, ModelKind, OptimizerKind,
-    OptimizerSettings, Partitioner, Schedule,
+    AttentionKind, BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, LoraSettings, ModelKind,
+    OptimizerKind, OptimizerSettings, Partitioner, Schedule,
 };
 pub use error::{Error, Result};
 pub use init::read_init;

@@ -154,6 +154,11 @@ impl Net {
         self.0.as_ref()
     }
 
+    /// The model, shared (what an adapter wraps).
+    pub(crate) fn shared(&self) -> Arc<dyn Model> {
+        Arc::clone(&self.0)
+    }
+
     /// Its family's `--model` name, what its checkpoints record.
     pub fn name(&self) -> &'static str {
         self.0.family()
@@ -322,13 +327,23 @@ impl Net {
         let devices = layout.devices() as f64;
         let checked = f64::from(u8::from(check));
         let whole = self.parameters();
+        // A frozen weight (a base under an adapter) is held alone: a sixth of what a
+        // trained one takes with its gradient, optimizer state and working copies.
+        let share = |name: &str| if self.0.trains(name) { 1.0 } else { 1.0 / 6.0 };
+        let count = |dims: &[usize]| dims.iter().map(|&d| d as f64).product::<f64>();
+        // (Counted by name only when some weight is frozen: a model's parameter count
+        // needs no list of its parameters, which a size no memory holds would make.)
+        let weighted: f64 = match self.0.as_lora() {
+            None => whole,
+            Some(_) => self.weight_dims().iter().map(|(n, d)| share(n) * count(d)).sum(),
+        };
         let (held, gathered) = match layout {
             Layout::Mesh { data, model } if savers.fsdp && data > 1 => {
                 let held = self
                     .weight_dims()
                     .iter()
                     .map(|(name, dims)| {
-                        let n: f64 = dims.iter().map(|&d| d as f64).product();
+                        let n = share(name) * count(dims);
                         match self.fsdp_spec(name, dims, (data, model)) {
                             Some(_) => n / data as f64,
                             None => n,
@@ -341,9 +356,9 @@ impl Net {
                 let layers = self.0.layers().max(1) as f64;
                 (held, if savers.remat { 2.0 * whole / layers } else { whole })
             }
-            _ => (whole, 0.0),
+            _ => (weighted, 0.0),
         };
-        let weights = ((held * 6.0 + gathered) * devices + whole * 6.0 * checked) * size;
+        let weights = ((held * 6.0 + gathered) * devices + weighted * 6.0 * checked) * size;
         // The run's own (counted twice over a mesh without the check) and the check's.
         let own = (devices + checked).min(2.0) - checked;
         let micro = savers.micro.max(1) as f64;
@@ -376,9 +391,11 @@ impl Net {
             Layout::Mesh { data, model } => (data.max(1), model.max(1)),
             Layout::Pipeline { replicas, .. } => (replicas.max(1), 1),
         };
-        let mut held = 0.0;
-        let mut gathered = 0.0;
+        // Trained weights, then frozen ones (held alone, no gradient or state).
+        let (mut held, mut held_frozen) = (0.0, 0.0);
+        let (mut gathered, mut gathered_frozen) = (0.0, 0.0);
         for (name, dims) in self.weight_dims() {
+            let trains = self.0.trains(&name);
             let n: f64 = dims.iter().map(|&d| d as f64).product();
             let split = |spec: &PartitionSpec, axis: &str, by: usize| {
                 let on = spec
@@ -389,22 +406,31 @@ impl Net {
             };
             let base = self.weight_spec(&name, dims.len(), model);
             let whole = n / split(&base, "model", model);
-            match self.fsdp_spec(&name, &dims, (data, model)).filter(|_| savers.fsdp && data > 1) {
+            let (h, g) = match self
+                .fsdp_spec(&name, &dims, (data, model))
+                .filter(|_| savers.fsdp && data > 1)
+            {
                 Some(spec) => {
-                    held += n / (split(&spec, "model", model) * split(&spec, "data", data));
-                    gathered += whole;
+                    (n / (split(&spec, "model", model) * split(&spec, "data", data)), whole)
                 }
-                None => held += whole,
+                None => (whole, 0.0),
+            };
+            if trains {
+                (held, gathered) = (held + h, gathered + g);
+            } else {
+                (held_frozen, gathered_frozen) = (held_frozen + h, gathered_frozen + g);
             }
         }
         if savers.remat && savers.fsdp {
             // A block's weights gathered (and again in its backward pass) at a time.
-            gathered = 2.0 * gathered / self.0.layers().max(1) as f64;
+            let layers = self.0.layers().max(1) as f64;
+            gathered = 2.0 * gathered / layers;
+            gathered_frozen = 2.0 * gathered_frozen / layers;
         }
         // Weight, gradient and optimizer slots held; gathered copies and their
-        // gradients before the reduce-scatter.
+        // gradients before the reduce-scatter (a frozen weight's copy alone).
         let slots = 2.0 + optimizer.state_names().len() as f64;
-        let weights = (held * slots + 2.0 * gathered) * size;
+        let weights = (held * slots + held_frozen + 2.0 * gathered + gathered_frozen) * size;
         let rows = batch as f64 / data as f64 / savers.micro.max(1) as f64;
         let mut per_row = self.0.activations_per_row(savers.remat);
         if fused_attention {

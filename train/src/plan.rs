@@ -71,6 +71,11 @@ pub(crate) struct Plan {
     pub(crate) plot: Option<PathBuf>,
     /// `--export-hf`'s folder and the `config.json` it gets.
     pub(crate) export_hf: Option<(PathBuf, Value, Option<Value>)>,
+    /// `--export-lora`'s folder.
+    pub(crate) export_lora: Option<PathBuf>,
+    /// A LoRA adapter's initial values (by name; empty without one), set over the
+    /// base's.
+    pub(crate) adapter: HashMap<String, Tensor>,
     /// `--grad-accum`, `--remat`, `--fsdp`.
     pub(crate) savers: Savers,
     /// `--precision` (`None`: full).
@@ -102,14 +107,19 @@ impl Plan {
     /// The run's initial weights: `--init`'s (taken from the plan), or the model's
     /// random ones from the run's seed.
     pub(crate) fn take_init(&mut self) -> Result<HashMap<String, Tensor>> {
-        if self.shards.is_some() {
+        // A LoRA adapter's values over the base's.
+        let adapter = std::mem::take(&mut self.adapter);
+        let mut init = if self.shards.is_some() {
             // Read as they are placed ([`Plan::shards`]).
-            return Ok(HashMap::new());
-        }
-        match self.init.take() {
-            Some(file) => Ok(file),
-            None => self.net.random_init(self.seed),
-        }
+            HashMap::new()
+        } else {
+            match self.init.take() {
+                Some(file) => file,
+                None => self.net.random_init(self.seed)?,
+            }
+        };
+        init.extend(adapter);
+        Ok(init)
     }
 
     /// A strategy of the layout's devices on the run's back end.
@@ -294,8 +304,18 @@ fn check_outputs(config: &Config, f: &dyn Family) -> Result<()> {
         }
         crate::hf::check_export("export-hf", dir)?;
     }
+    if let Some(dir) = &config.export_lora {
+        if config.lora.is_none() {
+            return Err(Error::flag(
+                "export-lora",
+                "writes a LoRA run's adapter; give the adapter (--lora-r, --lora-targets or --lora-init)",
+            ));
+        }
+        crate::hf::check_export("export-lora", dir)?;
+    }
     let outputs: Vec<(&str, &Path)> = [
         ("export-hf", config.export_hf.as_deref()),
+        ("export-lora", config.export_lora.as_deref()),
         ("losses-json", config.losses_json.as_deref()),
         ("metrics-jsonl", config.metrics_jsonl.as_deref()),
         ("plot", config.plot.as_deref()),
@@ -314,7 +334,11 @@ fn check_outputs(config: &Config, f: &dyn Family) -> Result<()> {
     };
     if let Some(dir) = &config.export_hf {
         let full = |q: &Path| std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
-        if let Some((f, p)) = outputs.iter().skip(1).find(|(_, p)| full(p).starts_with(full(dir))) {
+        if let Some((f, p)) = outputs
+            .iter()
+            .filter(|(f, _)| *f != "export-hf")
+            .find(|(_, p)| full(p).starts_with(full(dir)))
+        {
             return Err(Error::flag(
                 f,
                 format!(
@@ -502,10 +526,20 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     };
     let resolved = family.resolve(&ctx)?;
     let net = resolved.net;
-    memory(&net)?;
     if let Some(f) = init.file() {
         family::check_init(&net, f)?;
     }
+    // A LoRA adapter over the base, the base frozen.
+    let (net, adapter) = match &config.lora {
+        Some(settings) => {
+            if place.stages > 1 {
+                return Err(usage("--stages: a LoRA adapter trains on meshes, not in pipelines"));
+            }
+            crate::lora::attach(net, settings, config.seed, limit)?
+        }
+        None => (net, HashMap::new()),
+    };
+    memory(&net)?;
     let mut record = record(config, &net, &run, dtype, &resolved.examples, resolved.rows)?;
     // What an export after a resumed run writes again.
     if let Some(c) = &resolved.hf_config {
@@ -582,6 +616,8 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         losses_before,
         metrics_jsonl: config.metrics_jsonl.clone(),
         plot: config.plot.clone(),
+        export_lora: config.export_lora.clone(),
+        adapter,
         export_hf: config
             .export_hf
             .clone()

@@ -399,7 +399,7 @@ impl<'a> Recipe<'a> {
 }
 
 /// The training step of `recipe` over the mesh `layout` compiled on `strategy`, with
-/// its trained weights' names and the micro-batches it takes; its optimizer state set
+/// its weights' names (trained, then frozen) and the micro-batches it takes; its optimizer state set
 /// to its initial value when `init_state` (else unset: a step compiled to plan, not
 /// run). Its weights are the caller's to set.
 pub(crate) fn mesh_step<'s>(
@@ -434,9 +434,12 @@ pub(crate) fn mesh_step<'s>(
     let whole: Vec<usize> = split.iter().map(|(k, _)| *k).collect();
     let recomputed = blocks.recomputed(savers.remat);
     let (program, loss, recomputed) = gathered(&program, loss, &recomputed, &whole)?;
-    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+    // The weights the model trains; the rest (a frozen base under an adapter) held.
+    let (weights, frozen): (Vec<Value>, Vec<Value>) = (fed..program.params().len())
+        .map(|k| Value(k as u32))
+        .partition(|v| net.model().trains(&program.params()[v.index()].name));
     let options =
-        StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale };
+        StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale, frozen };
     let step =
         TrainStep::with_options(&program, loss, &weights, optimizer, &options).map_err(failed)?;
     let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
@@ -445,7 +448,7 @@ pub(crate) fn mesh_step<'s>(
     for p in &params[..fed * micro] {
         shardings = shardings.with(&p.name, "P('data')").map_err(failed)?;
     }
-    for &w in &step.trained {
+    for &w in step.trained.iter().chain(&step.frozen) {
         let p = &params[w.index()];
         let rank = p.spec.shape.rank();
         let base = net.weight_spec(&p.name, rank, model);
@@ -470,7 +473,8 @@ pub(crate) fn mesh_step<'s>(
             None => shardings = shardings.with_spec(&p.name, base),
         }
     }
-    let names: Vec<String> = step.trained.iter().map(|w| params[w.index()].name.clone()).collect();
+    let names: Vec<String> =
+        step.trained.iter().chain(&step.frozen).map(|w| params[w.index()].name.clone()).collect();
     let step = if init_state {
         strategy.compile_step(step, &shardings)
     } else {
@@ -497,7 +501,7 @@ pub(crate) fn start<'s>(
         Layout::Mesh { .. } => {
             let (step, names, micro) = mesh_step(strategy, layout, recipe, true)?;
             for name in &names {
-                match shards {
+                match shards.filter(|_| !init.contains_key(name)) {
                     // Each device's part read alone from the checkpoint's files.
                     Some(shards) => {
                         // A part that cannot be read is the checkpoint's fault (its

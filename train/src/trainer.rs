@@ -272,7 +272,7 @@ impl Trainer {
             }
         }
         let stopped = outcome?;
-        run.finish(&p, &progress, &where_, first, out.export.as_ref())?;
+        run.finish(&p, &progress, &where_, first, (out.export.as_ref(), out.export_lora.as_ref()))?;
         let accuracy = match (&p.classification, &run.eval) {
             (Some(data), None) if !stopped => Some(run.accuracy(&p, &one, data)?),
             _ => None,
@@ -426,9 +426,10 @@ struct Outputs {
     manager: Option<CheckpointManager>,
     metrics: Option<std::fs::File>,
     export: Option<ExportDir>,
+    export_lora: Option<ExportDir>,
 }
 
-/// `--export-hf`'s folder, made (or found empty) before training and held open: the
+/// `--export-hf`'s (or `--export-lora`'s) folder, made (or found empty) before training and held open: the
 /// export is written through this handle, so a link put at its path during the run
 /// is never followed. A folder this run made and left empty (a failed run) is removed.
 struct ExportDir {
@@ -439,11 +440,10 @@ struct ExportDir {
 
 impl ExportDir {
     /// Makes or opens the empty folder `path` (never through a symbolic link).
-    fn open(path: &Path) -> Result<ExportDir> {
+    fn open(flag: &str, path: &Path) -> Result<ExportDir> {
         use std::os::unix::fs::OpenOptionsExt;
-        let refuse = |e: &dyn std::fmt::Display| {
-            Error::flag("export-hf", format!("{}: {e}", path.display()))
-        };
+        let refuse =
+            |e: &dyn std::fmt::Display| Error::flag(flag, format!("{}: {e}", path.display()));
         let made = match std::fs::create_dir(path) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
@@ -489,7 +489,7 @@ impl Drop for ExportDir {
 impl Outputs {
     /// No outputs (a process other than the one that writes them).
     fn none() -> Outputs {
-        Outputs { manager: None, metrics: None, export: None }
+        Outputs { manager: None, metrics: None, export: None, export_lora: None }
     }
 
     /// The checkpoint directory (locked; refused if it holds later steps than
@@ -515,8 +515,14 @@ impl Outputs {
         }
         let metrics =
             p.metrics_jsonl.as_ref().map(|path| create_new("metrics-jsonl", path)).transpose()?;
-        let export = p.export_hf.as_ref().map(|(dir, _, _)| ExportDir::open(dir)).transpose()?;
-        Ok(Outputs { manager, metrics, export })
+        let export = p
+            .export_hf
+            .as_ref()
+            .map(|(dir, _, _)| ExportDir::open("export-hf", dir))
+            .transpose()?;
+        let export_lora =
+            p.export_lora.as_ref().map(|dir| ExportDir::open("export-lora", dir)).transpose()?;
+        Ok(Outputs { manager, metrics, export, export_lora })
     }
 }
 
@@ -722,33 +728,54 @@ impl<'s> Running<'s> {
         Ok(())
     }
 
-    /// The outputs made at the end: `--export-hf`'s folder and `--plot`.
+    /// The outputs made at the end: `--export-hf`'s folder (a LoRA run's adapter
+    /// merged into its base), `--export-lora`'s and `--plot`.
     fn finish(
         &self,
         p: &Plan,
         progress: &Progress,
         where_: &str,
         first: usize,
-        export: Option<&ExportDir>,
+        (export, export_lora): (Option<&ExportDir>, Option<&ExportDir>),
     ) -> Result<()> {
-        if let Some((_, config, generation)) = &p.export_hf {
+        let lora = p.net.model().as_lora();
+        if p.export_hf.is_some() || p.export_lora.is_some() {
             let mut weights = HashMap::new();
-            // Gathered to the process that writes the folder, not to every one.
+            // Gathered to the process that writes the folder, not to every one (the
+            // adapter's matrices alone for --export-lora without --export-hf).
             for (name, _) in p.net.weight_dims() {
+                if p.export_hf.is_none() && !p.net.model().trains(&name) {
+                    continue;
+                }
                 if let Some(w) = self.run.weight_first(&name)? {
                     weights.insert(name.clone(), w);
                 }
             }
-            let Some(export) = export.filter(|_| p.leads()) else {
-                return Ok(());
-            };
-            crate::hf::write(
-                "export-hf",
-                &export.through(),
-                (p.net.model(), config, generation.as_ref()),
-                &weights,
-            )
-            .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
+            if let (Some(model), Some(export)) = (lora, export_lora.filter(|_| p.leads())) {
+                crate::lora::write(&export.through(), model, &weights, p.dtype)
+                    .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
+            }
+            if let (Some((_, config, generation)), Some(export)) =
+                (&p.export_hf, export.filter(|_| p.leads()))
+            {
+                // A LoRA run's base with the adapter merged in.
+                let (model, weights) = match lora {
+                    Some(l) => (
+                        l.base(),
+                        l.merge(&weights).ok_or_else(|| {
+                            Error::failed("--export-hf: the adapter does not merge into its base")
+                        })?,
+                    ),
+                    None => (p.net.model(), weights),
+                };
+                crate::hf::write(
+                    "export-hf",
+                    &export.through(),
+                    (model, config, generation.as_ref()),
+                    &weights,
+                )
+                .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
+            }
         }
         if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
             let title = format!("meshwork: {} training loss on {where_}", p.net.describe());

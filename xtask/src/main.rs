@@ -113,9 +113,19 @@ fn strs(args: &[String]) -> Vec<&str> {
 fn ci() -> Result {
     step("fmt", || cargo(&["fmt", "--all", "--check"]))?;
     step("clippy", || {
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
         // `--all-targets` leaves out the `test = false` targets (those that need a
-        // plugin): named one by one.
-        let mut args = vec!["clippy", "--workspace", "--all-targets", "--all-features"];
+        // plugin) and overrides any `--test` beside it: they are named in a run of
+        // their own.
+        let mut args = vec!["clippy", "--workspace", "--all-features"];
         for (_, target) in xla::PLUGIN_TESTS.iter().chain(&[("meshwork-xla", "cuda")]) {
             args.extend(["--test", target]);
         }

@@ -74,8 +74,8 @@ fn install(dir: &Path, so: &Path) -> Result {
 
 /// The tests that need a plugin, `(package, test target)`: targets with `test =
 /// false`, so `cargo test` (the README's command, the test step) neither builds nor
-/// runs them. They are built by name against the test step's libraries (no feature
-/// changes a library, so nothing is compiled twice).
+/// runs them. They are built by name with `--workspace`, so their dependencies'
+/// features resolve as the test step's did and its libraries are used as built.
 pub(crate) const PLUGIN_TESTS: [(&str, &str); 6] = [
     ("meshwork-xla", "plugin"),
     ("meshwork-xla", "semantics"),
@@ -92,11 +92,19 @@ pub(crate) fn xla_test() -> Result {
     let with_plugin = |cmd: &mut Command| {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
     };
-    // One build of every plugin test, then each test target run from its package's
-    // folder as cargo runs it.
-    let mut build = cargo_cmd(&["test", "--no-run", "--message-format=json-render-diagnostics"]);
-    for (package, target) in PLUGIN_TESTS {
-        build.args(["-p", package, "--test", target]);
+    // One build of every plugin test and the conformance example (over the whole
+    // workspace, as the test step built: nothing else compiles again), then each test
+    // target run from its package's folder as cargo runs it.
+    let mut build = cargo_cmd(&[
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+        "--example",
+        "program_conformance",
+    ]);
+    for (_, target) in PLUGIN_TESTS {
+        build.args(["--test", target]);
     }
     build.stderr(std::process::Stdio::inherit());
     let output = build.output().map_err(|e| format!("cannot run cargo: {e}"))?;
@@ -126,16 +134,16 @@ pub(crate) fn xla_test() -> Result {
         with_plugin(&mut cmd);
         run(&mut cmd)?;
     }
-    let mut conformance = cargo_cmd(&[
-        "run",
-        "-p",
-        "meshwork-program",
-        "--example",
-        "program_conformance",
-        "--",
-        "--backend",
-        "xla",
-    ]);
+    let example = artifacts
+        .iter()
+        .find(|m| {
+            m["target"]["name"] == "program_conformance"
+                && m["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "example"))
+        })
+        .and_then(|m| m["executable"].as_str())
+        .ok_or("cargo built no program_conformance example")?;
+    let mut conformance = Command::new(example);
+    conformance.args(["--backend", "xla"]).current_dir(workspace_root());
     with_plugin(&mut conformance);
     run(&mut conformance)?;
     valgrind()
@@ -165,18 +173,11 @@ pub(crate) fn xla_oracle() -> Result {
 /// plugin error, a read past the API table or a use after free fails the step.
 pub(crate) fn valgrind() -> Result {
     // Built and run once natively first: that also builds the mock plugin itself.
-    run(&mut cargo_cmd(&["test", "-p", "meshwork-xla", "--test", "mock"]))?;
-    let output = cargo_cmd(&[
-        "test",
-        "-p",
-        "meshwork-xla",
-        "--test",
-        "mock",
-        "--no-run",
-        "--message-format=json",
-    ])
-    .output()
-    .map_err(|e| format!("cannot run cargo: {e}"))?;
+    run(&mut cargo_cmd(&["test", "--workspace", "--test", "mock"]))?;
+    let output =
+        cargo_cmd(&["test", "--workspace", "--test", "mock", "--no-run", "--message-format=json"])
+            .output()
+            .map_err(|e| format!("cannot run cargo: {e}"))?;
     let binary = String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

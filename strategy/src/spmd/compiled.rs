@@ -31,6 +31,9 @@ pub struct Compiled<'s> {
     /// `(result, parameter)`: the result replaces the parameter after each step.
     carry: Vec<(usize, usize)>,
     resident: Vec<bool>,
+    /// Resident parameters no result replaces (a frozen base): set once, read by
+    /// every step, not part of the state a checkpoint holds.
+    frozen: Vec<bool>,
     /// How each fed (non-resident) parameter is split, in parameter order.
     feeds: Vec<(usize, FeedPlan)>,
     /// Held through a step and through every read or write of the resident state.
@@ -66,6 +69,20 @@ impl Strategy {
         program: &Program,
         shardings: &Shardings,
         carry: &[(usize, &str)],
+    ) -> Result<Compiled<'_>> {
+        self.compile_frozen(program, shardings, carry, &[])
+    }
+
+    /// [`compile`](Self::compile) with the parameters named `frozen` resident too but
+    /// never replaced: set once ([`Compiled::set`]), read in place by every step, and
+    /// left out of the state ([`Compiled::state`], checkpoints) — a frozen base under
+    /// a LoRA adapter.
+    pub fn compile_frozen(
+        &self,
+        program: &Program,
+        shardings: &Shardings,
+        carry: &[(usize, &str)],
+        frozen: &[&str],
     ) -> Result<Compiled<'_>> {
         let mesh = shardings.mesh();
         // Checked before partitioning.
@@ -129,6 +146,17 @@ impl Strategy {
         for &(_, p) in &pairs {
             resident[p] = true;
         }
+        let mut held = vec![false; np];
+        for &name in frozen {
+            let p = program.params().iter().position(|p| p.name == name).ok_or_else(|| {
+                partition_error(name.to_string(), "compile", "frozen, but not a parameter")
+            })?;
+            if resident[p] {
+                return Err(partition_error(name.to_string(), "compile", "frozen and carried"));
+            }
+            resident[p] = true;
+            held[p] = true;
+        }
         let exe = self.compile_on_mesh(&part, &resident, &pairs)?;
         let feeds = (0..np)
             .filter(|&k| !resident[k])
@@ -143,6 +171,7 @@ impl Strategy {
             exe,
             carry: pairs,
             resident,
+            frozen: held,
             feeds,
             busy: Mutex::new(()),
             runs: std::sync::atomic::AtomicU64::new(0),
@@ -279,9 +308,10 @@ impl Compiled<'_> {
         put
     }
 
-    /// The parameters kept on the devices, by index.
+    /// The parameters kept on the devices that steps replace — the state, what a
+    /// checkpoint holds — by index (the frozen ones left out).
     pub(super) fn resident_params(&self) -> Vec<usize> {
-        (0..self.resident.len()).filter(|&k| self.resident[k]).collect()
+        (0..self.resident.len()).filter(|&k| self.resident[k] && !self.frozen[k]).collect()
     }
 
     /// Copies of every resident parameter's parts, by mesh position, taken at one
@@ -382,7 +412,8 @@ impl Compiled<'_> {
         self.exe.traffic()
     }
 
-    /// The names of the resident parameters, in parameter order.
+    /// The names of the resident parameters (the frozen ones too), in parameter
+    /// order.
     pub fn resident(&self) -> Vec<String> {
         let params = self.part.global().params();
         (0..params.len()).filter(|&k| self.resident[k]).map(|k| params[k].name.clone()).collect()
@@ -595,7 +626,8 @@ impl Strategy {
         for j in 0..states {
             carry.push((1 + trained.len() + j, names[first_state + j].as_str()));
         }
-        let compiled = self.compile(&step.program, &s, &carry)?;
+        let frozen: Vec<&str> = step.frozen.iter().map(|f| names[f.index()].as_str()).collect();
+        let compiled = self.compile_frozen(&step.program, &s, &carry, &frozen)?;
         if init_state {
             for (t, j) in step.init_state()?.iter().zip(first_state..) {
                 compiled.set(&names[j], t)?;

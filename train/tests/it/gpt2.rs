@@ -391,6 +391,7 @@ fn greedy_generation_gives_transformers_ids() {
         dtype: DType::F64,
         backend: BackendKind::Interpreter,
         max_memory: 1 << 30,
+        lora: None,
     };
     let got = generate(&config).unwrap();
     assert_eq!(got.ids, ids(&g["ids"]));
@@ -919,6 +920,7 @@ fn generation_from_logits_that_overflow_is_an_error() {
         dtype: DType::F32,
         backend: BackendKind::Interpreter,
         max_memory: 1 << 30,
+        lora: None,
     };
     for temperature in [0.0, 1.0] {
         let e = generate(&GenerateConfig { temperature, ..config.clone() }).unwrap_err();

@@ -193,6 +193,7 @@ fn greedy_generation_gives_transformers_ids() {
             dtype: DType::F64,
             backend: BackendKind::Interpreter,
             max_memory: 1 << 30,
+            lora: None,
         };
         let got = generate(&config).unwrap();
         assert_eq!(got.ids, ids_of(&g["ids"]), "{case}");

@@ -191,12 +191,13 @@ fn text_rows_and_gradient_clipping() {
     std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(40)).unwrap();
     let on_text = |c: Config| Config {
         data: Data::Text(text.clone()),
-        steps: Some(6),
+        // 8 steps of 8 rows: every one of the text's 56 rows, then round again.
+        steps: Some(8),
         dtype: Some(DType::F64),
         ..c
     };
     let plain = losses(&on_text(config(ModelKind::Transformer)));
-    assert!(plain[5] < plain[0], "bytes of text are learned: {plain:?}");
+    assert!(plain[7] < plain[0], "bytes of text are learned: {plain:?}");
     let bytes = std::fs::read(&text).unwrap();
     let n = (bytes.len() - 1) / 32;
     let rows: Vec<i32> =
