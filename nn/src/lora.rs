@@ -537,12 +537,21 @@ impl Model for LoraModel {
     fn layers(&self) -> usize {
         self.base.layers()
     }
-    /// The base's initial values for its parameters; an adapter's from the same
-    /// stream as `peft` draws them ([`Lora::init`], uniform from the normals' stream).
+    /// The base's initial values for its parameters, drawn from `normal` as the base
+    /// draws them (the same values as the base model alone from the same stream); an
+    /// adapter's as `peft` draws them ([`Lora::init`]) from a stream of its own, seeded
+    /// by its name, so that it takes no draws from the base's.
     fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
+        // SplitMix64 seeded by the name's FNV-1a hash: uniforms in [0, 1).
+        let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, c| {
+            (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3)
+        });
         let mut uniform = || {
-            // A uniform in [0, 1) from a standard normal (its CDF).
-            0.5 * (1.0 + erf(normal() / std::f64::consts::SQRT_2))
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) as f64 / 2f64.powi(64)
         };
         match self.lora.init(name, &mut uniform) {
             Some(v) => v,
@@ -579,17 +588,4 @@ impl Model for LoraModel {
     fn as_lora(&self) -> Option<&LoraModel> {
         Some(self)
     }
-}
-
-/// The error function to about 1e-7 (Abramowitz and Stegun 7.1.26): enough to turn
-/// the init stream's normals into uniforms for an adapter's initial values, whose
-/// distribution, not bits, is `peft`'s.
-fn erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let poly = ((((1.061_405_429 * t - 1.453_152_027) * t + 1.421_413_741) * t - 0.284_496_736)
-        * t
-        + 0.254_829_592)
-        * t;
-    let y = 1.0 - poly * (-x * x).exp();
-    if x >= 0.0 { y } else { -y }
 }

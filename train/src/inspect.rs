@@ -99,11 +99,14 @@ const MEASURED_STEPS: usize = 3;
 /// ```json
 /// {"model": "...", "backend": "xla", "partitioner": "meshwork", "layout": "...",
 ///  "devices": [{"device": 0, "param_bytes": 0, "optimizer_bytes": 0}],
-///  "weights": [{"name": "w1", "bytes": [[0, 1024]], "whole_bytes": 1024}],
+///  "weights": [{"name": "w1", "bytes": [[0, 1024]], "whole_bytes": 1024, "trains": true}],
 ///  "per_step": {"host_to_device_bytes": 0, "device_to_host_bytes": 0,
 ///               "collective_bytes": 0, "batch_bytes": 0},
 ///  "compiles": 1, "compiles_in_steps": 0, "steps": 3}
 /// ```
+///
+/// `trains` is false for a frozen weight (a base under a LoRA adapter: no optimizer
+/// state, so `optimizer_bytes` are the adapter's alone).
 ///
 /// `compiles` counts every compilation of the run, `compiles_in_steps` those made
 /// while the steps ran (none: everything is compiled before the first step).
@@ -199,6 +202,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         })).collect::<Vec<_>>(),
         "weights": held.iter().map(|(name, at)| serde_json::json!({
             "name": name, "bytes": at, "whole_bytes": whole(name),
+            "trains": name.starts_with("optimizer.") || p.net.model().trains(name),
         })).collect::<Vec<_>>(),
         "per_step": {
             "host_to_device_bytes": per_step(after.host_to_device, before.host_to_device),

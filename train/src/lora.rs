@@ -28,23 +28,33 @@ fn default_targets(family: &str) -> Option<&'static [&'static str]> {
     }
 }
 
-/// `net` with the adapter `settings` describe, and the adapter's initial values: read
-/// from `--lora-init`'s folder, or drawn from `seed` as `peft` draws them (`A`
-/// Kaiming-uniform, `B` zero).
+/// `net` with the adapter `settings` describe (a resumed run's, `saved`, as its
+/// checkpoint records it), and the adapter's initial values: read from
+/// `--lora-init`'s folder, or drawn from `seed` as `peft` draws them (`A`
+/// Kaiming-uniform, `B` zero; a resumed run's are then restored).
 pub(crate) fn attach(
     net: Net,
     settings: &LoraSettings,
+    saved: Option<&Json>,
     seed: u64,
     limit: u64,
 ) -> Result<(Net, HashMap<String, Tensor>)> {
     let family = net.name();
-    let from_dir = match &settings.init {
-        Some(dir) => Some(read_config("lora-init", dir, limit)?),
-        None => None,
+    let from_dir = match (&settings.init, saved) {
+        (Some(dir), _) => Some((
+            read_config("lora-init", dir, limit)?,
+            format!("--lora-init {}'s", dir.display()),
+        )),
+        (None, Some(saved)) => Some((
+            LoraConfig::from_peft(saved)
+                .map_err(|e| Error::flag("resume", format!("the checkpoint's adapter: {e}")))?,
+            "the resumed checkpoint's".to_string(),
+        )),
+        (None, None) => None,
     };
     let config = match from_dir {
-        Some(config) => {
-            agree(settings, &config, settings.init.as_deref().unwrap_or(Path::new("")))?;
+        Some((config, whose)) => {
+            agree(settings, &config, &whose)?;
             config
         }
         None => {
@@ -102,13 +112,11 @@ pub(crate) fn attach(
     Ok((Net::new(model), values))
 }
 
-/// The flags given beside `--lora-init` agree with its `adapter_config.json`.
-fn agree(settings: &LoraSettings, config: &LoraConfig, dir: &Path) -> Result<()> {
+/// The flags given beside `--lora-init` (or `--resume`) agree with its adapter's
+/// settings (`whose`: whose they are, for the message).
+fn agree(settings: &LoraSettings, config: &LoraConfig, whose: &str) -> Result<()> {
     let differ = |flag: &str, given: String, theirs: String| {
-        Err(Error::flag(
-            flag,
-            format!("{given} disagrees with --lora-init {}'s {theirs}", dir.display()),
-        ))
+        Err(Error::flag(flag, format!("{given} disagrees with {whose} {theirs}")))
     };
     if let Some(r) = settings.r.filter(|&r| r != config.r) {
         return differ("lora-r", r.to_string(), format!("r {}", config.r));

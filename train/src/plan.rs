@@ -394,13 +394,52 @@ fn check_checkpoints(config: &Config) -> Result<usize> {
 /// What names the weights: `--init` (a file's tensors, or a Hugging Face folder's
 /// `config.json`, its weights indexed later) and `--resume`'s checkpoint; refused
 /// together.
+///
+/// A LoRA run is the exception: its checkpoints hold the adapter, its settings and its
+/// optimizer state, not the base, so it resumes with `--init` (the base) and
+/// `--resume` (the adapter) together.
 fn weights_from(config: &Config) -> Result<(Init, Option<Saved>)> {
-    if config.init.is_some() && config.resume.is_some() {
+    let lora = config.lora.as_ref();
+    if config.resume.is_some() && lora.is_some_and(|l| l.init.is_some()) {
         return Err(usage(
-            "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint)",
+            "--lora-init and --resume both set the adapter; give one (a resumed LoRA run takes its adapter from the checkpoint)",
         ));
     }
-    let saved = config.resume.as_deref().map(Saved::read).transpose()?;
+    let both = || {
+        usage(
+            "--init and --resume both set the weights; give one (a resumed run takes its weights from the checkpoint; a LoRA run's, its adapter, with the base as --init)",
+        )
+    };
+    let saved = match config.resume.as_deref().map(Saved::read).transpose() {
+        Ok(saved) => saved,
+        // Both given for a run that is not LoRA: that is what is wrong.
+        Err(_) if config.init.is_some() && lora.is_none() => return Err(both()),
+        Err(e) => return Err(e),
+    };
+    if let Some(saved) = &saved {
+        let saved_lora = saved.meta.get("lora").is_some_and(|l| !l.is_null());
+        if config.init.is_some() && !saved_lora {
+            return Err(both());
+        }
+        if saved_lora && config.init.is_none() {
+            return Err(Error::flag(
+                "resume",
+                format!(
+                    "{} is a LoRA run's checkpoint (the adapter, not its base): give the base as --init",
+                    saved.dir.display()
+                ),
+            ));
+        }
+        if !saved_lora && lora.is_some() {
+            return Err(Error::flag(
+                "resume",
+                format!(
+                    "{} is not a LoRA run's checkpoint; --lora flags start a new adapter",
+                    saved.dir.display()
+                ),
+            ));
+        }
+    }
     let init = match config.init.as_deref() {
         Some(p) if p.is_dir() && p.join("config.json").exists() => {
             Init::Folder { dir: p.to_path_buf(), config: crate::hf::read_config("init", p)? }
@@ -529,13 +568,16 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     if let Some(f) = init.file() {
         family::check_init(&net, f)?;
     }
-    // A LoRA adapter over the base, the base frozen.
-    let (net, adapter) = match &config.lora {
+    // A LoRA adapter over the base, the base frozen (a resumed LoRA run's settings
+    // from its checkpoint).
+    let saved_lora = saved.as_ref().and_then(|s| s.meta.get("lora")).filter(|l| !l.is_null());
+    let settings = config.lora.clone().or_else(|| saved_lora.map(|_| Default::default()));
+    let (net, adapter) = match &settings {
         Some(settings) => {
             if place.stages > 1 {
                 return Err(usage("--stages: a LoRA adapter trains on meshes, not in pipelines"));
             }
-            crate::lora::attach(net, settings, config.seed, limit)?
+            crate::lora::attach(net, settings, saved_lora, config.seed, limit)?
         }
         None => (net, HashMap::new()),
     };

@@ -92,17 +92,11 @@ pub(crate) fn xla_test() -> Result {
     let with_plugin = |cmd: &mut Command| {
         cmd.env("MESHWORK_PJRT_PLUGIN", &plugin).env("TF_CPP_MIN_LOG_LEVEL", "2");
     };
-    // One build of every plugin test and the conformance example (over the whole
-    // workspace, as the test step built: nothing else compiles again), then each test
-    // target run from its package's folder as cargo runs it.
-    let mut build = cargo_cmd(&[
-        "test",
-        "--workspace",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-        "--example",
-        "program_conformance",
-    ]);
+    // One build of every plugin test (over the whole workspace, as the test step
+    // built: its libraries are used as they are), then each test target run from its
+    // package's folder as cargo runs it.
+    let mut build =
+        cargo_cmd(&["test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]);
     for (_, target) in PLUGIN_TESTS {
         build.args(["--test", target]);
     }
@@ -134,13 +128,28 @@ pub(crate) fn xla_test() -> Result {
         with_plugin(&mut cmd);
         run(&mut cmd)?;
     }
-    let example = artifacts
-        .iter()
-        .find(|m| {
-            m["target"]["name"] == "program_conformance"
-                && m["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "example"))
+    // The conformance example as a program (`cargo test` would build it with the test
+    // harness), over the workspace too.
+    let output = cargo_cmd(&[
+        "build",
+        "--workspace",
+        "--example",
+        "program_conformance",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stderr(std::process::Stdio::inherit())
+    .output()
+    .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("building the conformance example failed ({})", output.status));
+    }
+    let example = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| {
+            m["reason"] == "compiler-artifact" && m["target"]["name"] == "program_conformance"
         })
-        .and_then(|m| m["executable"].as_str())
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
         .ok_or("cargo built no program_conformance example")?;
     let mut conformance = Command::new(example);
     conformance.args(["--backend", "xla"]).current_dir(workspace_root());

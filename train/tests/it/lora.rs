@@ -342,3 +342,152 @@ fn gpt2_s_conv1d_layers_train_as_peft_s() {
     .unwrap();
     assert_eq!(got.ids, ids(&g["ids"]));
 }
+
+/// What a LoRA run holds beside a full run of the same model (`inspect --json`, one
+/// device, f64, AdamW): the base whole and frozen (no optimizer state), the adapter
+/// with its two Adam slots; the estimate `--max-memory` is checked against is smaller.
+#[test]
+fn a_lora_run_holds_optimizer_state_for_the_adapter_alone() {
+    let inspect = |config: &meshwork_train::Config| -> serde_json::Value {
+        serde_json::from_str(&meshwork_train::inspect_json(config).unwrap()).unwrap()
+    };
+    let full = inspect(&crate::commands::llama::adamw_command("llama"));
+    let lora = inspect(&lora_command("llama"));
+    let device = |j: &serde_json::Value, k: &str| j["devices"][0][k].as_u64().unwrap();
+    let adapter: u64 = lora["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| {
+            w["name"].as_str().unwrap().contains(".lora_")
+                && !w["name"].as_str().unwrap().starts_with("optimizer.")
+        })
+        .map(|w| w["whole_bytes"].as_u64().unwrap())
+        .sum();
+    // Rank 4 on q_proj and v_proj of 2 layers: A [4, 32] and B [32 or 16, 4], f64.
+    assert_eq!(adapter, 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4) * 8);
+    assert_eq!(device(&lora, "optimizer_bytes"), 2 * adapter, "{lora}");
+    assert_eq!(device(&lora, "param_bytes"), device(&full, "param_bytes") + adapter);
+    assert_eq!(device(&full, "optimizer_bytes"), 2 * device(&full, "param_bytes"));
+    for w in lora["weights"].as_array().unwrap() {
+        let name = w["name"].as_str().unwrap();
+        assert_eq!(w["trains"], name.contains(".lora_"), "{name}");
+    }
+    let total = |j: &serde_json::Value| j["memory"]["estimate"]["weights_bytes"].as_f64().unwrap();
+    assert!(total(&lora) < 0.5 * total(&full), "{} vs {}", total(&lora), total(&full));
+}
+
+/// A LoRA run's checkpoint holds the adapter and its optimizer state, not the base;
+/// resumed (the base from `--init` again, on another mesh) it continues as the run
+/// that did not stop.
+#[test]
+fn a_lora_run_resumes_from_its_adapter_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let whole = crate::losses(&lora_command("llama"));
+    let first = meshwork_train::Config {
+        steps: Some(5),
+        checkpoint_dir: Some(ck.clone()),
+        ..lora_command("llama")
+    };
+    crate::run(&first);
+    let step = ck.join("step-00000005");
+    let index = std::fs::read_to_string(step.join("index.json")).unwrap();
+    assert!(index.contains("q_proj.lora_A.weight") && index.contains("optimizer."), "{index}");
+    assert!(!index.contains("\"model.layers.0.self_attn.q_proj.weight\""), "the base is not saved");
+    assert!(!index.contains("embed_tokens"), "the base is not saved");
+    // The base from --init, the adapter and its settings from the checkpoint.
+    let resumed = meshwork_train::Config {
+        resume: Some(ck.clone()),
+        mesh: Some((2, 1)),
+        lora: None,
+        ..lora_command("llama")
+    };
+    let rest = crate::run(&resumed);
+    assert_eq!(rest.first_step, 5);
+    crate::assert_close(&rest.losses, &whole[5..], 1e-12, "resumed");
+    let e = crate::refused(&meshwork_train::Config { init: None, ..resumed.clone() });
+    assert!(e.contains("LoRA run's checkpoint") && e.contains("--init"), "{e}");
+    let e = crate::refused(&meshwork_train::Config {
+        lora: Some(meshwork_train::LoraSettings { r: Some(8), ..Default::default() }),
+        ..resumed
+    });
+    assert!(e.contains("--lora-r: 8 disagrees with the resumed checkpoint's r 4"), "{e}");
+}
+
+/// The memory savers change how a LoRA step computes, never what: `--fsdp` (the
+/// frozen base split over `data` too), `--remat` and `--grad-accum` give the plain
+/// LoRA run's losses; `--precision bf16` tracks them; pipelines are refused.
+#[test]
+fn the_memory_savers_keep_a_lora_run_s_losses() {
+    let plain = crate::losses(&lora_command("qwen3"));
+    for (what, config) in [
+        (
+            "fsdp 2x1",
+            meshwork_train::Config { mesh: Some((2, 1)), fsdp: true, ..lora_command("qwen3") },
+        ),
+        ("remat", meshwork_train::Config { remat: true, ..lora_command("qwen3") }),
+        ("grad-accum 2", meshwork_train::Config { grad_accum: Some(2), ..lora_command("qwen3") }),
+        (
+            "all on 2x2",
+            meshwork_train::Config {
+                mesh: Some((2, 2)),
+                fsdp: true,
+                remat: true,
+                grad_accum: Some(2),
+                ..lora_command("qwen3")
+            },
+        ),
+    ] {
+        crate::assert_close(&crate::losses(&config), &plain, 1e-12, what);
+    }
+    let bf16 = crate::losses(&meshwork_train::Config {
+        precision: Some(DType::BF16),
+        dtype: Some(DType::F32),
+        ..lora_command("qwen3")
+    });
+    crate::assert_close(&bf16, &plain, 2e-2, "bf16 products");
+    crate::refused_with(
+        &meshwork_train::Config { stages: Some(2), ..lora_command("qwen3") },
+        "trains on meshes, not in pipelines",
+    );
+}
+
+/// A new adapter starts as `peft`'s does: `B` zero (the base's function unchanged),
+/// `A` uniform in ±1/√in, drawn from `--seed`; the base's own random weights are the
+/// plain run's.
+#[test]
+fn a_new_adapter_starts_as_peft_s_and_leaves_the_base_as_it_was() {
+    let plain = meshwork_train::Config {
+        preset: Some("tiny-llama".into()),
+        seq: Some(8),
+        ..crate::config(meshwork_train::ModelKind::Auto)
+    };
+    let settings = meshwork_train::LoraSettings {
+        r: Some(4),
+        targets: Some(vec!["all-linear".into()]),
+        ..Default::default()
+    };
+    let lora = meshwork_train::Config { lora: Some(settings), ..plain.clone() };
+    let base = meshwork_train::initial_weights(&plain).unwrap();
+    let with = meshwork_train::initial_weights(&lora).unwrap();
+    for (name, w) in &base {
+        assert_eq!(w, &with[name], "{name}");
+    }
+    let adapters: Vec<&String> = with.keys().filter(|n| n.contains(".lora_")).collect();
+    assert_eq!(adapters.len() + base.len(), with.len());
+    assert!(!adapters.is_empty());
+    for name in adapters {
+        let v = with[name].to_f64();
+        if name.ends_with("lora_B.weight") {
+            assert!(v.iter().all(|&x| x == 0.0), "{name}");
+        } else {
+            let bound = 1.0 / (with[name].shape()[1] as f64).sqrt();
+            assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|&x| x != 0.0), "{name}");
+        }
+    }
+    let other =
+        meshwork_train::initial_weights(&meshwork_train::Config { seed: 1, ..lora }).unwrap();
+    let a = "model.layers.0.self_attn.q_proj.lora_A.weight";
+    assert_ne!(other[a], with[a], "--seed draws the adapter");
+}
