@@ -283,7 +283,7 @@ pub(crate) struct LoraFlags {
     /// Train a LoRA adapter of rank R over the frozen base (GPT-2, the Llama family; default 8 when another --lora flag is given)
     #[arg(long, value_name = "R")]
     lora_r: Option<usize>,
-    /// LoRA's alpha: the adapter's output is scaled by alpha / R (default R)
+    /// LoRA's alpha: the adapter's output is scaled by alpha / R (default 8, as peft's)
     #[arg(long, value_name = "A", allow_negative_numbers = true)]
     lora_alpha: Option<f64>,
     /// The linear layers the adapter wraps, by name or dotted suffix (q_proj,v_proj; GPT-2's c_attn), or all-linear (default: peft's for the family)

@@ -76,7 +76,7 @@ pub struct LoraConfig {
 /// The `adapter_config.json` keys that change what an adapter computes, with the value
 /// that does not (`null`, and an empty list or map, mean the same): any other value is
 /// refused naming the key.
-const UNSUPPORTED: [(&str, &str); 12] = [
+const UNSUPPORTED: [(&str, &str); 20] = [
     ("use_dora", "false"),
     ("bias", "\"none\""),
     ("modules_to_save", "null"),
@@ -89,6 +89,15 @@ const UNSUPPORTED: [(&str, &str); 12] = [
     ("target_parameters", "null"),
     ("trainable_token_indices", "null"),
     ("layer_replication", "null"),
+    // peft 0.21's variants that change the forward pass or the adapter's layout.
+    ("alora_invocation_tokens", "null"),
+    ("use_bdlora", "null"),
+    ("use_qalora", "false"),
+    ("arrow_config", "null"),
+    ("kasa_config", "null"),
+    ("monteclora_config", "null"),
+    ("velora_config", "null"),
+    ("lora_ga_config", "null"),
 ];
 
 /// Whether `value` of a key whose computed value is `fine` computes the same.
@@ -411,17 +420,18 @@ impl LoraModel {
         config: LoraConfig,
         strict: bool,
     ) -> std::result::Result<LoraModel, String> {
-        if config.dropout != 0.0 {
-            return Err(format!(
-                "lora_dropout {}: only an adapter without dropout is computed (0)",
-                config.dropout
-            ));
-        }
         let lora = Lora::new(config, &base.linears(), strict)?;
         let mut model = LoraModel { base, lora, parameters: Vec::new() };
         model.parameters = crate::model::declared_parameters(&model);
         if model.parameters.is_empty() {
             return Err(format!("{} does not build with an adapter", model.base.describe()));
+        }
+        // Every matrix of the adapter is one the model's program reads (a layer
+        // `linears` names but the program does not build would train nothing).
+        for (name, dims) in model.lora.parameters() {
+            if !model.parameters.iter().any(|(n, d)| *n == name && *d == dims) {
+                return Err(format!("{} builds no {name} of {dims:?}", model.base.describe()));
+            }
         }
         Ok(model)
     }
@@ -539,8 +549,9 @@ impl Model for LoraModel {
     }
     /// The base's initial values for its parameters, drawn from `normal` as the base
     /// draws them (the same values as the base model alone from the same stream); an
-    /// adapter's as `peft` draws them ([`Lora::init`]) from a stream of its own, seeded
-    /// by its name, so that it takes no draws from the base's.
+    /// adapter's distributed as `peft` draws them ([`Lora::init`]) from a stream of its
+    /// own seeded by its name, so that it takes no draws from the base's. (The trainer
+    /// draws a new adapter from `--seed` instead.)
     fn init(&self, name: &str, dims: &[usize], normal: &mut dyn FnMut() -> f64) -> Vec<f64> {
         // SplitMix64 seeded by the name's FNV-1a hash: uniforms in [0, 1).
         let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, c| {

@@ -418,7 +418,7 @@ pub struct Config {
 pub struct LoraSettings {
     /// `--lora-r`: the rank (default 8).
     pub r: Option<usize>,
-    /// `--lora-alpha` (default: the rank, as `peft`'s 8 for 8).
+    /// `--lora-alpha` (default 8, as `peft`'s).
     pub alpha: Option<f64>,
     /// `--lora-targets`: layer names (`q_proj,v_proj`) or `all-linear` (default:
     /// `peft`'s for the family: `q_proj,v_proj`; GPT-2's `c_attn`).

@@ -105,8 +105,9 @@ const MEASURED_STEPS: usize = 3;
 ///  "compiles": 1, "compiles_in_steps": 0, "steps": 3}
 /// ```
 ///
-/// `trains` is false for a frozen weight (a base under a LoRA adapter: no optimizer
-/// state, so `optimizer_bytes` are the adapter's alone).
+/// `trains` is true for a trained weight, false for a frozen one (a base under a LoRA
+/// adapter: no optimizer state, so `optimizer_bytes` are the adapter's alone) and for
+/// optimizer state.
 ///
 /// `compiles` counts every compilation of the run, `compiles_in_steps` those made
 /// while the steps ran (none: everything is compiled before the first step).
@@ -202,7 +203,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
         })).collect::<Vec<_>>(),
         "weights": held.iter().map(|(name, at)| serde_json::json!({
             "name": name, "bytes": at, "whole_bytes": whole(name),
-            "trains": name.starts_with("optimizer.") || p.net.model().trains(name),
+            "trains": !name.starts_with("optimizer.") && p.net.model().trains(name),
         })).collect::<Vec<_>>(),
         "per_step": {
             "host_to_device_bytes": per_step(after.host_to_device, before.host_to_device),

@@ -15,6 +15,9 @@ use crate::model::Net;
 use crate::rng::SplitMix;
 use crate::{Error, Result, files};
 
+/// The largest `--lora-r`.
+const MAX_RANK: usize = 1 << 16;
+
 /// The salt of the stream a new adapter's `A` matrices are drawn from.
 const LORA_STREAM: u64 = 0x1f83_d9ab_fb41_bd6b;
 
@@ -72,8 +75,16 @@ pub(crate) fn attach(
                     .collect(),
             };
             let names: Vec<&str> = targets.iter().map(String::as_str).collect();
+            // peft's defaults: r 8, lora_alpha 8.
             let r = settings.r.unwrap_or(8);
-            let mut c = LoraConfig::new(r, settings.alpha.unwrap_or(r as f64), &names);
+            if !(1..=MAX_RANK).contains(&r) {
+                return Err(Error::flag("lora-r", format!("{r}: the rank is 1 to {MAX_RANK}")));
+            }
+            let alpha = settings.alpha.unwrap_or(8.0);
+            if !alpha.is_finite() {
+                return Err(Error::flag("lora-alpha", format!("{alpha} is not a number")));
+            }
+            let mut c = LoraConfig::new(r, alpha, &names);
             c.dropout = settings.dropout.unwrap_or(0.0);
             c.rslora = settings.rslora;
             c
@@ -126,7 +137,16 @@ fn agree(settings: &LoraSettings, config: &LoraConfig, whose: &str) -> Result<()
     }
     if let Some(t) = &settings.targets {
         let names: Vec<&str> = t.iter().map(String::as_str).collect();
-        if LoraConfig::new(1, 1.0, &names).targets != config.targets {
+        // As sets: peft saves `target_modules` in no particular order.
+        let sorted = |targets: meshwork_nn::Targets| match targets {
+            meshwork_nn::Targets::Names(mut n) => {
+                n.sort();
+                n.dedup();
+                meshwork_nn::Targets::Names(n)
+            }
+            all => all,
+        };
+        if sorted(LoraConfig::new(1, 1.0, &names).targets) != sorted(config.targets.clone()) {
             return differ("lora-targets", t.join(","), "target_modules".into());
         }
     }

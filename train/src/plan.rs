@@ -285,7 +285,7 @@ fn settings(config: &Config, f: &dyn Family, p: &Placement) -> Result<Settings> 
 
 /// The outputs: known writable before any work, each its own path, nothing of the
 /// user's replaced, nothing written inside the export folder.
-fn check_outputs(config: &Config, f: &dyn Family) -> Result<()> {
+fn check_outputs(config: &Config, f: &dyn Family, lora_run: bool) -> Result<()> {
     if let Some(p) = &config.losses_json {
         check_output("losses-json", p, Output::Losses)?;
     }
@@ -305,7 +305,7 @@ fn check_outputs(config: &Config, f: &dyn Family) -> Result<()> {
         crate::hf::check_export("export-hf", dir)?;
     }
     if let Some(dir) = &config.export_lora {
-        if config.lora.is_none() {
+        if !lora_run {
             return Err(Error::flag(
                 "export-lora",
                 "writes a LoRA run's adapter; give the adapter (--lora-r, --lora-targets or --lora-init)",
@@ -332,17 +332,16 @@ fn check_outputs(config: &Config, f: &dyn Family) -> Result<()> {
             p.file_name().map(ToOwned::to_owned),
         )
     };
-    if let Some(dir) = &config.export_hf {
+    for (flag, dir) in [("export-hf", &config.export_hf), ("export-lora", &config.export_lora)] {
+        let Some(dir) = dir else { continue };
         let full = |q: &Path| std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
-        if let Some((f, p)) = outputs
-            .iter()
-            .filter(|(f, _)| *f != "export-hf")
-            .find(|(_, p)| full(p).starts_with(full(dir)))
+        if let Some((f, p)) =
+            outputs.iter().filter(|(f, _)| *f != flag).find(|(_, p)| full(p).starts_with(full(dir)))
         {
             return Err(Error::flag(
                 f,
                 format!(
-                    "{} is inside --export-hf {}; give it a path outside",
+                    "{} is inside --{flag} {}; give it a path outside",
                     p.display(),
                     dir.display()
                 ),
@@ -493,7 +492,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     let run = settings(config, family, &place)?;
     // The outputs are process 0's to write (its file system's paths).
     if config.processes.as_ref().is_none_or(crate::Processes::leads) {
-        check_outputs(config, family)?;
+        let saved_lora =
+            saved.as_ref().is_some_and(|s| s.meta.get("lora").is_some_and(|l| !l.is_null()));
+        check_outputs(config, family, config.lora.is_some() || saved_lora)?;
     }
     let keep = check_checkpoints(config)?;
     // A safetensors file's weights (a folder is the family's to index).

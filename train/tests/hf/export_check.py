@@ -15,8 +15,7 @@ The same for a LoRA run (GPT-2, Llama, Qwen 3, from their `lora_init/`): its
 `--export-lora DIR` loaded by `peft` (`PeftModel.from_pretrained` over the base) and
 its `--export-hf DIR` (the adapter merged) loaded by `transformers` give the loss
 meshwork reports when it trains on from the exported adapter, within 1e-9 (Llama's
-with correctly rounded tables); the adapter's tensors as `peft` holds them equal the
-file's.
+with correctly rounded tables).
 
     python3 train/tests/hf/export_check.py target/debug/meshwork
 

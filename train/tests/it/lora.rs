@@ -109,6 +109,8 @@ fn peft_options_not_computed_are_refused_by_name() {
         ("target_modules", serde_json::json!(".*proj")),
         ("target_modules", serde_json::json!([])),
         ("lora_dropout", serde_json::json!(1.5)),
+        ("alora_invocation_tokens", serde_json::json!([1, 2])),
+        ("use_qalora", serde_json::json!(true)),
     ] {
         let mut c = good.clone();
         c[key] = value.clone();
@@ -274,6 +276,20 @@ fn generation_with_an_adapter_gives_peft_s_ids() {
         };
         let got = generate(&config).unwrap();
         assert_eq!(got.ids, ids(&want["ids"]), "{case}");
+        // Dropout does nothing in decoding: an adapter trained with it decodes alike.
+        let tmp = tempfile::tempdir().unwrap();
+        let folder = testdata(&format!("{case}/lora_final"));
+        for f in ["adapter_model.safetensors", "adapter_config.json"] {
+            std::fs::copy(folder.join(f), tmp.path().join(f)).unwrap();
+        }
+        let path = tmp.path().join("adapter_config.json");
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        c["lora_dropout"] = serde_json::json!(0.05);
+        std::fs::write(&path, c.to_string()).unwrap();
+        let dropped =
+            generate(&GenerateConfig { lora: Some(tmp.path().to_path_buf()), ..config.clone() });
+        assert_eq!(dropped.unwrap().ids, got.ids, "{case}");
         // Without the adapter, the base model's ids (which differ).
         let base = generate(&GenerateConfig { lora: None, ..config.clone() }).unwrap();
         assert_eq!(base.ids, ids(&expected(case, "expected.json", "generate")["ids"]), "{case}");
@@ -371,7 +387,8 @@ fn a_lora_run_holds_optimizer_state_for_the_adapter_alone() {
     assert_eq!(device(&full, "optimizer_bytes"), 2 * device(&full, "param_bytes"));
     for w in lora["weights"].as_array().unwrap() {
         let name = w["name"].as_str().unwrap();
-        assert_eq!(w["trains"], name.contains(".lora_"), "{name}");
+        let weight = !name.starts_with("optimizer.");
+        assert_eq!(w["trains"], weight && name.contains(".lora_"), "{name}");
     }
     let total = |j: &serde_json::Value| j["memory"]["estimate"]["weights_bytes"].as_f64().unwrap();
     assert!(total(&lora) < 0.5 * total(&full), "{} vs {}", total(&lora), total(&full));
@@ -396,16 +413,20 @@ fn a_lora_run_resumes_from_its_adapter_checkpoint() {
     assert!(index.contains("q_proj.lora_A.weight") && index.contains("optimizer."), "{index}");
     assert!(!index.contains("\"model.layers.0.self_attn.q_proj.weight\""), "the base is not saved");
     assert!(!index.contains("embed_tokens"), "the base is not saved");
-    // The base from --init, the adapter and its settings from the checkpoint.
+    // The base from --init, the adapter and its settings from the checkpoint; the
+    // adapter it ends with exported.
     let resumed = meshwork_train::Config {
         resume: Some(ck.clone()),
         mesh: Some((2, 1)),
         lora: None,
         ..lora_command("llama")
     };
-    let rest = crate::run(&resumed);
+    let out = dir.path().join("adapter");
+    let rest =
+        crate::run(&meshwork_train::Config { export_lora: Some(out.clone()), ..resumed.clone() });
     assert_eq!(rest.first_step, 5);
     crate::assert_close(&rest.losses, &whole[5..], 1e-12, "resumed");
+    assert_eq!(adapter(&out).len(), 8);
     let e = crate::refused(&meshwork_train::Config { init: None, ..resumed.clone() });
     assert!(e.contains("LoRA run's checkpoint") && e.contains("--init"), "{e}");
     let e = crate::refused(&meshwork_train::Config {
@@ -413,6 +434,27 @@ fn a_lora_run_resumes_from_its_adapter_checkpoint() {
         ..resumed
     });
     assert!(e.contains("--lora-r: 8 disagrees with the resumed checkpoint's r 4"), "{e}");
+    // Flags that agree with --lora-init's folder (targets in any order) are accepted;
+    // a rank or alpha no adapter has is refused naming the flag.
+    let flags = |s: meshwork_train::LoraSettings| meshwork_train::Config {
+        steps: Some(1),
+        lora: Some(s),
+        ..lora_command("llama")
+    };
+    let init = Some(testdata("llama/lora_init"));
+    crate::run(&flags(meshwork_train::LoraSettings {
+        init: init.clone(),
+        targets: Some(vec!["v_proj".into(), "q_proj".into()]),
+        r: Some(4),
+        ..Default::default()
+    }));
+    let fresh = |s: meshwork_train::LoraSettings| crate::refused(&flags(s));
+    assert!(
+        fresh(meshwork_train::LoraSettings { r: Some(0), ..Default::default() })
+            .contains("--lora-r")
+    );
+    let nan = meshwork_train::LoraSettings { alpha: Some(f64::NAN), ..Default::default() };
+    assert!(fresh(nan).contains("--lora-alpha"));
 }
 
 /// The memory savers change how a LoRA step computes, never what: `--fsdp` (the
