@@ -28,10 +28,8 @@
 use std::sync::Arc;
 
 use meshwork_program::{Builder, Result, Value};
-use meshwork_types::DType;
 use serde_json::Value as Json;
 
-use crate::Pipeline;
 use crate::layers::{dims, param};
 use crate::model::{Adapter, Build, Decoder, HfFormat, Input, LinearLayer, Model, Parallel};
 
@@ -514,21 +512,6 @@ impl Model for LoraModel {
         build: &Build<'_>,
     ) -> Result<(Value, Value)> {
         self.base.evaluate(b, inputs, &self.with(build))
-    }
-    fn loss_pipelined(
-        &self,
-        b: &mut Builder,
-        inputs: &[Value],
-        dtype: DType,
-        pipeline: &Pipeline,
-    ) -> Result<Value> {
-        let _ = (inputs, dtype, pipeline);
-        Err(meshwork_program::Error::Type {
-            op: "pipeline",
-            at: b.scope_name(),
-            operands: Vec::new(),
-            problem: "a LoRA adapter trains on meshes, not in pipelines".into(),
-        })
     }
     fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
         self.base.check_mesh(data, model)
