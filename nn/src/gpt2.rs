@@ -461,6 +461,9 @@ impl crate::Decoder for Gpt2 {
     fn vocab(&self) -> usize {
         self.vocab
     }
+    fn heads(&self) -> usize {
+        self.heads
+    }
     fn positions(&self) -> usize {
         self.positions
     }

@@ -1169,6 +1169,9 @@ impl crate::Decoder for Llama {
     fn vocab(&self) -> usize {
         self.vocab
     }
+    fn heads(&self) -> usize {
+        self.heads
+    }
     fn positions(&self) -> usize {
         self.positions
     }

@@ -115,6 +115,8 @@ pub trait Decoder {
     fn vocab(&self) -> usize;
     /// The longest context it takes.
     fn positions(&self) -> usize;
+    /// Its attention's query heads (what sizes the scores `[B, heads, T, T]`).
+    fn heads(&self) -> usize;
     /// That a context of `context` positions is one it decodes as its reference does.
     fn check_context(&self, context: usize) -> std::result::Result<(), String>;
     /// The cache's parameters for `batch` rows of `context` positions: names and shapes,

@@ -877,13 +877,19 @@ fn check_memory(need: f64, limit: u64) -> Result<()> {
     Ok(())
 }
 
-/// Queries per attention block on the interpreter (contexts up to it are not cut).
+/// Queries per attention block on the interpreter, where attention is cut.
 pub(crate) const QUERY_BLOCK: usize = 64;
+/// Bytes of attention scores `[B, H, T, T]` (of one layer) the interpreter computes
+/// whole; above it, queries are taken [`QUERY_BLOCK`] at a time. Whole attention is
+/// faster (one product per layer instead of a block's slices, masks and their
+/// gradients' pads; measured at T 256 on SmolLM2's shape), cut attention holds less.
+pub(crate) const WHOLE_SCORES_BYTES: usize = 16 << 20;
 /// Bytes of logits a loss chunk holds at most on the interpreter.
-pub(crate) const LOSS_CHUNK_BYTES: usize = 16 << 20;
+pub(crate) const LOSS_CHUNK_BYTES: usize = 64 << 20;
 
 /// How a language model's attention and loss are cut on the interpreter: queries
-/// [`QUERY_BLOCK`] at a time, and the loss in chunks of positions whose logits (of the
+/// [`QUERY_BLOCK`] at a time when a layer's whole scores would hold more than
+/// [`WHOLE_SCORES_BYTES`], and the loss in chunks of positions whose logits (of the
 /// whole batch) hold at most [`LOSS_CHUNK_BYTES`]. XLA takes them whole (it fuses and
 /// schedules them itself); the other models are not cut.
 fn blocking(net: &Net, batch: usize, dtype: DType, xla: bool) -> meshwork_nn::Blocking {
@@ -892,8 +898,15 @@ fn blocking(net: &Net, batch: usize, dtype: DType, xla: bool) -> meshwork_nn::Bl
             let seq = net.per_row().0;
             let row = batch.max(1) * d.vocab().max(1) * dtype.size_in_bytes();
             let chunk = (LOSS_CHUNK_BYTES / row).max(1);
+            let scores = [batch.max(1), d.heads(), seq, seq, dtype.size_in_bytes()]
+                .into_iter()
+                .fold(1usize, usize::saturating_mul);
             meshwork_nn::Blocking {
-                query_block: if seq > QUERY_BLOCK { QUERY_BLOCK } else { 0 },
+                query_block: if scores > WHOLE_SCORES_BYTES && seq > QUERY_BLOCK {
+                    QUERY_BLOCK
+                } else {
+                    0
+                },
                 loss_chunk: if chunk < seq { chunk } else { 0 },
                 fused_attention: false,
             }

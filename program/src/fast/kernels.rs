@@ -109,6 +109,65 @@ pub(crate) fn view(
     Ok(per_dtype!(a, x, len, |v, out| gather(v, offset, strides, dims, out)))
 }
 
+/// `x` of `xdims` padded with zeros: `low[d]` before, `interior[d]` between
+/// neighbours along each dim (what `high` adds is the rest of `dims`), any dtype.
+pub(crate) fn pad(
+    a: &mut dyn Alloc,
+    (xdims, x): (&[usize], &Tensor),
+    low: &[usize],
+    interior: &[usize],
+    dims: &[usize],
+) -> Result<Tensor> {
+    fn go<T: Copy + Default>(
+        v: &[T],
+        xdims: &[usize],
+        low: &[usize],
+        interior: &[usize],
+        dims: &[usize],
+        out: &mut [T],
+    ) {
+        out.fill(T::default());
+        if xdims.contains(&0) {
+            return;
+        }
+        if xdims.is_empty() {
+            out[0] = v[0];
+            return;
+        }
+        let r = xdims.len();
+        let os = strides(dims);
+        // Where input element `i` lands: Σ_d (low_d + i_d (interior_d + 1)) · os_d.
+        let step: Vec<usize> = (0..r).map(|d| (interior[d] + 1) * os[d]).collect();
+        let start: usize = (0..r).map(|d| low[d] * os[d]).sum();
+        let inner = xdims[r - 1];
+        let mut idx = vec![0usize; r - 1];
+        let mut pos = 0usize;
+        loop {
+            let base = start + idx.iter().zip(&step).map(|(i, s)| i * s).sum::<usize>();
+            let src = &v[pos..pos + inner];
+            match step[r - 1] {
+                1 => out[base..base + inner].copy_from_slice(src),
+                s => src.iter().enumerate().for_each(|(e, &x)| out[base + e * s] = x),
+            }
+            pos += inner;
+            let mut k = r - 1;
+            loop {
+                if k == 0 {
+                    return;
+                }
+                k -= 1;
+                idx[k] += 1;
+                if idx[k] < xdims[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+    }
+    let len = dims.iter().product();
+    Ok(per_dtype!(a, x, len, |v, out| go(v, xdims, low, interior, dims, out)))
+}
+
 /// Concatenation along `axis` of operands of `dims`, any dtype.
 pub(crate) fn concat(
     a: &mut dyn Alloc,
@@ -477,17 +536,21 @@ pub(crate) fn gemm<T: Float>(
     assert!(last(&lhs, m, k).is_some_and(|l| l < lhs.data.len()), "lhs strides outside its buffer");
     assert!(last(&rhs, k, n).is_some_and(|l| l < rhs.data.len()), "rhs strides outside its buffer");
     // Threads: a batch of products splits over the batch (each product on one
-    // thread); one product with many rows splits its rows (each part a product on one
-    // thread, sharing the right operand); else one product splits inside `gemm`, which
-    // divides the output's columns — a narrow output (few columns) does not split
-    // well and stays on one thread. Measured on 2 cores (f32, medians, GFLOP/s):
-    // 1024³ rows 151 / gemm's split 134; 2048×256×1024 173 / 151; 512³ 191 / 176;
-    // 256×256×1024 138 / 137; 256×1024×16 one thread 2.5× faster than two.
+    // thread); one product with many rows, at least as many as it has columns, splits
+    // its rows (each part a product on one thread, each packing the whole right
+    // operand); else one product splits inside `gemm`, which divides the output's
+    // columns (each thread packing its share of the right operand: a language model's
+    // head, 340×576×49152, packs its 113 MB weight once, not once per thread) — a
+    // narrow output (few columns) does not split well and stays on one thread.
+    // Measured on 2 cores (f32, medians, GFLOP/s): 1024³ rows 151 / gemm's split 134;
+    // 2048×256×1024 173 / 151; 512³ 191 / 176; 256×256×1024 138 / 137; 256×1024×16 one
+    // thread 2.5× faster than two; 340×576×49152 (AVX-512 VM) rows 164–168 / gemm's
+    // split 178–180.
     let work = m * n * k;
     let big = threads > 1 && work >= 64 * 64 * 64;
     let split_batches = big && batches >= threads;
     // Fewer products than threads: each product split as one alone would be.
-    let split_rows = big && !split_batches && m >= 128 * threads;
+    let split_rows = big && !split_batches && m >= 128 * threads && n <= m;
     let par = if big && !split_batches && n >= 64 * threads {
         gemm::Parallelism::Rayon(threads)
     } else {

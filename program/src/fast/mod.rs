@@ -35,6 +35,7 @@ mod kernels;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use meshwork_types::DType;
 
@@ -55,14 +56,22 @@ pub struct Options {
     pub threads: usize,
     /// Fuse elementwise chains (off: each instruction runs alone, for comparisons).
     pub fusion: bool,
-    /// Bytes of freed buffers kept for reuse between runs.
+    /// Bytes of freed buffers kept for reuse between runs, at least (a program whose
+    /// values hold more at once keeps up to that much: a training step of a large
+    /// model reuses its own buffers every step instead of faulting in fresh pages).
     pub pool_bytes: usize,
     /// A fused group whose outputs are at least this many bytes each writes them with
     /// streaming stores past the caches (where the CPU has AVX): an output that large
     /// would not stay in cache, and skipping the read of each line before it is
     /// overwritten saves a third of the memory traffic. Default 32 MiB, a server's L3
-    /// share; `usize::MAX` turns it off.
+    /// share; `usize::MAX` turns it off. (Outputs of at least 1 MiB that only the
+    /// caller reads, the program's results, stream too.)
     pub stream_bytes: usize,
+    /// Time every step of every run by its kind ([`Executable::profile`]), and print
+    /// the table to stderr when the executable is dropped. Default: whether the
+    /// environment sets `MESHWORK_PROFILE` (so any command's programs can be profiled
+    /// without rebuilding it).
+    pub profile: bool,
 }
 
 impl Default for Options {
@@ -81,6 +90,7 @@ impl Options {
             fusion: true,
             pool_bytes: 1 << 30,
             stream_bytes: 32 << 20,
+            profile: std::env::var_os("MESHWORK_PROFILE").is_some(),
         }
     }
 
@@ -163,6 +173,72 @@ pub struct Executable {
     pool: Mutex<Pool>,
     /// Whether the program receives (a run of it may wait for a peer).
     receives: bool,
+    /// Bytes the pool keeps: [`Options::pool_bytes`] or the plan's peak, the larger.
+    pool_limit: usize,
+    /// Time per kind of step, with [`Options::profile`].
+    profile: Option<Mutex<Profile>>,
+}
+
+/// Seconds and counts per kind of step (an op and its operands' and result's shapes,
+/// or a fused group's members), kept with [`Options::profile`]: where a program's time
+/// goes, by kernel.
+#[derive(Debug, Default)]
+struct Profile {
+    by_kind: HashMap<String, (usize, f64)>,
+}
+
+/// One kind of step of a profiled executable ([`Executable::profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileRow {
+    /// The op and its shapes (`dot_general f32[1,256,1536] <- [1, 256, 576] [1536, 576]`),
+    /// or a fused group's shape, loads, outputs and members (`fused [1536, 576] …`).
+    pub kind: String,
+    /// Steps of this kind run, over every run so far.
+    pub count: usize,
+    /// Their seconds in all.
+    pub seconds: f64,
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let Some(profile) = self.profile.take() else { return };
+        let profile = profile.into_inner().unwrap_or_else(|e| e.into_inner());
+        let total: f64 = profile.by_kind.values().map(|v| v.1).sum();
+        // Programs that took no time worth reading (an initializer, a test's) say
+        // nothing.
+        if total < 0.05 {
+            return;
+        }
+        let mut by_op: HashMap<&str, (usize, f64)> = HashMap::new();
+        for (kind, (count, secs)) in &profile.by_kind {
+            let op = kind.split(' ').next().unwrap_or_default();
+            let entry = by_op.entry(op).or_default();
+            entry.0 += count;
+            entry.1 += secs;
+        }
+        let mut ops: Vec<_> = by_op.into_iter().collect();
+        ops.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let mut text = format!(
+            "MESHWORK_PROFILE: {} steps, {:.3} s in all; by op:\n",
+            self.steps.len(),
+            total
+        );
+        for (op, (count, secs)) in &ops {
+            text +=
+                &format!("{:>9.3} s {:>5.1}% {:>6}x  {op}\n", secs, 100.0 * secs / total, count);
+        }
+        text += "the kinds taking the most:\n";
+        let mut rows: Vec<_> = profile.by_kind.into_iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        for (kind, (count, secs)) in rows.iter().take(60) {
+            text +=
+                &format!("{:>9.3} s {:>5.1}% {:>6}x  {kind}\n", secs, 100.0 * secs / total, count);
+        }
+        #[allow(clippy::print_stderr)]
+        {
+            eprint!("{text}");
+        }
+    }
 }
 
 /// What a value holds during a run.
@@ -275,7 +351,7 @@ impl Executable {
             let class = (p.spec.dtype, p.spec.shape.num_elements());
             *pool.demand.entry(class).or_insert(0) += 1;
         }
-        Executable {
+        let mut exe = Executable {
             receives: program.instrs().iter().any(|i| matches!(i.op, Op::Recv { .. })),
             program: program.clone(),
             steps,
@@ -283,6 +359,39 @@ impl Executable {
             frees,
             options,
             pool: Mutex::new(pool),
+            pool_limit: options.pool_bytes,
+            profile: options.profile.then(|| Mutex::new(Profile::default())),
+        };
+        let peak = usize::try_from(exe.peak_bytes()).unwrap_or(usize::MAX);
+        exe.pool_limit = options.pool_bytes.max(peak);
+        exe
+    }
+
+    /// The kind a step is profiled as: its op and result shape, or a fused group's.
+    fn kind(&self, step: &Step) -> String {
+        let p = &self.program;
+        match step {
+            Step::Instr(i) => {
+                let instr = &p.instrs()[*i];
+                let args: Vec<String> = instr
+                    .args
+                    .iter()
+                    .map(|a| format!("{:?}", p.spec(*a).expect("defined").shape.dims()))
+                    .collect();
+                format!("{} {} <- {}", instr.op.name(), instr.spec, args.join(" "))
+            }
+            Step::Fused(g) => {
+                let group = &self.groups[*g];
+                let ops: Vec<&str> =
+                    group.members.iter().map(|&i| p.instrs()[i].op.name()).collect();
+                format!(
+                    "fused {:?} {} loads {} outs: {}",
+                    group.dims,
+                    group.loads.len(),
+                    group.outputs.len(),
+                    ops.join(",")
+                )
+            }
         }
     }
 
@@ -294,6 +403,19 @@ impl Executable {
     /// The options it was compiled with.
     pub fn options(&self) -> Options {
         self.options
+    }
+
+    /// Where its runs' time went, by kind of step, the slowest first; `None` unless
+    /// compiled with [`Options::profile`].
+    pub fn profile(&self) -> Option<Vec<ProfileRow>> {
+        let profile = self.profile.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rows: Vec<ProfileRow> = profile
+            .by_kind
+            .iter()
+            .map(|(kind, &(count, seconds))| ProfileRow { kind: kind.clone(), count, seconds })
+            .collect();
+        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        Some(rows)
     }
 
     /// The fused groups, each as its instructions' values (for inspection and tests).
@@ -416,7 +538,7 @@ impl Executable {
     pub fn recycle(&self, tensors: Vec<Tensor>) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         for t in tensors {
-            pool.put(t, self.options.pool_bytes);
+            pool.put(t, self.pool_limit);
         }
     }
 
@@ -427,6 +549,7 @@ impl Executable {
         let mut ctx =
             Ctx { pool: &self.pool, threads: self.options.threads, counts: HashMap::new() };
         for (s, step) in self.steps.iter().enumerate() {
+            let started = self.profile.as_ref().map(|_| Instant::now());
             match step {
                 Step::Instr(i) => {
                     let instr = &p.instrs()[*i];
@@ -499,11 +622,19 @@ impl Executable {
                     }
                 }
             }
+            if let (Some(profile), Some(started)) = (&self.profile, started) {
+                let secs = started.elapsed().as_secs_f64();
+                let kind = self.kind(step);
+                let mut profile = profile.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = profile.by_kind.entry(kind).or_insert((0, 0.0));
+                entry.0 += 1;
+                entry.1 += secs;
+            }
             if !self.frees[s].is_empty() {
                 let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
                 for v in &self.frees[s] {
                     if let Slot::Owned(d) = std::mem::replace(&mut slots[v.index()], Slot::Empty) {
-                        pool.put(d, self.options.pool_bytes);
+                        pool.put(d, self.pool_limit);
                     }
                 }
             }
@@ -604,6 +735,9 @@ fn exec(
             kernels::view(a, args[0].1, offset, &st, dims)?
         }
         Op::Concat { axis } => kernels::concat(a, args, *axis, dims)?,
+        Op::Pad { low, interior, .. } => {
+            kernels::pad(a, (args[0].0, args[0].1), low, interior, dims)?
+        }
         Op::Take { axis } => kernels::take(a, (args[0].0, args[0].1), args[1].1, *axis, at)?,
         Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } if float => {
             float_kernel!(T, {

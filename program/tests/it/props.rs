@@ -167,6 +167,14 @@ fn build(recipe: &Recipe, dtype: DType, smooth: bool, differentiable: bool) -> P
                 let t = b.tanh(v).unwrap();
                 b.exp(t).unwrap()
             }
+            15 => {
+                // Zeros around and between the elements (the gradient of a slice).
+                let low: Vec<usize> = (0..rank).map(|d| (extra as usize >> d) % 2).collect();
+                let high: Vec<usize> = (0..rank).map(|d| (extra as usize >> (d + 2)) % 2).collect();
+                let interior: Vec<usize> =
+                    (0..rank).map(|d| (extra as usize >> (d + 4)) % 2).collect();
+                b.push(meshwork_program::Op::Pad { low, high, interior }, &[v]).unwrap()
+            }
             _ => b.add(v, w).unwrap(),
         };
         vals.push(out);
@@ -568,6 +576,76 @@ fn elementwise_chains_fuse_into_groups() {
     for (a, b) in got.iter().zip(&want) {
         close(a, b, 1e-5).unwrap();
     }
+}
+
+/// Chains that meet are merged: Adam's update (the `m` and `v` chains and the step
+/// that reads both, three results) is one group, one pass over memory, and gives the
+/// reference's results.
+#[test]
+fn chains_that_meet_fuse_into_one_group() {
+    let mut b = Builder::new();
+    let [p, g, m, v] =
+        ["p", "g", "m", "v"].map(|n| b.param(n, spec(DType::F32, &[16, 8])).unwrap());
+    let c = |b: &mut Builder, x: f64| b.constant(x, DType::F32).unwrap();
+    let (b1, nb1, b2, nb2, eps, lr) = (
+        c(&mut b, 0.9),
+        c(&mut b, 0.1),
+        c(&mut b, 0.999),
+        c(&mut b, 0.001),
+        c(&mut b, 1e-8),
+        c(&mut b, 0.1),
+    );
+    let m0 = b.mul(b1, m).unwrap();
+    let m1 = b.mul(nb1, g).unwrap();
+    let m = b.add(m0, m1).unwrap();
+    let g2 = b.mul(g, g).unwrap();
+    let v0 = b.mul(b2, v).unwrap();
+    let v1 = b.mul(nb2, g2).unwrap();
+    let v = b.add(v0, v1).unwrap();
+    let root = b.sqrt(v).unwrap();
+    let den = b.add(root, eps).unwrap();
+    let u = b.div(m, den).unwrap();
+    let d = b.mul(lr, u).unwrap();
+    let new = b.sub(p, d).unwrap();
+    let prog = b.finish(&[new, m, v]).unwrap();
+    let exe = Executable::compile(&prog, Options::default());
+    let groups = exe.fused_groups();
+    let big: Vec<_> = groups.iter().filter(|g| g.len() > 1).collect();
+    assert_eq!(big.len(), 1, "{groups:?}\n{prog}");
+    assert!(big[0].len() >= 12, "{groups:?}\n{prog}");
+    let feed = inputs(&prog, 3);
+    let (got, want) =
+        (exe.run(&feed, &Env::local()).unwrap(), reference::evaluate(&prog, &feed).unwrap());
+    for (a, b) in got.iter().zip(&want) {
+        close(a, b, 1e-5).unwrap();
+    }
+}
+
+/// A profiled executable counts every step of every run by its kind (the op and its
+/// shapes, or a fused group), and an unprofiled one keeps nothing.
+#[test]
+fn a_profile_counts_every_step_by_kind() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F32, &[8, 4])).unwrap();
+    let w = b.param("w", spec(DType::F32, &[4, 6])).unwrap();
+    let z = b.matmul(x, w).unwrap();
+    let h = b.relu(z).unwrap();
+    let t = b.tanh(h).unwrap();
+    let p = b.finish(&[t]).unwrap();
+    let feed = inputs(&p, 1);
+    let plain = Executable::compile(&p, Options { profile: false, ..Options::default() });
+    plain.run(&feed, &Env::local()).unwrap();
+    assert_eq!(plain.profile(), None);
+    let exe = Executable::compile(&p, Options { profile: true, ..Options::default() });
+    for _ in 0..3 {
+        exe.run(&feed, &Env::local()).unwrap();
+    }
+    let rows = exe.profile().unwrap();
+    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(rows.len(), 2, "{kinds:?}");
+    assert!(rows.iter().all(|r| r.count == 3 && r.seconds >= 0.0), "{rows:?}");
+    assert!(kinds.contains(&"dot_general f32[8,6] <- [8, 4] [4, 6]"), "{kinds:?}");
+    assert!(kinds.contains(&"fused [8, 6] 1 loads 1 outs: relu,tanh"), "{kinds:?}");
 }
 
 /// The comparison itself: an infinity or NaN in the reference neither widens the
