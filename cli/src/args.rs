@@ -298,9 +298,6 @@ pub(crate) struct LoraFlags {
     /// Start the adapter from a peft folder (adapter_config.json and adapter_model.safetensors), its rank, alpha and targets taken from it
     #[arg(long, value_name = "DIR")]
     lora_init: Option<PathBuf>,
-    /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
-    #[arg(long, value_name = "DIR")]
-    export_lora: Option<PathBuf>,
 }
 
 impl LoraFlags {
@@ -394,6 +391,9 @@ pub(crate) struct TrainArgs {
     memory: MemoryFlags,
     #[command(flatten)]
     lora: LoraFlags,
+    /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
+    #[arg(long, value_name = "DIR")]
+    export_lora: Option<PathBuf>,
     /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
     #[arg(long, value_name = "LR")]
     lr: Option<f64>,
@@ -542,7 +542,7 @@ impl TrainArgs {
             },
             export_hf: self.export_hf.clone(),
             lora: self.lora.settings(),
-            export_lora: self.lora.export_lora.clone(),
+            export_lora: self.export_lora.clone(),
             resume: self.resume.clone(),
             mesh: self.mesh,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
@@ -814,6 +814,8 @@ pub(crate) struct InspectArgs {
     batch: usize,
     #[command(flatten)]
     memory: MemoryFlags,
+    #[command(flatten)]
+    lora: LoraFlags,
     /// The optimizer
     #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
     optimizer: Optimizer,
@@ -926,6 +928,7 @@ impl InspectArgs {
             microbatches: self.microbatches,
             steps: Some(3),
             check: Check::Never,
+            lora: self.lora.settings(),
             ..Config::new(self.model.map_or(ModelKind::Auto, Into::into))
         })
     }

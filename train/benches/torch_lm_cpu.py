@@ -1,18 +1,21 @@
-"""PyTorch's anchor for `lm_cpu_bench`: a language model's fine-tuning step on the CPU.
+"""PyTorch's anchor for `llm_cpu_bench`: a language model's fine-tuning step on the CPU.
 
 `transformers`' model of the preset's config — `gpt2`: GPT2LMHeadModel with
 GPT2Config() (124M: V50257, 1024 positions, D768, 12 heads, 12 layers, tied
 embeddings, biases); `smollm2-135m`: LlamaForCausalLM with SmolLM2-135M's config (V49152,
 D576, 30 layers, 9 heads over 3 key/value heads, MLP 1536, RoPE θ 1e5, tied) — f32,
-AdamW (lr 1e-4, decay 0.01), next-token loss on random token rows of T + 1, eager
-mode, dropout off (as meshwork trains), `torch.set_num_threads(THREADS)`. Prints one
-line per batch size: `torch B T tokens_per_s` (the median of STEPS timed steps after 2
-untimed ones).
+AdamW (lr 1e-4, decay 0.01), next-token loss on random token rows of T + 1, dropout
+off (as meshwork trains), `torch.set_num_threads(THREADS)`; eager, or with `compile`
+the step under `torch.compile` (inductor).
 
-    python3 torch_lm_cpu.py PRESET THREADS T STEPS B [B ...]
+It serves steps, so that the bench can interleave them with meshwork's (the machine's
+speed drifts; steps taken in turns see the same machine): it prints `ready` once the
+model is built, then for each line `step` on stdin runs one step and prints its
+seconds; it exits at the end of stdin.
+
+    python3 torch_lm_cpu.py PRESET THREADS T B [compile]
 """
 
-import statistics
 import sys
 import time
 
@@ -36,27 +39,31 @@ def model_of(preset):
 
 def main() -> None:
     preset = sys.argv[1]
-    threads, t, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    batches = [int(b) for b in sys.argv[5:]]
+    threads, t, b = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    compiled = sys.argv[5:] == ["compile"]
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model, vocab = model_of(preset)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    for b in batches:
-        rows = torch.randint(0, vocab, (b, t + 1))
-        x, y = rows[:, :-1], rows[:, 1:]
-        times = []
-        for k in range(steps + 2):
-            start = time.perf_counter()
-            out = model(input_ids=x)
-            loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, vocab), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if k >= 2:
-                times.append(time.perf_counter() - start)
-        print(f"torch {b} {t} {b * t / statistics.median(times):.1f}", flush=True)
+    rows = torch.randint(0, vocab, (b, t + 1))
+    x, y = rows[:, :-1], rows[:, 1:]
+
+    def loss_of(x, y):
+        out = model(input_ids=x)
+        return torch.nn.functional.cross_entropy(out.logits.reshape(-1, vocab), y.reshape(-1))
+
+    forward = torch.compile(loss_of) if compiled else loss_of
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            raise SystemExit(f"unknown request {line!r}")
+        start = time.perf_counter()
+        loss = forward(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        print(f"{time.perf_counter() - start:.6f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -92,10 +92,10 @@ fn fusible(program: &Program, i: usize) -> Option<DType> {
 }
 
 /// Groups the program's fusible instructions. A group runs where its last member
-/// stands; an instruction joins the open groups its operands are members of when all
-/// of them are of its shape and computing type (merging them into one), and a group
-/// closes as soon as an instruction outside it reads one of its members, so running it
-/// late never starves a reader.
+/// stands; an instruction joins the open groups of its shape and computing type its
+/// operands are members of (merging them into one), and a group closes as soon as an
+/// instruction outside it reads one of its members, so running it late never starves a
+/// reader.
 pub(crate) fn plan(program: &Program) -> Vec<Group> {
     let np = program.params().len();
     let n = program.num_values();
@@ -113,8 +113,10 @@ pub(crate) fn plan(program: &Program) -> Vec<Group> {
                 .collect();
             gs.sort_unstable();
             gs.dedup();
-            let alike = |g: &usize| members[*g].0 == t && members[*g].1 == dims;
-            if !gs.is_empty() && gs.iter().all(alike) {
+            // Groups of another shape or type are operands read as loads (a scalar
+            // such as Adam's bias correction, broadcast), which close below.
+            gs.retain(|g| members[*g].0 == t && members[*g].1 == dims);
+            if !gs.is_empty() {
                 // Every open group it reads is merged into the first (none of their
                 // members has been read outside them yet, so the merged group may run
                 // where its last member stands): Adam's `m` and `v` chains and the

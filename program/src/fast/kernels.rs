@@ -264,11 +264,28 @@ pub(crate) fn scatter_add<T: Float>(
     at: &str,
 ) -> Result<Tensor> {
     let (xd, xv) = x;
-    let (before, n, after) = split(xd, axis);
-    let rows = rows(idx, n, axis, "operand", at)?;
+    let (_, n, _) = split(xd, axis);
+    // The indices checked before the buffer is made.
+    rows(idx, n, axis, "operand", at)?;
     let mut d = a.alloc(T::DTYPE, xv.len())?;
     let out = T::slice_mut(&mut d);
     out.copy_from_slice(xv);
+    scatter_add_into(out, xd, idx, upd, axis, at)?;
+    Ok(d)
+}
+
+/// `out` (an operand of `xd` dims) with `upd` added at `idx` along `axis`, in place:
+/// the scatter of a buffer no later step reads.
+pub(crate) fn scatter_add_into<T: Float>(
+    out: &mut [T],
+    xd: &[usize],
+    idx: &Tensor,
+    upd: &[T],
+    axis: usize,
+    at: &str,
+) -> Result<()> {
+    let (before, n, after) = split(xd, axis);
+    let rows = rows(idx, n, axis, "operand", at)?;
     let mut pos = 0usize;
     for b in 0..before {
         for &r in &rows {
@@ -279,7 +296,7 @@ pub(crate) fn scatter_add<T: Float>(
             pos += after;
         }
     }
-    Ok(d)
+    Ok(())
 }
 
 /// One-hot rows of `depth` of type `T`; indices outside `0..depth` give zeros.
@@ -331,8 +348,11 @@ pub(crate) fn reduce<T: Float>(
     let kept: usize = (0..r).filter(|d| !axes.contains(d)).map(|d| dims[d]).product();
     let mut d = a.alloc(T::DTYPE, kept)?;
     let out = T::slice_mut(&mut d);
-    let is_prefix = axes.iter().enumerate().all(|(k, &ax)| k == ax);
     let is_suffix = axes.iter().rev().enumerate().all(|(k, &ax)| ax == r - 1 - k);
+    // Reduced axes that follow one another (a prefix, or a middle run such as the key
+    // heads' group of grouped-query attention's gradient): slabs of the kept inner dims
+    // added in place, `outer` times.
+    let run = axes.first().filter(|&&a0| axes.iter().enumerate().all(|(k, &ax)| ax == a0 + k));
     if count == 0 {
         // A reduction of nothing: its identity (a mean of nothing is 0/0, NaN).
         out.fill(if kind == Reduction::Max { T::NEG_INFINITY } else { T::ZERO });
@@ -340,13 +360,17 @@ pub(crate) fn reduce<T: Float>(
         for (o, row) in out.iter_mut().zip(x.chunks(count)) {
             *o = if kind == Reduction::Max { max(row) } else { sum(row) };
         }
-    } else if is_prefix {
+    } else if let Some(&a0) = run {
         out.fill(if kind == Reduction::Max { T::NEG_INFINITY } else { T::ZERO });
-        for row in x.chunks_exact(kept.max(1)).take(count) {
-            if kind == Reduction::Max {
-                out.iter_mut().zip(row).for_each(|(o, &e)| *o = o.max_nan(e));
-            } else {
-                out.iter_mut().zip(row).for_each(|(o, &e)| *o += e);
+        let inner: usize = dims[a0 + axes.len()..].iter().product();
+        let slab = count * inner;
+        for (o, whole) in out.chunks_exact_mut(inner.max(1)).zip(x.chunks_exact(slab.max(1))) {
+            for row in whole.chunks_exact(inner.max(1)) {
+                if kind == Reduction::Max {
+                    o.iter_mut().zip(row).for_each(|(o, &e)| *o = o.max_nan(e));
+                } else {
+                    o.iter_mut().zip(row).for_each(|(o, &e)| *o += e);
+                }
             }
         }
     } else {

@@ -9,15 +9,23 @@
 //!   JAX's `jnp.dot` in the same sitting 68–91, 90–177, 172. OpenBLAS (a system
 //!   library, through ndarray's `blas` feature) was not needed to reach JAX.
 //! - **Elementwise chains** (unary, binary, comparisons, selects, bool→float converts
-//!   and broadcasts) are fused into groups that make one pass over memory in L1-sized
+//!   and broadcasts; chains that meet are merged, so Adam's update is one group) are
+//!   fused into groups that make one pass over memory in L1-sized
 //!   chunks, reading contiguous and broadcast operands in place (the next chunk
 //!   prefetched), uniform operands of binary ops as scalars, and writing the last
 //!   member straight into its output; only values read outside a group are written.
 //!   Outputs of at least [`Options::stream_bytes`] go to memory with streaming stores,
 //!   which skip reading each line before overwriting it (a 5-op chain over 16 Mi f32
-//!   runs at about 1.2× the time of a plain copy of the same bytes).
-//! - **Buffers** are freed after their last use into a pool the next allocations (of
-//!   this run and later runs) take from; [`Executable::run_owned`] also frees the
+//!   runs at about 1.2× the time of a plain copy of the same bytes), and so do
+//!   outputs of at least 1 MiB that are only the program's results.
+//! - **Constants**: integer and bool values that read no parameter (an attention
+//!   mask's iotas and comparison) are computed once, when the program is compiled.
+//! - **Profile**: with [`Options::profile`] (on when `MESHWORK_PROFILE` is set) every
+//!   step is timed by its kind — op and shapes, or fused group — and the table printed
+//!   when the executable is dropped ([`Executable::profile`] reads it).
+//! - **Buffers** are freed after their last use into a pool (as large as the plan's
+//!   peak, at least [`Options::pool_bytes`]) the next allocations (of this run and
+//!   later runs) take from; [`Executable::run_owned`] also frees the
 //!   inputs it is given (JAX's donation), and a `reshape` of a dying value takes its
 //!   buffer.
 //! - **Threads**: at most [`Options::threads`] per run, for GEMMs and large fused
@@ -307,6 +315,8 @@ impl Alloc for Ctx<'_> {
 impl Executable {
     /// Compiles `program`: fuses its elementwise chains and plans when each buffer dies.
     pub fn compile(program: &Program, options: Options) -> Executable {
+        let (folded, skip) = fold_constants(program);
+        let program = &folded;
         let groups = if options.fusion { fused::plan(program) } else { Vec::new() };
         let mut group_of = vec![None; program.instrs().len()];
         let mut last_member = vec![None; program.instrs().len()];
@@ -317,7 +327,7 @@ impl Executable {
             last_member[*group.members.last().expect("a group has a member")] = Some(g);
         }
         let mut steps = Vec::new();
-        for i in 0..program.instrs().len() {
+        for i in (0..program.instrs().len()).filter(|&i| !skip[i]) {
             match (group_of[i], last_member[i]) {
                 (None, _) => steps.push(Step::Instr(i)),
                 (Some(_), Some(g)) => steps.push(Step::Fused(g)),
@@ -586,6 +596,44 @@ impl Executable {
                             .map(|a| self.tensor_of(a, slots[a.index()].data()))
                             .collect::<Result<Vec<_>>>()?;
                         communicate(env, &instr.op, args, &instr.spec, &at)?.into_standard_layout()
+                    } else if let Op::ScatterAdd { axis } = instr.op
+                        && matches!(instr.spec.dtype, DType::F32 | DType::F64)
+                        && self.frees[s].contains(&instr.args[0])
+                        && !instr.args[1..].contains(&instr.args[0])
+                        && matches!(slots[instr.args[0].index()], Slot::Owned(_))
+                    {
+                        // A scatter into a dying buffer (an embedding's zero gradient)
+                        // adds in place instead of copying it.
+                        let Slot::Owned(mut d) =
+                            std::mem::replace(&mut slots[instr.args[0].index()], Slot::Empty)
+                        else {
+                            unreachable!("checked owned")
+                        };
+                        let xd = p.spec(instr.args[0]).expect("defined").shape.dims();
+                        let (idx, upd) = (
+                            slots[instr.args[1].index()].data(),
+                            slots[instr.args[2].index()].data(),
+                        );
+                        let scattered = match instr.spec.dtype {
+                            DType::F32 => kernels::scatter_add_into::<f32>(
+                                f32::slice_mut(&mut d),
+                                xd,
+                                idx,
+                                f32::slice(upd),
+                                axis,
+                                &at,
+                            ),
+                            _ => kernels::scatter_add_into::<f64>(
+                                f64::slice_mut(&mut d),
+                                xd,
+                                idx,
+                                f64::slice(upd),
+                                axis,
+                                &at,
+                            ),
+                        };
+                        scattered?;
+                        d
                     } else if matches!(instr.op, Op::Reshape { .. })
                         && self.frees[s].contains(&instr.args[0])
                         && matches!(slots[instr.args[0].index()], Slot::Owned(_))
@@ -663,6 +711,81 @@ impl Executable {
         let spec = self.program.spec(*v).expect("a defined value");
         Ok(shaped(d.clone(), spec.shape.dims()))
     }
+}
+
+/// Integer and bool values of at most this many bytes that depend on no parameter
+/// are computed once, when a program is compiled.
+const FOLD_BYTES: usize = 4 << 20;
+
+/// `program` with its integer and bool instructions that depend on no parameter (an
+/// attention mask's iotas and comparison, say: every layer's, every run) computed
+/// once by the reference and held as literals, when they hold at most
+/// [`FOLD_BYTES`]; and, by instruction, whether nothing reads it any more (an operand
+/// of folded instructions only), so it need not run. Floats are not folded: the fast
+/// interpreter computes them natively, the reference in f64.
+fn fold_constants(program: &Program) -> (Program, Vec<bool>) {
+    let np = program.params().len();
+    let mut known: Vec<Option<Tensor>> = vec![None; program.num_values()];
+    let mut folded = program.clone();
+    let mut changed = vec![false; program.instrs().len()];
+    for (i, instr) in program.instrs().iter().enumerate() {
+        let pure = matches!(
+            instr.op,
+            Op::Iota { .. }
+                | Op::Constant { .. }
+                | Op::Literal { .. }
+                | Op::Compare(_)
+                | Op::Binary(_)
+                | Op::Unary(_)
+                | Op::Select
+                | Op::Convert { .. }
+                | Op::BroadcastTo { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+        );
+        let exact = instr.spec.dtype.is_integer() || instr.spec.dtype == DType::Bool;
+        let small = instr.spec.byte_size().is_ok_and(|b| b <= FOLD_BYTES);
+        if !pure || !small || !instr.args.iter().all(|a| known[a.index()].is_some()) {
+            continue;
+        }
+        let args: Vec<(&[usize], &Tensor)> = instr
+            .args
+            .iter()
+            .map(|a| {
+                let dims = program.spec(*a).expect("a defined value").shape.dims();
+                (dims, known[a.index()].as_ref().expect("known"))
+            })
+            .collect();
+        let Ok(value) = reference::eval_op(&instr.op, &args, &instr.spec, "folding") else {
+            continue;
+        };
+        // Scalars and literals cost nothing to run: only what computes is replaced.
+        if exact && !matches!(instr.op, Op::Constant { .. } | Op::Literal { .. }) {
+            folded.instrs[i].op = Op::Literal { value: std::sync::Arc::new(value.clone()) };
+            folded.instrs[i].args.clear();
+            changed[i] = true;
+        }
+        known[np + i] = Some(value);
+    }
+    // What still reads each value: the kept instructions and the results.
+    let mut read = vec![false; program.num_values()];
+    for r in folded.results() {
+        read[r.index()] = true;
+    }
+    let mut skip = vec![false; program.instrs().len()];
+    for (i, instr) in folded.instrs().iter().enumerate().rev() {
+        // Computable here and read by nothing that runs: an operand of folded
+        // instructions only (or dead).
+        if known[np + i].is_some() && !read[np + i] {
+            skip[i] = true;
+            continue;
+        }
+        for a in &instr.args {
+            read[a.index()] = true;
+        }
+    }
+    (folded, skip)
 }
 
 /// `t` in f32 when it is half precision (exactly), else itself.

@@ -602,17 +602,26 @@ fn chains_that_meet_fuse_into_one_group() {
     let v0 = b.mul(b2, v).unwrap();
     let v1 = b.mul(nb2, g2).unwrap();
     let v = b.add(v0, v1).unwrap();
+    // A bias correction computed from a scalar parameter: a group of its own shape,
+    // open when the update reads it (a load, not a reason to split the update).
+    let step = b.param("step", spec(DType::F32, &[])).unwrap();
+    let one = c(&mut b, 1.0);
+    let decayed = b.mul(b1, step).unwrap();
+    let correction = b.sub(one, decayed).unwrap();
+    let mhat = b.div(m, correction).unwrap();
     let root = b.sqrt(v).unwrap();
     let den = b.add(root, eps).unwrap();
-    let u = b.div(m, den).unwrap();
+    let u = b.div(mhat, den).unwrap();
     let d = b.mul(lr, u).unwrap();
     let new = b.sub(p, d).unwrap();
     let prog = b.finish(&[new, m, v]).unwrap();
     let exe = Executable::compile(&prog, Options::default());
     let groups = exe.fused_groups();
-    let big: Vec<_> = groups.iter().filter(|g| g.len() > 1).collect();
-    assert_eq!(big.len(), 1, "{groups:?}\n{prog}");
-    assert!(big[0].len() >= 12, "{groups:?}\n{prog}");
+    // The update's 13 members in one group; the scalar's two in another.
+    let shape = |v: &Value| prog.spec(*v).unwrap().shape.dims() == [16, 8];
+    let update: Vec<_> = groups.iter().filter(|g| g.iter().any(shape)).collect();
+    assert_eq!(update.len(), 1, "{groups:?}\n{prog}");
+    assert_eq!(update[0].len(), 13, "{groups:?}\n{prog}");
     let feed = inputs(&prog, 3);
     let (got, want) =
         (exe.run(&feed, &Env::local()).unwrap(), reference::evaluate(&prog, &feed).unwrap());
@@ -646,6 +655,59 @@ fn a_profile_counts_every_step_by_kind() {
     assert!(rows.iter().all(|r| r.count == 3 && r.seconds >= 0.0), "{rows:?}");
     assert!(kinds.contains(&"dot_general f32[8,6] <- [8, 4] [4, 6]"), "{kinds:?}");
     assert!(kinds.contains(&"fused [8, 6] 1 loads 1 outs: relu,tanh"), "{kinds:?}");
+}
+
+/// A causal mask (iotas and their comparison, which read no parameter) is computed
+/// once when the program is compiled, not in every run, and the run's result is the
+/// reference's.
+#[test]
+fn masks_that_read_no_parameter_are_computed_once() {
+    let mut b = Builder::new();
+    let s = b.param("s", spec(DType::F32, &[2, 5, 5])).unwrap();
+    let qi = b.iota(DType::I32, &[5, 5], 0).unwrap();
+    let ki = b.iota(DType::I32, &[5, 5], 1).unwrap();
+    let mask = b.ge(qi, ki).unwrap();
+    let masked = b.constant(-1e9, DType::F32).unwrap();
+    let out = b.select(mask, s, masked).unwrap();
+    let p = b.finish(&[out]).unwrap();
+    let exe = Executable::compile(&p, Options { profile: true, ..Options::default() });
+    let feed = inputs(&p, 5);
+    let got = exe.run(&feed, &Env::local()).unwrap();
+    close(&got[0], &reference::evaluate(&p, &feed).unwrap()[0], 1e-6).unwrap();
+    let kinds: Vec<String> = exe.profile().unwrap().into_iter().map(|r| r.kind).collect();
+    assert!(kinds.iter().all(|k| !k.starts_with("iota") && !k.starts_with("ge")), "{kinds:?}");
+    assert!(kinds.iter().any(|k| k.starts_with("literal bool[5,5]")), "{kinds:?}");
+}
+
+/// A scatter-add into a buffer that dies with it adds in place; into a parameter or a
+/// value read again it copies first: all three give the reference's results, and the
+/// value read again is left as it was.
+#[test]
+fn scatter_adds_into_dying_buffers_in_place() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F32, &[5, 3])).unwrap();
+    let upd = b.param("upd", spec(DType::F32, &[4, 3])).unwrap();
+    let idx = b.param("idx", spec(DType::I64, &[4])).unwrap();
+    let zero = b.constant(0.0, DType::F32).unwrap();
+    let zeros = b.broadcast_to(zero, &[5, 3]).unwrap();
+    let dying = b.push(meshwork_program::Op::ScatterAdd { axis: 0 }, &[zeros, idx, upd]).unwrap();
+    let from_param = b.push(meshwork_program::Op::ScatterAdd { axis: 0 }, &[x, idx, upd]).unwrap();
+    let twice = b.mul(x, x).unwrap();
+    let kept = b.push(meshwork_program::Op::ScatterAdd { axis: 0 }, &[twice, idx, upd]).unwrap();
+    let after = b.add(twice, kept).unwrap();
+    let p = b.finish(&[dying, from_param, after]).unwrap();
+    let feed = inputs(&p, 9);
+    let want = reference::evaluate(&p, &feed).unwrap();
+    for options in [
+        Options::default(),
+        Options::default().threads(1),
+        Options { fusion: false, ..Options::default() },
+    ] {
+        let got = Executable::compile(&p, options).run(&feed, &Env::local()).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            close(a, b, 1e-6).unwrap();
+        }
+    }
 }
 
 /// The comparison itself: an infinity or NaN in the reference neither widens the
