@@ -91,6 +91,15 @@ impl Turns {
     }
 }
 
+/// Takes participant `.1` out of the turns when dropped.
+struct Leave<'a>(&'a Turns, usize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
+}
+
 /// Times a trainer's steps, each taken in its turn.
 struct Timed<'a> {
     turns: &'a Turns,
@@ -180,28 +189,30 @@ fn run_one(
         }
         Participant::Torch { compile, .. } => {
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_lm_cpu.py");
+            // Its messages go to this terminal (a pipe nobody drains could fill and
+            // stop it mid-step).
             let mut child = Command::new("python3")
                 .arg(script)
                 .args([preset.to_string(), threads.to_string(), t.to_string(), b.to_string()])
                 .args(compile.then_some("compile"))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stderr(Stdio::inherit())
                 .spawn()
                 .map_err(|e| format!("python3 did not start: {e}"))?;
             let mut input = child.stdin.take().ok_or("no stdin")?;
             let mut output = BufReader::new(child.stdout.take().ok_or("no stdout")?);
             let mut line = String::new();
-            let why = |child: &mut std::process::Child| {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                }
-                let last = err.lines().last().unwrap_or("no message").to_string();
-                format!("PyTorch's anchor failed: {last}")
+            let why = |child: &mut std::process::Child, line: &str| {
+                let _ = child.kill();
+                let _ = child.wait();
+                format!(
+                    "PyTorch's anchor failed (its messages are above; it said {:?})",
+                    line.trim()
+                )
             };
             if output.read_line(&mut line).is_err() || line.trim() != "ready" {
-                return Err(why(&mut child));
+                return Err(why(&mut child, &line));
             }
             let mut seconds = Vec::new();
             for k in 0..steps {
@@ -210,7 +221,7 @@ fn run_one(
                 let asked = writeln!(input, "step").and_then(|()| input.flush());
                 let answered = asked.is_ok() && output.read_line(&mut line).is_ok();
                 let Some(s) = answered.then(|| line.trim().parse::<f64>().ok()).flatten() else {
-                    return Err(why(&mut child));
+                    return Err(why(&mut child, &line));
                 };
                 seconds.push(s);
                 turns.pass(me, k + 1 == steps);
@@ -347,9 +358,10 @@ fn main() {
                 .map(|(me, p)| {
                     let turns = &turns;
                     s.spawn(move || {
-                        let r = run_one(p, me, turns, per_row);
-                        turns.leave(me);
-                        r
+                        // Leaves the turns however the participant ends (a panic
+                        // too), so the others never wait for it.
+                        let _leave = Leave(turns, me);
+                        run_one(p, me, turns, per_row)
                     })
                 })
                 .collect();

@@ -584,6 +584,20 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     };
     memory(&net)?;
     let mut record = record(config, &net, &run, dtype, &resolved.examples, resolved.rows)?;
+    // What identifies a LoRA run's base (its adapter is trained over it): the stored
+    // tensors' fingerprint, when the base comes from a file or folder.
+    if settings.is_some() {
+        let base = match (&init, &config.init) {
+            (Init::File(_), Some(path)) => {
+                Some(crate::hf::HfShards::of_file("init", path)?.fingerprint()?)
+            }
+            (Init::Folder { .. }, _) => {
+                resolved.shards.as_ref().map(crate::hf::HfShards::fingerprint).transpose()?
+            }
+            _ => None,
+        };
+        record.meta["lora_base"] = serde_json::json!(base.map(|c| format!("crc32c:{c:08x}")));
+    }
     // What an export after a resumed run writes again.
     if let Some(c) = &resolved.hf_config {
         record.meta["hf_config"] = c.clone();
@@ -885,7 +899,7 @@ pub(crate) const QUERY_BLOCK: usize = 64;
 /// gradients' pads; measured at T 256 on SmolLM2's shape), cut attention holds less.
 pub(crate) const WHOLE_SCORES_BYTES: usize = 16 << 20;
 /// Bytes of logits a loss chunk holds at most on the interpreter.
-pub(crate) const LOSS_CHUNK_BYTES: usize = 64 << 20;
+pub(crate) const LOSS_CHUNK_BYTES: usize = 256 << 20;
 
 /// How a language model's attention and loss are cut on the interpreter: queries
 /// [`QUERY_BLOCK`] at a time when a layer's whole scores would hold more than
@@ -981,6 +995,17 @@ fn compare(
 ) -> Result<()> {
     let dir = saved.dir.display();
     let theirs = &saved.meta;
+    let base = |m: &Value| m.get("lora_base").and_then(Value::as_str).map(str::to_string);
+    if let (Some(a), Some(b)) = (base(theirs), base(meta))
+        && a != b
+    {
+        return Err(Error::flag(
+            "resume",
+            format!(
+                "{dir}'s adapter was trained over a base of fingerprint {a}; --init's is {b} (resume over the same base)"
+            ),
+        ));
+    }
     if let Some(o) = theirs.get("optimizer")
         && *o != meta["optimizer"]
     {

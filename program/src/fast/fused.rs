@@ -67,7 +67,8 @@ pub(crate) struct Group {
     pub direct: Vec<Option<usize>>,
     /// The instructions (indices into the program's instructions).
     pub members: Vec<usize>,
-    /// Every output is a result of the program (nothing in this run reads it again).
+    /// Every output is a result of the program that no other step reads (nothing in
+    /// this run reads it again).
     pub results_only: bool,
 }
 
@@ -148,8 +149,9 @@ pub(crate) fn plan(program: &Program) -> Vec<Group> {
         }
         group_of[np + i] = mine;
     }
-    // Who reads each value from outside its group, or returns it.
+    // Who reads each value from outside its group (`read_outside`), or returns it.
     let mut escapes = vec![false; n];
+    let mut read_outside = vec![false; n];
     for r in program.results() {
         escapes[r.index()] = true;
     }
@@ -157,13 +159,16 @@ pub(crate) fn plan(program: &Program) -> Vec<Group> {
         for a in &instr.args {
             if group_of[a.index()].is_some() && group_of[a.index()] != group_of[np + i] {
                 escapes[a.index()] = true;
+                read_outside[a.index()] = true;
             }
         }
     }
     members
         .into_iter()
         .filter(|(_, _, members)| !members.is_empty())
-        .map(|(dtype, dims, members)| build(program, dtype, dims, members, &escapes))
+        .map(|(dtype, dims, members)| {
+            build(program, dtype, dims, members, (&escapes, &read_outside))
+        })
         .collect()
 }
 
@@ -172,7 +177,7 @@ fn build(
     dtype: DType,
     dims: Vec<usize>,
     members: Vec<usize>,
-    escapes: &[bool],
+    (escapes, read_outside): (&[bool], &[bool]),
 ) -> Group {
     let np = program.params().len();
     let member_values: Vec<Value> = members.iter().map(|&i| Value((np + i) as u32)).collect();
@@ -229,7 +234,8 @@ fn build(
         .collect();
     let (collapsed, loads) = collapse(&dims, loads);
     let results = program.results();
-    let results_only = !outputs.is_empty() && outputs.iter().all(|(_, v, _)| results.contains(v));
+    let results_only = !outputs.is_empty()
+        && outputs.iter().all(|(_, v, _)| results.contains(v) && !read_outside[v.index()]);
     Group {
         dtype,
         dims,

@@ -717,12 +717,12 @@ impl Executable {
 /// are computed once, when a program is compiled.
 const FOLD_BYTES: usize = 4 << 20;
 
-/// `program` with its integer and bool instructions that depend on no parameter (an
-/// attention mask's iotas and comparison, say: every layer's, every run) computed
-/// once by the reference and held as literals, when they hold at most
-/// [`FOLD_BYTES`]; and, by instruction, whether nothing reads it any more (an operand
-/// of folded instructions only), so it need not run. Floats are not folded: the fast
-/// interpreter computes them natively, the reference in f64.
+/// `program` with its integer and bool instructions computed from integers and bools
+/// alone, depending on no parameter (an attention mask's iotas and comparison, say:
+/// every layer's, every run), computed once by the reference and held as literals,
+/// when they hold at most [`FOLD_BYTES`]; and, by instruction, whether nothing reads
+/// it any more (an operand of folded instructions only), so it need not run. Floats
+/// are not folded: the fast interpreter computes them natively, the reference in f64.
 fn fold_constants(program: &Program) -> (Program, Vec<bool>) {
     let np = program.params().len();
     let mut known: Vec<Option<Tensor>> = vec![None; program.num_values()];
@@ -744,9 +744,12 @@ fn fold_constants(program: &Program) -> (Program, Vec<bool>) {
                 | Op::Transpose { .. }
                 | Op::Slice { .. }
         );
+        // Only integers and bools computed from integers and bools: exact in either
+        // interpreter, and never members of a fused group (which computes floats), so
+        // an instruction left unread here is never one a group needs.
         let exact = instr.spec.dtype.is_integer() || instr.spec.dtype == DType::Bool;
         let small = instr.spec.byte_size().is_ok_and(|b| b <= FOLD_BYTES);
-        if !pure || !small || !instr.args.iter().all(|a| known[a.index()].is_some()) {
+        if !pure || !exact || !small || !instr.args.iter().all(|a| known[a.index()].is_some()) {
             continue;
         }
         let args: Vec<(&[usize], &Tensor)> = instr
@@ -761,7 +764,7 @@ fn fold_constants(program: &Program) -> (Program, Vec<bool>) {
             continue;
         };
         // Scalars and literals cost nothing to run: only what computes is replaced.
-        if exact && !matches!(instr.op, Op::Constant { .. } | Op::Literal { .. }) {
+        if !matches!(instr.op, Op::Constant { .. } | Op::Literal { .. }) {
             folded.instrs[i].op = Op::Literal { value: std::sync::Arc::new(value.clone()) };
             folded.instrs[i].args.clear();
             changed[i] = true;

@@ -679,6 +679,29 @@ fn masks_that_read_no_parameter_are_computed_once() {
     assert!(kinds.iter().any(|k| k.starts_with("literal bool[5,5]")), "{kinds:?}");
 }
 
+/// Floats that read no parameter are not folded (the fast interpreter computes them
+/// natively): a comparison of such floats stays in the run, and a fused group holding
+/// them alongside members that read parameters still runs whole.
+#[test]
+fn floats_that_read_no_parameter_still_run_in_their_groups() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F32, &[4, 3])).unwrap();
+    let c = b.constant(0.5, DType::F32).unwrap();
+    let k = b.broadcast_to(c, &[4, 3]).unwrap();
+    let y = b.add(x, k).unwrap();
+    let z = b.mul(k, k).unwrap();
+    let m = b.gt(z, k).unwrap();
+    let p = b.finish(&[y, m]).unwrap();
+    let feed = inputs(&p, 2);
+    let want = reference::evaluate(&p, &feed).unwrap();
+    for options in [Options::default(), Options { fusion: false, ..Options::default() }] {
+        let got = Executable::compile(&p, options).run(&feed, &Env::local()).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            close(a, b, 1e-6).unwrap();
+        }
+    }
+}
+
 /// A scatter-add into a buffer that dies with it adds in place; into a parameter or a
 /// value read again it copies first: all three give the reference's results, and the
 /// value read again is left as it was.

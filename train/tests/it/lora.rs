@@ -429,6 +429,21 @@ fn a_lora_run_resumes_from_its_adapter_checkpoint() {
     assert_eq!(adapter(&out).len(), 8);
     let e = crate::refused(&meshwork_train::Config { init: None, ..resumed.clone() });
     assert!(e.contains("LoRA run's checkpoint") && e.contains("--init"), "{e}");
+    // The checkpoint records its base: another base (one bit of one weight changed) is
+    // refused.
+    let other = dir.path().join("other_base");
+    std::fs::create_dir(&other).unwrap();
+    for f in std::fs::read_dir(testdata("llama/model")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, other.join(f.file_name().unwrap())).unwrap();
+    }
+    let weights = other.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 8;
+    bytes[last] ^= 1; // the lowest bit of the last f64's mantissa
+    std::fs::write(&weights, bytes).unwrap();
+    let e = crate::refused(&meshwork_train::Config { init: Some(other), ..resumed.clone() });
+    assert!(e.contains("fingerprint") && e.contains("same base"), "{e}");
     let e = crate::refused(&meshwork_train::Config {
         lora: Some(meshwork_train::LoraSettings { r: Some(8), ..Default::default() }),
         ..resumed
