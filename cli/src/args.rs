@@ -190,8 +190,10 @@ impl PrecisionArg {
 pub(crate) enum ScheduleArg {
     /// The learning rate after warm-up.
     Constant,
-    /// A cosine decay to 0 at the last step.
+    /// A cosine decay to 0 one step past the last (or to --min-lr at the last).
     Cosine,
+    /// A linear decay to 0 one step past the last (or to --min-lr at the last).
+    Linear,
 }
 
 /// `DxM` → `(D, M)`.
@@ -260,7 +262,7 @@ pub(crate) struct Sizes {
 /// The optimizer's settings (each at the optimizer's default when not given).
 #[derive(Debug, Args)]
 pub(crate) struct OptimizerFlags {
-    /// AdamW's decoupled weight decay, on every parameter (default 0.01)
+    /// AdamW's decoupled weight decay, on every parameter (default 0.01; 0 under a fine-tune's defaults)
     #[arg(long, value_name = "W")]
     weight_decay: Option<f64>,
     /// Adam's and AdamW's beta1 (default 0.9)
@@ -382,7 +384,7 @@ pub(crate) struct TrainArgs {
     /// ... or the rows in a per-epoch permutation drawn from --seed
     #[arg(long)]
     shuffle: bool,
-    /// The optimizer (default sgd for the MLP, else adam)
+    /// The optimizer (default sgd for the MLP, else adam; adamw under a fine-tune's defaults)
     #[arg(long, value_enum)]
     optimizer: Option<Optimizer>,
     #[command(flatten)]
@@ -394,15 +396,18 @@ pub(crate) struct TrainArgs {
     /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
     #[arg(long, value_name = "DIR")]
     export_lora: Option<PathBuf>,
-    /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1)
+    /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1; 5e-5 under a fine-tune's defaults)
     #[arg(long, value_name = "LR")]
     lr: Option<f64>,
     /// Linear warm-up of the learning rate over N steps
     #[arg(long, value_name = "N", default_value_t = 0)]
     warmup: usize,
-    /// The learning rate after warm-up
-    #[arg(long, value_enum, default_value_t = ScheduleArg::Constant)]
-    schedule: ScheduleArg,
+    /// The learning rate after warm-up (default constant; linear under a fine-tune's defaults)
+    #[arg(long, value_enum)]
+    schedule: Option<ScheduleArg>,
+    /// Where a linear or cosine decay ends, reached at the last step (default: 0, one step past the last, as transformers' schedulers)
+    #[arg(long, value_name = "LR")]
+    min_lr: Option<f64>,
     /// Clip the gradients to this global norm
     #[arg(long, value_name = "NORM")]
     clip_norm: Option<f64>,
@@ -456,9 +461,12 @@ pub(crate) struct TrainArgs {
     /// GPT-2 and the Llama family: write the final weights as a Hugging Face checkpoint folder (new or empty) that transformers' from_pretrained loads
     #[arg(long, value_name = "DIR")]
     export_hf: Option<PathBuf>,
-    /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh
+    /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh; what the run was given (data, tokenizer, --seq, --batch, --steps, optimizer, schedule, seed, checkpoint directory) is taken from it unless given again
     #[arg(long, value_name = "PATH")]
     resume: Option<PathBuf>,
+    /// With --resume: train on a data file that changed since the checkpoint's run read it (refused otherwise)
+    #[arg(long, requires = "resume")]
+    data_changed_ok: bool,
     /// Evaluate on held-out rows every N steps (and after the last)
     #[arg(long, value_name = "N")]
     eval_every: Option<usize>,
@@ -480,7 +488,7 @@ pub(crate) struct TrainArgs {
     /// Refuse a run estimated to hold more than SIZE (suffixes K, M, G, T; default 8G)
     #[arg(long, value_name = "SIZE", value_parser = bytes)]
     max_memory: Option<u64>,
-    /// Check every step's loss against one device's even for a large run
+    /// Check every step against one device's (from the run's state) even for a large run
     #[arg(long, conflicts_with = "no_check")]
     check: bool,
     /// Skip the comparison with a one-device run of the same steps
@@ -557,10 +565,13 @@ impl TrainArgs {
             seed: self.seed,
             shuffle: self.shuffle,
             warmup: self.warmup,
-            schedule: match self.schedule {
+            schedule: self.schedule.map(|s| match s {
                 ScheduleArg::Constant => Schedule::Constant,
                 ScheduleArg::Cosine => Schedule::Cosine,
-            },
+                ScheduleArg::Linear => Schedule::Linear,
+            }),
+            min_lr: self.min_lr,
+            data_changed_ok: self.data_changed_ok,
             clip_norm: self.clip_norm,
             grad_accum: self.memory.grad_accum,
             remat: self.memory.remat,
@@ -1090,8 +1101,18 @@ weights as a checkpoint folder in the layout they were read in."
     format!(
         "{model_text}
 
-Every step's loss is compared with the same step on one device, for runs estimated at
-1 GB or less (--check for larger ones, --no-check to skip it).
+With --init DIR (a pretrained Hugging Face folder) and none of --optimizer, --lr,
+--schedule, --weight-decay, --beta1, --beta2, --eps or --no-decay-1d, the run takes
+transformers' Trainer's defaults for fine-tuning: adamw without weight decay, lr 5e-5,
+a linear decay to 0 one step past the last (--min-lr ends it there at the last step),
+as the header line says.
+
+Every step is checked against the same step on one device, for runs estimated at 1 GB
+or less (--check for larger ones, --no-check to skip it): the one-device run takes the
+run's weights and optimizer state before each host call, and its losses (relative
+tolerance 1e-9 in f64, 1e-3 in f32) and the state it leaves (1e-9, 1e-2) must match the
+run's, so a loss spike that makes two runs drift apart does not fail it and a wrong
+collective does.
 
 Ctrl-C (SIGINT) or SIGTERM finishes the current host call, saves a checkpoint if
 --checkpoint-dir is given, writes --losses-json and exits with status 130; a second one

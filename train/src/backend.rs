@@ -67,6 +67,7 @@ pub(crate) fn plugin(given: Option<&Path>, flag: &str) -> Result<Plugin> {
 pub(crate) fn make(kind: &BackendKind, devices: usize) -> Result<Chosen> {
     match kind {
         BackendKind::Interpreter => Ok(Chosen::default()),
+        BackendKind::Custom(b) => Ok(Chosen { backend: Some(Arc::clone(&b.0)), target: None }),
         BackendKind::Xla { plugin: given, partitioner } => {
             let flag = if given.is_some() { "pjrt-plugin" } else { "backend" };
             let loaded = plugin(given.as_deref(), flag)?;

@@ -188,14 +188,29 @@ impl OptimizerKind {
     }
 }
 
-/// The learning rate after warm-up.
+/// The learning rate after warm-up. The decays end where Hugging Face's schedulers
+/// do: at 0 one step past the last (the last step still learns), or at
+/// [`Config::min_lr`] at the last step when that is given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Schedule {
     /// Constant.
     #[default]
     Constant,
-    /// Cosine decay to 0 at the last step.
+    /// A cosine decay (`get_cosine_schedule_with_warmup`'s).
     Cosine,
+    /// A linear decay (`get_linear_schedule_with_warmup`'s, `Trainer`'s default).
+    Linear,
+}
+
+impl Schedule {
+    /// The name `--schedule` takes and a checkpoint records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Constant => "constant",
+            Schedule::Cosine => "cosine",
+            Schedule::Linear => "linear",
+        }
+    }
 }
 
 /// Whether every step's loss is checked against one device's.
@@ -257,12 +272,29 @@ pub enum BackendKind {
         /// shipped one.
         target_config: Option<PathBuf>,
     },
+    /// A back end of the caller's own (no flag): the steps compile through it, split
+    /// by the partitioner it names.
+    Custom(CustomBackend),
 }
+
+/// A [`Backend`](meshwork_strategy::backend::Backend) implementation given to the
+/// trainer (a back end of one's own, or one wrapping meshwork's to test what runs on
+/// it); two are equal when they are the same object.
+#[derive(Debug, Clone)]
+pub struct CustomBackend(pub std::sync::Arc<dyn meshwork_strategy::backend::Backend>);
+
+impl PartialEq for CustomBackend {
+    fn eq(&self, other: &CustomBackend) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CustomBackend {}
 
 impl BackendKind {
     /// Whether XLA compiles the steps (on a client's devices or for a target).
     pub fn is_xla(&self) -> bool {
-        !matches!(self, BackendKind::Interpreter)
+        matches!(self, BackendKind::Xla { .. } | BackendKind::XlaTarget { .. })
     }
 
     /// Who splits a mesh's step.
@@ -272,6 +304,7 @@ impl BackendKind {
             BackendKind::Xla { partitioner, .. } | BackendKind::XlaTarget { partitioner, .. } => {
                 *partitioner
             }
+            BackendKind::Custom(b) => b.0.partitioner(),
         }
     }
 }
@@ -356,8 +389,15 @@ pub struct Config {
     pub shuffle: bool,
     /// `--warmup` steps of linear learning-rate warm-up.
     pub warmup: usize,
-    /// `--schedule`.
-    pub schedule: Schedule,
+    /// `--schedule` (`None`: linear with a pretrained `--init` folder's fine-tuning
+    /// defaults, else constant).
+    pub schedule: Option<Schedule>,
+    /// `--data-changed-ok`: a resumed run trains on a data file that changed since the
+    /// checkpoint's run read it (refused otherwise).
+    pub data_changed_ok: bool,
+    /// `--min-lr`: where a decaying schedule ends, reached at the last step (`None`:
+    /// 0, reached one step past the last).
+    pub min_lr: Option<f64>,
     /// `--clip-norm`: gradients clipped to this global norm.
     pub clip_norm: Option<f64>,
     /// `--eval-every`: evaluate on held-out rows every that many steps.
@@ -469,7 +509,9 @@ impl Default for Config {
             seed: 0,
             shuffle: false,
             warmup: 0,
-            schedule: Schedule::Constant,
+            schedule: None,
+            min_lr: None,
+            data_changed_ok: false,
             clip_norm: None,
             eval_every: None,
             eval_fraction: None,

@@ -66,8 +66,8 @@ pub mod tokenize;
 mod trainer;
 
 pub use config::{
-    AttentionKind, BackendKind, Check, Config, DEFAULT_MAX_MEMORY, Data, LoraSettings, ModelKind,
-    OptimizerKind, OptimizerSettings, Partitioner, Schedule,
+    AttentionKind, BackendKind, Check, Config, CustomBackend, DEFAULT_MAX_MEMORY, Data,
+    LoraSettings, ModelKind, OptimizerKind, OptimizerSettings, Partitioner, Schedule,
 };
 pub use error::{Error, Result};
 pub use init::read_init;

@@ -39,7 +39,11 @@ pub(crate) struct Plan {
     pub(crate) optimizer: Optimizer,
     pub(crate) lr: f64,
     pub(crate) warmup: usize,
-    pub(crate) cosine: bool,
+    pub(crate) schedule: Schedule,
+    /// `--min-lr`: a decay's end, reached at the last step.
+    pub(crate) min_lr: Option<f64>,
+    /// The optimizer and schedule are the fine-tuning defaults ([`FINE_TUNE_LR`]).
+    pub(crate) fine_tune: bool,
     pub(crate) clip: Option<f64>,
     pub(crate) seed: u64,
     pub(crate) shuffle: bool,
@@ -198,13 +202,22 @@ struct Settings {
     optimizer: Optimizer,
     lr: f64,
     loss_scale: Option<meshwork_nn::LossScale>,
-    cosine: bool,
+    schedule: Schedule,
+    fine_tune: bool,
 }
 
+/// The learning rate of a fine-tune's defaults (Hugging Face `Trainer`'s: AdamW
+/// without weight decay, this rate, a linear decay to 0), taken when `--init` is a
+/// pretrained folder and no optimizer setting is given.
+pub(crate) const FINE_TUNE_LR: f64 = 5e-5;
+
 /// `--steps`, `--batch`, the savers, the optimizer and its settings, `--lr`,
-/// `--dtype`, `--steps-per-run`, `--precision`, `--loss-scale-init` and
-/// `--clip-norm`, each at the family's default where not given.
-fn settings(config: &Config, f: &dyn Family, p: &Placement) -> Result<Settings> {
+/// `--schedule`, `--min-lr`, `--dtype`, `--steps-per-run`, `--precision`,
+/// `--loss-scale-init` and `--clip-norm`, each at the family's default where not
+/// given — or, for a `pretrained` folder given no optimizer setting (`--optimizer`,
+/// `--lr`, `--schedule`, `--weight-decay`, `--beta1`, `--beta2`, `--eps`,
+/// `--no-decay-1d`), at a fine-tune's ([`FINE_TUNE_LR`]).
+fn settings(config: &Config, f: &dyn Family, p: &Placement, pretrained: bool) -> Result<Settings> {
     let defaults = f.defaults();
     let steps = config.steps.unwrap_or(defaults.steps);
     let batch = config.batch.unwrap_or(defaults.batch);
@@ -234,12 +247,44 @@ fn settings(config: &Config, f: &dyn Family, p: &Placement) -> Result<Settings> 
         _ => {}
     }
     let savers = savers(config, p.layout, batch, f.blocks(), f.name())?;
-    let optimizer_kind = config.optimizer.unwrap_or(defaults.optimizer);
-    let optimizer = optimizer_kind.with(&config.optimizer_settings)?;
+    let fine_tune = pretrained
+        && config.optimizer.is_none()
+        && config.lr.is_none()
+        && config.schedule.is_none()
+        && config.optimizer_settings == crate::OptimizerSettings::default();
+    let (optimizer_kind, optimizer_settings) = if fine_tune {
+        let none = crate::OptimizerSettings { weight_decay: Some(0.0), ..Default::default() };
+        (OptimizerKind::AdamW, none)
+    } else {
+        (config.optimizer.unwrap_or(defaults.optimizer), config.optimizer_settings)
+    };
+    let optimizer = optimizer_kind.with(&optimizer_settings)?;
     let adam = matches!(optimizer_kind, OptimizerKind::Adam | OptimizerKind::AdamW);
-    let lr = config.lr.unwrap_or(if adam { defaults.lr.1 } else { defaults.lr.0 });
+    let lr = match config.lr {
+        Some(lr) => lr,
+        None if fine_tune => FINE_TUNE_LR,
+        None if adam => defaults.lr.1,
+        None => defaults.lr.0,
+    };
     if !(lr.is_finite() && lr > 0.0) {
         return Err(usage(format!("--lr {} must be a positive number", number_text(lr))));
+    }
+    let schedule = match config.schedule {
+        Some(s) => s,
+        None if fine_tune => Schedule::Linear,
+        None => Schedule::Constant,
+    };
+    if let Some(m) = config.min_lr {
+        if schedule == Schedule::Constant {
+            return Err(usage("--min-lr is where a decay ends: give --schedule linear or cosine"));
+        }
+        if !(m.is_finite() && (0.0..=lr).contains(&m)) {
+            return Err(usage(format!(
+                "--min-lr {} must be a number from 0 to --lr ({})",
+                number_text(m),
+                number_text(lr)
+            )));
+        }
     }
     if let Some(d) = config.dtype
         && !matches!(d, DType::F32 | DType::F64)
@@ -279,8 +324,7 @@ fn settings(config: &Config, f: &dyn Family, p: &Placement) -> Result<Settings> 
     {
         return Err(usage(format!("--clip-norm {c} must be a positive number")));
     }
-    let cosine = config.schedule == Schedule::Cosine;
-    Ok(Settings { steps, batch, savers, optimizer, lr, loss_scale, cosine })
+    Ok(Settings { steps, batch, savers, optimizer, lr, loss_scale, schedule, fine_tune })
 }
 
 /// The outputs: known writable before any work, each its own path, nothing of the
@@ -355,6 +399,14 @@ fn check_outputs(config: &Config, f: &dyn Family, lora_run: bool) -> Result<()> 
                 format!("{} is also --{g}'s; give each output its own path", p.display()),
             ));
         }
+    }
+    if let Some(p) = &config.plot
+        && !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"))
+    {
+        return Err(Error::flag(
+            "plot",
+            format!("{}: the plot is SVG; give a name ending .svg", p.display()),
+        ));
     }
     Ok(())
 }
@@ -480,7 +532,25 @@ fn dtype_of(config: &Config, saved: Option<&Saved>, default: DType) -> Result<DT
     Ok(dtype)
 }
 
+/// The run `config` asks for: with `--resume`, what it leaves unset taken from the
+/// resumed run's recorded flags ([`crate::resume::remembered`]), a note for each flag
+/// given that differs.
 pub(crate) fn plan(config: &Config) -> Result<Plan> {
+    // A checkpoint that cannot be read is `weights_from`'s to refuse, saying why.
+    let saved = config.resume.as_deref().and_then(|r| Saved::read(r).ok());
+    let Some(saved) = saved.filter(|s| s.origin == Origin::Trainer) else {
+        return plan_of(config);
+    };
+    let Some(flags) = saved.meta.get("flags") else { return plan_of(config) };
+    let lora = saved.meta.get("lora").is_some_and(|l| !l.is_null());
+    let (config, notes) = crate::resume::remembered(config, &saved.dir, flags, lora)?;
+    drop(saved);
+    let mut p = plan_of(&config)?;
+    p.warnings.splice(0..0, notes);
+    Ok(p)
+}
+
+fn plan_of(config: &Config) -> Result<Plan> {
     let limit = config.max_memory;
     let (init, saved) = weights_from(config)?;
     let family = family::choose(config, &init, saved.as_ref().map(Saved::model))?;
@@ -489,7 +559,7 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
     }
     let place = placement(config, &family.defaults())?;
     let local_devices = spread(config, &place)?;
-    let run = settings(config, family, &place)?;
+    let run = settings(config, family, &place, matches!(init, Init::Folder { .. }))?;
     // The outputs are process 0's to write (its file system's paths).
     if config.processes.as_ref().is_none_or(crate::Processes::leads) {
         let saved_lora =
@@ -643,7 +713,9 @@ pub(crate) fn plan(config: &Config) -> Result<Plan> {
         optimizer: run.optimizer,
         lr: run.lr,
         warmup: config.warmup,
-        cosine: run.cosine,
+        schedule: run.schedule,
+        min_lr: config.min_lr,
+        fine_tune: run.fine_tune,
         clip: config.clip_norm,
         seed: config.seed,
         shuffle: config.shuffle,
@@ -767,8 +839,10 @@ fn record(
     meta["shuffle"] = config.shuffle.into();
     meta["lr"] = run.lr.into();
     meta["warmup"] = config.warmup.into();
-    meta["schedule"] = (if run.cosine { "cosine" } else { "constant" }).into();
-    meta["cosine_steps"] = serde_json::json!(run.cosine.then_some(run.steps));
+    meta["schedule"] = run.schedule.name().into();
+    let decays = run.schedule != Schedule::Constant;
+    meta["schedule_steps"] = serde_json::json!(decays.then_some(run.steps));
+    meta["min_lr"] = serde_json::json!(config.min_lr);
     let eval_every = config.eval_every.unwrap_or(0);
     if config.eval_every.is_some() && eval_every == 0 {
         return Err(usage("--eval-every must be at least 1 (a step count)"));
@@ -789,6 +863,15 @@ fn record(
     };
     meta["rows"] = rows_all.into();
     meta["data_fingerprint"] = serde_json::json!(examples.fingerprint());
+    let resolved = crate::resume::Resolved {
+        steps: run.steps,
+        batch: run.batch,
+        optimizer: run.optimizer,
+        lr: run.lr,
+        schedule: run.schedule,
+        dtype,
+    };
+    meta["flags"] = crate::resume::flags_record(config, &resolved)?;
     let held = if eval_every > 0 { (fraction * rows_all as f64).ceil() as usize } else { 0 };
     let rows = rows_all - held.min(rows_all);
     if eval_every > 0 && (held < run.batch || rows == 0) {
@@ -1022,7 +1105,8 @@ fn compare(
         ("batch", "--batch"),
         ("warmup", "--warmup"),
         ("schedule", "--schedule"),
-        ("cosine_steps", "--steps (the cosine schedule's length)"),
+        ("schedule_steps", "--steps (the schedule's length)"),
+        ("min_lr", "--min-lr"),
         ("clip_norm", "--clip-norm"),
         ("seed", "--seed"),
         ("shuffle", "--shuffle"),

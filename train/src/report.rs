@@ -59,6 +59,12 @@ pub enum CheckOutcome {
         relative: f64,
         /// The relative tolerance a step had to meet.
         tolerance: f64,
+        /// The largest relative difference (norm-wise, per tensor) of the weights
+        /// and optimizer state after a host call, each host call's steps taken from
+        /// the same state.
+        state: f64,
+        /// The relative tolerance the state had to meet.
+        state_tolerance: f64,
     },
     /// Not run: the run is on one device.
     OneDevice,
@@ -129,8 +135,8 @@ impl Report {
             out.push(format!("  checkpoint   step {at} in {}", dir.display()));
         }
         out.push(match self.check {
-            CheckOutcome::Checked { most, relative, tolerance } => format!(
-                "  check        every step equal to one device's: max |loss - 1-device loss| = {most:.1e} (relative {relative:.1e}, tolerance {tolerance:e})"
+            CheckOutcome::Checked { most, relative, tolerance, state, state_tolerance } => format!(
+                "  check        every step equal to one device's from the same state: max |loss - 1-device loss| = {most:.1e} (relative {relative:.1e}, tolerance {tolerance:e}); weights and optimizer state relative {state:.1e} (tolerance {state_tolerance:e})"
             ),
             CheckOutcome::Large => "  check        not run: a large run (--check runs it)".into(),
             CheckOutcome::OneDevice => "  check        this run is the one-device run".into(),

@@ -221,3 +221,307 @@ fn bare_meta(dir: &Path) -> Result<Value> {
         ))),
     }
 }
+
+/// What a run trains on and how, as its checkpoints record it (`"flags"` in their
+/// run metadata) so that `--resume DIR` alone continues it: the model's source
+/// (`--init`, `--preset`), the data (paths made absolute, and each file's SHA-256
+/// when the run saves checkpoints), the tokenizer that encodes `--text` (`--init`'s
+/// folder's if not given), `--cache-dir`, `--seq`, and as the run resolved them
+/// `--batch`, `--steps`, the optimizer and its settings, `--lr` and the schedule;
+/// `--clip-norm`, `--dtype`, `--precision`, `--seed`, `--shuffle`, the evaluation's
+/// and the checkpoints' cadence. What only changes where or how fast a run goes (the
+/// mesh, the back end, the memory savers) and its other outputs are not remembered.
+pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Value> {
+    use meshwork_nn::Optimizer;
+    use serde_json::json;
+    let abs = |p: Option<&Path>| -> Value {
+        p.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string())
+            .into()
+    };
+    let paths: Vec<Value> = data_paths(&config.data).iter().map(|p| abs(Some(p))).collect();
+    let kind = match &config.data {
+        crate::Data::BuiltIn => "built-in",
+        crate::Data::Npy { .. } => "npy",
+        crate::Data::Tokens(_) => "tokens",
+        crate::Data::Text(_) => "text",
+    };
+    let sha256 = match config.checkpoint_dir.is_some() {
+        true => Value::Array(
+            data_paths(&config.data)
+                .iter()
+                .map(|p| file_sha(p).map(Value::from))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        false => Value::Null,
+    };
+    let folder_tokenizer = config
+        .init
+        .as_ref()
+        .map(|d| d.join("tokenizer.json"))
+        .filter(|t| t.is_file() && matches!(config.data, crate::Data::Text(_)));
+    let tokenizer = config.tokenizer.clone().or(folder_tokenizer);
+    let (optimizer, settings) = match run.optimizer {
+        Optimizer::Sgd => ("sgd", json!({})),
+        Optimizer::Momentum { .. } => ("momentum", json!({})),
+        Optimizer::Adam { beta1, beta2, eps } => {
+            ("adam", json!({"beta1": beta1, "beta2": beta2, "eps": eps}))
+        }
+        Optimizer::AdamW { beta1, beta2, eps, weight_decay, decay_1d } => (
+            "adamw",
+            json!({"beta1": beta1, "beta2": beta2, "eps": eps,
+                   "weight_decay": weight_decay, "no_decay_1d": !decay_1d}),
+        ),
+    };
+    Ok(json!({
+        "init": abs(config.init.as_deref()),
+        "preset": config.preset,
+        "data": {"kind": kind, "paths": paths, "sha256": sha256},
+        "tokenizer": abs(tokenizer.as_deref()),
+        "cache_dir": abs(config.cache_dir.as_deref()),
+        "seq": config.seq,
+        "batch": run.batch,
+        "steps": run.steps,
+        "optimizer": optimizer,
+        "optimizer_settings": settings,
+        "lr": run.lr,
+        "schedule": run.schedule.name(),
+        "min_lr": config.min_lr,
+        "warmup": config.warmup,
+        "clip_norm": config.clip_norm,
+        "dtype": run.dtype.to_string(),
+        "precision": config.precision.map(|d| d.to_string()),
+        "loss_scale_init": config.loss_scale_init,
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+        "eval_every": config.eval_every,
+        "eval_fraction": config.eval_fraction,
+        "checkpoint_dir": abs(config.checkpoint_dir.as_deref()),
+        "checkpoint_every": config.checkpoint_every,
+        "keep": config.keep,
+    }))
+}
+
+/// A run's settings as it resolved them (the defaults taken), for [`flags_record`].
+pub(crate) struct Resolved {
+    pub(crate) steps: usize,
+    pub(crate) batch: usize,
+    pub(crate) optimizer: meshwork_nn::Optimizer,
+    pub(crate) lr: f64,
+    pub(crate) schedule: crate::Schedule,
+    pub(crate) dtype: DType,
+}
+
+/// The files `data` reads.
+fn data_paths(data: &crate::Data) -> Vec<PathBuf> {
+    match data {
+        crate::Data::BuiltIn => Vec::new(),
+        crate::Data::Npy { x, y } => vec![x.clone(), y.clone()],
+        crate::Data::Tokens(p) | crate::Data::Text(p) => vec![p.clone()],
+    }
+}
+
+/// A data file's SHA-256 in hex, streamed.
+fn file_sha(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let cannot = |e: std::io::Error| Error::usage(format!("cannot read {}: {e}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(cannot)?;
+    let mut hash = sha2::Sha256::new();
+    let mut block = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut block).map_err(cannot)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&block[..n]);
+    }
+    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `config` with what it leaves unset taken from the flags its resumed checkpoint's
+/// run was given (`flags`, [`flags_record`]), and a line for each flag given anyway
+/// that differs from that run's. A data file the run read whose SHA-256 has changed
+/// since is refused unless `--data-changed-ok`. (`--seed`, `--warmup` and
+/// `--shuffle` have no unset value: at their defaults they are taken from the run.)
+pub(crate) fn remembered(
+    config: &crate::Config,
+    dir: &Path,
+    flags: &Value,
+    lora: bool,
+) -> Result<(crate::Config, Vec<String>)> {
+    use crate::{Config, Data, OptimizerKind, Schedule};
+    let mut c: Config = config.clone();
+    let mut notes = Vec::new();
+    let bad = |key: &str| {
+        refuse(format!(
+            "{}: its recorded flags give {key} {}, which meshwork cannot read",
+            dir.display(),
+            flags[key]
+        ))
+    };
+    let path = |key: &str| -> Result<Option<PathBuf>> {
+        match &flags[key] {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(PathBuf::from(s))),
+            _ => Err(bad(key)),
+        }
+    };
+    let num = |key: &str| -> Result<Option<f64>> {
+        match &flags[key] {
+            Value::Null => Ok(None),
+            v => v.as_f64().map(Some).ok_or_else(|| bad(key)),
+        }
+    };
+    let count = |key: &str| -> Result<Option<usize>> {
+        match &flags[key] {
+            Value::Null => Ok(None),
+            v => v.as_u64().and_then(|n| usize::try_from(n).ok()).map(Some).ok_or_else(|| bad(key)),
+        }
+    };
+    let dtype = |key: &str| -> Result<Option<DType>> {
+        match &flags[key] {
+            Value::Null => Ok(None),
+            v => v.as_str().and_then(|s| s.parse().ok()).map(Some).ok_or_else(|| bad(key)),
+        }
+    };
+    // Unset: the run's; given and not the run's: a note (unless the settings'
+    // comparison with the checkpoint warns of it: `said`).
+    fn take<T: Clone + PartialEq + std::fmt::Debug>(
+        mine: &mut Option<T>,
+        theirs: Option<T>,
+        flag: &str,
+        notes: &mut Vec<String>,
+    ) {
+        match (mine.as_ref(), theirs) {
+            (None, t) => *mine = t,
+            (Some(m), Some(t)) if *m != t => notes.push(format!(
+                "{flag} {} given: the resumed run had {}",
+                format!("{m:?}").trim_matches('"'),
+                format!("{t:?}").trim_matches('"')
+            )),
+            _ => {}
+        }
+    }
+    let mut said = Vec::new();
+    // A LoRA run's base (its checkpoint holds the adapter alone); a full run's
+    // weights are the checkpoint's.
+    if lora {
+        take(&mut c.init, path("init")?, "--init", &mut notes);
+    }
+    take(&mut c.tokenizer, path("tokenizer")?, "--tokenizer", &mut notes);
+    take(&mut c.cache_dir, path("cache_dir")?, "--cache-dir", &mut notes);
+    take(&mut c.seq, count("seq")?, "--seq", &mut notes);
+    take(&mut c.batch, count("batch")?, "--batch", &mut said);
+    take(&mut c.steps, count("steps")?, "--steps", &mut notes);
+    let optimizer = match flags["optimizer"].as_str() {
+        None => None,
+        Some("sgd") => Some(OptimizerKind::Sgd),
+        Some("momentum") => Some(OptimizerKind::Momentum),
+        Some("adam") => Some(OptimizerKind::Adam),
+        Some("adamw") => Some(OptimizerKind::AdamW),
+        Some(_) => return Err(bad("optimizer")),
+    };
+    // The optimizer's settings go with it: taken when the optimizer is the run's.
+    let same_optimizer = c.optimizer.is_none() || c.optimizer == optimizer;
+    take(&mut c.optimizer, optimizer, "--optimizer", &mut notes);
+    if same_optimizer {
+        let s = &flags["optimizer_settings"];
+        let setting = |key: &str| -> Result<Option<f64>> {
+            match &s[key] {
+                Value::Null => Ok(None),
+                v => v.as_f64().map(Some).ok_or_else(|| bad("optimizer_settings")),
+            }
+        };
+        let o = &mut c.optimizer_settings;
+        take(&mut o.weight_decay, setting("weight_decay")?, "--weight-decay", &mut notes);
+        take(&mut o.beta1, setting("beta1")?, "--beta1", &mut notes);
+        take(&mut o.beta2, setting("beta2")?, "--beta2", &mut notes);
+        take(&mut o.eps, setting("eps")?, "--eps", &mut notes);
+        o.no_decay_1d |= s["no_decay_1d"].as_bool().unwrap_or(false);
+    }
+    take(&mut c.lr, num("lr")?, "--lr", &mut said);
+    let schedule = match flags["schedule"].as_str() {
+        None => None,
+        Some(name) => Some(
+            [Schedule::Constant, Schedule::Cosine, Schedule::Linear]
+                .into_iter()
+                .find(|s| s.name() == name)
+                .ok_or_else(|| bad("schedule"))?,
+        ),
+    };
+    take(&mut c.schedule, schedule, "--schedule", &mut said);
+    take(&mut c.min_lr, num("min_lr")?, "--min-lr", &mut said);
+    take(&mut c.clip_norm, num("clip_norm")?, "--clip-norm", &mut said);
+    take(&mut c.dtype, dtype("dtype")?, "--dtype", &mut notes);
+    take(&mut c.precision, dtype("precision")?, "--precision", &mut notes);
+    take(&mut c.loss_scale_init, num("loss_scale_init")?, "--loss-scale-init", &mut notes);
+    take(&mut c.eval_every, count("eval_every")?, "--eval-every", &mut notes);
+    take(&mut c.eval_fraction, num("eval_fraction")?, "--eval-fraction", &mut said);
+    // Resumed by its checkpoint directory (not one step of it), the run goes on
+    // saving there as it did.
+    let theirs = path("checkpoint_dir")?;
+    let same = |a: &Path, b: &Path| {
+        std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).ok() == Some(a))
+    };
+    if let (None, Some(dir), Some(resume)) = (&c.checkpoint_dir, &theirs, &config.resume)
+        && same(dir, resume)
+    {
+        c.checkpoint_dir = theirs.clone();
+        take(&mut c.checkpoint_every, count("checkpoint_every")?, "--checkpoint-every", &mut said);
+        take(&mut c.keep, count("keep")?, "--keep", &mut said);
+    }
+    let defaults = Config::default();
+    if c.warmup == defaults.warmup {
+        c.warmup = count("warmup")?.unwrap_or(c.warmup);
+    }
+    if c.seed == defaults.seed {
+        c.seed = flags["seed"].as_u64().unwrap_or(c.seed);
+    }
+    c.shuffle |= flags["shuffle"].as_bool().unwrap_or(false);
+    // The data: as given (a note where they are not the run's), else the run's.
+    let theirs: Vec<PathBuf> = flags["data"]["paths"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(Value::as_str).map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let kind = flags["data"]["kind"].as_str().unwrap_or("built-in");
+    if c.data == Data::BuiltIn {
+        c.data = match (kind, theirs.as_slice()) {
+            ("built-in", []) => Data::BuiltIn,
+            ("npy", [x, y]) => Data::Npy { x: x.clone(), y: y.clone() },
+            ("tokens", [t]) => Data::Tokens(t.clone()),
+            ("text", [t]) => Data::Text(t.clone()),
+            _ => return Err(bad("data")),
+        };
+    }
+    let mine: Vec<PathBuf> = data_paths(&c.data)
+        .iter()
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    if mine != theirs {
+        notes.push(format!(
+            "the data given ({}) are not the resumed run's ({})",
+            shown(&mine),
+            if theirs.is_empty() { "built-in rows".into() } else { shown(&theirs) }
+        ));
+    } else if let Some(shas) = flags["data"]["sha256"].as_array() {
+        for (p, sha) in mine.iter().zip(shas) {
+            let now = file_sha(p).map_err(|e| refuse(e.to_string()))?;
+            if sha.as_str() != Some(now.as_str()) && !config.data_changed_ok {
+                return Err(refuse(format!(
+                    "{} has changed since the resumed run read it (SHA-256 {} then, {now} now); --data-changed-ok trains on it as it is now",
+                    p.display(),
+                    sha.as_str().unwrap_or("?"),
+                )));
+            }
+        }
+    }
+    Ok((c, notes))
+}
+
+/// Paths joined for a note.
+fn shown(paths: &[PathBuf]) -> String {
+    if paths.is_empty() {
+        return "built-in rows".into();
+    }
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}

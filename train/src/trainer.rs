@@ -55,16 +55,56 @@ impl std::fmt::Debug for Trainer {
 }
 
 /// The learning rate of step `s` (from 0) of `steps`: a linear warm-up over `warmup`
-/// steps to `lr`, then `lr`, or a cosine decay to 0 at the last step.
-pub fn learning_rate(lr: f64, s: usize, steps: usize, warmup: usize, cosine: bool) -> f64 {
+/// steps to `lr` (step `s` < `warmup` at `lr · (s + 1) / warmup`), then `schedule`:
+/// constant, or a linear or cosine decay as `transformers`' schedulers compute it —
+/// from `lr` at step `warmup` to 0 one step past the last, so the last step still
+/// learns — or, with `min_lr`, to `min_lr` reached at the last step.
+pub fn learning_rate(
+    lr: f64,
+    s: usize,
+    steps: usize,
+    warmup: usize,
+    schedule: crate::Schedule,
+    min_lr: Option<f64>,
+) -> f64 {
     if s < warmup {
         return lr * (s + 1) as f64 / warmup as f64;
     }
-    if !cosine || steps <= warmup + 1 {
+    let span = steps.saturating_sub(warmup).saturating_sub(usize::from(min_lr.is_some()));
+    if schedule == crate::Schedule::Constant || span == 0 {
         return lr;
     }
-    let t = (s - warmup) as f64 / (steps - warmup - 1) as f64;
-    lr * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+    let t = ((s - warmup) as f64 / span as f64).min(1.0);
+    let left = match schedule {
+        crate::Schedule::Linear => 1.0 - t,
+        _ => 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
+    };
+    let floor = min_lr.unwrap_or(0.0);
+    floor + (lr - floor) * left
+}
+
+/// The schedule as the run's header line says it: `, linear to 0`, `, cosine to
+/// 1e-6, warm-up 10` (empty for a constant rate without warm-up).
+fn schedule_text(p: &Plan) -> String {
+    let mut text = String::new();
+    if p.schedule != crate::Schedule::Constant {
+        let end = number_text(p.min_lr.unwrap_or(0.0));
+        text.push_str(&format!(", {} to {end}", p.schedule.name()));
+    }
+    if p.warmup > 0 {
+        text.push_str(&format!(", warm-up {}", p.warmup));
+    }
+    text
+}
+
+/// `--plot`'s chart of the losses so far (process 0's to write), when asked for.
+fn write_plot(p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
+    if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
+        let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
+        write_new(path, svg(&progress.losses, &progress.evals, first, &title).as_bytes())
+            .map_err(|e| Error::failed(format!("--plot {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// An optimizer as a person names it: `adam`, `momentum 0.9`, `adamw (decay 0.01)`.
@@ -93,12 +133,70 @@ pub(crate) fn check_step(
     match want {
         Some(want) if !want.is_finite() || (loss - want).abs() > tol * want.abs().max(1e-12) => {
             Err(Error::failed(format!(
-                "step {}: loss {loss} on {layout}, {want} on one device (tolerance {tol:e} relative)",
+                "step {}: loss {loss} on {layout}, {want} on one device (tolerance {tol:e} relative); --no-check skips this comparison",
                 s + 1,
             )))
         }
         _ => Ok(()),
     }
+}
+
+/// A step's loss and, when checked, the one-device check's.
+type Checked = (f64, Option<f64>);
+
+/// How far the one-device check's state (weights and optimizer slots) is from the
+/// run's after a host call: the largest relative difference and where.
+#[derive(Debug, Clone)]
+struct StateDifference {
+    relative: f64,
+    name: String,
+}
+
+/// `‖a − b‖ / ‖b‖` (Euclidean, over the elements finite in both, scaled by the
+/// largest so that nothing overflows; `‖a‖` against 0 when `b` is all zeros);
+/// infinite where an element is finite in one and not the other, or the shapes
+/// differ. (Elements not finite in both are the loss's to report.)
+fn relative_difference(a: &Tensor, b: &Tensor) -> f64 {
+    if a.shape() != b.shape() {
+        return f64::INFINITY;
+    }
+    let (a, b) = (a.to_f64(), b.to_f64());
+    let mut scale = 0.0f64;
+    for (x, y) in a.iter().zip(&b) {
+        if x.is_finite() != y.is_finite() {
+            return f64::INFINITY;
+        }
+        if x.is_finite() {
+            scale = scale.max(x.abs()).max(y.abs());
+        }
+    }
+    if scale == 0.0 {
+        return 0.0;
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(&b).filter(|(x, _)| x.is_finite()) {
+        let (x, y) = (x / scale, y / scale);
+        diff += (x - y) * (x - y);
+        norm += y * y;
+    }
+    if norm == 0.0 {
+        return diff.sqrt();
+    }
+    (diff / norm).sqrt()
+}
+
+/// The state after step `s` against the one-device check's ([`StateDifference`]):
+/// further than `tol` fails the run, naming the tensor.
+fn check_state(s: usize, diff: &StateDifference, tol: f64, layout: &str) -> Result<()> {
+    if diff.relative <= tol {
+        return Ok(());
+    }
+    Err(Error::failed(format!(
+        "after step {}: {} on {layout} is {:.1e} (relative) from one device's (tolerance {tol:e}); --no-check skips this comparison",
+        s + 1,
+        diff.name,
+        diff.relative,
+    )))
 }
 
 /// A checkpoint directory meshwork may not use, in one line naming `--checkpoint-dir`.
@@ -246,12 +344,14 @@ impl Trainer {
         }
         observer.start(&Start {
             headline: format!(
-                "training {} on {} rows ({}, {}, lr {}) on {where_}, batch {}, {} steps",
+                "training {} on {} rows ({}, {}, lr {}{}{}) on {where_}, batch {}, {} steps",
                 p.net.describe(),
                 p.rows,
                 p.dtype,
                 optimizer_text(p.optimizer),
                 number_text(p.lr),
+                schedule_text(&p),
+                if p.fine_tune { "; fine-tuning defaults, as transformers' Trainer" } else { "" },
                 p.batch,
                 p.steps
             ),
@@ -271,6 +371,10 @@ impl Trainer {
                 return Err(outcome.err().unwrap_or(Ended::Here(e)));
             }
         }
+        // A failed run's plot too (its steps so far), unless writing it fails as well.
+        if outcome.is_err() && !progress.losses.is_empty() {
+            let _ = write_plot(&p, &progress, &where_, first);
+        }
         let stopped = outcome?;
         run.finish(&p, &progress, &where_, first, (out.export.as_ref(), out.export_lora.as_ref()))?;
         let accuracy = match (&p.classification, &run.eval) {
@@ -279,7 +383,13 @@ impl Trainer {
         };
         let check = if p.check {
             let tolerance = tolerance(&p);
-            CheckOutcome::Checked { most: progress.most, relative: progress.most_rel, tolerance }
+            CheckOutcome::Checked {
+                most: progress.most,
+                relative: progress.most_rel,
+                tolerance,
+                state: progress.most_state,
+                state_tolerance: state_tolerance(&p),
+            }
         } else if p.layout.devices() == 1 {
             CheckOutcome::OneDevice
         } else if let Some(procs) = &p.processes {
@@ -319,6 +429,22 @@ fn tolerance(p: &Plan) -> f64 {
         (None, DType::F64) if p.net.model().float32_parts() => 1e-6,
         (None, DType::F64) => 1e-9,
         (None, _) => 1e-3,
+    }
+}
+
+/// The check's tolerance for the state after a host call (relative, norm-wise, the
+/// largest over the tensors). Adam divides each gradient by its own scale, so an
+/// element whose gradient is rounding noise takes a whole step either way: the state
+/// differs more than the loss. Measured (GPT-2's oracle, Adam at 0.01 through a loss
+/// spike, 2x1, 100 steps): 1.8e-13 in f64, 1.7e-4 in f32, 2.2e-2 with bf16 products;
+/// the Llama family's f64 runs 6e-15 on the interpreter (their float32 parts round
+/// differently on XLA: allowed 1e-4). A forgotten reduction moves it by order 1.
+fn state_tolerance(p: &Plan) -> f64 {
+    match (p.precision, p.dtype) {
+        (Some(_), _) => 0.25,
+        (None, DType::F64) if p.net.model().float32_parts() => 1e-4,
+        (None, DType::F64) => 1e-9,
+        (None, _) => 1e-2,
     }
 }
 
@@ -418,6 +544,8 @@ struct Progress {
     /// The one-device check's largest absolute and relative differences.
     most: f64,
     most_rel: f64,
+    /// The largest relative difference of the state after a host call.
+    most_state: f64,
 }
 
 /// What a run writes as it goes: its checkpoints and its metrics lines; and the
@@ -529,7 +657,9 @@ impl Outputs {
 /// A run's compiled steps, the one-device check beside them and the evaluation.
 struct Running<'s> {
     run: Box<dyn Steps + 's>,
-    reference: Option<Box<dyn Steps + 's>>,
+    /// The one-device check's steps, and the state it takes from the run before each
+    /// host call (every weight and optimizer slot but the frozen weights).
+    reference: Option<(Box<dyn Steps + 's>, Vec<String>)>,
     eval: Option<Eval<'s>>,
 }
 
@@ -559,7 +689,20 @@ impl<'s> Running<'s> {
         // The check runs the plain step: no micro-batches, recomputation or split weights.
         let plain = Recipe { savers: Savers::default(), ..recipe };
         let one_device = Layout::Mesh { data: 1, model: 1 };
-        let reference = if p.check { Some(start(one, one_device, &plain)?) } else { None };
+        let reference = match p.check {
+            true => {
+                let steps = start(one, one_device, &plain)?;
+                let model = p.net.model();
+                let shared = steps
+                    .held()?
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .filter(|n| model.trains(n) || !p.net.weight_dims().iter().any(|(w, _)| w == n))
+                    .collect();
+                Some((steps, shared))
+            }
+            false => None,
+        };
         Ok(Running { run, reference, eval })
     }
 
@@ -570,7 +713,7 @@ impl<'s> Running<'s> {
         let restored = |e: meshwork_strategy::Error| Error::flag("resume", e);
         if saved.origin == Origin::Trainer {
             let at = self.run.restore(&saved.dir).map_err(restored)?;
-            if let Some(r) = self.reference.as_mut() {
+            if let Some((r, _)) = self.reference.as_mut() {
                 r.restore(&saved.dir).map_err(restored)?;
             }
             return Ok(at);
@@ -581,13 +724,13 @@ impl<'s> Running<'s> {
         let values = read_checkpoint(&saved.dir, &wanted)
             .map_err(|e| Error::flag("resume", format!("{}: {e}", saved.dir.display())))?;
         for ((name, _, _), t) in wanted.iter().zip(values) {
-            if let Some(r) = self.reference.as_mut() {
+            if let Some((r, _)) = self.reference.as_mut() {
                 r.set(name, t.clone())?;
             }
             self.run.set(name, t)?;
         }
         self.run.set_steps(saved.step);
-        if let Some(r) = self.reference.as_mut() {
+        if let Some((r, _)) = self.reference.as_mut() {
             r.set_steps(saved.step);
         }
         Ok(saved.step)
@@ -609,10 +752,14 @@ impl<'s> Running<'s> {
         let (per_row, unit) = p.net.per_row();
         let mut rows = Rows::new(p);
         let mut ahead: VecDeque<(f64, Option<f64>)> = VecDeque::new();
+        // The check of the state a host call left: (its last step, the difference).
+        let mut state_at: Option<(usize, StateDifference)> = None;
         for s in first..steps {
-            let lr = learning_rate(p.lr, s, steps, p.warmup, p.cosine);
+            let lr = learning_rate(p.lr, s, steps, p.warmup, p.schedule, p.min_lr);
             if ahead.is_empty() {
-                ahead.extend(self.host_call(p, &mut rows, s, &mut progress.busy)?);
+                let (losses, state) = self.host_call(p, &mut rows, s, &mut progress.busy)?;
+                ahead.extend(losses);
+                state_at = state.map(|d| (s + ahead.len().max(1) - 1, d));
             }
             let (loss, want) = ahead
                 .pop_front()
@@ -624,6 +771,10 @@ impl<'s> Running<'s> {
                 progress.most_rel = progress.most_rel.max(rel);
             }
             check_step(s, loss, want, tol, where_)?;
+            if let Some((_, diff)) = state_at.take_if(|(at, _)| *at == s) {
+                progress.most_state = progress.most_state.max(diff.relative);
+                check_state(s, &diff, state_tolerance(p), where_)?;
+            }
             let rate = ((s + 1 - first) * p.batch) as f64 * per_row as f64
                 / progress.busy.as_secs_f64().max(1e-12);
             if let Some(m) = out.manager.as_mut()
@@ -680,15 +831,16 @@ impl<'s> Running<'s> {
         Ok(false)
     }
 
-    /// One host call from step `s`: its steps run (and the check's), their losses and
-    /// the check's beside them.
+    /// One host call from step `s`: its steps run (and the check's, from the run's
+    /// state), their losses and the check's beside them, and how far the check's
+    /// state after them is from the run's.
     fn host_call(
         &mut self,
         p: &Plan,
         rows: &mut Rows,
         s: usize,
         busy: &mut Duration,
-    ) -> Result<Vec<(f64, Option<f64>)>> {
+    ) -> Result<(Vec<Checked>, Option<StateDifference>)> {
         let mut end = s.saturating_add(p.steps_per_run).min(p.steps);
         for every in [p.eval_every, p.checkpoint_every] {
             if let Some(k) = s.checked_div(every) {
@@ -696,16 +848,35 @@ impl<'s> Running<'s> {
             }
         }
         let feeds = (s..end).map(|k| rows.batch(p, k)).collect::<Result<Vec<_>>>()?;
-        let lrs: Vec<f64> =
-            (s..end).map(|k| learning_rate(p.lr, k, p.steps, p.warmup, p.cosine)).collect();
+        let lrs: Vec<f64> = (s..end)
+            .map(|k| learning_rate(p.lr, k, p.steps, p.warmup, p.schedule, p.min_lr))
+            .collect();
+        // The check starts from the run's state, so that it compares these steps'
+        // arithmetic alone, not rounding amplified over the steps before (a loss
+        // spike makes trajectories drift apart however exact each step is).
+        // (Read a tensor at a time: no second copy of the state is held.)
+        if let Some((r, shared)) = self.reference.as_mut() {
+            for name in shared.iter() {
+                r.set(name, self.run.weight(name)?)?;
+            }
+        }
         let t = Instant::now();
         let got = self.run.steps(&feeds, &lrs, s)?;
         *busy += t.elapsed();
-        let want = match self.reference.as_mut() {
-            Some(r) => r.steps(&feeds, &lrs, s)?.into_iter().map(Some).collect(),
-            None => vec![None; got.len()],
+        let Some((r, shared)) = self.reference.as_mut() else {
+            return Ok((got.into_iter().map(|l| (l, None)).collect(), None));
         };
-        Ok(got.into_iter().zip(want).collect())
+        let want = r.steps(&feeds, &lrs, s)?;
+        // What the steps made of the state (a wrong gradient shows here before any
+        // loss does), compared norm-wise tensor by tensor.
+        let mut worst = StateDifference { relative: 0.0, name: String::new() };
+        for name in shared.iter() {
+            let relative = relative_difference(&self.run.weight(name)?, &r.weight(name)?);
+            if relative > worst.relative || relative.is_nan() {
+                worst = StateDifference { relative, name: name.clone() };
+            }
+        }
+        Ok((got.into_iter().zip(want.into_iter().map(Some)).collect(), Some(worst)))
     }
 
     /// Saves the losses so far, then step `step` into `manager`: in that order, so
@@ -777,12 +948,7 @@ impl<'s> Running<'s> {
                 .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
             }
         }
-        if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
-            let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
-            write_new(path, svg(&progress.losses, &progress.evals, first, &title).as_bytes())
-                .map_err(|e| Error::failed(format!("--plot {}: {e}", path.display())))?;
-        }
-        Ok(())
+        write_plot(p, progress, where_, first)
     }
 
     /// A classifier trained on all its rows: its accuracy on them, every row a batch
@@ -877,6 +1043,52 @@ pub fn initial_weights(config: &Config) -> Result<HashMap<String, Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn t(values: &[f64]) -> Tensor {
+        Tensor::from_f64(DType::F64, &[values.len()], values).unwrap()
+    }
+
+    proptest! {
+        /// The state's difference is `‖a − b‖ / ‖b‖` written out (for values that do
+        /// not overflow), 0 for equal tensors, and the same for the tensors scaled by
+        /// 1e300 (no overflow to a NaN or infinity).
+        #[test]
+        fn the_state_difference_is_the_relative_norm(
+            pairs in proptest::collection::vec((-1e3f64..1e3, -1e3f64..1e3), 1..40),
+        ) {
+            let (a, b): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+            let diff: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+            let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+            let want = if norm == 0.0 { diff } else { diff / norm };
+            let got = relative_difference(&t(&a), &t(&b));
+            prop_assert!((got - want).abs() <= 1e-12 * want.max(1.0), "{got} {want}");
+            prop_assert_eq!(relative_difference(&t(&a), &t(&a)), 0.0);
+            let big = |v: &[f64]| v.iter().map(|x| x * 1e300).collect::<Vec<_>>();
+            let scaled = relative_difference(&t(&big(&a)), &t(&big(&b)));
+            prop_assert!((scaled - want).abs() <= 1e-9 * want.max(1.0), "{scaled} {want}");
+        }
+    }
+
+    /// A value finite in one state and not the other is an infinite difference; one
+    /// not finite in both is left to the loss; other shapes differ infinitely.
+    #[test]
+    fn non_finite_states_and_other_shapes() {
+        assert_eq!(relative_difference(&t(&[1.0, f64::NAN]), &t(&[1.0, 2.0])), f64::INFINITY);
+        assert_eq!(relative_difference(&t(&[1.0, f64::NAN]), &t(&[1.0, f64::NAN])), 0.0);
+        assert_eq!(relative_difference(&t(&[1.0]), &t(&[1.0, 2.0])), f64::INFINITY);
+        let m = failed(check_state(
+            2,
+            &StateDifference { relative: 0.5, name: "w".into() },
+            1e-9,
+            "mesh 2x1",
+        ));
+        assert!(m.starts_with("after step 3: w on mesh 2x1 is 5.0e-1 (relative)"), "{m}");
+        assert!(
+            check_state(2, &StateDifference { relative: 1e-10, name: "w".into() }, 1e-9, "x")
+                .is_ok()
+        );
+    }
 
     fn failed(r: Result<()>) -> String {
         match r {
@@ -902,17 +1114,74 @@ mod tests {
         assert!(check_step(1, 2e3, Some(2e3 + 1e-8), 1e-9, "x").is_ok());
     }
 
-    /// The schedule: a linear warm-up to the rate, then constant or a cosine to 0 at
-    /// the last step, against the formula written out.
+    /// The schedule: a linear warm-up to the rate, then constant, or a decay that
+    /// equals `transformers`' schedulers after the warm-up (their rates, printed by
+    /// `get_linear_schedule_with_warmup` and `get_cosine_schedule_with_warmup` over
+    /// an SGD at 0.1, 2026-11-28), or one that reaches `--min-lr` at the last step.
     #[test]
     fn the_learning_rate_warms_up_then_decays() {
-        assert_eq!(learning_rate(0.1, 0, 10, 4, false), 0.025);
-        assert_eq!(learning_rate(0.1, 3, 10, 4, false), 0.1);
-        assert_eq!(learning_rate(0.1, 9, 10, 4, false), 0.1);
-        assert_eq!(learning_rate(0.1, 4, 10, 4, true), 0.1);
-        assert!(learning_rate(0.1, 9, 10, 4, true).abs() < 1e-15);
-        let mid = learning_rate(0.1, 7, 11, 4, true);
-        assert!((mid - 0.05).abs() < 1e-12, "{mid}");
+        use crate::Schedule::{Constant, Cosine, Linear};
+        assert_eq!(learning_rate(0.1, 0, 10, 4, Constant, None), 0.025);
+        assert_eq!(learning_rate(0.1, 3, 10, 4, Constant, None), 0.1);
+        assert_eq!(learning_rate(0.1, 9, 10, 4, Constant, None), 0.1);
+        let hf = [
+            (Linear, 0, 10, &[0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03, 0.02, 0.01][..]),
+            (Linear, 3, 11, &[0.1, 0.0875, 0.075, 0.0625, 0.05, 0.0375, 0.025, 0.0125][..]),
+            (
+                Cosine,
+                0,
+                10,
+                &[
+                    0.1,
+                    0.09755282581475769,
+                    0.09045084971874738,
+                    0.07938926261462366,
+                    0.06545084971874737,
+                    0.05,
+                    0.03454915028125263,
+                    0.02061073738537635,
+                    0.009549150281252633,
+                    0.0024471741852423235,
+                ][..],
+            ),
+            (
+                Cosine,
+                3,
+                11,
+                &[
+                    0.1,
+                    0.09619397662556434,
+                    0.08535533905932738,
+                    0.0691341716182545,
+                    0.05,
+                    0.030865828381745515,
+                    0.014644660940672627,
+                    0.0038060233744356634,
+                ][..],
+            ),
+        ];
+        for (schedule, warmup, steps, theirs) in hf {
+            for (k, want) in theirs.iter().enumerate() {
+                let got = learning_rate(0.1, warmup + k, steps, warmup, schedule, None);
+                assert!(
+                    (got - want).abs() < 1e-15,
+                    "{schedule:?} step {}: {got} {want}",
+                    warmup + k
+                );
+            }
+        }
+        // With --min-lr the decay ends there at the last step, from the rate at the first.
+        for schedule in [Linear, Cosine] {
+            assert_eq!(learning_rate(0.1, 4, 10, 4, schedule, Some(0.01)), 0.1);
+            let last = learning_rate(0.1, 9, 10, 4, schedule, Some(0.01));
+            assert!((last - 0.01).abs() < 1e-15, "{last}");
+            let zero = learning_rate(0.1, 9, 10, 4, schedule, Some(0.0));
+            assert!(zero.abs() < 1e-15, "{zero}");
+        }
+        let mid = learning_rate(0.1, 7, 11, 4, Linear, Some(0.02));
+        assert!((mid - 0.06).abs() < 1e-15, "{mid}");
+        // A decay of one step keeps the rate.
+        assert_eq!(learning_rate(0.1, 0, 1, 0, Linear, Some(0.0)), 0.1);
     }
 
     /// The losses file holds the earlier steps then this run's, `null` where a loss

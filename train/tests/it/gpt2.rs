@@ -1203,8 +1203,9 @@ fn f16_with_loss_scaling_survives_an_overflow() {
     crate::refused_with(&Config { precision: Some(DType::F32), ..base }, "--precision f32");
 }
 
-/// A run with loss scaling checkpoints its scale; resuming it without `--precision
-/// f16`, or resuming a run without scaling with it, is refused naming `--resume`.
+/// A run with loss scaling checkpoints its scale; resumed without `--precision` it
+/// goes on in f16 (the checkpoint's run's), and resuming a run without scaling with
+/// `--precision f16` is refused naming `--resume`.
 #[test]
 fn loss_scaling_resumes_only_with_f16() {
     use meshwork_train::{Config, Data};
@@ -1224,10 +1225,10 @@ fn loss_scaling_resumes_only_with_f16() {
     let more = crate::losses(&on);
     assert_eq!(more.len(), 2);
     assert!(more.iter().all(|l| l.is_finite() && *l < first[0]));
-    crate::refused_with(
-        &Config { precision: None, ..on.clone() },
-        "saved by a run with loss scaling",
-    );
+    // --precision not given: the checkpoint's run's (f16, its loss scale) goes on.
+    let remembered = crate::losses(&Config { precision: None, steps: Some(8), ..on.clone() });
+    assert_eq!(remembered.len(), 2);
+    assert!(remembered.iter().all(|l| l.is_finite() && *l < first[0]));
     let ck2 = tmp.path().join("ck2");
     crate::losses(&Config { checkpoint_dir: Some(ck2.clone()), ..base });
     crate::refused_with(

@@ -427,8 +427,13 @@ fn a_lora_run_resumes_from_its_adapter_checkpoint() {
     assert_eq!(rest.first_step, 5);
     crate::assert_close(&rest.losses, &whole[5..], 1e-12, "resumed");
     assert_eq!(adapter(&out).len(), 8);
-    let e = crate::refused(&meshwork_train::Config { init: None, ..resumed.clone() });
-    assert!(e.contains("LoRA run's checkpoint") && e.contains("--init"), "{e}");
+    // Without --init, the base its checkpoint records (and the rest of its flags).
+    let again = crate::run(&meshwork_train::Config {
+        resume: Some(ck.clone()),
+        steps: Some(12),
+        ..meshwork_train::Config::new(meshwork_train::ModelKind::Auto)
+    });
+    assert_eq!((again.first_step, again.losses.len()), (10, 2));
     // The checkpoint records its base: another base (one bit of one weight changed) is
     // refused.
     let other = dir.path().join("other_base");

@@ -5,6 +5,7 @@
 mod cnn;
 mod commands;
 mod common;
+mod finetune;
 mod gpt2;
 mod llama;
 mod lora;

@@ -143,7 +143,7 @@ fn the_mlp_takes_every_training_flag() {
         optimizer: Some(OptimizerKind::Adam),
         lr: Some(0.01),
         warmup: 5,
-        schedule: meshwork_train::Schedule::Cosine,
+        schedule: Some(meshwork_train::Schedule::Cosine),
         clip_norm: Some(1.0),
         eval_every: Some(50),
         eval_fraction: Some(0.2),

@@ -282,12 +282,12 @@ fn a_transformer_resumes_on_another_mesh_or_pipeline() {
     );
     assert!(run(&resumed(reference_run(10))).losses.is_empty(), "nothing to run");
     refused_with(&resumed(Config { dim: Some(48), ..reference_run(30) }), "--dim is 48");
-    // Other data (the built-in rows) is a warning, not a refusal.
-    let other =
-        Trainer::new(&resumed(Config { data: Data::BuiltIn, ..reference_run(12) })).unwrap();
-    let _ = other;
-    let warned = run(&resumed(Config { data: Data::BuiltIn, lr: Some(0.02), ..reference_run(12) }));
-    assert_eq!(warned.first_step, 10);
+    // Resumed by its directory, the run went on saving there (steps 15 and 20); a
+    // resume that gives no data takes the run's, another learning rate is a warning.
+    assert_eq!(step_dirs(&ck), ["step-00000010", "step-00000015", "step-00000020"]);
+    let warned = run(&resumed(Config { data: Data::BuiltIn, lr: Some(0.02), ..reference_run(22) }));
+    assert_eq!(warned.first_step, 20);
+    assert_eq!(warned.losses.len(), 2);
 }
 
 /// A stop request ends the run after its host call: a checkpoint of that step, the
@@ -334,12 +334,23 @@ fn resume_warns_of_what_may_change_and_refuses_what_may_not() {
         &Config { resume: Some(ck.clone()), dtype: Some(DType::F32), ..mlp((2, 2), 8) },
         "was trained in f64; --dtype is f32",
     );
-    let report =
-        run(&Config { resume: Some(ck.clone()), lr: Some(0.1), batch: Some(32), ..mlp((2, 2), 8) });
+    // (Saving elsewhere: resumed by its directory alone, a run goes on saving there.)
+    let elsewhere = Some(dir.path().join("elsewhere"));
+    let report = run(&Config {
+        resume: Some(ck.clone()),
+        lr: Some(0.1),
+        batch: Some(32),
+        checkpoint_dir: elsewhere,
+        ..mlp((2, 2), 8)
+    });
     assert_eq!(report.first_step, 6);
-    let trainer =
-        Trainer::new(&Config { resume: Some(ck.clone()), lr: Some(0.1), ..mlp((2, 2), 8) })
-            .unwrap();
+    let trainer = Trainer::new(&Config {
+        resume: Some(ck.clone()),
+        lr: Some(0.1),
+        checkpoint_dir: Some(dir.path().join("elsewhere2")),
+        ..mlp((2, 2), 8)
+    })
+    .unwrap();
     let mut seen = Vec::new();
     struct Warnings<'a>(&'a mut Vec<String>);
     impl meshwork_train::Observer for Warnings<'_> {
@@ -348,10 +359,85 @@ fn resume_warns_of_what_may_change_and_refuses_what_may_not() {
         }
     }
     trainer.run(&mut Warnings(&mut seen), &AtomicBool::new(false)).unwrap();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(seen[0].starts_with("--lr 0.1 differs from the checkpoint's 0.5"), "{seen:?}");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], "--steps 8 given: the resumed run had 6", "{seen:?}");
+    assert!(seen[1].starts_with("--lr 0.1 differs from the checkpoint's 0.5"), "{seen:?}");
     refused_with(
         &Config { checkpoint_dir: Some(ck), ..mlp((2, 2), 3) },
         "already holds checkpoints up to step 6, which this run (from step 0) would not continue",
     );
+}
+
+/// The GPT-2 oracle's model fine-tuned on its corpus (the folder's tokenizer; the
+/// fine-tuning defaults), saving into `ck`.
+fn gpt2_text(ck: &Path, text: &Path, steps: usize) -> Config {
+    Config {
+        init: Some(testdata("gpt2/model")),
+        data: Data::Text(text.to_path_buf()),
+        tokenizer: Some(testdata("gpt2/tokenizer.json")),
+        seq: Some(16),
+        batch: Some(4),
+        steps: Some(steps),
+        dtype: Some(DType::F64),
+        checkpoint_dir: Some(ck.to_path_buf()),
+        ..config(ModelKind::Gpt2)
+    }
+}
+
+/// `--resume DIR` alone continues the run it names: stopped after step 3 and resumed
+/// with nothing else given, the run takes its data, tokenizer, sizes, optimizer,
+/// schedule and checkpoint directory from the checkpoint and gives the uninterrupted
+/// run's losses (1e-12); a flag given anyway is a one-line note; a data file changed
+/// since is refused unless `data_changed_ok`.
+#[test]
+fn resume_alone_continues_the_run_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("corpus.txt");
+    std::fs::copy(testdata("gpt2/corpus.txt"), &text).unwrap();
+    let whole = losses(&gpt2_text(&dir.path().join("whole"), &text, 8));
+    let ck = dir.path().join("ck");
+    let flag = Arc::new(AtomicBool::new(false));
+    let mut observer = StopAfter { after: 3, flag: flag.clone(), seen: Vec::new() };
+    let head = Trainer::new(&gpt2_text(&ck, &text, 8)).unwrap().run(&mut observer, &flag).unwrap();
+    assert!(head.stopped);
+    assert_eq!(step_dirs(&ck), ["step-00000003"]);
+    let alone = Config { resume: Some(ck.clone()), ..config(ModelKind::Auto) };
+    let mut seen = Vec::new();
+    struct Warnings<'a>(&'a mut Vec<String>);
+    impl meshwork_train::Observer for Warnings<'_> {
+        fn start(&mut self, s: &meshwork_train::Start) {
+            self.0.extend(s.warnings.iter().cloned());
+            self.0.push(s.headline.clone());
+        }
+    }
+    let tail = Trainer::new(&alone)
+        .unwrap()
+        .run(&mut Warnings(&mut seen), &AtomicBool::new(false))
+        .unwrap();
+    assert_eq!(tail.first_step, 3);
+    assert_eq!(seen.len(), 1, "no warnings: {seen:?}");
+    assert!(seen[0].contains("(f64, adamw (decay 0), lr 5e-5, linear to 0)"), "{seen:?}");
+    let both: Vec<f64> = head.losses.iter().chain(&tail.losses).copied().collect();
+    assert_close(&both, &whole, 1e-12, "stopped and resumed alone");
+    // It went on saving where it saved.
+    assert_eq!(step_dirs(&ck), ["step-00000003", "step-00000008"]);
+    // A flag given anyway: a note naming it and the run's.
+    let longer = Config { steps: Some(10), ..alone.clone() };
+    let mut seen = Vec::new();
+    let more = Trainer::new(&longer)
+        .unwrap()
+        .run(&mut Warnings(&mut seen), &AtomicBool::new(false))
+        .unwrap();
+    assert_eq!(more.first_step, 8);
+    assert!(seen.iter().any(|w| w == "--steps 10 given: the resumed run had 8"), "{seen:?}");
+    // The text changed since: refused, naming the flag that allows it.
+    let mut changed = std::fs::read(&text).unwrap();
+    changed[0] ^= 1;
+    std::fs::write(&text, changed).unwrap();
+    let longer = Config { steps: Some(12), ..alone };
+    let m = refused(&longer);
+    assert!(m.contains("has changed since the resumed run read it"), "{m}");
+    assert!(m.contains("--data-changed-ok"), "{m}");
+    let ok = run(&Config { data_changed_ok: true, ..longer });
+    assert_eq!(ok.first_step, 10);
 }
