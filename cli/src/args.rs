@@ -1101,7 +1101,7 @@ weights as a checkpoint folder in the layout they were read in."
     format!(
         "{model_text}
 
-With --init DIR (a pretrained Hugging Face folder) and none of --optimizer, --lr,
+A new run with --init DIR (a pretrained Hugging Face folder) and none of --optimizer, --lr,
 --schedule, --weight-decay, --beta1, --beta2, --eps or --no-decay-1d, the run takes
 transformers' Trainer's defaults for fine-tuning: adamw without weight decay, lr 5e-5,
 a linear decay to 0 one step past the last (--min-lr ends it there at the last step),
@@ -1109,7 +1109,8 @@ as the header line says.
 
 Every step is checked against the same step on one device, for runs estimated at 1 GB
 or less (--check for larger ones, --no-check to skip it): the one-device run takes the
-run's weights and optimizer state before each host call, and its losses (relative
+run's weights and optimizer state before each host call (--steps-per-run steps, 1 by
+default), and its losses (relative
 tolerance 1e-9 in f64, 1e-3 in f32) and the state it leaves (1e-9, 1e-2) must match the
 run's, so a loss spike that makes two runs drift apart does not fail it and a wrong
 collective does.

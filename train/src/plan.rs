@@ -247,7 +247,9 @@ fn settings(config: &Config, f: &dyn Family, p: &Placement, pretrained: bool) ->
         _ => {}
     }
     let savers = savers(config, p.layout, batch, f.blocks(), f.name())?;
+    // (A resumed run keeps its own: recorded in its checkpoint, or given again.)
     let fine_tune = pretrained
+        && config.resume.is_none()
         && config.optimizer.is_none()
         && config.lr.is_none()
         && config.schedule.is_none()
@@ -587,28 +589,73 @@ fn plan_of(config: &Config) -> Result<Plan> {
         && (place.devices > 1 || place.xla)
         && !targeted
         && spread_over.is_none();
-    let estimate = |net: &Net| {
-        net.memory_estimate(
+    // Spread over processes, each holds its own positions' share of the state (and
+    // its host calls' batches whole).
+    let spread_share = spread_over.map_or(1.0, |p| p.count() as f64);
+    let need_with = |net: &Net, savers: Savers, check: bool| {
+        let need = net.memory_estimate(
             run.batch,
             config.steps_per_run,
             dtype,
             place.layout,
-            checkable,
-            run.savers,
-        )
+            check,
+            savers,
+        );
+        (need.weights + need.activations) / spread_share
+            + need.feeds
+            + bookkeeping(config, run.steps)
     };
-    // Spread over processes, each holds its own positions' share of the state (and
-    // its host calls' batches whole).
-    let spread_share = spread_over.map_or(1.0, |p| p.count() as f64);
     let memory = |net: &Net| {
         // A target's devices are not this machine's: XLA's compile judges their
         // memory (`inspect --target`), not --max-memory.
         if targeted {
             return Ok(());
         }
-        let need = estimate(net);
-        let mine = (need.weights + need.activations) / spread_share + need.feeds;
-        check_memory(mine + bookkeeping(config, run.steps), limit)
+        let need = need_with(net, run.savers, checkable);
+        if need <= limit as f64 {
+            return Ok(());
+        }
+        // What would bring it within the limit, each alone, then together.
+        let mut tries: Vec<(String, Savers, bool)> = Vec::new();
+        if let Layout::Mesh { data, .. } = place.layout {
+            let s = run.savers;
+            if checkable {
+                tries.push(("--no-check".into(), s, false));
+            }
+            let mut all = s;
+            if !s.remat && family.blocks() {
+                tries.push(("--remat".into(), Savers { remat: true, ..s }, checkable));
+                all.remat = true;
+            }
+            if !s.fsdp && data > 1 && config.backend.partitioner() == Partitioner::Meshwork {
+                tries.push(("--fsdp".into(), Savers { fsdp: true, ..s }, checkable));
+                all.fsdp = true;
+            }
+            // The fewest micro-batches that fit (a power of two, up to 1024).
+            let per = data.saturating_mul(s.micro).max(1);
+            let accum = (1..=10)
+                .map(|e| 1usize << e)
+                .filter(|&k| k <= run.batch / per && run.batch.is_multiple_of(per * k))
+                .map(|k| Savers { micro: s.micro * k, ..s })
+                .find(|m| need_with(net, *m, checkable) <= limit as f64);
+            if let Some(m) = accum {
+                tries.push((format!("--grad-accum {}", m.micro), m, checkable));
+            }
+            if all != s {
+                let names = [("--remat", all.remat && !s.remat), ("--fsdp", all.fsdp && !s.fsdp)];
+                let named: Vec<&str> =
+                    names.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
+                if named.len() > 1 {
+                    tries.push((named.join(" "), all, checkable));
+                }
+            }
+        }
+        let fits: Vec<(String, f64)> = tries
+            .into_iter()
+            .map(|(flags, savers, check)| (flags, need_with(net, savers, check)))
+            .filter(|(_, n)| *n <= limit as f64)
+            .collect();
+        Err(memory_error(need, limit, &fits))
     };
     // Spread over processes, each reads only the rows its positions train on.
     let share = config.processes.as_ref().filter(|p| p.count() > 1 && place.stages == 1).map(|p| {
@@ -691,7 +738,14 @@ fn plan_of(config: &Config) -> Result<Plan> {
         }
         _ => Vec::new(),
     };
-    let need = estimate(&net);
+    let need = net.memory_estimate(
+        run.batch,
+        config.steps_per_run,
+        dtype,
+        place.layout,
+        checkable,
+        run.savers,
+    );
     // On XLA (one device or a mesh), each step is checked against the interpreter on one
     // device. Half-precision products round differently when split over devices: such
     // runs are checked only when asked (with a tolerance for it).
@@ -965,15 +1019,6 @@ fn bookkeeping(config: &Config, steps: usize) -> f64 {
     per_step * steps as f64 + 48.0 * config.steps_per_run as f64
 }
 
-/// Refuses a run whose estimated memory (the model's, and its bookkeeping) `need` is
-/// over `limit` (`--max-memory`).
-fn check_memory(need: f64, limit: u64) -> Result<()> {
-    if need > limit as f64 {
-        return Err(memory_error(need, limit));
-    }
-    Ok(())
-}
-
 /// Queries per attention block on the interpreter, where attention is cut.
 pub(crate) const QUERY_BLOCK: usize = 64;
 /// Bytes of attention scores `[B, H, T, T]` (of one layer) the interpreter computes
@@ -1057,12 +1102,23 @@ fn savers(
     Ok(Savers { micro, remat: config.remat, fsdp: config.fsdp })
 }
 
-/// `--max-memory`'s refusal.
-pub(crate) fn memory_error(need: f64, limit: u64) -> Error {
+/// `--max-memory`'s refusal: what the run would hold, and the flags that would bring
+/// it within the limit (`fits`: each with what the run would hold then).
+pub(crate) fn memory_error(need: f64, limit: u64, fits: &[(String, f64)]) -> Error {
+    let fit = match fits {
+        [] => String::new(),
+        _ => format!(
+            "{} would fit; or ",
+            fits.iter()
+                .map(|(f, b)| format!("{f} ({})", crate::report::bytes_text(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     usage(format!(
-        "--max-memory: the run would hold about {:.2} GB, more than {:.2} GB; give smaller sizes, --batch, --steps or --steps-per-run, or a larger --max-memory",
-        need / 1e9,
-        limit as f64 / 1e9
+        "--max-memory: the run would hold about {}, more than {}; {fit}give a larger mesh, smaller sizes or --batch, fewer --steps-per-run, or a larger --max-memory",
+        crate::report::bytes_text(need),
+        crate::report::bytes_text(limit as f64)
     ))
 }
 
@@ -1112,7 +1168,12 @@ fn compare(
         ("shuffle", "--shuffle"),
         ("eval_fraction", "--eval-fraction"),
     ] {
-        if let Some(v) = theirs.get(key)
+        // (Older checkpoints named the schedule's length `cosine_steps`.)
+        let v = match key {
+            "schedule_steps" => theirs.get(key).or_else(|| theirs.get("cosine_steps")),
+            _ => theirs.get(key),
+        };
+        if let Some(v) = v
             && *v != meta[key]
         {
             warnings.push(format!(

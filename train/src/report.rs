@@ -238,7 +238,7 @@ pub fn sparkline(losses: &[f64], width: usize) -> String {
 }
 
 /// A byte count for people: `512 B`, `1.50 MB` (decimal units).
-fn bytes_text(b: f64) -> String {
+pub(crate) fn bytes_text(b: f64) -> String {
     match b {
         b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
         b if b >= 1e6 => format!("{:.2} MB", b / 1e6),

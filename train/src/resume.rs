@@ -225,12 +225,13 @@ fn bare_meta(dir: &Path) -> Result<Value> {
 /// What a run trains on and how, as its checkpoints record it (`"flags"` in their
 /// run metadata) so that `--resume DIR` alone continues it: the model's source
 /// (`--init`, `--preset`), the data (paths made absolute, and each file's SHA-256
-/// when the run saves checkpoints), the tokenizer that encodes `--text` (`--init`'s
-/// folder's if not given), `--cache-dir`, `--seq`, and as the run resolved them
+/// when the run saves checkpoints; process 0's), the tokenizer that encodes `--text`
+/// (`--init`'s folder's if not given), `--seq`, and as the run resolved them
 /// `--batch`, `--steps`, the optimizer and its settings, `--lr` and the schedule;
 /// `--clip-norm`, `--dtype`, `--precision`, `--seed`, `--shuffle`, the evaluation's
 /// and the checkpoints' cadence. What only changes where or how fast a run goes (the
-/// mesh, the back end, the memory savers) and its other outputs are not remembered.
+/// mesh, the back end, the memory savers, the token cache's folder) and its other
+/// outputs are not remembered.
 pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Value> {
     use meshwork_nn::Optimizer;
     use serde_json::json;
@@ -245,7 +246,8 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         crate::Data::Tokens(_) => "tokens",
         crate::Data::Text(_) => "text",
     };
-    let sha256 = match config.checkpoint_dir.is_some() {
+    let leads = config.processes.as_ref().is_none_or(crate::Processes::leads);
+    let sha256 = match config.checkpoint_dir.is_some() && leads {
         true => Value::Array(
             data_paths(&config.data)
                 .iter()
@@ -277,7 +279,6 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         "preset": config.preset,
         "data": {"kind": kind, "paths": paths, "sha256": sha256},
         "tokenizer": abs(tokenizer.as_deref()),
-        "cache_dir": abs(config.cache_dir.as_deref()),
         "seq": config.seq,
         "batch": run.batch,
         "steps": run.steps,
@@ -386,7 +387,7 @@ pub(crate) fn remembered(
     };
     // Unset: the run's; given and not the run's: a note (unless the settings'
     // comparison with the checkpoint warns of it: `said`).
-    fn take<T: Clone + PartialEq + std::fmt::Debug>(
+    fn take<T: Clone + PartialEq + Shown>(
         mine: &mut Option<T>,
         theirs: Option<T>,
         flag: &str,
@@ -394,11 +395,9 @@ pub(crate) fn remembered(
     ) {
         match (mine.as_ref(), theirs) {
             (None, t) => *mine = t,
-            (Some(m), Some(t)) if *m != t => notes.push(format!(
-                "{flag} {} given: the resumed run had {}",
-                format!("{m:?}").trim_matches('"'),
-                format!("{t:?}").trim_matches('"')
-            )),
+            (Some(m), Some(t)) if !m.same(&t) => {
+                notes.push(format!("{flag} {} given: the resumed run had {}", m.shown(), t.shown()))
+            }
             _ => {}
         }
     }
@@ -409,7 +408,6 @@ pub(crate) fn remembered(
         take(&mut c.init, path("init")?, "--init", &mut notes);
     }
     take(&mut c.tokenizer, path("tokenizer")?, "--tokenizer", &mut notes);
-    take(&mut c.cache_dir, path("cache_dir")?, "--cache-dir", &mut notes);
     take(&mut c.seq, count("seq")?, "--seq", &mut notes);
     take(&mut c.batch, count("batch")?, "--batch", &mut said);
     take(&mut c.steps, count("steps")?, "--steps", &mut notes);
@@ -467,8 +465,14 @@ pub(crate) fn remembered(
         && same(dir, resume)
     {
         c.checkpoint_dir = theirs.clone();
-        take(&mut c.checkpoint_every, count("checkpoint_every")?, "--checkpoint-every", &mut said);
-        take(&mut c.keep, count("keep")?, "--keep", &mut said);
+        take(&mut c.checkpoint_every, count("checkpoint_every")?, "--checkpoint-every", &mut notes);
+        take(&mut c.keep, count("keep")?, "--keep", &mut notes);
+        if let Some(dir) = &theirs {
+            notes.push(format!(
+                "saving into {} as the resumed run did (--checkpoint-dir to save elsewhere)",
+                dir.display()
+            ));
+        }
     }
     let defaults = Config::default();
     if c.warmup == defaults.warmup {
@@ -524,4 +528,63 @@ fn shown(paths: &[PathBuf]) -> String {
         return "built-in rows".into();
     }
     paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A remembered flag's value as a note shows it, and whether a given one is the same
+/// (a path by its absolute form).
+trait Shown {
+    fn shown(&self) -> String;
+    fn same(&self, other: &Self) -> bool;
+}
+
+macro_rules! shown_by_display {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+            fn same(&self, other: &Self) -> bool {
+                self == other
+            }
+        }
+    )*};
+}
+
+shown_by_display!(usize, DType);
+
+impl Shown for f64 {
+    fn shown(&self) -> String {
+        crate::number_text(*self)
+    }
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
+impl Shown for PathBuf {
+    fn shown(&self) -> String {
+        self.display().to_string()
+    }
+    fn same(&self, other: &Self) -> bool {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        abs(self) == abs(other)
+    }
+}
+
+impl Shown for crate::OptimizerKind {
+    fn shown(&self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
+impl Shown for crate::Schedule {
+    fn shown(&self) -> String {
+        self.name().to_string()
+    }
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
 }

@@ -466,3 +466,54 @@ fn a_diverging_run_fails_naming_the_step_and_keeps_its_losses() {
     assert_eq!(written.len(), 2);
     assert!(written[0].is_some() && written[1].is_none(), "{written:?}");
 }
+
+/// Over `--max-memory`, the refusal names the flags that would fit, each with its
+/// size; each of them, given, is accepted under the same limit (and without the
+/// refusal's flags the run is refused).
+#[test]
+fn the_memory_refusal_names_the_savers_that_fit() {
+    let run = |limit: u64, extra: &dyn Fn(&mut Config)| {
+        let mut c = Config {
+            mesh: Some((2, 1)),
+            batch: Some(32),
+            seq: Some(64),
+            max_memory: limit,
+            ..config(ModelKind::Transformer)
+        };
+        extra(&mut c);
+        meshwork_train::Trainer::new(&c).map(|_| ())
+    };
+    // The smallest limit the run fits in, to a percent.
+    let (mut lo, mut hi) = (1u64 << 10, 1u64 << 34);
+    while hi - lo > hi / 100 {
+        let mid = lo + (hi - lo) / 2;
+        if run(mid, &|_| {}).is_ok() { hi = mid } else { lo = mid }
+    }
+    let limit = lo * 9 / 10;
+    let m = match run(limit, &|_| {}) {
+        Err(meshwork_train::Error::Usage(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(m.starts_with("--max-memory: the run would hold about "), "{m}");
+    assert!(m.contains(" would fit; or give a larger mesh"), "{m}");
+    let listed = m.split("; ").nth(1).unwrap().trim_end_matches(" would fit");
+    let mut tried = 0;
+    for option in listed.split(", ") {
+        let flags = option.split(" (").next().unwrap();
+        let apply = |c: &mut Config| {
+            let mut words = flags.split(' ').peekable();
+            while let Some(w) = words.next() {
+                match w {
+                    "--no-check" => c.check = meshwork_train::Check::Never,
+                    "--remat" => c.remat = true,
+                    "--fsdp" => c.fsdp = true,
+                    "--grad-accum" => c.grad_accum = words.next().map(|k| k.parse().unwrap()),
+                    other => panic!("{other} in {m}"),
+                }
+            }
+        };
+        assert!(run(limit, &apply).is_ok(), "{flags} was said to fit: {m}");
+        tried += 1;
+    }
+    assert!(tried >= 2, "{m}");
+}

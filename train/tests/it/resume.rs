@@ -415,8 +415,13 @@ fn resume_alone_continues_the_run_it_names() {
         .run(&mut Warnings(&mut seen), &AtomicBool::new(false))
         .unwrap();
     assert_eq!(tail.first_step, 3);
-    assert_eq!(seen.len(), 1, "no warnings: {seen:?}");
-    assert!(seen[0].contains("(f64, adamw (decay 0), lr 5e-5, linear to 0)"), "{seen:?}");
+    let saving = format!(
+        "saving into {} as the resumed run did (--checkpoint-dir to save elsewhere)",
+        std::path::absolute(&ck).unwrap().display()
+    );
+    assert_eq!(seen.len(), 2, "one note: {seen:?}");
+    assert_eq!(seen[0], saving);
+    assert!(seen[1].contains("(f64, adamw (decay 0), lr 5e-5, linear to 0)"), "{seen:?}");
     let both: Vec<f64> = head.losses.iter().chain(&tail.losses).copied().collect();
     assert_close(&both, &whole, 1e-12, "stopped and resumed alone");
     // It went on saving where it saved.
