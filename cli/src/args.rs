@@ -235,6 +235,7 @@ fn bytes(text: &str) -> Result<u64, String> {
 /// The transformer's sizes, each at its default when not given (or from `--init`);
 /// for GPT-2 they override its preset's.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Model")]
 pub(crate) struct Sizes {
     /// The transformer's decoder blocks (default 2; GPT-2: its preset's)
     #[arg(long, value_name = "L")]
@@ -261,6 +262,7 @@ pub(crate) struct Sizes {
 
 /// The optimizer's settings (each at the optimizer's default when not given).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Optimizer")]
 pub(crate) struct OptimizerFlags {
     /// AdamW's decoupled weight decay, on every parameter (default 0.01; 0 under a fine-tune's defaults)
     #[arg(long, value_name = "W")]
@@ -281,6 +283,7 @@ pub(crate) struct OptimizerFlags {
 
 /// A LoRA adapter trained over the frozen base, as `peft` computes it.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "LoRA")]
 pub(crate) struct LoraFlags {
     /// Train a LoRA adapter of rank R over the frozen base (GPT-2, the Llama family; default 8 when another --lora flag is given)
     #[arg(long, value_name = "R")]
@@ -323,6 +326,7 @@ impl LoraFlags {
 
 /// The memory savers: how a step computes, never what (the losses stay the same).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Mesh and back end")]
 pub(crate) struct MemoryFlags {
     /// Split each step's batch into N micro-batches and accumulate their gradients (--batch stays the step's batch; one micro-batch's activations are held at a time)
     #[arg(long, value_name = "N")]
@@ -352,159 +356,162 @@ impl OptimizerFlags {
 #[command(allow_negative_numbers = true)]
 pub(crate) struct TrainArgs {
     /// The model (see `meshwork help train --model M` for its defaults and flags); default: the one --init DIR's config.json, --resume's checkpoint or --preset names, else mlp
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Model", long, value_enum)]
     pub(crate) model: Option<Model>,
-    /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
-    #[arg(long, value_name = "DxM", value_parser = mesh_2d)]
-    mesh: Option<(usize, usize)>,
-    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device, a mesh or a pipeline)
-    #[arg(long, value_enum, default_value_t = BackendArg::Interpreter)]
-    backend: BackendArg,
-    /// Who splits a mesh's step with --backend xla: meshwork's partitioner (per-device programs), or XLA's (the global program with its shardings, as jax.jit)
-    #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
-    partitioner: PartitionerArg,
     /// How a language model's causal attention lowers on XLA: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (XLA's own); default: cudnn where the back end is a CUDA one and cuDNN takes it
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Model", long, value_enum)]
     attention: Option<AttentionArg>,
-    /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs
-    #[arg(long, value_name = "PATH")]
-    pjrt_plugin: Option<PathBuf>,
-    /// A pipeline of K stages per data replica (--mesh Dx1)
-    #[arg(long, value_name = "K")]
-    stages: Option<usize>,
-    /// Micro-batches per replica and step in a pipeline (default 1)
-    #[arg(long, value_name = "M")]
-    microbatches: Option<usize>,
-    /// The last step (default 200 for the MLP, else 100); a resumed run continues up to it
-    #[arg(long, value_name = "N")]
-    steps: Option<usize>,
-    /// Rows per step (default 64, CNN 32, transformer 8); step s takes rows s·B … s·B+B−1 of the data (mod its size)
-    #[arg(long, value_name = "B")]
-    batch: Option<usize>,
-    /// ... or the rows in a per-epoch permutation drawn from --seed
-    #[arg(long)]
-    shuffle: bool,
-    /// The optimizer (default sgd for the MLP, else adam; adamw under a fine-tune's defaults)
-    #[arg(long, value_enum)]
-    optimizer: Option<Optimizer>,
-    #[command(flatten)]
-    optimizer_flags: OptimizerFlags,
-    #[command(flatten)]
-    memory: MemoryFlags,
-    #[command(flatten)]
-    lora: LoraFlags,
-    /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
-    #[arg(long, value_name = "DIR")]
-    export_lora: Option<PathBuf>,
-    /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1; 5e-5 under a fine-tune's defaults)
-    #[arg(long, value_name = "LR")]
-    lr: Option<f64>,
-    /// Linear warm-up of the learning rate over N steps
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    warmup: usize,
-    /// The learning rate after warm-up (default constant; linear under a fine-tune's defaults)
-    #[arg(long, value_enum)]
-    schedule: Option<ScheduleArg>,
-    /// Where a linear or cosine decay ends, reached at the last step (default: 0, one step past the last, as transformers' schedulers)
-    #[arg(long, value_name = "LR")]
-    min_lr: Option<f64>,
-    /// Clip the gradients to this global norm
-    #[arg(long, value_name = "NORM")]
-    clip_norm: Option<f64>,
     /// The weights' dtype (default f64 for the MLP, else f32)
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Model", long, value_enum)]
     dtype: Option<Float>,
     /// The dtype products compute in (bf16, f16: mixed precision, the weights and optimizer state staying in --dtype)
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Full)]
+    #[arg(help_heading = "Model", long, value_enum, default_value_t = PrecisionArg::Full)]
     precision: PrecisionArg,
     /// f16's first loss scale (default 65536; halved after a step with non-finite gradients, which is skipped, and doubled after 2000 finite steps, as PyTorch's GradScaler)
-    #[arg(long, value_name = "S")]
+    #[arg(help_heading = "Model", long, value_name = "S")]
     loss_scale_init: Option<f64>,
-    /// Seeds the built-in data, the initial weights and --shuffle
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    seed: u64,
     /// The MLP's hidden units (default 32)
-    #[arg(long, value_name = "H")]
+    #[arg(help_heading = "Model", long, value_name = "H")]
     hidden: Option<usize>,
     /// The MLP's classes (default: the largest label + 1)
-    #[arg(long, value_name = "N")]
+    #[arg(help_heading = "Model", long, value_name = "N")]
     classes: Option<usize>,
     /// The CNN's two convolutions' filters (default 8,16)
-    #[arg(long, value_name = "F1,F2", value_parser = two_counts)]
+    #[arg(help_heading = "Model", long, value_name = "F1,F2", value_parser = two_counts)]
     filters: Option<[usize; 2]>,
     #[command(flatten)]
     sizes: Sizes,
-    /// Features or images [rows, ...] (.npy) instead of the built-in data
-    #[arg(long, value_name = "X.npy", requires = "data_y", conflicts_with_all = ["text", "data_tokens"])]
-    data_x: Option<PathBuf>,
-    /// Labels: class ids [rows] or one-hot [rows, classes] (.npy)
-    #[arg(long, value_name = "Y.npy", requires = "data_x")]
-    data_y: Option<PathBuf>,
-    /// The transformer's token rows [rows, seq + 1] (.npy)
-    #[arg(long, value_name = "TOKENS.npy", conflicts_with = "text")]
-    data_tokens: Option<PathBuf>,
-    /// A text file whose bytes are the transformer's tokens (--vocab 256)
-    #[arg(long, value_name = "FILE")]
-    text: Option<PathBuf>,
     /// Initial weights (safetensors, f32 or f64), by the model's names; for GPT-2 and the Llama family a Hugging Face checkpoint folder (config.json, model.safetensors or a sharded index), which also names the model
-    #[arg(long, value_name = "INIT")]
+    #[arg(help_heading = "Model", long, value_name = "INIT")]
     init: Option<PathBuf>,
     /// Sizes by name without a checkpoint: GPT-2's tiny (default), gpt2, gpt2-medium; the Llama family's tiny-llama (default), smollm2-135m, qwen2.5-0.5b, llama-3.2-1b
-    #[arg(long, value_name = "NAME")]
+    #[arg(help_heading = "Model", long, value_name = "NAME")]
     preset: Option<String>,
+    /// Rows per step (default 64, CNN 32, transformer 8); step s takes rows s·B … s·B+B−1 of the data (mod its size)
+    #[arg(help_heading = "Data", long, value_name = "B")]
+    batch: Option<usize>,
+    /// ... or the rows in a per-epoch permutation drawn from --seed
+    #[arg(help_heading = "Data", long)]
+    shuffle: bool,
+    /// Seeds the built-in data, the initial weights and --shuffle
+    #[arg(help_heading = "Data", long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// Features or images [rows, ...] (.npy) instead of the built-in data
+    #[arg(help_heading = "Data", long, value_name = "X.npy", requires = "data_y", conflicts_with_all = ["text", "data_tokens"])]
+    data_x: Option<PathBuf>,
+    /// Labels: class ids [rows] or one-hot [rows, classes] (.npy)
+    #[arg(help_heading = "Data", long, value_name = "Y.npy", requires = "data_x")]
+    data_y: Option<PathBuf>,
+    /// The transformer's token rows [rows, seq + 1] (.npy)
+    #[arg(help_heading = "Data", long, value_name = "TOKENS.npy", conflicts_with = "text")]
+    data_tokens: Option<PathBuf>,
+    /// A text file whose bytes are the transformer's tokens (--vocab 256)
+    #[arg(help_heading = "Data", long, value_name = "FILE")]
+    text: Option<PathBuf>,
     /// A Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped); default: --init DIR's tokenizer.json
-    #[arg(long, value_name = "tokenizer.json")]
+    #[arg(help_heading = "Data", long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
     /// Where --text encoded by a tokenizer is cached as .npy rows, keyed by the SHA-256 of the text, the tokenizer and --seq (default: meshwork's folder in the user's cache directory, $XDG_CACHE_HOME/meshwork or ~/.cache/meshwork)
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "Data", long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
-    /// GPT-2 and the Llama family: write the final weights as a Hugging Face checkpoint folder (new or empty) that transformers' from_pretrained loads
-    #[arg(long, value_name = "DIR")]
-    export_hf: Option<PathBuf>,
-    /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh; what the run was given (data, tokenizer, --seq, --batch, --steps, optimizer, schedule, seed, checkpoint directory) is taken from it unless given again
-    #[arg(long, value_name = "PATH")]
-    resume: Option<PathBuf>,
-    /// With --resume: train on a data file that changed since the checkpoint's run read it (refused otherwise)
-    #[arg(long, requires = "resume")]
-    data_changed_ok: bool,
     /// Evaluate on held-out rows every N steps (and after the last)
-    #[arg(long, value_name = "N")]
+    #[arg(help_heading = "Data", long, value_name = "N")]
     eval_every: Option<usize>,
     /// The fraction of the rows held out for --eval-every (default 0.1)
-    #[arg(long, value_name = "F")]
+    #[arg(help_heading = "Data", long, value_name = "F")]
     eval_fraction: Option<f64>,
-    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps
-    #[arg(long, value_name = "DIR")]
-    checkpoint_dir: Option<PathBuf>,
-    /// Save a checkpoint every N steps
-    #[arg(long, value_name = "N")]
-    checkpoint_every: Option<usize>,
-    /// Checkpoints kept in --checkpoint-dir, newest first (default 3)
-    #[arg(long, value_name = "N")]
-    keep: Option<usize>,
+    /// The last step (default 200 for the MLP, else 100); a resumed run continues up to it
+    #[arg(help_heading = "Optimizer", long, value_name = "N")]
+    steps: Option<usize>,
+    /// The optimizer (default sgd for the MLP, else adam; adamw under a fine-tune's defaults)
+    #[arg(help_heading = "Optimizer", long, value_enum)]
+    optimizer: Option<Optimizer>,
+    #[command(flatten)]
+    optimizer_flags: OptimizerFlags,
+    /// Learning rate (default 0.5 for the MLP; 0.01 with adam or adamw, else 0.1; 5e-5 under a fine-tune's defaults)
+    #[arg(help_heading = "Optimizer", long, value_name = "LR")]
+    lr: Option<f64>,
+    /// Linear warm-up of the learning rate over N steps
+    #[arg(help_heading = "Optimizer", long, value_name = "N", default_value_t = 0)]
+    warmup: usize,
+    /// The learning rate after warm-up (default constant; linear under a fine-tune's defaults)
+    #[arg(help_heading = "Optimizer", long, value_enum)]
+    schedule: Option<ScheduleArg>,
+    /// Where a linear or cosine decay ends, reached at the last step (default: 0, one step past the last, as transformers' schedulers)
+    #[arg(help_heading = "Optimizer", long, value_name = "LR")]
+    min_lr: Option<f64>,
+    /// Clip the gradients to this global norm
+    #[arg(help_heading = "Optimizer", long, value_name = "NORM")]
+    clip_norm: Option<f64>,
+    #[command(flatten)]
+    lora: LoraFlags,
+    /// Data x model devices (default 2x2 for the MLP on the interpreter, else 1x1; each device is a thread)
+    #[arg(help_heading = "Mesh and back end", long, value_name = "DxM", value_parser = mesh_2d)]
+    mesh: Option<(usize, usize)>,
+    /// What runs the steps: meshwork's interpreter on CPU threads, or XLA through a PJRT plugin (one device, a mesh or a pipeline)
+    #[arg(help_heading = "Mesh and back end", long, value_enum, default_value_t = BackendArg::Interpreter)]
+    backend: BackendArg,
+    /// Who splits a mesh's step with --backend xla: meshwork's partitioner (per-device programs), or XLA's (the global program with its shardings, as jax.jit)
+    #[arg(help_heading = "Mesh and back end", long, value_enum, default_value_t = PartitionerArg::Meshwork)]
+    partitioner: PartitionerArg,
+    /// The PJRT plugin for --backend xla (default: $MESHWORK_PJRT_PLUGIN); `pip install xla-cpu-pjrt` for CPUs, `pip install "jax[cuda13]"` for NVIDIA GPUs
+    #[arg(help_heading = "Mesh and back end", long, value_name = "PATH")]
+    pjrt_plugin: Option<PathBuf>,
+    /// A pipeline of K stages per data replica (--mesh Dx1)
+    #[arg(help_heading = "Mesh and back end", long, value_name = "K")]
+    stages: Option<usize>,
+    /// Micro-batches per replica and step in a pipeline (default 1)
+    #[arg(help_heading = "Mesh and back end", long, value_name = "M")]
+    microbatches: Option<usize>,
+    #[command(flatten)]
+    memory: MemoryFlags,
     /// Steps per host call
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(help_heading = "Mesh and back end", long, value_name = "N", default_value_t = 1)]
     steps_per_run: usize,
     /// Refuse a run estimated to hold more than SIZE (suffixes K, M, G, T; default 8G)
-    #[arg(long, value_name = "SIZE", value_parser = bytes)]
+    #[arg(help_heading = "Mesh and back end", long, value_name = "SIZE", value_parser = bytes)]
     max_memory: Option<u64>,
     /// Check every step against one device's (from the run's state) even for a large run
-    #[arg(long, conflicts_with = "no_check")]
+    #[arg(help_heading = "Mesh and back end", long, conflicts_with = "no_check")]
     check: bool,
     /// Skip the comparison with a one-device run of the same steps
-    #[arg(long)]
+    #[arg(help_heading = "Mesh and back end", long)]
     no_check: bool,
+    /// Continue from a checkpoint directory (its latest complete step) or one step-NNNNNNNN/ in it, on any mesh; what the run was given (data, tokenizer, --seq, --batch, --steps, optimizer, schedule, seed, checkpoint directory) is taken from it unless given again
+    #[arg(help_heading = "Checkpoints", long, value_name = "PATH")]
+    resume: Option<PathBuf>,
+    /// With --resume: train on a data file that changed since the checkpoint's run read it (refused otherwise)
+    #[arg(help_heading = "Checkpoints", long, requires = "resume")]
+    data_changed_ok: bool,
+    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps
+    #[arg(help_heading = "Checkpoints", long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every N steps
+    #[arg(help_heading = "Checkpoints", long, value_name = "N")]
+    checkpoint_every: Option<usize>,
+    /// Checkpoints kept in --checkpoint-dir, newest first (default 3)
+    #[arg(help_heading = "Checkpoints", long, value_name = "N")]
+    keep: Option<usize>,
+    /// Write the trained adapter as a peft folder (new or empty) that PeftModel.from_pretrained loads
+    #[arg(help_heading = "Output", long, value_name = "DIR")]
+    export_lora: Option<PathBuf>,
+    /// GPT-2 and the Llama family: write the final weights as a Hugging Face checkpoint folder (new or empty) that transformers' from_pretrained loads
+    #[arg(help_heading = "Output", long, value_name = "DIR")]
+    export_hf: Option<PathBuf>,
     /// No progress and no summary (errors still say what failed)
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     quiet: bool,
+    /// A progress line (step, loss, lr, speed) every N steps, never a progress bar (default: a bar on a terminal, else a line a tenth of the run apart)
+    #[arg(help_heading = "Output", long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "quiet")]
+    log_every: Option<u64>,
     /// Every step's global loss as a JSON list, written at the end, at every checkpoint and when the run fails or is interrupted (a resumed run's holds the earlier steps too: give the file the saving run wrote); an existing file is replaced only if it is such a list
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
     losses_json: Option<PathBuf>,
     /// A JSON line per step as the run goes (a new file)
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
     metrics_jsonl: Option<PathBuf>,
     /// The loss per step as an SVG line chart (a new file)
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(help_heading = "Output", long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
 }
 
@@ -512,6 +519,11 @@ impl TrainArgs {
     /// Whether `--quiet` was given.
     pub(crate) fn quiet(&self) -> bool {
         self.quiet
+    }
+
+    /// `--log-every`.
+    pub(crate) fn log_every(&self) -> Option<usize> {
+        self.log_every.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// The run's settings; a flag that needs another is a usage error.

@@ -19,8 +19,8 @@ pub(crate) fn exit(e: Error) -> Exit {
     }
 }
 
-/// On a terminal, a progress bar (redrawn on stderr); otherwise a line a tenth of the
-/// run apart. Warnings go to stderr, the headline to stdout; a reader that closed
+/// On a terminal, a progress bar (redrawn on stderr); otherwise, or with
+/// `--log-every N`, a line every N steps (default: a tenth of the run apart). Warnings go to stderr, the headline to stdout; a reader that closed
 /// stdout stops the run (after its host call, saved), as `meshwork train | head -1`
 /// asks.
 struct Progress {
@@ -32,6 +32,8 @@ struct Progress {
     /// Steps between lines, and the run's first step (its line is always drawn).
     every: usize,
     first: usize,
+    /// `--log-every`: lines every that many steps, never a bar.
+    log_every: Option<usize>,
 }
 
 impl Observer for Progress {
@@ -46,9 +48,9 @@ impl Observer for Progress {
             self.closed = true;
             self.stop.store(true, Ordering::SeqCst);
         }
-        self.every = (start.steps / 10).max(1);
+        self.every = self.log_every.unwrap_or((start.steps / 10).max(1));
         self.first = start.first;
-        if std::io::stderr().is_terminal() {
+        if self.log_every.is_none() && std::io::stderr().is_terminal() {
             let bar = ProgressBar::new((start.steps - start.first) as u64);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -76,10 +78,11 @@ impl Observer for Progress {
                 || s.step.is_multiple_of(self.every) =>
             {
                 note(format_args!(
-                    "step {:>5}/{} loss {}  {rate}",
+                    "step {:>5}/{} loss {}  lr {}  {rate}",
                     s.step,
                     s.steps,
-                    loss_text(s.loss)
+                    loss_text(s.loss),
+                    meshwork_train::number_text(s.lr)
                 ))
             }
             None => {}
@@ -169,6 +172,7 @@ pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
         bar: None,
         every: 1,
         first: 0,
+        log_every: args.log_every(),
     };
     let report = trainer.run(&mut progress, &stop).map_err(exit)?;
     if progress.closed {

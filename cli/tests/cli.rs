@@ -54,6 +54,14 @@ fn the_main_job_runs_as_the_readme_says() {
     // Quiet: nothing on either stream.
     let out = meshwork(&["train", "--steps", "5", "--quiet"]);
     assert!(out.status.success() && out.stdout.is_empty() && out.stderr.is_empty());
+    // --log-every 3: step 1, every third, and the last, each with its learning rate.
+    let out = meshwork(&["train", "--steps", "10", "--log-every", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let steps: Vec<&str> = stderr.lines().filter(|l| l.starts_with("step ")).collect();
+    let named: Vec<&str> =
+        steps.iter().map(|l| l[5..].trim_start().split('/').next().unwrap()).collect();
+    assert_eq!(named, ["1", "3", "6", "9", "10"], "{stderr}");
+    assert!(steps.iter().all(|l| l.contains("  lr 0.5  ")), "{stderr}");
 }
 
 /// Runs `args`; expects exit 2 and one line on stderr, `meshwork: error: …` containing
@@ -478,4 +486,56 @@ fn a_llama_family_folder_trains_and_chats_without_naming_the_model() {
         &["train", "--model", "llama", "--init", &arg(&folder)],
         &["--model: llama disagrees with --init's", "whose model_type is qwen3"],
     );
+}
+
+/// `train --help` groups its flags under headings, in the order a run is described:
+/// the model, its data, the optimizer, LoRA, the mesh and back end, checkpoints and
+/// outputs; each flag under its own.
+#[test]
+fn train_help_is_grouped_under_headings() {
+    let out = meshwork(&["train", "--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let headings: Vec<&str> =
+        text.lines().filter(|l| !l.starts_with(' ') && l.ends_with(':')).collect();
+    assert_eq!(
+        headings,
+        [
+            "Options:",
+            "Model:",
+            "Data:",
+            "Optimizer:",
+            "LoRA:",
+            "Mesh and back end:",
+            "Checkpoints:",
+            "Output:"
+        ],
+        "{text}"
+    );
+    let under = |flag: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| {
+                let l = l.trim_start();
+                l == flag || l.starts_with(&format!("{flag} "))
+            })
+            .unwrap_or_else(|| panic!("{flag}"));
+        *lines[..at].iter().rev().find(|l| !l.starts_with(' ') && l.ends_with(':')).unwrap()
+    };
+    for (flag, heading) in [
+        ("--init", "Model:"),
+        ("--seq", "Model:"),
+        ("--text", "Data:"),
+        ("--lr", "Optimizer:"),
+        ("--weight-decay", "Optimizer:"),
+        ("--lora-r", "LoRA:"),
+        ("--mesh", "Mesh and back end:"),
+        ("--remat", "Mesh and back end:"),
+        ("--resume", "Checkpoints:"),
+        ("--plot", "Output:"),
+        ("--log-every", "Output:"),
+    ] {
+        assert_eq!(under(flag), heading, "{flag}");
+    }
 }
