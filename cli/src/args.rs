@@ -58,6 +58,15 @@ pub(crate) enum Command {
     /// --seq T cuts them, for train --data-tokens. The text is encoded in chunks, with
     /// the ids of encoding it whole.
     Tokenize(TokenizeArgs),
+    /// Evaluate weights on data: the mean next-token cross-entropy and perplexity.
+    ///
+    /// Over every full row of T + 1 tokens of the data (cut as train --text cuts
+    /// them), --batch rows at a time: prints "loss L  perplexity P  tokens N" (or
+    /// {"loss", "perplexity", "tokens"} with --json). The weights: --init DIR (a
+    /// Hugging Face folder) or a meshwork checkpoint (--init CKPT or --resume CKPT,
+    /// its data, tokenizer and sizes taken from it unless given). Takes train's model,
+    /// data, mesh and back end flags; nothing is trained, nor written but the token cache.
+    Eval(Box<EvalArgs>),
     /// Draw which device holds which block of a sharded array.
     ///
     /// Prints the shard shape, the XLA sharding and the index map (each device and the
@@ -349,6 +358,16 @@ impl OptimizerFlags {
             no_decay_1d: self.no_decay_1d,
         }
     }
+}
+
+/// `meshwork eval`'s flags: train's, and `--json`.
+#[derive(Debug, Args)]
+pub(crate) struct EvalArgs {
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
+    /// Print {"loss", "perplexity", "tokens"} instead of a line
+    #[arg(long, help_heading = "Output")]
+    pub(crate) json: bool,
 }
 
 /// `meshwork train`'s flags.

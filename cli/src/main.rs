@@ -152,6 +152,18 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             };
             out::out(format_args!("{text}"))
         }
+        Some(Command::Eval(a)) => {
+            let e = meshwork_train::evaluate(&a.train.config()?).map_err(train::exit)?;
+            let text = if a.json {
+                let json = serde_json::json!({
+                    "loss": e.loss, "perplexity": e.perplexity, "tokens": e.tokens,
+                });
+                format!("{json}\n")
+            } else {
+                format!("loss {}  perplexity {}  tokens {}\n", e.loss, e.perplexity, e.tokens)
+            };
+            out::out(format_args!("{text}"))
+        }
         Some(Command::Tokenize(a)) => {
             let n = meshwork_train::tokenize::tokenize_to(
                 &a.text,

@@ -539,3 +539,32 @@ fn train_help_is_grouped_under_headings() {
         assert_eq!(under(flag), heading, "{flag}");
     }
 }
+
+/// `meshwork eval --json` on the GPT-2 case prints transformers' mean cross-entropy
+/// over the corpus's rows (`eval.json`, within 1e-9), its perplexity and the tokens;
+/// the plain form is one line.
+#[test]
+fn eval_prints_the_mean_cross_entropy() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    let path = |f: &str| data.join(f).to_str().unwrap().to_string();
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("eval.json")).unwrap()).unwrap();
+    let want = oracle["cases"][0]["loss"].as_f64().unwrap();
+    let (init, text, tok) = (path("model"), path("corpus.txt"), path("tokenizer.json"));
+    let args = ["eval", "--init", &init, "--text", &text, "--tokenizer", &tok];
+    let tail = ["--seq", "16", "--batch", "8", "--dtype", "f64"];
+    let all = |more: &[&'static str]| -> Vec<String> {
+        args.iter().chain(&tail).chain(more).map(|s| s.to_string()).collect()
+    };
+    let run = |v: Vec<String>| meshwork(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = run(all(&["--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let loss = got["loss"].as_f64().unwrap();
+    assert!(((loss - want) / want).abs() < 1e-9, "{loss} {want}");
+    assert_eq!(got["tokens"], oracle["cases"][0]["tokens"]);
+    assert!((got["perplexity"].as_f64().unwrap() - want.exp()).abs() < 1e-6);
+    let out = run(all(&[]));
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.starts_with("loss 5.7633657") && line.ends_with(" tokens 6016\n"), "{line}");
+}

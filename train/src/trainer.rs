@@ -1026,6 +1026,83 @@ impl Rows {
     }
 }
 
+/// What [`evaluate`] measured: the mean loss over every row of the data (the mean
+/// next-token cross-entropy of a language model, each row's positions alike), its
+/// perplexity `e^loss`, the rows, and the tokens (or examples) it predicted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    /// The mean loss.
+    pub loss: f64,
+    /// `e^loss`.
+    pub perplexity: f64,
+    /// The rows evaluated: every full row of the data.
+    pub rows: usize,
+    /// The tokens predicted (rows × `--seq`), or the examples for a classifier.
+    pub tokens: usize,
+}
+
+/// Evaluates the weights `config` names — `--init` (a file or Hugging Face folder), or
+/// a checkpoint (`--resume`, or as `--init`; its data and sizes remembered unless
+/// given) — on every
+/// row of its data, `--batch` rows at a time and the rows left over as one more batch,
+/// on its mesh and back end; nothing is trained, and nothing written but the token
+/// cache (its outputs, held-out rows and one-device check are left out).
+pub fn evaluate(config: &Config) -> Result<Evaluation> {
+    // A checkpoint given as --init is resumed from.
+    let mut config = config.clone();
+    if config.resume.is_none()
+        && let Some(dir) = config.init.as_ref()
+        && dir.is_dir()
+        && !dir.join("config.json").exists()
+        && meshwork_checkpoint::find_checkpoint(dir).is_ok()
+    {
+        config.resume = config.init.take();
+    }
+    let quiet = Config {
+        steps: Some(config.steps.unwrap_or(1)),
+        check: crate::Check::Never,
+        eval_every: None,
+        eval_fraction: None,
+        losses_json: None,
+        metrics_jsonl: None,
+        plot: None,
+        export_hf: None,
+        export_lora: None,
+        ..config.clone()
+    };
+    let mut p = plan(&quiet)?;
+    let init = p.take_init()?;
+    let strategy = p.strategy()?;
+    let one = Strategy::data_parallel(1).map_err(Error::failed)?;
+    let mut run = Running::start(&p, &strategy, &one, &init)?;
+    drop(init);
+    run.restore(&p)?;
+    if let Some(saved) = &p.saved {
+        saved.release();
+    }
+    let (n, batch) = (p.rows, p.batch);
+    if n == 0 {
+        return Err(Error::usage("the data hold no full row to evaluate"));
+    }
+    let mut total = 0.0;
+    for (start, size, count) in [(0, batch, n / batch), (n / batch * batch, n % batch, 1)] {
+        if size == 0 || count == 0 {
+            continue;
+        }
+        let chunks = (0..count)
+            .map(|c| {
+                let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
+                p.examples.batch(&idx, p.dtype)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let part = Eval::new(&one, &p.net, p.dtype, size, chunks)?;
+        total += part.run(run.run.as_ref())?.0 * (size * count) as f64;
+    }
+    let loss = total / n as f64;
+    let per_row = p.net.per_row().0;
+    Ok(Evaluation { loss, perplexity: loss.exp(), rows: n, tokens: n * per_row })
+}
+
 /// The weights of a run by name, for tests and tools: what [`Trainer::run`] starts
 /// from for `config` (its `--init` file or folder, or the weights drawn from its seed).
 pub fn initial_weights(config: &Config) -> Result<HashMap<String, Tensor>> {

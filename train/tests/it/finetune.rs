@@ -251,3 +251,44 @@ fn the_check_catches_a_wrong_collective() {
     let report = run(&on_mesh);
     assert!(matches!(report.check, CheckOutcome::Checked { .. }));
 }
+
+/// `evaluate` over every full row of the GPT-2 case's corpus equals transformers' mean
+/// next-token cross-entropy over the same rows (`testdata/gpt2/eval.json`, float64)
+/// within 1e-9, at two contexts, with a batch that leaves rows over, on one device and
+/// on 2x1; a checkpoint (given as `init`) evaluates its trained weights, lower, with
+/// the run's data remembered.
+#[test]
+fn evaluate_equals_transformers_mean_cross_entropy() {
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(testdata("gpt2/eval.json")).unwrap()).unwrap();
+    for case in oracle["cases"].as_array().unwrap() {
+        let seq = case["seq"].as_u64().unwrap() as usize;
+        let want = case["loss"].as_f64().unwrap();
+        for mesh in [None, Some((2, 1))] {
+            let e = meshwork_train::evaluate(&Config {
+                seq: Some(seq),
+                batch: Some(10),
+                mesh,
+                ..gpt2_text()
+            })
+            .unwrap();
+            assert!(((e.loss - want) / want).abs() < 1e-9, "T {seq} {mesh:?}: {} {want}", e.loss);
+            assert_eq!(e.tokens, case["tokens"].as_u64().unwrap() as usize);
+            assert_eq!(e.rows, case["rows"].as_u64().unwrap() as usize);
+            assert!((e.perplexity - want.exp()).abs() < 1e-9 * want.exp());
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let trained =
+        Config { steps: Some(20), lr: Some(0.01), checkpoint_dir: Some(ck.clone()), ..gpt2_text() };
+    run(&trained);
+    let before = meshwork_train::evaluate(&gpt2_text()).unwrap();
+    let after = meshwork_train::evaluate(&Config {
+        init: Some(ck.join("step-00000020")),
+        ..config(ModelKind::Auto)
+    })
+    .unwrap();
+    assert_eq!(after.tokens, before.tokens);
+    assert!(after.loss < before.loss - 0.1, "{} {}", after.loss, before.loss);
+}
