@@ -427,6 +427,18 @@ pub(crate) struct TrainArgs {
     /// A text file whose bytes are the transformer's tokens (--vocab 256)
     #[arg(help_heading = "Data", long, value_name = "FILE")]
     text: Option<PathBuf>,
+    /// A JSON Lines file, one document per line in --text-field: encoded one by one by the tokenizer (--tokenizer, or --init DIR's), its end-of-text token between documents, then cut into rows as --text is
+    #[arg(help_heading = "Data", long, value_name = "FILE.jsonl", conflicts_with_all = ["text", "data_tokens", "data_x"])]
+    data_jsonl: Option<PathBuf>,
+    /// The field of each --data-jsonl line that holds its document
+    #[arg(
+        help_heading = "Data",
+        long,
+        value_name = "F",
+        default_value = "text",
+        requires = "data_jsonl"
+    )]
+    text_field: String,
     /// A Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped); default: --init DIR's tokenizer.json
     #[arg(help_heading = "Data", long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
@@ -551,7 +563,10 @@ impl TrainArgs {
             (Some(x), Some(y), _, _) => Data::Npy { x: x.clone(), y: y.clone() },
             (_, _, Some(t), _) => Data::Text(t.clone()),
             (_, _, _, Some(t)) => Data::Tokens(t.clone()),
-            _ => Data::BuiltIn,
+            _ => match &self.data_jsonl {
+                Some(path) => Data::Jsonl { path: path.clone(), field: self.text_field.clone() },
+                None => Data::BuiltIn,
+            },
         };
         // A tokenizer that encodes --text: --tokenizer, or --init's folder's.
         let folder_tokenizer =

@@ -242,6 +242,14 @@ pub enum Data {
     Tokens(PathBuf),
     /// A text file's bytes as tokens (`--text`).
     Text(PathBuf),
+    /// A JSON Lines file of documents (`--data-jsonl FILE --text-field F`), encoded by
+    /// the tokenizer one by one with its end-of-text token between them.
+    Jsonl {
+        /// The file.
+        path: PathBuf,
+        /// The field of each line's object that holds its document.
+        field: String,
+    },
 }
 
 /// What runs the steps (`--backend`).

@@ -508,8 +508,8 @@ fn check_data_flags(config: &Config, init: &Init) -> Result<()> {
     if config.cache_dir.is_some() && config.tokenizer.is_none() && !folder {
         return Err(usage("--cache-dir caches --text encoded by --tokenizer; give one"));
     }
-    if config.tokenizer.is_some() && !matches!(config.data, Data::Text(_)) {
-        return Err(usage("--tokenizer encodes --text FILE; give one"));
+    if config.tokenizer.is_some() && !matches!(config.data, Data::Text(_) | Data::Jsonl { .. }) {
+        return Err(usage("--tokenizer encodes --text FILE (or --data-jsonl FILE); give one"));
     }
     Ok(())
 }
@@ -914,6 +914,7 @@ fn record(
         Data::Tokens(p) => serde_json::json!([p, null, null]),
         Data::Text(p) => serde_json::json!([null, p, null]),
         Data::Npy { x, .. } => serde_json::json!([null, null, x]),
+        Data::Jsonl { path, .. } => serde_json::json!([null, null, null, path]),
     };
     meta["rows"] = rows_all.into();
     meta["data_fingerprint"] = serde_json::json!(examples.fingerprint());

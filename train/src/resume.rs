@@ -245,6 +245,7 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         crate::Data::Npy { .. } => "npy",
         crate::Data::Tokens(_) => "tokens",
         crate::Data::Text(_) => "text",
+        crate::Data::Jsonl { .. } => "jsonl",
     };
     let leads = config.processes.as_ref().is_none_or(crate::Processes::leads);
     let sha256 = match config.checkpoint_dir.is_some() && leads {
@@ -256,11 +257,9 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         ),
         false => Value::Null,
     };
-    let folder_tokenizer = config
-        .init
-        .as_ref()
-        .map(|d| d.join("tokenizer.json"))
-        .filter(|t| t.is_file() && matches!(config.data, crate::Data::Text(_)));
+    let folder_tokenizer = config.init.as_ref().map(|d| d.join("tokenizer.json")).filter(|t| {
+        t.is_file() && matches!(config.data, crate::Data::Text(_) | crate::Data::Jsonl { .. })
+    });
     let tokenizer = config.tokenizer.clone().or(folder_tokenizer);
     let (optimizer, settings) = match run.optimizer {
         Optimizer::Sgd => ("sgd", json!({})),
@@ -277,7 +276,10 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
     Ok(json!({
         "init": abs(config.init.as_deref()),
         "preset": config.preset,
-        "data": {"kind": kind, "paths": paths, "sha256": sha256},
+        "data": {"kind": kind, "paths": paths, "sha256": sha256, "field": match &config.data {
+            crate::Data::Jsonl { field, .. } => Value::from(field.as_str()),
+            _ => Value::Null,
+        }},
         "tokenizer": abs(tokenizer.as_deref()),
         "seq": config.seq,
         "batch": run.batch,
@@ -317,7 +319,9 @@ fn data_paths(data: &crate::Data) -> Vec<PathBuf> {
     match data {
         crate::Data::BuiltIn => Vec::new(),
         crate::Data::Npy { x, y } => vec![x.clone(), y.clone()],
-        crate::Data::Tokens(p) | crate::Data::Text(p) => vec![p.clone()],
+        crate::Data::Tokens(p) | crate::Data::Text(p) | crate::Data::Jsonl { path: p, .. } => {
+            vec![p.clone()]
+        }
     }
 }
 
@@ -494,6 +498,10 @@ pub(crate) fn remembered(
             ("npy", [x, y]) => Data::Npy { x: x.clone(), y: y.clone() },
             ("tokens", [t]) => Data::Tokens(t.clone()),
             ("text", [t]) => Data::Text(t.clone()),
+            ("jsonl", [t]) => Data::Jsonl {
+                path: t.clone(),
+                field: flags["data"]["field"].as_str().ok_or_else(|| bad("data"))?.to_string(),
+            },
             _ => return Err(bad("data")),
         };
     }

@@ -481,6 +481,83 @@ pub fn token_rows(
     Ok(TokenRows { n, tokens, cached, hit: false, warning })
 }
 
+/// The end-of-text tokens looked for, in order, as a tokenizer names them: GPT-2's,
+/// Llama 3's, SentencePiece models' (Llama 2, Mistral), Gemma's, Qwen's chat end.
+const END_OF_TEXT: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"];
+
+/// Token rows `[N, T + 1]` of a JSON Lines file (`--data-jsonl FILE --text-field F`):
+/// each line a JSON object whose string `field` is a document (blank lines skipped),
+/// the documents encoded one by one (with the tokenizer's own special tokens), the
+/// tokenizer's end-of-text token between consecutive documents and none after the
+/// last, then cut as [`token_rows`] cuts a text. The file is read whole, within
+/// `limit` bytes, and the ids held are bounded by it too.
+pub fn jsonl_rows(
+    path: &Path,
+    field: &str,
+    tokenizer: &Path,
+    vocab: usize,
+    seq: usize,
+    limit: u64,
+) -> Result<(usize, Vec<i32>)> {
+    let flag = "data-jsonl";
+    let t = read_tokenizer(tokenizer)?;
+    let bytes = crate::files::read_file(flag, path, limit)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        Error::flag(flag, format!("{} is not UTF-8 at byte {}", path.display(), e.valid_up_to()))
+    })?;
+    let mut ids: Vec<u32> = Vec::new();
+    let mut documents = 0usize;
+    let mut end = None;
+    for (k, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), k + 1);
+        let value: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| Error::flag(flag, format!("{}: not a JSON object ({e})", at())))?;
+        let Some(document) = value.get(field).and_then(serde_json::Value::as_str) else {
+            return Err(Error::flag(
+                flag,
+                format!("{}: no string field {field:?} (--text-field names it)", at()),
+            ));
+        };
+        if documents > 0 {
+            let eos = match end {
+                Some(id) => id,
+                None => {
+                    let id = END_OF_TEXT.iter().find_map(|s| t.token_to_id(s)).ok_or_else(|| {
+                        Error::flag(
+                            flag,
+                            format!(
+                                "the tokenizer has no end-of-text token ({}) to put between documents",
+                                END_OF_TEXT.join(", ")
+                            ),
+                        )
+                    })?;
+                    end = Some(id);
+                    id
+                }
+            };
+            ids.push(eos);
+        }
+        ids.extend(ids_of(&t, document, true)?);
+        documents += 1;
+        if (bytes.len() as u64).saturating_add(ids.len() as u64 * BYTES_PER_ID) > limit {
+            return Err(Error::flag(
+                flag,
+                format!(
+                    "{}: the text and its ids need more than --max-memory {limit} bytes",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    if documents == 0 {
+        return Err(Error::flag(flag, format!("{} holds no documents", path.display())));
+    }
+    rows_of(&ids, vocab, seq, &path.display().to_string())
+}
+
 /// `meshwork tokenize`: `text` encoded by `tokenizer` into rows of `seq + 1`
 /// ([`token_rows`], without a cache), written to `out` as `.npy` (`[N, T + 1]`, i32)
 /// that `--data-tokens` reads. `out` must be a new file: it is checked before any

@@ -455,7 +455,9 @@ fn state_tolerance(p: &Plan) -> f64 {
 fn plan_digest(config: &Config, p: &Plan) -> u64 {
     let size = |path: Option<&Path>| path.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len());
     let data = match &config.data {
-        crate::Data::Tokens(f) | crate::Data::Text(f) => [size(Some(f)), None],
+        crate::Data::Tokens(f) | crate::Data::Text(f) | crate::Data::Jsonl { path: f, .. } => {
+            [size(Some(f)), None]
+        }
         crate::Data::Npy { x, y } => [size(Some(x)), size(Some(y))],
         crate::Data::BuiltIn => [None, None],
     };

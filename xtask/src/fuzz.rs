@@ -67,6 +67,7 @@ const TARGETS: &[(&str, usize, &[&str])] = &[
             "train/testdata/llama/model/generation_config.json+train/testdata/mistral/tokenizer_config.json",
         ],
     ),
+    ("jsonl", 1 << 14, &["train/testdata/gpt2/docs.jsonl"]),
 ];
 
 /// What separates files in one input (`fuzz/src/lib.rs`'s `SEP`).

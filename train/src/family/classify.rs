@@ -26,10 +26,11 @@ fn usage(m: impl Into<String>) -> Error {
 
 /// The flags of the language models' data (`--text`, `--data-tokens`), with whether
 /// each was given.
-fn token_flags(ctx: &Ctx<'_>) -> [(&'static str, bool); 4] {
+fn token_flags(ctx: &Ctx<'_>) -> [(&'static str, bool); 5] {
     let c = ctx.config;
     [
         ("text", matches!(c.data, Data::Text(_))),
+        ("data-jsonl", matches!(c.data, Data::Jsonl { .. })),
         ("data-tokens", matches!(c.data, Data::Tokens(_))),
         ("preset", c.preset.is_some()),
         ("tokenizer", c.tokenizer.is_some()),

@@ -371,7 +371,7 @@ fn gpt2_overrides(config: &Config, mut m: Gpt2) -> Result<Gpt2> {
 /// The tokenizer that encodes `--text`: `--tokenizer`, or the `tokenizer.json` of
 /// `--init`'s folder; none for other data. `--cache-dir` needs one.
 fn tokenizer(config: &Config, folder: Option<&Path>) -> Result<Option<PathBuf>> {
-    if !matches!(config.data, Data::Text(_)) {
+    if !matches!(config.data, Data::Text(_) | Data::Jsonl { .. }) {
         return Ok(None);
     }
     let found = config

@@ -312,6 +312,17 @@ pub(crate) fn token_data(
     }
     let (n, tokens) = match &config.data {
         Data::BuiltIn => data::token_rows_synthetic(config.seed, vocab, seq),
+        Data::Jsonl { path, field } => match tokenizer {
+            Some(tokenizer) => {
+                crate::tokenize::jsonl_rows(path, field, tokenizer, vocab, seq, limit)?
+            }
+            None => {
+                return Err(Error::flag(
+                    "data-jsonl",
+                    "its documents are encoded by a tokenizer: give --tokenizer tokenizer.json (or --init a folder that has one)",
+                ));
+            }
+        },
         Data::Text(path) => match tokenizer {
             Some(tokenizer) => {
                 let cache = config.cache_dir.as_deref();

@@ -29,9 +29,11 @@ impl Family for TransformerFamily {
         let config = ctx.config;
         not_ours("transformer", &classifier_flags(config))?;
         not_ours("transformer", &[("positions", config.positions.is_some())])?;
-        for (flag, given) in
-            [("preset", config.preset.is_some()), ("tokenizer", config.tokenizer.is_some())]
-        {
+        for (flag, given) in [
+            ("preset", config.preset.is_some()),
+            ("tokenizer", config.tokenizer.is_some()),
+            ("data-jsonl", matches!(config.data, crate::Data::Jsonl { .. })),
+        ] {
             if given {
                 return Err(Error::usage(format!(
                     "--{flag} is for GPT-2 and the Llama family; the model is transformer"

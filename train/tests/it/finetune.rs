@@ -292,3 +292,49 @@ fn evaluate_equals_transformers_mean_cross_entropy() {
     assert_eq!(after.tokens, before.tokens);
     assert!(after.loss < before.loss - 0.1, "{} {}", after.loss, before.loss);
 }
+
+/// `--data-jsonl`: the corpus as one document trains to the same losses as `--text`;
+/// as two documents, to those of the rows of their ids (encoded apart by the
+/// tokenizers library, the end-of-text id between them) given as `--data-tokens`; a
+/// line that is not an object with the field, or a file without documents, is
+/// refused naming the flag and the line.
+#[test]
+fn jsonl_documents_train_as_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = std::fs::read_to_string(testdata("gpt2/corpus.txt")).unwrap();
+    let jsonl = |name: &str, docs: &[&str]| {
+        let path = dir.path().join(name);
+        let lines: Vec<String> =
+            docs.iter().map(|d| serde_json::json!({"id": 1, "body": d}).to_string()).collect();
+        std::fs::write(&path, lines.join("\n") + "\n\n").unwrap();
+        path
+    };
+    let as_jsonl = |path: std::path::PathBuf| Config {
+        data: Data::Jsonl { path, field: "body".into() },
+        ..gpt2_text()
+    };
+    let one = jsonl("one.jsonl", &[&corpus]);
+    assert_eq!(crate::losses(&as_jsonl(one)), crate::losses(&gpt2_text()));
+    // Two documents, cut at a line.
+    let cut = corpus[..corpus.len() / 2].rfind('\n').unwrap() + 1;
+    let (a, b) = corpus.split_at(cut);
+    let two = jsonl("two.jsonl", &[a, b]);
+    let t = tokenizers::Tokenizer::from_file(testdata("gpt2/tokenizer.json")).unwrap();
+    let eos = t.token_to_id("<|endoftext|>").unwrap();
+    let mut ids: Vec<u32> = t.encode(a, true).unwrap().get_ids().to_vec();
+    ids.push(eos);
+    ids.extend(t.encode(b, true).unwrap().get_ids());
+    let rows = ids.len() / 17;
+    let values: Vec<i32> = ids[..rows * 17].iter().map(|&i| i as i32).collect();
+    let tokens = crate::write_npy_i32(&dir.path().join("two.npy"), rows, 17, &values);
+    let by_ids = Config { data: Data::Tokens(tokens), tokenizer: None, ..gpt2_text() };
+    assert_eq!(crate::losses(&as_jsonl(two)), crate::losses(&by_ids));
+    // Refused, naming the flag and where.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"body\": \"a\"}\n{\"text\": \"b\"}\n").unwrap();
+    refused_with(&as_jsonl(bad.clone()), "line 2: no string field \"body\"");
+    std::fs::write(&bad, "{\"body\": \"a\"}\nnot json\n").unwrap();
+    refused_with(&as_jsonl(bad.clone()), "line 2: not a JSON object");
+    std::fs::write(&bad, "\n\n").unwrap();
+    refused_with(&as_jsonl(bad), "holds no documents");
+}
