@@ -67,6 +67,12 @@ pub(crate) enum Command {
     /// its data, tokenizer and sizes taken from it unless given). Takes train's model,
     /// data, mesh and back end flags; nothing is trained, nor written but the token cache.
     Eval(Box<EvalArgs>),
+    /// Write a checkpoint's weights as a Hugging Face folder (--hf) or a LoRA run's adapter as a peft folder (--lora).
+    ///
+    /// What the run's --export-hf and --export-lora would have written had it ended at
+    /// that step: its model (and a LoRA run's base) remembered by the checkpoint. Each
+    /// folder new or empty; nothing is trained.
+    Export(ExportArgs),
     /// Draw which device holds which block of a sharded array.
     ///
     /// Prints the shard shape, the XLA sharding and the index map (each device and the
@@ -356,6 +362,36 @@ impl OptimizerFlags {
             beta2: self.beta2,
             eps: self.eps,
             no_decay_1d: self.no_decay_1d,
+        }
+    }
+}
+
+/// `meshwork export`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// A checkpoint directory (its latest step) or one step-NNNNNNNN/ in it
+    #[arg(value_name = "CKPT")]
+    checkpoint: PathBuf,
+    /// Write the weights (a LoRA run's merged into its base) as a Hugging Face folder that transformers' from_pretrained loads (new or empty)
+    #[arg(long, value_name = "DIR")]
+    pub(crate) hf: Option<PathBuf>,
+    /// A LoRA run's adapter as a peft folder that PeftModel.from_pretrained loads (new or empty)
+    #[arg(long, value_name = "DIR")]
+    pub(crate) lora: Option<PathBuf>,
+    /// A LoRA run's base, where its checkpoint does not record it (a Hugging Face folder)
+    #[arg(long, value_name = "DIR")]
+    init: Option<PathBuf>,
+}
+
+impl ExportArgs {
+    /// The export's settings.
+    pub(crate) fn config(&self) -> Config {
+        Config {
+            resume: Some(self.checkpoint.clone()),
+            init: self.init.clone(),
+            export_hf: self.hf.clone(),
+            export_lora: self.lora.clone(),
+            ..Config::new(ModelKind::Auto)
         }
     }
 }
@@ -781,7 +817,7 @@ pub(crate) struct GenerateArgs {
     max_memory: u64,
     /// A peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) merged into the weights before decoding
     #[arg(long, value_name = "DIR")]
-    lora: Option<PathBuf>,
+    pub(crate) lora: Option<PathBuf>,
     /// Print {"prompt_ids": [...], "ids": [...], "text": "..."} ("text" with --tokenizer) instead of a line of ids
     #[arg(long)]
     pub(crate) json: bool,

@@ -164,6 +164,12 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             };
             out::out(format_args!("{text}"))
         }
+        Some(Command::Export(a)) => {
+            meshwork_train::export(&a.config()).map_err(train::exit)?;
+            let written: Vec<String> =
+                [&a.hf, &a.lora].into_iter().flatten().map(|d| d.display().to_string()).collect();
+            out::out(format_args!("wrote {}\n", written.join(" and ")))
+        }
         Some(Command::Tokenize(a)) => {
             let n = meshwork_train::tokenize::tokenize_to(
                 &a.text,

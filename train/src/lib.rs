@@ -84,4 +84,4 @@ pub use processes::join_mpi;
 pub use report::{CheckOutcome, Report, loss_text, number_text, sparkline, steps_text, svg};
 pub use stop::stop_on_signals;
 pub use target::{MEMORY_FRACTION, inspect_target, target_devices};
-pub use trainer::{Evaluation, Trainer, evaluate, initial_weights, learning_rate};
+pub use trainer::{Evaluation, Trainer, evaluate, export, initial_weights, learning_rate};

@@ -1105,6 +1105,56 @@ pub fn evaluate(config: &Config) -> Result<Evaluation> {
     Ok(Evaluation { loss, perplexity: loss.exp(), rows: n, tokens: n * per_row })
 }
 
+/// Writes the weights of a checkpoint (`config.resume`, or a checkpoint given as
+/// `--init`) as `--export-hf`'s Hugging Face folder and, for a LoRA run's, as
+/// `--export-lora`'s `peft` folder — what the run would have written had it ended at
+/// that step (its model and data remembered by the checkpoint, a LoRA run's base
+/// too); each folder new or empty, checked before anything is read. Nothing is
+/// trained.
+pub fn export(config: &Config) -> Result<()> {
+    let mut config = config.clone();
+    if config.resume.is_none()
+        && let Some(dir) = config.init.as_ref()
+        && dir.is_dir()
+        && !dir.join("config.json").exists()
+        && meshwork_checkpoint::find_checkpoint(dir).is_ok()
+    {
+        config.resume = config.init.take();
+    }
+    if config.resume.is_none() {
+        return Err(Error::usage("export writes a checkpoint's weights: give the checkpoint"));
+    }
+    if config.export_hf.is_none() && config.export_lora.is_none() {
+        return Err(Error::usage("export: give --hf DIR or --lora DIR"));
+    }
+    let quiet = Config {
+        check: crate::Check::Never,
+        eval_every: None,
+        eval_fraction: None,
+        checkpoint_dir: None,
+        losses_json: None,
+        metrics_jsonl: None,
+        plot: None,
+        ..config
+    };
+    let mut p = plan(&quiet)?;
+    let first = p.saved.as_ref().map_or(0, |s| s.step);
+    let init = p.take_init()?;
+    let strategy = p.strategy()?;
+    let one = Strategy::data_parallel(1).map_err(Error::failed)?;
+    let mut run = Running::start(&p, &strategy, &one, &init)?;
+    drop(init);
+    run.restore(&p)?;
+    if let Some(saved) = &p.saved {
+        saved.release();
+    }
+    let export =
+        p.export_hf.as_ref().map(|(dir, _, _)| ExportDir::open("export-hf", dir)).transpose()?;
+    let export_lora =
+        p.export_lora.as_ref().map(|dir| ExportDir::open("export-lora", dir)).transpose()?;
+    run.finish(&p, &Progress::default(), "", first, (export.as_ref(), export_lora.as_ref()))
+}
+
 /// The weights of a run by name, for tests and tools: what [`Trainer::run`] starts
 /// from for `config` (its `--init` file or folder, or the weights drawn from its seed).
 pub fn initial_weights(config: &Config) -> Result<HashMap<String, Tensor>> {

@@ -338,3 +338,48 @@ fn jsonl_documents_train_as_their_ids() {
     std::fs::write(&bad, "\n\n").unwrap();
     refused_with(&as_jsonl(bad), "holds no documents");
 }
+
+/// `export` of a checkpoint writes the folder the run's `--export-hf` wrote had it
+/// ended there: the same files, byte for byte (the checkpoint given as `init`, its
+/// model remembered); refused without a destination or a checkpoint, and into a
+/// folder that is not empty, before anything is read.
+#[test]
+fn export_writes_a_checkpoint_as_the_run_would_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, at_end, later) =
+        (dir.path().join("ck"), dir.path().join("at_end"), dir.path().join("later"));
+    run(&Config {
+        steps: Some(3),
+        checkpoint_dir: Some(ck.clone()),
+        export_hf: Some(at_end.clone()),
+        ..gpt2_text()
+    });
+    let from = |init: std::path::PathBuf, to: &std::path::Path| Config {
+        init: Some(init),
+        export_hf: Some(to.to_path_buf()),
+        ..config(ModelKind::Auto)
+    };
+    meshwork_train::export(&from(ck.join("step-00000003"), &later)).unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(&at_end)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.contains(&"model.safetensors".to_string()), "{names:?}");
+    for name in &names {
+        assert_eq!(
+            std::fs::read(at_end.join(name)).unwrap(),
+            std::fs::read(later.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    let refused = |c: &Config| match meshwork_train::export(c) {
+        Err(Error::Usage(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(refused(&from(ck.clone(), &later)).contains("not an empty folder"));
+    let m = refused(&Config { export_hf: None, ..from(ck.clone(), &dir.path().join("x")) });
+    assert!(m.contains("give --hf DIR or --lora DIR"), "{m}");
+    let m = refused(&from(testdata("gpt2/model"), &dir.path().join("y")));
+    assert!(m.contains("give the checkpoint"), "{m}");
+}
