@@ -465,7 +465,9 @@ pub fn write_sharded(
                 Ok((name.clone(), view))
             })
             .collect::<Result<_>>()?;
-        let data = safetensors::serialize(views, None).map_err(|e| bad(flag, dir, e))?;
+        // `{"format": "pt"}`, which older transformers require of a safetensors file.
+        let metadata = [("format".to_string(), "pt".to_string())].into_iter().collect();
+        let data = safetensors::serialize(views, Some(metadata)).map_err(|e| bad(flag, dir, e))?;
         let path = dir.join(name_of(k));
         files::write_new(&path, &data).map_err(|e| bad(flag, &path, e))?;
     }

@@ -340,7 +340,8 @@ fn jsonl_documents_train_as_their_ids() {
 }
 
 /// `export` of a checkpoint writes the folder the run's `--export-hf` wrote had it
-/// ended there: the same files, byte for byte (the checkpoint given as `init`, its
+/// ended there: the same files, byte for byte, the weights' file with `{"format":
+/// "pt"}` (the checkpoint given as `init`, its
 /// model remembered); refused without a destination or a checkpoint, and into a
 /// folder that is not empty, before anything is read.
 #[test]
@@ -366,6 +367,11 @@ fn export_writes_a_checkpoint_as_the_run_would_have() {
         .collect();
     names.sort();
     assert!(names.contains(&"model.safetensors".to_string()), "{names:?}");
+    // With `{"format": "pt"}`, which older transformers require.
+    let bytes = std::fs::read(later.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["__metadata__"]["format"], "pt", "{header}");
     for name in &names {
         assert_eq!(
             std::fs::read(at_end.join(name)).unwrap(),
