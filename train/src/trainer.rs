@@ -961,8 +961,16 @@ impl<'s> Running<'s> {
     /// A classifier trained on all its rows: its accuracy on them, every row a batch
     /// at a time (and the rows left over as one more), and how many.
     fn accuracy(&self, p: &Plan, one: &Strategy, data: &Classification) -> Result<(f64, usize)> {
-        let (n, batch) = (data.rows(), p.batch);
-        let mut right = 0.0;
+        let n = data.rows();
+        Ok((self.mean_over_rows(p, one, n)?.1, n))
+    }
+
+    /// The mean (loss, accuracy) over rows `0..n` of the plan's examples, `--batch`
+    /// rows at a time and the rows left over as one more batch, each row weighted
+    /// alike, with the run's current weights on `one`.
+    fn mean_over_rows(&self, p: &Plan, one: &Strategy, n: usize) -> Result<(f64, f64)> {
+        let batch = p.batch;
+        let (mut loss, mut right) = (0.0, 0.0);
         for (start, size, count) in [(0, batch, n / batch), (n / batch * batch, n % batch, 1)] {
             if size == 0 || count == 0 {
                 continue;
@@ -974,9 +982,25 @@ impl<'s> Running<'s> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let part = Eval::new(one, &p.net, p.dtype, size, chunks)?;
-            right += part.run(self.run.as_ref())?.1 * (size * count) as f64;
+            let (l, a) = part.run(self.run.as_ref())?;
+            loss += l * (size * count) as f64;
+            right += a * (size * count) as f64;
         }
-        Ok((right / n.max(1) as f64, n))
+        let rows = n.max(1) as f64;
+        Ok((loss / rows, right / rows))
+    }
+
+    /// The run `p` plans, compiled on `strategy` and given its initial weights or
+    /// its resumed checkpoint's (nothing trained; the checkpoint released).
+    fn restored(p: &mut Plan, strategy: &'s Strategy, one: &'s Strategy) -> Result<Running<'s>> {
+        let init = p.take_init()?;
+        let mut run = Running::start(p, strategy, one, &init)?;
+        drop(init);
+        run.restore(p)?;
+        if let Some(saved) = &p.saved {
+            saved.release();
+        }
+        Ok(run)
     }
 }
 
@@ -1028,6 +1052,21 @@ impl Rows {
     }
 }
 
+/// `config` with a meshwork checkpoint given as `--init` (a folder without a
+/// `config.json` that holds a checkpoint) taken as `--resume`.
+fn checkpoint_as_resume(config: &Config) -> Config {
+    let mut config = config.clone();
+    if config.resume.is_none()
+        && let Some(dir) = config.init.as_ref()
+        && dir.is_dir()
+        && !dir.join("config.json").exists()
+        && meshwork_checkpoint::find_checkpoint(dir).is_ok()
+    {
+        config.resume = config.init.take();
+    }
+    config
+}
+
 /// What [`evaluate`] measured: the mean loss over every row of the data (the mean
 /// next-token cross-entropy of a language model, each row's positions alike), its
 /// perplexity `e^loss`, the rows, and the tokens (or examples) it predicted.
@@ -1051,15 +1090,7 @@ pub struct Evaluation {
 /// cache (its outputs, held-out rows and one-device check are left out).
 pub fn evaluate(config: &Config) -> Result<Evaluation> {
     // A checkpoint given as --init is resumed from.
-    let mut config = config.clone();
-    if config.resume.is_none()
-        && let Some(dir) = config.init.as_ref()
-        && dir.is_dir()
-        && !dir.join("config.json").exists()
-        && meshwork_checkpoint::find_checkpoint(dir).is_ok()
-    {
-        config.resume = config.init.take();
-    }
+    let config = checkpoint_as_resume(config);
     let quiet = Config {
         steps: Some(config.steps.unwrap_or(1)),
         check: crate::Check::Never,
@@ -1070,37 +1101,17 @@ pub fn evaluate(config: &Config) -> Result<Evaluation> {
         plot: None,
         export_hf: None,
         export_lora: None,
-        ..config.clone()
+        ..config
     };
     let mut p = plan(&quiet)?;
-    let init = p.take_init()?;
     let strategy = p.strategy()?;
     let one = Strategy::data_parallel(1).map_err(Error::failed)?;
-    let mut run = Running::start(&p, &strategy, &one, &init)?;
-    drop(init);
-    run.restore(&p)?;
-    if let Some(saved) = &p.saved {
-        saved.release();
-    }
-    let (n, batch) = (p.rows, p.batch);
+    let run = Running::restored(&mut p, &strategy, &one)?;
+    let n = p.rows;
     if n == 0 {
         return Err(Error::usage("the data hold no full row to evaluate"));
     }
-    let mut total = 0.0;
-    for (start, size, count) in [(0, batch, n / batch), (n / batch * batch, n % batch, 1)] {
-        if size == 0 || count == 0 {
-            continue;
-        }
-        let chunks = (0..count)
-            .map(|c| {
-                let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
-                p.examples.batch(&idx, p.dtype)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let part = Eval::new(&one, &p.net, p.dtype, size, chunks)?;
-        total += part.run(run.run.as_ref())?.0 * (size * count) as f64;
-    }
-    let loss = total / n as f64;
+    let loss = run.mean_over_rows(&p, &one, n)?.0;
     let per_row = p.net.per_row().0;
     Ok(Evaluation { loss, perplexity: loss.exp(), rows: n, tokens: n * per_row })
 }
@@ -1112,15 +1123,7 @@ pub fn evaluate(config: &Config) -> Result<Evaluation> {
 /// too); each folder new or empty, checked before anything is read. Nothing is
 /// trained.
 pub fn export(config: &Config) -> Result<()> {
-    let mut config = config.clone();
-    if config.resume.is_none()
-        && let Some(dir) = config.init.as_ref()
-        && dir.is_dir()
-        && !dir.join("config.json").exists()
-        && meshwork_checkpoint::find_checkpoint(dir).is_ok()
-    {
-        config.resume = config.init.take();
-    }
+    let config = checkpoint_as_resume(config);
     if config.resume.is_none() {
         return Err(Error::usage("export writes a checkpoint's weights: give the checkpoint"));
     }
@@ -1139,15 +1142,9 @@ pub fn export(config: &Config) -> Result<()> {
     };
     let mut p = plan(&quiet)?;
     let first = p.saved.as_ref().map_or(0, |s| s.step);
-    let init = p.take_init()?;
     let strategy = p.strategy()?;
     let one = Strategy::data_parallel(1).map_err(Error::failed)?;
-    let mut run = Running::start(&p, &strategy, &one, &init)?;
-    drop(init);
-    run.restore(&p)?;
-    if let Some(saved) = &p.saved {
-        saved.release();
-    }
+    let run = Running::restored(&mut p, &strategy, &one)?;
     let export =
         p.export_hf.as_ref().map(|(dir, _, _)| ExportDir::open("export-hf", dir)).transpose()?;
     let export_lora =
