@@ -773,7 +773,7 @@ pub(crate) struct TokenizeArgs {
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
 pub(crate) struct GenerateArgs {
-    /// A Hugging Face checkpoint folder (config.json, model.safetensors): GPT-2 or the Llama family
+    /// A Hugging Face checkpoint folder (config.json, model.safetensors) of GPT-2 or the Llama family, or a meshwork checkpoint of one (a checkpoint directory or one step-NNNNNNNN/ in it)
     #[arg(long, value_name = "DIR")]
     init: PathBuf,
     /// The prompt's token ids, comma-separated
@@ -785,7 +785,7 @@ pub(crate) struct GenerateArgs {
     /// A conversation, a JSON list of {"role", "content"}: the prompt is the folder's chat template rendered with a generation prompt, encoded by the tokenizer
     #[arg(long, value_name = "MESSAGES.json")]
     chat: Option<PathBuf>,
-    /// A Hugging Face tokenizer.json: encodes --prompt or --chat, decodes the new tokens ("text" in --json); default: --init's tokenizer.json
+    /// A Hugging Face tokenizer.json: encodes --prompt or --chat, decodes the new tokens ("text" in --json); default: --init's tokenizer.json (a checkpoint's: the one its run used)
     #[arg(long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
     /// How many tokens to generate after the prompt
@@ -821,6 +821,9 @@ pub(crate) struct GenerateArgs {
     /// Print {"prompt_ids": [...], "ids": [...], "text": "..."} ("text" with --tokenizer) instead of a line of ids
     #[arg(long)]
     pub(crate) json: bool,
+    /// Write the logits each new token was picked from to FILE.npy ([new tokens, vocabulary], float64; a new file)
+    #[arg(long, value_name = "FILE.npy")]
+    pub(crate) logits: Option<PathBuf>,
 }
 
 impl GenerateArgs {
@@ -828,8 +831,8 @@ impl GenerateArgs {
     pub(crate) fn config(&self) -> Result<meshwork_train::generate::GenerateConfig, Exit> {
         // The tokenizer: --tokenizer, or the folder's (for a text or chat prompt, or to
         // decode).
-        let folder = self.init.join("tokenizer.json");
-        let tokenizer = self.tokenizer.clone().or_else(|| folder.is_file().then_some(folder));
+        let tokenizer =
+            self.tokenizer.clone().or_else(|| meshwork_train::generate::tokenizer_of(&self.init));
         let needs = || {
             tokenizer.clone().ok_or_else(|| {
                 Exit::Usage(format!(
@@ -844,7 +847,13 @@ impl GenerateArgs {
                 meshwork_train::generate::prompt_ids(&needs()?, text).map_err(exit)?
             }
             (None, Some(messages)) => {
-                meshwork_train::chat::chat_prompt_ids(&self.init, &needs()?, messages)
+                // A checkpoint's chat template is its tokenizer's folder's.
+                let tokenizer = needs()?;
+                let folder = match self.init.join("config.json").exists() {
+                    true => self.init.clone(),
+                    false => tokenizer.parent().map_or_else(|| self.init.clone(), Into::into),
+                };
+                meshwork_train::chat::chat_prompt_ids(&folder, &tokenizer, messages)
                     .map_err(exit)?
             }
             (None, None) => self.prompt_ids.clone(),
@@ -871,6 +880,7 @@ impl GenerateArgs {
             backend: backend_kind(self.backend, &self.pjrt_plugin, PartitionerArg::Meshwork)?,
             max_memory: self.max_memory,
             lora: self.lora.clone(),
+            keep_logits: self.logits.is_some(),
         })
     }
 }

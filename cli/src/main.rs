@@ -134,9 +134,30 @@ fn run(argv: Vec<OsString>) -> Result<(), Exit> {
             out::out(format_args!("{text}"))
         }
         Some(Command::Generate(a)) => {
+            // --logits names a new file in a folder that is there, known before the work.
+            if let Some(path) = &a.logits {
+                let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+                if std::fs::symlink_metadata(path).is_ok() {
+                    return Err(Exit::Usage(format!(
+                        "--logits: {} exists; meshwork writes only new files here",
+                        path.display()
+                    )));
+                }
+                if parent.is_some_and(|p| !p.is_dir()) {
+                    return Err(Exit::Usage(format!(
+                        "--logits: {} is not in a folder that exists",
+                        path.display()
+                    )));
+                }
+            }
             let got = meshwork_train::generate::generate(&a.config()?).map_err(train::exit)?;
             for w in &got.warnings {
                 note(format_args!("meshwork generate: warning: {}", out::readable(w)));
+            }
+            if let Some(path) = &a.logits {
+                meshwork_train::files::write_new(path, &got.logits_npy()).map_err(|e| {
+                    Exit::Usage(format!("--logits: cannot write {}: {e}", path.display()))
+                })?;
             }
             let text = if a.json {
                 let mut json = serde_json::json!({"prompt_ids": got.prompt_ids, "ids": got.ids});

@@ -353,6 +353,23 @@ fn generate_prints_transformers_greedy_ids() {
         &["generate", "--init", &init, "--prompt-ids", "320", "--max-new-tokens", "1"],
         &["--prompt-ids: 320 is not a token of the vocabulary of 320"],
     );
+    // --logits writes [new tokens, vocabulary] float64, a new file only (checked
+    // before decoding), in a folder that is there.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("logits.npy");
+    let logits = file.to_str().unwrap();
+    let args = ["generate", "--init", &init, "--prompt-ids", "1,2", "--max-new-tokens", "3"];
+    let out = meshwork(&[&args[..], &["--logits", logits]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let npy = std::fs::read(&file).unwrap();
+    let header = String::from_utf8_lossy(&npy[..128]).to_string();
+    assert!(header.contains("'<f8'") && header.contains("(3, 320)"), "{header}");
+    refused(&[&args[..], &["--logits", logits]].concat(), &["--logits: ", "exists"]);
+    let nowhere = dir.path().join("no/such/l.npy");
+    refused(
+        &[&args[..], &["--logits", nowhere.to_str().unwrap()]].concat(),
+        &["is not in a folder that exists"],
+    );
 }
 
 /// `meshwork tokenize --text corpus.txt --tokenizer tokenizer.json --seq 16 --out F`

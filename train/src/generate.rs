@@ -45,11 +45,14 @@ pub struct GenerateConfig {
     pub max_memory: u64,
     /// `--lora DIR`: a `peft` adapter folder merged into the weights before decoding.
     pub lora: Option<PathBuf>,
+    /// `--logits FILE`: keep the logits each new token was picked from
+    /// ([`Generated::logits`]).
+    pub keep_logits: bool,
 }
 
 /// What was generated: the prompt, and the prompt followed by the new tokens (as
 /// `generate` returns them).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
     /// The prompt's ids.
     pub prompt_ids: Vec<i64>,
@@ -61,12 +64,36 @@ pub struct Generated {
     /// What was passed over on the way (a `generation_config.json` that cannot be
     /// read), for people.
     pub warnings: Vec<String>,
+    /// With [`GenerateConfig::keep_logits`], the logits (over the vocabulary) each new
+    /// token was picked from, one row per new token, as `transformers`' `generate`
+    /// returns them with `output_logits=True`.
+    pub logits: Vec<Vec<f64>>,
+}
+
+impl Generated {
+    /// [`logits`](Self::logits) as the bytes of a `.npy` file: `[new tokens,
+    /// vocabulary]`, little-endian float64.
+    pub fn logits_npy(&self) -> Vec<u8> {
+        let vocab = self.logits.first().map_or(0, Vec::len);
+        let flat: Vec<f64> = self.logits.concat();
+        meshwork_io::npy::encode(&[self.logits.len(), vocab], &flat)
+            .expect("rows of the vocabulary's length")
+    }
 }
 
 /// `text`'s ids by the tokenizer at `path` (`--prompt`).
 pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
     let tokenizer = crate::data::read_tokenizer(path)?;
     Ok(crate::data::encode(&tokenizer, text)?.into_iter().map(i64::from).collect())
+}
+
+/// The tokenizer `--init` comes with: a Hugging Face folder's `tokenizer.json`, or
+/// the one a checkpoint's run used (else its model folder's), if there is one.
+pub fn tokenizer_of(init: &std::path::Path) -> Option<PathBuf> {
+    match crate::trainer::is_checkpoint(init) {
+        true => crate::resume::recorded_tokenizer(init),
+        false => Some(init.join("tokenizer.json")).filter(|t| t.is_file()),
+    }
 }
 
 /// The end-of-text ids, as `transformers` 5 finds them: `generation_config.json`'s
@@ -76,8 +103,8 @@ pub fn prompt_ids(path: &std::path::Path, text: &str) -> Result<Vec<i64>> {
 /// `generation_config.json` that cannot be read, or an `eos_token_id` that is not
 /// token ids, is refused naming the file: generating past an end the model has would
 /// be silently wrong output.
-fn eos_ids(dir: &std::path::Path, config: &Json) -> Result<Vec<i64>> {
-    let (found, file) = match crate::hf::read_generation_config("init", dir)? {
+fn eos_ids(dir: &std::path::Path, generation: Option<&Json>, config: &Json) -> Result<Vec<i64>> {
+    let (found, file) = match generation {
         Some(generation) => (
             generation.get("eos_token_id").cloned().unwrap_or(Json::Null),
             "generation_config.json",
@@ -168,7 +195,18 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
     if !matches!(config.dtype, DType::F32 | DType::F64) {
         return Err(Error::flag("dtype", format!("{} is not f32 or f64", config.dtype)));
     }
-    let hf_config = crate::hf::read_config("init", &config.init)?;
+    // A Hugging Face folder, or a meshwork checkpoint as `--export-hf` would write it.
+    let checkpoint = match crate::trainer::is_checkpoint(&config.init) {
+        true => Some(crate::trainer::checkpoint_model("init", &config.init, config.max_memory)?),
+        false => None,
+    };
+    let (hf_config, generation) = match &checkpoint {
+        Some(c) => (c.config.clone(), c.generation.clone()),
+        None => (
+            crate::hf::read_config("init", &config.init)?,
+            crate::hf::read_generation_config("init", &config.init)?,
+        ),
+    };
     let context = config.prompt_ids.len().saturating_add(config.max_new_tokens);
     let path = config.init.join("config.json");
     let net = crate::family::lm_from_config("init", &path, &hf_config, 1)?;
@@ -200,13 +238,26 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
             config.max_memory
         )));
     }
-    let weights = crate::hf::read(
-        "init",
-        &config.init,
-        net.model(),
-        config.dtype,
-        config.max_memory - cache_bytes,
-    )?;
+    let weights = match checkpoint {
+        // In the run's dtype.
+        Some(c) => c
+            .weights
+            .into_iter()
+            .map(|(name, t)| match t.dtype() == config.dtype {
+                true => Ok((name, t)),
+                false => Tensor::from_f64(config.dtype, t.shape(), &t.to_f64())
+                    .map(|t| (name, t))
+                    .map_err(Error::failed),
+            })
+            .collect::<Result<_>>()?,
+        None => crate::hf::read(
+            "init",
+            &config.init,
+            net.model(),
+            config.dtype,
+            config.max_memory - cache_bytes,
+        )?,
+    };
     // A LoRA adapter merged into the weights once: `W + s · B A`.
     let weights = match &config.lora {
         Some(dir) => {
@@ -222,7 +273,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         None => weights,
     };
     let warnings = Vec::new();
-    let eos = eos_ids(&config.init, &hf_config)?;
+    let eos = eos_ids(&config.init, generation.as_ref(), &hf_config)?;
     let strategy = strategy_on(&config.backend)?;
     let dims = net.weight_dims();
     let step = compile_decoder(&strategy, config.dtype, decoder, (&dims, &caches), context)?;
@@ -236,6 +287,18 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
     let mut rng = SplitMix::new(config.seed);
     let mut ids = config.prompt_ids.clone();
     let mut next = None;
+    let mut kept = Vec::new();
+    if config.keep_logits {
+        // The rows kept, beside the weights and the cache.
+        let bytes =
+            (decoder.vocab() as u64).saturating_mul(8).saturating_mul(config.max_new_tokens as u64);
+        if bytes.saturating_add(cache_bytes) > config.max_memory {
+            return Err(Error::usage(format!(
+                "--logits of {} new tokens take {bytes} bytes; --max-memory is {}",
+                config.max_new_tokens, config.max_memory
+            )));
+        }
+    }
     for (p, &t) in config.prompt_ids.iter().enumerate() {
         next = Some(run_step(&step, t, p)?);
     }
@@ -253,6 +316,9 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
         }
         let t = pick(&logits, config, &mut rng) as i64;
         ids.push(t);
+        if config.keep_logits {
+            kept.push(logits);
+        }
         if eos.contains(&t) || ids.len() == context {
             break;
         }
@@ -268,7 +334,7 @@ pub fn generate(config: &GenerateConfig) -> Result<Generated> {
             })?)
         }
     };
-    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text, warnings })
+    Ok(Generated { prompt_ids: config.prompt_ids.clone(), ids, text, warnings, logits: kept })
 }
 
 /// The decoding step of `decoder` compiled on `config`'s back end: the weights (by
@@ -340,6 +406,11 @@ fn run_step(
 mod tests {
     use super::*;
 
+    /// The end-of-text ids of the folder `dir` with `config`.
+    fn eos(dir: &std::path::Path, config: &Json) -> Result<Vec<i64>> {
+        eos_ids(dir, crate::hf::read_generation_config("init", dir)?.as_ref(), config)
+    }
+
     /// The end-of-text ids as `transformers` 5.24 finds them (checked there: a Llama
     /// saved without `eos_token_id` and without `generation_config.json` generates
     /// with `generation_config.eos_token_id` None, though `LlamaConfig` defaults it to
@@ -350,27 +421,27 @@ mod tests {
         let with = serde_json::json!({"model_type": "llama", "eos_token_id": 5});
         let without = serde_json::json!({"model_type": "llama"});
         // No generation_config.json: config.json's, or none (no class default).
-        assert_eq!(eos_ids(dir.path(), &with).unwrap(), vec![5]);
-        assert!(eos_ids(dir.path(), &without).unwrap().is_empty());
+        assert_eq!(eos(dir.path(), &with).unwrap(), vec![5]);
+        assert!(eos(dir.path(), &without).unwrap().is_empty());
         // Its ids (a list) over config.json's; naming none, none.
         let generation = dir.path().join("generation_config.json");
         std::fs::write(&generation, r#"{"eos_token_id": [7, 9]}"#).unwrap();
-        assert_eq!(eos_ids(dir.path(), &with).unwrap(), vec![7, 9]);
+        assert_eq!(eos(dir.path(), &with).unwrap(), vec![7, 9]);
         std::fs::write(&generation, r#"{"do_sample": false}"#).unwrap();
-        assert!(eos_ids(dir.path(), &with).unwrap().is_empty());
+        assert!(eos(dir.path(), &with).unwrap().is_empty());
         // One that cannot be read, or ids that are not ids: refused, naming the file.
         std::fs::write(&generation, "{not json").unwrap();
-        let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+        let e = eos(dir.path(), &with).unwrap_err().to_string();
         assert!(e.contains("generation_config.json"), "{e}");
         for bad in [r#""2""#, "2.5", "-1", r#"[1, "x"]"#, "{}"] {
             std::fs::write(&generation, format!(r#"{{"eos_token_id": {bad}}}"#)).unwrap();
-            let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+            let e = eos(dir.path(), &with).unwrap_err().to_string();
             assert!(e.contains("eos_token_id") && e.contains("generation_config.json"), "{e}");
         }
         std::fs::remove_file(&generation).unwrap();
         let made = std::process::Command::new("mkfifo").arg(&generation).status().unwrap();
         assert!(made.success());
-        let e = eos_ids(dir.path(), &with).unwrap_err().to_string();
+        let e = eos(dir.path(), &with).unwrap_err().to_string();
         assert!(e.contains("named pipe"), "{e}");
     }
 }

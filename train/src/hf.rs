@@ -47,6 +47,45 @@ pub fn read_config(flag: &str, dir: &Path) -> Result<Json> {
     Ok(config)
 }
 
+/// The files beside a `tokenizer.json` that describe the same tokenizer to
+/// `transformers`' `AutoTokenizer` (its class, special tokens and chat template).
+const TOKENIZER_COMPANIONS: [&str; 4] = [
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// The tokenizer files an export copies (name in the export, bytes): `tokenizer`
+/// as `tokenizer.json` and, when it is a folder's `tokenizer.json`, the companion
+/// files beside it ([`TOKENIZER_COMPANIONS`]); each a regular file of at most
+/// [`crate::data::MAX_TOKENIZER_BYTES`], else refused naming it.
+pub(crate) fn tokenizer_files(tokenizer: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let limit = crate::data::MAX_TOKENIZER_BYTES;
+    let mut out =
+        vec![("tokenizer.json".to_string(), files::read_capped("tokenizer", tokenizer, limit)?)];
+    if tokenizer.file_name().is_some_and(|n| n == "tokenizer.json")
+        && let Some(dir) = tokenizer.parent()
+    {
+        for name in TOKENIZER_COMPANIONS {
+            let path = dir.join(name);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                out.push((name.to_string(), files::read_capped("tokenizer", &path, limit)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `files` (name, bytes) into the export folder `dir`, each a new file.
+pub(crate) fn write_files(flag: &str, dir: &Path, named: &[(String, Vec<u8>)]) -> Result<()> {
+    for (name, bytes) in named {
+        let path = dir.join(name);
+        files::write_new(&path, bytes).map_err(|e| bad(flag, &path, e))?;
+    }
+    Ok(())
+}
+
 /// The folder's `generation_config.json` (generation's defaults, its end-of-text ids
 /// among them), if it has one: a JSON object, or refused naming it.
 pub fn read_generation_config(flag: &str, dir: &Path) -> Result<Option<Json>> {

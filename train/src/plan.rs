@@ -73,8 +73,14 @@ pub(crate) struct Plan {
     pub(crate) losses_before: Vec<Option<f64>>,
     pub(crate) metrics_jsonl: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
-    /// `--export-hf`'s folder and the `config.json` it gets.
-    pub(crate) export_hf: Option<(PathBuf, Value, Option<Value>)>,
+    /// A language model's Hugging Face `config.json` and `generation_config.json`
+    /// (from its folder, preset or checkpoint): what `--export-hf` writes.
+    pub(crate) hf: Option<(Value, Option<Value>)>,
+    /// `--export-hf`'s folder.
+    pub(crate) export_hf: Option<PathBuf>,
+    /// The tokenizer files `--export-hf` copies into its folder (name, bytes): the
+    /// run's tokenizer, else its model folder's.
+    pub(crate) tokenizer_files: Vec<(String, Vec<u8>)>,
     /// `--export-lora`'s folder.
     pub(crate) export_lora: Option<PathBuf>,
     /// A LoRA adapter's initial values (by name; empty without one), set over the
@@ -538,17 +544,53 @@ fn dtype_of(config: &Config, saved: Option<&Saved>, default: DType) -> Result<DT
 /// resumed run's recorded flags ([`crate::resume::remembered`]), a note for each flag
 /// given that differs.
 pub(crate) fn plan(config: &Config) -> Result<Plan> {
+    plan_for(config, true)
+}
+
+/// [`plan`] for a run that only needs its weights (`export`, `generate` from a
+/// checkpoint): a resumed checkpoint's data are neither read nor required, and the
+/// built-in rows stand in for them.
+pub(crate) fn plan_weights(config: &Config) -> Result<Plan> {
+    plan_for(config, false)
+}
+
+fn plan_for(config: &Config, data: bool) -> Result<Plan> {
     // A checkpoint that cannot be read is `weights_from`'s to refuse, saying why.
     let saved = config.resume.as_deref().and_then(|r| Saved::read(r).ok());
-    let Some(saved) = saved.filter(|s| s.origin == Origin::Trainer) else {
-        return plan_of(config);
+    let flags = saved
+        .as_ref()
+        .filter(|s| s.origin == Origin::Trainer)
+        .and_then(|s| s.meta.get("flags").map(|f| (s, f)));
+    let (mut config, notes) = match flags {
+        Some((saved, flags)) => {
+            let lora = saved.meta.get("lora").is_some_and(|l| !l.is_null());
+            crate::resume::remembered(config, &saved.dir, flags, lora, data)?
+        }
+        None => (config.clone(), Vec::new()),
     };
-    let Some(flags) = saved.meta.get("flags") else { return plan_of(config) };
-    let lora = saved.meta.get("lora").is_some_and(|l| !l.is_null());
-    let (config, notes) = crate::resume::remembered(config, &saved.dir, flags, lora)?;
+    // The tokenizer the run used, else its model folder's.
+    let tokenizer = crate::resume::tokenizer_used(
+        config.tokenizer.clone(),
+        config.init.as_deref(),
+        flags.map(|(_, f)| f),
+    );
     drop(saved);
+    if !data {
+        config.data = Data::BuiltIn;
+        config.tokenizer = None;
+        config.cache_dir = None;
+    }
     let mut p = plan_of(&config)?;
     p.warnings.splice(0..0, notes);
+    if p.export_hf.is_some()
+        && p.leads()
+        && let Some(path) = tokenizer
+    {
+        match crate::hf::tokenizer_files(&path) {
+            Ok(files) => p.tokenizer_files = files,
+            Err(e) => p.warnings.push(format!("--export-hf will hold no tokenizer: {e}")),
+        }
+    }
     Ok(p)
 }
 
@@ -801,11 +843,9 @@ fn plan_of(config: &Config) -> Result<Plan> {
         plot: config.plot.clone(),
         export_lora: config.export_lora.clone(),
         adapter,
-        export_hf: config
-            .export_hf
-            .clone()
-            .zip(resolved.hf_config)
-            .map(|(dir, c)| (dir, c, resolved.generation_config)),
+        hf: resolved.hf_config.map(|c| (c, resolved.generation_config)),
+        export_hf: config.export_hf.clone(),
+        tokenizer_files: Vec::new(),
         savers: run.savers,
         precision: config.precision,
         loss_scale: run.loss_scale,

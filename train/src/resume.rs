@@ -343,16 +343,43 @@ fn file_sha(path: &Path) -> Result<String> {
     Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The tokenizer a run used: `tokenizer` (given, or remembered), else the one its
+/// checkpoint's `flags` record, else the `tokenizer.json` in its model folder
+/// (`init`, else the recorded one), if that is a file.
+pub(crate) fn tokenizer_used(
+    tokenizer: Option<PathBuf>,
+    init: Option<&Path>,
+    flags: Option<&Value>,
+) -> Option<PathBuf> {
+    let recorded = |key: &str| flags.and_then(|f| f[key].as_str()).map(PathBuf::from);
+    tokenizer.or_else(|| recorded("tokenizer")).or_else(|| {
+        [init.map(Path::to_path_buf), recorded("init")]
+            .into_iter()
+            .flatten()
+            .map(|d| d.join("tokenizer.json"))
+            .find(|t| t.is_file())
+    })
+}
+
+/// [`tokenizer_used`] by the checkpoint `dir`'s run, if it can be read.
+pub(crate) fn recorded_tokenizer(dir: &Path) -> Option<PathBuf> {
+    let saved = Saved::read(dir).ok()?;
+    tokenizer_used(None, None, saved.meta.get("flags"))
+}
+
 /// `config` with what it leaves unset taken from the flags its resumed checkpoint's
 /// run was given (`flags`, [`flags_record`]), and a line for each flag given anyway
 /// that differs from that run's. A data file the run read whose SHA-256 has changed
-/// since is refused unless `--data-changed-ok`. (`--seed`, `--warmup` and
-/// `--shuffle` have no unset value: at their defaults they are taken from the run.)
+/// since is refused unless `--data-changed-ok`; without `data` (a run that only
+/// needs the weights) the data are left as given and not looked at. (`--seed`,
+/// `--warmup` and `--shuffle` have no unset value: at their defaults they are taken
+/// from the run.)
 pub(crate) fn remembered(
     config: &crate::Config,
     dir: &Path,
     flags: &Value,
     lora: bool,
+    data: bool,
 ) -> Result<(crate::Config, Vec<String>)> {
     use crate::{Config, Data, OptimizerKind, Schedule};
     let mut c: Config = config.clone();
@@ -486,6 +513,9 @@ pub(crate) fn remembered(
         c.seed = flags["seed"].as_u64().unwrap_or(c.seed);
     }
     c.shuffle |= flags["shuffle"].as_bool().unwrap_or(false);
+    if !data {
+        return Ok((c, notes));
+    }
     // The data: as given (a note where they are not the run's), else the run's.
     let theirs: Vec<PathBuf> = flags["data"]["paths"]
         .as_array()

@@ -18,7 +18,7 @@ use crate::data::Classification;
 use crate::files::{create_new, write_atomic, write_new};
 use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
-use crate::plan::{Plan, plan};
+use crate::plan::{Plan, plan, plan_weights};
 use crate::processes::Point;
 use crate::report::{CheckOutcome, Report, number_text, svg};
 use crate::resume::Origin;
@@ -650,11 +650,8 @@ impl Outputs {
         }
         let metrics =
             p.metrics_jsonl.as_ref().map(|path| create_new("metrics-jsonl", path)).transpose()?;
-        let export = p
-            .export_hf
-            .as_ref()
-            .map(|(dir, _, _)| ExportDir::open("export-hf", dir))
-            .transpose()?;
+        let export =
+            p.export_hf.as_ref().map(|dir| ExportDir::open("export-hf", dir)).transpose()?;
         let export_lora =
             p.export_lora.as_ref().map(|dir| ExportDir::open("export-lora", dir)).transpose()?;
         Ok(Outputs { manager, metrics, export, export_lora })
@@ -916,46 +913,49 @@ impl<'s> Running<'s> {
         first: usize,
         (export, export_lora): (Option<&ExportDir>, Option<&ExportDir>),
     ) -> Result<()> {
-        let lora = p.net.model().as_lora();
         if p.export_hf.is_some() || p.export_lora.is_some() {
-            let mut weights = HashMap::new();
-            // Gathered to the process that writes the folder, not to every one (the
+            // Gathered to the process that writes the folders, not to every one (the
             // adapter's matrices alone for --export-lora without --export-hf).
-            for (name, _) in p.net.weight_dims() {
-                if p.export_hf.is_none() && !p.net.model().trains(&name) {
-                    continue;
-                }
-                if let Some(w) = self.run.weight_first(&name)? {
-                    weights.insert(name.clone(), w);
-                }
-            }
-            if let (Some(model), Some(export)) = (lora, export_lora.filter(|_| p.leads())) {
+            let weights = self.gathered(p, p.export_hf.is_some())?;
+            if let (Some(model), Some(export)) =
+                (p.net.model().as_lora(), export_lora.filter(|_| p.leads()))
+            {
                 crate::lora::write(&export.through(), model, &weights, p.dtype)
                     .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
             }
-            if let (Some((_, config, generation)), Some(export)) =
-                (&p.export_hf, export.filter(|_| p.leads()))
-            {
-                // A LoRA run's base with the adapter merged in.
-                let (model, weights) = match lora {
-                    Some(l) => (
-                        l.base(),
-                        l.merge(&weights).ok_or_else(|| {
-                            Error::failed("--export-hf: the adapter does not merge into its base")
-                        })?,
-                    ),
-                    None => (p.net.model(), weights),
+            if let Some(export) = export.filter(|_| p.leads()) {
+                let Some((config, generation)) = &p.hf else {
+                    return Err(Error::failed("--export-hf: the model has no Hugging Face config"));
                 };
-                crate::hf::write(
+                let (model, weights) = merged(p, weights)?;
+                let written = crate::hf::write(
                     "export-hf",
                     &export.through(),
                     (model, config, generation.as_ref()),
                     &weights,
                 )
-                .map_err(|e| Error::failed(export.shown(&e.to_string())))?;
+                .and_then(|()| {
+                    crate::hf::write_files("export-hf", &export.through(), &p.tokenizer_files)
+                });
+                written.map_err(|e| Error::failed(export.shown(&e.to_string())))?;
             }
         }
         write_plot(p, progress, where_, first)
+    }
+
+    /// The run's weights by name, gathered to the process that writes the exports
+    /// (the others get none): all of them, or a LoRA run's adapter alone.
+    fn gathered(&self, p: &Plan, all: bool) -> Result<HashMap<String, Tensor>> {
+        let mut weights = HashMap::new();
+        for (name, _) in p.net.weight_dims() {
+            if !all && !p.net.model().trains(&name) {
+                continue;
+            }
+            if let Some(w) = self.run.weight_first(&name)? {
+                weights.insert(name.clone(), w);
+            }
+        }
+        Ok(weights)
     }
 
     /// A classifier trained on all its rows: its accuracy on them, every row a batch
@@ -1052,19 +1052,77 @@ impl Rows {
     }
 }
 
-/// `config` with a meshwork checkpoint given as `--init` (a folder without a
-/// `config.json` that holds a checkpoint) taken as `--resume`.
-fn checkpoint_as_resume(config: &Config) -> Config {
-    let mut config = config.clone();
-    if config.resume.is_none()
-        && let Some(dir) = config.init.as_ref()
-        && dir.is_dir()
+/// The model `--export-hf` writes and its weights: a LoRA run's base with the
+/// adapter merged in, else the run's own.
+fn merged(
+    p: &Plan,
+    weights: HashMap<String, Tensor>,
+) -> Result<(&dyn meshwork_nn::Model, HashMap<String, Tensor>)> {
+    match p.net.model().as_lora() {
+        Some(l) => Ok((
+            l.base(),
+            l.merge(&weights).ok_or_else(|| {
+                Error::failed("--export-hf: the adapter does not merge into its base")
+            })?,
+        )),
+        None => Ok((p.net.model(), weights)),
+    }
+}
+
+/// Whether `dir` is a meshwork checkpoint (a checkpoint directory or one step of
+/// it) rather than a Hugging Face folder (which has a `config.json`).
+pub(crate) fn is_checkpoint(dir: &Path) -> bool {
+    dir.is_dir()
         && !dir.join("config.json").exists()
         && meshwork_checkpoint::find_checkpoint(dir).is_ok()
-    {
+}
+
+/// `config` with a meshwork checkpoint given as `--init` taken as `--resume`.
+fn checkpoint_as_resume(config: &Config) -> Config {
+    let mut config = config.clone();
+    if config.resume.is_none() && config.init.as_deref().is_some_and(is_checkpoint) {
         config.resume = config.init.take();
     }
     config
+}
+
+/// A language model's checkpoint as `--export-hf` would write it: its Hugging Face
+/// `config.json` and `generation_config.json`, and its weights by name (a LoRA run's
+/// adapter merged into its base) in the checkpoint's dtype.
+pub(crate) struct HfCheckpoint {
+    pub(crate) config: serde_json::Value,
+    pub(crate) generation: Option<serde_json::Value>,
+    pub(crate) weights: HashMap<String, Tensor>,
+}
+
+/// The language model of the checkpoint `dir` (its latest step, or the step it is),
+/// restored on one device of the interpreter; its data are not read. A checkpoint
+/// of a model without a Hugging Face layout is refused as `--flag`'s.
+pub(crate) fn checkpoint_model(flag: &str, dir: &Path, max_memory: u64) -> Result<HfCheckpoint> {
+    let config = Config {
+        resume: Some(dir.to_path_buf()),
+        mesh: Some((1, 1)),
+        check: crate::Check::Never,
+        max_memory,
+        ..Config::new(crate::ModelKind::Auto)
+    };
+    let mut p = plan_weights(&config)?;
+    let Some((hf, generation)) = p.hf.clone() else {
+        return Err(Error::flag(
+            flag,
+            format!(
+                "{}: the checkpoint's {} has no Hugging Face layout (GPT-2, the Llama family)",
+                dir.display(),
+                p.net.model().family()
+            ),
+        ));
+    };
+    let strategy = p.strategy()?;
+    let one = Strategy::data_parallel(1).map_err(Error::failed)?;
+    let run = Running::restored(&mut p, &strategy, &one)?;
+    let weights = run.gathered(&p, true)?;
+    let (_, weights) = merged(&p, weights)?;
+    Ok(HfCheckpoint { config: hf, generation, weights })
 }
 
 /// What [`evaluate`] measured: the mean loss over every row of the data (the mean
@@ -1140,13 +1198,12 @@ pub fn export(config: &Config) -> Result<()> {
         plot: None,
         ..config
     };
-    let mut p = plan(&quiet)?;
+    let mut p = plan_weights(&quiet)?;
     let first = p.saved.as_ref().map_or(0, |s| s.step);
     let strategy = p.strategy()?;
     let one = Strategy::data_parallel(1).map_err(Error::failed)?;
     let run = Running::restored(&mut p, &strategy, &one)?;
-    let export =
-        p.export_hf.as_ref().map(|(dir, _, _)| ExportDir::open("export-hf", dir)).transpose()?;
+    let export = p.export_hf.as_ref().map(|dir| ExportDir::open("export-hf", dir)).transpose()?;
     let export_lora =
         p.export_lora.as_ref().map(|dir| ExportDir::open("export-lora", dir)).transpose()?;
     run.finish(&p, &Progress::default(), "", first, (export.as_ref(), export_lora.as_ref()))

@@ -19,6 +19,12 @@ with correctly rounded tables).
 
     python3 train/tests/hf/export_check.py target/debug/meshwork
 
+And `meshwork export` of one checkpoint step (GPT-2, Llama; trained from the corpus
+text with the case's tokenizer, f64): `AutoTokenizer.from_pretrained(DIR)` encodes a
+prompt to the ids meshwork's tokenizer gives, and `AutoModelForCausalLM` gives, at
+each new token `meshwork generate --init STEP --logits` picked, the logits meshwork
+wrote, within 1e-9 (relative to the largest; Llama's with correctly rounded tables).
+
 Where `transformers` (with torch) is not installed it says so and exits 0, and where
 `peft` is not it says it skips the LoRA checks: the checks CI may skip.
 """
@@ -96,6 +102,43 @@ def check(meshwork, case, tmp):
     return ok
 
 
+def check_step_export(meshwork, case, tmp):
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    data = os.path.join(TESTDATA, case)
+    ckpt = os.path.join(tmp, f"{case}-ckpt")
+    out = os.path.join(tmp, f"{case}-step-exported")
+    subprocess.run([meshwork, "train", "--init", os.path.join(data, "model"),
+                    "--text", os.path.join(data, "corpus.txt"),
+                    "--tokenizer", os.path.join(data, "tokenizer.json"), "--seq", "16",
+                    "--batch", "4", "--dtype", "f64", "--steps", "3", "--optimizer", "adamw",
+                    "--lr", "0.003", "--checkpoint-dir", ckpt, "--checkpoint-every", "1",
+                    "--quiet"], check=True)
+    step = os.path.join(ckpt, "step-00000002")
+    subprocess.run([meshwork, "export", step, "--hf", out], check=True, stdout=subprocess.DEVNULL)
+    prompt = "The meaning of a mesh"
+    logits_file = os.path.join(tmp, f"{case}-logits.npy")
+    got = subprocess.run([meshwork, "generate", "--init", step, "--prompt", prompt,
+                          "--max-new-tokens", "4", "--dtype", "f64", "--json",
+                          "--logits", logits_file], check=True, capture_output=True, text=True)
+    got = json.loads(got.stdout)
+    ours = np.load(logits_file)
+    ids = AutoTokenizer.from_pretrained(out)(prompt).input_ids
+    ok = ids == got["prompt_ids"]
+    print(f"hf export check, {case} step export: the tokenizer's ids {'equal' if ok else 'differ: ' + str(ids) + ' vs ' + str(got['prompt_ids'])}")
+    correctly_rounded_rope(case != "gpt2")
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+    with torch.no_grad():
+        n = len(got["prompt_ids"])
+        every = model(torch.tensor([got["ids"][:-1]])).logits[0].numpy()
+    correctly_rounded_rope(False)
+    theirs = every[n - 1 : n - 1 + len(ours)]
+    rel = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+    print(f"hf export check, {case} step export: logits of {len(ours)} new tokens, relative {rel:.1e}")
+    return ok and ours.shape == theirs.shape and rel <= 1e-9
+
+
 def peft_loss(base_dir, adapter_dir, rows):
     import torch
     from peft import PeftModel
@@ -147,6 +190,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         cases = ("gpt2", "llama", "qwen3", "qwen2", "mistral", "llama-bias")
         results = [check(meshwork, case, tmp) for case in cases]
+        results += [check_step_export(meshwork, case, tmp) for case in ("gpt2", "llama")]
         try:
             import peft  # noqa: F401
         except ImportError as e:

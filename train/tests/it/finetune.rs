@@ -341,20 +341,25 @@ fn jsonl_documents_train_as_their_ids() {
 
 /// `export` of a checkpoint writes the folder the run's `--export-hf` wrote had it
 /// ended there: the same files, byte for byte, the weights' file with `{"format":
-/// "pt"}` (the checkpoint given as `init`, its
-/// model remembered); refused without a destination or a checkpoint, and into a
-/// folder that is not empty, before anything is read.
+/// "pt"}` and the run's tokenizer (the checkpoint given as `init`, its model
+/// remembered, its data no longer there); refused without a destination or a
+/// checkpoint, and into a folder that is not empty, before anything is read.
 #[test]
 fn export_writes_a_checkpoint_as_the_run_would_have() {
     let dir = tempfile::tempdir().unwrap();
     let (ck, at_end, later) =
         (dir.path().join("ck"), dir.path().join("at_end"), dir.path().join("later"));
+    let corpus = dir.path().join("corpus.txt");
+    std::fs::copy(testdata("gpt2/corpus.txt"), &corpus).unwrap();
     run(&Config {
         steps: Some(3),
         checkpoint_dir: Some(ck.clone()),
         export_hf: Some(at_end.clone()),
+        data: Data::Text(corpus.clone()),
         ..gpt2_text()
     });
+    // Exporting needs the weights, not the data.
+    std::fs::remove_file(&corpus).unwrap();
     let from = |init: std::path::PathBuf, to: &std::path::Path| Config {
         init: Some(init),
         export_hf: Some(to.to_path_buf()),
@@ -366,7 +371,14 @@ fn export_writes_a_checkpoint_as_the_run_would_have() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert!(names.contains(&"model.safetensors".to_string()), "{names:?}");
+    assert_eq!(
+        names,
+        ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+    );
+    assert_eq!(
+        std::fs::read(at_end.join("tokenizer.json")).unwrap(),
+        std::fs::read(testdata("gpt2/tokenizer.json")).unwrap()
+    );
     // With `{"format": "pt"}`, which older transformers require.
     let bytes = std::fs::read(later.join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -388,4 +400,135 @@ fn export_writes_a_checkpoint_as_the_run_would_have() {
     assert!(m.contains("give --hf DIR or --lora DIR"), "{m}");
     let m = refused(&from(testdata("gpt2/model"), &dir.path().join("y")));
     assert!(m.contains("give the checkpoint"), "{m}");
+}
+
+/// `generate` from a checkpoint step decodes as from the folder `export` writes of
+/// it: the same ids and the same logits (f64, bit for bit), its prompt encoded by
+/// the run's tokenizer; a checkpoint of a model without a Hugging Face layout is
+/// refused naming `--init`.
+#[test]
+fn generate_reads_a_checkpoint_step() {
+    use meshwork_train::generate::{GenerateConfig, generate, tokenizer_of};
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, out) = (dir.path().join("ck"), dir.path().join("out"));
+    run(&Config { steps: Some(2), checkpoint_dir: Some(ck.clone()), ..gpt2_text() });
+    let step = ck.join("step-00000002");
+    meshwork_train::export(&Config {
+        init: Some(step.clone()),
+        export_hf: Some(out.clone()),
+        ..config(ModelKind::Auto)
+    })
+    .unwrap();
+    assert_eq!(tokenizer_of(&step), Some(testdata("gpt2/tokenizer.json")));
+    assert_eq!(tokenizer_of(&out), Some(out.join("tokenizer.json")));
+    assert_eq!(tokenizer_of(&dir.path().join("nothing")), None);
+    let prompt =
+        meshwork_train::generate::prompt_ids(&testdata("gpt2/tokenizer.json"), "The mesh").unwrap();
+    let g = GenerateConfig {
+        init: step.clone(),
+        prompt_ids: prompt,
+        tokenizer: None,
+        max_new_tokens: 6,
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+        dtype: DType::F64,
+        backend: meshwork_train::BackendKind::Interpreter,
+        max_memory: 1 << 30,
+        lora: None,
+        keep_logits: true,
+    };
+    let from_step = generate(&g).unwrap();
+    let from_folder = generate(&GenerateConfig { init: out.clone(), ..g.clone() }).unwrap();
+    assert_eq!(from_step.ids, from_folder.ids);
+    assert_eq!(from_step.logits, from_folder.logits);
+    let new = from_step.ids.len() - from_step.prompt_ids.len();
+    assert_eq!(from_step.logits.len(), new);
+    assert!(from_step.logits.iter().all(|row| row.len() == 320), "the oracle's vocabulary");
+    // Each new token is the first largest of its logits (greedy).
+    for (row, &t) in from_step.logits.iter().zip(&from_step.ids[from_step.prompt_ids.len()..]) {
+        let best = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(row[t as usize], best);
+    }
+    // The .npy file: [new tokens, vocabulary] of float64.
+    let npy = from_step.logits_npy();
+    let header = String::from_utf8_lossy(&npy[..128]);
+    assert!(
+        header.contains("'descr': '<f8'") && header.contains(&format!("({new}, 320)")),
+        "{header}"
+    );
+    let header_len = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    let values: Vec<f64> = npy[header_len..]
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(values, from_step.logits.concat());
+    // In f32, the f64 checkpoint's weights rounded: the same greedy ids here.
+    let f32 = generate(&GenerateConfig { dtype: DType::F32, keep_logits: false, ..g.clone() });
+    assert!(f32.unwrap().logits.is_empty());
+    // A classifier's checkpoint does not generate.
+    let mlp = dir.path().join("mlp");
+    run(&Config { steps: Some(1), checkpoint_dir: Some(mlp.clone()), ..config(ModelKind::Mlp) });
+    match generate(&GenerateConfig { init: mlp, ..g }) {
+        Err(Error::Usage(m)) => {
+            assert!(m.starts_with("--init: ") && m.contains("no Hugging Face layout"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An export copies the tokenizer's companion files from beside its
+/// `tokenizer.json` (a Llama's `tokenizer_config.json` and chat template), byte for
+/// byte; one that cannot be read leaves the export without a tokenizer, said in a
+/// warning, rather than failing the run.
+#[test]
+fn an_export_carries_the_tokenizers_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = |export: &std::path::Path, tokenizer: std::path::PathBuf| Config {
+        init: Some(testdata("llama/model")),
+        data: Data::Text(testdata("llama/corpus.txt")),
+        tokenizer: Some(tokenizer),
+        seq: Some(16),
+        batch: Some(2),
+        steps: Some(1),
+        dtype: Some(DType::F64),
+        export_hf: Some(export.to_path_buf()),
+        ..config(ModelKind::Auto)
+    };
+    let out = dir.path().join("out");
+    run(&llama(&out, testdata("llama/tokenizer.json")));
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        assert_eq!(
+            std::fs::read(out.join(name)).unwrap(),
+            std::fs::read(testdata(&format!("llama/{name}"))).unwrap(),
+            "{name}"
+        );
+    }
+    // A companion that is not a regular file: a warning, and no tokenizer.
+    let odd = dir.path().join("odd");
+    std::fs::create_dir_all(odd.join("tokenizer_config.json")).unwrap();
+    std::fs::copy(testdata("llama/tokenizer.json"), odd.join("tokenizer.json")).unwrap();
+    let out2 = dir.path().join("out2");
+    let c = llama(&out2, odd.join("tokenizer.json"));
+    let mut observer = Warnings(Vec::new());
+    Trainer::new(&c).unwrap().run(&mut observer, &AtomicBool::new(false)).unwrap();
+    assert!(
+        observer
+            .0
+            .iter()
+            .any(|w| w.contains("will hold no tokenizer") && w.contains("tokenizer_config.json")),
+        "{:?}",
+        observer.0
+    );
+    assert!(out2.join("model.safetensors").is_file() && !out2.join("tokenizer.json").exists());
+}
+
+/// The start's warnings.
+struct Warnings(Vec<String>);
+
+impl meshwork_train::Observer for Warnings {
+    fn start(&mut self, s: &meshwork_train::Start) {
+        self.0.extend(s.warnings.iter().cloned());
+    }
 }

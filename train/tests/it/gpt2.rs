@@ -392,6 +392,7 @@ fn greedy_generation_gives_transformers_ids() {
         backend: BackendKind::Interpreter,
         max_memory: 1 << 30,
         lora: None,
+        keep_logits: false,
     };
     let got = generate(&config).unwrap();
     assert_eq!(got.ids, ids(&g["ids"]));
@@ -921,6 +922,7 @@ fn generation_from_logits_that_overflow_is_an_error() {
         backend: BackendKind::Interpreter,
         max_memory: 1 << 30,
         lora: None,
+        keep_logits: false,
     };
     for temperature in [0.0, 1.0] {
         let e = generate(&GenerateConfig { temperature, ..config.clone() }).unwrap_err();

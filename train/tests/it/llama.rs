@@ -194,6 +194,7 @@ fn greedy_generation_gives_transformers_ids() {
             backend: BackendKind::Interpreter,
             max_memory: 1 << 30,
             lora: None,
+            keep_logits: false,
         };
         let got = generate(&config).unwrap();
         assert_eq!(got.ids, ids_of(&g["ids"]), "{case}");

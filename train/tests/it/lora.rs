@@ -273,6 +273,7 @@ fn generation_with_an_adapter_gives_peft_s_ids() {
             backend: meshwork_train::BackendKind::Interpreter,
             max_memory: 1 << 30,
             lora: Some(testdata(&format!("{case}/lora_final"))),
+            keep_logits: false,
         };
         let got = generate(&config).unwrap();
         assert_eq!(got.ids, ids(&want["ids"]), "{case}");
@@ -354,6 +355,7 @@ fn gpt2_s_conv1d_layers_train_as_peft_s() {
         backend: meshwork_train::BackendKind::Interpreter,
         max_memory: 1 << 30,
         lora: Some(testdata("gpt2/lora_final")),
+        keep_logits: false,
     })
     .unwrap();
     assert_eq!(got.ids, ids(&g["ids"]));

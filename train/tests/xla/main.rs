@@ -338,6 +338,7 @@ fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
         backend: xla(),
         max_memory: 1 << 30,
         lora: None,
+        keep_logits: false,
     })
     .unwrap();
     assert_eq!(got.ids, ids(&oracle["generate"]["ids"]));
@@ -431,6 +432,7 @@ fn the_llama_family_trains_and_generates_on_xla() {
             backend: xla(),
             max_memory: 1 << 30,
             lora: None,
+            keep_logits: false,
         })
         .unwrap();
         assert_eq!(got.ids, ids(&oracle["generate"]["ids"]), "{case}");
