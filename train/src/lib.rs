@@ -81,7 +81,9 @@ pub use plan::{MAX_DEVICES, MAX_STEPS};
 pub use processes::Processes;
 #[cfg(feature = "mpi")]
 pub use processes::join_mpi;
-pub use report::{CheckOutcome, Report, loss_text, number_text, sparkline, steps_text, svg};
+pub use report::{
+    CheckOutcome, Curves, Report, loss_text, number_text, sparkline, steps_text, svg,
+};
 pub use stop::stop_on_signals;
 pub use target::{MEMORY_FRACTION, inspect_target, target_devices};
 pub use trainer::{Evaluation, Trainer, evaluate, export, initial_weights, learning_rate};

@@ -20,7 +20,7 @@ use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
 use crate::plan::{Plan, plan, plan_weights};
 use crate::processes::Point;
-use crate::report::{CheckOutcome, Report, number_text, svg};
+use crate::report::{CheckOutcome, Curves, Report, number_text, svg};
 use crate::resume::Origin;
 use crate::rng::permutation;
 use crate::steps::{Eval, Recipe, Steps, start};
@@ -101,7 +101,15 @@ fn schedule_text(p: &Plan) -> String {
 fn write_plot(p: &Plan, progress: &Progress, where_: &str, first: usize) -> Result<()> {
     if let Some(path) = p.plot.as_ref().filter(|_| p.leads()) {
         let title = format!("meshwork: {} training loss on {where_}", p.net.describe());
-        write_new(path, svg(&progress.losses, &progress.evals, first, &title).as_bytes())
+        let evals: Vec<(usize, f64)> = progress.evals.iter().map(|&(s, l, _)| (s, l)).collect();
+        let curves = Curves {
+            losses: &progress.losses,
+            evals: &evals,
+            lrs: &progress.lrs[..progress.lrs.len().min(progress.losses.len())],
+            first,
+            title: &title,
+        };
+        write_new(path, svg(&curves).as_bytes())
             .map_err(|e| Error::failed(format!("--plot {}: {e}", path.display())))?;
     }
     Ok(())
@@ -545,6 +553,8 @@ impl Report {
 #[derive(Default)]
 struct Progress {
     losses: Vec<f64>,
+    /// The learning rate of each step taken.
+    lrs: Vec<f64>,
     evals: Vec<(usize, f64, f64)>,
     busy: Duration,
     saved_at: Option<usize>,
@@ -769,6 +779,7 @@ impl<'s> Running<'s> {
                 .pop_front()
                 .ok_or_else(|| Error::failed("a host call returned fewer losses than steps"))?;
             progress.losses.push(loss);
+            progress.lrs.push(lr);
             if let Some(want) = want {
                 progress.most = progress.most.max((loss - want).abs());
                 let rel = (loss - want).abs() / want.abs().max(f64::MIN_POSITIVE);
