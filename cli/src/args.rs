@@ -466,15 +466,9 @@ pub(crate) struct TrainArgs {
     /// A JSON Lines file, one document per line in --text-field: encoded one by one by the tokenizer (--tokenizer, or --init DIR's), its end-of-text token between documents, then cut into rows as --text is
     #[arg(help_heading = "Data", long, value_name = "FILE.jsonl", conflicts_with_all = ["text", "data_tokens", "data_x"])]
     data_jsonl: Option<PathBuf>,
-    /// The field of each --data-jsonl line that holds its document
-    #[arg(
-        help_heading = "Data",
-        long,
-        value_name = "F",
-        default_value = "text",
-        requires = "data_jsonl"
-    )]
-    text_field: String,
+    /// The field of each --data-jsonl (and .jsonl --eval-data) line that holds its document (default: text)
+    #[arg(help_heading = "Data", long, value_name = "F")]
+    text_field: Option<String>,
     /// A Hugging Face tokenizer.json that encodes --text (consecutive rows of --seq + 1 tokens, the tail dropped); default: --init DIR's tokenizer.json
     #[arg(help_heading = "Data", long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
@@ -487,6 +481,9 @@ pub(crate) struct TrainArgs {
     /// The fraction of the rows held out for --eval-every (default 0.1)
     #[arg(help_heading = "Data", long, value_name = "F")]
     eval_fraction: Option<f64>,
+    /// A validation set evaluated every --eval-every steps (default: after the last) instead of held-out rows: token rows (.npy), documents (.jsonl, --text-field) or a text, cut into rows of --seq + 1 as the training data are
+    #[arg(help_heading = "Data", long, value_name = "FILE", conflicts_with = "eval_fraction")]
+    eval_data: Option<PathBuf>,
     /// The last step (default 200 for the MLP, else 100); a resumed run continues up to it
     #[arg(help_heading = "Optimizer", long, value_name = "N")]
     steps: Option<usize>,
@@ -595,19 +592,37 @@ impl TrainArgs {
 
     /// The run's settings; a flag that needs another is a usage error.
     pub(crate) fn config(&self) -> Result<Config, Exit> {
+        let field = self.text_field.clone().unwrap_or_else(|| "text".into());
         let data = match (&self.data_x, &self.data_y, &self.text, &self.data_tokens) {
             (Some(x), Some(y), _, _) => Data::Npy { x: x.clone(), y: y.clone() },
             (_, _, Some(t), _) => Data::Text(t.clone()),
             (_, _, _, Some(t)) => Data::Tokens(t.clone()),
             _ => match &self.data_jsonl {
-                Some(path) => Data::Jsonl { path: path.clone(), field: self.text_field.clone() },
+                Some(path) => Data::Jsonl { path: path.clone(), field: field.clone() },
                 None => Data::BuiltIn,
             },
         };
+        // --eval-data's kind by its name: token rows, documents, else a text.
+        let eval_data = self.eval_data.as_ref().map(|p| {
+            match p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+                Some("npy") => Data::Tokens(p.clone()),
+                Some("jsonl") => Data::Jsonl { path: p.clone(), field: field.clone() },
+                _ => Data::Text(p.clone()),
+            }
+        });
+        let jsonl = |d: &Data| matches!(d, Data::Jsonl { .. });
+        if self.text_field.is_some() && !jsonl(&data) && !eval_data.as_ref().is_some_and(jsonl) {
+            return Err(Exit::Usage(
+                "--text-field names the field of --data-jsonl's (or a .jsonl --eval-data's) lines; give one"
+                    .into(),
+            ));
+        }
         // A tokenizer that encodes --text: --tokenizer, or --init's folder's.
         let folder_tokenizer =
             self.init.as_ref().is_some_and(|d| d.is_dir() && d.join("tokenizer.json").is_file());
-        let tokenizes = self.tokenizer.is_some() || (self.text.is_some() && folder_tokenizer);
+        let texts = self.text.is_some()
+            || eval_data.as_ref().is_some_and(|d| matches!(d, Data::Text(_) | Data::Jsonl { .. }));
+        let tokenizes = self.tokenizer.is_some() || (texts && folder_tokenizer);
         Ok(Config {
             model: self.model.map_or(ModelKind::Auto, Into::into),
             layers: self.sizes.layers,
@@ -664,6 +679,7 @@ impl TrainArgs {
             processes: None,
             eval_every: self.eval_every,
             eval_fraction: self.eval_fraction,
+            eval_data,
             checkpoint_dir: self.checkpoint_dir.clone(),
             checkpoint_every: self.checkpoint_every,
             keep: self.keep,

@@ -412,6 +412,11 @@ pub struct Config {
     pub eval_every: Option<usize>,
     /// `--eval-fraction` of the rows held out (default 0.1).
     pub eval_fraction: Option<f64>,
+    /// `--eval-data`: a language model's validation set (token rows, a text or a
+    /// JSON Lines file, cut into rows as the training data are), evaluated every
+    /// `--eval-every` steps (by default after the last alone) instead of held-out
+    /// rows.
+    pub eval_data: Option<Data>,
     /// `--checkpoint-dir`: a directory meshwork owns.
     pub checkpoint_dir: Option<PathBuf>,
     /// `--checkpoint-every` steps (and at the end).
@@ -523,6 +528,7 @@ impl Default for Config {
             clip_norm: None,
             eval_every: None,
             eval_fraction: None,
+            eval_data: None,
             checkpoint_dir: None,
             checkpoint_every: None,
             keep: None,

@@ -514,7 +514,11 @@ fn check_data_flags(config: &Config, init: &Init) -> Result<()> {
     if config.cache_dir.is_some() && config.tokenizer.is_none() && !folder {
         return Err(usage("--cache-dir caches --text encoded by --tokenizer; give one"));
     }
-    if config.tokenizer.is_some() && !matches!(config.data, Data::Text(_) | Data::Jsonl { .. }) {
+    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. });
+    if config.tokenizer.is_some()
+        && !texts(&config.data)
+        && !config.eval_data.as_ref().is_some_and(texts)
+    {
         return Err(usage("--tokenizer encodes --text FILE (or --data-jsonl FILE); give one"));
     }
     Ok(())
@@ -724,6 +728,15 @@ fn plan_of(config: &Config) -> Result<Plan> {
         share: share.as_ref(),
     };
     let resolved = family.resolve(&ctx)?;
+    if config.eval_data.is_some() && resolved.eval_rows.is_none() {
+        return Err(Error::flag(
+            "eval-data",
+            format!(
+                "is a language model's validation set; the {} evaluates held-out rows (--eval-fraction)",
+                family.name()
+            ),
+        ));
+    }
     let net = resolved.net;
     if let Some(f) = init.file() {
         family::check_init(&net, f)?;
@@ -742,7 +755,8 @@ fn plan_of(config: &Config) -> Result<Plan> {
         None => (net, HashMap::new()),
     };
     memory(&net)?;
-    let mut record = record(config, &net, &run, dtype, &resolved.examples, resolved.rows)?;
+    let rows = (resolved.rows, resolved.eval_rows);
+    let mut record = record(config, &net, &run, dtype, &resolved.examples, rows)?;
     // What identifies a LoRA run's base (its adapter is trained over it): the stored
     // tensors' fingerprint, when the base comes from a file or folder.
     if settings.is_some() {
@@ -918,7 +932,7 @@ fn record(
     run: &Settings,
     dtype: DType,
     examples: &Examples,
-    rows_all: usize,
+    (rows_all, eval_rows): (usize, Option<usize>),
 ) -> Result<Record> {
     let mut meta = net.meta();
     meta["dtype"] = dtype.to_string().into();
@@ -937,7 +951,9 @@ fn record(
     let decays = run.schedule != Schedule::Constant;
     meta["schedule_steps"] = serde_json::json!(decays.then_some(run.steps));
     meta["min_lr"] = serde_json::json!(config.min_lr);
-    let eval_every = config.eval_every.unwrap_or(0);
+    // --eval-data alone evaluates after the last step.
+    let eval_every =
+        config.eval_every.unwrap_or(if eval_rows.is_some() { run.steps.max(1) } else { 0 });
     if config.eval_every.is_some() && eval_every == 0 {
         return Err(usage("--eval-every must be at least 1 (a step count)"));
     }
@@ -948,7 +964,8 @@ fn record(
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(usage(format!("--eval-fraction {fraction} is not between 0 and 1")));
     }
-    meta["eval_fraction"] = serde_json::json!((eval_every > 0).then_some(fraction));
+    meta["eval_fraction"] =
+        serde_json::json!((eval_every > 0 && eval_rows.is_none()).then_some(fraction));
     meta["data"] = match &config.data {
         Data::BuiltIn => serde_json::json!([null, null, null]),
         Data::Tokens(p) => serde_json::json!([p, null, null]),
@@ -967,6 +984,15 @@ fn record(
         dtype,
     };
     meta["flags"] = crate::resume::flags_record(config, &resolved)?;
+    if let Some(held) = eval_rows {
+        if held < run.batch {
+            return Err(Error::flag(
+                "eval-data",
+                format!("holds {held} rows; the evaluation takes --batch {} at a time", run.batch),
+            ));
+        }
+        return Ok(Record { meta, eval_every, rows: rows_all - held, held });
+    }
     let held = if eval_every > 0 { (fraction * rows_all as f64).ceil() as usize } else { 0 };
     let rows = rows_all - held.min(rows_all);
     if eval_every > 0 && (held < run.batch || rows == 0) {

@@ -539,11 +539,18 @@ mod tests {
     fn a_short_run_has_a_legend_ticks_and_a_rates_panel() {
         let losses = [4.0, 3.0, 2.5, 2.0];
         let lrs = [0.1, 0.075, 0.05, 0.025];
-        let c = Curves { losses: &losses, evals: &[(1, 3.5), (3, 2.8)], lrs: &lrs, first: 10, title: "a<b" };
+        let c = Curves {
+            losses: &losses,
+            evals: &[(1, 3.5), (3, 2.8)],
+            lrs: &lrs,
+            first: 10,
+            title: "a<b",
+        };
         let chart = svg(&c);
         assert!(chart.starts_with("<svg ") && chart.trim_end().ends_with("</svg>"));
         assert!(chart.contains(">a&lt;b</text>"));
-        for label in [">train</text>", ">eval</text>", ">lr</text>", ">loss</text>", ">step</text>"] {
+        for label in [">train</text>", ">eval</text>", ">lr</text>", ">loss</text>", ">step</text>"]
+        {
             assert!(chart.contains(label), "{label}");
         }
         // Loss ticks 2.0 … 4.0 by 0.5, whole steps 11 … 14, rate ticks.

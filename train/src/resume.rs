@@ -239,14 +239,6 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         p.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string())
             .into()
     };
-    let paths: Vec<Value> = data_paths(&config.data).iter().map(|p| abs(Some(p))).collect();
-    let kind = match &config.data {
-        crate::Data::BuiltIn => "built-in",
-        crate::Data::Npy { .. } => "npy",
-        crate::Data::Tokens(_) => "tokens",
-        crate::Data::Text(_) => "text",
-        crate::Data::Jsonl { .. } => "jsonl",
-    };
     let leads = config.processes.as_ref().is_none_or(crate::Processes::leads);
     let sha256 = match config.checkpoint_dir.is_some() && leads {
         true => Value::Array(
@@ -257,6 +249,8 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         ),
         false => Value::Null,
     };
+    let mut data = data_json(&config.data, &abs);
+    data["sha256"] = sha256;
     let folder_tokenizer = config.init.as_ref().map(|d| d.join("tokenizer.json")).filter(|t| {
         t.is_file() && matches!(config.data, crate::Data::Text(_) | crate::Data::Jsonl { .. })
     });
@@ -276,10 +270,7 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
     Ok(json!({
         "init": abs(config.init.as_deref()),
         "preset": config.preset,
-        "data": {"kind": kind, "paths": paths, "sha256": sha256, "field": match &config.data {
-            crate::Data::Jsonl { field, .. } => Value::from(field.as_str()),
-            _ => Value::Null,
-        }},
+        "data": data,
         "tokenizer": abs(tokenizer.as_deref()),
         "seq": config.seq,
         "batch": run.batch,
@@ -298,6 +289,7 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         "shuffle": config.shuffle,
         "eval_every": config.eval_every,
         "eval_fraction": config.eval_fraction,
+        "eval_data": config.eval_data.as_ref().map(|d| data_json(d, &abs)),
         "checkpoint_dir": abs(config.checkpoint_dir.as_deref()),
         "checkpoint_every": config.checkpoint_every,
         "keep": config.keep,
@@ -323,6 +315,44 @@ fn data_paths(data: &crate::Data) -> Vec<PathBuf> {
             vec![p.clone()]
         }
     }
+}
+
+/// `data` as the flags record it: its kind, its files (absolute) and a JSONL
+/// file's field.
+fn data_json(data: &crate::Data, abs: &dyn Fn(Option<&Path>) -> Value) -> Value {
+    let kind = match data {
+        crate::Data::BuiltIn => "built-in",
+        crate::Data::Npy { .. } => "npy",
+        crate::Data::Tokens(_) => "tokens",
+        crate::Data::Text(_) => "text",
+        crate::Data::Jsonl { .. } => "jsonl",
+    };
+    let paths: Vec<Value> = data_paths(data).iter().map(|p| abs(Some(p))).collect();
+    let field = match data {
+        crate::Data::Jsonl { field, .. } => Value::from(field.as_str()),
+        _ => Value::Null,
+    };
+    serde_json::json!({"kind": kind, "paths": paths, "field": field})
+}
+
+/// The data `recorded` ([`data_json`]) names; `None` where it names none it can read.
+fn data_of(recorded: &Value) -> Option<crate::Data> {
+    use crate::Data;
+    let paths: Vec<PathBuf> = recorded["paths"]
+        .as_array()?
+        .iter()
+        .map(|p| p.as_str().map(PathBuf::from))
+        .collect::<Option<_>>()?;
+    Some(match (recorded["kind"].as_str()?, paths.as_slice()) {
+        ("built-in", []) => Data::BuiltIn,
+        ("npy", [x, y]) => Data::Npy { x: x.clone(), y: y.clone() },
+        ("tokens", [t]) => Data::Tokens(t.clone()),
+        ("text", [t]) => Data::Text(t.clone()),
+        ("jsonl", [t]) => {
+            Data::Jsonl { path: t.clone(), field: recorded["field"].as_str()?.into() }
+        }
+        _ => return None,
+    })
 }
 
 /// A data file's SHA-256 in hex, streamed.
@@ -513,7 +543,11 @@ pub(crate) fn remembered(
         c.seed = flags["seed"].as_u64().unwrap_or(c.seed);
     }
     c.shuffle |= flags["shuffle"].as_bool().unwrap_or(false);
+    if c.eval_data.is_none() && !flags["eval_data"].is_null() {
+        c.eval_data = Some(data_of(&flags["eval_data"]).ok_or_else(|| bad("eval_data"))?);
+    }
     if !data {
+        c.eval_data = None;
         return Ok((c, notes));
     }
     // The data: as given (a note where they are not the run's), else the run's.
@@ -521,18 +555,10 @@ pub(crate) fn remembered(
         .as_array()
         .map(|ps| ps.iter().filter_map(Value::as_str).map(PathBuf::from).collect())
         .unwrap_or_default();
-    let kind = flags["data"]["kind"].as_str().unwrap_or("built-in");
     if c.data == Data::BuiltIn {
-        c.data = match (kind, theirs.as_slice()) {
-            ("built-in", []) => Data::BuiltIn,
-            ("npy", [x, y]) => Data::Npy { x: x.clone(), y: y.clone() },
-            ("tokens", [t]) => Data::Tokens(t.clone()),
-            ("text", [t]) => Data::Text(t.clone()),
-            ("jsonl", [t]) => Data::Jsonl {
-                path: t.clone(),
-                field: flags["data"]["field"].as_str().ok_or_else(|| bad("data"))?.to_string(),
-            },
-            _ => return Err(bad("data")),
+        c.data = match flags["data"]["kind"].is_null() {
+            true => Data::BuiltIn,
+            false => data_of(&flags["data"]).ok_or_else(|| bad("data"))?,
         };
     }
     let mine: Vec<PathBuf> = data_paths(&c.data)

@@ -385,8 +385,8 @@ impl Trainer {
         }
         let stopped = outcome?;
         run.finish(&p, &progress, &where_, first, (out.export.as_ref(), out.export_lora.as_ref()))?;
-        let accuracy = match (&p.classification, &run.eval) {
-            (Some(data), None) if !stopped => Some(run.accuracy(&p, &one, data)?),
+        let accuracy = match (&p.classification, run.eval.is_empty()) {
+            (Some(data), true) if !stopped => Some(run.accuracy(&p, &one, data)?),
             _ => None,
         };
         let check = if p.check {
@@ -409,7 +409,7 @@ impl Trainer {
         };
         let mut report = Report::empty(&p, first);
         report.layout = where_;
-        report.eval_rows = run.eval.as_ref().map_or(0, Eval::rows);
+        report.eval_rows = run.eval.iter().map(Eval::rows).sum();
         report.losses = progress.losses;
         report.evals = progress.evals;
         report.accuracy = accuracy;
@@ -674,7 +674,9 @@ struct Running<'s> {
     /// The one-device check's steps, and the state it takes from the run before each
     /// host call (every weight and optimizer slot but the frozen weights).
     reference: Option<(Box<dyn Steps + 's>, Vec<String>)>,
-    eval: Option<Eval<'s>>,
+    /// The evaluation over the held-out rows: `--batch` rows at a time, and the
+    /// rows left over as one more batch.
+    eval: Vec<Eval<'s>>,
 }
 
 impl<'s> Running<'s> {
@@ -688,18 +690,25 @@ impl<'s> Running<'s> {
     ) -> Result<Running<'s>> {
         let recipe = Recipe::of(p, init);
         let run = start(strategy, p.layout, &recipe)?;
-        let eval = if p.eval_every > 0 {
-            let (rows, batch) = (p.rows, p.batch);
-            let chunks = (0..p.held / batch)
-                .map(|c| {
-                    let idx: Vec<usize> = (rows + c * batch..rows + (c + 1) * batch).collect();
-                    p.examples.batch(&idx, p.dtype)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Eval::new(one, &p.net, p.dtype, batch, chunks)?)
-        } else {
-            None
-        };
+        let mut eval = Vec::new();
+        if p.eval_every > 0 {
+            let (rows, batch, held) = (p.rows, p.batch, p.held);
+            let whole = held / batch * batch;
+            for (start, size, count) in
+                [(rows, batch, held / batch), (rows + whole, held % batch, 1)]
+            {
+                if size == 0 || count == 0 {
+                    continue;
+                }
+                let chunks = (0..count)
+                    .map(|c| {
+                        let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
+                        p.examples.batch(&idx, p.dtype)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                eval.push(Eval::new(one, &p.net, p.dtype, size, chunks)?);
+            }
+        }
         // The check runs the plain step: no micro-batches, recomputation or split weights.
         let plain = Recipe { savers: Savers::default(), ..recipe };
         let one_device = Layout::Mesh { data: 1, model: 1 };
@@ -798,9 +807,9 @@ impl<'s> Running<'s> {
             {
                 self.save(p, m, progress, s + 1)?;
             }
-            let evaluated = match &self.eval {
-                Some(e) if (s + 1).is_multiple_of(p.eval_every) || s + 1 == steps => {
-                    let (l, acc) = e.run(self.run.as_ref())?;
+            let evaluated = match self.eval.is_empty() {
+                false if (s + 1).is_multiple_of(p.eval_every) || s + 1 == steps => {
+                    let (l, acc) = self.evaluate()?;
                     progress.evals.push((s - first, l, acc));
                     Some((l, acc))
                 }
@@ -952,6 +961,19 @@ impl<'s> Running<'s> {
             }
         }
         write_plot(p, progress, where_, first)
+    }
+
+    /// The mean (loss, accuracy) over the held-out rows, each row weighted alike.
+    fn evaluate(&self) -> Result<(f64, f64)> {
+        let (mut loss, mut right, mut rows) = (0.0, 0.0, 0usize);
+        for e in &self.eval {
+            let (l, a) = e.run(self.run.as_ref())?;
+            loss += l * e.rows() as f64;
+            right += a * e.rows() as f64;
+            rows += e.rows();
+        }
+        let rows = rows.max(1) as f64;
+        Ok((loss / rows, right / rows))
     }
 
     /// The run's weights by name, gathered to the process that writes the exports
@@ -1165,6 +1187,7 @@ pub fn evaluate(config: &Config) -> Result<Evaluation> {
         check: crate::Check::Never,
         eval_every: None,
         eval_fraction: None,
+        eval_data: None,
         losses_json: None,
         metrics_jsonl: None,
         plot: None,
@@ -1203,6 +1226,7 @@ pub fn export(config: &Config) -> Result<()> {
         check: crate::Check::Never,
         eval_every: None,
         eval_fraction: None,
+        eval_data: None,
         checkpoint_dir: None,
         losses_json: None,
         metrics_jsonl: None,

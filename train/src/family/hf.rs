@@ -132,7 +132,7 @@ impl Family for HfFamily {
         };
         let tokenizer = tokenizer(config, folder)?;
         let vocab = net.model().decoder().map_or(0, |d| d.vocab());
-        let (examples, rows, warning) = token_data(
+        let data = token_data(
             config,
             (vocab, seq),
             tokenizer.as_deref(),
@@ -140,8 +140,9 @@ impl Family for HfFamily {
             ctx.limit,
             ctx.share,
         )?;
-        let mut resolved = Resolved::new(net.clone(), examples, rows);
-        resolved.warnings.extend(warning);
+        let mut resolved = Resolved::new(net.clone(), data.examples, data.rows);
+        resolved.warnings.extend(data.warning);
+        resolved.eval_rows = data.eval_rows;
         resolved.shards = shards;
         resolved.hf_config = Some(
             hf_config.unwrap_or_else(|| net.model().hf().map_or(Json::Null, |hf| hf.config_json())),
@@ -371,7 +372,8 @@ fn gpt2_overrides(config: &Config, mut m: Gpt2) -> Result<Gpt2> {
 /// The tokenizer that encodes `--text`: `--tokenizer`, or the `tokenizer.json` of
 /// `--init`'s folder; none for other data. `--cache-dir` needs one.
 fn tokenizer(config: &Config, folder: Option<&Path>) -> Result<Option<PathBuf>> {
-    if !matches!(config.data, Data::Text(_) | Data::Jsonl { .. }) {
+    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. });
+    if !texts(&config.data) && !config.eval_data.as_ref().is_some_and(texts) {
         return Ok(None);
     }
     let found = config

@@ -108,6 +108,8 @@ pub(crate) struct Resolved {
     pub(crate) hf_config: Option<Json>,
     /// The `generation_config.json` an export writes beside it (as read), if any.
     pub(crate) generation_config: Option<Json>,
+    /// `--eval-data`'s rows (the last of `rows`).
+    pub(crate) eval_rows: Option<usize>,
 }
 
 impl Resolved {
@@ -121,6 +123,7 @@ impl Resolved {
             shards: None,
             hf_config: None,
             generation_config: None,
+            eval_rows: None,
         }
     }
 }
@@ -257,11 +260,88 @@ pub(crate) enum Bytes {
 /// under `--cache-dir`, else its bytes as tokens as `bytes` allows); and a warning when
 /// the encoded rows could not be cached.
 ///
+/// With `--eval-data`, its rows (read as the training data are) follow the training
+/// rows, and their count is returned beside: the rows evaluated.
+///
 /// Across processes (`share`), each process reads only the rows it trains on: of
 /// `--data-tokens` directly, of `--text` from the token cache, which process 0 fills
 /// (encoding the text once) while the others wait; without a cache every process
 /// encodes the text.
 pub(crate) fn token_data(
+    config: &Config,
+    (vocab, seq): (usize, usize),
+    tokenizer: Option<&Path>,
+    bytes: Bytes,
+    limit: u64,
+    share: Option<&crate::processes::Share>,
+) -> Result<TokenData> {
+    let Some(eval) = &config.eval_data else {
+        let (examples, rows, warning) =
+            token_rows(config, (vocab, seq), tokenizer, bytes, limit, share)?;
+        return Ok(TokenData { examples, rows, eval_rows: None, warning });
+    };
+    if share.is_some() {
+        return Err(Error::flag(
+            "eval-data",
+            "is read by one process: a run spread over processes evaluates held-out rows (--eval-fraction)",
+        ));
+    }
+    if config.eval_fraction.is_some() {
+        return Err(Error::usage(
+            "--eval-data is the evaluation's rows: give it or --eval-fraction, not both",
+        ));
+    }
+    // A text's bytes are tokens only where the training text's are too.
+    if tokenizer.is_none() && matches!(eval, Data::Text(_)) && !matches!(config.data, Data::Text(_))
+    {
+        return Err(Error::flag(
+            "eval-data",
+            "a text is encoded by a tokenizer: give --tokenizer tokenizer.json (or --init a folder that has one)",
+        ));
+    }
+    let (train, rows, warning) = token_rows(config, (vocab, seq), tokenizer, bytes, limit, None)?;
+    let of_eval = Config { data: eval.clone(), eval_data: None, ..config.clone() };
+    let (held, n, eval_warning) = token_rows(&of_eval, (vocab, seq), tokenizer, bytes, limit, None)
+        .map_err(|e| {
+            // Named as --eval-data's, not as the training data's flag.
+            let m = e.to_string();
+            let inner = m.strip_prefix("--").and_then(|r| r.split_once(": ")).map(|(_, r)| r);
+            Error::flag("eval-data", inner.unwrap_or(&m))
+        })?;
+    if n == 0 {
+        return Err(Error::flag("eval-data", format!("holds no full row of {} tokens", seq + 1)));
+    }
+    let (Examples::Tokens { mut tokens, width, .. }, Examples::Tokens { tokens: more, .. }) =
+        (train, held)
+    else {
+        unreachable!("token rows")
+    };
+    tokens.extend(more);
+    let warning = match (warning, eval_warning) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
+    Ok(TokenData {
+        examples: Examples::Tokens { width, tokens, index: None },
+        rows: rows + n,
+        eval_rows: Some(n),
+        warning,
+    })
+}
+
+/// A language model's rows ([`token_data`]).
+pub(crate) struct TokenData {
+    pub(crate) examples: Examples,
+    /// All the rows, the evaluation's among them.
+    pub(crate) rows: usize,
+    /// `--eval-data`'s rows, the last ones.
+    pub(crate) eval_rows: Option<usize>,
+    /// The encoded rows could not be cached.
+    pub(crate) warning: Option<String>,
+}
+
+/// [`token_data`]'s rows of `config.data`.
+fn token_rows(
     config: &Config,
     (vocab, seq): (usize, usize),
     tokenizer: Option<&Path>,

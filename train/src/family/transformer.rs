@@ -62,7 +62,7 @@ impl Family for TransformerFamily {
         }
         let net = Net::new(model);
         (ctx.memory)(&net)?;
-        let (examples, rows, _) = token_data(
+        let data = token_data(
             config,
             (model.vocab, model.seq),
             None,
@@ -70,7 +70,9 @@ impl Family for TransformerFamily {
             ctx.limit,
             ctx.share,
         )?;
-        Ok(Resolved::new(net, examples, rows))
+        let mut resolved = Resolved::new(net, data.examples, data.rows);
+        resolved.eval_rows = data.eval_rows;
+        Ok(resolved)
     }
 }
 

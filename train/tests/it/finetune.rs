@@ -532,3 +532,88 @@ impl meshwork_train::Observer for Warnings {
         self.0.extend(s.warnings.iter().cloned());
     }
 }
+
+/// `eval_data`: a separate validation set evaluated every `eval_every` steps and after
+/// the last, on all its rows (a batch that leaves rows over), each evaluation equal
+/// to `evaluate` of that step's checkpoint on the file (whose mean is transformers',
+/// tested above) within 1e-12; the training losses are those of a run without it;
+/// given alone, evaluated after the last step. Its rows as `.npy` evaluate alike.
+/// Refused: beside `eval_fraction`, for a classifier, a text without a tokenizer,
+/// fewer rows than the batch.
+#[test]
+fn eval_data_is_evaluated_every_n_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, valid) = (dir.path().join("ck"), dir.path().join("valid.txt"));
+    let corpus = std::fs::read_to_string(testdata("gpt2/corpus.txt")).unwrap();
+    std::fs::write(&valid, &corpus[corpus.len() / 2..]).unwrap();
+    let base = Config { steps: Some(6), batch: Some(5), lr: Some(0.003), ..gpt2_text() };
+    let with = Config {
+        eval_data: Some(Data::Text(valid.clone())),
+        eval_every: Some(3),
+        checkpoint_dir: Some(ck.clone()),
+        checkpoint_every: Some(3),
+        ..base.clone()
+    };
+    let report = run(&with);
+    assert_eq!(report.losses, run(&base).losses, "the validation set is not trained on");
+    let steps: Vec<usize> = report.evals.iter().map(|e| e.0).collect();
+    assert_eq!(steps, [2, 5]);
+    for (k, &(s, loss, _)) in report.evals.iter().enumerate() {
+        let want = meshwork_train::evaluate(&Config {
+            init: Some(ck.join(format!("step-{:08}", s + 1))),
+            data: Data::Text(valid.clone()),
+            tokenizer: Some(testdata("gpt2/tokenizer.json")),
+            seq: Some(16),
+            batch: Some(5),
+            ..config(ModelKind::Auto)
+        })
+        .unwrap();
+        assert_eq!(report.eval_rows, want.rows, "every row");
+        assert_ne!(want.rows % 5, 0, "a batch that leaves rows over");
+        assert!(((loss - want.loss) / want.loss).abs() < 1e-12, "eval {k}: {loss} {}", want.loss);
+    }
+    // Remembered by --resume alone.
+    let resumed =
+        run(&Config { resume: Some(ck.join("step-00000003")), ..config(ModelKind::Auto) });
+    assert_eq!(resumed.evals.len(), 1);
+    let (a, b) = (resumed.evals[0].1, report.evals[1].1);
+    assert!(((a - b) / b).abs() < 1e-12, "{a} {b}");
+    // Alone: after the last step. As .npy rows: the same loss.
+    let alone = run(&Config { eval_data: Some(Data::Text(valid.clone())), ..base.clone() });
+    assert_eq!(alone.evals.len(), 1);
+    assert_eq!(alone.evals[0].0, 5);
+    let rows_file = dir.path().join("valid.npy");
+    meshwork_train::tokenize::tokenize_to(
+        &valid,
+        &testdata("gpt2/tokenizer.json"),
+        16,
+        &rows_file,
+        1 << 30,
+    )
+    .unwrap();
+    let npy = run(&Config { eval_data: Some(Data::Tokens(rows_file.clone())), ..base.clone() });
+    assert_eq!(npy.evals[0].1, alone.evals[0].1);
+    refused_with(
+        &Config { eval_fraction: Some(0.2), eval_every: Some(2), ..with.clone() },
+        "give it or --eval-fraction, not both",
+    );
+    refused_with(
+        &Config { eval_data: Some(Data::Tokens(rows_file.clone())), ..config(ModelKind::Mlp) },
+        "--eval-data: is a language model's validation set",
+    );
+    refused_with(
+        &Config {
+            data: Data::Tokens(testdata("gpt2/tokens.npy")),
+            tokenizer: None,
+            init: Some(testdata("gpt2/model")),
+            eval_data: Some(Data::Text(valid.clone())),
+            ..base.clone()
+        },
+        "--eval-data: a text is encoded by a tokenizer",
+    );
+    std::fs::write(&valid, &corpus[..100]).unwrap();
+    refused_with(
+        &Config { eval_data: Some(Data::Text(valid.clone())), batch: Some(8), ..base },
+        "--eval-data: holds",
+    );
+}

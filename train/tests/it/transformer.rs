@@ -173,9 +173,10 @@ fn evaluation_holds_rows_out_of_training() {
     let svg = std::fs::read_to_string(&plot).unwrap();
     let lines: Vec<&str> =
         svg.split("points=\"").skip(1).map(|p| p.split('"').next().unwrap()).collect();
-    assert_eq!(lines.len(), 2, "train and eval lines");
+    assert_eq!(lines.len(), 3, "train, eval and learning-rate lines");
     assert_eq!(lines[0].split_whitespace().count(), 30);
     assert_eq!(lines[1].split_whitespace().count(), 6);
+    assert_eq!(lines[2].split_whitespace().count(), 30);
     refused_with(
         &Config { eval_fraction: Some(0.2), ..config(ModelKind::Transformer) },
         "--eval-fraction needs --eval-every",
