@@ -794,10 +794,25 @@ impl<'s> Running<'s> {
                 let rel = (loss - want).abs() / want.abs().max(f64::MIN_POSITIVE);
                 progress.most_rel = progress.most_rel.max(rel);
             }
-            check_step(s, loss, want, tol, where_)?;
-            if let Some((_, diff)) = state_at.take_if(|(at, _)| *at == s) {
-                progress.most_state = progress.most_state.max(diff.relative);
-                check_state(s, &diff, state_tolerance(p), where_)?;
+            let checked = check_step(s, loss, want, tol, where_).and_then(|()| {
+                match state_at.take_if(|(at, _)| *at == s) {
+                    Some((_, diff)) => {
+                        progress.most_state = progress.most_state.max(diff.relative);
+                        check_state(s, &diff, state_tolerance(p), where_)
+                    }
+                    None => Ok(()),
+                }
+            });
+            if let Err(e) = checked {
+                // The failing step's line too, saying why (the run's error says it
+                // again; a metrics file that cannot be written adds nothing to it).
+                if let Some(f) = out.metrics.as_mut() {
+                    let line = serde_json::json!({
+                        "step": s + 1, "loss": loss, "lr": lr, "failed": e.to_string(),
+                    });
+                    let _ = writeln!(f, "{line}").and_then(|()| f.flush());
+                }
+                return Err(e.into());
             }
             let rate = ((s + 1 - first) * p.batch) as f64 * per_row as f64
                 / progress.busy.as_secs_f64().max(1e-12);

@@ -250,6 +250,51 @@ fn the_check_catches_a_wrong_collective() {
     }
     let report = run(&on_mesh);
     assert!(matches!(report.check, CheckOutcome::Checked { .. }));
+    // A run resumed from a good step-2 checkpoint onto the wrong back end fails at
+    // step 3: the checkpoint stays the latest, and the losses (every step, the
+    // failing one's too), the metrics (its line saying why) and the plot are written.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let (losses, metrics, plot) =
+        (dir.path().join("l.json"), dir.path().join("m.jsonl"), dir.path().join("p.svg"));
+    run(&Config {
+        steps: Some(2),
+        checkpoint_dir: Some(ck.clone()),
+        losses_json: Some(losses.clone()),
+        ..on_mesh.clone()
+    });
+    let resumed = Config {
+        resume: Some(ck.clone()),
+        steps: Some(4),
+        mesh: Some((1, 2)),
+        losses_json: Some(losses.clone()),
+        metrics_jsonl: Some(metrics.clone()),
+        plot: Some(plot.clone()),
+        backend: meshwork_train::BackendKind::Custom(meshwork_train::CustomBackend(
+            std::sync::Arc::new(ForgetsAReduction(Default::default(), false)),
+        )),
+        ..config(ModelKind::Auto)
+    };
+    let e =
+        Trainer::new(&resumed).unwrap().run(&mut meshwork_train::Quiet, &AtomicBool::new(false));
+    let Err(Error::Failed(m)) = e else { panic!("{e:?}") };
+    assert!(m.starts_with("step 3: loss "), "{m}");
+    let mut steps: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    steps.sort();
+    assert_eq!(steps, ["step-00000002"]);
+    assert_eq!(crate::read_losses(&losses).len(), 3);
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(line["step"], 3);
+    assert!(line["failed"].as_str().unwrap().starts_with("step 3: loss "), "{line}");
+    assert!(std::fs::read_to_string(&plot).unwrap().contains("<polyline"));
+    // Resumed on the interpreter, the run goes on from the step-2 checkpoint.
+    let on = run(&Config { resume: Some(ck.clone()), steps: Some(4), ..config(ModelKind::Auto) });
+    assert_eq!(on.first_step, 2);
 }
 
 /// `evaluate` over every full row of the GPT-2 case's corpus equals transformers' mean
