@@ -487,6 +487,9 @@ pub(crate) struct TrainArgs {
     /// The last step (default 200 for the MLP, else 100); a resumed run continues up to it
     #[arg(help_heading = "Optimizer", long, value_name = "N")]
     steps: Option<usize>,
+    /// Instead of --steps: as many steps as take N passes over the training rows (with --shuffle, each pass in its own order)
+    #[arg(help_heading = "Optimizer", long, value_name = "N", conflicts_with = "steps")]
+    epochs: Option<usize>,
     /// The optimizer (default sgd for the MLP, else adam; adamw under a fine-tune's defaults)
     #[arg(help_heading = "Optimizer", long, value_enum)]
     optimizer: Option<Optimizer>,
@@ -654,6 +657,7 @@ impl TrainArgs {
             stages: self.stages,
             microbatches: self.microbatches,
             steps: self.steps,
+            epochs: self.epochs,
             batch: self.batch,
             optimizer: self.optimizer.map(Into::into),
             optimizer_settings: self.optimizer_flags.settings(),

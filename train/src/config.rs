@@ -374,6 +374,9 @@ pub struct Config {
     pub microbatches: Option<usize>,
     /// `--steps`: the last step (a resumed run continues up to it).
     pub steps: Option<usize>,
+    /// `--epochs`: instead of `--steps`, as many steps as take this many passes over
+    /// the training rows (the last one's batch filled from the next pass's rows).
+    pub epochs: Option<usize>,
     /// `--batch`: rows per step.
     pub batch: Option<usize>,
     /// `--preset`: GPT-2's sizes by name (`tiny`, `gpt2`, `gpt2-medium`).
@@ -511,6 +514,7 @@ impl Default for Config {
             stages: None,
             microbatches: None,
             steps: None,
+            epochs: None,
             batch: None,
             preset: None,
             tokenizer: None,

@@ -225,7 +225,16 @@ pub(crate) const FINE_TUNE_LR: f64 = 5e-5;
 /// `--no-decay-1d`), at a fine-tune's ([`FINE_TUNE_LR`]).
 fn settings(config: &Config, f: &dyn Family, p: &Placement, pretrained: bool) -> Result<Settings> {
     let defaults = f.defaults();
-    let steps = config.steps.unwrap_or(defaults.steps);
+    // With --epochs, the steps are known once the rows are (`epoch_steps`).
+    let steps = match (config.steps, config.epochs) {
+        (Some(_), Some(_)) => return Err(usage("give --steps or --epochs, not both")),
+        (None, Some(0)) => return Err(usage("--epochs must be at least 1")),
+        (None, Some(_)) if config.processes.as_ref().is_some_and(|p| p.count() > 1) => {
+            return Err(usage("--epochs: a run spread over processes takes --steps"));
+        }
+        (None, Some(_)) => 1,
+        (s, None) => s.unwrap_or(defaults.steps),
+    };
     let batch = config.batch.unwrap_or(defaults.batch);
     if steps == 0 {
         return Err(usage("--steps must be at least 1"));
@@ -607,7 +616,7 @@ fn plan_of(config: &Config) -> Result<Plan> {
     }
     let place = placement(config, &family.defaults())?;
     let local_devices = spread(config, &place)?;
-    let run = settings(config, family, &place, matches!(init, Init::Folder { .. }))?;
+    let mut run = settings(config, family, &place, matches!(init, Init::Folder { .. }))?;
     // The outputs are process 0's to write (its file system's paths).
     if config.processes.as_ref().is_none_or(crate::Processes::leads) {
         let saved_lora =
@@ -638,6 +647,8 @@ fn plan_of(config: &Config) -> Result<Plan> {
     // Spread over processes, each holds its own positions' share of the state (and
     // its host calls' batches whole).
     let spread_share = spread_over.map_or(1.0, |p| p.count() as f64);
+    // (With --epochs, of one step: a step's bookkeeping is a few bytes.)
+    let bookkept = bookkeeping(config, run.steps);
     let need_with = |net: &Net, savers: Savers, check: bool| {
         let need = net.memory_estimate(
             run.batch,
@@ -647,9 +658,7 @@ fn plan_of(config: &Config) -> Result<Plan> {
             check,
             savers,
         );
-        (need.weights + need.activations) / spread_share
-            + need.feeds
-            + bookkeeping(config, run.steps)
+        (need.weights + need.activations) / spread_share + need.feeds + bookkept
     };
     let memory = |net: &Net| {
         // A target's devices are not this machine's: XLA's compile judges their
@@ -754,6 +763,9 @@ fn plan_of(config: &Config) -> Result<Plan> {
         }
         None => (net, HashMap::new()),
     };
+    if let Some(epochs) = config.epochs {
+        run.steps = epoch_steps(config, epochs, run.batch, (resolved.rows, resolved.eval_rows))?;
+    }
     memory(&net)?;
     let rows = (resolved.rows, resolved.eval_rows);
     let mut record = record(config, &net, &run, dtype, &resolved.examples, rows)?;
@@ -917,6 +929,30 @@ fn spread(config: &Config, place: &Placement) -> Result<usize> {
     Ok(place.devices / n)
 }
 
+/// `--epochs N`'s steps: `N` passes over the training rows (the rows but those
+/// `--eval-data` or `--eval-fraction` holds out), `--batch` rows a step.
+fn epoch_steps(
+    config: &Config,
+    epochs: usize,
+    batch: usize,
+    (rows_all, eval_rows): (usize, Option<usize>),
+) -> Result<usize> {
+    let held = match (eval_rows, config.eval_every.filter(|&e| e > 0)) {
+        (Some(n), _) => n,
+        (None, Some(_)) => (config.eval_fraction.unwrap_or(0.1) * rows_all as f64).ceil() as usize,
+        (None, None) => 0,
+    };
+    let rows = rows_all.saturating_sub(held) as u128;
+    let steps = (epochs as u128 * rows).div_ceil(batch.max(1) as u128);
+    match steps {
+        0 => Err(usage("--epochs: the data hold no row to train on")),
+        s if s > MAX_STEPS as u128 => Err(usage(format!(
+            "--epochs {epochs} of {rows} rows at --batch {batch} is {s} steps, more than {MAX_STEPS}"
+        ))),
+        s => Ok(s as usize),
+    }
+}
+
 /// What a checkpoint records of a run, and the held-out split of its rows.
 struct Record {
     meta: Value,
@@ -985,20 +1021,13 @@ fn record(
     };
     meta["flags"] = crate::resume::flags_record(config, &resolved)?;
     if let Some(held) = eval_rows {
-        if held < run.batch {
-            return Err(Error::flag(
-                "eval-data",
-                format!("holds {held} rows; the evaluation takes --batch {} at a time", run.batch),
-            ));
-        }
         return Ok(Record { meta, eval_every, rows: rows_all - held, held });
     }
     let held = if eval_every > 0 { (fraction * rows_all as f64).ceil() as usize } else { 0 };
     let rows = rows_all - held.min(rows_all);
-    if eval_every > 0 && (held < run.batch || rows == 0) {
+    if eval_every > 0 && rows == 0 {
         return Err(usage(format!(
-            "--eval-fraction {fraction} of {rows_all} rows holds out {held}: need at least --batch {} held out and a row to train on",
-            run.batch
+            "--eval-fraction {fraction} of {rows_all} rows holds out {held}: no row is left to train on"
         )));
     }
     Ok(Record { meta, eval_every, rows, held })

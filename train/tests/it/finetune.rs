@@ -584,7 +584,7 @@ impl meshwork_train::Observer for Warnings {
 /// tested above) within 1e-12; the training losses are those of a run without it;
 /// given alone, evaluated after the last step. Its rows as `.npy` evaluate alike.
 /// Refused: beside `eval_fraction`, for a classifier, a text without a tokenizer,
-/// fewer rows than the batch.
+/// without a full row.
 #[test]
 fn eval_data_is_evaluated_every_n_steps() {
     let dir = tempfile::tempdir().unwrap();
@@ -656,9 +656,27 @@ fn eval_data_is_evaluated_every_n_steps() {
         },
         "--eval-data: a text is encoded by a tokenizer",
     );
-    std::fs::write(&valid, &corpus[..100]).unwrap();
+    std::fs::write(&valid, &corpus[..20]).unwrap();
     refused_with(
-        &Config { eval_data: Some(Data::Text(valid.clone())), batch: Some(8), ..base },
-        "--eval-data: holds",
+        &Config { eval_data: Some(Data::Text(valid.clone())), ..base },
+        "valid.txt encodes to 11 tokens: fewer than one row",
     );
+}
+
+/// `epochs`: as many steps as take that many passes over the training rows (the
+/// held-out rows left out), the same run as those steps given; refused beside
+/// `steps`, at 0, and past the most steps a run takes.
+#[test]
+fn epochs_are_passes_over_the_training_rows() {
+    let rows = 376; // The corpus at T 16 (testdata/gpt2/tokens.npy).
+    let base = Config { steps: None, batch: Some(50), shuffle: true, ..gpt2_text() };
+    let two = run(&Config { epochs: Some(2), ..base.clone() });
+    assert_eq!(two.losses.len(), (2 * rows as usize).div_ceil(50));
+    assert_eq!(two.losses, run(&Config { steps: Some(16), ..base.clone() }).losses);
+    // Held-out rows are not trained on: 376 − ⌈37.6⌉ = 338 rows, 7 steps a pass.
+    let held = run(&Config { epochs: Some(1), eval_every: Some(3), ..base.clone() });
+    assert_eq!(held.losses.len(), 7);
+    refused_with(&Config { epochs: Some(1), steps: Some(3), ..base.clone() }, "not both");
+    refused_with(&Config { epochs: Some(0), ..base.clone() }, "--epochs must be at least 1");
+    refused_with(&Config { epochs: Some(usize::MAX / 2), ..base }, "more than 100000000");
 }
