@@ -460,9 +460,9 @@ pub(crate) struct TrainArgs {
     /// The transformer's token rows [rows, seq + 1] (.npy)
     #[arg(help_heading = "Data", long, value_name = "TOKENS.npy", conflicts_with = "text")]
     data_tokens: Option<PathBuf>,
-    /// A text file whose bytes are the transformer's tokens (--vocab 256)
-    #[arg(help_heading = "Data", long, value_name = "FILE")]
-    text: Option<PathBuf>,
+    /// A text file, encoded by the tokenizer into consecutive rows (or whose bytes are the transformer's tokens, --vocab 256); or several files and directories (their .txt and .jsonl files, by name), each text one document and each .jsonl line one, the tokenizer's end-of-text token between them
+    #[arg(help_heading = "Data", long, value_name = "FILE|DIR", num_args = 1..)]
+    text: Vec<PathBuf>,
     /// A JSON Lines file, one document per line in --text-field: encoded one by one by the tokenizer (--tokenizer, or --init DIR's), its end-of-text token between documents, then cut into rows as --text is
     #[arg(help_heading = "Data", long, value_name = "FILE.jsonl", conflicts_with_all = ["text", "data_tokens", "data_x"])]
     data_jsonl: Option<PathBuf>,
@@ -596,9 +596,20 @@ impl TrainArgs {
     /// The run's settings; a flag that needs another is a usage error.
     pub(crate) fn config(&self) -> Result<Config, Exit> {
         let field = self.text_field.clone().unwrap_or_else(|| "text".into());
-        let data = match (&self.data_x, &self.data_y, &self.text, &self.data_tokens) {
+        // One text file keeps its meaning (the tokenizer's, or the transformer's
+        // bytes); several files or a directory are documents.
+        let text = match self.text.as_slice() {
+            [] => None,
+            [one] if !one.is_dir() => Some(Data::Text(one.clone())),
+            many => {
+                let files =
+                    meshwork_train::tokenize::text_files(many).map_err(crate::train::exit)?;
+                Some(Data::Documents { paths: files, field: field.clone() })
+            }
+        };
+        let data = match (&self.data_x, &self.data_y, text, &self.data_tokens) {
             (Some(x), Some(y), _, _) => Data::Npy { x: x.clone(), y: y.clone() },
-            (_, _, Some(t), _) => Data::Text(t.clone()),
+            (_, _, Some(t), _) => t,
             (_, _, _, Some(t)) => Data::Tokens(t.clone()),
             _ => match &self.data_jsonl {
                 Some(path) => Data::Jsonl { path: path.clone(), field: field.clone() },
@@ -613,18 +624,25 @@ impl TrainArgs {
                 _ => Data::Text(p.clone()),
             }
         });
-        let jsonl = |d: &Data| matches!(d, Data::Jsonl { .. });
+        let jsonl = |d: &Data| match d {
+            Data::Jsonl { .. } => true,
+            Data::Documents { paths, .. } => {
+                paths.iter().any(|p| meshwork_train::tokenize::is_jsonl(p))
+            }
+            _ => false,
+        };
         if self.text_field.is_some() && !jsonl(&data) && !eval_data.as_ref().is_some_and(jsonl) {
             return Err(Exit::Usage(
-                "--text-field names the field of --data-jsonl's (or a .jsonl --eval-data's) lines; give one"
+                "--text-field names the field of .jsonl lines (--data-jsonl, --text or --eval-data); give one"
                     .into(),
             ));
         }
         // A tokenizer that encodes --text: --tokenizer, or --init's folder's.
         let folder_tokenizer =
             self.init.as_ref().is_some_and(|d| d.is_dir() && d.join("tokenizer.json").is_file());
-        let texts = self.text.is_some()
-            || eval_data.as_ref().is_some_and(|d| matches!(d, Data::Text(_) | Data::Jsonl { .. }));
+        let documents =
+            |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. } | Data::Documents { .. });
+        let texts = documents(&data) || eval_data.as_ref().is_some_and(documents);
         let tokenizes = self.tokenizer.is_some() || (texts && folder_tokenizer);
         Ok(Config {
             model: self.model.map_or(ModelKind::Auto, Into::into),

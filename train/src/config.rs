@@ -250,6 +250,16 @@ pub enum Data {
         /// The field of each line's object that holds its document.
         field: String,
     },
+    /// Documents from several files, in order (`--text A B …` or a directory's
+    /// `.txt` and `.jsonl` files): a `.jsonl` file's lines' `field`, any other file
+    /// whole; encoded by the tokenizer one by one with its end-of-text token between
+    /// them.
+    Documents {
+        /// The files.
+        paths: Vec<PathBuf>,
+        /// The field of each `.jsonl` line's object that holds its document.
+        field: String,
+    },
 }
 
 /// What runs the steps (`--backend`).

@@ -523,7 +523,7 @@ fn check_data_flags(config: &Config, init: &Init) -> Result<()> {
     if config.cache_dir.is_some() && config.tokenizer.is_none() && !folder {
         return Err(usage("--cache-dir caches --text encoded by --tokenizer; give one"));
     }
-    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. });
+    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. } | Data::Documents { .. });
     if config.tokenizer.is_some()
         && !texts(&config.data)
         && !config.eval_data.as_ref().is_some_and(texts)
@@ -1008,6 +1008,7 @@ fn record(
         Data::Text(p) => serde_json::json!([null, p, null]),
         Data::Npy { x, .. } => serde_json::json!([null, null, x]),
         Data::Jsonl { path, .. } => serde_json::json!([null, null, null, path]),
+        Data::Documents { paths, .. } => serde_json::json!([null, null, null, paths]),
     };
     meta["rows"] = rows_all.into();
     meta["data_fingerprint"] = serde_json::json!(examples.fingerprint());

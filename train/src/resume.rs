@@ -252,7 +252,11 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
     let mut data = data_json(&config.data, &abs);
     data["sha256"] = sha256;
     let folder_tokenizer = config.init.as_ref().map(|d| d.join("tokenizer.json")).filter(|t| {
-        t.is_file() && matches!(config.data, crate::Data::Text(_) | crate::Data::Jsonl { .. })
+        t.is_file()
+            && matches!(
+                config.data,
+                crate::Data::Text(_) | crate::Data::Jsonl { .. } | crate::Data::Documents { .. }
+            )
     });
     let tokenizer = config.tokenizer.clone().or(folder_tokenizer);
     let (optimizer, settings) = match run.optimizer {
@@ -314,6 +318,7 @@ fn data_paths(data: &crate::Data) -> Vec<PathBuf> {
         crate::Data::Tokens(p) | crate::Data::Text(p) | crate::Data::Jsonl { path: p, .. } => {
             vec![p.clone()]
         }
+        crate::Data::Documents { paths, .. } => paths.clone(),
     }
 }
 
@@ -326,10 +331,13 @@ fn data_json(data: &crate::Data, abs: &dyn Fn(Option<&Path>) -> Value) -> Value 
         crate::Data::Tokens(_) => "tokens",
         crate::Data::Text(_) => "text",
         crate::Data::Jsonl { .. } => "jsonl",
+        crate::Data::Documents { .. } => "documents",
     };
     let paths: Vec<Value> = data_paths(data).iter().map(|p| abs(Some(p))).collect();
     let field = match data {
-        crate::Data::Jsonl { field, .. } => Value::from(field.as_str()),
+        crate::Data::Jsonl { field, .. } | crate::Data::Documents { field, .. } => {
+            Value::from(field.as_str())
+        }
         _ => Value::Null,
     };
     serde_json::json!({"kind": kind, "paths": paths, "field": field})
@@ -350,6 +358,9 @@ fn data_of(recorded: &Value) -> Option<crate::Data> {
         ("text", [t]) => Data::Text(t.clone()),
         ("jsonl", [t]) => {
             Data::Jsonl { path: t.clone(), field: recorded["field"].as_str()?.into() }
+        }
+        ("documents", [_, ..]) => {
+            Data::Documents { paths: paths.clone(), field: recorded["field"].as_str()?.into() }
         }
         _ => return None,
     })

@@ -436,32 +436,8 @@ pub fn token_rows(
     let mut warning = None;
     if let Some(dir) = cache {
         let key = cache_key(text, tokenizer, width)?;
-        // A cache entry meshwork wrote, its rows checked against the checksum its name
-        // records; one that fails is removed (it is meshwork's), encoded again and
-        // replaced.
-        // An entry too big for the limit is left alone (the encoding below meets the
-        // same limit); the model's vocabulary is checked after the checksum, so an
-        // entry of a larger vocabulary is refused as the encoding would be, not
-        // taken for damage.
-        let fits =
-            |file: &Path| std::fs::metadata(file).is_ok_and(|m| m.len().saturating_mul(3) <= limit);
-        if let Some((file, crc)) = cached_entry(dir, &key).filter(|(file, _)| fits(file)) {
-            let any_id = i32::MAX as usize;
-            match crate::data::token_rows_of_npy(&file, any_id, seq, limit) {
-                Ok((n, tokens)) if crc == Some(rows_crc(&tokens)) => {
-                    let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-                    check_vocab(&ids, vocab)?;
-                    return Ok(TokenRows { n, tokens, cached: Some(file), hit: true, warning });
-                }
-                _ => {
-                    warning = Some(format!(
-                        "--cache-dir: {} is damaged (its rows do not match its checksum); \
-                         the text is encoded again and the entry replaced",
-                        file.display()
-                    ));
-                    let _ = std::fs::remove_file(&file);
-                }
-            }
+        if let Some(rows) = cached_rows(dir, &key, (vocab, seq), limit, &mut warning)? {
+            return Ok(rows);
         }
     }
     let (t, tokenizer_sha) = crate::data::read_tokenizer_hashed(tokenizer)?;
@@ -471,14 +447,58 @@ pub fn token_rows(
     // lookup and the encoding is never cached under the other text's key.
     let key = key_of(&encoded.text_sha, &tokenizer_sha, width);
     drop(encoded);
-    let cached = cache.map(|dir| cache_file(dir, &key, rows_crc(&tokens))).filter(|file| {
-        let dir = file.parent().unwrap_or(Path::new("."));
-        // What a killed run left writing this entry goes first.
-        let _ = meshwork_io::files::remove_stale_temps(file);
-        std::fs::create_dir_all(dir).is_ok()
-            && write_atomic(file, &npy_bytes(n, width, &tokens)).is_ok()
-    });
+    let cached = cache.and_then(|dir| store_rows(dir, &key, n, width, &tokens));
     Ok(TokenRows { n, tokens, cached, hit: false, warning })
+}
+
+/// The rows cached under `key` in `dir`, checked against the checksum their name
+/// records; an entry that fails is removed (it is meshwork's), said in `warning`,
+/// and `None` returned so that the rows are made again. An entry too big for the
+/// limit is left alone (making the rows meets the same limit); the model's
+/// vocabulary is checked after the checksum, so that an entry of a larger
+/// vocabulary is refused as making the rows would be, not taken for damage.
+fn cached_rows(
+    dir: &Path,
+    key: &str,
+    (vocab, seq): (usize, usize),
+    limit: u64,
+    warning: &mut Option<String>,
+) -> Result<Option<TokenRows>> {
+    let fits =
+        |file: &Path| std::fs::metadata(file).is_ok_and(|m| m.len().saturating_mul(3) <= limit);
+    let Some((file, crc)) = cached_entry(dir, key).filter(|(file, _)| fits(file)) else {
+        return Ok(None);
+    };
+    let any_id = i32::MAX as usize;
+    match crate::data::token_rows_of_npy(&file, any_id, seq, limit) {
+        Ok((n, tokens)) if crc == Some(rows_crc(&tokens)) => {
+            let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+            check_vocab(&ids, vocab)?;
+            let warning = warning.take();
+            Ok(Some(TokenRows { n, tokens, cached: Some(file), hit: true, warning }))
+        }
+        _ => {
+            *warning = Some(format!(
+                "--cache-dir: {} is damaged (its rows do not match its checksum); \
+                 the data are encoded again and the entry replaced",
+                file.display()
+            ));
+            let _ = std::fs::remove_file(&file);
+            Ok(None)
+        }
+    }
+}
+
+/// Writes `n` rows of `width` ids as the cache entry of `key` in `dir`, whole or not
+/// at all; the file, or `None` where it could not be written (the rows are used
+/// without it).
+fn store_rows(dir: &Path, key: &str, n: usize, width: usize, tokens: &[i32]) -> Option<PathBuf> {
+    let file = cache_file(dir, key, rows_crc(tokens));
+    // What a killed run left writing this entry goes first.
+    let _ = meshwork_io::files::remove_stale_temps(&file);
+    let written = std::fs::create_dir_all(dir).is_ok()
+        && write_atomic(&file, &npy_bytes(n, width, tokens)).is_ok();
+    written.then_some(file)
 }
 
 /// The end-of-text tokens looked for, in order, as a tokenizer names them: GPT-2's,
@@ -490,7 +510,8 @@ const END_OF_TEXT: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eo
 /// the documents encoded one by one (with the tokenizer's own special tokens), the
 /// tokenizer's end-of-text token between consecutive documents and none after the
 /// last, then cut as [`token_rows`] cuts a text. The file is read whole, within
-/// `limit` bytes, and the ids held are bounded by it too.
+/// `limit` bytes, and the ids held are bounded by it too. ([`documents_rows`] of the
+/// one file, without a cache.)
 pub fn jsonl_rows(
     path: &Path,
     field: &str,
@@ -499,29 +520,57 @@ pub fn jsonl_rows(
     seq: usize,
     limit: u64,
 ) -> Result<(usize, Vec<i32>)> {
-    let flag = "data-jsonl";
-    let t = read_tokenizer(tokenizer)?;
-    let bytes = crate::files::read_file(flag, path, limit)?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
-        Error::flag(flag, format!("{} is not UTF-8 at byte {}", path.display(), e.valid_up_to()))
-    })?;
+    let sources = [path.to_path_buf()];
+    let rows = documents_rows("data-jsonl", &sources, field, tokenizer, (vocab, seq), limit, None)?;
+    Ok((rows.n, rows.tokens))
+}
+
+/// Whether `path` is read as a JSON Lines file of documents (its name ends in
+/// `.jsonl`), rather than as one text.
+pub fn is_jsonl(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
+}
+
+/// Token rows `[N, T + 1]` of documents from several files, in order (`--text A B …`,
+/// a directory's `.txt` and `.jsonl` files, or `--data-jsonl FILE`; `flag` names them
+/// in errors): a `.jsonl` file's documents are its lines' string `field` (blank
+/// lines skipped), any other file is one document, its whole text. The documents
+/// are encoded one by one (with the tokenizer's own special tokens; a text in chunks
+/// as [`encode_file`] does), the tokenizer's end-of-text token between consecutive
+/// documents and none after the last, then cut into rows as [`token_rows`] cuts a
+/// text. A `.jsonl` file is read whole within `limit` bytes, and the ids held are
+/// bounded by it too. With `cache`, the rows are cached as [`token_rows`] caches a
+/// text's, keyed by every file's bytes in order, `field`, the tokenizer and `T`.
+pub fn documents_rows(
+    flag: &str,
+    paths: &[PathBuf],
+    field: &str,
+    tokenizer: &Path,
+    (vocab, seq): (usize, usize),
+    limit: u64,
+    cache: Option<&Path>,
+) -> Result<TokenRows> {
+    let width = seq + 1;
+    let mut warning = None;
+    if let Some(dir) = cache {
+        let shas = paths
+            .iter()
+            .map(|p| sha_of_file(&format!("--{flag}"), p))
+            .collect::<Result<Vec<_>>>()?;
+        let key =
+            key_of(&documents_sha(&shas, field), &sha_of_file("--tokenizer", tokenizer)?, width);
+        if let Some(rows) = cached_rows(dir, &key, (vocab, seq), limit, &mut warning)? {
+            return Ok(rows);
+        }
+    }
+    let (t, tokenizer_sha) = crate::data::read_tokenizer_hashed(tokenizer)?;
     let mut ids: Vec<u32> = Vec::new();
+    let mut shas = Vec::with_capacity(paths.len());
     let mut documents = 0usize;
     let mut end = None;
-    for (k, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{} line {}", path.display(), k + 1);
-        let value: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| Error::flag(flag, format!("{}: not a JSON object ({e})", at())))?;
-        let Some(document) = value.get(field).and_then(serde_json::Value::as_str) else {
-            return Err(Error::flag(
-                flag,
-                format!("{}: no string field {field:?} (--text-field names it)", at()),
-            ));
-        };
-        if documents > 0 {
+    // The end-of-text id before every document but the first.
+    let mut next = |ids: &mut Vec<u32>, documents: &mut usize| -> Result<()> {
+        if *documents > 0 {
             let eos = match end {
                 Some(id) => id,
                 None => {
@@ -540,22 +589,123 @@ pub fn jsonl_rows(
             };
             ids.push(eos);
         }
-        ids.extend(ids_of(&t, document, true)?);
-        documents += 1;
-        if (bytes.len() as u64).saturating_add(ids.len() as u64 * BYTES_PER_ID) > limit {
-            return Err(Error::flag(
+        *documents += 1;
+        Ok(())
+    };
+    let over = |path: &Path| {
+        Error::flag(
+            flag,
+            format!(
+                "{}: the text and its ids need more than --max-memory {limit} bytes",
+                path.display()
+            ),
+        )
+    };
+    for path in paths {
+        if !is_jsonl(path) {
+            let encoded = encode_file(
+                &t,
+                path,
+                CHUNK_BYTES,
+                limit.saturating_sub(ids.len() as u64 * BYTES_PER_ID),
+            )?;
+            shas.push(encoded.text_sha);
+            next(&mut ids, &mut documents)?;
+            ids.extend(encoded.ids);
+            continue;
+        }
+        let bytes = crate::files::read_file(flag, path, limit)?;
+        shas.push(Sha256::digest(&bytes).into());
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            Error::flag(
                 flag,
-                format!(
-                    "{}: the text and its ids need more than --max-memory {limit} bytes",
-                    path.display()
-                ),
-            ));
+                format!("{} is not UTF-8 at byte {}", path.display(), e.valid_up_to()),
+            )
+        })?;
+        let before = documents;
+        for (k, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let at = || format!("{} line {}", path.display(), k + 1);
+            let value: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| Error::flag(flag, format!("{}: not a JSON object ({e})", at())))?;
+            let Some(document) = value.get(field).and_then(serde_json::Value::as_str) else {
+                return Err(Error::flag(
+                    flag,
+                    format!("{}: no string field {field:?} (--text-field names it)", at()),
+                ));
+            };
+            next(&mut ids, &mut documents)?;
+            ids.extend(ids_of(&t, document, true)?);
+            if (bytes.len() as u64).saturating_add(ids.len() as u64 * BYTES_PER_ID) > limit {
+                return Err(over(path));
+            }
+        }
+        if documents == before {
+            return Err(Error::flag(flag, format!("{} holds no documents", path.display())));
         }
     }
-    if documents == 0 {
-        return Err(Error::flag(flag, format!("{} holds no documents", path.display())));
+    let shown = match paths {
+        [one] => one.display().to_string(),
+        _ => format!("the {} files", paths.len()),
+    };
+    let (n, tokens) = rows_of(&ids, vocab, seq, &shown)?;
+    drop(ids);
+    // Stored under the key of the bytes that were encoded.
+    let key = key_of(&documents_sha(&shas, field), &tokenizer_sha, width);
+    let cached = cache.and_then(|dir| store_rows(dir, &key, n, width, &tokens));
+    Ok(TokenRows { n, tokens, cached, hit: false, warning })
+}
+
+/// The files `--text` names: each file as given, and each directory's `.txt` and
+/// `.jsonl` files (not those in its subdirectories, nor hidden ones), in the order of
+/// their names; a directory that holds none, or a path that is neither, is refused
+/// naming it.
+pub fn text_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::flag("text", format!("{}: {e}", path.display())))?;
+        if !meta.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path)
+            .map_err(|e| Error::flag("text", format!("{}: {e}", path.display())))?;
+        let mut inside: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                let visible =
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !n.starts_with('.'));
+                let kind = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+                visible && matches!(kind.as_deref(), Some("txt" | "jsonl")) && p.is_file()
+            })
+            .collect();
+        if inside.is_empty() {
+            return Err(Error::flag(
+                "text",
+                format!("{} holds no .txt or .jsonl file", path.display()),
+            ));
+        }
+        inside.sort();
+        files.extend(inside);
     }
-    rows_of(&ids, vocab, seq, &path.display().to_string())
+    Ok(files)
+}
+
+/// What identifies documents' bytes: the SHA-256 of each file's, in order, and the
+/// field read from the JSON Lines files among them.
+fn documents_sha(shas: &[[u8; 32]], field: &str) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(b"documents\n");
+    hash.update((field.len() as u64).to_le_bytes());
+    hash.update(field.as_bytes());
+    for sha in shas {
+        hash.update(sha);
+    }
+    hash.finalize().into()
 }
 
 /// `meshwork tokenize`: `text` encoded by `tokenizer` into rows of `seq + 1`

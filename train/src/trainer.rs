@@ -467,6 +467,9 @@ fn plan_digest(config: &Config, p: &Plan) -> u64 {
             [size(Some(f)), None]
         }
         crate::Data::Npy { x, y } => [size(Some(x)), size(Some(y))],
+        crate::Data::Documents { paths, .. } => {
+            [paths.iter().map(|p| size(Some(p))).sum::<Option<u64>>(), None]
+        }
         crate::Data::BuiltIn => [None, None],
     };
     // The recorded flags hold each process's own paths (and process 0's hashes).

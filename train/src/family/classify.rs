@@ -29,7 +29,7 @@ fn usage(m: impl Into<String>) -> Error {
 fn token_flags(ctx: &Ctx<'_>) -> [(&'static str, bool); 5] {
     let c = ctx.config;
     [
-        ("text", matches!(c.data, Data::Text(_))),
+        ("text", matches!(c.data, Data::Text(_) | Data::Documents { .. })),
         ("data-jsonl", matches!(c.data, Data::Jsonl { .. })),
         ("data-tokens", matches!(c.data, Data::Tokens(_))),
         ("preset", c.preset.is_some()),

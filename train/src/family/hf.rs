@@ -372,7 +372,7 @@ fn gpt2_overrides(config: &Config, mut m: Gpt2) -> Result<Gpt2> {
 /// The tokenizer that encodes `--text`: `--tokenizer`, or the `tokenizer.json` of
 /// `--init`'s folder; none for other data. `--cache-dir` needs one.
 fn tokenizer(config: &Config, folder: Option<&Path>) -> Result<Option<PathBuf>> {
-    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. });
+    let texts = |d: &Data| matches!(d, Data::Text(_) | Data::Jsonl { .. } | Data::Documents { .. });
     if !texts(&config.data) && !config.eval_data.as_ref().is_some_and(texts) {
         return Ok(None);
     }

@@ -392,17 +392,37 @@ fn token_rows(
     }
     let (n, tokens) = match &config.data {
         Data::BuiltIn => data::token_rows_synthetic(config.seed, vocab, seq),
-        Data::Jsonl { path, field } => match tokenizer {
-            Some(tokenizer) => {
-                crate::tokenize::jsonl_rows(path, field, tokenizer, vocab, seq, limit)?
-            }
-            None => {
+        Data::Jsonl { .. } | Data::Documents { .. } => {
+            let (flag, paths, field) = match &config.data {
+                Data::Jsonl { path, field } => ("data-jsonl", vec![path.clone()], field),
+                Data::Documents { paths, field } => ("text", paths.clone(), field),
+                _ => unreachable!("matched above"),
+            };
+            let Some(tokenizer) = tokenizer else {
                 return Err(Error::flag(
-                    "data-jsonl",
-                    "its documents are encoded by a tokenizer: give --tokenizer tokenizer.json (or --init a folder that has one)",
+                    flag,
+                    "documents are encoded by a tokenizer: give --tokenizer tokenizer.json (or --init a folder that has one)",
+                ));
+            };
+            let cache = config.cache_dir.as_deref();
+            let rows = crate::tokenize::documents_rows(
+                flag,
+                &paths,
+                field,
+                tokenizer,
+                (vocab, seq),
+                limit,
+                cache,
+            )?;
+            warning = rows.warning.clone();
+            if let (Some(dir), None) = (cache, &rows.cached) {
+                warning = Some(format!(
+                    "--cache-dir {}: the encoded rows could not be cached there",
+                    dir.display()
                 ));
             }
-        },
+            (rows.n, rows.tokens)
+        }
         Data::Text(path) => match tokenizer {
             Some(tokenizer) => {
                 let cache = config.cache_dir.as_deref();

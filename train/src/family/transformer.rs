@@ -33,6 +33,7 @@ impl Family for TransformerFamily {
             ("preset", config.preset.is_some()),
             ("tokenizer", config.tokenizer.is_some()),
             ("data-jsonl", matches!(config.data, crate::Data::Jsonl { .. })),
+            ("text (several files)", matches!(config.data, crate::Data::Documents { .. })),
         ] {
             if given {
                 return Err(Error::usage(format!(

@@ -680,3 +680,68 @@ fn epochs_are_passes_over_the_training_rows() {
     refused_with(&Config { epochs: Some(0), ..base.clone() }, "--epochs must be at least 1");
     refused_with(&Config { epochs: Some(usize::MAX / 2), ..base }, "more than 100000000");
 }
+
+/// Several files as documents (a directory's `.txt` and `.jsonl` files by name,
+/// others and hidden ones passed over): each text one document, each `.jsonl` line
+/// one, the end-of-text id between them, training as the rows of those ids given as
+/// `data_tokens`; their rows cached, read back from the cache the second time, and
+/// encoded again when a file changes. A directory without such files is refused.
+#[test]
+fn several_files_are_documents() {
+    use meshwork_train::tokenize::{documents_rows, text_files};
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = std::fs::read_to_string(testdata("gpt2/corpus.txt")).unwrap();
+    let cut = corpus[..corpus.len() / 2].rfind('\n').unwrap() + 1;
+    let (a, rest) = corpus.split_at(cut);
+    let cut = rest[..rest.len() / 2].rfind('\n').unwrap() + 1;
+    let (b1, b2) = rest.split_at(cut);
+    let docs = dir.path().join("docs");
+    std::fs::create_dir(&docs).unwrap();
+    std::fs::write(docs.join("a.txt"), a).unwrap();
+    let lines = [b1, b2].map(|d| serde_json::json!({"body": d}).to_string()).join("\n");
+    std::fs::write(docs.join("b.jsonl"), lines).unwrap();
+    std::fs::write(docs.join("c.md"), "not read").unwrap();
+    std::fs::write(docs.join(".d.txt"), "not read").unwrap();
+    let files = text_files(std::slice::from_ref(&docs)).unwrap();
+    assert_eq!(files, [docs.join("a.txt"), docs.join("b.jsonl")]);
+    let as_docs = Config {
+        data: Data::Documents { paths: files.clone(), field: "body".into() },
+        ..gpt2_text()
+    };
+    let t = tokenizers::Tokenizer::from_file(testdata("gpt2/tokenizer.json")).unwrap();
+    let eos = t.token_to_id("<|endoftext|>").unwrap();
+    let mut ids: Vec<u32> = Vec::new();
+    for (k, d) in [a, b1, b2].into_iter().enumerate() {
+        if k > 0 {
+            ids.push(eos);
+        }
+        ids.extend(t.encode(d, true).unwrap().get_ids());
+    }
+    let rows = ids.len() / 17;
+    let values: Vec<i32> = ids[..rows * 17].iter().map(|&i| i as i32).collect();
+    let tokens = crate::write_npy_i32(&dir.path().join("docs.npy"), rows, 17, &values);
+    let by_ids = Config { data: Data::Tokens(tokens), tokenizer: None, ..gpt2_text() };
+    assert_eq!(crate::losses(&as_docs), crate::losses(&by_ids));
+    // Cached, read back, encoded again when a file changes.
+    let cache = dir.path().join("cache");
+    let tokenizer = testdata("gpt2/tokenizer.json");
+    let rows_of = || {
+        documents_rows("text", &files, "body", &tokenizer, (320, 16), 1 << 30, Some(&cache))
+            .unwrap()
+    };
+    let first = rows_of();
+    assert!(!first.hit && first.cached.is_some());
+    assert_eq!(first.tokens, values);
+    let second = rows_of();
+    assert!(second.hit);
+    assert_eq!(second.tokens, values);
+    std::fs::write(docs.join("a.txt"), &a[..a.len() / 2]).unwrap();
+    let third = rows_of();
+    assert!(!third.hit && third.tokens != values);
+    // A directory without documents.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join("notes.md"), "x").unwrap();
+    let e = text_files(&[empty]).unwrap_err().to_string();
+    assert!(e.starts_with("--text: ") && e.contains("holds no .txt or .jsonl file"), "{e}");
+}
