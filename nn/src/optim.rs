@@ -93,7 +93,8 @@ impl Optimizer {
 /// state (for each trained parameter, each of [`Optimizer::state_names`], named
 /// `optimizer.<name>.<param>`), then the scalars `optimizer.lr` and `optimizer.step`
 /// (0-based, of the loss's dtype). Results: the loss (before the update), the updated
-/// trained parameters, then the updated state in input order.
+/// trained parameters, then the updated state in input order (and, when asked, the
+/// gradients' norm).
 #[derive(Debug, Clone)]
 pub struct TrainStep {
     /// The step's program.
@@ -109,6 +110,9 @@ pub struct TrainStep {
     pub optimizer: Optimizer,
     /// Its dynamic loss scaling, if any.
     pub loss_scale: Option<LossScale>,
+    /// Whether the step's last result is the gradients' global norm
+    /// ([`StepOptions::grad_norm`]).
+    pub grad_norm: bool,
 }
 
 /// The loss scale's parameter (state carried step to step).
@@ -257,8 +261,9 @@ impl TrainStep {
             }
             finite = Some(b.eq(total, total)?);
         }
-        // The gradients, clipped.
-        if let Some(max_norm) = max_norm {
+        // The gradients' global norm (for clipping, and as a result when asked).
+        let mut norm = None;
+        if max_norm.is_some() || options.grad_norm {
             let mut total = None;
             for &gw in &grads {
                 let sq = b.mul(gw, gw)?;
@@ -270,17 +275,23 @@ impl TrainStep {
                     Some(t) => b.add(t, s)?,
                 });
             }
-            if let Some(total) = total {
-                let norm = b.sqrt(total)?;
-                let tiny = b.constant(1e-6, dtype)?;
-                let den = b.add(norm, tiny)?;
-                let c = b.constant(max_norm, dtype)?;
-                let coef = b.div(c, den)?;
-                let one = b.constant(1.0, dtype)?;
-                let factor = b.min(coef, one)?;
-                for gw in &mut grads {
-                    *gw = b.mul(*gw, factor)?;
-                }
+            norm = match total {
+                Some(total) => Some(b.sqrt(total)?),
+                None => Some(b.constant(0.0, dtype)?),
+            };
+        }
+        // The gradients, clipped.
+        if let Some(max_norm) = max_norm
+            && let Some(norm) = norm.filter(|_| !grads.is_empty())
+        {
+            let tiny = b.constant(1e-6, dtype)?;
+            let den = b.add(norm, tiny)?;
+            let c = b.constant(max_norm, dtype)?;
+            let coef = b.div(c, den)?;
+            let one = b.constant(1.0, dtype)?;
+            let factor = b.min(coef, one)?;
+            for gw in &mut grads {
+                *gw = b.mul(*gw, factor)?;
             }
         }
         let names = optimizer.state_names();
@@ -400,6 +411,9 @@ impl TrainStep {
         results.extend(new_params);
         results.extend(new_state);
         results.extend(scale_state);
+        if options.grad_norm {
+            results.push(norm.expect("computed when asked"));
+        }
         let program = b.finish(&results)?.without_dead_code();
         // The loss scale's parameters go with the optimizer state, before lr and step.
         let program = match options.loss_scale {
@@ -419,6 +433,7 @@ impl TrainStep {
             frozen,
             optimizer,
             loss_scale: options.loss_scale,
+            grad_norm: options.grad_norm,
         })
     }
 
@@ -468,6 +483,10 @@ pub struct StepOptions {
     /// Parameters of the model program that are neither trained nor fed per
     /// micro-batch: a frozen base under a LoRA adapter, held once.
     pub frozen: Vec<Value>,
+    /// Return the gradients' global norm `sqrt(Σ sum(g²))` over every trained
+    /// parameter (before clipping; unscaled under loss scaling) as the step's last
+    /// result, after the state: what `transformers`' `Trainer` logs as `grad_norm`.
+    pub grad_norm: bool,
 }
 
 /// The accumulated gradient program of `n` micro-batches from `one`'s (parameters:

@@ -27,6 +27,11 @@ pub(crate) trait Steps {
     /// Steps `first..first + feeds.len()` at learning rates `lrs`, in one host call
     /// where the run can (a compiled step), one by one otherwise; their losses.
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>>;
+    /// The gradients' global norm of each step the last [`steps`](Self::steps) call
+    /// took, where the step computes it (a mesh's, asked by the recipe); else none.
+    fn grad_norms(&self) -> Vec<Option<f64>> {
+        Vec::new()
+    }
     /// Weight `name`'s current value.
     fn weight(&self, name: &str) -> Result<Tensor>;
     /// Weight `name`'s current value in the process that writes outputs, `None` in
@@ -90,7 +95,7 @@ fn step_failed(e: meshwork_strategy::Error) -> Error {
 }
 
 /// A training step compiled over a mesh, fed its batch in `.1` micro-batches.
-struct Spmd<'s>(CompiledTrainStep<'s>, usize);
+struct Spmd<'s>(CompiledTrainStep<'s>, usize, Vec<Option<f64>>);
 
 /// Each of `feeds` (tensors of `B` rows) cut into `micro` consecutive parts of `B /
 /// micro` rows: the first part of every feed, then the second's, and so on (the
@@ -125,7 +130,13 @@ fn micro_batches(feeds: &[Tensor], micro: usize) -> Result<Vec<Tensor>> {
 impl Steps for Spmd<'_> {
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], _: usize) -> Result<Vec<f64>> {
         let feeds = feeds.iter().map(|f| micro_batches(f, self.1)).collect::<Result<Vec<_>>>()?;
-        self.0.run_steps(&feeds, lrs).map_err(step_failed)
+        let measured = self.0.run_steps_measured(&feeds, lrs).map_err(step_failed)?;
+        let (losses, norms) = measured.into_iter().unzip();
+        self.2 = norms;
+        Ok(losses)
+    }
+    fn grad_norms(&self) -> Vec<Option<f64>> {
+        self.2.clone()
     }
     fn weight(&self, name: &str) -> Result<Tensor> {
         self.0.get(name).map_err(failed)
@@ -377,6 +388,8 @@ pub(crate) struct Recipe<'a> {
     pub(crate) blocking: meshwork_nn::Blocking,
     /// `--init`'s Hugging Face weights, read part by part (else `init` holds them).
     pub(crate) shards: Option<&'a crate::hf::HfShards>,
+    /// Whether a mesh's step returns its gradients' norm (for `--metrics-jsonl`).
+    pub(crate) grad_norm: bool,
 }
 
 impl<'a> Recipe<'a> {
@@ -394,6 +407,8 @@ impl<'a> Recipe<'a> {
             loss_scale: p.loss_scale,
             blocking: p.blocking,
             shards: p.shards.as_ref(),
+            // Every process alike: they run one program.
+            grad_norm: p.metrics_jsonl.is_some(),
         }
     }
 }
@@ -412,7 +427,17 @@ pub(crate) fn mesh_step<'s>(
         return Err(Error::usage(format!("{} is not a mesh", layout.describe())));
     };
     let Recipe {
-        net, batch, dtype, optimizer, clip, savers, precision, loss_scale, blocking, ..
+        net,
+        batch,
+        dtype,
+        optimizer,
+        clip,
+        savers,
+        precision,
+        loss_scale,
+        blocking,
+        grad_norm,
+        ..
     } = *recipe;
     let fed = net.fed();
     // A micro-batch's loss, and its blocks for --remat.
@@ -438,8 +463,14 @@ pub(crate) fn mesh_step<'s>(
     let (weights, frozen): (Vec<Value>, Vec<Value>) = (fed..program.params().len())
         .map(|k| Value(k as u32))
         .partition(|v| net.model().trains(&program.params()[v.index()].name));
-    let options =
-        StepOptions { max_norm: clip, micro_batches: micro, remat: recomputed, loss_scale, frozen };
+    let options = StepOptions {
+        max_norm: clip,
+        micro_batches: micro,
+        remat: recomputed,
+        loss_scale,
+        frozen,
+        grad_norm,
+    };
     let step =
         TrainStep::with_options(&program, loss, &weights, optimizer, &options).map_err(failed)?;
     let mesh = Mesh::iota(&[("data", data), ("model", model)]).map_err(failed)?;
@@ -523,7 +554,7 @@ pub(crate) fn start<'s>(
                     None => step.set(name, &weight(name)?).map_err(step_failed)?,
                 }
             }
-            Ok(Box::new(Spmd(step, micro)))
+            Ok(Box::new(Spmd(step, micro, Vec::new())))
         }
         Layout::Pipeline { .. } => {
             let (program, loss, _) =

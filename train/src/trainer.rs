@@ -713,7 +713,7 @@ impl<'s> Running<'s> {
             }
         }
         // The check runs the plain step: no micro-batches, recomputation or split weights.
-        let plain = Recipe { savers: Savers::default(), ..recipe };
+        let plain = Recipe { savers: Savers::default(), grad_norm: false, ..recipe };
         let one_device = Layout::Mesh { data: 1, model: 1 };
         let reference = match p.check {
             true => {
@@ -777,7 +777,8 @@ impl<'s> Running<'s> {
         let tol = tolerance(p);
         let (per_row, unit) = p.net.per_row();
         let mut rows = Rows::new(p);
-        let mut ahead: VecDeque<(f64, Option<f64>)> = VecDeque::new();
+        let mut ahead: VecDeque<Checked> = VecDeque::new();
+        let mut norms: VecDeque<Option<f64>> = VecDeque::new();
         // The check of the state a host call left: (its last step, the difference).
         let mut state_at: Option<(usize, StateDifference)> = None;
         for s in first..steps {
@@ -785,11 +786,13 @@ impl<'s> Running<'s> {
             if ahead.is_empty() {
                 let (losses, state) = self.host_call(p, &mut rows, s, &mut progress.busy)?;
                 ahead.extend(losses);
+                norms = self.run.grad_norms().into();
                 state_at = state.map(|d| (s + ahead.len().max(1) - 1, d));
             }
             let (loss, want) = ahead
                 .pop_front()
                 .ok_or_else(|| Error::failed("a host call returned fewer losses than steps"))?;
+            let grad_norm = norms.pop_front().flatten();
             progress.losses.push(loss);
             progress.lrs.push(lr);
             if let Some(want) = want {
@@ -835,6 +838,9 @@ impl<'s> Running<'s> {
             };
             if let Some(f) = out.metrics.as_mut() {
                 let mut line = serde_json::json!({"step": s + 1, "loss": loss, "lr": lr});
+                if let Some(n) = grad_norm {
+                    line["grad_norm"] = n.into();
+                }
                 line[format!("{unit}_per_s")] = rate.into();
                 if let Some((l, acc)) = evaluated {
                     line["eval_loss"] = l.into();

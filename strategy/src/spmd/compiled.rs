@@ -712,6 +712,16 @@ impl CompiledTrainStep<'_> {
     /// on `batches[i]` at learning rate `lrs[i]`; returns each step's loss. The state
     /// changes only if every step succeeds on every device.
     pub fn run_steps(&mut self, batches: &[Vec<Tensor>], lrs: &[f64]) -> Result<Vec<f64>> {
+        Ok(self.run_steps_measured(batches, lrs)?.into_iter().map(|(loss, _)| loss).collect())
+    }
+
+    /// [`run_steps`](Self::run_steps), with each step's gradient norm beside its loss
+    /// when the step computes it ([`TrainStep::grad_norm`]).
+    pub fn run_steps_measured(
+        &mut self,
+        batches: &[Vec<Tensor>],
+        lrs: &[f64],
+    ) -> Result<Vec<(f64, Option<f64>)>> {
         if batches.len() != lrs.len() {
             return Err(Error::Compiled {
                 problem: format!("{} batches with {} learning rates", batches.len(), lrs.len()),
@@ -726,6 +736,8 @@ impl CompiledTrainStep<'_> {
         let refs: Vec<&[Tensor]> = feeds.iter().map(Vec::as_slice).collect();
         let outs = self.compiled.steps_tagged(&refs, Some(self.steps as u64))?;
         self.steps += batches.len();
-        Ok(outs.iter().map(|o| o[0].to_f64()[0]).collect())
+        let scalar = |t: Option<&Tensor>| t.map(|t| t.to_f64()[0]);
+        let norm = |o: &[Tensor]| scalar(o.last()).filter(|_| self.step.grad_norm && o.len() > 1);
+        Ok(outs.iter().map(|o| (o[0].to_f64()[0], norm(o))).collect())
     }
 }

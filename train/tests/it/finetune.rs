@@ -745,3 +745,37 @@ fn several_files_are_documents() {
     let e = text_files(&[empty]).unwrap_err().to_string();
     assert!(e.starts_with("--text: ") && e.contains("holds no .txt or .jsonl file"), "{e}");
 }
+
+/// `--metrics-jsonl` holds each step's gradient norm and learning rate: the first
+/// step's norm is `transformers`' (`clip_grad_norm_`'s total over every parameter's
+/// gradient of the mean loss on the first 4 rows, float64; testdata/gpt2/eval.json)
+/// within 1e-9, on one device, on meshes, with gradient accumulation and with
+/// `--fsdp`; clipping to a norm below it leaves the reported norm the unclipped one.
+#[test]
+fn metrics_hold_the_gradient_norm() {
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(testdata("gpt2/eval.json")).unwrap()).unwrap();
+    let want = oracle["grad_norm"]["norm"].as_f64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let variants: [(&str, Config); 5] = [
+        ("1x1", Config { ..gpt2_text() }),
+        ("2x1", Config { mesh: Some((2, 1)), ..gpt2_text() }),
+        ("1x2", Config { mesh: Some((1, 2)), ..gpt2_text() }),
+        ("accum", Config { mesh: Some((2, 1)), grad_accum: Some(2), ..gpt2_text() }),
+        ("fsdp", Config { mesh: Some((2, 1)), fsdp: true, clip_norm: Some(0.5), ..gpt2_text() }),
+    ];
+    for (name, c) in variants {
+        let path = dir.path().join(format!("{name}.jsonl"));
+        run(&Config { steps: Some(3), metrics_jsonl: Some(path.clone()), ..c });
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "{name}");
+        let got = lines[0]["grad_norm"].as_f64().unwrap_or_else(|| panic!("{name}: {}", lines[0]));
+        assert!(((got - want) / want).abs() < 1e-9, "{name}: {got} {want}");
+        assert!(lines.iter().all(|l| l["grad_norm"].as_f64().is_some_and(|n| n > 0.0)));
+        assert!(lines.iter().all(|l| l["lr"].as_f64().is_some()));
+    }
+}

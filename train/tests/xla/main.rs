@@ -344,6 +344,36 @@ fn gpt2_trains_and_generates_on_xla_as_transformers_does() {
     assert_eq!(got.ids, ids(&oracle["generate"]["ids"]));
 }
 
+/// `--metrics-jsonl`'s gradient norm through XLA, with either partitioner: the first
+/// step's is `transformers`' (testdata/gpt2/eval.json) within 1e-9.
+#[test]
+fn the_gradient_norm_on_xla_is_transformers() {
+    let oracle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(testdata("gpt2/eval.json")).unwrap()).unwrap();
+    let want = oracle["grad_norm"]["norm"].as_f64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (mesh, backend) in [((2, 1), xla()), ((1, 2), xla_partitioned())] {
+        let path = dir.path().join(format!("{mesh:?}.jsonl"));
+        run(&Config {
+            init: Some(testdata("gpt2/model")),
+            data: Data::Tokens(testdata("gpt2/tokens.npy")),
+            seq: Some(16),
+            batch: Some(4),
+            steps: Some(2),
+            dtype: Some(DType::F64),
+            mesh: Some(mesh),
+            backend,
+            metrics_jsonl: Some(path.clone()),
+            ..config(ModelKind::Auto)
+        });
+        let first: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&path).unwrap().lines().next().unwrap())
+                .unwrap();
+        let got = first["grad_norm"].as_f64().unwrap();
+        assert!(((got - want) / want).abs() < 1e-9, "{mesh:?}: {got} {want}");
+    }
+}
+
 /// The memory savers through XLA: `--fsdp` (its all-gathers and reduce-scatters
 /// compiled by XLA), `--remat` and `--grad-accum 2` together on a 2x1 mesh reproduce
 /// `transformers`' losses within 1e-9.
