@@ -550,9 +550,12 @@ pub(crate) struct TrainArgs {
     /// With --resume: train on a data file that changed since the checkpoint's run read it (refused otherwise)
     #[arg(help_heading = "Checkpoints", long, requires = "resume")]
     data_changed_ok: bool,
-    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps
+    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps. Default for a fine-tune (--init a Hugging Face folder, not resumed): a new meshwork-runs/<folder>-<n> in the working directory
     #[arg(help_heading = "Checkpoints", long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
+    /// Save no checkpoint where a fine-tune would save one by default
+    #[arg(help_heading = "Checkpoints", long, conflicts_with = "checkpoint_dir")]
+    no_checkpoints: bool,
     /// Save a checkpoint every N steps
     #[arg(help_heading = "Checkpoints", long, value_name = "N")]
     checkpoint_every: Option<usize>,
@@ -586,6 +589,25 @@ impl TrainArgs {
     /// Whether `--quiet` was given.
     pub(crate) fn quiet(&self) -> bool {
         self.quiet
+    }
+
+    /// The checkpoint directory a fine-tune saves into when none is given: the first
+    /// `meshwork-runs/<--init folder's name>-<n>` (n = 1, 2, …) that does not exist,
+    /// for a run from a Hugging Face folder (its `config.json`) that neither resumes
+    /// nor says `--checkpoint-dir` or `--no-checkpoints`.
+    pub(crate) fn default_checkpoint_dir(&self) -> Option<PathBuf> {
+        let init = self.init.as_ref().filter(|d| d.join("config.json").is_file())?;
+        if self.checkpoint_dir.is_some() || self.no_checkpoints || self.resume.is_some() {
+            return None;
+        }
+        let name = std::path::absolute(init)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "run".into());
+        (1..10_000u32)
+            .map(|n| PathBuf::from("meshwork-runs").join(format!("{name}-{n}")))
+            .find(|p| std::fs::symlink_metadata(p).is_err())
     }
 
     /// `--log-every`.

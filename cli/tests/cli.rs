@@ -6,8 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The binary run with `args` in a working directory of its own (a fine-tune saves
+/// its checkpoint there by default), removed after.
 fn meshwork(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_meshwork")).args(args).output().expect("the binary runs")
+    let cwd = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .current_dir(cwd.path())
+        .args(args)
+        .output()
+        .expect("the binary runs")
 }
 
 fn testdata(rel: &str) -> String {
@@ -399,6 +406,7 @@ fn tokenize_writes_the_oracles_rows_and_training_caches_them() {
     let cache_home = dir.path().join("cache-home");
     let train = |losses: &Path| {
         let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+            .current_dir(dir.path())
             .env("XDG_CACHE_HOME", &cache_home)
             .args(["train", "--model", "gpt2", "--init", &arg(data.join("model"))])
             .args(["--text", &text, "--tokenizer", &tok])
@@ -443,6 +451,7 @@ fn a_llama_family_folder_trains_and_chats_without_naming_the_model() {
     let arg = |p: &Path| p.to_str().unwrap().to_string();
     let losses = dir.path().join("l.json");
     let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .current_dir(dir.path())
         .env("XDG_CACHE_HOME", dir.path().join("cache"))
         .args(["train", "--init", &arg(&folder), "--text", &arg(&data.join("corpus.txt"))])
         .args(["--seq", "16", "--batch", "4", "--steps", "10", "--optimizer", "adamw"])
@@ -584,4 +593,47 @@ fn eval_prints_the_mean_cross_entropy() {
     let out = run(all(&[]));
     let line = String::from_utf8_lossy(&out.stdout);
     assert!(line.starts_with("loss 5.7633657") && line.ends_with(" tokens 6016\n"), "{line}");
+}
+
+/// The issue's first command, verbatim on the GPT-2 case (the oracle folder's files
+/// under the names the issue gives them): it exits 0 and keeps its checkpoint in a
+/// new `meshwork-runs/model-1` of the working directory, said in the summary; a
+/// second run takes `model-2`; `--no-checkpoints` saves none, and `eval` never does.
+#[test]
+fn a_fine_tune_keeps_its_checkpoint() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/testdata/gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("model")).unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(data.join("model").join(f), dir.path().join("model").join(f)).unwrap();
+    }
+    for f in ["corpus.txt", "tokenizer.json"] {
+        std::fs::copy(data.join(f), dir.path().join(f)).unwrap();
+    }
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+            .current_dir(dir.path())
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .args(["train", "--model", "gpt2", "--init", "model", "--mesh", "2x1"])
+            .args(["--text", "corpus.txt", "--tokenizer", "tokenizer.json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = run(&["--steps", "100"]);
+    assert!(first.contains("checkpoint   step 100 in meshwork-runs/model-1"), "{first}");
+    assert!(dir.path().join("meshwork-runs/model-1/step-00000100").is_dir());
+    let second = run(&["--steps", "2"]);
+    assert!(second.contains("in meshwork-runs/model-2"), "{second}");
+    run(&["--steps", "2", "--no-checkpoints"]);
+    let eval = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .current_dir(dir.path())
+        .args(["eval", "--init", "model", "--text", "corpus.txt", "--seq", "16"])
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("meshwork-runs")).unwrap().collect();
+    assert_eq!(runs.len(), 2);
 }

@@ -179,7 +179,7 @@ def check_lora(meshwork, case, tmp):
 
 
 def main():
-    meshwork = sys.argv[1]
+    meshwork = os.path.abspath(sys.argv[1])
     try:
         import numpy  # noqa: F401
         import torch  # noqa: F401
@@ -188,6 +188,8 @@ def main():
         print(f"hf export check: skipped, transformers/torch not installed ({e})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
+        # A fine-tune saves its checkpoint in the working directory by default.
+        os.chdir(tmp)
         cases = ("gpt2", "llama", "qwen3", "qwen2", "mistral", "llama-bias")
         results = [check(meshwork, case, tmp) for case in cases]
         results += [check_step_export(meshwork, case, tmp) for case in ("gpt2", "llama")]
