@@ -325,7 +325,7 @@ fn outputs_are_checked_first_and_a_users_files_are_untouched() {
             metrics_jsonl: Some(m.clone()),
             checkpoint_dir: Some(c.clone()),
             eval_every: Some(2),
-            eval_fraction: Some(0.001),
+            eval_fraction: Some(0.9999),
             ..t.clone()
         },
         "--eval-fraction",
