@@ -550,7 +550,7 @@ pub(crate) struct TrainArgs {
     /// With --resume: train on a data file that changed since the checkpoint's run read it (refused otherwise)
     #[arg(help_heading = "Checkpoints", long, requires = "resume")]
     data_changed_ok: bool,
-    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps. Default for a fine-tune (--init a Hugging Face folder, not resumed): a new meshwork-runs/<folder>-<n> in the working directory
+    /// A checkpoint directory meshwork owns: created if absent, or an empty or earlier meshwork checkpoint directory (anything else is refused, never changed); saved at the end and every N steps. Default for a fine-tune (--init a Hugging Face folder, not resumed): a new meshwork-runs/FOLDER-N in the working directory
     #[arg(help_heading = "Checkpoints", long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// Save no checkpoint where a fine-tune would save one by default
@@ -591,11 +591,38 @@ impl TrainArgs {
         self.quiet
     }
 
-    /// The checkpoint directory a fine-tune saves into when none is given: the first
-    /// `meshwork-runs/<--init folder's name>-<n>` (n = 1, 2, …) that does not exist,
-    /// for a run from a Hugging Face folder (its `config.json`) that neither resumes
-    /// nor says `--checkpoint-dir` or `--no-checkpoints`.
-    pub(crate) fn default_checkpoint_dir(&self) -> Option<PathBuf> {
+    /// The checkpoint directory a fine-tune saves into when none is given, claimed
+    /// (made, so that two runs never take the same one): the first
+    /// `meshwork-runs/<--init folder's name>-<n>` (n = 1, 2, …) that this call could
+    /// create, for a run from a Hugging Face folder (its `config.json`) that neither
+    /// resumes nor says `--checkpoint-dir` or `--no-checkpoints`.
+    pub(crate) fn claim_checkpoint_dir(&self) -> Result<Option<PathBuf>, Exit> {
+        let Some(name) = self.default_run_name() else { return Ok(None) };
+        let parent = PathBuf::from("meshwork-runs");
+        let cannot = |p: &std::path::Path, e: std::io::Error| {
+            Exit::Usage(format!(
+                "--checkpoint-dir (default {}): cannot create it: {e}; give --checkpoint-dir or --no-checkpoints",
+                p.display()
+            ))
+        };
+        std::fs::create_dir_all(&parent).map_err(|e| cannot(&parent, e))?;
+        for n in 1..10_000u32 {
+            let dir = parent.join(format!("{name}-{n}"));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(Some(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(cannot(&dir, e)),
+            }
+        }
+        Err(Exit::Usage(format!(
+            "--checkpoint-dir: {} holds 9999 runs of {name}; give --checkpoint-dir or --no-checkpoints",
+            parent.display()
+        )))
+    }
+
+    /// The name a fine-tune's default checkpoint directory starts with: its `--init`
+    /// folder's, when one is due ([`claim_checkpoint_dir`](Self::claim_checkpoint_dir)).
+    fn default_run_name(&self) -> Option<String> {
         let init = self.init.as_ref().filter(|d| d.join("config.json").is_file())?;
         if self.checkpoint_dir.is_some() || self.no_checkpoints || self.resume.is_some() {
             return None;
@@ -603,11 +630,9 @@ impl TrainArgs {
         let name = std::path::absolute(init)
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .filter(|n| !n.is_empty())
+            .filter(|n| !n.is_empty() && !n.starts_with('.'))
             .unwrap_or_else(|| "run".into());
-        (1..10_000u32)
-            .map(|n| PathBuf::from("meshwork-runs").join(format!("{name}-{n}")))
-            .find(|p| std::fs::symlink_metadata(p).is_err())
+        Some(name)
     }
 
     /// `--log-every`.
@@ -622,7 +647,9 @@ impl TrainArgs {
         // bytes); several files or a directory are documents.
         let text = match self.text.as_slice() {
             [] => None,
-            [one] if !one.is_dir() => Some(Data::Text(one.clone())),
+            [one] if !one.is_dir() && !meshwork_train::tokenize::is_jsonl(one) => {
+                Some(Data::Text(one.clone()))
+            }
             many => {
                 let files =
                     meshwork_train::tokenize::text_files(many).map_err(crate::train::exit)?;

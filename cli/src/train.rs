@@ -162,23 +162,28 @@ pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
     let mut config = args.config()?;
     // The MPI guard lives to the end of the run (dropping it finalises MPI).
     let (processes, _mpi) = join_job()?.unzip();
-    // A fine-tune keeps its checkpoint (not across processes: each would pick alone).
-    let default_dir = processes.is_none().then(|| args.default_checkpoint_dir()).flatten();
-    if let Some(dir) = &default_dir {
+    // A fine-tune keeps its checkpoint (not across processes: each would pick alone),
+    // in a directory claimed here and removed again if the run leaves it empty.
+    let claimed = match processes.is_none() {
+        true => args.claim_checkpoint_dir()?,
+        false => None,
+    };
+    if let Some(dir) = &claimed {
         config.checkpoint_dir = Some(dir.clone());
     }
     config.processes = processes;
-    let trainer = Trainer::new(&config).map_err(exit)?;
-    // Its folder's parent made once the run is known to start.
-    if let Some(parent) = default_dir.as_ref().and_then(|d| d.parent()) {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            Exit::Usage(format!(
-                "--checkpoint-dir (default {}): cannot create {}: {e}; give --checkpoint-dir or --no-checkpoints",
-                default_dir.as_ref().map_or(String::new(), |d| d.display().to_string()),
-                parent.display()
-            ))
-        })?;
+    let ran = train(args, &config);
+    if let Some(dir) = &claimed
+        && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
+    {
+        let _ = std::fs::remove_dir(dir);
     }
+    ran
+}
+
+/// Trains `config` as `args` say (the summary on stdout unless `--quiet`).
+fn train(args: &TrainArgs, config: &meshwork_train::Config) -> Result<(), Exit> {
+    let trainer = Trainer::new(config).map_err(exit)?;
     let stop = stop_on_signals().map_err(exit)?;
     let mut progress = Progress {
         quiet: args.quiet(),

@@ -628,6 +628,13 @@ fn a_fine_tune_keeps_its_checkpoint() {
     let second = run(&["--steps", "2"]);
     assert!(second.contains("in meshwork-runs/model-2"), "{second}");
     run(&["--steps", "2", "--no-checkpoints"]);
+    // A run refused before it starts leaves no directory.
+    let refused = Command::new(env!("CARGO_BIN_EXE_meshwork"))
+        .current_dir(dir.path())
+        .args(["train", "--init", "model", "--text", "corpus.txt", "--steps", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
     let eval = Command::new(env!("CARGO_BIN_EXE_meshwork"))
         .current_dir(dir.path())
         .args(["eval", "--init", "model", "--text", "corpus.txt", "--seq", "16"])

@@ -557,17 +557,36 @@ fn dtype_of(config: &Config, saved: Option<&Saved>, default: DType) -> Result<DT
 /// resumed run's recorded flags ([`crate::resume::remembered`]), a note for each flag
 /// given that differs.
 pub(crate) fn plan(config: &Config) -> Result<Plan> {
-    plan_for(config, true)
+    plan_for(config, Purpose::Train)
 }
 
 /// [`plan`] for a run that only needs its weights (`export`, `generate` from a
 /// checkpoint): a resumed checkpoint's data are neither read nor required, and the
 /// built-in rows stand in for them.
 pub(crate) fn plan_weights(config: &Config) -> Result<Plan> {
-    plan_for(config, false)
+    plan_for(config, Purpose::Weights)
 }
 
-fn plan_for(config: &Config, data: bool) -> Result<Plan> {
+/// [`plan`] for `evaluate`: a resumed checkpoint's data are taken as they are now
+/// (a changed file is evaluated, not refused), and what only training does — its
+/// held-out rows, validation set, epochs, checkpoints — is not taken from it.
+pub(crate) fn plan_evaluation(config: &Config) -> Result<Plan> {
+    plan_for(config, Purpose::Evaluate)
+}
+
+/// What a plan is for: what a resumed checkpoint's recorded flags give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Training: every flag the run was given.
+    Train,
+    /// An evaluation of every row of the data: the data, not the training's outputs.
+    Evaluate,
+    /// The weights alone: not the data.
+    Weights,
+}
+
+fn plan_for(config: &Config, purpose: Purpose) -> Result<Plan> {
+    let data = purpose != Purpose::Weights;
     // A checkpoint that cannot be read is `weights_from`'s to refuse, saying why.
     let saved = config.resume.as_deref().and_then(|r| Saved::read(r).ok());
     let flags = saved
@@ -577,7 +596,7 @@ fn plan_for(config: &Config, data: bool) -> Result<Plan> {
     let (mut config, notes) = match flags {
         Some((saved, flags)) => {
             let lora = saved.meta.get("lora").is_some_and(|l| !l.is_null());
-            crate::resume::remembered(config, &saved.dir, flags, lora, data)?
+            crate::resume::remembered(config, &saved.dir, flags, lora, purpose)?
         }
         None => (config.clone(), Vec::new()),
     };
@@ -592,6 +611,15 @@ fn plan_for(config: &Config, data: bool) -> Result<Plan> {
         config.data = Data::BuiltIn;
         config.tokenizer = None;
         config.cache_dir = None;
+    }
+    if purpose != Purpose::Train {
+        config.eval_every = None;
+        config.eval_fraction = None;
+        config.eval_data = None;
+        config.epochs = None;
+        config.checkpoint_dir = None;
+        config.checkpoint_every = None;
+        config.keep = None;
     }
     let mut p = plan_of(&config)?;
     p.warnings.splice(0..0, notes);

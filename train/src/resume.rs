@@ -251,6 +251,22 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
     };
     let mut data = data_json(&config.data, &abs);
     data["sha256"] = sha256;
+    // The validation set likewise.
+    let eval_data = match &config.eval_data {
+        None => Value::Null,
+        Some(d) => {
+            let mut json = data_json(d, &abs);
+            if config.checkpoint_dir.is_some() && leads {
+                json["sha256"] = Value::Array(
+                    data_paths(d)
+                        .iter()
+                        .map(|p| file_sha(p).map(Value::from))
+                        .collect::<Result<Vec<_>>>()?,
+                );
+            }
+            json
+        }
+    };
     let folder_tokenizer = config.init.as_ref().map(|d| d.join("tokenizer.json")).filter(|t| {
         t.is_file()
             && matches!(
@@ -293,7 +309,7 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         "shuffle": config.shuffle,
         "eval_every": config.eval_every,
         "eval_fraction": config.eval_fraction,
-        "eval_data": config.eval_data.as_ref().map(|d| data_json(d, &abs)),
+        "eval_data": eval_data,
         "checkpoint_dir": abs(config.checkpoint_dir.as_deref()),
         "checkpoint_every": config.checkpoint_every,
         "keep": config.keep,
@@ -393,7 +409,7 @@ pub(crate) fn tokenizer_used(
     flags: Option<&Value>,
 ) -> Option<PathBuf> {
     let recorded = |key: &str| flags.and_then(|f| f[key].as_str()).map(PathBuf::from);
-    tokenizer.or_else(|| recorded("tokenizer")).or_else(|| {
+    tokenizer.or_else(|| recorded("tokenizer").filter(|t| t.is_file())).or_else(|| {
         [init.map(Path::to_path_buf), recorded("init")]
             .into_iter()
             .flatten()
@@ -411,8 +427,9 @@ pub(crate) fn recorded_tokenizer(dir: &Path) -> Option<PathBuf> {
 /// `config` with what it leaves unset taken from the flags its resumed checkpoint's
 /// run was given (`flags`, [`flags_record`]), and a line for each flag given anyway
 /// that differs from that run's. A data file the run read whose SHA-256 has changed
-/// since is refused unless `--data-changed-ok`; without `data` (a run that only
-/// needs the weights) the data are left as given and not looked at. (`--seed`,
+/// since is refused unless `--data-changed-ok` (when training; an evaluation takes
+/// the data as they are); a run that only needs the weights leaves the data as given
+/// and does not look at them. (`--seed`,
 /// `--warmup` and `--shuffle` have no unset value: at their defaults they are taken
 /// from the run.)
 pub(crate) fn remembered(
@@ -420,8 +437,9 @@ pub(crate) fn remembered(
     dir: &Path,
     flags: &Value,
     lora: bool,
-    data: bool,
+    purpose: crate::plan::Purpose,
 ) -> Result<(crate::Config, Vec<String>)> {
+    use crate::plan::Purpose;
     use crate::{Config, Data, OptimizerKind, Schedule};
     let mut c: Config = config.clone();
     let mut notes = Vec::new();
@@ -482,7 +500,10 @@ pub(crate) fn remembered(
     take(&mut c.tokenizer, path("tokenizer")?, "--tokenizer", &mut notes);
     take(&mut c.seq, count("seq")?, "--seq", &mut notes);
     take(&mut c.batch, count("batch")?, "--batch", &mut said);
-    take(&mut c.steps, count("steps")?, "--steps", &mut notes);
+    // --epochs given: the steps are its.
+    if c.epochs.is_none() {
+        take(&mut c.steps, count("steps")?, "--steps", &mut notes);
+    }
     let optimizer = match flags["optimizer"].as_str() {
         None => None,
         Some("sgd") => Some(OptimizerKind::Sgd),
@@ -554,12 +575,26 @@ pub(crate) fn remembered(
         c.seed = flags["seed"].as_u64().unwrap_or(c.seed);
     }
     c.shuffle |= flags["shuffle"].as_bool().unwrap_or(false);
-    if c.eval_data.is_none() && !flags["eval_data"].is_null() {
-        c.eval_data = Some(data_of(&flags["eval_data"]).ok_or_else(|| bad("eval_data"))?);
-    }
-    if !data {
-        c.eval_data = None;
+    if purpose == Purpose::Weights {
         return Ok((c, notes));
+    }
+    if purpose == Purpose::Train && !flags["eval_data"].is_null() {
+        let recorded = &flags["eval_data"];
+        let theirs = data_of(recorded).ok_or_else(|| bad("eval_data"))?;
+        match &c.eval_data {
+            None => {
+                check_unchanged(&theirs, &recorded["sha256"], config.data_changed_ok)?;
+                c.eval_data = Some(theirs);
+            }
+            Some(mine) if absolute(&data_paths(mine)) != data_paths(&theirs) => {
+                notes.push(format!(
+                    "--eval-data {} given: the resumed run had {}",
+                    shown(&data_paths(mine)),
+                    shown(&data_paths(&theirs))
+                ))
+            }
+            Some(_) => {}
+        }
     }
     // The data: as given (a note where they are not the run's), else the run's.
     let theirs: Vec<PathBuf> = flags["data"]["paths"]
@@ -582,19 +617,33 @@ pub(crate) fn remembered(
             shown(&mine),
             if theirs.is_empty() { "built-in rows".into() } else { shown(&theirs) }
         ));
-    } else if let Some(shas) = flags["data"]["sha256"].as_array() {
-        for (p, sha) in mine.iter().zip(shas) {
-            let now = file_sha(p).map_err(|e| refuse(e.to_string()))?;
-            if sha.as_str() != Some(now.as_str()) && !config.data_changed_ok {
-                return Err(refuse(format!(
-                    "{} has changed since the resumed run read it (SHA-256 {} then, {now} now); --data-changed-ok trains on it as it is now",
-                    p.display(),
-                    sha.as_str().unwrap_or("?"),
-                )));
-            }
-        }
+    } else if purpose == Purpose::Train {
+        check_unchanged(&c.data, &flags["data"]["sha256"], config.data_changed_ok)?;
     }
     Ok((c, notes))
+}
+
+/// `data`'s files against the SHA-256s a checkpoint recorded of them (`shas`, a
+/// list; none recorded: nothing to compare): one that changed is refused unless
+/// `ok` (`--data-changed-ok`).
+fn check_unchanged(data: &crate::Data, shas: &Value, ok: bool) -> Result<()> {
+    let Some(shas) = shas.as_array() else { return Ok(()) };
+    for (p, sha) in data_paths(data).iter().zip(shas) {
+        let now = file_sha(p).map_err(|e| refuse(e.to_string()))?;
+        if sha.as_str() != Some(now.as_str()) && !ok {
+            return Err(refuse(format!(
+                "{} has changed since the resumed run read it (SHA-256 {} then, {now} now); --data-changed-ok trains on it as it is now",
+                p.display(),
+                sha.as_str().unwrap_or("?"),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `paths` made absolute, as the flags record them.
+fn absolute(paths: &[PathBuf]) -> Vec<PathBuf> {
+    paths.iter().map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())).collect()
 }
 
 /// Paths joined for a note.

@@ -18,7 +18,7 @@ use crate::data::Classification;
 use crate::files::{create_new, write_atomic, write_new};
 use crate::model::{Layout, Net, Savers};
 use crate::observe::{Observer, Start, Step};
-use crate::plan::{Plan, plan, plan_weights};
+use crate::plan::{Plan, plan, plan_evaluation, plan_weights};
 use crate::processes::Point;
 use crate::report::{CheckOutcome, Curves, Report, number_text, svg};
 use crate::resume::Origin;
@@ -478,7 +478,7 @@ fn plan_digest(config: &Config, p: &Plan) -> u64 {
         m.remove("flags");
     }
     let text = format!(
-        "{} {} {:?} {:?} {:?} {:?} {} {} {} {} {:?} {:?} {:?}",
+        "{} {} {:?} {:?} {:?} {:?} {} {} {} {} {:?} {:?} {:?} {}",
         meta,
         p.steps,
         p.saved.as_ref().map(|s| s.step),
@@ -492,6 +492,8 @@ fn plan_digest(config: &Config, p: &Plan) -> u64 {
         p.backend.backend.as_ref().map(|b| b.describe()),
         data,
         size(config.init.as_deref().filter(|i| i.is_file())),
+        // Whether the step returns its gradients' norm (a result of its own).
+        p.metrics_jsonl.is_some(),
     );
     u64::from(crc32c::crc32c(text.as_bytes())) | 1
 }
@@ -1206,6 +1208,9 @@ pub struct Evaluation {
 pub fn evaluate(config: &Config) -> Result<Evaluation> {
     // A checkpoint given as --init is resumed from.
     let config = checkpoint_as_resume(config);
+    if config.processes.as_ref().is_some_and(|p| p.count() > 1) {
+        return Err(Error::usage("evaluate runs in one process; start it alone"));
+    }
     let quiet = Config {
         steps: Some(config.steps.unwrap_or(1)),
         check: crate::Check::Never,
@@ -1219,7 +1224,7 @@ pub fn evaluate(config: &Config) -> Result<Evaluation> {
         export_lora: None,
         ..config
     };
-    let mut p = plan(&quiet)?;
+    let mut p = plan_evaluation(&quiet)?;
     let strategy = p.strategy()?;
     let one = Strategy::data_parallel(1).map_err(Error::failed)?;
     let run = Running::restored(&mut p, &strategy, &one)?;

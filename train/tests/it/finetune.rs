@@ -467,6 +467,19 @@ fn generate_reads_a_checkpoint_step() {
     assert_eq!(tokenizer_of(&step), Some(testdata("gpt2/tokenizer.json")));
     assert_eq!(tokenizer_of(&out), Some(out.join("tokenizer.json")));
     assert_eq!(tokenizer_of(&dir.path().join("nothing")), None);
+    // A checkpoint whose run's tokenizer is gone has none (its model folder has none).
+    let moved = dir.path().join("tokenizer.json");
+    std::fs::copy(testdata("gpt2/tokenizer.json"), &moved).unwrap();
+    let ck2 = dir.path().join("ck2");
+    run(&Config {
+        steps: Some(1),
+        tokenizer: Some(moved.clone()),
+        checkpoint_dir: Some(ck2.clone()),
+        ..gpt2_text()
+    });
+    assert_eq!(tokenizer_of(&ck2), Some(moved.clone()));
+    std::fs::remove_file(&moved).unwrap();
+    assert_eq!(tokenizer_of(&ck2), None);
     let prompt =
         meshwork_train::generate::prompt_ids(&testdata("gpt2/tokenizer.json"), "The mesh").unwrap();
     let g = GenerateConfig {
@@ -623,6 +636,22 @@ fn eval_data_is_evaluated_every_n_steps() {
     assert_eq!(resumed.evals.len(), 1);
     let (a, b) = (resumed.evals[0].1, report.evals[1].1);
     assert!(((a - b) / b).abs() < 1e-12, "{a} {b}");
+    // The checkpoint evaluated on its training data: every row, the validation set
+    // not needed.
+    let saved = std::fs::read(&valid).unwrap();
+    std::fs::remove_file(&valid).unwrap();
+    let e = meshwork_train::evaluate(&Config {
+        init: Some(ck.join("step-00000003")),
+        ..config(ModelKind::Auto)
+    })
+    .unwrap();
+    assert_eq!(e.rows, 376);
+    // A validation set changed since: refused on resume, unless --data-changed-ok.
+    std::fs::write(&valid, &saved[..saved.len() - 40]).unwrap();
+    let again = Config { resume: Some(ck.join("step-00000003")), ..config(ModelKind::Auto) };
+    refused_with(&again, "has changed since the resumed run read it");
+    run(&Config { data_changed_ok: true, ..again });
+    std::fs::write(&valid, &saved).unwrap();
     // Alone: after the last step. As .npy rows: the same loss.
     let alone = run(&Config { eval_data: Some(Data::Text(valid.clone())), ..base.clone() });
     assert_eq!(alone.evals.len(), 1);
@@ -669,13 +698,30 @@ fn eval_data_is_evaluated_every_n_steps() {
 #[test]
 fn epochs_are_passes_over_the_training_rows() {
     let rows = 376; // The corpus at T 16 (testdata/gpt2/tokens.npy).
-    let base = Config { steps: None, batch: Some(50), shuffle: true, ..gpt2_text() };
+    // A constant rate, so that a run resumed with more epochs continues the shorter one.
+    let base = Config {
+        steps: None,
+        batch: Some(50),
+        shuffle: true,
+        optimizer: Some(OptimizerKind::Adam),
+        lr: Some(1e-3),
+        ..gpt2_text()
+    };
     let two = run(&Config { epochs: Some(2), ..base.clone() });
     assert_eq!(two.losses.len(), (2 * rows as usize).div_ceil(50));
     assert_eq!(two.losses, run(&Config { steps: Some(16), ..base.clone() }).losses);
     // Held-out rows are not trained on: 376 − ⌈37.6⌉ = 338 rows, 7 steps a pass.
     let held = run(&Config { epochs: Some(1), eval_every: Some(3), ..base.clone() });
     assert_eq!(held.losses.len(), 7);
+    // Resumed with more epochs: on to their last step.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    run(&Config { epochs: Some(1), checkpoint_dir: Some(ck.clone()), ..base.clone() });
+    let more = run(&Config { resume: Some(ck), epochs: Some(2), ..config(ModelKind::Auto) });
+    assert_eq!((more.first_step, more.steps), (8, 16));
+    for (a, b) in more.losses.iter().zip(&two.losses[8..]) {
+        assert!(((a - b) / b).abs() < 1e-12, "{a} {b}");
+    }
     refused_with(&Config { epochs: Some(1), steps: Some(3), ..base.clone() }, "not both");
     refused_with(&Config { epochs: Some(0), ..base.clone() }, "--epochs must be at least 1");
     refused_with(&Config { epochs: Some(usize::MAX / 2), ..base }, "more than 100000000");
