@@ -577,7 +577,7 @@ pub(crate) struct TrainArgs {
     /// Every step's global loss as a JSON list, written at the end, at every checkpoint and when the run fails or is interrupted (a resumed run's holds the earlier steps too: give the file the saving run wrote); an existing file is replaced only if it is such a list
     #[arg(help_heading = "Output", long, value_name = "FILE")]
     losses_json: Option<PathBuf>,
-    /// A JSON line per step as the run goes (a new file): step, loss, lr, tokens (or examples) per second, the gradients' global norm on a mesh (grad_norm, before clipping), the evaluation's loss when there is one
+    /// A JSON line per step as the run goes (a new file): step, loss, lr, tokens (or examples) per second, the gradients' global norm (grad_norm, before clipping), the evaluation's loss when there is one
     #[arg(help_heading = "Output", long, value_name = "FILE")]
     metrics_jsonl: Option<PathBuf>,
     /// The train and eval losses and the learning rate per step as an SVG chart (a new file)

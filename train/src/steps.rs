@@ -28,7 +28,7 @@ pub(crate) trait Steps {
     /// where the run can (a compiled step), one by one otherwise; their losses.
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>>;
     /// The gradients' global norm of each step the last [`steps`](Self::steps) call
-    /// took, where the step computes it (a mesh's, asked by the recipe); else none.
+    /// took, where the step computes it (asked by the recipe); else none.
     fn grad_norms(&self) -> Vec<Option<f64>> {
         Vec::new()
     }
@@ -276,6 +276,8 @@ struct Pipelined<'s> {
     fed: usize,
     /// The steps taken.
     steps: usize,
+    /// The gradients' norm of each step of the last call (when the step returns it).
+    norms: Vec<Option<f64>>,
 }
 
 impl Pipelined<'_> {
@@ -309,15 +311,21 @@ impl Pipelined<'_> {
 impl Steps for Pipelined<'_> {
     fn steps(&mut self, feeds: &[Vec<Tensor>], lrs: &[f64], first: usize) -> Result<Vec<f64>> {
         let mut losses = Vec::with_capacity(feeds.len());
+        let mut norms = Vec::with_capacity(feeds.len());
         for (i, (f, &lr)) in feeds.iter().zip(lrs).enumerate() {
             let [lr, count] = self.step.scalars(lr, first + i).map_err(failed)?;
             let mut all = f.to_vec();
             all.extend([lr, count]);
             let out = self.placed.step(&all).map_err(failed)?;
             losses.push(out[0].to_f64()[0]);
+            norms.push(out.get(1).filter(|_| self.step.grad_norm).map(|t| t.to_f64()[0]));
             self.steps = first + i + 1;
         }
+        self.norms = norms;
         Ok(losses)
+    }
+    fn grad_norms(&self) -> Vec<Option<f64>> {
+        self.norms.clone()
     }
     fn weight(&self, name: &str) -> Result<Tensor> {
         self.placed.get(name).map_err(failed)
@@ -561,11 +569,14 @@ pub(crate) fn start<'s>(
                 net.loss_program_blocks(batch, dtype, layout, precision, blocking)?;
             let weights: Vec<Value> =
                 (fed..program.params().len()).map(|k| Value(k as u32)).collect();
-            let step =
-                TrainStep::clipped(&program, loss, &weights, optimizer, clip).map_err(failed)?;
+            let options =
+                StepOptions { max_norm: clip, grad_norm: recipe.grad_norm, ..Default::default() };
+            let step = TrainStep::with_options(&program, loss, &weights, optimizer, &options)
+                .map_err(failed)?;
             let sp = &step.program;
-            let carry: Vec<(usize, usize)> =
-                (1..sp.results().len()).map(|r| (r, r - 1 + fed)).collect();
+            // Every result but the loss (and the gradients' norm) carried.
+            let carried = sp.results().len() - usize::from(step.grad_norm);
+            let carry: Vec<(usize, usize)> = (1..carried).map(|r| (r, r - 1 + fed)).collect();
             let placed = strategy.place(sp, &carry, &PlaceOptions::default()).map_err(failed)?;
             for p in &program.params()[fed..] {
                 placed.set(&p.name, weight(&p.name)?).map_err(failed)?;
@@ -577,7 +588,7 @@ pub(crate) fn start<'s>(
             let (host_program, host_loss) =
                 net.loss_program(batch, dtype, Layout::Mesh { data: 1, model: 1 })?;
             let host = (host_program, host_loss, weights.clone(), optimizer, clip);
-            Ok(Box::new(Pipelined { placed, step, host, fed, steps: 0 }))
+            Ok(Box::new(Pipelined { placed, step, host, fed, steps: 0, norms: Vec::new() }))
         }
     }
 }

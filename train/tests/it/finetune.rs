@@ -796,7 +796,7 @@ fn several_files_are_documents() {
 /// step's norm is `transformers`' (`clip_grad_norm_`'s total over every parameter's
 /// gradient of the mean loss on the first 4 rows, float64; testdata/gpt2/eval.json)
 /// within 1e-9, on one device, on meshes, with gradient accumulation and with
-/// `--fsdp`; clipping to a norm below it leaves the reported norm the unclipped one.
+/// `--fsdp`; a pipeline's (the reference transformer's) are one device's; clipping to a norm below it leaves the reported norm the unclipped one.
 #[test]
 fn metrics_hold_the_gradient_norm() {
     let oracle: serde_json::Value =
@@ -823,5 +823,24 @@ fn metrics_hold_the_gradient_norm() {
         assert!(((got - want) / want).abs() < 1e-9, "{name}: {got} {want}");
         assert!(lines.iter().all(|l| l["grad_norm"].as_f64().is_some_and(|n| n > 0.0)));
         assert!(lines.iter().all(|l| l["lr"].as_f64().is_some()));
+    }
+    let norms = |c: Config| -> Vec<f64> {
+        let path = dir.path().join("t.jsonl");
+        let _ = std::fs::remove_file(&path);
+        run(&Config { steps: Some(4), metrics_jsonl: Some(path.clone()), ..c });
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["grad_norm"].as_f64().unwrap()
+            })
+            .collect()
+    };
+    let t = Config { dtype: Some(DType::F64), ..config(ModelKind::Transformer) };
+    let one = norms(t.clone());
+    let piped = norms(Config { stages: Some(2), microbatches: Some(2), ..t });
+    assert_eq!(one.len(), 4);
+    for (a, b) in piped.iter().zip(&one) {
+        assert!(((a - b) / b).abs() < 1e-9, "pipeline {a}, one device {b}");
     }
 }
