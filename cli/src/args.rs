@@ -595,8 +595,9 @@ impl TrainArgs {
     /// (made, so that two runs never take the same one): the first
     /// `meshwork-runs/<--init folder's name>-<n>` (n = 1, 2, …) that this call could
     /// create, for a run from a Hugging Face folder (its `config.json`) that neither
-    /// resumes nor says `--checkpoint-dir` or `--no-checkpoints`.
-    pub(crate) fn claim_checkpoint_dir(&self) -> Result<Option<PathBuf>, Exit> {
+    /// resumes nor says `--checkpoint-dir` or `--no-checkpoints`; and whether this
+    /// call made `meshwork-runs` too.
+    pub(crate) fn claim_checkpoint_dir(&self) -> Result<Option<(PathBuf, bool)>, Exit> {
         let Some(name) = self.default_run_name() else { return Ok(None) };
         let parent = PathBuf::from("meshwork-runs");
         let cannot = |p: &std::path::Path, e: std::io::Error| {
@@ -605,11 +606,15 @@ impl TrainArgs {
                 p.display()
             ))
         };
-        std::fs::create_dir_all(&parent).map_err(|e| cannot(&parent, e))?;
+        let made = match std::fs::create_dir(&parent) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(cannot(&parent, e)),
+        };
         for n in 1..10_000u32 {
             let dir = parent.join(format!("{name}-{n}"));
             match std::fs::create_dir(&dir) {
-                Ok(()) => return Ok(Some(dir)),
+                Ok(()) => return Ok(Some((dir, made))),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(cannot(&dir, e)),
             }

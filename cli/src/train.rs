@@ -163,20 +163,25 @@ pub(crate) fn run(args: &TrainArgs) -> Result<(), Exit> {
     // The MPI guard lives to the end of the run (dropping it finalises MPI).
     let (processes, _mpi) = join_job()?.unzip();
     // A fine-tune keeps its checkpoint (not across processes: each would pick alone),
-    // in a directory claimed here and removed again if the run leaves it empty.
+    // in a directory claimed here and removed again (with `meshwork-runs`, if this
+    // run made it) when the run leaves it empty.
     let claimed = match processes.is_none() {
         true => args.claim_checkpoint_dir()?,
         false => None,
     };
-    if let Some(dir) = &claimed {
+    if let Some((dir, _)) = &claimed {
         config.checkpoint_dir = Some(dir.clone());
     }
     config.processes = processes;
     let ran = train(args, &config);
-    if let Some(dir) = &claimed
-        && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
+    let empty = |d: &std::path::Path| std::fs::read_dir(d).is_ok_and(|mut d| d.next().is_none());
+    if let Some((dir, made_parent)) = &claimed
+        && empty(dir)
+        && std::fs::remove_dir(dir).is_ok()
+        && *made_parent
+        && let Some(parent) = dir.parent().filter(|p| empty(p))
     {
-        let _ = std::fs::remove_dir(dir);
+        let _ = std::fs::remove_dir(parent);
     }
     ran
 }
