@@ -695,25 +695,10 @@ impl<'s> Running<'s> {
     ) -> Result<Running<'s>> {
         let recipe = Recipe::of(p, init);
         let run = start(strategy, p.layout, &recipe)?;
-        let mut eval = Vec::new();
-        if p.eval_every > 0 {
-            let (rows, batch, held) = (p.rows, p.batch, p.held);
-            let whole = held / batch * batch;
-            for (start, size, count) in
-                [(rows, batch, held / batch), (rows + whole, held % batch, 1)]
-            {
-                if size == 0 || count == 0 {
-                    continue;
-                }
-                let chunks = (0..count)
-                    .map(|c| {
-                        let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
-                        p.examples.batch(&idx, p.dtype)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                eval.push(Eval::new(one, &p.net, p.dtype, size, chunks)?);
-            }
-        }
+        let eval = match p.eval_every > 0 {
+            true => evals_of_rows(p, one, p.rows, p.held)?,
+            false => Vec::new(),
+        };
         // The check runs the plain step: no micro-batches, recomputation or split weights.
         let plain = Recipe { savers: Savers::default(), grad_norm: false, ..recipe };
         let one_device = Layout::Mesh { data: 1, model: 1 };
@@ -991,8 +976,14 @@ impl<'s> Running<'s> {
 
     /// The mean (loss, accuracy) over the held-out rows, each row weighted alike.
     fn evaluate(&self) -> Result<(f64, f64)> {
+        self.mean_of(&self.eval)
+    }
+
+    /// The mean (loss, accuracy) of `evals` with the run's current weights, each row
+    /// weighted alike.
+    fn mean_of(&self, evals: &[Eval<'_>]) -> Result<(f64, f64)> {
         let (mut loss, mut right, mut rows) = (0.0, 0.0, 0usize);
-        for e in &self.eval {
+        for e in evals {
             let (l, a) = e.run(self.run.as_ref())?;
             loss += l * e.rows() as f64;
             right += a * e.rows() as f64;
@@ -1028,25 +1019,7 @@ impl<'s> Running<'s> {
     /// rows at a time and the rows left over as one more batch, each row weighted
     /// alike, with the run's current weights on `one`.
     fn mean_over_rows(&self, p: &Plan, one: &Strategy, n: usize) -> Result<(f64, f64)> {
-        let batch = p.batch;
-        let (mut loss, mut right) = (0.0, 0.0);
-        for (start, size, count) in [(0, batch, n / batch), (n / batch * batch, n % batch, 1)] {
-            if size == 0 || count == 0 {
-                continue;
-            }
-            let chunks = (0..count)
-                .map(|c| {
-                    let idx: Vec<usize> = (start + c * size..start + (c + 1) * size).collect();
-                    p.examples.batch(&idx, p.dtype)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let part = Eval::new(one, &p.net, p.dtype, size, chunks)?;
-            let (l, a) = part.run(self.run.as_ref())?;
-            loss += l * (size * count) as f64;
-            right += a * (size * count) as f64;
-        }
-        let rows = n.max(1) as f64;
-        Ok((loss / rows, right / rows))
+        self.mean_of(&evals_of_rows(p, one, 0, n)?)
     }
 
     /// The run `p` plans, compiled on `strategy` and given its initial weights or
@@ -1061,6 +1034,28 @@ impl<'s> Running<'s> {
         }
         Ok(run)
     }
+}
+
+/// Evaluations of rows `start..start + n` of the plan's examples on `one`: `--batch`
+/// rows at a time, and the rows left over as one more batch.
+fn evals_of_rows<'s>(p: &Plan, one: &'s Strategy, start: usize, n: usize) -> Result<Vec<Eval<'s>>> {
+    let batch = p.batch;
+    let mut evals = Vec::new();
+    for (first, size, count) in
+        [(start, batch, n / batch), (start + n / batch * batch, n % batch, 1)]
+    {
+        if size == 0 || count == 0 {
+            continue;
+        }
+        let chunks = (0..count)
+            .map(|c| {
+                let idx: Vec<usize> = (first + c * size..first + (c + 1) * size).collect();
+                p.examples.batch(&idx, p.dtype)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        evals.push(Eval::new(one, &p.net, p.dtype, size, chunks)?);
+    }
+    Ok(evals)
 }
 
 /// Which rows each step trains on: step `s` takes rows `s·B … s·B+B−1` (mod the rows),

@@ -414,26 +414,14 @@ fn token_rows(
                 limit,
                 cache,
             )?;
-            warning = rows.warning.clone();
-            if let (Some(dir), None) = (cache, &rows.cached) {
-                warning = Some(format!(
-                    "--cache-dir {}: the encoded rows could not be cached there",
-                    dir.display()
-                ));
-            }
+            warning = cache_warning(cache, &rows);
             (rows.n, rows.tokens)
         }
         Data::Text(path) => match tokenizer {
             Some(tokenizer) => {
                 let cache = config.cache_dir.as_deref();
                 let rows = crate::tokenize::token_rows(path, tokenizer, vocab, seq, limit, cache)?;
-                warning = rows.warning.clone();
-                if let (Some(dir), None) = (cache, &rows.cached) {
-                    warning = Some(format!(
-                        "--cache-dir {}: the encoded rows could not be cached there",
-                        dir.display()
-                    ));
-                }
+                warning = cache_warning(cache, &rows);
                 (rows.n, rows.tokens)
             }
             None => {
@@ -461,6 +449,18 @@ fn token_rows(
         Data::Npy { .. } => unreachable!("a language model refuses --data-x first"),
     };
     Ok((Examples::Tokens { width: seq + 1, tokens, index: None }, n, warning))
+}
+
+/// What to tell of encoded `rows` and the token cache `cache`: the rows' own warning
+/// (a damaged entry replaced), or that they could not be cached there.
+fn cache_warning(cache: Option<&Path>, rows: &crate::tokenize::TokenRows) -> Option<String> {
+    match (cache, &rows.cached) {
+        (Some(dir), None) => Some(format!(
+            "--cache-dir {}: the encoded rows could not be cached there",
+            dir.display()
+        )),
+        _ => rows.warning.clone(),
+    }
 }
 
 /// Every weight the model has is in the `--init` file, of its shape.
