@@ -318,9 +318,24 @@ pub(crate) struct LoraFlags {
     /// Start the adapter from a peft folder (adapter_config.json and adapter_model.safetensors), its rank, alpha and targets taken from it
     #[arg(long, value_name = "DIR")]
     lora_init: Option<PathBuf>,
+    /// Hold the frozen base in bfloat16 (rounded once, converted to --dtype where it is read); the adapter, its optimizer state and the rest stay in --dtype
+    #[arg(long, value_name = "DTYPE")]
+    base_dtype: Option<BaseDtype>,
+}
+
+/// `--base-dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BaseDtype {
+    /// bfloat16: half the bytes of f32, f32's range.
+    Bf16,
 }
 
 impl LoraFlags {
+    /// `--base-dtype`.
+    fn base_dtype(&self) -> Option<DType> {
+        self.base_dtype.map(|BaseDtype::Bf16| DType::BF16)
+    }
+
     fn settings(&self) -> Option<meshwork_train::LoraSettings> {
         let given = self.lora_r.is_some()
             || self.lora_alpha.is_some()
@@ -723,6 +738,7 @@ impl TrainArgs {
             export_hf: self.export_hf.clone(),
             lora: self.lora.settings(),
             export_lora: self.export_lora.clone(),
+            base_dtype: self.lora.base_dtype(),
             resume: self.resume.clone(),
             mesh: self.mesh,
             backend: backend_kind(self.backend, &self.pjrt_plugin, self.partitioner)?,
@@ -1124,6 +1140,7 @@ impl InspectArgs {
             steps: Some(3),
             check: Check::Never,
             lora: self.lora.settings(),
+            base_dtype: self.lora.base_dtype(),
             ..Config::new(self.model.map_or(ModelKind::Auto, Into::into))
         })
     }

@@ -95,6 +95,11 @@ fn bad_input_exits_2_with_one_line_naming_the_flag() {
     refused(&["train", "--mesh", "two"], &["--mesh <DxM>", "\"two\" is not a mesh like 2x2"]);
     refused(&["train", "--mesh", "0x2"], &["--mesh <DxM>", "at least one device"]);
     refused(&["train", "--dtype", "f16"], &["--dtype <DTYPE>", "f16"]);
+    refused(&["train", "--base-dtype", "f16"], &["--base-dtype <DTYPE>", "f16"]);
+    refused(
+        &["train", "--preset", "tiny-llama", "--base-dtype", "bf16"],
+        &["--base-dtype holds a LoRA run's frozen base"],
+    );
     refused(&["train", "--model", "convnet"], &["--model <MODEL>", "convnet"]);
     refused(&["train", "--optimizer", "lamb"], &["--optimizer <OPTIMIZER>", "lamb"]);
     refused(&["train", "--filters", "4"], &["--filters <F1,F2>", "give two counts"]);
@@ -176,6 +181,45 @@ fn inspect_prints_the_partitioned_step() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("12 collectives in 12 launches (12 all_reduce over model)"), "{text}");
+}
+
+/// `inspect --base-dtype bf16` of a LoRA step holds the frozen base in bf16: a
+/// quarter of the bytes of the same step's f64 base.
+#[test]
+fn inspect_holds_a_lora_base_in_bf16() {
+    let param_bytes = |extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "inspect",
+            "--mesh",
+            "1x1",
+            "--preset",
+            "tiny-llama",
+            "--seq",
+            "8",
+            "--dtype",
+            "f64",
+            "--lora-r",
+            "2",
+            "--json",
+        ];
+        args.extend(extra);
+        let out = meshwork(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let frozen = j["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| {
+                w["trains"] == false && !w["name"].as_str().unwrap().starts_with("optimizer.")
+            })
+            .map(|w| w["whole_bytes"].as_u64().unwrap())
+            .sum::<u64>();
+        assert!(frozen > 0);
+        let held = j["devices"][0]["param_bytes"].as_u64().unwrap();
+        if extra.is_empty() { held } else { held + frozen * 3 }
+    };
+    assert_eq!(param_bytes(&["--base-dtype", "bf16"]), param_bytes(&[]));
 }
 
 #[test]

@@ -1601,3 +1601,49 @@ fn attention_refuses_what_it_cannot_take() {
     let e = crate::grad(&p, p.results()[0], &[Value(0)]).unwrap_err();
     assert!(matches!(e, Error::NoTransposeRule { op: "attention_grad", .. }), "{e}");
 }
+
+proptest! {
+    /// The fast interpreter converts between float dtypes as the reference does, bit
+    /// for bit: half precision widened, f32 and f64 either way, narrowed to half
+    /// precision (its own kernel where it has one, the reference's otherwise).
+    #[test]
+    fn prop_fast_float_conversions_are_the_reference_s(
+        values in proptest::collection::vec(
+            prop_oneof![-7e4f64..7e4, -1e-3f64..1e-3, Just(0.0), Just(1.0 + f64::EPSILON)],
+            1..300,
+        ),
+        from in prop_oneof![Just(DType::BF16), Just(DType::F16), Just(DType::F32), Just(DType::F64)],
+        to in prop_oneof![Just(DType::BF16), Just(DType::F16), Just(DType::F32), Just(DType::F64)],
+    ) {
+        let x = Tensor::from_f64(from, &[values.len()], &values).unwrap();
+        let mut b = Builder::new();
+        let p = b.param("x", spec(&format!("{from}[{}]", values.len()))).unwrap();
+        let y = b.convert(p, to).unwrap();
+        let program = b.finish(&[y]).unwrap();
+        let fast = crate::fast::evaluate(&program, std::slice::from_ref(&x)).unwrap();
+        let reference = crate::reference::evaluate(&program, &[x]).unwrap();
+        prop_assert_eq!(fast[0].dtype(), to);
+        prop_assert_eq!(&fast[0], &reference[0], "{} to {}", from, to);
+    }
+}
+
+/// The fast interpreter reads optimization barriers through (no copy) and computes
+/// what the reference does, a barrier read by later instructions, one whose value is
+/// a result, and a half-precision one alike.
+#[test]
+fn the_fast_interpreter_reads_barriers_through() {
+    for dtype in ["f32", "bf16"] {
+        let mut b = Builder::new();
+        let x = b.param("x", spec(&format!("{dtype}[4]"))).unwrap();
+        let fenced = b.optimization_barrier(x).unwrap();
+        let twice = b.optimization_barrier(fenced).unwrap();
+        let y = b.mul(twice, fenced).unwrap();
+        let p = b.finish(&[y, fenced]).unwrap();
+        let feed =
+            [Tensor::from_f64(dtype.parse().unwrap(), &[4], &[1.5, -2.0, 0.25, 3.0]).unwrap()];
+        let fast = crate::fast::evaluate(&p, &feed).unwrap();
+        let reference = crate::reference::evaluate(&p, &feed).unwrap();
+        assert_eq!(fast, reference, "{dtype}");
+        assert_eq!(fast[1], feed[0], "{dtype}: a barrier's value is its operand");
+    }
+}

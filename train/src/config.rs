@@ -456,6 +456,10 @@ pub struct Config {
     pub lora: Option<LoraSettings>,
     /// `--export-lora`: the trained adapter as a `peft` folder.
     pub export_lora: Option<PathBuf>,
+    /// `--base-dtype bf16`: a LoRA run's frozen base held in bf16 (rounded to nearest
+    /// once, converted to `--dtype` where the model reads it), the adapter and
+    /// everything else in `--dtype`; `None`: the base in `--dtype` too.
+    pub base_dtype: Option<DType>,
     /// `--grad-accum N`: each step's batch in N micro-batches, their gradients
     /// accumulated (the same losses, one micro-batch's activations held at a time).
     pub grad_accum: Option<usize>,
@@ -559,6 +563,7 @@ impl Default for Config {
             remat: false,
             fsdp: false,
             precision: None,
+            base_dtype: None,
             loss_scale_init: None,
             blocking: None,
             processes: None,

@@ -44,7 +44,8 @@ pub(crate) fn read_tensors(flag: &str, path: &Path, limit: u64) -> Result<HashMa
     Ok(out)
 }
 
-/// `t`'s values as a tensor of `dtype` (f32 or f64).
+/// `t`'s values as a tensor of `dtype` (f32, f64, or a frozen base's bf16: rounded to
+/// nearest).
 pub(crate) fn cast(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Tensor::from_f64(dtype, t.shape(), &t.to_f64())
         .map_err(|e| Error::usage(format!("a weight of shape {:?}: {e}", t.shape())))

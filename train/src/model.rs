@@ -133,9 +133,10 @@ impl Estimate {
     }
 }
 
-/// The model a run trains.
+/// The model a run trains, and the dtype its frozen weights are held in (a LoRA
+/// run's base under `--base-dtype`; `None`: the run's dtype).
 #[derive(Clone)]
-pub struct Net(Arc<dyn Model>);
+pub struct Net(Arc<dyn Model>, Option<DType>);
 
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -146,7 +147,22 @@ impl std::fmt::Debug for Net {
 impl Net {
     /// The run's model.
     pub fn new(model: impl Model + 'static) -> Net {
-        Net(Arc::new(model))
+        Net(Arc::new(model), None)
+    }
+
+    /// The net with its frozen weights held in `base` (`--base-dtype`; `None`: in the
+    /// run's dtype, as they were).
+    pub(crate) fn with_base_dtype(self, base: Option<DType>) -> Net {
+        Net(self.0, base)
+    }
+
+    /// The dtype weight `name` is held in by a run in `dtype`: `--base-dtype`'s for a
+    /// frozen weight, else `dtype`.
+    pub(crate) fn weight_dtype(&self, name: &str, dtype: DType) -> DType {
+        match self.1 {
+            Some(base) if !self.0.trains(name) => base,
+            _ => dtype,
+        }
     }
 
     /// The model.
@@ -186,7 +202,10 @@ impl Net {
 
     /// One line for people.
     pub fn describe(&self) -> String {
-        self.0.describe()
+        match self.1 {
+            Some(base) => format!("{}, the frozen base held in {base}", self.0.describe()),
+            None => self.0.describe(),
+        }
     }
 
     /// The loss program of `batch` rows laid out by `layout` (device scopes for a
@@ -241,8 +260,9 @@ impl Net {
         let piece = |name: &str| name.contains(".q_block.") || name.starts_with("lm_head.chunk.");
         let pieces = spans.iter().filter(|(n, _)| piece(n)).map(|(_, r)| r.clone()).collect();
         let program = b.finish(&[loss]).map_err(bad)?;
+        let (program, regions) = self.narrowed(program, Regions { blocks, pieces })?;
         let loss = program.results()[0];
-        Ok((program, loss, Regions { blocks, pieces }))
+        Ok((program, loss, regions))
     }
 
     /// The evaluation program of `batch` rows: the mean loss and accuracy (of the class,
@@ -252,7 +272,89 @@ impl Net {
         let mut b = Builder::new();
         let feeds = self.0.feeds(&mut b, batch, dtype).map_err(bad)?;
         let (loss, accuracy) = self.0.evaluate(&mut b, &feeds, &Build::new(dtype)).map_err(bad)?;
-        b.finish(&[loss, accuracy]).map_err(bad)
+        let program = b.finish(&[loss, accuracy]).map_err(bad)?;
+        Ok(self.narrowed(program, Regions::default())?.0)
+    }
+
+    /// `program` (and its `regions`, renumbered) with each frozen weight taken in
+    /// [`base_dtype`](Self::base_dtype) and converted to the dtype the model reads it
+    /// in just before each instruction that reads it, that convert and its reader a
+    /// region the backward pass recomputes ([`Regions::pieces`]): the converted copy
+    /// lives from its convert to its reader, in the forward pass and again in the
+    /// backward one, so that a step holds the base once in the narrow dtype and one
+    /// converted weight at a time. Unchanged without a base dtype. Converting up from
+    /// bf16 is exact: the program computes what the run in its own dtype computes from
+    /// the base rounded to bf16.
+    fn narrowed(&self, program: Program, regions: Regions) -> Result<(Program, Regions)> {
+        let Some(base) = self.1 else { return Ok((program, regions)) };
+        let bad = |e: meshwork_program::Error| Error::failed(format!("--base-dtype: {e}"));
+        // The weights (after the fed parameters) the model does not train.
+        let fed = self.fed();
+        let frozen: Vec<bool> = program
+            .params()
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                k >= fed
+                    && p.spec.dtype.is_float()
+                    && p.spec.dtype != base
+                    && !self.0.trains(&p.name)
+            })
+            .collect();
+        if !frozen.contains(&true) {
+            return Ok((program, regions));
+        }
+        let mut b = Builder::new();
+        let mut map: Vec<Value> = Vec::with_capacity(program.num_values());
+        for (p, &narrow) in program.params().iter().zip(&frozen) {
+            let mut spec = p.spec.clone();
+            if narrow {
+                spec.dtype = base;
+            }
+            let v = b.param(&p.name, spec).map_err(bad)?;
+            map.push(b.set_device(v, &p.device).map_err(bad)?);
+        }
+        // Where each old instruction's converts (then the instruction) begin.
+        let mut starts = Vec::with_capacity(program.instrs().len() + 1);
+        let mut pieces = Vec::new();
+        for instr in program.instrs() {
+            let start = b.instr_count();
+            starts.push(start);
+            // Each frozen weight it reads, converted for it alone.
+            let mut args: Vec<Value> = instr.args.iter().map(|a| map[a.index()]).collect();
+            let mut converted: Vec<(usize, Value)> = Vec::new();
+            for (slot, a) in instr.args.iter().enumerate() {
+                let k = a.index();
+                if k >= frozen.len() || !frozen[k] {
+                    continue;
+                }
+                let v = match converted.iter().find(|(j, _)| *j == k) {
+                    Some(&(_, v)) => v,
+                    None => {
+                        let to = program.params()[k].spec.dtype;
+                        let v = b.convert(map[k], to).map_err(bad)?;
+                        converted.push((k, v));
+                        v
+                    }
+                };
+                args[slot] = v;
+            }
+            let with: Vec<Value> = instr.colocate.iter().map(|c| map[c.index()]).collect();
+            map.push(b.push_copy(instr, &args, &with, instr.name.as_deref()).map_err(bad)?);
+            if !converted.is_empty() {
+                pieces.push(start..b.instr_count());
+            }
+        }
+        starts.push(b.instr_count());
+        let results: Vec<Value> = program.results().iter().map(|r| map[r.index()]).collect();
+        let out = b.finish(&results).map_err(bad)?;
+        let renumber = |rs: Vec<std::ops::Range<usize>>| -> Vec<std::ops::Range<usize>> {
+            rs.into_iter().map(|r| starts[r.start]..starts[r.end]).collect()
+        };
+        let mut regions =
+            Regions { blocks: renumber(regions.blocks), pieces: renumber(regions.pieces) };
+        regions.pieces.extend(pieces);
+        Ok((out, regions))
     }
 
     /// Weight `name`'s partition spec on a mesh of `model` devices along its model
@@ -328,8 +430,10 @@ impl Net {
         let checked = f64::from(u8::from(check));
         let whole = self.parameters();
         // A frozen weight (a base under an adapter) is held alone: a sixth of what a
-        // trained one takes with its gradient, optimizer state and working copies.
-        let share = |name: &str| if self.0.trains(name) { 1.0 } else { 1.0 / 6.0 };
+        // trained one takes with its gradient, optimizer state and working copies (less
+        // again in a narrower --base-dtype).
+        let narrow = self.1.map_or(1.0, |b| b.size_in_bytes() as f64 / size);
+        let share = |name: &str| if self.0.trains(name) { 1.0 } else { narrow / 6.0 };
         let count = |dims: &[usize]| dims.iter().map(|&d| d as f64).product::<f64>();
         // (Counted by name only when some weight is frozen: a model's parameter count
         // needs no list of its parameters, which a size no memory holds would make.)
@@ -358,7 +462,9 @@ impl Net {
             }
             _ => (weighted, 0.0),
         };
-        let weights = ((held * 6.0 + gathered) * devices + weighted * 6.0 * checked) * size;
+        let weights = ((held * 6.0 + gathered + self.converted()) * devices
+            + (weighted * 6.0 + self.converted()) * checked)
+            * size;
         // The run's own (counted twice over a mesh without the check) and the check's.
         let own = (devices + checked).min(2.0) - checked;
         let micro = savers.micro.max(1) as f64;
@@ -430,7 +536,11 @@ impl Net {
         // Weight, gradient and optimizer slots held; gathered copies and their
         // gradients before the reduce-scatter (a frozen weight's copy alone).
         let slots = 2.0 + optimizer.state_names().len() as f64;
-        let weights = (held * slots + held_frozen + 2.0 * gathered + gathered_frozen) * size;
+        // A narrower --base-dtype holds the frozen weights (and gathers them) in it,
+        // and one converted copy at a time in `dtype`.
+        let narrow = self.1.map_or(1.0, |b| b.size_in_bytes() as f64 / size);
+        let frozen = (held_frozen + gathered_frozen) * narrow + self.converted() / model as f64;
+        let weights = (held * slots + 2.0 * gathered + frozen) * size;
         let rows = batch as f64 / data as f64 / savers.micro.max(1) as f64;
         let mut per_row = self.0.activations_per_row(savers.remat);
         if fused_attention {
@@ -439,6 +549,21 @@ impl Net {
         let activations = act_size * rows * per_row / model as f64;
         let feeds = rows * savers.micro.max(1) as f64 * self.0.row_elements() * size;
         Estimate { weights, activations, feeds }
+    }
+
+    /// Elements of the converted copy a step holds at once under a narrower
+    /// `--base-dtype` (its largest frozen weight, converted just before each reader),
+    /// else none.
+    fn converted(&self) -> f64 {
+        if self.1.is_none() {
+            return 0.0;
+        }
+        let count = |dims: &[usize]| dims.iter().map(|&d| d as f64).product::<f64>();
+        self.weight_dims()
+            .iter()
+            .filter(|(name, _)| !self.0.trains(name))
+            .map(|(_, dims)| count(dims))
+            .fold(0.0, f64::max)
     }
 
     /// Initial weights drawn from `seed`, each parameter as the model initialises it,

@@ -308,6 +308,13 @@ fn settings(config: &Config, f: &dyn Family, p: &Placement, pretrained: bool) ->
     {
         return Err(usage(format!("--dtype {d} is not f32 or f64")));
     }
+    if let Some(d) = config.base_dtype
+        && d != DType::BF16
+    {
+        return Err(usage(format!(
+            "--base-dtype {d}: a LoRA run's frozen base is held in bf16 (or, without the flag, in --dtype)"
+        )));
+    }
     if config.steps_per_run == 0 {
         return Err(usage("--steps-per-run must be at least 1"));
     }
@@ -787,7 +794,16 @@ fn plan_of(config: &Config) -> Result<Plan> {
             if place.stages > 1 {
                 return Err(usage("--stages: a LoRA adapter trains on meshes, not in pipelines"));
             }
-            crate::lora::attach(net, settings, saved_lora, config.seed, limit)?
+            let (net, adapter) =
+                crate::lora::attach(net, settings, saved_lora, config.seed, limit)?;
+            // The base in bf16 (nothing to do where --dtype is bf16 already).
+            let base = config.base_dtype.filter(|&d| d != dtype);
+            (net.with_base_dtype(base), adapter)
+        }
+        None if config.base_dtype.is_some() => {
+            return Err(usage(
+                "--base-dtype holds a LoRA run's frozen base; give an adapter (--lora-r, --lora-targets or --lora-init)",
+            ));
         }
         None => (net, HashMap::new()),
     };

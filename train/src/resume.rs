@@ -304,6 +304,7 @@ pub(crate) fn flags_record(config: &crate::Config, run: &Resolved) -> Result<Val
         "clip_norm": config.clip_norm,
         "dtype": run.dtype.to_string(),
         "precision": config.precision.map(|d| d.to_string()),
+        "base_dtype": config.base_dtype.map(|d| d.to_string()),
         "loss_scale_init": config.loss_scale_init,
         "seed": config.seed,
         "shuffle": config.shuffle,
@@ -496,6 +497,7 @@ pub(crate) fn remembered(
     // weights are the checkpoint's.
     if lora {
         take(&mut c.init, path("init")?, "--init", &mut notes);
+        take(&mut c.base_dtype, dtype("base_dtype")?, "--base-dtype", &mut notes);
     }
     take(&mut c.tokenizer, path("tokenizer")?, "--tokenizer", &mut notes);
     take(&mut c.seq, count("seq")?, "--seq", &mut notes);

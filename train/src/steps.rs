@@ -532,9 +532,10 @@ pub(crate) fn start<'s>(
     let Recipe { net, batch, dtype, optimizer, clip, init, precision, blocking, shards, .. } =
         *recipe;
     let fed = net.fed();
+    // Each weight in the dtype the step holds it in (a frozen base's --base-dtype).
     let weight = |name: &str| -> Result<Tensor> {
         let t = init.get(name).ok_or_else(|| Error::flag("init", format!("has no {name}")))?;
-        cast(t, dtype)
+        cast(t, net.weight_dtype(name, dtype))
     };
     match layout {
         Layout::Mesh { .. } => {
@@ -547,7 +548,7 @@ pub(crate) fn start<'s>(
                         // own error); anything else the run's.
                         let mut unread = None;
                         let mut read = |ranges: &[std::ops::Range<usize>]| {
-                            shards.read(name, ranges, dtype).map_err(|e| {
+                            shards.read(name, ranges, net.weight_dtype(name, dtype)).map_err(|e| {
                                 let problem = e.to_string();
                                 unread = Some(e);
                                 meshwork_strategy::Error::Compiled { problem }

@@ -993,8 +993,9 @@ impl<'s> Running<'s> {
         Ok((loss / rows, right / rows))
     }
 
-    /// The run's weights by name, gathered to the process that writes the exports
-    /// (the others get none): all of them, or a LoRA run's adapter alone.
+    /// The run's weights by name in its dtype, gathered to the process that writes the
+    /// exports (the others get none): all of them, or a LoRA run's adapter alone. (A
+    /// base held in `--base-dtype` bf16 converts up exactly.)
     fn gathered(&self, p: &Plan, all: bool) -> Result<HashMap<String, Tensor>> {
         let mut weights = HashMap::new();
         for (name, _) in p.net.weight_dims() {
@@ -1002,6 +1003,7 @@ impl<'s> Running<'s> {
                 continue;
             }
             if let Some(w) = self.run.weight_first(&name)? {
+                let w = if w.dtype() == p.dtype { w } else { crate::init::cast(&w, p.dtype)? };
                 weights.insert(name.clone(), w);
             }
         }

@@ -280,6 +280,24 @@ impl Element for bool {
     }
 }
 
+/// `x` rounded toward zero to f32, its last bit set when that dropped anything (rounded
+/// to odd): rounding the result to nearest into a float of at most 22 significant bits
+/// (bf16's 8, f16's 11) gives `x` rounded to nearest in one step (Boldo and Melquiond,
+/// "When double rounding is odd", 2005). Infinities and NaN pass through, and a finite
+/// `x` beyond f32's range becomes an infinity (beyond bf16's and f16's too).
+pub(crate) fn rounded_to_odd(x: f64) -> f32 {
+    let nearest = x as f32;
+    if !nearest.is_finite() || f64::from(nearest) == x {
+        return nearest;
+    }
+    // Rounded away from zero: one step back toward it (f32's magnitude is its bits).
+    let mut bits = nearest.to_bits();
+    if f64::from(nearest).abs() > x.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
 impl Tensor {
     /// A tensor of `dims` holding `values` in row-major order, or
     /// [`Error::TensorSize`] when their number is not the shape's element count.
@@ -343,12 +361,16 @@ impl Tensor {
             DType::I16 => Tensor::from_vec(dims, ints!(i16)),
             DType::I32 => Tensor::from_vec(dims, ints!(i32)),
             DType::I64 => Tensor::from_vec(dims, ints!(i64)),
-            DType::F16 => {
-                Tensor::from_vec(dims, values.iter().map(|&x| f16::from_f64(x)).collect())
-            }
-            DType::BF16 => {
-                Tensor::from_vec(dims, values.iter().map(|&x| bf16::from_f64(x)).collect())
-            }
+            // Through f32 rounded to odd: `half`'s own conversions from f64 drop the
+            // low 32 bits before rounding, so miss a value just past a tie.
+            DType::F16 => Tensor::from_vec(
+                dims,
+                values.iter().map(|&x| f16::from_f32(rounded_to_odd(x))).collect(),
+            ),
+            DType::BF16 => Tensor::from_vec(
+                dims,
+                values.iter().map(|&x| bf16::from_f32(rounded_to_odd(x))).collect(),
+            ),
             DType::F32 => Tensor::from_vec(dims, values.iter().map(|&x| x as f32).collect()),
             DType::F64 => Tensor::from_vec(dims, values.to_vec()),
         }

@@ -285,3 +285,54 @@ fn tensors_refuse_wrong_counts_and_sizes() {
     assert!(t.as_slice::<i64>().is_none() && t.as_array::<f32>().is_none());
     assert!(t.into_array::<f32>().is_err());
 }
+
+/// `x` rounded to nearest (ties to even) into a float that keeps `mantissa` stored bits
+/// and in whose normal range `x` lies, read off its f64 bits: the dropped bits compared
+/// with half of the last kept one. The oracle of the half floats' conversion.
+fn nearest_by_bits(x: f64, mantissa: u32) -> f64 {
+    let drop = 52 - mantissa;
+    let bits = x.to_bits();
+    let dropped = bits & ((1u64 << drop) - 1);
+    let half = 1u64 << (drop - 1);
+    let mut kept = bits >> drop;
+    if dropped > half || (dropped == half && kept & 1 == 1) {
+        kept += 1;
+    }
+    f64::from_bits(kept << drop)
+}
+
+proptest! {
+    /// f64 values become bf16 and f16 rounded to nearest, ties to even, in one step:
+    /// exact ties, and values one bit of f64 past or short of a tie (which a
+    /// conversion that drops the low bits first, or rounds through f32 to nearest,
+    /// gets wrong), over each type's normal range.
+    #[test]
+    fn prop_half_floats_from_f64_round_to_nearest(
+        half_type in prop_oneof![Just((DType::BF16, 7u32, -126i64, 126i64)), Just((DType::F16, 10, -14, 14))],
+        kept in any::<u64>(),
+        tail_kind in 0usize..6,
+        random in any::<u64>(),
+        exponent in 0.0f64..1.0,
+        negative in any::<bool>(),
+    ) {
+        let (dtype, mantissa, lo, hi) = half_type;
+        let drop = 52 - mantissa;
+        let half = 1u64 << (drop - 1);
+        let tail = match tail_kind {
+            0 => 0,
+            1 => half,
+            2 => half + 1,
+            3 => half - 1,
+            4 => half + (1 << 32),
+            _ => random & ((1u64 << drop) - 1),
+        };
+        let e = lo + ((hi - lo) as f64 * exponent) as i64;
+        let bits = (u64::from(negative) << 63)
+            | (((e + 1023) as u64) << 52)
+            | ((kept & ((1u64 << mantissa) - 1)) << drop)
+            | tail;
+        let x = f64::from_bits(bits);
+        let got = Tensor::from_f64(dtype, &[1], &[x]).unwrap().to_f64()[0];
+        prop_assert_eq!(got, nearest_by_bits(x, mantissa), "{} of {:e}", dtype, x);
+    }
+}

@@ -97,6 +97,50 @@ macro_rules! per_dtype {
     }};
 }
 
+/// `x` converted to the float dtype `to` in a pooled buffer, element by element over the
+/// threads: half precision widened (exact), f32 and f64 either way (rounded to nearest),
+/// f32 narrowed to half precision (rounded to nearest even). `None` for any other pair,
+/// which the reference converts.
+pub(crate) fn convert(a: &mut dyn Alloc, x: &Tensor, to: DType) -> Result<Option<Tensor>> {
+    use meshwork_types::{bf16, f16};
+    use rayon::prelude::*;
+    fn map<S: meshwork_types::Element + Copy + Sync, D: meshwork_types::Element + Copy + Send>(
+        x: &Tensor,
+        out: &mut Tensor,
+        f: impl Fn(S) -> D + Sync,
+    ) {
+        let (src, dst) = (elems::<S>(x), elems_mut::<D>(out));
+        const CHUNK: usize = 1 << 16;
+        dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
+            for (d, &s) in d.iter_mut().zip(s) {
+                *d = f(s);
+            }
+        });
+    }
+    let from = x.dtype();
+    let known = matches!(
+        (from, to),
+        (DType::BF16 | DType::F16, DType::F32 | DType::F64)
+            | (DType::F32, DType::F64 | DType::BF16 | DType::F16)
+            | (DType::F64, DType::F32)
+    );
+    if !known || !x.is_standard_layout() {
+        return Ok(None);
+    }
+    let mut out = a.alloc(to, x.len())?;
+    match (from, to) {
+        (DType::BF16, DType::F32) => map(x, &mut out, |v: bf16| f32::from(v)),
+        (DType::BF16, _) => map(x, &mut out, |v: bf16| f64::from(v)),
+        (DType::F16, DType::F32) => map(x, &mut out, |v: f16| f32::from(v)),
+        (DType::F16, _) => map(x, &mut out, |v: f16| f64::from(v)),
+        (DType::F32, DType::F64) => map(x, &mut out, |v: f32| f64::from(v)),
+        (DType::F32, DType::BF16) => map(x, &mut out, bf16::from_f32),
+        (DType::F32, _) => map(x, &mut out, f16::from_f32),
+        _ => map(x, &mut out, |v: f64| v as f32),
+    }
+    Ok(Some(out))
+}
+
 /// A strided view copied out (transpose, broadcast, slice), any dtype.
 pub(crate) fn view(
     a: &mut dyn Alloc,

@@ -51,7 +51,7 @@ use self::float::Float;
 pub use self::float::{exp_f32, tanh_f32};
 use self::kernels::{Alloc, Conv};
 use crate::env::{Env, communicate};
-use crate::op::Op;
+use crate::op::{Op, Unary};
 use crate::program::{Program, Value};
 use crate::tensor::{shaped, supported};
 use crate::{Result, reference};
@@ -315,6 +315,7 @@ impl Alloc for Ctx<'_> {
 impl Executable {
     /// Compiles `program`: fuses its elementwise chains and plans when each buffer dies.
     pub fn compile(program: &Program, options: Options) -> Executable {
+        let program = &without_barriers(program);
         let (folded, skip) = fold_constants(program);
         let program = &folded;
         let groups = if options.fusion { fused::plan(program) } else { Vec::new() };
@@ -565,7 +566,12 @@ impl Executable {
                     let instr = &p.instrs()[*i];
                     let at = format!("%{} ({})", np + i, instr.op.name());
                     let half = |d: DType| matches!(d, DType::BF16 | DType::F16);
-                    let widened = !matches!(instr.op, Op::Convert { .. } | Op::Reshape { .. })
+                    // (Converts, reshapes and barriers move half precision as it is.)
+                    let moves = matches!(
+                        instr.op,
+                        Op::Convert { .. } | Op::Reshape { .. } | Op::Unary(Unary::Barrier)
+                    );
+                    let widened = !moves
                         && (half(instr.spec.dtype)
                             || instr.args.iter().any(|a| half(p.spec(*a).expect("defined").dtype)));
                     let out = if widened {
@@ -713,6 +719,29 @@ impl Executable {
     }
 }
 
+/// `program` with its optimization barriers read through: each instruction that reads
+/// a barrier's value reads the barrier's operand instead, and the barriers nothing
+/// reads any more (all but results) are dropped. The interpreter runs instructions in
+/// program order and never merges recomputed work with the forward pass's, so here a
+/// barrier (`grad_remat`'s fence against a compiler's CSE) would only copy its operand.
+fn without_barriers(program: &Program) -> Program {
+    let barrier = |i: &crate::program::Instr| matches!(i.op, Op::Unary(Unary::Barrier));
+    if !program.instrs().iter().any(barrier) {
+        return program.clone();
+    }
+    let np = program.params().len();
+    let mut read_as: Vec<Value> = (0..program.num_values()).map(|v| Value(v as u32)).collect();
+    let mut out = program.clone();
+    for (i, instr) in out.instrs.iter_mut().enumerate() {
+        instr.args.iter_mut().for_each(|a| *a = read_as[a.index()]);
+        instr.colocate.iter_mut().for_each(|c| *c = read_as[c.index()]);
+        if barrier(instr) {
+            read_as[np + i] = instr.args[0];
+        }
+    }
+    out.without_dead_code()
+}
+
 /// Integer and bool values of at most this many bytes that depend on no parameter
 /// are computed once, when a program is compiled.
 const FOLD_BYTES: usize = 4 << 20;
@@ -844,7 +873,12 @@ fn exec(
     Ok(match op {
         Op::Constant { .. } => reference::eval_op(op, args, spec, at)?,
         Op::Literal { value } => widen(value.as_ref().clone()),
-        Op::Reshape { .. } => args[0].1.clone(),
+        // The interpreter reorders nothing: a barrier is its operand.
+        Op::Reshape { .. } | Op::Unary(Unary::Barrier) => args[0].1.clone(),
+        Op::Convert { dtype } => match kernels::convert(a, args[0].1, *dtype)? {
+            Some(t) => t,
+            None => reference::eval_op(op, args, spec, at)?,
+        },
         Op::Transpose { perm } => {
             let xs = kernels::strides(args[0].0);
             let st: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();

@@ -132,6 +132,45 @@ pub(crate) fn write_safetensors_f64(path: &Path, tensors: &[(&str, Values)]) -> 
     path.to_path_buf()
 }
 
+/// bf16's value nearest `x` (ties to even), rounded from f64 directly by the test's own
+/// arithmetic: keep f64's top 7 mantissa bits (bf16's), rounding the 45 dropped.
+/// (Normal bf16 values only, which a model's weights are: asserted.)
+pub(crate) fn bf16_nearest(x: f64) -> f64 {
+    assert!(x == 0.0 || (1e-37..3e38).contains(&x.abs()), "{x} is outside bf16's normal range");
+    let bits = x.to_bits();
+    let dropped = bits & ((1u64 << 45) - 1);
+    let half = 1u64 << 44;
+    let mut kept = bits >> 45;
+    if dropped > half || (dropped == half && kept & 1 == 1) {
+        kept += 1;
+    }
+    f64::from_bits(kept << 45)
+}
+
+/// A copy of the Hugging Face folder `model` in `out` (made), its weights rounded to
+/// bf16 ([`bf16_nearest`]) and stored in f64: what a run holding the base in bf16
+/// computes from.
+pub(crate) fn bf16_rounded_folder(model: &Path, out: &Path) -> PathBuf {
+    std::fs::create_dir_all(out).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        if model.join(f).exists() {
+            std::fs::copy(model.join(f), out.join(f)).unwrap();
+        }
+    }
+    let weights = meshwork_train::read_init(&model.join("model.safetensors"), 1 << 30).unwrap();
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    let rounded: Vec<(&str, Values)> = names
+        .into_iter()
+        .map(|n| {
+            let t = &weights[n];
+            (n.as_str(), (t.shape().to_vec(), t.to_f64().into_iter().map(bf16_nearest).collect()))
+        })
+        .collect();
+    write_safetensors_f64(&out.join("model.safetensors"), &rounded);
+    out.to_path_buf()
+}
+
 /// The names of the `step-…` directories in `dir`, sorted.
 pub(crate) fn step_dirs(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -555,3 +555,151 @@ fn a_new_adapter_starts_as_peft_s_and_leaves_the_base_as_it_was() {
     let a = "model.layers.0.self_attn.q_proj.lora_A.weight";
     assert_ne!(other[a], with[a], "--seed draws the adapter");
 }
+
+/// The tensors of a Hugging Face folder's `model.safetensors`, by name.
+fn folder_weights(dir: &std::path::Path) -> HashMap<String, Tensor> {
+    meshwork_train::read_init(&dir.join("model.safetensors"), 1 << 30).unwrap()
+}
+
+/// The largest difference between the same-named tensors of `got` and `want` (the
+/// same names in both).
+fn worst_difference(got: &HashMap<String, Tensor>, want: &HashMap<String, Tensor>) -> f64 {
+    let mut names: Vec<&String> = got.keys().collect();
+    names.sort();
+    let mut want_names: Vec<&String> = want.keys().collect();
+    want_names.sort();
+    assert_eq!(names, want_names);
+    names
+        .into_iter()
+        .map(|n| {
+            let (g, w) = (got[n].to_f64(), want[n].to_f64());
+            g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `--base-dtype bf16` holds the frozen base in bf16 and computes in `--dtype` what a
+/// run computes from the base rounded to bf16 (rounded here by the test's own
+/// arithmetic and stored in f64): the same losses within 1e-12, the same adapter and
+/// merged export, on one device, on meshes splitting the batch or the heads, with
+/// `--fsdp`, `--remat` and `--grad-accum`; and the adapter trained over the
+/// narrowed base is not the full-precision base's.
+#[test]
+fn a_bf16_base_trains_as_its_base_rounded_to_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let rounded = crate::bf16_rounded_folder(&testdata("llama/model"), &dir.path().join("rounded"));
+    let full = crate::losses(&lora_command("llama"));
+    let savers = |mesh, fsdp, remat, grad_accum| meshwork_train::Config {
+        mesh: Some(mesh),
+        fsdp,
+        remat,
+        grad_accum,
+        ..lora_command("llama")
+    };
+    for (k, (what, config)) in [
+        ("1x1", savers((1, 1), false, false, None)),
+        ("2x1", savers((2, 1), false, false, None)),
+        ("1x2", savers((1, 2), false, false, None)),
+        ("fsdp remat 2x1", savers((2, 1), true, true, None)),
+        ("remat grad-accum 2 on 2x1", savers((2, 1), false, true, Some(2))),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = |who: &str| dir.path().join(format!("{who}-{k}"));
+        let want = crate::run(&meshwork_train::Config {
+            init: Some(rounded.clone()),
+            export_lora: Some(out("want-lora")),
+            export_hf: Some(out("want-hf")),
+            ..config.clone()
+        });
+        let got = crate::run(&meshwork_train::Config {
+            base_dtype: Some(DType::BF16),
+            export_lora: Some(out("got-lora")),
+            export_hf: Some(out("got-hf")),
+            ..config
+        });
+        // Checked against one device step by step (on a mesh; one device is its own).
+        let checked = matches!(got.check, meshwork_train::CheckOutcome::Checked { .. });
+        assert!(checked || k == 0, "{what}: {:?}", got.check);
+        crate::assert_close(&got.losses, &want.losses, 1e-12, what);
+        let adapters = worst_difference(&adapter(&out("got-lora")), &adapter(&out("want-lora")));
+        assert!(adapters <= 1e-12, "{what}: adapters {adapters:e}");
+        let merged =
+            worst_difference(&folder_weights(&out("got-hf")), &folder_weights(&out("want-hf")));
+        assert!(merged <= 1e-12, "{what}: merged {merged:e}");
+        // Rounding the base moves the losses (the test would pass a run that ignored
+        // the flag otherwise).
+        let moved = got.losses.iter().zip(&full).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(moved > 1e-6, "{what}: the bf16 base's losses are the full base's ({moved:e})");
+    }
+}
+
+/// A bf16 base holds a quarter of an f64 base's bytes (`inspect --json`: every frozen
+/// weight at two bytes an element, the adapter and its two Adam slots in f64), the
+/// estimate and the step's peak shrink with it; the checkpoint records the flag, so a
+/// resumed run keeps the base in bf16 and continues as the run that did not stop; the
+/// flag without an adapter is refused.
+#[test]
+fn a_bf16_base_is_held_in_half_the_bytes_and_resumes_as_it_ran() {
+    let inspect = |config: &meshwork_train::Config| -> serde_json::Value {
+        serde_json::from_str(&meshwork_train::inspect_json(config).unwrap()).unwrap()
+    };
+    let narrow = meshwork_train::Config { base_dtype: Some(DType::BF16), ..lora_command("llama") };
+    let (wide, thin) = (inspect(&lora_command("llama")), inspect(&narrow));
+    let frozen = |j: &serde_json::Value| -> (u64, u64) {
+        j["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| {
+                w["trains"] == false && !w["name"].as_str().unwrap().starts_with("optimizer.")
+            })
+            .map(|w| w["whole_bytes"].as_u64().unwrap())
+            .fold((0, 0), |(n, b), x| (n + 1, b + x))
+    };
+    let ((n, wide_bytes), (m, thin_bytes)) = (frozen(&wide), frozen(&thin));
+    assert!(n > 0 && n == m, "{n} and {m} frozen weights");
+    assert_eq!(thin_bytes * 4, wide_bytes, "bf16 holds 2 bytes an element, f64 8");
+    let device = |j: &serde_json::Value, k: &str| j["devices"][0][k].as_u64().unwrap();
+    assert_eq!(
+        device(&wide, "param_bytes") - device(&thin, "param_bytes"),
+        wide_bytes - thin_bytes
+    );
+    assert_eq!(device(&wide, "optimizer_bytes"), device(&thin, "optimizer_bytes"));
+    let estimate =
+        |j: &serde_json::Value| j["memory"]["estimate"]["weights_bytes"].as_f64().unwrap();
+    assert!(estimate(&thin) < estimate(&wide), "{} vs {}", estimate(&thin), estimate(&wide));
+    let peak = |j: &serde_json::Value| j["memory"]["step_peak_bytes"].as_u64().unwrap();
+    assert!(peak(&thin) < peak(&wide), "step peak {} vs {}", peak(&thin), peak(&wide));
+    assert!(thin["model"].as_str().unwrap().contains("the frozen base held in bf16"), "{thin}");
+
+    // Resumed from step 5 without the flag: the base in bf16 again.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let whole = crate::losses(&narrow);
+    crate::run(&meshwork_train::Config {
+        steps: Some(5),
+        checkpoint_dir: Some(ck.clone()),
+        ..narrow.clone()
+    });
+    let rest = crate::run(&meshwork_train::Config {
+        resume: Some(ck),
+        steps: Some(10),
+        ..meshwork_train::Config::new(meshwork_train::ModelKind::Auto)
+    });
+    assert_eq!(rest.first_step, 5);
+    crate::assert_close(&rest.losses, &whole[5..], 1e-12, "resumed with a bf16 base");
+
+    crate::refused_with(
+        &meshwork_train::Config {
+            base_dtype: Some(DType::BF16),
+            ..crate::commands::llama::adamw_command("llama")
+        },
+        "--base-dtype holds a LoRA run's frozen base",
+    );
+    crate::refused_with(
+        &meshwork_train::Config { base_dtype: Some(DType::F16), ..lora_command("llama") },
+        "--base-dtype f16",
+    );
+}

@@ -500,3 +500,32 @@ fn lora_trains_on_xla_as_peft_does() {
         }
     }
 }
+
+/// `--base-dtype bf16` on XLA: the frozen base held in bf16 on the device, converted
+/// where each layer reads it, gives the interpreter's losses of the base rounded to
+/// bf16 beforehand (by the test's own arithmetic) within 1e-9, on one device and split
+/// by XLA's partitioner, checked against the interpreter step by step.
+#[test]
+fn a_bf16_base_trains_on_xla_as_the_rounded_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let rounded =
+        common::bf16_rounded_folder(&testdata("llama/model"), &dir.path().join("rounded"));
+    let lora = Config {
+        lora: Some(meshwork_train::LoraSettings {
+            init: Some(testdata("llama/lora_init")),
+            ..Default::default()
+        }),
+        ..commands::llama::adamw_command("llama")
+    };
+    let want = losses(&Config { init: Some(rounded), ..lora.clone() });
+    for (mesh, backend) in [((1, 1), xla()), ((1, 2), xla_partitioned())] {
+        let report = run(&Config {
+            mesh: Some(mesh),
+            backend,
+            base_dtype: Some(DType::BF16),
+            ..lora.clone()
+        });
+        assert_close(&report.losses, &want, 1e-9, &format!("bf16 base on XLA {mesh:?}"));
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
+    }
+}
