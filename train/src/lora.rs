@@ -56,8 +56,12 @@ pub(crate) fn attach(
         (None, None) => None,
     };
     let config = match from_dir {
-        Some((config, whose)) => {
+        Some((mut config, whose)) => {
             agree(settings, &config, &whose)?;
+            // `--lora-dropout 0` beside a folder's dropout: trained without it.
+            if settings.dropout == Some(0.0) {
+                config.dropout = 0.0;
+            }
             config
         }
         None => {
@@ -92,11 +96,16 @@ pub(crate) fn attach(
     };
     let flag = if settings.init.is_some() { "lora-init" } else { "lora-targets" };
     if config.dropout != 0.0 {
-        let flag = if settings.init.is_some() { "lora-init" } else { "lora-dropout" };
+        let (flag, hint) = match settings.init {
+            Some(_) => {
+                ("lora-init", "; give --lora-dropout 0 to train its adapter without dropout")
+            }
+            None => ("lora-dropout", ""),
+        };
         return Err(Error::flag(
             flag,
             format!(
-                "a dropout of {} is not computed yet: only LoRA without dropout (0) trains here",
+                "a dropout of {} is not computed yet: only LoRA without dropout (0) trains here{hint}",
                 config.dropout
             ),
         ));
@@ -150,7 +159,8 @@ fn agree(settings: &LoraSettings, config: &LoraConfig, whose: &str) -> Result<()
             return differ("lora-targets", t.join(","), "target_modules".into());
         }
     }
-    if let Some(d) = settings.dropout.filter(|&d| d != config.dropout) {
+    // (0 beside a folder's dropout trains without it: the one dropout computed.)
+    if let Some(d) = settings.dropout.filter(|&d| d != config.dropout && d != 0.0) {
         return differ("lora-dropout", d.to_string(), format!("lora_dropout {}", config.dropout));
     }
     if settings.rslora && !config.rslora {

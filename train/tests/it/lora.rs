@@ -703,3 +703,52 @@ fn a_bf16_base_is_held_in_half_the_bytes_and_resumes_as_it_ran() {
         "--base-dtype f16",
     );
 }
+
+/// Dropout is not computed: a new adapter's `--lora-dropout 0.1` is refused naming the
+/// flag, and so is a `peft` folder's `lora_dropout` 0.05, with the way on: given
+/// `--lora-dropout 0`, the folder's adapter trains without dropout (the losses of the
+/// same adapter saved with none) and its export records 0.
+#[test]
+fn dropout_is_refused_unless_a_folder_s_is_set_to_zero() {
+    let fresh = meshwork_train::Config {
+        lora: Some(meshwork_train::LoraSettings { dropout: Some(0.1), ..Default::default() }),
+        ..crate::commands::llama::adamw_command("llama")
+    };
+    let e = crate::refused(&fresh);
+    assert!(e.contains("--lora-dropout") && e.contains("not computed yet"), "{e}");
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("dropped");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(testdata("llama/lora_init").join(f), folder.join(f)).unwrap();
+    }
+    let path = folder.join("adapter_config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["lora_dropout"] = serde_json::json!(0.05);
+    std::fs::write(&path, c.to_string()).unwrap();
+    let from = |dropout: Option<f64>| meshwork_train::Config {
+        lora: Some(meshwork_train::LoraSettings {
+            init: Some(folder.clone()),
+            dropout,
+            ..Default::default()
+        }),
+        ..crate::commands::llama::adamw_command("llama")
+    };
+    let e = crate::refused(&from(None));
+    assert!(e.contains("--lora-init") && e.contains("give --lora-dropout 0"), "{e}");
+    let e = crate::refused(&from(Some(0.2)));
+    assert!(e.contains("--lora-dropout: 0.2 disagrees"), "{e}");
+    let out = tmp.path().join("out");
+    let got = crate::losses(&meshwork_train::Config {
+        steps: Some(3),
+        export_lora: Some(out.clone()),
+        ..from(Some(0.0))
+    });
+    let want = crate::losses(&meshwork_train::Config { steps: Some(3), ..lora_command("llama") });
+    crate::assert_close(&got, &want, 1e-12, "the folder's adapter without its dropout");
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["lora_dropout"], 0.0, "{written}");
+}
