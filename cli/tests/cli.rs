@@ -220,6 +220,24 @@ fn inspect_holds_a_lora_base_in_bf16() {
         if extra.is_empty() { held } else { held + frozen * 3 }
     };
     assert_eq!(param_bytes(&["--base-dtype", "bf16"]), param_bytes(&[]));
+    // The text view: the step with the base frozen in bf16 (no optimizer state for it).
+    let out = meshwork(&[
+        "inspect",
+        "--mesh",
+        "1x1",
+        "--preset",
+        "tiny-llama",
+        "--seq",
+        "8",
+        "--lora-r",
+        "2",
+        "--base-dtype",
+        "bf16",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("the frozen base held in bf16"), "{text}");
+    assert!(text.contains("convert"), "{text}");
 }
 
 #[test]

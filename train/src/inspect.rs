@@ -35,7 +35,11 @@ pub fn inspect(config: &Config) -> Result<String> {
     let (program, loss, _) =
         p.net.loss_program_blocks(p.batch, p.dtype, p.layout, p.precision, p.blocking)?;
     let fed = p.net.fed();
-    let weights: Vec<Value> = (fed..program.params().len()).map(|k| Value(k as u32)).collect();
+    // The weights it trains; the rest (a LoRA run's frozen base) held, as the trainer
+    // holds them.
+    let (weights, frozen): (Vec<Value>, Vec<Value>) = (fed..program.params().len())
+        .map(|k| Value(k as u32))
+        .partition(|v| p.net.model().trains(&program.params()[v.index()].name));
     let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(Error::failed)?;
     let mut shardings = Shardings::new(mesh);
     for q in &program.params()[..fed] {
@@ -47,9 +51,11 @@ pub fn inspect(config: &Config) -> Result<String> {
     }
     let devices = p.layout.devices();
     let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
-    let step = strategy
-        .compile_train_step(&program, loss, &weights, p.optimizer, &shardings)
-        .map_err(Error::failed)?;
+    let options = meshwork_nn::StepOptions { frozen, ..Default::default() };
+    let step =
+        meshwork_nn::TrainStep::with_options(&program, loss, &weights, p.optimizer, &options)
+            .map_err(Error::failed)?;
+    let step = strategy.compile_step_unset(step, &shardings).map_err(Error::failed)?;
     let part = step.compiled().partitioned();
     if xla {
         // The module XLA compiles for each device, its state donated step to step.

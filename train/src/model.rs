@@ -78,8 +78,9 @@ impl Default for Savers {
 pub(crate) struct Regions {
     /// Each transformer block (`--remat`).
     pub(crate) blocks: Vec<std::ops::Range<usize>>,
-    /// GPT-2's attention query blocks and loss chunks ([`Blocking`]): always
-    /// recomputed, so that they are held one at a time in the backward pass too.
+    /// GPT-2's attention query blocks and loss chunks ([`Blocking`]), and each convert
+    /// of a `--base-dtype` base with its reader: always recomputed, so that they are
+    /// held one at a time in the backward pass too.
     pub(crate) pieces: Vec<std::ops::Range<usize>>,
 }
 
@@ -154,6 +155,11 @@ impl Net {
     /// run's dtype, as they were).
     pub(crate) fn with_base_dtype(self, base: Option<DType>) -> Net {
         Net(self.0, base)
+    }
+
+    /// The dtype its frozen weights are held in, where it is not the run's.
+    pub(crate) fn base_dtype(&self) -> Option<DType> {
+        self.1
     }
 
     /// The dtype weight `name` is held in by a run in `dtype`: `--base-dtype`'s for a

@@ -478,13 +478,15 @@ fn plan_digest(config: &Config, p: &Plan) -> u64 {
         m.remove("flags");
     }
     let text = format!(
-        "{} {} {:?} {:?} {:?} {:?} {} {} {} {} {:?} {:?} {:?} {}",
+        "{} {} {:?} {:?} {:?} {:?} {:?} {} {} {} {} {:?} {:?} {:?} {}",
         meta,
         p.steps,
         p.saved.as_ref().map(|s| s.step),
         p.layout,
         p.savers,
         p.precision,
+        // The dtype the frozen base is held in: the step's parameters' dtypes.
+        p.net.base_dtype(),
         p.steps_per_run,
         p.eval_every,
         p.checkpoint_every,

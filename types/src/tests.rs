@@ -312,7 +312,7 @@ proptest! {
         kept in any::<u64>(),
         tail_kind in 0usize..6,
         random in any::<u64>(),
-        exponent in 0.0f64..1.0,
+        exponent in 0.0f64..=1.0,
         negative in any::<bool>(),
     ) {
         let (dtype, mantissa, lo, hi) = half_type;
@@ -326,7 +326,7 @@ proptest! {
             4 => half + (1 << 32),
             _ => random & ((1u64 << drop) - 1),
         };
-        let e = lo + ((hi - lo) as f64 * exponent) as i64;
+        let e = lo + ((hi - lo) as f64 * exponent).round() as i64;
         let bits = (u64::from(negative) << 63)
             | (((e + 1023) as u64) << 52)
             | ((kept & ((1u64 << mantissa) - 1)) << drop)
