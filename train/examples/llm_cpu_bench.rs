@@ -415,8 +415,10 @@ fn main() {
         let b = batches[0];
         let full = config(preset, (b, t, 3), BackendKind::Interpreter);
         let adapter = Config { lora: Some(lora(preset)), ..full.clone() };
-        match (bytes(&full), bytes(&adapter)) {
-            (Ok(f), Ok(l)) => {
+        // And the adapter over a base held in bf16 (--base-dtype bf16).
+        let narrow = Config { base_dtype: Some(meshwork_types::DType::BF16), ..adapter.clone() };
+        match (bytes(&full), bytes(&adapter), bytes(&narrow)) {
+            (Ok(f), Ok(l), Ok(n)) => {
                 println!(
                     "# one device's bytes at batch {b} (inspect --json): estimate / step peak / parameters / optimizer state"
                 );
@@ -426,8 +428,13 @@ fn main() {
                     l.map(gb).join(" / "),
                     l[1] / f[1].max(1.0)
                 );
+                println!(
+                    "#   LoRA r16, base in bf16: {} ({:.2}x the full step's peak)",
+                    n.map(gb).join(" / "),
+                    n[1] / f[1].max(1.0)
+                );
             }
-            (f, l) => println!("# bytes: full {f:?}, LoRA {l:?}"),
+            (f, l, n) => println!("# bytes: full {f:?}, LoRA {l:?}, bf16 base {n:?}"),
         }
     }
     println!(
