@@ -510,3 +510,40 @@ fn an_init_file_is_read_by_boxes() {
         }
     }
 }
+
+/// A LoRA run whose base is held in bf16 over 2 processes (each reading its devices'
+/// boxes of the base from the folder, narrowed to bf16) trains as in one; processes
+/// given different `--base-dtype`s refuse together, before any step.
+#[test]
+fn a_bf16_base_spreads_over_processes() {
+    let config = Config {
+        mesh: Some((2, 1)),
+        base_dtype: Some(meshwork_types::DType::BF16),
+        ..crate::lora::lora_command("llama")
+    };
+    let want = crate::losses(&Config { check: meshwork_train::Check::Never, ..config.clone() });
+    for (q, report) in spread(&config, 2).iter().enumerate() {
+        assert_close(&report.losses, &want, 1e-12, &format!("process {q}"));
+    }
+    let links = LoopbackInterconnect::group(2);
+    let handles: Vec<_> = links
+        .into_iter()
+        .enumerate()
+        .map(|(q, link)| {
+            let mut config = Config {
+                base_dtype: (q == 0).then_some(meshwork_types::DType::BF16),
+                ..config.clone()
+            };
+            std::thread::spawn(move || {
+                config.processes = Some(Processes::new(link)?);
+                Trainer::new(&config).map(|_| ())
+            })
+        })
+        .collect();
+    for h in handles {
+        match h.join().unwrap() {
+            Err(Error::Usage(m)) => assert!(m.contains("do not run the same job"), "{m}"),
+            other => panic!("want the refusal, got {other:?}"),
+        }
+    }
+}
