@@ -238,6 +238,10 @@ fn inspect_holds_a_lora_base_in_bf16() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("the frozen base held in bf16"), "{text}");
     assert!(text.contains("convert"), "{text}");
+    // Optimizer state for the adapter alone.
+    assert!(text.contains("optimizer.") && text.contains("lora_A"), "{text}");
+    let base_state = text.lines().find(|l| l.contains("optimizer.") && l.contains("embed_tokens"));
+    assert_eq!(base_state, None, "no optimizer state for the frozen base");
 }
 
 #[test]

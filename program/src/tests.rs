@@ -1621,9 +1621,13 @@ proptest! {
         let y = b.convert(p, to).unwrap();
         let program = b.finish(&[y]).unwrap();
         let fast = crate::fast::evaluate(&program, std::slice::from_ref(&x)).unwrap();
-        let reference = crate::reference::evaluate(&program, &[x]).unwrap();
+        let reference = crate::reference::evaluate(&program, std::slice::from_ref(&x)).unwrap();
         prop_assert_eq!(fast[0].dtype(), to);
         prop_assert_eq!(&fast[0], &reference[0], "{} to {}", from, to);
+        // A widening is exact (an oracle of its own): the same values.
+        if to.size_in_bytes() > from.size_in_bytes() && !(from == DType::F16 && to == DType::BF16) {
+            prop_assert_eq!(fast[0].to_f64(), x.to_f64(), "{} to {}", from, to);
+        }
     }
 }
 
@@ -1646,4 +1650,15 @@ fn the_fast_interpreter_reads_barriers_through() {
         assert_eq!(fast, reference, "{dtype}");
         assert_eq!(fast[1], feed[0], "{dtype}: a barrier's value is its operand");
     }
+    // Read through, a barrier holds no copy: a step's peak is the barrier-free one's.
+    let peak = |fenced: bool| {
+        let mut b = Builder::new();
+        let x = b.param("x", spec("f32[4096]")).unwrap();
+        let read = if fenced { b.optimization_barrier(x).unwrap() } else { x };
+        // A reduction reads it (no fused group holds the barrier's copy in registers).
+        let y = b.reduce_sum(read, &[0], false).unwrap();
+        let p = b.finish(&[y]).unwrap();
+        crate::fast::Executable::compile(&p, crate::fast::Options::default()).peak_bytes()
+    };
+    assert_eq!(peak(true), peak(false));
 }

@@ -4,9 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use meshwork_partition::spmd::Shardings;
-use meshwork_program::Value;
-use meshwork_sharding::Mesh;
 use meshwork_strategy::Strategy;
 
 use crate::config::Config;
@@ -32,30 +29,13 @@ pub fn inspect(config: &Config) -> Result<String> {
             "--stages: inspect prints a mesh's step (add --json for a pipeline)",
         ));
     };
-    let (program, loss, _) =
-        p.net.loss_program_blocks(p.batch, p.dtype, p.layout, p.precision, p.blocking)?;
-    let fed = p.net.fed();
-    // The weights it trains; the rest (a LoRA run's frozen base) held, as the trainer
-    // holds them.
-    let (weights, frozen): (Vec<Value>, Vec<Value>) = (fed..program.params().len())
-        .map(|k| Value(k as u32))
-        .partition(|v| p.net.model().trains(&program.params()[v.index()].name));
-    let mesh = Mesh::iota(&[("data", data), ("model", m)]).map_err(Error::failed)?;
-    let mut shardings = Shardings::new(mesh);
-    for q in &program.params()[..fed] {
-        shardings = shardings.with(&q.name, "P('data')").map_err(Error::failed)?;
-    }
-    for q in &program.params()[fed..] {
-        shardings =
-            shardings.with_spec(&q.name, p.net.weight_spec(&q.name, q.spec.shape.rank(), m));
-    }
     let devices = p.layout.devices();
     let strategy = Strategy::data_parallel(devices).map_err(Error::failed)?;
-    let options = meshwork_nn::StepOptions { frozen, ..Default::default() };
-    let step =
-        meshwork_nn::TrainStep::with_options(&program, loss, &weights, p.optimizer, &options)
-            .map_err(Error::failed)?;
-    let step = strategy.compile_step_unset(step, &shardings).map_err(Error::failed)?;
+    // The step the trainer compiles — its savers, the regions it recomputes, a LoRA
+    // run's frozen base held with no optimizer state — its state left unset.
+    let no_weights = std::collections::HashMap::new();
+    let recipe = crate::steps::Recipe::of(&p, &no_weights);
+    let (step, _, _) = crate::steps::mesh_step(&strategy, p.layout, &recipe, false)?;
     let part = step.compiled().partitioned();
     if xla {
         // The module XLA compiles for each device, its state donated step to step.

@@ -497,7 +497,18 @@ pub(crate) fn remembered(
     // weights are the checkpoint's.
     if lora {
         take(&mut c.init, path("init")?, "--init", &mut notes);
-        take(&mut c.base_dtype, dtype("base_dtype")?, "--base-dtype", &mut notes);
+        // Unset is a setting here too (the base in --dtype): a run that had none told
+        // when this one narrows its base.
+        let theirs = dtype("base_dtype")?;
+        match (c.base_dtype, theirs) {
+            (None, t) => c.base_dtype = t,
+            (Some(m), None) => notes
+                .push(format!("--base-dtype {m} given: the resumed run held its base in --dtype")),
+            (Some(m), Some(t)) if m != t => {
+                notes.push(format!("--base-dtype {m} given: the resumed run had {t}"))
+            }
+            _ => {}
+        }
     }
     take(&mut c.tokenizer, path("tokenizer")?, "--tokenizer", &mut notes);
     take(&mut c.seq, count("seq")?, "--seq", &mut notes);
