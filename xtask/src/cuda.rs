@@ -238,11 +238,11 @@ const COMPILES: [Compile; 6] = [
 pub(crate) fn cuda_aot() -> Result {
     let so = plugin()?;
     println!("xtask: CUDA plugin {}", so.display());
-    let mut tests = cargo_cmd(&["test", "-p", "meshwork-xla", "--test", "cuda"]);
+    // Over the workspace, as the test step built: its libraries are used as they are.
+    let mut tests = cargo_cmd(&["test", "--workspace", "--test", "cuda"]);
     tests.env("MESHWORK_CUDA_PLUGIN", &so).env("TF_CPP_MIN_LOG_LEVEL", "3");
     run(&mut tests)?;
-    run(&mut cargo_cmd(&["build", "-p", "meshwork-cli"]))?;
-    let bin = workspace_root().join("target").join("debug").join("meshwork");
+    let bin = crate::workspace_cli()?;
     let out = tempfile_dir()?;
     let mut peaks = Vec::new();
     for (k, c) in COMPILES.iter().enumerate() {
