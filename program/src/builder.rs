@@ -543,6 +543,12 @@ impl Builder {
         self.push(Op::Select, &[pred, on_true, on_false])
     }
 
+    /// Uniform floats in `[0, 1)` as `jax.random.uniform` draws them (float32): the
+    /// [`Op::ThreefryUniform`] of keys `k1`, `k2` and counters `x`, `i32` of one shape.
+    pub fn threefry_uniform(&mut self, k1: Value, k2: Value, x: Value) -> Result<Value> {
+        self.push(Op::ThreefryUniform, &[k1, k2, x])
+    }
+
     /// Runs `f` with every product it builds ([`dot_general`](Self::dot_general),
     /// [`matmul`](Self::matmul)) computed in `dtype`, as `torch.autocast` runs matmuls
     /// in bf16 or f16: float operands of another dtype are converted to `dtype`, the

@@ -564,6 +564,8 @@ impl<'p> Transposer<'p> {
                 vec![Some(dp), Some(dq)]
             }
             Op::Compare(_) => vec![None, None],
+            // Integer keys and counters.
+            Op::ThreefryUniform => vec![None, None, None],
             Op::Select => {
                 let (pred, t, f) = (x[0], x[1], x[2]);
                 let zero = b.scalar_like(g, 0.0)?;

@@ -178,6 +178,19 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
             let dims = broadcast(&[p.shape.dims(), t.shape.dims(), f.shape.dims()])?;
             spec(t.dtype, &dims)
         }
+        Op::ThreefryUniform => {
+            arity(args, 3)?;
+            if let Some(a) = args.iter().find(|a| a.dtype != DType::I32) {
+                return Err(format!("keys and counters must be i32, not {}", a.dtype));
+            }
+            if args[1].shape != args[0].shape || args[2].shape != args[0].shape {
+                return Err(format!(
+                    "keys and counters have shapes {}, {} and {}: one shape",
+                    args[0].shape, args[1].shape, args[2].shape
+                ));
+            }
+            spec(DType::F32, args[0].shape.dims())
+        }
         Op::Constant { value, dtype } => {
             arity(args, 0)?;
             numeric(*dtype, name)?;

@@ -60,6 +60,7 @@ mod graph;
 mod infer;
 mod op;
 mod program;
+pub mod random;
 pub mod reference;
 mod tensor;
 mod text;

@@ -282,6 +282,14 @@ pub enum Op {
         /// The counting axis.
         axis: usize,
     },
+    /// Uniform random floats as JAX draws them: args `[k1, k2, x]`, `i32` of one
+    /// shape (the bits of JAX's `uint32` words); the result `f32` in `[0, 1)`,
+    /// `bitcast((y >> 9) | 0x3f800000) - 1` of `y = y1 ^ y2`, the Threefry-2x32 block
+    /// (20 rounds) of counter `(0, x)` under key `(k1, k2)`. Element `x` of
+    /// `jax.random.uniform(key, shape)` (float32, `jax_threefry_partitionable`) is
+    /// the value at `(key[0], key[1], x)`, `x` its index in row-major order: counting
+    /// by position, the draw is the same however the array is split. No gradient.
+    ThreefryUniform,
     /// Reduces the operand across each group of replicas.
     AllReduce {
         /// The reduction.
@@ -403,6 +411,7 @@ impl Op {
                 Compare::Ne => "ne",
             },
             Op::Select => "select",
+            Op::ThreefryUniform => "threefry_uniform",
             Op::Constant { .. } => "constant",
             Op::DotGeneral { .. } => "dot_general",
             Op::Reduce { kind, .. } => match kind {
@@ -510,7 +519,9 @@ pub(crate) struct Attributes<'a>(pub(crate) &'a Op);
 impl fmt::Display for Attributes<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => Ok(()),
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::ThreefryUniform => {
+                Ok(())
+            }
             // `{:?}` prints the shortest text that reads back to the same f64.
             Op::Constant { value, .. } => write!(f, ", value={value:?}"),
             Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => write!(

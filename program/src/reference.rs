@@ -768,6 +768,18 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
             }
         }
         Op::Literal { value } => Buf::F(value.to_f64()),
+        Op::ThreefryUniform => {
+            let (k1, k2, x) = (args[0].ints(), args[1].ints(), args[2].ints());
+            // The i32 values are the bits of JAX's uint32 words.
+            Buf::F(
+                (0..x.len())
+                    .map(|e| {
+                        let key = [k1[e] as u32, k2[e] as u32];
+                        f64::from(crate::random::uniform(key, x[e] as u32))
+                    })
+                    .collect(),
+            )
+        }
         Op::Iota { dtype, axis, .. } => {
             let mut out = Vec::with_capacity(dims.iter().product());
             for_each_index(dims, |o| out.push(o[*axis]));

@@ -367,6 +367,7 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
         "eq" => Op::Compare(Compare::Eq),
         "ne" => Op::Compare(Compare::Ne),
         "select" => Op::Select,
+        "threefry_uniform" => Op::ThreefryUniform,
         "constant" => {
             let v = get("value")?;
             let value: f64 = v.parse().map_err(|_| format!("`value={v}` is not a number"))?;

@@ -233,6 +233,7 @@ fn fusion(program: &Program) -> (Vec<bool>, Vec<Vec<usize>>) {
                 | Op::Binary(_)
                 | Op::Compare(_)
                 | Op::Select
+                | Op::ThreefryUniform
                 | Op::Convert { .. }
                 | Op::BroadcastTo { .. }
                 | Op::Reshape { .. }

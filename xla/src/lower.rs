@@ -285,6 +285,46 @@ impl Emitter<'_> {
         self.op(name, &[(a, &t), (b, &t)], "", &t)
     }
 
+    /// [`Op::ThreefryUniform`] of `i32` keys and counters of `dims`, in 32-bit
+    /// unsigned integer ops (`meshwork_program::random` is its definition; JAX lowers
+    /// its `threefry2x32` on the CPU to the same ops).
+    fn threefry_uniform(&mut self, [k1, k2, x]: [&str; 3], dims: &[usize]) -> String {
+        let (i, u) = (ty(DType::I32, dims), ty(DType::U32, dims));
+        let unsigned = |e: &mut Self, v: &str| e.op("bitcast_convert", &[(v, &i)], "", &u);
+        let (k1, k2, x) = (unsigned(self, k1), unsigned(self, k2), unsigned(self, x));
+        let c = |e: &mut Self, v: u32| e.splat(DType::U32, f64::from(v), dims);
+        let add = |e: &mut Self, a: &str, b: &str| e.binary("add", a, b, DType::U32, dims);
+        let xor = |e: &mut Self, a: &str, b: &str| e.binary("xor", a, b, DType::U32, dims);
+        let parity = c(self, 0x1BD1_1BDA);
+        let k12 = xor(self, &k1, &k2);
+        let ks = [k1.clone(), k2.clone(), xor(self, &k12, &parity)];
+        // The counter's high word is 0.
+        let (mut x0, mut x1) = (ks[0].clone(), add(self, &x, &ks[1]));
+        for i in 0..5 {
+            for r in [[13, 15, 26, 6], [17, 29, 16, 24]][i % 2] {
+                x0 = add(self, &x0, &x1);
+                let (left, right) = (c(self, r), c(self, 32 - r));
+                let hi = self.binary("shift_left", &x1, &left, DType::U32, dims);
+                let lo = self.binary("shift_right_logical", &x1, &right, DType::U32, dims);
+                let rotated = self.binary("or", &hi, &lo, DType::U32, dims);
+                x1 = xor(self, &rotated, &x0);
+            }
+            x0 = add(self, &x0, &ks[(i + 1) % 3]);
+            let round = c(self, i as u32 + 1);
+            let k = add(self, &ks[(i + 2) % 3], &round);
+            x1 = add(self, &x1, &k);
+        }
+        let y = xor(self, &x0, &x1);
+        let nine = c(self, 9);
+        let mantissa = self.binary("shift_right_logical", &y, &nine, DType::U32, dims);
+        let one_bits = c(self, 0x3f80_0000);
+        let bits = self.binary("or", &mantissa, &one_bits, DType::U32, dims);
+        let f = ty(DType::F32, dims);
+        let one_to_two = self.op("bitcast_convert", &[(&bits, &u)], "", &f);
+        let one = self.splat(DType::F32, 1.0, dims);
+        self.binary("subtract", &one_to_two, &one, DType::F32, dims)
+    }
+
     fn unary(&mut self, name: &str, a: &str, dtype: DType, dims: &[usize]) -> String {
         let t = ty(dtype, dims);
         self.op(name, &[(a, &t)], "", &t)
@@ -808,6 +848,7 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
             let (bt, vt) = (ty(DType::Bool, &dims), ty(dt, &dims));
             e.op("select", &[(&p, &bt), (&t, &vt), (&f, &vt)], "", &vt)
         }
+        Op::ThreefryUniform => e.threefry_uniform([&args[0], &args[1], &args[2]], &dims),
         Op::Constant { value, dtype } => e.splat(*dtype, *value, &[]),
         Op::Literal { value } => {
             // MLIR's hex form of a dense attribute: the row-major little-endian bytes.

@@ -1,7 +1,9 @@
 //! Where the program layer leaves a meaning to the back end (an index outside `take`'s
 //! axis, float → int `convert` of NaN and out-of-range values, NaN in `max`), XLA's
 //! holds and both interpreters agree with it: each case runs through XLA and both
-//! interpreters and must give the same bits.
+//! interpreters and must give the same bits. And `threefry_uniform`, lowered to
+//! XLA's integer ops, draws the interpreters' bits (which are JAX's: the program
+//! crate's `random` tests).
 
 use meshwork_program::{Binary, Builder, Op, Program, Reduction, fast, reference};
 use meshwork_types::{DType, Tensor};
@@ -77,4 +79,23 @@ fn max_min_and_reduce_max_propagate_nan() {
     let xs = Tensor::f64(&[2, 3], vec![1.0, f64::NAN, 3.0, 5.0, 4.0, 5.0]).unwrap();
     let ys = Tensor::f64(&[2, 3], vec![f64::NAN, 0.0, 4.0, 1.0, 9.0, -1.0]).unwrap();
     agree(&session, &p, &[xs, ys]);
+}
+
+#[test]
+fn threefry_uniform_draws_the_interpreters_bits() {
+    let session = session();
+    let mut b = Builder::new();
+    let k1 = b.param("k1", "i32[3,70]".parse().unwrap()).unwrap();
+    let k2 = b.param("k2", "i32[3,70]".parse().unwrap()).unwrap();
+    let x = b.param("x", "i32[3,70]".parse().unwrap()).unwrap();
+    let u = b.threefry_uniform(k1, k2, x).unwrap();
+    let p = b.finish(&[u]).unwrap();
+    let n = 210;
+    let ints = |f: &dyn Fn(i32) -> i32| {
+        Tensor::i32(&[3, 70], (0..n).map(|e| f(e as i32)).collect()).unwrap()
+    };
+    let k1 = ints(&|e| e.wrapping_mul(-1_640_531_527));
+    let k2 = ints(&|e| i32::MAX - e / 3);
+    let x = ints(&|e| if e % 2 == 0 { e } else { i32::MIN + e });
+    agree(&session, &p, &[k1, k2, x]);
 }

@@ -69,7 +69,7 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
                 _ => r,
             }
         }
-        Op::Compare(_) | Op::Select => OpRule::elementwise(args, out)?,
+        Op::Compare(_) | Op::Select | Op::ThreefryUniform => OpRule::elementwise(args, out)?,
         Op::Convert { .. } => OpRule::elementwise(args, out)?,
         Op::Constant { .. } | Op::Literal { .. } => OpRule::opaque(&[], out),
         Op::DotGeneral { lhs_contract, rhs_contract, lhs_batch, rhs_batch } => {

@@ -141,6 +141,33 @@ pub(crate) fn convert(a: &mut dyn Alloc, x: &Tensor, to: DType) -> Result<Option
     Ok(Some(out))
 }
 
+/// [`Op::ThreefryUniform`](crate::Op::ThreefryUniform) of `i32` keys and counters in
+/// standard layout, threaded; `None` for other layouts (the reference computes those).
+pub(crate) fn threefry_uniform(
+    a: &mut dyn Alloc,
+    k1: &Tensor,
+    k2: &Tensor,
+    x: &Tensor,
+) -> Result<Option<Tensor>> {
+    use rayon::prelude::*;
+    if ![k1, k2, x].iter().all(|t| t.is_standard_layout() && t.dtype() == DType::I32) {
+        return Ok(None);
+    }
+    let mut out = a.alloc(DType::F32, x.len())?;
+    let (k1, k2, x) = (elems::<i32>(k1), elems::<i32>(k2), elems::<i32>(x));
+    const CHUNK: usize = 1 << 14;
+    elems_mut::<f32>(&mut out)
+        .par_chunks_mut(CHUNK)
+        .zip(k1.par_chunks(CHUNK).zip(k2.par_chunks(CHUNK)).zip(x.par_chunks(CHUNK)))
+        .for_each(|(d, ((k1, k2), x))| {
+            for (((d, &k1), &k2), &x) in d.iter_mut().zip(k1).zip(k2).zip(x) {
+                // The i32 values are the bits of JAX's uint32 words.
+                *d = crate::random::uniform([k1 as u32, k2 as u32], x as u32);
+            }
+        });
+    Ok(Some(out))
+}
+
 /// A strided view copied out (transpose, broadcast, slice), any dtype.
 pub(crate) fn view(
     a: &mut dyn Alloc,

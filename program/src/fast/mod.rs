@@ -975,6 +975,12 @@ fn exec(
             let out = evaluate(&definition, &inputs)?;
             widen(out.into_iter().next().expect("a definition returns one value"))
         }
+        Op::ThreefryUniform => {
+            match kernels::threefry_uniform(a, args[0].1, args[1].1, args[2].1)? {
+                Some(t) => t,
+                None => reference::eval_op(op, args, spec, at)?,
+            }
+        }
         _ => reference::eval_op(op, args, spec, at)?,
     })
 }

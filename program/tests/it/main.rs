@@ -2,3 +2,4 @@
 
 mod oracle;
 mod props;
+mod random;
