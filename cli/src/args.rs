@@ -309,7 +309,7 @@ pub(crate) struct LoraFlags {
     /// The linear layers the adapter wraps, by name or dotted suffix (q_proj,v_proj; GPT-2's c_attn), or all-linear (default: peft's for the family)
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     lora_targets: Option<Vec<String>>,
-    /// Dropout on the adapter's input (default 0; only 0 is computed yet: 0 trains a --lora-init folder's adapter without its dropout)
+    /// Dropout on the adapter's input, as peft's lora_dropout (default 0, or a --lora-init folder's; 0 trains a folder's adapter without its dropout). Masks are drawn as JAX draws them, from --seed, the step and the row
     #[arg(long, value_name = "P")]
     lora_dropout: Option<f64>,
     /// Scale the adapter's output by alpha / sqrt(R) (peft's use_rslora)

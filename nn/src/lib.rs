@@ -61,7 +61,7 @@ pub use layers::{
 };
 pub use llama::{ConfigError, Llama, LlamaKind, RopeScaling};
 pub use lm::{Blocking, CausalLm, cudnn_attention};
-pub use lora::{Lora, LoraConfig, LoraModel, Targets};
+pub use lora::{DROPOUT_KEYS, Lora, LoraConfig, LoraModel, Targets};
 pub use mlp::Mlp;
 pub use model::{
     Adapter, Build, Decoder, HfFormat, INIT_STREAM, Input, LinearLayer, Model, Parallel, Stored,

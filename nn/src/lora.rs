@@ -384,9 +384,81 @@ impl Lora {
     }
 }
 
-impl Adapter for Lora {
-    fn linear(&self, b: &mut Builder, layer: &str, x: Value, y: Value) -> Result<Option<Value>> {
-        let Some(l) = self.layers.iter().find(|l| l.name == layer) else { return Ok(None) };
+/// The name of the fed keys of a LoRA model with dropout, `i32` `[rows, layers, 2]`.
+pub const DROPOUT_KEYS: &str = "lora_dropout_keys";
+
+impl Lora {
+    /// The dropout keys of `rows` rows of step `step` (counted from 0) of a run seeded
+    /// `seed`, `[rows, layers, 2]` (the bits of JAX's `uint32` key words): row `i`'s
+    /// key for the `l`-th layer the adapter wraps is
+    /// `fold_in(fold_in(fold_in(PRNGKey(seed), step), i), l)`. A row's masks depend on
+    /// the run's seed, the step and its place in the batch alone: the same on any mesh,
+    /// over any number of micro-batches or processes, and after a resume.
+    pub fn dropout_keys(&self, seed: u64, step: u64, rows: usize) -> Vec<i32> {
+        use meshwork_program::random::{fold_in, key};
+        let step_key = fold_in(key(seed), step as u32);
+        let mut keys = Vec::with_capacity(rows * self.layers.len() * 2);
+        for i in 0..rows {
+            let row = fold_in(step_key, i as u32);
+            for l in 0..self.layers.len() {
+                let [k1, k2] = fold_in(row, l as u32);
+                keys.extend([k1 as i32, k2 as i32]);
+            }
+        }
+        keys
+    }
+
+    /// `x` `[rows, …]` with `peft`'s dropout (`lora_dropout` `p`) as flax draws it: each
+    /// element kept where `uniform < 1 − p` (JAX's `bernoulli`, the float32 uniform of
+    /// [`Op::ThreefryUniform`](meshwork_program::Op::ThreefryUniform) at its index in
+    /// its row, under the row's key for layer `l` from `keys`) and divided by `1 − p`,
+    /// else zero.
+    fn dropped(&self, b: &mut Builder, x: Value, keys: Value, l: usize) -> Result<Value> {
+        let (dtype, d) = dims(b, x)?;
+        let per_row: usize = d[1..].iter().product();
+        if per_row > i32::MAX as usize {
+            return Err(crate::layers::problem(
+                "lora_dropout",
+                b,
+                &[x],
+                format!("a row of {per_row} inputs: dropout counts at most 2^31 a row"),
+            ));
+        }
+        let mut key_dims = vec![d[0]];
+        key_dims.extend(std::iter::repeat_n(1, d.len() - 1));
+        let word = |b: &mut Builder, w: usize| -> Result<Value> {
+            let k = b.slice(keys, &[0, l, w], &[d[0], l + 1, w + 1], &[1, 1, 1])?;
+            let k = b.reshape(k, &key_dims)?;
+            b.broadcast_to(k, &d)
+        };
+        let (k1, k2) = (word(b, 0)?, word(b, 1)?);
+        let counter = b.iota(meshwork_types::DType::I32, &[per_row], 0)?;
+        let counter = b.reshape(counter, &d[1..])?;
+        let counter = b.broadcast_to(counter, &d)?;
+        let uniform = b.threefry_uniform(k1, k2, counter)?;
+        let keep = 1.0 - self.config.dropout;
+        let p = b.constant(keep, meshwork_types::DType::F32)?;
+        let kept = b.lt(uniform, p)?;
+        let scale = b.constant(keep, dtype)?;
+        let scaled = b.div(x, scale)?;
+        let zero = b.constant(0.0, dtype)?;
+        b.select(kept, scaled, zero)
+    }
+
+    /// `y + s · B A x` of layer `layer` (`x` through dropout with `keys`, if given).
+    fn wrap(
+        &self,
+        b: &mut Builder,
+        layer: &str,
+        (x, y): (Value, Value),
+        keys: Option<Value>,
+    ) -> Result<Option<Value>> {
+        let Some(at) = self.layers.iter().position(|l| l.name == layer) else { return Ok(None) };
+        let l = &self.layers[at];
+        let x = match keys {
+            Some(keys) if self.config.dropout > 0.0 => self.dropped(b, x, keys, at)?,
+            _ => x,
+        };
         let (dtype, d) = dims(b, x)?;
         let last = d.len() - 1;
         let r = self.config.r;
@@ -397,6 +469,24 @@ impl Adapter for Lora {
         let s = b.constant(self.config.scale(), b.spec(xab)?.dtype)?;
         let scaled = b.mul(xab, s)?;
         Ok(Some(b.add(y, scaled)?))
+    }
+}
+
+impl Adapter for Lora {
+    fn linear(&self, b: &mut Builder, layer: &str, x: Value, y: Value) -> Result<Option<Value>> {
+        self.wrap(b, layer, (x, y), None)
+    }
+}
+
+/// A LoRA adapter training with dropout: its keys' fed value.
+struct Dropout<'a> {
+    lora: &'a Lora,
+    keys: Value,
+}
+
+impl Adapter for Dropout<'_> {
+    fn linear(&self, b: &mut Builder, layer: &str, x: Value, y: Value) -> Result<Option<Value>> {
+        self.lora.wrap(b, layer, (x, y), Some(self.keys))
     }
 }
 
@@ -469,6 +559,12 @@ impl LoraModel {
         Some(out)
     }
 
+    /// Whether its loss drops some of each wrapped layer's inputs (`lora_dropout` above
+    /// 0): its loss program is then fed [`DROPOUT_KEYS`].
+    pub fn dropout(&self) -> bool {
+        self.lora.config.dropout > 0.0
+    }
+
     fn with<'a>(&'a self, build: &Build<'_>) -> Build<'a> {
         Build { dtype: build.dtype, blocking: build.blocking, adapter: Some(&self.lora) }
     }
@@ -480,8 +576,10 @@ impl Model for LoraModel {
     }
     fn describe(&self) -> String {
         let c = &self.lora.config;
+        let dropout =
+            if self.dropout() { format!(", dropout {}", c.dropout) } else { String::new() };
         format!(
-            "{} with LoRA r {} α {} on {} layers",
+            "{} with LoRA r {} α {} on {} layers{dropout}",
             self.base.describe(),
             c.r,
             c.alpha,
@@ -493,8 +591,19 @@ impl Model for LoraModel {
         meta["lora"] = self.lora.config.peft_json(self.base.family());
         meta
     }
+    /// The base's, and with dropout [`DROPOUT_KEYS`] (`i32` `[layers, 2]` a row,
+    /// [`Lora::dropout_keys`]), which an evaluation reads nothing of.
     fn inputs(&self) -> Vec<Input> {
-        self.base.inputs()
+        let mut inputs = self.base.inputs();
+        if self.dropout() {
+            let layers = self.lora.layers.len();
+            inputs.push(Input {
+                name: DROPOUT_KEYS,
+                dtype: Some(meshwork_types::DType::I32),
+                dims: vec![layers, 2],
+            });
+        }
+        inputs
     }
     fn parameters(&self) -> Vec<(String, Vec<usize>)> {
         self.parameters.clone()
@@ -503,7 +612,14 @@ impl Model for LoraModel {
         Lora::is_adapter(name)
     }
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
-        self.base.loss(b, inputs, &self.with(build))
+        match (self.dropout(), inputs.split_last()) {
+            (true, Some((&keys, base))) => {
+                let adapter = Dropout { lora: &self.lora, keys };
+                let build = Build { adapter: Some(&adapter), ..*build };
+                self.base.loss(b, base, &build)
+            }
+            _ => self.base.loss(b, inputs, &self.with(build)),
+        }
     }
     fn evaluate(
         &self,
@@ -511,7 +627,9 @@ impl Model for LoraModel {
         inputs: &[Value],
         build: &Build<'_>,
     ) -> Result<(Value, Value)> {
-        self.base.evaluate(b, inputs, &self.with(build))
+        // No dropout in an evaluation: its keys are not read.
+        let base = if self.dropout() { &inputs[..inputs.len().saturating_sub(1)] } else { inputs };
+        self.base.evaluate(b, base, &self.with(build))
     }
     fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
         self.base.check_mesh(data, model)

@@ -118,7 +118,7 @@ pub fn inspect_json(config: &Config) -> Result<String> {
     let mut batch_bytes = 0;
     for s in 0..MEASURED_STEPS {
         let idx: Vec<usize> = (0..p.batch).map(|i| (s * p.batch + i) % p.rows.max(1)).collect();
-        let feed = p.examples.batch(&idx, p.dtype)?;
+        let feed = p.net.with_keys(p.examples.batch(&idx, p.dtype)?, p.seed, Some(s))?;
         batch_bytes = feed.iter().map(|t| t.byte_size() as u64).sum::<u64>();
         run.steps(&[feed], &[p.lr], s)?;
     }

@@ -43,6 +43,12 @@ pub(crate) fn attach(
     limit: u64,
 ) -> Result<(Net, HashMap<String, Tensor>)> {
     let family = net.name();
+    if let Some(d) = settings.dropout.filter(|d| !(0.0..1.0).contains(d)) {
+        return Err(Error::flag(
+            "lora-dropout",
+            format!("{d}: a dropout is at least 0 and below 1"),
+        ));
+    }
     let from_dir = match (&settings.init, saved) {
         (Some(dir), _) => Some((
             read_config("lora-init", dir, limit)?,
@@ -95,21 +101,6 @@ pub(crate) fn attach(
         }
     };
     let flag = if settings.init.is_some() { "lora-init" } else { "lora-targets" };
-    if config.dropout != 0.0 {
-        let (flag, hint) = match settings.init {
-            Some(_) => {
-                ("lora-init", "; give --lora-dropout 0 to train its adapter without dropout")
-            }
-            None => ("lora-dropout", ""),
-        };
-        return Err(Error::flag(
-            flag,
-            format!(
-                "a dropout of {} is not computed yet: only LoRA without dropout (0) trains here{hint}",
-                config.dropout
-            ),
-        ));
-    }
     let base: Arc<dyn Model> = net.shared();
     let model =
         LoraModel::new(base, config, settings.init.is_none()).map_err(|e| Error::flag(flag, e))?;
@@ -159,7 +150,7 @@ fn agree(settings: &LoraSettings, config: &LoraConfig, whose: &str) -> Result<()
             return differ("lora-targets", t.join(","), "target_modules".into());
         }
     }
-    // (0 beside a folder's dropout trains without it: the one dropout computed.)
+    // (0 beside a folder's dropout trains without it.)
     if let Some(d) = settings.dropout.filter(|&d| d != config.dropout && d != 0.0) {
         return differ("lora-dropout", d.to_string(), format!("lora_dropout {}", config.dropout));
     }

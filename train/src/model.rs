@@ -191,6 +191,27 @@ impl Net {
         self.0.inputs().len()
     }
 
+    /// A batch's fed rows `data` with what else the loss is fed: a LoRA adapter's
+    /// dropout keys ([`Lora::dropout_keys`](meshwork_nn::Lora::dropout_keys)) of step
+    /// `step` of a run seeded `seed`, or, for an evaluation (`step` `None`), which
+    /// drops nothing, zeros.
+    pub(crate) fn with_keys(
+        &self,
+        mut data: Vec<Tensor>,
+        seed: u64,
+        step: Option<usize>,
+    ) -> Result<Vec<Tensor>> {
+        let Some(lora) = self.0.as_lora().filter(|l| l.dropout()) else { return Ok(data) };
+        let rows = data.first().map_or(0, |t| t.shape().first().copied().unwrap_or(0));
+        let layers = lora.lora().layers().len();
+        let keys = match step {
+            Some(s) => lora.lora().dropout_keys(seed, s as u64, rows),
+            None => vec![0; rows * layers * 2],
+        };
+        data.push(Tensor::i32(&[rows, layers, 2], keys).map_err(Error::failed)?);
+        Ok(data)
+    }
+
     /// What a row counts for in throughput: its tokens, or one sample.
     pub fn per_row(&self) -> (usize, &'static str) {
         self.0.per_row()

@@ -1054,7 +1054,7 @@ fn evals_of_rows<'s>(p: &Plan, one: &'s Strategy, start: usize, n: usize) -> Res
         let chunks = (0..count)
             .map(|c| {
                 let idx: Vec<usize> = (first + c * size..first + (c + 1) * size).collect();
-                p.examples.batch(&idx, p.dtype)
+                p.net.with_keys(p.examples.batch(&idx, p.dtype)?, p.seed, None)
             })
             .collect::<Result<Vec<_>>>()?;
         evals.push(Eval::new(one, &p.net, p.dtype, size, chunks)?);
@@ -1106,7 +1106,7 @@ impl Rows {
                 idx[*i]
             )));
         }
-        p.examples.batch(&idx, p.dtype)
+        p.net.with_keys(p.examples.batch(&idx, p.dtype)?, p.seed, Some(s))
     }
 }
 

@@ -224,3 +224,19 @@ pub(crate) fn check_inspect_json(config: &Config, m: u64) {
         assert_eq!(o, 2 * p, "Adam's two slots per weight: {text}");
     }
 }
+
+/// A copy of `llama/lora_init` in `dir` whose `adapter_config.json` sets
+/// `lora_dropout` to `dropout`.
+pub(crate) fn dropped_folder(dir: &Path, dropout: f64) -> PathBuf {
+    let folder = dir.join("dropped");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(testdata("llama/lora_init").join(f), folder.join(f)).unwrap();
+    }
+    let path = folder.join("adapter_config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["lora_dropout"] = serde_json::json!(dropout);
+    std::fs::write(&path, c.to_string()).unwrap();
+    folder
+}

@@ -764,29 +764,17 @@ fn a_bf16_base_is_held_in_half_the_bytes_and_resumes_as_it_ran() {
     );
 }
 
-/// Dropout is not computed: a new adapter's `--lora-dropout 0.1` is refused naming the
-/// flag, and so is a `peft` folder's `lora_dropout` 0.05, with the way on: given
-/// `--lora-dropout 0`, the folder's adapter trains without dropout (the losses of the
-/// same adapter saved with none) and its export records 0.
+/// A folder's `lora_dropout` trains with it: the trainer's first loss is the loss
+/// program's fed the keys folded here for step 0 and each row of the batch (the
+/// program's dropout is checked against its definition in meshwork-nn's tests), and
+/// the losses move off the run without dropout. Each row's masks depend on the seed,
+/// the step and the row alone: 2x1, 1x2, `--fsdp --remat`, `--grad-accum 2` and a
+/// resumed run give one device's losses. `--lora-dropout 0` trains without it and
+/// exports 0; a dropout outside [0, 1) is refused naming the flag.
 #[test]
-fn dropout_is_refused_unless_a_folder_s_is_set_to_zero() {
-    let fresh = meshwork_train::Config {
-        lora: Some(meshwork_train::LoraSettings { dropout: Some(0.1), ..Default::default() }),
-        ..crate::commands::llama::adamw_command("llama")
-    };
-    let e = crate::refused(&fresh);
-    assert!(e.contains("--lora-dropout") && e.contains("not computed yet"), "{e}");
+fn dropout_draws_each_row_s_masks_from_the_seed_the_step_and_the_row() {
     let tmp = tempfile::tempdir().unwrap();
-    let folder = tmp.path().join("dropped");
-    std::fs::create_dir(&folder).unwrap();
-    for f in ["adapter_model.safetensors", "adapter_config.json"] {
-        std::fs::copy(testdata("llama/lora_init").join(f), folder.join(f)).unwrap();
-    }
-    let path = folder.join("adapter_config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["lora_dropout"] = serde_json::json!(0.05);
-    std::fs::write(&path, c.to_string()).unwrap();
+    let folder = crate::dropped_folder(tmp.path(), 0.25);
     let from = |dropout: Option<f64>| meshwork_train::Config {
         lora: Some(meshwork_train::LoraSettings {
             init: Some(folder.clone()),
@@ -795,20 +783,94 @@ fn dropout_is_refused_unless_a_folder_s_is_set_to_zero() {
         }),
         ..crate::commands::llama::adamw_command("llama")
     };
-    let e = crate::refused(&from(None));
-    assert!(e.contains("--lora-init") && e.contains("give --lora-dropout 0"), "{e}");
-    let e = crate::refused(&from(Some(0.2)));
-    assert!(e.contains("--lora-dropout: 0.2 disagrees"), "{e}");
+    let dropped = crate::run(&from(None));
+    let undropped = crate::losses(&lora_command("llama"));
+    let moved =
+        dropped.losses.iter().zip(&undropped).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(moved > 1e-4, "dropout moved the losses by {moved:e}");
+    let near = dropped.losses.iter().zip(&undropped).all(|(a, b)| (a - b).abs() < 0.1 * b);
+    assert!(near, "{:?} vs {undropped:?}", dropped.losses);
+
+    // The first loss, from the program fed keys folded here.
+    let (llama, mut weights) = crate::llama::oracle_model("llama");
+    let text = std::fs::read_to_string(folder.join("adapter_config.json")).unwrap();
+    let config = LoraConfig::from_peft(&serde_json::from_str(&text).unwrap()).unwrap();
+    assert_eq!(config.dropout, 0.25);
+    let model =
+        LoraModel::new(std::sync::Arc::new(CausalLm { model: llama, seq: 16 }), config, false)
+            .unwrap();
+    weights.extend(adapter(&folder));
+    let mut b = Builder::new();
+    let feeds = model.feeds(&mut b, 4, DType::F64).unwrap();
+    let loss = model.loss(&mut b, &feeds, &meshwork_nn::Build::new(DType::F64)).unwrap();
+    let program = b.finish(&[loss]).unwrap();
+    let rows = crate::llama::rows("llama");
+    let first: Vec<i32> = rows.slice(ndarray::s![0..4, ..]).iter().copied().collect();
+    let seed = crate::commands::llama::adamw_command("llama").seed;
+    let layers = model.lora().layers().len();
+    let mut keys = Vec::new();
+    for row in 0..4 {
+        for l in 0..layers {
+            use meshwork_program::random::{fold_in, key};
+            let k = fold_in(fold_in(fold_in(key(seed), 0), row), l as u32);
+            keys.extend([k[0] as i32, k[1] as i32]);
+        }
+    }
+    let mut inputs =
+        vec![Tensor::i32(&[4, 17], first).unwrap(), Tensor::i32(&[4, layers, 2], keys).unwrap()];
+    for p in &program.params()[2..] {
+        inputs.push(weights[&p.name].clone());
+    }
+    let got = meshwork_program::fast::evaluate(&program, &inputs).unwrap()[0].to_f64()[0];
+    let want = dropped.losses[0];
+    assert!((got - want).abs() <= 1e-13 * want, "{got} vs the trainer's {want}");
+
+    // The same masks on any mesh, over micro-batches, and resumed.
+    for (what, config) in [
+        ("2x1", meshwork_train::Config { mesh: Some((2, 1)), ..from(None) }),
+        ("1x2", meshwork_train::Config { mesh: Some((1, 2)), ..from(None) }),
+        (
+            "fsdp remat 2x1",
+            meshwork_train::Config { mesh: Some((2, 1)), fsdp: true, remat: true, ..from(None) },
+        ),
+        ("grad-accum 2", meshwork_train::Config { grad_accum: Some(2), ..from(None) }),
+    ] {
+        crate::assert_close(&crate::losses(&config), &dropped.losses, 1e-12, what);
+    }
+    let ck = tmp.path().join("ck");
+    crate::run(&meshwork_train::Config {
+        steps: Some(5),
+        checkpoint_dir: Some(ck.clone()),
+        ..from(None)
+    });
+    let rest = crate::run(&meshwork_train::Config {
+        resume: Some(ck),
+        lora: None,
+        ..crate::commands::llama::adamw_command("llama")
+    });
+    assert_eq!(rest.first_step, 5);
+    crate::assert_close(&rest.losses, &dropped.losses[5..], 1e-12, "resumed");
+
+    // --lora-dropout 0 trains the folder's adapter without it, and exports 0.
     let out = tmp.path().join("out");
     let got = crate::losses(&meshwork_train::Config {
         steps: Some(3),
         export_lora: Some(out.clone()),
         ..from(Some(0.0))
     });
-    let want = crate::losses(&meshwork_train::Config { steps: Some(3), ..lora_command("llama") });
-    crate::assert_close(&got, &want, 1e-12, "the folder's adapter without its dropout");
+    crate::assert_close(&got, &undropped[..3], 1e-12, "the folder's adapter without its dropout");
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())
             .unwrap();
     assert_eq!(written["lora_dropout"], 0.0, "{written}");
+    let e = crate::refused(&from(Some(0.2)));
+    assert!(e.contains("--lora-dropout: 0.2 disagrees"), "{e}");
+    for bad in [1.0, -0.1, f64::NAN] {
+        let fresh = meshwork_train::Config {
+            lora: Some(meshwork_train::LoraSettings { dropout: Some(bad), ..Default::default() }),
+            ..crate::commands::llama::adamw_command("llama")
+        };
+        let e = crate::refused(&fresh);
+        assert!(e.contains("--lora-dropout") && e.contains("below 1"), "{bad}: {e}");
+    }
 }

@@ -547,3 +547,24 @@ fn a_bf16_base_spreads_over_processes() {
         }
     }
 }
+
+/// LoRA's dropout over 2 processes (each drawing the masks of the rows it trains
+/// from the seed, the step and the row): one process's losses.
+#[test]
+fn lora_dropout_spreads_over_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        mesh: Some((2, 1)),
+        lora: Some(meshwork_train::LoraSettings {
+            init: Some(crate::dropped_folder(dir.path(), 0.25)),
+            ..Default::default()
+        }),
+        ..crate::commands::llama::adamw_command("llama")
+    };
+    let want = crate::losses(&Config { check: meshwork_train::Check::Never, ..config.clone() });
+    let plain = crate::losses(&crate::lora::lora_command("llama"));
+    assert!((want[1] - plain[1]).abs() > 1e-6, "dropped {want:?} vs {plain:?}");
+    for (q, report) in spread(&config, 2).iter().enumerate() {
+        assert_close(&report.losses, &want, 1e-12, &format!("process {q}"));
+    }
+}

@@ -501,6 +501,27 @@ fn lora_trains_on_xla_as_peft_does() {
     }
 }
 
+/// LoRA's dropout on XLA (its masks drawn by `threefry_uniform` lowered to XLA's
+/// integer ops): the interpreter's losses within 1e-9, on one device and split by
+/// XLA's partitioner and by meshwork's, checked against the interpreter step by step.
+#[test]
+fn lora_dropout_trains_on_xla_as_on_the_interpreter() {
+    let dir = tempfile::tempdir().unwrap();
+    let lora = Config {
+        lora: Some(meshwork_train::LoraSettings {
+            init: Some(common::dropped_folder(dir.path(), 0.25)),
+            ..Default::default()
+        }),
+        ..commands::llama::adamw_command("llama")
+    };
+    let want = losses(&lora);
+    for (mesh, backend) in [((1, 1), xla()), ((1, 2), xla_partitioned()), ((2, 1), xla())] {
+        let report = run(&Config { mesh: Some(mesh), backend, ..lora.clone() });
+        assert_close(&report.losses, &want, 1e-9, &format!("dropout on XLA {mesh:?}"));
+        assert!(matches!(report.check, CheckOutcome::Checked { .. }), "{:?}", report.check);
+    }
+}
+
 /// `--base-dtype bf16` on XLA: the frozen base held in bf16 on the device, converted
 /// where each layer reads it, gives the interpreter's losses of the base rounded to
 /// bf16 beforehand (by the test's own arithmetic) within 1e-9, on one device and split
