@@ -244,6 +244,35 @@ fn inspect_holds_a_lora_base_in_bf16() {
     assert_eq!(base_state, None, "no optimizer state for the frozen base");
 }
 
+/// `--lora-dropout` on a new adapter: it trains (the header names the dropout), its
+/// step's estimate counts the dropped inputs and masks it keeps, and a dropout
+/// outside [0, 1) is exit 2 naming the flag.
+#[test]
+fn lora_dropout_trains_a_new_adapter_and_is_counted() {
+    let tiny = ["--preset", "tiny-llama", "--seq", "8", "--lora-r", "2"];
+    let with = |first: &[&str], more: &[&str]| {
+        let args: Vec<&str> = first.iter().chain(&tiny).chain(more).copied().collect();
+        meshwork(&args)
+    };
+    let out = with(&["train", "--steps", "2"], &["--lora-dropout", "0.1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dropout 0.1"));
+    let estimate = |more: &[&str]| -> f64 {
+        let out = with(&["inspect", "--mesh", "1x1", "--json"], more);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        j["memory"]["estimate"]["total_bytes"].as_f64().unwrap()
+    };
+    let (plain, dropped) = (estimate(&[]), estimate(&["--lora-dropout", "0.1"]));
+    assert!(dropped > plain, "{dropped} vs {plain}");
+    for bad in ["1", "-0.5"] {
+        let out = with(&["train", "--steps", "2"], &["--lora-dropout", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("--lora-dropout") && e.contains("below 1"), "{e}");
+    }
+}
+
 #[test]
 fn the_inspection_tools_draw_shardings_plans_and_placements() {
     let out = meshwork(&[

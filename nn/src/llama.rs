@@ -297,7 +297,7 @@ impl Llama {
         {
             return Err(refuse(
                 "attention_dropout",
-                format!("{v}: meshwork trains without dropout"),
+                format!("{v}: meshwork trains the model without attention dropout"),
             ));
         }
         for key in ["attn_logit_softcapping", "final_logit_softcapping"] {

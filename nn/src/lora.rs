@@ -11,6 +11,11 @@
 //! parameters are the base's and each targeted layer's `{layer}.lora_A.weight` and
 //! `{layer}.lora_B.weight`, named in a `peft` folder `base_model.model.{name}`.
 //!
+//! With `lora_dropout` `p` above 0, a loss (never an evaluation) drops each input of
+//! each adapter (`B A dropout(x)`, as `peft` applies it) with probability `p` and
+//! scales the rest by `1 / (1 − p)`: JAX's Bernoulli draws, under per-row keys the
+//! loss program is fed as [`DROPOUT_KEYS`] ([`Lora::dropout_keys`]).
+//!
 //! ```
 //! use meshwork_nn::{CausalLm, Llama, LoraConfig, LoraModel, Model};
 //!
@@ -276,6 +281,12 @@ impl Lora {
         if layers.is_empty() {
             return Err("the model has no linear layer an adapter wraps".into());
         }
+        if !(0.0..1.0).contains(&config.dropout) {
+            return Err(format!(
+                "lora_dropout {}: a dropout is at least 0 and below 1",
+                config.dropout
+            ));
+        }
         Ok(Lora { config, layers })
     }
 
@@ -391,7 +402,8 @@ impl Lora {
     /// The dropout keys of `rows` rows of step `step` (counted from 0) of a run seeded
     /// `seed`, `[rows, layers, 2]` (the bits of JAX's `uint32` key words): row `i`'s
     /// key for the `l`-th layer the adapter wraps is
-    /// `fold_in(fold_in(fold_in(PRNGKey(seed), step), i), l)`. A row's masks depend on
+    /// `fold_in(fold_in(fold_in(PRNGKey(seed), step), i), l)` (the step and the row
+    /// taken modulo 2³², as `fold_in`'s `uint32` holds them). A row's masks depend on
     /// the run's seed, the step and its place in the batch alone: the same on any mesh,
     /// over any number of micro-batches or processes, and after a resume.
     pub fn dropout_keys(&self, seed: u64, step: u64, rows: usize) -> Vec<i32> {
@@ -559,6 +571,36 @@ impl LoraModel {
         Some(out)
     }
 
+    /// The base's inputs of `inputs` (its [`inputs`](Model::inputs)' values) and the
+    /// dropout keys among them, if it has dropout; an error if they are not what
+    /// [`inputs`](Model::inputs) says.
+    fn keys<'v>(&self, b: &Builder, inputs: &'v [Value]) -> Result<(&'v [Value], Option<Value>)> {
+        let want = self.inputs().len();
+        if inputs.len() != want {
+            return Err(crate::layers::problem(
+                "lora",
+                b,
+                inputs,
+                format!("{} inputs given: the model with its adapter takes {want}", inputs.len()),
+            ));
+        }
+        let Some((&keys, base)) = inputs.split_last().filter(|_| self.dropout()) else {
+            return Ok((inputs, None));
+        };
+        let spec = b.spec(keys)?;
+        let d = spec.shape.dims();
+        let layers = self.lora.layers.len();
+        if spec.dtype != meshwork_types::DType::I32 || d.len() != 3 || d[1..] != [layers, 2] {
+            return Err(crate::layers::problem(
+                "lora",
+                b,
+                &[keys],
+                format!("the dropout keys must be i32 [rows, {layers}, 2]"),
+            ));
+        }
+        Ok((base, Some(keys)))
+    }
+
     /// Whether its loss drops some of each wrapped layer's inputs (`lora_dropout` above
     /// 0): its loss program is then fed [`DROPOUT_KEYS`].
     pub fn dropout(&self) -> bool {
@@ -612,13 +654,13 @@ impl Model for LoraModel {
         Lora::is_adapter(name)
     }
     fn loss(&self, b: &mut Builder, inputs: &[Value], build: &Build<'_>) -> Result<Value> {
-        match (self.dropout(), inputs.split_last()) {
-            (true, Some((&keys, base))) => {
+        match self.keys(b, inputs)? {
+            (base, Some(keys)) => {
                 let adapter = Dropout { lora: &self.lora, keys };
                 let build = Build { adapter: Some(&adapter), ..*build };
                 self.base.loss(b, base, &build)
             }
-            _ => self.base.loss(b, inputs, &self.with(build)),
+            (base, None) => self.base.loss(b, base, &self.with(build)),
         }
     }
     fn evaluate(
@@ -628,7 +670,7 @@ impl Model for LoraModel {
         build: &Build<'_>,
     ) -> Result<(Value, Value)> {
         // No dropout in an evaluation: its keys are not read.
-        let base = if self.dropout() { &inputs[..inputs.len().saturating_sub(1)] } else { inputs };
+        let (base, _) = self.keys(b, inputs)?;
         self.base.evaluate(b, base, &self.with(build))
     }
     fn check_mesh(&self, data: usize, model: usize) -> std::result::Result<(), String> {
@@ -673,8 +715,18 @@ impl Model for LoraModel {
     fn init_stream(&self) -> u64 {
         self.base.init_stream()
     }
+    /// The base's, and with dropout each wrapped layer's dropped input and its mask,
+    /// which the backward pass reads (an element and a half an input; one block's
+    /// with `remat`).
     fn activations_per_row(&self, remat: bool) -> f64 {
-        self.base.activations_per_row(remat)
+        let base = self.base.activations_per_row(remat);
+        if !self.dropout() {
+            return base;
+        }
+        let positions = self.base.per_row().0 as f64;
+        let inputs: f64 = self.lora.layers.iter().map(|l| l.inputs as f64).sum();
+        let held = inputs * positions * 1.5;
+        base + if remat { held / self.base.layers().max(1) as f64 } else { held }
     }
     fn attention_scores_per_row(&self, remat: bool) -> f64 {
         self.base.attention_scores_per_row(remat)

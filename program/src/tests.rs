@@ -215,6 +215,7 @@ fn any_op() -> impl Strategy<Value = Op> {
         Just(Op::Binary(crate::Binary::Add)),
         Just(Op::Compare(crate::Compare::Ge)),
         Just(Op::Select),
+        Just(Op::ThreefryUniform),
         Just(Op::Unary(crate::Unary::Gelu)),
         (dims(), dims(), dims(), dims()).prop_map(|(a, b, c, d)| Op::DotGeneral {
             lhs_contract: a,

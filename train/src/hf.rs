@@ -8,7 +8,8 @@
 //! Tensors may be f64, f32, bf16 or f16; they become the run's dtype. A missing tensor,
 //! a wrong shape, one the model does not have, or a `config.json` field that would
 //! change the computation and that meshwork does not compute is a usage error naming
-//! it. Dropout is not applied: meshwork trains without it.
+//! it. The base model's own dropout is not applied: meshwork trains it without (a
+//! LoRA adapter's `lora_dropout` is applied).
 
 use std::collections::HashMap;
 use std::ops::Range;

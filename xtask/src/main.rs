@@ -184,6 +184,7 @@ fn hf_export() -> Result {
 /// The `meshwork` binary as the README's test command builds it (the workspace's
 /// features, so nothing is compiled again where the test step ran), put back in
 /// `target/debug` if a build with other features (the MPI step's) replaced it there.
+/// (Run alone, outside CI, this builds every workspace test first.)
 pub(crate) fn workspace_cli() -> Result<PathBuf> {
     let output =
         cargo_cmd(&["test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])

@@ -89,7 +89,7 @@ fn uniforms_and_masks_are_jaxs_in_both_interpreters() {
 }
 
 #[test]
-fn a_thousand_draws_are_uniform() {
+fn sixteen_thousand_draws_are_uniform() {
     // 2¹⁴ draws under one key: each tenth of [0, 1) holds its share within 5 σ.
     let n = 1 << 14;
     let out = fast::evaluate(
@@ -110,8 +110,8 @@ fn a_thousand_draws_are_uniform() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
-    /// The fast interpreter's threaded kernel (and its strided fallback, for counters
-    /// read through a transpose) draws the reference's bits.
+    /// The fast interpreter's threaded kernel draws the reference's bits, for counters
+    /// fed and read through a transpose (which the fast interpreter copies out).
     #[test]
     fn the_fast_kernel_draws_the_references_bits(
         rows in 1usize..40, cols in 1usize..70, k1 in any::<i32>(), k2 in any::<i32>(),
