@@ -1663,3 +1663,45 @@ fn the_fast_interpreter_reads_barriers_through() {
     };
     assert_eq!(peak(true), peak(false));
 }
+
+/// A training loop's steady state makes no fresh buffers: run after run, with the
+/// state read in place, its results taken as the next state and the old state given
+/// back to the pool, every result lands in a buffer an earlier run or state had —
+/// even when the run allocates one size class many times over (a chain of products,
+/// freed one by one), which must not fill the pool and crowd out the state's class.
+#[test]
+fn a_training_loop_reuses_its_buffers_after_the_first_run() {
+    use crate::fast::{Executable, Input, Options};
+    let mut b = Builder::new();
+    let s = b.param("s", spec("f32[32,32]")).unwrap();
+    let m = b.param("m", spec("f32[32,32]")).unwrap();
+    let x = b.param("x", spec("f32[16,16]")).unwrap();
+    let mut a = x;
+    for _ in 0..12 {
+        a = b.dot_general(a, x, &[1], &[0], &[], &[]).unwrap();
+        a = b.tanh(a).unwrap();
+    }
+    let r = b.reduce_sum(a, &[0, 1], false).unwrap();
+    let r = b.broadcast_to(r, &[32, 32]).unwrap();
+    let s2 = b.mul(s, r).unwrap();
+    let s2 = b.tanh(s2).unwrap();
+    let m2 = b.add(m, s2).unwrap();
+    let p = b.finish(&[s2, m2]).unwrap();
+    let exe = Executable::compile(&p, Options { pool_bytes: 0, ..Options::default() });
+    let x =
+        Tensor::f32(&[16, 16], (0..256).map(|k| (k as f32 * 0.01).sin() * 0.05).collect()).unwrap();
+    let mut state = vec![
+        Tensor::f32(&[32, 32], vec![0.5; 1024]).unwrap(),
+        Tensor::f32(&[32, 32], vec![0.0; 1024]).unwrap(),
+    ];
+    let mut after = Vec::new();
+    for _ in 0..6 {
+        let inputs =
+            vec![Input::Borrowed(&state[0]), Input::Borrowed(&state[1]), Input::Borrowed(&x)];
+        let out = exe.run_inputs(inputs, &crate::Env::local()).unwrap();
+        exe.recycle(std::mem::replace(&mut state, out));
+        after.push(exe.fresh_bytes());
+    }
+    assert!(after[0] >= 2 * 4096, "{after:?}");
+    assert!(after[2..].iter().all(|&f| f == after[1]), "fresh bytes after each run: {after:?}");
+}

@@ -130,14 +130,19 @@ enum Step {
 /// Freed buffers by dtype and length.
 ///
 /// A buffer is kept only while its size class has fewer pooled buffers than one run
-/// has asked for at most (its demand: allocations of a run, or the parameters of that
-/// class a run is given), so the pool never holds more than a run can use — buffers
-/// of sizes the program never makes (a training loop's fed batches, say) are freed.
+/// has held at once at most (its demand: buffers of the class allocated and not yet
+/// freed, results included, or the parameters of that class a run is given), so the
+/// pool never holds more than a run can use — buffers of sizes the program never
+/// makes (a training loop's fed batches, say) are freed, and a class a run allocates
+/// often but holds few of at a time does not crowd out the others (a training step's
+/// new weights and moments, which outlive the run).
 #[derive(Debug, Default)]
 struct Pool {
     free: HashMap<(DType, usize), Vec<Tensor>>,
     demand: HashMap<(DType, usize), usize>,
     bytes: usize,
+    /// Bytes allocated fresh (not taken from the pool), over all runs.
+    fresh: u64,
 }
 
 impl Pool {
@@ -155,7 +160,7 @@ impl Pool {
         self.free.entry(class).or_default().push(d);
     }
 
-    /// A run has made its `count`-th allocation of `class`.
+    /// A run holds `count` buffers of `class` at once.
     fn demanded(&mut self, class: (DType, usize), count: usize) {
         let d = self.demand.entry(class).or_insert(0);
         *d = (*d).max(count);
@@ -285,8 +290,9 @@ impl Slot<'_> {
 struct Ctx<'p> {
     pool: &'p Mutex<Pool>,
     threads: usize,
-    /// This run's allocations by size class.
-    counts: HashMap<(DType, usize), usize>,
+    /// This run's buffers of each size class held at once: allocated and not yet
+    /// freed (results and what the caller keeps count until the run ends).
+    live: HashMap<(DType, usize), usize>,
 }
 
 /// A zeroed 1-D buffer: an error, not an abort, when the allocator has no room for
@@ -297,13 +303,16 @@ fn fresh(dtype: DType, len: usize) -> Result<Tensor> {
 
 impl Alloc for Ctx<'_> {
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<Tensor> {
-        let count = self.counts.entry((dtype, len)).or_insert(0);
-        *count += 1;
+        let live = self.live.entry((dtype, len)).or_insert(0);
+        *live += 1;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        pool.demanded((dtype, len), *count);
+        pool.demanded((dtype, len), *live);
         match pool.take(dtype, len) {
             Some(t) => Ok(t),
-            None => fresh(dtype, len),
+            None => {
+                pool.fresh = pool.fresh.saturating_add((len * dtype.size_in_bytes()) as u64);
+                fresh(dtype, len)
+            }
         }
     }
 
@@ -373,8 +382,15 @@ impl Executable {
             pool_limit: options.pool_bytes,
             profile: options.profile.then(|| Mutex::new(Profile::default())),
         };
-        let peak = usize::try_from(exe.peak_bytes()).unwrap_or(usize::MAX);
-        exe.pool_limit = options.pool_bytes.max(peak);
+        // A run's buffers at its peak, and the inputs a caller gives back after it (a
+        // training step's old weights and moments, replaced by its results).
+        let inputs: u64 = program
+            .params()
+            .iter()
+            .map(|p| p.spec.byte_size().map_or(u64::MAX, |b| b as u64))
+            .fold(0, u64::saturating_add);
+        let held = exe.peak_bytes().saturating_add(inputs);
+        exe.pool_limit = options.pool_bytes.max(usize::try_from(held).unwrap_or(usize::MAX));
         exe
     }
 
@@ -545,6 +561,14 @@ impl Executable {
         Ok(shaped(buffer, spec.shape.dims()))
     }
 
+    /// Bytes its runs have allocated fresh rather than taken from the pool, so far: a
+    /// loop that gives its old state back ([`recycle`](Self::recycle)) stops adding to
+    /// it after its first runs (fresh pages cost a page fault each, a tenth of a step
+    /// on a VM).
+    pub fn fresh_bytes(&self) -> u64 {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).fresh
+    }
+
     /// Gives tensors (results of earlier runs no longer needed) back to the pool.
     pub fn recycle(&self, tensors: Vec<Tensor>) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -557,8 +581,7 @@ impl Executable {
         let p = &self.program;
         let np = p.params().len();
         slots.extend((0..p.instrs().len()).map(|_| Slot::Empty));
-        let mut ctx =
-            Ctx { pool: &self.pool, threads: self.options.threads, counts: HashMap::new() };
+        let mut ctx = Ctx { pool: &self.pool, threads: self.options.threads, live: HashMap::new() };
         for (s, step) in self.steps.iter().enumerate() {
             let started = self.profile.as_ref().map(|_| Instant::now());
             match step {
@@ -688,6 +711,9 @@ impl Executable {
                 let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
                 for v in &self.frees[s] {
                     if let Slot::Owned(d) = std::mem::replace(&mut slots[v.index()], Slot::Empty) {
+                        if let Some(live) = ctx.live.get_mut(&(d.dtype(), d.len())) {
+                            *live = live.saturating_sub(1);
+                        }
                         pool.put(d, self.pool_limit);
                     }
                 }
