@@ -23,9 +23,10 @@
 //! - **Profile**: with [`Options::profile`] (on when `MESHWORK_PROFILE` is set) every
 //!   step is timed by its kind — op and shapes, or fused group — and the table printed
 //!   when the executable is dropped ([`Executable::profile`] reads it).
-//! - **Buffers** are freed after their last use into a pool (as large as the plan's
-//!   peak, at least [`Options::pool_bytes`]) the next allocations (of this run and
-//!   later runs) take from; [`Executable::run_owned`] also frees the
+//! - **Buffers** are freed after their last use into a pool (for each size class, as
+//!   many as a run draws from it at once; in all, at least the plan's peak or
+//!   [`Options::pool_bytes`]) the next allocations (of this run and later runs) take
+//!   from; [`Executable::run_owned`] also frees the
 //!   inputs it is given (JAX's donation), and a `reshape` of a dying value takes its
 //!   buffer.
 //! - **Threads**: at most [`Options::threads`] per run, for GEMMs and large fused
@@ -130,40 +131,52 @@ enum Step {
 /// Freed buffers by dtype and length.
 ///
 /// A buffer is kept only while its size class has fewer pooled buffers than one run
-/// has held at once at most (its demand: buffers of the class allocated and not yet
-/// freed, results included, or the parameters of that class a run is given), so the
-/// pool never holds more than a run can use — buffers of sizes the program never
-/// makes (a training loop's fed batches, say) are freed, and a class a run allocates
-/// often but holds few of at a time does not crowd out the others (a training step's
-/// new weights and moments, which outlive the run).
+/// has drawn from the pool at once at most (its demand: buffers of the class
+/// allocated less those given back, results included, or the parameters of that
+/// class a run is given), so the pool never holds more than a run can use — buffers
+/// of sizes the program never makes (a training loop's fed batches, say) are freed,
+/// and a class a run allocates often but draws few of at a time does not crowd out
+/// the others (a training step's new weights and moments, which outlive the run).
 #[derive(Debug, Default)]
 struct Pool {
     free: HashMap<(DType, usize), Vec<Tensor>>,
     demand: HashMap<(DType, usize), usize>,
+    /// Σ demand × a buffer's bytes over the classes: what the pool may hold (the
+    /// classes' peaks come at different times of a run, so this may pass the plan's
+    /// peak).
+    demand_bytes: usize,
     bytes: usize,
     /// Bytes allocated fresh (not taken from the pool), over all runs.
     fresh: u64,
 }
 
 impl Pool {
-    fn put(&mut self, d: Tensor, limit: usize) {
+    /// Keeps `d` for a later allocation of its class, if the class's demand and the
+    /// byte limit (`limit`, or the demands' bytes, the larger) allow; whether it did.
+    fn put(&mut self, d: Tensor, limit: usize) -> bool {
         let size = d.byte_size();
         let class = (d.dtype(), d.len());
         let demand = self.demand.get(&class).copied().unwrap_or(0);
         let pooled = self.free.get(&class).map_or(0, Vec::len);
         // A buffer a kernel could not write as slices (another layout) is not kept.
         let usable = d.is_standard_layout() && supported(d.dtype());
-        if d.is_empty() || !usable || pooled >= demand || self.bytes + size > limit {
-            return;
+        let limit = limit.max(self.demand_bytes);
+        if d.is_empty() || !usable || pooled >= demand || self.bytes.saturating_add(size) > limit {
+            return false;
         }
         self.bytes += size;
         self.free.entry(class).or_default().push(d);
+        true
     }
 
-    /// A run holds `count` buffers of `class` at once.
+    /// A run draws `count` buffers of `class` from the pool at once.
     fn demanded(&mut self, class: (DType, usize), count: usize) {
         let d = self.demand.entry(class).or_insert(0);
-        *d = (*d).max(count);
+        if count > *d {
+            let more = (count - *d).saturating_mul(class.1.saturating_mul(class.0.size_in_bytes()));
+            self.demand_bytes = self.demand_bytes.saturating_add(more);
+            *d = count;
+        }
     }
 
     fn take(&mut self, dtype: DType, len: usize) -> Option<Tensor> {
@@ -186,7 +199,8 @@ pub struct Executable {
     pool: Mutex<Pool>,
     /// Whether the program receives (a run of it may wait for a peer).
     receives: bool,
-    /// Bytes the pool keeps: [`Options::pool_bytes`] or the plan's peak, the larger.
+    /// Bytes the pool keeps at least: [`Options::pool_bytes`] or the plan's peak, the
+    /// larger (and up to what its classes' demands add up to).
     pool_limit: usize,
     /// Time per kind of step, with [`Options::profile`].
     profile: Option<Mutex<Profile>>,
@@ -290,8 +304,9 @@ impl Slot<'_> {
 struct Ctx<'p> {
     pool: &'p Mutex<Pool>,
     threads: usize,
-    /// This run's buffers of each size class held at once: allocated and not yet
-    /// freed (results and what the caller keeps count until the run ends).
+    /// This run's net draw on the pool by size class: buffers allocated, less those
+    /// the pool took back (results and what the pool refuses stay counted); its
+    /// largest value is the class's demand.
     live: HashMap<(DType, usize), usize>,
 }
 
@@ -310,8 +325,9 @@ impl Alloc for Ctx<'_> {
         match pool.take(dtype, len) {
             Some(t) => Ok(t),
             None => {
-                pool.fresh = pool.fresh.saturating_add((len * dtype.size_in_bytes()) as u64);
-                fresh(dtype, len)
+                let t = fresh(dtype, len)?;
+                pool.fresh = pool.fresh.saturating_add(t.byte_size() as u64);
+                Ok(t)
             }
         }
     }
@@ -369,7 +385,8 @@ impl Executable {
         let mut pool = Pool::default();
         for p in program.params() {
             let class = (p.spec.dtype, p.spec.shape.num_elements());
-            *pool.demand.entry(class).or_insert(0) += 1;
+            let count = pool.demand.get(&class).copied().unwrap_or(0) + 1;
+            pool.demanded(class, count);
         }
         let mut exe = Executable {
             receives: program.instrs().iter().any(|i| matches!(i.op, Op::Recv { .. })),
@@ -382,15 +399,8 @@ impl Executable {
             pool_limit: options.pool_bytes,
             profile: options.profile.then(|| Mutex::new(Profile::default())),
         };
-        // A run's buffers at its peak, and the inputs a caller gives back after it (a
-        // training step's old weights and moments, replaced by its results).
-        let inputs: u64 = program
-            .params()
-            .iter()
-            .map(|p| p.spec.byte_size().map_or(u64::MAX, |b| b as u64))
-            .fold(0, u64::saturating_add);
-        let held = exe.peak_bytes().saturating_add(inputs);
-        exe.pool_limit = options.pool_bytes.max(usize::try_from(held).unwrap_or(usize::MAX));
+        let peak = usize::try_from(exe.peak_bytes()).unwrap_or(usize::MAX);
+        exe.pool_limit = options.pool_bytes.max(peak);
         exe
     }
 
@@ -711,10 +721,12 @@ impl Executable {
                 let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
                 for v in &self.frees[s] {
                     if let Slot::Owned(d) = std::mem::replace(&mut slots[v.index()], Slot::Empty) {
-                        if let Some(live) = ctx.live.get_mut(&(d.dtype(), d.len())) {
+                        let class = (d.dtype(), d.len());
+                        if pool.put(d, self.pool_limit)
+                            && let Some(live) = ctx.live.get_mut(&class)
+                        {
                             *live = live.saturating_sub(1);
                         }
-                        pool.put(d, self.pool_limit);
                     }
                 }
             }
