@@ -1028,6 +1028,44 @@ impl Conv {
 mod tests {
     use super::*;
 
+    /// Every compiled variant of the Threefry kernel this CPU runs (portable, AVX2,
+    /// AVX-512) draws `random::uniform`'s bits, at every length around its 16 lanes.
+    #[test]
+    fn every_threefry_variant_draws_uniforms_bits() {
+        for n in 0..50usize {
+            let k1: Vec<i32> = (0..n).map(|e| (e as i32).wrapping_mul(-1_640_531_527)).collect();
+            let k2: Vec<i32> = (0..n).map(|e| i32::MAX - 3 * e as i32).collect();
+            let x: Vec<i32> = (0..n).map(|e| e as i32 * 7 - 11).collect();
+            let want: Vec<u32> = (0..n)
+                .map(|e| crate::random::uniform([k1[e] as u32, k2[e] as u32], x[e] as u32))
+                .map(f32::to_bits)
+                .collect();
+            let bits = |out: &[f32]| out.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let mut out = vec![0f32; n];
+            threefry_chunk_any(&k1, &k2, &x, &mut out);
+            assert_eq!(bits(&out), want, "portable, {n}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 detected just above.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        threefry_chunk_avx2(&k1, &k2, &x, &mut out)
+                    };
+                    assert_eq!(bits(&out), want, "AVX2, {n}");
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F detected just above.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        threefry_chunk_avx512(&k1, &k2, &x, &mut out)
+                    };
+                    assert_eq!(bits(&out), want, "AVX-512, {n}");
+                }
+            }
+        }
+    }
+
     /// Strides whose reach overflows `usize` are refused before the raw-pointer call:
     /// computed unchecked, `2 · (2^63 + 1)` wraps to 2 and would pass the bound.
     #[test]
