@@ -91,9 +91,7 @@ fn threefry_uniform_draws_the_interpreters_bits() {
     let u = b.threefry_uniform(k1, k2, x).unwrap();
     let p = b.finish(&[u]).unwrap();
     let n = 210;
-    let ints = |f: &dyn Fn(i32) -> i32| {
-        Tensor::i32(&[3, 70], (0..n).map(|e| f(e as i32)).collect()).unwrap()
-    };
+    let ints = |f: &dyn Fn(i32) -> i32| Tensor::i32(&[3, 70], (0..n).map(f).collect()).unwrap();
     let k1 = ints(&|e| e.wrapping_mul(-1_640_531_527));
     let k2 = ints(&|e| i32::MAX - e / 3);
     let x = ints(&|e| if e % 2 == 0 { e } else { i32::MIN + e });
