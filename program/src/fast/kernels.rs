@@ -231,42 +231,11 @@ fn threefry_chunk_any(k1: &[i32], k2: &[i32], x: &[i32], out: &mut [f32]) {
 /// Sixteen lanes of [`crate::random::uniform`].
 #[inline(always)]
 fn threefry_lanes(k1: &[i32; 16], k2: &[i32; 16], x: &[i32; 16], out: &mut [f32; 16]) {
-    // The i32 values are the bits of JAX's uint32 words.
-    let ks: [[u32; 16]; 3] = [
-        k1.map(|k| k as u32),
-        k2.map(|k| k as u32),
-        std::array::from_fn(|l| k1[l] as u32 ^ k2[l] as u32 ^ 0x1BD1_1BDA),
-    ];
-    let mut x0 = ks[0];
-    let mut x1: [u32; 16] = std::array::from_fn(|l| (x[l] as u32).wrapping_add(ks[1][l]));
-    macro_rules! rounds {
-        ($($r:literal)*) => {$(
-            for l in 0..16 {
-                x0[l] = x0[l].wrapping_add(x1[l]);
-                x1[l] = x1[l].rotate_left($r) ^ x0[l];
-            }
-        )*};
-    }
-    macro_rules! inject {
-        ($i:literal, $a:literal, $b:literal) => {
-            for l in 0..16 {
-                x0[l] = x0[l].wrapping_add(ks[$a][l]);
-                x1[l] = x1[l].wrapping_add(ks[$b][l]).wrapping_add($i);
-            }
-        };
-    }
-    rounds!(13 15 26 6);
-    inject!(1, 1, 2);
-    rounds!(17 29 16 24);
-    inject!(2, 2, 0);
-    rounds!(13 15 26 6);
-    inject!(3, 0, 1);
-    rounds!(17 29 16 24);
-    inject!(4, 1, 2);
-    rounds!(13 15 26 6);
-    inject!(5, 2, 0);
+    // The i32 values are the bits of JAX's uint32 words; the counters' high words 0.
+    let key = [k1.map(|k| k as u32), k2.map(|k| k as u32)];
+    let [y1, y2] = crate::random::threefry_lanes(key, [[0; 16], x.map(|c| c as u32)]);
     for l in 0..16 {
-        out[l] = f32::from_bits(((x0[l] ^ x1[l]) >> 9) | 0x3f80_0000) - 1.0;
+        out[l] = crate::random::unit_float(y1[l] ^ y2[l]);
     }
 }
 
