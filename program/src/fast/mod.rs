@@ -22,7 +22,9 @@
 //!   mask's iotas and comparison) are computed once, when the program is compiled.
 //! - **Profile**: with [`Options::profile`] (on when `MESHWORK_PROFILE` is set) every
 //!   step is timed by its kind — op and shapes, or fused group — and the table printed
-//!   when the executable is dropped ([`Executable::profile`] reads it).
+//!   when the executable is dropped ([`Executable::profile`] reads it), with each
+//!   product's floating-point rate and the products' share of the time: how near a
+//!   program runs to the machine's multiply-add peak.
 //! - **Buffers** are freed after their last use into a pool (for each size class, as
 //!   many as a run draws from it at once; in all, at least the plan's peak or
 //!   [`Options::pool_bytes`]) the next allocations (of this run and later runs) take
@@ -211,7 +213,8 @@ pub struct Executable {
 /// goes, by kernel.
 #[derive(Debug, Default)]
 struct Profile {
-    by_kind: HashMap<String, (usize, f64)>,
+    /// Per kind: steps run, their seconds, and one step's floating-point operations.
+    by_kind: HashMap<String, (usize, f64, f64)>,
 }
 
 /// One kind of step of a profiled executable ([`Executable::profile`]).
@@ -224,6 +227,10 @@ pub struct ProfileRow {
     pub count: usize,
     /// Their seconds in all.
     pub seconds: f64,
+    /// Their floating-point operations in all, for products (`dot_general`: two per
+    /// multiply-add, `2 · result elements · contracted length` a step); 0 for every
+    /// other kind.
+    pub flops: f64,
 }
 
 impl Drop for Executable {
@@ -231,17 +238,29 @@ impl Drop for Executable {
         let Some(profile) = self.profile.take() else { return };
         let profile = profile.into_inner().unwrap_or_else(|e| e.into_inner());
         let total: f64 = profile.by_kind.values().map(|v| v.1).sum();
+        let rate = |flops: f64, secs: f64| {
+            if flops > 0.0 && secs > 0.0 {
+                format!("  {:.1} GFLOP/s", flops / secs / 1e9)
+            } else {
+                String::new()
+            }
+        };
         // Programs that took no time worth reading (an initializer, a test's) say
         // nothing.
         if total < 0.05 {
             return;
         }
         let mut by_op: HashMap<&str, (usize, f64)> = HashMap::new();
-        for (kind, (count, secs)) in &profile.by_kind {
+        let (mut product_secs, mut product_flops) = (0.0, 0.0);
+        for (kind, (count, secs, flops)) in &profile.by_kind {
             let op = kind.split(' ').next().unwrap_or_default();
             let entry = by_op.entry(op).or_default();
             entry.0 += count;
             entry.1 += secs;
+            if *flops > 0.0 {
+                product_secs += secs;
+                product_flops += flops * *count as f64;
+            }
         }
         let mut ops: Vec<_> = by_op.into_iter().collect();
         ops.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
@@ -254,12 +273,27 @@ impl Drop for Executable {
             text +=
                 &format!("{:>9.3} s {:>5.1}% {:>6}x  {op}\n", secs, 100.0 * secs / total, count);
         }
+        if product_flops > 0.0 {
+            text += &format!(
+                "products: {:.1} GFLOP in {:.3} s ({:.1}% of the time){}; the rest {:.3} s\n",
+                product_flops / 1e9,
+                product_secs,
+                100.0 * product_secs / total,
+                rate(product_flops, product_secs),
+                total - product_secs
+            );
+        }
         text += "the kinds taking the most:\n";
         let mut rows: Vec<_> = profile.by_kind.into_iter().collect();
         rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        for (kind, (count, secs)) in rows.iter().take(60) {
-            text +=
-                &format!("{:>9.3} s {:>5.1}% {:>6}x  {kind}\n", secs, 100.0 * secs / total, count);
+        for (kind, (count, secs, flops)) in rows.iter().take(60) {
+            text += &format!(
+                "{:>9.3} s {:>5.1}% {:>6}x  {kind}{}\n",
+                secs,
+                100.0 * secs / total,
+                count,
+                rate(flops * *count as f64, *secs)
+            );
         }
         #[allow(clippy::print_stderr)]
         {
@@ -404,6 +438,18 @@ impl Executable {
         exe
     }
 
+    /// A step's floating-point operations if it is a product (`dot_general`: two per
+    /// multiply-add), else 0.
+    fn flops(&self, step: &Step) -> f64 {
+        let p = &self.program;
+        let Step::Instr(i) = step else { return 0.0 };
+        let instr = &p.instrs()[*i];
+        let Op::DotGeneral { lhs_contract, .. } = &instr.op else { return 0.0 };
+        let lhs = p.spec(instr.args[0]).expect("defined");
+        let contracted: f64 = lhs_contract.iter().map(|&d| lhs.shape.dims()[d] as f64).product();
+        2.0 * instr.spec.shape.dims().iter().map(|&d| d as f64).product::<f64>() * contracted
+    }
+
     /// The kind a step is profiled as: its op and result shape, or a fused group's.
     fn kind(&self, step: &Step) -> String {
         let p = &self.program;
@@ -449,7 +495,12 @@ impl Executable {
         let mut rows: Vec<ProfileRow> = profile
             .by_kind
             .iter()
-            .map(|(kind, &(count, seconds))| ProfileRow { kind: kind.clone(), count, seconds })
+            .map(|(kind, &(count, seconds, flops))| ProfileRow {
+                kind: kind.clone(),
+                count,
+                seconds,
+                flops: flops * count as f64,
+            })
             .collect();
         rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Some(rows)
@@ -712,8 +763,9 @@ impl Executable {
             if let (Some(profile), Some(started)) = (&self.profile, started) {
                 let secs = started.elapsed().as_secs_f64();
                 let kind = self.kind(step);
+                let flops = self.flops(step);
                 let mut profile = profile.lock().unwrap_or_else(|e| e.into_inner());
-                let entry = profile.by_kind.entry(kind).or_insert((0, 0.0));
+                let entry = profile.by_kind.entry(kind).or_insert((0, 0.0, flops));
                 entry.0 += 1;
                 entry.1 += secs;
             }

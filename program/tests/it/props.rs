@@ -655,6 +655,35 @@ fn a_profile_counts_every_step_by_kind() {
     assert!(rows.iter().all(|r| r.count == 3 && r.seconds >= 0.0), "{rows:?}");
     assert!(kinds.contains(&"dot_general f32[8,6] <- [8, 4] [4, 6]"), "{kinds:?}");
     assert!(kinds.contains(&"fused [8, 6] 1 loads 1 outs: relu,tanh"), "{kinds:?}");
+    // A product's operations: 3 runs of 8·6 results, each 4 multiply-adds (two
+    // operations each); nothing else counts.
+    let flops = |kind: &str| rows.iter().find(|r| r.kind.starts_with(kind)).unwrap().flops;
+    assert_eq!(flops("dot_general"), 3.0 * 2.0 * 48.0 * 4.0);
+    assert_eq!(flops("fused"), 0.0);
+}
+
+/// A batched product with two contracted dims counts `2 · result elements ·
+/// contracted length` operations a run, the batch dims counted once (in the result).
+#[test]
+fn a_profile_counts_a_batched_products_operations() {
+    let mut b = Builder::new();
+    let x = b.param("x", spec(DType::F64, &[2, 3, 4, 5])).unwrap();
+    let y = b.param("y", spec(DType::F64, &[2, 5, 4, 7])).unwrap();
+    // Batch dim 0, contracting x's (2, 3) with y's (2, 1): result [2, 3, 7].
+    let z = b.dot_general(x, y, &[2, 3], &[2, 1], &[0], &[0]).unwrap();
+    let p = b.finish(&[z]).unwrap();
+    assert_eq!(p.spec(z).unwrap().shape.dims(), &[2, 3, 7]);
+    let exe = Executable::compile(&p, Options { profile: true, ..Options::default() });
+    let feed = inputs(&p, 2);
+    for _ in 0..2 {
+        exe.run(&feed, &Env::local()).unwrap();
+    }
+    let rows = exe.profile().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    // One multiply-add per result element (2·3·7) and contracted pair (4·5), two
+    // operations each, twice.
+    let madds = (2 * 3 * 7) * (4 * 5);
+    assert_eq!(rows[0].flops, 2.0 * 2.0 * madds as f64);
 }
 
 /// A causal mask (iotas and their comparison, which read no parameter) is computed
