@@ -14,9 +14,10 @@ pub struct Blocking {
     pub query_block: usize,
     /// Positions per loss chunk: each chunk's logits are `[B, chunk, V]`.
     pub loss_chunk: usize,
-    /// Whole (uncut) causal attention as one [`Op::Attention`] where cuDNN's fused
-    /// attention takes it ([`cudnn_attention`]), for a back end that runs it fused;
-    /// primitive ops otherwise.
+    /// Whole (uncut) causal attention as one [`Op::Attention`], for a back end that
+    /// runs it fused (cuDNN where [`cudnn_attention`] takes it, the fast interpreter's
+    /// CPU kernel in f32 and f64), whatever `query_block` says; primitive ops
+    /// otherwise. Whoever sets it checks that the back end takes it.
     ///
     /// [`Op::Attention`]: meshwork_program::Op::Attention
     pub fused_attention: bool,
@@ -99,11 +100,10 @@ pub(crate) fn causal(
     scale: Scale,
 ) -> Result<Value> {
     let block = blocking.query_block;
-    let (dtype, d) = dims(b, q)?;
+    let (_, d) = dims(b, q)?;
     let (bs, heads, t, hd) = (d[0], d[1], d[2], d[3]);
     let whole = block == 0 || block >= t;
-    let compute = b.matmul_dtype().unwrap_or(dtype);
-    if whole && blocking.fused_attention && cudnn_attention(compute, heads, hd, t).is_ok() {
+    if blocking.fused_attention {
         let spec = match scale {
             Scale::DivideBySqrt => {
                 AttentionSpec { scale: (hd as f64).sqrt(), divide: true, causal: true }

@@ -922,6 +922,11 @@ fn plan_of(config: &Config) -> Result<Plan> {
         blocking: config.blocking.unwrap_or_else(|| {
             let mut b = blocking(&net, run.batch, dtype, place.xla);
             b.fused_attention = fused;
+            if fused {
+                // The fused op takes attention whole; the CPU kernel blocks its queries
+                // itself, holding no layer's scores.
+                b.query_block = 0;
+            }
             b
         }),
         attention_note,
@@ -1118,7 +1123,13 @@ fn attention(
         ));
     }
     if !cudnn {
-        return Ok((false, None));
+        // The interpreter runs whole causal attention as one op through its fused CPU
+        // kernel (f32 and f64; half precision would run the op's definition, slower
+        // than the primitives). XLA's CPU and non-cuDNN lowerings inline the
+        // definition, so they keep the primitives.
+        let interpreter = backend.backend.is_none();
+        let compute = config.precision.unwrap_or(dtype);
+        return Ok((interpreter && matches!(compute, DType::F32 | DType::F64), None));
     }
     if config.backend.partitioner() == Partitioner::Xla {
         // XLA's partitioner does not split a custom call it has no partitioner for: it

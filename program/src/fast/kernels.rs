@@ -2,8 +2,9 @@
 //! kernels (GEMM-backed `dot_general` and convolutions, reductions, softmax, gathers
 //! and scatters).
 //!
-//! The one `unsafe` block is the call into `gemm`, which takes raw pointers and
-//! strides; its bounds are checked just before it.
+//! The `unsafe` blocks are the calls into `gemm` (in [`gemm`] and [`gemm_into`]),
+//! which takes raw pointers and strides, with their bounds checked just before each,
+//! and the calls of functions compiled for a CPU feature detected just before.
 
 #![allow(unsafe_code)]
 
@@ -575,7 +576,7 @@ pub(crate) fn softmax<T: Float>(
 }
 
 /// Softmax of consecutive rows of `n`, compiled for AVX2 where the CPU has it.
-fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
+pub(crate) fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected just above; the function is safe code compiled
@@ -786,6 +787,73 @@ pub(crate) fn gemm<T: Float>(
     }
     for (b, dst) in out.chunks_mut(m * n).enumerate() {
         one(b, 0, m, dst, par);
+    }
+}
+
+/// `dst = lhs · rhs`, or `dst += lhs · rhs` when `accumulate`, for one product on the
+/// calling thread: lhs `m × k`, rhs `k × n` (their `batch` strides unused), `dst` an
+/// `m × n` block of rows `dst_row` apart.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_into<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Mat<'_, T>,
+    rhs: Mat<'_, T>,
+    dst: &mut [T],
+    dst_row: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(n <= dst_row || m == 1, "a row of the product overlaps the next");
+    let end = (m - 1).checked_mul(dst_row).and_then(|r| r.checked_add(n));
+    assert!(end.is_some_and(|e| e <= dst.len()), "the product's block outside its buffer");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * dst_row..r * dst_row + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    // As in `gemm`: the last element each operand's strides reach is inside its buffer.
+    let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
+        let r = (rows - 1).checked_mul(x.row)?;
+        let c = (cols - 1).checked_mul(x.col)?;
+        r.checked_add(c)
+    };
+    assert!(last(&lhs, m, k).is_some_and(|l| l < lhs.data.len()), "lhs strides outside its buffer");
+    assert!(last(&rhs, k, n).is_some_and(|l| l < rhs.data.len()), "rhs strides outside its buffer");
+    let as_isize = |x: usize| isize::try_from(x).expect("a stride inside a buffer fits isize");
+    // SAFETY: `dst` holds the m×n block at row stride `dst_row` ≥ n (column stride 1),
+    // checked above to end inside it, and is borrowed exclusively; the operands'
+    // largest offsets were checked to be inside their slices, which are borrowed (live,
+    // unaliased by `dst`) for the call. With `read_dst` false `dst` is only written.
+    #[allow(unsafe_code)]
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            as_isize(dst_row),
+            accumulate,
+            lhs.data.as_ptr(),
+            as_isize(lhs.col),
+            as_isize(lhs.row),
+            rhs.data.as_ptr(),
+            as_isize(rhs.col),
+            as_isize(rhs.row),
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 

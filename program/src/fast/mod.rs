@@ -40,6 +40,7 @@
 //! 1e-12 relative. Integer and bool ops that are not layout copies run the reference's
 //! loops over the same buffers.
 
+mod attention;
 mod float;
 mod fused;
 mod kernels;
@@ -206,6 +207,11 @@ pub struct Executable {
     pool_limit: usize,
     /// Time per kind of step, with [`Options::profile`].
     profile: Option<Mutex<Profile>>,
+    /// Attention gradients computed together: the first of a set of
+    /// `attention_grad`s of one attention and cotangent (instruction index) → the
+    /// later ones (instruction, `wrt`), whose results it computes at once (one
+    /// recomputation of the probabilities for all three).
+    attention_siblings: HashMap<usize, Vec<(usize, usize)>>,
 }
 
 /// Seconds and counts per kind of step (an op and its operands' and result's shapes,
@@ -422,7 +428,9 @@ impl Executable {
             let count = pool.demand.get(&class).copied().unwrap_or(0) + 1;
             pool.demanded(class, count);
         }
+        let attention_siblings = attention_siblings(program, &steps);
         let mut exe = Executable {
+            attention_siblings,
             receives: program.instrs().iter().any(|i| matches!(i.op, Op::Recv { .. })),
             program: program.clone(),
             steps,
@@ -643,6 +651,8 @@ impl Executable {
         let np = p.params().len();
         slots.extend((0..p.instrs().len()).map(|_| Slot::Empty));
         let mut ctx = Ctx { pool: &self.pool, threads: self.options.threads, live: HashMap::new() };
+        // Attention gradients computed with an earlier sibling, until their step.
+        let mut pending: HashMap<usize, Tensor> = HashMap::new();
         for (s, step) in self.steps.iter().enumerate() {
             let started = self.profile.as_ref().map(|_| Instant::now());
             match step {
@@ -658,7 +668,35 @@ impl Executable {
                     let widened = !moves
                         && (half(instr.spec.dtype)
                             || instr.args.iter().any(|a| half(p.spec(*a).expect("defined").dtype)));
-                    let out = if widened {
+                    let out = if let Some(t) = pending.remove(i) {
+                        t
+                    } else if let (Some(later), Op::AttentionGrad { attention: a, wrt }) =
+                        (self.attention_siblings.get(i), &instr.op)
+                    {
+                        // This gradient and its siblings', from one pass.
+                        let dims = |k: usize| p.spec(instr.args[k]).expect("defined").shape.dims();
+                        let h = attention::Heads::of(dims(0), dims(1), dims(2), a)
+                            .expect("checked when the siblings were found");
+                        let wanted: Vec<usize> =
+                            std::iter::once(*wrt).chain(later.iter().map(|&(_, w)| w)).collect();
+                        let data: Vec<&Tensor> =
+                            instr.args.iter().map(|v| slots[v.index()].data()).collect();
+                        let mut grads = match instr.spec.dtype {
+                            DType::F32 => {
+                                let x = [0, 1, 2, 3].map(|k| f32::slice(data[k]));
+                                attention::gradients::<f32>(&mut ctx, h, a, x, &wanted)?
+                            }
+                            _ => {
+                                let x = [0, 1, 2, 3].map(|k| f64::slice(data[k]));
+                                attention::gradients::<f64>(&mut ctx, h, a, x, &wanted)?
+                            }
+                        };
+                        let rest = grads.split_off(1);
+                        for (&(j, _), t) in later.iter().zip(rest) {
+                            pending.insert(j, t);
+                        }
+                        grads.pop().expect("this instruction's gradient")
+                    } else if widened {
                         // Half precision: computed in f32, rounded as it is stored.
                         let args = instr
                             .args
@@ -937,6 +975,50 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 
 /// One instruction by its kernel (or by the reference's loops where the fast
 /// interpreter has none: integer arithmetic, `argmax`, `pad`, `iota`, conversions).
+/// The `attention_grad`s among `steps` that the fused kernel computes together: for
+/// each set of two or more of one attention spec and operands (f32 or f64, of shapes
+/// the kernel takes), its first instruction → the others with their `wrt`.
+fn attention_siblings(program: &Program, steps: &[Step]) -> HashMap<usize, Vec<(usize, usize)>> {
+    let mut sets: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+    for step in steps {
+        let Step::Instr(i) = *step else { continue };
+        let instr = &program.instrs()[i];
+        let Op::AttentionGrad { attention: a, wrt } = &instr.op else { continue };
+        let dims = |k: usize| program.spec(instr.args[k]).expect("defined").shape.dims().to_vec();
+        let float = matches!(instr.spec.dtype, DType::F32 | DType::F64)
+            && instr
+                .args
+                .iter()
+                .all(|v| program.spec(*v).expect("defined").dtype == instr.spec.dtype);
+        if !float || attention::Heads::of(&dims(0), &dims(1), &dims(2), a).is_none() {
+            continue;
+        }
+        let same = |j: usize| {
+            let other = &program.instrs()[j];
+            other.args == instr.args
+                && matches!(&other.op, Op::AttentionGrad { attention: b, .. } if b == a)
+        };
+        match sets.iter_mut().find(|(first, _)| same(*first)) {
+            Some((_, later)) => later.push((i, *wrt)),
+            None => sets.push((i, Vec::new())),
+        }
+    }
+    sets.into_iter().filter(|(_, later)| !later.is_empty()).collect()
+}
+
+/// A composite op (attention, its gradients) by its definition, run by this
+/// interpreter. Its operands are of the result's dtype (half precision is held
+/// widened here).
+fn composite(op: &Op, args: &[(&[usize], &Tensor)], spec: &TensorSpec) -> Result<Tensor> {
+    let inputs: Vec<Tensor> =
+        args.iter().map(|(d, t)| narrow(shaped((*t).clone(), d), spec.dtype)).collect();
+    let specs: Vec<TensorSpec> = inputs.iter().map(Tensor::spec).collect();
+    let definition =
+        crate::composite::definition(op, &specs).expect("a composite op has a definition")?;
+    let out = evaluate(&definition, &inputs)?;
+    Ok(widen(out.into_iter().next().expect("a definition returns one value")))
+}
+
 fn exec(
     op: &Op,
     args: &[(&[usize], &Tensor)],
@@ -1054,17 +1136,33 @@ fn exec(
                 conv.backprop_filter::<T>(a, T::slice(args[0].1), T::slice(args[1].1), at)?
             })
         }
-        Op::Attention(_) | Op::AttentionGrad { .. } => {
-            // A composite: its definition, run by this interpreter. Its operands are of
-            // the result's dtype (half precision is held widened here).
-            let inputs: Vec<Tensor> =
-                args.iter().map(|(d, t)| narrow(shaped((*t).clone(), d), spec.dtype)).collect();
-            let specs: Vec<TensorSpec> = inputs.iter().map(Tensor::spec).collect();
-            let definition = crate::composite::definition(op, &specs)
-                .expect("a composite op has a definition")?;
-            let out = evaluate(&definition, &inputs)?;
-            widen(out.into_iter().next().expect("a definition returns one value"))
+        Op::Attention(spec_a)
+            if matches!(spec.dtype, DType::F32 | DType::F64)
+                && args.iter().all(|(_, t)| t.dtype() == spec.dtype) =>
+        {
+            match attention::Heads::of(args[0].0, args[1].0, args[2].0, spec_a) {
+                Some(h) => float_kernel!(T, {
+                    let [q, k, v] = [0, 1, 2].map(|i| T::slice(args[i].1));
+                    attention::attention::<T>(a, h, spec_a, [q, k, v])?
+                }),
+                None => composite(op, args, spec)?,
+            }
         }
+        Op::AttentionGrad { attention: spec_a, wrt }
+            if matches!(spec.dtype, DType::F32 | DType::F64)
+                && args.iter().all(|(_, t)| t.dtype() == spec.dtype) =>
+        {
+            match attention::Heads::of(args[0].0, args[1].0, args[2].0, spec_a) {
+                Some(h) => float_kernel!(T, {
+                    let [q, k, v, dout] = [0, 1, 2, 3].map(|i| T::slice(args[i].1));
+                    let mut grads =
+                        attention::gradients::<T>(a, h, spec_a, [q, k, v, dout], &[*wrt])?;
+                    grads.pop().expect("the gradient asked for")
+                }),
+                None => composite(op, args, spec)?,
+            }
+        }
+        Op::Attention(_) | Op::AttentionGrad { .. } => composite(op, args, spec)?,
         Op::ThreefryUniform => {
             match kernels::threefry_uniform(a, args[0].1, args[1].1, args[2].1)? {
                 Some(t) => t,
