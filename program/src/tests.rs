@@ -1084,8 +1084,9 @@ fn shard_slice_and_pad_use_the_replica_position() {
 
 /// The fast interpreter's threaded paths against the reference, at sizes that take
 /// them with 2 threads: softmax rows spread over threads (>= 32Ki elements), a batch
-/// of products split over the batch, a product of many rows split by rows, one split
-/// inside the GEMM, and a narrow product kept on one thread.
+/// of products split over the batch, a product of many rows split by rows, wide ones
+/// split by columns (evenly, and unevenly with the rhs transposed), and a narrow
+/// product kept on one thread.
 #[test]
 fn threaded_kernels_equal_the_reference() {
     use crate::fast::{Executable, Options};
@@ -1137,7 +1138,20 @@ fn threaded_kernels_equal_the_reference() {
                 &[t, u],
             )
             .unwrap();
-        let p = b.finish(&[sm, lsm, batched, wide, narrow, tall]).unwrap();
+        // Columns split unevenly (200: runs of 112 and 88), the rhs transposed (x·Wᵀ).
+        let y = b.param("y", spec(&format!("{dtype}[200,1024]"))).unwrap();
+        let uneven = b
+            .push(
+                Op::DotGeneral {
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![1],
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                },
+                &[x, y],
+            )
+            .unwrap();
+        let p = b.finish(&[sm, lsm, batched, wide, narrow, tall, uneven]).unwrap();
         let feed: Vec<Tensor> = p
             .params()
             .iter()

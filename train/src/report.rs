@@ -345,6 +345,9 @@ pub fn svg(c: &Curves<'_>) -> String {
         .collect();
     let shown = train.iter().chain(&evals).filter_map(|p| p.1);
     let (lo, hi) = shown.fold((f64::MAX, f64::MIN), |(l, h), y| (l.min(y), h.max(y)));
+    // No finite loss to show (a run that failed before its first step): an empty 0–1
+    // panel, not one whose range runs from f64::MAX down to f64::MIN.
+    let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
     let ((y0, y1), y_ticks) = ticks(lo, hi, 6);
     let loss = Panel { left, top: 44.0, width, height: 280.0, x: (x0, x1), y: (y0, y1) };
     let escaped = c.title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");

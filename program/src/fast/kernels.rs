@@ -705,47 +705,51 @@ pub(crate) fn gemm<T: Float>(
     // Threads: a batch of products splits over the batch (each product on one
     // thread); one product with many rows, at least as many as it has columns, splits
     // its rows (each part a product on one thread, each packing the whole right
-    // operand); else one product splits inside `gemm`, which divides the output's
-    // columns (each thread packing its share of the right operand: a language model's
-    // head, 340×576×49152, packs its 113 MB weight once, not once per thread) — a
-    // narrow output (few columns) does not split well and stays on one thread.
+    // operand); else one product splits its output's columns (each thread a product
+    // on its own, packing its share of the right operand: a language model's head,
+    // 340×576×49152, packs its 113 MB weight once, not once per thread) — a narrow
+    // output (few columns) does not split well and stays on one thread.
     // Measured on 2 cores (f32, medians, GFLOP/s): 1024³ rows 151 / gemm's split 134;
     // 2048×256×1024 173 / 151; 512³ 191 / 176; 256×256×1024 138 / 137; 256×1024×16 one
     // thread 2.5× faster than two; 340×576×49152 (AVX-512 VM) rows 164–168 / gemm's
-    // split 178–180.
+    // split 178–180. Columns split here rather than by `gemm`'s own threads
+    // (`Parallelism::Rayon`), 2-core AVX-512 VM, medians of 25: `x·Wᵀ` 256×576×576
+    // 159–203 / 113–173, 256×576×1536 124–141 / 94–101, `dY·W` 256×576×1536 198–206 /
+    // 186–193, 256×576×49152 201–203 / 185–189, 256×49152×576 171–180 / 173.
     let work = m * n * k;
     let big = threads > 1 && work >= 64 * 64 * 64;
     let split_batches = big && batches >= threads;
     // Fewer products than threads: each product split as one alone would be.
     let split_rows = big && !split_batches && m >= 128 * threads && n <= m;
-    let par = if big && !split_batches && n >= 64 * threads {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    // Product `b`'s rows `r0..r0 + rows` into `dst` (those rows of its output).
-    let one = |b: usize, r0: usize, rows: usize, dst: &mut [T], par: gemm::Parallelism| {
+    let split_cols = big && !split_batches && !split_rows && n >= 64 * threads;
+    // Product `b`'s rows `r0..r0 + rows` and columns `c0..c0 + cols` into the block
+    // at `dst` (its element (r0, c0)), rows `n` apart.
+    let one = |b: usize, (r0, rows): (usize, usize), (c0, cols): (usize, usize), dst: Out<T>| {
         let as_isize = |x: usize| isize::try_from(x).expect("a stride inside a buffer fits isize");
-        // SAFETY: `dst` is an exclusive rows×n row-major block (row stride n, column
-        // stride 1). The lhs reads `b·batch + i·row + j·col` for r0 <= i < r0 + rows <= m,
-        // j < k and the rhs `b·batch + i·row + j·col` for i < k, j < n; the largest of
-        // these was checked above to be inside each operand's slice (b < batches), and
-        // the slices are borrowed (so live and unaliased by `dst`) for the call. With
-        // `read_dst` false, `dst` is written, never read, so its prior contents (a
-        // pooled buffer) do not matter.
+        // SAFETY: `dst` points at element (r0, c0) of product `b`'s rows×n row-major
+        // output block (row stride n, column stride 1) of `out`, which is borrowed
+        // exclusively for the whole call of `gemm` (this function); the block written,
+        // rows `r0..r0 + rows` and columns `c0..c0 + cols` (c0 + cols <= n), is this
+        // call's alone: the threads' blocks are disjoint rows or disjoint columns. The
+        // lhs reads `b·batch + i·row + j·col` for r0 <= i < r0 + rows <= m, j < k and
+        // the rhs `b·batch + i·row + j·col` for i < k, c0 <= j < c0 + cols <= n; the
+        // largest of these was checked above to be inside each operand's slice
+        // (b < batches), and the slices are borrowed (so live and unaliased by `out`)
+        // for the call. With `read_dst` false, the block is written, never read, so
+        // its prior contents (a pooled buffer) do not matter.
         unsafe {
             gemm::gemm(
                 rows,
-                n,
+                cols,
                 k,
-                dst.as_mut_ptr(),
+                dst.0,
                 1,
                 as_isize(n),
                 false,
                 lhs.data.as_ptr().add(b * lhs.batch + r0 * lhs.row),
                 as_isize(lhs.col),
                 as_isize(lhs.row),
-                rhs.data.as_ptr().add(b * rhs.batch),
+                rhs.data.as_ptr().add(b * rhs.batch + c0 * rhs.col),
                 as_isize(rhs.col),
                 as_isize(rhs.row),
                 T::ZERO,
@@ -753,10 +757,11 @@ pub(crate) fn gemm<T: Float>(
                 false,
                 false,
                 false,
-                par,
+                gemm::Parallelism::None,
             );
         }
     };
+    let whole = |dst: &mut [T]| Out(dst.as_mut_ptr());
     if split_batches {
         // Contiguous runs of products, one run per thread.
         let per = batches.div_ceil(threads);
@@ -765,7 +770,7 @@ pub(crate) fn gemm<T: Float>(
                 let one = &one;
                 s.spawn(move |_| {
                     for (j, dst) in run.chunks_mut(m * n).enumerate() {
-                        one(g * per + j, 0, m, dst, gemm::Parallelism::None);
+                        one(g * per + j, (0, m), (0, n), whole(dst));
                     }
                 });
             }
@@ -779,16 +784,50 @@ pub(crate) fn gemm<T: Float>(
             rayon::scope(|s| {
                 for (g, dst) in product.chunks_mut(per * n).enumerate() {
                     let one = &one;
-                    s.spawn(move |_| one(b, g * per, dst.len() / n, dst, gemm::Parallelism::None));
+                    s.spawn(move |_| one(b, (g * per, dst.len() / n), (0, n), whole(dst)));
+                }
+            });
+        }
+        return;
+    }
+    if split_cols {
+        // Each product's columns in contiguous runs (multiples of 16: whole vectors),
+        // one run per thread, writing through one pointer to the product's block.
+        let per = n.div_ceil(threads).next_multiple_of(16);
+        for (b, product) in out.chunks_mut(m * n).enumerate() {
+            let base = whole(product);
+            rayon::scope(|s| {
+                for c0 in (0..n).step_by(per) {
+                    let one = &one;
+                    let dst = base.at(c0, n);
+                    s.spawn(move |_| one(b, (0, m), (c0, per.min(n - c0)), dst));
                 }
             });
         }
         return;
     }
     for (b, dst) in out.chunks_mut(m * n).enumerate() {
-        one(b, 0, m, dst, par);
+        one(b, (0, m), (0, n), whole(dst));
     }
 }
+
+/// A pointer into a product's output, handed to the thread that writes its block.
+#[derive(Clone, Copy)]
+struct Out<T>(*mut T);
+
+impl<T> Out<T> {
+    /// The pointer `c0` elements on, inside the first row of `n` it points at.
+    fn at(self, c0: usize, n: usize) -> Out<T> {
+        assert!(c0 < n, "a column inside the row");
+        // SAFETY: `self` points at the start of a row of `n` elements of one
+        // allocation, so `c0 < n` elements on is inside it.
+        Out(unsafe { self.0.add(c0) })
+    }
+}
+// SAFETY: an `Out` is only made from an exclusive borrow of the output and only
+// written through for a block no other thread writes (see `gemm`).
+unsafe impl<T: Send> Send for Out<T> {}
+unsafe impl<T: Send> Sync for Out<T> {}
 
 /// `dst = lhs · rhs`, or `dst += lhs · rhs` when `accumulate`, for one product on the
 /// calling thread: lhs `m × k`, rhs `k × n` (their `batch` strides unused), `dst` an
