@@ -1084,9 +1084,9 @@ fn shard_slice_and_pad_use_the_replica_position() {
 
 /// The fast interpreter's threaded paths against the reference, at sizes that take
 /// them with 2 threads: softmax rows spread over threads (>= 32Ki elements), a batch
-/// of products split over the batch, a product of many rows split by rows, wide ones
-/// split by columns (evenly, and unevenly with the rhs transposed), and a narrow
-/// product kept on one thread.
+/// of products split over the batch, products of many rows split by rows (the rhs not
+/// transposed) or by columns (transposed), wide ones split by columns (evenly, and
+/// unevenly with the rhs transposed), and narrow products kept on one thread.
 #[test]
 fn threaded_kernels_equal_the_reference() {
     use crate::fast::{Executable, Options};
@@ -1138,6 +1138,22 @@ fn threaded_kernels_equal_the_reference() {
                 &[t, u],
             )
             .unwrap();
+        // Many rows, the rhs not transposed: split by rows.
+        let r = b.param("r", spec(&format!("{dtype}[64,96]"))).unwrap();
+        let tall_rows = b.matmul(t, r).unwrap();
+        // Many rows, the rhs transposed and wide enough: split by columns.
+        let u2 = b.param("u2", spec(&format!("{dtype}[160,64]"))).unwrap();
+        let tall_cols = b
+            .push(
+                Op::DotGeneral {
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![1],
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                },
+                &[t, u2],
+            )
+            .unwrap();
         // Columns split unevenly (200: runs of 112 and 88), the rhs transposed (x·Wᵀ).
         let y = b.param("y", spec(&format!("{dtype}[200,1024]"))).unwrap();
         let uneven = b
@@ -1151,7 +1167,9 @@ fn threaded_kernels_equal_the_reference() {
                 &[x, y],
             )
             .unwrap();
-        let p = b.finish(&[sm, lsm, batched, wide, narrow, tall, uneven]).unwrap();
+        let p = b
+            .finish(&[sm, lsm, batched, wide, narrow, tall, tall_rows, tall_cols, uneven])
+            .unwrap();
         let feed: Vec<Tensor> = p
             .params()
             .iter()
