@@ -428,7 +428,7 @@ pub(crate) struct TrainArgs {
     /// The model (see `meshwork help train --model M` for its defaults and flags); default: the one --init DIR's config.json, --resume's checkpoint or --preset names, else mlp
     #[arg(help_heading = "Model", long, value_enum)]
     pub(crate) model: Option<Model>,
-    /// How a language model's causal attention lowers on XLA: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (XLA's own); default: cudnn where the back end is a CUDA one and cuDNN takes it
+    /// How a language model's causal attention runs: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (its primitive ops: XLA's own lowering, and on the interpreter one op at a time); default: cudnn where the back end is a CUDA one and cuDNN takes it, on the interpreter its fused CPU kernel (f32, f64)
     #[arg(help_heading = "Model", long, value_enum)]
     attention: Option<AttentionArg>,
     /// The weights' dtype (default f64 for the MLP, else f32)
@@ -805,7 +805,7 @@ pub(crate) enum BackendArg {
 pub(crate) enum AttentionArg {
     /// cuDNN's fused attention.
     Cudnn,
-    /// XLA's own lowering.
+    /// Its primitive ops (XLA's own lowering).
     Xla,
 }
 
@@ -1050,7 +1050,7 @@ pub(crate) struct InspectArgs {
     /// With --backend xla: who splits the step (meshwork, or XLA's partitioner)
     #[arg(long, value_enum, default_value_t = PartitionerArg::Meshwork)]
     partitioner: PartitionerArg,
-    /// How a language model's causal attention lowers on XLA: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (XLA's own); default: cudnn where the back end is a CUDA one and cuDNN takes it
+    /// How a language model's causal attention runs: cudnn (cuDNN's fused attention, NVIDIA GPUs, bf16/f16, head dim a multiple of 8 up to 128) or xla (its primitive ops: XLA's own lowering, and on the interpreter one op at a time); default: cudnn where the back end is a CUDA one and cuDNN takes it, on the interpreter its fused CPU kernel (f32, f64)
     #[arg(long, value_enum)]
     attention: Option<AttentionArg>,
     /// With --json: a pipeline of K stages per data replica (--mesh Dx1)

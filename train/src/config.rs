@@ -329,14 +329,15 @@ impl BackendKind {
 
 pub use meshwork_strategy::backend::Partitioner;
 
-/// How causal attention lowers on XLA (`--attention`).
+/// How causal attention runs (`--attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {
     /// cuDNN's fused (flash) attention: the custom calls JAX emits for
     /// `dot_product_attention(implementation="cudnn")`; refused where cuDNN does not
     /// take the model's attention or the back end is not a CUDA one.
     Cudnn,
-    /// XLA's own lowering of attention's primitive ops.
+    /// Attention's primitive ops: XLA's own lowering of them, and on the interpreter
+    /// the ops one at a time instead of its fused CPU kernel.
     Xla,
 }
 
@@ -360,7 +361,8 @@ pub struct Config {
     /// `--positions`: a GPT-2's positions (its context at most).
     pub positions: Option<usize>,
     /// `--attention`: `None` lowers it with cuDNN where the back end is a CUDA one and
-    /// cuDNN takes it, plainly otherwise.
+    /// cuDNN takes it, runs it with the fast interpreter's fused kernel on the
+    /// interpreter (f32 and f64 products), plainly otherwise.
     pub attention: Option<AttentionKind>,
     /// `--hidden`, the MLP's hidden units.
     pub hidden: Option<usize>,

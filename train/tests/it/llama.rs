@@ -570,7 +570,8 @@ fn an_export_keeps_the_layout_and_reads_back() {
 
 /// The memory savers change how a step computes, never what: `--grad-accum 2`,
 /// `--remat`, `--fsdp` (and all three), with the interpreter's attention by query
-/// blocks and the loss by chunks, give the plain one-device run's losses to 1e-12.
+/// blocks and the loss by chunks, give the plain one-device run's losses to 1e-12; so
+/// does attention as primitive ops (`--attention xla`) instead of the fused kernel.
 #[test]
 fn the_memory_savers_and_pieces_keep_the_losses() {
     use meshwork_train::Config;
@@ -599,6 +600,17 @@ fn the_memory_savers_and_pieces_keep_the_losses() {
             let what = format!(
                 "{case} {mesh:?} grad_accum {grad_accum:?} remat {remat} fsdp {fsdp} {blocking:?}"
             );
+            within(&crate::losses(&config), &plain, 1e-12, &what);
+        }
+        // Attention's primitive ops (`--attention xla`) instead of the interpreter's
+        // fused kernel, which the runs above take.
+        for mesh in [(1, 1), (1, 2)] {
+            let config = Config {
+                mesh: Some(mesh),
+                attention: Some(meshwork_train::AttentionKind::Xla),
+                ..base.clone()
+            };
+            let what = format!("{case} {mesh:?} --attention xla");
             within(&crate::losses(&config), &plain, 1e-12, &what);
         }
     }
