@@ -1639,6 +1639,8 @@ proptest! {
         let inputs = [q, k, v, w];
         let want = crate::reference::evaluate(&g, &inputs).unwrap();
         let exe = crate::fast::Executable::compile(&g, crate::fast::Options::default().threads(threads));
+        // All three gradients run as one step (the later two with the first).
+        prop_assert_eq!(exe.grouped_attention_grads(), if alone == 3 { 2 } else { 0 });
         let got = exe.run(&inputs, &crate::Env::local()).unwrap();
         let tol = if f32 { 2e-5 } else { 1e-12 };
         for (r, (x, y)) in got.iter().zip(&want).enumerate() {
@@ -1647,6 +1649,47 @@ proptest! {
             let scale = 1.0 + y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             for (e, (p, q)) in x.iter().zip(&y).enumerate() {
                 prop_assert!((p - q).abs() <= tol * scale, "result {} element {}: {} vs {}", r, e, p, q);
+            }
+        }
+    }
+}
+
+/// `attention_grad`s of one attention asking twice for one operand's gradient (a
+/// program written by hand, not by `grad`): the repeat runs on its own, and every
+/// result equals the reference's.
+#[test]
+fn repeated_attention_gradients_each_get_their_own_result() {
+    let a = crate::AttentionSpec { scale: 0.5, divide: false, causal: true };
+    let mut bl = Builder::new();
+    let mut params = Vec::new();
+    for (name, dims) in
+        [("q", [1, 2, 70, 4]), ("k", [1, 2, 70, 4]), ("v", [1, 2, 70, 3]), ("d", [1, 2, 70, 3])]
+    {
+        let spec = TensorSpec::new(DType::F64, meshwork_types::Shape::new(&dims).unwrap());
+        params.push(bl.param(name, spec).unwrap());
+    }
+    let grads: Vec<Value> = [1, 0, 1, 2, 2]
+        .into_iter()
+        .map(|wrt| bl.push(Op::AttentionGrad { attention: a, wrt }, &params).unwrap())
+        .collect();
+    let p = bl.finish(&grads).unwrap();
+    let inputs: Vec<Tensor> = p
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, q)| heads(q.spec.shape.dims().try_into().unwrap(), 7 + i as u64))
+        .collect();
+    let exe = crate::fast::Executable::compile(&p, crate::fast::Options::default());
+    // The first of each operand's gradients join the first's step: wrt 0 and 2.
+    assert_eq!(exe.grouped_attention_grads(), 2);
+    let want = crate::reference::evaluate(&p, &inputs).unwrap();
+    for _ in 0..2 {
+        let got = exe.run(&inputs, &crate::Env::local()).unwrap();
+        for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+            let (x, y) = (x.to_f64(), y.to_f64());
+            let scale = 1.0 + y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (e, (p, q)) in x.iter().zip(&y).enumerate() {
+                assert!((p - q).abs() <= 1e-12 * scale, "result {r} element {e}: {p} vs {q}");
             }
         }
     }

@@ -1124,9 +1124,11 @@ fn attention(
     }
     if !cudnn {
         // The interpreter runs whole causal attention as one op through its fused CPU
-        // kernel (f32 and f64; half precision would run the op's definition, slower
-        // than the primitives). XLA's CPU and non-cuDNN lowerings inline the
-        // definition, so they keep the primitives.
+        // kernel where its products are f32 or f64. Half-precision products keep the
+        // primitive ops: the op would be widened to f32 whole, where the primitives
+        // round the scores and probabilities to the half dtype as JAX's reference
+        // does. XLA's CPU and non-cuDNN lowerings inline the definition, so they keep
+        // the primitives too.
         let interpreter = backend.backend.is_none();
         let compute = config.precision.unwrap_or(dtype);
         return Ok((interpreter && matches!(compute, DType::F32 | DType::F64), None));

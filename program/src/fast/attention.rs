@@ -13,8 +13,13 @@
 //! forward's saved scores.
 //!
 //! A masked score is `exp(-1e9 − max)` in the definition, exactly 0 in f32 and f64, so
-//! skipping it changes no sum; the results differ from the definition's only in the
-//! order products and sums are rounded.
+//! skipping it changes no sum: for finite operands the results differ from the
+//! definition's only in the order products and sums are rounded (and the backward
+//! pass multiplies by `1/scale` where the definition divides). Non-finite operands
+//! differ where the definition multiplies a masked key's 0 by them: a NaN or infinite
+//! value of a key reaches only the queries that see it here (every query there), and
+//! a row whose visible scores are all `-inf` is NaN here (uniform over the masked keys
+//! there).
 //!
 //! [`attention_primitives`]: crate::composite::attention_primitives
 //! [`Op::Attention`]: crate::Op::Attention
@@ -121,23 +126,24 @@ pub(crate) fn attention<T: Float>(
     if o.is_empty() {
         return Ok(out);
     }
-    let head = |j: usize, oh: &mut [T]| {
+    let head = |j: usize, oh: &mut [T], scratch: &mut Vec<T>| {
         let (qh, kh, vh) = (
             &q[j * h.tq * h.d..][..h.tq * h.d],
             &k[j * h.tk * h.d..][..h.tk * h.d],
             &v[j * h.tk * h.dv..][..h.tk * h.dv],
         );
         let block = QUERY_BLOCK.min(h.tq);
-        let (mut s, mut p) = (vec![T::ZERO; block * h.tk], vec![T::ZERO; block * h.tk]);
+        scratch.resize(2 * block * h.tk, T::ZERO);
+        let (s, p) = scratch.split_at_mut(block * h.tk);
         for r0 in (0..h.tq).step_by(block) {
             let r1 = (r0 + block).min(h.tq);
             let n = h.visible(spec, r1 - 1).min(h.tk);
-            probabilities(&h, spec, qh, kh, (r0, r1, n), &mut s, &mut p);
+            probabilities(&h, spec, qh, kh, (r0, r1, n), s, p);
             gemm_into(
                 r1 - r0,
                 h.dv,
                 n,
-                Mat { data: &p, batch: 0, row: n, col: 1 },
+                Mat { data: p, batch: 0, row: n, col: 1 },
                 Mat { data: vh, batch: 0, row: h.dv, col: 1 },
                 &mut oh[r0 * h.dv..],
                 h.dv,
@@ -145,7 +151,9 @@ pub(crate) fn attention<T: Float>(
             );
         }
     };
-    over_heads(a.threads(), h.heads, &mut [(o, h.tq * h.dv)], |j, parts| head(j, &mut *parts[0]));
+    over_heads(a.threads(), h.heads, &mut [(o, h.tq * h.dv)], |j, parts, scratch| {
+        head(j, &mut *parts[0], scratch)
+    });
     Ok(out)
 }
 
@@ -164,7 +172,7 @@ pub(crate) fn gradients<T: Float>(
         wanted.iter().map(|&w| a.alloc(T::DTYPE, h.heads * sizes[w])).collect::<Result<_>>()?;
     let want = |w: usize| wanted.iter().position(|&x| x == w);
     let (iq, ik, iv) = (want(0), want(1), want(2));
-    let head = |j: usize, parts: &mut [&mut [T]]| {
+    let head = |j: usize, parts: &mut [&mut [T]], scratch: &mut Vec<T>| {
         let (qh, kh, vh, doh) = (
             &q[j * sizes[0]..][..sizes[0]],
             &k[j * sizes[1]..][..sizes[1]],
@@ -178,14 +186,15 @@ pub(crate) fn gradients<T: Float>(
             }
         }
         let block = QUERY_BLOCK.min(h.tq);
-        let (mut s, mut p) = (vec![T::ZERO; block * h.tk], vec![T::ZERO; block * h.tk]);
+        scratch.resize(2 * block * h.tk, T::ZERO);
+        let (s, p) = scratch.split_at_mut(block * h.tk);
         let factor =
             if spec.divide { T::ONE / T::from_f64(spec.scale) } else { T::from_f64(spec.scale) };
         for r0 in (0..h.tq).step_by(block) {
             let r1 = (r0 + block).min(h.tq);
             let rows = r1 - r0;
             let n = h.visible(spec, r1 - 1).min(h.tk);
-            probabilities(&h, spec, qh, kh, (r0, r1, n), &mut s, &mut p);
+            probabilities(&h, spec, qh, kh, (r0, r1, n), s, p);
             let dob = &doh[r0 * h.dv..];
             if let Some(iv) = iv {
                 // dV[..n] += Pᵀ · dO
@@ -193,7 +202,7 @@ pub(crate) fn gradients<T: Float>(
                     n,
                     h.dv,
                     rows,
-                    Mat { data: &p, batch: 0, row: 1, col: n },
+                    Mat { data: p, batch: 0, row: 1, col: n },
                     Mat { data: dob, batch: 0, row: h.dv, col: 1 },
                     &mut *parts[iv],
                     h.dv,
@@ -278,14 +287,14 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     acc.into_iter().fold(T::ZERO, |s, x| s + x) + tail
 }
 
-/// Runs `head(j, parts of head j)` for every head `j < heads`, the heads split in
-/// contiguous runs over `threads` threads; `outs` are the buffers split by head, each
-/// with its per-head length.
+/// Runs `head(j, parts of head j, scratch)` for every head `j < heads`, the heads
+/// split in contiguous runs over `threads` threads; `outs` are the buffers split by
+/// head, each with its per-head length; `scratch` is the thread's own.
 fn over_heads<T: Float>(
     threads: usize,
     heads: usize,
     outs: &mut [(&mut [T], usize)],
-    head: impl Fn(usize, &mut [&mut [T]]) + Sync,
+    head: impl Fn(usize, &mut [&mut [T]], &mut Vec<T>) + Sync,
 ) {
     let threads = threads.clamp(1, heads.max(1));
     let per = heads.div_ceil(threads);
@@ -303,6 +312,9 @@ fn over_heads<T: Float>(
         }
     }
     let run = |t: usize, mut bufs: Vec<&mut [T]>| {
+        // Each thread's scratch (a block's scores and probabilities), reused by its
+        // heads.
+        let mut scratch = Vec::new();
         for j in t * per..((t + 1) * per).min(heads) {
             let local = j - t * per;
             let mut parts: Vec<&mut [T]> = bufs
@@ -310,7 +322,7 @@ fn over_heads<T: Float>(
                 .zip(&lens)
                 .map(|(b, &len)| &mut b[local * len..(local + 1) * len])
                 .collect();
-            head(j, &mut parts);
+            head(j, &mut parts, &mut scratch);
         }
     };
     if threads == 1 {

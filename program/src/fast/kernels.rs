@@ -3,8 +3,10 @@
 //! and scatters).
 //!
 //! The `unsafe` blocks are the calls into `gemm` (in [`gemm`] and [`gemm_into`]),
-//! which takes raw pointers and strides, with their bounds checked just before each,
-//! and the calls of functions compiled for a CPU feature detected just before.
+//! which takes raw pointers and strides, with their bounds checked just before each;
+//! the pointer to each thread's block of columns of one product (`Out`, sent between
+//! threads, each writing only its own columns); and the calls of functions compiled for
+//! a CPU feature detected just before.
 
 #![allow(unsafe_code)]
 
@@ -721,11 +723,13 @@ pub(crate) fn gemm<T: Float>(
     let split_batches = big && batches >= threads;
     // Fewer products than threads: each product split as one alone would be. A right
     // operand walked along `k` (`x·Wᵀ`, a weight stored `[out, in]`) is slow to pack
-    // whole on every thread: its product splits by columns (1024×576×1536 181–191
-    // GFLOP/s against 168–173 by rows).
+    // whole on every thread: its product splits by columns where it has enough of
+    // them (1024×576×1536 181–191 GFLOP/s against 168–173 by rows), else by rows.
+    let wide = n >= 64 * threads;
     let rhs_along_k = rhs.row == 1 && rhs.col != 1;
-    let split_rows = big && !split_batches && m >= 128 * threads && n <= m && !rhs_along_k;
-    let split_cols = big && !split_batches && !split_rows && n >= 64 * threads;
+    let split_rows =
+        big && !split_batches && m >= 128 * threads && n <= m && !(rhs_along_k && wide);
+    let split_cols = big && !split_batches && !split_rows && wide;
     // Product `b`'s rows `r0..r0 + rows` and columns `c0..c0 + cols` into the block
     // at `dst` (its element (r0, c0)), rows `n` apart.
     let one = |b: usize, (r0, rows): (usize, usize), (c0, cols): (usize, usize), dst: Out<T>| {
@@ -803,7 +807,10 @@ pub(crate) fn gemm<T: Float>(
             rayon::scope(|s| {
                 for c0 in (0..n).step_by(per) {
                     let one = &one;
-                    let dst = base.at(c0, n);
+                    // SAFETY: `base` points at the start of the product's first row
+                    // of `n` elements, and c0 < n.
+                    #[allow(unsafe_code)]
+                    let dst = unsafe { base.at(c0) };
                     s.spawn(move |_| one(b, (0, m), (c0, per.min(n - c0)), dst));
                 }
             });
@@ -820,11 +827,13 @@ pub(crate) fn gemm<T: Float>(
 struct Out<T>(*mut T);
 
 impl<T> Out<T> {
-    /// The pointer `c0` elements on, inside the first row of `n` it points at.
-    fn at(self, c0: usize, n: usize) -> Out<T> {
-        assert!(c0 < n, "a column inside the row");
-        // SAFETY: `self` points at the start of a row of `n` elements of one
-        // allocation, so `c0 < n` elements on is inside it.
+    /// The pointer `c0` elements on.
+    ///
+    /// # Safety
+    ///
+    /// `self` points into an allocation with at least `c0` more elements after it.
+    unsafe fn at(self, c0: usize) -> Out<T> {
+        // SAFETY: as the caller promises.
         Out(unsafe { self.0.add(c0) })
     }
 }

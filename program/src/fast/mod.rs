@@ -214,6 +214,14 @@ pub struct Executable {
     attention_siblings: HashMap<usize, Vec<(usize, usize)>>,
 }
 
+impl Executable {
+    /// How many `attention_grad`s run with an earlier sibling's step (for tests).
+    #[cfg(test)]
+    pub(crate) fn grouped_attention_grads(&self) -> usize {
+        self.attention_siblings.values().map(Vec::len).sum()
+    }
+}
+
 /// Seconds and counts per kind of step (an op and its operands' and result's shapes,
 /// or a fused group's members), kept with [`Options::profile`]: where a program's time
 /// goes, by kernel.
@@ -973,13 +981,13 @@ pub fn evaluate(program: &Program, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     Executable::compile(program, Options::default()).run(inputs, &Env::local())
 }
 
-/// One instruction by its kernel (or by the reference's loops where the fast
-/// interpreter has none: integer arithmetic, `argmax`, `pad`, `iota`, conversions).
 /// The `attention_grad`s among `steps` that the fused kernel computes together: for
 /// each set of two or more of one attention spec and operands (f32 or f64, of shapes
 /// the kernel takes), its first instruction → the others with their `wrt`.
 fn attention_siblings(program: &Program, steps: &[Step]) -> HashMap<usize, Vec<(usize, usize)>> {
-    let mut sets: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+    // (first instruction, its `wrt`, the later ones with theirs).
+    type Set = (usize, usize, Vec<(usize, usize)>);
+    let mut sets: Vec<Set> = Vec::new();
     for step in steps {
         let Step::Instr(i) = *step else { continue };
         let instr = &program.instrs()[i];
@@ -998,12 +1006,19 @@ fn attention_siblings(program: &Program, steps: &[Step]) -> HashMap<usize, Vec<(
             other.args == instr.args
                 && matches!(&other.op, Op::AttentionGrad { attention: b, .. } if b == a)
         };
-        match sets.iter_mut().find(|(first, _)| same(*first)) {
-            Some((_, later)) => later.push((i, *wrt)),
-            None => sets.push((i, Vec::new())),
+        match sets.iter_mut().find(|(first, _, _)| same(*first)) {
+            // A second gradient of an operand already asked for runs on its own.
+            Some((_, w, later)) if *w != *wrt && later.iter().all(|(_, x)| x != wrt) => {
+                later.push((i, *wrt))
+            }
+            Some(_) => {}
+            None => sets.push((i, *wrt, Vec::new())),
         }
     }
-    sets.into_iter().filter(|(_, later)| !later.is_empty()).collect()
+    sets.into_iter()
+        .filter(|(_, _, later)| !later.is_empty())
+        .map(|(first, _, later)| (first, later))
+        .collect()
 }
 
 /// A composite op (attention, its gradients) by its definition, run by this
@@ -1019,6 +1034,8 @@ fn composite(op: &Op, args: &[(&[usize], &Tensor)], spec: &TensorSpec) -> Result
     Ok(widen(out.into_iter().next().expect("a definition returns one value")))
 }
 
+/// One instruction by its kernel (or by the reference's loops where the fast
+/// interpreter has none: integer arithmetic, `argmax`, `pad`, `iota`, conversions).
 fn exec(
     op: &Op,
     args: &[(&[usize], &Tensor)],
