@@ -1124,49 +1124,29 @@ fn threaded_kernels_equal_the_reference() {
             .unwrap();
         let wide = b.matmul(x, w).unwrap();
         let narrow = b.matmul(x, v).unwrap();
+        // `x · yᵀ` of two matrices: the rhs walked along its rows (`x·Wᵀ`).
+        let times_transposed = |b: &mut Builder, x, y| {
+            let op = Op::DotGeneral {
+                lhs_contract: vec![1],
+                rhs_contract: vec![1],
+                lhs_batch: vec![],
+                rhs_batch: vec![],
+            };
+            b.push(op, &[x, y]).unwrap()
+        };
         // Many rows (301, split unevenly over the threads), the rhs transposed.
         let t = b.param("t", spec(&format!("{dtype}[301,64]"))).unwrap();
         let u = b.param("u", spec(&format!("{dtype}[96,64]"))).unwrap();
-        let tall = b
-            .push(
-                Op::DotGeneral {
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![1],
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                },
-                &[t, u],
-            )
-            .unwrap();
+        let tall = times_transposed(&mut b, t, u);
         // Many rows, the rhs not transposed: split by rows.
         let r = b.param("r", spec(&format!("{dtype}[64,96]"))).unwrap();
         let tall_rows = b.matmul(t, r).unwrap();
         // Many rows, the rhs transposed and wide enough: split by columns.
         let u2 = b.param("u2", spec(&format!("{dtype}[160,64]"))).unwrap();
-        let tall_cols = b
-            .push(
-                Op::DotGeneral {
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![1],
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                },
-                &[t, u2],
-            )
-            .unwrap();
+        let tall_cols = times_transposed(&mut b, t, u2);
         // Columns split unevenly (200: runs of 112 and 88), the rhs transposed (x·Wᵀ).
         let y = b.param("y", spec(&format!("{dtype}[200,1024]"))).unwrap();
-        let uneven = b
-            .push(
-                Op::DotGeneral {
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![1],
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                },
-                &[x, y],
-            )
-            .unwrap();
+        let uneven = times_transposed(&mut b, x, y);
         let p = b
             .finish(&[sm, lsm, batched, wide, narrow, tall, tall_rows, tall_cols, uneven])
             .unwrap();

@@ -667,6 +667,22 @@ pub(crate) struct Mat<'a, T> {
     pub col: usize,
 }
 
+impl<T> Mat<'_, T> {
+    /// Whether every element of `batches` (≥ 1) products of `rows × cols` (each ≥ 1)
+    /// lies inside the operand's buffer: the safety argument of the raw-pointer calls
+    /// into `gemm`. Checked arithmetic: a sum that wrapped (release builds do not trap)
+    /// could pass the bound and let the raw pointers reach outside.
+    fn inside(&self, batches: usize, rows: usize, cols: usize) -> bool {
+        let last = (|| {
+            let b = (batches - 1).checked_mul(self.batch)?;
+            let r = (rows - 1).checked_mul(self.row)?;
+            let c = (cols - 1).checked_mul(self.col)?;
+            b.checked_add(r)?.checked_add(c)
+        })();
+        last.is_some_and(|l| l < self.data.len())
+    }
+}
+
 /// `out[b] = lhs[b] · rhs[b]` for `b < batches`, lhs `m × k`, rhs `k × n`, out
 /// row-major contiguous `batches × m × n`, through the `gemm` crate.
 #[allow(clippy::too_many_arguments)]
@@ -692,18 +708,8 @@ pub(crate) fn gemm<T: Float>(
         out.fill(T::ZERO);
         return;
     }
-    // The last element each operand's strides reach must be inside its buffer: the
-    // safety argument of the raw-pointer call below.
-    // Checked arithmetic: a sum that wrapped (release builds do not trap) could pass
-    // the bound and let the raw pointers reach outside.
-    let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
-        let b = (batches - 1).checked_mul(x.batch)?;
-        let r = (rows - 1).checked_mul(x.row)?;
-        let c = (cols - 1).checked_mul(x.col)?;
-        b.checked_add(r)?.checked_add(c)
-    };
-    assert!(last(&lhs, m, k).is_some_and(|l| l < lhs.data.len()), "lhs strides outside its buffer");
-    assert!(last(&rhs, k, n).is_some_and(|l| l < rhs.data.len()), "rhs strides outside its buffer");
+    assert!(lhs.inside(batches, m, k), "lhs strides outside its buffer");
+    assert!(rhs.inside(batches, k, n), "rhs strides outside its buffer");
     // Threads: a batch of products splits over the batch (each product on one
     // thread); one product with many rows, at least as many as it has columns, splits
     // its rows (each part a product on one thread, each packing the whole right
@@ -870,14 +876,8 @@ pub(crate) fn gemm_into<T: Float>(
         }
         return;
     }
-    // As in `gemm`: the last element each operand's strides reach is inside its buffer.
-    let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
-        let r = (rows - 1).checked_mul(x.row)?;
-        let c = (cols - 1).checked_mul(x.col)?;
-        r.checked_add(c)
-    };
-    assert!(last(&lhs, m, k).is_some_and(|l| l < lhs.data.len()), "lhs strides outside its buffer");
-    assert!(last(&rhs, k, n).is_some_and(|l| l < rhs.data.len()), "rhs strides outside its buffer");
+    assert!(lhs.inside(1, m, k), "lhs strides outside its buffer");
+    assert!(rhs.inside(1, k, n), "rhs strides outside its buffer");
     let as_isize = |x: usize| isize::try_from(x).expect("a stride inside a buffer fits isize");
     // SAFETY: `dst` holds the m×n block at row stride `dst_row` ≥ n (column stride 1),
     // checked above to end inside it, and is borrowed exclusively; the operands'
