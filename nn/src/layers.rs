@@ -165,10 +165,13 @@ pub fn causal_self_attention(b: &mut Builder, x: Value, heads: usize) -> Result<
 /// `[...]` (exactly the logits' shape without the class axis):
 /// `-mean(log_softmax(logits)[label])`. A label outside `0..C` has an all-zero one-hot
 /// row, as `jax.nn.one_hot` gives, so it adds 0 to the sum (and still counts in the
-/// mean); check labels before if that is not wanted.
+/// mean); check labels before if that is not wanted. One [`Op::CrossEntropy`] per
+/// position, then their mean.
+///
+/// [`Op::CrossEntropy`]: meshwork_program::Op::CrossEntropy
 pub fn softmax_cross_entropy(b: &mut Builder, logits: Value, labels: Value) -> Result<Value> {
-    let (dtype, d) = dims(b, logits)?;
-    let Some(&classes) = d.last() else {
+    let (_, d) = dims(b, logits)?;
+    if d.is_empty() {
         return Err(problem(
             "softmax_cross_entropy",
             b,
@@ -185,13 +188,9 @@ pub fn softmax_cross_entropy(b: &mut Builder, logits: Value, labels: Value) -> R
             "labels must have the logits' shape without the class axis".into(),
         ));
     }
-    let lp = b.log_softmax(logits, -1)?;
-    let hot = b.one_hot(labels, classes, dtype)?;
-    let picked = b.mul(lp, hot)?;
-    let per = b.reduce_sum(picked, &[-1], false)?;
+    let per = b.cross_entropy(logits, labels)?;
     let axes: Vec<isize> = (0..d.len() as isize - 1).collect();
-    let mean = b.reduce_mean(per, &axes, false)?;
-    b.neg(mean)
+    b.reduce_mean(per, &axes, false)
 }
 
 /// `conv2d(x, weight) + bias`: `x` NHWC, parameters `weight` `[kh, kw, C, out]` (HWIO)

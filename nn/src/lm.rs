@@ -165,7 +165,6 @@ pub(crate) fn next_token_loss(
 ) -> Result<Value> {
     let (dtype, d) = dims(b, h)?;
     let (bs, t, dim) = (d[0], d[1], d[2]);
-    let vocab = dims(b, head)?.1[0];
     if chunk == 0 || chunk >= t {
         let logits = b.dot_general(h, head, &[2], &[1], &[], &[])?;
         return softmax_cross_entropy(b, logits, targets);
@@ -178,10 +177,8 @@ pub(crate) fn next_token_loss(
             let hj = b.slice(h, &[0, start, 0], &[bs, end, dim], &[1, 1, 1])?;
             let yj = b.slice(targets, &[0, start], &[bs, end], &[1, 1])?;
             let logits = b.dot_general(hj, head, &[2], &[1], &[], &[])?;
-            let lp = b.log_softmax(logits, -1)?;
-            let hot = b.one_hot(yj, vocab, dtype)?;
-            let picked = b.mul(lp, hot)?;
-            b.reduce_sum(picked, &[0, 1, 2], false)
+            let per = b.cross_entropy(logits, yj)?;
+            b.reduce_sum(per, &[0, 1], false)
         })?;
         total = Some(match total {
             None => sum,
@@ -190,8 +187,7 @@ pub(crate) fn next_token_loss(
     }
     let total = total.expect("a context of at least one position");
     let count = b.constant((bs * t) as f64, dtype)?;
-    let mean = b.div(total, count)?;
-    b.neg(mean)
+    b.div(total, count)
 }
 
 /// The inputs `row[:T]` and targets `row[1:]` of integer `rows` `[B, T + 1]` (`op`

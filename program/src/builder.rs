@@ -725,6 +725,13 @@ impl Builder {
         self.push(Op::LogSoftmax { axis }, &[x])
     }
 
+    /// [`Op::CrossEntropy`]: the softmax cross-entropy of each row of float `logits`
+    /// `[..., C]` against integer `labels` `[...]`, `logsumexp − logits[label]` (0 for
+    /// a label outside `0..C`).
+    pub fn cross_entropy(&mut self, logits: Value, labels: Value) -> Result<Value> {
+        self.push(Op::CrossEntropy, &[logits, labels])
+    }
+
     /// Index of the first maximum along `axis`.
     pub fn argmax(&mut self, x: Value, axis: isize) -> Result<Value> {
         let axis = self.axis("argmax", x, axis)?;

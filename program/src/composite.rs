@@ -1,6 +1,6 @@
-//! What the composite ops mean: [`Op::Attention`] and [`Op::AttentionGrad`] as programs
-//! of primitive ops, which the interpreters run, XLA's plain lowering inlines, and a
-//! fused lowering (cuDNN) must agree with.
+//! What the composite ops mean: [`Op::Attention`], [`Op::CrossEntropy`] and their
+//! gradients as programs of primitive ops, which the interpreters run, XLA's plain
+//! lowering inlines, and a fused kernel or lowering (cuDNN) must agree with.
 
 use meshwork_types::{DType, TensorSpec};
 
@@ -82,6 +82,43 @@ pub fn attention_grad_definition(
     Ok(vjp.without_dead_code())
 }
 
+/// The per-position softmax cross-entropy of `logits` `[..., C]` against integer
+/// `labels` `[...]` (values of `b`) in primitive ops, as [`Op::CrossEntropy`] defines
+/// it: `-Σ_c log_softmax(logits)[c] · one_hot(label)[c]`.
+pub fn cross_entropy_primitives(b: &mut Builder, logits: Value, labels: Value) -> Result<Value> {
+    let spec = b.spec(logits)?.clone();
+    let classes = spec.shape.dims().last().copied().unwrap_or(0);
+    let lp = b.log_softmax(logits, -1)?;
+    let hot = b.one_hot(labels, classes, spec.dtype)?;
+    let picked = b.mul(lp, hot)?;
+    let per = b.reduce_sum(picked, &[-1], false)?;
+    b.neg(per)
+}
+
+/// [`Op::CrossEntropy`]'s definition over operands of `specs`: a program of
+/// `(logits, labels)` returning the per-position loss.
+pub fn cross_entropy_definition(specs: &[TensorSpec]) -> Result<Program> {
+    check(&Op::CrossEntropy, specs)?;
+    let mut b = Builder::new();
+    let logits = b.param("logits", specs[0].clone())?;
+    let labels = b.param("labels", specs[1].clone())?;
+    let out = cross_entropy_primitives(&mut b, logits, labels)?;
+    b.finish(&[out])
+}
+
+/// [`Op::CrossEntropyGrad`]'s definition over operands `(logits, labels, dloss)` of
+/// `specs`: a program of those three returning the gradient with respect to the
+/// logits, the vector-Jacobian product of [`cross_entropy_definition`].
+pub fn cross_entropy_grad_definition(specs: &[TensorSpec]) -> Result<Program> {
+    check(&Op::CrossEntropyGrad, specs)?;
+    let forward = cross_entropy_definition(&specs[..2])?;
+    // vjp: (logits, labels, cotangent) → (loss, d logits); the gradient alone is kept.
+    let mut vjp = crate::grad::vjp(&forward, &[Value(0)])?;
+    let gradient = vjp.results[1];
+    vjp.results = vec![gradient];
+    Ok(vjp.without_dead_code())
+}
+
 /// The composite op's operands checked as the op's shape inference does.
 fn check(op: &Op, specs: &[TensorSpec]) -> Result<()> {
     let refs: Vec<&TensorSpec> = specs.iter().collect();
@@ -100,6 +137,8 @@ pub fn definition(op: &Op, specs: &[TensorSpec]) -> Option<Result<Program>> {
         Op::AttentionGrad { attention, wrt } => {
             Some(attention_grad_definition(specs, *attention, *wrt))
         }
+        Op::CrossEntropy => Some(cross_entropy_definition(specs)),
+        Op::CrossEntropyGrad => Some(cross_entropy_grad_definition(specs)),
         _ => None,
     }
 }

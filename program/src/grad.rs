@@ -743,6 +743,9 @@ impl<'p> Transposer<'p> {
                     .map(|wrt| b.push(Op::AttentionGrad { attention: *a, wrt }, &args).map(Some))
                     .collect::<Result<Vec<_>>>()?
             }
+            Op::CrossEntropy => {
+                vec![Some(b.push(Op::CrossEntropyGrad, &[x[0], x[1], g])?), None]
+            }
             Op::Argmax { .. } | Op::OneHot { .. } => vec![None; x.len()],
             Op::Take { .. } if !b.spec(x[0])?.dtype.is_float() => vec![None, None],
             Op::Take { axis } => {

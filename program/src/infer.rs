@@ -390,6 +390,23 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
                 None => Err(format!("attention_grad's wrt is {wrt}: 0, 1 or 2")),
             }
         }
+        Op::CrossEntropy => {
+            arity(args, 2)?;
+            let positions = cross_entropy_dims(args[0], args[1])?;
+            spec(args[0].dtype, positions)
+        }
+        Op::CrossEntropyGrad => {
+            arity(args, 3)?;
+            let positions = cross_entropy_dims(args[0], args[1])?;
+            let g = args[2];
+            if g.dtype != args[0].dtype || g.shape.dims() != positions {
+                return Err(format!(
+                    "cross_entropy_grad's loss cotangent is {g}, not the loss's {}{positions:?}",
+                    args[0].dtype
+                ));
+            }
+            Ok(args[0].clone())
+        }
         Op::Argmax { axis } => {
             arity(args, 1)?;
             let x = args[0];
@@ -589,6 +606,26 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
 /// Checks attention's `q [B,H,Tq,D]`, `k [B,H,Tk,D]`, `v [B,H,Tk,Dv]`: one float dtype,
 /// rank 4, the batch and heads shared, keys and values of one length, at least one key
 /// (causal: at least as many as queries).
+/// Cross-entropy's float `logits` `[..., C]` and integer `labels` `[...]` checked; the
+/// positions' dims (the logits' without the class axis).
+fn cross_entropy_dims<'a>(
+    logits: &'a TensorSpec,
+    labels: &TensorSpec,
+) -> Result<&'a [usize], String> {
+    float(logits.dtype, "cross_entropy's logits")?;
+    integer(labels.dtype, "cross_entropy's labels")?;
+    let d = logits.shape.dims();
+    let Some((_, positions)) = d.split_last() else {
+        return Err("cross_entropy's logits need a class axis".into());
+    };
+    if labels.shape.dims() != positions {
+        return Err(format!(
+            "cross_entropy's labels are {labels}, not the logits' shape without the class axis {positions:?}"
+        ));
+    }
+    Ok(positions)
+}
+
 fn attention_dims(args: &[&TensorSpec], causal: bool) -> Result<(), String> {
     let (q, k, v) = (args[0], args[1], args[2]);
     float(q.dtype, "attention")?;

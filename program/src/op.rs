@@ -212,6 +212,21 @@ pub enum Op {
         /// Which operand's gradient.
         wrt: usize,
     },
+    /// Softmax cross-entropy of float logits `[..., C]` against integer labels `[...]`
+    /// (the logits' shape without the class axis), per position:
+    /// `-Σ_c log_softmax(logits)[c] · one_hot(label)[c]`, so `logsumexp − logits[label]`
+    /// for a label in `0..C` and 0 for one outside it (an all-zero one-hot row, as
+    /// `jax.nn.one_hot` gives). Its meaning is its definition
+    /// ([`cross_entropy_definition`](crate::composite::cross_entropy_definition)),
+    /// which also makes a row with a non-finite logit NaN. One op so that a back end
+    /// may run it in one pass over the logits (the fast interpreter's CPU kernel); the
+    /// reference interpreter and XLA run its definition.
+    CrossEntropy,
+    /// [`Op::CrossEntropy`]'s gradient with respect to the logits, of operands
+    /// `(logits, labels, dloss)`, `dloss` the cotangent of its output: the
+    /// vector-Jacobian product of its definition, `dloss · (softmax(logits) −
+    /// one_hot(label))` (0 for a label outside `0..C`).
+    CrossEntropyGrad,
     /// Index of the first maximum along `axis` (i64, the axis removed).
     Argmax {
         /// The axis.
@@ -431,6 +446,8 @@ impl Op {
             Op::Argmax { .. } => "argmax",
             Op::Attention(_) => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
+            Op::CrossEntropy => "cross_entropy",
+            Op::CrossEntropyGrad => "cross_entropy_grad",
             Op::Conv2d { .. } => "conv2d",
             Op::Pad { .. } => "pad",
             Op::ScatterAdd { .. } => "scatter_add",
@@ -565,7 +582,7 @@ impl fmt::Display for Attributes<'_> {
                 write!(f, ", low={}, high={}, interior={}", List(low), List(high), List(interior))
             }
             Op::ScatterAdd { axis } => write!(f, ", axis={axis}"),
-            Op::Convert { .. } => Ok(()),
+            Op::Convert { .. } | Op::CrossEntropy | Op::CrossEntropyGrad => Ok(()),
             Op::Iota { axis, .. } => write!(f, ", axis={axis}"),
             // Its little-endian bytes in hex: the text reads back to the same value.
             Op::Literal { value } => {

@@ -789,7 +789,7 @@ fn step(op: &Op, args: &[&Val], dims: &[usize], at: &str) -> Result<Buf> {
                 Buf::I(out.into_iter().map(|e| e as i64).collect())
             }
         }
-        Op::Attention(_) | Op::AttentionGrad { .. } => {
+        Op::Attention(_) | Op::AttentionGrad { .. } | Op::CrossEntropy | Op::CrossEntropyGrad => {
             // A composite: its definition, run by this interpreter.
             let specs: Vec<meshwork_types::TensorSpec> = args
                 .iter()

@@ -1830,3 +1830,153 @@ fn a_training_loop_reuses_its_buffers_after_the_first_run() {
     assert!(after[0] >= 2 * 4096, "{after:?}");
     assert!(after[2..].iter().all(|&f| f == after[1]), "fresh bytes after each run: {after:?}");
 }
+
+/// A cross-entropy program of `logits` against `labels` (of `label_dtype`), weighted by
+/// `w` per position: results the weighted sum, the per-position losses and the
+/// gradient of the sum with respect to the logits. With `computed` the loss is of
+/// `1.5 · logits`, a buffer of the run's own that dies at the gradient (which the
+/// fast interpreter then writes over it).
+fn cross_entropy_program(logits: &TensorSpec, label_dtype: DType, computed: bool) -> Program {
+    let dims = logits.shape.dims();
+    let positions = meshwork_types::Shape::new(&dims[..dims.len() - 1]).unwrap();
+    let mut bl = Builder::new();
+    let x = bl.param("logits", logits.clone()).unwrap();
+    let y = bl.param("labels", TensorSpec::new(label_dtype, positions.clone())).unwrap();
+    let w = bl.param("w", TensorSpec::new(logits.dtype, positions)).unwrap();
+    let z = if computed {
+        let c = bl.constant(1.5, logits.dtype).unwrap();
+        bl.mul(x, c).unwrap()
+    } else {
+        x
+    };
+    let per = bl.cross_entropy(z, y).unwrap();
+    let weighted = bl.mul(per, w).unwrap();
+    let axes: Vec<isize> = (0..dims.len() as isize - 1).collect();
+    let loss = bl.reduce_sum(weighted, &axes, false).unwrap();
+    let forward = bl.finish(&[loss, per]).unwrap();
+    let g = crate::grad(&forward, forward.results()[0], &[Value(0)]).unwrap();
+    let bl = Builder::from_program(&g).unwrap();
+    let results: Vec<Value> = g.results().iter().copied().chain([forward.results()[1]]).collect();
+    bl.finish(&results).unwrap()
+}
+
+/// Labels for `rows` rows of `classes`: in range, and with `outside` some below 0 or
+/// past the last class.
+fn labels(rows: usize, classes: usize, outside: bool, seed: u64) -> Vec<i64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n = classes as i64;
+    (0..rows)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let c = (x >> 20) as i64 % (n + 3);
+            match (c - n, outside) {
+                (k, _) if k < 0 => c,
+                (k, true) => [-1, n, n + 7][k as usize],
+                (_, false) => c % n,
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The fast interpreter's fused cross-entropy and its gradient equal the reference
+    /// interpreter's run of their definitions (a log-softmax, a one-hot product and a
+    /// sum), in f64 and f32, on 1 to 3 threads, for rows across the lanes' edges and
+    /// past the size that spreads them over threads, for labels in and outside range,
+    /// the gradient into a buffer of its own or over the logits.
+    #[test]
+    fn prop_fused_cross_entropy_and_gradient_equal_their_definitions(
+        (b, t, classes) in (1usize..4, 1usize..40, 1usize..700),
+        spread in 0.1f64..30.0,
+        outside in any::<bool>(),
+        f32 in any::<bool>(),
+        i32_labels in any::<bool>(),
+        threads in 1usize..4,
+        computed in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let dtype = if f32 { DType::F32 } else { DType::F64 };
+        let label_dtype = if i32_labels { DType::I32 } else { DType::I64 };
+        let cast = |t: Tensor| Tensor::from_f64(dtype, t.shape(), &t.to_f64()).unwrap();
+        let raw = heads([b, t, classes, 1], seed).to_f64();
+        let x = cast(Tensor::f64(&[b, t, classes], raw.iter().map(|v| v * spread).collect()).unwrap());
+        let w = cast(heads([b, t, 1, 1], seed ^ 5).reshape(&[b, t]).unwrap());
+        let ids = labels(b * t, classes, outside, seed ^ 9);
+        let y = Tensor::from_f64(label_dtype, &[b, t], &ids.iter().map(|&i| i as f64).collect::<Vec<_>>()).unwrap();
+        let p = cross_entropy_program(&x.spec(), label_dtype, computed);
+        let inputs = [x, y, w];
+        let want = crate::reference::evaluate(&p, &inputs).unwrap();
+        let exe = crate::fast::Executable::compile(&p, crate::fast::Options::default().threads(threads));
+        let got = exe.run(&inputs, &crate::Env::local()).unwrap();
+        let tol = if f32 { 2e-5 } else { 1e-12 };
+        for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+            prop_assert_eq!(x.shape(), y.shape());
+            let (x, y) = (x.to_f64(), y.to_f64());
+            let scale = 1.0 + y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (e, (p, q)) in x.iter().zip(&y).enumerate() {
+                prop_assert!((p - q).abs() <= tol * scale, "result {} element {}: {} vs {}", r, e, p, q);
+            }
+        }
+    }
+}
+
+/// A row with a non-finite logit has the definition's NaN loss in the fused kernel
+/// too, whatever its label; a finite row beside it keeps its loss, and the gradient
+/// of a label outside the classes is 0.
+#[test]
+fn fused_cross_entropy_keeps_the_definitions_nan_rows() {
+    for dtype in [DType::F32, DType::F64] {
+        let rows: [[f64; 3]; 6] = [
+            [1.0, 2.0, 3.0],
+            [f64::NEG_INFINITY, 2.0, 3.0],
+            [f64::INFINITY, 2.0, 3.0],
+            [f64::NAN, 2.0, 3.0],
+            [f64::NEG_INFINITY, 2.0, 3.0],
+            [0.5, -1.0, 4.0],
+        ];
+        let x = Tensor::from_f64(dtype, &[6, 3], &rows.concat()).unwrap();
+        let y = Tensor::from_f64(DType::I64, &[6], &[2.0, 1.0, 0.0, 2.0, 7.0, -1.0]).unwrap();
+        let w = Tensor::from_f64(dtype, &[6], &[1.0; 6]).unwrap();
+        let p = cross_entropy_program(&x.spec(), DType::I64, false);
+        let inputs = [x, y, w];
+        let want = crate::reference::evaluate(&p, &inputs).unwrap();
+        let got = crate::fast::Executable::compile(&p, crate::fast::Options::default())
+            .run(&inputs, &crate::Env::local())
+            .unwrap();
+        let (per, want_per) = (got[2].to_f64(), want[2].to_f64());
+        for r in 0..6 {
+            assert_eq!(
+                per[r].is_nan(),
+                want_per[r].is_nan(),
+                "{dtype} row {r}: {per:?} vs {want_per:?}"
+            );
+        }
+        assert!(per[1..5].iter().all(|v| v.is_nan()), "{per:?}");
+        let lse = |r: [f64; 3]| r.iter().map(|v| v.exp()).sum::<f64>().ln();
+        assert!((per[0] - (lse(rows[0]) - 3.0)).abs() < 1e-6, "{per:?}");
+        assert_eq!(per[5], 0.0);
+        assert_eq!(&got[1].to_f64()[15..], &[0.0; 3]);
+    }
+}
+
+/// Cross-entropy refuses integer logits, float labels, labels of another shape and
+/// logits with no class axis; its gradient a cotangent of the wrong shape.
+#[test]
+fn cross_entropy_refuses_what_it_cannot_take() {
+    let e = infer(Op::CrossEntropy, &["i32[2,3]", "i32[2]"]).unwrap_err();
+    assert!(e.to_string().contains("float"), "{e}");
+    let e = infer(Op::CrossEntropy, &["f32[2,3]", "f32[2]"]).unwrap_err();
+    assert!(e.to_string().contains("integers"), "{e}");
+    let e = infer(Op::CrossEntropy, &["f32[2,3]", "i32[3]"]).unwrap_err();
+    assert!(e.to_string().contains("without the class axis"), "{e}");
+    let e = infer(Op::CrossEntropy, &["f32[]", "i32[]"]).unwrap_err();
+    assert!(e.to_string().contains("class axis"), "{e}");
+    assert_eq!(infer(Op::CrossEntropy, &["f64[2,4,3]", "i64[2,4]"]).unwrap(), "f64[2,4]");
+    let e = infer(Op::CrossEntropyGrad, &["f32[2,3]", "i32[2]", "f32[3]"]).unwrap_err();
+    assert!(e.to_string().contains("loss cotangent"), "{e}");
+    assert_eq!(infer(Op::CrossEntropyGrad, &["f32[2,3]", "i32[2]", "f32[2]"]).unwrap(), "f32[2,3]");
+}

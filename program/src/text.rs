@@ -421,6 +421,8 @@ fn op_of(name: &str, attrs: &[(&str, &str)], spec: &TensorSpec) -> std::result::
                 Op::AttentionGrad { attention, wrt: num("wrt")? }
             }
         }
+        "cross_entropy" => Op::CrossEntropy,
+        "cross_entropy_grad" => Op::CrossEntropyGrad,
         "pad" => Op::Pad { low: lst("low")?, high: lst("high")?, interior: lst("interior")? },
         "scatter_add" => Op::ScatterAdd { axis: num("axis")? },
         "conv2d" | "conv2d_backprop_input" | "conv2d_backprop_filter" => {

@@ -980,7 +980,7 @@ fn lower_instr(e: &mut Emitter<'_>, instr: &meshwork_program::Instr) -> Result<S
         Op::AttentionGrad { attention, wrt } if e.cudnn && cudnn_takes(&specs) => {
             fmha_backward(e, &args, &specs, *attention)?[*wrt].clone()
         }
-        Op::Attention(_) | Op::AttentionGrad { .. } => {
+        Op::Attention(_) | Op::AttentionGrad { .. } | Op::CrossEntropy | Op::CrossEntropyGrad => {
             let definition = meshwork_program::composite::definition(&instr.op, &specs)
                 .expect("a composite op has a definition")
                 .map_err(|err| e.fail(err.to_string()))?;

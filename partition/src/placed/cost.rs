@@ -104,6 +104,13 @@ pub fn work(program: &Program, instr: &Instr) -> Work {
             w.transcendentals = scores;
             w.elements = 3.0 * scores;
         }
+        Op::CrossEntropy | Op::CrossEntropyGrad => {
+            // An exponential of each logit; a pass over them (twice for the gradient,
+            // which writes them too).
+            let logits = arg(0).map_or(0.0, |(n, _)| n);
+            w.transcendentals = logits;
+            w.elements = if matches!(instr.op, Op::CrossEntropy) { logits } else { 3.0 * logits };
+        }
         Op::Reduce { .. } | Op::ScatterAdd { .. } | Op::Argmax { .. } => {
             w.elements = arg(0).map_or(out, |(n, _)| n).max(out);
         }

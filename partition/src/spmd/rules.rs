@@ -110,6 +110,21 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
                 _ => r.build(vec![qf, kf, vf], of)?,
             }
         }
+        Op::CrossEntropy | Op::CrossEntropyGrad => {
+            // logits [..., C], labels [...] (and the loss's cotangent [...]): split by
+            // positions, each row's classes whole.
+            let x = args[0];
+            let mut r = Rule::default();
+            let positions: Vec<Vec<usize>> = x[..x.len() - 1].iter().map(|&s| r.pass(s)).collect();
+            let mut logits = positions.clone();
+            logits.push(r.whole(x[x.len() - 1]));
+            match op {
+                Op::CrossEntropyGrad => {
+                    r.build(vec![logits.clone(), positions.clone(), positions], logits)?
+                }
+                _ => r.build(vec![logits, positions.clone()], positions)?,
+            }
+        }
         Op::Argmax { axis } => {
             let mut r = Rule::default();
             let x = args[0];

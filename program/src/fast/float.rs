@@ -173,8 +173,10 @@ pub fn tanh_f32(x: f32) -> f32 {
 pub fn exp_f32(x: f32) -> f32 {
     // e^-104 is below half the smallest subnormal, e^89 above the largest finite.
     let c = x.clamp(-104.0, 89.0);
-    // Rounded to the nearest integer by the 1.5·2^23 trick (SSE2 only, no libm call).
-    let n = (c * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    // Rounded to the nearest integer by the 1.5·2^23 trick (SSE2 only, no libm call):
+    // the sum's low mantissa bits hold that integer.
+    let biased = c * std::f32::consts::LOG2_E + 12_582_912.0;
+    let n = biased - 12_582_912.0;
     let r = n * -0.693_359_4 + c;
     let r = n * 2.121_944_4e-4 + r;
     let mut y = r * 1.987_569_2e-4 + 1.398_2e-3;
@@ -183,9 +185,10 @@ pub fn exp_f32(x: f32) -> f32 {
     y = r * y + 1.666_666_5e-1;
     y = r * y + 5.000_000_1e-1;
     y = (r * r) * y + r + 1.0;
-    // n is in [-150, 129]; each half is within the normal exponents.
-    let n = n as i32;
-    let h = n / 2;
+    // n is in [-150, 129]; each half is within the normal exponents. Read from the
+    // bits (integer lanes) rather than by `as i32`, which does not vectorize.
+    let n = biased.to_bits() as i32 - 0x4B40_0000;
+    let h = n >> 1;
     let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
     let out = y * pow2(h) * pow2(n - h);
     if x.is_nan() { x } else { out }

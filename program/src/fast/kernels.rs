@@ -356,7 +356,7 @@ pub(crate) fn concat(
 }
 
 /// Integer indices as i64.
-fn indices(d: &Tensor) -> Vec<i64> {
+pub(crate) fn indices(d: &Tensor) -> Vec<i64> {
     match d.dtype() {
         DType::I32 => elems::<i32>(d).iter().map(|&x| i64::from(x)).collect(),
         DType::I64 => elems::<i64>(d).to_vec(),
@@ -577,8 +577,19 @@ pub(crate) fn softmax<T: Float>(
     Ok(d)
 }
 
-/// Softmax of consecutive rows of `n`, compiled for AVX2 where the CPU has it.
+/// Softmax of consecutive rows of `n`, compiled for AVX-512 or AVX2 where the CPU has
+/// it (its exponentials bound it, so the widest vectors pay).
 pub(crate) fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was detected just above; the function is safe code
+        // compiled for it.
+        #[allow(unsafe_code)]
+        unsafe {
+            softmax_rows_avx512(x, out, n, log)
+        };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected just above; the function is safe code compiled
@@ -589,6 +600,13 @@ pub(crate) fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool
         };
         return;
     }
+    softmax_rows_any(x, out, n, log);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+unsafe fn softmax_rows_avx512<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
     softmax_rows_any(x, out, n, log);
 }
 

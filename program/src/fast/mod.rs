@@ -44,6 +44,7 @@ mod attention;
 mod float;
 mod fused;
 mod kernels;
+mod loss;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -770,6 +771,46 @@ impl Executable {
                         };
                         scattered?;
                         d
+                    } else if matches!(instr.op, Op::CrossEntropyGrad)
+                        && matches!(instr.spec.dtype, DType::F32 | DType::F64)
+                        && self.frees[s].contains(&instr.args[0])
+                        && !instr.args[1..].contains(&instr.args[0])
+                        && matches!(slots[instr.args[0].index()], Slot::Owned(_))
+                        && slots[instr.args[0].index()].data().dtype() == instr.spec.dtype
+                        && slots[instr.args[2].index()].data().dtype() == instr.spec.dtype
+                        && matches!(
+                            slots[instr.args[1].index()].data().dtype(),
+                            DType::I32 | DType::I64
+                        )
+                    {
+                        // The gradient of dying logits (a loss's, read by nothing
+                        // after it) is written over them.
+                        let Slot::Owned(mut d) =
+                            std::mem::replace(&mut slots[instr.args[0].index()], Slot::Empty)
+                        else {
+                            unreachable!("checked owned")
+                        };
+                        let classes = instr.spec.shape.dims().last().copied().unwrap_or(0);
+                        let labels = kernels::indices(slots[instr.args[1].index()].data());
+                        let g = slots[instr.args[2].index()].data();
+                        let threads = self.options.threads;
+                        match instr.spec.dtype {
+                            DType::F32 => loss::cross_entropy_grad_in_place::<f32>(
+                                threads,
+                                f32::slice_mut(&mut d),
+                                &labels,
+                                f32::slice(g),
+                                classes,
+                            ),
+                            _ => loss::cross_entropy_grad_in_place::<f64>(
+                                threads,
+                                f64::slice_mut(&mut d),
+                                &labels,
+                                f64::slice(g),
+                                classes,
+                            ),
+                        }
+                        d
                     } else if matches!(instr.op, Op::Reshape { .. })
                         && self.frees[s].contains(&instr.args[0])
                         && matches!(slots[instr.args[0].index()], Slot::Owned(_))
@@ -1180,6 +1221,25 @@ fn exec(
             }
         }
         Op::Attention(_) | Op::AttentionGrad { .. } => composite(op, args, spec)?,
+        Op::CrossEntropy | Op::CrossEntropyGrad
+            if matches!(spec.dtype, DType::F32 | DType::F64)
+                && args[0].1.dtype() == spec.dtype
+                && args.get(2).is_none_or(|(_, g)| g.dtype() == spec.dtype)
+                && matches!(args[1].1.dtype(), DType::I32 | DType::I64) =>
+        {
+            let classes = args[0].0.last().copied().unwrap_or(0);
+            let labels = kernels::indices(args[1].1);
+            float_kernel!(T, {
+                let logits = T::slice(args[0].1);
+                match args.get(2) {
+                    None => loss::cross_entropy::<T>(a, logits, &labels, classes)?,
+                    Some((_, g)) => {
+                        loss::cross_entropy_grad::<T>(a, logits, &labels, T::slice(g), classes)?
+                    }
+                }
+            })
+        }
+        Op::CrossEntropy | Op::CrossEntropyGrad => composite(op, args, spec)?,
         Op::ThreefryUniform => {
             match kernels::threefry_uniform(a, args[0].1, args[1].1, args[2].1)? {
                 Some(t) => t,
