@@ -166,7 +166,9 @@ pub fn causal_self_attention(b: &mut Builder, x: Value, heads: usize) -> Result<
 /// `-mean(log_softmax(logits)[label])`. A label outside `0..C` has an all-zero one-hot
 /// row, as `jax.nn.one_hot` gives, so it adds 0 to the sum (and still counts in the
 /// mean); check labels before if that is not wanted. One [`Op::CrossEntropy`] per
-/// position, then their mean.
+/// position, then their mean. As in that definition (a one-hot row times the
+/// log-softmax), a row with a non-finite logit (a class masked to `-inf`, say) has a
+/// NaN loss; mask with a large finite negative number instead.
 ///
 /// [`Op::CrossEntropy`]: meshwork_program::Op::CrossEntropy
 pub fn softmax_cross_entropy(b: &mut Builder, logits: Value, labels: Value) -> Result<Value> {

@@ -603,9 +603,6 @@ pub(crate) fn infer(op: &Op, args: &[&TensorSpec]) -> Infer {
     }
 }
 
-/// Checks attention's `q [B,H,Tq,D]`, `k [B,H,Tk,D]`, `v [B,H,Tk,Dv]`: one float dtype,
-/// rank 4, the batch and heads shared, keys and values of one length, at least one key
-/// (causal: at least as many as queries).
 /// Cross-entropy's float `logits` `[..., C]` and integer `labels` `[...]` checked; the
 /// positions' dims (the logits' without the class axis).
 fn cross_entropy_dims<'a>(
@@ -626,6 +623,9 @@ fn cross_entropy_dims<'a>(
     Ok(positions)
 }
 
+/// Checks attention's `q [B,H,Tq,D]`, `k [B,H,Tk,D]`, `v [B,H,Tk,Dv]`: one float dtype,
+/// rank 4, the batch and heads shared, keys and values of one length, at least one key
+/// (causal: at least as many as queries).
 fn attention_dims(args: &[&TensorSpec], causal: bool) -> Result<(), String> {
     let (q, k, v) = (args[0], args[1], args[2]);
     float(q.dtype, "attention")?;

@@ -1912,6 +1912,8 @@ proptest! {
         let want = crate::reference::evaluate(&p, &inputs).unwrap();
         let exe = crate::fast::Executable::compile(&p, crate::fast::Options::default().threads(threads));
         let got = exe.run(&inputs, &crate::Env::local()).unwrap();
+        // The gradient of logits the run made went over them; of a parameter, not.
+        prop_assert_eq!(exe.losses_in_place(), usize::from(computed));
         let tol = if f32 { 2e-5 } else { 1e-12 };
         for (r, (x, y)) in got.iter().zip(&want).enumerate() {
             prop_assert_eq!(x.shape(), y.shape());
@@ -1921,6 +1923,31 @@ proptest! {
                 prop_assert!((p - q).abs() <= tol * scale, "result {} element {}: {} vs {}", r, e, p, q);
             }
         }
+    }
+}
+
+/// A loss cotangent that is not finite makes the definition's whole gradient row NaN
+/// (each `0 · t`), whatever the label; the fused kernel's too, into a buffer of its
+/// own or over the logits.
+#[test]
+fn fused_cross_entropy_gradient_keeps_the_definitions_nan_rows() {
+    for (dtype, computed) in [(DType::F32, false), (DType::F64, true), (DType::F32, true)] {
+        let x = Tensor::from_f64(dtype, &[6, 3], &[0.5, -1.0, 2.0].repeat(6)).unwrap();
+        let y = Tensor::from_f64(DType::I64, &[6], &[0.0, 1.0, 7.0, -1.0, 2.0, 1.0]).unwrap();
+        let inf = f64::INFINITY;
+        let w = Tensor::from_f64(dtype, &[6], &[1.0, inf, f64::NAN, -inf, 2.0, 1.0]).unwrap();
+        let p = cross_entropy_program(&x.spec(), DType::I64, computed);
+        let inputs = [x, y, w];
+        let want = crate::reference::evaluate(&p, &inputs).unwrap()[1].to_f64();
+        let got = crate::fast::Executable::compile(&p, crate::fast::Options::default())
+            .run(&inputs, &crate::Env::local())
+            .unwrap()[1]
+            .to_f64();
+        for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.is_nan(), b.is_nan(), "{dtype} element {e}: {got:?} vs {want:?}");
+            assert!(a.is_nan() || (a - b).abs() < 1e-6, "{dtype} element {e}: {a} vs {b}");
+        }
+        assert!(got[3..12].iter().all(|v| v.is_nan()), "{got:?}");
     }
 }
 

@@ -105,11 +105,13 @@ pub fn work(program: &Program, instr: &Instr) -> Work {
             w.elements = 3.0 * scores;
         }
         Op::CrossEntropy | Op::CrossEntropyGrad => {
-            // An exponential of each logit; a pass over them (twice for the gradient,
-            // which writes them too).
+            // As its definition runs (XLA inlines it): a log-softmax over the logits
+            // and a pass with the one-hot row; the gradient an exponential of the
+            // log-softmax again and two passes more.
             let logits = arg(0).map_or(0.0, |(n, _)| n);
-            w.transcendentals = logits;
-            w.elements = if matches!(instr.op, Op::CrossEntropy) { logits } else { 3.0 * logits };
+            let forward = matches!(instr.op, Op::CrossEntropy);
+            w.transcendentals = if forward { logits } else { 2.0 * logits };
+            w.elements = if forward { 4.0 * logits } else { 6.0 * logits };
         }
         Op::Reduce { .. } | Op::ScatterAdd { .. } | Op::Argmax { .. } => {
             w.elements = arg(0).map_or(out, |(n, _)| n).max(out);

@@ -113,11 +113,14 @@ pub(crate) fn rule(op: &Op, args: &[&[usize]], out: &[usize]) -> Result<OpRule> 
         Op::CrossEntropy | Op::CrossEntropyGrad => {
             // logits [..., C], labels [...] (and the loss's cotangent [...]): split by
             // positions, each row's classes whole.
-            let x = args[0];
+            let Some((&classes, dims)) = args[0].split_last() else {
+                // Inference refuses logits without a class axis.
+                return Ok(OpRule::opaque(args, out));
+            };
             let mut r = Rule::default();
-            let positions: Vec<Vec<usize>> = x[..x.len() - 1].iter().map(|&s| r.pass(s)).collect();
+            let positions: Vec<Vec<usize>> = dims.iter().map(|&s| r.pass(s)).collect();
             let mut logits = positions.clone();
-            logits.push(r.whole(x[x.len() - 1]));
+            logits.push(r.whole(classes));
             match op {
                 Op::CrossEntropyGrad => {
                     r.build(vec![logits.clone(), positions.clone(), positions], logits)?

@@ -432,7 +432,8 @@ pub(crate) fn run<T: Float>(
 }
 
 /// Runs [`run_range`] compiled for AVX2 where the CPU has it (the default target is
-/// x86-64 with SSE2 only, half the vector width).
+/// x86-64 with SSE2 only, half the vector width), and a group bound by its
+/// exponentials for AVX-512 where the CPU has that.
 fn dispatch<T: Float>(
     group: &Group,
     inputs: &[&Tensor],
@@ -442,9 +443,13 @@ fn dispatch<T: Float>(
     stream: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if group.transcendental && std::is_x86_feature_detected!("avx512f") {
-        // SAFETY: `run_range_avx512` only needs the CPU to have AVX-512F (which implies
-        // AVX2 and FMA), checked just above; it is otherwise `run_range`.
+    if group.transcendental
+        && std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: `run_range_avx512` only needs the CPU to have AVX-512F, AVX2 and FMA,
+        // checked just above; it is otherwise `run_range`.
         #[allow(unsafe_code)]
         unsafe {
             run_range_avx512(group, inputs, start, end, outs, stream)

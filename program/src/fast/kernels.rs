@@ -581,9 +581,12 @@ pub(crate) fn softmax<T: Float>(
 /// it (its exponentials bound it, so the widest vectors pay).
 pub(crate) fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected just above; the function is safe code
-        // compiled for it.
+    if std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: AVX-512F (and the AVX2 and FMA it implies to the compiler) was
+        // detected just above; the function is safe code compiled for it.
         #[allow(unsafe_code)]
         unsafe {
             softmax_rows_avx512(x, out, n, log)

@@ -17,7 +17,8 @@
 //! = −dloss`. For finite logits they differ from the definition's only in rounding (the
 //! order of the sums, and the gradient dividing by `s` where the definition subtracts
 //! `ln s`). A row with a non-finite logit has the definition's NaN loss (`0 · ±inf`
-//! there); a label outside `0..C` has a loss and gradient of 0.
+//! there), a non-finite cotangent the definition's NaN gradient row; otherwise a
+//! label outside `0..C` has a loss and gradient of 0.
 //!
 //! [`cross_entropy_primitives`]: crate::composite::cross_entropy_primitives
 //! [`Op::CrossEntropy`]: crate::Op::CrossEntropy
@@ -28,12 +29,12 @@ use super::float::Float;
 use super::kernels::Alloc;
 use crate::Result;
 
-/// Lanes of the row sweeps (as the log-softmax kernel's).
+/// Lanes of the row sweeps: 16 f32s fill an AVX-512 register.
 const LANES: usize = 16;
 /// Below this many logits the rows run on one thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
-/// A row's maximum, NaN ignored (as the log-softmax kernel's).
+/// A row's maximum, NaN ignored (as the reference's `f64::max`).
 #[inline(always)]
 fn row_max<T: Float>(row: &[T]) -> T {
     let mut ms = [T::NEG_INFINITY; LANES];
@@ -47,8 +48,7 @@ fn row_max<T: Float>(row: &[T]) -> T {
     chunks.remainder().iter().fold(ms.into_iter().fold(T::NEG_INFINITY, fmax), |m, &e| fmax(m, e))
 }
 
-/// A sum over lanes, combined in lane order (as the log-softmax kernel's), and the
-/// remainder after.
+/// A sum over lanes, combined in lane order, then the remainder (summed apart).
 #[inline(always)]
 fn lanes_sum<T: Float>(lanes: [T; LANES], rest: T) -> T {
     lanes.into_iter().fold(T::ZERO, |s, e| s + e) + rest
@@ -113,8 +113,11 @@ fn grad_row<T: Float>(o: &mut [T], label: i64, g: T) {
     let s = lanes_sum(ss, chunks.remainder().iter().fold(T::ZERO, |s, &e| s + e));
     let t = -g;
     let hot = class(label, o.len());
-    // Σ_c hot_c · t: t for a label in range, 0 outside; each probability's share.
-    let total = if hot.is_some() { t } else { T::ZERO };
+    // Σ_c hot_c · t: t for a label in range, 0 outside; each probability's share. A
+    // cotangent that is not finite makes every `0 · t` of the definition NaN, so the
+    // whole row, whatever the label (`poison` is NaN then, else 0).
+    let poison = T::ZERO * t;
+    let total = if hot.is_some() { t } else { T::ZERO } + poison;
     let r = total / s;
     o.iter_mut().for_each(|o| *o = T::ZERO - *o * r);
     if let Some(c) = hot {
@@ -160,9 +163,13 @@ macro_rules! dispatch {
         fn $name<T: Float>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
-                if std::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: AVX-512 was detected just above; the function is safe
-                    // code compiled for it.
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: AVX-512F (and the AVX2 and FMA it implies to the
+                    // compiler) was detected just above; the function is safe code
+                    // compiled for it.
                     #[allow(unsafe_code)]
                     unsafe {
                         $avx512($($arg),*)

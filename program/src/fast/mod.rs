@@ -213,6 +213,8 @@ pub struct Executable {
     /// later ones (instruction, `wrt`), whose results it computes at once (one
     /// recomputation of the probabilities for all three).
     attention_siblings: HashMap<usize, Vec<(usize, usize)>>,
+    /// Cross-entropy gradients written over their dying logits, over every run.
+    losses_in_place: std::sync::atomic::AtomicUsize,
 }
 
 impl Executable {
@@ -220,6 +222,12 @@ impl Executable {
     #[cfg(test)]
     pub(crate) fn grouped_attention_grads(&self) -> usize {
         self.attention_siblings.values().map(Vec::len).sum()
+    }
+
+    /// How many cross-entropy gradients its runs wrote over their logits (for tests).
+    #[cfg(test)]
+    pub(crate) fn losses_in_place(&self) -> usize {
+        self.losses_in_place.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -440,6 +448,7 @@ impl Executable {
         let attention_siblings = attention_siblings(program, &steps);
         let mut exe = Executable {
             attention_siblings,
+            losses_in_place: Default::default(),
             receives: program.instrs().iter().any(|i| matches!(i.op, Op::Recv { .. })),
             program: program.clone(),
             steps,
@@ -794,6 +803,7 @@ impl Executable {
                         let labels = kernels::indices(slots[instr.args[1].index()].data());
                         let g = slots[instr.args[2].index()].data();
                         let threads = self.options.threads;
+                        self.losses_in_place.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         match instr.spec.dtype {
                             DType::F32 => loss::cross_entropy_grad_in_place::<f32>(
                                 threads,
