@@ -577,48 +577,65 @@ pub(crate) fn softmax<T: Float>(
     Ok(d)
 }
 
-/// Softmax of consecutive rows of `n`, compiled for AVX-512 or AVX2 where the CPU has
-/// it (its exponentials bound it, so the widest vectors pay).
-pub(crate) fn softmax_rows<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: AVX-512F (and the AVX2 and FMA it implies to the compiler) was
-        // detected just above; the function is safe code compiled for it.
+/// `$vis fn $name`: `$any` (an `#[inline(always)]` function generic over [`Float`])
+/// compiled for AVX-512 and for AVX2 as `$avx512` and `$avx2`, each run where the CPU
+/// has it, else `$any` as compiled for the default target.
+macro_rules! simd_dispatch {
+    ($(#[$doc:meta])* $vis:vis $name:ident, $avx512:ident, $avx2:ident, $any:ident,
+        ($($arg:ident: $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
         #[allow(unsafe_code)]
-        unsafe {
-            softmax_rows_avx512(x, out, n, log)
-        };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above; the function is safe code compiled
-        // for it.
+        unsafe fn $avx512<T: Float>($($arg: $ty),*) {
+            $any($($arg),*);
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
         #[allow(unsafe_code)]
-        unsafe {
-            softmax_rows_avx2(x, out, n, log)
-        };
-        return;
-    }
-    softmax_rows_any(x, out, n, log);
-}
+        unsafe fn $avx2<T: Float>($($arg: $ty),*) {
+            $any($($arg),*);
+        }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(unsafe_code)]
-unsafe fn softmax_rows_avx512<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
-    softmax_rows_any(x, out, n, log);
+        $(#[$doc])*
+        $vis fn $name<T: Float>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: AVX-512F (and the AVX2 and FMA it implies to the
+                    // compiler) was detected just above; the function is safe code
+                    // compiled for it.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        $avx512($($arg),*)
+                    };
+                    return;
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 was detected just above; the function is safe code
+                    // compiled for it.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        $avx2($($arg),*)
+                    };
+                    return;
+                }
+            }
+            $any($($arg),*);
+        }
+    };
 }
+pub(crate) use simd_dispatch;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(unsafe_code)]
-unsafe fn softmax_rows_avx2<T: Float>(x: &[T], out: &mut [T], n: usize, log: bool) {
-    softmax_rows_any(x, out, n, log);
-}
+simd_dispatch!(
+    /// Softmax of consecutive rows of `n`, compiled for AVX-512 or AVX2 where the CPU
+    /// has it (its exponentials bound it, so the widest vectors pay).
+    pub(crate) softmax_rows, softmax_rows_avx512, softmax_rows_avx2, softmax_rows_any,
+    (x: &[T], out: &mut [T], n: usize, log: bool)
+);
 
 /// Lanes of the row reductions: independent accumulators, so the loops vectorize.
 const LANES: usize = 8;

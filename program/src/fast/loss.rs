@@ -26,7 +26,7 @@
 use meshwork_types::Tensor;
 
 use super::float::Float;
-use super::kernels::Alloc;
+use super::kernels::{Alloc, simd_dispatch};
 use crate::Result;
 
 /// Lanes of the row sweeps: 16 f32s fill an AVX-512 register.
@@ -143,59 +143,11 @@ fn grad_rows_in_place_any<T: Float>(x: &mut [T], labels: &[i64], g: &[T], classe
     }
 }
 
-/// `$any` compiled for AVX-512 and for AVX2, each run where the CPU has it.
-macro_rules! dispatch {
-    ($name:ident, $avx512:ident, $avx2:ident, $any:ident, ($($arg:ident: $ty:ty),*)) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f")]
-        #[allow(unsafe_code)]
-        unsafe fn $avx512<T: Float>($($arg: $ty),*) {
-            $any($($arg),*);
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        #[allow(unsafe_code)]
-        unsafe fn $avx2<T: Float>($($arg: $ty),*) {
-            $any($($arg),*);
-        }
-
-        fn $name<T: Float>($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx2")
-                    && std::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: AVX-512F (and the AVX2 and FMA it implies to the
-                    // compiler) was detected just above; the function is safe code
-                    // compiled for it.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        $avx512($($arg),*)
-                    };
-                    return;
-                }
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: AVX2 was detected just above; the function is safe code
-                    // compiled for it.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        $avx2($($arg),*)
-                    };
-                    return;
-                }
-            }
-            $any($($arg),*);
-        }
-    };
-}
-
-dispatch!(loss_rows, loss_rows_avx512, loss_rows_avx2, loss_rows_any,
+simd_dispatch!(loss_rows, loss_rows_avx512, loss_rows_avx2, loss_rows_any,
     (x: &[T], labels: &[i64], out: &mut [T], classes: usize));
-dispatch!(grad_rows, grad_rows_avx512, grad_rows_avx2, grad_rows_any,
+simd_dispatch!(grad_rows, grad_rows_avx512, grad_rows_avx2, grad_rows_any,
     (x: &[T], labels: &[i64], g: &[T], out: &mut [T], classes: usize));
-dispatch!(grad_rows_in_place, grad_rows_in_place_avx512, grad_rows_in_place_avx2,
+simd_dispatch!(grad_rows_in_place, grad_rows_in_place_avx512, grad_rows_in_place_avx2,
     grad_rows_in_place_any, (x: &mut [T], labels: &[i64], g: &[T], classes: usize));
 
 /// `f` over runs of whole rows (`out` holds `per_out` elements a row), spread over
